@@ -1,0 +1,1 @@
+/* cli_compile.c: stub, being written. */

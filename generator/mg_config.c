@@ -1,0 +1,1 @@
+/* mg_config.c: stub, being written. */

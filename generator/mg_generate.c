@@ -1,0 +1,1 @@
+/* mg_generate.c: stub, being written. */

@@ -1,0 +1,1 @@
+/* mg_lua.c: stub, being written. */

@@ -1,0 +1,1 @@
+/* mg_render.c: stub, being written. */

@@ -1,0 +1,1 @@
+/* mg_spec.c: stub, being written. */

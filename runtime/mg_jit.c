@@ -1,0 +1,1 @@
+/* mg_jit.c: stub, being written. */
