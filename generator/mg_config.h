@@ -6,17 +6,25 @@
  * Notation follows DeepSeek-V2 (arXiv 2405.04434): H, d_c, d_r, d_n, d_v, d_q. */
 #ifndef MG_CONFIG_H
 #define MG_CONFIG_H
+#include <stddef.h>
+
 #include "mg_diag.h"
 
 #define MG_SHAPE_MAX_NOTES 4
 
-/* Kernel limits: the dims the generated kernels can handle, each with its reason
- * (printed in the error when a config exceeds it). One place for all of them. */
-#define MG_DIM_ALIGN 16     /* d_n, d_r, d_v, d_c: multiple of the mma.sync k16 step */
-#define MG_MAX_QK_DIM 256   /* d_n + d_r: explicit-form Q/K tile row in registers */
-#define MG_MAX_V_DIM 256    /* d_v: explicit-form output accumulator in registers */
-#define MG_MAX_LATENT 1024  /* d_c: absorbed-form latent head, split across warps */
-#define MG_MAX_HEADS 4096   /* H: grid.y of the attention kernels */
+/* Kernel limits: the dims the generated kernels can handle, each with its reason.
+ * The _WHY strings are printed in the error when a config exceeds a limit; this is the
+ * one place for both. */
+#define MG_DIM_ALIGN 16
+#define MG_DIM_ALIGN_WHY "d_n, d_r, d_v, d_c must be multiples of the mma.sync k16 step"
+#define MG_MAX_QK_DIM 256
+#define MG_MAX_QK_DIM_WHY "d_n + d_r is an explicit-form Q/K tile row held in registers"
+#define MG_MAX_V_DIM 256
+#define MG_MAX_V_DIM_WHY "d_v is the explicit-form output accumulator held in registers"
+#define MG_MAX_LATENT 1024
+#define MG_MAX_LATENT_WHY "d_c is the absorbed-form latent head, split across warps"
+#define MG_MAX_HEADS 4096
+#define MG_MAX_HEADS_WHY "H is grid.y of the attention kernels"
 
 typedef struct mg_shape {
   char source[256];      /* file path or shipped name the shape came from */
@@ -41,18 +49,41 @@ typedef struct mg_shape {
   char notes[MG_SHAPE_MAX_NOTES][160];
 } mg_shape;
 
-/* Parses config.json text. name is used in messages ("<name>: key 'x': ...").
- * Errors (one line, naming name and the key): MLAGEN_ECONFIG for JSON that does not
- * parse, a non-MLA model (GQA config without kv_lora_rank), a missing, non-integer or
- * non-positive dim, an odd qk_rope_head_dim, an unknown rope type, a bad yarn factor;
- * MLAGEN_EUNSUPPORTED for dims beyond the kernel limits above; MLAGEN_ENOMEM. */
+/* Parses config.json text (len bytes, need not be NUL-terminated). name is used in
+ * messages ("<name>: key 'x': ...") and copied to out->source. Keys are read from the
+ * top level, or from "text_config" when the top level has no kv_lora_rank (then
+ * messages name them "text_config.x"). rope_parameters (rope_type) and rope_scaling
+ * (type) are both read; rope_type wins over type; if both objects are given they must
+ * agree. A repeated key takes its last value, as Python's json does.
+ * Errors, each one line naming name and the key; *out is unchanged on error:
+ *   MLAGEN_EINVAL   json or out is NULL.
+ *   MLAGEN_ECONFIG  not valid JSON ("not valid JSON near line L: ..."); top level not an
+ *                   object; not an MLA model (no kv_lora_rank); a dim missing, not an
+ *                   integer (string, bool, null, 128.5), <= 0 or beyond int; an odd
+ *                   qk_rope_head_dim; q_lora_rank / hidden_size present but not a
+ *                   positive integer (q_lora_rank may be null); rope_scaling /
+ *                   rope_parameters not an object or null, an unknown rope type, a
+ *                   factor not a number > 0, yarn without factor, a non-numeric
+ *                   mscale_all_dim, rope_scaling and rope_parameters disagreeing.
+ *   MLAGEN_EUNSUPPORTED  a dim beyond the kernel limits above (message gives the limit
+ *                   and its reason).
+ *   MLAGEN_ENOMEM   out of memory. */
 int mg_config_parse(const char *json, size_t len, const char *name, mg_shape *out, mg_diag *d);
 
-/* Reads a config: `model` is a path to a config.json, or a shipped name
- * (deepseek-v3, deepseek-v2-lite, kimi-k2, embedded in the binary); NULL or "" means
- * the default, deepseek-v3. A name that is neither a file nor shipped is
- * MLAGEN_EIO with the list of shipped names. Otherwise as mg_config_parse. */
+/* Reads a config: `model` is a path to a config.json, a directory holding config.json
+ * (an HF model folder), or a shipped name (deepseek-v3, deepseek-v2-lite, kimi-k2,
+ * with or without ".json"; embedded in the binary). An existing path wins over a
+ * shipped name. NULL or "" means the default, deepseek-v3.
+ * Errors: MLAGEN_EIO for a name that is neither a file nor shipped (the message lists
+ * the shipped names) or a file that cannot be read; MLAGEN_ELIMIT for a file over
+ * 16 MiB; otherwise as mg_config_parse. */
 int mg_config_load(const char *model, mg_shape *out, mg_diag *d);
+
+/* Writes one line describing s into buf (n bytes, always NUL-terminated when n > 0), e.g.
+ * "H=128 d_c=512 d_r=64 d_n=128 d_v=128 d_q=1536 scale=0.135234 (yarn factor 40,
+ * mscale 1.3689)". Returns the length of the whole line, as snprintf does (a result
+ * >= n means it was truncated), or -1 on a formatting error. */
+int mg_shape_describe(const mg_shape *s, char *buf, size_t n);
 
 /* The shipped model names, NULL-terminated. */
 extern const char *const mg_config_shipped[];
