@@ -1,1 +1,116 @@
-/* cli_common.c: stub, being written. */
+/* cli_common.c: option parsing and model loading shared by the subcommands. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "mlagen.h"
+
+void cli_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("mlagen: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+static int allowed_has(const char *allowed, const char *name, size_t n) {
+  const char *p = allowed;
+  while ((p = strstr(p, name)) != NULL) {
+    int start = p == allowed || p[-1] == ' ';
+    int end = p[n] == '\0' || p[n] == ' ';
+    if (start && end) return 1;
+    p += n;
+  }
+  return 0;
+}
+
+static int parse_int(const char *opt, const char *v, int *out) {
+  char *end = NULL;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end != '\0' || x < 1 || x > 1 << 20) {
+    cli_error("--%s %s: expected a positive integer", opt, v);
+    return CLI_USAGE;
+  }
+  *out = (int)x;
+  return 0;
+}
+
+int cli_parse(int argc, char **argv, int first, const char *allowed, cli_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->dtype = "bf16";
+  o->sp = 1;
+  for (int i = first; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return -1;
+    if (strncmp(a, "--", 2) != 0) {
+      cli_error("unexpected argument '%s' (see --help)", a);
+      return CLI_USAGE;
+    }
+    const char *name = a + 2, *eq = strchr(name, '=');
+    size_t n = eq ? (size_t)(eq - name) : strlen(name);
+    if (!allowed_has(allowed, name, n)) {
+      cli_error("unknown option '%.*s' (see --help)", (int)(n + 2), a);
+      return CLI_USAGE;
+    }
+    /* flags */
+    if (n == 8 && strncmp(name, "no-cache", n) == 0) { o->no_cache = 1; continue; }
+    if (n == 4 && strncmp(name, "json", n) == 0) { o->json = 1; continue; }
+    const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+    if (!v || !*v) {
+      cli_error("option '--%.*s' needs a value", (int)n, name);
+      return CLI_USAGE;
+    }
+#define OPT(s) (n == sizeof(s) - 1 && strncmp(name, s, n) == 0)
+    if (OPT("model")) o->model = v;
+    else if (OPT("templates")) o->templates = v;
+    else if (OPT("dtype")) o->dtype = v;
+    else if (OPT("out")) o->out = v;
+    else if (OPT("arch")) o->arch = v;
+    else if (OPT("cache-dir")) o->cache_dir = v;
+    else if (OPT("sp")) {
+      if (parse_int("sp", v, &o->sp)) return CLI_USAGE;
+    } else if (OPT("set")) {
+      if (o->n_set == CLI_MAX_SET) {
+        cli_error("at most %d --set options", CLI_MAX_SET);
+        return CLI_USAGE;
+      }
+      o->set[o->n_set++] = v;
+    }
+#undef OPT
+  }
+  if (strcmp(o->dtype, "bf16") != 0 && strcmp(o->dtype, "fp16") != 0) {
+    cli_error("--dtype %s: expected bf16 or fp16", o->dtype);
+    return CLI_USAGE;
+  }
+  return 0;
+}
+
+int cli_load_model(const cli_opts *o, mg_shape *shape) {
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_config_load(o->model, shape, &d)) {
+    cli_error("%s", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return CLI_FAIL;
+  }
+  for (int i = 0; i < shape->n_notes; i++)
+    fprintf(stderr, "mlagen: note: %s: %s\n", shape->source, shape->notes[i]);
+  return 0;
+}
+
+int cli_specs(const cli_opts *o, const mg_shape *shape, mg_kernel_spec *specs, int max, int *n) {
+  mg_diag d = MG_DIAG_INIT;
+  int rc = mg_spec_for_model(shape, o->sp, o->dtype, specs, max, n, &d);
+  for (int i = 0; !rc && i < *n; i++)
+    for (int j = 0; !rc && j < o->n_set; j++) rc = mg_spec_set(&specs[i], o->set[j], &d);
+  if (rc) {
+    cli_error("%s", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return rc == MLAGEN_EINVAL ? CLI_USAGE : CLI_FAIL;
+  }
+  return 0;
+}

@@ -1,1 +1,339 @@
-/* mg_generate.c: stub, being written. */
+/* mg_generate.c: render kernel templates and write the generated sources. */
+#include "mg_generate.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mg_buf.h"
+#include "mg_embed.h"
+#include "mg_fs.h"
+#include "mg_hash.h"
+#include "mg_lua.h"
+#include "mg_render.h"
+#include "mlagen.h"
+
+#define MG_TEMPLATE_MAX ((size_t)4 << 20)
+#define MG_MAX_TEMPLATES 32
+
+typedef struct mg_template {
+  char name[64];     /* file name, e.g. "explicit_fwd.cu.tpl" */
+  char display[512]; /* path shown in messages and #line directives */
+  char *data;
+  size_t size;
+} mg_template;
+
+struct mg_gen {
+  mg_lua *lua;
+  mg_template files[MG_MAX_TEMPLATES];
+  int n_files;
+  mg_jit_header header; /* the device header, for NVRTC */
+  char hash[MG_HASH_HEX];
+};
+
+static const mg_template *find_file(const mg_gen *g, const char *name) {
+  for (int i = 0; i < g->n_files; i++)
+    if (strcmp(g->files[i].name, name) == 0) return &g->files[i];
+  return NULL;
+}
+
+/* The template set is the embedded templates/ files; a templates_dir supplies files of
+ * the same names. */
+static int load_templates(mg_gen *g, const char *dir, mg_diag *d) {
+  static const char prefix[] = "templates/";
+  for (const mg_embedded_file *f = mg_embedded_files; f->path; f++) {
+    if (strncmp(f->path, prefix, sizeof prefix - 1) != 0) continue;
+    if (g->n_files == MG_MAX_TEMPLATES)
+      return mg_diag_set(d, MLAGEN_ELIMIT, "more than %d template files", MG_MAX_TEMPLATES);
+    mg_template *t = &g->files[g->n_files];
+    const char *base = f->path + sizeof prefix - 1;
+    snprintf(t->name, sizeof t->name, "%s", base);
+    if (dir) {
+      snprintf(t->display, sizeof t->display, "%s/%s", dir, base);
+      int rc = mg_fs_read(t->display, MG_TEMPLATE_MAX, &t->data, &t->size, d);
+      if (rc) return mg_diag_prefix(d, "--templates %s", dir);
+    } else {
+      snprintf(t->display, sizeof t->display, "%s", f->path);
+      t->data = malloc(f->size + 1);
+      if (!t->data) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+      memcpy(t->data, f->data, f->size + 1);
+      t->size = f->size;
+    }
+    g->n_files++;
+  }
+  return 0;
+}
+
+int mg_gen_open(mg_gen **out, const char *templates_dir, mg_diag *d) {
+  *out = NULL;
+  mg_gen *g = calloc(1, sizeof *g);
+  if (!g) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  int rc = load_templates(g, templates_dir, d);
+  if (!rc) rc = mg_lua_open(&g->lua, NULL, d);
+  const mg_template *hdr = rc ? NULL : find_file(g, MG_DEVICE_HEADER);
+  if (!rc && !hdr)
+    rc = mg_diag_set(d, MLAGEN_EIO, "template set has no %s", MG_DEVICE_HEADER);
+  if (rc) {
+    mg_gen_close(g);
+    return rc;
+  }
+  g->header.name = MG_DEVICE_HEADER;
+  g->header.data = hdr->data;
+  g->header.size = hdr->size;
+
+  mg_hash_ctx *h = mg_hash_begin();
+  for (int i = 0; i < g->n_files; i++) {
+    mg_hash_field_str(h, g->files[i].name);
+    mg_hash_field(h, g->files[i].data, g->files[i].size);
+  }
+  uint8_t digest[MG_HASH_BYTES];
+  if (mg_hash_end(h, digest)) {
+    mg_gen_close(g);
+    return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  }
+  mg_hash_hex(digest, g->hash);
+  *out = g;
+  return 0;
+}
+
+void mg_gen_close(mg_gen *g) {
+  if (!g) return;
+  for (int i = 0; i < g->n_files; i++) free(g->files[i].data);
+  mg_lua_close(g->lua);
+  free(g);
+}
+
+const char *mg_gen_template_hash(const mg_gen *g) { return g->hash; }
+
+const mg_jit_header *mg_gen_headers(const mg_gen *g, int *n) {
+  *n = 1;
+  return &g->header;
+}
+
+/* ---- Lua <-> C ------------------------------------------------------------------- */
+
+static void push_spec(lua_State *L, const mg_kernel_spec *s) {
+  lua_newtable(L);
+  lua_pushstring(L, s->family);
+  lua_setfield(L, -2, "family");
+  const struct { const char *k; int v; } ints[] = {
+      {"heads", s->heads}, {"d_n", s->d_n}, {"d_r", s->d_r}, {"d_v", s->d_v}, {"d_c", s->d_c}};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+    lua_pushinteger(L, ints[i].v);
+    lua_setfield(L, -2, ints[i].k);
+  }
+  lua_pushstring(L, s->dtype);
+  lua_setfield(L, -2, "dtype");
+  lua_pushboolean(L, s->causal);
+  lua_setfield(L, -2, "causal");
+  lua_newtable(L);
+  for (int i = 0; i < s->n_config; i++) {
+    lua_pushinteger(L, s->config[i].value);
+    lua_setfield(L, -2, s->config[i].name);
+  }
+  lua_setfield(L, -2, "config");
+}
+
+static int is_sequence(lua_State *L, int idx) {
+  lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+  if (n == 0) return 0;
+  lua_Integer count = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    count++;
+  }
+  return count == n;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Converts the Lua value at idx to JSON: sequences become arrays, other tables objects
+ * with sorted keys (so manifests are byte-stable); functions are skipped. */
+static cJSON *to_json(lua_State *L, int idx, int depth) {
+  idx = lua_absindex(L, idx);
+  switch (lua_type(L, idx)) {
+    case LUA_TBOOLEAN: return cJSON_CreateBool(lua_toboolean(L, idx));
+    case LUA_TSTRING: return cJSON_CreateString(lua_tostring(L, idx));
+    case LUA_TNUMBER: return cJSON_CreateNumber(lua_tonumber(L, idx));
+    case LUA_TTABLE: break;
+    default: return NULL;
+  }
+  if (depth > 16 || !lua_checkstack(L, 4)) return NULL;
+  if (is_sequence(L, idx)) {
+    cJSON *arr = cJSON_CreateArray();
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+    for (lua_Integer i = 1; arr && i <= n; i++) {
+      lua_rawgeti(L, idx, i);
+      cJSON *v = to_json(L, -1, depth + 1);
+      lua_pop(L, 1);
+      if (v) cJSON_AddItemToArray(arr, v);
+    }
+    return arr;
+  }
+  const char *keys[256];
+  int n = 0;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) == LUA_TSTRING && n < 256) keys[n++] = lua_tostring(L, -1);
+  }
+  qsort(keys, (size_t)n, sizeof keys[0], cmp_str);
+  cJSON *obj = cJSON_CreateObject();
+  for (int i = 0; obj && i < n; i++) {
+    lua_getfield(L, idx, keys[i]);
+    cJSON *v = to_json(L, -1, depth + 1);
+    lua_pop(L, 1);
+    if (v) cJSON_AddItemToObject(obj, keys[i], v);
+  }
+  return obj;
+}
+
+static int family_known(const char *family) {
+  for (const char *const *f = mg_spec_families; *f; f++)
+    if (strcmp(*f, family) == 0) return 1;
+  return 0;
+}
+
+int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d) {
+  memset(out, 0, sizeof *out);
+  if (!family_known(s->family))
+    return mg_diag_set(d, MLAGEN_EINVAL, "unknown kernel family '%s'", s->family);
+  char tname[64];
+  snprintf(tname, sizeof tname, "%s.cu.tpl", s->family);
+  const mg_template *tpl = find_file(g, tname), *prelude = find_file(g, "prelude.lua");
+  if (!tpl || !prelude)
+    return mg_diag_set(d, MLAGEN_EIO, "template set has no %s", tpl ? "prelude.lua" : tname);
+
+  lua_State *L = mg_lua_state(g->lua);
+  push_spec(L, s);
+  lua_setglobal(L, "spec");
+  char chunkname[sizeof prelude->display + 1];
+  snprintf(chunkname, sizeof chunkname, "@%s", prelude->display);
+  int rc = mg_lua_run(g->lua, prelude->data, prelude->size, chunkname, 0, d);
+  if (rc) return rc;
+
+  mg_buf src;
+  mg_buf_init(&src, 0);
+  rc = mg_render(g->lua, tpl->data, tpl->size, tpl->display, &src, d);
+  if (rc) {
+    mg_buf_free(&src);
+    return rc;
+  }
+
+  lua_getglobal(L, "__mlagen_declared");
+  if (lua_pcall(L, 0, 1, 0) != LUA_OK || !lua_istable(L, -1)) {
+    lua_pop(L, 1);
+    mg_buf_free(&src);
+    return mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: the template declared no kernel (call kernel{...})",
+                       tpl->display);
+  }
+  lua_getfield(L, -1, "name");
+  const char *name = lua_tostring(L, -1);
+  if (!name || !*name || strlen(name) >= sizeof out->name) {
+    lua_pop(L, 2);
+    mg_buf_free(&src);
+    return mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: kernel name missing or longer than %zu", tpl->display,
+                       sizeof out->name - 1);
+  }
+  snprintf(out->name, sizeof out->name, "%s", name);
+  lua_pop(L, 1);
+  snprintf(out->file, sizeof out->file, "%s.cu", out->name);
+
+  cJSON *m = to_json(L, -1, 0);
+  lua_pop(L, 1);
+  cJSON *spec = cJSON_CreateObject();
+  if (!m || !spec) {
+    cJSON_Delete(m);
+    cJSON_Delete(spec);
+    mg_buf_free(&src);
+    return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  }
+  cJSON_AddNumberToObject(spec, "heads", s->heads);
+  cJSON_AddNumberToObject(spec, "d_n", s->d_n);
+  cJSON_AddNumberToObject(spec, "d_r", s->d_r);
+  cJSON_AddNumberToObject(spec, "d_v", s->d_v);
+  cJSON_AddNumberToObject(spec, "d_c", s->d_c);
+  cJSON_AddStringToObject(spec, "dtype", s->dtype);
+  cJSON_AddBoolToObject(spec, "causal", s->causal);
+  cJSON_AddItemToObject(m, "spec", spec);
+  cJSON_AddStringToObject(m, "file", out->file);
+  cJSON_AddStringToObject(m, "template", tname);
+  out->manifest = m;
+  out->source = mg_buf_take(&src, &out->source_len);
+  if (!out->source) {
+    mg_kernel_free(out);
+    return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  }
+  return 0;
+}
+
+void mg_kernel_free(mg_kernel *k) {
+  if (!k) return;
+  free(k->source);
+  cJSON_Delete(k->manifest);
+  memset(k, 0, sizeof *k);
+}
+
+static int write_file(const char *dir, const char *name, const void *data, size_t len, mg_diag *d) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *path = malloc(n);
+  if (!path) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  snprintf(path, n, "%s/%s", dir, name);
+  int rc = mg_fs_write_atomic(path, data, len, d);
+  free(path);
+  return rc;
+}
+
+int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kernels, int n,
+                 const char *dir, mg_diag *d) {
+  int rc = mg_fs_mkdirs(dir, d);
+  if (rc) return rc;
+  for (int i = 0; i < n && !rc; i++)
+    rc = write_file(dir, kernels[i].file, kernels[i].source, kernels[i].source_len, d);
+  if (!rc) rc = write_file(dir, g->header.name, g->header.data, g->header.size, d);
+  if (rc) return rc;
+
+  cJSON *root = cJSON_CreateObject();
+  cJSON *model = cJSON_AddObjectToObject(root, "model");
+  cJSON *list = cJSON_AddArrayToObject(root, "kernels");
+  cJSON *hdrs = cJSON_AddArrayToObject(root, "headers");
+  if (!root || !model || !list || !hdrs) {
+    cJSON_Delete(root);
+    return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  }
+  cJSON_AddStringToObject(root, "mlagen_version", MLAGEN_VERSION);
+  cJSON_AddStringToObject(root, "template_hash", g->hash);
+  cJSON_AddNumberToObject(root, "sp", sp);
+  cJSON_AddItemToArray(hdrs, cJSON_CreateString(g->header.name));
+  cJSON_AddStringToObject(model, "source", shape->source);
+  cJSON_AddStringToObject(model, "model_type", shape->model_type);
+  cJSON_AddNumberToObject(model, "num_attention_heads", shape->heads);
+  cJSON_AddNumberToObject(model, "kv_lora_rank", shape->kv_lora_rank);
+  cJSON_AddNumberToObject(model, "qk_rope_head_dim", shape->qk_rope_head_dim);
+  cJSON_AddNumberToObject(model, "qk_nope_head_dim", shape->qk_nope_head_dim);
+  cJSON_AddNumberToObject(model, "v_head_dim", shape->v_head_dim);
+  cJSON_AddNumberToObject(model, "mscale", shape->mscale);
+  cJSON_AddNumberToObject(model, "softmax_scale", shape->softmax_scale);
+  for (int i = 0; i < n; i++) cJSON_AddItemToArray(list, cJSON_Duplicate(kernels[i].manifest, 1));
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  if (!text) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  size_t len = strlen(text);
+  mg_buf b;
+  mg_buf_init(&b, 0);
+  rc = mg_buf_add(&b, text, len);
+  if (!rc) rc = mg_buf_adds(&b, "\n");
+  free(text);
+  if (rc) {
+    mg_buf_free(&b);
+    return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  }
+  rc = write_file(dir, "manifest.json", b.data, b.len, d);
+  mg_buf_free(&b);
+  return rc;
+}

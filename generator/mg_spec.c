@@ -1,1 +1,61 @@
-/* mg_spec.c: stub, being written. */
+/* mg_spec.c: which kernels a model needs, and tunable overrides. */
+#include "mg_spec.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mlagen.h"
+
+const char *const mg_spec_families[] = {"explicit_fwd", NULL};
+
+int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
+                      int max, int *n, mg_diag *d) {
+  *n = 0;
+  if (sp < 1) return mg_diag_set(d, MLAGEN_EINVAL, "sequence-parallel degree %d: must be >= 1", sp);
+  if (shape->heads % sp != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "sequence-parallel degree %d does not divide num_attention_heads %d "
+                       "(Ulysses SP gives each rank H / P heads)", sp, shape->heads);
+  if (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "fp16") != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "dtype '%s': expected bf16 or fp16", dtype);
+  for (const char *const *f = mg_spec_families; *f; f++) {
+    for (int causal = 1; causal >= 0; causal--) {
+      if (*n >= max) return mg_diag_set(d, MLAGEN_EINVAL, "more than %d kernel specs", max);
+      mg_kernel_spec *s = &specs[(*n)++];
+      memset(s, 0, sizeof *s);
+      snprintf(s->family, sizeof s->family, "%s", *f);
+      s->heads = shape->heads / sp;
+      s->d_n = shape->qk_nope_head_dim;
+      s->d_r = shape->qk_rope_head_dim;
+      s->d_v = shape->v_head_dim;
+      s->d_c = shape->kv_lora_rank;
+      snprintf(s->dtype, sizeof s->dtype, "%s", dtype);
+      s->causal = causal;
+    }
+  }
+  return 0;
+}
+
+int mg_spec_set(mg_kernel_spec *s, const char *assignment, mg_diag *d) {
+  const char *eq = strchr(assignment, '=');
+  size_t klen = eq ? (size_t)(eq - assignment) : 0;
+  if (!eq || klen == 0 || klen >= sizeof s->config[0].name)
+    return mg_diag_set(d, MLAGEN_EINVAL, "'%s': expected tunable=value, e.g. block_m=64", assignment);
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(eq + 1, &end, 10);
+  if (errno || end == eq + 1 || *end != '\0')
+    return mg_diag_set(d, MLAGEN_EINVAL, "'%s': the value must be an integer", assignment);
+  int slot = s->n_config;
+  for (int i = 0; i < s->n_config; i++)
+    if (strncmp(s->config[i].name, assignment, klen) == 0 && s->config[i].name[klen] == '\0') slot = i;
+  if (slot == MG_SPEC_MAX_CONFIG)
+    return mg_diag_set(d, MLAGEN_EINVAL, "more than %d tunable overrides", MG_SPEC_MAX_CONFIG);
+  memcpy(s->config[slot].name, assignment, klen);
+  s->config[slot].name[klen] = '\0';
+  s->config[slot].value = v;
+  if (slot == s->n_config) s->n_config++;
+  return 0;
+}

@@ -1,1 +1,138 @@
-int main(void) { return 0; }
+/* test_base.c: buffers, messages, status names, atomic files, SHA-256. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mg_buf.h"
+#include "mg_diag.h"
+#include "mg_embed.h"
+#include "mg_fs.h"
+#include "mg_hash.h"
+#include "mlagen.h"
+
+static void test_buf_grows_and_caps(void **state) {
+  (void)state;
+  mg_buf b;
+  mg_buf_init(&b, 10);
+  assert_string_equal(mg_buf_str(&b), "");
+  assert_int_equal(mg_buf_adds(&b, "hello"), 0);
+  assert_int_equal(mg_buf_addf(&b, "%d", 1234), 0);
+  assert_string_equal(mg_buf_str(&b), "hello1234");
+  assert_int_equal(mg_buf_adds(&b, "xy"), MLAGEN_ENOMEM); /* 11 > cap 10 */
+  assert_string_equal(mg_buf_str(&b), "hello1234");     /* unchanged */
+  assert_int_equal(mg_buf_adds(&b, "z"), 0);
+  assert_int_equal(b.len, 10);
+  size_t n;
+  char *s = mg_buf_take(&b, &n);
+  assert_int_equal(n, 10);
+  assert_string_equal(s, "hello1234z");
+  free(s);
+  assert_null(b.data);
+  mg_buf_free(&b);
+}
+
+static void test_diag_and_status(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  assert_string_equal(mg_diag_msg(&d), "");
+  assert_int_equal(mg_diag_set(&d, MLAGEN_ECONFIG, "%s: key '%s'", "f.json", "v_head_dim"), MLAGEN_ECONFIG);
+  mg_diag_prefix(&d, "loading %d", 3);
+  assert_string_equal(mg_diag_msg(&d), "loading 3: f.json: key 'v_head_dim'");
+  assert_int_equal(d.status, MLAGEN_ECONFIG);
+  mg_diag_clear(&d);
+  assert_int_equal(mg_diag_set(NULL, MLAGEN_EIO, "ignored"), MLAGEN_EIO);
+  assert_string_equal(mlagen_strerror(MLAGEN_ENODRIVER), "no CUDA driver");
+  assert_string_equal(mlagen_status_name(MLAGEN_EINVAL), "MLAGEN_EINVAL");
+  assert_string_equal(mlagen_strerror(12345), "unknown status");
+}
+
+static void test_atomic_write(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mlagen-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char sub[128], path[160];
+  snprintf(sub, sizeof sub, "%s/a/b", dir);
+  assert_int_equal(mg_fs_mkdirs(sub, NULL), 0);
+  snprintf(path, sizeof path, "%s/f.txt", sub);
+  assert_int_equal(mg_fs_write_atomic(path, "first", 5, NULL), 0);
+  assert_int_equal(mg_fs_write_atomic(path, "second!", 7, NULL), 0);
+  char *data;
+  size_t n;
+  assert_int_equal(mg_fs_read(path, 100, &data, &n, NULL), 0);
+  assert_int_equal(n, 7);
+  assert_string_equal(data, "second!");
+  free(data);
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_fs_read(path, 3, &data, &n, &d), MLAGEN_ELIMIT);
+  assert_null(data);
+  mg_diag_clear(&d);
+  /* no temp files left behind */
+  DIR *dp = opendir(sub);
+  int entries = 0;
+  for (struct dirent *e; (e = readdir(dp));)
+    if (e->d_name[0] != '.') entries++;
+  closedir(dp);
+  assert_int_equal(entries, 1);
+  /* a write into a missing directory fails cleanly */
+  snprintf(path, sizeof path, "%s/missing/f.txt", dir);
+  assert_int_equal(mg_fs_write_atomic(path, "x", 1, &d), MLAGEN_EIO);
+  assert_non_null(strstr(mg_diag_msg(&d), "missing/f.txt"));
+  mg_diag_clear(&d);
+  assert_int_equal(mg_fs_read("/nonexistent/x", 10, &data, &n, &d), MLAGEN_EIO);
+  mg_diag_clear(&d);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void test_sha256_vectors(void **state) {
+  (void)state;
+  /* FIPS 180-2 test vectors */
+  uint8_t h[MG_HASH_BYTES];
+  char hex[MG_HASH_HEX];
+  assert_int_equal(mg_hash("abc", 3, h), 0);
+  mg_hash_hex(h, hex);
+  assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  assert_int_equal(mg_hash("", 0, h), 0);
+  mg_hash_hex(h, hex);
+  assert_string_equal(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  /* length-prefixed fields separate ("ab","c") from ("a","bc") */
+  uint8_t h1[MG_HASH_BYTES], h2[MG_HASH_BYTES];
+  mg_hash_ctx *c = mg_hash_begin();
+  mg_hash_field_str(c, "ab");
+  mg_hash_field_str(c, "c");
+  assert_int_equal(mg_hash_end(c, h1), 0);
+  c = mg_hash_begin();
+  mg_hash_field_str(c, "a");
+  mg_hash_field_str(c, "bc");
+  assert_int_equal(mg_hash_end(c, h2), 0);
+  assert_memory_not_equal(h1, h2, MG_HASH_BYTES);
+}
+
+static void test_embedded_files(void **state) {
+  (void)state;
+  const mg_embedded_file *f = mg_embed_find("configs/deepseek-v3.json");
+  assert_non_null(f);
+  assert_non_null(strstr(f->data, "\"kv_lora_rank\": 512"));
+  assert_int_equal(strlen(f->data), f->size);
+  assert_non_null(mg_embed_find("templates/explicit_fwd.cu.tpl"));
+  assert_non_null(mg_embed_find("templates/mla_device.cuh"));
+  assert_null(mg_embed_find("templates/nope"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_buf_grows_and_caps), cmocka_unit_test(test_diag_and_status),
+      cmocka_unit_test(test_atomic_write),       cmocka_unit_test(test_sha256_vectors),
+      cmocka_unit_test(test_embedded_files),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,45 @@
+/* cli.h: the `mlagen` command line: subcommands and their shared option parsing.
+ * Exit codes: 0 ok, 1 failure, 2 usage. */
+#ifndef MG_CLI_H
+#define MG_CLI_H
+#include "mg_config.h"
+#include "mg_spec.h"
+
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+#define CLI_MAX_SET 8
+
+/* Options shared by the subcommands that generate kernels. */
+typedef struct cli_opts {
+  const char *model;          /* --model: path or shipped name (default deepseek-v3) */
+  const char *templates;      /* --templates DIR */
+  const char *dtype;          /* --dtype bf16|fp16 */
+  int sp;                     /* --sp P */
+  const char *set[CLI_MAX_SET]; /* --set tunable=value */
+  int n_set;
+  const char *out;            /* generate: --out DIR */
+  const char *arch;           /* compile: --arch list */
+  const char *cache_dir;      /* compile: --cache-dir DIR */
+  int no_cache;               /* compile: --no-cache */
+  int json;                   /* info: --json */
+} cli_opts;
+
+/* Parses argv[first..argc) into o. allowed is a space-separated list of the option names
+ * this subcommand takes ("model templates ..."). Prints the problem and returns CLI_USAGE
+ * on an unknown option or a missing value; returns -1 (print help) for --help. */
+int cli_parse(int argc, char **argv, int first, const char *allowed, cli_opts *o);
+
+/* Loads the model shape; prints its notes to stderr. Prints the error and returns
+ * CLI_FAIL on failure. */
+int cli_load_model(const cli_opts *o, mg_shape *shape);
+
+/* Builds the kernel specs for o (all families, causal and not) with the --set overrides. */
+int cli_specs(const cli_opts *o, const mg_shape *shape, mg_kernel_spec *specs, int max, int *n);
+
+/* Prints "mlagen: <msg>" to stderr (the message may hold several lines). */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+int cli_generate(int argc, char **argv);
+int cli_compile(int argc, char **argv);
+int cli_info(int argc, char **argv);
+#endif

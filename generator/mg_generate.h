@@ -1,0 +1,58 @@
+/* mg_generate.h: kernel specs -> CUDA source through the Lua templates.
+ *
+ * An mg_gen owns one sandboxed Lua state and the template set: the templates embedded
+ * in the binary, or the files of a directory given with `--templates DIR` (same file
+ * names) for template development. The template set's SHA-256 (template_hash) goes into
+ * every JIT cache key and into the manifest. */
+#ifndef MG_GENERATE_H
+#define MG_GENERATE_H
+#include <cJSON.h>
+#include <stddef.h>
+
+#include "mg_config.h"
+#include "mg_diag.h"
+#include "mg_jit.h"
+#include "mg_spec.h"
+
+typedef struct mg_gen mg_gen;
+
+/* The device header every generated kernel includes. */
+#define MG_DEVICE_HEADER "mla_device.cuh"
+
+/* Opens a generator. templates_dir NULL means the embedded templates.
+ * Errors: MLAGEN_EIO (a template file missing from templates_dir; the message names
+ * it), MLAGEN_ENOMEM. */
+int mg_gen_open(mg_gen **out, const char *templates_dir, mg_diag *d);
+void mg_gen_close(mg_gen *g);
+
+/* Hex SHA-256 of the template set (every file's name and bytes). */
+const char *mg_gen_template_hash(const mg_gen *g);
+
+/* The headers a generated kernel needs at compile time (the device header), for NVRTC.
+ * Valid while g is open. */
+const mg_jit_header *mg_gen_headers(const mg_gen *g, int *n);
+
+/* One generated kernel. */
+typedef struct mg_kernel {
+  char name[160];    /* the __global__ symbol, extern "C" */
+  char file[176];    /* "<name>.cu" */
+  char *source;      /* rendered CUDA source, NUL-terminated */
+  size_t source_len;
+  cJSON *manifest;   /* this kernel's manifest entry (name, file, spec, config, tunables,
+                        launch rule, parameters) */
+} mg_kernel;
+
+/* Renders the template of s->family for spec s. softmax_scale is not baked in (it is a
+ * kernel argument). Errors: MLAGEN_ETEMPLATE (template error: the message names the
+ * template file and line and carries a Lua traceback; a tunable override that the
+ * template does not declare or allow), MLAGEN_ELIMIT (the template hit the Lua memory or
+ * instruction cap), MLAGEN_EINVAL (unknown family), MLAGEN_ENOMEM. */
+int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d);
+void mg_kernel_free(mg_kernel *k);
+
+/* Writes kernels[0..n) as <dir>/<file>, the device header, and <dir>/manifest.json
+ * (kernels, shape, sp degree, template hash, mlagen version), each atomically; creates
+ * dir. Errors: MLAGEN_EIO, MLAGEN_ENOMEM. */
+int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kernels, int n,
+                 const char *dir, mg_diag *d);
+#endif

@@ -1,0 +1,104 @@
+-- prelude.lua: helpers every kernel template can call. Runs in the sandboxed Lua state
+-- before each template; the generator reads back what kernel{} records.
+--
+-- kernel{...} declares a kernel family next to the code it emits:
+--   family    string, e.g. "explicit_fwd"
+--   doc       one line for the manifest
+--   params    list of {name=, type=, shape=, doc=}: the kernel's arguments, in order;
+--             param_list() turns it into the C parameter list, so the signature and the
+--             manifest come from one table
+--   tunables  {name = {values = {...}, doc = "..."}}: the autotuning space
+--   default   function(spec) -> config: the heuristic choice (must pass check)
+--   check     function(spec, config) -> nil, or a string saying why the config is invalid
+--             (smem over the limit, tiles that do not divide, ...)
+--   name      function(spec, config) -> the kernel's symbol name
+--   launch    function(spec, config) -> {grid = {d, d, d}, block = {x, y, z}, smem = bytes}
+--             where a grid dim d is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
+--             div = n}: ceil(arg / div)
+-- It resolves the configuration (default, then spec.config overrides, each checked
+-- against the declared values), validates it, records the kernel for the generator and
+-- returns the record: {family, doc, name, params, tunables, config, launch}.
+-- Names starting with __mlagen_ are reserved for the generator.
+
+function ceil_div(a, b) return (a + b - 1) // b end
+
+local elem_types = { bf16 = "__nv_bfloat16", fp16 = "__half" }
+local elem_sizes = { bf16 = 2, fp16 = 2 }
+
+-- The CUDA element type of a dtype name.
+function elem_type(dtype)
+  return elem_types[dtype] or error("unknown dtype '" .. tostring(dtype) .. "'", 2)
+end
+
+-- Bytes per element of a dtype name.
+function elem_size(dtype)
+  return elem_sizes[dtype] or error("unknown dtype '" .. tostring(dtype) .. "'", 2)
+end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return keys
+end
+
+local function describe(config)
+  local parts = {}
+  for _, k in ipairs(sorted_keys(config)) do parts[#parts + 1] = k .. "=" .. tostring(config[k]) end
+  return table.concat(parts, " ")
+end
+
+local function contains(list, v)
+  for _, x in ipairs(list) do if x == v then return true end end
+  return false
+end
+
+local recorded = nil
+
+-- The record of the last kernel{} call, read by the generator after rendering.
+function __mlagen_declared() return recorded end
+
+function kernel(decl)
+  if recorded then error("kernel{}: a template declares one kernel", 2) end
+  for _, field in ipairs({ "family", "params", "tunables", "default", "check", "name", "launch" }) do
+    if decl[field] == nil then error("kernel{}: missing field '" .. field .. "'", 2) end
+  end
+  local config = decl.default(spec)
+  for k, v in pairs(spec.config or {}) do
+    local t = decl.tunables[k]
+    if not t then
+      error(decl.family .. ": unknown tunable '" .. k .. "' (tunables: " ..
+            table.concat(sorted_keys(decl.tunables), ", ") .. ")", 2)
+    end
+    if not contains(t.values, v) then
+      local vals = {}
+      for i, x in ipairs(t.values) do vals[i] = tostring(x) end
+      error(decl.family .. ": " .. k .. " = " .. tostring(v) .. " is not one of {" ..
+            table.concat(vals, ", ") .. "}", 2)
+    end
+    config[k] = v
+  end
+  local why = decl.check(spec, config)
+  if why then error(decl.family .. ": configuration " .. describe(config) .. " rejected: " .. why, 2) end
+  recorded = {
+    family = decl.family,
+    doc = decl.doc,
+    name = decl.name(spec, config),
+    params = decl.params,
+    tunables = decl.tunables,
+    config = config,
+    launch = decl.launch(spec, config),
+  }
+  return recorded
+end
+
+-- "const T* __restrict__ q, int seqlen_q, ..." from a params list.
+function param_list(params, indent)
+  local out = {}
+  for i, p in ipairs(params) do
+    local t = p.type
+    if t:sub(-1) == "*" then t = t .. " __restrict__" end
+    out[i] = t .. " " .. p.name
+  end
+  return table.concat(out, ",\n" .. (indent or "    "))
+end

@@ -1,0 +1,15 @@
+# Runs EXE with ARGS (a ;-list) and checks its exit code (EXIT) and that stdout+stderr
+# contain EXPECT.
+if(ARGS STREQUAL "")
+  set(ARGS)
+endif()
+execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(all "${out}${err}")
+if(NOT rc EQUAL EXIT)
+  message(FATAL_ERROR "exit ${rc}, expected ${EXIT}; output:\n${all}")
+endif()
+string(FIND "${all}" "${EXPECT}" pos)
+if(pos EQUAL -1)
+  message(FATAL_ERROR "output lacks '${EXPECT}':\n${all}")
+endif()
+message(STATUS "ok: exit ${rc}; output:\n${all}")

@@ -1,0 +1,333 @@
+/* test_generate.c: templates -> CUDA -> NVRTC for real model shapes.
+ *
+ * Every generated kernel compiles for sm_80 and sm_90a with zero spill bytes; template
+ * and NVRTC errors name the template file and line; tunable overrides are checked;
+ * the manifest describes what was generated. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mg_config.h"
+#include "mg_embed.h"
+#include "mg_fs.h"
+#include "mg_generate.h"
+#include "mg_jit.h"
+#include "mg_spec.h"
+#include "mlagen.h"
+
+/* An MLA shape unlike DeepSeek's (MiniCPM3-like: d_n 64, d_r 32, d_v 64, d_c 256, H 40). */
+static const char unusual_json[] =
+    "{\"model_type\": \"minicpm3\", \"num_attention_heads\": 40, \"kv_lora_rank\": 256,"
+    " \"qk_rope_head_dim\": 32, \"qk_nope_head_dim\": 64, \"v_head_dim\": 64,"
+    " \"q_lora_rank\": 768, \"hidden_size\": 2560}";
+
+static void load_shape(const char *model, mg_shape *s) {
+  mg_diag d = MG_DIAG_INIT;
+  int rc = model ? mg_config_load(model, s, &d)
+                 : mg_config_parse(unusual_json, strlen(unusual_json), "unusual", s, &d);
+  if (rc) fail_msg("%s", mg_diag_msg(&d));
+}
+
+static long launch_smem_static(const mg_kernel *k) {
+  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k->manifest, "launch");
+  const cJSON *smem = cJSON_GetObjectItemCaseSensitive(launch, "smem_static");
+  assert_true(cJSON_IsNumber(smem));
+  return (long)smem->valuedouble;
+}
+
+/* Generates every kernel of a model and compiles each for sm_80 and sm_90a. */
+static void compile_model(const char *model, int sp) {
+  mg_shape shape;
+  load_shape(model, &shape);
+  mg_kernel_spec specs[16];
+  int n = 0;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_spec_for_model(&shape, sp, "bf16", specs, 16, &n, &d), 0);
+  assert_true(n >= 2);
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  int n_hdr;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  const char *archs[] = {"sm_80", "sm_90a"};
+  for (int i = 0; i < n; i++) {
+    mg_kernel k;
+    if (mg_gen_kernel(g, &specs[i], &k, &d)) fail_msg("%s", mg_diag_msg(&d));
+    for (int a = 0; a < 2; a++) {
+      mg_jit_opts o = {.arch = archs[a], .no_cache = 1, .template_hash = mg_gen_template_hash(g),
+                       .headers = hdr, .n_headers = n_hdr};
+      mg_cubin c;
+      if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, &d))
+        fail_msg("%s", mg_diag_msg(&d));
+      print_message("  %-56s %-6s regs %3d spill %ld+%ld smem %ld\n", k.name, archs[a],
+                    c.report.registers, c.report.spill_stores, c.report.spill_loads,
+                    c.report.smem_bytes);
+      assert_true(c.report.registers > 0);
+      assert_int_equal(c.report.spill_stores, 0);
+      assert_int_equal(c.report.spill_loads, 0);
+      assert_int_equal(c.report.smem_bytes, launch_smem_static(&k));
+      mg_cubin_free(&c);
+    }
+    mg_kernel_free(&k);
+  }
+  mg_gen_close(g);
+}
+
+static void test_v2_lite(void **state) { (void)state; compile_model("deepseek-v2-lite", 1); }
+static void test_v3(void **state) { (void)state; compile_model("deepseek-v3", 1); }
+static void test_v3_sp8(void **state) { (void)state; compile_model("deepseek-v3", 8); }
+static void test_kimi_k2(void **state) { (void)state; compile_model("kimi-k2", 1); }
+static void test_unusual(void **state) { (void)state; compile_model(NULL, 1); }
+
+static mg_kernel_spec v3_spec(int causal) {
+  mg_shape shape;
+  load_shape("deepseek-v3", &shape);
+  mg_kernel_spec specs[16];
+  int n = 0;
+  assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, 16, &n, NULL), 0);
+  for (int i = 0; i < n; i++)
+    if (specs[i].causal == causal) return specs[i];
+  fail();
+  return specs[0];
+}
+
+static void test_tunable_overrides(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel_spec s = v3_spec(1);
+  mg_kernel k;
+  assert_int_equal(mg_spec_set(&s, "block_m=16", &d), 0);
+  assert_int_equal(mg_spec_set(&s, "num_warps=2", &d), 0);
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), 0);
+  assert_non_null(strstr(k.name, "_bm16_w2"));
+  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k.manifest, "config");
+  assert_int_equal(cJSON_GetObjectItemCaseSensitive(cfg, "block_m")->valueint, 16);
+  assert_int_equal(cJSON_GetObjectItemCaseSensitive(cfg, "num_warps")->valueint, 2);
+  mg_kernel_free(&k);
+
+  s = v3_spec(1);
+  assert_int_equal(mg_spec_set(&s, "block_m=24", &d), 0);
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_ETEMPLATE);
+  assert_non_null(strstr(mg_diag_msg(&d), "block_m = 24 is not one of {16, 32, 64}"));
+  assert_non_null(strstr(mg_diag_msg(&d), "explicit_fwd.cu.tpl:"));
+
+  s = v3_spec(1);
+  assert_int_equal(mg_spec_set(&s, "tile_q=64", &d), 0);
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_ETEMPLATE);
+  assert_non_null(strstr(mg_diag_msg(&d), "unknown tunable 'tile_q'"));
+
+  s = v3_spec(1); /* 64 rows on 4 warps of d_qk 192: over 48 KiB of smem */
+  assert_int_equal(mg_spec_set(&s, "block_m=64", &d), 0);
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_ETEMPLATE);
+  assert_non_null(strstr(mg_diag_msg(&d), "shared memory"));
+
+  assert_int_equal(mg_spec_set(&s, "block_m", &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_spec_set(&s, "block_m=x", &d), MLAGEN_EINVAL);
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
+static void test_spec_errors(void **state) {
+  (void)state;
+  mg_shape shape;
+  load_shape("deepseek-v2-lite", &shape); /* 16 heads */
+  mg_kernel_spec specs[16];
+  int n;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_spec_for_model(&shape, 3, "bf16", specs, 16, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "does not divide num_attention_heads 16"));
+  assert_int_equal(mg_spec_for_model(&shape, 1, "fp8", specs, 16, &n, &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_spec_for_model(&shape, 16, "fp16", specs, 16, &n, &d), 0);
+  assert_int_equal(specs[0].heads, 1);
+  mg_diag_clear(&d);
+}
+
+/* Copies the embedded template set into dir, replacing `line` (1-based) of
+ * explicit_fwd.cu.tpl with `text`. */
+static void write_templates(const char *dir, int line, const char *text) {
+  assert_int_equal(mg_fs_mkdirs(dir, NULL), 0);
+  for (const mg_embedded_file *f = mg_embedded_files; f->path; f++) {
+    if (strncmp(f->path, "templates/", 10) != 0) continue;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, f->path + 10);
+    if (line > 0 && strcmp(f->path, "templates/explicit_fwd.cu.tpl") == 0) {
+      char *out = malloc(f->size + strlen(text) + 2);
+      const char *p = f->data;
+      size_t o = 0;
+      for (int l = 1; *p; l++) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p + 1) : strlen(p);
+        if (l == line) {
+          o += (size_t)sprintf(out + o, "%s\n", text);
+        } else {
+          memcpy(out + o, p, len);
+          o += len;
+        }
+        p += len;
+      }
+      assert_int_equal(mg_fs_write_atomic(path, out, o, NULL), 0);
+      free(out);
+    } else {
+      assert_int_equal(mg_fs_write_atomic(path, f->data, f->size, NULL), 0);
+    }
+  }
+}
+
+/* The line number of the first line of the embedded template containing needle. */
+static int template_line_of(const char *needle) {
+  const char *t = mg_embed_find("templates/explicit_fwd.cu.tpl")->data;
+  const char *hit = strstr(t, needle);
+  assert_non_null(hit);
+  int line = 1;
+  for (const char *p = t; p < hit; p++) line += *p == '\n';
+  return line;
+}
+
+static void test_nvrtc_error_names_template_line(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mlagen-tpl-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  int line = template_line_of("const float scale_log2");
+  write_templates(dir, line, "  const float scale_log2 = softmax_scale * undefined_symbol;");
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, dir, &d), 0);
+  mg_kernel_spec s = v3_spec(1);
+  mg_kernel k;
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), 0);
+  int n_hdr;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  mg_jit_opts o = {.arch = "sm_90a", .no_cache = 1, .headers = hdr, .n_headers = n_hdr};
+  mg_cubin c;
+  assert_int_equal(mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, &d), MLAGEN_ECOMPILE);
+  char expect[600];
+  snprintf(expect, sizeof expect, "%s/explicit_fwd.cu.tpl(%d)", dir, line);
+  if (!strstr(mg_diag_msg(&d), expect)) fail_msg("expected '%s' in:\n%s", expect, mg_diag_msg(&d));
+  assert_non_null(strstr(mg_diag_msg(&d), "undefined_symbol"));
+  mg_kernel_free(&k);
+  mg_gen_close(g);
+
+  /* a Lua error in the template names the template file and line, with a traceback */
+  write_templates(dir, template_line_of("@ local ESIZE"), "@ local ESIZE = elem_size(spec.no_such_field)");
+  assert_int_equal(mg_gen_open(&g, dir, &d), 0);
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_ETEMPLATE);
+  snprintf(expect, sizeof expect, "%s/explicit_fwd.cu.tpl:%d:", dir, template_line_of("@ local ESIZE"));
+  if (!strstr(mg_diag_msg(&d), expect)) fail_msg("expected '%s' in:\n%s", expect, mg_diag_msg(&d));
+  assert_non_null(strstr(mg_diag_msg(&d), "unknown dtype"));
+  assert_non_null(strstr(mg_diag_msg(&d), "traceback"));
+  mg_gen_close(g);
+  mg_diag_clear(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void test_template_hash_and_override(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mlagen-tpl-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  write_templates(dir, 0, NULL);
+  mg_gen *a, *b;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_gen_open(&a, NULL, &d), 0);
+  assert_int_equal(mg_gen_open(&b, dir, &d), 0);
+  assert_string_equal(mg_gen_template_hash(a), mg_gen_template_hash(b)); /* same bytes */
+  mg_gen_close(b);
+  write_templates(dir, 1, "@ -- edited");
+  assert_int_equal(mg_gen_open(&b, dir, &d), 0);
+  assert_string_not_equal(mg_gen_template_hash(a), mg_gen_template_hash(b));
+  mg_gen_close(b);
+  char path[128];
+  snprintf(path, sizeof path, "%s/prelude.lua", dir);
+  assert_int_equal(remove(path), 0);
+  assert_int_equal(mg_gen_open(&b, dir, &d), MLAGEN_EIO);
+  assert_non_null(strstr(mg_diag_msg(&d), "prelude.lua"));
+  mg_gen_close(a);
+  mg_diag_clear(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void test_manifest(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mlagen-gen-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  mg_shape shape;
+  load_shape("kimi-k2", &shape);
+  mg_kernel_spec specs[16];
+  int n;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_spec_for_model(&shape, 4, "bf16", specs, 16, &n, &d), 0);
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel k[16];
+  for (int i = 0; i < n; i++) assert_int_equal(mg_gen_kernel(g, &specs[i], &k[i], &d), 0);
+  assert_int_equal(mg_gen_write(g, &shape, 4, k, n, dir, &d), 0);
+
+  char path[256];
+  snprintf(path, sizeof path, "%s/manifest.json", dir);
+  char *text;
+  size_t len;
+  assert_int_equal(mg_fs_read(path, 1 << 20, &text, &len, &d), 0);
+  cJSON *m = cJSON_Parse(text);
+  free(text);
+  assert_non_null(m);
+  assert_string_equal(cJSON_GetObjectItem(m, "template_hash")->valuestring, mg_gen_template_hash(g));
+  assert_int_equal(cJSON_GetObjectItem(m, "sp")->valueint, 4);
+  const cJSON *model = cJSON_GetObjectItem(m, "model");
+  assert_int_equal(cJSON_GetObjectItem(model, "num_attention_heads")->valueint, 64);
+  const cJSON *list = cJSON_GetObjectItem(m, "kernels");
+  assert_int_equal(cJSON_GetArraySize(list), n);
+  const cJSON *k0 = cJSON_GetArrayItem(list, 0);
+  assert_string_equal(cJSON_GetObjectItem(k0, "name")->valuestring, k[0].name);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(k0, "spec"), "heads")->valueint, 16);
+  const cJSON *params = cJSON_GetObjectItem(k0, "params");
+  const char *names[] = {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0",
+                         "softmax_scale"};
+  assert_int_equal(cJSON_GetArraySize(params), 10);
+  for (int i = 0; i < 10; i++)
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(params, i), "name")->valuestring, names[i]);
+  const cJSON *grid = cJSON_GetObjectItem(cJSON_GetObjectItem(k0, "launch"), "grid");
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(grid, 0), "arg")->valuestring, "seqlen_q");
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(grid, 1), "value")->valueint, 16);
+  cJSON_Delete(m);
+
+  /* the .cu files and the device header are there, and the source carries #line */
+  snprintf(path, sizeof path, "%s/%s", dir, k[0].file);
+  assert_true(mg_fs_is_file(path));
+  snprintf(path, sizeof path, "%s/%s", dir, MG_DEVICE_HEADER);
+  assert_true(mg_fs_is_file(path));
+  assert_non_null(strstr(k[0].source, "#line "));
+  assert_non_null(strstr(k[0].source, "\"templates/explicit_fwd.cu.tpl\""));
+  for (int i = 0; i < n; i++) mg_kernel_free(&k[i]);
+  mg_gen_close(g);
+  mg_diag_clear(&d);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_spec_errors),
+      cmocka_unit_test(test_tunable_overrides),
+      cmocka_unit_test(test_template_hash_and_override),
+      cmocka_unit_test(test_manifest),
+      cmocka_unit_test(test_nvrtc_error_names_template_line),
+      cmocka_unit_test(test_v2_lite),
+      cmocka_unit_test(test_v3),
+      cmocka_unit_test(test_v3_sp8),
+      cmocka_unit_test(test_kimi_k2),
+      cmocka_unit_test(test_unusual),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
