@@ -1,10 +1,19 @@
 /* mg_jit.h: NVRTC compilation of generated CUDA source to cubin, with a disk cache.
  *
- * Cache key: SHA-256 over the rendered source, every NVRTC option, the extra headers,
- * the NVRTC version, the target arch and the template hash. Entries live in
- * $MLAGEN_CACHE_DIR (default ~/.cache/mlagen) as <key>.cubin files written atomically
- * (temp file + rename); each carries a checksum, and a truncated or corrupt entry is
- * detected, recompiled and replaced, never loaded. */
+ * Cache key: SHA-256 over a key-format version, the rendered source and its name (the
+ * name lands in the -lineinfo), every NVRTC option in order (the target arch and the
+ * fixed options included; the -I path of the CUDA headers is not, the toolkit's
+ * version.json beside that include dir is, when present), the extra headers' names and
+ * contents, the NVRTC version, the template hash and the kernel named for the report.
+ * Entries live in o->cache_dir, else $MLAGEN_CACHE_DIR, else ~/.cache/mlagen, as
+ * <key>.cubin files written atomically (temp file + rename); each carries a checksum
+ * (format: see mg_jit.c), and a truncated or corrupt entry is detected, recompiled and
+ * replaced, never loaded.
+ *
+ * NVRTC options: --gpu-architecture=<arch> -std=c++17 -lineinfo --ptxas-options=-v
+ * -I<CUDA include dir>, then o->options. The CUDA include dir is the first of
+ * $CUDA_HOME/include, $CUDA_PATH/include, the build's CUDA include dirs and
+ * /usr/local/cuda/include that holds cuda_bf16.h. */
 #ifndef MG_JIT_H
 #define MG_JIT_H
 #include <stddef.h>
@@ -42,7 +51,8 @@ typedef struct mg_jit_report {
   long cmem_bytes;      /* constant bank 0 (kernel parameters), bytes */
   double compile_ms;    /* wall time of the NVRTC compile that produced the cubin */
   double elapsed_ms;    /* wall time of this call (cache lookup included) */
-  int cache_hit;        /* 1: loaded from the cache */
+  int cache_hit;        /* 1: loaded from the cache (the figures and compile_ms are the
+                           cached compile's) */
 } mg_jit_report;
 
 typedef struct mg_cubin {
@@ -54,23 +64,29 @@ typedef struct mg_cubin {
   char *warning;              /* non-fatal problem (cache not writable ...), or NULL */
 } mg_cubin;
 
-/* Compiles src (src_name is the name NVRTC uses in messages) to a cubin for o->arch,
- * or loads it from the cache. kernel names the __global__ function whose ptxas figures
- * go into the report (NULL: the first one reported).
- * Errors: MLAGEN_EINVAL (no arch, or an arch NVRTC does not know), MLAGEN_ECOMPILE (the
- * message holds the NVRTC log, whose lines name the template file and line through
- * #line), MLAGEN_EIO (CUDA headers not found: the message says where it looked and to
- * set CUDA_HOME), MLAGEN_ENOMEM. A cache that cannot be read or written is not an
+/* Compiles src (len bytes, no NUL; src_name is the name NVRTC uses in messages) to a
+ * cubin for o->arch, or loads it from the cache. kernel names the __global__ function
+ * whose ptxas figures go into the report: its plain name, which also matches its C++
+ * mangled name (_Z<len><name>...); NULL: the first one ptxas reports. A named kernel
+ * ptxas does not report leaves the figures 0 and sets out->warning.
+ * On success the caller owns *out (mg_cubin_free); on failure *out is empty.
+ * Errors: MLAGEN_EINVAL (no arch, an arch NVRTC does not know or a virtual one such as
+ * compute_90 that yields no cubin, an option NVRTC rejects, a NUL byte in the source or
+ * a header, a newline in arch or kernel), MLAGEN_ECOMPILE (the message holds the NVRTC
+ * log, whose lines name the template file and line through #line), MLAGEN_EIO (CUDA
+ * headers not found: the message says where it looked and to set CUDA_HOME),
+ * MLAGEN_ENOMEM. A cache that cannot be read or written is not an
  * error: the kernel is compiled and out->warning says why it was not cached. */
 int mg_jit_compile(const char *src, size_t len, const char *src_name, const char *kernel,
                    const mg_jit_opts *o, mg_cubin *out, mg_diag *d);
 
 void mg_cubin_free(mg_cubin *c);
 
-/* The cache directory o would use, written into buf (size n). Returns 0, or
- * MLAGEN_EIO when neither MLAGEN_CACHE_DIR nor HOME is set. */
+/* The cache directory o would use (o may be NULL), written into buf (size n). Returns 0,
+ * MLAGEN_EIO when neither MLAGEN_CACHE_DIR nor HOME is set, or MLAGEN_ELIMIT when the
+ * path does not fit in n bytes. Creates nothing. */
 int mg_jit_cache_dir(const mg_jit_opts *o, char *buf, size_t n, mg_diag *d);
 
-/* NVRTC's version. */
+/* NVRTC's version (0.0 if NVRTC cannot say); either pointer may be NULL. */
 void mg_jit_nvrtc_version(int *major, int *minor);
 #endif

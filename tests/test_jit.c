@@ -1,1 +1,627 @@
-int main(void) { return 0; }
+/* test_jit.c: NVRTC compilation and the cubin disk cache (needs the CUDA toolkit's
+ * NVRTC and headers, no GPU). Every test gets a fresh cache directory under /tmp. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mg_fs.h"
+#include "mg_jit.h"
+#include "mlagen.h"
+
+/* A small real kernel: a bf16 load, static smem, a warp shuffle, a block barrier;
+ * plus a second kernel, so the report must pick the right one. */
+static const char KSRC[] =
+    "#include <cuda_bf16.h>\n"
+    "extern \"C\" __global__ void k(const __nv_bfloat16 *x, float *y) {\n"
+    "  __shared__ float s[256];\n"
+    "  float v = __bfloat162float(x[threadIdx.x]);\n"
+    "  v += __shfl_xor_sync(0xffffffffu, v, 1);\n"
+    "  s[threadIdx.x] = v;\n"
+    "  __syncthreads();\n"
+    "  y[threadIdx.x] = s[255 - threadIdx.x];\n"
+    "}\n"
+    "extern \"C\" __global__ void k2(float *y) { y[threadIdx.x] = 1.0f; }\n";
+
+/* A kernel that takes a constant from an extra header. */
+static const char HSRC[] =
+    "#include \"mg_test.cuh\"\n"
+    "extern \"C\" __global__ void h(float *y) { y[threadIdx.x] = MG_TEST_VALUE; }\n";
+
+/* C++ linkage: ptxas reports the mangled name. */
+static const char MSRC[] = "__global__ void f(float *y) { y[threadIdx.x] = 2.0f; }\n";
+
+/* A kernel with a stack frame calling a non-inlined function without one: ptxas reports
+ * the callee's properties after the kernel's, and they must not overwrite them. */
+static const char SSRC[] =
+    "__device__ __noinline__ float g(const float *x, int i) {\n"
+    "  float a[32];\n"
+    "  for (int j = 0; j < 32; j++) a[j] = x[j] * j;\n"
+    "  return a[i & 31];\n"
+    "}\n"
+    "extern \"C\" __global__ void kstack(const float *x, float *y, int i) {\n"
+    "  y[threadIdx.x] = g(x, i + threadIdx.x);\n"
+    "}\n";
+
+typedef struct {
+  char dir[64];
+} state;
+
+/* ---- helpers -------------------------------------------------------------------- */
+
+static void rm_rf(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    DIR *dp = opendir(path);
+    if (dp) {
+      struct dirent *e;
+      while ((e = readdir(dp))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+        rm_rf(sub);
+      }
+      closedir(dp);
+    }
+    rmdir(path);
+  } else {
+    unlink(path);
+  }
+}
+
+static int setup(void **s) {
+  state *st = calloc(1, sizeof *st);
+  if (!st) return -1;
+  snprintf(st->dir, sizeof st->dir, "/tmp/mg-test-jit-XXXXXX");
+  if (!mkdtemp(st->dir)) {
+    free(st);
+    return -1;
+  }
+  *s = st;
+  return 0;
+}
+
+static int teardown(void **s) {
+  state *st = *s;
+  rm_rf(st->dir);
+  free(st);
+  return 0;
+}
+
+static mg_jit_opts opts_for(const char *dir, const char *arch) {
+  mg_jit_opts o;
+  memset(&o, 0, sizeof o);
+  o.arch = arch;
+  o.cache_dir = dir;
+  o.template_hash = "";
+  return o;
+}
+
+/* Compiles src (kernel "k" unless named) and asserts success. */
+static void jit_ok(const char *src, const char *kernel, const mg_jit_opts *o, mg_cubin *c) {
+  mg_diag d = MG_DIAG_INIT;
+  int rc = mg_jit_compile(src, strlen(src), "test.cu", kernel, o, c, &d);
+  if (rc) fail_msg("mg_jit_compile: %s: %s", mlagen_status_name(rc), mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  assert_non_null(c->data);
+  assert_true(c->size > 4);
+  assert_memory_equal(c->data, "\x7f" "ELF", 4);
+  assert_int_equal(strlen(c->key), MG_HASH_HEX - 1);
+}
+
+static void entry_path(const char *dir, const char *key, char *buf, size_t n) {
+  snprintf(buf, n, "%s/%s.cubin", dir, key);
+}
+
+/* Counts the files in dir whose names end in ".cubin" and those holding ".tmp.". */
+static void count_files(const char *dir, int *cubins, int *tmps, int *all) {
+  *cubins = *tmps = *all = 0;
+  DIR *dp = opendir(dir);
+  assert_non_null(dp);
+  struct dirent *e;
+  while ((e = readdir(dp))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    size_t n = strlen(e->d_name);
+    (*all)++;
+    if (strstr(e->d_name, ".tmp.")) (*tmps)++;
+    else if (n > 6 && !strcmp(e->d_name + n - 6, ".cubin")) (*cubins)++;
+  }
+  closedir(dp);
+}
+
+/* Equal ptxas figures; and compile_ms too when with_time. */
+static void assert_report_equal(const mg_jit_report *a, const mg_jit_report *b, int with_time) {
+  assert_int_equal(a->registers, b->registers);
+  assert_int_equal(a->barriers, b->barriers);
+  assert_int_equal(a->spill_stores, b->spill_stores);
+  assert_int_equal(a->spill_loads, b->spill_loads);
+  assert_int_equal(a->stack_bytes, b->stack_bytes);
+  assert_int_equal(a->smem_bytes, b->smem_bytes);
+  assert_int_equal(a->cmem_bytes, b->cmem_bytes);
+  double dt = a->compile_ms - b->compile_ms;
+  if (with_time) assert_true(dt < 0.001 && dt > -0.001); /* stored to the microsecond */
+}
+
+/* ---- compile and hit ----------------------------------------------------------- */
+
+static void compile_then_hit(state *st, const char *arch) {
+  mg_jit_opts o = opts_for(st->dir, arch);
+  mg_cubin a, b;
+  jit_ok(KSRC, "k", &o, &a);
+  assert_int_equal(a.report.cache_hit, 0);
+  assert_true(a.report.registers > 0);
+  assert_int_equal(a.report.barriers, 1);
+  assert_int_equal(a.report.spill_stores, 0);
+  assert_int_equal(a.report.spill_loads, 0);
+  assert_int_equal(a.report.stack_bytes, 0);
+  assert_int_equal(a.report.smem_bytes, 1024);
+  assert_true(a.report.compile_ms > 0);
+  assert_true(a.report.elapsed_ms >= a.report.compile_ms);
+  assert_non_null(a.log);
+  assert_non_null(strstr(a.log, "ptxas"));
+  assert_null(a.warning);
+
+  char path[256];
+  entry_path(st->dir, a.key, path, sizeof path);
+  assert_true(mg_fs_is_file(path));
+  char *f;
+  size_t n;
+  assert_int_equal(mg_fs_read(path, (size_t)1 << 28, &f, &n, NULL), 0);
+  assert_true(n > a.size + 8);
+  assert_memory_equal(f, "MLAGENJ1", 8);
+  assert_memory_equal(f + n - a.size, a.data, a.size); /* the cubin ends the entry */
+  free(f);
+
+  jit_ok(KSRC, "k", &o, &b);
+  assert_int_equal(b.report.cache_hit, 1);
+  assert_int_equal(b.size, a.size);
+  assert_memory_equal(b.data, a.data, a.size);
+  assert_string_equal(b.key, a.key);
+  assert_report_equal(&b.report, &a.report, 1);
+  assert_null(b.log);
+  assert_null(b.warning);
+  print_message("%s: cold %.1f ms (NVRTC %.1f ms), warm %.3f ms, %d registers, %zu bytes\n",
+                arch, a.report.elapsed_ms, a.report.compile_ms, b.report.elapsed_ms,
+                a.report.registers, a.size);
+  mg_cubin_free(&a);
+  mg_cubin_free(&b);
+}
+
+static void test_sm80(void **s) {
+  compile_then_hit(*s, "sm_80");
+}
+
+static void test_sm90a(void **s) {
+  compile_then_hit(*s, "sm_90a");
+}
+
+/* The report is for the named kernel; mangled (C++) names match the plain name. */
+static void test_kernel_select(void **s) {
+  state *st = *s;
+  mg_jit_opts o = opts_for(st->dir, "sm_80");
+  mg_cubin c;
+  jit_ok(KSRC, "k2", &o, &c);
+  assert_int_equal(c.report.smem_bytes, 0);
+  assert_int_equal(c.report.barriers, 0);
+  assert_true(c.report.registers > 0);
+  assert_null(c.warning);
+  mg_cubin_free(&c);
+
+  jit_ok(KSRC, NULL, &o, &c); /* the first reported: either kernel, but figures set */
+  assert_true(c.report.registers > 0);
+  assert_null(c.warning);
+  mg_cubin_free(&c);
+
+  jit_ok(MSRC, "f", &o, &c);
+  assert_true(c.report.registers > 0);
+  assert_null(c.warning);
+  mg_cubin_free(&c);
+
+  jit_ok(SSRC, "kstack", &o, &c);
+  assert_true(c.report.stack_bytes > 0);
+  mg_cubin_free(&c);
+
+  jit_ok(MSRC, "nope", &o, &c); /* compiles, but the report has nothing for it */
+  assert_non_null(c.warning);
+  assert_non_null(strstr(c.warning, "nope"));
+  assert_int_equal(c.report.registers, 0);
+  mg_cubin_free(&c);
+}
+
+static void test_headers(void **s) {
+  state *st = *s;
+  mg_jit_opts o = opts_for(st->dir, "sm_80");
+  static const char hdr[] = "#define MG_TEST_VALUE 3.0f\n";
+  mg_jit_header h = {"mg_test.cuh", hdr, sizeof hdr - 1};
+  o.headers = &h;
+  o.n_headers = 1;
+  mg_cubin c;
+  jit_ok(HSRC, "h", &o, &c);
+  assert_true(c.report.registers > 0);
+  mg_cubin_free(&c);
+
+  /* Without the header the include fails. */
+  o.n_headers = 0;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_jit_compile(HSRC, strlen(HSRC), "test.cu", "h", &o, &c, &d), MLAGEN_ECOMPILE);
+  assert_non_null(strstr(mg_diag_msg(&d), "mg_test.cuh"));
+  assert_null(c.data);
+  mg_diag_clear(&d);
+}
+
+/* ---- the key ---------------------------------------------------------------------- */
+
+static void key_of(const char *src, const char *kernel, const mg_jit_opts *o,
+                   char key[MG_HASH_HEX]) {
+  mg_cubin c;
+  jit_ok(src, kernel, o, &c);
+  memcpy(key, c.key, MG_HASH_HEX);
+  mg_cubin_free(&c);
+}
+
+static void test_key_changes(void **s) {
+  state *st = *s;
+  enum { N = 8 };
+  char keys[N][MG_HASH_HEX];
+  static const char hdr1[] = "#define MG_TEST_VALUE 3.0f\n";
+  static const char hdr2[] = "#define MG_TEST_VALUE 4.0f\n";
+  mg_jit_header h1 = {"mg_test.cuh", hdr1, sizeof hdr1 - 1};
+  mg_jit_header h2 = {"mg_test.cuh", hdr2, sizeof hdr2 - 1};
+  const char *opt[] = {"-DMG_EXTRA=1"};
+
+  mg_jit_opts base = opts_for(st->dir, "sm_80");
+  base.no_cache = 1;
+  base.headers = &h1;
+  base.n_headers = 1;
+  base.template_hash = "abc";
+  key_of(HSRC, "h", &base, keys[0]);
+
+  char twin[MG_HASH_HEX]; /* the same inputs give the same key */
+  key_of(HSRC, "h", &base, twin);
+  assert_string_equal(twin, keys[0]);
+
+  char src2[sizeof HSRC + 32];
+  snprintf(src2, sizeof src2, "%s// changed\n", HSRC);
+  key_of(src2, "h", &base, keys[1]);
+
+  mg_jit_opts o = base;
+  o.arch = "sm_90a";
+  key_of(HSRC, "h", &o, keys[2]);
+
+  o = base;
+  o.options = opt;
+  o.n_options = 1;
+  key_of(HSRC, "h", &o, keys[3]);
+
+  o = base;
+  o.headers = &h2;
+  key_of(HSRC, "h", &o, keys[4]);
+
+  o = base;
+  o.template_hash = "abd";
+  key_of(HSRC, "h", &o, keys[5]);
+
+  key_of(HSRC, NULL, &base, keys[6]); /* the kernel the report is for */
+
+  o = base;
+  o.no_cache = 0; /* where the cache lives is not part of the key */
+  key_of(HSRC, "h", &o, keys[7]);
+  assert_string_equal(keys[7], keys[0]);
+
+  for (int i = 0; i < N - 1; i++)
+    for (int j = i + 1; j < N - 1; j++)
+      if (!strcmp(keys[i], keys[j])) fail_msg("keys %d and %d are equal", i, j);
+}
+
+/* ---- corrupt entries ------------------------------------------------------------- */
+
+typedef enum { FLIP_CUBIN, FLIP_META, TRUNCATE_HALF, GARBAGE, EMPTY } damage;
+
+static void corrupt_case(state *st, damage how) {
+  mg_jit_opts o = opts_for(st->dir, "sm_80");
+  mg_cubin a, b, c;
+  jit_ok(KSRC, "k", &o, &a);
+  char path[256];
+  entry_path(st->dir, a.key, path, sizeof path);
+  char *f;
+  size_t n;
+  assert_int_equal(mg_fs_read(path, (size_t)1 << 28, &f, &n, NULL), 0);
+  switch (how) {
+    case FLIP_CUBIN: f[n - a.size / 2] ^= 0x01; break;
+    case FLIP_META: f[n - a.size - 3] ^= 0x01; break; /* inside the meta text */
+    case TRUNCATE_HALF: n /= 2; break;
+    case GARBAGE:
+      for (size_t i = 0; i < n; i++) f[i] = (char)(i * 131u + 7u);
+      break;
+    case EMPTY: n = 0; break;
+  }
+  assert_int_equal(mg_fs_write_atomic(path, f, n, NULL), 0);
+  free(f);
+
+  jit_ok(KSRC, "k", &o, &b);
+  assert_int_equal(b.report.cache_hit, 0);
+  assert_non_null(b.warning);
+  assert_non_null(strstr(b.warning, "corrupt"));
+  assert_non_null(strstr(b.warning, path));
+  assert_non_null(b.log);
+  assert_int_equal(b.size, a.size);
+  assert_memory_equal(b.data, a.data, a.size);
+  assert_report_equal(&b.report, &a.report, 0);
+
+  jit_ok(KSRC, "k", &o, &c); /* the rewritten entry is valid */
+  assert_int_equal(c.report.cache_hit, 1);
+  assert_null(c.warning);
+  assert_memory_equal(c.data, a.data, a.size);
+  mg_cubin_free(&a);
+  mg_cubin_free(&b);
+  mg_cubin_free(&c);
+}
+
+static void test_corrupt_flip_cubin(void **s) { corrupt_case(*s, FLIP_CUBIN); }
+static void test_corrupt_flip_meta(void **s) { corrupt_case(*s, FLIP_META); }
+static void test_corrupt_truncated(void **s) { corrupt_case(*s, TRUNCATE_HALF); }
+static void test_corrupt_garbage(void **s) { corrupt_case(*s, GARBAGE); }
+static void test_corrupt_empty(void **s) { corrupt_case(*s, EMPTY); }
+
+/* ---- concurrency ------------------------------------------------------------------ */
+
+/* Four processes compile the same kernel into the same empty cache at once. */
+static void test_concurrent(void **s) {
+  state *st = *s;
+  enum { NPROC = 4 };
+  mg_jit_opts o = opts_for(st->dir, "sm_90a");
+  int pfd[2];
+  assert_int_equal(pipe(pfd), 0);
+  pid_t pid[NPROC];
+  for (int i = 0; i < NPROC; i++) {
+    pid[i] = fork();
+    assert_true(pid[i] >= 0);
+    if (pid[i] == 0) {
+      close(pfd[1]);
+      char ch;
+      while (read(pfd[0], &ch, 1) < 0 && errno == EINTR) {
+      } /* EOF: the parent closed the pipe, go */
+      mg_cubin c;
+      int rc = mg_jit_compile(KSRC, strlen(KSRC), "test.cu", "k", &o, &c, NULL);
+      int ok = rc == 0 && c.size > 4 && memcmp(c.data, "\x7f" "ELF", 4) == 0 && !c.warning;
+      mg_cubin_free(&c);
+      _exit(ok ? 0 : 1);
+    }
+  }
+  close(pfd[0]);
+  close(pfd[1]);
+  for (int i = 0; i < NPROC; i++) {
+    int status = 0;
+    assert_int_equal(waitpid(pid[i], &status, 0), pid[i]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+  }
+  int cubins, tmps, all;
+  count_files(st->dir, &cubins, &tmps, &all);
+  assert_int_equal(cubins, 1);
+  assert_int_equal(tmps, 0);
+  assert_int_equal(all, 1);
+  mg_cubin c;
+  jit_ok(KSRC, "k", &o, &c);
+  assert_int_equal(c.report.cache_hit, 1);
+  assert_null(c.warning);
+  mg_cubin_free(&c);
+}
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+static void test_compile_error_line(void **s) {
+  state *st = *s;
+  static const char src[] =
+      "#line 42 \"templates/broken.cu.tpl\"\n"
+      "extern \"C\" __global__ void b(float *y) { y[0] = ; }\n";
+  mg_jit_opts o = opts_for(st->dir, "sm_80");
+  mg_cubin c;
+  mg_diag d = MG_DIAG_INIT;
+  int rc = mg_jit_compile(src, strlen(src), "gen_broken.cu", "b", &o, &c, &d);
+  assert_int_equal(rc, MLAGEN_ECOMPILE);
+  const char *m = mg_diag_msg(&d);
+  assert_non_null(strstr(m, "NVRTC compile of gen_broken.cu for sm_80 failed:\n"));
+  assert_non_null(strstr(m, "templates/broken.cu.tpl(42)"));
+  assert_null(c.data);
+  assert_null(c.log);
+  mg_diag_clear(&d);
+  int cubins, tmps, all;
+  count_files(st->dir, &cubins, &tmps, &all);
+  assert_int_equal(all, 0);
+}
+
+static void test_bad_arch(void **s) {
+  state *st = *s;
+  mg_cubin c;
+  mg_diag d = MG_DIAG_INIT;
+  mg_jit_opts o = opts_for(st->dir, "sm_12345");
+  assert_int_equal(mg_jit_compile(KSRC, strlen(KSRC), "test.cu", "k", &o, &c, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "sm_12345"));
+  assert_null(c.data);
+
+  o.arch = "compute_80"; /* virtual: PTX only, no cubin */
+  assert_int_equal(mg_jit_compile(KSRC, strlen(KSRC), "test.cu", "k", &o, &c, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "compute_80"));
+
+  o.arch = NULL;
+  assert_int_equal(mg_jit_compile(KSRC, strlen(KSRC), "test.cu", "k", &o, &c, &d), MLAGEN_EINVAL);
+
+  const char *bad[] = {"--no-such-option"};
+  o.arch = "sm_80";
+  o.options = bad;
+  o.n_options = 1;
+  assert_int_equal(mg_jit_compile(KSRC, strlen(KSRC), "test.cu", "k", &o, &c, &d), MLAGEN_EINVAL);
+  mg_diag_clear(&d);
+}
+
+static void test_unwritable_cache(void **s) {
+  (void)s;
+  mg_jit_opts o = opts_for("/proc/mlagen-nope", "sm_80");
+  mg_cubin c;
+  jit_ok(KSRC, "k", &o, &c);
+  assert_int_equal(c.report.cache_hit, 0);
+  assert_non_null(c.warning);
+  assert_non_null(strstr(c.warning, "not cached"));
+  mg_cubin_free(&c);
+}
+
+/* An existing entry that cannot be read (here: a directory in its place) is a warning,
+ * and so is the failed write after the recompile. */
+static void test_unreadable_entry(void **s) {
+  state *st = *s;
+  mg_jit_opts o = opts_for(st->dir, "sm_80");
+  o.no_cache = 1;
+  mg_cubin c;
+  jit_ok(KSRC, "k", &o, &c);
+  char path[256];
+  entry_path(st->dir, c.key, path, sizeof path);
+  mg_cubin_free(&c);
+  assert_int_equal(mkdir(path, 0755), 0);
+  o.no_cache = 0;
+  jit_ok(KSRC, "k", &o, &c);
+  assert_int_equal(c.report.cache_hit, 0);
+  assert_non_null(c.warning);
+  assert_non_null(strstr(c.warning, path));
+  mg_cubin_free(&c);
+}
+
+static void test_no_cache(void **s) {
+  state *st = *s;
+  char sub[128];
+  snprintf(sub, sizeof sub, "%s/not/made", st->dir);
+  mg_jit_opts o = opts_for(st->dir, "sm_80");
+  o.no_cache = 1;
+  mg_cubin c;
+  jit_ok(KSRC, "k", &o, &c);
+  assert_null(c.warning);
+  mg_cubin_free(&c);
+  jit_ok(KSRC, "k", &o, &c);
+  assert_int_equal(c.report.cache_hit, 0);
+  mg_cubin_free(&c);
+  o.cache_dir = sub;
+  jit_ok(KSRC, "k", &o, &c);
+  mg_cubin_free(&c);
+  int cubins, tmps, all;
+  count_files(st->dir, &cubins, &tmps, &all);
+  assert_int_equal(all, 0);
+}
+
+/* A missing cache directory is created, parents included. */
+static void test_mkdirs(void **s) {
+  state *st = *s;
+  char sub[128];
+  snprintf(sub, sizeof sub, "%s/a/b/c", st->dir);
+  mg_jit_opts o = opts_for(sub, "sm_80");
+  mg_cubin c;
+  jit_ok(KSRC, "k", &o, &c);
+  assert_null(c.warning);
+  char path[256];
+  entry_path(sub, c.key, path, sizeof path);
+  assert_true(mg_fs_is_file(path));
+  mg_cubin_free(&c);
+}
+
+/* ---- the cache directory and version ------------------------------------------- */
+
+static char *save_env(const char *name) {
+  const char *v = getenv(name);
+  return v ? strdup(v) : NULL;
+}
+
+static void restore_env(const char *name, char *v) {
+  if (v) setenv(name, v, 1);
+  else unsetenv(name);
+  free(v);
+}
+
+static void test_cache_dir(void **s) {
+  (void)s;
+  char *cd = save_env("MLAGEN_CACHE_DIR"), *home = save_env("HOME");
+  char buf[256];
+  mg_diag d = MG_DIAG_INIT;
+  mg_jit_opts o = opts_for("/x/explicit", "sm_80");
+
+  assert_int_equal(mg_jit_cache_dir(&o, buf, sizeof buf, &d), 0);
+  assert_string_equal(buf, "/x/explicit");
+  setenv("MLAGEN_CACHE_DIR", "/x/env", 1);
+  setenv("HOME", "/x/home", 1);
+  o.cache_dir = NULL;
+  assert_int_equal(mg_jit_cache_dir(&o, buf, sizeof buf, &d), 0);
+  assert_string_equal(buf, "/x/env");
+  assert_int_equal(mg_jit_cache_dir(NULL, buf, sizeof buf, &d), 0);
+  assert_string_equal(buf, "/x/env");
+  unsetenv("MLAGEN_CACHE_DIR");
+  assert_int_equal(mg_jit_cache_dir(&o, buf, sizeof buf, &d), 0);
+  assert_string_equal(buf, "/x/home/.cache/mlagen");
+  assert_int_equal(mg_jit_cache_dir(&o, buf, 8, &d), MLAGEN_ELIMIT);
+  unsetenv("HOME");
+  assert_int_equal(mg_jit_cache_dir(&o, buf, sizeof buf, &d), MLAGEN_EIO);
+  assert_non_null(strstr(mg_diag_msg(&d), "MLAGEN_CACHE_DIR"));
+
+  mg_diag_clear(&d);
+  restore_env("MLAGEN_CACHE_DIR", cd);
+  restore_env("HOME", home);
+}
+
+/* With CUDA_HOME pointing at a toolkit without headers, the fallbacks still find them. */
+static void test_cuda_home_fallback(void **s) {
+  state *st = *s;
+  char *ch = save_env("CUDA_HOME");
+  setenv("CUDA_HOME", st->dir, 1);
+  mg_jit_opts o = opts_for(st->dir, "sm_80");
+  o.no_cache = 1;
+  mg_cubin c;
+  jit_ok(KSRC, "k", &o, &c);
+  mg_cubin_free(&c);
+  restore_env("CUDA_HOME", ch);
+}
+
+static void test_nvrtc_version(void **s) {
+  (void)s;
+  int ma = -1, mi = -1;
+  mg_jit_nvrtc_version(&ma, &mi);
+  assert_true(ma >= 11);
+  assert_true(mi >= 0);
+  mg_jit_nvrtc_version(NULL, NULL);
+  mg_cubin_free(NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_sm80, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sm90a, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_kernel_select, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_headers, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_key_changes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_corrupt_flip_cubin, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_corrupt_flip_meta, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_corrupt_truncated, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_corrupt_garbage, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_corrupt_empty, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_compile_error_line, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_arch, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unwritable_cache, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unreadable_entry, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_no_cache, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mkdirs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cache_dir, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cuda_home_fallback, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nvrtc_version, setup, teardown),
+  };
+  return cmocka_run_group_tests_name("jit", tests, NULL, NULL);
+}
