@@ -124,10 +124,18 @@ static void test_tunable_overrides(void **state) {
   assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_ETEMPLATE);
   assert_non_null(strstr(mg_diag_msg(&d), "unknown tunable 'tile_q'"));
 
-  s = v3_spec(1); /* 64 rows on 4 warps of d_qk 192: over 48 KiB of smem */
+  s = v3_spec(1); /* 64 rows on 4 warps: 16 rows per warp */
   assert_int_equal(mg_spec_set(&s, "block_m=64", &d), 0);
   assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_ETEMPLATE);
-  assert_non_null(strstr(mg_diag_msg(&d), "shared memory"));
+  assert_non_null(strstr(mg_diag_msg(&d), "more than 8 rows per warp"));
+
+  s = v3_spec(1); /* d_qk 256, d_v 256, 64 rows: 65792 bytes of smem, over 48 KiB */
+  s.d_n = 192;
+  s.d_v = 256;
+  assert_int_equal(mg_spec_set(&s, "block_m=64", &d), 0);
+  assert_int_equal(mg_spec_set(&s, "num_warps=8", &d), 0);
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_ETEMPLATE);
+  assert_non_null(strstr(mg_diag_msg(&d), "needs 65792 bytes of shared memory"));
 
   assert_int_equal(mg_spec_set(&s, "block_m", &d), MLAGEN_EINVAL);
   assert_int_equal(mg_spec_set(&s, "block_m=x", &d), MLAGEN_EINVAL);

@@ -1,0 +1,577 @@
+/* Self-test of the host executor (cuda_host.h / cuda_host.cpp).
+ *
+ * One file, three builds (run_selftest.sh does all):
+ *   default                  kernels + driver, linked with cuda_host.cpp (cuda_host.h
+ *                            force-included);
+ *   -DMG_SELFTEST_KERNELS    kernels only, built into a shared object exactly as
+ *                            README.md says a generated kernel is;
+ *   -DMG_SELFTEST_DLOPEN     driver only, plain C++ without CUDA headers: dlopens that
+ *                            shared object (argv[1]) and finds mg_host_launch and the
+ *                            kernels with dlsym, as a C test does.
+ * Prints one line per test and `N passed, M failed` last; exits non-zero on failure. */
+
+#if !defined(MG_SELFTEST_DLOPEN)
+/* ======================================================================== kernels == */
+#include <cuda_bf16.h> /* as a generated kernel does: a no-op after cuda_host.h */
+#include <stdint.h>
+
+#define FULL 0xffffffffu
+
+/* Block sum: each thread adds `per_thread` strided elements, then a shared-memory tree. */
+extern "C" __global__ void __launch_bounds__(256)
+    k_block_reduce(const float *__restrict__ in, float *__restrict__ out, int per_thread) {
+  __shared__ float s[256];
+  const int tid = threadIdx.x;
+  const float *base = in + (size_t)blockIdx.x * blockDim.x * per_thread;
+  float acc = 0.0f;
+  for (int k = 0; k < per_thread; ++k) acc += base[tid + k * blockDim.x];
+  s[tid] = acc;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (tid < stride) s[tid] += s[tid + stride];
+    __syncthreads();
+  }
+  if (tid == 0) out[blockIdx.x] = s[0];
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(FULL, v, m);
+  return v;
+}
+
+/* Every warp collective, each result written per thread. */
+extern "C" __global__ void k_warp_ops(const float *in, float *sum, float *bcast, float *down,
+                                      float *up, float *idx16, unsigned *ballot, int *anyall) {
+  const int gid = blockIdx.x * blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float v = in[gid];
+  sum[gid] = warp_sum(v);
+  bcast[gid] = __shfl_sync(FULL, v, (blockIdx.x * 7 + warp * 3) % 32);
+  down[gid] = __shfl_down_sync(FULL, v, 3);
+  up[gid] = __shfl_up_sync(FULL, v, 5);
+  idx16[gid] = __shfl_sync(FULL, v, 3, 16);
+  ballot[gid] = __ballot_sync(FULL, v > 0.5f);
+  int any = __any_sync(FULL, v > 0.97f);
+  int all = __all_sync(FULL, v >= 0.0f);
+  int none = __all_sync(FULL, v > 0.5f);
+  __syncwarp();
+  unsigned am = __activemask();
+  anyall[gid] = any | (all << 1) | (none << 2) | ((am == FULL) << 3) | (lane == __ffs((int)(1u << lane)) - 1) << 4;
+}
+
+/* 3D grid and block: every element written once, with its coordinates. */
+extern "C" __global__ void k_grid3d(int *count, int *coord) {
+  const unsigned gx = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned gy = blockIdx.y * blockDim.y + threadIdx.y;
+  const unsigned gz = blockIdx.z * blockDim.z + threadIdx.z;
+  const unsigned W = gridDim.x * blockDim.x, H = gridDim.y * blockDim.y;
+  const unsigned i = (gz * H + gy) * W + gx;
+  atomicAdd(&count[i], 1);
+  coord[i] = (int)(gx | gy << 10 | gz << 20);
+}
+
+/* Half the block returns before a barrier: divergence. */
+extern "C" __global__ void k_diverge_barrier(float *out) {
+  if (threadIdx.x >= 64) return;
+  __syncthreads();
+  out[threadIdx.x] = 1.0f;
+}
+
+/* Threads at two different __syncthreads() calls. */
+extern "C" __global__ void k_split_barrier(float *out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1.0f;
+}
+
+/* Partial mask: unsupported, reported. */
+extern "C" __global__ void k_bad_mask(float *out) {
+  out[threadIdx.x] = __shfl_sync(0xffffu, out[threadIdx.x], 0);
+}
+
+/* Half of a warp reaches a shuffle, the other half exits. */
+extern "C" __global__ void k_partial_warp(float *out) {
+  if (threadIdx.x % 32 >= 16) return;
+  out[threadIdx.x] = __shfl_xor_sync(FULL, out[threadIdx.x], 1);
+}
+
+/* Lanes of one warp at different collectives. */
+extern "C" __global__ void k_mixed_collectives(float *out) {
+  if (threadIdx.x % 2)
+    out[threadIdx.x] = (float)__ballot_sync(FULL, 1);
+  else
+    out[threadIdx.x] = __shfl_sync(FULL, 1.0f, 0);
+}
+
+extern "C" __global__ void k_trap(float *out) {
+  if (blockIdx.x == 1 && threadIdx.x == 5) __trap();
+  out[threadIdx.x] = 1.0f;
+}
+
+/* Dynamic shared memory: reverse through smem, two regions, alignment. */
+extern "C" __global__ void k_dyn_smem(const float *in, float *out, int *aligned) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float *a = reinterpret_cast<float *>(smem);
+  float *b = a + blockDim.x;
+  const int t = threadIdx.x, gid = blockIdx.x * blockDim.x + t;
+  a[t] = in[gid];
+  b[t] = 2.0f * in[gid];
+  __syncthreads();
+  out[gid] = a[blockDim.x - 1 - t] + b[(t + 1) % blockDim.x];
+  if (gid == 0) *aligned = ((uintptr_t)smem % 16) == 0;
+}
+
+/* bf16: round trip, pairs, and a shuffled __nv_bfloat162. */
+extern "C" __global__ void k_bf16(const float *in, float *rt, float *pair, float *shfl) {
+  const int gid = blockIdx.x * blockDim.x + threadIdx.x;
+  const float x = in[gid];
+  __nv_bfloat16 h = __float2bfloat16(x);
+  rt[gid] = __bfloat162float(h);
+  __nv_bfloat162 p = __floats2bfloat162_rn(x, -2.0f * x);
+  pair[2 * gid] = __low2float(p);
+  pair[2 * gid + 1] = __high2float(p);
+  __nv_bfloat162 q = __shfl_xor_sync(FULL, p, 1);
+  shfl[gid] = __low2float(q) + __high2float(q);
+}
+
+/* __syncthreads_count/_and/_or and fast math. */
+extern "C" __global__ void k_sync_reduce(int *out, float *math) {
+  const int t = threadIdx.x;
+  int c = __syncthreads_count(t % 3 == 0);
+  int a = __syncthreads_and(t >= 0);
+  int o = __syncthreads_or(t == 77);
+  int z = __syncthreads_or(0);
+  out[t] = c | a << 16 | o << 17 | z << 18;
+  if (t == 0) {
+    math[0] = __expf(1.0f);
+    math[1] = rsqrtf(4.0f);
+    math[2] = __fdividef(1.0f, 8.0f);
+    math[3] = __saturatef(1.5f) + __saturatef(-2.0f);
+    math[4] = __int_as_float(__float_as_int(3.5f));
+    math[5] = (float)(__popc(0xf0f0u) + __clz(1) + max(3, 7) + min(2u, 9u));
+    math[6] = exp2f(3.0f) + __logf(1.0f) + fmaxf(1.0f, 2.0f);
+  }
+}
+
+/* A block of 48 threads: warp 1 has 16 lanes. xor 1 stays inside them; xor 16 reads a
+ * lane that does not exist when `far` is set. */
+extern "C" __global__ void k_partial_block(const float *in, float *out, unsigned *bal, int far) {
+  const int t = threadIdx.x;
+  out[t] = __shfl_xor_sync(FULL, in[t], far ? 16 : 1);
+  bal[t] = __ballot_sync(FULL, 1) ^ __activemask() << 1;
+}
+
+/* Throughput: many shuffles per warp plus barriers and smem, as an attention kernel. */
+extern "C" __global__ void k_perf(const float *in, float *out, int iters) {
+  __shared__ float s[1024];
+  const int gid = blockIdx.x * blockDim.x + threadIdx.x;
+  float v = in[gid];
+  for (int it = 0; it < iters; ++it) {
+    v = v * 0.5f + __shfl_xor_sync(FULL, v, it % 31 + 1) * 0.25f;
+    if (it % 256 == 255) {
+      s[threadIdx.x] = v;
+      __syncthreads();
+      v += 0.125f * s[(threadIdx.x + 32) % blockDim.x];
+      __syncthreads();
+    }
+  }
+  out[gid] = v;
+}
+
+#endif /* kernels */
+
+#if !defined(MG_SELFTEST_KERNELS)
+/* ========================================================================= driver == */
+#include "host_launch.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unistd.h>
+#include <vector>
+#if defined(MG_SELFTEST_DLOPEN)
+#include <dlfcn.h>
+#endif
+
+namespace {
+
+/* The kernels, as the driver sees them: through pointers (static or dlsym). */
+#define MG_SELFTEST_KERNEL_LIST(X)                                                               \
+  X(k_block_reduce, void (*)(const float *, float *, int))                                      \
+  X(k_warp_ops, void (*)(const float *, float *, float *, float *, float *, float *, unsigned *,  \
+                         int *))                                                                 \
+  X(k_grid3d, void (*)(int *, int *))                                                            \
+  X(k_diverge_barrier, void (*)(float *))                                                        \
+  X(k_split_barrier, void (*)(float *))                                                          \
+  X(k_bad_mask, void (*)(float *))                                                               \
+  X(k_partial_warp, void (*)(float *))                                                           \
+  X(k_mixed_collectives, void (*)(float *))                                                      \
+  X(k_trap, void (*)(float *))                                                                   \
+  X(k_dyn_smem, void (*)(const float *, float *, int *))                                         \
+  X(k_bf16, void (*)(const float *, float *, float *, float *))                                  \
+  X(k_sync_reduce, void (*)(int *, float *))                                                     \
+  X(k_partial_block, void (*)(const float *, float *, unsigned *, int))                          \
+  X(k_perf, void (*)(const float *, float *, int))
+
+template <class T> using type_of = T;
+struct Kernels {
+#define X(name, type) type_of<type> name;
+  MG_SELFTEST_KERNEL_LIST(X)
+#undef X
+} K;
+mg_host_launch_fn launch_fn;
+
+int n_pass, n_fail;
+char g_msg[1024];
+
+#define CHECK(cond, ...)                                                                         \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      printf("    check failed (line %d): %s: ", __LINE__, #cond);                               \
+      printf(__VA_ARGS__);                                                                       \
+      printf("\n");                                                                              \
+      return false;                                                                              \
+    }                                                                                            \
+  } while (0)
+
+mg_host_dim3 d3(unsigned x, unsigned y = 1, unsigned z = 1) { return mg_host_dim3{x, y, z}; }
+
+/* Launch with a lambda-free thunk: fn(ctx) calls the kernel with the arguments in ctx. */
+template <class F> int launch(mg_host_dim3 g, mg_host_dim3 b, size_t smem, F &body) {
+  g_msg[0] = '\0';
+  return launch_fn(g, b, smem, [](void *p) { (*static_cast<F *>(p))(); }, &body, g_msg,
+                   sizeof g_msg);
+}
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9e3779b97f4a7c15ull + 1) {}
+  float uniform() { /* [0, 1) */
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)(s >> 40) / (float)(1ull << 24);
+  }
+};
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (auto &x : v) x = r.uniform();
+  return v;
+}
+
+bool approx(double got, double want, double rel) {
+  return std::fabs(got - want) <= rel * (std::fabs(want) + 1e-6);
+}
+
+float bf16_round(float x) { /* round to nearest even, as __float2bfloat16 (finite x) */
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  float r;
+  memcpy(&r, &u, 4);
+  return r;
+}
+
+/* ---- tests ----------------------------------------------------------------------- */
+bool t_block_reduce() {
+  const int blocks = 8, threads = 256, per = 4;
+  std::vector<float> in = random_floats((size_t)blocks * threads * per, 1), out(blocks, -1.0f);
+  auto body = [&] { K.k_block_reduce(in.data(), out.data(), per); };
+  int rc = launch(d3(blocks), d3(threads), 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (int b = 0; b < blocks; ++b) {
+    double want = 0;
+    for (int i = 0; i < threads * per; ++i) want += in[(size_t)b * threads * per + i];
+    CHECK(approx(out[b], want, 1e-5), "block %d: %f vs %f", b, out[b], want);
+  }
+  return true;
+}
+
+bool t_warp_ops() {
+  const int blocks = 3, threads = 128, n = blocks * threads;
+  std::vector<float> in = random_floats(n, 2), sum(n), bc(n), dn(n), up(n), i16(n);
+  std::vector<unsigned> bal(n);
+  std::vector<int> aa(n);
+  auto body = [&] {
+    K.k_warp_ops(in.data(), sum.data(), bc.data(), dn.data(), up.data(), i16.data(), bal.data(),
+                 aa.data());
+  };
+  int rc = launch(d3(blocks), d3(threads), 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (int g = 0; g < n; ++g) {
+    int blk = g / threads, t = g % threads, lane = t % 32, w0 = g - lane;
+    double s = 0;
+    unsigned ballot = 0;
+    bool any = false, all = true, none = true;
+    for (int l = 0; l < 32; ++l) {
+      s += in[w0 + l];
+      ballot |= (in[w0 + l] > 0.5f ? 1u : 0u) << l;
+      any |= in[w0 + l] > 0.97f;
+      all &= in[w0 + l] >= 0.0f;
+      none &= in[w0 + l] > 0.5f;
+    }
+    CHECK(approx(sum[g], s, 1e-5), "sum[%d] %f vs %f", g, sum[g], s);
+    int src = (blk * 7 + (t / 32) * 3) % 32;
+    CHECK(bc[g] == in[w0 + src], "bcast[%d] %f vs lane %d %f", g, bc[g], src, in[w0 + src]);
+    CHECK(dn[g] == in[lane + 3 < 32 ? g + 3 : g], "down[%d]", g);
+    CHECK(up[g] == in[lane >= 5 ? g - 5 : g], "up[%d]", g);
+    CHECK(i16[g] == in[w0 + (lane & 16) + 3], "idx16[%d]", g);
+    CHECK(bal[g] == ballot, "ballot[%d] %08x vs %08x", g, bal[g], ballot);
+    int want = (int)any | (int)all << 1 | (int)none << 2 | 1 << 3 | 1 << 4;
+    CHECK(aa[g] == want, "any/all[%d] %x vs %x", g, aa[g], want);
+  }
+  return true;
+}
+
+bool t_grid3d() {
+  const mg_host_dim3 g = d3(5, 3, 2), b = d3(8, 4, 2);
+  const unsigned W = g.x * b.x, H = g.y * b.y, D = g.z * b.z;
+  std::vector<int> count(W * H * D, 0), coord(W * H * D, -1);
+  auto body = [&] { K.k_grid3d(count.data(), coord.data()); };
+  int rc = launch(g, b, 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (unsigned z = 0; z < D; ++z)
+    for (unsigned y = 0; y < H; ++y)
+      for (unsigned x = 0; x < W; ++x) {
+        unsigned i = (z * H + y) * W + x;
+        CHECK(count[i] == 1, "(%u,%u,%u) written %d times", x, y, z, count[i]);
+        CHECK(coord[i] == (int)(x | y << 10 | z << 20), "(%u,%u,%u) coord %x", x, y, z, coord[i]);
+      }
+  return true;
+}
+
+/* An expected failure: rc and a message that mentions `word`. */
+bool expect_error(int rc, int want_rc, const char *word) {
+  printf("    reported: %s\n", g_msg);
+  CHECK(rc == want_rc, "rc %d, want %d: %s", rc, want_rc, g_msg);
+  CHECK(strstr(g_msg, word) != nullptr, "message lacks '%s': %s", word, g_msg);
+  return true;
+}
+
+bool t_diverge_barrier() {
+  std::vector<float> out(128, 0.0f);
+  auto body = [&] { K.k_diverge_barrier(out.data()); };
+  return expect_error(launch(d3(2), d3(128), 0, body), MG_HOST_E_DIVERGENCE, "barrier divergence");
+}
+
+bool t_split_barrier() {
+  std::vector<float> out(128, 0.0f);
+  auto body = [&] { K.k_split_barrier(out.data()); };
+  return expect_error(launch(d3(1), d3(128), 0, body), MG_HOST_E_DIVERGENCE, "barrier divergence");
+}
+
+bool t_bad_mask() {
+  std::vector<float> out(64, 1.0f);
+  auto body = [&] { K.k_bad_mask(out.data()); };
+  return expect_error(launch(d3(1), d3(64), 0, body), MG_HOST_E_MASK, "mask=0x0000ffff");
+}
+
+bool t_partial_warp() {
+  std::vector<float> out(64, 1.0f);
+  auto body = [&] { K.k_partial_warp(out.data()); };
+  return expect_error(launch(d3(1), d3(64), 0, body), MG_HOST_E_DIVERGENCE, "warp divergence");
+}
+
+bool t_mixed_collectives() {
+  std::vector<float> out(32, 1.0f);
+  auto body = [&] { K.k_mixed_collectives(out.data()); };
+  return expect_error(launch(d3(1), d3(32), 0, body), MG_HOST_E_DIVERGENCE, "warp divergence");
+}
+
+bool t_trap() {
+  std::vector<float> out(64, 0.0f);
+  auto body = [&] { K.k_trap(out.data()); };
+  return expect_error(launch(d3(3), d3(64), 0, body), MG_HOST_E_TRAP, "block (1,0,0) thread (5,0,0)");
+}
+
+bool t_config_errors() {
+  std::vector<float> out(2048, 0.0f);
+  auto body = [&] { K.k_trap(out.data()); };
+  if (!expect_error(launch(d3(1), d3(33, 33), 0, body), MG_HOST_E_CONFIG, "1024")) return false;
+  if (!expect_error(launch(d3(1), d3(32), MG_HOST_MAX_DYN_SMEM + 1, body), MG_HOST_E_CONFIG,
+                    "dynamic shared memory"))
+    return false;
+  return expect_error(launch(d3(0), d3(32), 0, body), MG_HOST_E_CONFIG, "empty");
+}
+
+bool t_dyn_smem() {
+  const int blocks = 4, threads = 96, n = blocks * threads;
+  std::vector<float> in = random_floats(n, 3), out(n, 0.0f);
+  int aligned = -1;
+  auto body = [&] { K.k_dyn_smem(in.data(), out.data(), &aligned); };
+  int rc = launch(d3(blocks), d3(threads), 2 * threads * sizeof(float), body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  CHECK(aligned == 1, "smem not 16-byte aligned");
+  for (int g = 0; g < n; ++g) {
+    int b = g / threads, t = g % threads;
+    float want = in[b * threads + threads - 1 - t] + 2.0f * in[b * threads + (t + 1) % threads];
+    CHECK(out[g] == want, "out[%d] %f vs %f", g, out[g], want);
+  }
+  return true;
+}
+
+bool t_bf16() {
+  const int n = 64;
+  std::vector<float> in = random_floats(n, 4), rt(n), pair(2 * n), sh(n);
+  for (int i = 0; i < n; ++i) in[i] = (in[i] - 0.5f) * 1000.0f; /* signs, larger exponents */
+  auto body = [&] { K.k_bf16(in.data(), rt.data(), pair.data(), sh.data()); };
+  int rc = launch(d3(2), d3(32), 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (int i = 0; i < n; ++i) {
+    float want = bf16_round(in[i]);
+    CHECK(rt[i] == want, "rt[%d] %.9g vs %.9g (from %.9g)", i, rt[i], want, in[i]);
+    CHECK(rt[i] != in[i] || bf16_round(in[i]) == in[i], "rt[%d] not rounded", i);
+    CHECK(pair[2 * i] == want && pair[2 * i + 1] == bf16_round(-2.0f * in[i]), "pair[%d]", i);
+    int j = i ^ 1;
+    float ws = bf16_round(in[j]) + bf16_round(-2.0f * in[j]);
+    CHECK(sh[i] == ws, "shfl[%d] %g vs %g", i, sh[i], ws);
+  }
+  return true;
+}
+
+bool t_sync_reduce() {
+  std::vector<int> out(160, -1);
+  std::vector<float> m(8, 0.0f);
+  auto body = [&] { K.k_sync_reduce(out.data(), m.data()); };
+  int rc = launch(d3(1), d3(160), 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  int count = 0;
+  for (int t = 0; t < 160; ++t) count += t % 3 == 0;
+  for (int t = 0; t < 160; ++t)
+    CHECK(out[t] == (count | 1 << 16 | 1 << 17), "out[%d] %x vs %x", t, out[t],
+          count | 1 << 16 | 1 << 17);
+  CHECK(approx(m[0], std::exp(1.0), 1e-6), "expf %f", m[0]);
+  CHECK(m[1] == 0.5f && m[2] == 0.125f && m[3] == 1.0f && m[4] == 3.5f, "math %f %f %f %f", m[1],
+        m[2], m[3], m[4]);
+  CHECK(m[5] == (float)(8 + 31 + 7 + 2), "int intrinsics %f", m[5]);
+  CHECK(m[6] == 10.0f, "exp2f/logf/fmaxf %f", m[6]);
+  return true;
+}
+
+bool t_partial_block() {
+  std::vector<float> in = random_floats(48, 6), out(48);
+  std::vector<unsigned> bal(48);
+  int far = 0;
+  auto body = [&] { K.k_partial_block(in.data(), out.data(), bal.data(), far); };
+  int rc = launch(d3(2), d3(48), 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (int t = 0; t < 48; ++t) {
+    unsigned m = t < 32 ? 0xffffffffu : 0xffffu;
+    CHECK(out[t] == in[t ^ 1], "out[%d]", t);
+    CHECK(bal[t] == (m ^ m << 1), "ballot/activemask[%d] %08x", t, bal[t]);
+  }
+  far = 1;
+  return expect_error(launch(d3(2), d3(48), 0, body), MG_HOST_E_MASK, "does not exist");
+}
+
+bool t_perf() {
+  const int blocks = 16, threads = 128, iters = 4000, n = blocks * threads;
+  std::vector<float> in = random_floats(n, 5), out(n, 0.0f);
+  auto body = [&] { K.k_perf(in.data(), out.data(), iters); };
+  auto t0 = std::chrono::steady_clock::now();
+  int rc = launch(d3(blocks), d3(threads), 0, body);
+  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  printf("    %d blocks x %d threads x %d shuffles: %.3f s (%.1f ns per lane-shuffle)\n", blocks,
+         threads, iters, sec, sec * 1e9 / ((double)n * iters));
+  /* Reference: the same arithmetic, block by block, lane-parallel. */
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<float> v(in.begin() + b * threads, in.begin() + (b + 1) * threads), nv(threads);
+    for (int it = 0; it < iters; ++it) {
+      for (int t = 0; t < threads; ++t) {
+        int src = (t & ~31) | ((t % 32) ^ (it % 31 + 1));
+        nv[t] = v[t] * 0.5f + v[src] * 0.25f;
+      }
+      v.swap(nv);
+      if (it % 256 == 255) {
+        for (int t = 0; t < threads; ++t) nv[t] = v[t] + 0.125f * v[(t + 32) % threads];
+        v.swap(nv);
+      }
+    }
+    for (int t = 0; t < threads; ++t)
+      CHECK(approx(out[b * threads + t], v[t], 1e-5), "out[%d] %g vs %g", b * threads + t,
+            out[b * threads + t], v[t]);
+  }
+  return true;
+}
+
+void on_alarm(int) {
+  static const char m[] = "selftest: timed out (a launch hangs?)\n";
+  ssize_t r = write(2, m, sizeof m - 1);
+  (void)r;
+  _exit(3);
+}
+
+void run(const char *name, bool (*fn)()) {
+  bool ok = fn();
+  printf("%s %s\n", ok ? "PASS" : "FAIL", name);
+  fflush(stdout);
+  (ok ? n_pass : n_fail)++;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  signal(SIGALRM, on_alarm);
+  alarm(120);
+#if defined(MG_SELFTEST_DLOPEN)
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s kernels.so\n", argv[0]);
+    return 2;
+  }
+  void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    fprintf(stderr, "dlopen: %s\n", dlerror());
+    return 2;
+  }
+  launch_fn = (mg_host_launch_fn)dlsym(h, "mg_host_launch");
+#define X(name, type) K.name = (type)dlsym(h, #name);
+  MG_SELFTEST_KERNEL_LIST(X)
+#undef X
+  if (!launch_fn || !K.k_perf) {
+    fprintf(stderr, "dlsym: %s\n", dlerror());
+    return 2;
+  }
+  printf("mode: dlopen %s\n", argv[1]);
+#else
+  (void)argc;
+  (void)argv;
+  launch_fn = &mg_host_launch;
+#define X(name, type) K.name = &name;
+  MG_SELFTEST_KERNEL_LIST(X)
+#undef X
+  printf("mode: static\n");
+#endif
+  auto t0 = std::chrono::steady_clock::now();
+  run("block_reduce", t_block_reduce);
+  run("warp_ops", t_warp_ops);
+  run("grid3d", t_grid3d);
+  run("diverge_barrier", t_diverge_barrier);
+  run("split_barrier", t_split_barrier);
+  run("bad_mask", t_bad_mask);
+  run("partial_warp", t_partial_warp);
+  run("mixed_collectives", t_mixed_collectives);
+  run("trap", t_trap);
+  run("config_errors", t_config_errors);
+  run("block_reduce_after_errors", t_block_reduce);
+  run("dyn_smem", t_dyn_smem);
+  run("bf16", t_bf16);
+  run("sync_reduce", t_sync_reduce);
+  run("partial_block", t_partial_block);
+  run("perf", t_perf);
+  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  printf("total %.3f s\n", sec);
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
+}
+#endif /* driver */
