@@ -85,6 +85,59 @@ static void test_v3_sp8(void **state) { (void)state; compile_model("deepseek-v3"
 static void test_kimi_k2(void **state) { (void)state; compile_model("kimi-k2", 1); }
 static void test_unusual(void **state) { (void)state; compile_model(NULL, 1); }
 
+/* Every configuration of the tunable space that the template's check keeps compiles for
+ * sm_80 and sm_90a without spills (causal: the larger kernel). */
+static void test_all_kept_configs(void **state) {
+  (void)state;
+  const char *models[] = {"deepseek-v3", NULL};
+  const int block_m[] = {16, 32, 64}, warps[] = {2, 4, 8};
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  int n_hdr, kept = 0, rejected = 0;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  for (int m = 0; m < 2; m++) {
+    mg_shape shape;
+    load_shape(models[m], &shape);
+    mg_kernel_spec specs[16];
+    int n;
+    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, 16, &n, &d), 0);
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 3; j++) {
+        mg_kernel_spec s = specs[0];
+        char a[32], b[32];
+        snprintf(a, sizeof a, "block_m=%d", block_m[i]);
+        snprintf(b, sizeof b, "num_warps=%d", warps[j]);
+        assert_int_equal(mg_spec_set(&s, a, &d), 0);
+        assert_int_equal(mg_spec_set(&s, b, &d), 0);
+        mg_kernel k;
+        int rc = mg_gen_kernel(g, &s, &k, &d);
+        if (rc == MLAGEN_ETEMPLATE && strstr(mg_diag_msg(&d), "rejected")) {
+          rejected++;
+          continue;
+        }
+        if (rc) fail_msg("%s", mg_diag_msg(&d));
+        kept++;
+        for (int arch = 0; arch < 2; arch++) {
+          mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .no_cache = 1, .headers = hdr,
+                           .n_headers = n_hdr};
+          mg_cubin c;
+          if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, &d))
+            fail_msg("%s", mg_diag_msg(&d));
+          print_message("  %-56s %-6s regs %3d spill %ld+%ld\n", k.name, o.arch, c.report.registers,
+                        c.report.spill_stores, c.report.spill_loads);
+          assert_int_equal(c.report.spill_stores + c.report.spill_loads, 0);
+          mg_cubin_free(&c);
+        }
+        mg_kernel_free(&k);
+      }
+  }
+  print_message("  %d configurations kept, %d rejected by the template's check\n", kept, rejected);
+  assert_true(kept >= 8 && rejected >= 2);
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
 static mg_kernel_spec v3_spec(int causal) {
   mg_shape shape;
   load_shape("deepseek-v3", &shape);
@@ -336,6 +389,7 @@ int main(void) {
       cmocka_unit_test(test_v3_sp8),
       cmocka_unit_test(test_kimi_k2),
       cmocka_unit_test(test_unusual),
+      cmocka_unit_test(test_all_kept_configs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
