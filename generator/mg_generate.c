@@ -185,7 +185,8 @@ static cJSON *to_json(lua_State *L, int idx, int depth) {
   qsort(keys, (size_t)n, sizeof keys[0], cmp_str);
   cJSON *obj = cJSON_CreateObject();
   for (int i = 0; obj && i < n; i++) {
-    lua_getfield(L, idx, keys[i]);
+    lua_pushstring(L, keys[i]);
+    lua_rawget(L, idx); /* raw: a metamethod error here would be unprotected */
     cJSON *v = to_json(L, -1, depth + 1);
     lua_pop(L, 1);
     if (v) cJSON_AddItemToObject(obj, keys[i], v);
@@ -232,8 +233,9 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
     return mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: the template declared no kernel (call kernel{...})",
                        tpl->display);
   }
-  lua_getfield(L, -1, "name");
-  const char *name = lua_tostring(L, -1);
+  lua_pushliteral(L, "name");
+  lua_rawget(L, -2);
+  const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
   if (!name || !*name || strlen(name) >= sizeof out->name) {
     lua_pop(L, 2);
     mg_buf_free(&src);

@@ -1,1 +1,344 @@
-/* mg_lua.c: stub, being written. */
+/* mg_lua.c: the sandboxed Lua 5.4 state that runs templates.
+ *
+ * Memory. The allocator counts live bytes and refuses growth past the cap. Lua answers a
+ * refused request with an emergency collection and one identical retry, and only a
+ * refused retry makes it raise; so a refusal is soft until the next growth request
+ * shows whether it was retried. It becomes a hard hit when the retry is refused too, when
+ * the next request is not its retry (a luaL_Buffer, for one, raises at once), or when
+ * the request alone exceeds the cap. After a hard hit every growth is refused until
+ * the run ends, and the run fails with MLAGEN_ELIMIT even if the template caught the
+ * error.
+ *
+ * Instructions. A count hook adds up VM instructions per run (table.move, whose C loop
+ * the hook cannot see, is charged per element). Once the instruction cap or a hard
+ * memory hit is reached, the run is aborting: the hook fires on every instruction and
+ * raises, so no enclosing pcall can run further Lua code without raising again. It
+ * raises a memory error, which calls no message handler: Lua calls a handler for an
+ * error raised in a hook with hooks off, so an xpcall handler could loop unchecked.
+ * For the same reason (hooks off) __gc finalizers are refused.
+ *
+ * Counters and flags are reset at the start of each mg_lua_run. */
+#include "mg_lua.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mlagen.h"
+
+#define HOOK_STEP 1000 /* instructions between two count-hook calls */
+
+struct mg_lua {
+  lua_State *L;
+  size_t mem_cap, mem_used;
+  long instr_cap, instr_count;
+  int mem_hit;      /* a hard memory hit in this run: all growth is refused */
+  int mem_pending;  /* the last growth request was refused; its signature follows */
+  void *pend_ptr;
+  size_t pend_osize, pend_nsize;
+  int instr_hit;    /* the instruction cap was reached in this run */
+  int aborting;     /* the hook raises on every instruction */
+  int first_hit;    /* 'm' or 'i': the limit reached first */
+  char where[LUA_IDSIZE + 24]; /* "src:line: " of the instruction-cap hit */
+};
+
+/* ---- limits --------------------------------------------------------------------- */
+
+static void mem_hard_hit(mg_lua *M) {
+  if (!M->mem_hit && !M->first_hit) M->first_hit = 'm';
+  M->mem_hit = 1;
+}
+
+static void *mg_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  mg_lua *M = ud;
+  size_t old = ptr ? osize : 0; /* osize is a type tag when ptr is NULL */
+  if (nsize == 0) {
+    free(ptr);
+    M->mem_used -= old;
+    return NULL;
+  }
+  if (nsize > old) {
+    int retry = M->mem_pending && ptr == M->pend_ptr && osize == M->pend_osize &&
+                nsize == M->pend_nsize;
+    if (M->mem_pending && !retry) mem_hard_hit(M); /* the refusal was final */
+    M->mem_pending = 0;
+    if (M->mem_hit || nsize - old > M->mem_cap - M->mem_used) {
+      if (retry || M->mem_hit || nsize > M->mem_cap) {
+        mem_hard_hit(M);
+      } else {
+        M->mem_pending = 1;
+        M->pend_ptr = ptr;
+        M->pend_osize = osize;
+        M->pend_nsize = nsize;
+      }
+      return NULL;
+    }
+  }
+  void *p = realloc(ptr, nsize);
+  if (!p) return nsize <= old ? ptr : NULL; /* a failed shrink keeps the block */
+  M->mem_used = M->mem_used - old + nsize;
+  return p;
+}
+
+static mg_lua *get_host(lua_State *L) {
+  void *ud = NULL;
+  lua_getallocf(L, &ud);
+  return ud;
+}
+
+static void count_hook(lua_State *L, lua_Debug *ar);
+
+/* Starts aborting the run (unless it already is) and raises. ar: where the run is. */
+static void abort_run(lua_State *L, mg_lua *M, lua_Debug *ar) {
+  if (!M->aborting) {
+    if (!M->mem_hit) {
+      M->instr_hit = 1;
+      if (!M->first_hit) M->first_hit = 'i';
+      M->where[0] = '\0';
+      if (ar && lua_getinfo(L, "Sl", ar) && ar->currentline > 0)
+        snprintf(M->where, sizeof M->where, "%s:%d: ", ar->short_src, ar->currentline);
+    }
+    M->aborting = 1;
+    lua_sethook(L, count_hook, LUA_MASKCOUNT, 1);
+  }
+  /* Raise a memory error by a refused allocation: no message handler runs for it. */
+  M->mem_hit = 1;
+  lua_newuserdatauv(L, 1, 0);
+  luaL_error(L, "template aborted"); /* not reached: the allocation is refused */
+}
+
+static void count_hook(lua_State *L, lua_Debug *ar) {
+  mg_lua *M = get_host(L);
+  if (!M->aborting) {
+    M->instr_count += HOOK_STEP;
+    if (M->instr_count <= M->instr_cap && !M->mem_hit) return;
+  }
+  abort_run(L, M, ar);
+}
+
+/* Charges n instructions for work a C function does in a loop of its own. */
+static void charge(lua_State *L, lua_Unsigned n) {
+  mg_lua *M = get_host(L);
+  if (!M->aborting && n <= (lua_Unsigned)(M->instr_cap - M->instr_count)) {
+    M->instr_count += (long)n;
+    return;
+  }
+  lua_Debug ar;
+  abort_run(L, M, lua_getstack(L, 1, &ar) ? &ar : NULL);
+}
+
+/* Aborts: whatever Lua code still runs stops at once, with no memory. */
+static void trip_all(mg_lua *M) {
+  M->mem_hit = 1;
+  M->aborting = 1;
+  lua_sethook(M->L, count_hook, LUA_MASKCOUNT, 1);
+}
+
+static void reset_limits(mg_lua *M) {
+  M->mem_hit = M->mem_pending = 0;
+  M->instr_hit = M->aborting = M->first_hit = 0;
+  M->instr_count = 0;
+  M->where[0] = '\0';
+  lua_sethook(M->L, count_hook, LUA_MASKCOUNT, HOOK_STEP);
+}
+
+/* ---- the sandbox ------------------------------------------------------------------ */
+
+/* load() that accepts text chunks only: load(chunk [, chunkname [, mode [, env]]]) with
+ * mode forced to "t"; env is passed on when given (even as nil). */
+static int sandbox_load(lua_State *L) {
+  int n = lua_gettop(L);
+  lua_settop(L, 4);
+  lua_pushvalue(L, lua_upvalueindex(1)); /* the original load */
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushliteral(L, "t");
+  if (n >= 4) lua_pushvalue(L, 4);
+  lua_call(L, n >= 4 ? 4 : 3, LUA_MULTRET);
+  return lua_gettop(L) - 4;
+}
+
+/* setmetatable() that refuses a metatable with a __gc field: finalizers run with hooks
+ * off, so no cap could stop one. (An object is marked for finalization only when its
+ * metatable has __gc at setmetatable time, so adding __gc later has no effect.) */
+static int sandbox_setmetatable(lua_State *L) {
+  if (lua_type(L, 2) == LUA_TTABLE) {
+    lua_pushliteral(L, "__gc");
+    if (lua_rawget(L, 2) != LUA_TNIL)
+      return luaL_error(L, "__gc metamethods are not allowed in templates");
+    lua_pop(L, 1);
+  }
+  lua_settop(L, 2);
+  lua_pushvalue(L, lua_upvalueindex(1)); /* the original setmetatable */
+  lua_insert(L, 1);
+  lua_call(L, 2, 1);
+  return 1;
+}
+
+/* table.move() charged one instruction per element: its loop runs in C, where the count
+ * hook never fires, and its range is not bounded by memory (moving nils allocates
+ * nothing). */
+static int sandbox_table_move(lua_State *L) {
+  lua_Integer f = luaL_checkinteger(L, 2), e = luaL_checkinteger(L, 3);
+  if (e >= f) charge(L, (lua_Unsigned)e - (lua_Unsigned)f + 1);
+  int n = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1)); /* the original table.move */
+  lua_insert(L, 1);
+  lua_call(L, n, 1);
+  return 1;
+}
+
+static int setup(lua_State *L) {
+  static const luaL_Reg libs[] = {
+      {LUA_GNAME, luaopen_base},        {LUA_STRLIBNAME, luaopen_string},
+      {LUA_TABLIBNAME, luaopen_table},  {LUA_MATHLIBNAME, luaopen_math},
+      {LUA_UTF8LIBNAME, luaopen_utf8},
+  };
+  static const char *const removed[] = {"dofile", "loadfile", "require", "collectgarbage",
+                                        "print", "package", "io", "os", "debug",
+                                        "coroutine"};
+  for (size_t i = 0; i < sizeof libs / sizeof libs[0]; i++) {
+    luaL_requiref(L, libs[i].name, libs[i].func, 1);
+    lua_pop(L, 1);
+  }
+  lua_pushglobaltable(L);
+  for (size_t i = 0; i < sizeof removed / sizeof removed[0]; i++) {
+    lua_pushnil(L);
+    lua_setfield(L, -2, removed[i]);
+  }
+  /* string.dump is also ("x"):dump, since the string metatable's __index is `string`. */
+  lua_getfield(L, -1, LUA_STRLIBNAME);
+  lua_pushnil(L);
+  lua_setfield(L, -2, "dump");
+  lua_pop(L, 1);
+  lua_getfield(L, -1, LUA_TABLIBNAME);
+  lua_getfield(L, -1, "move");
+  lua_pushcclosure(L, sandbox_table_move, 1);
+  lua_setfield(L, -2, "move");
+  lua_pop(L, 1);
+  lua_getfield(L, -1, "load");
+  lua_pushcclosure(L, sandbox_load, 1);
+  lua_setfield(L, -2, "load");
+  lua_getfield(L, -1, "setmetatable");
+  lua_pushcclosure(L, sandbox_setmetatable, 1);
+  lua_setfield(L, -2, "setmetatable");
+  /* Protect _G's metatable: setmetatable(_G, ...) raises "cannot change a protected
+   * metatable", so no template can hook global access for the later ones. */
+  lua_createtable(L, 0, 1);
+  lua_pushboolean(L, 0);
+  lua_setfield(L, -2, "__metatable");
+  lua_setmetatable(L, -2);
+  lua_pop(L, 1);
+  return 0;
+}
+
+int mg_lua_open(mg_lua **out, const mg_lua_limits *lim, mg_diag *d) {
+  *out = NULL;
+  mg_lua *M = calloc(1, sizeof *M);
+  if (!M) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory creating the Lua state");
+  M->mem_cap = lim && lim->mem_bytes ? lim->mem_bytes : MG_LUA_DEFAULT_MEM;
+  M->instr_cap = lim && lim->instructions > 0 ? lim->instructions : MG_LUA_DEFAULT_INSTR;
+  M->L = lua_newstate(mg_alloc, M);
+  if (!M->L) {
+    free(M);
+    return mg_diag_set(d, MLAGEN_ENOMEM, "cannot create the Lua state");
+  }
+  lua_pushcfunction(M->L, setup);
+  if (lua_pcall(M->L, 0, 0, 0) != LUA_OK) {
+    lua_close(M->L);
+    free(M);
+    return mg_diag_set(d, MLAGEN_ENOMEM, "cannot create the Lua state (memory cap too small?)");
+  }
+  reset_limits(M);
+  *out = M;
+  return 0;
+}
+
+void mg_lua_close(mg_lua *M) {
+  if (!M) return;
+  trip_all(M); /* pending __gc finalizers get no time and no memory */
+  lua_close(M->L);
+  free(M);
+}
+
+lua_State *mg_lua_state(mg_lua *M) { return M->L; }
+
+/* ---- running ------------------------------------------------------------------- */
+
+/* Message handler: the error as a string, with a traceback. */
+static int msg_handler(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+      msg = lua_tostring(L, -1);
+    else
+      msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* The chunk's display name: "@file" and "=name" lose their first character. */
+static const char *display_name(const char *chunkname) {
+  if (!chunkname) return "template";
+  return (*chunkname == '@' || *chunkname == '=') ? chunkname + 1 : chunkname;
+}
+
+static int limit_error(mg_lua *M, int which, const char *chunkname, mg_diag *d) {
+  if (which == 'm') {
+    size_t cap = M->mem_cap;
+    const size_t mib = (size_t)1 << 20, kib = (size_t)1 << 10;
+    const char *unit = cap % mib == 0 ? "MiB" : cap % kib == 0 ? "KiB" : "bytes";
+    size_t n = cap % mib == 0 ? cap / mib : cap % kib == 0 ? cap / kib : cap;
+    return mg_diag_set(d, MLAGEN_ELIMIT, "%s: template exceeded the memory cap of %zu %s",
+                       display_name(chunkname), n, unit);
+  }
+  if (M->where[0])
+    return mg_diag_set(d, MLAGEN_ELIMIT, "%stemplate exceeded the instruction cap of %ld",
+                       M->where, M->instr_cap);
+  return mg_diag_set(d, MLAGEN_ELIMIT, "%s: template exceeded the instruction cap of %ld",
+                     display_name(chunkname), M->instr_cap);
+}
+
+int mg_lua_run(mg_lua *M, const char *chunk, size_t len, const char *chunkname, int nres,
+               mg_diag *d) {
+  lua_State *L = M->L;
+  if (len > 0 && chunk[0] == LUA_SIGNATURE[0])
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: binary chunks are not accepted",
+                       display_name(chunkname));
+  if (!lua_checkstack(L, 2))
+    return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory (Lua stack)");
+  reset_limits(M);
+  int base = lua_gettop(L);
+  lua_pushcfunction(L, msg_handler);
+  int st = luaL_loadbufferx(L, chunk, len, chunkname ? chunkname : "=template", "t");
+  if (st == LUA_OK) st = lua_pcall(L, 0, nres, base + 1);
+  lua_remove(L, base + 1); /* the handler; results (or the error) move down */
+
+  int rc = 0;
+  if (M->mem_pending) mem_hard_hit(M); /* refused last, never retried */
+  if (M->first_hit) {
+    /* Even when the template caught the error and finished, the run failed. */
+    rc = limit_error(M, M->first_hit, chunkname, d);
+    lua_settop(L, base);
+    trip_all(M);
+    lua_gc(L, LUA_GCCOLLECT); /* free what the aborted run left; finalizers die at once */
+  } else if (st == LUA_ERRMEM) {
+    rc = mg_diag_set(d, MLAGEN_ENOMEM, "%s: out of memory", display_name(chunkname));
+    lua_settop(L, base);
+  } else if (st != LUA_OK) {
+    /* No conversion of a non-string here: it could allocate outside protection. */
+    const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+    if (msg)
+      rc = mg_diag_set(d, MLAGEN_ETEMPLATE, "%s", msg);
+    else
+      rc = mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: (error object is a %s value)",
+                       display_name(chunkname), luaL_typename(L, -1));
+    lua_settop(L, base);
+  }
+  reset_limits(M);
+  return rc;
+}

@@ -1,10 +1,15 @@
 /* mg_lua.h: the sandboxed Lua 5.4 state that runs templates.
  *
  * Only the base, string, table, math and utf8 libraries are opened; dofile, loadfile,
- * require, collectgarbage, print and string.dump are removed, and load() accepts text
- * chunks only (mode "t"). Allocation is capped (mem_bytes) and the instruction count of
- * each mg_lua_run is capped (instructions); exceeding either aborts the running chunk
- * with MLAGEN_ELIMIT. One mg_lua per generator; not thread-safe. */
+ * require, collectgarbage, print and string.dump are removed (package, io, os, debug and
+ * coroutine are never opened), load() accepts text chunks only (mode "t"), setmetatable
+ * refuses metatables with a __gc field (finalizers run with hooks off, beyond the caps),
+ * and _G's metatable is protected. Allocation is capped (mem_bytes, garbage not yet
+ * collected included) and the instruction count of each mg_lua_run is capped
+ * (instructions); exceeding either aborts the running chunk with MLAGEN_ELIMIT, and pcall
+ * inside the chunk cannot catch that: once a cap is hit, the chunk cannot run on. The
+ * state stays usable for the next mg_lua_run. Globals persist between runs.
+ * One mg_lua per generator; not thread-safe. */
 #ifndef MG_LUA_H
 #define MG_LUA_H
 #include <stddef.h>
@@ -26,14 +31,22 @@ typedef struct mg_lua_limits {
  * Errors: MLAGEN_ENOMEM. */
 int mg_lua_open(mg_lua **out, const mg_lua_limits *lim, mg_diag *d);
 void mg_lua_close(mg_lua *L);
-/* The raw state, for setting globals and reading results. */
+/* The raw state, for setting globals and reading results. Run Lua code only through
+ * mg_lua_run: code the caller runs itself (lua_pcall) is counted against the last run's
+ * limits, and once one is hit it keeps failing until the next mg_lua_run. Read results
+ * with raw accessors (lua_rawget...) or inside lua_pcall: a metamethod may raise, and an
+ * unprotected error aborts the process. */
 lua_State *mg_lua_state(mg_lua *L);
 
 /* Loads (text only) and runs chunk, named chunkname in messages ("@file" gives
- * "file:line"), leaving nres results on the stack (LUA_MULTRET allowed).
+ * "file:line"), leaving nres results on the stack (LUA_MULTRET allowed); on failure the
+ * stack is as before the call.
  * Errors: MLAGEN_ETEMPLATE (syntax or runtime error; the message is
- * "file:line: error" followed by a Lua traceback), MLAGEN_ELIMIT (memory or instruction
- * cap; the message says which), MLAGEN_EINVAL (a binary chunk). */
+ * "file:line: error", for a runtime error followed by a Lua traceback), MLAGEN_ELIMIT
+ * (memory or instruction cap, also when the chunk caught the error; the message says
+ * which: "file: template exceeded the memory cap of 64 MiB", "file:line: template
+ * exceeded the instruction cap of 50000000"), MLAGEN_EINVAL (a binary chunk),
+ * MLAGEN_ENOMEM (the process itself is out of memory). */
 int mg_lua_run(mg_lua *L, const char *chunk, size_t len, const char *chunkname, int nres,
                mg_diag *d);
 #endif
