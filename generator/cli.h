@@ -3,9 +3,10 @@
 #ifndef MG_CLI_H
 #define MG_CLI_H
 #include "mg_config.h"
+#include "mg_generate.h"
 #include "mg_spec.h"
 
-enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2, CLI_HELP = -1 };
 
 #define CLI_MAX_SET 8
 
@@ -24,17 +25,21 @@ typedef struct cli_opts {
   int json;                   /* info: --json */
 } cli_opts;
 
-/* Parses argv[first..argc) into o. allowed is a space-separated list of the option names
- * this subcommand takes ("model templates ..."). Prints the problem and returns CLI_USAGE
- * on an unknown option or a missing value; returns -1 (print help) for --help. */
-int cli_parse(int argc, char **argv, int first, const char *allowed, cli_opts *o);
+/* Parses the options of a subcommand (argv[2..argc)) into o. allowed is a space-separated
+ * list of the option names it takes ("model templates ..."). Prints the problem and
+ * returns CLI_USAGE on an unknown option or a missing value; prints help and returns
+ * CLI_HELP for --help. Callers return `rc == CLI_HELP ? CLI_OK : rc`. */
+int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_opts *o);
 
 /* Loads the model shape; prints its notes to stderr. Prints the error and returns
  * CLI_FAIL on failure. */
 int cli_load_model(const cli_opts *o, mg_shape *shape);
 
-/* Builds the kernel specs for o (all families, causal and not) with the --set overrides. */
-int cli_specs(const cli_opts *o, const mg_shape *shape, mg_kernel_spec *specs, int max, int *n);
+/* Loads the model, builds its kernel specs (all families, causal and not, with the --set
+ * overrides) and opens a generator on o->templates. Prints any error; returns 0,
+ * CLI_FAIL or CLI_USAGE. On success the caller closes *g. */
+int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
+                mg_gen **g);
 
 /* Prints "mlagen: <msg>" to stderr (the message may hold several lines). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -40,13 +40,16 @@ static int parse_int(const char *opt, const char *v, int *out) {
   return 0;
 }
 
-int cli_parse(int argc, char **argv, int first, const char *allowed, cli_opts *o) {
+int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_opts *o) {
   memset(o, 0, sizeof *o);
   o->dtype = "bf16";
   o->sp = 1;
-  for (int i = first; i < argc; i++) {
+  for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return -1;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(help, stdout);
+      return CLI_HELP;
+    }
     if (strncmp(a, "--", 2) != 0) {
       cli_error("unexpected argument '%s' (see --help)", a);
       return CLI_USAGE;
@@ -102,15 +105,21 @@ int cli_load_model(const cli_opts *o, mg_shape *shape) {
   return 0;
 }
 
-int cli_specs(const cli_opts *o, const mg_shape *shape, mg_kernel_spec *specs, int max, int *n) {
+int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
+                mg_gen **g) {
+  *g = NULL;
+  int rc = cli_load_model(o, shape);
+  if (rc) return rc;
   mg_diag d = MG_DIAG_INIT;
-  int rc = mg_spec_for_model(shape, o->sp, o->dtype, specs, max, n, &d);
+  rc = mg_spec_for_model(shape, o->sp, o->dtype, specs, max, n, &d);
   for (int i = 0; !rc && i < *n; i++)
     for (int j = 0; !rc && j < o->n_set; j++) rc = mg_spec_set(&specs[i], o->set[j], &d);
+  int status = rc == MLAGEN_EINVAL ? CLI_USAGE : CLI_FAIL;
+  if (!rc) rc = mg_gen_open(g, o->templates, &d);
   if (rc) {
     cli_error("%s", mg_diag_msg(&d));
     mg_diag_clear(&d);
-    return rc == MLAGEN_EINVAL ? CLI_USAGE : CLI_FAIL;
+    return status;
   }
   return 0;
 }

@@ -26,12 +26,8 @@ static const char help[] =
 
 int cli_compile(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, 2, "model sp dtype set templates arch cache-dir no-cache", &o);
-  if (rc < 0) {
-    fputs(help, stdout);
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  int rc = cli_parse(argc, argv, "model sp dtype set templates arch cache-dir no-cache", help, &o);
+  if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   char archbuf[256];
   snprintf(archbuf, sizeof archbuf, "%s", o.arch ? o.arch : "sm_80,sm_90a");
   const char *archs[MAX_ARCH];
@@ -51,15 +47,10 @@ int cli_compile(int argc, char **argv) {
   mg_shape shape;
   mg_kernel_spec specs[16];
   int n = 0;
-  if ((rc = cli_load_model(&o, &shape)) || (rc = cli_specs(&o, &shape, specs, 16, &n))) return rc;
+  mg_gen *g;
+  if ((rc = cli_prepare(&o, &shape, specs, 16, &n, &g))) return rc;
 
   mg_diag d = MG_DIAG_INIT;
-  mg_gen *g = NULL;
-  if (mg_gen_open(&g, o.templates, &d)) {
-    cli_error("%s", mg_diag_msg(&d));
-    mg_diag_clear(&d);
-    return CLI_FAIL;
-  }
   int n_hdr = 0;
   const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
   int failed = 0, compiled = 0, hits = 0;

@@ -21,23 +21,18 @@ static const char help[] =
 
 int cli_generate(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, 2, "model out sp dtype set templates", &o);
-  if (rc < 0) {
-    fputs(help, stdout);
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  int rc = cli_parse(argc, argv, "model out sp dtype set templates", help, &o);
+  if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   if (!o.out) o.out = "mlagen-kernels";
   mg_shape shape;
   mg_kernel_spec specs[16];
   int n = 0;
-  if ((rc = cli_load_model(&o, &shape)) || (rc = cli_specs(&o, &shape, specs, 16, &n))) return rc;
+  mg_gen *g;
+  if ((rc = cli_prepare(&o, &shape, specs, 16, &n, &g))) return rc;
 
   mg_diag d = MG_DIAG_INIT;
-  mg_gen *g = NULL;
   mg_kernel kernels[16];
   int made = 0;
-  rc = mg_gen_open(&g, o.templates, &d);
   for (; !rc && made < n; made++) rc = mg_gen_kernel(g, &specs[made], &kernels[made], &d);
   if (rc) made--; /* the failed one holds nothing */
   if (!rc) rc = mg_gen_write(g, &shape, o.sp, kernels, made, o.out, &d);

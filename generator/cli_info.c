@@ -12,12 +12,8 @@ static const char help[] =
 
 int cli_info(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, 2, "model", &o);
-  if (rc < 0) {
-    fputs(help, stdout);
-    return CLI_OK;
-  }
-  if (rc) return rc;
+  int rc = cli_parse(argc, argv, "model", help, &o);
+  if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   mg_shape s;
   if ((rc = cli_load_model(&o, &s))) return rc;
   printf("model             %s (%s)\n", s.source, s.model_type[0] ? s.model_type : "no model_type");
