@@ -13,8 +13,7 @@
 #include <stddef.h>
 
 #include "mg_diag.h"
-
-typedef enum mg_dtype { MG_F32, MG_BF16, MG_F16 } mg_dtype;
+#include "mg_dtype.h"
 
 typedef struct mg_comm mg_comm;
 

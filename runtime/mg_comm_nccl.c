@@ -26,10 +26,13 @@ typedef struct nccl_comm {
 } nccl_comm;
 
 static ncclDataType_t nccl_type(mg_dtype t) {
-  return t == MG_F32 ? ncclFloat32 : t == MG_BF16 ? ncclBfloat16 : ncclFloat16;
+  switch (t) {
+    case MG_F64: return ncclFloat64;
+    case MG_BF16: return ncclBfloat16;
+    case MG_F16: return ncclFloat16;
+    default: return ncclFloat32;
+  }
 }
-
-static size_t type_size(mg_dtype t) { return t == MG_F32 ? 4 : 2; }
 
 static int check(ncclResult_t r, const char *what, mg_diag *d) {
   if (r == ncclSuccess) return 0;
@@ -40,7 +43,7 @@ static int check(ncclResult_t r, const char *what, mg_diag *d) {
 static int all_to_all(mg_comm *c, const void *send, void *recv, size_t count, mg_dtype t,
                       mg_diag *d) {
   nccl_comm *n = (nccl_comm *)c;
-  size_t bytes = count * type_size(t);
+  size_t bytes = count * mg_dtype_size(t);
   int rc = check(ncclGroupStart(), "group start", d);
   for (int p = 0; p < c->size && !rc; p++) {
     rc = check(ncclSend((const char *)send + p * bytes, count, nccl_type(t), p, n->comm, n->stream),
