@@ -18,7 +18,8 @@ typedef struct cli_opts {
   int sp;                     /* --sp P */
   const char *set[CLI_MAX_SET]; /* --set tunable=value */
   int n_set;
-  const char *out;            /* generate: --out DIR */
+  const char *out;            /* generate: --out DIR (trailing slashes removed) */
+  char outbuf[4096];
   const char *arch;           /* compile: --arch list */
   const char *cache_dir;      /* compile: --cache-dir DIR */
   int no_cache;               /* compile: --no-cache */

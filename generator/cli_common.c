@@ -86,6 +86,12 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     }
 #undef OPT
   }
+  if (o->out) { /* "dir/" -> "dir", so printed paths have one slash */
+    size_t n = strlen(o->out);
+    while (n > 1 && o->out[n - 1] == '/') n--;
+    snprintf(o->outbuf, sizeof o->outbuf, "%.*s", (int)n, o->out);
+    o->out = o->outbuf;
+  }
   if (strcmp(o->dtype, "bf16") != 0 && strcmp(o->dtype, "fp16") != 0) {
     cli_error("--dtype %s: expected bf16 or fp16", o->dtype);
     return CLI_USAGE;

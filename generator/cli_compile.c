@@ -5,6 +5,7 @@
 #include "cli.h"
 #include "mg_generate.h"
 #include "mg_jit.h"
+#include "mlagen.h"
 
 static const char help[] =
     "usage: mlagen compile [--model M] [--arch LIST] [--sp P] [--dtype bf16|fp16]\n"
@@ -53,24 +54,28 @@ int cli_compile(int argc, char **argv) {
   mg_diag d = MG_DIAG_INIT;
   int n_hdr = 0;
   const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  int failed = 0, compiled = 0, hits = 0;
+  int failed = 0, compiled = 0, hits = 0, usage = 0;
   printf("%-58s %-7s %5s %6s %7s %8s %s\n", "kernel", "arch", "regs", "spill", "smem", "ms",
          "cache");
-  for (int i = 0; i < n; i++) {
+  /* An invalid argument (a rejected tunable, an unknown arch) would fail every kernel
+   * alike: report it once and stop. */
+  for (int i = 0; i < n && !usage; i++) {
     mg_kernel k;
-    if (mg_gen_kernel(g, &specs[i], &k, &d)) {
+    if ((rc = mg_gen_kernel(g, &specs[i], &k, &d))) {
       cli_error("%s", mg_diag_msg(&d));
       failed++;
+      usage = rc == MLAGEN_EINVAL;
       continue;
     }
-    for (int a = 0; a < n_arch; a++) {
+    for (int a = 0; a < n_arch && !usage; a++) {
       mg_jit_opts jo = {.arch = archs[a], .cache_dir = o.cache_dir, .no_cache = o.no_cache,
                         .template_hash = mg_gen_template_hash(g), .headers = hdr,
                         .n_headers = n_hdr};
       mg_cubin c;
-      if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &jo, &c, &d)) {
+      if ((rc = mg_jit_compile(k.source, k.source_len, k.file, k.name, &jo, &c, &d))) {
         cli_error("%s", mg_diag_msg(&d));
         failed++;
+        usage = rc == MLAGEN_EINVAL;
         continue;
       }
       const mg_jit_report *r = &c.report;
@@ -87,5 +92,5 @@ int cli_compile(int argc, char **argv) {
   printf("%d compiled (%d from cache), %d failed\n", compiled, hits, failed);
   mg_gen_close(g);
   mg_diag_clear(&d);
-  return failed ? CLI_FAIL : CLI_OK;
+  return usage ? CLI_USAGE : failed ? CLI_FAIL : CLI_OK;
 }

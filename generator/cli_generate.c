@@ -3,6 +3,7 @@
 
 #include "cli.h"
 #include "mg_generate.h"
+#include "mlagen.h"
 
 static const char help[] =
     "usage: mlagen generate [--model M] [--out DIR] [--sp P] [--dtype bf16|fp16]\n"
@@ -38,12 +39,12 @@ int cli_generate(int argc, char **argv) {
   if (!rc) rc = mg_gen_write(g, &shape, o.sp, kernels, made, o.out, &d);
   if (!rc) {
     for (int i = 0; i < made; i++) printf("%s/%s\n", o.out, kernels[i].file);
-    printf("%s/manifest.json\n", o.out);
+    printf("%s/%s\n%s/manifest.json\n", o.out, MG_DEVICE_HEADER, o.out);
   } else {
     cli_error("%s", mg_diag_msg(&d));
   }
   for (int i = 0; i < made; i++) mg_kernel_free(&kernels[i]);
   mg_gen_close(g);
   mg_diag_clear(&d);
-  return rc ? CLI_FAIL : CLI_OK;
+  return rc == MLAGEN_EINVAL ? CLI_USAGE : rc ? CLI_FAIL : CLI_OK;
 }

@@ -43,9 +43,10 @@ typedef struct mg_kernel {
 } mg_kernel;
 
 /* Renders the template of s->family for spec s. softmax_scale is not baked in (it is a
- * kernel argument). Errors: MLAGEN_ETEMPLATE (template error: the message names the
- * template file and line and carries a Lua traceback; a tunable override that the
- * template does not declare or allow), MLAGEN_ELIMIT (the template hit the Lua memory or
+ * kernel argument). Errors: MLAGEN_EINVAL (a tunable override the template does not
+ * declare or allow, or a configuration its check rejects: the message says why),
+ * MLAGEN_ETEMPLATE (a bug in the template: the message names the template file and
+ * line and carries a Lua traceback), MLAGEN_ELIMIT (the template hit the Lua memory or
  * instruction cap), MLAGEN_EINVAL (unknown family), MLAGEN_ENOMEM. */
 int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d);
 void mg_kernel_free(mg_kernel *k);

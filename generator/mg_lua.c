@@ -268,8 +268,14 @@ lua_State *mg_lua_state(mg_lua *M) { return M->L; }
 
 /* ---- running ------------------------------------------------------------------- */
 
-/* Message handler: the error as a string, with a traceback. */
+/* Message handler: the error as a string, with a traceback. An input error raised as
+ * error({"message"}) passes through unchanged (no traceback: the template is fine). */
 static int msg_handler(lua_State *L) {
+  if (lua_type(L, 1) == LUA_TTABLE && lua_rawgeti(L, 1, 1) == LUA_TSTRING) {
+    lua_settop(L, 1);
+    return 1;
+  }
+  lua_settop(L, 1);
   const char *msg = lua_tostring(L, 1);
   if (!msg) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
@@ -332,7 +338,9 @@ int mg_lua_run(mg_lua *M, const char *chunk, size_t len, const char *chunkname, 
   } else if (st != LUA_OK) {
     /* No conversion of a non-string here: it could allocate outside protection. */
     const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-    if (msg)
+    if (lua_type(L, -1) == LUA_TTABLE && lua_rawgeti(L, -1, 1) == LUA_TSTRING)
+      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s", lua_tostring(L, -1)); /* an input error */
+    else if (msg)
       rc = mg_diag_set(d, MLAGEN_ETEMPLATE, "%s", msg);
     else
       rc = mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: (error object is a %s value)",

@@ -45,7 +45,9 @@ lua_State *mg_lua_state(mg_lua *L);
  * "file:line: error", for a runtime error followed by a Lua traceback), MLAGEN_ELIMIT
  * (memory or instruction cap, also when the chunk caught the error; the message says
  * which: "file: template exceeded the memory cap of 64 MiB", "file:line: template
- * exceeded the instruction cap of 50000000"), MLAGEN_EINVAL (a binary chunk),
+ * exceeded the instruction cap of 50000000"), MLAGEN_EINVAL (a binary chunk; or the
+ * chunk rejected its input by raising error({"message"}): the message alone, without a
+ * location or traceback, since the template is not at fault),
  * MLAGEN_ENOMEM (the process itself is out of memory). */
 int mg_lua_run(mg_lua *L, const char *chunk, size_t len, const char *chunkname, int nres,
                mg_diag *d);

@@ -35,6 +35,10 @@ function elem_size(dtype)
   return elem_sizes[dtype] or error("unknown dtype '" .. tostring(dtype) .. "'", 2)
 end
 
+-- Rejects the input (a tunable override, a shape), as opposed to failing: the generator
+-- reports the message alone, without a traceback, as an invalid argument.
+function reject(message) error({ message }) end
+
 local function sorted_keys(t)
   local keys = {}
   for k in pairs(t) do keys[#keys + 1] = k end
@@ -67,19 +71,19 @@ function kernel(decl)
   for k, v in pairs(spec.config or {}) do
     local t = decl.tunables[k]
     if not t then
-      error(decl.family .. ": unknown tunable '" .. k .. "' (tunables: " ..
-            table.concat(sorted_keys(decl.tunables), ", ") .. ")", 2)
+      reject(decl.family .. ": unknown tunable '" .. k .. "' (tunables: " ..
+             table.concat(sorted_keys(decl.tunables), ", ") .. ")")
     end
     if not contains(t.values, v) then
       local vals = {}
       for i, x in ipairs(t.values) do vals[i] = tostring(x) end
-      error(decl.family .. ": " .. k .. " = " .. tostring(v) .. " is not one of {" ..
-            table.concat(vals, ", ") .. "}", 2)
+      reject(decl.family .. ": " .. k .. " = " .. tostring(v) .. " is not one of {" ..
+             table.concat(vals, ", ") .. "}")
     end
     config[k] = v
   end
   local why = decl.check(spec, config)
-  if why then error(decl.family .. ": configuration " .. describe(config) .. " rejected: " .. why, 2) end
+  if why then reject(decl.family .. ": configuration " .. describe(config) .. " rejected: " .. why) end
   recorded = {
     family = decl.family,
     doc = decl.doc,

@@ -1,0 +1,173 @@
+/* mg_comm_mpi.c: the MPI backend of mg_comm, for the CPU reference engine. Without MPI
+ * (MLAGEN_HAVE_MPI unset) it compiles to a stub that says so.
+ *
+ * The backend wraps a communicator the caller owns. While wrapped, the communicator's
+ * error handler is MPI_ERRORS_RETURN so a failed collective comes back as a status
+ * instead of aborting the job; destroy puts the previous handler back. */
+#include <stdlib.h>
+
+#include "mg_comm.h"
+#include "mlagen.h"
+
+#ifndef MLAGEN_HAVE_MPI
+
+int mg_comm_mpi_wrap(mg_comm **out, void *mpi_comm, mg_diag *d) {
+  (void)mpi_comm;
+  if (out) *out = NULL;
+  return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
+                     "the MPI communicator is unavailable: mlagen was built without MPI "
+                     "(install libopenmpi-dev and rebuild)");
+}
+
+#else
+#include <limits.h>
+#include <mpi.h>
+
+typedef struct mpi_comm {
+  mg_comm base;
+  MPI_Comm comm;         /* the caller's */
+  MPI_Errhandler saved;  /* its error handler before the wrap, restored by destroy */
+} mpi_comm;
+
+/* MPI_Error_string's text for code rc, as the message of an MLAGEN_EIO. */
+static int mpi_fail(int rc, const char *what, mg_diag *d) {
+  char text[MPI_MAX_ERROR_STRING + 1];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS || len <= 0) {
+    return mg_diag_set(d, MLAGEN_EIO, "MPI %s failed: MPI error code %d", what, rc);
+  }
+  text[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING] = '\0';
+  return mg_diag_set(d, MLAGEN_EIO, "MPI %s failed: %s", what, text);
+}
+
+/* The checks every collective shares: a known dtype, a count MPI's int can carry,
+ * buffers present when there is something to move. */
+static int check_args(const void *send, const void *recv, size_t count, mg_dtype t,
+                      const char *what, mg_diag *d) {
+  if ((unsigned)t > (unsigned)MG_F16)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: unknown dtype %d", what, (int)t);
+  if (count > (size_t)INT_MAX)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "%s: count %zu exceeds the MPI limit of %d elements per rank", what,
+                       count, INT_MAX);
+  if (count > 0 && (!send || !recv))
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: NULL %s buffer", what, send ? "receive" : "send");
+  return 0;
+}
+
+/* bf16 and f16 move as raw 2-byte elements; they are never reduced here. */
+static MPI_Datatype mpi_type(mg_dtype t) {
+  switch (t) {
+    case MG_F64: return MPI_DOUBLE;
+    case MG_BF16:
+    case MG_F16: return MPI_UINT16_T;
+    default: return MPI_FLOAT;
+  }
+}
+
+static int all_to_all(mg_comm *c, const void *send, void *recv, size_t count, mg_dtype t,
+                      mg_diag *d) {
+  int rc = check_args(send, recv, count, t, "all-to-all", d);
+  if (rc) return rc;
+  MPI_Datatype ty = mpi_type(t);
+  rc = MPI_Alltoall(send, (int)count, ty, recv, (int)count, ty, ((mpi_comm *)c)->comm);
+  return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "all-to-all", d);
+}
+
+static int all_gather(mg_comm *c, const void *send, void *recv, size_t count, mg_dtype t,
+                      mg_diag *d) {
+  int rc = check_args(send, recv, count, t, "all-gather", d);
+  if (rc) return rc;
+  MPI_Datatype ty = mpi_type(t);
+  rc = MPI_Allgather(send, (int)count, ty, recv, (int)count, ty, ((mpi_comm *)c)->comm);
+  return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "all-gather", d);
+}
+
+static int reduce_scatter(mg_comm *c, const void *send, void *recv, size_t count, mg_dtype t,
+                          mg_diag *d) {
+  int rc = check_args(send, recv, count, t, "reduce-scatter", d);
+  if (rc) return rc;
+  if (t != MG_F32 && t != MG_F64)
+    return mg_diag_set(d, MLAGEN_EINVAL, "reduce-scatter needs f32 or f64 on the CPU, not %s",
+                       mg_dtype_name(t));
+  rc = MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(t), MPI_SUM,
+                                ((mpi_comm *)c)->comm);
+  return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter", d);
+}
+
+/* MPI collectives are blocking and complete in call order: nothing to group. */
+static int group_start(mg_comm *c, mg_diag *d) {
+  (void)c;
+  (void)d;
+  return 0;
+}
+
+static int group_end(mg_comm *c, mg_diag *d) {
+  (void)c;
+  (void)d;
+  return 0;
+}
+
+/* Restores the error handler and frees the wrapper; the MPI_Comm stays the caller's.
+ * After MPI_Finalize there is nothing left to restore. */
+static void destroy(mg_comm *c) {
+  mpi_comm *m = (mpi_comm *)c;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    MPI_Comm_set_errhandler(m->comm, m->saved);
+    MPI_Errhandler_free(&m->saved); /* the reference MPI_Comm_get_errhandler gave us */
+  }
+  free(m);
+}
+
+static const mg_comm_ops ops = {all_to_all, all_gather, reduce_scatter, group_start, group_end,
+                                destroy};
+
+int mg_comm_mpi_wrap(mg_comm **out, void *mpi_comm_ptr, mg_diag *d) {
+  if (!out) return mg_diag_set(d, MLAGEN_EINVAL, "mg_comm_mpi_wrap: out is NULL");
+  *out = NULL;
+  if (!mpi_comm_ptr) return mg_diag_set(d, MLAGEN_EINVAL, "mpi_comm is NULL");
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    return mg_diag_set(d, MLAGEN_EINVAL, "MPI is %s: the MPI communicator needs MPI_Init first",
+                       finalized ? "already finalized" : "not initialized");
+  MPI_Comm comm = *(MPI_Comm *)mpi_comm_ptr;
+  if (comm == MPI_COMM_NULL) return mg_diag_set(d, MLAGEN_EINVAL, "mpi_comm is MPI_COMM_NULL");
+
+  /* Switch to MPI_ERRORS_RETURN first, so the queries below report instead of abort. */
+  MPI_Errhandler saved;
+  int rc = MPI_Comm_get_errhandler(comm, &saved);
+  if (rc != MPI_SUCCESS) return mpi_fail(rc, "get error handler", d);
+  rc = MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  if (rc != MPI_SUCCESS) {
+    MPI_Errhandler_free(&saved);
+    return mpi_fail(rc, "set error handler", d);
+  }
+  int inter = 0, rank = 0, size = 0;
+  rc = MPI_Comm_test_inter(comm, &inter);
+  if (rc == MPI_SUCCESS && inter)
+    rc = mg_diag_set(d, MLAGEN_EINVAL, "mpi_comm is an inter-communicator; "
+                                       "sequence parallelism needs an intra-communicator");
+  else if (rc != MPI_SUCCESS)
+    rc = mpi_fail(rc, "test inter-communicator", d);
+  if (!rc && (rc = MPI_Comm_rank(comm, &rank)) != MPI_SUCCESS) rc = mpi_fail(rc, "comm rank", d);
+  if (!rc && (rc = MPI_Comm_size(comm, &size)) != MPI_SUCCESS) rc = mpi_fail(rc, "comm size", d);
+  mpi_comm *m = NULL;
+  if (!rc && !(m = calloc(1, sizeof *m))) rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  if (rc) {
+    MPI_Comm_set_errhandler(comm, saved);
+    MPI_Errhandler_free(&saved);
+    return rc;
+  }
+  m->base.ops = &ops;
+  m->base.rank = rank;
+  m->base.size = size;
+  m->comm = comm;
+  m->saved = saved;
+  *out = &m->base;
+  return 0;
+}
+#endif
