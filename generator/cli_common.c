@@ -9,21 +9,30 @@
 #include "mlagen.h"
 
 void cli_error(const char *fmt, ...) {
+  char buf[8192];
   va_list ap;
   va_start(ap, fmt);
-  fputs("mlagen: ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  /* Paths and arguments come from the user: escape control characters (a terminal
+   * escape sequence in a file name) but keep the line structure of compiler logs. */
+  fputs("mlagen: ", stderr);
+  for (const unsigned char *p = (const unsigned char *)buf; *p; p++) {
+    if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f)
+      fprintf(stderr, "\\x%02x", *p);
+    else
+      fputc(*p, stderr);
+  }
+  fputc('\n', stderr);
 }
 
+/* 1 if the first n bytes of name are one of the space-separated words of allowed. */
 static int allowed_has(const char *allowed, const char *name, size_t n) {
-  const char *p = allowed;
-  while ((p = strstr(p, name)) != NULL) {
-    int start = p == allowed || p[-1] == ' ';
-    int end = p[n] == '\0' || p[n] == ' ';
-    if (start && end) return 1;
-    p += n;
+  for (const char *p = allowed; *p;) {
+    size_t w = strcspn(p, " ");
+    if (w == n && strncmp(p, name, n) == 0) return 1;
+    p += w;
+    p += strspn(p, " ");
   }
   return 0;
 }

@@ -25,24 +25,39 @@ static const char help[] =
 
 #define MAX_ARCH 8
 
+/* sm_<2 or 3 digits>[a|f]: a real target NVRTC can emit a cubin for. */
+static int arch_ok(const char *a) {
+  if (strncmp(a, "sm_", 3) != 0) return 0;
+  size_t digits = strspn(a + 3, "0123456789");
+  const char *rest = a + 3 + digits;
+  int suffix_ok = rest[0] == '\0' || ((rest[0] == 'a' || rest[0] == 'f') && rest[1] == '\0');
+  return digits >= 2 && digits <= 3 && suffix_ok;
+}
+
 int cli_compile(int argc, char **argv) {
   cli_opts o;
   int rc = cli_parse(argc, argv, "model sp dtype set templates arch cache-dir no-cache", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
-  char archbuf[256];
-  snprintf(archbuf, sizeof archbuf, "%s", o.arch ? o.arch : "sm_80,sm_90a");
+  const char *list = o.arch ? o.arch : "sm_80,sm_90a";
+  char archbuf[MAX_ARCH][8];
   const char *archs[MAX_ARCH];
   int n_arch = 0;
-  for (char *save = NULL, *a = strtok_r(archbuf, ",", &save); a; a = strtok_r(NULL, ",", &save)) {
+  for (const char *p = list;; p++) {
+    size_t len = strcspn(p, ",");
     if (n_arch == MAX_ARCH) {
       cli_error("--arch: at most %d architectures", MAX_ARCH);
       return CLI_USAGE;
     }
-    archs[n_arch++] = a;
-  }
-  if (n_arch == 0) {
-    cli_error("--arch: no architecture given");
-    return CLI_USAGE;
+    if (len < sizeof archbuf[0]) snprintf(archbuf[n_arch], sizeof archbuf[0], "%.*s", (int)len, p);
+    if (len >= sizeof archbuf[0] || !arch_ok(archbuf[n_arch])) {
+      cli_error("--arch: '%.*s' is not a real GPU target such as sm_80 or sm_90a",
+                len > 32 ? 32 : (int)len, p);
+      return CLI_USAGE;
+    }
+    archs[n_arch] = archbuf[n_arch];
+    n_arch++;
+    p += len;
+    if (*p == '\0') break;
   }
 
   mg_shape shape;

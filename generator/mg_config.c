@@ -7,6 +7,7 @@
 #include "mg_config.h"
 
 #include <cJSON.h>
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -178,6 +179,10 @@ static int read_rope(const pctx *c, const cJSON *cfg, const char *key, rope *r, 
     value_words(m, w);
     if (!cJSON_IsNumber(m) || !isfinite(m->valuedouble))
       return key_error(c, MLAGEN_ECONFIG, k, "is %s, expected a number", w);
+    if (m->valuedouble < 0)
+      return key_error(c, MLAGEN_ECONFIG, k,
+                       "is %s; a negative value would scale attention logits by a negative or "
+                       "vanishing mscale^2", w);
     r->mscale_all_dim = m->valuedouble;
   } else if (yarn) {
     add_note(s, "%s%s absent: DeepSeek's code reads it as 0 (rope_scaling.get(\"mscale_all_dim\", "
@@ -443,6 +448,14 @@ int mg_config_load(const char *model, mg_shape *out, mg_diag *d) {
   for (const char *const *s = mg_config_shipped; *s; s++) {
     size_t at = strlen(list);
     snprintf(list + at, sizeof list - at, "%s%s", at ? ", " : "", *s);
+  }
+  /* Say why the path could not be used when something is there (a device, a FIFO, a
+   * symlink loop), rather than that nothing is. */
+  struct stat st;
+  if (lstat(model, &st) == 0) {
+    if (stat(model, &st) != 0)
+      return mg_diag_set(d, MLAGEN_EIO, "%s: cannot open: %s", model, strerror(errno));
+    return mg_diag_set(d, MLAGEN_EIO, "%s: not a regular file or a model directory", model);
   }
   return mg_diag_set(d, MLAGEN_EIO, "%s: no such file, and not a shipped model (shipped: %s)",
                      model, list);

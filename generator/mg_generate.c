@@ -51,7 +51,9 @@ static int load_templates(mg_gen *g, const char *dir, mg_diag *d) {
     const char *base = f->path + sizeof prefix - 1;
     snprintf(t->name, sizeof t->name, "%s", base);
     if (dir) {
-      snprintf(t->display, sizeof t->display, "%s/%s", dir, base);
+      if ((size_t)snprintf(t->display, sizeof t->display, "%s/%s", dir, base) >= sizeof t->display)
+        return mg_diag_set(d, MLAGEN_ELIMIT, "--templates: path longer than %zu bytes",
+                           sizeof t->display - 1);
       int rc = mg_fs_read(t->display, MG_TEMPLATE_MAX, &t->data, &t->size, d);
       if (rc) return mg_diag_prefix(d, "--templates %s", dir);
     } else {
@@ -71,7 +73,6 @@ int mg_gen_open(mg_gen **out, const char *templates_dir, mg_diag *d) {
   mg_gen *g = calloc(1, sizeof *g);
   if (!g) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   int rc = load_templates(g, templates_dir, d);
-  if (!rc) rc = mg_lua_open(&g->lua, NULL, d);
   const mg_template *hdr = rc ? NULL : find_file(g, MG_DEVICE_HEADER);
   if (!rc && !hdr)
     rc = mg_diag_set(d, MLAGEN_EIO, "template set has no %s", MG_DEVICE_HEADER);
@@ -194,6 +195,17 @@ static cJSON *to_json(lua_State *L, int idx, int depth) {
   return obj;
 }
 
+/* [A-Za-z_][A-Za-z0-9_]* of at most max characters, no NUL inside. */
+static int is_identifier(const char *s, size_t len, size_t max) {
+  if (!s || len == 0 || len > max || strlen(s) != len) return 0;
+  for (size_t i = 0; i < len; i++) {
+    char c = s[i];
+    int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return 0;
+  }
+  return 1;
+}
+
 static int family_known(const char *family) {
   for (const char *const *f = mg_spec_families; *f; f++)
     if (strcmp(*f, family) == 0) return 1;
@@ -210,12 +222,18 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   if (!tpl || !prelude)
     return mg_diag_set(d, MLAGEN_EIO, "template set has no %s", tpl ? "prelude.lua" : tname);
 
+  /* A fresh state for each kernel: no template sees globals, metatables or library
+   * changes left by another, so a kernel's source never depends on generation order. */
+  mg_lua_close(g->lua);
+  g->lua = NULL;
+  int rc = mg_lua_open(&g->lua, NULL, d);
+  if (rc) return rc;
   lua_State *L = mg_lua_state(g->lua);
   push_spec(L, s);
   lua_setglobal(L, "spec");
   char chunkname[sizeof prelude->display + 1];
   snprintf(chunkname, sizeof chunkname, "@%s", prelude->display);
-  int rc = mg_lua_run(g->lua, prelude->data, prelude->size, chunkname, 0, d);
+  rc = mg_lua_run(g->lua, prelude->data, prelude->size, chunkname, 0, d);
   if (rc) return rc;
 
   mg_buf src;
@@ -236,11 +254,13 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   lua_pushliteral(L, "name");
   lua_rawget(L, -2);
   const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-  if (!name || !*name || strlen(name) >= sizeof out->name) {
+  if (!is_identifier(name, lua_rawlen(L, -1), sizeof out->name - 1)) {
     lua_pop(L, 2);
     mg_buf_free(&src);
-    return mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: kernel name missing or longer than %zu", tpl->display,
-                       sizeof out->name - 1);
+    return mg_diag_set(d, MLAGEN_ETEMPLATE,
+                       "%s: the kernel name must be a C identifier of at most %zu characters "
+                       "(it names the extern \"C\" symbol and the .cu file)",
+                       tpl->display, sizeof out->name - 1);
   }
   snprintf(out->name, sizeof out->name, "%s", name);
   lua_pop(L, 1);
@@ -291,14 +311,35 @@ static int write_file(const char *dir, const char *name, const void *data, size_
   return rc;
 }
 
+/* Removes the first n kernel files and, if header, the device header from dir. */
+static void remove_written(const char *dir, const mg_kernel *kernels, int n, int header,
+                           const char *header_name) {
+  char path[4200];
+  for (int i = 0; i < n + header; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, i < n ? kernels[i].file : header_name);
+    remove(path);
+  }
+}
+
 int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kernels, int n,
                  const char *dir, mg_diag *d) {
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < i; j++)
+      if (strcmp(kernels[i].name, kernels[j].name) == 0)
+        return mg_diag_set(d, MLAGEN_ETEMPLATE, "two kernels are named %s", kernels[i].name);
   int rc = mg_fs_mkdirs(dir, d);
   if (rc) return rc;
-  for (int i = 0; i < n && !rc; i++)
-    rc = write_file(dir, kernels[i].file, kernels[i].source, kernels[i].source_len, d);
+  /* The manifest is written last; on any failure the files this call wrote are removed,
+   * so a directory never holds a manifest and sources of different runs. */
+  int written = 0;
+  for (; written < n && !rc; written++)
+    rc = write_file(dir, kernels[written].file, kernels[written].source, kernels[written].source_len, d);
+  if (rc) written--;
   if (!rc) rc = write_file(dir, g->header.name, g->header.data, g->header.size, d);
-  if (rc) return rc;
+  if (rc) {
+    remove_written(dir, kernels, written, 0, g->header.name);
+    return rc;
+  }
 
   cJSON *root = cJSON_CreateObject();
   cJSON *model = cJSON_AddObjectToObject(root, "model");
@@ -306,6 +347,7 @@ int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kern
   cJSON *hdrs = cJSON_AddArrayToObject(root, "headers");
   if (!root || !model || !list || !hdrs) {
     cJSON_Delete(root);
+    remove_written(dir, kernels, n, 1, g->header.name);
     return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
   cJSON_AddStringToObject(root, "mlagen_version", MLAGEN_VERSION);
@@ -324,7 +366,10 @@ int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kern
   for (int i = 0; i < n; i++) cJSON_AddItemToArray(list, cJSON_Duplicate(kernels[i].manifest, 1));
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
-  if (!text) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  if (!text) {
+    remove_written(dir, kernels, n, 1, g->header.name);
+    return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  }
   size_t len = strlen(text);
   mg_buf b;
   mg_buf_init(&b, 0);
@@ -333,9 +378,11 @@ int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kern
   free(text);
   if (rc) {
     mg_buf_free(&b);
+    remove_written(dir, kernels, n, 1, g->header.name);
     return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
   rc = write_file(dir, "manifest.json", b.data, b.len, d);
   mg_buf_free(&b);
+  if (rc) remove_written(dir, kernels, n, 1, g->header.name);
   return rc;
 }

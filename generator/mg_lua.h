@@ -1,15 +1,17 @@
 /* mg_lua.h: the sandboxed Lua 5.4 state that runs templates.
  *
  * Only the base, string, table, math and utf8 libraries are opened; dofile, loadfile,
- * require, collectgarbage, print and string.dump are removed (package, io, os, debug and
- * coroutine are never opened), load() accepts text chunks only (mode "t"), setmetatable
+ * require, collectgarbage, print, string.dump and the pattern functions string.match,
+ * gmatch and gsub are removed, and string.find is a plain substring search (pattern
+ * backtracking runs in C, beyond the instruction cap); package, io, os, debug and
+ * coroutine are never opened; load() accepts text chunks only (mode "t"), setmetatable
  * refuses metatables with a __gc field (finalizers run with hooks off, beyond the caps),
  * and _G's metatable is protected. Allocation is capped (mem_bytes, garbage not yet
  * collected included) and the instruction count of each mg_lua_run is capped
  * (instructions); exceeding either aborts the running chunk with MLAGEN_ELIMIT, and pcall
  * inside the chunk cannot catch that: once a cap is hit, the chunk cannot run on. The
- * state stays usable for the next mg_lua_run. Globals persist between runs.
- * One mg_lua per generator; not thread-safe. */
+ * state stays usable for the next mg_lua_run. Globals persist between runs (the
+ * generator opens a fresh state for each kernel). Not thread-safe. */
 #ifndef MG_LUA_H
 #define MG_LUA_H
 #include <stddef.h>

@@ -41,12 +41,16 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
 int mg_spec_set(mg_kernel_spec *s, const char *assignment, mg_diag *d) {
   const char *eq = strchr(assignment, '=');
   size_t klen = eq ? (size_t)(eq - assignment) : 0;
-  if (!eq || klen == 0 || klen >= sizeof s->config[0].name)
+  if (!eq || klen == 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "'%s': expected tunable=value, e.g. block_m=64", assignment);
+  if (klen >= sizeof s->config[0].name)
+    return mg_diag_set(d, MLAGEN_EINVAL, "'%.*s': tunable names are at most %zu characters",
+                       (int)klen, assignment, sizeof s->config[0].name - 1);
   char *end = NULL;
   errno = 0;
-  long v = strtol(eq + 1, &end, 10);
-  if (errno || end == eq + 1 || *end != '\0')
+  const char *num = eq + 1;
+  long v = strtol(num, &end, 10);
+  if (errno || end == num || *end != '\0' || !(*num == '-' || (*num >= '0' && *num <= '9')))
     return mg_diag_set(d, MLAGEN_EINVAL, "'%s': the value must be an integer", assignment);
   int slot = s->n_config;
   for (int i = 0; i < s->n_config; i++)

@@ -35,7 +35,7 @@
 
 #define KEY_FORMAT "mlagen-jit-key/1" /* bump when anything below changes the cubin */
 #define ENTRY_MAGIC "MLAGENJ1"
-#define ENTRY_VERSION 1u
+#define ENTRY_VERSION 2u
 #define ENTRY_HEADER (8 + 4 + 4 + 8 + MG_HASH_BYTES)
 #define ENTRY_MAX ((size_t)256 << 20)
 #define VERSION_JSON_MAX ((size_t)1 << 20)
@@ -333,10 +333,10 @@ static int entry_build(const mg_cubin *c, const char *kname, const char *arch, m
   const mg_jit_report *r = &c->report;
   long long us = (long long)(r->compile_ms * 1000.0 + 0.5);
   int rc = mg_buf_addf(&meta,
-                       "kernel=%s\narch=%s\nregisters=%d\nbarriers=%d\nspill_stores=%ld\n"
+                       "key=%s\nkernel=%s\narch=%s\nregisters=%d\nbarriers=%d\nspill_stores=%ld\n"
                        "spill_loads=%ld\nstack_bytes=%ld\nsmem_bytes=%ld\ncmem_bytes=%ld\n"
                        "compile_ms=%lld.%03lld\n",
-                       kname, arch, r->registers, r->barriers, r->spill_stores, r->spill_loads,
+                       c->key, kname, arch, r->registers, r->barriers, r->spill_stores, r->spill_loads,
                        r->stack_bytes, r->smem_bytes, r->cmem_bytes, us / 1000, us % 1000);
   uint8_t head[ENTRY_HEADER];
   memcpy(head, ENTRY_MAGIC, 8);
@@ -408,7 +408,8 @@ static int meta_parse(const char *m, size_t n, mg_jit_report *r) {
 
 /* Validates an entry file's bytes. On success fills out->data/size and the report and
  * returns NULL; else returns why the entry is unusable (nothing is kept). */
-static const char *entry_load(const char *f, size_t n, mg_cubin *out, int *nomem) {
+static const char *entry_load(const char *f, size_t n, const char *key, mg_cubin *out,
+                              int *nomem) {
   const uint8_t *u = (const uint8_t *)f;
   if (n == 0) return "empty file";
   if (n < ENTRY_HEADER) return "shorter than the header";
@@ -428,6 +429,11 @@ static const char *entry_load(const char *f, size_t n, mg_cubin *out, int *nomem
   mg_jit_report r;
   memset(&r, 0, sizeof r);
   if (meta_parse(meta, (size_t)mlen, &r) != 0) return "bad metadata";
+  /* An intact entry of another kernel (a file copied or renamed) is not this one. */
+  char want[MG_HASH_HEX + 6];
+  snprintf(want, sizeof want, "key=%s\n", key);
+  size_t wl = strlen(want);
+  if (mlen < wl || memcmp(meta, want, wl) != 0) return "entry belongs to another key";
   void *p = malloc((size_t)clen);
   if (!p) {
     *nomem = 1;
@@ -478,6 +484,8 @@ static int nvrtc_compile(const char *src, const char *src_name, const char *kern
     if (!(log = malloc(lsz + 1))) goto nomem;
     if (nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) log[0] = '\0';
     log[lsz] = '\0';
+    /* no trailing blank lines in messages */
+    for (size_t n = strlen(log); n > 0 && (log[n - 1] == '\n' || log[n - 1] == ' '); n--) log[n - 1] = '\0';
   }
   const char *arch = o->arch, *l = log ? log : "";
   if (nr == NVRTC_ERROR_INVALID_OPTION) {
@@ -632,7 +640,7 @@ int mg_jit_compile(const char *src, size_t len, const char *src_name, const char
         if (mg_buf_addf(&warn, "cache entry %s could not be read (%s); recompiled", path,
                         mg_diag_msg(&rd)))
           nomem = 1;
-      } else if (!(why = entry_load(file, flen, out, &nomem))) {
+      } else if (!(why = entry_load(file, flen, out->key, out, &nomem))) {
         out->report.cache_hit = 1;
         mg_diag_clear(&rd);
         goto done;

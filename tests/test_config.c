@@ -385,6 +385,7 @@ static const bad bads[] = {
   {"bad_yarn_factor_zero.json", MLAGEN_ECONFIG, "rope_scaling.factor",
    "is 0, expected a number > 0"},
   {"bad_mscale_string.json", MLAGEN_ECONFIG, "rope_scaling.mscale_all_dim", "expected a number"},
+  {"bad_mscale_negative.json", MLAGEN_ECONFIG, "rope_scaling.mscale_all_dim", "is -100; a negative"},
   {"bad_rope_parameters_type.json", MLAGEN_ECONFIG, "rope_parameters.rope_type",
    "unknown rope_parameters type 'ntk'"},
   {"bad_rope_conflict.json", MLAGEN_ECONFIG, "rope_parameters", "disagrees with rope_scaling"},

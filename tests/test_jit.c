@@ -376,6 +376,32 @@ static void test_corrupt_truncated(void **s) { corrupt_case(*s, TRUNCATE_HALF); 
 static void test_corrupt_garbage(void **s) { corrupt_case(*s, GARBAGE); }
 static void test_corrupt_empty(void **s) { corrupt_case(*s, EMPTY); }
 
+/* An intact entry of another kernel copied over this key's file is not loaded. */
+static void test_swapped_entry(void **s) {
+  state *st = *s;
+  mg_jit_opts o = opts_for(st->dir, "sm_80"), o90 = opts_for(st->dir, "sm_90a");
+  mg_cubin a, other, b;
+  jit_ok(KSRC, "k", &o, &a);
+  jit_ok(KSRC, "k", &o90, &other);
+  char pa[256], po[256];
+  entry_path(st->dir, a.key, pa, sizeof pa);
+  entry_path(st->dir, other.key, po, sizeof po);
+  char *f;
+  size_t n;
+  assert_int_equal(mg_fs_read(po, (size_t)1 << 28, &f, &n, NULL), 0);
+  assert_int_equal(mg_fs_write_atomic(pa, f, n, NULL), 0);
+  free(f);
+  jit_ok(KSRC, "k", &o, &b);
+  assert_int_equal(b.report.cache_hit, 0);
+  assert_non_null(b.warning);
+  assert_non_null(strstr(b.warning, "another key"));
+  assert_int_equal(b.size, a.size);
+  assert_memory_equal(b.data, a.data, a.size); /* the sm_80 cubin, not the sm_90a one */
+  mg_cubin_free(&a);
+  mg_cubin_free(&other);
+  mg_cubin_free(&b);
+}
+
 /* ---- concurrency ------------------------------------------------------------------ */
 
 /* Four processes compile the same kernel into the same empty cache at once. */
@@ -612,6 +638,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_corrupt_truncated, setup, teardown),
       cmocka_unit_test_setup_teardown(test_corrupt_garbage, setup, teardown),
       cmocka_unit_test_setup_teardown(test_corrupt_empty, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_swapped_entry, setup, teardown),
       cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
       cmocka_unit_test_setup_teardown(test_compile_error_line, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_arch, setup, teardown),

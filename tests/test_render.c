@@ -353,6 +353,27 @@ static void test_sandbox_globals(void **state) {
   mg_lua_close(L);
 }
 
+/* No pattern matching (its backtracking runs in C, beyond the instruction cap); find is a
+ * plain search. Input errors raised as error({msg}) are EINVAL without a traceback. */
+static void test_sandbox_patterns_and_input_errors(void **state) {
+  (void)state;
+  mg_lua *L = open_lua(0, 1000000);
+  expect_run(L, "('a'):rep(30):match(('a?'):rep(30) .. ('a'):rep(30) .. 'b')", MLAGEN_ETEMPLATE,
+             "method 'match'", NULL);
+  expect_run(L, "string.gsub('x', 'x', 'y')", MLAGEN_ETEMPLATE, "field 'gsub'", NULL);
+  expect_run(L, "string.gmatch('x', '.')", MLAGEN_ETEMPLATE, "field 'gmatch'", NULL);
+  expect_run(L, "assert(('a.c'):find('.c') == 2 and ('abc'):find('.c') == nil)", 0, NULL, NULL);
+  expect_run(L, "assert(select('#', ('a'):rep(1e6):find('.-b')) == 1)", 0, NULL, NULL); /* nil */
+  expect_run(L, "error({'block_m = 7 is not allowed'})", MLAGEN_EINVAL, "block_m = 7 is not allowed",
+             NULL);
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_lua_run(L, "error({'bad input'})", 20, "@sb.lua", 0, &d), MLAGEN_EINVAL);
+  assert_string_equal(mg_diag_msg(&d), "bad input");
+  mg_diag_clear(&d);
+  expect_usable(L);
+  mg_lua_close(L);
+}
+
 static void test_sandbox_binary_chunks(void **state) {
   (void)state;
   mg_lua *L = open_lua(0, 0);
@@ -509,6 +530,7 @@ int main(void) {
       cmocka_unit_test(test_sandbox_instruction_cap),
       cmocka_unit_test(test_sandbox_memory_cap),
       cmocka_unit_test(test_sandbox_recursion),
+      cmocka_unit_test(test_sandbox_patterns_and_input_errors),
       cmocka_unit_test(test_open_and_close),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
