@@ -23,7 +23,11 @@ typedef struct cli_opts {
   const char *arch;           /* compile: --arch list */
   const char *cache_dir;      /* compile: --cache-dir DIR */
   int no_cache;               /* compile: --no-cache */
-  int json;                   /* info: --json */
+  int json;                   /* plan: --json */
+  int steps;                  /* plan: --steps */
+  long long seq;              /* plan: --seq S */
+  int batch;                  /* plan: --batch B */
+  int causal;                 /* plan: --causal (default) / --no-causal */
 } cli_opts;
 
 /* Parses the options of a subcommand (argv[2..argc)) into o. allowed is a space-separated
@@ -48,4 +52,5 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int cli_generate(int argc, char **argv);
 int cli_compile(int argc, char **argv);
 int cli_info(int argc, char **argv);
+int cli_plan(int argc, char **argv);
 #endif

@@ -53,6 +53,8 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
   memset(o, 0, sizeof *o);
   o->dtype = "bf16";
   o->sp = 1;
+  o->batch = 1;
+  o->causal = 1;
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -72,6 +74,9 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     /* flags */
     if (n == 8 && strncmp(name, "no-cache", n) == 0) { o->no_cache = 1; continue; }
     if (n == 4 && strncmp(name, "json", n) == 0) { o->json = 1; continue; }
+    if (n == 5 && strncmp(name, "steps", n) == 0) { o->steps = 1; continue; }
+    if (n == 6 && strncmp(name, "causal", n) == 0) { o->causal = 1; continue; }
+    if (n == 9 && strncmp(name, "no-causal", n) == 0) { o->causal = 0; continue; }
     const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
     if (!v || !*v) {
       cli_error("option '--%.*s' needs a value", (int)n, name);
@@ -86,6 +91,16 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     else if (OPT("cache-dir")) o->cache_dir = v;
     else if (OPT("sp")) {
       if (parse_int("sp", v, &o->sp)) return CLI_USAGE;
+    } else if (OPT("batch")) {
+      if (parse_int("batch", v, &o->batch)) return CLI_USAGE;
+    } else if (OPT("seq")) {
+      char *end = NULL;
+      errno = 0;
+      o->seq = strtoll(v, &end, 10);
+      if (errno || end == v || *end || o->seq < 1 || o->seq > (1LL << 40) || !(*v >= '0' && *v <= '9')) {
+        cli_error("--seq %s: expected a positive integer", v);
+        return CLI_USAGE;
+      }
     } else if (OPT("set")) {
       if (o->n_set == CLI_MAX_SET) {
         cli_error("at most %d --set options", CLI_MAX_SET);

@@ -13,6 +13,7 @@ static const char usage[] =
     "  info      print a model's attention shape and softmax scale\n"
     "  generate  render the kernels for a model into .cu files and a manifest.json\n"
     "  compile   JIT-compile the kernels with NVRTC (cached) and print what ptxas reports\n"
+    "  plan      communication, memory and FLOPs of each form under sequence parallelism\n"
     "\n"
     "`mlagen <command> --help` describes a command. Models: a config.json path or a\n"
     "shipped name (deepseek-v3 (default), deepseek-v2-lite, kimi-k2).\n"
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "info") == 0) return cli_info(argc, argv);
   if (strcmp(cmd, "generate") == 0) return cli_generate(argc, argv);
   if (strcmp(cmd, "compile") == 0) return cli_compile(argc, argv);
+  if (strcmp(cmd, "plan") == 0) return cli_plan(argc, argv);
   fprintf(stderr, "mlagen: unknown command '%s'\n\n%s", cmd, usage);
   return CLI_USAGE;
 }

@@ -1,0 +1,146 @@
+/* cli_plan.c: `mlagen plan`: what each form sends, keeps and computes, side by side. */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "mg_plan.h"
+#include "mlagen.h"
+
+static const char help[] =
+    "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype bf16|fp16]\n"
+    "                   [--causal | --no-causal] [--json] [--steps]\n"
+    "\n"
+    "Builds the plan of every form (explicit, absorbed, laga, laga-r) for one rank of a\n"
+    "sequence-parallel group of P ranks and prints, per rank and layer: bytes sent by the\n"
+    "collectives (forward, backward), bytes kept from forward to backward, the transient\n"
+    "peak of the forward and of the backward, and FLOPs (attention by FlashMLA's\n"
+    "convention, projection GEMMs with any recompute), each with its ratio to explicit.\n"
+    "The executors allocate and send exactly these figures (docs/forms.md).\n"
+    "\n"
+    "  --seq S      global sequence length (required); each rank holds S / P tokens\n"
+    "  --sp P       sequence-parallel degree (default 1); P must divide S and H\n"
+    "  --batch B    batch size (default 1)\n"
+    "  --dtype T    activation dtype (default bf16)\n"
+    "  --no-causal  full attention (causal is the default)\n"
+    "  --json       machine-readable output\n"
+    "  --steps      also list each form's steps\n";
+
+typedef struct row {
+  const char *name;
+  const char *unit;
+  double scale;
+} row;
+
+static double field(const mg_plan_cost *c, int i) {
+  switch (i) {
+    case 0: return (double)c->sent_fwd;
+    case 1: return (double)c->sent_bwd;
+    case 2: return (double)c->saved;
+    case 3: return (double)c->peak_fwd;
+    case 4: return (double)c->peak_bwd;
+    case 5: return c->attn_flops_fwd;
+    case 6: return c->attn_flops_bwd;
+    case 7: return c->gemm_flops_fwd;
+    default: return c->gemm_flops_bwd;
+  }
+}
+
+static const row rows[] = {
+    {"sent, forward", "MiB", 1.0 / (1 << 20)},     {"sent, backward", "MiB", 1.0 / (1 << 20)},
+    {"saved fwd->bwd", "MiB", 1.0 / (1 << 20)},    {"peak, forward", "MiB", 1.0 / (1 << 20)},
+    {"peak, backward", "MiB", 1.0 / (1 << 20)},    {"attention fwd", "GFLOP", 1e-9},
+    {"attention bwd", "GFLOP", 1e-9},              {"GEMMs fwd", "GFLOP", 1e-9},
+    {"GEMMs bwd", "GFLOP", 1e-9},
+};
+static const char *const json_keys[] = {"sent_fwd_bytes", "sent_bwd_bytes", "saved_bytes",
+                                        "peak_fwd_bytes", "peak_bwd_bytes", "attn_flops_fwd",
+                                        "attn_flops_bwd", "gemm_flops_fwd", "gemm_flops_bwd"};
+#define N_ROWS (int)(sizeof rows / sizeof rows[0])
+
+static void print_steps(const mg_plan *p) {
+  printf("\n%s: %d steps (forward %d)\n", mg_form_name(p->args.form), p->n_steps, p->n_fwd);
+  for (int i = 0; i < p->n_steps; i++) {
+    const mg_step *s = &p->steps[i];
+    printf("  %2d %s %-50s", i, s->pass == MG_FWD ? "fwd" : "bwd", s->label);
+    if (s->sent) printf(" sent %.1f MiB", (double)s->sent / (1 << 20));
+    if (s->workspace) printf(" ws %.1f MiB", (double)s->workspace / (1 << 20));
+    if (s->flops) printf(" %.1f GFLOP", s->flops * 1e-9);
+    printf("\n");
+  }
+}
+
+int cli_plan(int argc, char **argv) {
+  cli_opts o;
+  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal json steps", help, &o);
+  if (rc) return rc == CLI_HELP ? CLI_OK : rc;
+  if (o.seq == 0) {
+    cli_error("plan: --seq S is required (see --help)");
+    return CLI_USAGE;
+  }
+  mg_shape shape;
+  if ((rc = cli_load_model(&o, &shape))) return rc;
+  mg_dtype dtype;
+  mg_dtype_parse(o.dtype, &dtype); /* cli_parse accepted bf16 or fp16 */
+
+  static mg_plan plans[MG_FORM_COUNT];
+  mg_plan_cost cost[MG_FORM_COUNT];
+  mg_diag d = MG_DIAG_INIT;
+  for (int f = 0; f < MG_FORM_COUNT; f++) {
+    mg_plan_args a = {.shape = &shape, .form = (mg_form)f, .sp = o.sp, .rank = 0,
+                      .batch = o.batch, .seq = o.seq, .causal = o.causal, .dtype = dtype};
+    if (mg_plan_build(&plans[f], &a, &d)) {
+      cli_error("%s", mg_diag_msg(&d));
+      mg_diag_clear(&d);
+      return CLI_USAGE;
+    }
+    mg_plan_cost_of(&plans[f], &cost[f]);
+  }
+
+  if (o.json) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "model", shape.source);
+    cJSON_AddNumberToObject(root, "seq", (double)o.seq);
+    cJSON_AddNumberToObject(root, "sp", o.sp);
+    cJSON_AddNumberToObject(root, "batch", o.batch);
+    cJSON_AddStringToObject(root, "dtype", o.dtype);
+    cJSON_AddBoolToObject(root, "causal", o.causal);
+    cJSON *forms = cJSON_AddObjectToObject(root, "forms");
+    for (int f = 0; f < MG_FORM_COUNT; f++) {
+      cJSON *x = cJSON_AddObjectToObject(forms, mg_form_name((mg_form)f));
+      for (int i = 0; i < N_ROWS; i++) cJSON_AddNumberToObject(x, json_keys[i], field(&cost[f], i));
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return CLI_FAIL;
+    puts(text);
+    free(text);
+    return CLI_OK;
+  }
+
+  printf("%s: H=%d d_c=%d d_r=%d d_n=%d d_v=%d; S=%lld P=%d B=%d %s %s\n", shape.source,
+         shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim,
+         shape.v_head_dim, o.seq, o.sp, o.batch, o.dtype, o.causal ? "causal" : "non-causal");
+  printf("per rank, per layer (ratio to explicit)\n");
+  printf("%-22s", "");
+  for (int f = 0; f < MG_FORM_COUNT; f++) printf(" %18s", mg_form_name((mg_form)f));
+  printf("\n");
+  for (int i = 0; i < N_ROWS; i++) {
+    char name[40];
+    snprintf(name, sizeof name, "%s (%s)", rows[i].name, rows[i].unit);
+    printf("%-22s", name);
+    const double base = field(&cost[0], i);
+    for (int f = 0; f < MG_FORM_COUNT; f++) {
+      const double v = field(&cost[f], i);
+      if (f == 0 || base == 0)
+        printf(" %18.1f", v * rows[i].scale);
+      else
+        printf(" %10.1f (%4.2fx)", v * rows[i].scale, v / base);
+    }
+    printf("\n");
+  }
+  if (o.steps)
+    for (int f = 0; f < MG_FORM_COUNT; f++) print_steps(&plans[f]);
+  return CLI_OK;
+}

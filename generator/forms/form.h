@@ -1,0 +1,39 @@
+/* form.h: shorthand shared by the form files (generator/forms/), so each reads as the
+ * list of steps it is. Not a public header. */
+#ifndef MG_FORM_H
+#define MG_FORM_H
+#include "mg_plan.h"
+
+/* The dimensions every form uses, from the plan (MLA.md notation). */
+#define FORM_DIMS(p)                                                                    \
+  const int64_t B = (p)->args.batch, S = (p)->args.seq, Sl = (p)->seq_local;           \
+  const int64_t H = (p)->shape.heads, Hl = (p)->heads_local;                            \
+  const int64_t dn = (p)->shape.qk_nope_head_dim, dr = (p)->shape.qk_rope_head_dim;    \
+  const int64_t dv = (p)->shape.v_head_dim, dc = (p)->shape.kv_lora_rank;              \
+  const int64_t dqk = dn + dr, wc = dc + dr, dkv = dn + dv;                              \
+  const int64_t h0 = (int64_t)(p)->args.rank * Hl; /* this rank's first head */        \
+  const mg_dtype T = (p)->args.dtype;                                                   \
+  (void)B, (void)S, (void)Sl, (void)H, (void)Hl, (void)dn, (void)dr, (void)dv, (void)dc; \
+  (void)dqk, (void)wc, (void)dkv, (void)h0, (void)T
+
+#define DIMS(...) (sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
+#define ARGS(...) ((const int[]){__VA_ARGS__, -1})
+#define NONE ((const int[]){-1})
+
+/* The op's inputs, outputs and weight gradient, the same in every form (MLA.md). */
+typedef struct form_io {
+  int q, c_kv, k_rope, w; /* forward inputs */
+  int o;                  /* forward output */
+} form_io;
+
+static inline form_io form_inputs(mg_plan *p) {
+  FORM_DIMS(p);
+  form_io f;
+  f.q = mg_plan_input(p, "q", T, DIMS(B, Sl, H, dqk));
+  f.c_kv = mg_plan_input(p, "c_kv", T, DIMS(B, Sl, dc));
+  f.k_rope = mg_plan_input(p, "k_rope", T, DIMS(B, Sl, dr));
+  f.w = mg_plan_input(p, "w_kv_b", T, DIMS(H * dkv, dc));
+  f.o = -1;
+  return f;
+}
+#endif

@@ -1,0 +1,283 @@
+/* mg_plan.c: plan building, liveness, and the planner's cost figures. */
+#include "mg_plan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "mlagen.h"
+
+static const char *const form_names[MG_FORM_COUNT] = {"explicit", "absorbed", "laga", "laga-r"};
+
+const char *mg_form_name(mg_form f) {
+  return (unsigned)f < MG_FORM_COUNT ? form_names[f] : "unknown";
+}
+
+int mg_form_parse(const char *name, mg_form *out) {
+  for (int i = 0; i < MG_FORM_COUNT; i++)
+    if (strcmp(name, form_names[i]) == 0) {
+      *out = (mg_form)i;
+      return 0;
+    }
+  return -1;
+}
+
+int64_t mg_plan_buf_numel(const mg_plan_buf *b) {
+  int64_t n = 1;
+  for (int i = 0; i < b->ndim; i++) n *= b->dims[i];
+  return n;
+}
+
+int64_t mg_plan_buf_bytes(const mg_plan_buf *b) {
+  return mg_plan_buf_numel(b) * (int64_t)mg_dtype_size(b->dtype);
+}
+
+int mg_plan_find(const mg_plan *p, const char *name) {
+  for (int i = 0; i < p->n_bufs; i++)
+    if (strcmp(p->bufs[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* ---- builder ------------------------------------------------------------------------ */
+
+static int buf_new(mg_plan *p, const char *name, mg_buf_role role, mg_dtype t, int ndim,
+                   const int64_t *dims) {
+  if (p->n_bufs == MG_PLAN_MAX_BUFS || ndim > MG_PLAN_MAX_DIMS) {
+    p->error = 1;
+    return 0;
+  }
+  mg_plan_buf *b = &p->bufs[p->n_bufs];
+  memset(b, 0, sizeof *b);
+  snprintf(b->name, sizeof b->name, "%s", name);
+  b->role = role;
+  b->dtype = t;
+  b->ndim = ndim;
+  memcpy(b->dims, dims, (size_t)ndim * sizeof *dims);
+  b->first = b->last = -1;
+  return p->n_bufs++;
+}
+
+int mg_plan_input(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims) {
+  return buf_new(p, name, MG_BUF_INPUT, t, ndim, dims);
+}
+int mg_plan_output(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims) {
+  return buf_new(p, name, MG_BUF_OUTPUT, t, ndim, dims);
+}
+int mg_plan_temp(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims) {
+  return buf_new(p, name, MG_BUF_TEMP, t, ndim, dims);
+}
+
+void mg_plan_backward(mg_plan *p) {
+  p->n_fwd = p->n_steps;
+  p->in_backward = 1;
+}
+
+static mg_step *step_new(mg_plan *p, mg_step_kind kind, const char *label) {
+  static mg_step scratch; /* absorbs writes after an overflow; p->error reports it */
+  if (p->n_steps == MG_PLAN_MAX_STEPS) {
+    p->error = 1;
+    memset(&scratch, 0, sizeof scratch);
+    return &scratch;
+  }
+  mg_step *s = &p->steps[p->n_steps++];
+  memset(s, 0, sizeof *s);
+  s->kind = kind;
+  s->pass = p->in_backward ? MG_BWD : MG_FWD;
+  snprintf(s->label, sizeof s->label, "%s", label);
+  return s;
+}
+
+static void io(mg_step *s, int in, int out) {
+  s->in[s->n_in++] = in;
+  s->out[s->n_out++] = out;
+}
+
+/* Collectives: bytes sent per rank and the send/receive workspace (MLA.md conventions).
+ * At P = 1 a collective is a copy: nothing sent, no workspace. */
+static void collective(mg_plan *p, mg_step_kind kind, const char *label, int src, int dst) {
+  mg_step *s = step_new(p, kind, label);
+  io(s, src, dst);
+  const int64_t P = p->args.sp, in = mg_plan_buf_bytes(&p->bufs[src]),
+                out = mg_plan_buf_bytes(&p->bufs[dst]);
+  if (P == 1) return;
+  switch (kind) {
+    case MG_STEP_SEQ_TO_HEAD:
+    case MG_STEP_HEAD_TO_SEQ: /* pack into a send buffer, receive, unpack */
+      s->sent = in / P * (P - 1);
+      s->workspace = in + out;
+      break;
+    case MG_STEP_ALL_GATHER: /* send the shard to P - 1 peers, receive P shards */
+      s->sent = in * (P - 1);
+      s->workspace = out;
+      break;
+    default: /* reduce-scatter: pack by destination rank, keep 1/P */
+      s->sent = in / P * (P - 1);
+      s->workspace = in;
+      break;
+  }
+}
+
+void mg_plan_seq_to_head(mg_plan *p, int src, int dst) {
+  char label[80];
+  snprintf(label, sizeof label, "all-to-all %s -> %s", p->bufs[src].name, p->bufs[dst].name);
+  collective(p, MG_STEP_SEQ_TO_HEAD, label, src, dst);
+}
+
+void mg_plan_head_to_seq(mg_plan *p, int src, int dst) {
+  char label[80];
+  snprintf(label, sizeof label, "all-to-all %s -> %s", p->bufs[src].name, p->bufs[dst].name);
+  collective(p, MG_STEP_HEAD_TO_SEQ, label, src, dst);
+}
+
+void mg_plan_all_gather(mg_plan *p, int src, int dst) {
+  char label[80];
+  snprintf(label, sizeof label, "all-gather %s -> %s", p->bufs[src].name, p->bufs[dst].name);
+  collective(p, MG_STEP_ALL_GATHER, label, src, dst);
+}
+
+void mg_plan_reduce_scatter(mg_plan *p, int src, int dst) {
+  char label[80];
+  snprintf(label, sizeof label, "reduce-scatter %s -> %s", p->bufs[src].name, p->bufs[dst].name);
+  collective(p, MG_STEP_REDUCE_SCATTER, label, src, dst);
+}
+
+void mg_plan_gemm(mg_plan *p, const char *label, int a, int b, int c, mg_gemm g) {
+  mg_step *s = step_new(p, MG_STEP_GEMM, label);
+  s->in[s->n_in++] = a;
+  s->in[s->n_in++] = b;
+  if (g.beta != 0) s->in[s->n_in++] = c; /* accumulating reads C */
+  s->out[s->n_out++] = c;
+  if (g.batch == 0) g.batch = 1;
+  s->gemm = g;
+  s->flops = 2.0 * (double)g.m * (double)g.n * (double)g.k * g.batch;
+}
+
+/* Attention FLOPs by MLA.md's (FlashMLA's) convention: forward 2 H pairs (d_qk + d_v),
+ * backward 2 H pairs (3 d_qk + 2 d_v); pairs = S (S + 1) / 2 when causal. */
+static double attn_flops(const mg_plan *p, mg_kernel_op op) {
+  const double S = (double)p->args.seq, B = p->args.batch, H = p->heads_local;
+  const double pairs = p->args.causal ? S * (S + 1) / 2 : S * S;
+  const mg_shape *m = &p->shape;
+  int absorbed = op == MG_OP_MQA_FWD || op == MG_OP_MQA_BWD;
+  double dqk = absorbed ? m->kv_lora_rank + m->qk_rope_head_dim : m->qk_nope_head_dim + m->qk_rope_head_dim;
+  double dv = absorbed ? m->kv_lora_rank : m->v_head_dim;
+  int fwd = op == MG_OP_ATTN_FWD || op == MG_OP_MQA_FWD;
+  return 2 * B * H * pairs * (fwd ? dqk + dv : 3 * dqk + 2 * dv);
+}
+
+mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const int *ins,
+                        const int *outs) {
+  mg_step *s = step_new(p, MG_STEP_KERNEL, label);
+  s->op = op;
+  for (; *ins >= 0 && s->n_in < MG_STEP_MAX_ARGS; ins++) s->in[s->n_in++] = *ins;
+  for (; *outs >= 0 && s->n_out < MG_STEP_MAX_ARGS; outs++) s->out[s->n_out++] = *outs;
+  if (op == MG_OP_ATTN_FWD || op == MG_OP_ATTN_BWD || op == MG_OP_MQA_FWD || op == MG_OP_MQA_BWD)
+    s->flops = attn_flops(p, op);
+  return s;
+}
+
+/* ---- finalize and build ------------------------------------------------------------- */
+
+int mg_plan_finalize(mg_plan *p, mg_diag *d) {
+  if (p->error)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: more than %d buffers or %d steps",
+                       mg_form_name(p->args.form), MG_PLAN_MAX_BUFS, MG_PLAN_MAX_STEPS);
+  for (int i = 0; i < p->n_bufs; i++) p->bufs[i].first = p->bufs[i].last = -1;
+  for (int i = 0; i < p->n_steps; i++) {
+    const mg_step *s = &p->steps[i];
+    for (int j = 0; j < s->n_in; j++) {
+      mg_plan_buf *b = &p->bufs[s->in[j]];
+      if (b->role != MG_BUF_INPUT && b->first < 0)
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: step %d (%s) reads %s before it is written",
+                           mg_form_name(p->args.form), i, s->label, b->name);
+      b->last = i;
+    }
+    for (int j = 0; j < s->n_out; j++) {
+      mg_plan_buf *b = &p->bufs[s->out[j]];
+      if (b->role == MG_BUF_INPUT)
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: step %d (%s) writes the input %s",
+                           mg_form_name(p->args.form), i, s->label, b->name);
+      if (b->first < 0) b->first = i;
+      b->last = i;
+    }
+  }
+  for (int i = 0; i < p->n_bufs; i++)
+    if (p->bufs[i].role != MG_BUF_INPUT && p->bufs[i].first < 0)
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: %s is never written",
+                         mg_form_name(p->args.form), p->bufs[i].name);
+  return 0;
+}
+
+int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
+  memset(p, 0, sizeof *p);
+  if (!a || !a->shape) return mg_diag_set(d, MLAGEN_EINVAL, "plan: shape is NULL");
+  const int H = a->shape->heads;
+  if ((unsigned)a->form >= MG_FORM_COUNT)
+    return mg_diag_set(d, MLAGEN_EINVAL, "plan: unknown form %d", (int)a->form);
+  if (a->sp < 1) return mg_diag_set(d, MLAGEN_EINVAL, "plan: sp = %d, must be >= 1", a->sp);
+  if (a->rank < 0 || a->rank >= a->sp)
+    return mg_diag_set(d, MLAGEN_EINVAL, "plan: rank %d outside [0, sp = %d)", a->rank, a->sp);
+  if (a->batch < 1) return mg_diag_set(d, MLAGEN_EINVAL, "plan: batch = %d, must be >= 1", a->batch);
+  if (a->seq < 1) return mg_diag_set(d, MLAGEN_EINVAL, "plan: seq = %lld, must be >= 1", (long long)a->seq);
+  if (a->seq % a->sp != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "plan: seq = %lld is not divisible by sp = %d (each rank holds S / P tokens)",
+                       (long long)a->seq, a->sp);
+  if (a->sp > H)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "plan: sp = %d exceeds num_attention_heads = %d: the %s form shards "
+                       "attention by heads (Ulysses), so P <= H",
+                       a->sp, H, mg_form_name(a->form));
+  if (H % a->sp != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "plan: sp = %d does not divide num_attention_heads = %d (each rank "
+                       "attends with H / P heads)", a->sp, H);
+  p->args = *a;
+  p->shape = *a->shape;
+  p->args.shape = &p->shape;
+  p->heads_local = H / a->sp;
+  p->seq_local = a->seq / a->sp;
+  switch (a->form) {
+    case MG_FORM_EXPLICIT: mg_form_explicit(p); break;
+    case MG_FORM_ABSORBED: mg_form_absorbed(p); break;
+    case MG_FORM_LAGA: mg_form_laga(p, 0); break;
+    case MG_FORM_LAGA_R: mg_form_laga(p, 1); break;
+  }
+  return mg_plan_finalize(p, d);
+}
+
+/* ---- the planner -------------------------------------------------------------------- */
+
+void mg_plan_cost_of(const mg_plan *p, mg_plan_cost *c) {
+  memset(c, 0, sizeof *c);
+  int64_t live = 0;
+  /* Forward: plan buffers live from their first write to their last access. */
+  for (int i = 0; i < p->n_steps; i++) {
+    const mg_step *s = &p->steps[i];
+    if (i == p->n_fwd) {
+      /* The backward starts with the saved buffers; forward outputs went to the caller. */
+      live = 0;
+      for (int j = 0; j < p->n_bufs; j++) {
+        const mg_plan_buf *b = &p->bufs[j];
+        if (b->role == MG_BUF_TEMP && b->first < p->n_fwd && b->last >= p->n_fwd)
+          live += mg_plan_buf_bytes(b);
+      }
+      c->saved = live;
+    }
+    for (int j = 0; j < p->n_bufs; j++)
+      if (p->bufs[j].role != MG_BUF_INPUT && p->bufs[j].first == i)
+        live += mg_plan_buf_bytes(&p->bufs[j]);
+    int64_t now = live + s->workspace;
+    int fwd = i < p->n_fwd;
+    if (fwd && now > c->peak_fwd) c->peak_fwd = now;
+    if (!fwd && now > c->peak_bwd) c->peak_bwd = now;
+    for (int j = 0; j < p->n_bufs; j++)
+      if (p->bufs[j].role == MG_BUF_TEMP && p->bufs[j].last == i)
+        live -= mg_plan_buf_bytes(&p->bufs[j]);
+    int64_t *sent = fwd ? &c->sent_fwd : &c->sent_bwd;
+    *sent += s->sent;
+    int attn = s->kind == MG_STEP_KERNEL && s->flops > 0;
+    double *fl = s->kind == MG_STEP_GEMM ? (fwd ? &c->gemm_flops_fwd : &c->gemm_flops_bwd)
+                                         : (fwd ? &c->attn_flops_fwd : &c->attn_flops_bwd);
+    if (attn || s->kind == MG_STEP_GEMM) *fl += s->flops;
+  }
+}

@@ -1,0 +1,187 @@
+/* mg_plan.h: a form of MLA attention as a plan, and what it costs.
+ *
+ * A plan is an ordered list of steps (collective, GEMM, kernel) over named buffers with
+ * shapes and dtypes, built for one rank from the model shape, the sequence-parallel
+ * degree P, batch, sequence length, causal flag and dtype. Forward steps come first, then
+ * backward steps. The same plan drives the planner (communication, memory, FLOPs) and
+ * the executors (cpu, cuda), so the figures `mlagen plan` prints are the bytes the
+ * executors send and allocate.
+ *
+ * Memory convention: the caller owns the inputs (q, c_kv, k_rope, w_kv_b; do in the
+ * backward). Every other buffer is allocated by the plan when first written and freed
+ * after its last use; a buffer written in the forward and read in the backward is
+ * saved (kept from forward to backward). Outputs (o; dq, dc_kv, dk_rope, dw_kv_b) are
+ * allocated by the plan and handed to the caller: they count toward the peak of their
+ * pass and are not freed. Steps may also need a workspace (the send and receive buffers
+ * of a collective) for their duration. Communication counts the bytes each rank sends
+ * (MLA.md conventions). The forms are in generator/forms/; the math in docs/forms.md. */
+#ifndef MG_PLAN_H
+#define MG_PLAN_H
+#include <stdint.h>
+
+#include "mg_config.h"
+#include "mg_diag.h"
+#include "mg_dtype.h"
+
+#define MG_PLAN_MAX_BUFS 48
+#define MG_PLAN_MAX_STEPS 64
+#define MG_PLAN_MAX_DIMS 4
+#define MG_STEP_MAX_ARGS 8
+
+typedef enum mg_form { MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R } mg_form;
+#define MG_FORM_COUNT 4
+
+/* "explicit", "absorbed", "laga", "laga-r". */
+const char *mg_form_name(mg_form f);
+/* Parses a form name; returns 0 or -1. */
+int mg_form_parse(const char *name, mg_form *out);
+
+typedef enum mg_pass { MG_FWD, MG_BWD } mg_pass;
+typedef enum mg_buf_role { MG_BUF_INPUT, MG_BUF_OUTPUT, MG_BUF_TEMP } mg_buf_role;
+
+typedef struct mg_plan_buf {
+  char name[24];
+  mg_buf_role role;
+  mg_dtype dtype;
+  int ndim;
+  int64_t dims[MG_PLAN_MAX_DIMS];
+  /* set by mg_plan_finalize: steps of the first write and of the last access (-1: none) */
+  int first, last;
+} mg_plan_buf;
+
+typedef enum mg_step_kind {
+  MG_STEP_SEQ_TO_HEAD,    /* all-to-all [B, S_l, H, w] -> [B, S, H/P, w] */
+  MG_STEP_HEAD_TO_SEQ,    /* all-to-all [B, S, H/P, w] -> [B, S_l, H, w] */
+  MG_STEP_ALL_GATHER,     /* all-gather [B, S_l, w] -> [B, S, w] */
+  MG_STEP_REDUCE_SCATTER, /* reduce-scatter (sum) [B, S, w] -> [B, S_l, w] */
+  MG_STEP_GEMM,           /* strided batched GEMM, see mg_gemm */
+  MG_STEP_KERNEL,         /* an attention or layout kernel, see mg_kernel_op */
+} mg_step_kind;
+
+/* Kernels. Shapes use the plan's names: S_k the keys' sequence length. */
+typedef enum mg_kernel_op {
+  /* k [.., Hk, d_n + d_r] = [kv[.., :d_n] ; rope (shared by all heads)], v = kv[.., d_n:].
+   * args: kv [B, S, Hk, d_n + d_v], rope source (column rope_col of a [B, S, rope_w]
+   * buffer) -> k [B, S, Hk, d_n + d_r], v [B, S, Hk, d_v] */
+  MG_OP_EXPAND_KV,
+  /* dkv [.., d_n + d_v] = [dk[.., :d_n] ; dv]; drope[b, s, :] (columns rope_col.. of a
+   * [B, S, rope_w] buffer) = sum over heads of dk[.., d_n:]. args: dk, dv -> dkv, drope */
+  MG_OP_SPLIT_DKV,
+  /* explicit attention forward. args: q [B, S, Hl, d_qk], k [B, S, Hl, d_qk],
+   * v [B, S, Hl, d_v] -> o [B, S, Hl, d_v], lse [B, Hl, S] (f32) */
+  MG_OP_ATTN_FWD,
+  /* explicit attention backward. args: q, k, v, o, lse, do -> dq, dk, dv */
+  MG_OP_ATTN_BWD,
+  /* absorbed MQA forward, one shared latent head. args: q_abs [B, S, Hl, d_c + d_r],
+   * c [B, S, d_c + d_r] (keys; values are c[.., :d_c]) -> o_lat [B, S, Hl, d_c], lse */
+  MG_OP_MQA_FWD,
+  /* absorbed MQA backward. args: q_abs, c, o_lat, lse, do_lat -> dq_abs, dc (summed over
+   * heads: c is both key and value) */
+  MG_OP_MQA_BWD,
+  /* c [B, S, d_c + d_r] = [c_kv ; k_rope]. args: c_kv, k_rope -> c */
+  MG_OP_CONCAT_LATENT,
+  /* [dc_kv ; dk_rope] = dc. args: dc -> dc_kv, dk_rope */
+  MG_OP_SPLIT_LATENT,
+  /* dst[r, dst_col + j] = src[r, src_col + j] for j < cols over all rows of width
+   * src_w / dst_w. args: src -> dst */
+  MG_OP_COPY_COLS,
+} mg_kernel_op;
+
+/* C[i] = alpha op(A[i]) op(B[i]) + beta C[i] for i < batch, row-major; operand X of
+ * batch i starts at element off_x + i * stride_x of its buffer. */
+typedef struct mg_gemm {
+  int trans_a, trans_b;
+  int64_t m, n, k;
+  int64_t lda, ldb, ldc;
+  int64_t off_a, off_b, off_c;
+  int64_t stride_a, stride_b, stride_c;
+  int batch;
+  float beta; /* 0: overwrite, 1: accumulate */
+} mg_gemm;
+
+typedef struct mg_step {
+  mg_step_kind kind;
+  mg_pass pass;
+  char label[80];            /* what the step does, for `mlagen plan --steps` */
+  int in[MG_STEP_MAX_ARGS];  /* buffer ids read, in the order the kernel takes them */
+  int n_in;
+  int out[MG_STEP_MAX_ARGS]; /* buffer ids written */
+  int n_out;
+  mg_kernel_op op;           /* MG_STEP_KERNEL */
+  int64_t rope_col, rope_w, src_col, dst_col, cols; /* kernel column arguments */
+  mg_gemm gemm;              /* MG_STEP_GEMM (in[0] = A, in[1] = B, out[0] = C) */
+  int64_t sent;              /* collectives: bytes this rank sends */
+  int64_t workspace;         /* bytes the step needs for its duration */
+  double flops;              /* GEMMs and attention kernels (MLA.md convention) */
+} mg_step;
+
+typedef struct mg_plan_args {
+  const mg_shape *shape;
+  mg_form form;
+  int sp;          /* P, sequence-parallel degree */
+  int rank;        /* this rank, 0 <= rank < P */
+  int batch;       /* B */
+  int64_t seq;     /* S, global sequence length; S_l = S / P */
+  int causal;
+  mg_dtype dtype;  /* activations and communication (f32 on the CPU reference) */
+} mg_plan_args;
+
+typedef struct mg_plan {
+  mg_plan_args args;
+  mg_shape shape;        /* copy of *args.shape */
+  int heads_local;       /* H / P */
+  int64_t seq_local;     /* S / P */
+  mg_plan_buf bufs[MG_PLAN_MAX_BUFS];
+  int n_bufs;
+  mg_step steps[MG_PLAN_MAX_STEPS];
+  int n_steps;
+  int n_fwd;             /* steps [0, n_fwd) are the forward */
+  int in_backward;       /* builder state: mg_plan_backward was called */
+  int error;             /* set by a builder call that failed (too many buffers ...) */
+} mg_plan;
+
+/* Builds the plan of args->form for one rank and finalizes it (first/last accesses). Errors: MLAGEN_EINVAL, naming the argument
+ * (P < 1, rank outside [0, P), S not divisible by P, H not divisible by P or P > H for
+ * the head-sharded forms, batch < 1, S < 1). */
+int mg_plan_build(mg_plan *p, const mg_plan_args *args, mg_diag *d);
+
+/* What a plan costs one rank (per layer). */
+typedef struct mg_plan_cost {
+  int64_t sent_fwd, sent_bwd;   /* bytes sent by the collectives */
+  int64_t saved;                /* bytes kept from forward to backward */
+  int64_t peak_fwd, peak_bwd;   /* transient peak: live plan buffers + step workspace */
+  double attn_flops_fwd, attn_flops_bwd;
+  double gemm_flops_fwd, gemm_flops_bwd; /* projections, recompute included */
+} mg_plan_cost;
+
+void mg_plan_cost_of(const mg_plan *p, mg_plan_cost *c);
+
+/* Bytes of buffer b. */
+int64_t mg_plan_buf_bytes(const mg_plan_buf *b);
+/* Elements of buffer b. */
+int64_t mg_plan_buf_numel(const mg_plan_buf *b);
+/* The buffer named name, or -1. */
+int mg_plan_find(const mg_plan *p, const char *name);
+
+/* ---- builder (for generator/forms/) ------------------------------------------------ */
+/* Each call records into p; a failure (too many buffers or steps) sets p->error, which
+ * mg_plan_build reports, so form files read as straight-line code. */
+int mg_plan_input(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims);
+int mg_plan_output(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims);
+int mg_plan_temp(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims);
+/* Starts the backward: the steps added from now on are backward steps. */
+void mg_plan_backward(mg_plan *p);
+void mg_plan_seq_to_head(mg_plan *p, int src, int dst);
+void mg_plan_head_to_seq(mg_plan *p, int src, int dst);
+void mg_plan_all_gather(mg_plan *p, int src, int dst);
+void mg_plan_reduce_scatter(mg_plan *p, int src, int dst);
+void mg_plan_gemm(mg_plan *p, const char *label, int a, int b, int c, mg_gemm g);
+/* A kernel step; ins and outs end with -1. Returns the step to set column arguments. */
+mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const int *ins,
+                        const int *outs);
+
+/* The form builders, one file each in generator/forms/. */
+void mg_form_explicit(mg_plan *p);
+void mg_form_absorbed(mg_plan *p);
+void mg_form_laga(mg_plan *p, int recompute);
+#endif
