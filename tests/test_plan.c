@@ -1,0 +1,173 @@
+/* test_plan.c: the plans of the four forms and the planner's figures.
+ *
+ * The explicit form's bytes are checked against sums written out here from MLA.md's
+ * conventions; the other forms against the relations the LAGA paper (arXiv 2607.17644)
+ * reports at DeepSeek-V3 scale. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "mg_config.h"
+#include "mg_plan.h"
+#include "mlagen.h"
+
+static mg_shape load(const char *model) {
+  mg_shape s;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_config_load(model, &s, &d)) fail_msg("%s", mg_diag_msg(&d));
+  return s;
+}
+
+static void build(mg_plan *p, const mg_shape *s, mg_form f, int P, int B, int64_t S, int causal,
+                  mg_dtype t, mg_plan_cost *c) {
+  mg_plan_args a = {.shape = s, .form = f, .sp = P, .rank = P - 1, .batch = B, .seq = S,
+                    .causal = causal, .dtype = t};
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_plan_build(p, &a, &d)) fail_msg("%s", mg_diag_msg(&d));
+  mg_plan_cost_of(p, c);
+}
+
+static mg_plan plan; /* large: keep off the stack */
+
+/* DeepSeek-V3, S = 16384, P = 8, bf16: every explicit figure from first principles. */
+static void test_explicit_v3_figures(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v3");
+  mg_plan_cost c;
+  build(&plan, &s, MG_FORM_EXPLICIT, 8, 1, 16384, 1, MG_BF16, &c);
+  const int64_t P = 8, S = 16384, Sl = S / P, H = 128, Hl = H / P, dqk = 192, dv = 128, e = 2;
+  /* forward: all-to-all Q, K (rope expanded per head), V, and O back: (P-1)/P of each */
+  const int64_t a2a = (Sl * H * dqk * e) / P * (P - 1) * 2 + (Sl * H * dv * e) / P * (P - 1) * 2;
+  assert_int_equal(c.sent_fwd, a2a);
+  assert_int_equal(c.sent_fwd, 293601280);
+  /* backward: all-to-all dO in, dQ, dK, dV out: the same volumes */
+  assert_int_equal(c.sent_bwd, a2a);
+  /* saved: head-sharded Q, K, V, O (bf16) and the fp32 LSE */
+  const int64_t saved = S * Hl * (dqk + dqk + dv + dv) * e + Hl * S * 4;
+  assert_int_equal(c.saved, saved);
+  /* attention FLOPs, FlashMLA's convention, causal pairs S (S + 1) / 2 */
+  const double pairs = (double)S * (S + 1) / 2;
+  assert_true(c.attn_flops_fwd == 2.0 * Hl * pairs * (dqk + dv));
+  assert_true(c.attn_flops_bwd == 2.0 * Hl * pairs * (3 * dqk + 2 * dv));
+  /* up-projection of all heads on local tokens; backward dc_kv and dw_kv_b */
+  assert_true(c.gemm_flops_fwd == 2.0 * Sl * H * 256 * 512);
+  assert_true(c.gemm_flops_bwd == 2 * c.gemm_flops_fwd);
+  assert_true(c.peak_fwd >= c.saved && c.peak_bwd >= c.saved);
+}
+
+/* The relations the LAGA paper reports, at DeepSeek-V3 scale (S = 16384, P = 8). */
+static void test_forms_relations_v3(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v3");
+  mg_plan_cost c[MG_FORM_COUNT];
+  for (int f = 0; f < MG_FORM_COUNT; f++) build(&plan, &s, (mg_form)f, 8, 1, 16384, 1, MG_BF16, &c[f]);
+  const mg_plan_cost *ex = &c[MG_FORM_EXPLICIT], *ab = &c[MG_FORM_ABSORBED],
+                     *la = &c[MG_FORM_LAGA], *lr = &c[MG_FORM_LAGA_R];
+  /* absorbed keeps more than explicit: its H/P x d_c intermediates */
+  assert_true(ab->saved > ex->saved * 3 / 2);
+  /* LAGA keeps within 1% of explicit; LAGA-R keeps less */
+  double r = (double)la->saved / (double)ex->saved;
+  assert_true(r > 0.99 && r < 1.01);
+  assert_true(lr->saved < ex->saved);
+  /* LAGA and absorbed send about half of what explicit sends */
+  for (int f = MG_FORM_ABSORBED; f < MG_FORM_COUNT; f++) {
+    double sent = (double)(c[f].sent_fwd + c[f].sent_bwd) / (double)(ex->sent_fwd + ex->sent_bwd);
+    print_message("  %-8s sent %.3f x explicit, saved %.3f x\n", mg_form_name((mg_form)f), sent,
+                  (double)c[f].saved / (double)ex->saved);
+    assert_true(sent > 0.45 && sent < 0.65);
+  }
+  /* LAGA-R recomputes K/V: one more up-projection GEMM in the backward */
+  assert_true(lr->gemm_flops_bwd > la->gemm_flops_bwd);
+  assert_true(la->attn_flops_fwd == ex->attn_flops_fwd);
+}
+
+/* P = 1: collectives are copies; nothing is sent and no workspace is needed. */
+static void test_single_rank(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v2-lite");
+  for (int f = 0; f < MG_FORM_COUNT; f++) {
+    mg_plan_cost c;
+    build(&plan, &s, (mg_form)f, 1, 2, 100, 0, MG_F32, &c);
+    assert_int_equal(c.sent_fwd + c.sent_bwd, 0);
+    for (int i = 0; i < plan.n_steps; i++) assert_int_equal(plan.steps[i].workspace, 0);
+  }
+}
+
+/* Every plan is well formed: inputs never written, every other buffer written before it
+ * is read, steps of the forward before those of the backward, outputs where MLA.md puts
+ * them, with MLA.md's shapes. */
+static void test_plans_well_formed(void **state) {
+  (void)state;
+  mg_shape s = load("kimi-k2");
+  const int P = 4, B = 2;
+  const int64_t S = 64, Sl = S / P;
+  for (int f = 0; f < MG_FORM_COUNT; f++) {
+    mg_plan_cost c;
+    build(&plan, &s, (mg_form)f, P, B, S, 1, MG_BF16, &c);
+    assert_true(plan.n_fwd > 0 && plan.n_fwd < plan.n_steps);
+    for (int i = 0; i < plan.n_steps; i++)
+      assert_int_equal(plan.steps[i].pass, i < plan.n_fwd ? MG_FWD : MG_BWD);
+    const struct { const char *name; mg_buf_role role; int ndim; int64_t dims[4]; } io[] = {
+        {"q", MG_BUF_INPUT, 4, {B, Sl, 64, 192}},     {"c_kv", MG_BUF_INPUT, 3, {B, Sl, 512}},
+        {"k_rope", MG_BUF_INPUT, 3, {B, Sl, 64}},     {"w_kv_b", MG_BUF_INPUT, 2, {64 * 256, 512}},
+        {"do", MG_BUF_INPUT, 4, {B, Sl, 64, 128}},    {"o", MG_BUF_OUTPUT, 4, {B, Sl, 64, 128}},
+        {"dq", MG_BUF_OUTPUT, 4, {B, Sl, 64, 192}},   {"dc_kv", MG_BUF_OUTPUT, 3, {B, Sl, 512}},
+        {"dk_rope", MG_BUF_OUTPUT, 3, {B, Sl, 64}},   {"dw_kv_b", MG_BUF_OUTPUT, 2, {64 * 256, 512}},
+        {"lse", MG_BUF_TEMP, 3, {B, 16, S}},
+    };
+    for (size_t i = 0; i < sizeof io / sizeof io[0]; i++) {
+      int b = mg_plan_find(&plan, io[i].name);
+      if (b < 0) fail_msg("%s: no buffer %s", mg_form_name((mg_form)f), io[i].name);
+      assert_int_equal(plan.bufs[b].role, io[i].role);
+      assert_int_equal(plan.bufs[b].ndim, io[i].ndim);
+      assert_memory_equal(plan.bufs[b].dims, io[i].dims, sizeof(int64_t) * (size_t)io[i].ndim);
+    }
+    for (int i = 0; i < plan.n_bufs; i++) {
+      const mg_plan_buf *b = &plan.bufs[i];
+      if (b->role == MG_BUF_INPUT) continue;
+      assert_true(b->first >= 0 && b->last >= b->first);
+    }
+    /* the forward output is written in the forward, the gradients in the backward */
+    assert_true(plan.bufs[mg_plan_find(&plan, "o")].first < plan.n_fwd);
+    assert_true(plan.bufs[mg_plan_find(&plan, "dq")].first >= plan.n_fwd);
+  }
+}
+
+static void test_bad_arguments(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v2-lite"); /* H = 16 */
+  mg_diag d = MG_DIAG_INIT;
+  struct { int P, rank, B; int64_t S; const char *msg; } bad[] = {
+      {3, 0, 1, 96, "does not divide num_attention_heads = 16"},
+      {32, 0, 1, 64, "exceeds num_attention_heads = 16"},
+      {4, 0, 1, 66, "not divisible by sp = 4"},
+      {4, 4, 1, 64, "rank 4 outside [0, sp = 4)"},
+      {0, 0, 1, 64, "sp = 0"},
+      {2, 0, 0, 64, "batch = 0"},
+      {2, 0, 1, 0, "seq = 0"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    mg_plan_args a = {.shape = &s, .form = MG_FORM_LAGA, .sp = bad[i].P, .rank = bad[i].rank,
+                      .batch = bad[i].B, .seq = bad[i].S, .causal = 1, .dtype = MG_BF16};
+    assert_int_equal(mg_plan_build(&plan, &a, &d), MLAGEN_EINVAL);
+    if (!strstr(mg_diag_msg(&d), bad[i].msg)) fail_msg("'%s' not in: %s", bad[i].msg, mg_diag_msg(&d));
+  }
+  mg_diag_clear(&d);
+  mg_form f;
+  assert_int_equal(mg_form_parse("laga-r", &f), 0);
+  assert_int_equal(f, MG_FORM_LAGA_R);
+  assert_int_equal(mg_form_parse("flash", &f), -1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_explicit_v3_figures), cmocka_unit_test(test_forms_relations_v3),
+      cmocka_unit_test(test_single_rank),         cmocka_unit_test(test_plans_well_formed),
+      cmocka_unit_test(test_bad_arguments),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
