@@ -81,7 +81,7 @@ int cli_plan(int argc, char **argv) {
   }
   mg_shape shape;
   if ((rc = cli_load_model(&o, &shape))) return rc;
-  mg_dtype dtype;
+  mg_dtype dtype = MG_BF16;
   mg_dtype_parse(o.dtype, &dtype); /* cli_parse accepted bf16 or fp16 */
 
   static mg_plan plans[MG_FORM_COUNT];

@@ -588,8 +588,8 @@ static void to_f64(const unsigned char *s, mg_dtype t, size_t n, double *o) {
  * dim = -1 reads the whole tensor. */
 static int read_any(const mg_st_file *f, const char *name, int ndim, const int64_t *shape,
                     int dim, int64_t start, int64_t count, void *out, int dbl, mg_diag *d) {
-  const mg_st_tensor *t;
-  size_t numel;
+  const mg_st_tensor *t = NULL;
+  size_t numel = 0;
   int rc = lookup(f, name, ndim, shape, &t, &numel, d);
   if (rc != 0) return rc;
   size_t es = mg_dtype_size(t->dtype), os = dbl ? sizeof(double) : sizeof(float);

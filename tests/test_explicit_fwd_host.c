@@ -1,23 +1,30 @@
 /* test_explicit_fwd_host.c: the generated explicit forward, run unchanged on the CPU
- * through the host executor (tests/host/), against a float64 reference.
+ * through the host executor (tests/host/, built and loaded by tests/host/harness.h),
+ * against a float64 reference.
  *
  * Inputs are fresh random bf16 values (the seed is printed, MLAGEN_TEST_SEED overrides
  * it). The reference computes from the same bf16 values in double precision, so the
- * kernel's error is its fp32 accumulation plus the bf16 rounding of O. */
+ * kernel's error is its fp32 accumulation plus the bf16 rounding of O. Launches use the
+ * executor's shuffled schedule with shared memory NaN-filled before each block; two
+ * schedules must give bit-identical O and LSE. The DeepSeek head shape at S = 256 is
+ * timed. One small case also runs in a child process (this program, --asan-case) built
+ * with ASan, when the compiler has an ASan runtime; MG_HOST_ASAN=1 builds every kernel
+ * with ASan (then run under LD_PRELOAD of that runtime). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
-#include "host/host_launch.h"
+#include "host/harness.h"
 #include "mg_fs.h"
 #include "mg_generate.h"
 #include "mg_spec.h"
@@ -40,6 +47,7 @@ static bf16 float_to_bf16(float f) { /* round to nearest even */
 }
 
 static uint64_t rng_state;
+static uint64_t g_test_seed; /* MLAGEN_TEST_SEED of this run */
 static double randn(void) { /* Box-Muller on a 64-bit LCG */
   double u[2];
   for (int i = 0; i < 2; i++) {
@@ -74,53 +82,90 @@ static void thunk(void *p) {
 }
 
 typedef struct built_kernel {
-  void *so;
+  mg_host_kernel *k;
   explicit_fwd_fn fn;
-  mg_host_launch_fn launch;
   int block_m, threads;
   mg_kernel_spec spec;
 } built_kernel;
 
-/* Generates the kernel for spec, builds it with the host executor into a shared object. */
-static void build(const mg_kernel_spec *spec, built_kernel *out) {
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static mg_host_build_opts build_opts(const mg_host_file *headers, int n_headers, int asan) {
+  mg_host_build_opts bo;
+  memset(&bo, 0, sizeof bo);
+  bo.host_dir = MLAGEN_TESTS_DIR "/host";
+  bo.cxx = MLAGEN_CXX;
+  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
+  bo.headers = headers;
+  bo.n_headers = n_headers;
+  bo.asan = asan;
+  return bo;
+}
+
+/* Blanks the which-th (from 0) `__syncthreads();` of src, keeping every line where it
+ * is. Returns 0 when there is no such barrier. */
+static int drop_barrier(char *src, int which) {
+  static const char bar[] = "__syncthreads();";
+  char *p = src;
+  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
+    if (i == which) {
+      memset(p, ' ', sizeof bar - 1);
+      return 1;
+    }
+  return 0;
+}
+
+/* Generates the kernel for spec and builds it with the host executor (once per test run:
+ * the harness keys its objects by content). drop >= 0: without that barrier. */
+static int build_src(const mg_kernel_spec *spec, int asan, int drop, built_kernel *out) {
   mg_diag d = MG_DIAG_INIT;
   mg_gen *g;
   mg_kernel k;
   assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
   if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-  char dir[] = "/tmp/mlagen-host-XXXXXX";
-  assert_non_null(mkdtemp(dir));
-  char path[256];
-  snprintf(path, sizeof path, "%s/%s", dir, k.file);
-  assert_int_equal(mg_fs_write_atomic(path, k.source, k.source_len, &d), 0);
   int n_hdr;
   const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  snprintf(path, sizeof path, "%s/%s", dir, hdr->name);
-  assert_int_equal(mg_fs_write_atomic(path, hdr->data, hdr->size, &d), 0);
+  mg_host_file files[8];
+  assert_true(n_hdr <= 8);
+  for (int i = 0; i < n_hdr; i++) {
+    files[i].name = hdr[i].name;
+    files[i].data = hdr[i].data;
+    files[i].size = hdr[i].size;
+  }
   const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k.manifest, "config");
   out->block_m = cJSON_GetObjectItemCaseSensitive(cfg, "block_m")->valueint;
   out->threads = 32 * cJSON_GetObjectItemCaseSensitive(cfg, "num_warps")->valueint;
   out->spec = *spec;
-
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd,
-           "%s -std=c++17 -O2 -fPIC -shared -w -I'%s' -I'%s' -I'%s/host' -include cuda_host.h "
-           "-x c++ '%s/%s' -x c++ '%s/host/cuda_host.cpp' -o '%s/k.so'",
-           MLAGEN_CXX, MLAGEN_CUDA_INCLUDE, dir, MLAGEN_TESTS_DIR, dir, k.file, MLAGEN_TESTS_DIR, dir);
-  if (system(cmd) != 0) fail_msg("host build failed: %s", cmd);
-  char so[256];
-  snprintf(so, sizeof so, "%s/k.so", dir);
-  out->so = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-  if (!out->so) fail_msg("dlopen: %s", dlerror());
-  *(void **)&out->fn = dlsym(out->so, k.name);
-  *(void **)&out->launch = dlsym(out->so, "mg_host_launch");
+  if (drop >= 0 && !drop_barrier(k.source, drop)) {
+    mg_kernel_free(&k);
+    mg_gen_close(g);
+    return 0;
+  }
+  mg_host_build_opts bo = build_opts(files, n_hdr, asan);
+  char msg[4096];
+  double t0 = now();
+  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
+    fail_msg("host build: %s", msg);
+  double secs = now() - t0;
+  if (secs > 0.05) print_message("  built %s%s (%.1f s)\n", k.name, asan ? " with ASan" : "", secs);
+  *(void **)&out->fn = mg_host_kernel_fn(out->k);
   assert_non_null(out->fn);
-  assert_non_null(out->launch);
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
   mg_kernel_free(&k);
   mg_gen_close(g);
+  return 1;
 }
+
+static void build_ex(const mg_kernel_spec *spec, int asan, built_kernel *out) {
+  build_src(spec, asan, -1, out);
+}
+
+static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec, 0, out); }
+
+static void unload(built_kernel *bk) { mg_host_kernel_free(bk->k); }
 
 /* float64 reference: o [B, Sq, H, dv], lse [B, H, Sq]. */
 static void reference(const mg_kernel_spec *s, int B, int sq, int sk, int q_pos0, double scale,
@@ -157,50 +202,98 @@ static void reference(const mg_kernel_spec *s, int B, int sq, int sk, int q_pos0
   free(sc);
 }
 
-/* Runs one case and checks O (relative to max |O|, under 1e-2) and LSE (under 1e-4 relative). */
-static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+/* One case's tensors: random bf16 inputs, outputs NaN until the kernel writes them. */
+typedef struct fwd_case {
+  int B, sq, sk, q_pos0;
+  float scale;
+  bf16 *q, *kn, *kr, *v, *o;
+  float *lse;
+  size_t no, nl;
+} fwd_case;
+
+static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
   const mg_kernel_spec *s = &bk->spec;
-  const int H = s->heads, dqk = s->d_n + s->d_r, dv = s->d_v;
-  const float scale = (float)(1.0 / sqrt((double)dqk) * 1.3689 * 1.3689);
-  bf16 *q = rand_bf16((size_t)B * sq * H * dqk);
-  bf16 *kn = rand_bf16((size_t)B * sk * H * s->d_n);
-  bf16 *kr = rand_bf16((size_t)B * sk * s->d_r);
-  bf16 *v = rand_bf16((size_t)B * sk * H * dv);
-  size_t no = (size_t)B * sq * H * dv, nl = (size_t)B * H * sq;
-  bf16 *o = malloc(no * sizeof *o);
-  float *lse = malloc(nl * sizeof *lse);
-  for (size_t i = 0; i < no; i++) o[i] = 0x7fc0; /* NaN: every element must be written */
-  for (size_t i = 0; i < nl; i++) lse[i] = NAN;
-  double *ro = malloc(no * sizeof *ro), *rl = malloc(nl * sizeof *rl);
+  const int H = s->heads, dqk = s->d_n + s->d_r;
+  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
+  c->scale = (float)(1.0 / sqrt((double)dqk) * 1.3689 * 1.3689);
+  c->q = rand_bf16((size_t)B * sq * H * dqk);
+  c->kn = rand_bf16((size_t)B * sk * H * s->d_n);
+  c->kr = rand_bf16((size_t)B * sk * s->d_r);
+  c->v = rand_bf16((size_t)B * sk * H * s->d_v);
+  c->no = (size_t)B * sq * H * s->d_v;
+  c->nl = (size_t)B * H * sq;
+  c->o = malloc(c->no * sizeof *c->o);
+  c->lse = malloc(c->nl * sizeof *c->lse);
+}
 
-  launch_args a = {bk->fn, q, kn, kr, v, o, lse, sq, sk, q_pos0, scale};
-  mg_host_dim3 grid = {(unsigned)((sq + bk->block_m - 1) / bk->block_m), (unsigned)H, (unsigned)B};
+static void case_free(fwd_case *c) {
+  free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse);
+}
+
+/* Launches the kernel on c (outputs first set to NaN) with lo (NULL: the executor's
+ * defaults); returns the wall time of the launch. */
+static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_launch_opts *lo) {
+  for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fc0; /* NaN: every element must be written */
+  for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
+  launch_args a = {bk->fn, c->q, c->kn, c->kr, c->v, c->o, c->lse,
+                   c->sq, c->sk, c->q_pos0, c->scale};
+  mg_host_dim3 grid = {(unsigned)((c->sq + bk->block_m - 1) / bk->block_m),
+                       (unsigned)bk->spec.heads, (unsigned)c->B};
   mg_host_dim3 block = {(unsigned)bk->threads, 1, 1};
-  char msg[512];
-  clock_t t0 = clock();
-  int rc = bk->launch(grid, block, 0, thunk, &a, msg, sizeof msg);
-  double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
+  char msg[1024];
+  double t0 = now();
+  int rc = mg_host_kernel_launch(bk->k, grid, block, 0, lo, thunk, &a, msg, sizeof msg);
+  double secs = now() - t0;
   if (rc) fail_msg("launch failed: %s", msg);
-  reference(s, B, sq, sk, q_pos0, scale, q, kn, kr, v, ro, rl);
+  return secs;
+}
 
+/* The errors of c's outputs against the reference: O relative to max |O|, LSE relative;
+ * returns the number of NaN outputs. */
+static size_t case_errors(const built_kernel *bk, const fwd_case *c, double *o_err,
+                          double *lse_err) {
+  double *ro = malloc(c->no * sizeof *ro), *rl = malloc(c->nl * sizeof *rl);
+  reference(&bk->spec, c->B, c->sq, c->sk, c->q_pos0, c->scale, c->q, c->kn, c->kr, c->v, ro, rl);
   double max_ref = 0, max_err = 0, max_lse_err = 0;
-  for (size_t i = 0; i < no; i++) {
-    const double got = bf16_to_float(o[i]);
-    assert_false(isnan(got));
+  size_t nans = 0;
+  for (size_t i = 0; i < c->no; i++) {
+    const double got = bf16_to_float(c->o[i]);
+    nans += isnan(got) != 0;
     if (fabs(ro[i]) > max_ref) max_ref = fabs(ro[i]);
     if (fabs(got - ro[i]) > max_err) max_err = fabs(got - ro[i]);
   }
-  for (size_t i = 0; i < nl; i++) {
-    assert_false(isnan(lse[i]));
-    const double e = fabs(lse[i] - rl[i]) / (1 + fabs(rl[i]));
+  for (size_t i = 0; i < c->nl; i++) {
+    nans += isnan(c->lse[i]) != 0;
+    const double e = fabs(c->lse[i] - rl[i]) / (1 + fabs(rl[i]));
     if (e > max_lse_err) max_lse_err = e;
   }
+  *o_err = max_err / max_ref;
+  *lse_err = max_lse_err;
+  free(ro), free(rl);
+  return nans;
+}
+
+/* Checks O (relative to max |O|, under 1e-2) and LSE (under 1e-4 relative). */
+static void check_case(const built_kernel *bk, const fwd_case *c, double secs) {
+  const mg_kernel_spec *s = &bk->spec;
+  const int H = s->heads, dv = s->d_v;
+  double o_err, lse_err;
+  assert_int_equal(case_errors(bk, c, &o_err, &lse_err), 0);
   print_message("  H=%d d_n=%d d_r=%d d_v=%d %s B=%d S_q=%d S_k=%d q_pos0=%d: O rel err %.2e, "
                 "LSE rel err %.2e (%.2f s)\n", H, s->d_n, s->d_r, dv, s->causal ? "causal" : "full",
-                B, sq, sk, q_pos0, max_err / max_ref, max_lse_err, secs);
-  assert_true(max_err / max_ref < 1e-2);
-  assert_true(max_lse_err < 1e-4);
-  free(q), free(kn), free(kr), free(v), free(o), free(lse), free(ro), free(rl);
+                c->B, c->sq, c->sk, c->q_pos0, o_err, lse_err, secs);
+  assert_true(o_err < 1e-2);
+  assert_true(lse_err < 1e-4);
+}
+
+/* Runs one case with the default schedule and checks it. */
+static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  fwd_case c;
+  case_init(bk, &c, B, sq, sk, q_pos0);
+  double secs = launch_case(bk, &c, NULL);
+  check_case(bk, &c, secs);
+  case_free(&c);
+  return secs;
 }
 
 static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
@@ -220,7 +313,7 @@ static void check_shape(int dn, int dr, int dv) {
     run_case(&bk, 1, 1, 1, 0);      /* S = 1: one key per row */
     run_case(&bk, 2, 77, 77, 0);    /* S not a multiple of any tile, batch 2 */
     run_case(&bk, 1, 40, 100, 60);  /* a query shard at global position 60 of 100 keys */
-    dlclose(bk.so);
+    unload(&bk);
   }
 }
 
@@ -240,18 +333,196 @@ static void test_configs(void **state) {
     built_kernel bk;
     build(&s, &bk);
     run_case(&bk, 1, 70, 70, 0);
-    dlclose(bk.so);
+    unload(&bk);
   }
 }
 
-int main(void) {
+/* Deterministic kernel, any schedule: the same bits. Round robin and three seeds. */
+static void test_schedules_bit_identical(void **state) {
+  (void)state;
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
+    built_kernel bk;
+    build(&s, &bk);
+    fwd_case c;
+    case_init(&bk, &c, 2, 77, 77, 0);
+    mg_host_launch_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.round_robin = 1;
+    double secs = launch_case(&bk, &c, &lo);
+    check_case(&bk, &c, secs);
+    bf16 *o0 = malloc(c.no * sizeof *o0);
+    float *l0 = malloc(c.nl * sizeof *l0);
+    memcpy(o0, c.o, c.no * sizeof *o0);
+    memcpy(l0, c.lse, c.nl * sizeof *l0);
+    const unsigned long long seeds[] = {1, 2, 0x9e3779b97f4a7c15ull};
+    for (int i = 0; i < 3; i++) {
+      memset(&lo, 0, sizeof lo);
+      lo.seed = seeds[i];
+      launch_case(&bk, &c, &lo);
+      if (memcmp(o0, c.o, c.no * sizeof *o0) || memcmp(l0, c.lse, c.nl * sizeof *l0))
+        fail_msg("%s: schedule seed %llu gives other bits than round robin",
+                 causal ? "causal" : "full", seeds[i]);
+    }
+    print_message("  %s: round robin and seeds 1, 2, 0x9e37...: O and LSE bit-identical\n",
+                  causal ? "causal" : "full");
+    free(o0), free(l0);
+    case_free(&c);
+    unload(&bk);
+  }
+}
+
+/* The kernel with either of its barriers removed gives wrong results under the shuffled
+ * schedule with NaN-filled shared memory (every seed tried), where round robin may not
+ * notice: the executor catches a missing __syncthreads in the real kernel. */
+static void test_missing_barrier_caught(void **state) {
+  (void)state;
+  mg_kernel_spec s = make_spec(2, 128, 64, 128, 0);
+  int n = 0;
+  for (int which = 0;; which++) {
+    built_kernel bk;
+    if (!build_src(&s, 0, which, &bk)) break;
+    n++;
+    fwd_case c;
+    case_init(&bk, &c, 2, 77, 77, 0);
+    mg_host_launch_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.round_robin = 1;
+    double o_err, lse_err;
+    launch_case(&bk, &c, &lo);
+    size_t nans = case_errors(&bk, &c, &o_err, &lse_err);
+    print_message("  without barrier %d, round robin: %zu NaN, O err %.2e%s\n", which, nans,
+                  o_err, nans || o_err >= 1e-2 ? "" : " (passes by luck)");
+    for (unsigned long long seed = 1; seed <= 3; seed++) {
+      lo.round_robin = 0;
+      lo.seed = seed;
+      launch_case(&bk, &c, &lo);
+      nans = case_errors(&bk, &c, &o_err, &lse_err);
+      print_message("  without barrier %d, seed %llu: %zu NaN of %zu outputs, O err %.2e\n",
+                    which, seed, nans, c.no + c.nl, o_err);
+      if (!nans && o_err < 1e-2 && lse_err < 1e-4)
+        fail_msg("barrier %d removed, schedule seed %llu: the result is still right", which, seed);
+    }
+    case_free(&c);
+    unload(&bk);
+  }
+  assert_true(n >= 1);
+}
+
+/* The DeepSeek head shape at S = 256, 2 heads: timed, under 20 s each. */
+static void test_s256_timing(void **state) {
+  (void)state;
+  for (int causal = 0; causal <= 1; causal++) {
+    mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
+    built_kernel bk;
+    build(&s, &bk);
+    double secs = run_case(&bk, 1, 256, 256, 0);
+    print_message("  S=256 H=2 d_n=128 d_r=64 d_v=128 %s on the host executor: %.2f s "
+                  "(limit 20 s)\n", causal ? "causal" : "full", secs);
+    assert_true(secs < 20.0);
+    unload(&bk);
+  }
+}
+
+/* The child side of test_asan: an ASan build of the DeepSeek-shape kernel on two small
+ * cases, in a process that has the ASan runtime preloaded. */
+static void asan_case_run(void **state) {
+  (void)state;
+  assert_true(mg_host_process_has_asan());
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
+    built_kernel bk;
+    build_ex(&s, 1, &bk);
+    run_case(&bk, 2, 77, 77, 0);
+    run_case(&bk, 1, 40, 100, 60);
+    int (*emulated)(void);
+    *(void **)&emulated = mg_host_kernel_sym(bk.k, "mg_host_smem_emulated");
+    assert_non_null(emulated);
+    print_message("  built with ASan: shared memory %s\n",
+                  emulated() == 1 ? "in separate heap blocks (static arrays bounds-checked)"
+                                  : "in the TLS block (only the dynamic buffer bounds-checked)");
+    unload(&bk);
+  }
+}
+
+/* ASan finds no out-of-bounds global or shared-memory access in the kernel. */
+static void test_asan(void **state) {
+  (void)state;
+  mg_host_build_opts bo = build_opts(NULL, 0, 1);
+  char rt[1024];
+  if (mg_host_process_has_asan()) {
+    print_message("  this process has ASan: the kernels are all built with it\n");
+    return;
+  }
+  if (mg_host_asan_runtime(&bo, rt, sizeof rt)) {
+    print_message("  skipped: the compiler has no ASan runtime\n");
+    return;
+  }
+  char seed[32], cache[1200];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)g_test_seed);
+  /* The child builds into this process's cache directory, removed at its exit even when
+   * ASan kills the child. */
+  const char *root = mg_host_cache_dir();
+  assert_non_null(root);
+  snprintf(cache, sizeof cache, "%s/asan-child", root);
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(fd[1], 1);
+    dup2(fd[1], 2);
+    close(fd[0]);
+    close(fd[1]);
+    setenv("LD_PRELOAD", rt, 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    setenv("MLAGEN_TEST_SEED", seed, 1);
+    setenv("MG_HOST_CACHE_DIR", cache, 1);
+    execl("/proc/self/exe", "test_explicit_fwd_host", "--asan-case", (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  size_t cap = 1 << 16, len = 0;
+  char *out = malloc(cap + 1);
+  ssize_t r;
+  while ((r = read(fd[0], out + len, cap - len)) > 0) {
+    len += (size_t)r;
+    if (len == cap) {
+      out = realloc(out, 2 * cap + 1);
+      cap *= 2;
+    }
+  }
+  out[len] = '\0';
+  close(fd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strstr(out, "AddressSanitizer");
+  if (!ok) {
+    print_message("%s\n", out);
+    fail_msg("the ASan child failed (status %d), its output is above", status);
+  }
+  for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
+    if (strstr(line, "rel err") || strstr(line, "built ")) print_message("  [asan] %s\n", line + 2);
+  free(out);
+}
+
+int main(int argc, char **argv) {
   const char *env = getenv("MLAGEN_TEST_SEED");
   rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+  g_test_seed = rng_state;
   printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  if (argc == 2 && !strcmp(argv[1], "--asan-case")) {
+    const struct CMUnitTest child[] = {cmocka_unit_test(asan_case_run)};
+    return cmocka_run_group_tests(child, NULL, NULL);
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek_heads),
       cmocka_unit_test(test_unusual_heads),
       cmocka_unit_test(test_configs),
+      cmocka_unit_test(test_schedules_bit_identical),
+      cmocka_unit_test(test_missing_barrier_caught),
+      cmocka_unit_test(test_s256_timing),
+      cmocka_unit_test(test_asan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -78,7 +78,13 @@
  * refers to the dynamic shared memory buffer that cuda_host.cpp defines (228 KiB,
  * 128-byte aligned) under the name MG_HOST_DYN_SMEM_NAME, `smem` by default. A kernel
  * that names its extern array differently is built with -DMG_HOST_DYN_SMEM_NAME=name
- * (that define must reach cuda_host.cpp, e.g. on the same g++ command line). */
+ * (that define must reach cuda_host.cpp, e.g. on the same g++ command line).
+ *
+ * Every thread_local of the kernel's shared object is therefore shared memory, and
+ * cuda_host.cpp fills all of it with NaN (0xff bytes) before each block: with native
+ * TLS it fills the module's TLS block; built with clang -femulated-tls, each variable
+ * is allocated on its own (exactly sized, so ASan sees its bounds) by the executor's
+ * __emutls_get_address. The executor itself keeps no thread_local state. */
 #define __shared__ thread_local
 #ifndef MG_HOST_DYN_SMEM_NAME
 #define MG_HOST_DYN_SMEM_NAME smem
@@ -91,8 +97,10 @@ struct mg_host_thread_regs {
   dim3 bdim;
   dim3 gdim;
 };
-/* Points at the running fiber's registers; the scheduler updates it on every switch. */
-extern __thread const mg_host_thread_regs *mg_host_cur MG_HOST_HIDDEN;
+/* Points at the running fiber's registers; the scheduler updates it on every switch.
+ * A plain global, not thread_local (every thread_local is shared memory, see above):
+ * one launch at a time per kernel object. */
+extern const mg_host_thread_regs *mg_host_cur MG_HOST_HIDDEN;
 
 #define threadIdx (mg_host_cur->tid)
 #define blockIdx (mg_host_cur->bid)
@@ -109,7 +117,16 @@ enum {
   MG_HOST_VOTE_BALLOT = 4,
   MG_HOST_VOTE_ANY = 5,
   MG_HOST_VOTE_ALL = 6,
-  MG_HOST_SYNCWARP = 7
+  MG_HOST_SYNCWARP = 7,
+  /* warp-wide PTX (see mg_host_ldmatrix and mg_host_mma_m16n8k16 below) */
+  MG_HOST_LDSM_X1 = 8,
+  MG_HOST_LDSM_X2 = 9,
+  MG_HOST_LDSM_X4 = 10,
+  MG_HOST_LDSM_X1_T = 11,
+  MG_HOST_LDSM_X2_T = 12,
+  MG_HOST_LDSM_X4_T = 13,
+  MG_HOST_MMA_BF16 = 14,
+  MG_HOST_MMA_F16 = 15
 };
 enum { MG_HOST_BAR_SYNC = 0, MG_HOST_BAR_COUNT = 1, MG_HOST_BAR_AND = 2, MG_HOST_BAR_OR = 3 };
 
@@ -121,6 +138,30 @@ MG_HOST_HIDDEN unsigned mg_host_vote(int op, unsigned mask, int pred, int line);
 MG_HOST_HIDDEN unsigned mg_host_activemask(void);
 MG_HOST_HIDDEN int mg_host_syncthreads(int kind, int pred, int line);
 [[noreturn]] MG_HOST_HIDDEN void mg_host_trap(int line);
+
+/* ---- PTX the templates use (called by the wrappers in templates/mla_device.cuh) ---- */
+/* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 d, a, b, c: a warp
+ * collective. Every lane deposits its A (4 regs), B (2 regs) and C (4 floats) fragments;
+ * the last lane to arrive assembles the 16x16 A, 16x8 B and 16x8 C with the PTX ISA
+ * fragment layouts, computes D = A B + C in fp32 (fmaf over k = 0..15) and every lane
+ * takes its D fragment. kind: 0 bf16, 1 f16. d may alias c. */
+MG_HOST_HIDDEN void mg_host_mma_m16n8k16(int kind, float *d, const unsigned *a, const unsigned *b,
+                                         const float *c, int line);
+/* ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 r, [p]: a warp collective.
+ * Lanes 8m..8m+7 give the rows of matrix m (16-byte aligned shared-memory addresses;
+ * other lanes' p is ignored); each reads its own row on arrival, and lane i receives in
+ * r[m] row i/4, elements 2(i%4) and 2(i%4)+1 of matrix m (of its transpose with trans). */
+MG_HOST_HIDDEN void mg_host_ldmatrix(int num, int trans, unsigned *r, const void *p, int line);
+/* cp.async.{ca,cg}.shared.global [dst], [src], cp_size, src_size: src_size bytes are
+ * read now, the rest up to cp_size is zero; nothing is written until the issuing thread
+ * waits for the group (mg_host_cp_async_wait), so the data is not visible before. */
+MG_HOST_HIDDEN void mg_host_cp_async(void *dst, const void *src, unsigned cp_size,
+                                     unsigned src_size, int line);
+/* cp.async.commit_group: closes this thread's current group. */
+MG_HOST_HIDDEN void mg_host_cp_async_commit(int line);
+/* cp.async.wait_group n: performs this thread's copies of every committed group but the
+ * newest n (copies not yet committed stay pending). */
+MG_HOST_HIDDEN void mg_host_cp_async_wait(int n, int line);
 
 /* ---- barriers ------------------------------------------------------------------ */
 #define __syncthreads() mg_host_syncthreads(MG_HOST_BAR_SYNC, 1, __LINE__)

@@ -23,7 +23,10 @@ enum {
   MG_HOST_E_MASK = -3,       /* warp collective with an unsupported mask or width, bad lane */
   MG_HOST_E_NOMEM = -4,      /* fiber stacks could not be allocated */
   MG_HOST_E_TRAP = -5,       /* the kernel called __trap() */
-  MG_HOST_E_BUSY = -6        /* mg_host_launch called from inside a running launch */
+  MG_HOST_E_BUSY = -6,       /* called from inside a launch, or while another OS thread runs
+                                one with the same kernel object */
+  MG_HOST_E_PTX = -7         /* ldmatrix/cp.async/mma misuse: misaligned or non-shared address,
+                                short warp, bad size */
 };
 
 /* Largest dynamic shared memory a launch may ask for (228 KiB, as on sm_90). */
@@ -33,12 +36,48 @@ enum {
  * a negative value with a message in msg (barrier divergence, bad mask, dynamic smem
  * too large, block larger than 1024 threads). msg may be NULL when msg_len is 0; it is
  * set to "" on success. Blocks run one after another, in x, then y, then z order; the
- * threads of a block are cooperative fibers of the calling OS thread. */
+ * threads of a block are cooperative fibers of the calling OS thread, scheduled in a
+ * shuffled order (see mg_host_launch_opts; this uses the defaults). */
 int mg_host_launch(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
                    void (*fn)(void *ctx), void *ctx, char *msg, size_t msg_len);
 
 typedef int (*mg_host_launch_fn)(mg_host_dim3, mg_host_dim3, size_t, void (*)(void *),
                                  void *, char *, size_t);
+
+/* Options of mg_host_launch_ex; all zero (or a NULL pointer) gives the defaults, which
+ * are also what mg_host_launch uses. */
+typedef struct mg_host_launch_opts {
+  /* Seed of the shuffled schedule: whenever the running thread waits (barrier, warp
+   * collective, exit), the next one is drawn at random among the runnable threads of
+   * the block, and at the completion of a barrier or collective the last thread to
+   * arrive yields too. Each block's draws come from (seed, block index). 0: the value of
+   * $MG_HOST_SEED when set, else 1. */
+  unsigned long long seed;
+  /* 1: the deterministic round-robin schedule instead (thread 0 first, then in index
+   * order; no yields). Also with $MG_HOST_SCHEDULE=rr. */
+  int round_robin;
+  /* 1: do not fill shared memory (static and dynamic) with NaN (0xff bytes) before each
+   * block. */
+  int no_nan_fill;
+  /* Fiber stack size in KiB; 0: $MG_HOST_STACK_KB, else 64 (256 under ASan). */
+  unsigned stack_kb;
+} mg_host_launch_opts;
+
+/* mg_host_launch with options (opts may be NULL). */
+int mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
+                      const mg_host_launch_opts *opts, void (*fn)(void *ctx), void *ctx,
+                      char *msg, size_t msg_len);
+
+typedef int (*mg_host_launch_ex_fn)(mg_host_dim3, mg_host_dim3, size_t,
+                                    const mg_host_launch_opts *, void (*)(void *), void *,
+                                    char *, size_t);
+
+/* How this kernel object finds its shared memory, known after its first launch: 1 with
+ * emulated TLS (clang -femulated-tls: every static __shared__ array is a separate heap
+ * block, so ASan reports out-of-bounds accesses to it), 0 with native TLS (static
+ * __shared__ arrays are filled with NaN but ASan cannot see their bounds; the dynamic
+ * buffer is checked either way), -1 before the first launch. */
+int mg_host_smem_emulated(void);
 
 #ifdef __cplusplus
 }

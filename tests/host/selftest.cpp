@@ -8,12 +8,20 @@
  *   -DMG_SELFTEST_DLOPEN     driver only, plain C++ without CUDA headers: dlopens that
  *                            shared object (argv[1]) and finds mg_host_launch and the
  *                            kernels with dlsym, as a C test does.
+ *   -fsanitize=address       (with the default build) also runs the ASan checks: a child
+ *                            process (this program, --asan-child CASE) makes one
+ *                            out-of-bounds access and must be stopped by ASan with the
+ *                            kernel's file:line in the report.
+ * The PTX kernels are in ptx_selftest.cu (also compiled by NVRTC in
+ * tests/test_device_header.c); they need -I templates for mla_device.cuh.
  * Prints one line per test and `N passed, M failed` last; exits non-zero on failure. */
 
 #if !defined(MG_SELFTEST_DLOPEN)
 /* ======================================================================== kernels == */
 #include <cuda_bf16.h> /* as a generated kernel does: a no-op after cuda_host.h */
 #include <stdint.h>
+
+#include "mla_device.cuh"
 
 #define FULL 0xffffffffu
 
@@ -182,6 +190,91 @@ extern "C" __global__ void k_perf(const float *in, float *out, int iters) {
   out[gid] = v;
 }
 
+/* A block sum missing the barrier between the stores and the reads: the last thread
+ * sums s[]. Round robin runs threads in index order, so it passes by luck; a shuffled
+ * schedule runs the last thread while others have not stored, and it reads NaN. */
+extern "C" __global__ void k_reduce_nobarrier(const float *in, float *out) {
+  __shared__ float s[256];
+  const int t = threadIdx.x;
+  s[t] = in[blockIdx.x * blockDim.x + t];
+  /* __syncthreads() missing */
+  if (t == (int)blockDim.x - 1) {
+    float acc = 0.0f;
+    for (int i = 0; i < (int)blockDim.x; ++i) acc += s[i];
+    out[blockIdx.x] = acc;
+  }
+}
+
+/* Reads shared memory nobody wrote in this block: block 0 writes s[] and the dynamic
+ * buffer, every block reads them. */
+extern "C" __global__ void k_unwritten_smem(float *out) {
+  __shared__ float s[64];
+  extern __shared__ __align__(16) unsigned char smem[];
+  float *d = reinterpret_cast<float *>(smem);
+  const int t = threadIdx.x;
+  if (blockIdx.x == 0) {
+    s[t] = 1.0f;
+    d[t] = 2.0f;
+  }
+  __syncthreads();
+  out[blockIdx.x * 128 + t] = s[t];
+  out[blockIdx.x * 128 + 64 + t] = d[t];
+}
+
+/* The order in which threads pass a point: ticket[t] = arrival rank, between barriers. */
+extern "C" __global__ void k_ticket(int *ticket, int *counter) {
+  __syncthreads();
+  ticket[blockIdx.x * blockDim.x + threadIdx.x] = atomicAdd(&counter[blockIdx.x], 1);
+  __syncthreads();
+}
+
+/* ASan cases, run in a child process. The line numbers are what the report must name. */
+extern "C" __global__ void k_oob_global(float *out) {
+  out[threadIdx.x + 1] = 1.0f; /* off by one: the last thread stores past the end */
+}
+[[maybe_unused]] static const int k_oob_global_line = __LINE__ - 2;
+
+extern "C" __global__ void k_oob_smem(float *out, int off) {
+  __shared__ float s[64];
+  s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = s[threadIdx.x + off]; /* off = 1: the last thread reads s[64] */
+}
+[[maybe_unused]] static const int k_oob_smem_line = __LINE__ - 2;
+
+extern "C" __global__ void k_oob_dyn(float *out, int off) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float *d = reinterpret_cast<float *>(smem);
+  d[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = d[threadIdx.x + off]; /* launched with 64 floats of dynamic smem */
+}
+[[maybe_unused]] static const int k_oob_dyn_line = __LINE__ - 2;
+
+extern "C" __global__ void k_oob_cp_async(const float *g, float *out) {
+  __shared__ __align__(16) float s[64 * 4];
+  mla::cp_async_16(&s[threadIdx.x * 4], &g[threadIdx.x * 4 + 4]); /* g has 64 * 4 floats */
+  mla::cp_async_commit();
+  mla::cp_async_wait<0>();
+  __syncthreads();
+  out[threadIdx.x] = s[threadIdx.x * 4];
+}
+[[maybe_unused]] static const int k_oob_cp_async_line = __LINE__ - 6;
+
+/* ldmatrix row addresses must be 16-byte aligned and in shared memory. */
+extern "C" __global__ void k_ldmatrix_misaligned(const unsigned short *g, unsigned *out, int bad) {
+  __shared__ __align__(16) unsigned short s[32 * 8 + 8];
+  for (int i = threadIdx.x; i < 32 * 8 + 8; i += 32) s[i] = 1;
+  __syncwarp();
+  unsigned r[4];
+  const unsigned short *row =
+      bad == 1 ? &s[threadIdx.x * 8 + 1] : bad == 2 ? g : &s[threadIdx.x * 8];
+  mla::ldmatrix_x4(r, row);
+  out[threadIdx.x] = r[0];
+}
+
+#include "ptx_selftest.cu"
+
 #endif /* kernels */
 
 #if !defined(MG_SELFTEST_KERNELS)
@@ -196,8 +289,19 @@ extern "C" __global__ void k_perf(const float *in, float *out, int iters) {
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
+#if defined(__SANITIZE_ADDRESS__)
+#define MG_SELFTEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MG_SELFTEST_ASAN 1
+#endif
+#endif
+#ifndef MG_SELFTEST_ASAN
+#define MG_SELFTEST_ASAN 0
+#endif
 #if defined(MG_SELFTEST_DLOPEN)
 #include <dlfcn.h>
 #endif
@@ -220,7 +324,21 @@ namespace {
   X(k_bf16, void (*)(const float *, float *, float *, float *))                                  \
   X(k_sync_reduce, void (*)(int *, float *))                                                     \
   X(k_partial_block, void (*)(const float *, float *, unsigned *, int))                          \
-  X(k_perf, void (*)(const float *, float *, int))
+  X(k_perf, void (*)(const float *, float *, int))                                              \
+  X(k_reduce_nobarrier, void (*)(const float *, float *))                                      \
+  X(k_unwritten_smem, void (*)(float *))                                                       \
+  X(k_ticket, void (*)(int *, int *))                                                          \
+  X(k_oob_global, void (*)(float *))                                                           \
+  X(k_oob_smem, void (*)(float *, int))                                                        \
+  X(k_oob_dyn, void (*)(float *, int))                                                         \
+  X(k_oob_cp_async, void (*)(const float *, float *))                                          \
+  X(k_ldmatrix_misaligned, void (*)(const unsigned short *, unsigned *, int))                  \
+  X(k_mma_direct, void (*)(const unsigned short *, const unsigned short *, const float *,      \
+                           float *, int))                                                      \
+  X(k_mma_ldmatrix, void (*)(const unsigned short *, const unsigned short *, const float *,    \
+                             float *, int))                                                    \
+  X(k_ldmatrix_raw, void (*)(const unsigned short *, const int *, unsigned *, int))            \
+  X(k_cp_async, void (*)(const float *, float *))
 
 template <class T> using type_of = T;
 struct Kernels {
@@ -229,6 +347,8 @@ struct Kernels {
 #undef X
 } K;
 mg_host_launch_fn launch_fn;
+mg_host_launch_ex_fn launch_ex_fn;
+int (*smem_emulated_fn)(void);
 
 int n_pass, n_fail;
 char g_msg[1024];
@@ -250,6 +370,24 @@ template <class F> int launch(mg_host_dim3 g, mg_host_dim3 b, size_t smem, F &bo
   g_msg[0] = '\0';
   return launch_fn(g, b, smem, [](void *p) { (*static_cast<F *>(p))(); }, &body, g_msg,
                    sizeof g_msg);
+}
+
+/* The same with launch options. */
+template <class F>
+int launch_o(const mg_host_launch_opts &o, mg_host_dim3 g, mg_host_dim3 b, size_t smem, F &body) {
+  g_msg[0] = '\0';
+  return launch_ex_fn(g, b, smem, &o, [](void *p) { (*static_cast<F *>(p))(); }, &body, g_msg,
+                      sizeof g_msg);
+}
+
+mg_host_launch_opts seed_opts(unsigned long long seed) {
+  mg_host_launch_opts o;
+  memset(&o, 0, sizeof o);
+  if (seed)
+    o.seed = seed;
+  else
+    o.round_robin = 1;
+  return o;
 }
 
 struct Rng {
@@ -474,6 +612,250 @@ bool t_partial_block() {
   return expect_error(launch(d3(2), d3(48), 0, body), MG_HOST_E_MASK, "does not exist");
 }
 
+/* ---- schedule, NaN fill ------------------------------------------------------------ */
+bool t_missing_barrier() {
+  const int blocks = 4, threads = 256, n = blocks * threads;
+  std::vector<float> in = random_floats(n, 7), out(blocks);
+  auto body = [&] { K.k_reduce_nobarrier(in.data(), out.data()); };
+  std::vector<double> want(blocks, 0.0);
+  for (int i = 0; i < n; ++i) want[i / threads] += in[i];
+  /* Round robin: the last thread runs last, so the missing barrier goes unnoticed. */
+  int rc = launch_o(seed_opts(0), d3(blocks), d3(threads), 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (int b = 0; b < blocks; ++b)
+    CHECK(approx(out[b], want[b], 1e-5), "round robin: block %d %g vs %g", b, out[b], want[b]);
+  printf("    round robin: right by luck\n");
+  /* Shuffled: the last thread runs before others have stored; it reads NaN. */
+  for (unsigned long long seed : {1ull, 2ull, 3ull}) {
+    rc = launch_o(seed_opts(seed), d3(blocks), d3(threads), 0, body);
+    CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+    int caught = 0;
+    for (int b = 0; b < blocks; ++b) caught += std::isnan(out[b]);
+    CHECK(caught == blocks, "seed %llu: only %d of %d blocks are NaN", seed, caught, blocks);
+  }
+  printf("    seeds 1, 2, 3: every block NaN\n");
+  /* Without the NaN fill the shuffle alone still gives wrong sums. */
+  mg_host_launch_opts o = seed_opts(1);
+  o.no_nan_fill = 1;
+  rc = launch_o(o, d3(blocks), d3(threads), 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  int wrong = 0;
+  for (int b = 0; b < blocks; ++b) wrong += !approx(out[b], want[b], 1e-5);
+  CHECK(wrong == blocks, "no NaN fill: only %d of %d blocks wrong", wrong, blocks);
+  return true;
+}
+
+bool t_nan_fill() {
+  std::vector<float> out(2 * 128);
+  auto body = [&] { K.k_unwritten_smem(out.data()); };
+  int rc = launch(d3(2), d3(64), 64 * sizeof(float), body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (int t = 0; t < 64; ++t) {
+    CHECK(out[t] == 1.0f && out[64 + t] == 2.0f, "block 0 [%d]: %g %g", t, out[t], out[64 + t]);
+    CHECK(std::isnan(out[128 + t]), "block 1 static smem [%d] = %g, not NaN", t, out[128 + t]);
+    CHECK(std::isnan(out[192 + t]), "block 1 dynamic smem [%d] = %g, not NaN", t, out[192 + t]);
+  }
+  mg_host_launch_opts o = seed_opts(1);
+  o.no_nan_fill = 1;
+  rc = launch_o(o, d3(2), d3(64), 64 * sizeof(float), body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (int t = 0; t < 64; ++t) /* the previous block's values survive */
+    CHECK(out[128 + t] == 1.0f && out[192 + t] == 2.0f, "no fill: block 1 [%d] %g %g", t,
+          out[128 + t], out[192 + t]);
+  printf("    shared memory model: %s TLS\n", smem_emulated_fn() == 1 ? "emulated" : "native");
+  return true;
+}
+
+bool t_seeds_identical() {
+  const int blocks = 8, threads = 256, per = 4;
+  std::vector<float> in = random_floats((size_t)blocks * threads * per, 8);
+  std::vector<float> ref;
+  for (unsigned long long seed : {0ull, 1ull, 2ull, 0x5eedull}) {
+    std::vector<float> out(blocks, -1.0f);
+    auto body = [&] { K.k_block_reduce(in.data(), out.data(), per); };
+    int rc = launch_o(seed_opts(seed), d3(blocks), d3(threads), 0, body);
+    CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+    if (ref.empty())
+      ref = out;
+    else
+      CHECK(memcmp(ref.data(), out.data(), blocks * sizeof(float)) == 0,
+            "seed %llu: not bit-identical to round robin", seed);
+  }
+  return true;
+}
+
+bool t_shuffled() {
+  const int blocks = 2, threads = 128, n = blocks * threads;
+  auto run_tickets = [&](unsigned long long seed, std::vector<int> &t) {
+    t.assign(n, -1);
+    std::vector<int> counter(blocks, 0);
+    auto body = [&] { K.k_ticket(t.data(), counter.data()); };
+    return launch_o(seed_opts(seed), d3(blocks), d3(threads), 0, body);
+  };
+  std::vector<int> rr, rr2, s1, s1b, s2;
+  CHECK(run_tickets(0, rr) == 0 && run_tickets(0, rr2) == 0, "%s", g_msg);
+  CHECK(run_tickets(1, s1) == 0 && run_tickets(1, s1b) == 0 && run_tickets(2, s2) == 0, "%s",
+        g_msg);
+  CHECK(rr == rr2 && s1 == s1b, "a schedule is not reproducible");
+  CHECK(s1 != rr && s2 != rr && s1 != s2, "seeds do not change the order");
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<int> seen(threads, 0);
+    for (int t = 0; t < threads; ++t) seen[s1[b * threads + t]]++;
+    for (int t = 0; t < threads; ++t) CHECK(seen[t] == 1, "ticket %d taken %d times", t, seen[t]);
+  }
+  int moved = 0;
+  for (int i = 1; i < threads; ++i) moved += s1[i] != s1[i - 1] + 1;
+  printf("    seed 1, block 0: %d of %d threads not right after their predecessor\n", moved,
+         threads - 1);
+  CHECK(moved > threads / 2, "too little shuffling: %d", moved);
+  return true;
+}
+
+/* ---- PTX ---------------------------------------------------------------------------- */
+/* Random 16-bit floats built from bits: +-(1 + m/2^p) 2^e, e in [-3, 3]; exact values. */
+uint16_t rand_bf16_bits(Rng &r) {
+  unsigned sign = r.uniform() < 0.5f, e = 127 - 3 + (unsigned)(r.uniform() * 7);
+  unsigned m = (unsigned)(r.uniform() * 128);
+  return (uint16_t)(sign << 15 | e << 7 | m);
+}
+uint16_t rand_f16_bits(Rng &r) {
+  unsigned sign = r.uniform() < 0.5f, e = 15 - 3 + (unsigned)(r.uniform() * 7);
+  unsigned m = (unsigned)(r.uniform() * 1024);
+  return (uint16_t)(sign << 15 | e << 10 | m);
+}
+double bf16_value(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+double f16_value(uint16_t h) { /* normal numbers only, as rand_f16_bits makes */
+  int e = (h >> 10) & 0x1f;
+  double v = std::ldexp(1.0 + (h & 0x3ff) / 1024.0, e - 15);
+  return h & 0x8000 ? -v : v;
+}
+
+/* D = A B + C for `blocks` independent problems, checked against a double reference. */
+bool check_mma(const std::vector<uint16_t> &A, const std::vector<uint16_t> &B,
+               const std::vector<float> &C, const std::vector<float> &D, int blocks, bool f16,
+               const char *what) {
+  double (*val)(uint16_t) = f16 ? f16_value : bf16_value;
+  for (int blk = 0; blk < blocks; ++blk)
+    for (int m = 0; m < 16; ++m)
+      for (int n = 0; n < 8; ++n) {
+        double ref = C[blk * 128 + m * 8 + n], mag = std::fabs(ref);
+        for (int k = 0; k < 16; ++k) {
+          double p = val(A[blk * 256 + m * 16 + k]) * val(B[blk * 128 + k * 8 + n]);
+          ref += p;
+          mag += std::fabs(p);
+        }
+        double got = D[blk * 128 + m * 8 + n];
+        CHECK(std::fabs(got - ref) <= 2e-6 * mag + 1e-30, "%s block %d D[%d][%d] = %.9g, want %.9g",
+              what, blk, m, n, got, ref);
+      }
+  return true;
+}
+
+bool t_mma() {
+  const int blocks = 16;
+  for (int kind = 0; kind < 2; ++kind) {
+    Rng r(100 + kind);
+    std::vector<uint16_t> A(blocks * 256), B(blocks * 128);
+    std::vector<float> C(blocks * 128), D(blocks * 128, -1.0f);
+    for (auto &x : A) x = kind ? rand_f16_bits(r) : rand_bf16_bits(r);
+    for (auto &x : B) x = kind ? rand_f16_bits(r) : rand_bf16_bits(r);
+    for (auto &x : C) x = r.uniform() - 0.5f;
+    auto body = [&] { K.k_mma_direct(A.data(), B.data(), C.data(), D.data(), kind); };
+    int rc = launch(d3(blocks), d3(32), 0, body);
+    CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+    if (!check_mma(A, B, C, D, blocks, kind == 1, kind ? "f16" : "bf16")) return false;
+  }
+  return true;
+}
+
+bool t_mma_ldmatrix() {
+  const int blocks = 16;
+  Rng r(200);
+  std::vector<uint16_t> A(blocks * 256), B(blocks * 128);
+  std::vector<float> C(blocks * 128);
+  for (auto &x : A) x = rand_bf16_bits(r);
+  for (auto &x : B) x = rand_bf16_bits(r);
+  for (auto &x : C) x = r.uniform() - 0.5f;
+  for (int variant = 0; variant < 2; ++variant) {
+    std::vector<float> D(blocks * 128, -1.0f);
+    auto body = [&] { K.k_mma_ldmatrix(A.data(), B.data(), C.data(), D.data(), variant); };
+    int rc = launch(d3(blocks), d3(32), 0, body);
+    CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+    if (!check_mma(A, B, C, D, blocks, false, variant ? "x4.trans/x2" : "x4/x2.trans"))
+      return false;
+  }
+  return true;
+}
+
+bool t_ldmatrix_raw() {
+  Rng r(300);
+  std::vector<uint16_t> M(32 * 8);
+  for (auto &x : M) x = (uint16_t)(r.uniform() * 65536);
+  std::vector<int> perm(32);
+  for (int i = 0; i < 32; ++i) perm[i] = i;
+  for (int i = 31; i > 0; --i) std::swap(perm[i], perm[(int)(r.uniform() * (i + 1))]);
+  for (int mode = 0; mode < 6; ++mode) {
+    const int num = 1 << (mode % 3);
+    const bool trans = mode >= 3;
+    std::vector<unsigned> out(32 * 4, 0xdeadbeefu);
+    auto body = [&] { K.k_ldmatrix_raw(M.data(), perm.data(), out.data(), mode); };
+    int rc = launch(d3(1), d3(32), 0, body);
+    CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+    /* PTX ISA, ldmatrix: lanes 8m..8m+7 give matrix m's rows; lane i gets row i/4,
+     * elements 2(i%4), 2(i%4)+1 (of the transpose with .trans). */
+    auto elem = [&](int m, int row, int col) -> unsigned { return M[perm[8 * m + row] * 8 + col]; };
+    for (int i = 0; i < 32; ++i)
+      for (int m = 0; m < 4; ++m) {
+        unsigned want = 0;
+        if (m < num)
+          want = trans ? elem(m, 2 * (i % 4), i / 4) | elem(m, 2 * (i % 4) + 1, i / 4) << 16
+                       : elem(m, i / 4, 2 * (i % 4)) | elem(m, i / 4, 2 * (i % 4) + 1) << 16;
+        CHECK(out[i * 4 + m] == want, "x%d%s lane %d matrix %d: %08x, want %08x", num,
+              trans ? ".trans" : "", i, m, out[i * 4 + m], want);
+      }
+  }
+  return true;
+}
+
+bool t_cp_async() {
+  std::vector<float> g = random_floats(3 * 256, 9), out(64 * 8, 99.0f);
+  auto body = [&] { K.k_cp_async(g.data(), out.data()); };
+  int rc = launch(d3(2), d3(64), 0, body);
+  CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+  for (int t = 0; t < 64; ++t) {
+    const float *o = &out[t * 8];
+    CHECK(o[0] == -7.0f, "thread %d: s0 before the wait is %g, not the poison", t, o[0]);
+    CHECK(o[1] == g[t * 4], "thread %d: s0 after wait_group 1 is %g, not %g", t, o[1], g[t * 4]);
+    CHECK(o[2] == -7.0f, "thread %d: s1 (group 1) visible after wait_group 1: %g", t, o[2]);
+    CHECK(o[3] == g[256 + t * 4 + 3], "thread %d: s1 after wait_group 0 is %g", t, o[3]);
+    CHECK(o[4] == 0.0f, "thread %d: zero-filled s2 is %g", t, o[4]);
+    CHECK(o[5] == g[((t + 1) % 64) * 4], "thread %d: neighbour's s0 is %g", t, o[5]);
+    CHECK(o[6] == -7.0f, "thread %d: uncommitted s2 visible: %g", t, o[6]);
+  }
+  return true;
+}
+
+bool t_ldmatrix_errors() {
+  std::vector<uint16_t> g(32 * 8, 1);
+  std::vector<unsigned> out(32);
+  int bad = 1;
+  auto body = [&] { K.k_ldmatrix_misaligned(g.data(), out.data(), bad); };
+  if (!expect_error(launch(d3(1), d3(32), 0, body), MG_HOST_E_PTX, "not 16-byte aligned"))
+    return false;
+  bad = 2;
+  if (!expect_error(launch(d3(1), d3(32), 0, body), MG_HOST_E_PTX, "not in shared memory"))
+    return false;
+  bad = 0;
+  int rc = launch(d3(1), d3(32), 0, body);
+  CHECK(rc == 0 && out[5] == 0x00010001u, "rc %d out %08x: %s", rc, out[5], g_msg);
+  return true;
+}
+
 bool t_perf() {
   const int blocks = 16, threads = 128, iters = 4000, n = blocks * threads;
   std::vector<float> in = random_floats(n, 5), out(n, 0.0f);
@@ -505,6 +887,81 @@ bool t_perf() {
   return true;
 }
 
+#if MG_SELFTEST_ASAN && !defined(MG_SELFTEST_DLOPEN)
+/* ---- ASan: each case in a child process, which ASan must stop ----------------------- */
+int asan_child(const char *what) {
+  std::vector<float> buf(64 * 4, 1.0f), out(64, 0.0f);
+  std::vector<float> exact(64); /* exactly 64 floats: the 65th is out of bounds */
+  auto g = [&] { K.k_oob_global(exact.data()); };
+  auto sm = [&] { K.k_oob_smem(out.data(), 1); };
+  auto dy = [&] { K.k_oob_dyn(out.data(), 1); };
+  auto cp = [&] { K.k_oob_cp_async(buf.data(), out.data()); };
+  int rc = -100;
+  if (!strcmp(what, "global")) rc = launch(d3(1), d3(64), 0, g);
+  if (!strcmp(what, "smem")) rc = launch(d3(1), d3(64), 0, sm);
+  if (!strcmp(what, "dyn")) rc = launch(d3(1), d3(64), 64 * sizeof(float), dy);
+  if (!strcmp(what, "cp_async")) rc = launch(d3(1), d3(64), 0, cp);
+  fprintf(stderr, "asan child %s: not stopped (rc %d: %s)\n", what, rc, g_msg);
+  return 0;
+}
+
+std::string g_self;
+
+/* Runs this program with --asan-child what; returns its stderr and exit status. */
+bool run_child(const char *what, std::string &err, int &status) {
+  int fd[2];
+  if (pipe(fd)) return false;
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    dup2(fd[1], 2);
+    close(fd[0]);
+    close(fd[1]);
+    setenv("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0", 1);
+    execl(g_self.c_str(), g_self.c_str(), "--asan-child", what, (char *)nullptr);
+    _exit(127);
+  }
+  close(fd[1]);
+  char b[4096];
+  ssize_t r;
+  while ((r = read(fd[0], b, sizeof b)) > 0) err.append(b, (size_t)r);
+  close(fd[0]);
+  waitpid(pid, &status, 0);
+  return true;
+}
+
+bool asan_case(const char *what, int line, const char *kind) {
+  std::string err;
+  int status = 0;
+  CHECK(run_child(what, err, status), "cannot run the child");
+  bool stopped = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  char at[64];
+  snprintf(at, sizeof at, "selftest.cpp:%d", line);
+  size_t p = err.find(at);
+  bool named = p != std::string::npos && !isdigit((unsigned char)err[p + strlen(at)]);
+  size_t e = err.find("ERROR: AddressSanitizer");
+  if (e != std::string::npos)
+    printf("    %s: %s\n", what, err.substr(e, err.find('\n', e) - e).c_str());
+  CHECK(stopped && e != std::string::npos, "%s: ASan did not stop the child:\n%s", what,
+        err.c_str());
+  CHECK(err.find(kind) != std::string::npos, "%s: report lacks '%s':\n%s", what, kind, err.c_str());
+  CHECK(named, "%s: report does not name %s:\n%s", what, at, err.c_str());
+  printf("    %s: reported at %s\n", what, at);
+  return true;
+}
+
+bool t_asan_global() { return asan_case("global", k_oob_global_line, "WRITE of size 4"); }
+bool t_asan_smem() {
+  if (smem_emulated_fn() != 1) {
+    printf("    skipped: native TLS (build with clang -femulated-tls for static smem bounds)\n");
+    return true;
+  }
+  return asan_case("smem", k_oob_smem_line, "READ of size 4");
+}
+bool t_asan_dyn() { return asan_case("dyn", k_oob_dyn_line, "READ of size 4"); }
+bool t_asan_cp_async() { return asan_case("cp_async", k_oob_cp_async_line, "READ of size"); }
+#endif
+
 void on_alarm(int) {
   static const char m[] = "selftest: timed out (a launch hangs?)\n";
   ssize_t r = write(2, m, sizeof m - 1);
@@ -535,22 +992,32 @@ int main(int argc, char **argv) {
     return 2;
   }
   launch_fn = (mg_host_launch_fn)dlsym(h, "mg_host_launch");
+  launch_ex_fn = (mg_host_launch_ex_fn)dlsym(h, "mg_host_launch_ex");
+  smem_emulated_fn = (int (*)(void))dlsym(h, "mg_host_smem_emulated");
 #define X(name, type) K.name = (type)dlsym(h, #name);
   MG_SELFTEST_KERNEL_LIST(X)
 #undef X
-  if (!launch_fn || !K.k_perf) {
+  if (!launch_fn || !launch_ex_fn || !smem_emulated_fn || !K.k_perf || !K.k_cp_async) {
     fprintf(stderr, "dlsym: %s\n", dlerror());
     return 2;
   }
   printf("mode: dlopen %s\n", argv[1]);
 #else
-  (void)argc;
-  (void)argv;
   launch_fn = &mg_host_launch;
+  launch_ex_fn = &mg_host_launch_ex;
+  smem_emulated_fn = &mg_host_smem_emulated;
 #define X(name, type) K.name = &name;
   MG_SELFTEST_KERNEL_LIST(X)
 #undef X
+#if MG_SELFTEST_ASAN
+  if (argc == 3 && !strcmp(argv[1], "--asan-child")) return asan_child(argv[2]);
+  g_self = "/proc/self/exe";
+  printf("mode: static, ASan\n");
+#else
+  (void)argc;
+  (void)argv;
   printf("mode: static\n");
+#endif
 #endif
   auto t0 = std::chrono::steady_clock::now();
   run("block_reduce", t_block_reduce);
@@ -568,6 +1035,21 @@ int main(int argc, char **argv) {
   run("bf16", t_bf16);
   run("sync_reduce", t_sync_reduce);
   run("partial_block", t_partial_block);
+  run("missing_barrier", t_missing_barrier);
+  run("nan_fill", t_nan_fill);
+  run("seeds_identical", t_seeds_identical);
+  run("shuffled", t_shuffled);
+  run("mma", t_mma);
+  run("mma_ldmatrix", t_mma_ldmatrix);
+  run("ldmatrix_raw", t_ldmatrix_raw);
+  run("cp_async", t_cp_async);
+  run("ldmatrix_errors", t_ldmatrix_errors);
+#if MG_SELFTEST_ASAN && !defined(MG_SELFTEST_DLOPEN)
+  run("asan_global", t_asan_global);
+  run("asan_smem", t_asan_smem);
+  run("asan_dyn", t_asan_dyn);
+  run("asan_cp_async", t_asan_cp_async);
+#endif
   run("perf", t_perf);
   double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   printf("total %.3f s\n", sec);
