@@ -53,4 +53,5 @@ int cli_generate(int argc, char **argv);
 int cli_compile(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_plan(int argc, char **argv);
+int cli_run(int argc, char **argv);
 #endif

@@ -4,6 +4,7 @@
 
 #include "cli.h"
 
+
 static const char usage[] =
     "usage: mlagen <command> [options]\n"
     "\n"
@@ -14,6 +15,7 @@ static const char usage[] =
     "  generate  render the kernels for a model into .cu files and a manifest.json\n"
     "  compile   JIT-compile the kernels with NVRTC (cached) and print what ptxas reports\n"
     "  plan      communication, memory and FLOPs of each form under sequence parallelism\n"
+    "  run       execute a form on the CPU (mpirun for P ranks): memory vs plan, checks\n"
     "\n"
     "`mlagen <command> --help` describes a command. Models: a config.json path or a\n"
     "shipped name (deepseek-v3 (default), deepseek-v2-lite, kimi-k2).\n"
@@ -37,6 +39,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "generate") == 0) return cli_generate(argc, argv);
   if (strcmp(cmd, "compile") == 0) return cli_compile(argc, argv);
   if (strcmp(cmd, "plan") == 0) return cli_plan(argc, argv);
+  if (strcmp(cmd, "run") == 0) return cli_run(argc, argv);
   fprintf(stderr, "mlagen: unknown command '%s'\n\n%s", cmd, usage);
   return CLI_USAGE;
 }

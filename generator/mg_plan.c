@@ -21,6 +21,10 @@ int mg_form_parse(const char *name, mg_form *out) {
   return -1;
 }
 
+mg_dtype mg_plan_acc_dtype(const mg_plan *p) {
+  return p->args.dtype == MG_F64 ? MG_F64 : MG_F32;
+}
+
 int64_t mg_plan_buf_numel(const mg_plan_buf *b) {
   int64_t n = 1;
   for (int i = 0; i < b->ndim; i++) n *= b->dims[i];

@@ -68,7 +68,7 @@ typedef enum mg_kernel_op {
    * [B, S, rope_w] buffer) = sum over heads of dk[.., d_n:]. args: dk, dv -> dkv, drope */
   MG_OP_SPLIT_DKV,
   /* explicit attention forward. args: q [B, S, Hl, d_qk], k [B, S, Hl, d_qk],
-   * v [B, S, Hl, d_v] -> o [B, S, Hl, d_v], lse [B, Hl, S] (f32) */
+   * v [B, S, Hl, d_v] -> o [B, S, Hl, d_v], lse [B, Hl, S] (natural log, mg_plan_acc_dtype) */
   MG_OP_ATTN_FWD,
   /* explicit attention backward. args: q, k, v, o, lse, do -> dq, dk, dv */
   MG_OP_ATTN_BWD,
@@ -155,6 +155,11 @@ typedef struct mg_plan_cost {
 } mg_plan_cost;
 
 void mg_plan_cost_of(const mg_plan *p, mg_plan_cost *c);
+
+/* The dtype of the plan's accumulators (the LSE, the weight gradient dw_kv_b): MG_F64 when
+ * the plan computes in f64 (the CPU reference), else MG_F32 (bf16/f16 activations keep
+ * f32 accumulators, as the kernels do). */
+mg_dtype mg_plan_acc_dtype(const mg_plan *p);
 
 /* Bytes of buffer b. */
 int64_t mg_plan_buf_bytes(const mg_plan_buf *b);

@@ -31,7 +31,7 @@ void mg_form_absorbed(mg_plan *p) {
   s->src_col = dn, s->dst_col = dc, s->cols = dr;
 
   int o_lat = mg_plan_temp(p, "o_lat", T, DIMS(B, S, Hl, dc));
-  int lse = mg_plan_temp(p, "lse", MG_F32, DIMS(B, Hl, S));
+  int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, Hl, S));
   mg_plan_kernel(p, MG_OP_MQA_FWD, "MQA attention over the latent", ARGS(q_abs, c), ARGS(o_lat, lse));
   int o_h = mg_plan_temp(p, "o_h", T, DIMS(B, S, Hl, dv));
   mg_plan_gemm(p, "o_h[:, h] = o_lat W_UV[h]^T", o_lat, f.w, o_h,
@@ -51,7 +51,7 @@ void mg_form_absorbed(mg_plan *p) {
                (mg_gemm){.m = B * S, .n = dc, .k = dv, .lda = Hl * dv, .ldb = dc, .ldc = Hl * dc,
                          .off_b = uv, .stride_a = dv, .stride_b = wstride, .stride_c = dc,
                          .batch = (int)Hl});
-  int dw = mg_plan_output(p, "dw_kv_b", MG_F32, DIMS(H * dkv, dc));
+  int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   mg_plan_gemm(p, "dW_UV[h] = do_h^T o_lat", do_h, o_lat, dw,
                (mg_gemm){.trans_a = 1, .m = dv, .n = dc, .k = B * S, .lda = Hl * dv,
                          .ldb = Hl * dc, .ldc = dc, .off_c = uv, .stride_a = dv, .stride_b = dc,

@@ -29,7 +29,7 @@ void mg_form_explicit(mg_plan *p) {
   mg_plan_seq_to_head(p, v, v_h);
 
   int o_h = mg_plan_temp(p, "o_h", T, DIMS(B, S, Hl, dv));
-  int lse = mg_plan_temp(p, "lse", MG_F32, DIMS(B, Hl, S));
+  int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, Hl, S));
   mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention", ARGS(q_h, k_h, v_h), ARGS(o_h, lse));
   int o = mg_plan_output(p, "o", T, DIMS(B, Sl, H, dv));
   mg_plan_head_to_seq(p, o_h, o);
@@ -62,7 +62,7 @@ void mg_form_explicit(mg_plan *p) {
   int dc_kv = mg_plan_output(p, "dc_kv", T, DIMS(B, Sl, dc));
   mg_plan_gemm(p, "dc_kv = dkv w_kv_b", dkv_b, f.w, dc_kv,
                (mg_gemm){.m = B * Sl, .n = dc, .k = H * dkv, .lda = H * dkv, .ldb = dc, .ldc = dc});
-  int dw = mg_plan_output(p, "dw_kv_b", MG_F32, DIMS(H * dkv, dc));
+  int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   mg_plan_gemm(p, "dw_kv_b = dkv^T c_kv (local tokens)", dkv_b, f.c_kv, dw,
                (mg_gemm){.trans_a = 1, .m = H * dkv, .n = dc, .k = B * Sl,
                          .lda = H * dkv, .ldb = dc, .ldc = dc});

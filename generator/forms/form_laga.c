@@ -46,7 +46,7 @@ void mg_form_laga(mg_plan *p, int recompute) {
   int v_h = mg_plan_temp(p, "v_h", T, DIMS(B, S, Hl, dv));
   rebuild_kv(p, c, f.w, k_h, v_h, "kv_h");
   int o_h = mg_plan_temp(p, "o_h", T, DIMS(B, S, Hl, dv));
-  int lse = mg_plan_temp(p, "lse", MG_F32, DIMS(B, Hl, S));
+  int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, Hl, S));
   mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention", ARGS(q_h, k_h, v_h), ARGS(o_h, lse));
   int o = mg_plan_output(p, "o", T, DIMS(B, Sl, H, dv));
   mg_plan_head_to_seq(p, o_h, o);
@@ -79,7 +79,7 @@ void mg_form_laga(mg_plan *p, int recompute) {
                (mg_gemm){.m = B * S, .n = dc, .k = Hl * dkv, .lda = Hl * dkv, .ldb = dc, .ldc = wc,
                          .off_b = h0 * dkv * dc});
   int cb = recompute ? c : gather_latent(p, &f, "c_local2", "c2");
-  int dw = mg_plan_output(p, "dw_kv_b", MG_F32, DIMS(H * dkv, dc));
+  int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   mg_plan_gemm(p, "dw_kv_b[heads] = dkv_h^T c[:, :d_c]", dkv_h, cb, dw,
                (mg_gemm){.trans_a = 1, .m = Hl * dkv, .n = dc, .k = B * S, .lda = Hl * dkv,
                          .ldb = wc, .ldc = dc, .off_c = h0 * dkv * dc});

@@ -1,0 +1,632 @@
+/* cli_run.c: `mlagen run`: execute a form on the CPU (one process, or one per rank under
+ * mpirun), report measured memory against the planner, compare forms, dump results. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "mg_comm.h"
+#include "mg_cpu_exec.h"
+#include "mg_plan.h"
+#include "mg_safetensors.h"
+#include "mlagen.h"
+#ifdef MLAGEN_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static const char help[] =
+    "usage: mlagen run --backend cpu --seq S [--model M] [--sp P] [--batch B] [--form F]\n"
+    "                  [--dtype f32|f64] [--causal | --no-causal] [--seed N]\n"
+    "                  [--inputs FILE] [--dump FILE] [--check]\n"
+    "\n"
+    "Runs one MLA attention layer, forward then backward, with the CPU executor: the\n"
+    "form's plan (see `mlagen plan --steps`) step by step, collectives over MPI. Run P\n"
+    "ranks with `mpirun -np P mlagen run --sp P ...` (without mpirun, P must be 1).\n"
+    "Prints the bytes each rank kept from forward to backward, the peaks of both passes\n"
+    "and the bytes sent, measured by the executor's allocator, next to the planner's.\n"
+    "\n"
+    "  --backend cpu  the executor (only cpu for now)\n"
+    "  --form F       explicit (default), absorbed, laga, laga-r\n"
+    "  --seq S        global sequence length; each rank holds S / P tokens (required\n"
+    "                 without --inputs, else taken from q)\n"
+    "  --sp P         sequence-parallel degree (default 1) = the number of MPI ranks\n"
+    "  --batch B      batch size (default 1; with --inputs taken from q)\n"
+    "  --dtype T      f32 (default) or f64\n"
+    "  --no-causal    full attention (causal, by global position, is the default)\n"
+    "  --seed N       inputs drawn from N (default 1), identical on every rank: element i\n"
+    "                 (row-major index in the global tensor) of tensor n (q 1, c_kv 2,\n"
+    "                 k_rope 3, w_kv_b 4, do 5) is scale * N(0,1) by Box-Muller from\n"
+    "                 splitmix64(seed, n, i); scale 0.5, w_kv_b 1/sqrt(d_c)\n"
+    "  --inputs FILE  read the inputs from a safetensors file (each rank takes its\n"
+    "                 shard): q [B,S,H,d_n+d_r], c_kv [B,S,d_c], k_rope [B,S,d_r],\n"
+    "                 w_kv_b [H*(d_n+d_v),d_c], do [B,S,H,d_v]; bf16, f16, f32 or f64\n"
+    "  --dump FILE    write the global results as f32 safetensors (rank 0, atomic):\n"
+    "                 o [B,S,H,d_v], lse [B,H,S], dq, dc_kv, dk_rope, dw_kv_b (summed\n"
+    "                 over ranks)\n"
+    "  --check        run all four forms on the same inputs and print each one's max\n"
+    "                 relative error (max|a-b| / max|b|) against explicit; fails above\n"
+    "                 1e-4 (f32) or 1e-10 (f64)\n";
+
+typedef struct run_opts {
+  const char *backend, *model, *form, *dtype, *inputs, *dump;
+  long long seq;
+  int sp, batch, causal, check, have_batch;
+  unsigned long long seed;
+} run_opts;
+
+/* ---- options ------------------------------------------------------------------------- */
+
+static int parse_pos(const char *opt, const char *v, long long max, long long *out) {
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end || x < 1 || x > max || !(*v >= '0' && *v <= '9')) {
+    cli_error("--%s %s: expected a positive integer", opt, v);
+    return CLI_USAGE;
+  }
+  *out = x;
+  return 0;
+}
+
+static int parse(int argc, char **argv, run_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->backend = "cpu";
+  o->form = "explicit";
+  o->dtype = "f32";
+  o->sp = 1;
+  o->batch = 1;
+  o->causal = 1;
+  o->seed = 1;
+  for (int i = 2; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(help, stdout);
+      return CLI_HELP;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      cli_error("unexpected argument '%s' (see --help)", a);
+      return CLI_USAGE;
+    }
+    const char *name = a + 2, *eq = strchr(name, '=');
+    const size_t n = eq ? (size_t)(eq - name) : strlen(name);
+#define OPT(s) (n == sizeof(s) - 1 && strncmp(name, s, n) == 0)
+    if (OPT("causal") || OPT("no-causal") || OPT("check")) {
+      if (eq) {
+        cli_error("option '--%.*s' takes no value", (int)n, name);
+        return CLI_USAGE;
+      }
+      if (OPT("check")) o->check = 1;
+      else o->causal = OPT("causal");
+      continue;
+    }
+    if (!(OPT("backend") || OPT("model") || OPT("form") || OPT("dtype") || OPT("inputs") ||
+          OPT("dump") || OPT("seq") || OPT("sp") || OPT("batch") || OPT("seed"))) {
+      cli_error("unknown option '%.*s' (see --help)", (int)(n + 2), a);
+      return CLI_USAGE;
+    }
+    const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+    if (!v || !*v) {
+      cli_error("option '--%.*s' needs a value", (int)n, name);
+      return CLI_USAGE;
+    }
+    long long x = 0;
+    if (OPT("backend")) o->backend = v;
+    else if (OPT("model")) o->model = v;
+    else if (OPT("form")) o->form = v;
+    else if (OPT("dtype")) o->dtype = v;
+    else if (OPT("inputs")) o->inputs = v;
+    else if (OPT("dump")) o->dump = v;
+    else if (OPT("seq")) {
+      if (parse_pos("seq", v, 1LL << 40, &o->seq)) return CLI_USAGE;
+    } else if (OPT("sp")) {
+      if (parse_pos("sp", v, 1 << 20, &x)) return CLI_USAGE;
+      o->sp = (int)x;
+    } else if (OPT("batch")) {
+      if (parse_pos("batch", v, 1 << 20, &x)) return CLI_USAGE;
+      o->batch = (int)x;
+      o->have_batch = 1;
+    } else { /* seed: any non-negative integer */
+      char *end = NULL;
+      errno = 0;
+      o->seed = strtoull(v, &end, 0);
+      if (errno || end == v || *end || !(*v >= '0' && *v <= '9')) {
+        cli_error("--seed %s: expected a non-negative integer", v);
+        return CLI_USAGE;
+      }
+    }
+#undef OPT
+  }
+  if (strcmp(o->backend, "cpu") != 0) {
+    cli_error("--backend %s: only the cpu backend runs for now", o->backend);
+    return CLI_USAGE;
+  }
+  mg_form f;
+  if (mg_form_parse(o->form, &f)) {
+    cli_error("--form %s: expected explicit, absorbed, laga or laga-r", o->form);
+    return CLI_USAGE;
+  }
+  if (strcmp(o->dtype, "f32") && strcmp(o->dtype, "f64")) {
+    cli_error("--dtype %s: the CPU executor runs f32 or f64", o->dtype);
+    return CLI_USAGE;
+  }
+  if (!o->inputs && !o->seq) {
+    cli_error("run: --seq S is required without --inputs (see --help)");
+    return CLI_USAGE;
+  }
+  return 0;
+}
+
+/* ---- the group of ranks -------------------------------------------------------------- */
+
+typedef struct group {
+  mg_comm *comm; /* NULL until made */
+  int rank, size;
+  int mpi;       /* MPI_Init was called here */
+} group;
+
+/* The lowest rank with failed != 0, or -1 when no rank failed: every rank learns the
+ * same, so all stop together and one message is printed. */
+static int agree(const group *g, int failed) {
+#ifdef MLAGEN_HAVE_MPI
+  if (g->mpi && g->size > 1) {
+    int mine = failed ? g->rank : INT_MAX, low = INT_MAX;
+    MPI_Allreduce(&mine, &low, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return low == INT_MAX ? -1 : low;
+  }
+#endif
+  return failed ? g->rank : -1;
+}
+
+/* A failure after ranks may have diverged (inside a collective): stop them all. */
+static void abort_group(const group *g) {
+#ifdef MLAGEN_HAVE_MPI
+  if (g->mpi && g->size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#else
+  (void)g;
+#endif
+}
+
+/* ---- inputs -------------------------------------------------------------------------- */
+
+static uint64_t mix(uint64_t x) { /* splitmix64 */
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* Element i of tensor n drawn from seed: a standard normal (Box-Muller). */
+static double draw(uint64_t seed, uint64_t n, uint64_t i) {
+  uint64_t a = mix(mix(mix(seed) ^ n) ^ i), b = mix(a);
+  double u1 = ((double)(a >> 11) + 1.0) * 0x1p-53; /* (0, 1] */
+  double u2 = (double)(b >> 11) * 0x1p-53;         /* [0, 1) */
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static void put(mg_dtype t, void *p, int64_t i, double x) {
+  if (t == MG_F64)
+    ((double *)p)[i] = x;
+  else
+    ((float *)p)[i] = (float)x;
+}
+static double get(mg_dtype t, const void *p, int64_t i) {
+  return t == MG_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+
+/* The op's inputs: name, tensor number of the generator, global shape. */
+typedef struct input_spec {
+  const char *name;
+  int n;          /* generator tensor number */
+  int ndim;
+  int64_t dims[4]; /* global shape; sharded along dim 1 unless ndim == 2 (w_kv_b) */
+  double scale;
+} input_spec;
+
+static void input_specs(const mg_shape *s, int64_t B, int64_t S, input_spec *in) {
+  const int64_t H = s->heads, dn = s->qk_nope_head_dim, dr = s->qk_rope_head_dim,
+                dv = s->v_head_dim, dc = s->kv_lora_rank;
+  in[0] = (input_spec){"q", 1, 4, {B, S, H, dn + dr}, 0.5};
+  in[1] = (input_spec){"c_kv", 2, 3, {B, S, dc}, 0.5};
+  in[2] = (input_spec){"k_rope", 3, 3, {B, S, dr}, 0.5};
+  in[3] = (input_spec){"w_kv_b", 4, 2, {H * (dn + dv), dc}, 1.0 / sqrt((double)dc)};
+  in[4] = (input_spec){"do", 5, 4, {B, S, H, dv}, 0.5};
+}
+#define N_INPUTS 5
+
+static int64_t numel_of(const int64_t *dims, int ndim) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= dims[i];
+  return n;
+}
+
+/* This rank's shard of input spec in: dims[1] / P tokens from token rank * dims[1] / P. */
+static void draw_shard(const input_spec *in, uint64_t seed, int rank, int P, mg_dtype t, void *out) {
+  if (in->ndim == 2) {
+    for (int64_t i = 0; i < numel_of(in->dims, 2); i++)
+      put(t, out, i, in->scale * draw(seed, (uint64_t)in->n, (uint64_t)i));
+    return;
+  }
+  const int64_t B = in->dims[0], S = in->dims[1], Sl = S / P, w = numel_of(in->dims + 2, in->ndim - 2);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t s = 0; s < Sl; s++)
+      for (int64_t c = 0; c < w; c++) {
+        const int64_t g = (b * S + (int64_t)rank * Sl + s) * w + c;
+        put(t, out, (b * Sl + s) * w + c, in->scale * draw(seed, (uint64_t)in->n, (uint64_t)g));
+      }
+}
+
+/* ---- results, gathered to every rank ----------------------------------------------------- */
+
+enum { R_O, R_LSE, R_DQ, R_DC_KV, R_DK_ROPE, R_DW, N_RESULTS };
+static const char *const result_names[N_RESULTS] = {"o", "lse", "dq", "dc_kv", "dk_rope", "dw_kv_b"};
+
+typedef struct result {
+  double *v[N_RESULTS];   /* global tensors, double */
+  int64_t dims[N_RESULTS][4];
+  int ndim[N_RESULTS];
+  mg_cpu_stats st;
+  mg_plan_cost cost;
+  int matches_plan;      /* on every rank */
+} result;
+
+static void result_free(result *r) {
+  for (int k = 0; k < N_RESULTS; k++) free(r->v[k]);
+  memset(r, 0, sizeof *r);
+}
+
+/* all_gather of a local [A, n_s, n_h, w] block into global [A, P n_s, n_h, w] when
+ * seq != 0, or [A, n_s, P n_h, w] (heads) otherwise, converted to double. */
+static int gather(const group *g, mg_dtype t, const void *local, int64_t A, int64_t n_s,
+                  int64_t n_h, int64_t w, int along_seq, double *out, mg_diag *d) {
+  const int P = g->size;
+  const size_t count = (size_t)(A * n_s * n_h * w), es = mg_dtype_size(t);
+  void *all = malloc(count * (size_t)P * es);
+  if (!all) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  int rc = g->comm->ops->all_gather(g->comm, local, all, count, t, d);
+  for (int p = 0; !rc && p < P; p++)
+    for (int64_t a = 0; a < A; a++)
+      for (int64_t s = 0; s < n_s; s++)
+        for (int64_t h = 0; h < n_h; h++)
+          for (int64_t c = 0; c < w; c++) {
+            const int64_t src = (int64_t)p * (int64_t)count + ((a * n_s + s) * n_h + h) * w + c;
+            const int64_t dst = along_seq ? ((a * n_s * P + p * n_s + s) * n_h + h) * w + c
+                                          : ((a * n_s + s) * n_h * P + p * n_h + h) * w + c;
+            out[dst] = get(t, all, src);
+          }
+  free(all);
+  return rc;
+}
+
+/* Runs plan p on this rank and gathers its results to every rank. */
+static int run_form(const group *g, const mg_plan *p, const void *const *in, result *r, mg_diag *d) {
+  memset(r, 0, sizeof *r);
+  const mg_shape *s = &p->shape;
+  const mg_dtype t = p->args.dtype;
+  const int64_t B = p->args.batch, S = p->args.seq, Sl = p->seq_local, H = s->heads,
+                Hl = p->heads_local, dn = s->qk_nope_head_dim, dr = s->qk_rope_head_dim,
+                dv = s->v_head_dim, dc = s->kv_lora_rank, W = H * (dn + dv);
+  int lse_id = mg_plan_find(p, "lse");
+  if (lse_id < 0) return mg_diag_set(d, MLAGEN_EINVAL, "%s plan has no lse", mg_form_name(p->args.form));
+  const size_t lse_bytes = (size_t)mg_plan_buf_bytes(&p->bufs[lse_id]);
+  void *lse = malloc(lse_bytes);
+  if (!lse) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  mg_cpu_capture cap = {"lse", lse, lse_bytes};
+  mg_cpu_tensors ts = {.q = in[0], .c_kv = in[1], .k_rope = in[2], .w_kv_b = in[3], .d_o = in[4],
+                       .captures = &cap, .n_captures = 1};
+  int rc = mg_cpu_run(p, g->comm, &ts, &r->st, d);
+  if (rc) {
+    free(lse);
+    return rc;
+  }
+  mg_plan_cost_of(p, &r->cost);
+  const int64_t shapes[N_RESULTS][4] = {{B, S, H, dv}, {B, H, S, 0}, {B, S, H, dn + dr},
+                                        {B, S, dc, 0}, {B, S, dr, 0},  {W, dc, 0, 0}};
+  const int nd[N_RESULTS] = {4, 3, 4, 3, 3, 2};
+  for (int k = 0; k < N_RESULTS && !rc; k++) {
+    memcpy(r->dims[k], shapes[k], sizeof shapes[k]);
+    r->ndim[k] = nd[k];
+    if (!(r->v[k] = malloc((size_t)numel_of(shapes[k], nd[k]) * sizeof(double))))
+      rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  }
+  if (!rc) rc = gather(g, t, ts.o, B, Sl, H, dv, 1, r->v[R_O], d);
+  if (!rc) rc = gather(g, t, lse, B, 1, Hl, S, 0, r->v[R_LSE], d);
+  if (!rc) rc = gather(g, t, ts.dq, B, Sl, H, dn + dr, 1, r->v[R_DQ], d);
+  if (!rc) rc = gather(g, t, ts.dc_kv, B, Sl, 1, dc, 1, r->v[R_DC_KV], d);
+  if (!rc) rc = gather(g, t, ts.dk_rope, B, Sl, 1, dr, 1, r->v[R_DK_ROPE], d);
+  if (!rc) { /* dw_kv_b: the sum of the ranks' partial gradients */
+    double *parts = malloc((size_t)(W * dc) * (size_t)g->size * sizeof(double));
+    if (!parts) rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+    if (!rc) rc = gather(g, t, ts.dw_kv_b, 1, W * dc, 1, 1, 0, parts, d); /* [W dc, P] */
+    for (int64_t i = 0; !rc && i < W * dc; i++) {
+      double sum = 0;
+      for (int q = 0; q < g->size; q++) sum += parts[i * g->size + q];
+      r->v[R_DW][i] = sum;
+    }
+    free(parts);
+  }
+  r->matches_plan = r->st.saved == r->cost.saved && r->st.peak_fwd == r->cost.peak_fwd &&
+                    r->st.peak_bwd == r->cost.peak_bwd && r->st.sent_fwd == r->cost.sent_fwd &&
+                    r->st.sent_bwd == r->cost.sent_bwd;
+  mg_cpu_tensors_free(&ts);
+  free(lse);
+  if (rc) result_free(r);
+  return rc;
+}
+
+/* max |a - b| / max |b| over tensor k. */
+static double rel_err(const result *a, const result *b, int k) {
+  double num = 0, den = 0;
+  const int64_t n = numel_of(b->dims[k], b->ndim[k]);
+  for (int64_t i = 0; i < n; i++) {
+    num = fmax(num, fabs(a->v[k][i] - b->v[k][i]));
+    den = fmax(den, fabs(b->v[k][i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+static int dump(const char *path, const result *r, const mg_plan *p, const run_opts *o,
+                mg_diag *d) {
+  mg_st_writer *w = NULL;
+  int rc = mg_st_writer_new(&w, d);
+  char num[64];
+  for (int k = 0; k < N_RESULTS && !rc; k++) {
+    const int64_t n = numel_of(r->dims[k], r->ndim[k]);
+    float *f = malloc((size_t)n * sizeof *f);
+    if (!f) {
+      rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+      break;
+    }
+    for (int64_t i = 0; i < n; i++) f[i] = (float)r->v[k][i];
+    rc = mg_st_writer_add_f32(w, result_names[k], r->ndim[k], r->dims[k], f, d);
+    free(f);
+  }
+  if (!rc) rc = mg_st_writer_add_meta(w, "form", mg_form_name(p->args.form), d);
+  if (!rc) rc = mg_st_writer_add_meta(w, "model", p->shape.source, d);
+  if (!rc) rc = mg_st_writer_add_meta(w, "dtype", mg_dtype_name(p->args.dtype), d);
+  if (!rc) rc = mg_st_writer_add_meta(w, "causal", p->args.causal ? "true" : "false", d);
+  snprintf(num, sizeof num, "%d", p->args.sp);
+  if (!rc) rc = mg_st_writer_add_meta(w, "sp", num, d);
+  if (!rc) rc = mg_st_writer_add_meta(w, "inputs", o->inputs ? o->inputs : "seed", d);
+  snprintf(num, sizeof num, "%llu", o->seed);
+  if (!rc && !o->inputs) rc = mg_st_writer_add_meta(w, "seed", num, d);
+  if (!rc) rc = mg_st_writer_write(w, path, d);
+  mg_st_writer_free(w);
+  return rc;
+}
+
+/* "123456 = plan" or "123456 != plan 654321". */
+static const char *vs(char *buf, size_t n, int64_t got, int64_t want) {
+  if (got == want)
+    snprintf(buf, n, "%lld = plan", (long long)got);
+  else
+    snprintf(buf, n, "%lld != plan %lld", (long long)got, (long long)want);
+  return buf;
+}
+
+static void print_stats(const char *form, const result *r) {
+  char a[64], b[64], c[64], e[64], f[64];
+  printf("%-9s %-22s %-22s %-22s %-18s %-18s %.3f + %.3f\n", form,
+         vs(a, sizeof a, r->st.saved, r->cost.saved), vs(b, sizeof b, r->st.peak_fwd, r->cost.peak_fwd),
+         vs(c, sizeof c, r->st.peak_bwd, r->cost.peak_bwd),
+         vs(e, sizeof e, r->st.sent_fwd, r->cost.sent_fwd),
+         vs(f, sizeof f, r->st.sent_bwd, r->cost.sent_bwd), r->st.seconds_fwd, r->st.seconds_bwd);
+}
+
+/* ---- the command ------------------------------------------------------------------------- */
+
+/* Prints the message of the lowest failing rank (once), returns status on every rank. */
+#define FAIL_IF(cond, status_)                                    \
+  do {                                                            \
+    int who_ = agree(g, (cond));                                  \
+    if (who_ >= 0) {                                              \
+      if (who_ == g->rank) cli_error("%s", mg_diag_msg(&d));      \
+      ret = (status_);                                            \
+      goto out;                                                   \
+    }                                                             \
+  } while (0)
+
+static int run(const run_opts *o, group *g) {
+  int ret = CLI_OK, rc;
+  mg_diag d = MG_DIAG_INIT;
+  mg_shape shape;
+  mg_st_file *file = NULL;
+  void *in[N_INPUTS] = {0};
+  static mg_plan plans[MG_FORM_COUNT];
+  result res[MG_FORM_COUNT];
+  memset(res, 0, sizeof res);
+  mg_form form;
+  mg_form_parse(o->form, &form); /* checked by parse */
+  mg_dtype dt = strcmp(o->dtype, "f64") == 0 ? MG_F64 : MG_F32;
+
+  rc = mg_config_load(o->model, &shape, &d);
+  FAIL_IF(rc != 0, CLI_FAIL);
+  for (int i = 0; g->rank == 0 && i < shape.n_notes; i++)
+    fprintf(stderr, "mlagen: note: %s: %s\n", shape.source, shape.notes[i]);
+
+  /* B and S: from the options, or from q's shape in the inputs file */
+  int64_t B = o->batch, S = o->seq;
+  rc = 0;
+  if (o->inputs) {
+    rc = mg_st_open(o->inputs, &file, &d);
+    const mg_st_tensor *q = rc ? NULL : mg_st_find(file, "q");
+    if (!rc && !q) rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: no tensor named 'q'", o->inputs);
+    if (!rc && q->ndim >= 2) {
+      if (!o->have_batch) B = q->shape[0];
+      if (!o->seq) S = q->shape[1];
+    }
+    if (!rc && (B < 1 || S < 1 || B > INT_MAX))
+      rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: tensor 'q' has an empty or unusable shape",
+                       o->inputs);
+  }
+  FAIL_IF(rc != 0, CLI_FAIL);
+
+  /* the plans */
+  int forms[MG_FORM_COUNT], n_forms = 0;
+  if (o->check)
+    for (int f = 0; f < MG_FORM_COUNT; f++) forms[n_forms++] = f;
+  else
+    forms[n_forms++] = (int)form;
+  for (int k = 0; k < n_forms; k++) {
+    mg_plan_args a = {.shape = &shape, .form = (mg_form)forms[k], .sp = o->sp,
+                      .rank = g->rank < o->sp ? g->rank : 0, .batch = (int)B, .seq = S, .causal = o->causal, .dtype = dt};
+    rc = mg_plan_build(&plans[forms[k]], &a, &d);
+    if (rc) break;
+  }
+  FAIL_IF(rc != 0, CLI_USAGE);
+
+  /* the plans were checked first: their refusals do not depend on how many ranks run */
+  if (g->size != o->sp) {
+    if (g->mpi)
+      mg_diag_set(&d, MLAGEN_EINVAL, "run: --sp %d but %d MPI process%s: start P ranks with "
+                  "mpirun -np P, P = --sp", o->sp, g->size, g->size == 1 ? "" : "es");
+    else
+      mg_diag_set(&d, MLAGEN_EINVAL, "run: --sp %d needs MPI ranks, and mlagen was built without "
+                  "MPI; run with --sp 1", o->sp);
+  }
+  FAIL_IF(g->size != o->sp, CLI_USAGE);
+
+  /* the inputs, this rank's shard */
+  input_spec specs[N_INPUTS];
+  input_specs(&shape, B, S, specs);
+  for (int k = 0; k < N_INPUTS && !rc; k++) {
+    const input_spec *is = &specs[k];
+    const int64_t local = numel_of(is->dims, is->ndim) / (is->ndim == 2 ? 1 : o->sp);
+    if (!(in[k] = malloc((size_t)local * mg_dtype_size(dt)))) {
+      rc = mg_diag_set(&d, MLAGEN_ENOMEM, "out of memory");
+      break;
+    }
+    if (!file) {
+      draw_shard(is, o->seed, g->rank, o->sp, dt, in[k]);
+      continue;
+    }
+    const int64_t Sl = S / o->sp;
+    if (is->ndim == 2)
+      rc = dt == MG_F64 ? mg_st_read_f64(file, is->name, 2, is->dims, in[k], &d)
+                        : mg_st_read_f32(file, is->name, 2, is->dims, in[k], &d);
+    else
+      rc = dt == MG_F64 ? mg_st_read_f64_rows(file, is->name, is->ndim, is->dims, 1,
+                                              g->rank * Sl, Sl, in[k], &d)
+                        : mg_st_read_f32_rows(file, is->name, is->ndim, is->dims, 1,
+                                              g->rank * Sl, Sl, in[k], &d);
+  }
+  FAIL_IF(rc != 0, CLI_FAIL);
+  mg_st_close(file);
+  file = NULL;
+
+  /* run */
+  if (g->rank == 0) {
+    printf("mlagen run: cpu backend, %s (H=%d d_c=%d d_r=%d d_n=%d d_v=%d scale %.6g), B=%lld "
+           "S=%lld P=%d, %s, %s, inputs %s",
+           shape.source, shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
+           shape.qk_nope_head_dim, shape.v_head_dim, shape.softmax_scale, (long long)B,
+           (long long)S, o->sp, o->dtype, o->causal ? "causal" : "non-causal",
+           o->inputs ? o->inputs : "from seed");
+    if (!o->inputs) printf(" %llu", o->seed);
+    printf("\nbytes per rank (rank 0), measured by the executor's allocator vs the planner; "
+           "time in s\n%-9s %-22s %-22s %-22s %-18s %-18s %s\n", "form", "saved fwd->bwd",
+           "peak, forward", "peak, backward", "sent, forward", "sent, backward", "fwd + bwd");
+    fflush(stdout);
+  }
+  for (int k = 0; k < n_forms; k++) {
+    const mg_plan *p = &plans[forms[k]];
+    rc = run_form(g, p, (const void *const *)in, &res[forms[k]], &d);
+    if (rc) { /* a rank may be stuck in a collective: stop every rank */
+      cli_error("rank %d: %s", g->rank, mg_diag_msg(&d));
+      abort_group(g);
+      ret = CLI_FAIL;
+      goto out;
+    }
+    if (g->rank == 0) {
+      print_stats(mg_form_name(p->args.form), &res[forms[k]]);
+      fflush(stdout);
+    }
+    int who = agree(g, !res[forms[k]].matches_plan);
+    if (who >= 0) {
+      if (who == g->rank)
+        cli_error("rank %d: the %s form's measured memory or traffic differs from the plan", who,
+                  mg_form_name(p->args.form));
+      ret = CLI_FAIL;
+      goto out;
+    }
+  }
+
+  if (g->rank == 0 && o->check) {
+    const double tol = dt == MG_F64 ? 1e-10 : 1e-4;
+    int bad = 0;
+    printf("\ncheck: max |a - b| / max |b| against explicit over the global tensors (limit %g)\n%-9s",
+           tol, "form");
+    for (int k = 0; k < N_RESULTS; k++) printf(" %-10s", result_names[k]);
+    printf("\n");
+    for (int f = 1; f < MG_FORM_COUNT; f++) {
+      printf("%-9s", mg_form_name((mg_form)f));
+      for (int k = 0; k < N_RESULTS; k++) {
+        double e = rel_err(&res[f], &res[MG_FORM_EXPLICIT], k);
+        bad += !(e <= tol);
+        printf(" %-10.2e", e);
+      }
+      printf("\n");
+    }
+    if (bad) {
+      cli_error("check failed: %d tensor(s) differ from the explicit form by more than %g", bad, tol);
+      ret = CLI_FAIL;
+    } else {
+      printf("check passed: every form equals explicit within %g\n", tol);
+    }
+  }
+  if (g->rank == 0 && o->dump && ret == CLI_OK) {
+    rc = dump(o->dump, &res[form], &plans[form], o, &d);
+    if (rc) {
+      cli_error("%s", mg_diag_msg(&d));
+      ret = CLI_FAIL;
+    } else {
+      printf("wrote %s (%s form, f32)\n", o->dump, mg_form_name(form));
+    }
+  }
+
+out:
+  mg_st_close(file);
+  for (int k = 0; k < N_INPUTS; k++) free(in[k]);
+  for (int f = 0; f < MG_FORM_COUNT; f++) result_free(&res[f]);
+  mg_diag_clear(&d);
+  return ret;
+}
+#undef FAIL_IF
+
+int cli_run(int argc, char **argv) {
+  run_opts o;
+  int rc = parse(argc, argv, &o);
+  if (rc) return rc == CLI_HELP ? CLI_OK : rc;
+  group g = {NULL, 0, 1, 0};
+  mg_diag d = MG_DIAG_INIT;
+#ifdef MLAGEN_HAVE_MPI
+  if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
+    cli_error("run: MPI_Init failed");
+    return CLI_FAIL;
+  }
+  g.mpi = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &g.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g.size);
+  MPI_Comm world = MPI_COMM_WORLD;
+  rc = mg_comm_mpi_wrap(&g.comm, &world, &d);
+#else
+  rc = mg_comm_local_new(&g.comm, &d);
+#endif
+  int ret;
+  if (rc) {
+    cli_error("run: %s", mg_diag_msg(&d));
+    ret = CLI_FAIL;
+  } else {
+    ret = run(&o, &g);
+  }
+  mg_comm_destroy(g.comm);
+  mg_diag_clear(&d);
+#ifdef MLAGEN_HAVE_MPI
+  MPI_Finalize();
+#endif
+  return ret;
+}

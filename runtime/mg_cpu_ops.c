@@ -1,0 +1,266 @@
+/* mg_cpu_ops.c: the CPU executor's kernels (see mg_cpu_ops.h), written for clarity.
+ *
+ * Tensors are f32 or f64 host arrays; the row helpers below switch on the dtype once per
+ * row, so the kernels read as index arithmetic over rows. Every reduction accumulates in
+ * double. The attention kernels recompute scores instead of storing them, so they need
+ * no memory beyond the plan's buffers and a few stack rows of doubles. */
+#include "mg_cpu_ops.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- row helpers ------------------------------------------------------------------ */
+
+/* Address of element i of an array of dtype t. */
+static const void *at_c(mg_dtype t, const void *p, int64_t i) {
+  return (const char *)p + (size_t)i * mg_dtype_size(t);
+}
+static void *at(mg_dtype t, void *p, int64_t i) { return (char *)p + (size_t)i * mg_dtype_size(t); }
+
+static double get(mg_dtype t, const void *p, int64_t i) {
+  return t == MG_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+
+static void put(mg_dtype t, void *p, int64_t i, double x) {
+  if (t == MG_F64)
+    ((double *)p)[i] = x;
+  else
+    ((float *)p)[i] = (float)x;
+}
+
+/* sum_c a[c] b[c], in double. */
+static double dot(mg_dtype t, const void *a, const void *b, int64_t n) {
+  double s = 0;
+  if (t == MG_F64) {
+    const double *x = a, *y = b;
+    for (int64_t c = 0; c < n; c++) s += x[c] * y[c];
+  } else {
+    const float *x = a, *y = b;
+    for (int64_t c = 0; c < n; c++) s += (double)x[c] * (double)y[c];
+  }
+  return s;
+}
+
+/* acc[c] += w x[c]. */
+static void axpy(mg_dtype t, double *acc, double w, const void *x, int64_t n) {
+  if (t == MG_F64) {
+    const double *y = x;
+    for (int64_t c = 0; c < n; c++) acc[c] += w * y[c];
+  } else {
+    const float *y = x;
+    for (int64_t c = 0; c < n; c++) acc[c] += w * (double)y[c];
+  }
+}
+
+/* dst[c] = scale acc[c]. */
+static void store(mg_dtype t, void *dst, const double *acc, double scale, int64_t n) {
+  for (int64_t c = 0; c < n; c++) put(t, dst, c, scale * acc[c]);
+}
+
+/* n elements from src to dst. */
+static void copy(mg_dtype t, void *dst, const void *src, int64_t n) {
+  memcpy(dst, src, (size_t)n * mg_dtype_size(t));
+}
+
+/* ---- layout kernels ----------------------------------------------------------------- */
+
+void mg_cpu_expand_kv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
+                      const void *kv, const void *rope, int64_t rope_col, int64_t rope_w,
+                      void *k, void *v) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t rh = r * H + h;
+      copy(t, at(t, k, rh * (dn + dr)), at_c(t, kv, rh * (dn + dv)), dn);
+      copy(t, at(t, k, rh * (dn + dr) + dn), at_c(t, rope, r * rope_w + rope_col), dr);
+      copy(t, at(t, v, rh * dv), at_c(t, kv, rh * (dn + dv) + dn), dv);
+    }
+}
+
+void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
+                      const void *dk, const void *dvin, void *dkv, void *drope, int64_t rope_col,
+                      int64_t rope_w) {
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t h = 0; h < H; h++) {
+      const int64_t rh = r * H + h;
+      copy(t, at(t, dkv, rh * (dn + dv)), at_c(t, dk, rh * (dn + dr)), dn);
+      copy(t, at(t, dkv, rh * (dn + dv) + dn), at_c(t, dvin, rh * dv), dv);
+    }
+    for (int64_t c = 0; c < dr; c++) { /* the rope part is shared: its gradient sums heads */
+      double s = 0;
+      for (int64_t h = 0; h < H; h++) s += get(t, dk, (r * H + h) * (dn + dr) + dn + c);
+      put(t, drope, r * rope_w + rope_col + c, s);
+    }
+  }
+}
+
+void mg_cpu_concat_latent(mg_dtype t, int64_t rows, int64_t dc, int64_t dr, const void *c_kv,
+                          const void *k_rope, void *c) {
+  for (int64_t r = 0; r < rows; r++) {
+    copy(t, at(t, c, r * (dc + dr)), at_c(t, c_kv, r * dc), dc);
+    copy(t, at(t, c, r * (dc + dr) + dc), at_c(t, k_rope, r * dr), dr);
+  }
+}
+
+void mg_cpu_split_latent(mg_dtype t, int64_t rows, int64_t dc, int64_t dr, const void *dcin,
+                         void *dc_kv, void *dk_rope) {
+  for (int64_t r = 0; r < rows; r++) {
+    copy(t, at(t, dc_kv, r * dc), at_c(t, dcin, r * (dc + dr)), dc);
+    copy(t, at(t, dk_rope, r * dr), at_c(t, dcin, r * (dc + dr) + dc), dr);
+  }
+}
+
+void mg_cpu_copy_cols(mg_dtype t, int64_t rows, const void *src, int64_t src_w, int64_t src_col,
+                      void *dst, int64_t dst_w, int64_t dst_col, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++)
+    copy(t, at(t, dst, r * dst_w + dst_col), at_c(t, src, r * src_w + src_col), cols);
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+/* One attention core for both forms. Query head h reads key/value head h * Hk / H:
+ * explicit attention has Hk = H (k [B, S, H, d_qk], v [B, S, H, d_v]); the absorbed MQA
+ * has Hk = 1 and its values are the first d_v columns of the key rows (v == k,
+ * v_w = d_qk). */
+typedef struct geom {
+  const mg_cpu_attn *a;
+  int64_t Hk;  /* key/value heads */
+  int64_t v_w; /* elements per (token, kv head) row of the value buffer */
+  int v_in_k;  /* values are the keys' first d_v columns (MQA) */
+} geom;
+
+static int64_t kv_head(const geom *g, int64_t h) { return h * g->Hk / g->a->H; }
+static int64_t iq(const geom *g, int64_t b, int64_t i, int64_t h) {
+  return ((b * g->a->S + i) * g->a->H + h) * g->a->d_qk;
+}
+static int64_t io(const geom *g, int64_t b, int64_t i, int64_t h) {
+  return ((b * g->a->S + i) * g->a->H + h) * g->a->d_v;
+}
+static int64_t ik(const geom *g, int64_t b, int64_t j, int64_t hk) {
+  return ((b * g->a->S + j) * g->Hk + hk) * g->a->d_qk;
+}
+static int64_t iv(const geom *g, int64_t b, int64_t j, int64_t hk) {
+  return ((b * g->a->S + j) * g->Hk + hk) * g->v_w;
+}
+static int64_t ilse(const geom *g, int64_t b, int64_t h, int64_t i) {
+  return (b * g->a->H + h) * g->a->S + i;
+}
+/* Keys visible to query i: [0, i] causal, else all. */
+static int64_t keys_end(const geom *g, int64_t i) { return g->a->causal ? i + 1 : g->a->S; }
+
+/* Online softmax: one pass over the keys, rescaling the running sum and output row when
+ * the running max grows. lse = max + log(sum exp(s - max)). */
+static void attn_fwd(const geom *g, const void *q, const void *k, const void *v, void *o,
+                     void *lse) {
+  const mg_cpu_attn *a = g->a;
+  const mg_dtype t = a->t;
+  double acc[MG_CPU_MAX_ROW];
+  for (int64_t b = 0; b < a->B; b++)
+    for (int64_t h = 0; h < a->H; h++)
+      for (int64_t i = 0; i < a->S; i++) {
+        const int64_t hk = kv_head(g, h);
+        const void *qi = at_c(t, q, iq(g, b, i, h));
+        double m = -INFINITY, l = 0;
+        for (int64_t c = 0; c < a->d_v; c++) acc[c] = 0;
+        for (int64_t j = 0; j < keys_end(g, i); j++) {
+          const double s = a->scale * dot(t, qi, at_c(t, k, ik(g, b, j, hk)), a->d_qk);
+          if (s > m) { /* new max: rescale what was summed so far */
+            const double r = exp(m - s);
+            l *= r;
+            for (int64_t c = 0; c < a->d_v; c++) acc[c] *= r;
+            m = s;
+          }
+          const double p = exp(s - m);
+          l += p;
+          axpy(t, acc, p, at_c(t, v, iv(g, b, j, hk)), a->d_v);
+        }
+        store(t, at(t, o, io(g, b, i, h)), acc, 1.0 / l, a->d_v);
+        put(t, lse, ilse(g, b, h, i), m + log(l));
+      }
+}
+
+/* P[i, j] and dS[i, j] of one (batch, head) pair of query i and key j. */
+static void prob_and_ds(const geom *g, const void *q, const void *k, const void *v,
+                        const void *o, const void *lse, const void *d_o, int64_t b, int64_t h,
+                        int64_t i, int64_t j, double *p, double *ds) {
+  const mg_cpu_attn *a = g->a;
+  const mg_dtype t = a->t;
+  const int64_t hk = kv_head(g, h);
+  const void *qi = at_c(t, q, iq(g, b, i, h)), *doi = at_c(t, d_o, io(g, b, i, h));
+  const double s = a->scale * dot(t, qi, at_c(t, k, ik(g, b, j, hk)), a->d_qk);
+  *p = exp(s - get(t, lse, ilse(g, b, h, i)));
+  const double dp = dot(t, doi, at_c(t, v, iv(g, b, j, hk)), a->d_v);  /* dO_i . V_j */
+  const double D = dot(t, doi, at_c(t, o, io(g, b, i, h)), a->d_v);    /* dO_i . O_i */
+  *ds = *p * (dp - D);
+}
+
+/* Two sweeps: over queries for dQ (row i sums over keys), over keys for dK and dV
+ * (row j sums over queries and the heads sharing key head hk). */
+static void attn_bwd(const geom *g, const void *q, const void *k, const void *v, const void *o,
+                     const void *lse, const void *d_o, void *dq, void *dk, void *dv) {
+  const mg_cpu_attn *a = g->a;
+  const mg_dtype t = a->t;
+  double acc_q[MG_CPU_MAX_ROW], acc_k[MG_CPU_MAX_ROW], acc_v[MG_CPU_MAX_ROW];
+
+  /* dQ_i = scale sum_j dS_ij K_j */
+  for (int64_t b = 0; b < a->B; b++)
+    for (int64_t h = 0; h < a->H; h++)
+      for (int64_t i = 0; i < a->S; i++) {
+        for (int64_t c = 0; c < a->d_qk; c++) acc_q[c] = 0;
+        for (int64_t j = 0; j < keys_end(g, i); j++) {
+          double p, ds;
+          prob_and_ds(g, q, k, v, o, lse, d_o, b, h, i, j, &p, &ds);
+          axpy(t, acc_q, ds, at_c(t, k, ik(g, b, j, kv_head(g, h))), a->d_qk);
+        }
+        store(t, at(t, dq, iq(g, b, i, h)), acc_q, a->scale, a->d_qk);
+      }
+
+  /* dK_j = scale sum_{h, i} dS_ij Q_i,   dV_j = sum_{h, i} P_ij dO_i */
+  for (int64_t b = 0; b < a->B; b++)
+    for (int64_t hk = 0; hk < g->Hk; hk++)
+      for (int64_t j = 0; j < a->S; j++) {
+        for (int64_t c = 0; c < a->d_qk; c++) acc_k[c] = 0;
+        for (int64_t c = 0; c < a->d_v; c++) acc_v[c] = 0;
+        for (int64_t h = 0; h < a->H; h++) {
+          if (kv_head(g, h) != hk) continue;
+          for (int64_t i = a->causal ? j : 0; i < a->S; i++) {
+            double p, ds;
+            prob_and_ds(g, q, k, v, o, lse, d_o, b, h, i, j, &p, &ds);
+            axpy(t, acc_k, ds, at_c(t, q, iq(g, b, i, h)), a->d_qk);
+            axpy(t, acc_v, p, at_c(t, d_o, io(g, b, i, h)), a->d_v);
+          }
+        }
+        if (g->v_in_k) { /* one latent row is key and value: its gradient is the sum */
+          for (int64_t c = 0; c < a->d_qk; c++) acc_k[c] *= a->scale;
+          for (int64_t c = 0; c < a->d_v; c++) acc_k[c] += acc_v[c];
+          store(t, at(t, dk, ik(g, b, j, hk)), acc_k, 1.0, a->d_qk);
+        } else {
+          store(t, at(t, dk, ik(g, b, j, hk)), acc_k, a->scale, a->d_qk);
+          store(t, at(t, dv, iv(g, b, j, hk)), acc_v, 1.0, a->d_v);
+        }
+      }
+}
+
+void mg_cpu_attn_fwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v, void *o,
+                     void *lse) {
+  const geom g = {a, a->H, a->d_v, 0};
+  attn_fwd(&g, q, k, v, o, lse);
+}
+
+void mg_cpu_attn_bwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v,
+                     const void *o, const void *lse, const void *d_o, void *dq, void *dk,
+                     void *dv) {
+  const geom g = {a, a->H, a->d_v, 0};
+  attn_bwd(&g, q, k, v, o, lse, d_o, dq, dk, dv);
+}
+
+void mg_cpu_mqa_fwd(const mg_cpu_attn *a, const void *q_abs, const void *c, void *o_lat,
+                    void *lse) {
+  const geom g = {a, 1, a->d_qk, 1};
+  attn_fwd(&g, q_abs, c, c, o_lat, lse);
+}
+
+void mg_cpu_mqa_bwd(const mg_cpu_attn *a, const void *q_abs, const void *c, const void *o_lat,
+                    const void *lse, const void *do_lat, void *dq_abs, void *dc) {
+  const geom g = {a, 1, a->d_qk, 1};
+  attn_bwd(&g, q_abs, c, c, o_lat, lse, do_lat, dq_abs, dc, dc);
+}

@@ -1,0 +1,82 @@
+/* mg_cpu_ops.h: the CPU executor's kernels, one function per mg_kernel_op (mg_plan.h).
+ *
+ * Plain C written for clarity, not speed. Every tensor is a host array of one dtype t,
+ * MG_F32 or MG_F64, row-major, with the shapes given below ("rows" is the product of
+ * the leading dims). The kernels read and write only the arrays they are given: they
+ * allocate nothing. The attention kernels keep three rows of doubles on the stack
+ * (3 * MG_CPU_MAX_ROW * 8 bytes = 48 KiB): head dims d_qk and d_v must not exceed
+ * MG_CPU_MAX_ROW (the executor checks). Reductions (softmax max and sum, LSE, every
+ * dot product and every output row) accumulate in double. The caller (mg_cpu_exec.c)
+ * validates shapes; these functions cannot fail. */
+#ifndef MG_CPU_OPS_H
+#define MG_CPU_OPS_H
+#include <stdint.h>
+
+#include "mg_dtype.h"
+
+/* Longest row an attention kernel accumulates on the stack (d_qk, d_v; d_c + d_r and
+ * d_c in the absorbed form). */
+#define MG_CPU_MAX_ROW 2048
+
+/* MG_OP_EXPAND_KV: k[r, h] = [kv[r, h, :d_n] ; rope[r, rope_col .. rope_col + d_r)],
+ * v[r, h] = kv[r, h, d_n:]. kv [rows, H, d_n + d_v], rope [rows, rope_w],
+ * k [rows, H, d_n + d_r], v [rows, H, d_v]. */
+void mg_cpu_expand_kv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
+                      const void *kv, const void *rope, int64_t rope_col, int64_t rope_w,
+                      void *k, void *v);
+
+/* MG_OP_SPLIT_DKV: dkv[r, h] = [dk[r, h, :d_n] ; dv[r, h]],
+ * drope[r, rope_col + c] = sum_h dk[r, h, d_n + c] (c < d_r; other columns untouched).
+ * dk [rows, H, d_n + d_r], dv [rows, H, d_v], dkv [rows, H, d_n + d_v], drope [rows, rope_w]. */
+void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
+                      const void *dk, const void *dvin, void *dkv, void *drope, int64_t rope_col,
+                      int64_t rope_w);
+
+/* Attention geometry: B batches of S tokens (queries and keys cover the same S tokens,
+ * positions 0..S-1 global), H query heads, causal: key j visible to query i iff j <= i. */
+typedef struct mg_cpu_attn {
+  mg_dtype t;
+  int64_t B, S, H;
+  int64_t d_qk, d_v;  /* 1 <= d_qk, d_v <= MG_CPU_MAX_ROW */
+  double scale;       /* softmax scale */
+  int causal;
+} mg_cpu_attn;
+
+/* MG_OP_ATTN_FWD: q, k [B, S, H, d_qk], v [B, S, H, d_v] -> o [B, S, H, d_v],
+ * lse [B, H, S] (natural log of the softmax denominator, scores scaled). */
+void mg_cpu_attn_fwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v, void *o,
+                     void *lse);
+
+/* MG_OP_ATTN_BWD: FlashAttention's backward. D_i = dO_i . O_i, P = exp(scale q.k - lse),
+ * dP = dO V^T, dS = P (dP - D), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
+ * Shapes as the forward; dq [B, S, H, d_qk], dk [B, S, H, d_qk], dv [B, S, H, d_v]. */
+void mg_cpu_attn_bwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v,
+                     const void *o, const void *lse, const void *d_o, void *dq, void *dk,
+                     void *dv);
+
+/* MG_OP_MQA_FWD: one latent head shared by all H query heads. q_abs [B, S, H, d_qk],
+ * c [B, S, d_qk] the keys, its first d_v columns the values (d_v <= d_qk) ->
+ * o_lat [B, S, H, d_v], lse [B, H, S]. */
+void mg_cpu_mqa_fwd(const mg_cpu_attn *a, const void *q_abs, const void *c, void *o_lat,
+                    void *lse);
+
+/* MG_OP_MQA_BWD: as mg_cpu_attn_bwd with the shared head: dq_abs [B, S, H, d_qk];
+ * dc [B, S, d_qk] = sum over heads of the key gradient, plus (first d_v columns) the
+ * sum over heads of the value gradient. */
+void mg_cpu_mqa_bwd(const mg_cpu_attn *a, const void *q_abs, const void *c, const void *o_lat,
+                    const void *lse, const void *do_lat, void *dq_abs, void *dc);
+
+/* MG_OP_CONCAT_LATENT: c[r] = [c_kv[r] ; k_rope[r]]. c_kv [rows, d_c], k_rope [rows, d_r],
+ * c [rows, d_c + d_r]. */
+void mg_cpu_concat_latent(mg_dtype t, int64_t rows, int64_t dc, int64_t dr, const void *c_kv,
+                          const void *k_rope, void *c);
+
+/* MG_OP_SPLIT_LATENT: [dc_kv[r] ; dk_rope[r]] = dc[r]. The inverse of concat. */
+void mg_cpu_split_latent(mg_dtype t, int64_t rows, int64_t dc, int64_t dr, const void *dcin,
+                         void *dc_kv, void *dk_rope);
+
+/* MG_OP_COPY_COLS: dst[r, dst_col + j] = src[r, src_col + j] for j < cols, r < rows;
+ * src [rows, src_w], dst [rows, dst_w]. */
+void mg_cpu_copy_cols(mg_dtype t, int64_t rows, const void *src, int64_t src_w, int64_t src_col,
+                      void *dst, int64_t dst_w, int64_t dst_col, int64_t cols);
+#endif

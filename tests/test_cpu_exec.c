@@ -1,0 +1,395 @@
+/* test_cpu_exec.c: the CPU executor in one process (P = 1, the local communicator).
+ *
+ *   memory     measured saved / peak_fwd / peak_bwd / sent == mg_plan_cost_of, every form,
+ *              two shapes, causal and not
+ *   forms      every form equals explicit within 1e-5 (f32) on o, lse and the gradients
+ *   reference  an independent float64 reference written from MLA.md (K_n, V materialized
+ *              per head, naive softmax attention, gradients by the chain rule) equals the
+ *              explicit form in f64 within 1e-10
+ *   gradients  central finite differences (f64, eps 1e-6) of loss = sum(o * do) against
+ *              every form's dq, dc_kv, dk_rope, dw_kv_b on a tiny shape
+ *   refusals   bf16 plans, NULL inputs, bad captures, a communicator of the wrong size, a
+ *              malformed plan, rows beyond the kernels' stack rows
+ * Inputs are fresh random numbers each run: the seed is printed; MLAGEN_TEST_SEED
+ * overrides it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_test_util.h"
+#include "mg_comm.h"
+
+static uint64_t g_seed;
+
+/* The two shapes of the brief: V2-Lite-like and an unusual one. */
+static mg_shape shape_v2lite(void) { return tu_shape(16, 128, 64, 128, 512); }
+static mg_shape shape_small(void) { return tu_shape(8, 64, 32, 64, 256); }
+
+static void fail_diag(int rc, mg_diag *d, const char *what) {
+  if (rc) print_error("%s: %s (%d)\n", what, mg_diag_msg(d), rc);
+  mg_diag_clear(d);
+  assert_int_equal(rc, 0);
+}
+
+/* ---- (a) memory: measured == planned ------------------------------------------------ */
+
+static void test_memory_matches_plan(void **state) {
+  (void)state;
+  mg_comm *comm = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  fail_diag(mg_comm_local_new(&comm, &d), &d, "local comm");
+  const mg_shape shapes[2] = {shape_v2lite(), shape_small()};
+  for (int si = 0; si < 2; si++)
+    for (int causal = 0; causal < 2; causal++) {
+      tu_case c = {shapes[si], 2, 24, causal};
+      double *in[TU_N_IN] = {0};
+      assert_int_equal(tu_inputs(&c, g_seed, in), 0);
+      for (int f = 0; f < MG_FORM_COUNT; f++) {
+        tu_run r;
+        fail_diag(tu_run_form(&c, (mg_form)f, 1, 0, comm, MG_F32, in, &r, &d), &d, "run");
+        int64_t allocs = 0;
+        for (int b = 0; b < r.plan.n_bufs; b++) allocs += r.plan.bufs[b].role != MG_BUF_INPUT;
+        for (int i = 0; i < r.plan.n_steps; i++) allocs += r.plan.steps[i].workspace > 0;
+        if (si == 0 && causal && f == 0)
+          print_message("explicit, V2-Lite-like, B 2 S 24 causal f32: saved %lld (plan %lld), "
+                        "peak fwd %lld (%lld), peak bwd %lld (%lld)\n",
+                        (long long)r.st.saved, (long long)r.cost.saved, (long long)r.st.peak_fwd,
+                        (long long)r.cost.peak_fwd, (long long)r.st.peak_bwd,
+                        (long long)r.cost.peak_bwd);
+        assert_true(r.cost.saved > 0 && r.cost.peak_fwd > 0 && r.cost.peak_bwd > 0);
+        assert_int_equal(r.st.saved, r.cost.saved);
+        assert_int_equal(r.st.peak_fwd, r.cost.peak_fwd);
+        assert_int_equal(r.st.peak_bwd, r.cost.peak_bwd);
+        assert_int_equal(r.st.sent_fwd, r.cost.sent_fwd);
+        assert_int_equal(r.st.sent_bwd, r.cost.sent_bwd);
+        assert_int_equal(r.st.n_allocs, allocs);
+        assert_non_null(r.t.o);
+        assert_non_null(r.t.dw_kv_b);
+        tu_run_free(&r);
+      }
+      tu_free(in, TU_N_IN);
+    }
+  mg_comm_destroy(comm);
+}
+
+/* ---- (b) every form equals explicit ------------------------------------------------- */
+
+static void test_forms_agree(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  const mg_shape shapes[2] = {shape_v2lite(), shape_small()};
+  for (int si = 0; si < 2; si++)
+    for (int causal = 0; causal < 2; causal++) {
+      tu_case c = {shapes[si], 2, 24, causal};
+      double *in[TU_N_IN] = {0}, *ref[TU_N_OUT] = {0};
+      assert_int_equal(tu_inputs(&c, g_seed + 1, in), 0);
+      for (int f = 0; f < MG_FORM_COUNT; f++) {
+        tu_run r;
+        double *out[TU_N_OUT] = {0};
+        fail_diag(tu_run_form(&c, (mg_form)f, 1, 0, NULL, MG_F32, in, &r, &d), &d, "run");
+        assert_int_equal(tu_outputs(&c, &r, f == 0 ? ref : out), 0);
+        for (int k = 0; f > 0 && k < TU_N_OUT; k++) {
+          double e = tu_rel(out[k], ref[k], tu_out_numel(&c, k));
+          if (!(e <= 1e-5))
+            print_error("%s %s causal %d: %s differs from explicit by %.3g\n",
+                        mg_form_name((mg_form)f), c.shape.source, causal, tu_out_names[k], e);
+          assert_true(e <= 1e-5);
+        }
+        tu_free(out, TU_N_OUT);
+        tu_run_free(&r);
+      }
+      tu_free(ref, TU_N_OUT);
+      tu_free(in, TU_N_IN);
+    }
+}
+
+/* ---- (c) an independent float64 reference ------------------------------------------- */
+
+/* MLA.md's reference semantics, one (batch, head) at a time, with everything
+ * materialized: K_n = W_UK c_kv, V = W_UV c_kv, K = [K_n ; k_rope], the score matrix, its
+ * softmax, o; the gradients by the chain rule through each of those (the softmax
+ * Jacobian as dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)). out[] are zeroed global arrays. */
+static void reference(const tu_case *c, double *const in[TU_N_IN], double *out[TU_N_OUT]) {
+  const mg_shape *sh = &c->shape;
+  const int64_t B = c->B, S = c->S, H = sh->heads, dn = sh->qk_nope_head_dim,
+                dr = sh->qk_rope_head_dim, dv = sh->v_head_dim, dc = sh->kv_lora_rank,
+                dqk = dn + dr, dkv = dn + dv;
+  const double scale = sh->softmax_scale;
+  const double *q = in[TU_Q], *ckv = in[TU_CKV], *kr = in[TU_KROPE], *w = in[TU_W], *dO = in[TU_DO];
+  double *K = calloc((size_t)(S * dqk), sizeof(double)), *V = calloc((size_t)(S * dv), sizeof(double));
+  double *P = calloc((size_t)(S * S), sizeof(double)), *dP = calloc((size_t)(S * S), sizeof(double));
+  double *dK = calloc((size_t)(S * dqk), sizeof(double)), *dV = calloc((size_t)(S * dv), sizeof(double));
+  assert_true(K && V && P && dP && dK && dV);
+#define Q(b, i, h, x) q[(((b) * S + (i)) * H + (h)) * dqk + (x)]
+#define DO(b, i, h, x) dO[(((b) * S + (i)) * H + (h)) * dv + (x)]
+#define WUK(h, r, x) w[((h) * dkv + (r)) * dc + (x)]
+#define WUV(h, r, x) w[((h) * dkv + dn + (r)) * dc + (x)]
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      for (int64_t j = 0; j < S; j++) { /* up-projection */
+        const double *cj = &ckv[(b * S + j) * dc];
+        for (int64_t r = 0; r < dn; r++) {
+          double s = 0;
+          for (int64_t x = 0; x < dc; x++) s += WUK(h, r, x) * cj[x];
+          K[j * dqk + r] = s;
+        }
+        for (int64_t r = 0; r < dr; r++) K[j * dqk + dn + r] = kr[(b * S + j) * dr + r];
+        for (int64_t r = 0; r < dv; r++) {
+          double s = 0;
+          for (int64_t x = 0; x < dc; x++) s += WUV(h, r, x) * cj[x];
+          V[j * dv + r] = s;
+        }
+      }
+      for (int64_t i = 0; i < S; i++) { /* scores, softmax, lse, o */
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < S; j++) {
+          if (c->causal && j > i) {
+            P[i * S + j] = -INFINITY;
+            continue;
+          }
+          double s = 0;
+          for (int64_t x = 0; x < dqk; x++) s += Q(b, i, h, x) * K[j * dqk + x];
+          P[i * S + j] = scale * s;
+          mx = fmax(mx, scale * s);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < S; j++) sum += exp(P[i * S + j] - mx);
+        out[TU_LSE][(b * H + h) * S + i] = mx + log(sum);
+        for (int64_t j = 0; j < S; j++) P[i * S + j] = exp(P[i * S + j] - mx) / sum;
+        for (int64_t x = 0; x < dv; x++) {
+          double s = 0;
+          for (int64_t j = 0; j < S; j++) s += P[i * S + j] * V[j * dv + x];
+          out[TU_O][((b * S + i) * H + h) * dv + x] = s;
+        }
+      }
+      memset(dK, 0, (size_t)(S * dqk) * sizeof(double));
+      memset(dV, 0, (size_t)(S * dv) * sizeof(double));
+      for (int64_t i = 0; i < S; i++) { /* o -> P, V;  P -> scores;  scores -> q, K */
+        double pdp = 0;
+        for (int64_t j = 0; j < S; j++) {
+          double s = 0;
+          for (int64_t x = 0; x < dv; x++) s += DO(b, i, h, x) * V[j * dv + x];
+          dP[i * S + j] = s;
+          pdp += P[i * S + j] * s;
+          for (int64_t x = 0; x < dv; x++) dV[j * dv + x] += P[i * S + j] * DO(b, i, h, x);
+        }
+        for (int64_t j = 0; j < S; j++) {
+          const double ds = P[i * S + j] * (dP[i * S + j] - pdp);
+          for (int64_t x = 0; x < dqk; x++) {
+            out[TU_DQ][((b * S + i) * H + h) * dqk + x] += scale * ds * K[j * dqk + x];
+            dK[j * dqk + x] += scale * ds * Q(b, i, h, x);
+          }
+        }
+      }
+      for (int64_t j = 0; j < S; j++) { /* K, V -> c_kv, k_rope, w_kv_b */
+        const double *cj = &ckv[(b * S + j) * dc];
+        double *dcj = &out[TU_DCKV][(b * S + j) * dc];
+        for (int64_t r = 0; r < dn; r++)
+          for (int64_t x = 0; x < dc; x++) {
+            dcj[x] += WUK(h, r, x) * dK[j * dqk + r];
+            out[TU_DW][(h * dkv + r) * dc + x] += dK[j * dqk + r] * cj[x];
+          }
+        for (int64_t r = 0; r < dr; r++) out[TU_DKROPE][(b * S + j) * dr + r] += dK[j * dqk + dn + r];
+        for (int64_t r = 0; r < dv; r++)
+          for (int64_t x = 0; x < dc; x++) {
+            dcj[x] += WUV(h, r, x) * dV[j * dv + r];
+            out[TU_DW][(h * dkv + dn + r) * dc + x] += dV[j * dv + r] * cj[x];
+          }
+      }
+    }
+#undef Q
+#undef DO
+#undef WUK
+#undef WUV
+  free(K), free(V), free(P), free(dP), free(dK), free(dV);
+}
+
+static void test_reference_f64(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  const mg_shape shapes[2] = {shape_small(), tu_shape(4, 32, 16, 48, 64)};
+  for (int si = 0; si < 2; si++)
+    for (int causal = 0; causal < 2; causal++) {
+      tu_case c = {shapes[si], 2, 24, causal};
+      double *in[TU_N_IN] = {0}, *ref[TU_N_OUT] = {0}, *out[TU_N_OUT] = {0};
+      assert_int_equal(tu_inputs(&c, g_seed + 2, in), 0);
+      for (int k = 0; k < TU_N_OUT; k++)
+        assert_non_null(ref[k] = calloc((size_t)tu_out_numel(&c, k), sizeof(double)));
+      reference(&c, in, ref);
+      tu_run r;
+      fail_diag(tu_run_form(&c, MG_FORM_EXPLICIT, 1, 0, NULL, MG_F64, in, &r, &d), &d, "run");
+      assert_int_equal(tu_outputs(&c, &r, out), 0);
+      for (int k = 0; k < TU_N_OUT; k++) {
+        double e = tu_rel(out[k], ref[k], tu_out_numel(&c, k));
+        if (!(e <= 1e-10))
+          print_error("%s causal %d: explicit %s differs from the reference by %.3g\n",
+                      c.shape.source, causal, tu_out_names[k], e);
+        assert_true(e <= 1e-10);
+      }
+      tu_run_free(&r);
+      tu_free(out, TU_N_OUT);
+      tu_free(ref, TU_N_OUT);
+      tu_free(in, TU_N_IN);
+    }
+}
+
+/* ---- (d) finite differences -------------------------------------------------------- */
+
+/* sum(o * do) of form f on inputs in (f64, P = 1). */
+static double loss(const tu_case *c, mg_form f, double *const in[TU_N_IN]) {
+  mg_diag d = MG_DIAG_INIT;
+  tu_run r;
+  fail_diag(tu_run_form(c, f, 1, 0, NULL, MG_F64, in, &r, &d), &d, "run");
+  double s = 0;
+  const double *o = r.t.o;
+  for (int64_t i = 0; i < tu_out_numel(c, TU_O); i++) s += o[i] * in[TU_DO][i];
+  tu_run_free(&r);
+  return s;
+}
+
+static void test_finite_differences(void **state) {
+  (void)state;
+  tu_case c = {tu_shape(2, 16, 16, 16, 32), 1, 5, 1};
+  const int grads[4] = {TU_DQ, TU_DCKV, TU_DKROPE, TU_DW};
+  const int inputs[4] = {TU_Q, TU_CKV, TU_KROPE, TU_W};
+  const double eps = 1e-6;
+  double worst = 0;
+  mg_diag d = MG_DIAG_INIT;
+  for (int f = 0; f < MG_FORM_COUNT; f++) {
+    double *in[TU_N_IN] = {0}, *g[TU_N_OUT] = {0};
+    assert_int_equal(tu_inputs(&c, g_seed + 3 + (uint64_t)f, in), 0);
+    tu_run r;
+    fail_diag(tu_run_form(&c, (mg_form)f, 1, 0, NULL, MG_F64, in, &r, &d), &d, "run");
+    assert_int_equal(tu_outputs(&c, &r, g), 0);
+    tu_run_free(&r);
+    for (int t = 0; t < 4; t++) {
+      const int64_t n = tu_in_numel(&c, inputs[t]);
+      double gmax = 0;
+      for (int64_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(g[grads[t]][i]));
+      assert_true(gmax > 0);
+      /* a handful of entries whose gradient is not tiny next to the tensor's largest */
+      uint64_t pick = tu_mix(g_seed ^ (uint64_t)(f * 16 + t));
+      for (int checked = 0, tries = 0; checked < 5 && tries < 1000; tries++) {
+        pick = tu_mix(pick);
+        const int64_t i = (int64_t)(pick % (uint64_t)n);
+        const double an = g[grads[t]][i];
+        if (fabs(an) < 0.05 * gmax) continue;
+        const double x0 = in[inputs[t]][i];
+        in[inputs[t]][i] = x0 + eps;
+        const double lp = loss(&c, (mg_form)f, in);
+        in[inputs[t]][i] = x0 - eps;
+        const double lm = loss(&c, (mg_form)f, in);
+        in[inputs[t]][i] = x0;
+        const double fd = (lp - lm) / (2 * eps), err = fabs(fd - an) / fabs(an);
+        worst = fmax(worst, err);
+        if (!(err < 1e-6))
+          print_error("%s: d loss / d %s[%lld]: analytic %.12g, central difference %.12g "
+                      "(rel err %.3g)\n", mg_form_name((mg_form)f), tu_out_names[grads[t]],
+                      (long long)i, an, fd, err);
+        assert_true(err < 1e-6);
+        checked++;
+      }
+    }
+    tu_free(g, TU_N_OUT);
+    tu_free(in, TU_N_IN);
+  }
+  print_message("finite differences: worst relative error %.3g\n", worst);
+}
+
+/* ---- refusals ----------------------------------------------------------------------- */
+
+static void expect_refusal(const mg_plan *p, mg_comm *comm, mg_cpu_tensors *t, int status,
+                           const char *text) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_cpu_stats st;
+  int rc = mg_cpu_run(p, comm, t, &st, &d);
+  if (rc != status || !strstr(mg_diag_msg(&d), text))
+    print_error("expected %d '%s', got %d '%s'\n", status, text, rc, mg_diag_msg(&d));
+  assert_int_equal(rc, status);
+  assert_non_null(strstr(mg_diag_msg(&d), text));
+  assert_null(t->o);
+  assert_null(t->dw_kv_b);
+  assert_int_equal(st.n_allocs, 0);
+  mg_diag_clear(&d);
+}
+
+static void test_refusals(void **state) {
+  (void)state;
+  const mg_shape sh = shape_small();
+  static mg_plan p, bad;
+  mg_diag d = MG_DIAG_INIT;
+  static char dummy[64];
+  mg_cpu_tensors t = {.q = dummy, .c_kv = dummy, .k_rope = dummy, .w_kv_b = dummy, .d_o = dummy};
+
+  mg_plan_args a = {.shape = &sh, .form = MG_FORM_EXPLICIT, .sp = 1, .batch = 1, .seq = 8,
+                    .causal = 1, .dtype = MG_BF16};
+  fail_diag(mg_plan_build(&p, &a, &d), &d, "plan");
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "the CPU executor runs f32 or f64");
+
+  a.dtype = MG_F32;
+  fail_diag(mg_plan_build(&p, &a, &d), &d, "plan");
+  t.d_o = NULL;
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "input do is NULL");
+  t.d_o = dummy;
+
+  mg_cpu_capture cap = {"no_such", dummy, 4};
+  t.captures = &cap;
+  t.n_captures = 1;
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "has no buffer 'no_such'");
+  cap.name = "q";
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "q is an input");
+  cap.name = "lse";
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "capture lse: 4 bytes");
+  t.captures = NULL;
+  t.n_captures = 0;
+
+  /* a plan for 2 ranks: no communicator, or one of 1 rank */
+  a.sp = 2;
+  fail_diag(mg_plan_build(&p, &a, &d), &d, "plan");
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "needs a communicator");
+  mg_comm *comm = NULL;
+  fail_diag(mg_comm_local_new(&comm, &d), &d, "comm");
+  expect_refusal(&p, comm, &t, MLAGEN_EINVAL, "the communicator is rank 0 of 1");
+
+  /* a malformed plan: a GEMM reading past its operand */
+  a.sp = 1;
+  fail_diag(mg_plan_build(&p, &a, &d), &d, "plan");
+  bad = p;
+  bad.steps[0].gemm.ldb += 1;
+  expect_refusal(&bad, comm, &t, MLAGEN_EINVAL, "operand B reads element");
+  bad = p;
+  bad.steps[1].rope_col = 1;
+  expect_refusal(&bad, comm, &t, MLAGEN_EINVAL, "rope columns");
+  mg_comm_destroy(comm);
+
+  /* the absorbed form's latent rows past the kernels' stack rows */
+  mg_shape wide = tu_shape(1, 16, 16, 16, 4096);
+  a.shape = &wide;
+  a.form = MG_FORM_ABSORBED;
+  a.seq = 1;
+  fail_diag(mg_plan_build(&p, &a, &d), &d, "plan");
+  expect_refusal(&p, NULL, &t, MLAGEN_EUNSUPPORTED, "exceed the CPU kernels' 2048");
+
+  assert_int_equal(mg_cpu_run(NULL, NULL, &t, NULL, &d), MLAGEN_EINVAL);
+  mg_diag_clear(&d);
+}
+
+int main(void) {
+  const char *s = getenv("MLAGEN_TEST_SEED");
+  g_seed = s && *s ? strtoull(s, NULL, 0)
+                   : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+  printf("test_cpu_exec: seed %llu (rerun with MLAGEN_TEST_SEED=%llu)\n",
+         (unsigned long long)g_seed, (unsigned long long)g_seed);
+  fflush(stdout);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_memory_matches_plan), cmocka_unit_test(test_forms_agree),
+      cmocka_unit_test(test_reference_f64),       cmocka_unit_test(test_finite_differences),
+      cmocka_unit_test(test_refusals),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,212 @@
+/* test_cpu_mpi.c: the CPU executor on P = 1, 2, 4 MPI processes (run it under mpirun).
+ *
+ * Every rank draws the same global inputs from one seed (MLAGEN_TEST_SEED, else the time
+ * on rank 0, broadcast), computes the single-rank explicit reference on the full inputs
+ * with the local communicator, then runs every form at P = np on its shard and compares
+ * its o, lse (its heads), dq, dc_kv, dk_rope and the sum over ranks of dw_kv_b with the
+ * reference (max |a - b| / max |b| <= 1e-5, f32), and its measured memory and traffic
+ * with the planner's. Rank 0 prints cmocka's report; other ranks print theirs only when
+ * they fail. Each test runs all its collectives first and asserts last, so a failing rank
+ * never leaves the others waiting. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <mpi.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_test_util.h"
+#include "mg_comm.h"
+
+static int g_rank, g_size;
+static uint64_t g_seed;
+
+static int setup(void **state) {
+  mg_comm *c = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rc = mg_comm_mpi_wrap(&c, &world, &d);
+  if (rc) print_error("mg_comm_mpi_wrap: %s\n", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  *state = c;
+  return rc ? -1 : 0;
+}
+
+static int teardown(void **state) {
+  mg_comm_destroy(*state);
+  return 0;
+}
+
+/* max |a - b| over this rank's part of output k and max |b| over the reference: rows of
+ * the rank's tokens ([B, S, w] tensors), heads (lse [B, H, S]) or everything (dw). */
+static void compare(const tu_case *c, int k, const double *local, const double *ref, int P, int r,
+                    double *num, double *den) {
+  const mg_shape *s = &c->shape;
+  const int64_t B = c->B, S = c->S, Sl = S / P, H = s->heads, Hl = H / P;
+  *num = 0;
+  *den = 0;
+  for (int64_t i = 0; i < tu_out_numel(c, k); i++) *den = fmax(*den, fabs(ref[i]));
+  if (k == TU_DW) {
+    for (int64_t i = 0; i < tu_out_numel(c, k); i++) *num = fmax(*num, fabs(local[i] - ref[i]));
+    return;
+  }
+  if (k == TU_LSE) {
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t h = 0; h < Hl; h++)
+        for (int64_t i = 0; i < S; i++)
+          *num = fmax(*num, fabs(local[(b * Hl + h) * S + i] - ref[(b * H + r * Hl + h) * S + i]));
+    return;
+  }
+  const int64_t w = tu_out_numel(c, k) / (B * S);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t i = 0; i < Sl; i++)
+      for (int64_t x = 0; x < w; x++)
+        *num = fmax(*num, fabs(local[(b * Sl + i) * w + x] - ref[(b * S + r * Sl + i) * w + x]));
+}
+
+static void test_forms_match_single_rank(void **state) {
+  mg_comm *comm = *state;
+  const mg_shape shapes[2] = {tu_shape(16, 128, 64, 128, 512), tu_shape(8, 64, 32, 64, 256)};
+  int bad = 0;
+  for (int si = 0; si < 2; si++)
+    for (int causal = 0; causal < 2; causal++) {
+      tu_case c = {shapes[si], 2, 24, causal};
+      double *in[TU_N_IN] = {0}, *ref[TU_N_OUT] = {0};
+      mg_diag d = MG_DIAG_INIT;
+      if (tu_inputs(&c, g_seed + (uint64_t)(si * 2 + causal), in)) {
+        print_error("out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      tu_run r1;
+      int rc = tu_run_form(&c, MG_FORM_EXPLICIT, 1, 0, NULL, MG_F32, in, &r1, &d);
+      if (rc || tu_outputs(&c, &r1, ref)) {
+        print_error("reference: %s\n", mg_diag_msg(&d));
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      tu_run_free(&r1);
+      for (int f = 0; f < MG_FORM_COUNT; f++) {
+        tu_run r;
+        rc = tu_run_form(&c, (mg_form)f, g_size, g_rank, comm, MG_F32, in, &r, &d);
+        if (rc) {
+          print_error("%s at P = %d: %s\n", mg_form_name((mg_form)f), g_size, mg_diag_msg(&d));
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        if (r.st.saved != r.cost.saved || r.st.peak_fwd != r.cost.peak_fwd ||
+            r.st.peak_bwd != r.cost.peak_bwd || r.st.sent_fwd != r.cost.sent_fwd ||
+            r.st.sent_bwd != r.cost.sent_bwd) {
+          print_error("%s %s: measured saved %lld peak %lld/%lld sent %lld/%lld, planned %lld "
+                      "%lld/%lld %lld/%lld\n", mg_form_name((mg_form)f), c.shape.source,
+                      (long long)r.st.saved, (long long)r.st.peak_fwd, (long long)r.st.peak_bwd,
+                      (long long)r.st.sent_fwd, (long long)r.st.sent_bwd, (long long)r.cost.saved,
+                      (long long)r.cost.peak_fwd, (long long)r.cost.peak_bwd,
+                      (long long)r.cost.sent_fwd, (long long)r.cost.sent_bwd);
+          bad++;
+        }
+        if (g_size > 1 && r.st.sent_fwd == 0) bad++; /* P > 1 communicates */
+        for (int k = 0; k < TU_N_OUT; k++) {
+          const int64_t n = k == TU_LSE ? (int64_t)c.B * c.S * (c.shape.heads / g_size)
+                            : k == TU_DW ? tu_out_numel(&c, k)
+                                         : tu_out_numel(&c, k) / g_size;
+          double *local = malloc((size_t)n * sizeof(double));
+          if (!local) MPI_Abort(MPI_COMM_WORLD, 1);
+          for (int64_t i = 0; i < n; i++) local[i] = tu_get(MG_F32, tu_out_ptr(&r, k), i);
+          if (k == TU_DW) /* the full weight gradient is the sum over the group */
+            MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+          double num, den, all;
+          compare(&c, k, local, ref[k], g_size, g_rank, &num, &den);
+          MPI_Allreduce(&num, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+          if (!(all <= 1e-5 * den)) {
+            print_error("%s %s causal %d P %d: %s differs from the single-rank reference by "
+                        "%.3g relative\n", mg_form_name((mg_form)f), c.shape.source, causal,
+                        g_size, tu_out_names[k], all / den);
+            bad++;
+          }
+          free(local);
+        }
+        tu_run_free(&r);
+      }
+      mg_diag_clear(&d);
+      tu_free(ref, TU_N_OUT);
+      tu_free(in, TU_N_IN);
+    }
+  assert_int_equal(bad, 0);
+}
+
+/* S not divisible by P, and P > H: refused by the plan, the same on every rank. */
+static void test_bad_input(void **state) {
+  (void)state;
+  if (g_size < 2) skip();
+  mg_diag d = MG_DIAG_INIT;
+  static mg_plan p;
+  mg_shape sh = tu_shape(8, 64, 32, 64, 256);
+  mg_plan_args a = {.shape = &sh, .form = MG_FORM_LAGA, .sp = g_size, .rank = g_rank, .batch = 2,
+                    .seq = 4 * g_size + 1, .causal = 1, .dtype = MG_F32};
+  assert_int_equal(mg_plan_build(&p, &a, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "not divisible by sp"));
+  mg_shape few = tu_shape(g_size / 2, 64, 32, 64, 256); /* H = P / 2 < P */
+  a.shape = &few;
+  a.seq = 4 * g_size;
+  for (int f = 0; f < MG_FORM_COUNT; f++) {
+    a.form = (mg_form)f;
+    assert_int_equal(mg_plan_build(&p, &a, &d), MLAGEN_EINVAL);
+    assert_non_null(strstr(mg_diag_msg(&d), "exceeds num_attention_heads"));
+  }
+  mg_diag_clear(&d);
+}
+
+static void replay(FILE *f, int rank) {
+  char line[4096];
+  rewind(f);
+  while (fgets(line, sizeof line, f)) fprintf(stderr, "[rank %d] %s", rank, line);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  unsigned long long seed = 0;
+  if (g_rank == 0) {
+    const char *s = getenv("MLAGEN_TEST_SEED");
+    seed = s && *s ? strtoull(s, NULL, 0)
+                   : (unsigned long long)time(NULL) ^ ((unsigned long long)getpid() << 20);
+    printf("test_cpu_mpi: %d rank(s), seed %llu (rerun with MLAGEN_TEST_SEED=%llu)\n", g_size,
+           seed, seed);
+    fflush(stdout);
+  }
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  g_seed = seed;
+
+  FILE *capture = NULL;
+  int saved_out = -1, saved_err = -1;
+  if (g_rank != 0 && (capture = tmpfile()) != NULL) {
+    fflush(stdout);
+    fflush(stderr);
+    saved_out = dup(STDOUT_FILENO);
+    saved_err = dup(STDERR_FILENO);
+    dup2(fileno(capture), STDOUT_FILENO);
+    dup2(fileno(capture), STDERR_FILENO);
+  }
+  char name[64];
+  snprintf(name, sizeof name, "test_cpu_mpi rank %d of %d", g_rank, g_size);
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
+                                     cmocka_unit_test(test_bad_input)};
+  int failed = cmocka_run_group_tests_name(name, tests, setup, teardown);
+  if (capture) {
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, STDOUT_FILENO);
+    dup2(saved_err, STDERR_FILENO);
+    close(saved_out);
+    close(saved_err);
+    if (failed) replay(capture, g_rank);
+    fclose(capture);
+  }
+  int total = 0;
+  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0 && total) fprintf(stderr, "test_cpu_mpi: %d failure(s) over %d rank(s)\n", total, g_size);
+  MPI_Finalize();
+  return total ? 1 : 0;
+}
