@@ -14,7 +14,7 @@ enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2, CLI_HELP = -1 };
 typedef struct cli_opts {
   const char *model;          /* --model: path or shipped name (default deepseek-v3) */
   const char *templates;      /* --templates DIR */
-  const char *dtype;          /* --dtype bf16|fp16 */
+  const char *dtype;          /* --dtype (checked by each subcommand) */
   int sp;                     /* --sp P */
   const char *set[CLI_MAX_SET]; /* --set tunable=value */
   int n_set;
@@ -23,6 +23,13 @@ typedef struct cli_opts {
   const char *arch;           /* compile: --arch list */
   const char *cache_dir;      /* compile: --cache-dir DIR */
   int no_cache;               /* compile: --no-cache */
+  const char *backend;        /* run: --backend */
+  const char *form;           /* run: --form */
+  const char *inputs;         /* run: --inputs FILE */
+  const char *dump;           /* run: --dump FILE */
+  int check;                  /* run: --check */
+  unsigned long long seed;    /* run: --seed N */
+  int have_batch;             /* --batch was given */
   int json;                   /* plan: --json */
   int steps;                  /* plan: --steps */
   long long seq;              /* plan: --seq S */
@@ -35,6 +42,10 @@ typedef struct cli_opts {
  * returns CLI_USAGE on an unknown option or a missing value; prints help and returns
  * CLI_HELP for --help. Callers return `rc == CLI_HELP ? CLI_OK : rc`. */
 int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_opts *o);
+
+/* Checks that o->dtype names a kernel element type (bf16 or fp16; bf16 when not given);
+ * prints the problem and returns CLI_USAGE otherwise. */
+int cli_kernel_dtype(cli_opts *o);
 
 /* Loads the model shape; prints its notes to stderr. Prints the error and returns
  * CLI_FAIL on failure. */

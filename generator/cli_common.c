@@ -1,5 +1,6 @@
 /* cli_common.c: option parsing and model loading shared by the subcommands. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,12 +50,41 @@ static int parse_int(const char *opt, const char *v, int *out) {
   return 0;
 }
 
+/* Options that take no value. */
+static int set_flag(cli_opts *o, const char *name, size_t n) {
+  static const struct { const char *name; size_t off; int value; } flags[] = {
+      {"no-cache", offsetof(cli_opts, no_cache), 1}, {"json", offsetof(cli_opts, json), 1},
+      {"steps", offsetof(cli_opts, steps), 1},       {"check", offsetof(cli_opts, check), 1},
+      {"causal", offsetof(cli_opts, causal), 1},     {"no-causal", offsetof(cli_opts, causal), 0},
+  };
+  for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+    if (strlen(flags[i].name) == n && strncmp(flags[i].name, name, n) == 0) {
+      *(int *)((char *)o + flags[i].off) = flags[i].value;
+      return 1;
+    }
+  return 0;
+}
+
+static int parse_u64(const char *opt, const char *v, unsigned long long max, unsigned long long *out) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno || end == v || *end || x > max || !(*v >= '0' && *v <= '9')) {
+    cli_error("--%s %s: expected an integer from 0 to %llu", opt, v, max);
+    return CLI_USAGE;
+  }
+  *out = x;
+  return 0;
+}
+
 int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_opts *o) {
-  memset(o, 0, sizeof *o);
-  o->dtype = "bf16";
+  memset(o, 0, sizeof *o); /* dtype NULL: each subcommand has its default */
   o->sp = 1;
   o->batch = 1;
   o->causal = 1;
+  o->backend = "cpu";
+  o->form = "explicit";
+  o->seed = 1;
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -71,17 +101,19 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
       cli_error("unknown option '%.*s' (see --help)", (int)(n + 2), a);
       return CLI_USAGE;
     }
-    /* flags */
-    if (n == 8 && strncmp(name, "no-cache", n) == 0) { o->no_cache = 1; continue; }
-    if (n == 4 && strncmp(name, "json", n) == 0) { o->json = 1; continue; }
-    if (n == 5 && strncmp(name, "steps", n) == 0) { o->steps = 1; continue; }
-    if (n == 6 && strncmp(name, "causal", n) == 0) { o->causal = 1; continue; }
-    if (n == 9 && strncmp(name, "no-causal", n) == 0) { o->causal = 0; continue; }
+    if (set_flag(o, name, n)) {
+      if (eq) {
+        cli_error("option '--%.*s' takes no value", (int)n, name);
+        return CLI_USAGE;
+      }
+      continue;
+    }
     const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
     if (!v || !*v) {
       cli_error("option '--%.*s' needs a value", (int)n, name);
       return CLI_USAGE;
     }
+    unsigned long long u = 0;
 #define OPT(s) (n == sizeof(s) - 1 && strncmp(name, s, n) == 0)
     if (OPT("model")) o->model = v;
     else if (OPT("templates")) o->templates = v;
@@ -89,18 +121,24 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     else if (OPT("out")) o->out = v;
     else if (OPT("arch")) o->arch = v;
     else if (OPT("cache-dir")) o->cache_dir = v;
+    else if (OPT("backend")) o->backend = v;
+    else if (OPT("form")) o->form = v;
+    else if (OPT("inputs")) o->inputs = v;
+    else if (OPT("dump")) o->dump = v;
     else if (OPT("sp")) {
       if (parse_int("sp", v, &o->sp)) return CLI_USAGE;
     } else if (OPT("batch")) {
       if (parse_int("batch", v, &o->batch)) return CLI_USAGE;
+      o->have_batch = 1;
     } else if (OPT("seq")) {
-      char *end = NULL;
-      errno = 0;
-      o->seq = strtoll(v, &end, 10);
-      if (errno || end == v || *end || o->seq < 1 || o->seq > (1LL << 40) || !(*v >= '0' && *v <= '9')) {
-        cli_error("--seq %s: expected a positive integer", v);
+      if (parse_u64("seq", v, 1ULL << 40, &u)) return CLI_USAGE;
+      if (u == 0) {
+        cli_error("--seq 0: expected a positive integer");
         return CLI_USAGE;
       }
+      o->seq = (long long)u;
+    } else if (OPT("seed")) {
+      if (parse_u64("seed", v, ~0ULL, &o->seed)) return CLI_USAGE;
     } else if (OPT("set")) {
       if (o->n_set == CLI_MAX_SET) {
         cli_error("at most %d --set options", CLI_MAX_SET);
@@ -116,11 +154,14 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     snprintf(o->outbuf, sizeof o->outbuf, "%.*s", (int)n, o->out);
     o->out = o->outbuf;
   }
-  if (strcmp(o->dtype, "bf16") != 0 && strcmp(o->dtype, "fp16") != 0) {
-    cli_error("--dtype %s: expected bf16 or fp16", o->dtype);
-    return CLI_USAGE;
-  }
   return 0;
+}
+
+int cli_kernel_dtype(cli_opts *o) {
+  if (!o->dtype) o->dtype = "bf16";
+  if (strcmp(o->dtype, "bf16") == 0 || strcmp(o->dtype, "fp16") == 0) return 0;
+  cli_error("--dtype %s: expected bf16 or fp16", o->dtype);
+  return CLI_USAGE;
 }
 
 int cli_load_model(const cli_opts *o, mg_shape *shape) {

@@ -38,6 +38,7 @@ int cli_compile(int argc, char **argv) {
   cli_opts o;
   int rc = cli_parse(argc, argv, "model sp dtype set templates arch cache-dir no-cache", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
+  if ((rc = cli_kernel_dtype(&o))) return rc;
   const char *list = o.arch ? o.arch : "sm_80,sm_90a";
   char archbuf[MAX_ARCH][8];
   const char *archs[MAX_ARCH];

@@ -24,6 +24,7 @@ int cli_generate(int argc, char **argv) {
   cli_opts o;
   int rc = cli_parse(argc, argv, "model out sp dtype set templates", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
+  if ((rc = cli_kernel_dtype(&o))) return rc;
   if (!o.out) o.out = "mlagen-kernels";
   mg_shape shape;
   mg_kernel_spec specs[16];

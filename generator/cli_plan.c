@@ -75,6 +75,7 @@ int cli_plan(int argc, char **argv) {
   cli_opts o;
   int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal json steps", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
+  if ((rc = cli_kernel_dtype(&o))) return rc;
   if (o.seq == 0) {
     cli_error("plan: --seq S is required (see --help)");
     return CLI_USAGE;

@@ -52,95 +52,13 @@ static const char help[] =
     "                 relative error (max|a-b| / max|b|) against explicit; fails above\n"
     "                 1e-4 (f32) or 1e-10 (f64)\n";
 
-typedef struct run_opts {
-  const char *backend, *model, *form, *dtype, *inputs, *dump;
-  long long seq;
-  int sp, batch, causal, check, have_batch;
-  unsigned long long seed;
-} run_opts;
-
-/* ---- options ------------------------------------------------------------------------- */
-
-static int parse_pos(const char *opt, const char *v, long long max, long long *out) {
-  char *end = NULL;
-  errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < 1 || x > max || !(*v >= '0' && *v <= '9')) {
-    cli_error("--%s %s: expected a positive integer", opt, v);
-    return CLI_USAGE;
-  }
-  *out = x;
-  return 0;
-}
-
-static int parse(int argc, char **argv, run_opts *o) {
-  memset(o, 0, sizeof *o);
-  o->backend = "cpu";
-  o->form = "explicit";
-  o->dtype = "f32";
-  o->sp = 1;
-  o->batch = 1;
-  o->causal = 1;
-  o->seed = 1;
-  for (int i = 2; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(help, stdout);
-      return CLI_HELP;
-    }
-    if (strncmp(a, "--", 2) != 0) {
-      cli_error("unexpected argument '%s' (see --help)", a);
-      return CLI_USAGE;
-    }
-    const char *name = a + 2, *eq = strchr(name, '=');
-    const size_t n = eq ? (size_t)(eq - name) : strlen(name);
-#define OPT(s) (n == sizeof(s) - 1 && strncmp(name, s, n) == 0)
-    if (OPT("causal") || OPT("no-causal") || OPT("check")) {
-      if (eq) {
-        cli_error("option '--%.*s' takes no value", (int)n, name);
-        return CLI_USAGE;
-      }
-      if (OPT("check")) o->check = 1;
-      else o->causal = OPT("causal");
-      continue;
-    }
-    if (!(OPT("backend") || OPT("model") || OPT("form") || OPT("dtype") || OPT("inputs") ||
-          OPT("dump") || OPT("seq") || OPT("sp") || OPT("batch") || OPT("seed"))) {
-      cli_error("unknown option '%.*s' (see --help)", (int)(n + 2), a);
-      return CLI_USAGE;
-    }
-    const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-    if (!v || !*v) {
-      cli_error("option '--%.*s' needs a value", (int)n, name);
-      return CLI_USAGE;
-    }
-    long long x = 0;
-    if (OPT("backend")) o->backend = v;
-    else if (OPT("model")) o->model = v;
-    else if (OPT("form")) o->form = v;
-    else if (OPT("dtype")) o->dtype = v;
-    else if (OPT("inputs")) o->inputs = v;
-    else if (OPT("dump")) o->dump = v;
-    else if (OPT("seq")) {
-      if (parse_pos("seq", v, 1LL << 40, &o->seq)) return CLI_USAGE;
-    } else if (OPT("sp")) {
-      if (parse_pos("sp", v, 1 << 20, &x)) return CLI_USAGE;
-      o->sp = (int)x;
-    } else if (OPT("batch")) {
-      if (parse_pos("batch", v, 1 << 20, &x)) return CLI_USAGE;
-      o->batch = (int)x;
-      o->have_batch = 1;
-    } else { /* seed: any non-negative integer */
-      char *end = NULL;
-      errno = 0;
-      o->seed = strtoull(v, &end, 0);
-      if (errno || end == v || *end || !(*v >= '0' && *v <= '9')) {
-        cli_error("--seed %s: expected a non-negative integer", v);
-        return CLI_USAGE;
-      }
-    }
-#undef OPT
-  }
+/* Parses and checks the options of `mlagen run`. */
+static int parse(int argc, char **argv, cli_opts *o) {
+  int rc = cli_parse(argc, argv,
+                     "backend model form dtype inputs dump seq sp batch seed causal no-causal check",
+                     help, o);
+  if (rc) return rc;
+  if (!o->dtype) o->dtype = "f32";
   if (strcmp(o->backend, "cpu") != 0) {
     cli_error("--backend %s: only the cpu backend runs for now", o->backend);
     return CLI_USAGE;
@@ -369,7 +287,7 @@ static double rel_err(const result *a, const result *b, int k) {
   return den > 0 ? num / den : num;
 }
 
-static int dump(const char *path, const result *r, const mg_plan *p, const run_opts *o,
+static int dump(const char *path, const result *r, const mg_plan *p, const cli_opts *o,
                 mg_diag *d) {
   mg_st_writer *w = NULL;
   int rc = mg_st_writer_new(&w, d);
@@ -430,7 +348,7 @@ static void print_stats(const char *form, const result *r) {
     }                                                             \
   } while (0)
 
-static int run(const run_opts *o, group *g) {
+static int run(const cli_opts *o, group *g) {
   int ret = CLI_OK, rc;
   mg_diag d = MG_DIAG_INIT;
   mg_shape shape;
@@ -598,7 +516,7 @@ out:
 #undef FAIL_IF
 
 int cli_run(int argc, char **argv) {
-  run_opts o;
+  cli_opts o;
   int rc = parse(argc, argv, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   group g = {NULL, 0, 1, 0};
