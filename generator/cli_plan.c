@@ -9,7 +9,7 @@
 #include "mlagen.h"
 
 static const char help[] =
-    "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype bf16|fp16]\n"
+    "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype T]\n"
     "                   [--causal | --no-causal] [--json] [--steps]\n"
     "\n"
     "Builds the plan of every form (explicit, absorbed, laga, laga-r) for one rank of a\n"
@@ -22,7 +22,8 @@ static const char help[] =
     "  --seq S      global sequence length (required); each rank holds S / P tokens\n"
     "  --sp P       sequence-parallel degree (default 1); P must divide S and H\n"
     "  --batch B    batch size (default 1)\n"
-    "  --dtype T    activation dtype (default bf16)\n"
+    "  --dtype T    activation dtype: bf16 (default), fp16, f32 or f64 (what\n"
+    "               `mlagen run` executes on the CPU)\n"
     "  --no-causal  full attention (causal is the default)\n"
     "  --json       machine-readable output\n"
     "  --steps      also list each form's steps\n";
@@ -75,15 +76,18 @@ int cli_plan(int argc, char **argv) {
   cli_opts o;
   int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal json steps", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
-  if ((rc = cli_kernel_dtype(&o))) return rc;
+  if (!o.dtype) o.dtype = "bf16";
+  mg_dtype dtype = MG_BF16;
+  if (mg_dtype_parse(o.dtype, &dtype)) {
+    cli_error("--dtype %s: expected bf16, fp16, f32 or f64", o.dtype);
+    return CLI_USAGE;
+  }
   if (o.seq == 0) {
     cli_error("plan: --seq S is required (see --help)");
     return CLI_USAGE;
   }
   mg_shape shape;
   if ((rc = cli_load_model(&o, &shape))) return rc;
-  mg_dtype dtype = MG_BF16;
-  mg_dtype_parse(o.dtype, &dtype); /* cli_parse accepted bf16 or fp16 */
 
   static mg_plan plans[MG_FORM_COUNT];
   mg_plan_cost cost[MG_FORM_COUNT];

@@ -20,7 +20,7 @@
 #endif
 
 static const char help[] =
-    "usage: mlagen run --backend cpu --seq S [--model M] [--sp P] [--batch B] [--form F]\n"
+    "usage: mlagen run --seq S [--backend cpu] [--model M] [--sp P] [--batch B] [--form F]\n"
     "                  [--dtype f32|f64] [--causal | --no-causal] [--seed N]\n"
     "                  [--inputs FILE] [--dump FILE] [--check]\n"
     "\n"
