@@ -43,7 +43,7 @@ static int parse_int(const char *opt, const char *v, int *out) {
   errno = 0;
   long x = strtol(v, &end, 10);
   if (errno || end == v || *end != '\0' || x < 1 || x > 1 << 20) {
-    cli_error("--%s %s: expected a positive integer", opt, v);
+    cli_error("--%s %s: expected an integer from 1 to %d", opt, v, 1 << 20);
     return CLI_USAGE;
   }
   *out = (int)x;

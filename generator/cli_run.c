@@ -15,6 +15,7 @@
 #include "mg_plan.h"
 #include "mg_safetensors.h"
 #include "mlagen.h"
+#include <sys/stat.h>
 #ifdef MLAGEN_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -98,6 +99,38 @@ static int agree(const group *g, int failed) {
   }
 #endif
   return failed ? g->rank : -1;
+}
+
+/* 1 when every rank passed the same fingerprint (of its options and shapes). */
+static int same_everywhere(const group *g, uint64_t fingerprint) {
+#ifdef MLAGEN_HAVE_MPI
+  if (g->mpi && g->size > 1) {
+    uint64_t lo = 0, hi = 0;
+    MPI_Allreduce(&fingerprint, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&fingerprint, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return lo == hi;
+  }
+#endif
+  (void)g;
+  (void)fingerprint;
+  return 1;
+}
+
+static uint64_t fnv(uint64_t h, int64_t v) { /* FNV-1a over the 8 bytes of v */
+  for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 1099511628211ULL;
+  return h;
+}
+
+/* MemAvailable from /proc/meminfo in bytes, or -1 when unknown. */
+static int64_t mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kb = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+  fclose(f);
+  return kb < 0 ? -1 : (int64_t)kb * 1024;
 }
 
 /* A failure after ranks may have diverged (inside a collective): stop them all. */
@@ -277,14 +310,28 @@ static int run_form(const group *g, const mg_plan *p, const void *const *in, res
 }
 
 /* max |a - b| / max |b| over tensor k. */
+/* max |a - b| / max |b|; NaN when either holds a NaN or an infinity, so a check never
+ * passes on non-finite values (fmax would drop a NaN). */
 static double rel_err(const result *a, const result *b, int k) {
   double num = 0, den = 0;
   const int64_t n = numel_of(b->dims[k], b->ndim[k]);
   for (int64_t i = 0; i < n; i++) {
+    if (!isfinite(a->v[k][i]) || !isfinite(b->v[k][i])) return NAN;
     num = fmax(num, fabs(a->v[k][i] - b->v[k][i]));
     den = fmax(den, fabs(b->v[k][i]));
   }
   return den > 0 ? num / den : num;
+}
+
+/* How many of result r's values are NaN or infinite. */
+static int64_t non_finite(const result *r) {
+  int64_t bad = 0;
+  for (int k = 0; k < N_RESULTS; k++) {
+    if (!r->v[k]) continue;
+    const int64_t n = numel_of(r->dims[k], r->ndim[k]);
+    for (int64_t i = 0; i < n; i++) bad += !isfinite(r->v[k][i]);
+  }
+  return bad;
 }
 
 static int dump(const char *path, const result *r, const mg_plan *p, const cli_opts *o,
@@ -370,7 +417,15 @@ static int run(const cli_opts *o, group *g) {
   int64_t B = o->batch, S = o->seq;
   rc = 0;
   if (o->inputs) {
-    rc = mg_st_open(o->inputs, &file, &d);
+    /* The reader holds the whole file, and each rank converts its shard: refuse a file
+     * that cannot fit twice before reading it. */
+    struct stat st;
+    const int64_t avail = mem_available();
+    if (stat(o->inputs, &st) == 0 && avail > 0 && (int64_t)st.st_size > avail / 2 / g->size)
+      rc = mg_diag_set(&d, MLAGEN_ENOMEM, "%s: %.1f GiB, too large to read on %d rank%s with "
+                       "%.1f GiB available", o->inputs, (double)st.st_size / (1 << 30), g->size,
+                       g->size == 1 ? "" : "s", (double)avail / (1 << 30));
+    if (!rc) rc = mg_st_open(o->inputs, &file, &d);
     const mg_st_tensor *q = rc ? NULL : mg_st_find(file, "q");
     if (!rc && !q) rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: no tensor named 'q'", o->inputs);
     if (!rc && q->ndim >= 2) {
@@ -407,6 +462,39 @@ static int run(const cli_opts *o, group *g) {
                   "MPI; run with --sp 1", o->sp);
   }
   FAIL_IF(g->size != o->sp, CLI_USAGE);
+
+  /* Every rank must run the same plans: ranks given different options or inputs of
+   * other shapes would meet in collectives of different sizes. */
+  uint64_t fp = 1469598103934665603ULL;
+  const int64_t facts[] = {B, S, (int64_t)form, (int64_t)dt, o->check, o->causal, (int64_t)o->seed,
+                           o->inputs != NULL, shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
+                           shape.qk_nope_head_dim, shape.v_head_dim};
+  for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++) fp = fnv(fp, facts[i]);
+  int same = same_everywhere(g, fp);
+  if (!same)
+    mg_diag_set(&d, MLAGEN_EINVAL, "run: the ranks disagree on the model, batch, sequence length, "
+                "form, dtype or flags (or their --inputs differ in shape): start every rank with "
+                "the same arguments");
+  FAIL_IF(!same, CLI_USAGE);
+
+  /* Refuse what cannot fit rather than be killed by the kernel: the largest planned peak
+   * and the inputs, times the ranks on this machine. */
+  int64_t need = 0;
+  for (int k = 0; k < n_forms; k++) {
+    mg_plan_cost c;
+    mg_plan_cost_of(&plans[forms[k]], &c);
+    int64_t peak = c.peak_fwd > c.peak_bwd ? c.peak_fwd : c.peak_bwd;
+    if (peak > need) need = peak;
+  }
+  for (int b = 0; b < plans[form].n_bufs; b++)
+    if (plans[form].bufs[b].role == MG_BUF_INPUT) need += mg_plan_buf_bytes(&plans[form].bufs[b]);
+  const int64_t avail = mem_available();
+  const int too_big = avail > 0 && need > avail / g->size;
+  if (too_big)
+    mg_diag_set(&d, MLAGEN_ENOMEM, "run: needs about %.1f GiB per rank (planned peak, inputs) "
+                "x %d rank%s, but %.1f GiB are available", (double)need / (1 << 30), g->size,
+                g->size == 1 ? "" : "s", (double)avail / (1 << 30));
+  FAIL_IF(too_big, CLI_FAIL);
 
   /* the inputs, this rank's shard */
   input_spec specs[N_INPUTS];
@@ -473,6 +561,13 @@ static int run(const cli_opts *o, group *g) {
     }
   }
 
+  if (g->rank == 0) {
+    const int64_t nf = non_finite(&res[form]);
+    if (nf > 0)
+      fprintf(stderr, "mlagen: warning: %lld output value%s of the %s form %s NaN or infinite "
+              "(are the inputs finite?)\n", (long long)nf, nf == 1 ? "" : "s",
+              mg_form_name(form), nf == 1 ? "is" : "are");
+  }
   if (g->rank == 0 && o->check) {
     const double tol = dt == MG_F64 ? 1e-10 : 1e-4;
     int bad = 0;
@@ -490,7 +585,8 @@ static int run(const cli_opts *o, group *g) {
       printf("\n");
     }
     if (bad) {
-      cli_error("check failed: %d tensor(s) differ from the explicit form by more than %g", bad, tol);
+      cli_error("check failed: %d tensor(s) differ from the explicit form by more than %g "
+                "or hold NaN or infinite values", bad, tol);
       ret = CLI_FAIL;
     } else {
       printf("check passed: every form equals explicit within %g\n", tol);

@@ -43,12 +43,24 @@ int mg_plan_find(const mg_plan *p, const char *name) {
 
 /* ---- builder ------------------------------------------------------------------------ */
 
+/* The largest buffer a plan may hold: 2^56 bytes (64 PiB), so that the planner's sums
+ * over all buffers and workspaces stay far inside int64. */
+#define MG_PLAN_MAX_BUF_BYTES ((int64_t)1 << 56)
+
 static int buf_new(mg_plan *p, const char *name, mg_buf_role role, mg_dtype t, int ndim,
                    const int64_t *dims) {
   if (p->n_bufs == MG_PLAN_MAX_BUFS || ndim > MG_PLAN_MAX_DIMS) {
     p->error = 1;
     return 0;
   }
+  int64_t bytes = (int64_t)mg_dtype_size(t);
+  for (int i = 0; i < ndim; i++)
+    if (dims[i] < 0 || __builtin_mul_overflow(bytes, dims[i], &bytes) || bytes > MG_PLAN_MAX_BUF_BYTES) {
+      if (!p->error) snprintf(p->too_big, sizeof p->too_big, "%s", name);
+      p->error = 2;
+      bytes = 0;
+      break;
+    }
   mg_plan_buf *b = &p->bufs[p->n_bufs];
   memset(b, 0, sizeof *b);
   snprintf(b->name, sizeof b->name, "%s", name);
@@ -182,6 +194,9 @@ mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const in
 /* ---- finalize and build ------------------------------------------------------------- */
 
 int mg_plan_finalize(mg_plan *p, mg_diag *d) {
+  if (p->error == 2)
+    return mg_diag_set(d, MLAGEN_EINVAL, "plan: buffer %s would exceed 2^56 bytes: batch, "
+                       "sequence length and model dims are too large together", p->too_big);
   if (p->error)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: more than %d buffers or %d steps",
                        mg_form_name(p->args.form), MG_PLAN_MAX_BUFS, MG_PLAN_MAX_STEPS);

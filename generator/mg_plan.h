@@ -137,7 +137,9 @@ typedef struct mg_plan {
   int n_steps;
   int n_fwd;             /* steps [0, n_fwd) are the forward */
   int in_backward;       /* builder state: mg_plan_backward was called */
-  int error;             /* set by a builder call that failed (too many buffers ...) */
+  int error;             /* set by a builder call that failed: 1 too many buffers or
+                            steps, 2 a buffer too large (named in too_big) */
+  char too_big[24];
 } mg_plan;
 
 /* Builds the plan of args->form for one rank and finalizes it (first/last accesses). Errors: MLAGEN_EINVAL, naming the argument

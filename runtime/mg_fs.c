@@ -46,6 +46,11 @@ int mg_fs_read(const char *path, size_t max, char **data, size_t *len, mg_diag *
 }
 
 int mg_fs_write_atomic(const char *path, const void *data, size_t len, mg_diag *d) {
+  /* rename() would replace a symlink, a FIFO or a device node (as root, /dev/null) */
+  struct stat old;
+  if (lstat(path, &old) == 0 && !S_ISREG(old.st_mode))
+    return mg_diag_set(d, MLAGEN_EIO, "%s: exists and is not a regular file; not replacing it",
+                       path);
   size_t n = strlen(path) + 32;
   char *tmp = malloc(n);
   if (!tmp) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");

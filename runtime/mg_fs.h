@@ -12,7 +12,9 @@ int mg_fs_read(const char *path, size_t max, char **data, size_t *len, mg_diag *
 
 /* Writes len bytes to path atomically: a unique temp file in the same directory,
  * fsync, then rename() over path. Readers see the old file or the whole new one,
- * never a part; concurrent writers leave exactly one complete file. Errors: MLAGEN_EIO. */
+ * never a part; concurrent writers leave exactly one complete file. An existing path
+ * that is not a regular file (a directory, symlink, FIFO, device) is left alone and
+ * refused. Errors: MLAGEN_EIO. */
 int mg_fs_write_atomic(const char *path, const void *data, size_t len, mg_diag *d);
 
 /* mkdir -p with mode 0755. Errors: MLAGEN_EIO. */

@@ -374,6 +374,11 @@ static int parse_file(mg_st_file *f, mg_diag *d) {
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: header is not valid UTF-8 (at header byte %zu)", p,
                        bad);
   const char *end = NULL;
+  /* JSON has no raw NUL; cJSON would stop there and accept a truncated header */
+  const char *nul = memchr(hdr, '\0', hlen);
+  if (nul)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: header holds a NUL byte (at header byte %zu)", p,
+                       (size_t)(nul - hdr));
   cJSON *root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
   if (!root)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: header is not valid JSON (at header byte %zu)", p,

@@ -81,6 +81,14 @@ static void test_atomic_write(void **state) {
     if (e->d_name[0] != '.') entries++;
   closedir(dp);
   assert_int_equal(entries, 1);
+  /* a path that is not a regular file is never replaced (a symlink, a directory) */
+  char link[200];
+  snprintf(link, sizeof link, "%s/link", dir);
+  assert_int_equal(symlink(path, link), 0);
+  assert_int_equal(mg_fs_write_atomic(link, "x", 1, &d), MLAGEN_EIO);
+  assert_non_null(strstr(mg_diag_msg(&d), "not a regular file"));
+  assert_int_equal(mg_fs_write_atomic(sub, "x", 1, &d), MLAGEN_EIO);
+  mg_diag_clear(&d);
   /* a write into a missing directory fails cleanly */
   snprintf(path, sizeof path, "%s/missing/f.txt", dir);
   assert_int_equal(mg_fs_write_atomic(path, "x", 1, &d), MLAGEN_EIO);

@@ -149,6 +149,7 @@ static void test_bad_arguments(void **state) {
       {0, 0, 1, 64, "sp = 0"},
       {2, 0, 0, 64, "batch = 0"},
       {2, 0, 1, 0, "seq = 0"},
+      {2, 0, 1 << 20, (int64_t)1 << 40, "would exceed 2^56 bytes"}, /* sizes past int64 */
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     mg_plan_args a = {.shape = &s, .form = MG_FORM_LAGA, .sp = bad[i].P, .rank = bad[i].rank,
