@@ -1,4 +1,5 @@
 /* cli_compile.c: `mlagen compile`: NVRTC-compile a model's kernels, print ptxas figures. */
+#include <cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,7 +15,8 @@ static const char help[] =
     "\n"
     "Generates the model's kernels (as `mlagen generate` does), compiles each with NVRTC\n"
     "to a cubin for each architecture, and prints one row per kernel and arch: registers\n"
-    "per thread, spill bytes (stores + loads), static shared memory, the wall time of\n"
+    "per thread, spill bytes (stores + loads), static and dynamic shared memory per CTA\n"
+    "(bytes; the dynamic size is the launch's, from the template), the wall time of\n"
     "the call (NVRTC on a miss, the cache read on a hit) and whether the cubin came\n"
     "from the cache. No GPU is needed.\n"
     "\n"
@@ -71,8 +73,8 @@ int cli_compile(int argc, char **argv) {
   int n_hdr = 0;
   const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
   int failed = 0, compiled = 0, hits = 0, usage = 0;
-  printf("%-58s %-7s %5s %6s %7s %8s %s\n", "kernel", "arch", "regs", "spill", "smem", "ms",
-         "cache");
+  printf("%-62s %-7s %5s %6s %7s %7s %8s %s\n", "kernel", "arch", "regs", "spill", "smem",
+         "dynsmem", "ms", "cache");
   /* An invalid argument (a rejected tunable, an unknown arch) would fail every kernel
    * alike: report it once and stop. */
   for (int i = 0; i < n && !usage; i++) {
@@ -95,9 +97,12 @@ int cli_compile(int argc, char **argv) {
         continue;
       }
       const mg_jit_report *r = &c.report;
-      printf("%-58s %-7s %5d %6ld %7ld %8.1f %s\n", k.name, archs[a], r->registers,
+      const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(
+          cJSON_GetObjectItemCaseSensitive(k.manifest, "launch"), "smem");
+      printf("%-62s %-7s %5d %6ld %7ld %7ld %8.1f %s\n", k.name, archs[a], r->registers,
              r->spill_stores + r->spill_loads, r->smem_bytes,
-             r->elapsed_ms, r->cache_hit ? "hit" : "miss");
+             cJSON_IsNumber(dyn) ? (long)dyn->valuedouble : 0L, r->elapsed_ms,
+             r->cache_hit ? "hit" : "miss");
       if (c.warning) fprintf(stderr, "mlagen: warning: %s\n", c.warning);
       compiled++;
       hits += r->cache_hit;

@@ -17,7 +17,8 @@ static const char help[] =
     "  --out DIR        output directory (default mlagen-kernels)\n"
     "  --sp P           sequence-parallel degree: kernels see H / P heads (default 1)\n"
     "  --dtype T        element type of the tensors (default bf16)\n"
-    "  --set k=v        override a tunable (e.g. block_m=16); repeatable\n"
+    "  --set k=v        override a tunable of every family (e.g. block_m=64), or of one\n"
+    "                   family with family.k=v (e.g. explicit_fwd.block_m=16); repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 
 int cli_generate(int argc, char **argv) {

@@ -8,7 +8,7 @@
 
 #include "mlagen.h"
 
-const char *const mg_spec_families[] = {"explicit_fwd", NULL};
+const char *const mg_spec_families[] = {"explicit_fwd", "attn_fwd", NULL};
 
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d) {
@@ -39,6 +39,19 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
 }
 
 int mg_spec_set(mg_kernel_spec *s, const char *assignment, mg_diag *d) {
+  /* "family.name=value" applies to that family only */
+  const char *dot = strchr(assignment, '.'), *eq0 = strchr(assignment, '=');
+  if (dot && eq0 && dot < eq0) {
+    size_t flen = (size_t)(dot - assignment);
+    int known = 0;
+    for (const char *const *f = mg_spec_families; *f; f++)
+      known |= strlen(*f) == flen && strncmp(*f, assignment, flen) == 0;
+    if (!known)
+      return mg_diag_set(d, MLAGEN_EINVAL, "'%s': no kernel family '%.*s'", assignment, (int)flen,
+                         assignment);
+    if (strlen(s->family) != flen || strncmp(s->family, assignment, flen) != 0) return 0;
+    assignment = dot + 1;
+  }
   const char *eq = strchr(assignment, '=');
   size_t klen = eq ? (size_t)(eq - assignment) : 0;
   if (!eq || klen == 0)

@@ -35,7 +35,9 @@ extern const char *const mg_spec_families[];
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d);
 
-/* Adds or replaces a tunable override "name=value" (value an integer).
- * Errors: MLAGEN_EINVAL (not name=value, not an integer, too many overrides). */
+/* Adds or replaces a tunable override "name=value" (value an integer); "family.name=value"
+ * applies only when s is of that family (and is otherwise a no-op).
+ * Errors: MLAGEN_EINVAL (not name=value, not an integer, an unknown family, too many
+ * overrides). */
 int mg_spec_set(mg_kernel_spec *s, const char *assignment, mg_diag *d);
 #endif

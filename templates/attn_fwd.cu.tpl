@@ -1,0 +1,468 @@
+@ -- attn_fwd: explicit-form MLA attention forward on tensor cores (arXiv 2405.04434, 2.1).
+@ --
+@ -- FlashAttention-2 (arXiv 2307.08691) on mma.sync.m16n8k16 (bf16/fp16 in, fp32 accumulate).
+@ -- One CTA owns block_m query rows of one head of one batch item; each of its warps owns
+@ -- 16 rows. The Q tile is copied once into shared memory (cp.async); K and V stream
+@ -- through shared memory in tiles of block_n keys (cp.async, one or two stages). Q's A
+@ -- fragments are re-read from shared memory by ldmatrix for every key tile rather than
+@ -- held in registers (d_qk / 4 more per thread would not fit beside a d_v = 256 O).
+@ --   S = Q K^T      A fragments of Q and B fragments of K by ldmatrix.x4 (K row-major
+@ --                  [key][dim] is K^T column-major, as mma's .col B wants); the k loop runs
+@ --                  over d_n + d_r in steps of 16, and since d_n and d_r are multiples of 16
+@ --                  no step straddles the K_nope and k_rope parts of a smem row.
+@ --   softmax        online, in base 2, on the accumulator fragments: each thread holds two
+@ --                  rows (g, g + 8) of its warp's 16; a row's max is reduced over the 4
+@ --                  lanes of a quad; the row sum stays per thread until the end.
+@ --   O += P V       P's C fragments become A fragments in registers (the C layout of two
+@ --                  adjacent m16n8 tiles is the A layout of one m16n8k16 step); V's B
+@ --                  fragments by ldmatrix.x4.trans from row-major V.
+@ -- Masking: keys past seqlen_k, and (causal) key j for query i when j > q_pos0 + i. Key
+@ -- tiles entirely past a CTA's last query are never loaded; a warp skips the tiles
+@ -- entirely past its own last row; only tiles that cross the diagonal or the end of the
+@ -- keys are masked element by element. Shared-memory rows are padded by 16 bytes (an odd
+@ -- number of 16-byte units per row), so the 8 rows of an ldmatrix hit 8 distinct bank
+@ -- groups. O leaves through shared memory (the Q area) as 16-byte stores.
+@ --
+@ -- Key layout (tunable k_packed, spec-independent):
+@ --   0 "split"   k_nope [B, S_k, H, d_n] per head and k_rope [B, S_k, d_r] shared by all
+@ --               heads: the model's own tensors (no expansion).
+@ --   1 "packed"  one K [B, S_k, H, d_n + d_r] per head, passed as k_nope; the RoPE part is
+@ --               read at k_nope + d_n with K's strides, and the k_rope argument is unused
+@ --               (may be null): the per-head K that the explicit and LAGA plans build.
+@ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
+@ local DQK = DN + DR
+@ local ESIZE = elem_size(spec.dtype)
+@ local PAD = 8                       -- elements of padding per smem row: 16 bytes
+@ local SMEM_LIMIT = 163 * 1024       -- sm_80's opt-in dynamic smem per block (sm_90: 227 KiB)
+@ -- fp32 accumulators per thread, O (d_v/2) + S (block_n/2): past 160 (d_v 256 with
+@ -- block_n 128) ptxas spills; up to it, every kept configuration of d_n, d_r, d_v in
+@ -- 16..256 tried (test_attn_fwd.c, and a sweep of nine shapes) has no spill on sm_80 and
+@ -- sm_90a. The S loop over d_qk is unrolled by 4, not fully: fully unrolled, ptxas hoists
+@ -- Q's fragments and spills at d_v 256, block_n 32, one stage.
+@ local ACC_LIMIT = 160
+@
+@ local function smem_bytes(c)
+@   local q = c.block_m * math.max(DQK + PAD, DV + PAD)   -- Q tile, later O staging
+@   local kv = c.stages * c.block_n * ((DQK + PAD) + (DV + PAD))
+@   return ESIZE * (q + kv)
+@ end
+@ local function accumulators(c) return DV // 2 + c.block_n // 2 end
+@
+@ -- The layout is needed for the parameter docs before kernel{} resolves the configuration;
+@ -- kernel{} checks the value, and the record's k_packed is asserted equal below.
+@ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
+@
+@ local K = kernel {
+@   family = "attn_fwd",
+@   doc = "explicit-form attention forward on tensor cores (FlashAttention-2): O and LSE from Q, K, V",
+@   params = {
+@     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
+@     PACKED and
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope], RoPE part last" } or
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]",       doc = "per-head no-RoPE keys, W_UK c_kv" },
+@     PACKED and
+@     { name = "k_rope", type = "const elem_t*", shape = "unused",                 doc = "k_packed = 1: unused (may be null); the RoPE part is in k_nope" } or
+@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads" },
+@     { name = "v",      type = "const elem_t*", shape = "[B, S_k, H, d_v]",       doc = "per-head values, W_UV c_kv" },
+@     { name = "o",      type = "elem_t*",       shape = "[B, S_q, H, d_v]",       doc = "attention output; 0 for a row without keys" },
+@     { name = "lse",    type = "float*",        shape = "[B, H, S_q]",            doc = "natural-log logsumexp of the scaled scores; -inf for a row without keys" },
+@     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
+@     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query 0 (keys start at 0); causal keeps key j for query i iff j <= q_pos0 + i" },
+@     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
+@   },
+@   tunables = {
+@     block_m   = { values = { 64, 128 },     doc = "query rows per CTA (16 per warp)" },
+@     num_warps = { values = { 4, 8 },        doc = "warps per CTA: block_m / 16" },
+@     block_n   = { values = { 32, 64, 128 }, doc = "keys per K/V tile" },
+@     stages    = { values = { 1, 2 },        doc = "1: one K and one V buffer, V_j and K_j+1 loads overlap the compute (FA2); 2: K/V tiles double-buffered" },
+@     k_packed  = { values = { 0, 1 },        doc = "0: k_nope [B,S_k,H,d_n] + shared k_rope [B,S_k,d_r]; 1: one per-head K [B,S_k,H,d_n+d_r] in k_nope" },
+@   },
+@   check = function(s, c)
+@     if DN % 16 ~= 0 or DR % 16 ~= 0 or DV % 16 ~= 0 then
+@       return "d_n, d_r and d_v must be multiples of 16 (the mma k step and ldmatrix.x4 pairs)"
+@     end
+@     if c.block_m ~= 16 * c.num_warps then return "block_m must be 16 * num_warps (each warp owns 16 query rows)" end
+@     if accumulators(c) > ACC_LIMIT then
+@       return string.format("d_v/2 + block_n/2 = %d fp32 accumulators per thread, over %d (registers would spill)",
+@                            accumulators(c), ACC_LIMIT)
+@     end
+@     if smem_bytes(c) > SMEM_LIMIT then
+@       return string.format("needs %d bytes of shared memory, over the %d-byte limit", smem_bytes(c), SMEM_LIMIT)
+@     end
+@   end,
+@   default = function(s)
+@     local prefs = {
+@       { block_n = 64, stages = 2 }, { block_n = 64, stages = 1 },
+@       { block_n = 32, stages = 2 }, { block_n = 32, stages = 1 },
+@     }
+@     for _, p in ipairs(prefs) do
+@       local c = { block_m = 64, num_warps = 4, block_n = p.block_n, stages = p.stages, k_packed = 0 }
+@       if accumulators(c) <= ACC_LIMIT and smem_bytes(c) <= SMEM_LIMIT then return c end
+@     end
+@     return { block_m = 64, num_warps = 4, block_n = 32, stages = 1, k_packed = 0 }
+@   end,
+@   name = function(s, c)
+@     return string.format("mla_attn_fwd_h%d_dn%d_dr%d_dv%d_%s_%s_bm%d_bn%d_st%d%s", H, DN, DR, DV,
+@                          s.dtype, s.causal and "causal" or "full", c.block_m, c.block_n, c.stages,
+@                          c.k_packed == 1 and "_kpacked" or "")
+@   end,
+@   launch = function(s, c)
+@     return {
+@       grid = { { arg = "seqlen_q", div = c.block_m }, { value = H }, { arg = "batch" } },
+@       block = { 32 * c.num_warps, 1, 1 },
+@       smem = smem_bytes(c),   -- dynamic; over 48 KiB needs cudaFuncAttributeMaxDynamicSharedMemorySize
+@       smem_static = 0,
+@     }
+@   end,
+@ }
+@ assert(PACKED == (K.config.k_packed == 1))
+@ local C = K.config
+@ local MMA = spec.dtype == "bf16" and "mla::mma_m16n8k16_bf16_f32" or "mla::mma_m16n8k16_f16_f32"
+@ local PACK2 = spec.dtype == "bf16" and "__floats2bfloat162_rn" or "__floats2half2_rn"
+// Generated by mlagen from templates/attn_fwd.cu.tpl: do not edit.
+// Explicit-form MLA attention forward on tensor cores, H=${H} d_n=${DN} d_r=${DR} d_v=${DV},
+// ${spec.dtype}, ${spec.causal and "causal" or "non-causal"}, keys ${PACKED and "packed per head" or "split (shared k_rope)"}.
+// Dynamic shared memory: ${smem_bytes(C)} bytes.
+#include "mla_device.cuh"
+
+namespace {
+typedef ${elem_type(spec.dtype)} elem_t;
+typedef ${elem_type(spec.dtype)}2 elem2_t;
+constexpr int H = ${H};
+constexpr int DN = ${DN};
+constexpr int DR = ${DR};
+constexpr int DQK = DN + DR;
+constexpr int DV = ${DV};
+constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr int NUM_WARPS = ${C.num_warps};
+constexpr int NUM_THREADS = 32 * NUM_WARPS;
+constexpr int BLOCK_M = ${C.block_m};  // 16 rows per warp
+constexpr int BLOCK_N = ${C.block_n};
+constexpr int STAGES = ${C.stages};
+constexpr int PAD = ${PAD};
+constexpr int QS = DQK + PAD;  // smem row strides in elements: 16 bytes of padding makes
+constexpr int KS = DQK + PAD;  // each row an odd number of 16-byte units, so ldmatrix's
+constexpr int VS = DV + PAD;   // 8 rows fall in 8 distinct bank groups
+constexpr int OS = DV + PAD;
+constexpr int Q_ELEMS = BLOCK_M * (QS > OS ? QS : OS);  // the Q tile, then the O staging
+constexpr int K_ELEMS = BLOCK_N * KS;                    // one K stage
+constexpr int V_ELEMS = BLOCK_N * VS;                    // one V stage
+constexpr int NT_S = BLOCK_N / 8;  // m16n8 tiles of S per warp
+constexpr int NT_O = DV / 8;       // m16n8 tiles of O per warp
+constexpr int VEC = 8;             // elements per 16-byte copy
+// Key strides (elements). Split: K_nope [tok][H][DN], k_rope [tok][DR] shared by the heads.
+// Packed: K [tok][H][DQK] in k_nope; the RoPE part is the same row at +DN.
+constexpr bool K_PACKED = ${PACKED and "true" or "false"};
+constexpr int KN_TOK = K_PACKED ? H * DQK : H * DN;
+constexpr int KN_HEAD = K_PACKED ? DQK : DN;
+constexpr int KR_TOK = K_PACKED ? H * DQK : DR;
+constexpr int KR_HEAD = K_PACKED ? DQK : 0;
+// Threads per row in the tile copies: the largest of 8, 4, 2 that divides the row's
+// 16-byte chunks (for K: both parts' chunks).
+__host__ __device__ constexpr int tpr(int chunks) { return chunks % 8 == 0 ? 8 : chunks % 4 == 0 ? 4 : 2; }
+constexpr int TPR_Q = tpr(DQK / VEC);
+constexpr int TPR_K = tpr(DN / VEC) < tpr(DR / VEC) ? tpr(DN / VEC) : tpr(DR / VEC);
+constexpr int TPR_V = tpr(DV / VEC);
+static_assert(DN % 16 == 0 && DR % 16 == 0 && DV % 16 == 0, "head dims must be multiples of 16");
+static_assert(BLOCK_M == 16 * NUM_WARPS && BLOCK_N % 16 == 0, "tile shape");
+
+// Two floats as the packed pair of a 32-bit mma operand register (lo in the low half).
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  elem2_t v = ${PACK2}(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+${K.name}(
+    ${param_list(K.params)}) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  elem_t* const sQ = reinterpret_cast<elem_t*>(smem);
+  elem_t* const sK = sQ + Q_ELEMS;             // STAGES x [BLOCK_N][KS]
+  elem_t* const sV = sK + STAGES * K_ELEMS;    // STAGES x [BLOCK_N][VS]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;  // fragment row (and row + 8)
+  const int t = lane & 3;   // fragment column pair
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int wrow = warp * 16;   // the warp's first row in the tile
+  const int i0 = m0 + wrow;     // its global query index (minus q_pos0)
+
+  // Keys this CTA can see: with causal masking, none past its last query's position.
+  const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
+  const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
+  const int n_tiles = n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+  const float scale_log2 = softmax_scale * mla::LOG2E;
+
+  // Tile copies: TPR_* threads per row, each copying 16-byte chunks tc, tc + TPR, ... of
+  // it, and NUM_THREADS / TPR rows per pass. A thread's chunk columns are then
+  // compile-time offsets from one row pointer (few live registers between tiles), and
+  // for K, TPR divides d_n / 8, so whether a chunk is in the K_nope or the RoPE part is
+  // known at compile time too.
+  const int tr_q = tid / TPR_Q, tc_q = tid % TPR_Q;
+  const int tr_k = tid / TPR_K, tc_k = tid % TPR_K;
+  const int tr_v = tid / TPR_V, tc_v = tid % TPR_V;
+
+  // Q tile: rows past seqlen_q are zero (and never written out). Not needed, and not
+  // loaded, when no key is visible.
+  if (n_tiles > 0) {
+    constexpr int RPP = NUM_THREADS / TPR_Q;
+#pragma unroll
+    for (int rp = 0; rp < (BLOCK_M + RPP - 1) / RPP; ++rp) {
+      const int r = rp * RPP + tr_q;
+      if (BLOCK_M % RPP == 0 || r < BLOCK_M) {
+        const bool ok = m0 + r < seqlen_q;
+        const elem_t* src = q + (((size_t)b * seqlen_q + (ok ? m0 + r : 0)) * H + h) * DQK + tc_q * VEC;
+        elem_t* dst = sQ + r * QS + tc_q * VEC;
+#pragma unroll
+        for (int ci = 0; ci < DQK / VEC / TPR_Q; ++ci)
+          mla::cp_async_16_zfill(dst + ci * TPR_Q * VEC, src + ci * TPR_Q * VEC, ok);
+      }
+    }
+  }
+
+  // One K tile (columns [0, DN) from K_nope, [DN, DQK) from the RoPE part) or one V tile
+  // into stage `st`; keys past seqlen_k are zero-filled (masked later, and 0 * 0 in P V).
+  auto load_k = [&](int tile, int st) {
+    constexpr int RPP = NUM_THREADS / TPR_K;
+    const int n0 = tile * BLOCK_N;
+#pragma unroll
+    for (int rp = 0; rp < (BLOCK_N + RPP - 1) / RPP; ++rp) {
+      const int j = rp * RPP + tr_k;
+      if (BLOCK_N % RPP == 0 || j < BLOCK_N) {
+        const bool ok = n0 + j < seqlen_k;
+        const size_t tok = (size_t)b * seqlen_k + (ok ? n0 + j : 0);
+        const elem_t* src_n = k_nope + tok * KN_TOK + h * KN_HEAD + tc_k * VEC;
+        const elem_t* src_r = (K_PACKED ? k_nope + DN : k_rope) + tok * KR_TOK + h * KR_HEAD + tc_k * VEC;
+        elem_t* dst = sK + st * K_ELEMS + j * KS + tc_k * VEC;
+#pragma unroll
+        for (int ci = 0; ci < DQK / VEC / TPR_K; ++ci) {
+          const int c = ci * TPR_K * VEC;  // + tc_k * VEC: on the same side of DN
+          mla::cp_async_16_zfill(dst + c, c < DN ? src_n + c : src_r + (c - DN), ok);
+        }
+      }
+    }
+  };
+  auto load_v = [&](int tile, int st) {
+    constexpr int RPP = NUM_THREADS / TPR_V;
+    const int n0 = tile * BLOCK_N;
+#pragma unroll
+    for (int rp = 0; rp < (BLOCK_N + RPP - 1) / RPP; ++rp) {
+      const int j = rp * RPP + tr_v;
+      if (BLOCK_N % RPP == 0 || j < BLOCK_N) {
+        const bool ok = n0 + j < seqlen_k;
+        const size_t tok = (size_t)b * seqlen_k + (ok ? n0 + j : 0);
+        const elem_t* src = v + (tok * H + h) * DV + tc_v * VEC;
+        elem_t* dst = sV + st * V_ELEMS + j * VS + tc_v * VEC;
+#pragma unroll
+        for (int ci = 0; ci < DV / VEC / TPR_V; ++ci)
+          mla::cp_async_16_zfill(dst + ci * TPR_V * VEC, src + ci * TPR_V * VEC, ok);
+      }
+    }
+  };
+
+  // This lane's ldmatrix row offsets (elements). A of Q (x4): matrices rows 0-7 / 8-15 at
+  // columns +0, then the same at +8. B of K (x4): keys 0-7 at dims +0 / +8, then keys 8-15.
+  // B of V (x4.trans): keys 0-7 / 8-15 at columns +0, then the same at +8.
+  const int q_off = (wrow + (lane & 7) + ((lane >> 3) & 1) * 8) * QS + (lane >> 4) * 8;
+  const int k_off = ((lane & 7) + (lane >> 4) * 8) * KS + ((lane >> 3) & 1) * 8;
+  const int v_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * VS + (lane >> 4) * 8;
+
+  float o_acc[NT_O][4];
+#pragma unroll
+  for (int d = 0; d < NT_O; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_acc[d][e] = 0.f;
+  float m_i[2] = {mla::neg_inf(), mla::neg_inf()};  // running max of the base-2 scores, rows g, g+8
+  float l_i[2] = {0.f, 0.f};                        // this thread's part of the running sum
+  float s[NT_S][4];
+
+  // S = Q K^T for the tile in stage st, scaled to base 2 and masked.
+  auto scores = [&](int tile, int st) {
+    const int n0 = tile * BLOCK_N;
+    const elem_t* kt = sK + st * K_ELEMS + k_off;
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll 4  // not fully: see ACC_LIMIT in the template header
+    for (int kk = 0; kk < DQK / 16; ++kk) {
+      unsigned a[4];
+      mla::ldmatrix_x4(a, sQ + q_off + kk * 16);
+#pragma unroll
+      for (int np = 0; np < BLOCK_N / 16; ++np) {
+        unsigned bk[4];
+        mla::ldmatrix_x4(bk, kt + np * 16 * KS + kk * 16);
+        ${MMA}(s[2 * np], a, bk, s[2 * np]);
+        ${MMA}(s[2 * np + 1], a, bk + 2, s[2 * np + 1]);
+      }
+    }
+    // Element-wise masks only where the tile crosses the end of the keys or the diagonal
+    // of this warp's rows (warp-uniform test).
+    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > q_pos0 + i0);
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[n][e] * scale_log2;
+        if (edge) {
+          const int key = n0 + n * 8 + 2 * t + (e & 1);
+          const int row = i0 + g + (e >> 1) * 8;
+          if (key >= seqlen_k || (CAUSAL && key > q_pos0 + row)) x = mla::neg_inf();
+        }
+        s[n][e] = x;
+      }
+  };
+
+  // Online softmax: S becomes P (fp32) and O and the sums are rescaled to the new max.
+  auto softmax = [&]() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m_i[r];
+#pragma unroll
+      for (int n = 0; n < NT_S; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 2));
+      // A row with no visible key so far keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
+      const float base = mx == mla::neg_inf() ? 0.f : mx;
+      const float corr = exp2f(m_i[r] - base);
+      m_i[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NT_S; ++n) {
+        s[n][2 * r] = exp2f(s[n][2 * r] - base);
+        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
+        sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      l_i[r] = l_i[r] * corr + sum;
+#pragma unroll
+      for (int d = 0; d < NT_O; ++d) {
+        o_acc[d][2 * r] *= corr;
+        o_acc[d][2 * r + 1] *= corr;
+      }
+    }
+  };
+
+  // O += P V for the V tile in stage st. P's A fragments come straight from S's registers,
+  // packed to 16 bits first (half the registers of S), then the d_v loop runs outside.
+  auto pv = [&](int st) {
+    unsigned p[BLOCK_N / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+      p[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);          // rows g,   keys 2t, 2t+1
+      p[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);          // rows g+8
+      p[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // rows g,   keys 2t+8, 2t+9
+      p[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // rows g+8
+    }
+    const elem_t* vt = sV + st * V_ELEMS + v_off;
+#pragma unroll
+    for (int dp = 0; dp < DV / 16; ++dp)
+#pragma unroll
+      for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+        unsigned bv[4];
+        mla::ldmatrix_x4_trans(bv, vt + kk * 16 * VS + dp * 16);
+        ${MMA}(o_acc[2 * dp], p[kk], bv, o_acc[2 * dp]);
+        ${MMA}(o_acc[2 * dp + 1], p[kk], bv + 2, o_acc[2 * dp + 1]);
+      }
+  };
+
+  // A warp works on a tile only if it has a row in range that sees one of its keys.
+  auto warp_active = [&](int tile) {
+    return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= q_pos0 + i0 + 15);
+  };
+
+@ if C.stages == 1 then
+  // One K and one V buffer (FA2's schedule): V_j loads during S = Q K_j^T, K_j+1 during
+  // the softmax and P V_j.
+  if (n_tiles > 0) load_k(0, 0);
+  mla::cp_async_commit();  // Q and K_0
+  for (int j = 0; j < n_tiles; ++j) {
+    mla::cp_async_wait<0>();
+    __syncthreads();  // K_j (and Q) in; every warp is done with V_j-1
+    load_v(j, 0);
+    mla::cp_async_commit();
+    const bool active = warp_active(j);
+    if (active) scores(j, 0);
+    __syncthreads();  // every warp is done with K_j
+    if (j + 1 < n_tiles) load_k(j + 1, 0);
+    mla::cp_async_commit();
+    if (active) softmax();
+    mla::cp_async_wait<1>();
+    __syncthreads();  // V_j in
+    if (active) pv(0);
+  }
+@ else
+  // K and V double-buffered: tile j+1 loads while tile j is computed.
+  if (n_tiles > 0) {
+    load_k(0, 0);
+    load_v(0, 0);
+  }
+  mla::cp_async_commit();  // Q and tile 0
+  if (n_tiles > 1) {
+    load_k(1, 1);
+    load_v(1, 1);
+  }
+  mla::cp_async_commit();  // tile 1 (maybe empty)
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j & 1;
+    mla::cp_async_wait<1>();
+    __syncthreads();  // tile j (and Q) in
+    if (warp_active(j)) {
+      scores(j, st);
+      softmax();
+      pv(st);
+    }
+    __syncthreads();  // every warp is done with stage st
+    if (j + 2 < n_tiles) {
+      load_k(j + 2, st);
+      load_v(j + 2, st);
+    }
+    mla::cp_async_commit();
+  }
+@ end
+
+  // Epilogue: O = acc / l through shared memory, LSE = ln(sum exp(scaled score))
+  // = (m + log2 l) * ln 2. O is staged in the Q area with no barrier: the loop's last
+  // barrier follows every read of Q (and every real copy has landed: the groups still
+  // pending are empty; without key tiles Q was never loaded).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_i[r] += __shfl_xor_sync(mla::FULL_MASK, l_i[r], 1);
+    l_i[r] += __shfl_xor_sync(mla::FULL_MASK, l_i[r], 2);
+  }
+  const float inv0 = l_i[0] > 0.f ? 1.f / l_i[0] : 0.f;
+  const float inv1 = l_i[1] > 0.f ? 1.f / l_i[1] : 0.f;
+  elem_t* const sO = sQ + wrow * OS;  // this warp's 16 rows
+#pragma unroll
+  for (int d = 0; d < NT_O; ++d) {
+    const int c = d * 8 + 2 * t;
+    *reinterpret_cast<unsigned*>(sO + g * OS + c) = pack2(o_acc[d][0] * inv0, o_acc[d][1] * inv0);
+    *reinterpret_cast<unsigned*>(sO + (g + 8) * OS + c) = pack2(o_acc[d][2] * inv1, o_acc[d][3] * inv1);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int it = 0; it < (16 * (DV / VEC) + 31) / 32; ++it) {
+    const int idx = it * 32 + lane;
+    if ((16 * (DV / VEC)) % 32 == 0 || idx < 16 * (DV / VEC)) {
+      const int r = idx / (DV / VEC), c = (idx % (DV / VEC)) * VEC;
+      const int i = i0 + r;
+      if (i < seqlen_q)
+        *reinterpret_cast<uint4*>(o + (((size_t)b * seqlen_q + i) * H + h) * DV + c) =
+            *reinterpret_cast<const uint4*>(sO + r * OS + c);
+    }
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = i0 + g + 8 * r;
+      if (i < seqlen_q)
+        lse[((size_t)b * H + h) * seqlen_q + i] =
+            l_i[r] > 0.f ? (m_i[r] + log2f(l_i[r])) * mla::LN2 : mla::neg_inf();
+    }
+  }
+}

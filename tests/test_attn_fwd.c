@@ -1,0 +1,794 @@
+/* test_attn_fwd.c: the tensor-core attention forward (templates/attn_fwd.cu.tpl), run
+ * unchanged on the CPU through the host executor (tests/host/, mma.sync, ldmatrix and
+ * cp.async emulated with the PTX fragment layouts), against a float64 reference; and every
+ * configuration its check keeps, compiled by NVRTC for sm_80 and sm_90a without spills.
+ *
+ * Inputs are fresh random bf16 (or fp16) values (the seed is printed, MLAGEN_TEST_SEED
+ * overrides it). The reference computes from the same rounded values in double precision,
+ * so the kernel's error is its fp32 accumulation, the 16-bit rounding of P before P V and
+ * the rounding of O. Launches use the executor's shuffled schedule with shared memory
+ * NaN-filled before each block; other schedules must give bit-identical O and LSE. Both key
+ * layouts are checked: k_packed = 0 (per-head k_nope + k_rope shared by the heads) and
+ * k_packed = 1 (one per-head K [B, S_k, H, d_n + d_r]). One small case also runs in a
+ * child process (this program, --asan-case) built with ASan, when the compiler has an
+ * ASan runtime: the dynamic shared memory is then bounds-checked at the launch's size. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host/harness.h"
+#include "mg_config.h"
+#include "mg_fs.h"
+#include "mg_generate.h"
+#include "mg_jit.h"
+#include "mg_spec.h"
+#include "mlagen.h"
+
+typedef uint16_t e16; /* storage of __nv_bfloat16 or __half */
+
+static float bf16_to_float(e16 x) {
+  uint32_t u = (uint32_t)x << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static e16 float_to_bf16(float f) { /* round to nearest even */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fff + ((u >> 16) & 1);
+  return (e16)(u >> 16);
+}
+
+static float half_to_float(e16 h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  int exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else if (exp == 0) {
+    if (!mant) {
+      u = sign;
+    } else { /* subnormal: normalize */
+      exp = 1;
+      while (!(mant & 0x400)) mant <<= 1, exp--;
+      u = sign | (uint32_t)(exp + 112) << 23 | (mant & 0x3ff) << 13;
+    }
+  } else {
+    u = sign | (uint32_t)(exp + 112) << 23 | mant << 13;
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static e16 float_to_half(float f) { /* round to nearest even; |f| well inside the range */
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
+  const int exp = (int)((x >> 23) & 0xff) - 127 + 15;
+  if (exp >= 31) return (e16)(sign | 0x7c00);
+  if (exp <= 0) { /* subnormal */
+    if (exp < -10) return (e16)sign;
+    const uint32_t m = mant | 0x800000, shift = (uint32_t)(14 - exp);
+    uint32_t h = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (e16)(sign | h);
+  }
+  uint32_t h = sign | (uint32_t)exp << 10 | mant >> 13;
+  const uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+  return (e16)h;
+}
+
+static uint64_t rng_state;
+static uint64_t g_test_seed; /* MLAGEN_TEST_SEED of this run */
+static double randn(void) { /* Box-Muller on a 64-bit LCG */
+  double u[2];
+  for (int i = 0; i < 2; i++) {
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    u[i] = ((rng_state >> 11) + 0.5) / 9007199254740992.0;
+  }
+  return sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1]);
+}
+
+typedef void (*attn_fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
+                            e16 *o, float *lse, int seqlen_q, int seqlen_k, int q_pos0,
+                            float softmax_scale);
+
+typedef struct launch_args {
+  attn_fwd_fn fn;
+  const e16 *q, *kn, *kr, *v;
+  e16 *o;
+  float *lse;
+  int sq, sk, q_pos0;
+  float scale;
+} launch_args;
+
+static void thunk(void *p) {
+  launch_args *a = p;
+  a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale);
+}
+
+typedef struct built_kernel {
+  mg_host_kernel *k;
+  attn_fwd_fn fn;
+  int block_m, threads, packed;
+  size_t smem; /* dynamic shared memory per block */
+  char name[160];
+  mg_kernel_spec spec;
+} built_kernel;
+
+static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
+static float e_to_float(const mg_kernel_spec *s, e16 x) {
+  return is_fp16(s) ? half_to_float(x) : bf16_to_float(x);
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static mg_host_build_opts build_opts(const mg_host_file *headers, int n_headers, int asan) {
+  mg_host_build_opts bo;
+  memset(&bo, 0, sizeof bo);
+  bo.host_dir = MLAGEN_TESTS_DIR "/host";
+  bo.cxx = MLAGEN_CXX;
+  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
+  bo.headers = headers;
+  bo.n_headers = n_headers;
+  bo.asan = asan;
+  return bo;
+}
+
+static int config_int(const mg_kernel *k, const char *name) {
+  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k->manifest, "config");
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, name);
+  if (!cJSON_IsNumber(v)) fail_msg("%s: no config value %s", k->name, name);
+  return v->valueint;
+}
+
+static long launch_value(const mg_kernel *k, const char *name) {
+  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k->manifest, "launch");
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(launch, name);
+  if (!cJSON_IsNumber(v)) fail_msg("%s: no launch value %s", k->name, name);
+  return (long)v->valuedouble;
+}
+
+/* Blanks the which-th (from 0) `__syncthreads();` of src, keeping every line where it
+ * is. Returns 0 when there is no such barrier; *after_wait is set to 1 when the
+ * barrier's previous statement is a cp.async wait (the barrier publishes copied data). */
+static int drop_barrier(char *src, int which, int *after_wait) {
+  static const char bar[] = "__syncthreads();";
+  char *p = src;
+  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
+    if (i == which) {
+      /* the previous non-blank line */
+      char *e = p;
+      while (e > src && e[-1] != '\n') e--;
+      char *s = e > src ? e - 1 : e;
+      while (s > src && s[-1] != '\n') s--;
+      *after_wait = strstr(s, "cp_async_wait<") != NULL && strstr(s, "cp_async_wait<") < e;
+      memset(p, ' ', sizeof bar - 1);
+      return 1;
+    }
+  return 0;
+}
+
+/* Generates the kernel for spec and builds it with the host executor (once per test run:
+ * the harness keys its objects by content). drop >= 0: without that barrier. */
+static int build_src(const mg_kernel_spec *spec, int asan, int drop, int *after_wait,
+                     built_kernel *out) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  mg_kernel k;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
+  int n_hdr;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  mg_host_file files[8];
+  assert_true(n_hdr <= 8);
+  for (int i = 0; i < n_hdr; i++) {
+    files[i].name = hdr[i].name;
+    files[i].data = hdr[i].data;
+    files[i].size = hdr[i].size;
+  }
+  out->block_m = config_int(&k, "block_m");
+  out->threads = 32 * config_int(&k, "num_warps");
+  out->packed = config_int(&k, "k_packed");
+  out->smem = (size_t)launch_value(&k, "smem");
+  assert_int_equal(launch_value(&k, "smem_static"), 0);
+  snprintf(out->name, sizeof out->name, "%s", k.name);
+  out->spec = *spec;
+  if (drop >= 0 && !drop_barrier(k.source, drop, after_wait)) {
+    mg_kernel_free(&k);
+    mg_gen_close(g);
+    return 0;
+  }
+  mg_host_build_opts bo = build_opts(files, n_hdr, asan);
+  char msg[4096];
+  double t0 = now();
+  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
+    fail_msg("host build: %s", msg);
+  double secs = now() - t0;
+  if (secs > 0.05) print_message("  built %s%s (%.1f s)\n", k.name, asan ? " with ASan" : "", secs);
+  *(void **)&out->fn = mg_host_kernel_fn(out->k);
+  assert_non_null(out->fn);
+  mg_kernel_free(&k);
+  mg_gen_close(g);
+  return 1;
+}
+
+static void build_ex(const mg_kernel_spec *spec, int asan, built_kernel *out) {
+  build_src(spec, asan, -1, NULL, out);
+}
+
+static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec, 0, out); }
+
+static void unload(built_kernel *bk) { mg_host_kernel_free(bk->k); }
+
+/* One case's tensors: random inputs, outputs NaN until the kernel writes them.
+ * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r]. Packed: kn [B, S_k, H, d_n + d_r]
+ * (a RoPE part per head), kr NULL. */
+typedef struct fwd_case {
+  int B, sq, sk, q_pos0;
+  float scale;
+  e16 *q, *kn, *kr, *v, *o;
+  float *lse;
+  size_t no, nl;
+} fwd_case;
+
+static e16 *rand_e16(const mg_kernel_spec *s, size_t n) {
+  e16 *p = malloc((n ? n : 1) * sizeof *p);
+  for (size_t i = 0; i < n; i++)
+    p[i] = is_fp16(s) ? float_to_half((float)randn()) : float_to_bf16((float)randn());
+  return p;
+}
+
+static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
+  const mg_kernel_spec *s = &bk->spec;
+  const int H = s->heads, dqk = s->d_n + s->d_r;
+  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
+  c->scale = (float)(1.0 / sqrt((double)dqk) * 1.3689 * 1.3689);
+  c->q = rand_e16(s, (size_t)B * sq * H * dqk);
+  if (bk->packed) {
+    c->kn = rand_e16(s, (size_t)B * sk * H * dqk);
+    c->kr = NULL;
+  } else {
+    c->kn = rand_e16(s, (size_t)B * sk * H * s->d_n);
+    c->kr = rand_e16(s, (size_t)B * sk * s->d_r);
+  }
+  c->v = rand_e16(s, (size_t)B * sk * H * s->d_v);
+  c->no = (size_t)B * sq * H * s->d_v;
+  c->nl = (size_t)B * H * sq;
+  c->o = malloc((c->no ? c->no : 1) * sizeof *c->o);
+  c->lse = malloc((c->nl ? c->nl : 1) * sizeof *c->lse);
+}
+
+static void case_free(fwd_case *c) {
+  free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse);
+}
+
+/* float64 reference: o [B, Sq, H, dv], lse [B, H, Sq] (a row without keys: 0, -inf). */
+static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
+  const mg_kernel_spec *s = &bk->spec;
+  const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
+  const int B = c->B, sq = c->sq, sk = c->sk;
+  /* key strides (elements): token, head */
+  const size_t kn_tok = bk->packed ? (size_t)H * dqk : (size_t)H * dn;
+  const size_t kn_head = bk->packed ? (size_t)dqk : (size_t)dn;
+  const e16 *kr = bk->packed ? c->kn + dn : c->kr;
+  const size_t kr_tok = bk->packed ? (size_t)H * dqk : (size_t)dr;
+  const size_t kr_head = bk->packed ? (size_t)dqk : 0;
+  double *sc = malloc((size_t)(sk ? sk : 1) * sizeof *sc);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < sq; i++) {
+        const e16 *qi = c->q + (((size_t)b * sq + i) * H + h) * dqk;
+        double mx = -INFINITY;
+        long lim = s->causal ? (long)c->q_pos0 + i + 1 : sk;
+        int nk = lim < 0 ? 0 : lim < sk ? (int)lim : sk;
+        for (int j = 0; j < nk; j++) {
+          const size_t tok = (size_t)b * sk + j;
+          const e16 *knj = c->kn + tok * kn_tok + h * kn_head;
+          const e16 *krj = kr + tok * kr_tok + h * kr_head;
+          double dot = 0;
+          for (int d = 0; d < dn; d++) dot += (double)e_to_float(s, qi[d]) * e_to_float(s, knj[d]);
+          for (int d = 0; d < dr; d++)
+            dot += (double)e_to_float(s, qi[dn + d]) * e_to_float(s, krj[d]);
+          sc[j] = dot * c->scale;
+          if (sc[j] > mx) mx = sc[j];
+        }
+        double sum = 0;
+        for (int j = 0; j < nk; j++) sum += exp(sc[j] - mx);
+        double *oi = o + (((size_t)b * sq + i) * H + h) * dv;
+        for (int d = 0; d < dv; d++) oi[d] = 0;
+        for (int j = 0; j < nk; j++) {
+          const double p = exp(sc[j] - mx) / sum;
+          const e16 *vj = c->v + (((size_t)b * sk + j) * H + h) * dv;
+          for (int d = 0; d < dv; d++) oi[d] += p * e_to_float(s, vj[d]);
+        }
+        lse[((size_t)b * H + h) * sq + i] = nk ? mx + log(sum) : -INFINITY;
+      }
+  free(sc);
+}
+
+/* Launches the kernel on c (outputs first set to NaN) with lo (NULL: the executor's
+ * defaults); returns the wall time of the launch. */
+static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_launch_opts *lo) {
+  for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
+  for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
+  launch_args a = {bk->fn, c->q, c->kn, c->kr, c->v, c->o, c->lse,
+                   c->sq, c->sk, c->q_pos0, c->scale};
+  mg_host_dim3 grid = {(unsigned)((c->sq + bk->block_m - 1) / bk->block_m),
+                       (unsigned)bk->spec.heads, (unsigned)c->B};
+  mg_host_dim3 block = {(unsigned)bk->threads, 1, 1};
+  char msg[1024];
+  double t0 = now();
+  int rc = mg_host_kernel_launch(bk->k, grid, block, bk->smem, lo, thunk, &a, msg, sizeof msg);
+  double secs = now() - t0;
+  if (rc) fail_msg("launch failed: %s", msg);
+  return secs;
+}
+
+/* The errors of c's outputs against the reference: O's max abs error relative to max |O|
+ * (absolute when every O is 0), LSE relative (a -inf must be exactly -inf); returns the
+ * number of NaN outputs. */
+static size_t case_errors(const built_kernel *bk, const fwd_case *c, double *o_err,
+                          double *lse_err) {
+  double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
+  reference(bk, c, ro, rl);
+  double max_ref = 0, max_err = 0, max_lse_err = 0;
+  size_t nans = 0;
+  for (size_t i = 0; i < c->no; i++) {
+    const double got = e_to_float(&bk->spec, c->o[i]);
+    nans += isnan(got) != 0;
+    if (fabs(ro[i]) > max_ref) max_ref = fabs(ro[i]);
+    if (fabs(got - ro[i]) > max_err || isnan(got)) max_err = isnan(got) ? INFINITY : fabs(got - ro[i]);
+  }
+  for (size_t i = 0; i < c->nl; i++) {
+    nans += isnan(c->lse[i]) != 0;
+    double e;
+    if (isinf(rl[i]) || isinf(c->lse[i]))
+      e = (double)c->lse[i] == rl[i] ? 0 : INFINITY;
+    else
+      e = fabs(c->lse[i] - rl[i]) / (1 + fabs(rl[i]));
+    if (e > max_lse_err || isnan(e)) max_lse_err = isnan(e) ? INFINITY : e;
+  }
+  *o_err = max_ref > 0 ? max_err / max_ref : max_err;
+  *lse_err = max_lse_err;
+  free(ro), free(rl);
+  return nans;
+}
+
+static double g_worst_o, g_worst_lse; /* over every checked case */
+
+/* Checks O (relative to max |O|, under 1e-2) and LSE (under 1e-5 relative). */
+static void check_case(const built_kernel *bk, const fwd_case *c, double secs) {
+  double o_err, lse_err;
+  size_t nans = case_errors(bk, c, &o_err, &lse_err);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: O rel err %.2e, LSE rel err %.2e (%.2f s)\n",
+                bk->name + strlen("mla_attn_fwd_"), c->B, c->sq, c->sk, c->q_pos0, o_err, lse_err,
+                secs);
+  if (nans) fail_msg("%zu NaN outputs", nans);
+  if (o_err > g_worst_o) g_worst_o = o_err;
+  if (lse_err > g_worst_lse) g_worst_lse = lse_err;
+  assert_true(o_err < 1e-2);
+  assert_true(lse_err < 1e-5);
+}
+
+/* Runs one case with the default schedule and checks it. */
+static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  fwd_case c;
+  case_init(bk, &c, B, sq, sk, q_pos0);
+  double secs = launch_case(bk, &c, NULL);
+  check_case(bk, &c, secs);
+  case_free(&c);
+  return secs;
+}
+
+static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "attn_fwd");
+  s.heads = H, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = 512, s.causal = causal;
+  snprintf(s.dtype, sizeof s.dtype, "bf16");
+  return s;
+}
+
+static void set(mg_kernel_spec *s, const char *assignment) {
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
+}
+
+/* The shape's default configuration, both key layouts, causal and not, on: S = 1 (one key
+ * per row), S = 77 (no tile divides it) with batch 2, a query shard at global position 60
+ * of 100 keys (S_q < S_k, causal rows see 61.. keys), a shard at 130 (a 64-row CTA whose
+ * keys span three 64-key tiles with the diagonal inside one), and no keys at all (o = 0,
+ * lse = -inf). */
+static void check_shape(int dn, int dr, int dv) {
+  for (int packed = 0; packed <= 1; packed++)
+    for (int causal = 1; causal >= 0; causal--) {
+      mg_kernel_spec s = make_spec(2, dn, dr, dv, causal);
+      if (packed) set(&s, "k_packed=1");
+      built_kernel bk;
+      build(&s, &bk);
+      run_case(&bk, 1, 1, 1, 0);
+      run_case(&bk, 2, 77, 77, 0);
+      run_case(&bk, 1, 40, 100, 60);
+      run_case(&bk, 1, 70, 200, 130);
+      run_case(&bk, 1, 5, 0, 0);
+      unload(&bk);
+    }
+}
+
+/* DeepSeek-V2-Lite / V3 / Kimi K2 head shape. */
+static void test_deepseek_heads(void **state) { (void)state; check_shape(128, 64, 128); }
+/* An unusual MLA shape. */
+static void test_unusual_heads(void **state) { (void)state; check_shape(64, 32, 64); }
+
+/* Other tunable configurations (every block_m, block_n, stages and key layout appears)
+ * give right answers, causal and not, on the awkward sizes. */
+static void test_configs(void **state) {
+  (void)state;
+  static const struct {
+    int dn, dr, dv;
+    const char *set[4];
+  } cfgs[] = {
+      {128, 64, 128, {"block_m=128", "num_warps=8", "block_n=32", "stages=1"}},
+      {128, 64, 128, {"block_m=64", "num_warps=4", "block_n=128", "stages=1"}},
+      {128, 64, 128, {"block_m=128", "num_warps=8", "block_n=64", "k_packed=1"}},
+      {64, 32, 64, {"block_m=128", "num_warps=8", "block_n=128", "stages=2"}},
+      {64, 32, 64, {"block_m=64", "num_warps=4", "block_n=32", "k_packed=1"}},
+      {64, 32, 64, {"block_m=64", "num_warps=4", "block_n=128", "stages=1"}},
+  };
+  for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+    for (int causal = 1; causal >= 0; causal--) {
+      mg_kernel_spec s = make_spec(2, cfgs[i].dn, cfgs[i].dr, cfgs[i].dv, causal);
+      for (int j = 0; j < 4; j++) set(&s, cfgs[i].set[j]);
+      built_kernel bk;
+      build(&s, &bk);
+      run_case(&bk, 2, 77, 77, 0);
+      run_case(&bk, 1, 150, 300, 150);
+      unload(&bk);
+    }
+}
+
+/* fp16 inputs (the f16 mma): both shapes, causal, default configuration. */
+static void test_fp16(void **state) {
+  (void)state;
+  const int shapes[][3] = {{128, 64, 128}, {64, 32, 64}};
+  for (int i = 0; i < 2; i++) {
+    mg_kernel_spec s = make_spec(2, shapes[i][0], shapes[i][1], shapes[i][2], 1);
+    snprintf(s.dtype, sizeof s.dtype, "fp16");
+    built_kernel bk;
+    build(&s, &bk);
+    run_case(&bk, 2, 77, 77, 0);
+    run_case(&bk, 1, 40, 100, 60);
+    unload(&bk);
+  }
+}
+
+/* Deterministic kernel, any schedule: the same bits. Round robin and three seeds, both
+ * pipelines. */
+static void test_schedules_bit_identical(void **state) {
+  (void)state;
+  for (int stages = 1; stages <= 2; stages++)
+    for (int causal = 1; causal >= 0; causal--) {
+      mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
+      char st[16];
+      snprintf(st, sizeof st, "stages=%d", stages);
+      set(&s, st);
+      built_kernel bk;
+      build(&s, &bk);
+      fwd_case c;
+      case_init(&bk, &c, 2, 77, 77, 0);
+      mg_host_launch_opts lo;
+      memset(&lo, 0, sizeof lo);
+      lo.round_robin = 1;
+      double secs = launch_case(&bk, &c, &lo);
+      check_case(&bk, &c, secs);
+      e16 *o0 = malloc(c.no * sizeof *o0);
+      float *l0 = malloc(c.nl * sizeof *l0);
+      memcpy(o0, c.o, c.no * sizeof *o0);
+      memcpy(l0, c.lse, c.nl * sizeof *l0);
+      const unsigned long long seeds[] = {1, 2, 0x9e3779b97f4a7c15ull};
+      for (int i = 0; i < 3; i++) {
+        memset(&lo, 0, sizeof lo);
+        lo.seed = seeds[i];
+        launch_case(&bk, &c, &lo);
+        if (memcmp(o0, c.o, c.no * sizeof *o0) || memcmp(l0, c.lse, c.nl * sizeof *l0))
+          fail_msg("%s: schedule seed %llu gives other bits than round robin", bk.name, seeds[i]);
+      }
+      print_message("  %s: round robin and seeds 1, 2, 0x9e37...: O and LSE bit-identical\n",
+                    bk.name);
+      free(o0), free(l0);
+      case_free(&c);
+      unload(&bk);
+    }
+}
+
+/* The kernel with one of its barriers removed, for each barrier: one that publishes
+ * cp.async data (it follows a wait) must give wrong results under the shuffled schedules
+ * with NaN-filled shared memory. The others guard a buffer against the next copy into it
+ * (write after read) or the O staging against Q reads; the executor lands a copy only at
+ * the issuing thread's wait, which the next barrier orders after every read, so those are
+ * reported, not required. */
+static void test_missing_barrier_caught(void **state) {
+  (void)state;
+  for (int stages = 1; stages <= 2; stages++) {
+    mg_kernel_spec s = make_spec(2, 128, 64, 128, 1);
+    char st[16];
+    snprintf(st, sizeof st, "stages=%d", stages);
+    set(&s, st);
+    int n = 0, required = 0;
+    for (int which = 0;; which++) {
+      built_kernel bk;
+      int after_wait = 0;
+      if (!build_src(&s, 0, which, &after_wait, &bk)) break;
+      n++;
+      required += after_wait;
+      fwd_case c;
+      case_init(&bk, &c, 2, 77, 77, 0);
+      mg_host_launch_opts lo;
+      memset(&lo, 0, sizeof lo);
+      int caught = 0;
+      size_t nans = 0;
+      double o_err = 0, lse_err = 0;
+      for (unsigned long long seed = 1; seed <= 3; seed++) {
+        lo.seed = seed;
+        launch_case(&bk, &c, &lo);
+        nans = case_errors(&bk, &c, &o_err, &lse_err);
+        caught += nans || o_err >= 1e-2 || lse_err >= 1e-5;
+      }
+      print_message("  stages=%d without barrier %d (%s): caught by %d of 3 seeds (last: %zu NaN, "
+                    "O err %.2e)\n", stages, which,
+                    after_wait ? "publishes copies" : "write after read", caught, nans, o_err);
+      if (after_wait && caught < 3)
+        fail_msg("stages=%d: barrier %d removed, yet some schedule gives the right result",
+                 stages, which);
+      case_free(&c);
+      unload(&bk);
+    }
+    assert_true(n >= 2 && required >= 1);
+  }
+}
+
+/* The DeepSeek head shape at S = 256, 2 heads: timed. */
+static void test_s256_timing(void **state) {
+  (void)state;
+  for (int causal = 0; causal <= 1; causal++) {
+    mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
+    built_kernel bk;
+    build(&s, &bk);
+    double secs = run_case(&bk, 1, 256, 256, 0);
+    print_message("  S=256 H=2 d_n=128 d_r=64 d_v=128 %s on the host executor: %.2f s "
+                  "(limit 20 s)\n", causal ? "causal" : "full", secs);
+    assert_true(secs < 20.0);
+    unload(&bk);
+  }
+}
+
+/* An MLA shape unlike DeepSeek's (d_n 64, d_r 32, d_v 64), as in test_generate.c. */
+static const char unusual_json[] =
+    "{\"model_type\": \"minicpm3\", \"num_attention_heads\": 40, \"kv_lora_rank\": 256,"
+    " \"qk_rope_head_dim\": 32, \"qk_nope_head_dim\": 64, \"v_head_dim\": 64,"
+    " \"q_lora_rank\": 768, \"hidden_size\": 2560}";
+
+/* Every configuration of the tunable space that the template's check keeps compiles for
+ * sm_80 and sm_90a without spills or a stack frame (causal: the larger kernel), for the
+ * DeepSeek-V3 head shape and the unusual one. The JIT cache ($MLAGEN_CACHE_DIR) is used:
+ * a second run reads the cubins back. */
+static void test_nvrtc_all_kept_configs(void **state) {
+  (void)state;
+  const char *models[] = {"deepseek-v3", NULL};
+  const int block_m[] = {64, 128}, block_n[] = {32, 64, 128};
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  int n_hdr, kept = 0, rejected = 0;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  double t0 = now();
+  for (int m = 0; m < 2; m++) {
+    mg_shape shape;
+    int rc = models[m] ? mg_config_load(models[m], &shape, &d)
+                       : mg_config_parse(unusual_json, strlen(unusual_json), "unusual", &shape, &d);
+    if (rc) fail_msg("%s", mg_diag_msg(&d));
+    mg_kernel_spec specs[16];
+    int n;
+    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, 16, &n, &d), 0);
+    int found = -1;
+    for (int i = 0; i < n; i++)
+      if (!strcmp(specs[i].family, "attn_fwd") && specs[i].causal) found = i;
+    assert_true(found >= 0);
+    for (int bm = 0; bm < 2; bm++)
+      for (int bn = 0; bn < 3; bn++)
+        for (int stages = 1; stages <= 2; stages++)
+          for (int packed = 0; packed <= 1; packed++) {
+            mg_kernel_spec s = specs[found];
+            char a[4][32];
+            snprintf(a[0], sizeof a[0], "block_m=%d", block_m[bm]);
+            snprintf(a[1], sizeof a[1], "num_warps=%d", block_m[bm] / 16);
+            snprintf(a[2], sizeof a[2], "block_n=%d", block_n[bn]);
+            snprintf(a[3], sizeof a[3], "stages=%d", stages);
+            for (int i = 0; i < 4; i++) set(&s, a[i]);
+            if (packed) set(&s, "k_packed=1");
+            mg_kernel k;
+            rc = mg_gen_kernel(g, &s, &k, &d);
+            if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&d), "rejected")) {
+              print_message("  rejected: %s\n", mg_diag_msg(&d));
+              rejected++;
+              continue;
+            }
+            if (rc) fail_msg("%s", mg_diag_msg(&d));
+            kept++;
+            for (int arch = 0; arch < 2; arch++) {
+              mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr,
+                               .n_headers = n_hdr, .template_hash = mg_gen_template_hash(g)};
+              mg_cubin c;
+              if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, &d))
+                fail_msg("%s", mg_diag_msg(&d));
+              print_message("  %-66s %-6s regs %3d spill %ld+%ld stack %ld smem %ld (dynamic)\n",
+                            k.name, o.arch, c.report.registers, c.report.spill_stores,
+                            c.report.spill_loads, c.report.stack_bytes, launch_value(&k, "smem"));
+              assert_true(c.report.registers > 0);
+              assert_int_equal(c.report.spill_stores + c.report.spill_loads, 0);
+              assert_int_equal(c.report.stack_bytes, 0);
+              assert_int_equal(c.report.smem_bytes, 0); /* all of it dynamic */
+              mg_cubin_free(&c);
+            }
+            mg_kernel_free(&k);
+          }
+  }
+  print_message("  %d configurations kept, %d rejected by the template's check (%.0f s)\n", kept,
+                rejected, now() - t0);
+  assert_true(kept >= 24);
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
+/* Rejections: a tunable combination, an accumulator budget, shared memory. */
+static void test_check_rejects(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel k;
+  mg_kernel_spec s = make_spec(128, 128, 64, 128, 1);
+  set(&s, "block_m=128");
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "block_m must be 16 * num_warps"));
+  s = make_spec(128, 192, 64, 256, 1); /* d_v 256: 128 + 64 accumulators at block_n 128 */
+  set(&s, "block_n=128");
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "accumulators per thread"));
+  s = make_spec(128, 192, 64, 256, 1); /* the largest dims: the default still fits */
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), 0);
+  print_message("  d_n 192 d_r 64 d_v 256 default: %s\n", k.name);
+  mg_kernel_free(&k);
+  set(&s, "stages=2");
+  set(&s, "block_n=64");
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "bytes of shared memory"));
+  print_message("  %s\n", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
+/* The child side of test_asan: an ASan build on two small cases, in a process that has
+ * the ASan runtime preloaded. */
+static void asan_case_run(void **state) {
+  (void)state;
+  assert_true(mg_host_process_has_asan());
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 64, 32, 64, causal);
+    if (causal) set(&s, "k_packed=1");
+    built_kernel bk;
+    build_ex(&s, 1, &bk);
+    run_case(&bk, 2, 77, 77, 0);
+    run_case(&bk, 1, 40, 100, 60);
+    unload(&bk);
+  }
+}
+
+/* ASan finds no out-of-bounds global or dynamic shared-memory access in the kernel. */
+static void test_asan(void **state) {
+  (void)state;
+  mg_host_build_opts bo = build_opts(NULL, 0, 1);
+  char rt[1024];
+  if (mg_host_process_has_asan()) {
+    print_message("  this process has ASan: the kernels are all built with it\n");
+    return;
+  }
+  if (mg_host_asan_runtime(&bo, rt, sizeof rt)) {
+    print_message("  skipped: the compiler has no ASan runtime\n");
+    return;
+  }
+  char seed[32], cache[1200];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)g_test_seed);
+  const char *root = mg_host_cache_dir();
+  assert_non_null(root);
+  snprintf(cache, sizeof cache, "%s/asan-child", root);
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(fd[1], 1);
+    dup2(fd[1], 2);
+    close(fd[0]);
+    close(fd[1]);
+    setenv("LD_PRELOAD", rt, 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    setenv("MLAGEN_TEST_SEED", seed, 1);
+    setenv("MG_HOST_CACHE_DIR", cache, 1);
+    execl("/proc/self/exe", "test_attn_fwd", "--asan-case", (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  size_t cap = 1 << 16, len = 0;
+  char *out = malloc(cap + 1);
+  ssize_t r;
+  while ((r = read(fd[0], out + len, cap - len)) > 0) {
+    len += (size_t)r;
+    if (len == cap) {
+      out = realloc(out, 2 * cap + 1);
+      cap *= 2;
+    }
+  }
+  out[len] = '\0';
+  close(fd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strstr(out, "AddressSanitizer");
+  if (!ok) {
+    print_message("%s\n", out);
+    fail_msg("the ASan child failed (status %d), its output is above", status);
+  }
+  for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
+    if (strstr(line, "rel err") || strstr(line, "built ")) print_message("  [asan] %s\n", line + 2);
+  free(out);
+}
+
+static int report_worst(void **state) {
+  (void)state;
+  printf("worst over the checked cases: O rel err %.2e, LSE rel err %.2e\n", g_worst_o, g_worst_lse);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *env = getenv("MLAGEN_TEST_SEED");
+  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+  g_test_seed = rng_state;
+  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  if (argc == 2 && !strcmp(argv[1], "--asan-case")) {
+    const struct CMUnitTest child[] = {cmocka_unit_test(asan_case_run)};
+    return cmocka_run_group_tests(child, NULL, NULL);
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_deepseek_heads),
+      cmocka_unit_test(test_unusual_heads),
+      cmocka_unit_test(test_configs),
+      cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_schedules_bit_identical),
+      cmocka_unit_test(test_missing_barrier_caught),
+      cmocka_unit_test(test_s256_timing),
+      cmocka_unit_test(test_check_rejects),
+      cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_asan),
+  };
+  return cmocka_run_group_tests(tests, NULL, report_worst);
+}
