@@ -461,6 +461,23 @@ int mg_config_load(const char *model, mg_shape *out, mg_diag *d) {
                      model, list);
 }
 
+int mg_shape_validate(const mg_shape *s, const char *name, mg_diag *d) {
+  if (!name) name = "shape";
+  if (!s) return mg_diag_set(d, MLAGEN_EINVAL, "%s: mg_shape_validate: NULL shape", name);
+  pctx c = {name, "", d};
+  for (size_t i = 0; i < N_DIMS; i++) {
+    int v = *(const int *)((const char *)s + dims[i].off);
+    if (v <= 0)
+      return key_error(&c, MLAGEN_ECONFIG, dims[i].key, "is %d, expected a positive integer (%s)",
+                       v, dims[i].what);
+  }
+  if (s->qk_rope_head_dim % 2)
+    return key_error(&c, MLAGEN_ECONFIG, "qk_rope_head_dim",
+                     "%d is odd; RoPE rotates pairs of dims, so d_r must be even",
+                     s->qk_rope_head_dim);
+  return check_limits(&c, s);
+}
+
 int mg_shape_describe(const mg_shape *s, char *buf, size_t n) {
   if (!s) return -1;
   char dq[16] = "null", rp[96] = "";

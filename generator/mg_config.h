@@ -79,6 +79,16 @@ int mg_config_parse(const char *json, size_t len, const char *name, mg_shape *ou
  * 16 MiB; otherwise as mg_config_parse. */
 int mg_config_load(const char *model, mg_shape *out, mg_diag *d);
 
+/* Checks the five MLA dims of a shape filled by hand (the embedding API's model
+ * description) with the rules mg_config_parse applies to a config: each dim > 0, an even
+ * qk_rope_head_dim, and the kernel limits above. Messages name name and the config key,
+ * as for a config ("<name>: key 'v_head_dim': ..."). Only the dims are read; s is not
+ * changed.
+ * Errors: MLAGEN_EINVAL s is NULL; MLAGEN_ECONFIG a dim <= 0 or an odd qk_rope_head_dim;
+ * MLAGEN_EUNSUPPORTED a dim beyond the kernel limits (message gives the limit and its
+ * reason). */
+int mg_shape_validate(const mg_shape *s, const char *name, mg_diag *d);
+
 /* Writes one line describing s into buf (n bytes, always NUL-terminated when n > 0), e.g.
  * "H=128 d_c=512 d_r=64 d_n=128 d_v=128 d_q=1536 scale=0.135234 (yarn factor 40,
  * mscale 1.3689)". Returns the length of the whole line, as snprintf does (a result

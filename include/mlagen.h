@@ -4,10 +4,14 @@
  *
  * Every function that can fail returns an int status: 0 (MLAGEN_OK) on success or a
  * negative MLAGEN_E* code. mlagen_strerror() names a code; the detailed message (NVRTC
- * log, Lua traceback, config file and key) is kept by the object that failed.
+ * log, Lua traceback, config file and key) is kept by the context the call went through
+ * (mlagen_last_message, below).
  */
 #ifndef MLAGEN_H
 #define MLAGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,6 +48,276 @@ const char *mlagen_strerror(int status);
 
 /* Name of a status code ("MLAGEN_EINVAL"); "MLAGEN_UNKNOWN" for other values. */
 const char *mlagen_status_name(int status);
+
+/* ==== The embedding API ===============================================================
+ *
+ * A trainer embeds mlagen through three objects:
+ *   mlagen_context  messages, and (later) the CUDA device, modules and kernel cache;
+ *   mlagen_model    a validated MLA attention shape (from a config.json or by hand);
+ *   mlagen_plan     one form of one layer for one rank of a sequence-parallel (SP)
+ *                   group: batch, sequence length, dtype fixed; says the sizes of every
+ *                   tensor and buffer (mlagen_plan_sizes) and runs the forward and the
+ *                   backward (mlagen_forward, mlagen_backward).
+ * Notation (DeepSeek-V2 names, HF config.json keys): H heads [num_attention_heads],
+ * d_c [kv_lora_rank], d_r [qk_rope_head_dim], d_n [qk_nope_head_dim], d_v [v_head_dim];
+ * B batch, S the global sequence length, P = sp_size, S_l = S / P the tokens of one rank.
+ *
+ * Status of this version: contexts, models, plans and sizes work on any machine (no GPU
+ * or driver needed). mlagen_forward and mlagen_backward validate every argument, then
+ * load the CUDA driver (MLAGEN_ENODRIVER without one), then return MLAGEN_EUNSUPPORTED:
+ * the CUDA executor is not built yet. mlagen_get_device_info works with a driver.
+ *
+ * Messages. Every call that takes a context, or a plan made through one, clears the
+ * context's message and, when it fails, leaves a one-line message there naming the
+ * argument or the config key: mlagen_last_message(ctx). A call that cannot reach a live
+ * context (ctx NULL, plan NULL, a plan whose context was destroyed) leaves its message in
+ * a per-thread slot: mlagen_last_message(NULL).
+ *
+ * Threads. Different contexts may be used from different threads at once. One context
+ * and the objects made through it must not be used by two threads at the same time, and
+ * a context must not be destroyed while another thread uses it or its plans. The driver
+ * is loaded once per process, thread-safely.
+ *
+ * Lifetimes. Models do not depend on a context after they are made (the context was only
+ * used for the message); a model may be destroyed once its plans are made (plans copy the
+ * shape). A plan belongs to the context it was made with. Destroying the context does not
+ * free the plan: the plan must still be destroyed with mlagen_plan_destroy, which is the
+ * only call a plan accepts after its context was destroyed; every other call returns
+ * MLAGEN_EINVAL ("its context was destroyed"). Detected: a plan used after its context
+ * was destroyed (contexts register themselves in a process-wide list; a plan keeps its
+ * context's unique id). Not detected (undefined behaviour, as for free()): a context or
+ * plan used after its own destroy call, and a pointer that is not one made by this API.
+ *
+ * Memory. Sizes are bytes (size_t). Every tensor is dense, row-major, in device memory,
+ * aligned to its element size; the workspace and the saved buffer are device memory
+ * aligned to 16 bytes. The caller owns all of them.
+ */
+
+/* Element types. 0 is not a type (a zero-filled descriptor is refused). */
+typedef enum mlagen_dtype {
+  MLAGEN_DTYPE_BF16 = 1, /* bfloat16, 2 bytes */
+  MLAGEN_DTYPE_F16 = 2,  /* IEEE half, 2 bytes */
+  MLAGEN_DTYPE_F32 = 3,  /* 4 bytes */
+  MLAGEN_DTYPE_F64 = 4   /* 8 bytes */
+} mlagen_dtype;
+
+/* The forms of MLA attention under Ulysses-style SP (docs/forms.md). 0 is not a form. */
+typedef enum mlagen_form {
+  MLAGEN_FORM_EXPLICIT = 1, /* up-project K/V locally, all-to-all Q, K, V (Megatron-Core) */
+  MLAGEN_FORM_ABSORBED = 2, /* all-gather the latent, attend over it (keeps H/P x d_c) */
+  MLAGEN_FORM_LAGA = 3,     /* all-gather the latent, rebuild this rank's K/V, explicit attention */
+  MLAGEN_FORM_LAGA_R = 4    /* LAGA keeping only the latent; K/V recomputed in the backward */
+} mlagen_form;
+
+#define MLAGEN_MAX_DIMS 4
+
+typedef struct mlagen_context mlagen_context;
+typedef struct mlagen_model mlagen_model;
+typedef struct mlagen_plan mlagen_plan;
+
+/* ---- context ----------------------------------------------------------------------- */
+
+/* Creates a context in *ctx. Loads nothing: the CUDA driver is loaded by the first call
+ * that needs it. Errors: MLAGEN_EINVAL ctx is NULL; MLAGEN_ENOMEM. On error *ctx is NULL
+ * (when ctx is not NULL) and the message is in mlagen_last_message(NULL). */
+int mlagen_context_create(mlagen_context **ctx);
+
+/* Destroys a context and its message. NULL is a no-op. Plans made through it stay
+ * allocated until mlagen_plan_destroy (see Lifetimes). */
+void mlagen_context_destroy(mlagen_context *ctx);
+
+/* The message of the last call made through ctx: "" when it succeeded. With ctx NULL:
+ * the message of the last call on this thread that could not reach a live context.
+ * Never NULL; valid until the next call through ctx (or, for NULL, on this thread). */
+const char *mlagen_last_message(const mlagen_context *ctx);
+
+/* ---- models ------------------------------------------------------------------------- */
+
+/* An MLA attention shape given by hand. */
+typedef struct mlagen_model_desc {
+  int num_attention_heads; /* H */
+  int kv_lora_rank;        /* d_c */
+  int qk_rope_head_dim;    /* d_r, even */
+  int qk_nope_head_dim;    /* d_n */
+  int v_head_dim;          /* d_v */
+  /* the scale of the attention scores; 0 means 1 / sqrt(d_n + d_r) (no yarn mscale) */
+  double softmax_scale;
+} mlagen_model_desc;
+
+/* A model from a HuggingFace config.json: config is a path to the file, to a directory
+ * holding config.json, or a shipped name ("deepseek-v3", "deepseek-v2-lite", "kimi-k2";
+ * an existing path wins). The softmax scale includes the yarn mscale, as DeepSeek's
+ * modeling code computes it. On success *model is the new model (free it with
+ * mlagen_model_destroy).
+ * Errors (message in ctx, naming the file and the key):
+ *   MLAGEN_EINVAL       ctx (message in mlagen_last_message(NULL)), config or model NULL,
+ *                       or config "".
+ *   MLAGEN_EIO          neither a readable file nor a shipped name (the message lists the
+ *                       shipped names).
+ *   MLAGEN_ELIMIT       a file over 16 MiB.
+ *   MLAGEN_ECONFIG      not JSON, not an MLA config, a missing or invalid key.
+ *   MLAGEN_EUNSUPPORTED a dim beyond the kernels' limits (the message gives the limit).
+ *   MLAGEN_ENOMEM */
+int mlagen_model_from_config(mlagen_context *ctx, const char *config, mlagen_model **model);
+
+/* A model from desc, checked with the rules a config is checked with.
+ * Errors (message in ctx, naming the field, e.g. "mlagen_model_desc: key 'v_head_dim':"):
+ *   MLAGEN_EINVAL       ctx, desc or model NULL; a dim <= 0; an odd qk_rope_head_dim; a
+ *                       softmax_scale < 0, NaN or infinite.
+ *   MLAGEN_EUNSUPPORTED a dim beyond the kernels' limits: d_n, d_r, d_v, d_c multiples of
+ *                       16, d_n + d_r <= 256, d_v <= 256, d_c <= 1024, H <= 4096.
+ *   MLAGEN_ENOMEM */
+int mlagen_model_from_desc(mlagen_context *ctx, const mlagen_model_desc *desc,
+                           mlagen_model **model);
+
+/* The model's shape, softmax_scale filled in (never 0). Errors: MLAGEN_EINVAL model or
+ * desc NULL (message in mlagen_last_message(NULL)). */
+int mlagen_model_get_desc(const mlagen_model *model, mlagen_model_desc *desc);
+
+/* Frees a model; NULL is a no-op. Plans made from it are not affected. */
+void mlagen_model_destroy(mlagen_model *model);
+
+/* ---- plans -------------------------------------------------------------------------- */
+
+/* One layer's attention on one rank of an SP group. */
+typedef struct mlagen_plan_desc {
+  mlagen_form form;
+  int batch;        /* B >= 1 */
+  int64_t seq;      /* S >= 1, the global sequence length; sp_size divides it */
+  int sp_rank;      /* this rank, 0 <= sp_rank < sp_size; it holds tokens
+                     * [sp_rank S/P, (sp_rank + 1) S/P) */
+  int sp_size;      /* P >= 1; divides H (each rank attends with H / P heads) */
+  int causal;       /* nonzero: causal attention over global positions */
+  mlagen_dtype dtype; /* activations and communication; accumulators (lse, dw_kv_b) are
+                       * f32, or f64 when dtype is f64 */
+} mlagen_plan_desc;
+
+/* Builds the plan of desc for model. On success *plan is the new plan (free it with
+ * mlagen_plan_destroy). Needs no driver.
+ * Errors (message in ctx, naming the field, e.g. "plan_desc->sp_rank = 8 is not below
+ * plan_desc->sp_size = 8"):
+ *   MLAGEN_EINVAL  ctx (message in mlagen_last_message(NULL)), model, desc or plan NULL;
+ *                  form or dtype not one of the enums; batch < 1; seq < 1; sp_size < 1;
+ *                  sp_rank outside [0, sp_size); seq not divisible by sp_size; sp_size
+ *                  not dividing H (or above H); buffers too large for the planner
+ *                  (over 2^56 bytes).
+ *   MLAGEN_ENOMEM */
+int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
+                       const mlagen_plan_desc *desc, mlagen_plan **plan);
+
+/* Frees a plan; NULL is a no-op. Works after the plan's context was destroyed. */
+void mlagen_plan_destroy(mlagen_plan *plan);
+
+/* Which calls use a tensor (mlagen_tensor_info.passes). */
+#define MLAGEN_PASS_FORWARD 1
+#define MLAGEN_PASS_BACKWARD 2
+
+/* What one tensor of the op boundary must be. */
+typedef struct mlagen_tensor_info {
+  const char *name;  /* "q", "c_kv", "k_rope", "w_kv_b", "o", "do", "dq", "dc_kv",
+                      * "dk_rope", "dw_kv_b" (static strings) */
+  mlagen_dtype dtype;
+  int ndim;
+  int64_t dims[MLAGEN_MAX_DIMS]; /* dims[ndim..] are 0 */
+  size_t bytes;      /* elements x element size */
+  int is_output;     /* written by the call (1) or only read (0) */
+  int passes;        /* MLAGEN_PASS_* bits: the calls that read or write it (0: unused
+                      * by this form) */
+} mlagen_tensor_info;
+
+/* The sizes of a plan, all from the planner (the figures `mlagen plan` prints). */
+typedef struct mlagen_sizes {
+  /* device memory the caller passes as the workspace of mlagen_forward and of
+   * mlagen_backward: the planner's transient peak, max(peak_fwd_bytes, peak_bwd_bytes).
+   * The planner's peak counts every buffer live at the worst step, the step's
+   * collective staging, the saved buffers and the outputs included, so this is an upper
+   * bound on what the CUDA executor will use. */
+  size_t workspace_bytes;
+  size_t saved_bytes;       /* kept from the forward to the backward: the saved buffer */
+  size_t peak_fwd_bytes;    /* the planner's peak of the forward */
+  size_t peak_bwd_bytes;    /* the planner's peak of the backward */
+  size_t sent_fwd_bytes;    /* bytes this rank sends in the forward's collectives */
+  size_t sent_bwd_bytes;    /* ... and in the backward's */
+  /* The op boundary, this rank's sequence shard (S_l = S / P tokens):
+   * inputs   q [B, S_l, H, d_n + d_r] (RoPE part last), c_kv [B, S_l, d_c],
+   *          k_rope [B, S_l, d_r], w_kv_b [H (d_n + d_v), d_c] (HF kv_b_proj.weight);
+   *          do [B, S_l, H, d_v] (the backward's);
+   * outputs  o [B, S_l, H, d_v]; dq, dc_kv, dk_rope like q, c_kv, k_rope; dw_kv_b like
+   *          w_kv_b in the accumulator dtype (f32, f64 for f64 plans): this rank's
+   *          partial sum (the full gradient is the sum over the SP group). */
+  mlagen_tensor_info q, c_kv, k_rope, w_kv_b, o, d_o, dq, dc_kv, dk_rope, dw_kv_b;
+} mlagen_sizes;
+
+/* Fills *sizes for plan. Needs no driver.
+ * Errors: MLAGEN_EINVAL plan NULL or its context destroyed (message in
+ * mlagen_last_message(NULL)); sizes NULL (message in the plan's context). */
+int mlagen_plan_sizes(const mlagen_plan *plan, mlagen_sizes *sizes);
+
+/* ---- running a plan ------------------------------------------------------------------ */
+
+/* A tensor: device pointer and shape. Dense row-major; dims must equal the plan's
+ * (mlagen_sizes) and dtype the plan's dtype for that tensor. */
+typedef struct mlagen_tensor {
+  void *data;
+  mlagen_dtype dtype;
+  int ndim;
+  int64_t dims[MLAGEN_MAX_DIMS]; /* dims[ndim..] are ignored */
+} mlagen_tensor;
+
+/* The tensors of one layer on one rank (shapes in mlagen_sizes). A call reads and
+ * checks the tensors of its pass (mlagen_tensor_info.passes) and ignores the others,
+ * which may be zero-filled. */
+typedef struct mlagen_tensors {
+  mlagen_tensor q, c_kv, k_rope, w_kv_b; /* inputs */
+  mlagen_tensor o;                       /* forward output */
+  mlagen_tensor d_o;                     /* backward input: the gradient of o ("do") */
+  mlagen_tensor dq, dc_kv, dk_rope, dw_kv_b; /* backward outputs */
+} mlagen_tensors;
+
+/* The forward of plan: reads q, c_kv, k_rope, w_kv_b, writes o and the saved buffer
+ * (saved_bytes >= mlagen_sizes.saved_bytes, kept unchanged by the caller until the
+ * backward), using workspace (workspace_bytes >= mlagen_sizes.workspace_bytes). stream
+ * is a CUstream (NULL: the default stream); the call is asynchronous to it.
+ * Arguments are checked in this order; the first failure is returned:
+ *   MLAGEN_EINVAL     plan NULL or its context destroyed (message in
+ *                     mlagen_last_message(NULL)); then, message in the context: tensors
+ *                     NULL; a tensor of the pass with data NULL, a dtype other than the
+ *                     plan's, an ndim or a dim other than the plan's, or data not aligned
+ *                     to its element size ("tensors->q.dims[1] = 7, the plan expects
+ *                     S / P = 8"); workspace NULL (when workspace_bytes is needed),
+ *                     workspace_bytes too small, or workspace not 16-byte aligned; the
+ *                     same for saved.
+ *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found, or cuInit failed).
+ *   MLAGEN_EUNSUPPORTED  with a driver: the CUDA executor is not built yet (this
+ *                     version runs nothing on the GPU; the CPU reference is `mlagen run`).
+ */
+int mlagen_forward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,
+                   size_t workspace_bytes, void *saved, size_t saved_bytes, void *stream);
+
+/* The backward of plan, after its forward with the same saved buffer: reads do, the
+ * saved buffer and the inputs the form's backward reads, writes dq, dc_kv, dk_rope and
+ * dw_kv_b. Arguments and errors as mlagen_forward (the tensors checked are the
+ * backward's), and the same MLAGEN_EUNSUPPORTED in this version. */
+int mlagen_backward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,
+                    size_t workspace_bytes, void *saved, size_t saved_bytes, void *stream);
+
+/* ---- the device --------------------------------------------------------------------- */
+
+typedef struct mlagen_device_info {
+  int driver_version; /* cuDriverGetVersion: 1000 major + 10 minor (13000 = CUDA 13.0) */
+  int device_count;
+  char name[256];     /* of device `device` */
+  int cc_major, cc_minor; /* compute capability */
+  int sm_count;
+} mlagen_device_info;
+
+/* Loads the driver (once per process) and describes device `device` (an ordinal).
+ * Errors: MLAGEN_EINVAL ctx (message in mlagen_last_message(NULL)) or info NULL, device
+ * < 0 or >= the device count; MLAGEN_ENODRIVER no driver (the message says why: "no CUDA
+ * driver: libcuda.so.1 not found (dlopen: ...)", or the CUDA error of cuInit), or a
+ * driver query failed (names the CUDA error). The environment variable MLAGEN_LIBCUDA,
+ * read at that first load, replaces the library path (a test seam). */
+int mlagen_get_device_info(mlagen_context *ctx, int device, mlagen_device_info *info);
 
 #ifdef __cplusplus
 }

@@ -42,7 +42,7 @@ fi
   echo "setup.sh: note: NCCL not found under $cuda; building without the NCCL communicator" >&2
 
 # ---- Debian packages ------------------------------------------------------------------
-pkgs=(build-essential cmake pkg-config liblua5.4-dev libcmocka-dev libcjson-dev libssl-dev
+pkgs=(build-essential cmake pkg-config liblua5.4-dev libcmocka-dev libcjson-dev libssl-dev valgrind
       libopenblas-dev libopenmpi-dev openmpi-bin)
 need=()
 for p in "${pkgs[@]}"; do

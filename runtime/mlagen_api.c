@@ -1,0 +1,479 @@
+/* mlagen_api.c: the embedding API of include/mlagen.h over the config reader, the plans
+ * and the driver loader.
+ *
+ * Contexts register themselves in a process-wide list (a mutex guards it) under a unique
+ * 64-bit id; a plan keeps its context's pointer and id and reaches the context only
+ * after finding the id in that list, so a plan whose context was destroyed is refused
+ * without touching freed memory. Messages go to the context's mg_diag, or to a per-thread
+ * slot when no live context is at hand. */
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mg_config.h"
+#include "mg_diag.h"
+#include "mg_driver.h"
+#include "mg_plan.h"
+#include "mlagen.h"
+
+struct mlagen_context {
+  uint64_t id;          /* unique for the life of the process */
+  mlagen_context *next; /* the registry's list */
+  mg_diag diag;         /* the last call's message */
+};
+
+struct mlagen_model {
+  mg_shape shape;
+};
+
+struct mlagen_plan {
+  mlagen_context *ctx; /* dereferenced only while ctx_id is registered */
+  uint64_t ctx_id;
+  mg_plan plan;
+  mlagen_sizes sizes;
+};
+
+/* ---- messages ------------------------------------------------------------------------ */
+
+static _Thread_local char tls_msg[512];
+
+__attribute__((format(printf, 2, 3)))
+static int tls_fail(int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+const char *mlagen_last_message(const mlagen_context *ctx) {
+  return ctx ? mg_diag_msg(&ctx->diag) : tls_msg;
+}
+
+/* ---- the registry of live contexts --------------------------------------------------- */
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static mlagen_context *registry;
+static uint64_t next_id = 1;
+
+/* The plan's context if it is still alive, else NULL (message in the thread's slot). */
+static mlagen_context *plan_context(const mlagen_plan *p, const char *fn) {
+  mlagen_context *found = NULL;
+  pthread_mutex_lock(&registry_lock);
+  for (mlagen_context *c = registry; c; c = c->next)
+    if (c->id == p->ctx_id) found = c;
+  pthread_mutex_unlock(&registry_lock);
+  if (!found)
+    tls_fail(MLAGEN_EINVAL, "%s: plan: its context was destroyed (mlagen_context_destroy); "
+             "only mlagen_plan_destroy accepts it now", fn);
+  return found;
+}
+
+int mlagen_context_create(mlagen_context **ctx) {
+  if (!ctx) return tls_fail(MLAGEN_EINVAL, "mlagen_context_create: ctx is NULL");
+  *ctx = NULL;
+  mlagen_context *c = calloc(1, sizeof *c);
+  if (!c) return tls_fail(MLAGEN_ENOMEM, "mlagen_context_create: out of memory");
+  pthread_mutex_lock(&registry_lock);
+  c->id = next_id++;
+  c->next = registry;
+  registry = c;
+  pthread_mutex_unlock(&registry_lock);
+  *ctx = c;
+  return 0;
+}
+
+void mlagen_context_destroy(mlagen_context *ctx) {
+  if (!ctx) return;
+  pthread_mutex_lock(&registry_lock);
+  for (mlagen_context **pp = &registry; *pp; pp = &(*pp)->next)
+    if (*pp == ctx) {
+      *pp = ctx->next;
+      break;
+    }
+  pthread_mutex_unlock(&registry_lock);
+  mg_diag_clear(&ctx->diag);
+  free(ctx);
+}
+
+/* ---- models -------------------------------------------------------------------------- */
+
+int mlagen_model_from_config(mlagen_context *ctx, const char *config, mlagen_model **model) {
+  if (!ctx) return tls_fail(MLAGEN_EINVAL, "mlagen_model_from_config: ctx is NULL");
+  mg_diag_clear(&ctx->diag);
+  if (model) *model = NULL;
+  if (!model)
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_model_from_config: model is NULL");
+  if (!config || !*config)
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL,
+                       "mlagen_model_from_config: config is %s; give a config.json path or a "
+                       "shipped name (deepseek-v3, deepseek-v2-lite, kimi-k2)",
+                       config ? "\"\"" : "NULL");
+  mlagen_model *m = calloc(1, sizeof *m);
+  if (!m) return mg_diag_set(&ctx->diag, MLAGEN_ENOMEM, "mlagen_model_from_config: out of memory");
+  int rc = mg_config_load(config, &m->shape, &ctx->diag);
+  if (rc) {
+    free(m);
+    return rc;
+  }
+  *model = m;
+  return 0;
+}
+
+int mlagen_model_from_desc(mlagen_context *ctx, const mlagen_model_desc *desc,
+                           mlagen_model **model) {
+  if (!ctx) return tls_fail(MLAGEN_EINVAL, "mlagen_model_from_desc: ctx is NULL");
+  mg_diag_clear(&ctx->diag);
+  if (model) *model = NULL;
+  if (!model)
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_model_from_desc: model is NULL");
+  if (!desc)
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_model_from_desc: desc is NULL");
+  mg_shape s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.source, sizeof s.source, "mlagen_model_desc");
+  s.heads = desc->num_attention_heads;
+  s.kv_lora_rank = desc->kv_lora_rank;
+  s.qk_rope_head_dim = desc->qk_rope_head_dim;
+  s.qk_nope_head_dim = desc->qk_nope_head_dim;
+  s.v_head_dim = desc->v_head_dim;
+  int rc = mg_shape_validate(&s, "mlagen_model_desc", &ctx->diag);
+  if (rc) /* a bad field is a bad argument here, not a bad config file */
+    return rc == MLAGEN_ECONFIG ? (ctx->diag.status = MLAGEN_EINVAL) : rc;
+  double scale = desc->softmax_scale;
+  if (!(scale >= 0) || !isfinite(scale))
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL,
+                       "mlagen_model_desc: softmax_scale = %g: expected > 0, or 0 for "
+                       "1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)", scale);
+  s.rope_factor = 1;
+  s.mscale = 1;
+  s.softmax_scale =
+      scale > 0 ? scale : 1.0 / sqrt((double)s.qk_nope_head_dim + s.qk_rope_head_dim);
+  mlagen_model *m = malloc(sizeof *m);
+  if (!m) return mg_diag_set(&ctx->diag, MLAGEN_ENOMEM, "mlagen_model_from_desc: out of memory");
+  m->shape = s;
+  *model = m;
+  return 0;
+}
+
+int mlagen_model_get_desc(const mlagen_model *model, mlagen_model_desc *desc) {
+  if (!model) return tls_fail(MLAGEN_EINVAL, "mlagen_model_get_desc: model is NULL");
+  if (!desc) return tls_fail(MLAGEN_EINVAL, "mlagen_model_get_desc: desc is NULL");
+  const mg_shape *s = &model->shape;
+  desc->num_attention_heads = s->heads;
+  desc->kv_lora_rank = s->kv_lora_rank;
+  desc->qk_rope_head_dim = s->qk_rope_head_dim;
+  desc->qk_nope_head_dim = s->qk_nope_head_dim;
+  desc->v_head_dim = s->v_head_dim;
+  desc->softmax_scale = s->softmax_scale;
+  return 0;
+}
+
+void mlagen_model_destroy(mlagen_model *model) { free(model); }
+
+/* ---- plans --------------------------------------------------------------------------- */
+
+static int form_from_api(mlagen_form f, mg_form *out) {
+  switch (f) {
+    case MLAGEN_FORM_EXPLICIT: *out = MG_FORM_EXPLICIT; return 0;
+    case MLAGEN_FORM_ABSORBED: *out = MG_FORM_ABSORBED; return 0;
+    case MLAGEN_FORM_LAGA: *out = MG_FORM_LAGA; return 0;
+    case MLAGEN_FORM_LAGA_R: *out = MG_FORM_LAGA_R; return 0;
+  }
+  return -1;
+}
+
+static int dtype_from_api(mlagen_dtype t, mg_dtype *out) {
+  switch (t) {
+    case MLAGEN_DTYPE_BF16: *out = MG_BF16; return 0;
+    case MLAGEN_DTYPE_F16: *out = MG_F16; return 0;
+    case MLAGEN_DTYPE_F32: *out = MG_F32; return 0;
+    case MLAGEN_DTYPE_F64: *out = MG_F64; return 0;
+  }
+  return -1;
+}
+
+static mlagen_dtype dtype_to_api(mg_dtype t) {
+  switch (t) {
+    case MG_BF16: return MLAGEN_DTYPE_BF16;
+    case MG_F16: return MLAGEN_DTYPE_F16;
+    case MG_F32: return MLAGEN_DTYPE_F32;
+    case MG_F64: return MLAGEN_DTYPE_F64;
+  }
+  return (mlagen_dtype)0;
+}
+
+static const char *api_dtype_name(mlagen_dtype t) {
+  switch (t) {
+    case MLAGEN_DTYPE_BF16: return "bf16";
+    case MLAGEN_DTYPE_F16: return "f16";
+    case MLAGEN_DTYPE_F32: return "f32";
+    case MLAGEN_DTYPE_F64: return "f64";
+  }
+  return NULL;
+}
+
+static size_t api_dtype_size(mlagen_dtype t) {
+  return t == MLAGEN_DTYPE_F64 ? 8 : t == MLAGEN_DTYPE_F32 ? 4 : 2;
+}
+
+/* The op boundary: the plan's buffer name, the field of mlagen_tensors and of
+ * mlagen_sizes. */
+static const struct slot {
+  const char *name;  /* in the plan and in mlagen_tensor_info.name */
+  const char *field; /* in messages: tensors-><field> */
+  size_t t_off, i_off;
+} slots[] = {
+#define SLOT(name, field) {name, #field, offsetof(mlagen_tensors, field), offsetof(mlagen_sizes, field)}
+    SLOT("q", q),         SLOT("c_kv", c_kv),   SLOT("k_rope", k_rope),
+    SLOT("w_kv_b", w_kv_b), SLOT("o", o),       SLOT("do", d_o),
+    SLOT("dq", dq),       SLOT("dc_kv", dc_kv), SLOT("dk_rope", dk_rope),
+    SLOT("dw_kv_b", dw_kv_b),
+#undef SLOT
+};
+#define N_SLOTS (sizeof slots / sizeof slots[0])
+
+static mlagen_tensor_info *slot_info(mlagen_sizes *s, size_t i) {
+  return (mlagen_tensor_info *)((char *)s + slots[i].i_off);
+}
+
+/* The sizes, from the planner and the plan's buffers. */
+static void plan_sizes(const mg_plan *p, mlagen_sizes *z) {
+  mg_plan_cost c;
+  mg_plan_cost_of(p, &c);
+  memset(z, 0, sizeof *z);
+  z->peak_fwd_bytes = (size_t)c.peak_fwd;
+  z->peak_bwd_bytes = (size_t)c.peak_bwd;
+  z->workspace_bytes = z->peak_fwd_bytes > z->peak_bwd_bytes ? z->peak_fwd_bytes : z->peak_bwd_bytes;
+  z->saved_bytes = (size_t)c.saved;
+  z->sent_fwd_bytes = (size_t)c.sent_fwd;
+  z->sent_bwd_bytes = (size_t)c.sent_bwd;
+  for (size_t i = 0; i < N_SLOTS; i++) {
+    mlagen_tensor_info *t = slot_info(z, i);
+    t->name = slots[i].name;
+    int b = mg_plan_find(p, slots[i].name);
+    if (b < 0) continue; /* not at this form's boundary: passes 0 */
+    const mg_plan_buf *pb = &p->bufs[b];
+    t->dtype = dtype_to_api(pb->dtype);
+    t->ndim = pb->ndim;
+    for (int d = 0; d < pb->ndim; d++) t->dims[d] = pb->dims[d];
+    t->bytes = (size_t)mg_plan_buf_bytes(pb);
+    t->is_output = pb->role == MG_BUF_OUTPUT;
+    for (int k = 0; k < p->n_steps; k++) {
+      const mg_step *st = &p->steps[k];
+      int used = 0;
+      for (int j = 0; j < st->n_in; j++) used |= st->in[j] == b;
+      for (int j = 0; j < st->n_out; j++) used |= st->out[j] == b;
+      if (used) t->passes |= st->pass == MG_FWD ? MLAGEN_PASS_FORWARD : MLAGEN_PASS_BACKWARD;
+    }
+  }
+}
+
+int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
+                       const mlagen_plan_desc *desc, mlagen_plan **plan) {
+  if (!ctx) return tls_fail(MLAGEN_EINVAL, "mlagen_plan_create: ctx is NULL");
+  mg_diag *d = &ctx->diag;
+  mg_diag_clear(d);
+  if (plan) *plan = NULL;
+  if (!plan) return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan is NULL");
+  if (!model) return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: model is NULL");
+  if (!desc) return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc is NULL");
+  mg_form form;
+  mg_dtype dtype;
+  const int H = model->shape.heads;
+  if (form_from_api(desc->form, &form))
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->form = %d is not an "
+                       "mlagen_form (MLAGEN_FORM_EXPLICIT, _ABSORBED, _LAGA, _LAGA_R)",
+                       (int)desc->form);
+  if (dtype_from_api(desc->dtype, &dtype))
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->dtype = %d is not an "
+                       "mlagen_dtype (MLAGEN_DTYPE_BF16, _F16, _F32, _F64)", (int)desc->dtype);
+  if (desc->batch < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->batch = %d, must be "
+                       ">= 1", desc->batch);
+  if (desc->seq < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->seq = %lld, must be "
+                       ">= 1", (long long)desc->seq);
+  if (desc->sp_size < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->sp_size = %d, must be "
+                       ">= 1", desc->sp_size);
+  if (desc->sp_rank < 0 || desc->sp_rank >= desc->sp_size)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->sp_rank = %d is not in "
+                       "[0, plan_desc->sp_size = %d)", desc->sp_rank, desc->sp_size);
+  if (desc->seq % desc->sp_size)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->seq = %lld is not "
+                       "divisible by plan_desc->sp_size = %d (each rank holds S / P tokens)",
+                       (long long)desc->seq, desc->sp_size);
+  if (desc->sp_size > H || H % desc->sp_size)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->sp_size = %d does not "
+                       "divide num_attention_heads = %d (each rank attends with H / P heads)",
+                       desc->sp_size, H);
+  mlagen_plan *p = calloc(1, sizeof *p);
+  if (!p) return mg_diag_set(d, MLAGEN_ENOMEM, "mlagen_plan_create: out of memory");
+  mg_plan_args a = {.shape = &model->shape, .form = form, .sp = desc->sp_size,
+                    .rank = desc->sp_rank, .batch = desc->batch, .seq = desc->seq,
+                    .causal = desc->causal != 0, .dtype = dtype};
+  int rc = mg_plan_build(&p->plan, &a, d);
+  if (rc) {
+    mg_diag_prefix(d, "mlagen_plan_create");
+    free(p);
+    return rc;
+  }
+  plan_sizes(&p->plan, &p->sizes);
+  p->ctx = ctx;
+  p->ctx_id = ctx->id;
+  *plan = p;
+  return 0;
+}
+
+void mlagen_plan_destroy(mlagen_plan *plan) { free(plan); }
+
+int mlagen_plan_sizes(const mlagen_plan *plan, mlagen_sizes *sizes) {
+  if (!plan) return tls_fail(MLAGEN_EINVAL, "mlagen_plan_sizes: plan is NULL");
+  mlagen_context *ctx = plan_context(plan, "mlagen_plan_sizes");
+  if (!ctx) return MLAGEN_EINVAL;
+  mg_diag_clear(&ctx->diag);
+  if (!sizes) return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_plan_sizes: sizes is NULL");
+  *sizes = plan->sizes;
+  return 0;
+}
+
+/* ---- running ------------------------------------------------------------------------- */
+
+static void shape_words(const mlagen_tensor_info *t, char *buf, size_t n) {
+  size_t at = (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < t->ndim && at < n; i++)
+    at += (size_t)snprintf(buf + at, n - at, "%s%lld", i ? ", " : "", (long long)t->dims[i]);
+  if (at < n) snprintf(buf + at, n - at, "]");
+}
+
+/* One tensor of the pass against the plan. */
+static int check_tensor(const mlagen_tensor *t, const mlagen_tensor_info *want, const char *field,
+                        const char *fn, mg_diag *d) {
+  char shape[96];
+  shape_words(want, shape, sizeof shape);
+  const char *want_t = api_dtype_name(want->dtype);
+  if (!t->data)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.data is NULL (%s %s %s)", fn, field,
+                       want->name, want_t, shape);
+  const char *got_t = api_dtype_name(t->dtype);
+  if (t->dtype != want->dtype) {
+    if (got_t)
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.dtype is %s, the plan expects %s",
+                         fn, field, got_t, want_t);
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.dtype = %d is not an mlagen_dtype "
+                       "(the plan expects %s)", fn, field, (int)t->dtype, want_t);
+  }
+  if (t->ndim != want->ndim)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.ndim = %d, the plan expects %d (%s %s)",
+                       fn, field, t->ndim, want->ndim, want->name, shape);
+  for (int i = 0; i < want->ndim; i++)
+    if (t->dims[i] != want->dims[i])
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.dims[%d] = %lld, the plan expects "
+                         "%lld (%s %s)", fn, field, i, (long long)t->dims[i],
+                         (long long)want->dims[i], want->name, shape);
+  size_t el = api_dtype_size(want->dtype);
+  if ((uintptr_t)t->data % el)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.data = %p is not aligned to its "
+                       "element size, %zu bytes", fn, field, t->data, el);
+  return 0;
+}
+
+/* A caller buffer (workspace or saved) of at least need bytes, 16-byte aligned. */
+static int check_buffer(const void *buf, size_t bytes, size_t need, const char *what,
+                        const char *fn, mg_diag *d) {
+  if (bytes < need)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s_bytes = %zu is less than the plan's %s, %zu "
+                       "bytes (mlagen_plan_sizes)", fn, what, bytes, what, need);
+  if (!buf && need > 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s is NULL; the plan needs %zu bytes", fn, what,
+                       need);
+  if ((uintptr_t)buf % 16)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %p is not 16-byte aligned", fn, what, buf);
+  return 0;
+}
+
+static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors *tensors,
+               void *workspace, size_t workspace_bytes, void *saved, size_t saved_bytes,
+               void *stream) {
+  if (!plan) return tls_fail(MLAGEN_EINVAL, "%s: plan is NULL", fn);
+  mlagen_context *ctx = plan_context(plan, fn);
+  if (!ctx) return MLAGEN_EINVAL;
+  mg_diag *d = &ctx->diag;
+  mg_diag_clear(d);
+  if (!tensors) return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors is NULL", fn);
+  int rc;
+  for (size_t i = 0; i < N_SLOTS; i++) {
+    const mlagen_tensor_info *want = slot_info(&plan->sizes, i);
+    if (!(want->passes & pass)) continue;
+    const mlagen_tensor *t = (const mlagen_tensor *)((const char *)tensors + slots[i].t_off);
+    if ((rc = check_tensor(t, want, slots[i].field, fn, d))) return rc;
+  }
+  if ((rc = check_buffer(workspace, workspace_bytes, plan->sizes.workspace_bytes, "workspace",
+                         fn, d)) ||
+      (rc = check_buffer(saved, saved_bytes, plan->sizes.saved_bytes, "saved", fn, d)))
+    return rc;
+  (void)stream;
+  const mg_driver *drv;
+  if ((rc = mg_driver_get(&drv, d))) return mg_diag_prefix(d, "%s", fn);
+  return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
+                     "%s: the CUDA executor is not built yet (the arguments are valid and CUDA "
+                     "driver %d.%d is loaded; the %s plan runs on the CPU with `mlagen run`)",
+                     fn, drv->driver_version / 1000, drv->driver_version % 1000 / 10,
+                     mg_form_name(plan->plan.args.form));
+}
+
+int mlagen_forward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,
+                   size_t workspace_bytes, void *saved, size_t saved_bytes, void *stream) {
+  return run(plan, MLAGEN_PASS_FORWARD, "mlagen_forward", tensors, workspace, workspace_bytes,
+             saved, saved_bytes, stream);
+}
+
+int mlagen_backward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,
+                    size_t workspace_bytes, void *saved, size_t saved_bytes, void *stream) {
+  return run(plan, MLAGEN_PASS_BACKWARD, "mlagen_backward", tensors, workspace, workspace_bytes,
+             saved, saved_bytes, stream);
+}
+
+/* ---- the device ---------------------------------------------------------------------- */
+
+int mlagen_get_device_info(mlagen_context *ctx, int device, mlagen_device_info *info) {
+  if (!ctx) return tls_fail(MLAGEN_EINVAL, "mlagen_get_device_info: ctx is NULL");
+  mg_diag *d = &ctx->diag;
+  mg_diag_clear(d);
+  if (!info) return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_get_device_info: info is NULL");
+  memset(info, 0, sizeof *info);
+  const mg_driver *drv;
+  int rc = mg_driver_get(&drv, d);
+  if (rc) return mg_diag_prefix(d, "mlagen_get_device_info");
+  info->driver_version = drv->driver_version;
+  int n = 0;
+  if ((rc = mg_driver_check(drv, drv->cuDeviceGetCount(&n), MLAGEN_ENODRIVER,
+                            "mlagen_get_device_info: cuDeviceGetCount", d)))
+    return rc;
+  info->device_count = n;
+  if (device < 0 || device >= n)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_get_device_info: device = %d is not in [0, %d), "
+                       "the devices the driver sees", device, n);
+  CUdevice dev;
+  if ((rc = mg_driver_check(drv, drv->cuDeviceGet(&dev, device), MLAGEN_ENODRIVER,
+                            "mlagen_get_device_info: cuDeviceGet", d)) ||
+      (rc = mg_driver_check(drv, drv->cuDeviceGetName(info->name, (int)sizeof info->name, dev),
+                            MLAGEN_ENODRIVER, "mlagen_get_device_info: cuDeviceGetName", d)) ||
+      (rc = mg_driver_check(drv, drv->cuDeviceGetAttribute(
+                                     &info->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+                            MLAGEN_ENODRIVER, "mlagen_get_device_info: cuDeviceGetAttribute", d)) ||
+      (rc = mg_driver_check(drv, drv->cuDeviceGetAttribute(
+                                     &info->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+                            MLAGEN_ENODRIVER, "mlagen_get_device_info: cuDeviceGetAttribute", d)) ||
+      (rc = mg_driver_check(drv, drv->cuDeviceGetAttribute(
+                                     &info->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                            MLAGEN_ENODRIVER, "mlagen_get_device_info: cuDeviceGetAttribute", d)))
+    return rc;
+  info->name[sizeof info->name - 1] = '\0';
+  return 0;
+}
