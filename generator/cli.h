@@ -35,6 +35,13 @@ typedef struct cli_opts {
   long long seq;              /* plan: --seq S */
   int batch;                  /* plan: --batch B */
   int causal;                 /* plan: --causal (default) / --no-causal */
+  int causal_given;           /* --causal or --no-causal was given */
+  const char *device;         /* plan --explain: --device NAME */
+  int explain;                /* plan: --explain */
+  int dry_run;                /* tune: --dry-run */
+  const char *family[CLI_MAX_SET]; /* tune: --family F (repeatable) */
+  int n_family;
+  int min_warps;              /* tune: --min-warps N (0: the default threshold) */
 } cli_opts;
 
 /* Parses the options of a subcommand (argv[2..argc)) into o. allowed is a space-separated
@@ -65,4 +72,5 @@ int cli_compile(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_plan(int argc, char **argv);
 int cli_run(int argc, char **argv);
+int cli_tune(int argc, char **argv);
 #endif

@@ -56,10 +56,12 @@ static int set_flag(cli_opts *o, const char *name, size_t n) {
       {"no-cache", offsetof(cli_opts, no_cache), 1}, {"json", offsetof(cli_opts, json), 1},
       {"steps", offsetof(cli_opts, steps), 1},       {"check", offsetof(cli_opts, check), 1},
       {"causal", offsetof(cli_opts, causal), 1},     {"no-causal", offsetof(cli_opts, causal), 0},
+      {"explain", offsetof(cli_opts, explain), 1},   {"dry-run", offsetof(cli_opts, dry_run), 1},
   };
   for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
     if (strlen(flags[i].name) == n && strncmp(flags[i].name, name, n) == 0) {
       *(int *)((char *)o + flags[i].off) = flags[i].value;
+      if (flags[i].off == offsetof(cli_opts, causal)) o->causal_given = 1;
       return 1;
     }
   return 0;
@@ -125,6 +127,16 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     else if (OPT("form")) o->form = v;
     else if (OPT("inputs")) o->inputs = v;
     else if (OPT("dump")) o->dump = v;
+    else if (OPT("device")) o->device = v;
+    else if (OPT("family")) {
+      if (o->n_family == CLI_MAX_SET) {
+        cli_error("at most %d --family options", CLI_MAX_SET);
+        return CLI_USAGE;
+      }
+      o->family[o->n_family++] = v;
+    } else if (OPT("min-warps")) {
+      if (parse_int("min-warps", v, &o->min_warps)) return CLI_USAGE;
+    }
     else if (OPT("sp")) {
       if (parse_int("sp", v, &o->sp)) return CLI_USAGE;
     } else if (OPT("batch")) {

@@ -5,12 +5,15 @@
 #include <string.h>
 
 #include "cli.h"
+#include "mg_generate.h"
 #include "mg_plan.h"
+#include "mg_tune.h"
 #include "mlagen.h"
 
 static const char help[] =
     "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype T]\n"
     "                   [--causal | --no-causal] [--json] [--steps]\n"
+    "                   [--explain [--arch ARCH] [--device NAME] [--templates DIR]]\n"
     "\n"
     "Builds the plan of every form (explicit, absorbed, laga, laga-r) for one rank of a\n"
     "sequence-parallel group of P ranks and prints, per rank and layer: bytes sent by the\n"
@@ -26,7 +29,62 @@ static const char help[] =
     "               `mlagen run` executes on the CPU)\n"
     "  --no-causal  full attention (causal is the default)\n"
     "  --json       machine-readable output\n"
-    "  --steps      also list each form's steps\n";
+    "  --steps      also list each form's steps\n"
+    "  --explain    also print, per kernel family and causal flag, the configuration the\n"
+    "               kernels would use at this S and why: a tuned entry of\n"
+    "               $MLAGEN_TUNED_DIR (default ./tuned)/<arch>/<device>.json, or the\n"
+    "               template's default (docs/tuning.md)\n"
+    "  --arch ARCH  with --explain: the GPU architecture (default sm_90a)\n"
+    "  --device N   with --explain: the device name as the driver reports it\n"
+    "               (default \"unknown\": no GPU is queried)\n";
+
+/* --explain: which configuration each kernel would use, and why. */
+static int explain(const cli_opts *o, const mg_shape *shape) {
+  const char *arch = o->arch ? o->arch : "sm_90a", *device = o->device ? o->device : "unknown";
+  const char *kdtype = strcmp(o->dtype, "fp16") == 0 ? "fp16" : "bf16";
+  mg_kernel_spec specs[32];
+  int n = 0;
+  mg_gen *g = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  int rc = mg_spec_for_model(shape, o->sp, kdtype, specs, 32, &n, &d);
+  if (!rc) rc = mg_gen_open(&g, o->templates, &d);
+  if (rc) {
+    cli_error("%s", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return CLI_FAIL;
+  }
+  printf("\nkernel configurations for %s/%s, S=%lld (bucket %lld), %s%s\n", arch, device, o->seq,
+         mg_tune_bucket(o->seq), kdtype,
+         strcmp(kdtype, o->dtype) != 0 ? " (the GPU kernels are bf16/fp16; shown for bf16)" : "");
+  int status = CLI_OK;
+  for (int i = 0; i < n; i++) {
+    mg_tune_config cfg;
+    char *why = NULL;
+    int src = mg_tune_lookup(NULL, arch, device, mg_gen_template_hash(g), &specs[i], NULL, o->seq,
+                             &cfg, &why);
+    if (src < 0) {
+      cli_error("out of memory");
+      status = CLI_FAIL;
+      break;
+    }
+    if (src == MG_TUNE_DEFAULT && mg_tune_resolved_config(g, &specs[i], &cfg, &d)) {
+      /* the template refuses this shape: say so in place of a configuration */
+      printf("  %-14s %-10s (no kernel: %s)\n", specs[i].family,
+             specs[i].causal ? "causal" : "non-causal", mg_diag_msg(&d));
+      mg_diag_clear(&d);
+      free(why);
+      continue;
+    }
+    char text[256];
+    printf("  %-14s %-10s %s\n      %s\n", specs[i].family,
+           specs[i].causal ? "causal" : "non-causal", mg_tune_config_str(&cfg, text, sizeof text),
+           why ? why : "");
+    free(why);
+  }
+  mg_gen_close(g);
+  mg_diag_clear(&d);
+  return status;
+}
 
 typedef struct row {
   const char *name;
@@ -74,7 +132,7 @@ static void print_steps(const mg_plan *p) {
 
 int cli_plan(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal json steps", help, &o);
+  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal json steps explain arch device templates", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   if (!o.dtype) o.dtype = "bf16";
   mg_dtype dtype = MG_BF16;
@@ -103,6 +161,10 @@ int cli_plan(int argc, char **argv) {
     mg_plan_cost_of(&plans[f], &cost[f]);
   }
 
+  if (o.json && o.explain) {
+    cli_error("plan: --explain prints text; it does not combine with --json");
+    return CLI_USAGE;
+  }
   if (o.json) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", shape.source);
@@ -147,5 +209,6 @@ int cli_plan(int argc, char **argv) {
   }
   if (o.steps)
     for (int f = 0; f < MG_FORM_COUNT; f++) print_steps(&plans[f]);
+  if (o.explain) return explain(&o, &shape);
   return CLI_OK;
 }

@@ -16,6 +16,7 @@ static const char usage[] =
     "  compile   JIT-compile the kernels with NVRTC (cached) and print what ptxas reports\n"
     "  plan      communication, memory and FLOPs of each form under sequence parallelism\n"
     "  run       execute a form on the CPU (mpirun for P ranks): memory vs plan, checks\n"
+    "  tune      sweep the kernels' tunables: prune by ptxas, time on a GPU, keep the winners\n"
     "\n"
     "`mlagen <command> --help` describes a command. Models: a config.json path or a\n"
     "shipped name (deepseek-v3 (default), deepseek-v2-lite, kimi-k2).\n"
@@ -40,6 +41,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "compile") == 0) return cli_compile(argc, argv);
   if (strcmp(cmd, "plan") == 0) return cli_plan(argc, argv);
   if (strcmp(cmd, "run") == 0) return cli_run(argc, argv);
+  if (strcmp(cmd, "tune") == 0) return cli_tune(argc, argv);
   fprintf(stderr, "mlagen: unknown command '%s'\n\n%s", cmd, usage);
   return CLI_USAGE;
 }

@@ -1,0 +1,776 @@
+/* mg_tune.c: the autotuner's candidate space, pruning, store and lookup. */
+#define _DEFAULT_SOURCE 1 /* flock() */
+#include "mg_tune.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "mg_fs.h"
+#include "mlagen.h"
+
+#ifndef MLAGEN_VERSION
+#define MLAGEN_VERSION "0.0.0"
+#endif
+
+mg_tune_timer_fn mg_tune_timer = NULL;
+mg_tune_describe_fn mg_tune_describe = NULL;
+
+#define STORE_MAX_BYTES (64u << 20)
+
+/* ---- small helpers ------------------------------------------------------------------ */
+
+static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *xasprintf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int len = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  if (len < 0) return NULL;
+  char *s = malloc((size_t)len + 1);
+  if (!s) return NULL;
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)len + 1, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+char *mg_tune_config_str(const mg_tune_config *c, char *buf, size_t n) {
+  if (n == 0) return buf;
+  buf[0] = '\0';
+  size_t used = 0;
+  for (int i = 0; i < c->n && used < n; i++) {
+    int w = snprintf(buf + used, n - used, "%s%s=%ld", i ? " " : "", c->v[i].name, c->v[i].value);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+  return buf;
+}
+
+static int cmp_tv(const void *a, const void *b) {
+  return strcmp(((const mg_tunable_value *)a)->name, ((const mg_tunable_value *)b)->name);
+}
+
+static void config_sort(mg_tune_config *c) {
+  qsort(c->v, (size_t)c->n, sizeof c->v[0], cmp_tv);
+}
+
+/* ---- limits and pruning ------------------------------------------------------------- */
+
+int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d) {
+  static const struct {
+    int sm;
+    long smem;
+    int warps, ctas;
+  } table[] = {
+      {80, 166912, 64, 32},  /* A100: 163 KiB per block, 64 warps */
+      {86, 101376, 48, 16},  /* GA10x: 99 KiB, 48 warps */
+      {87, 166912, 48, 16},  /* Orin */
+      {89, 101376, 48, 24},  /* Ada */
+      {90, 232448, 64, 32},  /* H100/H200: 227 KiB, 64 warps */
+      {100, 232448, 64, 32}, /* B200 */
+      {103, 232448, 64, 32},
+      {120, 101376, 48, 32}, /* RTX Blackwell */
+  };
+  if (!arch || strncmp(arch, "sm_", 3) != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "architecture '%s': expected sm_<NN>[a|f], e.g. sm_90a",
+                       arch ? arch : "(null)");
+  char *end = NULL;
+  long sm = strtol(arch + 3, &end, 10);
+  if (end == arch + 3 || !(*end == '\0' || ((*end == 'a' || *end == 'f') && end[1] == '\0')))
+    return mg_diag_set(d, MLAGEN_EINVAL, "architecture '%s': expected sm_<NN>[a|f], e.g. sm_90a", arch);
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (table[i].sm == sm) {
+      l->smem_per_block = table[i].smem;
+      l->regs_per_sm = 65536;
+      l->max_warps_per_sm = table[i].warps;
+      l->max_ctas_per_sm = table[i].ctas;
+      l->min_warps = MG_TUNE_MIN_WARPS;
+      return 0;
+    }
+  return mg_diag_set(d, MLAGEN_EINVAL,
+                     "architecture '%s': no occupancy table (known: sm_80, sm_86, sm_87, sm_89, "
+                     "sm_90, sm_100, sm_103, sm_120, with an optional a/f suffix)", arch);
+}
+
+int mg_tune_reg_occupancy(int registers, int threads, const mg_tune_limits *l) {
+  if (threads <= 0) return 0;
+  int warps_per_cta = (threads + 31) / 32;
+  long regs = registers > 0 ? registers : 1;
+  long per_warp = (regs * 32 + 255) / 256 * 256; /* allocation unit: 256 registers/warp */
+  long per_cta = per_warp * warps_per_cta;
+  long ctas = l->regs_per_sm / per_cta;
+  if (ctas > l->max_ctas_per_sm) ctas = l->max_ctas_per_sm;
+  if (ctas > l->max_warps_per_sm / warps_per_cta) ctas = l->max_warps_per_sm / warps_per_cta;
+  return (int)(ctas * warps_per_cta);
+}
+
+int mg_tune_prune(const mg_jit_report *r, int threads, long dyn_smem, const mg_tune_limits *l,
+                  int *warps, char *why, size_t n) {
+  int w = mg_tune_reg_occupancy(r->registers, threads, l);
+  if (warps) *warps = w;
+  if (n) why[0] = '\0';
+  if (r->spill_stores > 0 || r->spill_loads > 0) {
+    snprintf(why, n, "spills %ld bytes (stores %ld, loads %ld)", r->spill_stores + r->spill_loads,
+             r->spill_stores, r->spill_loads);
+    return 1;
+  }
+  long smem = r->smem_bytes + dyn_smem;
+  if (smem > l->smem_per_block) {
+    snprintf(why, n, "smem %ld bytes (static %ld + dynamic %ld) over the %ld-byte limit", smem,
+             r->smem_bytes, dyn_smem, l->smem_per_block);
+    return 1;
+  }
+  if (w < l->min_warps) {
+    snprintf(why, n, "regs %d x %d threads -> occupancy %d warps/SM < %d", r->registers, threads,
+             w, l->min_warps);
+    return 1;
+  }
+  return 0;
+}
+
+const char *mg_tune_verdict_name(int verdict) {
+  switch (verdict) {
+    case MG_TUNE_KEPT: return "kept";
+    case MG_TUNE_REJECTED: return "rejected-by-check";
+    case MG_TUNE_PRUNED: return "pruned";
+    default: return "failed";
+  }
+}
+
+/* ---- the space ---------------------------------------------------------------------- */
+
+static int config_from_json(const cJSON *obj, mg_tune_config *c) {
+  memset(c, 0, sizeof *c);
+  if (!cJSON_IsObject(obj)) return -1;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, obj) {
+    if (!cJSON_IsNumber(it) || !it->string || c->n == MG_SPEC_MAX_CONFIG ||
+        strlen(it->string) >= sizeof c->v[0].name)
+      return -1;
+    snprintf(c->v[c->n].name, sizeof c->v[0].name, "%s", it->string);
+    c->v[c->n].value = (long)it->valuedouble;
+    c->n++;
+  }
+  config_sort(c);
+  return 0;
+}
+
+static cJSON *config_to_json(const mg_tune_config *c) {
+  cJSON *o = cJSON_CreateObject();
+  for (int i = 0; o && i < c->n; i++) cJSON_AddNumberToObject(o, c->v[i].name, (double)c->v[i].value);
+  return o;
+}
+
+int mg_tune_resolved_config(mg_gen *g, const mg_kernel_spec *s, mg_tune_config *config,
+                            mg_diag *d) {
+  mg_kernel k;
+  int rc = mg_gen_kernel(g, s, &k, d);
+  if (rc) return rc;
+  rc = config_from_json(cJSON_GetObjectItemCaseSensitive(k.manifest, "config"), config);
+  mg_kernel_free(&k);
+  if (rc) return mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: the manifest's config is not a table of integers",
+                             s->family);
+  return 0;
+}
+
+int mg_tune_space(mg_gen *g, const mg_kernel_spec *base, mg_tune_candidate **out, int *n,
+                  mg_diag *d) {
+  *out = NULL;
+  *n = 0;
+  mg_kernel_spec s = *base;
+  s.n_config = 0;
+  mg_kernel k;
+  int rc = mg_gen_kernel(g, &s, &k, d);
+  if (rc) return rc;
+  const cJSON *tun = cJSON_GetObjectItemCaseSensitive(k.manifest, "tunables");
+  struct {
+    char name[sizeof(((mg_tunable_value *)0)->name)];
+    long values[32];
+    int n;
+  } t[MG_SPEC_MAX_CONFIG];
+  memset(t, 0, sizeof t);
+  int nt = 0;
+  long total = 1;
+  const cJSON *it;
+  rc = 0;
+  cJSON_ArrayForEach(it, tun) { /* keys sorted by the manifest */
+    const cJSON *vals = cJSON_GetObjectItemCaseSensitive(it, "values");
+    if (nt == MG_SPEC_MAX_CONFIG || !it->string || strlen(it->string) >= sizeof t[0].name ||
+        !cJSON_IsArray(vals)) {
+      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: more than %d tunables, or a malformed declaration",
+                       s.family, MG_SPEC_MAX_CONFIG);
+      break;
+    }
+    snprintf(t[nt].name, sizeof t[nt].name, "%s", it->string);
+    t[nt].n = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, vals) {
+      if (cJSON_IsNumber(v) && t[nt].n < 32) t[nt].values[t[nt].n++] = (long)v->valuedouble;
+    }
+    if (t[nt].n == 0) {
+      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: tunable %s has no integer values", s.family, t[nt].name);
+      break;
+    }
+    total *= t[nt].n;
+    nt++;
+    if (total > 4096) {
+      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: more than 4096 combinations of tunables", s.family);
+      break;
+    }
+  }
+  mg_kernel_free(&k);
+  if (rc) return rc;
+  mg_tune_candidate *c = calloc((size_t)total, sizeof *c);
+  if (!c) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  int idx[MG_SPEC_MAX_CONFIG] = {0};
+  for (long i = 0; i < total; i++) {
+    mg_tune_candidate *x = &c[i];
+    x->spec = s;
+    x->config.n = nt;
+    for (int j = 0; j < nt; j++) {
+      memcpy(x->config.v[j].name, t[j].name, sizeof x->config.v[j].name); /* both 32 bytes */
+      x->config.v[j].value = t[j].values[idx[j]];
+      x->spec.config[j] = x->config.v[j];
+    }
+    x->spec.n_config = nt;
+    for (int j = nt - 1; j >= 0; j--) { /* odometer, last name fastest */
+      if (++idx[j] < t[j].n) break;
+      idx[j] = 0;
+    }
+  }
+  *out = c;
+  *n = (int)total;
+  return 0;
+}
+
+int mg_tune_evaluate(mg_gen *g, mg_tune_candidate *cands, int n, const mg_jit_opts *jo,
+                     const mg_tune_limits *l, mg_tune_progress_fn progress, void *user,
+                     mg_diag *d) {
+  int n_hdr = 0;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  mg_jit_opts o = *jo;
+  o.headers = hdr;
+  o.n_headers = n_hdr;
+  o.template_hash = mg_gen_template_hash(g);
+  for (int i = 0; i < n; i++) {
+    mg_tune_candidate *c = &cands[i];
+    mg_diag kd = MG_DIAG_INIT;
+    mg_kernel k;
+    int rc = mg_gen_kernel(g, &c->spec, &k, &kd);
+    if (rc == MLAGEN_ENOMEM) {
+      mg_diag_clear(&kd);
+      return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+    }
+    if (rc) {
+      const char *msg = mg_diag_msg(&kd), *r = strstr(msg, " rejected: ");
+      c->verdict = rc == MLAGEN_EINVAL ? MG_TUNE_REJECTED : MG_TUNE_FAILED;
+      snprintf(c->reason, sizeof c->reason, "%s", r && rc == MLAGEN_EINVAL ? r + 11 : msg);
+      mg_diag_clear(&kd);
+      if (progress) progress(user, i + 1, n, c);
+      continue;
+    }
+    snprintf(c->kernel, sizeof c->kernel, "%s", k.name);
+    const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k.manifest, "launch");
+    const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(launch, "smem");
+    const cJSON *block = cJSON_GetObjectItemCaseSensitive(launch, "block");
+    c->dyn_smem = cJSON_IsNumber(dyn) ? (long)dyn->valuedouble : 0;
+    c->threads = 1;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, block) if (cJSON_IsNumber(b)) c->threads *= (int)b->valuedouble;
+    mg_cubin cub;
+    rc = mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cub, &kd);
+    mg_kernel_free(&k);
+    if (rc == MLAGEN_ENOMEM || rc == MLAGEN_EIO || rc == MLAGEN_EINVAL) {
+      /* would fail every candidate alike */
+      int st = mg_diag_set(d, rc, "%s", mg_diag_msg(&kd));
+      mg_diag_clear(&kd);
+      return st;
+    }
+    if (rc) {
+      c->verdict = MG_TUNE_FAILED;
+      snprintf(c->reason, sizeof c->reason, "%s", mg_diag_msg(&kd));
+      mg_diag_clear(&kd);
+      if (progress) progress(user, i + 1, n, c);
+      continue;
+    }
+    c->report = cub.report;
+    mg_cubin_free(&cub);
+    c->verdict = mg_tune_prune(&c->report, c->threads, c->dyn_smem, l, &c->warps, c->reason,
+                               sizeof c->reason)
+                     ? MG_TUNE_PRUNED
+                     : MG_TUNE_KEPT;
+    if (progress) progress(user, i + 1, n, c);
+  }
+  return 0;
+}
+
+/* ---- timing helpers ----------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double mg_tune_percentile(double *samples, int n, double q) {
+  if (n <= 0) return 0;
+  qsort(samples, (size_t)n, sizeof *samples, cmp_double);
+  double pos = q / 100.0 * (n - 1);
+  if (pos <= 0) return samples[0];
+  if (pos >= n - 1) return samples[n - 1];
+  int i = (int)pos;
+  double f = pos - i;
+  return samples[i] * (1 - f) + samples[i + 1] * f;
+}
+
+const char *mg_tune_family_pass(const char *family) {
+  return strncmp(family, "attn_bwd", 8) == 0 ? "bwd" : "fwd";
+}
+
+double mg_tune_flops(const mg_kernel_spec *s, long long seq) {
+  double S = (double)seq, H = s->heads, dqk = s->d_n + s->d_r, dv = s->d_v;
+  double frac = s->causal ? 0.5 : 1.0;
+  double fwd = 2.0 * H * S * S * (dqk + dv) * frac; /* QK^T and PV */
+  if (strcmp(s->family, "attn_bwd_pre") == 0) return 2.0 * H * S * dv; /* rowsum(dO * O) */
+  if (strcmp(s->family, "attn_bwd_dq") == 0) return 2.0 * H * S * S * (dv + 2 * dqk) * frac / 2;
+  if (strcmp(s->family, "attn_bwd_dkdv") == 0) return 2.0 * H * S * S * (2 * dqk + 2 * dv) * frac;
+  return fwd;
+}
+
+/* ---- the store ------------------------------------------------------------------------- */
+
+long long mg_tune_bucket(long long seq) {
+  long long b = MG_TUNE_MIN_BUCKET;
+  while (b < seq && b < (1LL << 62)) b <<= 1;
+  return b;
+}
+
+const char *mg_tune_store_dir(void) {
+  const char *e = getenv("MLAGEN_TUNED_DIR");
+  return e && *e ? e : "./tuned";
+}
+
+int mg_tune_store_path(const char *dir, const char *arch, const char *device, char *buf,
+                       size_t n, mg_diag *d) {
+  if (!arch || !*arch || !device || !*device || strchr(arch, '/'))
+    return mg_diag_set(d, MLAGEN_EINVAL, "store path: empty arch or device, or '/' in the arch");
+  char dev[128];
+  size_t i = 0;
+  for (; device[i] && i < sizeof dev - 1; i++) {
+    char ch = device[i];
+    int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '.' || ch == '_' || ch == '-';
+    dev[i] = ok ? ch : '_';
+  }
+  dev[i] = '\0';
+  if (dev[0] == '.') dev[0] = '_'; /* no ".", "..", hidden files */
+  int w = snprintf(buf, n, "%s/%s/%s.json", dir ? dir : mg_tune_store_dir(), arch, dev);
+  if (w < 0 || (size_t)w >= n) return mg_diag_set(d, MLAGEN_ELIMIT, "store path too long");
+  return 0;
+}
+
+void mg_tune_store_free(mg_tune_store *s) {
+  if (!s) return;
+  for (int i = 0; i < s->n; i++) free(s->entries[i].candidates);
+  free(s->entries);
+  s->entries = NULL;
+  s->n = 0;
+}
+
+int mg_tune_entry_same_key(const mg_tune_entry *a, const mg_tune_entry *b) {
+  return strcmp(a->family, b->family) == 0 && strcmp(a->form, b->form) == 0 &&
+         strcmp(a->pass, b->pass) == 0 && a->heads == b->heads && a->d_n == b->d_n &&
+         a->d_r == b->d_r && a->d_v == b->d_v && a->d_c == b->d_c &&
+         strcmp(a->dtype, b->dtype) == 0 && a->causal == b->causal &&
+         a->seq_bucket == b->seq_bucket;
+}
+
+void mg_tune_entry_key(mg_tune_entry *e, const mg_kernel_spec *s, const char *form,
+                       long long seq) {
+  memset(e, 0, sizeof *e);
+  snprintf(e->family, sizeof e->family, "%s", s->family);
+  snprintf(e->form, sizeof e->form, "%s", form ? form : "");
+  snprintf(e->pass, sizeof e->pass, "%s", mg_tune_family_pass(s->family));
+  e->heads = s->heads;
+  e->d_n = s->d_n;
+  e->d_r = s->d_r;
+  e->d_v = s->d_v;
+  e->d_c = s->d_c;
+  snprintf(e->dtype, sizeof e->dtype, "%s", s->dtype);
+  e->causal = s->causal;
+  e->seq_bucket = mg_tune_bucket(seq);
+}
+
+static void add_timing(cJSON *o, double p20, double p50, double p80) {
+  cJSON_AddNumberToObject(o, "p20_ms", p20);
+  cJSON_AddNumberToObject(o, "p50_ms", p50);
+  cJSON_AddNumberToObject(o, "p80_ms", p80);
+}
+
+char *mg_tune_store_json(const mg_tune_store *s) {
+  cJSON *root = cJSON_CreateObject();
+  if (!root) return NULL;
+  const mg_tune_header *h = &s->header;
+  cJSON_AddNumberToObject(root, "schema", h->schema);
+  cJSON_AddStringToObject(root, "mlagen_version", h->mlagen_version);
+  cJSON_AddStringToObject(root, "template_hash", h->template_hash);
+  cJSON_AddStringToObject(root, "nvrtc_version", h->nvrtc_version);
+  cJSON_AddNumberToObject(root, "driver_version", h->driver_version);
+  cJSON_AddStringToObject(root, "device", h->device);
+  cJSON_AddStringToObject(root, "arch", h->arch);
+  cJSON_AddNumberToObject(root, "sm_count", h->sm_count);
+  cJSON *arr = cJSON_AddArrayToObject(root, "entries");
+  for (int i = 0; arr && i < s->n; i++) {
+    const mg_tune_entry *e = &s->entries[i];
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddItemToArray(arr, o);
+    cJSON_AddStringToObject(o, "family", e->family);
+    if (e->form[0]) cJSON_AddStringToObject(o, "form", e->form);
+    cJSON_AddStringToObject(o, "pass", e->pass);
+    cJSON *sh = cJSON_AddObjectToObject(o, "shape");
+    cJSON_AddNumberToObject(sh, "heads", e->heads);
+    cJSON_AddNumberToObject(sh, "d_n", e->d_n);
+    cJSON_AddNumberToObject(sh, "d_r", e->d_r);
+    cJSON_AddNumberToObject(sh, "d_v", e->d_v);
+    cJSON_AddNumberToObject(sh, "d_c", e->d_c);
+    cJSON_AddStringToObject(sh, "dtype", e->dtype);
+    cJSON_AddBoolToObject(sh, "causal", e->causal);
+    cJSON_AddNumberToObject(o, "seq_bucket", (double)e->seq_bucket);
+    cJSON_AddItemToObject(o, "config", config_to_json(&e->config));
+    add_timing(o, e->p20_ms, e->p50_ms, e->p80_ms);
+    cJSON_AddNumberToObject(o, "tflops", e->tflops);
+    cJSON *cands = cJSON_AddArrayToObject(o, "candidates");
+    for (int j = 0; cands && j < e->n_candidates; j++) {
+      cJSON *c = cJSON_CreateObject();
+      if (!c) break;
+      cJSON_AddItemToArray(cands, c);
+      cJSON_AddItemToObject(c, "config", config_to_json(&e->candidates[j].config));
+      add_timing(c, e->candidates[j].p20_ms, e->candidates[j].p50_ms, e->candidates[j].p80_ms);
+    }
+  }
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  return text;
+}
+
+/* Field readers: set *bad to the field name on a missing or mistyped field. */
+static double num(const cJSON *o, const char *key, const char **bad) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+    if (!*bad) *bad = key;
+    return 0;
+  }
+  return v->valuedouble;
+}
+
+static void str(const cJSON *o, const char *key, char *dst, size_t n, int optional,
+                const char **bad) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  dst[0] = '\0';
+  if (!v && optional) return;
+  if (!cJSON_IsString(v) || strlen(v->valuestring) >= n) {
+    if (!*bad) *bad = key;
+    return;
+  }
+  snprintf(dst, n, "%s", v->valuestring);
+}
+
+static int read_entry(const cJSON *o, mg_tune_entry *e, const char **bad) {
+  memset(e, 0, sizeof *e);
+  if (!cJSON_IsObject(o)) {
+    *bad = "entries[]";
+    return -1;
+  }
+  str(o, "family", e->family, sizeof e->family, 0, bad);
+  str(o, "form", e->form, sizeof e->form, 1, bad);
+  str(o, "pass", e->pass, sizeof e->pass, 0, bad);
+  const cJSON *sh = cJSON_GetObjectItemCaseSensitive(o, "shape");
+  if (!cJSON_IsObject(sh) && !*bad) *bad = "shape";
+  e->heads = (int)num(sh, "heads", bad);
+  e->d_n = (int)num(sh, "d_n", bad);
+  e->d_r = (int)num(sh, "d_r", bad);
+  e->d_v = (int)num(sh, "d_v", bad);
+  e->d_c = (int)num(sh, "d_c", bad);
+  str(sh, "dtype", e->dtype, sizeof e->dtype, 0, bad);
+  const cJSON *causal = cJSON_GetObjectItemCaseSensitive(sh, "causal");
+  if (!cJSON_IsBool(causal) && !*bad) *bad = "causal";
+  e->causal = cJSON_IsTrue(causal);
+  e->seq_bucket = (long long)num(o, "seq_bucket", bad);
+  if (config_from_json(cJSON_GetObjectItemCaseSensitive(o, "config"), &e->config) && !*bad)
+    *bad = "config";
+  e->p20_ms = num(o, "p20_ms", bad);
+  e->p50_ms = num(o, "p50_ms", bad);
+  e->p80_ms = num(o, "p80_ms", bad);
+  e->tflops = num(o, "tflops", bad);
+  const cJSON *cands = cJSON_GetObjectItemCaseSensitive(o, "candidates");
+  if (!cJSON_IsArray(cands) && !*bad) *bad = "candidates";
+  if (*bad) return -1;
+  int nc = cJSON_GetArraySize(cands);
+  if (nc > 0) {
+    e->candidates = calloc((size_t)nc, sizeof *e->candidates);
+    if (!e->candidates) return -2;
+  }
+  const cJSON *c;
+  cJSON_ArrayForEach(c, cands) {
+    mg_tune_timing *t = &e->candidates[e->n_candidates++];
+    if (config_from_json(cJSON_GetObjectItemCaseSensitive(c, "config"), &t->config) && !*bad)
+      *bad = "candidates[].config";
+    t->p20_ms = num(c, "p20_ms", bad);
+    t->p50_ms = num(c, "p50_ms", bad);
+    t->p80_ms = num(c, "p80_ms", bad);
+  }
+  return *bad ? -1 : 0;
+}
+
+static int store_parse(const char *path, const char *text, mg_tune_store *out, mg_diag *d) {
+  memset(out, 0, sizeof *out);
+  cJSON *root = cJSON_Parse(text);
+  if (!root) return mg_diag_set(d, MLAGEN_ECONFIG, "%s: not valid JSON", path);
+  const char *bad = NULL;
+  mg_tune_header *h = &out->header;
+  if (!cJSON_IsObject(root)) bad = "the top level (not an object)";
+  h->schema = (int)num(root, "schema", &bad);
+  str(root, "mlagen_version", h->mlagen_version, sizeof h->mlagen_version, 0, &bad);
+  str(root, "template_hash", h->template_hash, sizeof h->template_hash, 0, &bad);
+  str(root, "nvrtc_version", h->nvrtc_version, sizeof h->nvrtc_version, 0, &bad);
+  h->driver_version = (int)num(root, "driver_version", &bad);
+  str(root, "device", h->device, sizeof h->device, 0, &bad);
+  str(root, "arch", h->arch, sizeof h->arch, 0, &bad);
+  h->sm_count = (int)num(root, "sm_count", &bad);
+  const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "entries");
+  if (!cJSON_IsArray(arr) && !bad) bad = "entries";
+  int rc = 0;
+  if (!bad) {
+    int n = cJSON_GetArraySize(arr);
+    out->entries = n ? calloc((size_t)n, sizeof *out->entries) : NULL;
+    if (n && !out->entries) rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) {
+      if (rc || bad) break;
+      int r = read_entry(e, &out->entries[out->n], &bad);
+      out->n++; /* counted even on failure, so its candidates are freed */
+      if (r == -2) rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+    }
+  }
+  cJSON_Delete(root);
+  if (!rc && bad)
+    rc = mg_diag_set(d, MLAGEN_ECONFIG, "%s: not a tuned store: missing or invalid '%s'", path, bad);
+  if (rc) mg_tune_store_free(out);
+  return rc;
+}
+
+int mg_tune_store_read(const char *path, mg_tune_store *out, mg_diag *d) {
+  memset(out, 0, sizeof *out);
+  char *text = NULL;
+  size_t len = 0;
+  int rc = mg_fs_read(path, STORE_MAX_BYTES, &text, &len, d);
+  if (rc == MLAGEN_ELIMIT) rc = MLAGEN_ECONFIG; /* too large: treated as corrupt */
+  if (rc) return rc;
+  if (strlen(text) != len) {
+    free(text);
+    return mg_diag_set(d, MLAGEN_ECONFIG, "%s: not a tuned store: a NUL byte", path);
+  }
+  rc = store_parse(path, text, out, d);
+  free(text);
+  return rc;
+}
+
+const char *mg_tune_header_mismatch(const mg_tune_header *h, const mg_tune_header *expected) {
+  if (h->schema != MG_TUNE_SCHEMA) return "schema version differs";
+  if (expected->template_hash[0] && strcmp(h->template_hash, expected->template_hash) != 0)
+    return "template hash differs (the templates changed since it was tuned)";
+  if (strcmp(h->device, expected->device) != 0) return "device differs";
+  if (strcmp(h->arch, expected->arch) != 0) return "arch differs";
+  return NULL;
+}
+
+static int copy_entry(mg_tune_entry *dst, const mg_tune_entry *src) {
+  *dst = *src;
+  dst->candidates = NULL;
+  if (src->n_candidates > 0) {
+    dst->candidates = malloc((size_t)src->n_candidates * sizeof *dst->candidates);
+    if (!dst->candidates) {
+      dst->n_candidates = 0;
+      return -1;
+    }
+    memcpy(dst->candidates, src->candidates, (size_t)src->n_candidates * sizeof *dst->candidates);
+  }
+  return 0;
+}
+
+static char *dirname_of(const char *path) {
+  char *dir = strdup(path);
+  if (!dir) return NULL;
+  char *slash = strrchr(dir, '/');
+  if (slash) *slash = '\0';
+  else snprintf(dir, 2, ".");
+  return dir;
+}
+
+int mg_tune_store_add(const char *dir, const mg_tune_header *h, const mg_tune_entry *entries,
+                      int n, char **warning, mg_diag *d) {
+  if (warning) *warning = NULL;
+  char path[4096], lock[4200];
+  int rc = mg_tune_store_path(dir, h->arch, h->device, path, sizeof path, d);
+  if (rc) return rc;
+  snprintf(lock, sizeof lock, "%s.lock", path);
+  char *pdir = dirname_of(path);
+  if (!pdir) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  rc = mg_fs_mkdirs(pdir, d);
+  free(pdir);
+  if (rc) return rc;
+  int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return mg_diag_set(d, MLAGEN_EIO, "%s: cannot open: %s", lock, strerror(errno));
+  while (flock(fd, LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      int e = errno;
+      close(fd);
+      return mg_diag_set(d, MLAGEN_EIO, "%s: flock: %s", lock, strerror(e));
+    }
+  }
+  mg_tune_store old, merged;
+  memset(&old, 0, sizeof old);
+  memset(&merged, 0, sizeof merged);
+  mg_diag rd = MG_DIAG_INIT;
+  int have_old = 0;
+  if (mg_fs_is_file(path)) {
+    int r = mg_tune_store_read(path, &old, &rd);
+    if (r == MLAGEN_ENOMEM) {
+      rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+      goto out;
+    }
+    if (r) {
+      if (warning) *warning = xasprintf("%s: corrupt, replaced (its entries are dropped): %s", path,
+                                        mg_diag_msg(&rd));
+    } else {
+      const char *why = mg_tune_header_mismatch(&old.header, h);
+      if (why) {
+        if (warning) *warning = xasprintf("%s: %s, replaced (its %d entries are dropped)", path, why, old.n);
+        mg_tune_store_free(&old);
+      } else {
+        have_old = 1;
+      }
+    }
+  }
+  merged.header = *h;
+  merged.header.schema = MG_TUNE_SCHEMA;
+  int cap = (have_old ? old.n : 0) + n;
+  merged.entries = cap ? calloc((size_t)cap, sizeof *merged.entries) : NULL;
+  if (cap && !merged.entries) {
+    rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (int i = 0; have_old && i < old.n; i++) {
+    int replaced = 0;
+    for (int j = 0; j < n && !replaced; j++) replaced = mg_tune_entry_same_key(&old.entries[i], &entries[j]);
+    if (replaced) continue;
+    merged.entries[merged.n] = old.entries[i]; /* move */
+    old.entries[i].candidates = NULL;
+    merged.n++;
+  }
+  for (int j = 0; j < n; j++) {
+    int dup = 0; /* a later entry of the same key wins */
+    for (int k = j + 1; k < n && !dup; k++) dup = mg_tune_entry_same_key(&entries[j], &entries[k]);
+    if (dup) continue;
+    if (copy_entry(&merged.entries[merged.n], &entries[j])) {
+      rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+      goto out;
+    }
+    merged.n++;
+  }
+  char *text = mg_tune_store_json(&merged);
+  if (!text) {
+    rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+    goto out;
+  }
+  rc = mg_fs_write_atomic(path, text, strlen(text), d);
+  free(text);
+out:
+  if (have_old) mg_tune_store_free(&old);
+  mg_tune_store_free(&merged);
+  mg_diag_clear(&rd);
+  flock(fd, LOCK_UN);
+  close(fd);
+  return rc;
+}
+
+/* ---- lookup -------------------------------------------------------------------------- */
+
+int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
+                   const char *template_hash, const mg_kernel_spec *s, const char *form,
+                   long long seq, mg_tune_config *config, char **why) {
+  memset(config, 0, sizeof *config);
+  if (why) *why = NULL;
+  char path[4096];
+  mg_diag d = MG_DIAG_INIT;
+  char *msg = NULL;
+  int result = MG_TUNE_DEFAULT;
+  mg_tune_entry key;
+  mg_tune_entry_key(&key, s, form, seq);
+  if (mg_tune_store_path(store_dir, arch, device, path, sizeof path, &d)) {
+    msg = xasprintf("default: no tuned store for %s/%s (%s)", arch ? arch : "?",
+                    device ? device : "?", mg_diag_msg(&d));
+    goto done;
+  }
+  if (!mg_fs_is_file(path)) {
+    msg = xasprintf("default: no tuned store for %s/%s (%s)", arch, device, path);
+    goto done;
+  }
+  mg_tune_store st;
+  int rc = mg_tune_store_read(path, &st, &d);
+  if (rc == MLAGEN_ENOMEM) {
+    mg_diag_clear(&d);
+    return MLAGEN_ENOMEM;
+  }
+  if (rc) {
+    msg = xasprintf("default: %s is corrupt, ignored (%s)", path, mg_diag_msg(&d));
+    goto done;
+  }
+  mg_tune_header expect;
+  memset(&expect, 0, sizeof expect);
+  snprintf(expect.template_hash, sizeof expect.template_hash, "%s", template_hash ? template_hash : "");
+  snprintf(expect.device, sizeof expect.device, "%s", device);
+  snprintf(expect.arch, sizeof expect.arch, "%s", arch);
+  const char *mismatch = mg_tune_header_mismatch(&st.header, &expect);
+  if (mismatch) {
+    msg = xasprintf("default: %s ignored: %s", path, mismatch);
+    mg_tune_store_free(&st);
+    goto done;
+  }
+  const mg_tune_entry *hit = NULL;
+  for (int pass = 0; pass < 2 && !hit; pass++) { /* this form's entry, then a form-less one */
+    if (pass == 1 && !key.form[0]) break;
+    mg_tune_entry k2 = key;
+    if (pass == 1) k2.form[0] = '\0';
+    for (int i = 0; i < st.n && !hit; i++)
+      if (mg_tune_entry_same_key(&st.entries[i], &k2)) hit = &st.entries[i];
+  }
+  if (hit) {
+    *config = hit->config;
+    char cfg[256];
+    msg = xasprintf("tuned: %s entry %s%s%s %s bucket %lld (%s), p50 %.3f ms, %.1f TFLOP/s", path,
+                    hit->family, hit->form[0] ? " form " : "", hit->form,
+                    hit->causal ? "causal" : "non-causal", hit->seq_bucket,
+                    mg_tune_config_str(&hit->config, cfg, sizeof cfg), hit->p50_ms, hit->tflops);
+    result = MG_TUNE_TUNED;
+  } else {
+    msg = xasprintf("default: %s has no entry for %s %s H=%d d_n=%d d_r=%d d_v=%d d_c=%d %s "
+                    "bucket %lld", path, key.family, key.causal ? "causal" : "non-causal",
+                    key.heads, key.d_n, key.d_r, key.d_v, key.d_c, key.dtype, key.seq_bucket);
+  }
+  mg_tune_store_free(&st);
+done:
+  mg_diag_clear(&d);
+  if (why) *why = msg;
+  else free(msg);
+  if (why && !*why) return MLAGEN_ENOMEM;
+  return result;
+}

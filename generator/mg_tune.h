@@ -1,0 +1,237 @@
+/* mg_tune.h: the autotuner: candidate space, static pruning, the tuned store, lookup.
+ *
+ * `mlagen tune` sweeps every combination of a kernel family's declared tunables for a
+ * model's shape, drops what the template's check rejects, compiles the rest with NVRTC
+ * and prunes by what ptxas reports (mg_tune_prune) before anything is timed. Timing
+ * needs a GPU: it goes through the mg_tune_timer hook, which the CUDA runtime provides
+ * (NULL here: `mlagen tune` without --dry-run fails with MLAGEN_ENODRIVER). Winners are
+ * kept in the store, tuned/<arch>/<device>.json, and read at plan time by
+ * mg_tune_lookup. Schema, bucketing, the occupancy threshold: docs/tuning.md. */
+#ifndef MG_TUNE_H
+#define MG_TUNE_H
+#include <stddef.h>
+
+#include "mg_diag.h"
+#include "mg_generate.h"
+#include "mg_jit.h"
+#include "mg_spec.h"
+
+#define MG_TUNE_SCHEMA 1
+
+/* A full configuration: every tunable of a family, names sorted. */
+typedef struct mg_tune_config {
+  int n;
+  mg_tunable_value v[MG_SPEC_MAX_CONFIG];
+} mg_tune_config;
+
+/* "block_m=64 num_warps=4" into buf (size n); "" for an empty config. Returns buf. */
+char *mg_tune_config_str(const mg_tune_config *c, char *buf, size_t n);
+
+/* Per-architecture limits used by pruning. */
+typedef struct mg_tune_limits {
+  long smem_per_block;   /* bytes one CTA may use (static + dynamic, opt-in maximum) */
+  int regs_per_sm;       /* 32-bit registers per SM */
+  int max_warps_per_sm;  /* resident warps per SM */
+  int max_ctas_per_sm;   /* resident CTAs per SM */
+  int min_warps;         /* threshold: registers must allow at least this many resident
+                            warps per SM (MG_TUNE_MIN_WARPS by default) */
+} mg_tune_limits;
+
+/* The default occupancy threshold (warps per SM that the registers must allow). */
+#define MG_TUNE_MIN_WARPS 8
+
+/* Limits of a real target ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a",
+ * "sm_120" ...; the a/f suffix is ignored). Errors: MLAGEN_EINVAL (not sm_<NN>[a|f], or an
+ * architecture mlagen has no table for; the message lists the known ones). */
+int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d);
+
+/* Warps per SM that the register use alone allows for CTAs of `threads` threads (the
+ * allocation unit is 256 registers per warp), capped by the warp and CTA limits. 0 when
+ * one CTA does not fit. */
+int mg_tune_reg_occupancy(int registers, int threads, const mg_tune_limits *l);
+
+/* Static pruning of one compiled candidate: returns 1 and writes the reason into why
+ * (size n) when the report shows spills (stores or loads > 0), static + dynamic shared
+ * memory over l->smem_per_block, or registers that allow fewer than l->min_warps warps
+ * per SM; 0 otherwise. *warps (may be NULL) gets mg_tune_reg_occupancy. */
+int mg_tune_prune(const mg_jit_report *r, int threads, long dyn_smem, const mg_tune_limits *l,
+                  int *warps, char *why, size_t n);
+
+/* ---- the candidate space --------------------------------------------------------- */
+
+enum mg_tune_verdict {
+  MG_TUNE_KEPT = 0,     /* compiled and not pruned: worth timing */
+  MG_TUNE_REJECTED = 1, /* the template's check rejected the configuration */
+  MG_TUNE_PRUNED = 2,   /* compiled, pruned by the ptxas report */
+  MG_TUNE_FAILED = 3    /* rendering or compilation failed (a template bug) */
+};
+const char *mg_tune_verdict_name(int verdict);
+
+typedef struct mg_tune_candidate {
+  mg_kernel_spec spec;     /* family, shape, causal; config holds every tunable */
+  mg_tune_config config;
+  int verdict;             /* enum mg_tune_verdict */
+  char reason[384];        /* why rejected / pruned / failed; "" when kept */
+  char kernel[160];        /* the symbol (kept and pruned) */
+  int threads;             /* CTA size from the launch rule */
+  long dyn_smem;           /* dynamic shared memory from the launch rule */
+  int warps;               /* register-limited warps per SM */
+  mg_jit_report report;    /* ptxas figures (kept and pruned) */
+} mg_tune_candidate;
+
+/* Every combination of the tunables that base->family declares (base's own overrides are
+ * ignored), in lexicographic order of the sorted tunable names. *out is heap (free()).
+ * Errors: MLAGEN_EINVAL (unknown family, a template that declares more than
+ * MG_SPEC_MAX_CONFIG tunables or a product over 4096), MLAGEN_ETEMPLATE, MLAGEN_ENOMEM. */
+int mg_tune_space(mg_gen *g, const mg_kernel_spec *base, mg_tune_candidate **out, int *n,
+                  mg_diag *d);
+
+/* Called after each candidate is evaluated (done of total). */
+typedef void (*mg_tune_progress_fn)(void *user, int done, int total, const mg_tune_candidate *c);
+
+/* Evaluates cands[0..n): render (check-rejected -> MG_TUNE_REJECTED), compile for
+ * jo->arch (jo's cache settings apply), prune with l. A compile error marks the candidate
+ * MG_TUNE_FAILED and goes on. Errors: only MLAGEN_ENOMEM, or MLAGEN_EIO/MLAGEN_EINVAL
+ * from NVRTC that would fail every candidate alike (CUDA headers missing, bad arch). */
+int mg_tune_evaluate(mg_gen *g, mg_tune_candidate *cands, int n, const mg_jit_opts *jo,
+                     const mg_tune_limits *l, mg_tune_progress_fn progress, void *user,
+                     mg_diag *d);
+
+/* ---- timing: the GPU hook ---------------------------------------------------------- */
+
+/* Times kernel k (its cubin c) for spec s at sequence length seq (batch 1): writes
+ * n_samples wall times in milliseconds. Provided by the CUDA runtime; NULL in builds and
+ * on machines without one, and then `mlagen tune` (without --dry-run) fails with
+ * MLAGEN_ENODRIVER "timing needs a GPU". */
+typedef int (*mg_tune_timer_fn)(const mg_kernel *k, const mg_cubin *c, const mg_kernel_spec *s,
+                                long long seq, int n_samples, double *samples_ms, mg_diag *d);
+extern mg_tune_timer_fn mg_tune_timer;
+
+/* The device the timer runs on, for the store header; provided with mg_tune_timer. */
+typedef struct mg_tune_device {
+  char name[128];
+  int sm_count;
+  int driver_version;
+} mg_tune_device;
+typedef int (*mg_tune_describe_fn)(mg_tune_device *dev, mg_diag *d);
+extern mg_tune_describe_fn mg_tune_describe;
+
+/* The q-th percentile (0..100) of samples[0..n) by linear interpolation of the sorted
+ * values (samples is sorted in place). 0 for n == 0. */
+double mg_tune_percentile(double *samples, int n, double q);
+
+/* FLOPs of one call of spec s at sequence length seq, batch 1 (causal halves the
+ * attention): used for TFLOP/s. */
+double mg_tune_flops(const mg_kernel_spec *s, long long seq);
+
+/* "fwd" or "bwd": the pass a family belongs to (attn_bwd_* are bwd). */
+const char *mg_tune_family_pass(const char *family);
+
+/* ---- the store ------------------------------------------------------------------- */
+
+/* Sequence-length bucket: the smallest power of two >= seq, at least MG_TUNE_MIN_BUCKET
+ * (seq <= 0 gives MG_TUNE_MIN_BUCKET). */
+#define MG_TUNE_MIN_BUCKET 256LL
+long long mg_tune_bucket(long long seq);
+
+typedef struct mg_tune_header {
+  int schema;               /* MG_TUNE_SCHEMA */
+  char mlagen_version[32];
+  char template_hash[80];
+  char nvrtc_version[16];   /* "12.8" */
+  int driver_version;       /* cuDriverGetVersion */
+  char device[128];         /* device name as the driver reports it */
+  char arch[16];            /* "sm_90a" */
+  int sm_count;
+} mg_tune_header;
+
+typedef struct mg_tune_timing {
+  mg_tune_config config;
+  double p20_ms, p50_ms, p80_ms;
+} mg_tune_timing;
+
+typedef struct mg_tune_entry {
+  /* key */
+  char family[32];
+  char form[16];            /* "" when the kernel serves every form */
+  char pass[8];             /* "fwd" / "bwd" */
+  int heads, d_n, d_r, d_v, d_c;
+  char dtype[8];
+  int causal;
+  long long seq_bucket;     /* mg_tune_bucket */
+  /* value */
+  mg_tune_config config;    /* the winner */
+  double p20_ms, p50_ms, p80_ms, tflops;
+  int n_candidates;
+  mg_tune_timing *candidates; /* heap, every timed candidate */
+} mg_tune_entry;
+
+typedef struct mg_tune_store {
+  mg_tune_header header;
+  int n;
+  mg_tune_entry *entries;
+} mg_tune_store;
+
+void mg_tune_store_free(mg_tune_store *s);
+
+/* 1 if a and b have the same key. */
+int mg_tune_entry_same_key(const mg_tune_entry *a, const mg_tune_entry *b);
+
+/* The store file of (arch, device) under dir (NULL: mg_tune_store_dir()):
+ * <dir>/<arch>/<device>.json, the device name with every character outside
+ * [A-Za-z0-9._-] replaced by '_'. Errors: MLAGEN_ELIMIT (does not fit), MLAGEN_EINVAL. */
+int mg_tune_store_path(const char *dir, const char *arch, const char *device, char *buf,
+                       size_t n, mg_diag *d);
+
+/* The store directory: $MLAGEN_TUNED_DIR, else "./tuned". */
+const char *mg_tune_store_dir(void);
+
+/* Reads a store file. Errors: MLAGEN_EIO (missing or unreadable), MLAGEN_ECONFIG (not
+ * JSON, or not a store: a missing or mistyped field; the message names it), MLAGEN_ENOMEM.
+ * On success the caller frees *out. */
+int mg_tune_store_read(const char *path, mg_tune_store *out, mg_diag *d);
+
+/* Serializes a store (pretty JSON, entries in the given order); heap, free(). */
+char *mg_tune_store_json(const mg_tune_store *s);
+
+/* Why header h (of a file) must not be trusted for expected: NULL when it matches
+ * (schema, template hash, device, arch), else a static description ("template hash
+ * differs" ...). */
+const char *mg_tune_header_mismatch(const mg_tune_header *h, const mg_tune_header *expected);
+
+/* Adds entries[0..n) to the store of (h->arch, h->device) under dir, merging with what is
+ * there: under an flock() on <file>.lock, reads the file, replaces the entries with the
+ * same key, keeps the others, writes atomically. A corrupt file or one whose header does
+ * not match h is not merged: its entries are dropped, the file is rewritten with h, and
+ * *warning (may be NULL; heap, free()) says so. Errors: MLAGEN_EIO, MLAGEN_ENOMEM. */
+int mg_tune_store_add(const char *dir, const mg_tune_header *h, const mg_tune_entry *entries,
+                      int n, char **warning, mg_diag *d);
+
+/* The entry key of spec s (family, pass, shape) at seq, with form ("" or NULL: none). */
+void mg_tune_entry_key(mg_tune_entry *e, const mg_kernel_spec *s, const char *form,
+                       long long seq);
+
+/* ---- lookup at plan time ------------------------------------------------------------ */
+
+enum mg_tune_source { MG_TUNE_DEFAULT = 0, MG_TUNE_TUNED = 1 };
+
+/* The configuration to use for spec s at sequence length seq on (arch, device): the
+ * store entry with the same family, form (an entry for `form`, else one with no form),
+ * pass, shape and bucket if the store of (arch, device) under store_dir (NULL:
+ * mg_tune_store_dir()) has one and its header matches (template_hash, device, arch;
+ * template_hash NULL skips the hash check); else the template's default, *config empty
+ * (n = 0: render the spec without overrides to see it). *why (heap, free(); may be NULL)
+ * says which and why: "tuned: <file> entry attn_fwd causal bucket 4096, p50 0.120 ms" or
+ * "default: no tuned store for sm_90a/unknown (<file>)", "default: <file> is corrupt
+ * (...)", "default: <file> ignored: template hash differs", "default: no entry ...".
+ * Returns MG_TUNE_TUNED or MG_TUNE_DEFAULT (never fails: a store problem means the
+ * default; MLAGEN_ENOMEM is the only negative return). */
+int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
+                   const char *template_hash, const mg_kernel_spec *s, const char *form,
+                   long long seq, mg_tune_config *config, char **why);
+
+/* The configuration kernel{} resolves for s (its default with s's overrides applied),
+ * read from the manifest. Errors: those of mg_gen_kernel. */
+int mg_tune_resolved_config(mg_gen *g, const mg_kernel_spec *s, mg_tune_config *config,
+                            mg_diag *d);
+#endif

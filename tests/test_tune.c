@@ -1,0 +1,511 @@
+/* test_tune.c: the autotuner without a GPU: pruning on injected ptxas reports, the
+ * candidate space, the tuned store (schema round trip, merge under concurrent writers,
+ * corrupt and mismatched files) and the lookup (tuned hit, fallback to the default). */
+#define _DEFAULT_SOURCE 1
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mg_fs.h"
+#include "mg_generate.h"
+#include "mg_tune.h"
+#include "mlagen.h"
+
+static char tmpdir[256];
+
+static int setup(void **state) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/mg_test_tune_XXXXXX");
+  return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static mg_kernel_spec spec_of(const char *family, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "%s", family);
+  s.heads = 16;
+  s.d_n = 128;
+  s.d_r = 64;
+  s.d_v = 128;
+  s.d_c = 512;
+  snprintf(s.dtype, sizeof s.dtype, "bf16");
+  s.causal = causal;
+  return s;
+}
+
+static mg_tune_header header_of(const char *device, const char *hash) {
+  mg_tune_header h;
+  memset(&h, 0, sizeof h);
+  h.schema = MG_TUNE_SCHEMA;
+  snprintf(h.mlagen_version, sizeof h.mlagen_version, "0.1.0");
+  snprintf(h.template_hash, sizeof h.template_hash, "%s", hash);
+  snprintf(h.nvrtc_version, sizeof h.nvrtc_version, "12.8");
+  h.driver_version = 12080;
+  snprintf(h.device, sizeof h.device, "%s", device);
+  snprintf(h.arch, sizeof h.arch, "sm_90a");
+  h.sm_count = 132;
+  return h;
+}
+
+static void set_cfg(mg_tune_config *c, long block_m, long num_warps) {
+  memset(c, 0, sizeof *c);
+  c->n = 2;
+  snprintf(c->v[0].name, sizeof c->v[0].name, "block_m");
+  c->v[0].value = block_m;
+  snprintf(c->v[1].name, sizeof c->v[1].name, "num_warps");
+  c->v[1].value = num_warps;
+}
+
+/* An entry with injected timings (what a GPU run would measure). */
+static mg_tune_entry entry_of(const char *family, int causal, long long seq, long block_m,
+                              double p50, mg_tune_timing *cands, int n_cands) {
+  mg_kernel_spec s = spec_of(family, causal);
+  mg_tune_entry e;
+  mg_tune_entry_key(&e, &s, NULL, seq);
+  set_cfg(&e.config, block_m, 4);
+  e.p20_ms = p50 * 0.9;
+  e.p50_ms = p50;
+  e.p80_ms = p50 * 1.2;
+  e.tflops = mg_tune_flops(&s, seq) / (p50 * 1e-3) * 1e-12;
+  for (int i = 0; i < n_cands; i++) {
+    set_cfg(&cands[i].config, 32 << i, 4);
+    cands[i].p20_ms = p50 * (1 + i) * 0.9;
+    cands[i].p50_ms = p50 * (1 + i);
+    cands[i].p80_ms = p50 * (1 + i) * 1.1;
+  }
+  e.candidates = cands;
+  e.n_candidates = n_cands;
+  return e;
+}
+
+/* ---- pruning --------------------------------------------------------------------------- */
+
+static void test_arch_limits(void **state) {
+  mg_tune_limits l;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_tune_arch_limits("sm_90a", &l, &d), 0);
+  assert_int_equal(l.smem_per_block, 232448);
+  assert_int_equal(l.max_warps_per_sm, 64);
+  assert_int_equal(l.min_warps, MG_TUNE_MIN_WARPS);
+  assert_int_equal(mg_tune_arch_limits("sm_80", &l, &d), 0);
+  assert_int_equal(l.smem_per_block, 166912);
+  assert_int_equal(mg_tune_arch_limits("sm_75", &l, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "no occupancy table"));
+  assert_int_equal(mg_tune_arch_limits("compute_90", &l, &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_tune_arch_limits("sm_90x", &l, &d), MLAGEN_EINVAL);
+  mg_diag_clear(&d);
+}
+
+static void test_prune(void **state) {
+  mg_tune_limits l;
+  assert_int_equal(mg_tune_arch_limits("sm_90a", &l, NULL), 0);
+  char why[256];
+  int warps = -1;
+  mg_jit_report r;
+
+  /* a clean report is kept */
+  memset(&r, 0, sizeof r);
+  r.registers = 64;
+  assert_int_equal(mg_tune_prune(&r, 128, 48 * 1024, &l, &warps, why, sizeof why), 0);
+  assert_string_equal(why, "");
+  assert_int_equal(warps, 32); /* 64 regs: 2048 per warp -> 32 warps */
+
+  /* spills */
+  r.spill_stores = 8;
+  r.spill_loads = 4;
+  assert_int_equal(mg_tune_prune(&r, 128, 0, &l, NULL, why, sizeof why), 1);
+  assert_non_null(strstr(why, "spills 12 bytes"));
+
+  /* static + dynamic shared memory over the per-block limit */
+  memset(&r, 0, sizeof r);
+  r.registers = 128;
+  r.smem_bytes = 1024;
+  assert_int_equal(mg_tune_prune(&r, 256, 232448 - 1024, &l, NULL, why, sizeof why), 0);
+  assert_int_equal(mg_tune_prune(&r, 256, 232448 - 1023, &l, NULL, why, sizeof why), 1);
+  assert_non_null(strstr(why, "smem 232449 bytes"));
+
+  /* registers: 255 x 512 threads cannot fit one CTA */
+  memset(&r, 0, sizeof r);
+  r.registers = 255;
+  assert_int_equal(mg_tune_prune(&r, 512, 0, &l, &warps, why, sizeof why), 1);
+  assert_int_equal(warps, 0);
+  assert_non_null(strstr(why, "regs 255"));
+  assert_non_null(strstr(why, "occupancy 0 warps/SM < 8"));
+  /* 255 x 128: 2 CTAs of 4 warps = 8 warps: at the default threshold, kept */
+  assert_int_equal(mg_tune_prune(&r, 128, 0, &l, &warps, why, sizeof why), 0);
+  assert_int_equal(warps, 8);
+  /* a stricter threshold: 168 regs x 128 threads -> 3 CTAs = 12 warps < 16 */
+  l.min_warps = 16;
+  r.registers = 168;
+  assert_int_equal(mg_tune_prune(&r, 128, 0, &l, &warps, why, sizeof why), 1);
+  assert_int_equal(warps, 12);
+  assert_non_null(strstr(why, "occupancy 12 warps/SM < 16"));
+  /* allocation granularity: 129 regs round up to 136 per thread (4352 per warp) */
+  assert_int_equal(mg_tune_reg_occupancy(129, 32, &l), 15);
+  /* capped by the SM's warp limit */
+  assert_int_equal(mg_tune_reg_occupancy(16, 1024, &l), 64);
+}
+
+/* ---- the space -------------------------------------------------------------------------- */
+
+static void test_space(void **state) {
+  mg_gen *g = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel_spec s = spec_of("attn_fwd", 1);
+  mg_tune_candidate *c = NULL;
+  int n = 0;
+  assert_int_equal(mg_tune_space(g, &s, &c, &n, &d), 0);
+  assert_int_equal(n, 2 * 2 * 3 * 2 * 2); /* block_m, block_n, k_packed, num_warps, stages */
+  int rejected = 0;
+  for (int i = 0; i < n; i++) {
+    assert_int_equal(c[i].config.n, 5);
+    assert_string_equal(c[i].config.v[0].name, "block_m"); /* sorted */
+    assert_int_equal(c[i].spec.causal, 1);
+    for (int j = 0; j < i; j++) /* all distinct */
+      assert_false(memcmp(&c[i].config, &c[j].config, sizeof c[i].config) == 0);
+    mg_kernel k;
+    int rc = mg_gen_kernel(g, &c[i].spec, &k, &d);
+    if (rc) {
+      assert_int_equal(rc, MLAGEN_EINVAL);
+      assert_non_null(strstr(mg_diag_msg(&d), "rejected"));
+      rejected++;
+    } else {
+      mg_kernel_free(&k);
+    }
+  }
+  assert_true(rejected >= n / 2); /* block_m must be 16 * num_warps */
+  free(c);
+
+  /* the default the lookup falls back to */
+  mg_tune_config cfg;
+  mg_kernel_spec ex = spec_of("explicit_fwd", 0);
+  assert_int_equal(mg_tune_resolved_config(g, &ex, &cfg, &d), 0);
+  char text[128];
+  assert_string_equal(mg_tune_config_str(&cfg, text, sizeof text), "block_m=32 num_warps=4");
+  mg_gen_close(g);
+  mg_diag_clear(&d);
+}
+
+/* ---- buckets and statistics --------------------------------------------------------------- */
+
+static void test_bucket(void **state) {
+  assert_int_equal(mg_tune_bucket(0), 256);
+  assert_int_equal(mg_tune_bucket(1), 256);
+  assert_int_equal(mg_tune_bucket(256), 256);
+  assert_int_equal(mg_tune_bucket(257), 512);
+  assert_int_equal(mg_tune_bucket(4095), 4096);
+  assert_int_equal(mg_tune_bucket(4096), 4096);
+  assert_int_equal(mg_tune_bucket(4097), 8192);
+  assert_int_equal(mg_tune_bucket(1LL << 20), 1LL << 20);
+  assert_int_equal(mg_tune_bucket((1LL << 20) + 1), 1LL << 21);
+  double x[] = {5, 1, 4, 2, 3};
+  assert_true(mg_tune_percentile(x, 5, 50) == 3);
+  assert_true(mg_tune_percentile(x, 5, 0) == 1);
+  assert_true(mg_tune_percentile(x, 5, 100) == 5);
+  assert_true(mg_tune_percentile(x, 5, 20) > 1.79 && mg_tune_percentile(x, 5, 20) < 1.81);
+  assert_string_equal(mg_tune_family_pass("attn_bwd_dq"), "bwd");
+  assert_string_equal(mg_tune_family_pass("attn_fwd"), "fwd");
+}
+
+/* cJSON prints doubles with 15 significant digits when that reads back within its
+ * epsilon, so figures round-trip to about 1e-15 relative, not bit for bit. */
+static int close_to(double a, double b) {
+  double m = a > b ? a - b : b - a, s = a > 0 ? a : -a;
+  return m <= 1e-12 * (s > 1 ? s : 1);
+}
+
+/* ---- the store ----------------------------------------------------------------------------- */
+
+static void test_store_roundtrip(void **state) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_tune_header h = header_of("NVIDIA H200", "hash-1");
+  mg_tune_timing ca[3], cb[1];
+  mg_tune_entry e[2] = {entry_of("attn_fwd", 1, 4096, 64, 0.12, ca, 3),
+                        entry_of("attn_bwd_dq", 0, 300, 128, 0.5, cb, 1)};
+  snprintf(e[1].form, sizeof e[1].form, "laga");
+  char *warning = NULL;
+  assert_int_equal(mg_tune_store_add(tmpdir, &h, e, 2, &warning, &d), 0);
+  assert_null(warning);
+  char path[512];
+  assert_int_equal(mg_tune_store_path(tmpdir, "sm_90a", "NVIDIA H200", path, sizeof path, &d), 0);
+  assert_non_null(strstr(path, "/sm_90a/NVIDIA_H200.json"));
+  mg_tune_store st;
+  assert_int_equal(mg_tune_store_read(path, &st, &d), 0);
+  assert_int_equal(st.header.schema, MG_TUNE_SCHEMA);
+  assert_string_equal(st.header.mlagen_version, "0.1.0");
+  assert_string_equal(st.header.template_hash, "hash-1");
+  assert_string_equal(st.header.nvrtc_version, "12.8");
+  assert_int_equal(st.header.driver_version, 12080);
+  assert_string_equal(st.header.device, "NVIDIA H200");
+  assert_string_equal(st.header.arch, "sm_90a");
+  assert_int_equal(st.header.sm_count, 132);
+  assert_int_equal(st.n, 2);
+  for (int i = 0; i < 2; i++) {
+    const mg_tune_entry *a = &st.entries[i], *b = &e[i];
+    assert_true(mg_tune_entry_same_key(a, b));
+    assert_string_equal(a->pass, i == 0 ? "fwd" : "bwd");
+    assert_int_equal(a->seq_bucket, i == 0 ? 4096 : 512);
+    assert_memory_equal(&a->config, &b->config, sizeof a->config);
+    assert_true(close_to(a->p20_ms, b->p20_ms) && close_to(a->p50_ms, b->p50_ms) &&
+                close_to(a->p80_ms, b->p80_ms));
+    assert_true(close_to(a->tflops, b->tflops) && a->tflops > 0);
+    assert_int_equal(a->n_candidates, b->n_candidates);
+    for (int j = 0; j < a->n_candidates; j++) {
+      assert_memory_equal(&a->candidates[j].config, &b->candidates[j].config, sizeof(mg_tune_config));
+      assert_true(close_to(a->candidates[j].p50_ms, b->candidates[j].p50_ms));
+      assert_true(close_to(a->candidates[j].p80_ms, b->candidates[j].p80_ms));
+    }
+  }
+  assert_string_equal(st.entries[1].form, "laga");
+  assert_string_equal(st.entries[0].form, "");
+
+  /* serializing what was read gives the same text as the file */
+  char *text = mg_tune_store_json(&st), *file = NULL;
+  size_t len = 0;
+  assert_int_equal(mg_fs_read(path, 1 << 20, &file, &len, &d), 0);
+  assert_string_equal(text, file);
+  assert_non_null(strstr(file, "\"schema\":"));
+  assert_non_null(strstr(file, "\"seq_bucket\":"));
+  free(text);
+  free(file);
+  mg_tune_store_free(&st);
+
+  /* merge: same key replaced, other kept, new added */
+  mg_tune_timing cc[2];
+  mg_tune_entry e2[2] = {entry_of("attn_fwd", 1, 3000, 128, 0.10, cc, 2), /* bucket 4096 */
+                         entry_of("attn_fwd", 0, 4096, 64, 0.2, NULL, 0)};
+  assert_int_equal(mg_tune_store_add(tmpdir, &h, e2, 2, &warning, &d), 0);
+  assert_null(warning);
+  assert_int_equal(mg_tune_store_read(path, &st, &d), 0);
+  assert_int_equal(st.n, 3);
+  int found = 0;
+  for (int i = 0; i < st.n; i++)
+    if (mg_tune_entry_same_key(&st.entries[i], &e[0])) {
+      found++;
+      assert_int_equal(st.entries[i].config.v[0].value, 128);
+      assert_int_equal(st.entries[i].n_candidates, 2);
+    }
+  assert_int_equal(found, 1);
+  mg_tune_store_free(&st);
+  mg_diag_clear(&d);
+}
+
+static void test_store_concurrent(void **state) {
+  enum { PER_WRITER = 25 };
+  mg_tune_header h = header_of("Concurrent GPU", "hash-c");
+  pid_t pids[2];
+  for (int w = 0; w < 2; w++) {
+    pids[w] = fork();
+    assert_true(pids[w] >= 0);
+    if (pids[w] == 0) {
+      /* each writer adds its own entries one call at a time, so the two interleave */
+      int bad = 0;
+      for (int i = 0; i < PER_WRITER; i++) {
+        mg_tune_timing t[2];
+        mg_tune_entry e = entry_of(w ? "attn_bwd_dq" : "attn_fwd", 1, 256LL << i % 20,
+                                   64, 0.1 + i, t, 2);
+        e.heads = 1000 + i; /* distinct keys */
+        bad |= mg_tune_store_add(tmpdir, &h, &e, 1, NULL, NULL) != 0;
+      }
+      _exit(bad);
+    }
+  }
+  for (int w = 0; w < 2; w++) {
+    int status = 0;
+    assert_int_equal(waitpid(pids[w], &status, 0), pids[w]);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  char path[512];
+  assert_int_equal(mg_tune_store_path(tmpdir, "sm_90a", "Concurrent GPU", path, sizeof path, NULL), 0);
+  mg_tune_store st;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_tune_store_read(path, &st, &d), 0);
+  assert_int_equal(st.n, 2 * PER_WRITER);
+  int fwd = 0, bwd = 0;
+  for (int i = 0; i < st.n; i++) {
+    fwd += strcmp(st.entries[i].family, "attn_fwd") == 0;
+    bwd += strcmp(st.entries[i].family, "attn_bwd_dq") == 0;
+  }
+  assert_int_equal(fwd, PER_WRITER);
+  assert_int_equal(bwd, PER_WRITER);
+  mg_tune_store_free(&st);
+  mg_diag_clear(&d);
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void test_corrupt_and_mismatch(void **state) {
+  mg_diag d = MG_DIAG_INIT;
+  char dir[300], path[512];
+  snprintf(dir, sizeof dir, "%s/bad", tmpdir);
+  assert_int_equal(mg_tune_store_path(dir, "sm_90a", "GPU X", path, sizeof path, &d), 0);
+  char sub[400];
+  snprintf(sub, sizeof sub, "%s/sm_90a", dir);
+  assert_int_equal(mg_fs_mkdirs(sub, &d), 0);
+  mg_kernel_spec s = spec_of("attn_fwd", 1);
+  mg_tune_config cfg;
+  char *why = NULL;
+
+  const char *corrupt[] = {"{\"schema\": 1, \"entries\": [", "[]", "{}", "",
+                           "{\"schema\":1,\"mlagen_version\":\"0.1.0\",\"template_hash\":\"h\","
+                           "\"nvrtc_version\":\"12.8\",\"driver_version\":1,\"device\":\"GPU X\","
+                           "\"arch\":\"sm_90a\",\"sm_count\":1,\"entries\":[{\"family\":3}]}"};
+  for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
+    write_text(path, corrupt[i]);
+    mg_tune_store st;
+    assert_int_equal(mg_tune_store_read(path, &st, &d), MLAGEN_ECONFIG);
+    assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "h", &s, NULL, 4096, &cfg, &why),
+                     MG_TUNE_DEFAULT);
+    assert_int_equal(cfg.n, 0);
+    assert_non_null(strstr(why, "corrupt"));
+    free(why);
+  }
+
+  /* a writer replaces a corrupt file, and says so */
+  mg_tune_header h = header_of("GPU X", "h");
+  mg_tune_entry e = entry_of("attn_fwd", 1, 4096, 64, 0.12, NULL, 0);
+  char *warning = NULL;
+  assert_int_equal(mg_tune_store_add(dir, &h, &e, 1, &warning, &d), 0);
+  assert_non_null(warning);
+  assert_non_null(strstr(warning, "corrupt"));
+  free(warning);
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "h", &s, NULL, 4096, &cfg, &why),
+                   MG_TUNE_TUNED);
+  free(why);
+
+  /* another template hash: reported, entries ignored */
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "other", &s, NULL, 4096, &cfg, &why),
+                   MG_TUNE_DEFAULT);
+  assert_int_equal(cfg.n, 0);
+  assert_non_null(strstr(why, "template hash differs"));
+  free(why);
+  /* a writer with another hash drops the old entries */
+  mg_tune_header h2 = header_of("GPU X", "other");
+  mg_tune_entry e2 = entry_of("attn_fwd", 0, 4096, 64, 0.12, NULL, 0);
+  assert_int_equal(mg_tune_store_add(dir, &h2, &e2, 1, &warning, &d), 0);
+  assert_non_null(warning);
+  assert_non_null(strstr(warning, "template hash differs"));
+  free(warning);
+  mg_tune_store st;
+  assert_int_equal(mg_tune_store_read(path, &st, &d), 0);
+  assert_int_equal(st.n, 1);
+  assert_int_equal(st.entries[0].causal, 0);
+  mg_tune_store_free(&st);
+
+  /* data files: a header for another device under this device's name */
+  assert_int_equal(mg_tune_lookup(MLAGEN_TEST_DATA "/tuned", "sm_90a", "Mismatched GPU", "test-hash",
+                                  &s, NULL, 4096, &cfg, &why),
+                   MG_TUNE_DEFAULT);
+  assert_non_null(strstr(why, "device differs"));
+  free(why);
+  assert_int_equal(mg_tune_lookup(MLAGEN_TEST_DATA "/tuned", "sm_90a", "Corrupt GPU", "test-hash", &s,
+                                  NULL, 4096, &cfg, &why),
+                   MG_TUNE_DEFAULT);
+  assert_non_null(strstr(why, "corrupt"));
+  free(why);
+  mg_diag_clear(&d);
+}
+
+static void test_lookup(void **state) {
+  mg_kernel_spec s = spec_of("attn_fwd", 1);
+  mg_tune_config cfg;
+  char *why = NULL;
+  const char *data = MLAGEN_TEST_DATA "/tuned";
+
+  /* no store for this device */
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "unknown", NULL, &s, NULL, 4096, &cfg, &why),
+                   MG_TUNE_DEFAULT);
+  assert_non_null(strstr(why, "default: no tuned store for sm_90a/unknown"));
+  free(why);
+
+  /* a tuned hit from the shipped test store: 3000 and 4096 share bucket 4096 */
+  for (long long seq = 2049; seq <= 4096; seq += 2047) {
+    assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, NULL, seq, &cfg,
+                                    &why),
+                     MG_TUNE_TUNED);
+    char text[128];
+    assert_string_equal(mg_tune_config_str(&cfg, text, sizeof text),
+                        "block_m=64 block_n=128 k_packed=0 num_warps=4 stages=2");
+    assert_non_null(strstr(why, "tuned: "));
+    assert_non_null(strstr(why, "NVIDIA_H200.json entry attn_fwd causal bucket 4096"));
+    assert_non_null(strstr(why, "p50 0.120 ms"));
+    free(why);
+  }
+  /* the next bucket has no entry */
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, NULL, 4097, &cfg, &why),
+                   MG_TUNE_DEFAULT);
+  assert_non_null(strstr(why, "has no entry"));
+  assert_non_null(strstr(why, "bucket 8192"));
+  free(why);
+  /* another shape */
+  mg_kernel_spec s2 = s;
+  s2.heads = 8;
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s2, NULL, 4096, &cfg, &why),
+                   MG_TUNE_DEFAULT);
+  free(why);
+  /* a form: its own entry wins over the form-less one; another form falls back to it */
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, "laga", 4096, &cfg, &why),
+                   MG_TUNE_TUNED);
+  assert_int_equal(cfg.v[1].value, 32); /* block_n of the laga entry */
+  assert_non_null(strstr(why, "form laga"));
+  free(why);
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, "absorbed", 4096, &cfg,
+                                  &why),
+                   MG_TUNE_TUNED);
+  assert_int_equal(cfg.v[1].value, 128);
+  free(why);
+
+  /* MLAGEN_TUNED_DIR is the default directory */
+  setenv("MLAGEN_TUNED_DIR", data, 1);
+  assert_string_equal(mg_tune_store_dir(), data);
+  assert_int_equal(mg_tune_lookup(NULL, "sm_90a", "NVIDIA H200", NULL, &s, NULL, 4096, &cfg, &why),
+                   MG_TUNE_TUNED);
+  free(why);
+  unsetenv("MLAGEN_TUNED_DIR");
+  assert_string_equal(mg_tune_store_dir(), "./tuned");
+
+  /* why may be NULL */
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, NULL, 4096, &cfg, NULL),
+                   MG_TUNE_TUNED);
+}
+
+static void test_timer_hook(void **state) {
+  /* no CUDA runtime in this build: the hooks are unset */
+  assert_null(mg_tune_timer);
+  assert_null(mg_tune_describe);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_arch_limits),
+      cmocka_unit_test(test_prune),
+      cmocka_unit_test(test_space),
+      cmocka_unit_test(test_bucket),
+      cmocka_unit_test(test_store_roundtrip),
+      cmocka_unit_test(test_store_concurrent),
+      cmocka_unit_test(test_corrupt_and_mismatch),
+      cmocka_unit_test(test_lookup),
+      cmocka_unit_test(test_timer_hook),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
