@@ -43,7 +43,7 @@ fi
 
 # ---- Debian packages ------------------------------------------------------------------
 pkgs=(build-essential cmake pkg-config liblua5.4-dev libcmocka-dev libcjson-dev libssl-dev valgrind
-      libopenblas-dev libopenmpi-dev openmpi-bin)
+      libopenblas-dev libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
 need=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
