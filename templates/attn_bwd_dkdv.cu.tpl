@@ -1,0 +1,584 @@
+@ -- attn_bwd_dkdv: explicit-form MLA attention backward on tensor cores, dK and dV (and,
+@ -- deterministic = 0, dQ by fp32 atomics). FlashAttention-2 (arXiv 2307.08691), Algorithm 2.
+@ --
+@ -- One CTA owns block_n keys of one head of one batch item; each warp owns 16 of those keys
+@ -- and keeps their dK (d_n + d_r) and dV (d_v) rows in fp32 accumulator fragments. The K
+@ -- and V tiles are copied into shared memory once; the CTA loops over query tiles of
+@ -- block_m rows (causal: only tiles with a row at or after the key tile), which stream
+@ -- through shared memory with their dO rows, LSE and delta (cp.async, one or two stages).
+@ -- Per query tile, with mma.sync.m16n8k16 (16-bit inputs, fp32 accumulation):
+@ --   S^T  = K Q^T             A: K rows (ldmatrix.x4), B: Q rows (ldmatrix.x4: Q row-major
+@ --                            is Q^T column-major); keys are the M dimension
+@ --   P^T  = exp2(S^T * scale log2 e - LSE log2 e)   (the forward's normalized P, recomputed)
+@ --   dV  += P^T dO            A: P^T from registers (C layout -> A layout), B: dO by .trans
+@ --   dP^T = V dO^T            A: V rows, B: dO rows
+@ --   dS^T = P^T (dP^T - delta)
+@ --   dK  += dS^T Q            A: dS^T from registers, B: Q by .trans     (scale at the end)
+@ --   dQ  += scale dS K        deterministic = 0 only: dS^T goes through shared memory (16-bit,
+@ --                            as FA2), every warp then computes 16x16 blocks of the tile's dQ
+@ --                            and adds them with fp32 atomicAdd into dq_accum.
+@ -- Outputs: dV [B, S_k, H, d_v]; dK per head ([B, S_k, H, d_n + d_r] with k_packed = 1, else
+@ -- dk_nope [B, S_k, H, d_n]); with k_packed = 0 the RoPE part of dK is summed over the heads
+@ -- into fp32 dk_rope [B, S_k, d_r] (no per-head copy in memory):
+@ --   deterministic = 0: atomicAdd (fast, order-dependent bits; dk_rope must be zeroed first);
+@ --   deterministic = 1: one CTA owns a key tile for ALL heads and loops over them in order,
+@ --                      keeping the RoPE rows of dK in registers across heads, then stores
+@ --                      dk_rope (slower: H times fewer CTAs); dQ comes from attn_bwd_dq.
+@ -- With k_packed = 1 and deterministic = 1 every output is written once: bit-reproducible.
+@ -- dk_smem = 1 keeps the fp32 dK rows in shared memory instead of registers (each thread
+@ -- reads and writes only its own fragment elements there, so no barrier is involved): the
+@ -- fallback for head dims whose dK + dV accumulators do not fit in registers (d_v 256).
+@ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
+@ local DQK = DN + DR
+@ local ESIZE = elem_size(spec.dtype)
+@ local PAD = 8
+@ local SMEM_LIMIT = 163 * 1024
+@ -- fp32 accumulators per thread: dK (d_qk/2, unless dk_smem) + dV (d_v/2) + S^T and dP^T
+@ -- (block_m/2 each). Up to 192 every kept configuration of the DeepSeek head (128, 64, 128)
+@ -- and of (64, 32, 64) compiles without spills on sm_80 and sm_90a (test_attn_bwd.c).
+@ local ACC_LIMIT = 192
+@ local DKPAD = 8                     -- fp32 padding per dK smem row
+@ -- With dk_smem, dK costs the 8 of the 16x16 chunk being updated.
+@ local function accumulators(c) return (c.dk_smem == 1 and 8 or DQK // 2) + DV // 2 + c.block_m end
+@ local function smem_bytes(c)
+@   local e = c.block_n * ((DQK + PAD) + (DV + PAD)) + c.stages * c.block_m * ((DQK + PAD) + (DV + PAD))
+@   if c.deterministic == 0 then e = e + c.block_n * (c.block_m + PAD) end
+@   local f = 2 * c.stages * c.block_m
+@   if c.dk_smem == 1 then f = f + c.block_n * (DQK + DKPAD) end
+@   return ESIZE * e + 4 * f
+@ end
+@ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
+@
+@ local K = kernel {
+@   family = "attn_bwd_dkdv",
+@   doc = "explicit-form attention backward on tensor cores (FlashAttention-2): dK, dV, and dQ by fp32 atomics (deterministic = 0)",
+@   params = {
+@     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
+@     PACKED and
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope]" } or
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]",       doc = "per-head no-RoPE keys" },
+@     PACKED and
+@     { name = "k_rope", type = "const elem_t*", shape = "unused",                 doc = "k_packed = 1: unused (may be null)" } or
+@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads" },
+@     { name = "v",      type = "const elem_t*", shape = "[B, S_k, H, d_v]",       doc = "per-head values" },
+@     { name = "dout",   type = "const elem_t*", shape = "[B, S_q, H, d_v]",       doc = "gradient of the output" },
+@     { name = "lse",    type = "const float*",  shape = "[B, H, S_q]",            doc = "the forward's natural-log LSE" },
+@     { name = "delta",  type = "const float*",  shape = "[B, H, S_q]",            doc = "rowsum(dO * O) from attn_bwd_pre" },
+@     { name = "dq_accum", type = "float*",      shape = "[B, S_q, H, d_n + d_r]", doc = "deterministic = 0: dQ (scale applied) added atomically, must be zeroed first; deterministic = 1: unused (may be null)" },
+@     PACKED and
+@     { name = "dk_nope", type = "elem_t*",      shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head dK" } or
+@     { name = "dk_nope", type = "elem_t*",      shape = "[B, S_k, H, d_n]",       doc = "per-head dK_nope" },
+@     PACKED and
+@     { name = "dk_rope", type = "float*",       shape = "unused",                 doc = "k_packed = 1: unused (may be null)" } or
+@     { name = "dk_rope", type = "float*",       shape = "[B, S_k, d_r]",          doc = "dK's RoPE part summed over the heads (fp32); deterministic = 0: added atomically, must be zeroed first" },
+@     { name = "dv",     type = "elem_t*",       shape = "[B, S_k, H, d_v]",       doc = "gradient of V" },
+@     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
+@     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
+@     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
+@   },
+@   tunables = {
+@     block_n   = { values = { 32, 64, 128 }, doc = "keys per CTA (16 per warp)" },
+@     num_warps = { values = { 2, 4, 8 },     doc = "warps per CTA: block_n / 16" },
+@     block_m   = { values = { 16, 32, 64 },  doc = "query rows per streamed tile" },
+@     stages    = { values = { 1, 2 },        doc = "query tiles in shared memory (2: the next loads during the compute)" },
+@     deterministic = { values = { 0, 1 },    doc = "0: dQ and (split keys) dk_rope by fp32 atomics; 1: no dQ (attn_bwd_dq), dk_rope by a head loop" },
+@     k_packed  = { values = { 0, 1 },        doc = "0: k_nope + shared k_rope (dK_nope per head, dk_rope summed); 1: per-head K and dK [.., d_n + d_r]" },
+@     dk_smem   = { values = { 0, 1 },        doc = "1: the fp32 dK accumulators live in shared memory (large head dims)" },
+@   },
+@   check = function(s, c)
+@     if DN % 16 ~= 0 or DR % 16 ~= 0 or DV % 16 ~= 0 then
+@       return "d_n, d_r and d_v must be multiples of 16 (the mma k step and ldmatrix.x4 pairs)"
+@     end
+@     if c.block_n ~= 16 * c.num_warps then return "block_n must be 16 * num_warps (each warp owns 16 keys)" end
+@     if accumulators(c) > ACC_LIMIT then
+@       return string.format("d_qk/2 (dk_smem: 8) + d_v/2 + block_m = %d fp32 accumulators per thread, over %d (registers would spill)",
+@                            accumulators(c), ACC_LIMIT)
+@     end
+@     if smem_bytes(c) > SMEM_LIMIT then
+@       return string.format("needs %d bytes of shared memory, over the %d-byte limit", smem_bytes(c), SMEM_LIMIT)
+@     end
+@     if c.dk_smem == 1 and accumulators({ dk_smem = 0, block_m = c.block_m }) <= ACC_LIMIT then
+@       return "dk_smem = 1 only where dK does not fit in registers (this block_m fits with dk_smem = 0)"
+@     end
+@   end,
+@   default = function(s)
+@     for _, dks in ipairs({ 0, 1 }) do
+@       for _, p in ipairs({ { 64, 2 }, { 32, 2 }, { 16, 2 }, { 16, 1 } }) do
+@         local c = { block_n = 64, num_warps = 4, block_m = p[1], stages = p[2], deterministic = 0,
+@                     k_packed = 0, dk_smem = dks }
+@         if accumulators(c) <= ACC_LIMIT and smem_bytes(c) <= SMEM_LIMIT then return c end
+@       end
+@     end
+@     return { block_n = 32, num_warps = 2, block_m = 16, stages = 1, deterministic = 0, k_packed = 0, dk_smem = 1 }
+@   end,
+@   name = function(s, c)
+@     return string.format("mla_attn_bwd_dkdv_h%d_dn%d_dr%d_dv%d_%s_%s_bn%d_bm%d_st%d%s%s", H, DN, DR, DV,
+@                          s.dtype, s.causal and "causal" or "full", c.block_n, c.block_m, c.stages,
+@                          c.deterministic == 1 and "_det" or "", c.k_packed == 1 and "_kpacked" or "")
+@                          .. (c.dk_smem == 1 and "_dksmem" or "")
+@   end,
+@   launch = function(s, c)
+@     local head_loop = c.deterministic == 1 and c.k_packed == 0
+@     return {
+@       grid = { { arg = "seqlen_k", div = c.block_n }, { value = head_loop and 1 or H }, { arg = "batch" } },
+@       block = { 32 * c.num_warps, 1, 1 },
+@       smem = smem_bytes(c),   -- dynamic; over 48 KiB needs cudaFuncAttributeMaxDynamicSharedMemorySize
+@       smem_static = 0,
+@     }
+@   end,
+@ }
+@ assert(PACKED == (K.config.k_packed == 1))
+@ local C = K.config
+@ local MMA = spec.dtype == "bf16" and "mla::mma_m16n8k16_bf16_f32" or "mla::mma_m16n8k16_f16_f32"
+@ local PACK2 = spec.dtype == "bf16" and "__floats2bfloat162_rn" or "__floats2half2_rn"
+// Generated by mlagen from templates/attn_bwd_dkdv.cu.tpl: do not edit.
+// MLA attention backward (dK, dV${C.deterministic == 0 and ", atomic dQ" or ""}) on tensor cores, H=${H} d_n=${DN} d_r=${DR} d_v=${DV},
+// ${spec.dtype}, ${spec.causal and "causal" or "non-causal"}, keys ${PACKED and "packed per head" or "split (shared k_rope)"}, ${C.deterministic == 1 and "deterministic" or "atomic"}.
+// Dynamic shared memory: ${smem_bytes(C)} bytes.
+#include "mla_device.cuh"
+
+namespace {
+typedef ${elem_type(spec.dtype)} elem_t;
+typedef ${elem_type(spec.dtype)}2 elem2_t;
+constexpr int H = ${H};
+constexpr int DN = ${DN};
+constexpr int DR = ${DR};
+constexpr int DQK = DN + DR;
+constexpr int DV = ${DV};
+constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr int NUM_WARPS = ${C.num_warps};
+constexpr int NUM_THREADS = 32 * NUM_WARPS;
+constexpr int BLOCK_N = ${C.block_n};  // keys per CTA, 16 per warp
+constexpr int BLOCK_M = ${C.block_m};  // query rows per streamed tile
+constexpr int STAGES = ${C.stages};
+constexpr bool ATOMIC = ${C.deterministic == 0 and "true" or "false"};
+constexpr bool K_PACKED = ${PACKED and "true" or "false"};
+constexpr bool HEAD_LOOP = !ATOMIC && !K_PACKED;  // one CTA, every head in order
+constexpr bool DK_SMEM = ${C.dk_smem == 1 and "true" or "false"};  // dK accumulators in smem
+constexpr int DKS = DQK + ${DKPAD};  // fp32 row stride of the smem dK
+constexpr int PAD = ${PAD};
+constexpr int QS = DQK + PAD;  // smem row strides (elements), odd 16-byte units per row
+constexpr int KS = DQK + PAD;
+constexpr int VS = DV + PAD;
+constexpr int OS = DV + PAD;       // dO rows
+constexpr int SS = BLOCK_M + PAD;  // dS^T rows (keys x queries)
+constexpr int Q_ELEMS = BLOCK_M * QS;
+constexpr int O_ELEMS = BLOCK_M * OS;
+constexpr int NT_M = BLOCK_M / 8;  // m16n8 tiles of S^T per warp
+constexpr int NT_K = DQK / 8;      // of dK
+constexpr int NT_V = DV / 8;       // of dV
+constexpr int VEC = 8;
+constexpr int KN_TOK = K_PACKED ? H * DQK : H * DN;
+constexpr int KN_HEAD = K_PACKED ? DQK : DN;
+constexpr int KR_TOK = K_PACKED ? H * DQK : DR;
+constexpr int KR_HEAD = K_PACKED ? DQK : 0;
+__host__ __device__ constexpr int tpr(int chunks) { return chunks % 8 == 0 ? 8 : chunks % 4 == 0 ? 4 : 2; }
+constexpr int TPR_Q = tpr(DQK / VEC);
+constexpr int TPR_K = tpr(DN / VEC) < tpr(DR / VEC) ? tpr(DN / VEC) : tpr(DR / VEC);
+constexpr int TPR_V = tpr(DV / VEC);
+static_assert(DN % 16 == 0 && DR % 16 == 0 && DV % 16 == 0, "head dims must be multiples of 16");
+static_assert(BLOCK_N == 16 * NUM_WARPS && BLOCK_M % 16 == 0, "tile shape");
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  elem2_t v = ${PACK2}(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+${K.name}(
+    ${param_list(K.params)}) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  elem_t* const sK = reinterpret_cast<elem_t*>(smem);  // [BLOCK_N][KS]
+  elem_t* const sV = sK + BLOCK_N * KS;                 // [BLOCK_N][VS]
+  elem_t* const sQ = sV + BLOCK_N * VS;                 // STAGES x [BLOCK_M][QS]
+  elem_t* const sO = sQ + STAGES * Q_ELEMS;             // STAGES x [BLOCK_M][OS]: dO
+  elem_t* const sS = sO + STAGES * O_ELEMS;             // [BLOCK_N][SS]: dS^T (ATOMIC only)
+  float* const sLse = reinterpret_cast<float*>(sS + (ATOMIC ? BLOCK_N * SS : 0));  // STAGES x [BLOCK_M]
+  float* const sDelta = sLse + STAGES * BLOCK_M;                                   // STAGES x [BLOCK_M]
+  float* const sDK = sDelta + STAGES * BLOCK_M;  // DK_SMEM: [BLOCK_N][DKS] fp32
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int n0 = blockIdx.x * BLOCK_N;
+  const int b = blockIdx.z;
+  const int wrow = warp * 16;  // the warp's first key in the tile
+  const int k0 = n0 + wrow;    // its global key index
+  const float scale_log2 = softmax_scale * mla::LOG2E;
+
+  // Query tiles that see a key of this tile: causal, from the one holding row n0 - q_pos0.
+  const int m_first = CAUSAL ? max(0, n0 - q_pos0) / BLOCK_M : 0;
+  const int m_tiles = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
+  const int n_iter = m_tiles - m_first;
+
+  const int tr_q = tid / TPR_Q, tc_q = tid % TPR_Q;
+  const int tr_k = tid / TPR_K, tc_k = tid % TPR_K;
+  const int tr_v = tid / TPR_V, tc_v = tid % TPR_V;
+
+  // K and V tiles of head h; keys past seqlen_k are zero (and masked).
+  auto load_kv = [&](int h) {
+    {
+      constexpr int RPP = NUM_THREADS / TPR_K;
+#pragma unroll
+      for (int rp = 0; rp < (BLOCK_N + RPP - 1) / RPP; ++rp) {
+        const int j = rp * RPP + tr_k;
+        if (BLOCK_N % RPP == 0 || j < BLOCK_N) {
+          const bool ok = n0 + j < seqlen_k;
+          const size_t tok = (size_t)b * seqlen_k + (ok ? n0 + j : 0);
+          const elem_t* src_n = k_nope + tok * KN_TOK + h * KN_HEAD + tc_k * VEC;
+          const elem_t* src_r = (K_PACKED ? k_nope + DN : k_rope) + tok * KR_TOK + h * KR_HEAD + tc_k * VEC;
+          elem_t* dst = sK + j * KS + tc_k * VEC;
+#pragma unroll
+          for (int ci = 0; ci < DQK / VEC / TPR_K; ++ci) {
+            const int c = ci * TPR_K * VEC;
+            mla::cp_async_16_zfill(dst + c, c < DN ? src_n + c : src_r + (c - DN), ok);
+          }
+        }
+      }
+    }
+    {
+      constexpr int RPP = NUM_THREADS / TPR_V;
+#pragma unroll
+      for (int rp = 0; rp < (BLOCK_N + RPP - 1) / RPP; ++rp) {
+        const int j = rp * RPP + tr_v;
+        if (BLOCK_N % RPP == 0 || j < BLOCK_N) {
+          const bool ok = n0 + j < seqlen_k;
+          const size_t tok = (size_t)b * seqlen_k + (ok ? n0 + j : 0);
+          const elem_t* src = v + (tok * H + h) * DV + tc_v * VEC;
+          elem_t* dst = sV + j * VS + tc_v * VEC;
+#pragma unroll
+          for (int ci = 0; ci < DV / VEC / TPR_V; ++ci)
+            mla::cp_async_16_zfill(dst + ci * TPR_V * VEC, src + ci * TPR_V * VEC, ok);
+        }
+      }
+    }
+  };
+
+  // Query tile mt of head h into stage st: Q and dO rows (cp.async, zero past seqlen_q),
+  // LSE in base 2 (+inf past seqlen_q or for a row without keys: P = 0) and delta (plain
+  // stores, published by the barrier that follows the tile's wait).
+  auto load_q = [&](int mt, int st, int h) {
+    const int m0 = mt * BLOCK_M;
+    {
+      constexpr int RPP = NUM_THREADS / TPR_Q;
+#pragma unroll
+      for (int rp = 0; rp < (BLOCK_M + RPP - 1) / RPP; ++rp) {
+        const int r = rp * RPP + tr_q;
+        if (BLOCK_M % RPP == 0 || r < BLOCK_M) {
+          const bool ok = m0 + r < seqlen_q;
+          const elem_t* src = q + (((size_t)b * seqlen_q + (ok ? m0 + r : 0)) * H + h) * DQK + tc_q * VEC;
+          elem_t* dst = sQ + st * Q_ELEMS + r * QS + tc_q * VEC;
+#pragma unroll
+          for (int ci = 0; ci < DQK / VEC / TPR_Q; ++ci)
+            mla::cp_async_16_zfill(dst + ci * TPR_Q * VEC, src + ci * TPR_Q * VEC, ok);
+        }
+      }
+    }
+    {
+      constexpr int RPP = NUM_THREADS / TPR_V;
+#pragma unroll
+      for (int rp = 0; rp < (BLOCK_M + RPP - 1) / RPP; ++rp) {
+        const int r = rp * RPP + tr_v;
+        if (BLOCK_M % RPP == 0 || r < BLOCK_M) {
+          const bool ok = m0 + r < seqlen_q;
+          const elem_t* src = dout + (((size_t)b * seqlen_q + (ok ? m0 + r : 0)) * H + h) * DV + tc_v * VEC;
+          elem_t* dst = sO + st * O_ELEMS + r * OS + tc_v * VEC;
+#pragma unroll
+          for (int ci = 0; ci < DV / VEC / TPR_V; ++ci)
+            mla::cp_async_16_zfill(dst + ci * TPR_V * VEC, src + ci * TPR_V * VEC, ok);
+        }
+      }
+    }
+    for (int r = tid; r < BLOCK_M; r += NUM_THREADS) {
+      const int i = m0 + r;
+      float l = pos_inf(), dl = 0.f;
+      if (i < seqlen_q) {
+        const size_t row = ((size_t)b * H + h) * seqlen_q + i;
+        const float x = lse[row];
+        l = x == mla::neg_inf() ? pos_inf() : x * mla::LOG2E;
+        dl = delta[row];
+      }
+      sLse[st * BLOCK_M + r] = l;
+      sDelta[st * BLOCK_M + r] = dl;
+    }
+  };
+
+  // ldmatrix lane offsets (elements). A operands from [row][k] tiles (K, V: this warp's 16
+  // keys); B operands from [n][k] tiles (Q, dO: 16 query rows per x4); B operands by .trans
+  // from [k][n] tiles (Q, dO as [query][dim]; K as [key][dim] for dQ); A by .trans from
+  // dS^T [key][query] for dQ (A = dS [query][key]).
+  const int a_row = wrow + (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+  const int b_row = (lane & 7) + (lane >> 4) * 8, b_col = ((lane >> 3) & 1) * 8;
+  const int bt_row = (lane & 7) + ((lane >> 3) & 1) * 8, bt_col = (lane >> 4) * 8;
+  const int ka_off = a_row * KS + a_col;
+  const int va_off = a_row * VS + a_col;
+  const int qb_off = b_row * QS + b_col;
+  const int ob_off = b_row * OS + b_col;
+  const int qt_off = bt_row * QS + bt_col;
+  const int ot_off = bt_row * OS + bt_col;
+  const int kt_off = bt_row * KS + bt_col;
+  const int sa_off = ((lane & 7) + (lane >> 4) * 8) * SS + ((lane >> 3) & 1) * 8;
+
+@ if C.dk_smem == 1 then
+  // dK's fragment element (d, e) of this thread, in shared memory: only this thread uses it.
+  float* const dk_row0 = sDK + (wrow + g) * DKS + 2 * t;  // rows g (e = 0, 1), g + 8 (e = 2, 3)
+#define DK(d, e) dk_row0[((e) >> 1) * 8 * DKS + (d) * 8 + ((e) & 1)]
+@ else
+  float dk[NT_K][4];
+#define DK(d, e) dk[d][e]
+@ end
+  float dvacc[NT_V][4];
+#pragma unroll
+  for (int d = 0; d < NT_K; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) DK(d, e) = 0.f;
+
+  const int h_begin = HEAD_LOOP ? 0 : blockIdx.y;
+  const int h_end = HEAD_LOOP ? H : blockIdx.y + 1;
+  for (int h = h_begin; h < h_end; ++h) {
+    // dK_nope and dV are per head; dK's RoPE rows sum over the head loop.
+#pragma unroll
+    for (int d = 0; d < NT_K; ++d)
+      if (d < DN / 8 || !HEAD_LOOP)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) DK(d, e) = 0.f;
+#pragma unroll
+    for (int d = 0; d < NT_V; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dvacc[d][e] = 0.f;
+    if (HEAD_LOOP && h > h_begin) {
+      __syncthreads();  // every warp is done with the last head's K, V and query tiles
+    }
+
+    if (n_iter > 0) {
+      load_kv(h);
+      load_q(m_first, 0, h);
+    }
+    mla::cp_async_commit();  // K, V and query tile 0
+    if (STAGES == 2) {
+      if (n_iter > 1) load_q(m_first + 1, 1, h);
+      mla::cp_async_commit();  // query tile 1 (maybe empty)
+    }
+
+    for (int it = 0; it < n_iter; ++it) {
+      const int st = STAGES == 2 ? (it & 1) : 0;
+      const int m0 = (m_first + it) * BLOCK_M;
+      if (STAGES == 2)
+        mla::cp_async_wait<1>();
+      else
+        mla::cp_async_wait<0>();
+      __syncthreads();  // query tile it (and K, V) in
+      const elem_t* const tq = sQ + st * Q_ELEMS;
+      const elem_t* const to = sO + st * O_ELEMS;
+      const float* const tl = sLse + st * BLOCK_M;
+      const float* const td = sDelta + st * BLOCK_M;
+      // A warp computes only if one of its keys is in range and visible to a row of the tile.
+      const bool active = k0 < seqlen_k && (!CAUSAL || k0 <= q_pos0 + m0 + BLOCK_M - 1);
+      if (active) {
+        float s[NT_M][4];
+#pragma unroll
+        for (int n = 0; n < NT_M; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll 4
+        for (int kk = 0; kk < DQK / 16; ++kk) {
+          unsigned a[4];
+          mla::ldmatrix_x4(a, sK + ka_off + kk * 16);
+#pragma unroll
+          for (int np = 0; np < BLOCK_M / 16; ++np) {
+            unsigned bq[4];
+            mla::ldmatrix_x4(bq, tq + qb_off + np * 16 * QS + kk * 16);
+            ${MMA}(s[2 * np], a, bq, s[2 * np]);
+            ${MMA}(s[2 * np + 1], a, bq + 2, s[2 * np + 1]);
+          }
+        }
+        // P^T: rows are keys k0 + g (+8), columns queries m0 + n*8 + 2t (+1).
+        const bool edge = k0 + 15 >= seqlen_k || m0 + BLOCK_M > seqlen_q ||
+                          (CAUSAL && k0 + 15 > q_pos0 + m0);
+#pragma unroll
+        for (int n = 0; n < NT_M; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = n * 8 + 2 * t + (e & 1);
+            float p = exp2f(s[n][e] * scale_log2 - tl[c]);
+            if (edge) {
+              const int key = k0 + g + (e >> 1) * 8;
+              const int qi = m0 + c;
+              if (key >= seqlen_k || qi >= seqlen_q || (CAUSAL && key > q_pos0 + qi)) p = 0.f;
+            }
+            s[n][e] = p;
+          }
+        // dV += P^T dO
+        {
+          unsigned pa[BLOCK_M / 16][4];
+#pragma unroll
+          for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            pa[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+            pa[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+          }
+#pragma unroll
+          for (int dp = 0; dp < DV / 16; ++dp)
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+              unsigned bo[4];
+              mla::ldmatrix_x4_trans(bo, to + ot_off + kk * 16 * OS + dp * 16);
+              ${MMA}(dvacc[2 * dp], pa[kk], bo, dvacc[2 * dp]);
+              ${MMA}(dvacc[2 * dp + 1], pa[kk], bo + 2, dvacc[2 * dp + 1]);
+            }
+        }
+        // dP^T = V dO^T
+        float dpt[NT_M][4];
+#pragma unroll
+        for (int n = 0; n < NT_M; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dpt[n][e] = 0.f;
+#pragma unroll 4
+        for (int kk = 0; kk < DV / 16; ++kk) {
+          unsigned a[4];
+          mla::ldmatrix_x4(a, sV + va_off + kk * 16);
+#pragma unroll
+          for (int np = 0; np < BLOCK_M / 16; ++np) {
+            unsigned bo[4];
+            mla::ldmatrix_x4(bo, to + ob_off + np * 16 * OS + kk * 16);
+            ${MMA}(dpt[2 * np], a, bo, dpt[2 * np]);
+            ${MMA}(dpt[2 * np + 1], a, bo + 2, dpt[2 * np + 1]);
+          }
+        }
+        // dS^T = P^T (dP^T - delta), packed to 16 bits as A fragments.
+        unsigned da[BLOCK_M / 16][4];
+#pragma unroll
+        for (int n = 0; n < NT_M; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] *= dpt[n][e] - td[n * 8 + 2 * t + (e & 1)];
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+          da[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+          da[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+          da[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          da[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+        // dK += dS^T Q
+@ if C.dk_smem == 1 then
+#pragma unroll 1
+        for (int dp = 0; dp < DQK / 16; ++dp) {
+          float acc[2][4];
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] = DK(2 * dp + n, e);
+#pragma unroll
+          for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            unsigned bq[4];
+            mla::ldmatrix_x4_trans(bq, tq + qt_off + kk * 16 * QS + dp * 16);
+            ${MMA}(acc[0], da[kk], bq, acc[0]);
+            ${MMA}(acc[1], da[kk], bq + 2, acc[1]);
+          }
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) DK(2 * dp + n, e) = acc[n][e];
+        }
+@ else
+#pragma unroll
+        for (int dp = 0; dp < DQK / 16; ++dp)
+#pragma unroll
+          for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            unsigned bq[4];
+            mla::ldmatrix_x4_trans(bq, tq + qt_off + kk * 16 * QS + dp * 16);
+            ${MMA}(dk[2 * dp], da[kk], bq, dk[2 * dp]);
+            ${MMA}(dk[2 * dp + 1], da[kk], bq + 2, dk[2 * dp + 1]);
+          }
+@ end
+        if (ATOMIC) {
+          // dS^T rows of this warp's keys, for the CTA's dQ.
+#pragma unroll
+          for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            *reinterpret_cast<unsigned*>(sS + (wrow + g) * SS + kk * 16 + 2 * t) = da[kk][0];
+            *reinterpret_cast<unsigned*>(sS + (wrow + g + 8) * SS + kk * 16 + 2 * t) = da[kk][1];
+            *reinterpret_cast<unsigned*>(sS + (wrow + g) * SS + kk * 16 + 8 + 2 * t) = da[kk][2];
+            *reinterpret_cast<unsigned*>(sS + (wrow + g + 8) * SS + kk * 16 + 8 + 2 * t) = da[kk][3];
+          }
+        }
+      } else if (ATOMIC) {
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+          *reinterpret_cast<unsigned*>(sS + (wrow + g) * SS + kk * 16 + 2 * t) = 0u;
+          *reinterpret_cast<unsigned*>(sS + (wrow + g + 8) * SS + kk * 16 + 2 * t) = 0u;
+          *reinterpret_cast<unsigned*>(sS + (wrow + g) * SS + kk * 16 + 8 + 2 * t) = 0u;
+          *reinterpret_cast<unsigned*>(sS + (wrow + g + 8) * SS + kk * 16 + 8 + 2 * t) = 0u;
+        }
+      }
+      __syncthreads();  // every warp is done with stage st (and, ATOMIC, dS^T is in)
+      if (STAGES == 2) {
+        if (it + 2 < n_iter) load_q(m_first + it + 2, st, h);
+      } else {
+        if (it + 1 < n_iter) load_q(m_first + it + 1, 0, h);
+      }
+      mla::cp_async_commit();
+      if (ATOMIC) {
+        // dQ[m0 .. m0 + BLOCK_M) += scale dS K over this CTA's keys, in 16 x 16 blocks.
+        for (int u = warp; u < (BLOCK_M / 16) * (DQK / 16); u += NUM_WARPS) {
+          const int mr = u / (DQK / 16), dc = u % (DQK / 16);
+          float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+          for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            unsigned a[4], bk[4];
+            mla::ldmatrix_x4_trans(a, sS + sa_off + kk * 16 * SS + mr * 16);
+            mla::ldmatrix_x4_trans(bk, sK + kt_off + kk * 16 * KS + dc * 16);
+            ${MMA}(acc[0], a, bk, acc[0]);
+            ${MMA}(acc[1], a, bk + 2, acc[1]);
+          }
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int qi = m0 + mr * 16 + g + 8 * r;
+            if (qi < seqlen_q) {
+              float* dst = dq_accum + (((size_t)b * seqlen_q + qi) * H + h) * DQK + dc * 16 + 2 * t;
+#pragma unroll
+              for (int nn = 0; nn < 2; ++nn) {
+                atomicAdd(dst + nn * 8, softmax_scale * acc[nn][2 * r]);
+                atomicAdd(dst + nn * 8 + 1, softmax_scale * acc[nn][2 * r + 1]);
+              }
+            }
+          }
+        }
+      }
+    }
+    mla::cp_async_wait<0>();  // nothing in flight past the head (the groups left are empty)
+
+    // Epilogue of head h: dV and dK (scaled) straight from the fragments.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = k0 + g + 8 * r;
+      if (key < seqlen_k) {
+        const size_t tok = (size_t)b * seqlen_k + key;
+#pragma unroll
+        for (int d = 0; d < NT_V; ++d)
+          *reinterpret_cast<unsigned*>(dv + (tok * H + h) * DV + d * 8 + 2 * t) =
+              pack2(dvacc[d][2 * r], dvacc[d][2 * r + 1]);
+#pragma unroll
+        for (int d = 0; d < NT_K; ++d) {
+          const int c = d * 8 + 2 * t;
+          const float x0 = softmax_scale * DK(d, 2 * r), x1 = softmax_scale * DK(d, 2 * r + 1);
+          if (K_PACKED) {
+            *reinterpret_cast<unsigned*>(dk_nope + (tok * H + h) * DQK + c) = pack2(x0, x1);
+          } else if (d < DN / 8) {
+            *reinterpret_cast<unsigned*>(dk_nope + (tok * H + h) * DN + c) = pack2(x0, x1);
+          } else if (ATOMIC) {
+            atomicAdd(dk_rope + tok * DR + (c - DN), x0);
+            atomicAdd(dk_rope + tok * DR + (c - DN) + 1, x1);
+          } else if (h == h_end - 1) {
+            *reinterpret_cast<float2*>(dk_rope + tok * DR + (c - DN)) = make_float2(x0, x1);
+          }
+        }
+      }
+    }
+  }
+}
+#undef DK

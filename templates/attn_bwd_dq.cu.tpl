@@ -1,0 +1,393 @@
+@ -- attn_bwd_dq: the deterministic dQ pass of the explicit-form MLA attention backward on
+@ -- tensor cores (FlashAttention-2, arXiv 2307.08691, with dQ computed apart from dK/dV so
+@ -- that no atomics are needed: attn_bwd_dkdv with deterministic = 1 does dK and dV).
+@ --
+@ -- One CTA owns block_m query rows of one head of one batch item; each warp owns 16 rows
+@ -- and keeps their dQ (d_n + d_r) in fp32 fragments. Q and dO are copied into shared
+@ -- memory once; K and V stream through in tiles of block_n keys (cp.async, 1 or 2 stages;
+@ -- causal: only the tiles up to the CTA's last row). Per key tile, with mma.sync:
+@ --   S  = Q K^T       (as attn_fwd)          P = exp2(S scale log2 e - LSE log2 e)
+@ --   dP = dO V^T      A: dO rows, B: V rows (V row-major is V^T column-major)
+@ --   dS = P (dP - delta)
+@ --   dQ += dS K       A: dS from registers, B: K by ldmatrix.trans
+@ -- dq = scale * dQ is written in the input dtype (16-bit), [B, S_q, H, d_n + d_r]; a row
+@ -- without keys gets 0. Every output is written once, by one thread: bit-reproducible.
+@ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
+@ local DQK = DN + DR
+@ local ESIZE = elem_size(spec.dtype)
+@ local PAD = 8
+@ local SMEM_LIMIT = 163 * 1024
+@ -- fp32 accumulators per thread: dQ (d_qk/2) + S and dP (block_n/2 each).
+@ local ACC_LIMIT = 192
+@ local function accumulators(c) return DQK // 2 + c.block_n end
+@ local function smem_bytes(c)
+@   return ESIZE * (c.block_m * ((DQK + PAD) + (DV + PAD)) + c.stages * c.block_n * ((DQK + PAD) + (DV + PAD)))
+@ end
+@ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
+@
+@ local K = kernel {
+@   family = "attn_bwd_dq",
+@   doc = "explicit-form attention backward on tensor cores: deterministic dQ (FlashAttention-2, recomputing P and dP)",
+@   params = {
+@     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
+@     PACKED and
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope]" } or
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]",       doc = "per-head no-RoPE keys" },
+@     PACKED and
+@     { name = "k_rope", type = "const elem_t*", shape = "unused",                 doc = "k_packed = 1: unused (may be null)" } or
+@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads" },
+@     { name = "v",      type = "const elem_t*", shape = "[B, S_k, H, d_v]",       doc = "per-head values" },
+@     { name = "dout",   type = "const elem_t*", shape = "[B, S_q, H, d_v]",       doc = "gradient of the output" },
+@     { name = "lse",    type = "const float*",  shape = "[B, H, S_q]",            doc = "the forward's natural-log LSE" },
+@     { name = "delta",  type = "const float*",  shape = "[B, H, S_q]",            doc = "rowsum(dO * O) from attn_bwd_pre" },
+@     { name = "dq",     type = "elem_t*",       shape = "[B, S_q, H, d_n + d_r]", doc = "gradient of Q (16-bit, scale applied)" },
+@     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
+@     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
+@     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
+@   },
+@   tunables = {
+@     block_m   = { values = { 32, 64, 128 }, doc = "query rows per CTA (16 per warp)" },
+@     num_warps = { values = { 2, 4, 8 },     doc = "warps per CTA: block_m / 16" },
+@     block_n   = { values = { 32, 64 },      doc = "keys per K/V tile" },
+@     stages    = { values = { 1, 2 },        doc = "K/V tiles in shared memory (2: the next loads during the compute)" },
+@     k_packed  = { values = { 0, 1 },        doc = "0: k_nope + shared k_rope; 1: per-head K [B, S_k, H, d_n + d_r] in k_nope" },
+@   },
+@   check = function(s, c)
+@     if DN % 16 ~= 0 or DR % 16 ~= 0 or DV % 16 ~= 0 then
+@       return "d_n, d_r and d_v must be multiples of 16 (the mma k step and ldmatrix.x4 pairs)"
+@     end
+@     if c.block_m ~= 16 * c.num_warps then return "block_m must be 16 * num_warps (each warp owns 16 query rows)" end
+@     if accumulators(c) > ACC_LIMIT then
+@       return string.format("d_qk/2 + block_n = %d fp32 accumulators per thread, over %d (registers would spill)",
+@                            accumulators(c), ACC_LIMIT)
+@     end
+@     if smem_bytes(c) > SMEM_LIMIT then
+@       return string.format("needs %d bytes of shared memory, over the %d-byte limit", smem_bytes(c), SMEM_LIMIT)
+@     end
+@   end,
+@   default = function(s)
+@     for _, bn in ipairs({ 64, 32 }) do
+@       local c = { block_m = 64, num_warps = 4, block_n = bn, stages = 2, k_packed = 0 }
+@       if accumulators(c) <= ACC_LIMIT and smem_bytes(c) <= SMEM_LIMIT then return c end
+@     end
+@     return { block_m = 32, num_warps = 2, block_n = 32, stages = 1, k_packed = 0 }
+@   end,
+@   name = function(s, c)
+@     return string.format("mla_attn_bwd_dq_h%d_dn%d_dr%d_dv%d_%s_%s_bm%d_bn%d_st%d%s", H, DN, DR, DV,
+@                          s.dtype, s.causal and "causal" or "full", c.block_m, c.block_n, c.stages,
+@                          c.k_packed == 1 and "_kpacked" or "")
+@   end,
+@   launch = function(s, c)
+@     return {
+@       grid = { { arg = "seqlen_q", div = c.block_m }, { value = H }, { arg = "batch" } },
+@       block = { 32 * c.num_warps, 1, 1 },
+@       smem = smem_bytes(c),
+@       smem_static = 0,
+@     }
+@   end,
+@ }
+@ assert(PACKED == (K.config.k_packed == 1))
+@ local C = K.config
+@ local MMA = spec.dtype == "bf16" and "mla::mma_m16n8k16_bf16_f32" or "mla::mma_m16n8k16_f16_f32"
+@ local PACK2 = spec.dtype == "bf16" and "__floats2bfloat162_rn" or "__floats2half2_rn"
+// Generated by mlagen from templates/attn_bwd_dq.cu.tpl: do not edit.
+// MLA attention backward, deterministic dQ, on tensor cores, H=${H} d_n=${DN} d_r=${DR} d_v=${DV},
+// ${spec.dtype}, ${spec.causal and "causal" or "non-causal"}, keys ${PACKED and "packed per head" or "split (shared k_rope)"}.
+// Dynamic shared memory: ${smem_bytes(C)} bytes.
+#include "mla_device.cuh"
+
+namespace {
+typedef ${elem_type(spec.dtype)} elem_t;
+typedef ${elem_type(spec.dtype)}2 elem2_t;
+constexpr int H = ${H};
+constexpr int DN = ${DN};
+constexpr int DR = ${DR};
+constexpr int DQK = DN + DR;
+constexpr int DV = ${DV};
+constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr int NUM_WARPS = ${C.num_warps};
+constexpr int NUM_THREADS = 32 * NUM_WARPS;
+constexpr int BLOCK_M = ${C.block_m};
+constexpr int BLOCK_N = ${C.block_n};
+constexpr int STAGES = ${C.stages};
+constexpr int PAD = ${PAD};
+constexpr int QS = DQK + PAD;
+constexpr int OS = DV + PAD;
+constexpr int KS = DQK + PAD;
+constexpr int VS = DV + PAD;
+constexpr int K_ELEMS = BLOCK_N * KS;
+constexpr int V_ELEMS = BLOCK_N * VS;
+constexpr int NT_S = BLOCK_N / 8;
+constexpr int NT_Q = DQK / 8;
+constexpr int VEC = 8;
+constexpr bool K_PACKED = ${PACKED and "true" or "false"};
+constexpr int KN_TOK = K_PACKED ? H * DQK : H * DN;
+constexpr int KN_HEAD = K_PACKED ? DQK : DN;
+constexpr int KR_TOK = K_PACKED ? H * DQK : DR;
+constexpr int KR_HEAD = K_PACKED ? DQK : 0;
+__host__ __device__ constexpr int tpr(int chunks) { return chunks % 8 == 0 ? 8 : chunks % 4 == 0 ? 4 : 2; }
+constexpr int TPR_Q = tpr(DQK / VEC);
+constexpr int TPR_K = tpr(DN / VEC) < tpr(DR / VEC) ? tpr(DN / VEC) : tpr(DR / VEC);
+constexpr int TPR_V = tpr(DV / VEC);
+static_assert(DN % 16 == 0 && DR % 16 == 0 && DV % 16 == 0, "head dims must be multiples of 16");
+static_assert(BLOCK_M == 16 * NUM_WARPS && BLOCK_N % 16 == 0, "tile shape");
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  elem2_t v = ${PACK2}(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+${K.name}(
+    ${param_list(K.params)}) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  elem_t* const sQ = reinterpret_cast<elem_t*>(smem);  // [BLOCK_M][QS]
+  elem_t* const sO = sQ + BLOCK_M * QS;                 // [BLOCK_M][OS]: dO
+  elem_t* const sK = sO + BLOCK_M * OS;                 // STAGES x [BLOCK_N][KS]
+  elem_t* const sV = sK + STAGES * K_ELEMS;             // STAGES x [BLOCK_N][VS]
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int wrow = warp * 16;
+  const int i0 = m0 + wrow;
+
+  const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
+  const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
+  const int n_tiles = n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+  const float scale_log2 = softmax_scale * mla::LOG2E;
+
+  const int tr_q = tid / TPR_Q, tc_q = tid % TPR_Q;
+  const int tr_k = tid / TPR_K, tc_k = tid % TPR_K;
+  const int tr_v = tid / TPR_V, tc_v = tid % TPR_V;
+
+  // Q and dO tiles (zero past seqlen_q), only when some key is visible.
+  if (n_tiles > 0) {
+    {
+      constexpr int RPP = NUM_THREADS / TPR_Q;
+#pragma unroll
+      for (int rp = 0; rp < (BLOCK_M + RPP - 1) / RPP; ++rp) {
+        const int r = rp * RPP + tr_q;
+        if (BLOCK_M % RPP == 0 || r < BLOCK_M) {
+          const bool ok = m0 + r < seqlen_q;
+          const elem_t* src = q + (((size_t)b * seqlen_q + (ok ? m0 + r : 0)) * H + h) * DQK + tc_q * VEC;
+          elem_t* dst = sQ + r * QS + tc_q * VEC;
+#pragma unroll
+          for (int ci = 0; ci < DQK / VEC / TPR_Q; ++ci)
+            mla::cp_async_16_zfill(dst + ci * TPR_Q * VEC, src + ci * TPR_Q * VEC, ok);
+        }
+      }
+    }
+    {
+      constexpr int RPP = NUM_THREADS / TPR_V;
+#pragma unroll
+      for (int rp = 0; rp < (BLOCK_M + RPP - 1) / RPP; ++rp) {
+        const int r = rp * RPP + tr_v;
+        if (BLOCK_M % RPP == 0 || r < BLOCK_M) {
+          const bool ok = m0 + r < seqlen_q;
+          const elem_t* src = dout + (((size_t)b * seqlen_q + (ok ? m0 + r : 0)) * H + h) * DV + tc_v * VEC;
+          elem_t* dst = sO + r * OS + tc_v * VEC;
+#pragma unroll
+          for (int ci = 0; ci < DV / VEC / TPR_V; ++ci)
+            mla::cp_async_16_zfill(dst + ci * TPR_V * VEC, src + ci * TPR_V * VEC, ok);
+        }
+      }
+    }
+  }
+
+  auto load_kv = [&](int tile, int st) {
+    const int n0 = tile * BLOCK_N;
+    {
+      constexpr int RPP = NUM_THREADS / TPR_K;
+#pragma unroll
+      for (int rp = 0; rp < (BLOCK_N + RPP - 1) / RPP; ++rp) {
+        const int j = rp * RPP + tr_k;
+        if (BLOCK_N % RPP == 0 || j < BLOCK_N) {
+          const bool ok = n0 + j < seqlen_k;
+          const size_t tok = (size_t)b * seqlen_k + (ok ? n0 + j : 0);
+          const elem_t* src_n = k_nope + tok * KN_TOK + h * KN_HEAD + tc_k * VEC;
+          const elem_t* src_r = (K_PACKED ? k_nope + DN : k_rope) + tok * KR_TOK + h * KR_HEAD + tc_k * VEC;
+          elem_t* dst = sK + st * K_ELEMS + j * KS + tc_k * VEC;
+#pragma unroll
+          for (int ci = 0; ci < DQK / VEC / TPR_K; ++ci) {
+            const int c = ci * TPR_K * VEC;
+            mla::cp_async_16_zfill(dst + c, c < DN ? src_n + c : src_r + (c - DN), ok);
+          }
+        }
+      }
+    }
+    {
+      constexpr int RPP = NUM_THREADS / TPR_V;
+#pragma unroll
+      for (int rp = 0; rp < (BLOCK_N + RPP - 1) / RPP; ++rp) {
+        const int j = rp * RPP + tr_v;
+        if (BLOCK_N % RPP == 0 || j < BLOCK_N) {
+          const bool ok = n0 + j < seqlen_k;
+          const size_t tok = (size_t)b * seqlen_k + (ok ? n0 + j : 0);
+          const elem_t* src = v + (tok * H + h) * DV + tc_v * VEC;
+          elem_t* dst = sV + st * V_ELEMS + j * VS + tc_v * VEC;
+#pragma unroll
+          for (int ci = 0; ci < DV / VEC / TPR_V; ++ci)
+            mla::cp_async_16_zfill(dst + ci * TPR_V * VEC, src + ci * TPR_V * VEC, ok);
+        }
+      }
+    }
+  };
+
+  // This thread's rows g and g + 8: LSE in base 2 (+inf: P = 0) and delta.
+  float lse2[2], dlt[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + g + 8 * r;
+    lse2[r] = pos_inf();
+    dlt[r] = 0.f;
+    if (i < seqlen_q) {
+      const size_t row = ((size_t)b * H + h) * seqlen_q + i;
+      const float x = lse[row];
+      lse2[r] = x == mla::neg_inf() ? pos_inf() : x * mla::LOG2E;
+      dlt[r] = delta[row];
+    }
+  }
+
+  // ldmatrix lane offsets: A from [row][k] (Q, dO: this warp's rows), B from [n][k] (K, V
+  // rows), B by .trans from [k][n] (K as [key][dim]).
+  const int a_row = wrow + (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+  const int b_row = (lane & 7) + (lane >> 4) * 8, b_col = ((lane >> 3) & 1) * 8;
+  const int bt_row = (lane & 7) + ((lane >> 3) & 1) * 8, bt_col = (lane >> 4) * 8;
+  const int qa_off = a_row * QS + a_col;
+  const int oa_off = a_row * OS + a_col;
+  const int kb_off = b_row * KS + b_col;
+  const int vb_off = b_row * VS + b_col;
+  const int kt_off = bt_row * KS + bt_col;
+
+  float dqacc[NT_Q][4];
+#pragma unroll
+  for (int d = 0; d < NT_Q; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dqacc[d][e] = 0.f;
+
+  auto compute = [&](int tile, int st) {
+    const int n0 = tile * BLOCK_N;
+    const elem_t* const tk = sK + st * K_ELEMS;
+    const elem_t* const tv = sV + st * V_ELEMS;
+    float s[NT_S][4];
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll 4
+    for (int kk = 0; kk < DQK / 16; ++kk) {
+      unsigned a[4];
+      mla::ldmatrix_x4(a, sQ + qa_off + kk * 16);
+#pragma unroll
+      for (int np = 0; np < BLOCK_N / 16; ++np) {
+        unsigned bk[4];
+        mla::ldmatrix_x4(bk, tk + kb_off + np * 16 * KS + kk * 16);
+        ${MMA}(s[2 * np], a, bk, s[2 * np]);
+        ${MMA}(s[2 * np + 1], a, bk + 2, s[2 * np + 1]);
+      }
+    }
+    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > q_pos0 + i0);
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
+        if (edge) {
+          const int key = n0 + n * 8 + 2 * t + (e & 1);
+          const int row = i0 + g + (e >> 1) * 8;
+          if (key >= seqlen_k || (CAUSAL && key > q_pos0 + row)) p = 0.f;
+        }
+        s[n][e] = p;
+      }
+    // dP = dO V^T
+    float dp[NT_S][4];
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[n][e] = 0.f;
+#pragma unroll 4
+    for (int kk = 0; kk < DV / 16; ++kk) {
+      unsigned a[4];
+      mla::ldmatrix_x4(a, sO + oa_off + kk * 16);
+#pragma unroll
+      for (int np = 0; np < BLOCK_N / 16; ++np) {
+        unsigned bv[4];
+        mla::ldmatrix_x4(bv, tv + vb_off + np * 16 * VS + kk * 16);
+        ${MMA}(dp[2 * np], a, bv, dp[2 * np]);
+        ${MMA}(dp[2 * np + 1], a, bv + 2, dp[2 * np + 1]);
+      }
+    }
+    // dS = P (dP - delta) as A fragments, then dQ += dS K.
+    unsigned da[BLOCK_N / 16][4];
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= dp[n][e] - dlt[e >> 1];
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+      da[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+      da[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+      da[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      da[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dpi = 0; dpi < DQK / 16; ++dpi)
+#pragma unroll
+      for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+        unsigned bk[4];
+        mla::ldmatrix_x4_trans(bk, tk + kt_off + kk * 16 * KS + dpi * 16);
+        ${MMA}(dqacc[2 * dpi], da[kk], bk, dqacc[2 * dpi]);
+        ${MMA}(dqacc[2 * dpi + 1], da[kk], bk + 2, dqacc[2 * dpi + 1]);
+      }
+  };
+
+  auto warp_active = [&](int tile) {
+    return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= q_pos0 + i0 + 15);
+  };
+
+  if (n_tiles > 0) load_kv(0, 0);
+  mla::cp_async_commit();  // Q, dO and tile 0
+  if (STAGES == 2) {
+    if (n_tiles > 1) load_kv(1, 1);
+    mla::cp_async_commit();
+  }
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = STAGES == 2 ? (j & 1) : 0;
+    if (STAGES == 2)
+      mla::cp_async_wait<1>();
+    else
+      mla::cp_async_wait<0>();
+    __syncthreads();  // tile j (and Q, dO) in
+    if (warp_active(j)) compute(j, st);
+    __syncthreads();  // every warp is done with stage st
+    if (STAGES == 2) {
+      if (j + 2 < n_tiles) load_kv(j + 2, st);
+    } else {
+      if (j + 1 < n_tiles) load_kv(j + 1, 0);
+    }
+    mla::cp_async_commit();
+  }
+  mla::cp_async_wait<0>();
+
+  // dq = scale dQ, straight from the fragments (rows past seqlen_q are not written).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + g + 8 * r;
+    if (i < seqlen_q) {
+      elem_t* dst = dq + (((size_t)b * seqlen_q + i) * H + h) * DQK + 2 * t;
+#pragma unroll
+      for (int d = 0; d < NT_Q; ++d)
+        *reinterpret_cast<unsigned*>(dst + d * 8) =
+            pack2(softmax_scale * dqacc[d][2 * r], softmax_scale * dqacc[d][2 * r + 1]);
+    }
+  }
+}
