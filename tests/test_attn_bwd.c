@@ -33,74 +33,7 @@
 #include "mg_spec.h"
 #include "mlagen.h"
 
-typedef uint16_t e16; /* storage of __nv_bfloat16 or __half */
-
-static float bf16_to_float(e16 x) {
-  uint32_t u = (uint32_t)x << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static e16 float_to_bf16(float f) { /* round to nearest even */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return (e16)(u >> 16);
-}
-
-static float half_to_float(e16 h) {
-  const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-  int exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ff, u;
-  if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else if (exp == 0) {
-    if (!mant) {
-      u = sign;
-    } else { /* subnormal: normalize */
-      exp = 1;
-      while (!(mant & 0x400)) mant <<= 1, exp--;
-      u = sign | (uint32_t)(exp + 112) << 23 | (mant & 0x3ff) << 13;
-    }
-  } else {
-    u = sign | (uint32_t)(exp + 112) << 23 | mant << 13;
-  }
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static e16 float_to_half(float f) { /* round to nearest even; |f| well inside the range */
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000, mant = x & 0x7fffff;
-  const int exp = (int)((x >> 23) & 0xff) - 127 + 15;
-  if (exp >= 31) return (e16)(sign | 0x7c00);
-  if (exp <= 0) { /* subnormal */
-    if (exp < -10) return (e16)sign;
-    const uint32_t m = mant | 0x800000, shift = (uint32_t)(14 - exp);
-    uint32_t h = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) h++;
-    return (e16)(sign | h);
-  }
-  uint32_t h = sign | (uint32_t)exp << 10 | mant >> 13;
-  const uint32_t rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
-  return (e16)h;
-}
-
-static uint64_t rng_state;
-static uint64_t g_test_seed; /* MLAGEN_TEST_SEED of this run */
-static double randn(void) { /* Box-Muller on a 64-bit LCG */
-  double u[2];
-  for (int i = 0; i < 2; i++) {
-    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
-    u[i] = ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-  }
-  return sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1]);
-}
+#include "kernel_test_util.h"
 
 typedef void (*pre_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_accum,
                        int seqlen_q);

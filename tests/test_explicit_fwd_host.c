@@ -30,32 +30,7 @@
 #include "mg_spec.h"
 #include "mlagen.h"
 
-typedef uint16_t bf16; /* storage of __nv_bfloat16 */
-
-static float bf16_to_float(bf16 x) {
-  uint32_t u = (uint32_t)x << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static bf16 float_to_bf16(float f) { /* round to nearest even */
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return (bf16)(u >> 16);
-}
-
-static uint64_t rng_state;
-static uint64_t g_test_seed; /* MLAGEN_TEST_SEED of this run */
-static double randn(void) { /* Box-Muller on a 64-bit LCG */
-  double u[2];
-  for (int i = 0; i < 2; i++) {
-    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
-    u[i] = ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-  }
-  return sqrt(-2 * log(u[0])) * cos(6.283185307179586 * u[1]);
-}
+#include "kernel_test_util.h"
 
 static bf16 *rand_bf16(size_t n) {
   bf16 *p = malloc(n * sizeof *p);
