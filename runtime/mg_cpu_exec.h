@@ -38,6 +38,20 @@ typedef struct mg_cpu_capture {
   size_t bytes;
 } mg_cpu_capture;
 
+/* A test seam: lets a test route the attention kernel steps (MG_STEP_KERNEL of op
+ * MG_OP_ATTN_FWD or MG_OP_ATTN_BWD) to other kernels (the generated tensor-core kernels on
+ * the host executor) while the executor runs every other step and does all the buffer
+ * management. Called, after validation, in place of the executor's own kernel with the
+ * step, the plan, and the step's buffers as the executor holds them, in the plan's dtype
+ * (f32 or f64) and the layouts of mg_kernel_op: in[k] the buffer step->in[k] (k <
+ * step->n_in), out[k] the buffer step->out[k] (k < step->n_out, zero-filled when first
+ * written by this step). Return 0 when the hook wrote the outputs (the executor skips its
+ * own kernel), nonzero to have the executor run its own. The hook must not touch other
+ * buffers; memory it uses is its own (it is not counted in the run's stats, which the
+ * hook therefore leaves unchanged). Not for production use. */
+typedef int (*mg_cpu_kernel_hook)(const mg_step *step, const mg_plan *p, const void *const *in,
+                                  void *const *out, void *ctx);
+
 /* In and out of one run. H, S/P = seq_local, d_* as in MLA.md; every array is in the plan's
  * dtype, row-major, this rank's sequence shard (global tokens [rank S/P, (rank+1) S/P)).
  * Inputs are the caller's and only read; they must hold the shapes of the plan's input
@@ -59,6 +73,8 @@ typedef struct mg_cpu_tensors {
                         * nonzero in the head-sharded forms) */
   const mg_cpu_capture *captures; /* optional, n_captures entries */
   int n_captures;
+  mg_cpu_kernel_hook kernel_hook; /* optional test seam (above); NULL: the executor's kernels */
+  void *hook_ctx;                 /* passed to kernel_hook */
 } mg_cpu_tensors;
 
 /* What one run measured, the planner's conventions (mg_plan_cost). */
