@@ -21,7 +21,9 @@
 
 /* X(name, version): every driver entry point mlagen calls, with the CUDA version of the
  * ABI it is called with (cudaTypedefs.h's PFN_<name>_v<version>; cuGetProcAddress
- * returns that version of the symbol, e.g. cuMemAlloc at 3020 is cuMemAlloc_v2). */
+ * returns that version of the symbol, e.g. cuMemAlloc at 3020 is cuMemAlloc_v2).
+ * cuEventElapsedTime is taken at 2000, not 12080 (its _v2, same signature), so drivers
+ * older than 12.8 still resolve every entry. */
 #define MG_DRIVER_ENTRIES(X)  \
   X(cuInit, 2000)             \
   X(cuDriverGetVersion, 2020) \
@@ -42,7 +44,20 @@
   X(cuMemcpyDtoH, 3020)       \
   X(cuStreamSynchronize, 2000) \
   X(cuGetErrorString, 6000)   \
-  X(cuGetErrorName, 6000)
+  X(cuGetErrorName, 6000)     \
+  X(cuDevicePrimaryCtxRetain, 7000) \
+  X(cuDevicePrimaryCtxRelease, 11000) \
+  X(cuCtxSetCurrent, 4000)    \
+  X(cuCtxSynchronize, 2000)   \
+  X(cuMemGetInfo, 3020)       \
+  X(cuMemsetD8, 3020)         \
+  X(cuStreamCreate, 2000)     \
+  X(cuStreamDestroy, 4000)    \
+  X(cuEventCreate, 2000)      \
+  X(cuEventRecord, 2000)      \
+  X(cuEventSynchronize, 2000) \
+  X(cuEventElapsedTime, 2000) \
+  X(cuEventDestroy, 4000)
 
 /* The table. Fields are named as the functions and called as drv->cuMemAlloc(...);
  * <cuda.h> maps some names to versioned ones (cuMemAlloc -> cuMemAlloc_v2) in the field
@@ -56,7 +71,7 @@ typedef struct mg_driver {
 } mg_driver;
 
 /* Number of entry points in the table (MG_DRIVER_ENTRIES). */
-#define MG_DRIVER_N_ENTRIES 20
+#define MG_DRIVER_N_ENTRIES 33
 
 /* The loaded driver. Loads it on the first call (see above); thread-safe.
  * Returns 0 and sets *out, or (with *out NULL):

@@ -3,7 +3,8 @@
  * The driver loader (runtime/mg_driver.c) is pointed at it with MLAGEN_LIBCUDA. It
  * exports cuGetProcAddress_v2 only, as a real driver does for lookups, and answers it
  * for every entry point mlagen resolves: one device, "Fake H200", compute capability
- * 9.0, 132 SMs, driver version 13.0; memory calls use host memory. Everything succeeds.
+ * 9.0, 132 SMs, 227 KiB opt-in shared memory per block, driver version 13.0; memory calls use host memory; launches do nothing;
+ * streams and events are opaque cells (every elapsed time is 1 ms). Everything succeeds.
  * FAKE_CUDA_FAIL_INIT=1 in the environment makes cuInit fail with CUDA_ERROR_NO_DEVICE. */
 #include <cuda.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@ static CUresult f_device_get_attribute(int *v, CUdevice_attribute a, CUdevice d)
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = 232448; break;
     default: *v = 0; break;
   }
   return CUDA_SUCCESS;
@@ -80,6 +82,43 @@ static CUresult f_memcpy_dtoh(void *dst, CUdeviceptr src, size_t n) {
   return CUDA_SUCCESS;
 }
 static CUresult f_stream_synchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+static CUresult f_primary_ctx_retain(CUcontext *c, CUdevice d) {
+  (void)d;
+  *c = (CUcontext)(uintptr_t)0x1000; /* an opaque non-null handle, never dereferenced */
+  return CUDA_SUCCESS;
+}
+static CUresult f_primary_ctx_release(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+static CUresult f_ctx_set_current(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+static CUresult f_ctx_synchronize(void) { return CUDA_SUCCESS; }
+static CUresult f_mem_get_info(size_t *free_bytes, size_t *total) {
+  *free_bytes = *total = (size_t)141 << 30;
+  return CUDA_SUCCESS;
+}
+static CUresult f_memset_d8(CUdeviceptr p, unsigned char v, size_t n) {
+  memset((void *)(uintptr_t)p, v, n);
+  return CUDA_SUCCESS;
+}
+/* Streams and events are opaque heap cells; an event records nothing, every elapsed time
+ * is 1 ms. */
+static CUresult f_stream_create(CUstream *s, unsigned int flags) {
+  (void)flags;
+  *s = malloc(1);
+  return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult f_stream_destroy(CUstream s) { free(s); return CUDA_SUCCESS; }
+static CUresult f_event_create(CUevent *e, unsigned int flags) {
+  (void)flags;
+  *e = malloc(1);
+  return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult f_event_record(CUevent e, CUstream s) { (void)e, (void)s; return CUDA_SUCCESS; }
+static CUresult f_event_synchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
+static CUresult f_event_elapsed_time(float *ms, CUevent a, CUevent b) {
+  (void)a, (void)b;
+  *ms = 1.0f;
+  return CUDA_SUCCESS;
+}
+static CUresult f_event_destroy(CUevent e) { free(e); return CUDA_SUCCESS; }
 static CUresult f_get_error_string(CUresult r, const char **s) {
   *s = r == CUDA_SUCCESS ? "no error" : r == CUDA_ERROR_NO_DEVICE ? "no CUDA-capable device is detected"
                                                                   : "fake error";
@@ -113,6 +152,19 @@ static const struct { const char *name; void *fn; } table[] = {
   {"cuStreamSynchronize", (void *)f_stream_synchronize},
   {"cuGetErrorString", (void *)f_get_error_string},
   {"cuGetErrorName", (void *)f_get_error_name},
+  {"cuDevicePrimaryCtxRetain", (void *)f_primary_ctx_retain},
+  {"cuDevicePrimaryCtxRelease", (void *)f_primary_ctx_release},
+  {"cuCtxSetCurrent", (void *)f_ctx_set_current},
+  {"cuCtxSynchronize", (void *)f_ctx_synchronize},
+  {"cuMemGetInfo", (void *)f_mem_get_info},
+  {"cuMemsetD8", (void *)f_memset_d8},
+  {"cuStreamCreate", (void *)f_stream_create},
+  {"cuStreamDestroy", (void *)f_stream_destroy},
+  {"cuEventCreate", (void *)f_event_create},
+  {"cuEventRecord", (void *)f_event_record},
+  {"cuEventSynchronize", (void *)f_event_synchronize},
+  {"cuEventElapsedTime", (void *)f_event_elapsed_time},
+  {"cuEventDestroy", (void *)f_event_destroy},
 };
 
 /* cuGetProcAddress_v2 (CUDA >= 12.0). The loader asks for the ABI version of each

@@ -1,0 +1,1008 @@
+/* bench.c (mlagen_bench): the generated attention kernels on a real GPU, checked against
+ * float64 references and timed with CUDA events.
+ *
+ *   mlagen_bench OUTDIR [--seqs 1024,4096,8192,16384] [--heads 16,128] [--iters 20]
+ *                       [--warmup 3] [--sets 4] [--seed N] [--check-only] [--row-budget-ms MS]
+ *                       [--no-check]
+ *
+ * For DeepSeek-V3 head shapes (d_n 128, d_r 64, d_v 128), bf16, causal, B = 1, it
+ * generates attn_fwd (k_packed 0 and 1), attn_bwd_pre, attn_bwd_dkdv (deterministic 0 and
+ * 1) and attn_bwd_dq with their default configurations, for H = 2 (the check) and every H
+ * of --heads, compiles them with NVRTC for the device (sm_90a for compute capability 9.0,
+ * sm_<major><minor> otherwise), loads them through the driver (runtime/mg_driver.c) and
+ * sets their dynamic shared memory limit.
+ *
+ * Check: H = 2, S = 256, and every timed H at S = 200 (a partial tile): random bf16
+ * inputs from the seed; the forward (both key layouts: the packed K is built from the
+ * same k_nope and k_rope, so one reference serves both) against a float64 O and LSE; the
+ * backward in both modes (pre + dkdv atomic; pre + dkdv deterministic + dq), given the
+ * reference's O (rounded to bf16) and LSE (fp32) as attn_fwd stores them, against float64
+ * dq, dk_nope, dk_rope (summed over heads) and dv. Errors are max |got - ref| / max |ref|
+ * per tensor (LSE: max |got - ref| / (1 + |ref|)); outputs must be under 1e-2, gradients
+ * under 2e-2. Any miss: exit 1 before timing.
+ *
+ * Timing: per (H, S), --sets input sets (default 4; fewer if device memory is short) of
+ * q, k_nope, k_rope, packed K, v, dO, and the O, LSE and delta the kernels produce from
+ * them. Iteration i uses set i mod sets, so a kernel never re-reads the inputs the
+ * previous iteration left in L2 (the smallest shape's set is ~20 MB, four sets exceed the
+ * H200's 50 MB L2). Outputs (dq, dq_accum, dk, dv) are one buffer each. --warmup launches,
+ * then --iters launches, each between two events recorded back to back on one stream;
+ * the median is reported. A row whose warm-up launch is slow gets fewer iterations
+ * (at least 5) so one row stays within --row-budget-ms (default 6000). dq_accum and
+ * dk_rope are not re-zeroed between timed dkdv launches (atomics add into stale values;
+ * the time is the same).
+ *
+ * Rows: each kernel alone, "bwd_atomic" (pre + dkdv launched back to back, timed as one),
+ * "bwd_det" (pre + dkdv_det + dq), and "fwd+bwd_atomic" / "fwd+bwd_det" (the sum of the
+ * attn_fwd median and the pipeline's). FLOPs by MLA.md's convention: forward
+ * 2 H pairs (d_qk + d_v), backward 2 H pairs (3 d_qk + 2 d_v), pairs = S (S + 1) / 2. The
+ * backward's FLOPs go to the rows that do the whole backward: bwd_atomic, bwd_det, and
+ * dkdv alone in the atomic mode (it computes dQ too); dkdv_det and dq alone have none
+ * (the dq kernel recomputes P and dP: extra work the convention does not count); pre has
+ * none. Bytes: the minimum a row must move, every input read once and every output
+ * written once (a pipeline's intermediates, delta, excluded).
+ *
+ * Writes OUTDIR/bench.log (everything printed) and OUTDIR/bench.csv (the table).
+ * Exit: 0 ok; 1 a CUDA error (named by cuGetErrorName), a compile error or a correctness
+ * miss; 2 usage, or no CUDA driver (the loader's "no CUDA driver: ..." message). */
+#include <cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mg_config.h"
+#include "mg_driver.h"
+#include "mg_fs.h"
+#include "mg_generate.h"
+#include "mg_jit.h"
+#include "mg_spec.h"
+#include "mlagen.h"
+
+#include "kernel_test_util.h"
+
+enum { DN = 128, DR = 64, DV = 128, DQK = DN + DR };
+#define MAX_LIST 16
+#define MAX_HEADS 8
+
+/* ---- output: everything goes to stdout and OUTDIR/bench.log ------------------------------ */
+static FILE *g_log;
+
+__attribute__((format(printf, 1, 2)))
+static void say(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  fflush(stdout);
+  if (g_log) {
+    va_start(ap, fmt);
+    vfprintf(g_log, fmt, ap);
+    va_end(ap);
+    fflush(g_log);
+  }
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- the driver ------------------------------------------------------------------------ */
+static const mg_driver *drv;
+static CUstream g_stream;
+
+/* 0 on success; else logs "CUDA error: <what>: <NAME> (<string>)" and returns -1. */
+static int cu(CUresult r, const char *what) {
+  if (r == CUDA_SUCCESS) return 0;
+  mg_diag d = MG_DIAG_INIT;
+  mg_driver_check(drv, r, MLAGEN_EIO, what, &d);
+  say("CUDA error: %s\n", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  return -1;
+}
+#define CU(call) cu((call), #call)
+
+/* Device allocations, all freed at exit (a failure path leaves nothing to track). */
+#define MAX_ALLOCS 256
+static CUdeviceptr g_allocs[MAX_ALLOCS];
+static int g_n_allocs;
+
+static int dalloc(CUdeviceptr *p, size_t bytes) {
+  *p = 0;
+  if (g_n_allocs == MAX_ALLOCS) {
+    say("bench: too many device allocations\n");
+    return -1;
+  }
+  if (CU(drv->cuMemAlloc(p, bytes ? bytes : 16))) return -1;
+  g_allocs[g_n_allocs++] = *p;
+  return 0;
+}
+
+static void dfree_all(void) {
+  for (int i = 0; i < g_n_allocs; i++) cu(drv->cuMemFree(g_allocs[i]), "cuMemFree");
+  g_n_allocs = 0;
+}
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+enum { K_FWD, K_FWD_KP, K_PRE, K_DKDV, K_DKDV_DET, K_DQ, NK };
+static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
+                                        "bwd_dkdv", "bwd_dkdv_det", "bwd_dq"};
+static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
+                                         "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq"};
+static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
+                                         {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL}};
+/* The parameter lists the launches below pass, checked against each manifest. */
+static const char *const k_params[NK][16] = {
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+    {"o", "dout", "delta", "dq_accum", "seqlen_q"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+     "softmax_scale"},
+};
+
+typedef struct gk {
+  int heads, which;
+  char name[160];
+  mg_kernel k;          /* the rendered source and its manifest */
+  mg_cubin cubin;
+  int rc;               /* of the compile */
+  mg_diag d;
+  CUmodule mod;
+  CUfunction fn;
+  struct { const char *arg; long div, value; } grid[3];
+  unsigned block[3];
+  size_t smem;
+} gk;
+
+typedef struct kset {
+  int heads;
+  gk k[NK];
+} kset;
+
+static mg_kernel_spec make_spec(int which, int H) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "%s", k_family[which]);
+  s.heads = H, s.d_n = DN, s.d_r = DR, s.d_v = DV, s.d_c = 512, s.causal = 1;
+  snprintf(s.dtype, sizeof s.dtype, "bf16");
+  for (int i = 0; i < 2 && k_set[which][i]; i++) {
+    mg_diag d = MG_DIAG_INIT;
+    if (mg_spec_set(&s, k_set[which][i], &d)) {
+      say("bench: %s\n", mg_diag_msg(&d));
+      exit(1);
+    }
+  }
+  return s;
+}
+
+/* Reads the launch rule and checks the parameter names against k_params. */
+static int read_manifest(gk *g) {
+  const cJSON *m = g->k.manifest;
+  const cJSON *params = cJSON_GetObjectItemCaseSensitive(m, "params");
+  int n = 0;
+  const cJSON *p;
+  cJSON_ArrayForEach(p, params) {
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(p, "name");
+    const char *want = n < 16 ? k_params[g->which][n] : NULL;
+    if (!cJSON_IsString(nm) || !want || strcmp(nm->valuestring, want) != 0) {
+      say("bench: %s: parameter %d is '%s', the launch passes '%s'\n", g->name, n,
+          cJSON_IsString(nm) ? nm->valuestring : "?", want ? want : "(nothing)");
+      return -1;
+    }
+    n++;
+  }
+  if (n == 0 || (n < 16 && k_params[g->which][n])) {
+    say("bench: %s: %d parameters in the manifest, the launch passes more\n", g->name, n);
+    return -1;
+  }
+  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(m, "launch");
+  const cJSON *grid = cJSON_GetObjectItemCaseSensitive(launch, "grid");
+  const cJSON *block = cJSON_GetObjectItemCaseSensitive(launch, "block");
+  const cJSON *smem = cJSON_GetObjectItemCaseSensitive(launch, "smem");
+  if (cJSON_GetArraySize(grid) != 3 || cJSON_GetArraySize(block) != 3 || !cJSON_IsNumber(smem)) {
+    say("bench: %s: no launch rule (grid[3], block[3], smem) in the manifest\n", g->name);
+    return -1;
+  }
+  for (int i = 0; i < 3; i++) {
+    const cJSON *e = cJSON_GetArrayItem(grid, i);
+    const cJSON *arg = cJSON_GetObjectItemCaseSensitive(e, "arg");
+    const cJSON *div = cJSON_GetObjectItemCaseSensitive(e, "div");
+    const cJSON *val = cJSON_GetObjectItemCaseSensitive(e, "value");
+    g->grid[i].arg = cJSON_IsString(arg) ? arg->valuestring : NULL;
+    g->grid[i].div = cJSON_IsNumber(div) ? (long)div->valuedouble : 1;
+    g->grid[i].value = cJSON_IsNumber(val) ? (long)val->valuedouble : -1;
+    if ((!g->grid[i].arg && g->grid[i].value < 0) || g->grid[i].div < 1) {
+      say("bench: %s: grid[%d] is neither {arg, div} nor {value}\n", g->name, i);
+      return -1;
+    }
+    if (g->grid[i].arg && strcmp(g->grid[i].arg, "seqlen_q") && strcmp(g->grid[i].arg, "seqlen_k") &&
+        strcmp(g->grid[i].arg, "batch")) {
+      say("bench: %s: grid[%d] names an unknown argument '%s'\n", g->name, i, g->grid[i].arg);
+      return -1;
+    }
+    g->block[i] = (unsigned)cJSON_GetArrayItem(block, i)->valuedouble;
+  }
+  g->smem = (size_t)smem->valuedouble;
+  return 0;
+}
+
+static const char *g_arch;
+static const mg_jit_header *g_hdr;
+static int g_n_hdr;
+static const char *g_template_hash;
+
+static void compile_thread(gk *g) {
+  mg_jit_opts jo = {.arch = g_arch, .template_hash = g_template_hash, .headers = g_hdr,
+                    .n_headers = g_n_hdr};
+  g->rc = mg_jit_compile(g->k.source, g->k.source_len, g->k.file, g->k.name, &jo, &g->cubin, &g->d);
+}
+
+/* Renders, compiles (or takes from the JIT cache), loads. */
+static int build_all(mg_gen *gen, kset *sets, int n_sets, int max_optin_smem) {
+  gk *all[MAX_HEADS * NK];
+  int n = 0;
+  for (int s = 0; s < n_sets; s++)
+    for (int w = 0; w < NK; w++) {
+      gk *g = &sets[s].k[w];
+      memset(g, 0, sizeof *g);
+      g->heads = sets[s].heads, g->which = w;
+      mg_kernel_spec spec = make_spec(w, g->heads);
+      mg_diag d = MG_DIAG_INIT;
+      if (mg_gen_kernel(gen, &spec, &g->k, &d)) {
+        say("bench: generate %s H=%d: %s\n", k_label[w], g->heads, mg_diag_msg(&d));
+        mg_diag_clear(&d);
+        return -1;
+      }
+      snprintf(g->name, sizeof g->name, "%s", g->k.name);
+      if (read_manifest(g)) return -1;
+      all[n++] = g;
+    }
+  double t0 = now();
+  for (int i = 0; i < n; i++) compile_thread(all[i]); /* ~0.4 s each on a miss */
+  say("compiled %d kernels for %s in %.1f s (NVRTC)\n", n, g_arch, now() - t0);
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    gk *g = all[i];
+    if (g->rc) {
+      say("bench: compile %s: %s\n", g->name, mg_diag_msg(&g->d));
+      bad = 1;
+      continue;
+    }
+    const mg_jit_report *r = &g->cubin.report;
+    say("  %-72s regs %3d spill %ld/%ld smem %zu%s\n", g->name, r->registers, r->spill_stores,
+        r->spill_loads, g->smem, r->cache_hit ? " (cached)" : "");
+    if ((long)g->smem > max_optin_smem) {
+      say("bench: %s needs %zu bytes of dynamic shared memory, the device allows %d\n", g->name,
+          g->smem, max_optin_smem);
+      bad = 1;
+      continue;
+    }
+    if (CU(drv->cuModuleLoadData(&g->mod, g->cubin.data))) { bad = 1; continue; }
+    if (CU(drv->cuModuleGetFunction(&g->fn, g->mod, g->name))) { bad = 1; continue; }
+    if (g->smem > 0 &&
+        CU(drv->cuFuncSetAttribute(g->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                   (int)g->smem))) {
+      bad = 1;
+      continue;
+    }
+  }
+  return bad ? -1 : 0;
+}
+
+static void free_all_kernels(kset *sets, int n_sets) {
+  for (int s = 0; s < n_sets; s++)
+    for (int w = 0; w < NK; w++) {
+      gk *g = &sets[s].k[w];
+      if (g->mod) cu(drv->cuModuleUnload(g->mod), "cuModuleUnload");
+      mg_cubin_free(&g->cubin);
+      mg_kernel_free(&g->k);
+      mg_diag_clear(&g->d);
+    }
+}
+
+/* Launches g on the bench stream by its manifest's launch rule (a zero grid: nothing). */
+static int launch(const gk *g, int B, int sq, int sk, void **args) {
+  unsigned dim[3];
+  for (int i = 0; i < 3; i++) {
+    long v = g->grid[i].value;
+    if (g->grid[i].arg) {
+      long a = !strcmp(g->grid[i].arg, "seqlen_q") ? sq : !strcmp(g->grid[i].arg, "seqlen_k") ? sk : B;
+      v = (a + g->grid[i].div - 1) / g->grid[i].div;
+    }
+    if (v <= 0) return 0;
+    dim[i] = (unsigned)v;
+  }
+  char what[256];
+  snprintf(what, sizeof what, "cuLaunchKernel(%s, grid %u,%u,%u, block %u, smem %zu)", g->name,
+           dim[0], dim[1], dim[2], g->block[0], g->smem);
+  return cu(drv->cuLaunchKernel(g->fn, dim[0], dim[1], dim[2], g->block[0], g->block[1],
+                                g->block[2], (unsigned)g->smem, g_stream, args, NULL),
+            what);
+}
+
+/* One problem's device tensors (split keys, plus the packed K built from them). */
+typedef struct dev_tensors {
+  CUdeviceptr q, kn, kr, kp, v, dout, o, lse, delta;
+} dev_tensors;
+typedef struct dev_outputs {
+  CUdeviceptr o, lse, dq_accum, dq, dkn, dkr, dv;
+} dev_outputs;
+
+static const CUdeviceptr NULLP = 0;
+
+/* The kernels' argument lists. */
+static int run_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
+                   float scale) {
+  int packed = g->which == K_FWD_KP, q_pos0 = 0;
+  CUdeviceptr kn = packed ? t->kp : t->kn, kr = packed ? NULLP : t->kr;
+  void *args[] = {(void *)&t->q, &kn, &kr, (void *)&t->v, &o, &lse, &S, &S, &q_pos0, &scale};
+  return launch(g, 1, S, S, args);
+}
+static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int S) {
+  void *args[] = {(void *)&t->o, (void *)&t->dout, (void *)&t->delta, &dq_accum, &S};
+  return launch(g, 1, S, S, args);
+}
+static int run_dkdv(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, const dev_outputs *out,
+                    int S, float scale) {
+  int q_pos0 = 0;
+  void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
+                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
+                  (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0, &scale};
+  return launch(g, 1, S, S, args);
+}
+static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int S, float scale) {
+  int q_pos0 = 0;
+  void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr,    (void *)&t->v,
+                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
+                  &S, &S, &q_pos0, &scale};
+  return launch(g, 1, S, S, args);
+}
+
+static float softmax_scale(void) { return (float)(1.0 / sqrt((double)DQK) * 1.3689 * 1.3689); }
+
+/* ---- the check -------------------------------------------------------------------------- */
+typedef struct host_case {
+  int H, S;
+  size_t nq, nkn, nkr, nv, no, nl;
+  e16 *q, *kn, *kr, *kp, *v, *dout, *o16;
+  float *lse32;
+  double *r_o, *r_lse, *r_dq, *r_dkn, *r_dkr, *r_dv;
+} host_case;
+
+static void *xcalloc(size_t n, size_t sz) {
+  void *p = calloc(n ? n : 1, sz);
+  if (!p) {
+    say("bench: out of host memory\n");
+    exit(1);
+  }
+  return p;
+}
+
+static e16 *rand_bf16(size_t n) {
+  e16 *p = xcalloc(n, sizeof *p);
+  for (size_t i = 0; i < n; i++) p[i] = float_to_bf16((float)randn());
+  return p;
+}
+
+/* Inputs and the float64 forward and backward (B = 1, causal, split keys); the packed K
+ * [S, H, d_qk] is [k_nope[s,h] ; k_rope[s]]. Same math as tests/test_attn_bwd.c. */
+static void case_init(host_case *c, int H, int S) {
+  memset(c, 0, sizeof *c);
+  c->H = H, c->S = S;
+  c->nq = (size_t)S * H * DQK, c->nkn = (size_t)S * H * DN, c->nkr = (size_t)S * DR;
+  c->nv = c->no = (size_t)S * H * DV, c->nl = (size_t)H * S;
+  c->q = rand_bf16(c->nq), c->kn = rand_bf16(c->nkn), c->kr = rand_bf16(c->nkr);
+  c->v = rand_bf16(c->nv), c->dout = rand_bf16(c->no);
+  c->kp = xcalloc(c->nq, sizeof *c->kp);
+  for (int s = 0; s < S; s++)
+    for (int h = 0; h < H; h++) {
+      e16 *dst = c->kp + ((size_t)s * H + h) * DQK;
+      memcpy(dst, c->kn + ((size_t)s * H + h) * DN, DN * sizeof *dst);
+      memcpy(dst + DN, c->kr + (size_t)s * DR, DR * sizeof *dst);
+    }
+  c->o16 = xcalloc(c->no, sizeof *c->o16);
+  c->lse32 = xcalloc(c->nl, sizeof *c->lse32);
+  c->r_o = xcalloc(c->no, sizeof(double)), c->r_lse = xcalloc(c->nl, sizeof(double));
+  c->r_dq = xcalloc(c->nq, sizeof(double)), c->r_dkn = xcalloc(c->nkn, sizeof(double));
+  c->r_dkr = xcalloc(c->nkr, sizeof(double)), c->r_dv = xcalloc(c->nv, sizeof(double));
+  const double scale = softmax_scale();
+  double *sc = xcalloc((size_t)S, sizeof *sc), *kf = xcalloc((size_t)S * DQK, sizeof *kf);
+  double qf[DQK], dof[DV], oi[DV];
+  for (int h = 0; h < H; h++) {
+    for (int j = 0; j < S; j++)
+      for (int d = 0; d < DQK; d++) kf[(size_t)j * DQK + d] = bf16_to_float(c->kp[((size_t)j * H + h) * DQK + d]);
+    for (int i = 0; i < S; i++) {
+      const size_t row = (size_t)i * H + h;
+      for (int d = 0; d < DQK; d++) qf[d] = bf16_to_float(c->q[row * DQK + d]);
+      for (int d = 0; d < DV; d++) dof[d] = bf16_to_float(c->dout[row * DV + d]);
+      const int nk = i + 1;
+      double mx = -INFINITY;
+      for (int j = 0; j < nk; j++) {
+        double dot = 0;
+        for (int d = 0; d < DQK; d++) dot += qf[d] * kf[(size_t)j * DQK + d];
+        sc[j] = dot * scale;
+        if (sc[j] > mx) mx = sc[j];
+      }
+      double sum = 0;
+      for (int j = 0; j < nk; j++) sum += exp(sc[j] - mx);
+      const double lse = mx + log(sum);
+      for (int d = 0; d < DV; d++) oi[d] = 0;
+      for (int j = 0; j < nk; j++) {
+        const double p = exp(sc[j] - lse);
+        const e16 *vj = c->v + ((size_t)j * H + h) * DV;
+        for (int d = 0; d < DV; d++) oi[d] += p * bf16_to_float(vj[d]);
+      }
+      double delta = 0;
+      for (int d = 0; d < DV; d++) {
+        c->r_o[row * DV + d] = oi[d];
+        c->o16[row * DV + d] = float_to_bf16((float)oi[d]);
+        delta += dof[d] * oi[d];
+      }
+      c->r_lse[(size_t)h * S + i] = lse;
+      c->lse32[(size_t)h * S + i] = (float)lse;
+      for (int j = 0; j < nk; j++) {
+        const double p = exp(sc[j] - lse);
+        const size_t tok = (size_t)j;
+        const e16 *vj = c->v + (tok * H + h) * DV;
+        double dp = 0;
+        for (int d = 0; d < DV; d++) dp += dof[d] * bf16_to_float(vj[d]);
+        const double ds = p * (dp - delta) * scale;
+        for (int d = 0; d < DV; d++) c->r_dv[(tok * H + h) * DV + d] += p * dof[d];
+        for (int d = 0; d < DQK; d++) c->r_dq[row * DQK + d] += ds * kf[(size_t)j * DQK + d];
+        for (int d = 0; d < DN; d++) c->r_dkn[(tok * H + h) * DN + d] += ds * qf[d];
+        for (int d = 0; d < DR; d++) c->r_dkr[tok * DR + d] += ds * qf[DN + d];
+      }
+    }
+  }
+  free(sc), free(kf);
+}
+
+static void case_free(host_case *c) {
+  free(c->q), free(c->kn), free(c->kr), free(c->kp), free(c->v), free(c->dout), free(c->o16);
+  free(c->lse32), free(c->r_o), free(c->r_lse), free(c->r_dq), free(c->r_dkn), free(c->r_dkr);
+  free(c->r_dv);
+}
+
+static double rel_err_bf16(const e16 *got, const double *ref, size_t n, size_t *nans) {
+  double mr = 0, me = 0;
+  for (size_t i = 0; i < n; i++) {
+    const double x = bf16_to_float(got[i]);
+    if (!isfinite(x)) { ++*nans; me = INFINITY; continue; }
+    if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+    if (fabs(x - ref[i]) > me) me = fabs(x - ref[i]);
+  }
+  return mr > 0 ? me / mr : me;
+}
+static double rel_err_f32(const float *got, const double *ref, size_t n, size_t *nans) {
+  double mr = 0, me = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(got[i])) { ++*nans; me = INFINITY; continue; }
+    if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+    if (fabs(got[i] - ref[i]) > me) me = fabs(got[i] - ref[i]);
+  }
+  return mr > 0 ? me / mr : me;
+}
+static double lse_err(const float *got, const double *ref, size_t n, size_t *nans) {
+  double me = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(got[i])) { ++*nans; me = INFINITY; continue; }
+    const double e = fabs(got[i] - ref[i]) / (1 + fabs(ref[i]));
+    if (e > me) me = e;
+  }
+  return me;
+}
+
+static int upload(CUdeviceptr *p, const void *src, size_t bytes) {
+  if (dalloc(p, bytes)) return -1;
+  return CU(drv->cuMemcpyHtoD(*p, src, bytes));
+}
+static int alloc_nan(CUdeviceptr *p, size_t bytes) { /* 0xff..: NaN in bf16 and fp32 */
+  if (dalloc(p, bytes)) return -1;
+  return CU(drv->cuMemsetD8(*p, 0xff, bytes));
+}
+static int sync_stream(const char *after) {
+  char what[200];
+  snprintf(what, sizeof what, "cuStreamSynchronize after %s", after);
+  return cu(drv->cuStreamSynchronize(g_stream), what);
+}
+static int download(void *dst, CUdeviceptr src, size_t bytes) {
+  return CU(drv->cuMemcpyDtoH(dst, src, bytes));
+}
+
+/* One verdict line for an error measured with *nans counting non-finite values (read
+ * here, after the measuring call, then reset); returns 1 when err < tol and nothing is
+ * NaN/inf, else counts a miss in *fails. */
+static int verdict(const char *what, double err, double tol, size_t *nans, int *fails) {
+  const size_t bad = *nans;
+  *nans = 0;
+  int ok = err < tol && bad == 0;
+  say("    %-28s rel err %.3e (tol %.0e)%s\n", what, err, tol, ok ? "" : "  FAIL");
+  if (bad) say("      %zu non-finite values\n", bad);
+  if (!ok) ++*fails;
+  return ok;
+}
+
+/* Checks every kernel of ks at (H = ks->heads, S). Returns -1 on a CUDA error, else the
+ * number of misses. */
+static int check_set(const kset *ks, int S) {
+  const int H = ks->heads;
+  double t0 = now();
+  host_case c;
+  case_init(&c, H, S);
+  say("check H=%d S=%d B=1 causal (float64 reference %.1f s)\n", H, S, now() - t0);
+  int fails = 0, rc = -1;
+  const float scale = softmax_scale();
+  const int base = g_n_allocs;
+  dev_tensors t;
+  dev_outputs out;
+  memset(&t, 0, sizeof t), memset(&out, 0, sizeof out);
+  e16 *o = xcalloc(c.no, sizeof *o), *dq = xcalloc(c.nq, sizeof *dq);
+  e16 *dkn = xcalloc(c.nkn, sizeof *dkn), *dv = xcalloc(c.nv, sizeof *dv);
+  float *lse = xcalloc(c.nl, sizeof *lse), *dq_accum = xcalloc(c.nq, sizeof *dq_accum);
+  float *dkr = xcalloc(c.nkr, sizeof *dkr);
+  size_t nans = 0;
+  if (upload(&t.q, c.q, c.nq * 2) || upload(&t.kn, c.kn, c.nkn * 2) ||
+      upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.kp, c.kp, c.nq * 2) ||
+      upload(&t.v, c.v, c.nv * 2) || upload(&t.dout, c.dout, c.no * 2) ||
+      upload(&t.o, c.o16, c.no * 2) || upload(&t.lse, c.lse32, c.nl * 4) ||
+      alloc_nan(&t.delta, c.nl * 4) || alloc_nan(&out.o, c.no * 2) || alloc_nan(&out.lse, c.nl * 4) ||
+      alloc_nan(&out.dq_accum, c.nq * 4) || alloc_nan(&out.dq, c.nq * 2) ||
+      alloc_nan(&out.dkn, c.nkn * 2) || alloc_nan(&out.dkr, c.nkr * 4) || alloc_nan(&out.dv, c.nv * 2))
+    goto done;
+  /* the forward, both key layouts */
+  for (int w = K_FWD; w <= K_FWD_KP; w++) {
+    if (CU(drv->cuMemsetD8(out.o, 0xff, c.no * 2)) || CU(drv->cuMemsetD8(out.lse, 0xff, c.nl * 4)))
+      goto done;
+    if (run_fwd(&ks->k[w], &t, out.o, out.lse, S, scale) || sync_stream(ks->k[w].name)) goto done;
+    if (download(o, out.o, c.no * 2) || download(lse, out.lse, c.nl * 4)) goto done;
+    say("  %s\n", ks->k[w].name);
+    verdict("O", rel_err_bf16(o, c.r_o, c.no, &nans), 1e-2, &nans, &fails);
+    verdict("LSE", lse_err(lse, c.r_lse, c.nl, &nans), 1e-2, &nans, &fails);
+  }
+  /* the backward, atomic: pre (zeroes dq_accum) + dkdv; dk_rope zeroed first */
+  if (CU(drv->cuMemsetD8(out.dkr, 0, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
+      CU(drv->cuMemsetD8(out.dv, 0xff, c.nv * 2)) || CU(drv->cuMemsetD8(t.delta, 0xff, c.nl * 4)))
+    goto done;
+  if (run_pre(&ks->k[K_PRE], &t, out.dq_accum, S) || sync_stream(ks->k[K_PRE].name)) goto done;
+  if (run_dkdv(&ks->k[K_DKDV], &t, out.dq_accum, &out, S, scale) || sync_stream(ks->k[K_DKDV].name))
+    goto done;
+  if (download(dq_accum, out.dq_accum, c.nq * 4) || download(dkn, out.dkn, c.nkn * 2) ||
+      download(dkr, out.dkr, c.nkr * 4) || download(dv, out.dv, c.nv * 2))
+    goto done;
+  say("  %s + %s\n", ks->k[K_PRE].name, ks->k[K_DKDV].name);
+  verdict("dq (fp32 dq_accum)", rel_err_f32(dq_accum, c.r_dq, c.nq, &nans), 2e-2, &nans, &fails);
+  verdict("dk_nope", rel_err_bf16(dkn, c.r_dkn, c.nkn, &nans), 2e-2, &nans, &fails);
+  verdict("dk_rope", rel_err_f32(dkr, c.r_dkr, c.nkr, &nans), 2e-2, &nans, &fails);
+  verdict("dv", rel_err_bf16(dv, c.r_dv, c.nv, &nans), 2e-2, &nans, &fails);
+  /* the backward, deterministic: pre (no dq_accum) + dkdv_det + dq */
+  if (CU(drv->cuMemsetD8(out.dkr, 0xff, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
+      CU(drv->cuMemsetD8(out.dv, 0xff, c.nv * 2)) || CU(drv->cuMemsetD8(out.dq, 0xff, c.nq * 2)) ||
+      CU(drv->cuMemsetD8(t.delta, 0xff, c.nl * 4)))
+    goto done;
+  if (run_pre(&ks->k[K_PRE], &t, NULLP, S) || sync_stream(ks->k[K_PRE].name)) goto done;
+  if (run_dkdv(&ks->k[K_DKDV_DET], &t, NULLP, &out, S, scale) ||
+      sync_stream(ks->k[K_DKDV_DET].name))
+    goto done;
+  if (run_dq(&ks->k[K_DQ], &t, &out, S, scale) || sync_stream(ks->k[K_DQ].name)) goto done;
+  if (download(dq, out.dq, c.nq * 2) || download(dkn, out.dkn, c.nkn * 2) ||
+      download(dkr, out.dkr, c.nkr * 4) || download(dv, out.dv, c.nv * 2))
+    goto done;
+  say("  %s + %s + %s\n", ks->k[K_PRE].name, ks->k[K_DKDV_DET].name, ks->k[K_DQ].name);
+  verdict("dq", rel_err_bf16(dq, c.r_dq, c.nq, &nans), 2e-2, &nans, &fails);
+  verdict("dk_nope", rel_err_bf16(dkn, c.r_dkn, c.nkn, &nans), 2e-2, &nans, &fails);
+  verdict("dk_rope", rel_err_f32(dkr, c.r_dkr, c.nkr, &nans), 2e-2, &nans, &fails);
+  verdict("dv", rel_err_bf16(dv, c.r_dv, c.nv, &nans), 2e-2, &nans, &fails);
+  rc = fails;
+done:
+  /* free this check's buffers (the latest allocations) */
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free(o), free(dq), free(dkn), free(dv), free(lse), free(dq_accum), free(dkr);
+  case_free(&c);
+  return rc;
+}
+
+/* ---- timing ----------------------------------------------------------------------------- */
+typedef struct row {
+  char kernel[48], op[16];
+  int H, S;
+  double ms, flops, bytes;
+  int iters;
+} row;
+#define MAX_ROWS 512
+static row g_rows[MAX_ROWS];
+static int g_n_rows;
+
+static int g_iters = 20, g_warmup = 3, g_max_sets = 4;
+static double g_row_budget_ms = 6000;
+
+/* A random pool the device buffers are filled from (each buffer at its own offset). */
+#define POOL (1u << 24)
+static e16 *g_pool;
+
+static int fill_random(CUdeviceptr p, size_t n_elems, size_t seed_off) {
+  size_t off = (seed_off * 2654435761u) % POOL, done = 0;
+  while (done < n_elems) {
+    size_t n = n_elems - done < POOL - off ? n_elems - done : POOL - off;
+    if (CU(drv->cuMemcpyHtoD(p + done * 2, g_pool + off, n * 2))) return -1;
+    done += n, off = 0;
+  }
+  return 0;
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef int (*launch_fn)(void *ctx, int set);
+
+/* Warm-up, then iters launches between back-to-back events; median ms. */
+static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, double *ms, int *iters) {
+  static CUevent ev[257];
+  static int n_ev;
+  if (!n_ev) {
+    for (int i = 0; i < 257; i++)
+      if (CU(drv->cuEventCreate(&ev[i], CU_EVENT_DEFAULT))) return -1;
+    n_ev = 257;
+  }
+  /* warm-up; the first launch is timed to size the row */
+  float w_ms = 0;
+  for (int i = 0; i < g_warmup || i < 1; i++) {
+    if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
+    if (fn(ctx, i % n_sets)) return -1;
+    if (CU(drv->cuEventRecord(ev[1], g_stream)) || CU(drv->cuEventSynchronize(ev[1])) ||
+        CU(drv->cuEventElapsedTime(&w_ms, ev[0], ev[1])))
+      return -1;
+  }
+  int n = g_iters;
+  if (w_ms > 0 && n * w_ms > g_row_budget_ms) {
+    n = (int)(g_row_budget_ms / w_ms);
+    if (n < 5) n = 5;
+    if (n > g_iters) n = g_iters;
+    say("  (%s: %.1f ms per launch, %d iterations instead of %d)\n", label, w_ms, n, g_iters);
+  }
+  if (n > 256) n = 256;
+  if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
+  for (int i = 0; i < n; i++) {
+    if (fn(ctx, (i + 1) % n_sets)) return -1;
+    if (CU(drv->cuEventRecord(ev[i + 1], g_stream))) return -1;
+  }
+  char what[160];
+  snprintf(what, sizeof what, "cuEventSynchronize after timing %s", label);
+  if (cu(drv->cuEventSynchronize(ev[n]), what)) return -1;
+  float t[256];
+  for (int i = 0; i < n; i++)
+    if (CU(drv->cuEventElapsedTime(&t[i], ev[i], ev[i + 1]))) return -1;
+  qsort(t, (size_t)n, sizeof t[0], cmp_float);
+  *ms = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  *iters = n;
+  return 0;
+}
+
+typedef struct tctx {
+  const kset *ks;
+  int S;
+  float scale;
+  dev_tensors t[8];
+  dev_outputs out;
+  int which; /* a kernel, or -1: bwd_atomic, -2: bwd_det */
+} tctx;
+
+static int tlaunch(void *p, int set) {
+  tctx *x = p;
+  const dev_tensors *t = &x->t[set];
+  const gk *k = x->ks->k;
+  switch (x->which) {
+    case K_FWD:
+    case K_FWD_KP: return run_fwd(&k[x->which], t, t->o, t->lse, x->S, x->scale);
+    case K_PRE: return run_pre(&k[K_PRE], t, x->out.dq_accum, x->S);
+    case K_DKDV: return run_dkdv(&k[K_DKDV], t, x->out.dq_accum, &x->out, x->S, x->scale);
+    case K_DKDV_DET: return run_dkdv(&k[K_DKDV_DET], t, NULLP, &x->out, x->S, x->scale);
+    case K_DQ: return run_dq(&k[K_DQ], t, &x->out, x->S, x->scale);
+    case -1:
+      return run_pre(&k[K_PRE], t, x->out.dq_accum, x->S) ||
+             run_dkdv(&k[K_DKDV], t, x->out.dq_accum, &x->out, x->S, x->scale);
+    default:
+      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
+             run_dkdv(&k[K_DKDV_DET], t, NULLP, &x->out, x->S, x->scale) ||
+             run_dq(&k[K_DQ], t, &x->out, x->S, x->scale);
+  }
+}
+
+static void add_row(const char *kernel, const char *op, int H, int S, double ms, double flops,
+                    double bytes, int iters) {
+  if (g_n_rows == MAX_ROWS) return;
+  row *r = &g_rows[g_n_rows++];
+  snprintf(r->kernel, sizeof r->kernel, "%s", kernel);
+  snprintf(r->op, sizeof r->op, "%s", op);
+  r->H = H, r->S = S, r->ms = ms, r->flops = flops, r->bytes = bytes, r->iters = iters;
+}
+
+static void print_row(const row *r) {
+  char tf[16] = "-";
+  if (r->flops > 0) snprintf(tf, sizeof tf, "%.1f", r->flops / (r->ms * 1e-3) / 1e12);
+  say("%-18s %4d %6d %7d/%d %6s %10.3f %8s %10.1f %8.0f %5d\n", r->kernel, r->H, r->S, DQK, DV,
+      "yes", r->ms, tf, r->bytes / 1e6, r->bytes / (r->ms * 1e-3) / 1e9, r->iters);
+}
+
+static void print_header(void) {
+  say("%-18s %4s %6s %9s %6s %10s %8s %10s %8s %5s\n", "kernel", "H", "S", "d_qk/d_v", "causal",
+      "ms(median)", "TFLOP/s", "MB moved", "GB/s", "iters");
+}
+
+/* Times every row at (H = ks->heads, S). Returns -1 on a CUDA error. */
+static int time_shape(const kset *ks, int S) {
+  const int H = ks->heads;
+  const size_t nq = (size_t)S * H * DQK, nkn = (size_t)S * H * DN, nkr = (size_t)S * DR;
+  const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
+  const double set_bytes = 2.0 * (nq + nkn + nkr + nq + nv + 2 * no) + 4.0 * 2 * nl;
+  const double out_bytes = 4.0 * nq + 2.0 * nq + 2.0 * nkn + 4.0 * nkr + 2.0 * nv;
+  size_t free_b = 0, total_b = 0;
+  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
+  int n_sets = g_max_sets;
+  while (n_sets > 1 && n_sets * set_bytes + out_bytes > 0.85 * (double)free_b) n_sets--;
+  if (set_bytes + out_bytes > 0.85 * (double)free_b) {
+    say("H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", H, S, (set_bytes + out_bytes) / 1e9,
+        free_b / 1e9);
+    return 0;
+  }
+  const int base = g_n_allocs;
+  double t0 = now();
+  tctx x;
+  memset(&x, 0, sizeof x);
+  x.ks = ks, x.S = S, x.scale = softmax_scale();
+  int rc = -1;
+  for (int s = 0; s < n_sets; s++) {
+    dev_tensors *t = &x.t[s];
+    size_t seed = (size_t)s * 16;
+    if (dalloc(&t->q, nq * 2) || fill_random(t->q, nq, seed + 1) || dalloc(&t->kn, nkn * 2) ||
+        fill_random(t->kn, nkn, seed + 2) || dalloc(&t->kr, nkr * 2) ||
+        fill_random(t->kr, nkr, seed + 3) || dalloc(&t->kp, nq * 2) ||
+        fill_random(t->kp, nq, seed + 4) || dalloc(&t->v, nv * 2) ||
+        fill_random(t->v, nv, seed + 5) || dalloc(&t->dout, no * 2) ||
+        fill_random(t->dout, no, seed + 6) || alloc_nan(&t->o, no * 2) ||
+        alloc_nan(&t->lse, nl * 4) || alloc_nan(&t->delta, nl * 4))
+      goto done;
+  }
+  if (alloc_nan(&x.out.dq_accum, nq * 4) || alloc_nan(&x.out.dq, nq * 2) ||
+      alloc_nan(&x.out.dkn, nkn * 2) || dalloc(&x.out.dkr, nkr * 4) ||
+      CU(drv->cuMemsetD8(x.out.dkr, 0, nkr * 4)) || alloc_nan(&x.out.dv, nv * 2))
+    goto done;
+  /* each set's O and LSE from the forward, delta from pre: the backward's real inputs */
+  for (int s = 0; s < n_sets; s++)
+    if (run_fwd(&ks->k[K_FWD], &x.t[s], x.t[s].o, x.t[s].lse, S, x.scale) ||
+        run_pre(&ks->k[K_PRE], &x.t[s], NULLP, S))
+      goto done;
+  if (sync_stream("the forward and pre that prepare the timing inputs")) goto done;
+  say("H=%d S=%d: %d input sets of %.0f MB, outputs %.0f MB (%.1f s to fill)\n", H, S, n_sets,
+      set_bytes / 1e6, out_bytes / 1e6, now() - t0);
+
+  const double pairs = (double)S * (S + 1) / 2;
+  const double f_fwd = 2.0 * H * pairs * (DQK + DV), f_bwd = 2.0 * H * pairs * (3 * DQK + 2 * DV);
+  const double b_q = 2.0 * nq, b_kn = 2.0 * nkn, b_kr = 2.0 * nkr, b_v = 2.0 * nv, b_o = 2.0 * no;
+  const double b_l = 4.0 * nl;
+  const double b_fwd = b_q + b_kn + b_kr + b_v + b_o + b_l, b_fwd_kp = b_q + b_q + b_v + b_o + b_l;
+  const double b_pre = 2 * b_o + b_l + 4.0 * nq;
+  const double b_bin = b_q + b_kn + b_kr + b_v + b_o /* dout */ + 2 * b_l /* lse, delta */;
+  const double b_bout = b_kn + 4.0 * nkr + b_v;
+  const struct { int which; const char *op; double flops, bytes; } rows[] = {
+      {K_FWD, "fwd", f_fwd, b_fwd},
+      {K_FWD_KP, "fwd", f_fwd, b_fwd_kp},
+      {K_PRE, "", 0, b_pre},
+      {K_DKDV, "", f_bwd, b_bin + 4.0 * nq + b_bout},
+      {K_DKDV_DET, "", 0, b_bin + b_bout},
+      {K_DQ, "", 0, b_bin + b_q},
+      {-1, "bwd", f_bwd, (b_q + b_kn + b_kr + b_v + 2 * b_o + b_l) + 4.0 * nq + b_bout},
+      {-2, "bwd", f_bwd, (b_q + b_kn + b_kr + b_v + 2 * b_o + b_l) + b_q + b_bout},
+  };
+  double ms_fwd = 0, ms_bwd[2] = {0, 0};
+  int it_fwd = 0, it_bwd[2] = {0, 0};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    x.which = rows[i].which;
+    const char *label = x.which >= 0 ? k_label[x.which] : x.which == -1 ? "bwd_atomic" : "bwd_det";
+    double ms;
+    int iters;
+    if (time_row(label, tlaunch, &x, n_sets, &ms, &iters)) goto done;
+    add_row(label, rows[i].op, H, S, ms, rows[i].flops, rows[i].bytes, iters);
+    print_row(&g_rows[g_n_rows - 1]);
+    if (x.which == K_FWD) ms_fwd = ms, it_fwd = iters;
+    if (x.which < 0) ms_bwd[-x.which - 1] = ms, it_bwd[-x.which - 1] = iters;
+  }
+  /* forward + backward: sums of the medians (the forward in the split-key layout) */
+  const double b_fb_in = b_q + b_kn + b_kr + b_v + b_o /* dout */;
+  const double b_fb_out = b_o + b_l + b_kn + 4.0 * nkr + b_v;
+  add_row("fwd+bwd_atomic", "fwd_bwd", H, S, ms_fwd + ms_bwd[0], f_fwd + f_bwd,
+          b_fb_in + b_fb_out + 4.0 * nq, it_fwd < it_bwd[0] ? it_fwd : it_bwd[0]);
+  print_row(&g_rows[g_n_rows - 1]);
+  add_row("fwd+bwd_det", "fwd_bwd", H, S, ms_fwd + ms_bwd[1], f_fwd + f_bwd,
+          b_fb_in + b_fb_out + b_q, it_fwd < it_bwd[1] ? it_fwd : it_bwd[1]);
+  print_row(&g_rows[g_n_rows - 1]);
+  rc = 0;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  return rc;
+}
+
+static int write_csv(const char *path) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    say("bench: cannot write %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  fprintf(f, "tool,kernel,op,H,S,d_qk,d_v,causal,ms,tflops,bytes,gbps,iters\n");
+  for (int i = 0; i < g_n_rows; i++) {
+    const row *r = &g_rows[i];
+    fprintf(f, "mlagen,%s,%s,%d,%d,%d,%d,1,%.4f,", r->kernel, r->op, r->H, r->S, DQK, DV, r->ms);
+    if (r->flops > 0) fprintf(f, "%.2f", r->flops / (r->ms * 1e-3) / 1e12);
+    fprintf(f, ",%.0f,%.1f,%d\n", r->bytes, r->bytes / (r->ms * 1e-3) / 1e9, r->iters);
+  }
+  return fclose(f) == 0 ? 0 : -1;
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+static int parse_list(const char *s, int *out, int max) {
+  int n = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *end;
+    long v = strtol(tok, &end, 10);
+    if (*end || v < 1 || v > 1 << 20 || n == max) return -1;
+    out[n++] = (int)v;
+  }
+  return n;
+}
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: mlagen_bench OUTDIR [--seqs LIST] [--heads LIST] [--iters N] [--warmup N]\n"
+          "                    [--sets N] [--seed N] [--check-only] [--row-budget-ms MS]\n"
+          "                    [--no-check (timing without the check: the fake-driver test)]\n"
+          "  defaults: --seqs 1024,4096,8192,16384 --heads 16,128 --iters 20 --warmup 3 --sets 4\n");
+  return 2;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || argv[1][0] == '-') return usage();
+  const char *outdir = argv[1];
+  int seqs[MAX_LIST] = {1024, 4096, 8192, 16384}, n_seqs = 4;
+  int heads[MAX_HEADS] = {16, 128}, n_heads = 2;
+  unsigned long long seed = 20250711;
+  int check_only = 0, no_check = 0;
+  for (int i = 2; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--check-only")) { check_only = 1; continue; }
+    if (!strcmp(a, "--no-check")) { no_check = 1; continue; }
+    if (!v) return usage();
+    i++;
+    if (!strcmp(a, "--seqs")) { if ((n_seqs = parse_list(v, seqs, MAX_LIST)) < 1) return usage(); }
+    else if (!strcmp(a, "--heads")) { if ((n_heads = parse_list(v, heads, MAX_HEADS - 1)) < 1) return usage(); }
+    else if (!strcmp(a, "--iters")) { if ((g_iters = atoi(v)) < 1 || g_iters > 256) return usage(); }
+    else if (!strcmp(a, "--warmup")) { if ((g_warmup = atoi(v)) < 0) return usage(); }
+    else if (!strcmp(a, "--sets")) { if ((g_max_sets = atoi(v)) < 1 || g_max_sets > 8) return usage(); }
+    else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
+    else if (!strcmp(a, "--row-budget-ms")) { if ((g_row_budget_ms = atof(v)) <= 0) return usage(); }
+    else return usage();
+  }
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_fs_mkdirs(outdir, &d)) {
+    fprintf(stderr, "bench: %s\n", mg_diag_msg(&d));
+    return 1;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/bench.log", outdir);
+  if (!(g_log = fopen(path, "w"))) {
+    fprintf(stderr, "bench: cannot write %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  if (mg_driver_get(&drv, &d)) {
+    say("bench: %s\n", mg_diag_msg(&d));
+    fclose(g_log);
+    return mg_diag_msg(&d) && d.status == MLAGEN_ENODRIVER ? 2 : 1;
+  }
+  int rc = 1;
+  CUdevice dev;
+  CUcontext ctx = NULL;
+  int retained = 0, major = 0, minor = 0, sms = 0, optin = 0;
+  char name[256] = "";
+  mg_gen *gen = NULL;
+  kset sets[MAX_HEADS];
+  memset(sets, 0, sizeof sets);
+  int n_sets = 0;
+  if (CU(drv->cuDeviceGet(&dev, 0)) || CU(drv->cuDeviceGetName(name, sizeof name, dev)) ||
+      CU(drv->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) ||
+      CU(drv->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) ||
+      CU(drv->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) ||
+      CU(drv->cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev)))
+    goto out;
+  if (CU(drv->cuDevicePrimaryCtxRetain(&ctx, dev))) goto out;
+  retained = 1;
+  if (CU(drv->cuCtxSetCurrent(ctx)) || CU(drv->cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING)))
+    goto out;
+  char arch[16];
+  if (major == 9 && minor == 0) snprintf(arch, sizeof arch, "sm_90a");
+  else snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
+  g_arch = arch;
+  int nv_major, nv_minor;
+  mg_jit_nvrtc_version(&nv_major, &nv_minor);
+  say("device: %s, compute capability %d.%d, %d SMs, %d bytes opt-in smem per block; driver %d; "
+      "NVRTC %d.%d; arch %s; seed %llu\n",
+      name, major, minor, sms, optin, drv->driver_version, nv_major, nv_minor, arch, seed);
+  rng_state = g_test_seed = seed;
+  if (mg_gen_open(&gen, NULL, &d)) {
+    say("bench: %s\n", mg_diag_msg(&d));
+    goto out;
+  }
+  g_hdr = mg_gen_headers(gen, &g_n_hdr);
+  g_template_hash = mg_gen_template_hash(gen);
+  sets[n_sets++].heads = 2;
+  for (int i = 0; i < n_heads; i++) {
+    int dup = 0;
+    for (int j = 0; j < n_sets; j++) dup |= sets[j].heads == heads[i];
+    if (!dup) sets[n_sets++].heads = heads[i];
+  }
+  if (build_all(gen, sets, n_sets, optin)) goto out;
+
+  /* the check: H = 2 at S = 256, then every timed H at S = 200 */
+  int misses = 0;
+  for (int s = 0; s < n_sets && !no_check; s++) {
+    int r = check_set(&sets[s], s == 0 ? 256 : 200);
+    if (r < 0) goto out;
+    misses += r;
+  }
+  if (misses) {
+    say("bench: %d correctness misses: no timing\n", misses);
+    goto out;
+  }
+  say(no_check ? "check SKIPPED (--no-check)\n" : "check passed\n");
+  if (check_only) {
+    rc = 0;
+    goto out;
+  }
+
+  g_pool = xcalloc(POOL, sizeof *g_pool);
+  for (size_t i = 0; i < POOL; i++) g_pool[i] = float_to_bf16((float)randn());
+  say("\nTiming: B=1, bf16, causal, d_n %d d_r %d d_v %d; warm-up %d, median of %d; FLOPs per "
+      "MLA.md (bwd rows: bwd_atomic, bwd_det, and bwd_dkdv alone carry the backward's FLOPs)\n",
+      DN, DR, DV, g_warmup, g_iters);
+  print_header();
+  for (int h = 0; h < n_heads; h++) {
+    const kset *ks = NULL;
+    for (int s = 0; s < n_sets; s++)
+      if (sets[s].heads == heads[h]) ks = &sets[s];
+    for (int i = 0; i < n_seqs; i++)
+      if (time_shape(ks, seqs[i])) goto out;
+  }
+  say("\n");
+  print_header();
+  for (int i = 0; i < g_n_rows; i++) print_row(&g_rows[i]);
+  snprintf(path, sizeof path, "%s/bench.csv", outdir);
+  if (write_csv(path)) goto out;
+  say("wrote %s\n", path);
+  rc = 0;
+out:
+  if (g_n_rows && rc) {
+    snprintf(path, sizeof path, "%s/bench.csv", outdir);
+    write_csv(path); /* what was measured before the failure */
+  }
+  free(g_pool);
+  dfree_all();
+  free_all_kernels(sets, n_sets);
+  if (g_stream) cu(drv->cuStreamDestroy(g_stream), "cuStreamDestroy");
+  if (retained) cu(drv->cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease");
+  mg_gen_close(gen);
+  mg_diag_clear(&d);
+  say("%s\n", rc ? "bench: FAILED" : "bench: ok");
+  fclose(g_log);
+  return rc;
+}

@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""torch_peer.py: the peers mlagen's attention kernels are compared with, timed like
+tests/gpu/bench.c (CUDA events, warm-up, median, input sets rotated so inputs are not
+L2-hot).
+
+    python3 tests/gpu/torch_peer.py OUTDIR [--seqs 1024,4096,8192,16384] [--heads 16,128]
+                                    [--iters 20] [--warmup 3] [--sets 4] [--row-budget-ms 4000]
+
+Shapes: B = 1, bf16, causal, q and k [B, H, S, 192], v [B, H, S, 128] (DeepSeek-V3:
+d_qk = d_n + d_r = 128 + 64, d_v = 128), softmax scale 0.13523 (V3's, mscale^2/sqrt(192)).
+Peers, each when it works on this shape (a failure is a row with its message, never an
+exit):
+  sdpa_<backend>  torch.nn.functional.scaled_dot_product_attention, one row per backend
+                  forced through torch.nn.attention.sdpa_kernel (cudnn, efficient, flash),
+                  and sdpa_default (PyTorch's own choice)
+  flash_attn      flash_attn.flash_attn_func (FlashAttention-2) on [B, S, H, D]; if it refuses
+                  d_v != d_qk, flash_attn_vpad: v zero-padded to 192, output sliced
+  flash_attn3     flash_attn_interface.flash_attn_func (FlashAttention-3), when importable
+Ops: fwd (forward only, no autograd) and fwd_bwd (forward, then torch.autograd.grad of
+q, k, v given dO). FLOPs as MLA.md: forward 2 H pairs (d_qk + d_v), backward 2 H pairs
+(3 d_qk + 2 d_v), pairs = S (S + 1) / 2. A row whose first warm-up call is slow gets fewer
+iterations (at least 5) to stay within --row-budget-ms.
+
+Writes OUTDIR/torch.csv and OUTDIR/torch.log. Exit 0 when the table was written (even with
+every peer unsupported), 1 when torch or CUDA is unavailable, 2 on usage errors.
+"""
+import argparse
+import math
+import os
+import sys
+import time
+
+DQK, DV = 192, 128
+SCALE = 1.3689 * 1.3689 / math.sqrt(DQK)
+
+LOG = None
+
+
+def say(msg=""):
+    print(msg, flush=True)
+    if LOG:
+        LOG.write(msg + "\n")
+        LOG.flush()
+
+
+def parse_list(s):
+    return [int(x) for x in s.split(",") if x]
+
+
+def main():
+    global LOG
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--seqs", default="1024,4096,8192,16384")
+    ap.add_argument("--heads", default="16,128")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--sets", type=int, default=4)
+    ap.add_argument("--row-budget-ms", type=float, default=4000.0)
+    a = ap.parse_args()
+    os.makedirs(a.outdir, exist_ok=True)
+    LOG = open(os.path.join(a.outdir, "torch.log"), "w")
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as e:  # noqa: BLE001
+        say(f"torch_peer: cannot import torch: {e}")
+        return 1
+    if not torch.cuda.is_available():
+        say("torch_peer: torch.cuda.is_available() is False")
+        return 1
+    dev = torch.device("cuda")
+    say(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
+        f"device {torch.cuda.get_device_name(0)}")
+
+    peers = []  # (name, layout "bhsd"|"bshd", fwd(q, k, v) -> o)
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backends = [("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                    ("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION),
+                    ("sdpa_flash", SDPBackend.FLASH_ATTENTION)]
+    except Exception as e:  # noqa: BLE001
+        say(f"torch.nn.attention.sdpa_kernel unavailable ({e}): default SDPA only")
+        backends = []
+
+    def sdpa_default(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE)
+
+    peers.append(("sdpa_default", "bhsd", sdpa_default))
+    for name, be in backends:
+        def fn(q, k, v, be=be):
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE)
+        peers.append((name, "bhsd", fn))
+    try:
+        import flash_attn
+        from flash_attn import flash_attn_func as fa2
+        say(f"flash_attn {getattr(flash_attn, '__version__', '?')}")
+
+        def fa2_fn(q, k, v):
+            return fa2(q, k, v, causal=True, softmax_scale=SCALE)
+
+        def fa2_vpad(q, k, v):
+            vp = F.pad(v, (0, DQK - DV))
+            return fa2(q, k, vp, causal=True, softmax_scale=SCALE)[..., :DV]
+        peers.append(("flash_attn", "bshd", fa2_fn))
+        peers.append(("flash_attn_vpad", "bshd", fa2_vpad))
+    except Exception as e:  # noqa: BLE001
+        say(f"flash_attn not importable ({type(e).__name__}: {e}): skipped")
+    try:
+        from flash_attn_interface import flash_attn_func as fa3
+
+        def fa3_fn(q, k, v):
+            o = fa3(q, k, v, causal=True, softmax_scale=SCALE)
+            return o[0] if isinstance(o, tuple) else o
+        peers.append(("flash_attn3", "bshd", fa3_fn))
+        say("flash_attn_interface (FlashAttention-3) importable")
+    except Exception as e:  # noqa: BLE001
+        say(f"flash_attn_interface not importable ({type(e).__name__}): skipped")
+
+    rows = []
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(257)]
+
+    def time_row(label, fn, n_sets):
+        """Warm-up, then iters calls, each between two events; median ms, iterations."""
+        w_ms = 0.0
+        for i in range(max(a.warmup, 1)):
+            start[0].record()
+            fn(i % n_sets)
+            start[1].record()
+            start[1].synchronize()
+            w_ms = start[0].elapsed_time(start[1])
+        n = a.iters
+        if w_ms > 0 and n * w_ms > a.row_budget_ms:
+            n = min(a.iters, max(5, int(a.row_budget_ms / w_ms)))
+            say(f"  ({label}: {w_ms:.1f} ms per call, {n} iterations instead of {a.iters})")
+        n = min(n, 256)
+        start[0].record()
+        for i in range(n):
+            fn((i + 1) % n_sets)
+            start[i + 1].record()
+        start[n].synchronize()
+        t = sorted(start[i].elapsed_time(start[i + 1]) for i in range(n))
+        med = t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+        return med, n
+
+    say(f"B=1 bf16 causal d_qk={DQK} d_v={DV} scale={SCALE:.5f}; warm-up {a.warmup}, "
+        f"median of {a.iters}, {a.sets} input sets")
+    hdr = f"{'impl':<16} {'op':<8} {'H':>4} {'S':>6} {'ms(median)':>10} {'TFLOP/s':>8} {'iters':>5}  note"
+    say(hdr)
+    for H in parse_list(a.heads):
+        for S in parse_list(a.seqs):
+            pairs = S * (S + 1) / 2
+            f_fwd = 2 * H * pairs * (DQK + DV)
+            f_bwd = 2 * H * pairs * (3 * DQK + 2 * DV)
+            per_set = 2 * (2 * H * S * DQK + 2 * H * S * DV)
+            free, _ = torch.cuda.mem_get_info()
+            n_sets = a.sets
+            while n_sets > 1 and n_sets * per_set > 0.5 * free:
+                n_sets -= 1
+            g = torch.Generator(device=dev)
+            g.manual_seed(1234 + S + H)
+            base = []
+            for _ in range(n_sets):
+                mk = lambda d: torch.randn(1, H, S, d, device=dev, dtype=torch.bfloat16, generator=g)  # noqa: E731
+                base.append((mk(DQK), mk(DQK), mk(DV), mk(DV)))
+            for name, layout, fwd in peers:
+                if layout == "bhsd":
+                    sets = base
+                else:  # [B, S, H, D], contiguous
+                    sets = [tuple(x.transpose(1, 2).contiguous() for x in s) for s in base]
+                for op in ("fwd", "fwd_bwd"):
+                    note = ""
+                    try:
+                        if op == "fwd":
+                            def call(i, sets=sets, fwd=fwd):
+                                q, k, v, _ = sets[i]
+                                with torch.no_grad():
+                                    fwd(q, k, v)
+                        else:
+                            leaf = [tuple(x.detach().requires_grad_(j < 3) for j, x in enumerate(s))
+                                    for s in sets]
+
+                            def call(i, leaf=leaf, fwd=fwd):
+                                q, k, v, do = leaf[i]
+                                o = fwd(q, k, v)
+                                torch.autograd.grad(o, (q, k, v), do)
+                        ms, iters = time_row(f"{name} {op} H={H} S={S}", call, n_sets)
+                        flops = f_fwd if op == "fwd" else f_fwd + f_bwd
+                        tf = flops / (ms * 1e-3) / 1e12
+                    except Exception as e:  # noqa: BLE001
+                        ms, iters, tf = float("nan"), 0, float("nan")
+                        note = f"unsupported: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                        torch.cuda.synchronize()
+                    if name == "flash_attn_vpad":
+                        note = (note + " " if note else "") + "v padded to 192 (extra work)"
+                    rows.append((name, op, H, S, ms, tf, iters, note))
+                    say(f"{name:<16} {op:<8} {H:>4} {S:>6} {ms:>10.3f} {tf:>8.1f} {iters:>5}  {note}")
+                if layout != "bhsd":
+                    del sets
+            del base
+            torch.cuda.empty_cache()
+    path = os.path.join(a.outdir, "torch.csv")
+    with open(path, "w") as f:
+        f.write("tool,impl,op,H,S,d_qk,d_v,causal,ms,tflops,iters,note\n")
+        for name, op, H, S, ms, tf, iters, note in rows:
+            ms_s = "" if math.isnan(ms) else f"{ms:.4f}"
+            tf_s = "" if math.isnan(tf) else f"{tf:.2f}"
+            f.write(f"torch,{name},{op},{H},{S},{DQK},{DV},1,{ms_s},{tf_s},{iters},\"{note.replace(chr(34), chr(39))}\"\n")
+    say(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    rc = main()
+    print(f"torch_peer: {time.time() - t0:.1f} s, exit {rc}")
+    sys.exit(rc)
