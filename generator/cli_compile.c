@@ -64,10 +64,10 @@ int cli_compile(int argc, char **argv) {
   }
 
   mg_shape shape;
-  mg_kernel_spec specs[16];
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n = 0;
   mg_gen *g;
-  if ((rc = cli_prepare(&o, &shape, specs, 16, &n, &g))) return rc;
+  if ((rc = cli_prepare(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
 
   mg_diag d = MG_DIAG_INIT;
   int n_hdr = 0;

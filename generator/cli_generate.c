@@ -28,13 +28,13 @@ int cli_generate(int argc, char **argv) {
   if ((rc = cli_kernel_dtype(&o))) return rc;
   if (!o.out) o.out = "mlagen-kernels";
   mg_shape shape;
-  mg_kernel_spec specs[16];
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n = 0;
   mg_gen *g;
-  if ((rc = cli_prepare(&o, &shape, specs, 16, &n, &g))) return rc;
+  if ((rc = cli_prepare(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
 
   mg_diag d = MG_DIAG_INIT;
-  mg_kernel kernels[16];
+  mg_kernel kernels[MG_SPEC_MAX_KERNELS];
   int made = 0;
   for (; !rc && made < n; made++) rc = mg_gen_kernel(g, &specs[made], &kernels[made], &d);
   if (rc) made--; /* the failed one holds nothing */

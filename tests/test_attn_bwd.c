@@ -688,9 +688,9 @@ static void test_nvrtc_all_kept_configs(void **state) {
     int rc = models[m] ? mg_config_load(models[m], &shape, &d)
                        : mg_config_parse(jsons[m], strlen(jsons[m]), "json", &shape, &d);
     if (rc) fail_msg("%s", mg_diag_msg(&d));
-    mg_kernel_spec specs[16];
+    mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
     int n;
-    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, 16, &n, &d), 0);
+    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
     for (int i = 0; i < n; i++) {
       if (!specs[i].causal || strncmp(specs[i].family, "attn_bwd_", 9)) continue;
       /* the configurations: a list of assignment sets per family */

@@ -540,9 +540,9 @@ static void test_nvrtc_all_kept_configs(void **state) {
     int rc = models[m] ? mg_config_load(models[m], &shape, &d)
                        : mg_config_parse(unusual_json, strlen(unusual_json), "unusual", &shape, &d);
     if (rc) fail_msg("%s", mg_diag_msg(&d));
-    mg_kernel_spec specs[16];
+    mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
     int n;
-    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, 16, &n, &d), 0);
+    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
     int found = -1;
     for (int i = 0; i < n; i++)
       if (!strcmp(specs[i].family, "attn_fwd") && specs[i].causal) found = i;

@@ -46,10 +46,10 @@ static long launch_smem_static(const mg_kernel *k) {
 static void compile_model(const char *model, int sp) {
   mg_shape shape;
   load_shape(model, &shape);
-  mg_kernel_spec specs[16];
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n = 0;
   mg_diag d = MG_DIAG_INIT;
-  assert_int_equal(mg_spec_for_model(&shape, sp, "bf16", specs, 16, &n, &d), 0);
+  assert_int_equal(mg_spec_for_model(&shape, sp, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
   assert_true(n >= 2);
   mg_gen *g;
   assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
@@ -99,9 +99,9 @@ static void test_all_kept_configs(void **state) {
   for (int m = 0; m < 2; m++) {
     mg_shape shape;
     load_shape(models[m], &shape);
-    mg_kernel_spec specs[16];
+    mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
     int n;
-    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, 16, &n, &d), 0);
+    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
     for (int i = 0; i < 3; i++)
       for (int j = 0; j < 3; j++) {
         mg_kernel_spec s = specs[0];
@@ -141,9 +141,9 @@ static void test_all_kept_configs(void **state) {
 static mg_kernel_spec v3_spec(int causal) {
   mg_shape shape;
   load_shape("deepseek-v3", &shape);
-  mg_kernel_spec specs[16];
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n = 0;
-  assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, 16, &n, NULL), 0);
+  assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, NULL), 0);
   for (int i = 0; i < n; i++)
     if (specs[i].causal == causal) return specs[i];
   fail();
@@ -200,13 +200,13 @@ static void test_spec_errors(void **state) {
   (void)state;
   mg_shape shape;
   load_shape("deepseek-v2-lite", &shape); /* 16 heads */
-  mg_kernel_spec specs[16];
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n;
   mg_diag d = MG_DIAG_INIT;
-  assert_int_equal(mg_spec_for_model(&shape, 3, "bf16", specs, 16, &n, &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_spec_for_model(&shape, 3, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "does not divide num_attention_heads 16"));
-  assert_int_equal(mg_spec_for_model(&shape, 1, "fp8", specs, 16, &n, &d), MLAGEN_EINVAL);
-  assert_int_equal(mg_spec_for_model(&shape, 16, "fp16", specs, 16, &n, &d), 0);
+  assert_int_equal(mg_spec_for_model(&shape, 1, "fp8", specs, MG_SPEC_MAX_KERNELS, &n, &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_spec_for_model(&shape, 16, "fp16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
   assert_int_equal(specs[0].heads, 1);
   mg_diag_clear(&d);
 }
@@ -324,13 +324,13 @@ static void test_manifest(void **state) {
   assert_non_null(mkdtemp(dir));
   mg_shape shape;
   load_shape("kimi-k2", &shape);
-  mg_kernel_spec specs[16];
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n;
   mg_diag d = MG_DIAG_INIT;
-  assert_int_equal(mg_spec_for_model(&shape, 4, "bf16", specs, 16, &n, &d), 0);
+  assert_int_equal(mg_spec_for_model(&shape, 4, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
   mg_gen *g;
   assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  mg_kernel k[16];
+  mg_kernel k[MG_SPEC_MAX_KERNELS];
   for (int i = 0; i < n; i++) assert_int_equal(mg_gen_kernel(g, &specs[i], &k[i], &d), 0);
   assert_int_equal(mg_gen_write(g, &shape, 4, k, n, dir, &d), 0);
 
