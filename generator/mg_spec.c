@@ -8,9 +8,10 @@
 
 #include "mlagen.h"
 
-const char *const mg_spec_families[] = {"explicit_fwd", "attn_fwd",   "attn_bwd_pre", "attn_bwd_dkdv",
-                                        "attn_bwd_dq",  "dq_convert", "a2a_pack",     "a2a_unpack",
-                                        NULL};
+const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_bwd_pre", "attn_bwd_dkdv",
+                                        "attn_bwd_dq",   "dq_convert",   "a2a_pack",     "a2a_unpack",
+                                        "expand_kv",     "split_dkv",    "concat_latent", "split_latent",
+                                        "copy_cols",     NULL};
 
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d) {
