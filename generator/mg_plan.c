@@ -109,7 +109,12 @@ static void io(mg_step *s, int in, int out) {
 
 /* Collectives: bytes sent per rank and the send/receive workspace (MLA.md conventions).
  * At P = 1 a collective is a copy: nothing sent, no workspace. */
-static void collective(mg_plan *p, mg_step_kind kind, const char *label, int src, int dst) {
+static void collective(mg_plan *p, mg_step_kind kind, int src, int dst) {
+  const char *what = kind == MG_STEP_ALL_GATHER       ? "all-gather"
+                     : kind == MG_STEP_REDUCE_SCATTER ? "reduce-scatter"
+                                                      : "all-to-all";
+  char label[80];
+  snprintf(label, sizeof label, "%s %s -> %s", what, p->bufs[src].name, p->bufs[dst].name);
   mg_step *s = step_new(p, kind, label);
   io(s, src, dst);
   const int64_t P = p->args.sp, in = mg_plan_buf_bytes(&p->bufs[src]),
@@ -132,28 +137,11 @@ static void collective(mg_plan *p, mg_step_kind kind, const char *label, int src
   }
 }
 
-void mg_plan_seq_to_head(mg_plan *p, int src, int dst) {
-  char label[80];
-  snprintf(label, sizeof label, "all-to-all %s -> %s", p->bufs[src].name, p->bufs[dst].name);
-  collective(p, MG_STEP_SEQ_TO_HEAD, label, src, dst);
-}
-
-void mg_plan_head_to_seq(mg_plan *p, int src, int dst) {
-  char label[80];
-  snprintf(label, sizeof label, "all-to-all %s -> %s", p->bufs[src].name, p->bufs[dst].name);
-  collective(p, MG_STEP_HEAD_TO_SEQ, label, src, dst);
-}
-
-void mg_plan_all_gather(mg_plan *p, int src, int dst) {
-  char label[80];
-  snprintf(label, sizeof label, "all-gather %s -> %s", p->bufs[src].name, p->bufs[dst].name);
-  collective(p, MG_STEP_ALL_GATHER, label, src, dst);
-}
-
+void mg_plan_seq_to_head(mg_plan *p, int src, int dst) { collective(p, MG_STEP_SEQ_TO_HEAD, src, dst); }
+void mg_plan_head_to_seq(mg_plan *p, int src, int dst) { collective(p, MG_STEP_HEAD_TO_SEQ, src, dst); }
+void mg_plan_all_gather(mg_plan *p, int src, int dst) { collective(p, MG_STEP_ALL_GATHER, src, dst); }
 void mg_plan_reduce_scatter(mg_plan *p, int src, int dst) {
-  char label[80];
-  snprintf(label, sizeof label, "reduce-scatter %s -> %s", p->bufs[src].name, p->bufs[dst].name);
-  collective(p, MG_STEP_REDUCE_SCATTER, label, src, dst);
+  collective(p, MG_STEP_REDUCE_SCATTER, src, dst);
 }
 
 void mg_plan_gemm(mg_plan *p, const char *label, int a, int b, int c, mg_gemm g) {

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+
+#include "mg_buf.h"
 #include <unistd.h>
 
 #include "mg_fs.h"
@@ -29,17 +31,17 @@ mg_tune_describe_fn mg_tune_describe = NULL;
 
 static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *xasprintf(const char *fmt, ...) {
+  mg_buf b;
+  mg_buf_init(&b, 0);
   va_list ap;
   va_start(ap, fmt);
-  int len = vsnprintf(NULL, 0, fmt, ap);
+  int rc = mg_buf_vaddf(&b, fmt, ap);
   va_end(ap);
-  if (len < 0) return NULL;
-  char *s = malloc((size_t)len + 1);
-  if (!s) return NULL;
-  va_start(ap, fmt);
-  vsnprintf(s, (size_t)len + 1, fmt, ap);
-  va_end(ap);
-  return s;
+  if (rc) {
+    mg_buf_free(&b);
+    return NULL;
+  }
+  return mg_buf_take(&b, NULL);
 }
 
 char *mg_tune_config_str(const mg_tune_config *c, char *buf, size_t n) {

@@ -36,4 +36,22 @@ static inline form_io form_inputs(mg_plan *p) {
   f.o = -1;
   return f;
 }
+
+/* o = all-to-all of the head-sharded o_h back to sequence shards: the forward's output. */
+static inline int form_output(mg_plan *p, int o_h) {
+  FORM_DIMS(p);
+  int o = mg_plan_output(p, "o", T, DIMS(B, Sl, H, dv));
+  mg_plan_head_to_seq(p, o_h, o);
+  return o;
+}
+
+/* Starts the backward: the input do, all-to-all to head shards; returns do_h. */
+static inline int form_backward(mg_plan *p) {
+  FORM_DIMS(p);
+  mg_plan_backward(p);
+  int d_o = mg_plan_input(p, "do", T, DIMS(B, Sl, H, dv));
+  int do_h = mg_plan_temp(p, "do_h", T, DIMS(B, S, Hl, dv));
+  mg_plan_seq_to_head(p, d_o, do_h);
+  return do_h;
+}
 #endif

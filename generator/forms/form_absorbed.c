@@ -38,14 +38,10 @@ void mg_form_absorbed(mg_plan *p) {
                (mg_gemm){.trans_b = 1, .m = B * S, .n = dv, .k = dc, .lda = Hl * dc, .ldb = dc,
                          .ldc = Hl * dv, .off_b = uv, .stride_a = dc, .stride_b = wstride,
                          .stride_c = dv, .batch = (int)Hl});
-  int o = mg_plan_output(p, "o", T, DIMS(B, Sl, H, dv));
-  mg_plan_head_to_seq(p, o_h, o);
+  form_output(p, o_h);
 
   /* ---- backward ---- */
-  mg_plan_backward(p);
-  int d_o = mg_plan_input(p, "do", T, DIMS(B, Sl, H, dv));
-  int do_h = mg_plan_temp(p, "do_h", T, DIMS(B, S, Hl, dv));
-  mg_plan_seq_to_head(p, d_o, do_h);
+  int do_h = form_backward(p);
   int do_lat = mg_plan_temp(p, "do_lat", T, DIMS(B, S, Hl, dc));
   mg_plan_gemm(p, "do_lat[:, h] = do_h W_UV[h]", do_h, f.w, do_lat,
                (mg_gemm){.m = B * S, .n = dc, .k = dv, .lda = Hl * dv, .ldb = dc, .ldc = Hl * dc,

@@ -48,14 +48,10 @@ void mg_form_laga(mg_plan *p, int recompute) {
   int o_h = mg_plan_temp(p, "o_h", T, DIMS(B, S, Hl, dv));
   int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, Hl, S));
   mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention", ARGS(q_h, k_h, v_h), ARGS(o_h, lse));
-  int o = mg_plan_output(p, "o", T, DIMS(B, Sl, H, dv));
-  mg_plan_head_to_seq(p, o_h, o);
+  form_output(p, o_h);
 
   /* ---- backward ---- */
-  mg_plan_backward(p);
-  int d_o = mg_plan_input(p, "do", T, DIMS(B, Sl, H, dv));
-  int do_h = mg_plan_temp(p, "do_h", T, DIMS(B, S, Hl, dv));
-  mg_plan_seq_to_head(p, d_o, do_h);
+  int do_h = form_backward(p);
   int K = k_h, V = v_h;
   if (recompute) { /* LAGA-R: K and V again from the kept latent */
     K = mg_plan_temp(p, "k_h2", T, DIMS(B, S, Hl, dqk));
