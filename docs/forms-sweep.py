@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 mlagen = sys.argv[1] if len(sys.argv) > 1 else "build/mlagen"
-forms = ["explicit", "absorbed", "laga", "laga-r"]
+forms = ["explicit", "absorbed", "laga", "laga-r", "laga-f"]
 print("| S | P | explicit sent fwd+bwd (MiB) | explicit saved (MiB) | "
       + " | ".join(f"{f} sent / saved / peak bwd" for f in forms[1:]) + " |")
 print("|---|---|---|---|" + "---|" * (len(forms) - 1))

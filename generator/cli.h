@@ -42,6 +42,7 @@ typedef struct cli_opts {
   const char *family[CLI_MAX_SET]; /* tune: --family F (repeatable) */
   int n_family;
   int min_warps;              /* tune: --min-warps N (0: the default threshold) */
+  int head_groups;            /* plan, run: --head-groups N (laga-f; 0: the default) */
 } cli_opts;
 
 /* Parses the options of a subcommand (argv[2..argc)) into o. allowed is a space-separated

@@ -137,7 +137,9 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     } else if (OPT("min-warps")) {
       if (parse_int("min-warps", v, &o->min_warps)) return CLI_USAGE;
     }
-    else if (OPT("sp")) {
+    else if (OPT("head-groups")) {
+      if (parse_int("head-groups", v, &o->head_groups)) return CLI_USAGE;
+    } else if (OPT("sp")) {
       if (parse_int("sp", v, &o->sp)) return CLI_USAGE;
     } else if (OPT("batch")) {
       if (parse_int("batch", v, &o->batch)) return CLI_USAGE;

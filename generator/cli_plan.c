@@ -12,10 +12,10 @@
 
 static const char help[] =
     "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype T]\n"
-    "                   [--causal | --no-causal] [--json] [--steps]\n"
+    "                   [--causal | --no-causal] [--head-groups N] [--json] [--steps]\n"
     "                   [--explain [--arch ARCH] [--device NAME] [--templates DIR]]\n"
     "\n"
-    "Builds the plan of every form (explicit, absorbed, laga, laga-r) for one rank of a\n"
+    "Builds the plan of every form (explicit, absorbed, laga, laga-r, laga-f) for one rank of a\n"
     "sequence-parallel group of P ranks and prints, per rank and layer: bytes sent by the\n"
     "collectives (forward, backward), bytes kept from forward to backward, the transient\n"
     "peak of the forward and of the backward, and FLOPs (attention by FlashMLA's\n"
@@ -28,6 +28,8 @@ static const char help[] =
     "  --dtype T    activation dtype: bf16 (default), fp16, f32 or f64 (what\n"
     "               `mlagen run` executes on the CPU)\n"
     "  --no-causal  full attention (causal is the default)\n"
+    "  --head-groups N  laga-f rebuilds K/V for H / P / N heads at a time (N divides\n"
+    "               H / P, at most 16; default the largest divisor of H / P up to 8)\n"
     "  --json       machine-readable output\n"
     "  --steps      also list each form's steps\n"
     "  --explain    also print, per kernel family and causal flag, the configuration the\n"
@@ -132,7 +134,7 @@ static void print_steps(const mg_plan *p) {
 
 int cli_plan(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal json steps explain arch device templates", help, &o);
+  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal head-groups json steps explain arch device templates", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   if (!o.dtype) o.dtype = "bf16";
   mg_dtype dtype = MG_BF16;
@@ -152,7 +154,8 @@ int cli_plan(int argc, char **argv) {
   mg_diag d = MG_DIAG_INIT;
   for (int f = 0; f < MG_FORM_COUNT; f++) {
     mg_plan_args a = {.shape = &shape, .form = (mg_form)f, .sp = o.sp, .rank = 0,
-                      .batch = o.batch, .seq = o.seq, .causal = o.causal, .dtype = dtype};
+                      .batch = o.batch, .seq = o.seq, .causal = o.causal, .dtype = dtype,
+                      .head_groups = f == MG_FORM_LAGA_F ? o.head_groups : 0};
     if (mg_plan_build(&plans[f], &a, &d)) {
       cli_error("%s", mg_diag_msg(&d));
       mg_diag_clear(&d);

@@ -22,7 +22,7 @@
 
 static const char help[] =
     "usage: mlagen run --seq S [--backend cpu] [--model M] [--sp P] [--batch B] [--form F]\n"
-    "                  [--dtype f32|f64] [--causal | --no-causal] [--seed N]\n"
+    "                  [--dtype f32|f64] [--causal | --no-causal] [--head-groups N] [--seed N]\n"
     "                  [--inputs FILE] [--dump FILE] [--check]\n"
     "\n"
     "Runs one MLA attention layer, forward then backward, with the CPU executor: the\n"
@@ -32,13 +32,14 @@ static const char help[] =
     "and the bytes sent, measured by the executor's allocator, next to the planner's.\n"
     "\n"
     "  --backend cpu  the executor (only cpu for now)\n"
-    "  --form F       explicit (default), absorbed, laga, laga-r\n"
+    "  --form F       explicit (default), absorbed, laga, laga-r, laga-f\n"
     "  --seq S        global sequence length; each rank holds S / P tokens (required\n"
     "                 without --inputs, else taken from q)\n"
     "  --sp P         sequence-parallel degree (default 1) = the number of MPI ranks\n"
     "  --batch B      batch size (default 1; with --inputs taken from q)\n"
     "  --dtype T      f32 (default) or f64\n"
     "  --no-causal    full attention (causal, by global position, is the default)\n"
+    "  --head-groups N  laga-f: head groups K/V are rebuilt in (default: see mlagen plan)\n"
     "  --seed N       inputs drawn from N (default 1), identical on every rank: element i\n"
     "                 (row-major index in the global tensor) of tensor n (q 1, c_kv 2,\n"
     "                 k_rope 3, w_kv_b 4, do 5) is scale * N(0,1) by Box-Muller from\n"
@@ -49,14 +50,14 @@ static const char help[] =
     "  --dump FILE    write the global results as f32 safetensors (rank 0, atomic):\n"
     "                 o [B,S,H,d_v], lse [B,H,S], dq, dc_kv, dk_rope, dw_kv_b (summed\n"
     "                 over ranks)\n"
-    "  --check        run all four forms on the same inputs and print each one's max\n"
+    "  --check        run all five forms on the same inputs and print each one's max\n"
     "                 relative error (max|a-b| / max|b|) against explicit; fails above\n"
     "                 1e-4 (f32) or 1e-10 (f64)\n";
 
 /* Parses and checks the options of `mlagen run`. */
 static int parse(int argc, char **argv, cli_opts *o) {
   int rc = cli_parse(argc, argv,
-                     "backend model form dtype inputs dump seq sp batch seed causal no-causal check",
+                     "backend model form dtype inputs dump seq sp batch seed causal no-causal head-groups check",
                      help, o);
   if (rc) return rc;
   if (!o->dtype) o->dtype = "f32";
@@ -446,7 +447,8 @@ static int run(const cli_opts *o, group *g) {
     forms[n_forms++] = (int)form;
   for (int k = 0; k < n_forms; k++) {
     mg_plan_args a = {.shape = &shape, .form = (mg_form)forms[k], .sp = o->sp,
-                      .rank = g->rank < o->sp ? g->rank : 0, .batch = (int)B, .seq = S, .causal = o->causal, .dtype = dt};
+                      .rank = g->rank < o->sp ? g->rank : 0, .batch = (int)B, .seq = S, .causal = o->causal, .dtype = dt,
+                      .head_groups = forms[k] == MG_FORM_LAGA_F ? o->head_groups : 0};
     rc = mg_plan_build(&plans[forms[k]], &a, &d);
     if (rc) break;
   }

@@ -6,7 +6,7 @@
 
 #include "mlagen.h"
 
-static const char *const form_names[MG_FORM_COUNT] = {"explicit", "absorbed", "laga", "laga-r"};
+static const char *const form_names[MG_FORM_COUNT] = {"explicit", "absorbed", "laga", "laga-r", "laga-f"};
 
 const char *mg_form_name(mg_form f) {
   return (unsigned)f < MG_FORM_COUNT ? form_names[f] : "unknown";
@@ -238,7 +238,18 @@ int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "plan: sp = %d does not divide num_attention_heads = %d (each rank "
                        "attends with H / P heads)", a->sp, H);
+  if (a->form != MG_FORM_LAGA_F && a->head_groups != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "plan: head_groups = %d applies to the fused LAGA form (laga-f) only",
+                       a->head_groups);
+  const int Hl = H / a->sp;
+  if (a->form == MG_FORM_LAGA_F && a->head_groups != 0 &&
+      (a->head_groups < 1 || a->head_groups > MG_PLAN_MAX_HEAD_GROUPS || Hl % a->head_groups != 0))
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "plan: head_groups = %d must divide the %d heads of a rank (H / P) and "
+                       "be in [1, %d]", a->head_groups, Hl, MG_PLAN_MAX_HEAD_GROUPS);
   p->args = *a;
+  if (a->form == MG_FORM_LAGA_F && a->head_groups == 0) p->args.head_groups = mg_plan_default_head_groups(Hl);
   p->shape = *a->shape;
   p->args.shape = &p->shape;
   p->heads_local = H / a->sp;
@@ -248,8 +259,15 @@ int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
     case MG_FORM_ABSORBED: mg_form_absorbed(p); break;
     case MG_FORM_LAGA: mg_form_laga(p, 0); break;
     case MG_FORM_LAGA_R: mg_form_laga(p, 1); break;
+    case MG_FORM_LAGA_F: mg_form_laga_fused(p); break;
   }
   return mg_plan_finalize(p, d);
+}
+
+int mg_plan_default_head_groups(int heads_local) {
+  for (int g = 8; g > 1; g--)
+    if (heads_local % g == 0) return g;
+  return 1;
 }
 
 /* ---- the planner -------------------------------------------------------------------- */

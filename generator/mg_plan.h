@@ -23,15 +23,19 @@
 #include "mg_diag.h"
 #include "mg_dtype.h"
 
-#define MG_PLAN_MAX_BUFS 48
-#define MG_PLAN_MAX_STEPS 64
+#define MG_PLAN_MAX_BUFS 384
+#define MG_PLAN_MAX_STEPS 320
 #define MG_PLAN_MAX_DIMS 4
 #define MG_STEP_MAX_ARGS 8
 
-typedef enum mg_form { MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R } mg_form;
-#define MG_FORM_COUNT 4
+typedef enum mg_form { MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R, MG_FORM_LAGA_F } mg_form;
+#define MG_FORM_COUNT 5
 
-/* "explicit", "absorbed", "laga", "laga-r". */
+/* The most head groups of the fused LAGA form (laga-f): each group adds 17 steps and 17
+ * buffers. */
+#define MG_PLAN_MAX_HEAD_GROUPS 16
+
+/* "explicit", "absorbed", "laga", "laga-r", "laga-f". */
 const char *mg_form_name(mg_form f);
 /* Parses a form name; returns 0 or -1. */
 int mg_form_parse(const char *name, mg_form *out);
@@ -83,7 +87,7 @@ typedef enum mg_kernel_op {
   /* [dc_kv ; dk_rope] = dc. args: dc -> dc_kv, dk_rope */
   MG_OP_SPLIT_LATENT,
   /* dst[r, dst_col + j] = src[r, src_col + j] for j < cols over all rows of width
-   * src_w / dst_w. args: src -> dst */
+   * src_w / dst_w (the step's, or each buffer's last dim when 0). args: src -> dst */
   MG_OP_COPY_COLS,
 } mg_kernel_op;
 
@@ -109,6 +113,8 @@ typedef struct mg_step {
   int n_out;
   mg_kernel_op op;           /* MG_STEP_KERNEL */
   int64_t rope_col, rope_w, src_col, dst_col, cols; /* kernel column arguments */
+  int64_t src_w, dst_w;      /* MG_OP_COPY_COLS row widths; 0: the buffer's last dim */
+  int accumulate;            /* MG_OP_SPLIT_DKV: add the RoPE sum into drope */
   mg_gemm gemm;              /* MG_STEP_GEMM (in[0] = A, in[1] = B, out[0] = C) */
   int64_t sent;              /* collectives: bytes this rank sends */
   int64_t workspace;         /* bytes the step needs for its duration */
@@ -124,6 +130,9 @@ typedef struct mg_plan_args {
   int64_t seq;     /* S, global sequence length; S_l = S / P */
   int causal;
   mg_dtype dtype;  /* activations and communication (f32 on the CPU reference) */
+  int head_groups; /* laga-f only: K/V are rebuilt for H/P / head_groups heads at a time
+                      (a divisor of H/P, at most MG_PLAN_MAX_HEAD_GROUPS); 0 picks
+                      mg_plan_default_head_groups. Other forms require 0. */
 } mg_plan_args;
 
 typedef struct mg_plan {
@@ -144,7 +153,8 @@ typedef struct mg_plan {
 
 /* Builds the plan of args->form for one rank and finalizes it (first/last accesses). Errors: MLAGEN_EINVAL, naming the argument
  * (P < 1, rank outside [0, P), S not divisible by P, H not divisible by P or P > H for
- * the head-sharded forms, batch < 1, S < 1). */
+ * the head-sharded forms, batch < 1, S < 1, head_groups not dividing H/P or above
+ * MG_PLAN_MAX_HEAD_GROUPS for laga-f, or nonzero for another form). */
 int mg_plan_build(mg_plan *p, const mg_plan_args *args, mg_diag *d);
 
 /* What a plan costs one rank (per layer). */
@@ -157,6 +167,12 @@ typedef struct mg_plan_cost {
 } mg_plan_cost;
 
 void mg_plan_cost_of(const mg_plan *p, mg_plan_cost *c);
+
+/* laga-f's head groups when the caller gives none: the largest divisor of heads_local
+ * (H / P) not above 8 (1 when H / P is 1 or has no divisor in [2, 8]). Each group's K/V
+ * workspace is then at most half of the materialized one while the attention launches
+ * keep H / (8 P) or more heads of CTAs (DeepSeek-V3 at P = 8: 8 groups of 2 heads). */
+int mg_plan_default_head_groups(int heads_local);
 
 /* The dtype of the plan's accumulators (the LSE, the weight gradient dw_kv_b): MG_F64 when
  * the plan computes in f64 (the CPU reference), else MG_F32 (bf16/f16 activations keep
@@ -191,4 +207,5 @@ mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const in
 void mg_form_explicit(mg_plan *p);
 void mg_form_absorbed(mg_plan *p);
 void mg_form_laga(mg_plan *p, int recompute);
+void mg_form_laga_fused(mg_plan *p);
 #endif

@@ -106,7 +106,9 @@ typedef enum mlagen_form {
   MLAGEN_FORM_EXPLICIT = 1, /* up-project K/V locally, all-to-all Q, K, V (Megatron-Core) */
   MLAGEN_FORM_ABSORBED = 2, /* all-gather the latent, attend over it (keeps H/P x d_c) */
   MLAGEN_FORM_LAGA = 3,     /* all-gather the latent, rebuild this rank's K/V, explicit attention */
-  MLAGEN_FORM_LAGA_R = 4    /* LAGA keeping only the latent; K/V recomputed in the backward */
+  MLAGEN_FORM_LAGA_R = 4,   /* LAGA keeping only the latent; K/V recomputed in the backward */
+  MLAGEN_FORM_LAGA_F = 5    /* LAGA with fused expansion: K/V rebuilt per head group in a
+                             * workspace of H / P / head_groups heads, forward and backward */
 } mlagen_form;
 
 #define MLAGEN_MAX_DIMS 4
@@ -190,6 +192,9 @@ typedef struct mlagen_plan_desc {
   int causal;       /* nonzero: causal attention over global positions */
   mlagen_dtype dtype; /* activations and communication; accumulators (lse, dw_kv_b) are
                        * f32, or f64 when dtype is f64 */
+  int head_groups;  /* MLAGEN_FORM_LAGA_F only (0 for the other forms): the number of head
+                     * groups K/V are rebuilt in, a divisor of H / P in [1, 16]; 0 picks the
+                     * largest divisor of H / P not above 8 */
 } mlagen_plan_desc;
 
 /* Builds the plan of desc for model. On success *plan is the new plan (free it with
@@ -199,7 +204,9 @@ typedef struct mlagen_plan_desc {
  *   MLAGEN_EINVAL  ctx (message in mlagen_last_message(NULL)), model, desc or plan NULL;
  *                  form or dtype not one of the enums; batch < 1; seq < 1; sp_size < 1;
  *                  sp_rank outside [0, sp_size); seq not divisible by sp_size; sp_size
- *                  not dividing H (or above H); buffers too large for the planner
+ *                  not dividing H (or above H); head_groups nonzero for a form other
+ *                  than MLAGEN_FORM_LAGA_F, or not a divisor of H / P in [1, 16]; buffers
+ *                  too large for the planner
  *                  (over 2^56 bytes).
  *   MLAGEN_ENOMEM */
 int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,

@@ -342,7 +342,7 @@ static int kernel(exec *x, int i, int run) {
       TRY(numel_is(x, i, OUT(1), rows * s->rope_w));
       if (run)
         mg_cpu_split_dkv(t, rows, H, dn, dr, dv, rd(x, s->in[0]), rd(x, s->in[1]),
-                         wr(x, s->out[0]), wr(x, s->out[1]), s->rope_col, s->rope_w);
+                         wr(x, s->out[0]), wr(x, s->out[1]), s->rope_col, s->rope_w, s->accumulate);
       return 0;
     }
     case MG_OP_ATTN_FWD:
@@ -422,7 +422,11 @@ static int kernel(exec *x, int i, int run) {
     }
     case MG_OP_COPY_COLS: {
       TRY(arity(x, i, 1, 1));
-      const int64_t sw = last_dim(IN(0)), dw = last_dim(OUT(0)), rows = mg_plan_buf_numel(IN(0)) / sw;
+      const int64_t sw = s->src_w ? s->src_w : last_dim(IN(0)), dw = s->dst_w ? s->dst_w : last_dim(OUT(0));
+      NEED(sw > 0 && dw > 0 && mg_plan_buf_numel(IN(0)) % sw == 0,
+           "row width %lld does not divide the %lld elements of %s", (long long)sw,
+           (long long)mg_plan_buf_numel(IN(0)), IN(0)->name);
+      const int64_t rows = mg_plan_buf_numel(IN(0)) / sw;
       NEED(s->cols >= 0 && s->src_col >= 0 && s->dst_col >= 0 && s->src_col + s->cols <= sw &&
                s->dst_col + s->cols <= dw,
            "columns [%lld, +%lld) -> [%lld, +%lld) outside widths %lld and %lld",

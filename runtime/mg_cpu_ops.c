@@ -78,7 +78,7 @@ void mg_cpu_expand_kv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t d
 
 void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
                       const void *dk, const void *dvin, void *dkv, void *drope, int64_t rope_col,
-                      int64_t rope_w) {
+                      int64_t rope_w, int accumulate) {
   for (int64_t r = 0; r < rows; r++) {
     for (int64_t h = 0; h < H; h++) {
       const int64_t rh = r * H + h;
@@ -86,7 +86,7 @@ void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t d
       copy(t, at(t, dkv, rh * (dn + dv) + dn), at_c(t, dvin, rh * dv), dv);
     }
     for (int64_t c = 0; c < dr; c++) { /* the rope part is shared: its gradient sums heads */
-      double s = 0;
+      double s = accumulate ? get(t, drope, r * rope_w + rope_col + c) : 0;
       for (int64_t h = 0; h < H; h++) s += get(t, dk, (r * H + h) * (dn + dr) + dn + c);
       put(t, drope, r * rope_w + rope_col + c, s);
     }

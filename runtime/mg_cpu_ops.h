@@ -26,11 +26,12 @@ void mg_cpu_expand_kv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t d
                       void *k, void *v);
 
 /* MG_OP_SPLIT_DKV: dkv[r, h] = [dk[r, h, :d_n] ; dv[r, h]],
- * drope[r, rope_col + c] = sum_h dk[r, h, d_n + c] (c < d_r; other columns untouched).
+ * drope[r, rope_col + c] (+)= sum_h dk[r, h, d_n + c] (c < d_r; other columns untouched;
+ * accumulate nonzero: added to what drope holds).
  * dk [rows, H, d_n + d_r], dv [rows, H, d_v], dkv [rows, H, d_n + d_v], drope [rows, rope_w]. */
 void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
                       const void *dk, const void *dvin, void *dkv, void *drope, int64_t rope_col,
-                      int64_t rope_w);
+                      int64_t rope_w, int accumulate);
 
 /* Attention geometry: B batches of S tokens (queries and keys cover the same S tokens,
  * positions 0..S-1 global), H query heads, causal: key j visible to query i iff j <= i. */

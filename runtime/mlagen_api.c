@@ -183,6 +183,7 @@ static int form_from_api(mlagen_form f, mg_form *out) {
     case MLAGEN_FORM_ABSORBED: *out = MG_FORM_ABSORBED; return 0;
     case MLAGEN_FORM_LAGA: *out = MG_FORM_LAGA; return 0;
     case MLAGEN_FORM_LAGA_R: *out = MG_FORM_LAGA_R; return 0;
+    case MLAGEN_FORM_LAGA_F: *out = MG_FORM_LAGA_F; return 0;
   }
   return -1;
 }
@@ -287,7 +288,7 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   const int H = model->shape.heads;
   if (form_from_api(desc->form, &form))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->form = %d is not an "
-                       "mlagen_form (MLAGEN_FORM_EXPLICIT, _ABSORBED, _LAGA, _LAGA_R)",
+                       "mlagen_form (MLAGEN_FORM_EXPLICIT, _ABSORBED, _LAGA, _LAGA_R, _LAGA_F)",
                        (int)desc->form);
   if (dtype_from_api(desc->dtype, &dtype))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->dtype = %d is not an "
@@ -312,11 +313,20 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->sp_size = %d does not "
                        "divide num_attention_heads = %d (each rank attends with H / P heads)",
                        desc->sp_size, H);
+  if (form != MG_FORM_LAGA_F && desc->head_groups != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->head_groups = %d: only "
+                       "MLAGEN_FORM_LAGA_F has head groups (0 for the other forms)", desc->head_groups);
+  if (form == MG_FORM_LAGA_F && desc->head_groups != 0 &&
+      (desc->head_groups < 1 || desc->head_groups > MG_PLAN_MAX_HEAD_GROUPS ||
+       (H / desc->sp_size) % desc->head_groups != 0))
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->head_groups = %d must "
+                       "divide H / P = %d and be in [1, %d] (or 0 for the default)",
+                       desc->head_groups, H / desc->sp_size, MG_PLAN_MAX_HEAD_GROUPS);
   mlagen_plan *p = calloc(1, sizeof *p);
   if (!p) return mg_diag_set(d, MLAGEN_ENOMEM, "mlagen_plan_create: out of memory");
   mg_plan_args a = {.shape = &model->shape, .form = form, .sp = desc->sp_size,
                     .rank = desc->sp_rank, .batch = desc->batch, .seq = desc->seq,
-                    .causal = desc->causal != 0, .dtype = dtype};
+                    .causal = desc->causal != 0, .dtype = dtype, .head_groups = desc->head_groups};
   int rc = mg_plan_build(&p->plan, &a, d);
   if (rc) {
     mg_diag_prefix(d, "mlagen_plan_create");

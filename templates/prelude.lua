@@ -14,7 +14,8 @@
 --   name      function(spec, config) -> the kernel's symbol name
 --   launch    function(spec, config) -> {grid = {d, d, d}, block = {x, y, z}, smem = bytes}
 --             where a grid dim d is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
---             div = n}: ceil(arg / div)
+--             div = n, mul = m}: ceil(arg * m / n), m 1 when absent (mul counts rows
+--             that pack several heads per token, as the absorbed MQA kernels do)
 -- It resolves the configuration (default, then spec.config overrides, each checked
 -- against the declared values), validates it, records the kernel for the generator and
 -- returns the record: {family, doc, name, params, tunables, config, launch}.

@@ -231,9 +231,10 @@ static void check_sizes(mlagen_context *c, const char *model, mlagen_plan_desc d
   mg_shape shape;
   assert_int_equal(mg_config_load(model, &shape, NULL), 0);
   const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
-                               MLAGEN_FORM_LAGA_R};
-  const mg_form mg_forms[] = {MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R};
-  for (int f = 0; f < 4; f++) {
+                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
+  const mg_form mg_forms[] = {MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R,
+                              MG_FORM_LAGA_F};
+  for (int f = 0; f < 5; f++) {
     desc.form = forms[f];
     mlagen_plan *p;
     if (mlagen_plan_create(c, m, &desc, &p)) fail_msg("%s", mlagen_last_message(c));
@@ -310,6 +311,8 @@ static void test_plan_create_errors(void **state) {
     {good, "plan_desc->seq"},   {good, "plan_desc->sp_size"}, {good, "plan_desc->sp_rank"},
     {good, "plan_desc->sp_rank"}, {good, "plan_desc->seq = 60 is not divisible"},
     {good, "plan_desc->sp_size = 3 does not divide"}, {good, "plan_desc->sp_size = 256"},
+    {good, "plan_desc->head_groups = 2: only MLAGEN_FORM_LAGA_F"},
+    {good, "plan_desc->head_groups = 3 must divide H / P = 16"},
   };
   bad[0].d.form = 0;
   bad[1].d.dtype = (mlagen_dtype)9;
@@ -321,6 +324,8 @@ static void test_plan_create_errors(void **state) {
   bad[7].d.seq = 60;
   bad[8].d.sp_size = 3, bad[8].d.seq = 96;
   bad[9].d.sp_size = 256, bad[9].d.seq = 256;
+  bad[10].d.head_groups = 2; /* LAGA has no head groups */
+  bad[11].d.form = MLAGEN_FORM_LAGA_F, bad[11].d.head_groups = 3;
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     p = (mlagen_plan *)&bad;
     assert_int_equal(mlagen_plan_create(c, m, &bad[i].d, &p), MLAGEN_EINVAL);

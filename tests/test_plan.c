@@ -80,6 +80,16 @@ static void test_forms_relations_v3(void **state) {
                   (double)c[f].saved / (double)ex->saved);
     assert_true(sent > 0.45 && sent < 0.65);
   }
+  /* LAGA-F keeps what LAGA-R keeps and, never holding all heads' K/V, peaks lower in
+   * both passes; it computes the same FLOPs as LAGA-R */
+  const mg_plan_cost *lf = &c[MG_FORM_LAGA_F];
+  assert_int_equal(lf->saved, lr->saved);
+  assert_true(lf->peak_fwd < lr->peak_fwd && lf->peak_bwd < lr->peak_bwd);
+  assert_true(lf->attn_flops_fwd == lr->attn_flops_fwd && lf->attn_flops_bwd == lr->attn_flops_bwd);
+  assert_true(lf->gemm_flops_fwd == lr->gemm_flops_fwd && lf->gemm_flops_bwd == lr->gemm_flops_bwd);
+  print_message("  laga-f (8 groups of 2 heads) peaks %.1f / %.1f MiB, laga-r %.1f / %.1f MiB\n",
+                lf->peak_fwd / 1048576.0, lf->peak_bwd / 1048576.0, lr->peak_fwd / 1048576.0,
+                lr->peak_bwd / 1048576.0);
   /* LAGA-R recomputes K/V: one more up-projection GEMM in the backward */
   assert_true(lr->gemm_flops_bwd > la->gemm_flops_bwd);
   assert_true(la->attn_flops_fwd == ex->attn_flops_fwd);
@@ -137,6 +147,67 @@ static void test_plans_well_formed(void **state) {
   }
 }
 
+/* laga-f: head groups chosen by default or by the caller; more groups never raise a
+ * peak; one group's workspace is what the peaks add over the kept buffers. */
+static void test_laga_fused_groups(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v3"); /* H = 128 */
+  assert_int_equal(mg_plan_default_head_groups(16), 8);
+  assert_int_equal(mg_plan_default_head_groups(128), 8);
+  assert_int_equal(mg_plan_default_head_groups(6), 6);
+  assert_int_equal(mg_plan_default_head_groups(1), 1);
+  assert_int_equal(mg_plan_default_head_groups(11), 1);
+  mg_diag d = MG_DIAG_INIT;
+  int64_t prev_f = INT64_MAX, prev_b = 0;
+  const int groups[] = {1, 2, 4, 8, 16};
+  for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+    mg_plan_args a = {.shape = &s, .form = MG_FORM_LAGA_F, .sp = 8, .rank = 3, .batch = 1,
+                      .seq = 4096, .causal = 1, .dtype = MG_BF16, .head_groups = groups[i]};
+    assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+    assert_int_equal(plan.args.head_groups, groups[i]);
+    mg_plan_cost c;
+    mg_plan_cost_of(&plan, &c);
+    /* the forward only gets smaller workspaces; the backward also holds dq_h, dc and
+     * dw_kv_b from the first group on (a single group writes them after attending), so
+     * its peak may exceed one group's by at most those three */
+    assert_true(c.peak_fwd <= prev_f);
+    if (i == 0) prev_b = c.peak_bwd;
+    const int64_t early = mg_plan_buf_bytes(&plan.bufs[mg_plan_find(&plan, "dq_h")]) +
+                          mg_plan_buf_bytes(&plan.bufs[mg_plan_find(&plan, "dc")]) +
+                          mg_plan_buf_bytes(&plan.bufs[mg_plan_find(&plan, "dw_kv_b")]);
+    assert_true(c.peak_bwd <= prev_b + early);
+    print_message("  laga-f S 4096, %2d groups: peaks %.1f / %.1f MiB\n", groups[i],
+                  c.peak_fwd / 1048576.0, c.peak_bwd / 1048576.0);
+    prev_f = c.peak_fwd;
+    int n_attn = 0;
+    for (int k = 0; k < plan.n_steps; k++) n_attn += plan.steps[k].op == MG_OP_ATTN_FWD && plan.steps[k].kind == MG_STEP_KERNEL;
+    assert_int_equal(n_attn, groups[i]);
+    /* the group workspace: K, V and KV of 16 / groups heads */
+    const int b = mg_plan_find(&plan, "k_g0");
+    assert_int_equal(plan.bufs[b].dims[2], 16 / groups[i]);
+  }
+  /* the default, and the most groups at P = 1 (128 heads, 16 groups) fit the plan */
+  mg_plan_args a = {.shape = &s, .form = MG_FORM_LAGA_F, .sp = 1, .rank = 0, .batch = 1,
+                    .seq = 64, .causal = 1, .dtype = MG_BF16, .head_groups = 16};
+  assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+  a.head_groups = 0;
+  assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+  assert_int_equal(plan.args.head_groups, 8);
+  /* refusals */
+  struct { mg_form f; int groups; const char *msg; } bad[] = {
+      {MG_FORM_LAGA_F, 3, "head_groups = 3 must divide the 128 heads"},
+      {MG_FORM_LAGA_F, 32, "head_groups = 32 must divide"},
+      {MG_FORM_LAGA_F, -1, "head_groups = -1 must divide"},
+      {MG_FORM_LAGA, 2, "applies to the fused LAGA form (laga-f) only"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    a.form = bad[i].f, a.head_groups = bad[i].groups;
+    assert_int_equal(mg_plan_build(&plan, &a, &d), MLAGEN_EINVAL);
+    if (!strstr(mg_diag_msg(&d), bad[i].msg)) fail_msg("'%s' not in: %s", bad[i].msg, mg_diag_msg(&d));
+  }
+  mg_diag_clear(&d);
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   mg_shape s = load("deepseek-v2-lite"); /* H = 16 */
@@ -161,6 +232,8 @@ static void test_bad_arguments(void **state) {
   mg_form f;
   assert_int_equal(mg_form_parse("laga-r", &f), 0);
   assert_int_equal(f, MG_FORM_LAGA_R);
+  assert_int_equal(mg_form_parse("laga-f", &f), 0);
+  assert_int_equal(f, MG_FORM_LAGA_F);
   assert_int_equal(mg_form_parse("flash", &f), -1);
 }
 
@@ -168,7 +241,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_explicit_v3_figures), cmocka_unit_test(test_forms_relations_v3),
       cmocka_unit_test(test_single_rank),         cmocka_unit_test(test_plans_well_formed),
-      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_laga_fused_groups), cmocka_unit_test(test_bad_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

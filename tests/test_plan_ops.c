@@ -216,7 +216,7 @@ static void check_split_dkv(const op_shape *sh, int nw, int rope_col, int rope_w
   arr dkv = rand_arr((size_t)ROWS * H * (dn + dv)), drope = rand_arr((size_t)ROWS * rope_w);
   call c = {&bk, 1, {dk.h, dvv.h}, {dkv.h, drope.h}, {ROWS, rope_col, rope_w}};
   launch(&c, grid_x);
-  mg_cpu_split_dkv(MG_F32, ROWS, H, dn, dr, dv, dk.f, dvv.f, dkv.f, drope.f, rope_col, rope_w);
+  mg_cpu_split_dkv(MG_F32, ROWS, H, dn, dr, dv, dk.f, dvv.f, dkv.f, drope.f, rope_col, rope_w, 0);
   expect("split_dkv dkv", &dkv, 0);
   expect("split_dkv drope", &drope, 1);
   size_t exact = 0; /* how many head sums rounded identically (information only) */

@@ -9,7 +9,23 @@
  * LAGA keeps what the explicit form keeps (Q, K, V, O head-sharded, LSE) and gathers the
  * latent again in the backward, where dw_kv_b needs it (d_c + d_r per token, cheap next
  * to keeping it). LAGA-R (recompute = 1) keeps the gathered latent instead of K and V
- * and rebuilds them in the backward: less memory than explicit for one more GEMM. */
+ * and rebuilds them in the backward: less memory than explicit for one more GEMM.
+ *
+ * LAGA-F (mg_form_laga_fused, the fused expansion of issue 6) never holds K and V for all
+ * of a rank's heads: it walks the H/P heads in head_groups groups of G heads and, per
+ * group, rebuilds that group's K_nope/V from the gathered latent into a workspace of
+ * G heads, copies the group's Q (and in the backward O, dO, LSE) out of the head-sharded
+ * buffers, attends with kernels generated for G heads, and copies the group's O (dQ)
+ * back. Each group's buffers are its own, freed after the group's last step, so at most
+ * one group's workspace is live (plus the next group's first buffer). The backward rebuilds K/V per group likewise and
+ * accumulates dC (and the RoPE sum) over the groups. Saved: Q, O (head-sharded), LSE and
+ * the gathered latent, as LAGA-R; peaks drop by (1 - 1/head_groups) of the per-head K, V,
+ * KV (and dK, dV, dKV) buffers. In-kernel rebuilding of K/V tiles was rejected: every
+ * query tile of every head would redo the d_c x (d_n + d_v) up-projection of each key
+ * tile, ~(2 d_c (d_n + d_v)) / (block_m (d_qk + d_v)) = 6.4x the attention FLOPs at
+ * DeepSeek's head with block_m 64 (docs/forms.md). */
+#include <stdio.h>
+
 #include "form.h"
 
 /* k_h, v_h = expand(c w_kv_b[this rank's heads]^T), as two steps. */
@@ -80,6 +96,106 @@ void mg_form_laga(mg_plan *p, int recompute) {
                (mg_gemm){.trans_a = 1, .m = Hl * dkv, .n = dc, .k = B * S, .lda = Hl * dkv,
                          .ldb = wc, .ldc = dc, .off_c = h0 * dkv * dc});
 
+  int dc_loc = mg_plan_temp(p, "dc_local", T, DIMS(B, Sl, wc));
+  mg_plan_reduce_scatter(p, dc_full, dc_loc);
+  int dc_kv = mg_plan_output(p, "dc_kv", T, DIMS(B, Sl, dc));
+  int dk_rope = mg_plan_output(p, "dk_rope", T, DIMS(B, Sl, dr));
+  mg_plan_kernel(p, MG_OP_SPLIT_LATENT, "[dc_kv ; dk_rope] = dc", ARGS(dc_loc), ARGS(dc_kv, dk_rope));
+}
+
+/* dst[r, dst_col + j] = src[r, src_col + j], j < cols, over rows of src_w and dst_w
+ * elements: one group's heads out of (or into) a head-sharded buffer. */
+static void copy_heads(mg_plan *p, const char *label, int src, int64_t src_w, int64_t src_col,
+                       int dst, int64_t dst_w, int64_t dst_col, int64_t cols) {
+  mg_step *s = mg_plan_kernel(p, MG_OP_COPY_COLS, label, ARGS(src), ARGS(dst));
+  s->src_w = src_w, s->src_col = src_col, s->dst_w = dst_w, s->dst_col = dst_col, s->cols = cols;
+}
+
+/* kv_g = c[:, :d_c] w_kv_b[heads hg .. hg + G)^T, then k_g, v_g (one group). */
+static void rebuild_group(mg_plan *p, int c, int w, int64_t hg, int64_t G, int kv_g, int k_g,
+                          int v_g) {
+  FORM_DIMS(p);
+  mg_plan_gemm(p, "kv_g = c[:, :d_c] w_kv_b[group]^T", c, w, kv_g,
+               (mg_gemm){.trans_b = 1, .m = B * S, .n = G * dkv, .k = dc, .lda = wc, .ldb = dc,
+                         .ldc = G * dkv, .off_b = (h0 + hg) * dkv * dc});
+  mg_step *s = mg_plan_kernel(p, MG_OP_EXPAND_KV, "k_g = [k_nope ; k_rope], v_g", ARGS(kv_g, c),
+                              ARGS(k_g, v_g));
+  s->rope_col = dc, s->rope_w = wc;
+}
+
+/* A group's own temporary buffer "<name><g>" [B, S, G, w] (3-D [B, G, S] when w is 0):
+ * each group's buffers are distinct, so each lives only while its group runs. */
+static int group_temp(mg_plan *p, const char *name, int g, int64_t G, int64_t w) {
+  FORM_DIMS(p);
+  char n[24];
+  snprintf(n, sizeof n, "%s%d", name, g);
+  return w ? mg_plan_temp(p, n, T, DIMS(B, S, G, w)) : mg_plan_temp(p, n, mg_plan_acc_dtype(p), DIMS(B, G, S));
+}
+
+void mg_form_laga_fused(mg_plan *p) {
+  FORM_DIMS(p);
+  const int n_groups = p->args.head_groups;
+  const int64_t G = Hl / n_groups;
+  form_io f = form_inputs(p);
+
+  /* ---- forward ---- */
+  int q_h = mg_plan_temp(p, "q_h", T, DIMS(B, S, Hl, dqk));
+  mg_plan_seq_to_head(p, f.q, q_h);
+  int c = gather_latent(p, &f, "c_local", "c");
+  int o_h = mg_plan_temp(p, "o_h", T, DIMS(B, S, Hl, dv));
+  int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, Hl, S)); /* rows of H/P S */
+  for (int g = 0; g < n_groups; g++) {
+    const int64_t hg = g * G;
+    int kv_g = group_temp(p, "kv_g", g, G, dkv), k_g = group_temp(p, "k_g", g, G, dqk);
+    int v_g = group_temp(p, "v_g", g, G, dv), q_g = group_temp(p, "q_g", g, G, dqk);
+    int o_g = group_temp(p, "o_g", g, G, dv), lse_g = group_temp(p, "lse_g", g, G, 0);
+    rebuild_group(p, c, f.w, hg, G, kv_g, k_g, v_g);
+    copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
+    mg_step *s = mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention (group)", ARGS(q_g, k_g, v_g),
+                                ARGS(o_g, lse_g));
+    s->flops *= (double)G / (double)Hl;
+    copy_heads(p, "o_h[:, :, group] = o_g", o_g, G * dv, 0, o_h, Hl * dv, hg * dv, G * dv);
+    copy_heads(p, "lse[:, group] = lse_g", lse_g, G * S, 0, lse, Hl * S, hg * S, G * S);
+  }
+  form_output(p, o_h);
+
+  /* ---- backward ---- */
+  int do_h = form_backward(p);
+  int dq_h = mg_plan_temp(p, "dq_h", T, DIMS(B, S, Hl, dqk));
+  int dc_full = mg_plan_temp(p, "dc", T, DIMS(B, S, wc));
+  int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
+  for (int g = 0; g < n_groups; g++) {
+    const int64_t hg = g * G;
+    int kv_g = group_temp(p, "kv_b", g, G, dkv), k_g = group_temp(p, "k_b", g, G, dqk);
+    int v_g = group_temp(p, "v_b", g, G, dv), q_g = group_temp(p, "q_b", g, G, dqk);
+    int o_g = group_temp(p, "o_b", g, G, dv), do_g = group_temp(p, "do_b", g, G, dv);
+    int lse_g = group_temp(p, "lse_b", g, G, 0), dq_g = group_temp(p, "dq_b", g, G, dqk);
+    int dk_g = group_temp(p, "dk_b", g, G, dqk), dv_g = group_temp(p, "dv_b", g, G, dv);
+    int dkv_g = group_temp(p, "dkv_b", g, G, dkv);
+    rebuild_group(p, c, f.w, hg, G, kv_g, k_g, v_g);
+    copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
+    copy_heads(p, "o_g = o_h[:, :, group]", o_h, Hl * dv, hg * dv, o_g, G * dv, 0, G * dv);
+    copy_heads(p, "do_g = do_h[:, :, group]", do_h, Hl * dv, hg * dv, do_g, G * dv, 0, G * dv);
+    copy_heads(p, "lse_g = lse[:, group]", lse, Hl * S, hg * S, lse_g, G * S, 0, G * S);
+    mg_step *s = mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward (group)",
+                                ARGS(q_g, k_g, v_g, o_g, lse_g, do_g), ARGS(dq_g, dk_g, dv_g));
+    s->flops *= (double)G / (double)Hl;
+    copy_heads(p, "dq_h[:, :, group] = dq_g", dq_g, G * dqk, 0, dq_h, Hl * dqk, hg * dqk, G * dqk);
+    s = mg_plan_kernel(p, MG_OP_SPLIT_DKV,
+                       g ? "dkv_g = [dk_nope ; dv], dc[:, d_c:] += sum_h dk_r"
+                         : "dkv_g = [dk_nope ; dv], dc[:, d_c:] = sum_h dk_r",
+                       ARGS(dk_g, dv_g), ARGS(dkv_g, dc_full));
+    s->rope_col = dc, s->rope_w = wc, s->accumulate = g > 0;
+    mg_plan_gemm(p, g ? "dc[:, :d_c] += dkv_g w_kv_b[group]" : "dc[:, :d_c] = dkv_g w_kv_b[group]",
+                 dkv_g, f.w, dc_full,
+                 (mg_gemm){.m = B * S, .n = dc, .k = G * dkv, .lda = G * dkv, .ldb = dc, .ldc = wc,
+                           .off_b = (h0 + hg) * dkv * dc, .beta = g > 0});
+    mg_plan_gemm(p, "dw_kv_b[group] = dkv_g^T c[:, :d_c]", dkv_g, c, dw,
+                 (mg_gemm){.trans_a = 1, .m = G * dkv, .n = dc, .k = B * S, .lda = G * dkv,
+                           .ldb = wc, .ldc = dc, .off_c = (h0 + hg) * dkv * dc});
+  }
+  int dq = mg_plan_output(p, "dq", T, DIMS(B, Sl, H, dqk));
+  mg_plan_head_to_seq(p, dq_h, dq);
   int dc_loc = mg_plan_temp(p, "dc_local", T, DIMS(B, Sl, wc));
   mg_plan_reduce_scatter(p, dc_full, dc_loc);
   int dc_kv = mg_plan_output(p, "dc_kv", T, DIMS(B, Sl, dc));

@@ -1,0 +1,113 @@
+/* mqa_ref.h: float64 reference of the absorbed form's MQA attention over the latent, the
+ * independent check of templates/mqa_fwd.cu.tpl and mqa_bwd_*.cu.tpl (tests only).
+ *
+ * One shared latent head (MLA.md, absorbed form; DeepSeek-V2, arXiv 2405.04434, 2.1.3):
+ *   q  [B, S_q, H, d_c + d_r]   absorbed queries [W_UK^T q_n ; q_r] per head
+ *   c  [B, S_k, d_c + d_r]      keys [c_kv ; k_rope]; the values are c[.., :d_c]
+ *   o  [B, S_q, H, d_c]         o[i, h] = sum_j softmax_j(scale q[i, h] . c[j]) c[j, :d_c]
+ *   lse [B, H, S_q]             natural-log logsumexp of the scaled scores (-inf: no key)
+ * Causal: key j is visible to query i iff j <= q_pos0 + i. The backward, from dout
+ * [B, S_q, H, d_c]: dS = P (dP - rowsum(dO o)), dP = dO c[:, :d_c]^T;
+ *   dq [B, S_q, H, d_c + d_r] = scale dS c
+ *   dc [B, S_k, d_c + d_r]    = sum over heads of scale dS^T q, plus P^T dO in [:, :d_c]
+ *                               (c_kv is both key and value).
+ * Everything in double; straightforward loops (no blocking, no online softmax), so it
+ * shares no structure with the kernels it checks. */
+#ifndef MG_MQA_REF_H
+#define MG_MQA_REF_H
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Scores of query (b, i, h) against every key, scaled, masked keys -INFINITY; returns the
+ * logsumexp (-INFINITY when no key is visible) and leaves p[j] = softmax probabilities. */
+static double mqa_ref_row(int S_k, int d_c, int d_r, int causal, int q_pos0, int i, double scale,
+                          const double *qrow, const double *cb, double *p) {
+  const int w = d_c + d_r;
+  double mx = -INFINITY;
+  for (int j = 0; j < S_k; j++) {
+    if (causal && j > q_pos0 + i) {
+      p[j] = -INFINITY;
+      continue;
+    }
+    double s = 0;
+    for (int k = 0; k < w; k++) s += qrow[k] * cb[(size_t)j * w + k];
+    p[j] = s * scale;
+    if (p[j] > mx) mx = p[j];
+  }
+  if (mx == -INFINITY) {
+    for (int j = 0; j < S_k; j++) p[j] = 0;
+    return -INFINITY;
+  }
+  double sum = 0;
+  for (int j = 0; j < S_k; j++) {
+    p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - mx);
+    sum += p[j];
+  }
+  for (int j = 0; j < S_k; j++) p[j] /= sum;
+  return mx + log(sum);
+}
+
+/* Forward: o and lse from q and c (layouts above). */
+static inline void mqa_ref_fwd(int B, int S_q, int S_k, int H, int d_c, int d_r, int causal,
+                               int q_pos0, double scale, const double *q, const double *c,
+                               double *o, double *lse) {
+  const int w = d_c + d_r;
+  double *p = malloc(sizeof(double) * (size_t)(S_k > 0 ? S_k : 1));
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < S_q; i++)
+      for (int h = 0; h < H; h++) {
+        const double *qrow = q + (((size_t)b * S_q + i) * H + h) * w;
+        const double *cb = c + (size_t)b * S_k * w;
+        lse[((size_t)b * H + h) * S_q + i] = mqa_ref_row(S_k, d_c, d_r, causal, q_pos0, i, scale, qrow, cb, p);
+        double *orow = o + (((size_t)b * S_q + i) * H + h) * d_c;
+        for (int k = 0; k < d_c; k++) {
+          double acc = 0;
+          for (int j = 0; j < S_k; j++) acc += p[j] * cb[(size_t)j * w + k];
+          orow[k] = acc;
+        }
+      }
+  free(p);
+}
+
+/* Backward: dq and dc from q, c and dout (the forward is recomputed here). dq and dc are
+ * overwritten. */
+static inline void mqa_ref_bwd(int B, int S_q, int S_k, int H, int d_c, int d_r, int causal,
+                               int q_pos0, double scale, const double *q, const double *c,
+                               const double *dout, double *dq, double *dc) {
+  const int w = d_c + d_r;
+  double *p = malloc(sizeof(double) * (size_t)(S_k > 0 ? S_k : 1));
+  double *o = malloc(sizeof(double) * (size_t)d_c);
+  memset(dq, 0, sizeof(double) * (size_t)B * S_q * H * w);
+  memset(dc, 0, sizeof(double) * (size_t)B * S_k * w);
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < S_q; i++)
+      for (int h = 0; h < H; h++) {
+        const size_t row = ((size_t)b * S_q + i) * H + h;
+        const double *qrow = q + row * w, *dorow = dout + row * d_c;
+        const double *cb = c + (size_t)b * S_k * w;
+        double *dcb = dc + (size_t)b * S_k * w, *dqrow = dq + row * w;
+        mqa_ref_row(S_k, d_c, d_r, causal, q_pos0, i, scale, qrow, cb, p);
+        double delta = 0; /* rowsum(dO o) */
+        for (int k = 0; k < d_c; k++) {
+          o[k] = 0;
+          for (int j = 0; j < S_k; j++) o[k] += p[j] * cb[(size_t)j * w + k];
+          delta += dorow[k] * o[k];
+        }
+        for (int j = 0; j < S_k; j++) {
+          if (p[j] == 0) continue;
+          const double *cj = cb + (size_t)j * w;
+          double dp = 0;
+          for (int k = 0; k < d_c; k++) dp += dorow[k] * cj[k];
+          const double ds = p[j] * (dp - delta) * scale;
+          for (int k = 0; k < w; k++) {
+            dqrow[k] += ds * cj[k];
+            dcb[(size_t)j * w + k] += ds * qrow[k];
+          }
+          for (int k = 0; k < d_c; k++) dcb[(size_t)j * w + k] += p[j] * dorow[k];
+        }
+      }
+  free(o);
+  free(p);
+}
+#endif
