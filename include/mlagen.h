@@ -34,7 +34,8 @@ extern "C" {
   X(ECACHE, -8, "JIT cache error")                                                  \
   X(ENODRIVER, -9, "no CUDA driver")                                                \
   X(ENONCCL, -10, "mlagen was built without NCCL")                                  \
-  X(ELIMIT, -11, "resource limit exceeded")
+  X(ELIMIT, -11, "resource limit exceeded")                                         \
+  X(EDRIVER, -12, "a CUDA driver call failed")
 
 enum mlagen_status {
 #define MLAGEN__ENUM(name, value, text) MLAGEN_##name = value,

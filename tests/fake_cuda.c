@@ -1,16 +1,82 @@
 /* fake_cuda.c: a stand-in for libcuda.so.1, built as a shared library for the tests.
  *
  * The driver loader (runtime/mg_driver.c) is pointed at it with MLAGEN_LIBCUDA. It
- * exports cuGetProcAddress_v2 only, as a real driver does for lookups, and answers it
- * for every entry point mlagen resolves: one device, "Fake H200", compute capability
- * 9.0, 132 SMs, 227 KiB opt-in shared memory per block, driver version 13.0; memory calls use host memory; launches do nothing;
- * streams and events are opaque cells (every elapsed time is 1 ms). Everything succeeds.
- * FAKE_CUDA_FAIL_INIT=1 in the environment makes cuInit fail with CUDA_ERROR_NO_DEVICE. */
+ * exports cuGetProcAddress_v2, as a real driver does for lookups, and answers it for
+ * every entry point mlagen resolves: one device, "Fake H200", compute capability 9.0,
+ * 132 SMs, 227 KiB opt-in shared memory per block, driver version 13.0; memory calls use
+ * host memory; launches run nothing; streams and events are opaque cells (every elapsed
+ * time is 1 ms). FAKE_CUDA_FAIL_INIT=1 in the environment makes cuInit fail with
+ * CUDA_ERROR_NO_DEVICE.
+ *
+ * Modules behave like a driver's, so the module registry (runtime/mg_module.c) can be
+ * tested: cuModuleLoadData takes an ELF64 image (a real cubin: a kernel is found when its
+ * name is a NUL-terminated string of the image) or a fake image "FAKECUBIN\n" followed by
+ * kernel names, one a line, up to the first NUL (anything else: CUDA_ERROR_INVALID_IMAGE);
+ * cuModuleGetFunction of a name the image does not hold is CUDA_ERROR_NOT_FOUND; handles
+ * are checked (an unloaded module or one of its functions is CUDA_ERROR_INVALID_HANDLE);
+ * a function's dynamic shared memory limit is 48 KiB until cuFuncSetAttribute raises it
+ * (to at most the opt-in 227 KiB), and a launch above the limit, with a zero grid dim or
+ * more than 1024 threads is CUDA_ERROR_INVALID_VALUE.
+ *
+ * Exported for the tests (dlopen the same path, dlsym): fake_cuda_count(name) (how many
+ * times an entry point was called, and "live_modules"), fake_cuda_fail(name, code) (the
+ * next call of that entry point returns code; name NULL clears), fake_cuda_last_launch
+ * (the last launch's grid, block, smem, stream), fake_cuda_attr_value(fn) (a function's
+ * dynamic smem limit), fake_cuda_reset() (counters and failure cleared). */
 #include <cuda.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
+
+/* ---- call counters and failure injection (not thread-safe: the tests are serial) ---- */
+static const char *const counted[] = {"cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction",
+                                      "cuFuncSetAttribute", "cuLaunchKernel"};
+#define N_COUNTED (int)(sizeof counted / sizeof counted[0])
+static int g_count[N_COUNTED];
+static int g_live_modules;
+static char g_fail_name[64];
+static CUresult g_fail_code;
+static struct { unsigned grid[3], block[3], smem; CUstream stream; } g_last;
+
+/* Counts a call of name; returns the injected failure (once) or CUDA_SUCCESS. */
+static CUresult called(const char *name) {
+  for (int i = 0; i < N_COUNTED; i++)
+    if (strcmp(counted[i], name) == 0) g_count[i]++;
+  if (g_fail_name[0] && strcmp(g_fail_name, name) == 0) {
+    g_fail_name[0] = '\0';
+    return g_fail_code;
+  }
+  return CUDA_SUCCESS;
+}
+
+EXPORT int fake_cuda_count(const char *name) {
+  if (name && strcmp(name, "live_modules") == 0) return g_live_modules;
+  for (int i = 0; i < N_COUNTED; i++)
+    if (name && strcmp(counted[i], name) == 0) return g_count[i];
+  return -1;
+}
+EXPORT void fake_cuda_fail(const char *name, int code) {
+  g_fail_name[0] = '\0';
+  if (name) {
+    strncpy(g_fail_name, name, sizeof g_fail_name - 1);
+    g_fail_name[sizeof g_fail_name - 1] = '\0';
+  }
+  g_fail_code = (CUresult)code;
+}
+EXPORT void fake_cuda_last_launch(unsigned grid[3], unsigned block[3], unsigned *smem,
+                                  void **stream) {
+  memcpy(grid, g_last.grid, sizeof g_last.grid);
+  memcpy(block, g_last.block, sizeof g_last.block);
+  *smem = g_last.smem;
+  *stream = g_last.stream;
+}
+EXPORT void fake_cuda_reset(void) {
+  memset(g_count, 0, sizeof g_count);
+  memset(&g_last, 0, sizeof g_last);
+  g_fail_name[0] = '\0';
+}
 
 static CUresult f_init(unsigned int flags) {
   (void)flags;
@@ -44,26 +110,158 @@ static CUresult f_device_get_attribute(int *v, CUdevice_attribute a, CUdevice d)
 }
 static CUresult f_ctx_get_current(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
 static CUresult f_ctx_get_device(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
+/* ---- modules ----------------------------------------------------------------------- */
+#define FAKE_MAX_FUNCS 64
+#define FAKE_MAX_MODULES 1024
+#define DEFAULT_SMEM (48 * 1024)
+#define OPTIN_SMEM 232448
+typedef struct fake_func {
+  char name[256];
+  int max_dyn_smem;
+  struct fake_module *mod;
+} fake_func;
+typedef struct fake_module {
+  const char *image; /* the caller's image, which must outlive the module (as for a driver) */
+  size_t size;       /* bytes of the image searched for names */
+  int fake;          /* 1: a "FAKECUBIN" image */
+  int n_funcs;
+  fake_func funcs[FAKE_MAX_FUNCS];
+} fake_module;
+static fake_module *g_modules[FAKE_MAX_MODULES];
+
+static int live_module(const fake_module *m) {
+  for (int i = 0; i < FAKE_MAX_MODULES; i++)
+    if (m && g_modules[i] == m) return 1;
+  return 0;
+}
+static int live_func(const fake_func *f) {
+  for (int i = 0; i < FAKE_MAX_MODULES; i++) {
+    const fake_module *m = g_modules[i];
+    if (m && f >= m->funcs && f < m->funcs + m->n_funcs) return 1;
+  }
+  return 0;
+}
+
+/* Bytes of an ELF64 image: the furthest end of its headers and sections; 0 if not ELF64. */
+static size_t elf64_size(const unsigned char *p) {
+  if (memcmp(p, "\177ELF", 4) != 0 || p[4] != 2 /* ELFCLASS64 */ || p[5] != 1 /* LSB */) return 0;
+  uint64_t shoff, phoff;
+  uint16_t ehsize, phentsize, phnum, shentsize, shnum;
+  memcpy(&phoff, p + 32, 8), memcpy(&shoff, p + 40, 8);
+  memcpy(&ehsize, p + 52, 2), memcpy(&phentsize, p + 54, 2), memcpy(&phnum, p + 56, 2);
+  memcpy(&shentsize, p + 58, 2), memcpy(&shnum, p + 60, 2);
+  uint64_t end = ehsize;
+  if (phoff + (uint64_t)phentsize * phnum > end) end = phoff + (uint64_t)phentsize * phnum;
+  if (shoff + (uint64_t)shentsize * shnum > end) end = shoff + (uint64_t)shentsize * shnum;
+  for (unsigned i = 0; i < shnum && shentsize >= 64; i++) {
+    const unsigned char *sh = p + shoff + (uint64_t)i * shentsize;
+    uint32_t type;
+    uint64_t off, size;
+    memcpy(&type, sh + 4, 4), memcpy(&off, sh + 24, 8), memcpy(&size, sh + 32, 8);
+    if (type != 8 /* SHT_NOBITS */ && off + size > end) end = off + size;
+  }
+  return (size_t)end;
+}
+
 static CUresult f_module_load_data(CUmodule *m, const void *image) {
-  (void)image;
+  CUresult r = called("cuModuleLoadData");
+  if (r) return r;
+  if (!m || !image) return CUDA_ERROR_INVALID_VALUE;
   *m = NULL;
+  fake_module *fm = calloc(1, sizeof *fm);
+  if (!fm) return CUDA_ERROR_OUT_OF_MEMORY;
+  fm->image = image;
+  if (strncmp(image, "FAKECUBIN\n", 10) == 0) {
+    fm->fake = 1;
+    fm->size = strlen(image);
+  } else if (!(fm->size = elf64_size(image))) {
+    free(fm);
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  for (int i = 0; i < FAKE_MAX_MODULES; i++)
+    if (!g_modules[i]) {
+      g_modules[i] = fm;
+      g_live_modules++;
+      *m = (CUmodule)fm;
+      return CUDA_SUCCESS;
+    }
+  free(fm);
+  return CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult f_module_unload(CUmodule m) {
+  CUresult r = called("cuModuleUnload");
+  if (r) return r;
+  fake_module *fm = (fake_module *)m;
+  if (!live_module(fm)) return CUDA_ERROR_INVALID_HANDLE;
+  for (int i = 0; i < FAKE_MAX_MODULES; i++)
+    if (g_modules[i] == fm) g_modules[i] = NULL;
+  free(fm);
+  g_live_modules--;
   return CUDA_SUCCESS;
 }
-static CUresult f_module_unload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
+/* Whether the image holds name as a whole string: a line of a fake image, a
+ * NUL-terminated string (preceded by NUL or '.') of an ELF image. */
+static int image_has(const fake_module *m, const char *name) {
+  const size_t n = strlen(name);
+  if (n == 0) return 0;
+  for (size_t i = m->fake ? 10 : 1; i + n < m->size + (m->fake ? 1 : 0); i++) {
+    const char before = m->image[i - 1], after = i + n < m->size ? m->image[i + n] : '\0';
+    if (memcmp(m->image + i, name, n) != 0) continue;
+    if (m->fake ? (before == '\n' && (after == '\n' || after == '\0'))
+                : ((before == '\0' || before == '.') && after == '\0'))
+      return 1;
+  }
+  return 0;
+}
 static CUresult f_module_get_function(CUfunction *f, CUmodule m, const char *name) {
-  (void)m, (void)name;
+  CUresult r = called("cuModuleGetFunction");
+  if (r) return r;
+  if (!f || !name) return CUDA_ERROR_INVALID_VALUE;
   *f = NULL;
+  fake_module *fm = (fake_module *)m;
+  if (!live_module(fm)) return CUDA_ERROR_INVALID_HANDLE;
+  for (int i = 0; i < fm->n_funcs; i++)
+    if (strcmp(fm->funcs[i].name, name) == 0) {
+      *f = (CUfunction)&fm->funcs[i];
+      return CUDA_SUCCESS;
+    }
+  if (!image_has(fm, name) || strlen(name) >= sizeof fm->funcs[0].name) return CUDA_ERROR_NOT_FOUND;
+  if (fm->n_funcs == FAKE_MAX_FUNCS) return CUDA_ERROR_OUT_OF_MEMORY;
+  fake_func *ff = &fm->funcs[fm->n_funcs++];
+  strcpy(ff->name, name);
+  ff->max_dyn_smem = DEFAULT_SMEM;
+  ff->mod = fm;
+  *f = (CUfunction)ff;
   return CUDA_SUCCESS;
+}
+EXPORT int fake_cuda_attr_value(void *fn) {
+  return live_func(fn) ? ((fake_func *)fn)->max_dyn_smem : -1;
 }
 static CUresult f_func_set_attribute(CUfunction f, CUfunction_attribute a, int v) {
-  (void)f, (void)a, (void)v;
+  CUresult r = called("cuFuncSetAttribute");
+  if (r) return r;
+  fake_func *ff = (fake_func *)f;
+  if (!live_func(ff)) return CUDA_ERROR_INVALID_HANDLE;
+  if (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+    if (v < 0 || v > OPTIN_SMEM) return CUDA_ERROR_INVALID_VALUE;
+    ff->max_dyn_smem = v;
+  }
   return CUDA_SUCCESS;
 }
 static CUresult f_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                 unsigned by, unsigned bz, unsigned smem, CUstream s, void **params,
                                 void **extra) {
-  (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem, (void)s;
   (void)params, (void)extra;
+  CUresult r = called("cuLaunchKernel");
+  if (r) return r;
+  const fake_func *ff = (const fake_func *)f;
+  if (!live_func(ff)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long)bx * by * bz > 1024 ||
+      gy > 65535 || gz > 65535 || (int)smem > ff->max_dyn_smem)
+    return CUDA_ERROR_INVALID_VALUE;
+  g_last.grid[0] = gx, g_last.grid[1] = gy, g_last.grid[2] = gz;
+  g_last.block[0] = bx, g_last.block[1] = by, g_last.block[2] = bz;
+  g_last.smem = smem, g_last.stream = s;
   return CUDA_SUCCESS;
 }
 static CUresult f_mem_alloc(CUdeviceptr *p, size_t bytes) {
@@ -119,14 +317,26 @@ static CUresult f_event_elapsed_time(float *ms, CUevent a, CUevent b) {
   return CUDA_SUCCESS;
 }
 static CUresult f_event_destroy(CUevent e) { free(e); return CUDA_SUCCESS; }
+static const struct { CUresult r; const char *name, *text; } g_errors[] = {
+  {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+  {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+  {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+  {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+  {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+  {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+  {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+  {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+};
 static CUresult f_get_error_string(CUresult r, const char **s) {
-  *s = r == CUDA_SUCCESS ? "no error" : r == CUDA_ERROR_NO_DEVICE ? "no CUDA-capable device is detected"
-                                                                  : "fake error";
+  *s = "fake error";
+  for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+    if (g_errors[i].r == r) *s = g_errors[i].text;
   return CUDA_SUCCESS;
 }
 static CUresult f_get_error_name(CUresult r, const char **s) {
-  *s = r == CUDA_SUCCESS ? "CUDA_SUCCESS" : r == CUDA_ERROR_NO_DEVICE ? "CUDA_ERROR_NO_DEVICE"
-                                                                      : "CUDA_ERROR_UNKNOWN";
+  *s = "CUDA_ERROR_UNKNOWN";
+  for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+    if (g_errors[i].r == r) *s = g_errors[i].name;
   return CUDA_SUCCESS;
 }
 

@@ -42,6 +42,16 @@
  * none. Bytes: the minimum a row must move, every input read once and every output
  * written once (a pipeline's intermediates, delta, excluded).
  *
+ * Layout and element-wise kernels (a2a_pack, a2a_unpack, dq_convert, expand_kv, split_dkv,
+ * concat_latent, split_latent, copy_cols), built with their default configurations for
+ * every H of --heads: timed only (their results are checked on the host executor), at
+ * the shapes the plans give them for DeepSeek-V3 under SP of degree 128 / H (see
+ * layout_rows), each with rotating buffer sets; memory-bound, so their rows carry no
+ * FLOPs and report bytes moved and GB/s.
+ *
+ * Launch rules: a grid dim is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
+ * mul = m, div = n} (mul and div optional, default 1): ceil(arg * m / n).
+ *
  * Writes OUTDIR/bench.log (everything printed) and OUTDIR/bench.csv (the table).
  * Exit: 0 ok; 1 a CUDA error (named by cuGetErrorName), a compile error or a correctness
  * miss; 2 usage, or no CUDA driver (the loader's "no CUDA driver: ..." message). */
@@ -65,7 +75,7 @@
 
 #include "kernel_test_util.h"
 
-enum { DN = 128, DR = 64, DV = 128, DQK = DN + DR };
+enum { DN = 128, DR = 64, DV = 128, DQK = DN + DR, DC = 512, H_MODEL = 128 };
 #define MAX_LIST 16
 #define MAX_HEADS 8
 
@@ -130,11 +140,24 @@ static void dfree_all(void) {
 }
 
 /* ---- kernels ----------------------------------------------------------------------------- */
-enum { K_FWD, K_FWD_KP, K_PRE, K_DKDV, K_DKDV_DET, K_DQ, NK };
+/* The attention kernels (checked, then timed), then the layout and element-wise kernels
+ * the plans run around them (timed only: memory-bound, reported in GB/s; their results
+ * are checked on the host executor by tests/test_layout.c and tests/test_plan_ops.c). */
+enum {
+  K_FWD, K_FWD_KP, K_PRE, K_DKDV, K_DKDV_DET, K_DQ, /* attention: NATTN */
+  K_A2A_PACK, K_A2A_UNPACK, K_DQ_CONVERT, K_EXPAND_KV, K_SPLIT_DKV, K_CONCAT_LATENT,
+  K_SPLIT_LATENT, K_COPY_COLS, NK
+};
+#define NATTN (K_DQ + 1)
 static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
-                                        "bwd_dkdv", "bwd_dkdv_det", "bwd_dq"};
+                                        "bwd_dkdv", "bwd_dkdv_det", "bwd_dq",
+                                        "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
+                                        "split_dkv", "concat_latent", "split_latent", "copy_cols"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
-                                         "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq"};
+                                         "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
+                                         "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
+                                         "split_dkv", "concat_latent", "split_latent",
+                                         "copy_cols"};
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
                                          {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL}};
 /* The parameter lists the launches below pass, checked against each manifest. */
@@ -148,6 +171,14 @@ static const char *const k_params[NK][16] = {
      "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "softmax_scale"},
+    {"src", "send", "seqlen_local", "batch", "heads_total", "sp", "width", "direction"},
+    {"recv", "dst", "seqlen_local", "batch", "heads_total", "sp", "width", "direction"},
+    {"dq_accum", "dq", "seqlen_q"},
+    {"kv", "rope", "k", "v", "rows", "rope_col", "rope_w"},
+    {"dk", "dv", "dkv", "drope", "rows", "rope_col", "rope_w"},
+    {"c_kv", "k_rope", "c", "rows"},
+    {"dc", "dc_kv", "dk_rope", "rows"},
+    {"src", "dst", "rows", "src_w", "src_col", "dst_w", "dst_col", "cols"},
 };
 
 typedef struct gk {
@@ -159,13 +190,14 @@ typedef struct gk {
   mg_diag d;
   CUmodule mod;
   CUfunction fn;
-  struct { const char *arg; long div, value; } grid[3];
+  struct { const char *arg; long mul, div, value; } grid[3]; /* ceil(arg * mul / div) */
   unsigned block[3];
   size_t smem;
 } gk;
 
 typedef struct kset {
   int heads;
+  int timed; /* one of --heads: the layout kernels are built and timed too */
   gk k[NK];
 } kset;
 
@@ -173,7 +205,7 @@ static mg_kernel_spec make_spec(int which, int H) {
   mg_kernel_spec s;
   memset(&s, 0, sizeof s);
   snprintf(s.family, sizeof s.family, "%s", k_family[which]);
-  s.heads = H, s.d_n = DN, s.d_r = DR, s.d_v = DV, s.d_c = 512, s.causal = 1;
+  s.heads = H, s.d_n = DN, s.d_r = DR, s.d_v = DV, s.d_c = DC, s.causal = 1;
   snprintf(s.dtype, sizeof s.dtype, "bf16");
   for (int i = 0; i < 2 && k_set[which][i]; i++) {
     mg_diag d = MG_DIAG_INIT;
@@ -217,12 +249,16 @@ static int read_manifest(gk *g) {
     const cJSON *e = cJSON_GetArrayItem(grid, i);
     const cJSON *arg = cJSON_GetObjectItemCaseSensitive(e, "arg");
     const cJSON *div = cJSON_GetObjectItemCaseSensitive(e, "div");
+    const cJSON *mul = cJSON_GetObjectItemCaseSensitive(e, "mul");
     const cJSON *val = cJSON_GetObjectItemCaseSensitive(e, "value");
     g->grid[i].arg = cJSON_IsString(arg) ? arg->valuestring : NULL;
     g->grid[i].div = cJSON_IsNumber(div) ? (long)div->valuedouble : 1;
+    g->grid[i].mul = cJSON_IsNumber(mul) ? (long)mul->valuedouble : 1;
     g->grid[i].value = cJSON_IsNumber(val) ? (long)val->valuedouble : -1;
-    if ((!g->grid[i].arg && g->grid[i].value < 0) || g->grid[i].div < 1) {
-      say("bench: %s: grid[%d] is neither {arg, div} nor {value}\n", g->name, i);
+    if ((!g->grid[i].arg && g->grid[i].value < 0) || g->grid[i].div < 1 || g->grid[i].mul < 1 ||
+        (div && !cJSON_IsNumber(div)) || (mul && !cJSON_IsNumber(mul))) {
+      say("bench: %s: grid[%d] is neither {arg, mul, div} (mul, div >= 1) nor {value}\n", g->name,
+          i);
       return -1;
     }
     if (g->grid[i].arg && strcmp(g->grid[i].arg, "seqlen_q") && strcmp(g->grid[i].arg, "seqlen_k") &&
@@ -252,7 +288,7 @@ static int build_all(mg_gen *gen, kset *sets, int n_sets, int max_optin_smem) {
   gk *all[MAX_HEADS * NK];
   int n = 0;
   for (int s = 0; s < n_sets; s++)
-    for (int w = 0; w < NK; w++) {
+    for (int w = 0; w < (sets[s].timed ? NK : NATTN); w++) {
       gk *g = &sets[s].k[w];
       memset(g, 0, sizeof *g);
       g->heads = sets[s].heads, g->which = w;
@@ -317,7 +353,7 @@ static int launch(const gk *g, int B, int sq, int sk, void **args) {
     long v = g->grid[i].value;
     if (g->grid[i].arg) {
       long a = !strcmp(g->grid[i].arg, "seqlen_q") ? sq : !strcmp(g->grid[i].arg, "seqlen_k") ? sk : B;
-      v = (a + g->grid[i].div - 1) / g->grid[i].div;
+      v = (a * g->grid[i].mul + g->grid[i].div - 1) / g->grid[i].div;
     }
     if (v <= 0) return 0;
     dim[i] = (unsigned)v;
@@ -833,6 +869,158 @@ done:
   return rc;
 }
 
+/* ---- the layout and element-wise kernels: memory-bound, timed in GB/s ------------------ */
+/* One row: a kernel, its device buffers (inputs first), its int arguments, the bytes it
+ * must move (every input element read once, every output element written once). */
+#define L_BUFS 4
+#define L_MAX_SETS 16
+typedef struct lrow {
+  const char *label;
+  int which;
+  int n_bufs;
+  double buf_bytes[L_BUFS];
+  int n[6];      /* the int arguments, in the kernel's order */
+  int sq;        /* the launch rule's seqlen_q (batch is 1) */
+  double bytes;  /* moved */
+  int h_indep;   /* the same work for every H: timed with the first H only */
+} lrow;
+
+typedef struct lctx {
+  const gk *g;
+  const lrow *r;
+  CUdeviceptr buf[L_MAX_SETS][L_BUFS];
+} lctx;
+
+static int llaunch(void *p, int set) {
+  const lctx *x = p;
+  CUdeviceptr b[L_BUFS];
+  int n[6];
+  memcpy(b, x->buf[set], sizeof b);
+  memcpy(n, x->r->n, sizeof n);
+  const int sq = x->r->sq;
+  switch (x->r->which) {
+    case K_A2A_PACK:
+    case K_A2A_UNPACK: {
+      void *a[] = {&b[0], &b[1], &n[0], &n[1], &n[2], &n[3], &n[4], &n[5]};
+      return launch(x->g, 1, sq, sq, a);
+    }
+    case K_DQ_CONVERT: {
+      void *a[] = {&b[0], &b[1], &n[0]};
+      return launch(x->g, 1, sq, sq, a);
+    }
+    case K_EXPAND_KV:
+    case K_SPLIT_DKV: {
+      void *a[] = {&b[0], &b[1], &b[2], &b[3], &n[0], &n[1], &n[2]};
+      return launch(x->g, 1, sq, sq, a);
+    }
+    case K_CONCAT_LATENT: /* c_kv, k_rope -> c */
+    case K_SPLIT_LATENT: { /* dc -> dc_kv, dk_rope */
+      void *a[] = {&b[0], &b[1], &b[2], &n[0]};
+      return launch(x->g, 1, sq, sq, a);
+    }
+    default: { /* K_COPY_COLS */
+      void *a[] = {&b[0], &b[1], &n[0], &n[1], &n[2], &n[3], &n[4], &n[5]};
+      return launch(x->g, 1, sq, sq, a);
+    }
+  }
+}
+
+/* The rows at (H, S), B = 1, into rows[]; returns how many. The shapes are those of the
+ * plans (generator/forms/) for DeepSeek-V3 (H_MODEL = 128 heads, d_c 512) under Ulysses
+ * SP of degree P = 128 / H (H = 16: one rank of P = 8; H = 128: P = 1), H being the heads
+ * a rank's kernels see and S the global sequence length:
+ *   a2a_pack_q / a2a_unpack_q  direction 0 (SEQ_TO_HEAD) of q, w = d_qk: [S/P, 128, w] ->
+ *                              [P][S/P, H, w] and back to [S, H, w]
+ *   a2a_pack_o / a2a_unpack_o  direction 1 (HEAD_TO_SEQ) of o, w = d_v
+ *   dq_convert                 dq_accum fp32 [S, H, d_qk] -> dq bf16
+ *   expand_kv                  LAGA's rebuild: kv [S, H, d_n + d_v] and the rope columns
+ *                              of c [S, d_c + d_r] -> k [S, H, d_qk], v [S, H, d_v]
+ *   split_dkv                  its backward: dk, dv -> dkv, dc[:, d_c:] = sum_h dk_r
+ *   concat_latent              [c_kv ; k_rope] -> c [S, d_c + d_r] (independent of H)
+ *   split_latent               dc -> [dc_kv ; dk_rope] (independent of H)
+ *   copy_cols                  the absorbed form's q_abs[:, h, d_c:] = q[:, h, d_n:]:
+ *                              S * H rows of d_r columns
+ * Rows over S tokens (rows = B * S) launch with seqlen_q = S, batch = 1 (the manifest's
+ * grid: S CTAs, grid-stride over the rows). */
+static int layout_rows(int H, int S, lrow *rows) {
+  const int P = H_MODEL % H == 0 ? H_MODEL / H : 1, HT = H * P, Sl = S / P;
+  const double e = 2.0; /* bf16 */
+  int n = 0;
+  if (S % P == 0) {
+    const int w[2] = {DQK, DV};
+    const char *lab[2][2] = {{"a2a_pack_q", "a2a_unpack_q"}, {"a2a_pack_o", "a2a_unpack_o"}};
+    for (int dir = 0; dir < 2; dir++)
+      for (int u = 0; u < 2; u++) {
+        const double b = e * S * H * w[dir];
+        rows[n++] = (lrow){lab[dir][u], u ? K_A2A_UNPACK : K_A2A_PACK, 2, {b, b}, {Sl, 1, HT, P, w[dir], dir},
+                           Sl, 2 * b, 0};
+      }
+  }
+  rows[n++] = (lrow){"dq_convert", K_DQ_CONVERT, 2, {4.0 * S * H * DQK, e * S * H * DQK}, {S},
+                     S, (4.0 + e) * S * H * DQK, 0};
+  {
+    const double kv = e * S * H * (DN + DV), c = e * S * (DC + DR), k = e * S * H * DQK;
+    const double v = e * S * H * DV;
+    rows[n++] = (lrow){"expand_kv", K_EXPAND_KV, 4, {kv, c, k, v}, {S, DC, DC + DR}, S,
+                       kv + e * S * DR + k + v, 0};
+    rows[n++] = (lrow){"split_dkv", K_SPLIT_DKV, 4, {k, v, kv, c}, {S, DC, DC + DR}, S,
+                       k + v + kv + e * S * DR, 0};
+    const double ckv = e * S * DC, kr = e * S * DR;
+    rows[n++] = (lrow){"concat_latent", K_CONCAT_LATENT, 3, {ckv, kr, c}, {S}, S, 2 * c, 1};
+    rows[n++] = (lrow){"split_latent", K_SPLIT_LATENT, 3, {c, ckv, kr}, {S}, S, 2 * c, 1};
+  }
+  rows[n++] = (lrow){"copy_cols", K_COPY_COLS, 2, {e * S * H * DQK, e * S * H * (DC + DR)},
+                     {S * H, DQK, DN, DC + DR, DC, DR}, S, 2 * e * S * H * DR, 0};
+  return n;
+}
+
+/* Times the layout rows at (H = ks->heads, S); first: the first timed H (the rows that do
+ * not depend on H run there only). Each row gets its own buffers in as many sets (inputs
+ * and outputs together) as make ~150 MB, 2 to 16 (iteration i uses set i mod sets, so
+ * neither its reads nor its writes hit lines the previous launch left in L2); buffers are
+ * zeroed, not random (copies: the values do not change the time). Returns -1 on a CUDA
+ * error. */
+static int time_layout(const kset *ks, int S, int first) {
+  const int H = ks->heads;
+  lrow rows[16];
+  const int n_rows = layout_rows(H, S, rows);
+  size_t free_b = 0, total_b = 0;
+  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
+  for (int i = 0; i < n_rows; i++) {
+    const lrow *r = &rows[i];
+    if (r->h_indep && !first) continue;
+    const gk *g = &ks->k[r->which];
+    double set_bytes = 0;
+    for (int b = 0; b < r->n_bufs; b++) set_bytes += r->buf_bytes[b];
+    int n_sets = (int)ceil(150e6 / set_bytes);
+    if (n_sets < 2) n_sets = 2;
+    if (n_sets > L_MAX_SETS) n_sets = L_MAX_SETS;
+    while (n_sets > 1 && n_sets * set_bytes > 0.85 * (double)free_b) n_sets--;
+    if (set_bytes > 0.85 * (double)free_b) {
+      say("%s H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", r->label, H, S, set_bytes / 1e9,
+          free_b / 1e9);
+      continue;
+    }
+    const int base = g_n_allocs;
+    lctx x;
+    memset(&x, 0, sizeof x);
+    x.g = g, x.r = r;
+    int rc = 0;
+    for (int s = 0; s < n_sets && !rc; s++)
+      for (int b = 0; b < r->n_bufs && !rc; b++)
+        rc = dalloc(&x.buf[s][b], (size_t)r->buf_bytes[b]) ||
+             CU(drv->cuMemsetD8(x.buf[s][b], 0, (size_t)r->buf_bytes[b]));
+    double ms = 0;
+    int iters = 0;
+    if (!rc) rc = time_row(r->label, llaunch, &x, n_sets, &ms, &iters);
+    while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+    if (rc) return -1;
+    add_row(r->label, "", H, S, ms, 0, r->bytes, iters);
+    print_row(&g_rows[g_n_rows - 1]);
+  }
+  return 0;
+}
+
 static int write_csv(const char *path) {
   FILE *f = fopen(path, "w");
   if (!f) {
@@ -948,8 +1136,9 @@ int main(int argc, char **argv) {
   sets[n_sets++].heads = 2;
   for (int i = 0; i < n_heads; i++) {
     int dup = 0;
-    for (int j = 0; j < n_sets; j++) dup |= sets[j].heads == heads[i];
-    if (!dup) sets[n_sets++].heads = heads[i];
+    for (int j = 0; j < n_sets; j++)
+      if (sets[j].heads == heads[i]) dup = 1, sets[j].timed = !check_only;
+    if (!dup) sets[n_sets].timed = !check_only, sets[n_sets++].heads = heads[i];
   }
   if (build_all(gen, sets, n_sets, optin)) goto out;
 
@@ -973,7 +1162,8 @@ int main(int argc, char **argv) {
   g_pool = xcalloc(POOL, sizeof *g_pool);
   for (size_t i = 0; i < POOL; i++) g_pool[i] = float_to_bf16((float)randn());
   say("\nTiming: B=1, bf16, causal, d_n %d d_r %d d_v %d; warm-up %d, median of %d; FLOPs per "
-      "MLA.md (bwd rows: bwd_atomic, bwd_det, and bwd_dkdv alone carry the backward's FLOPs)\n",
+      "MLA.md (bwd rows: bwd_atomic, bwd_det, and bwd_dkdv alone carry the backward's FLOPs); "
+      "layout kernels: bytes moved and GB/s\n",
       DN, DR, DV, g_warmup, g_iters);
   print_header();
   for (int h = 0; h < n_heads; h++) {
@@ -981,7 +1171,7 @@ int main(int argc, char **argv) {
     for (int s = 0; s < n_sets; s++)
       if (sets[s].heads == heads[h]) ks = &sets[s];
     for (int i = 0; i < n_seqs; i++)
-      if (time_shape(ks, seqs[i])) goto out;
+      if (time_shape(ks, seqs[i]) || time_layout(ks, seqs[i], h == 0)) goto out;
   }
   say("\n");
   print_header();

@@ -1,0 +1,147 @@
+/* mg_module.h: the module registry. Loads generated kernels' cubins (the bytes the JIT
+ * cache holds: mg_cubin.data from runtime/mg_jit.h) into the current CUDA context with
+ * cuModuleLoadData, finds each kernel by name (cuModuleGetFunction), raises its dynamic
+ * shared memory limit when its launch rule needs more than 48 KiB
+ * (cuFuncSetAttribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), and launches it
+ * (cuLaunchKernel) on the caller's stream with the grid its manifest's launch rule gives
+ * for the run-time sizes.
+ *
+ * A registry belongs to one mlagen context and, through it, to the CUDA context that was
+ * current when the registry was created: every load and launch must run with that CUDA
+ * context current (the registry does not switch contexts). It caches one module and
+ * function per kernel name (a second load of a name returns the cached kernel without
+ * touching the driver) and unloads every module on destroy. A registry is not
+ * thread-safe: like the context owning it, one thread at a time.
+ *
+ * cuModuleLoadData is used rather than cuLibraryLoadData: it exists on every driver the
+ * loader accepts (CUDA >= 11.3), and a module is bound to one context, as a registry is.
+ *
+ * Errors. Every driver call is checked; a failure returns a status with a message naming
+ * the call, the kernel and the CUDA error (cuGetErrorName and cuGetErrorString):
+ *   MG_EDRIVER      a driver call failed (below);
+ *   MLAGEN_ENOMEM   host allocation failed, or the driver returned CUDA_ERROR_OUT_OF_MEMORY;
+ *   MLAGEN_EINVAL   a bad argument, a malformed launch rule, a kernel name the cubin does
+ *                   not hold (cuModuleGetFunction: CUDA_ERROR_NOT_FOUND), a name not loaded;
+ *   MLAGEN_ELIMIT   a computed grid over the device limits (x 2^31 - 1, y and z 65535);
+ *   MLAGEN_ENODRIVER  no CUDA driver (mg_registry_create).
+ * Nothing aborts or prints. */
+#ifndef MG_MODULE_H
+#define MG_MODULE_H
+#include <cJSON.h>
+#include <stddef.h>
+
+#include "mg_diag.h"
+#include "mg_driver.h"
+#include "mlagen.h"
+
+/* The status of a failed driver call. */
+#define MG_EDRIVER MLAGEN_EDRIVER
+
+/* Dynamic shared memory a kernel may use without raising its limit: 48 KiB. */
+#define MG_DEFAULT_DYN_SMEM (48 * 1024)
+
+/* What a grid dim is computed from. */
+typedef enum mg_grid_src {
+  MG_GRID_VALUE = 0, /* a constant: value */
+  MG_GRID_BATCH,     /* ceil(batch * mul / div) */
+  MG_GRID_SEQLEN_Q,  /* ceil(seqlen_q * mul / div) */
+  MG_GRID_SEQLEN_K   /* ceil(seqlen_k * mul / div) */
+} mg_grid_src;
+
+/* A kernel's launch rule, from its manifest entry's "launch" object:
+ *   {"grid": [d, d, d], "block": [x, y, z], "smem": bytes, ...}
+ * with each grid dim d either {"value": n} or {"arg": "batch"|"seqlen_q"|"seqlen_k",
+ * "div": n, "mul": m} (div and mul optional, default 1): ceil(arg * mul / div). */
+typedef struct mg_launch_rule {
+  struct {
+    mg_grid_src src;
+    long value;    /* MG_GRID_VALUE: the dim, >= 1 */
+    long mul, div; /* otherwise: both in 1 .. 2^20 */
+  } grid[3];
+  unsigned block[3]; /* threads, each >= 1, product <= 1024 */
+  size_t smem;       /* dynamic shared memory per CTA, bytes */
+} mg_launch_rule;
+
+/* The run-time sizes a grid is computed from (counts, >= 0). */
+typedef struct mg_launch_dims {
+  long batch, seqlen_q, seqlen_k;
+} mg_launch_dims;
+
+/* Parses a manifest "launch" object into *rule. what names the kernel in messages (may be
+ * NULL). Returns 0, or MLAGEN_EINVAL (launch or rule NULL; grid or block not arrays of 3;
+ * a grid dim with neither or both of "arg" and "value", an unknown "arg", a "div" or "mul"
+ * that is not an integer in 1 .. 2^20, a "value" that is not an integer in
+ * 1 .. 2^31 - 1; a block dim that is not an integer >= 1 or threads over 1024; "smem" not
+ * an integer in 0 .. 2^31 - 1); *rule is zeroed on error. */
+int mg_launch_rule_parse(const cJSON *launch, const char *what, mg_launch_rule *rule, mg_diag *d);
+
+/* The grid of rule for dims into grid[3]: per dim, value, or ceil(arg * mul / div) with
+ * arg the dims field named by the rule. A dim may come out 0 (e.g. seqlen_q = 0): the
+ * launch is then empty. Returns 0, or MLAGEN_EINVAL (a NULL argument, a dims field the
+ * rule uses is negative), MLAGEN_ELIMIT (x over 2^31 - 1, y or z over 65535; the message
+ * gives the dim, its value and the limit). */
+int mg_launch_grid(const mg_launch_rule *rule, const mg_launch_dims *dims, unsigned grid[3],
+                   mg_diag *d);
+
+typedef struct mg_module_registry mg_module_registry;
+
+/* A loaded kernel; owned by its registry, valid until the registry is destroyed. */
+typedef struct mg_module_kernel {
+  const char *name;     /* the kernel's symbol name */
+  CUmodule module;
+  CUfunction function;
+  mg_launch_rule rule;
+  int smem_raised;      /* 1: cuFuncSetAttribute raised its dynamic smem to rule.smem */
+} mg_module_kernel;
+
+/* Creates an empty registry in *out, loading the CUDA driver if it is not loaded yet
+ * (runtime/mg_driver.h). Returns 0, or MLAGEN_EINVAL (out NULL), MLAGEN_ENODRIVER (no
+ * driver: the loader's message), MLAGEN_ENOMEM; *out is NULL on error. */
+int mg_registry_create(mg_module_registry **out, mg_diag *d);
+
+/* Unloads every module (cuModuleUnload) and frees the registry; r NULL is a no-op
+ * returning 0. Every module is unloaded and all memory freed even when an unload fails;
+ * the first failure is returned (MG_EDRIVER, its message naming the kernel), else 0. */
+int mg_registry_destroy(mg_module_registry *r, mg_diag *d);
+
+/* Loads the kernel name from the cubin image (size bytes, > 0; the bytes are only read
+ * during the call) with launch rule *rule, and sets *out. A name already in the registry
+ * returns the cached kernel and touches neither the driver nor image (its first rule
+ * stays). Otherwise: cuModuleLoadData, cuModuleGetFunction(name), and, when rule->smem >
+ * 48 KiB, cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem); on
+ * any failure the module is unloaded again and the registry is unchanged.
+ * Returns 0, or MLAGEN_EINVAL (an argument NULL, name empty or over 255 bytes, size 0;
+ * the cubin has no kernel of that name: "kernel '<name>' not found in its cubin"),
+ * MLAGEN_ENOMEM, MG_EDRIVER (cuModuleLoadData rejects the image, e.g.
+ * CUDA_ERROR_INVALID_IMAGE or CUDA_ERROR_NO_BINARY_FOR_GPU for another architecture;
+ * cuFuncSetAttribute fails, e.g. smem over the device's opt-in limit). *out is NULL on
+ * error. */
+int mg_registry_load(mg_module_registry *r, const char *name, const void *image, size_t size,
+                     const mg_launch_rule *rule, const mg_module_kernel **out, mg_diag *d);
+
+/* mg_registry_load for one kernel entry of a manifest (mg_kernel.manifest, or an element
+ * of manifest.json's "kernels"): its "name" and its "launch" rule (mg_launch_rule_parse).
+ * Same returns; MLAGEN_EINVAL also for an entry without a string "name" or a bad rule. */
+int mg_registry_load_manifest(mg_module_registry *r, const cJSON *entry, const void *image,
+                              size_t size, const mg_module_kernel **out, mg_diag *d);
+
+/* The loaded kernel named name in *out. Returns 0, or MLAGEN_EINVAL (an argument NULL, or
+ * "no kernel '<name>' in the module registry"); *out is NULL on error. */
+int mg_registry_find(const mg_module_registry *r, const char *name, const mg_module_kernel **out,
+                     mg_diag *d);
+
+/* Number of kernels (and modules: one each) loaded; 0 for r NULL. */
+int mg_registry_count(const mg_module_registry *r);
+
+/* Launches k on stream (0: the legacy default stream) with the grid of k's rule for dims
+ * (mg_launch_grid), its block and its dynamic shared memory; args: one pointer per kernel
+ * parameter, in the manifest's order (cuLaunchKernel's kernelParams). An empty grid (a dim
+ * of 0) launches nothing and returns 0. Asynchronous: a fault inside the kernel shows at
+ * the next synchronizing call, not here. Returns 0, or MLAGEN_EINVAL (r, k or dims NULL;
+ * args NULL for a kernel with parameters is not detected; k not of this registry; a
+ * negative dims field), MLAGEN_ELIMIT (a grid dim over its limit), MG_EDRIVER
+ * (cuLaunchKernel fails: the message names the kernel, grid, block and smem), MLAGEN_ENOMEM
+ * (CUDA_ERROR_OUT_OF_MEMORY). */
+int mg_registry_launch(mg_module_registry *r, const mg_module_kernel *k, const mg_launch_dims *dims,
+                       CUstream stream, void **args, mg_diag *d);
+#endif
