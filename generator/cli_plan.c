@@ -44,11 +44,11 @@ static const char help[] =
 static int explain(const cli_opts *o, const mg_shape *shape) {
   const char *arch = o->arch ? o->arch : "sm_90a", *device = o->device ? o->device : "unknown";
   const char *kdtype = strcmp(o->dtype, "fp16") == 0 ? "fp16" : "bf16";
-  mg_kernel_spec specs[32];
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n = 0;
   mg_gen *g = NULL;
   mg_diag d = MG_DIAG_INIT;
-  int rc = mg_spec_for_model(shape, o->sp, kdtype, specs, 32, &n, &d);
+  int rc = mg_spec_for_model(shape, o->sp, kdtype, specs, MG_SPEC_MAX_KERNELS, &n, &d);
   if (!rc) rc = mg_gen_open(&g, o->templates, &d);
   if (rc) {
     cli_error("%s", mg_diag_msg(&d));

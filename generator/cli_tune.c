@@ -169,10 +169,10 @@ int cli_tune(int argc, char **argv) {
   long long seq = o.seq ? o.seq : 4096;
 
   mg_shape shape;
-  mg_kernel_spec specs[32];
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n_specs = 0;
   mg_gen *g;
-  if ((rc = cli_prepare(&o, &shape, specs, 32, &n_specs, &g))) return rc;
+  if ((rc = cli_prepare(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n_specs, &g))) return rc;
 
   /* the space: every selected spec's combinations, one array */
   mg_tune_candidate *all = NULL;

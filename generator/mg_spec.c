@@ -6,12 +6,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mg_plan.h"
 #include "mlagen.h"
 
 const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_bwd_pre", "attn_bwd_dkdv",
                                         "attn_bwd_dq",   "dq_convert",   "a2a_pack",     "a2a_unpack",
                                         "expand_kv",     "split_dkv",    "concat_latent", "split_latent",
-                                        "copy_cols",     NULL};
+                                        "copy_cols",     "mqa_fwd",      "mqa_bwd_dkv",  "mqa_bwd_dq",
+                                        NULL};
 
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d) {
@@ -23,17 +25,31 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
                        "(Ulysses SP gives each rank H / P heads)", sp, shape->heads);
   if (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "fp16") != 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "dtype '%s': expected bf16 or fp16", dtype);
-  for (const char *const *f = mg_spec_families; *f; f++) {
+  const int Hl = shape->heads / sp, G = Hl / mg_plan_default_head_groups(Hl);
+  /* every family at H / P heads; then the absorbed backward's delta (attn_bwd_pre over
+   * o_lat, d_c wide) and, when LAGA-F's default groups hold fewer heads than a rank, the
+   * explicit attention kernels at that group's head count */
+  static const char *const group_families[] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv",
+                                               "attn_bwd_dq"};
+  const struct { const char *family; int heads, latent_v; } extra[] = {
+      {"attn_bwd_pre", Hl, 1},
+      {group_families[0], G, 0}, {group_families[1], G, 0}, {group_families[2], G, 0},
+      {group_families[3], G, 0},
+  };
+  const int n_fam = (int)(sizeof mg_spec_families / sizeof *mg_spec_families) - 1;
+  const int n_extra = G == Hl ? 1 : 5;
+  for (int i = 0; i < n_fam + n_extra; i++) {
     for (int causal = 1; causal >= 0; causal--) {
       if (*n >= max) return mg_diag_set(d, MLAGEN_EINVAL, "more than %d kernel specs", max);
       mg_kernel_spec *s = &specs[(*n)++];
       memset(s, 0, sizeof *s);
-      snprintf(s->family, sizeof s->family, "%s", *f);
-      s->heads = shape->heads / sp;
+      snprintf(s->family, sizeof s->family, "%s", i < n_fam ? mg_spec_families[i] : extra[i - n_fam].family);
+      s->heads = i < n_fam ? Hl : extra[i - n_fam].heads;
       s->d_n = shape->qk_nope_head_dim;
       s->d_r = shape->qk_rope_head_dim;
       s->d_v = shape->v_head_dim;
       s->d_c = shape->kv_lora_rank;
+      if (i >= n_fam && extra[i - n_fam].latent_v) s->d_n = s->d_v = shape->kv_lora_rank;
       snprintf(s->dtype, sizeof s->dtype, "%s", dtype);
       s->causal = causal;
     }

@@ -207,8 +207,8 @@ typedef struct mlagen_plan_desc {
  *                  sp_rank outside [0, sp_size); seq not divisible by sp_size; sp_size
  *                  not dividing H (or above H); head_groups nonzero for a form other
  *                  than MLAGEN_FORM_LAGA_F, or not a divisor of H / P in [1, 16]; buffers
- *                  too large for the planner
- *                  (over 2^56 bytes).
+ *                  too large for the planner (over 2^56 bytes) or a memory layout whose
+ *                  areas would exceed 2^63 bytes.
  *   MLAGEN_ENOMEM */
 int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
                        const mlagen_plan_desc *desc, mlagen_plan **plan);
@@ -233,17 +233,29 @@ typedef struct mlagen_tensor_info {
                       * by this form) */
 } mlagen_tensor_info;
 
-/* The sizes of a plan, all from the planner (the figures `mlagen plan` prints). */
+/* The sizes of a plan. workspace_bytes and saved_bytes are the two areas of the plan's
+ * static memory layout (the CUDA executor allocates nothing: every intermediate buffer and
+ * every step's scratch has a fixed offset in one of them, each offset and size a multiple
+ * of 256 bytes); the peaks and the communication are the planner's figures (the ones
+ * `mlagen plan` prints). */
 typedef struct mlagen_sizes {
-  /* device memory the caller passes as the workspace of mlagen_forward and of
-   * mlagen_backward: the planner's transient peak, max(peak_fwd_bytes, peak_bwd_bytes).
-   * The planner's peak counts every buffer live at the worst step, the step's
-   * collective staging, the saved buffers and the outputs included, so this is an upper
-   * bound on what the CUDA executor will use. */
+  /* bytes of device memory the caller passes as the workspace of mlagen_forward and of
+   * mlagen_backward (the same size serves both; its contents need not survive between
+   * calls): the high-water mark of the intermediate buffers that are not saved and of
+   * the steps' scratch (a collective's send/receive staging, the attention backward's
+   * row sums), each placed for the steps it is live. The
+   * inputs, the outputs and the saved area are not in it, so it is about
+   * max(peak_fwd_bytes, peak_bwd_bytes) less the outputs and the saved buffers, plus
+   * what the fixed layout loses to alignment and fragmentation. */
   size_t workspace_bytes;
-  size_t saved_bytes;       /* kept from the forward to the backward: the saved buffer */
-  size_t peak_fwd_bytes;    /* the planner's peak of the forward */
-  size_t peak_bwd_bytes;    /* the planner's peak of the backward */
+  /* bytes of device memory the caller passes as the saved area: written by the forward,
+   * kept unchanged until the backward of the same step, which reads it. The sum of the
+   * buffers written in the forward and read in the backward, each rounded up to 256
+   * bytes (at least the planner's saved figure). */
+  size_t saved_bytes;
+  size_t peak_fwd_bytes;    /* the planner's peak of the forward: live buffers, saved
+                             * buffers and outputs included, plus the step's staging */
+  size_t peak_bwd_bytes;    /* the planner's peak of the backward (from the saved buffers) */
   size_t sent_fwd_bytes;    /* bytes this rank sends in the forward's collectives */
   size_t sent_bwd_bytes;    /* ... and in the backward's */
   /* The op boundary, this rank's sequence shard (S_l = S / P tokens):

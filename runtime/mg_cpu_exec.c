@@ -395,6 +395,13 @@ static int kernel(exec *x, int i, int run) {
         TRY(numel_is(x, i, OUT(0), mg_plan_buf_numel(IN(0))));
         TRY(numel_is(x, i, OUT(1), mg_plan_buf_numel(IN(1))));
       }
+      if (run && x->t->kernel_hook) { /* the test seam (mg_cpu_exec.h) */
+        const void *hin[MG_STEP_MAX_ARGS];
+        void *hout[MG_STEP_MAX_ARGS];
+        for (int k = 0; k < s->n_in; k++) hin[k] = rd(x, s->in[k]);
+        for (int k = 0; k < s->n_out; k++) hout[k] = wr(x, s->out[k]);
+        if (!x->t->kernel_hook(s, x->p, hin, hout, x->t->hook_ctx)) return 0;
+      }
       if (run && fwd)
         mg_cpu_mqa_fwd(&a, rd(x, s->in[0]), rd(x, s->in[1]), wr(x, s->out[0]), wr(x, s->out[1]));
       if (run && !fwd)

@@ -39,7 +39,7 @@ typedef struct mg_cpu_capture {
 } mg_cpu_capture;
 
 /* A test seam: lets a test route the attention kernel steps (MG_STEP_KERNEL of op
- * MG_OP_ATTN_FWD or MG_OP_ATTN_BWD) to other kernels (the generated tensor-core kernels on
+ * MG_OP_ATTN_FWD, MG_OP_ATTN_BWD, MG_OP_MQA_FWD or MG_OP_MQA_BWD) to other kernels (the generated tensor-core kernels on
  * the host executor) while the executor runs every other step and does all the buffer
  * management. Called, after validation, in place of the executor's own kernel with the
  * step, the plan, and the step's buffers as the executor holds them, in the plan's dtype

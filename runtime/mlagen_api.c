@@ -18,6 +18,7 @@
 #include "mg_diag.h"
 #include "mg_driver.h"
 #include "mg_plan.h"
+#include "mg_plan_mem.h"
 #include "mlagen.h"
 
 struct mlagen_context {
@@ -242,15 +243,25 @@ static mlagen_tensor_info *slot_info(mlagen_sizes *s, size_t i) {
   return (mlagen_tensor_info *)((char *)s + slots[i].i_off);
 }
 
-/* The sizes, from the planner and the plan's buffers. */
-static void plan_sizes(const mg_plan *p, mlagen_sizes *z) {
+/* The alignment of the CUDA executor's layout (generator/mg_plan_mem.h): every buffer and
+ * staging offset in the workspace and the saved area is a multiple of it. */
+#define MLAGEN_MEM_ALIGN 256
+
+/* The sizes: the workspace and the saved area from the plan's static memory layout
+ * (mg_plan_mem_layout, the areas the CUDA executor lays the plan out in), the peaks and
+ * the communication from the planner, the tensors from the plan's buffers. Errors: those
+ * of mg_plan_mem_layout (MLAGEN_EINVAL, not expected of a built plan). */
+static int plan_sizes(const mg_plan *p, mlagen_sizes *z, mg_diag *diag) {
   mg_plan_cost c;
   mg_plan_cost_of(p, &c);
   memset(z, 0, sizeof *z);
+  mg_plan_mem mem; /* ~7 KiB */
+  int rc = mg_plan_mem_layout(p, MLAGEN_MEM_ALIGN, &mem, diag);
+  if (rc) return rc;
   z->peak_fwd_bytes = (size_t)c.peak_fwd;
   z->peak_bwd_bytes = (size_t)c.peak_bwd;
-  z->workspace_bytes = z->peak_fwd_bytes > z->peak_bwd_bytes ? z->peak_fwd_bytes : z->peak_bwd_bytes;
-  z->saved_bytes = (size_t)c.saved;
+  z->workspace_bytes = (size_t)mem.workspace_bytes;
+  z->saved_bytes = (size_t)mem.saved_bytes;
   z->sent_fwd_bytes = (size_t)c.sent_fwd;
   z->sent_bwd_bytes = (size_t)c.sent_bwd;
   for (size_t i = 0; i < N_SLOTS; i++) {
@@ -272,6 +283,7 @@ static void plan_sizes(const mg_plan *p, mlagen_sizes *z) {
       if (used) t->passes |= st->pass == MG_FWD ? MLAGEN_PASS_FORWARD : MLAGEN_PASS_BACKWARD;
     }
   }
+  return 0;
 }
 
 int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
@@ -333,7 +345,11 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
     free(p);
     return rc;
   }
-  plan_sizes(&p->plan, &p->sizes);
+  if ((rc = plan_sizes(&p->plan, &p->sizes, d))) {
+    mg_diag_prefix(d, "mlagen_plan_create");
+    free(p);
+    return rc;
+  }
   p->ctx = ctx;
   p->ctx_id = ctx->id;
   *plan = p;

@@ -1,10 +1,11 @@
 @ -- split_dkv (MG_OP_SPLIT_DKV): the explicit form's key/value gradient split, exactly as
 @ -- runtime/mg_cpu_ops.c's mg_cpu_split_dkv:
 @ --   dkv[r, h, :d_n] = dk[r, h, :d_n];  dkv[r, h, d_n:] = dv[r, h, :]
-@ --   drope[r * rope_w + rope_col + j] = sum over h of dk[r, h, d_n + j]   (j < d_r)
+@ --   drope[r * rope_w + rope_col + j] (+)= sum over h of dk[r, h, d_n + j]   (j < d_r)
 @ -- for r < rows (= B * S tokens), h < H (spec.heads). The rope key is shared by all heads, so
 @ -- its gradient sums them: one thread per 8 rope columns adds the heads in order 0 .. H-1
-@ -- in fp32 and rounds once to the element type (deterministic: no atomics, a fixed order).
+@ -- in fp32 and rounds once to the element type (deterministic: no atomics, a fixed order);
+@ -- with accumulate, the sum starts from drope's value (LAGA-F adds its head groups' sums).
 @ -- Other columns of the [rows, rope_w] drope buffer are left alone (explicit plans:
 @ -- rope_col 0, rope_w d_r; LAGA: rope_col d_c, rope_w d_c + d_r). 16-byte vectors; the drope
 @ -- stores are scalar unless rope_col and rope_w are multiples of 8. The CTAs stride over the
@@ -12,7 +13,7 @@
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local K = kernel {
 @   family = "split_dkv",
-@   doc = "explicit form backward: dkv [rows, H, d_n + d_v] = [dk[.., :d_n] ; dv]; drope columns rope_col.. of a [rows, rope_w] buffer = sum over heads of dk[.., d_n:] (fp32, fixed head order); rows = B * S",
+@   doc = "explicit form backward: dkv [rows, H, d_n + d_v] = [dk[.., :d_n] ; dv]; drope columns rope_col.. of a [rows, rope_w] buffer = (accumulate: +=) sum over heads of dk[.., d_n:] (fp32, fixed head order); rows = B * S",
 @   params = {
 @     { name = "dk",       type = "const elem_t*", shape = "[rows, H, d_n + d_r]", doc = "key gradient" },
 @     { name = "dv",       type = "const elem_t*", shape = "[rows, H, d_v]", doc = "value gradient" },
@@ -21,6 +22,7 @@
 @     { name = "rows",     type = "int", doc = "tokens: B * S" },
 @     { name = "rope_col", type = "int", doc = "first rope column in the drope buffer" },
 @     { name = "rope_w",   type = "int", doc = "width of the drope buffer's rows" },
+@     { name = "accumulate", type = "int", doc = "nonzero: add the head sum to drope's value (fp32, one rounding)" },
 @   },
 @   tunables = { num_warps = { values = { 2, 4, 8 }, doc = "warps per CTA" } },
 @   check = function(s, c)
@@ -85,16 +87,16 @@ ${K.name}(
     }
     // drope: VR vectors, each summed over the heads in order by one thread
     for (int c = threadIdx.x; c < VR; c += NUM_THREADS) {
+      elem_t* dst = drope + (size_t)r * rope_w + rope_col + c * 8;
       float acc[8];
 #pragma unroll
-      for (int e = 0; e < 8; e++) acc[e] = 0.f;
+      for (int e = 0; e < 8; e++) acc[e] = accumulate ? mla::to_float(dst[e]) : 0.f;
       for (int h = 0; h < H; h++) {  // heads in order: deterministic
         const uint4 x = dk4[(rh + h) * VK + VN + c];
         add2(acc + 0, x.x), add2(acc + 2, x.y), add2(acc + 4, x.z), add2(acc + 6, x.w);
       }
       const uint4 o = make_uint4(pack2(acc[0], acc[1]), pack2(acc[2], acc[3]),
                                  pack2(acc[4], acc[5]), pack2(acc[6], acc[7]));
-      elem_t* dst = drope + (size_t)r * rope_w + rope_col + c * 8;
       if (rope_vec) {
         *reinterpret_cast<uint4*>(dst) = o;
       } else {  // scalar stores: the columns are not 16-byte aligned

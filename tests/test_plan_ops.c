@@ -111,7 +111,7 @@ static void build(const mg_kernel_spec *spec, built_kernel *out) {
 typedef void (*fn_expand)(const e16 *kv, const e16 *rope, e16 *k, e16 *v, int rows, int rope_col,
                           int rope_w);
 typedef void (*fn_split_dkv)(const e16 *dk, const e16 *dv, e16 *dkv, e16 *drope, int rows,
-                             int rope_col, int rope_w);
+                             int rope_col, int rope_w, int accumulate);
 typedef void (*fn_concat)(const e16 *c_kv, const e16 *k_rope, e16 *c, int rows);
 typedef void (*fn_split_lat)(const e16 *dc, e16 *dc_kv, e16 *dk_rope, int rows);
 typedef void (*fn_copy)(const e16 *src, e16 *dst, int rows, int src_w, int src_col, int dst_w,
@@ -129,7 +129,7 @@ static void thunk(void *p) {
   const call *c = p;
   switch (c->op) {
     case 0: ((fn_expand)c->bk->fn)(c->in[0], c->in[1], c->out[0], c->out[1], c->i[0], c->i[1], c->i[2]); break;
-    case 1: ((fn_split_dkv)c->bk->fn)(c->in[0], c->in[1], c->out[0], c->out[1], c->i[0], c->i[1], c->i[2]); break;
+    case 1: ((fn_split_dkv)c->bk->fn)(c->in[0], c->in[1], c->out[0], c->out[1], c->i[0], c->i[1], c->i[2], c->i[3]); break;
     case 2: ((fn_concat)c->bk->fn)(c->in[0], c->in[1], c->out[0], c->i[0]); break;
     case 3: ((fn_split_lat)c->bk->fn)(c->in[0], c->out[0], c->out[1], c->i[0]); break;
     default:
@@ -207,16 +207,19 @@ static void check_expand_kv(const op_shape *sh, int nw, int rope_col, int rope_w
   mg_host_kernel_free(bk.k);
 }
 
-static void check_split_dkv(const op_shape *sh, int nw, int rope_col, int rope_w, unsigned grid_x) {
+/* accumulate: drope starts random and receives += (LAGA-F's later head groups) */
+static void check_split_dkv(const op_shape *sh, int nw, int rope_col, int rope_w, unsigned grid_x,
+                            int accumulate) {
   mg_kernel_spec s = make_spec("split_dkv", sh, nw);
   built_kernel bk;
   build(&s, &bk);
   const int H = sh->H, dn = sh->dn, dr = sh->dr, dv = sh->dv;
   arr dk = rand_arr((size_t)ROWS * H * (dn + dr)), dvv = rand_arr((size_t)ROWS * H * dv);
   arr dkv = rand_arr((size_t)ROWS * H * (dn + dv)), drope = rand_arr((size_t)ROWS * rope_w);
-  call c = {&bk, 1, {dk.h, dvv.h}, {dkv.h, drope.h}, {ROWS, rope_col, rope_w}};
+  call c = {&bk, 1, {dk.h, dvv.h}, {dkv.h, drope.h}, {ROWS, rope_col, rope_w, accumulate}};
   launch(&c, grid_x);
-  mg_cpu_split_dkv(MG_F32, ROWS, H, dn, dr, dv, dk.f, dvv.f, dkv.f, drope.f, rope_col, rope_w, 0);
+  mg_cpu_split_dkv(MG_F32, ROWS, H, dn, dr, dv, dk.f, dvv.f, dkv.f, drope.f, rope_col, rope_w,
+                   accumulate);
   expect("split_dkv dkv", &dkv, 0);
   expect("split_dkv drope", &drope, 1);
   size_t exact = 0; /* how many head sums rounded identically (information only) */
@@ -225,8 +228,8 @@ static void check_split_dkv(const op_shape *sh, int nw, int rope_col, int rope_w
       const size_t i = (size_t)r * rope_w + rope_col + j;
       exact += drope.h[i] == float_to_bf16(drope.f[i]);
     }
-  print_message("  %-52s rope_col %3d rope_w %3d: dkv bit-exact, drope %zu/%d exact, others within 1 ulp\n",
-                bk.name, rope_col, rope_w, exact, ROWS * dr);
+  print_message("  %-52s rope_col %3d rope_w %3d%s: dkv bit-exact, drope %zu/%d exact, others within 1 ulp\n",
+                bk.name, rope_col, rope_w, accumulate ? " +=" : "", exact, ROWS * dr);
   free_arr(&dk), free_arr(&dvv), free_arr(&dkv), free_arr(&drope);
   mg_host_kernel_free(bk.k);
 }
@@ -296,12 +299,13 @@ static void test_split_dkv(void **state) {
   (void)state;
   for (int i = 0; i < 2; i++) {
     const op_shape *sh = &shapes[i];
-    check_split_dkv(sh, 0, 0, sh->dr, 0);
-    check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0);
-    check_split_dkv(sh, 0, 3, sh->dr + 5, 0);
+    check_split_dkv(sh, 0, 0, sh->dr, 0, 0);
+    check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 0);
+    check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1);
+    check_split_dkv(sh, 0, 3, sh->dr + 5, 0, 1);
   }
-  check_split_dkv(&shapes[1], 2, 0, shapes[1].dr, 7);
-  check_split_dkv(&shapes[0], 8, shapes[0].dc, shapes[0].dc + shapes[0].dr, 0);
+  check_split_dkv(&shapes[1], 2, 0, shapes[1].dr, 7, 0);
+  check_split_dkv(&shapes[0], 8, shapes[0].dc, shapes[0].dc + shapes[0].dr, 0, 1);
 }
 
 static void test_latent(void **state) {

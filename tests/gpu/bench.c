@@ -175,7 +175,7 @@ static const char *const k_params[NK][16] = {
     {"recv", "dst", "seqlen_local", "batch", "heads_total", "sp", "width", "direction"},
     {"dq_accum", "dq", "seqlen_q"},
     {"kv", "rope", "k", "v", "rows", "rope_col", "rope_w"},
-    {"dk", "dv", "dkv", "drope", "rows", "rope_col", "rope_w"},
+    {"dk", "dv", "dkv", "drope", "rows", "rope_col", "rope_w", "accumulate"},
     {"c_kv", "k_rope", "c", "rows"},
     {"dc", "dc_kv", "dk_rope", "rows"},
     {"src", "dst", "rows", "src_w", "src_col", "dst_w", "dst_col", "cols"},
@@ -908,9 +908,12 @@ static int llaunch(void *p, int set) {
       void *a[] = {&b[0], &b[1], &n[0]};
       return launch(x->g, 1, sq, sq, a);
     }
-    case K_EXPAND_KV:
-    case K_SPLIT_DKV: {
+    case K_EXPAND_KV: {
       void *a[] = {&b[0], &b[1], &b[2], &b[3], &n[0], &n[1], &n[2]};
+      return launch(x->g, 1, sq, sq, a);
+    }
+    case K_SPLIT_DKV: { /* n[3]: accumulate (0, as the explicit and LAGA plans) */
+      void *a[] = {&b[0], &b[1], &b[2], &b[3], &n[0], &n[1], &n[2], &n[3]};
       return launch(x->g, 1, sq, sq, a);
     }
     case K_CONCAT_LATENT: /* c_kv, k_rope -> c */

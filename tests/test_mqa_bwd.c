@@ -1,0 +1,645 @@
+/* test_mqa_bwd.c: the absorbed-form MQA attention backward (templates/mqa_bwd_dkv.cu.tpl,
+ * mqa_bwd_dq.cu.tpl, with attn_bwd_pre.cu.tpl generated for d_v = d_c as its delta pass),
+ * run unchanged on the CPU through the host executor (tests/host/: shuffled schedules,
+ * NaN-filled shared memory) against the float64 reference of tests/mqa_ref.h; and every
+ * configuration the templates' checks keep, compiled by NVRTC for sm_80 and sm_90a without
+ * spills.
+ *
+ * Inputs are random bf16 values (fp16 in test_fp16; the seed is printed, MLAGEN_TEST_SEED
+ * overrides it). The reference forward gives o (rounded to 16 bits) and lse (rounded to
+ * fp32), as mqa_fwd stores them; the reference gradients dq and dc are float64 with the
+ * exact forward. Errors are max abs error over max abs reference, per gradient (dq,
+ * dc[:, :d_c], dc[:, d_c:]), under 2e-2. MLAGEN_TEST_FILTER (a cmocka pattern) runs a
+ * subset. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/harness.h"
+#include "mg_generate.h"
+#include "mg_jit.h"
+#include "mg_spec.h"
+#include "mlagen.h"
+
+#include "kernel_test_util.h"
+#include "mqa_ref.h"
+
+typedef void (*pre_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_accum,
+                       int seqlen_q);
+/* mqa_bwd_dkv and mqa_bwd_dq share the signature (out: dc or dq). */
+typedef void (*mqa_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
+                       const float *delta, e16 *out, int seqlen_q, int seqlen_k, int q_pos0,
+                       float softmax_scale);
+
+/* dq_convert, reused for the fp32 dc_accum of mqa_bwd_dkv with qsplit > 1 (heads = 1). */
+typedef void (*conv_fn)(const float *accum, e16 *out, int rows);
+
+enum { FAM_PRE, FAM_DKV, FAM_DQ, FAM_CONV };
+
+typedef struct built_kernel {
+  mg_host_kernel *k;
+  void *fn;
+  int fam;
+  int threads, rows; /* rows: query rows (pre), keys (dkv) or packed rows (dq) per CTA */
+  int qsplit;        /* dkv: CTAs per key tile (> 1: fp32 atomics into dc_accum) */
+  size_t smem;
+  char name[160];
+  mg_kernel_spec spec;
+} built_kernel;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const cJSON *manifest_item(const mg_kernel *k, const char *obj, const char *name) {
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(k->manifest, obj);
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+  if (!v) fail_msg("%s: no %s.%s in the manifest", k->name, obj, name);
+  return v;
+}
+
+static int config_int(const mg_kernel *k, const char *name) {
+  const cJSON *v = manifest_item(k, "config", name);
+  if (!cJSON_IsNumber(v)) fail_msg("%s: config %s is not a number", k->name, name);
+  return v->valueint;
+}
+
+static long launch_value(const mg_kernel *k, const char *name) {
+  const cJSON *v = manifest_item(k, "launch", name);
+  if (!cJSON_IsNumber(v)) fail_msg("%s: launch %s is not a number", k->name, name);
+  return (long)v->valuedouble;
+}
+
+static void set(mg_kernel_spec *s, const char *assignment) {
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
+}
+
+/* The element type of the kernels built next and of the cases' 16-bit data (bf16 unless a
+ * test sets fp16). */
+static int g_fp16;
+static float e_to_float(e16 x) { return g_fp16 ? half_to_float(x) : bf16_to_float(x); }
+static e16 float_to_e(float x) { return g_fp16 ? float_to_half(x) : float_to_bf16(x); }
+
+/* The absorbed kernels read d_c and d_r; d_n and d_v are the explicit form's (ignored).
+ * attn_bwd_pre computes delta over d_v columns: it gets d_v = d_n = d_c. */
+static mg_kernel_spec make_spec(const char *family, int H, int dc, int dr, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "%s", family);
+  const int pre = !strcmp(family, "attn_bwd_pre");
+  s.heads = H, s.d_c = dc, s.d_r = dr, s.causal = causal;
+  s.d_n = pre ? dc : 128, s.d_v = pre ? dc : 128;
+  snprintf(s.dtype, sizeof s.dtype, "%s", g_fp16 ? "fp16" : "bf16");
+  return s;
+}
+
+/* Blanks the which-th (from 0) `__syncthreads();` of src, keeping every line where it is;
+ * 0 when there is no such barrier. */
+static int drop_barrier(char *src, int which) {
+  static const char bar[] = "__syncthreads();";
+  char *p = src;
+  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
+    if (i == which) {
+      memset(p, ' ', sizeof bar - 1);
+      return 1;
+    }
+  return 0;
+}
+
+/* Generates the kernel for spec and builds it with the host executor (the harness keys its
+ * objects by content). drop >= 0: without that barrier; returns 0 when there is none. */
+static int build_src(const mg_kernel_spec *spec, int drop, built_kernel *out) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  mg_kernel k;
+  memset(out, 0, sizeof *out);
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
+  int n_hdr;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  mg_host_file files[8];
+  assert_true(n_hdr <= 8);
+  for (int i = 0; i < n_hdr; i++) {
+    files[i].name = hdr[i].name;
+    files[i].data = hdr[i].data;
+    files[i].size = hdr[i].size;
+  }
+  out->fam = !strcmp(spec->family, "attn_bwd_pre")  ? FAM_PRE
+             : !strcmp(spec->family, "mqa_bwd_dkv") ? FAM_DKV
+             : !strcmp(spec->family, "dq_convert")  ? FAM_CONV
+                                                    : FAM_DQ;
+  const cJSON *block = manifest_item(&k, "launch", "block");
+  assert_true(cJSON_IsArray(block) && cJSON_IsNumber(cJSON_GetArrayItem(block, 0)));
+  out->threads = cJSON_GetArrayItem(block, 0)->valueint;
+  out->rows = out->fam == FAM_PRE   ? config_int(&k, "num_warps") * config_int(&k, "rows_per_warp")
+              : out->fam == FAM_DKV ? config_int(&k, "block_n")
+              : out->fam == FAM_DQ  ? config_int(&k, "block_m")
+                                    : 1;
+  out->qsplit = out->fam == FAM_DKV ? config_int(&k, "qsplit") : 1;
+  out->smem = (size_t)launch_value(&k, "smem");
+  assert_int_equal(launch_value(&k, "smem_static"), 0);
+  snprintf(out->name, sizeof out->name, "%s", k.name);
+  out->spec = *spec;
+  if (drop >= 0 && !drop_barrier(k.source, drop)) {
+    mg_kernel_free(&k);
+    mg_gen_close(g);
+    return 0;
+  }
+  mg_host_build_opts bo;
+  memset(&bo, 0, sizeof bo);
+  bo.host_dir = MLAGEN_TESTS_DIR "/host";
+  bo.cxx = MLAGEN_CXX;
+  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
+  bo.headers = files;
+  bo.n_headers = n_hdr;
+  char msg[4096];
+  double t0 = now();
+  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
+    fail_msg("host build: %s", msg);
+  double secs = now() - t0;
+  if (secs > 0.05) print_message("  built %s (%.1f s)\n", k.name, secs);
+  out->fn = mg_host_kernel_fn(out->k);
+  assert_non_null(out->fn);
+  mg_kernel_free(&k);
+  mg_gen_close(g);
+  return 1;
+}
+
+static void build(const mg_kernel_spec *spec, built_kernel *out) { build_src(spec, -1, out); }
+
+/* One case: bf16 inputs, the float64 forward (o, lse) and gradients, the kernels' outputs. */
+typedef struct mqa_case {
+  int B, sq, sk, H, dc, dr, q_pos0;
+  float scale;
+  e16 *q, *c, *dout, *o16;
+  float *lse32;
+  size_t nq, nc, no, nl;
+  double *r_dq, *r_dc;
+  float *delta, *dc_accum;
+  e16 *dq, *dcout;
+} mqa_case;
+
+static void *xcalloc(size_t n, size_t sz) {
+  void *p = calloc(n ? n : 1, sz);
+  assert_non_null(p);
+  return p;
+}
+
+static e16 *rand_e16(size_t n, double *as_double) {
+  e16 *p = xcalloc(n, sizeof *p);
+  for (size_t i = 0; i < n; i++) {
+    p[i] = float_to_e((float)randn());
+    as_double[i] = e_to_float(p[i]);
+  }
+  return p;
+}
+
+static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int sq, int sk,
+                      int q_pos0) {
+  const int w = dc + dr;
+  memset(c, 0, sizeof *c);
+  c->B = B, c->sq = sq, c->sk = sk, c->H = H, c->dc = dc, c->dr = dr, c->q_pos0 = q_pos0;
+  /* as the explicit head dim d_qk = w / 3 would have it, times DeepSeek's mscale^2 */
+  c->scale = (float)(1.0 / sqrt(w / 3.0) * 1.3689 * 1.3689);
+  c->nq = (size_t)B * sq * H * w;
+  c->nc = (size_t)B * sk * w;
+  c->no = (size_t)B * sq * H * dc;
+  c->nl = (size_t)B * H * sq;
+  double *qd = xcalloc(c->nq, sizeof *qd), *cd = xcalloc(c->nc, sizeof *cd);
+  double *dod = xcalloc(c->no, sizeof *dod), *od = xcalloc(c->no, sizeof *od);
+  double *lsed = xcalloc(c->nl, sizeof *lsed);
+  c->q = rand_e16(c->nq, qd);
+  c->c = rand_e16(c->nc, cd);
+  c->dout = rand_e16(c->no, dod);
+  mqa_ref_fwd(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, od, lsed);
+  c->o16 = xcalloc(c->no, sizeof *c->o16);
+  c->lse32 = xcalloc(c->nl, sizeof *c->lse32);
+  for (size_t i = 0; i < c->no; i++) c->o16[i] = float_to_e((float)od[i]);
+  for (size_t i = 0; i < c->nl; i++) c->lse32[i] = (float)lsed[i];
+  c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
+  c->r_dc = xcalloc(c->nc, sizeof *c->r_dc);
+  mqa_ref_bwd(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, dod, c->r_dq, c->r_dc);
+  c->delta = xcalloc(c->nl, sizeof *c->delta);
+  c->dq = xcalloc(c->nq, sizeof *c->dq);
+  c->dcout = xcalloc(c->nc, sizeof *c->dcout);
+  c->dc_accum = xcalloc(c->nc, sizeof *c->dc_accum);
+  free(qd), free(cd), free(dod), free(od), free(lsed);
+}
+
+static void case_free(mqa_case *c) {
+  free(c->q), free(c->c), free(c->dout), free(c->o16), free(c->lse32);
+  free(c->r_dq), free(c->r_dc), free(c->delta), free(c->dq), free(c->dcout);
+  free(c->dc_accum);
+}
+
+typedef struct launch_args {
+  const built_kernel *bk;
+  mqa_case *c;
+} launch_args;
+
+static void thunk(void *p) {
+  launch_args *a = p;
+  mqa_case *c = a->c;
+  if (a->bk->fam == FAM_PRE)
+    ((pre_fn)a->bk->fn)(c->o16, c->dout, c->delta, NULL, c->sq);
+  else if (a->bk->fam == FAM_CONV)
+    ((conv_fn)a->bk->fn)(c->dc_accum, c->dcout, c->sk);
+  else if (a->bk->fam == FAM_DKV && a->bk->qsplit > 1)
+    ((mqa_fn)a->bk->fn)(c->q, c->c, c->dout, c->lse32, c->delta, (e16 *)(void *)c->dc_accum,
+                        c->sq, c->sk, c->q_pos0, c->scale);
+  else
+    ((mqa_fn)a->bk->fn)(c->q, c->c, c->dout, c->lse32, c->delta,
+                        a->bk->fam == FAM_DKV ? c->dcout : c->dq, c->sq, c->sk, c->q_pos0,
+                        c->scale);
+}
+
+static void launch(const built_kernel *bk, mqa_case *c, const mg_host_launch_opts *lo) {
+  mg_host_dim3 grid;
+  const unsigned rows = (unsigned)bk->rows;
+  switch (bk->fam) { /* the manifests' launch rules */
+    case FAM_PRE:
+      grid = (mg_host_dim3){((unsigned)c->sq + rows - 1) / rows, (unsigned)c->H, (unsigned)c->B};
+      break;
+    case FAM_DKV: /* {seqlen_k, div = block_n}, qsplit, batch */
+      grid = (mg_host_dim3){((unsigned)c->sk + rows - 1) / rows, (unsigned)bk->qsplit, (unsigned)c->B};
+      break;
+    case FAM_CONV: /* seqlen_q (here S_k), 1, batch */
+      grid = (mg_host_dim3){(unsigned)c->sk, 1, (unsigned)c->B};
+      break;
+    default: /* {seqlen_q, mul = H, div = block_m}, 1, batch */
+      grid = (mg_host_dim3){((unsigned)(c->sq * c->H) + rows - 1) / rows, 1, (unsigned)c->B};
+  }
+  if (grid.x == 0) return;
+  mg_host_dim3 block = {(unsigned)bk->threads, 1, 1};
+  launch_args a = {bk, c};
+  char msg[1024];
+  if (mg_host_kernel_launch(bk->k, grid, block, bk->smem, lo, thunk, &a, msg, sizeof msg))
+    fail_msg("%s: launch failed: %s", bk->name, msg);
+}
+
+/* The three kernels for one spec: attn_bwd_pre (delta), mqa_bwd_dkv, mqa_bwd_dq. */
+typedef struct bwd_set {
+  built_kernel pre, dkv, dq, conv; /* conv: dq_convert for dkv's qsplit > 1 */
+} bwd_set;
+
+static void set_build(bwd_set *bs, int H, int dc, int dr, int causal, const char *const *dkv_cfg,
+                      const char *const *dq_cfg) {
+  mg_kernel_spec s = make_spec("attn_bwd_pre", H, dc, dr, causal);
+  build(&s, &bs->pre);
+  s = make_spec("mqa_bwd_dkv", H, dc, dr, causal);
+  for (int i = 0; dkv_cfg && dkv_cfg[i]; i++) set(&s, dkv_cfg[i]);
+  build(&s, &bs->dkv);
+  s = make_spec("mqa_bwd_dq", H, dc, dr, causal);
+  for (int i = 0; dq_cfg && dq_cfg[i]; i++) set(&s, dq_cfg[i]);
+  build(&s, &bs->dq);
+  memset(&bs->conv, 0, sizeof bs->conv);
+  if (bs->dkv.qsplit > 1) { /* dc_accum [B, S_k, 1, d_c + d_r] -> 16 bits */
+    s = make_spec("dq_convert", 1, dc, dr, causal);
+    s.d_n = dc;
+    build(&s, &bs->conv);
+  }
+}
+
+static void set_unload(bwd_set *bs) {
+  mg_host_kernel_free(bs->pre.k);
+  mg_host_kernel_free(bs->dkv.k);
+  mg_host_kernel_free(bs->dq.k);
+  if (bs->conv.k) mg_host_kernel_free(bs->conv.k);
+}
+
+/* Runs the pipeline; every output is NaN first. */
+static double run_pipeline(const bwd_set *bs, mqa_case *c, const mg_host_launch_opts *lo) {
+  for (size_t i = 0; i < c->nl; i++) c->delta[i] = NAN;
+  for (size_t i = 0; i < c->nq; i++) c->dq[i] = 0x7fff;
+  for (size_t i = 0; i < c->nc; i++) c->dcout[i] = 0x7fff;
+  for (size_t i = 0; i < c->nc; i++) c->dc_accum[i] = bs->dkv.qsplit > 1 ? 0.f : NAN;
+  double t0 = now();
+  launch(&bs->pre, c, lo);
+  launch(&bs->dkv, c, lo);
+  launch(&bs->dq, c, lo);
+  if (bs->dkv.qsplit > 1) launch(&bs->conv, c, lo);
+  return now() - t0;
+}
+
+/* max |got - ref| / max |ref| over columns [c0, c1) of rows of width w. */
+static double rel_err(const e16 *got, const double *ref, size_t rows, int w, int c0, int c1,
+                      size_t *nans) {
+  double mr = 0, me = 0;
+  for (size_t r = 0; r < rows; r++)
+    for (int k = c0; k < c1; k++) {
+      const size_t i = r * (size_t)w + (size_t)k;
+      const double x = e_to_float(got[i]);
+      if (isnan(x)) {
+        ++*nans;
+        me = INFINITY;
+        continue;
+      }
+      if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+      if (fabs(x - ref[i]) > me) me = fabs(x - ref[i]);
+    }
+  return mr > 0 ? me / mr : me;
+}
+
+static double g_worst[3]; /* dq, dc_kv, dk_rope */
+
+static void check(const bwd_set *bs, mqa_case *c, double secs) {
+  const int w = c->dc + c->dr;
+  size_t nans = 0;
+  double e[3];
+  e[0] = rel_err(c->dq, c->r_dq, (size_t)c->B * c->sq * c->H, w, 0, w, &nans);
+  e[1] = rel_err(c->dcout, c->r_dc, (size_t)c->B * c->sk, w, 0, c->dc, &nans);
+  e[2] = rel_err(c->dcout, c->r_dc, (size_t)c->B * c->sk, w, c->dc, w, &nans);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: rel err dq %.2e dc_kv %.2e dk_rope %.2e (%.2f s)\n",
+                bs->dkv.name + strlen("mla_mqa_bwd_dkv_"), c->B, c->sq, c->sk, c->q_pos0, e[0], e[1],
+                e[2], secs);
+  if (nans) fail_msg("%zu NaN outputs", nans);
+  for (int i = 0; i < 3; i++) {
+    if (e[i] > g_worst[i]) g_worst[i] = e[i];
+    if (!(e[i] < 2e-2)) fail_msg("gradient %d: relative error %.3e over 2e-2", i, e[i]);
+  }
+}
+
+static void run_case(const bwd_set *bs, int causal, int B, int sq, int sk, int q_pos0) {
+  mqa_case c;
+  const mg_kernel_spec *s = &bs->dkv.spec;
+  case_init(&c, s->heads, s->d_c, s->d_r, causal, B, sq, sk, q_pos0);
+  double secs = run_pipeline(bs, &c, NULL);
+  check(bs, &c, secs);
+  case_free(&c);
+}
+
+/* Causal and not, defaults: S = 1; S = 37 with batch 2 (no tile divides it, nor S H); a
+ * query shard at global position 30 of 50 keys (S_q < S_k, causal tiles cross the
+ * diagonal); 8 queries at 0 of 70 keys (causal: key tiles no query sees get dc = 0). */
+static void check_shape(int H, int dc, int dr, int full) {
+  for (int causal = 1; causal >= 0; causal--) {
+    bwd_set bs;
+    set_build(&bs, H, dc, dr, causal, NULL, NULL);
+    run_case(&bs, causal, 1, 1, 1, 0);
+    if (full) {
+      run_case(&bs, causal, 2, 37, 37, 0);
+      run_case(&bs, causal, 1, 20, 50, 30);
+    } else {
+      run_case(&bs, causal, 2, 13, 13, 0);
+    }
+    run_case(&bs, causal, 1, 8, 70, 0);
+    set_unload(&bs);
+  }
+}
+
+static void test_deepseek_h2(void **state) { (void)state; check_shape(2, 512, 64, 1); }
+static void test_deepseek_h16(void **state) { (void)state; check_shape(16, 512, 64, 0); }
+static void test_small_latent_h2(void **state) { (void)state; check_shape(2, 256, 32, 1); }
+
+/* One head (plain MQA rows) and 128 heads (one token is 128 packed rows: 4 query tiles of
+ * dkv, 4 CTAs of dq at block_m 32), causal, defaults. */
+static void test_heads_1_and_128(void **state) {
+  (void)state;
+  bwd_set bs;
+  set_build(&bs, 1, 256, 32, 1, NULL, NULL);
+  run_case(&bs, 1, 2, 37, 37, 0);
+  run_case(&bs, 1, 1, 20, 50, 30);
+  set_unload(&bs);
+  set_build(&bs, 128, 512, 64, 1, NULL, NULL);
+  run_case(&bs, 1, 1, 1, 1, 0);
+  run_case(&bs, 1, 2, 3, 40, 30);
+  set_unload(&bs);
+}
+
+/* The default gives the same bits under other schedules (seeds 1, 0x9e37... and round
+ * robin): dc has one owner CTA per row summing in a fixed order, dq one thread per element. */
+static void test_deterministic_bit_identical(void **state) {
+  (void)state;
+  bwd_set bs;
+  set_build(&bs, 2, 512, 64, 1, NULL, NULL);
+  mqa_case c;
+  case_init(&c, 2, 512, 64, 1, 2, 37, 37, 0);
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.seed = 1;
+  check(&bs, &c, run_pipeline(&bs, &c, &lo));
+  e16 *dq0 = xcalloc(c.nq, sizeof *dq0), *dc0 = xcalloc(c.nc, sizeof *dc0);
+  memcpy(dq0, c.dq, c.nq * sizeof *dq0);
+  memcpy(dc0, c.dcout, c.nc * sizeof *dc0);
+  for (int i = 0; i < 2; i++) {
+    memset(&lo, 0, sizeof lo);
+    if (i == 0)
+      lo.seed = 0x9e3779b97f4a7c15ull;
+    else
+      lo.round_robin = 1;
+    run_pipeline(&bs, &c, &lo);
+    if (memcmp(dq0, c.dq, c.nq * sizeof *dq0) || memcmp(dc0, c.dcout, c.nc * sizeof *dc0))
+      fail_msg("%s: another schedule gives other bits", bs.dkv.name);
+  }
+  print_message("  %s + %s: seeds 1, 0x9e37... and round robin: dq, dc bit-identical\n",
+                bs.dkv.name, bs.dq.name);
+  free(dq0), free(dc0);
+  case_free(&c);
+  set_unload(&bs);
+}
+
+/* Each kernel with one of its barriers removed, for each barrier (the one that publishes a
+ * tile's copies, the one that publishes P^T / dS^T written by other warps and, with one
+ * stage, the one before a tile's buffers are refilled): every schedule seed must give a
+ * wrong result (NaN-filled shared memory, shuffled warps), or the test would not see a
+ * missing barrier. */
+static void test_missing_barrier_caught(void **state) {
+  (void)state;
+  static const struct {
+    const char *family, *stages;
+  } kernels[] = {{"mqa_bwd_dkv", "stages=1"}, {"mqa_bwd_dkv", "stages=2"},
+                 {"mqa_bwd_dq", "stages=1"}, {"mqa_bwd_dq", "stages=2"}};
+  for (size_t ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++) {
+    int n = 0;
+    for (int which = 0;; which++) {
+      bwd_set bs;
+      memset(&bs, 0, sizeof bs);
+      mg_kernel_spec s = make_spec(kernels[ki].family, 2, 256, 32, 1);
+      set(&s, kernels[ki].stages);
+      const int is_dq = !strcmp(kernels[ki].family, "mqa_bwd_dq");
+      built_kernel *target = is_dq ? &bs.dq : &bs.dkv;
+      if (!build_src(&s, which, target)) break;
+      n++;
+      mg_kernel_spec o = make_spec("attn_bwd_pre", 2, 256, 32, 1);
+      build(&o, &bs.pre);
+      o = make_spec(is_dq ? "mqa_bwd_dkv" : "mqa_bwd_dq", 2, 256, 32, 1);
+      build(&o, is_dq ? &bs.dkv : &bs.dq);
+      mqa_case c;
+      case_init(&c, 2, 256, 32, 1, 2, 21, 45, 24); /* 2 key tiles (dq), 2 query tiles (dkv) */
+      int caught = 0;
+      for (unsigned long long seed = 1; seed <= 3; seed++) {
+        mg_host_launch_opts lo;
+        memset(&lo, 0, sizeof lo);
+        lo.seed = seed;
+        run_pipeline(&bs, &c, &lo);
+        const int w = c.dc + c.dr;
+        size_t nans = 0;
+        const double e = is_dq ? rel_err(c.dq, c.r_dq, (size_t)c.B * c.sq * c.H, w, 0, w, &nans)
+                               : rel_err(c.dcout, c.r_dc, (size_t)c.B * c.sk, w, 0, w, &nans);
+        caught += nans || !(e < 2e-2);
+      }
+      print_message("  %s without barrier %d: caught by %d of 3 seeds\n", target->name, which, caught);
+      if (caught < 3)
+        fail_msg("%s: barrier %d removed, yet some schedule gives the right result", target->name,
+                 which);
+      case_free(&c);
+      set_unload(&bs);
+    }
+    assert_true(n >= 2);
+  }
+}
+
+/* fp16 inputs and outputs: the defaults at 576/512, causal. */
+static void test_fp16(void **state) {
+  (void)state;
+  g_fp16 = 1;
+  bwd_set bs;
+  set_build(&bs, 2, 512, 64, 1, NULL, NULL);
+  run_case(&bs, 1, 2, 37, 37, 0);
+  set_unload(&bs);
+  g_fp16 = 0;
+}
+
+/* Other kept configurations give right answers: 1 stage and 2, nsplit 1, 2 and 4 (8-column
+ * tails at d_r 32), mtiles 1 and 2, block sizes 16 to 64; dkv with qsplit > 1 (fp32 atomics
+ * into dc_accum, then dq_convert at heads = 1). */
+static void test_configs(void **state) {
+  (void)state;
+  static const struct {
+    int H, dc, dr, causal;
+    const char *dkv[6];
+    const char *dq[6];
+  } cfgs[] = {
+      {2, 256, 32, 1, {"block_n=16", "nsplit=4", "block_m=64", "stages=1", "mtiles=1"},
+       {"block_m=16", "nsplit=4", "block_n=64", "stages=1", "mtiles=1"}},
+      {3, 256, 32, 0, {"block_n=64", "nsplit=1", "block_m=16", "stages=2", NULL},
+       {"block_m=64", "nsplit=1", "block_n=16", "stages=2", NULL}},
+      {2, 512, 64, 1, {"block_n=16", "nsplit=4", "block_m=64", "stages=1", "mtiles=1"},
+       {"block_m=32", "nsplit=4", "block_n=64", "stages=1", "mtiles=1"}},
+      {2, 512, 64, 1, {"qsplit=4", "mtiles=1", NULL}, {"mtiles=1", NULL}}, /* fp32 atomics, then dq_convert */
+      {16, 256, 32, 1, {"qsplit=2", "stages=2", NULL}, {NULL}},
+  };
+  for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+    bwd_set bs;
+    set_build(&bs, cfgs[i].H, cfgs[i].dc, cfgs[i].dr, cfgs[i].causal, cfgs[i].dkv, cfgs[i].dq);
+    run_case(&bs, cfgs[i].causal, 2, 29, 29, 0);
+    run_case(&bs, cfgs[i].causal, 1, 21, 45, 24);
+    set_unload(&bs);
+  }
+}
+
+/* Every configuration of the two families' tunable spaces that their checks keep compiles
+ * for sm_80 and sm_90a without spills or a stack frame (causal), for d_c 512 / d_r 64 at
+ * H = 16 and d_c 256 / d_r 32 at H = 128, and so do dkv's default with qsplit 8 and
+ * attn_bwd_pre's default at d_v = d_c; the defaults' figures are printed. Uses the JIT
+ * cache ($MLAGEN_CACHE_DIR). */
+static void test_nvrtc_all_kept_configs(void **state) {
+  (void)state;
+  static const struct {
+    int H, dc, dr;
+  } shapes[] = {{16, 512, 64}, {128, 256, 32}};
+  static const char *const families[] = {"mqa_bwd_dkv", "mqa_bwd_dq", "attn_bwd_pre"};
+  static const char *const tunables[2][5] = {{"block_n", "nsplit", "block_m", "stages", "mtiles"},
+                                             {"block_m", "nsplit", "block_n", "stages", "mtiles"}};
+  static const int values[5][3] = {{16, 32, 64}, {1, 2, 4}, {16, 32, 64}, {1, 2, 0}, {1, 2, 0}};
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  int n_hdr, kept = 0, rejected = 0;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  double t0 = now();
+  char report[8192] = "";
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int f = 0; f < 3; f++)
+      for (int ci = -2; ci < 3 * 3 * 3 * 2 * 2; ci++) { /* -1: the default; -2: dkv's, qsplit 8 */
+        if ((ci == -2 && f != 0) || (ci >= 0 && f == 2)) continue; /* attn_bwd_pre: its default */
+        mg_kernel_spec s = make_spec(families[f], shapes[si].H, shapes[si].dc, shapes[si].dr, 1);
+        if (ci == -2) set(&s, "qsplit=8");
+        if (ci >= 0) {
+          int v[5] = {ci % 3, ci / 3 % 3, ci / 9 % 3, ci / 27 % 2, ci / 54};
+          for (int j = 0; j < 5; j++) {
+            char a[48];
+            snprintf(a, sizeof a, "%s=%d", tunables[f][j], values[j][v[j]]);
+            set(&s, a);
+          }
+        }
+        mg_kernel k;
+        int rc = mg_gen_kernel(g, &s, &k, &d);
+        if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&d), "rejected")) {
+          rejected++;
+          continue;
+        }
+        if (rc) fail_msg("%s", mg_diag_msg(&d));
+        kept += ci != -1;
+        for (int arch = 0; arch < 2; arch++) {
+          mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr,
+                           .n_headers = n_hdr, .template_hash = mg_gen_template_hash(g)};
+          mg_cubin cb;
+          if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cb, &d))
+            fail_msg("%s", mg_diag_msg(&d));
+          char line[256];
+          snprintf(line, sizeof line, "  %s%-62s %-6s regs %3d spill %ld+%ld stack %ld smem %ld (dynamic)\n",
+                   ci == -1 ? "default " : "", k.name, o.arch, cb.report.registers,
+                   cb.report.spill_stores, cb.report.spill_loads, cb.report.stack_bytes,
+                   launch_value(&k, "smem"));
+          print_message("%s", line);
+          if (ci == -1 && strlen(report) + strlen(line) < sizeof report) strcat(report, line);
+          assert_true(cb.report.registers > 0);
+          assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);
+          assert_int_equal(cb.report.stack_bytes, 0);
+          assert_int_equal(cb.report.smem_bytes, 0);
+          mg_cubin_free(&cb);
+        }
+        mg_kernel_free(&k);
+      }
+  for (char *line = report, *nl; *line; line = nl + 1) { /* the defaults again, together */
+    nl = strchr(line, '\n');
+    *nl = 0;
+    print_message("%s\n", line);
+  }
+  print_message("  %d configurations kept, %d rejected by the templates' checks (%.0f s)\n", kept,
+                rejected, now() - t0);
+  assert_true(kept >= 8);
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
+static int report_worst(void **state) {
+  (void)state;
+  printf("worst over the checked cases: dq %.2e, dc_kv %.2e, dk_rope %.2e\n", g_worst[0],
+         g_worst[1], g_worst[2]);
+  return 0;
+}
+
+int main(void) {
+  const char *env = getenv("MLAGEN_TEST_SEED");
+  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+  g_test_seed = rng_state;
+  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  const char *filter = getenv("MLAGEN_TEST_FILTER");
+  if (filter) cmocka_set_test_filter(filter);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_deepseek_h2),
+      cmocka_unit_test(test_deepseek_h16),
+      cmocka_unit_test(test_small_latent_h2),
+      cmocka_unit_test(test_heads_1_and_128),
+      cmocka_unit_test(test_deterministic_bit_identical),
+      cmocka_unit_test(test_configs),
+      cmocka_unit_test(test_missing_barrier_caught),
+      cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_nvrtc_all_kept_configs),
+  };
+  return cmocka_run_group_tests(tests, NULL, report_worst);
+}

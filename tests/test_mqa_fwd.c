@@ -1,0 +1,708 @@
+/* test_mqa_fwd.c: the absorbed-form MQA attention forward (templates/mqa_fwd.cu.tpl), run
+ * unchanged on the CPU through the host executor (tests/host/, mma.sync, ldmatrix and
+ * cp.async emulated with the PTX fragment layouts), against the float64 reference of
+ * tests/mqa_ref.h; and every configuration its check keeps, compiled by NVRTC for sm_80 and
+ * sm_90a without spills.
+ *
+ * Inputs are fresh random bf16 (or fp16) values (the seed is printed, MLAGEN_TEST_SEED
+ * overrides it). The reference computes from the same rounded values in double precision,
+ * so the kernel's error is its fp32 accumulation, the 16-bit rounding of P before P V and
+ * the rounding of O. Launches use the executor's shuffled schedule with shared memory
+ * NaN-filled before each block; other schedules must give bit-identical O and LSE, and
+ * removing any barrier that publishes data between warps must be caught. Two small cases
+ * also run in a child process (this program, --asan-case) built with ASan, when the
+ * compiler has an ASan runtime: the dynamic shared memory is then bounds-checked at the
+ * launch's size. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host/harness.h"
+#include "mg_config.h"
+#include "mg_generate.h"
+#include "mg_jit.h"
+#include "mg_spec.h"
+#include "mlagen.h"
+
+#include "kernel_test_util.h"
+#include "mqa_ref.h"
+
+typedef void (*mqa_fwd_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
+                           int seqlen_k, int q_pos0, float softmax_scale);
+
+typedef struct launch_args {
+  mqa_fwd_fn fn;
+  const e16 *q, *c;
+  e16 *o;
+  float *lse;
+  int sq, sk, q_pos0;
+  float scale;
+} launch_args;
+
+static void thunk(void *p) {
+  launch_args *a = p;
+  a->fn(a->q, a->c, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale);
+}
+
+typedef struct built_kernel {
+  mg_host_kernel *k;
+  mqa_fwd_fn fn;
+  int block_m, threads;
+  size_t smem; /* dynamic shared memory per block */
+  char name[160];
+  mg_kernel_spec spec;
+} built_kernel;
+
+static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
+static float e_to_float(const mg_kernel_spec *s, e16 x) {
+  return is_fp16(s) ? half_to_float(x) : bf16_to_float(x);
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static mg_host_build_opts build_opts(const mg_host_file *headers, int n_headers, int asan) {
+  mg_host_build_opts bo;
+  memset(&bo, 0, sizeof bo);
+  bo.host_dir = MLAGEN_TESTS_DIR "/host";
+  bo.cxx = MLAGEN_CXX;
+  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
+  bo.headers = headers;
+  bo.n_headers = n_headers;
+  bo.asan = asan;
+  return bo;
+}
+
+static int config_int(const mg_kernel *k, const char *name) {
+  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k->manifest, "config");
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, name);
+  if (!cJSON_IsNumber(v)) fail_msg("%s: no config value %s", k->name, name);
+  return v->valueint;
+}
+
+static const cJSON *launch_item(const mg_kernel *k, const char *name) {
+  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k->manifest, "launch");
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(launch, name);
+  if (!v) fail_msg("%s: no launch value %s", k->name, name);
+  return v;
+}
+
+static long launch_value(const mg_kernel *k, const char *name) {
+  const cJSON *v = launch_item(k, name);
+  if (!cJSON_IsNumber(v)) fail_msg("%s: launch value %s is not a number", k->name, name);
+  return (long)v->valuedouble;
+}
+
+/* The grid rule's x dimension must be ceil(seqlen_q * H / block_m) (heads packed into the
+ * rows), y 1 and z the batch. */
+static void check_grid_rule(const mg_kernel *k, int heads, int block_m) {
+  const cJSON *grid = launch_item(k, "grid");
+  assert_int_equal(cJSON_GetArraySize(grid), 3);
+  const cJSON *x = cJSON_GetArrayItem(grid, 0), *y = cJSON_GetArrayItem(grid, 1),
+              *z = cJSON_GetArrayItem(grid, 2);
+  assert_string_equal(cJSON_GetObjectItemCaseSensitive(x, "arg")->valuestring, "seqlen_q");
+  assert_int_equal(cJSON_GetObjectItemCaseSensitive(x, "mul")->valueint, heads);
+  assert_int_equal(cJSON_GetObjectItemCaseSensitive(x, "div")->valueint, block_m);
+  assert_int_equal(cJSON_GetObjectItemCaseSensitive(y, "value")->valueint, 1);
+  assert_string_equal(cJSON_GetObjectItemCaseSensitive(z, "arg")->valuestring, "batch");
+}
+
+/* Blanks the which-th (from 0) `__syncthreads();` of src, keeping every line where it
+ * is. Returns 0 when there is no such barrier; *publishes is set to 0 when the barrier's
+ * comment says it only guards a buffer against the next copy into it ("every warp is
+ * done", write after read), else 1 (it publishes copied data, the row max or sum parts,
+ * or P to other warps). */
+static int drop_barrier(char *src, int which, int *publishes) {
+  static const char bar[] = "__syncthreads();";
+  char *p = src;
+  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
+    if (i == which) {
+      char *eol = strchr(p, '\n');
+      const char *comment = strstr(p, "//");
+      *publishes = !(comment && (!eol || comment < eol) &&
+                     strncmp(comment, "// every warp is done", 21) == 0);
+      memset(p, ' ', sizeof bar - 1);
+      return 1;
+    }
+  return 0;
+}
+
+/* Generates the kernel for spec and builds it with the host executor (the harness keys
+ * its objects by content, so a kernel is compiled once). drop >= 0: without that barrier
+ * (returns 0 when there is none). */
+static int build_src(const mg_kernel_spec *spec, int asan, int drop, int *publishes,
+                     built_kernel *out) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  mg_kernel k;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
+  int n_hdr;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  mg_host_file files[8];
+  assert_true(n_hdr <= 8);
+  for (int i = 0; i < n_hdr; i++) {
+    files[i].name = hdr[i].name;
+    files[i].data = hdr[i].data;
+    files[i].size = hdr[i].size;
+  }
+  out->block_m = config_int(&k, "block_m");
+  out->threads = 32 * (out->block_m / 16) * config_int(&k, "nsplit");
+  const cJSON *block = launch_item(&k, "block");
+  assert_int_equal(cJSON_GetArrayItem(block, 0)->valueint, out->threads);
+  check_grid_rule(&k, spec->heads, out->block_m);
+  out->smem = (size_t)launch_value(&k, "smem");
+  assert_int_equal(launch_value(&k, "smem_static"), 0);
+  snprintf(out->name, sizeof out->name, "%s", k.name);
+  out->spec = *spec;
+  if (drop >= 0 && !drop_barrier(k.source, drop, publishes)) {
+    mg_kernel_free(&k);
+    mg_gen_close(g);
+    return 0;
+  }
+  mg_host_build_opts bo = build_opts(files, n_hdr, asan);
+  char msg[4096];
+  double t0 = now();
+  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
+    fail_msg("host build: %s", msg);
+  double secs = now() - t0;
+  if (secs > 0.05) print_message("  built %s%s (%.1f s)\n", k.name, asan ? " with ASan" : "", secs);
+  *(void **)&out->fn = mg_host_kernel_fn(out->k);
+  assert_non_null(out->fn);
+  mg_kernel_free(&k);
+  mg_gen_close(g);
+  return 1;
+}
+
+static void build_ex(const mg_kernel_spec *spec, int asan, built_kernel *out) {
+  build_src(spec, asan, -1, NULL, out);
+}
+
+static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec, 0, out); }
+
+static void unload(built_kernel *bk) { mg_host_kernel_free(bk->k); }
+
+/* One case's tensors: random inputs, outputs NaN until the kernel writes them. */
+typedef struct fwd_case {
+  int B, sq, sk, q_pos0;
+  float scale;
+  e16 *q, *c, *o;
+  float *lse;
+  size_t nq, nc, no, nl;
+} fwd_case;
+
+static e16 *rand_e16(const mg_kernel_spec *s, size_t n) {
+  e16 *p = malloc((n ? n : 1) * sizeof *p);
+  for (size_t i = 0; i < n; i++)
+    p[i] = is_fp16(s) ? float_to_half((float)randn()) : float_to_bf16((float)randn());
+  return p;
+}
+
+static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
+  const mg_kernel_spec *s = &bk->spec;
+  const int H = s->heads, dqk = s->d_c + s->d_r;
+  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
+  /* the explicit form's scale (d_n 128 + d_r 64, DeepSeek's mscale): the absorbed scores
+   * are the explicit ones, so the same scale */
+  c->scale = (float)(1.0 / sqrt(192.0) * 1.3689 * 1.3689);
+  c->nq = (size_t)B * sq * H * dqk;
+  c->nc = (size_t)B * sk * dqk;
+  c->q = rand_e16(s, c->nq);
+  c->c = rand_e16(s, c->nc);
+  c->no = (size_t)B * sq * H * s->d_c;
+  c->nl = (size_t)B * H * sq;
+  c->o = malloc((c->no ? c->no : 1) * sizeof *c->o);
+  c->lse = malloc((c->nl ? c->nl : 1) * sizeof *c->lse);
+}
+
+static void case_free(fwd_case *c) { free(c->q), free(c->c), free(c->o), free(c->lse); }
+
+static double *to_double(const mg_kernel_spec *s, const e16 *x, size_t n) {
+  double *p = malloc((n ? n : 1) * sizeof *p);
+  for (size_t i = 0; i < n; i++) p[i] = e_to_float(s, x[i]);
+  return p;
+}
+
+/* Launches the kernel on c (outputs first set to NaN) with lo (NULL: the executor's
+ * defaults); returns the wall time of the launch. */
+static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_launch_opts *lo) {
+  for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
+  for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
+  launch_args a = {bk->fn, c->q, c->c, c->o, c->lse, c->sq, c->sk, c->q_pos0, c->scale};
+  const unsigned rows = (unsigned)c->sq * (unsigned)bk->spec.heads;
+  mg_host_dim3 grid = {(rows + (unsigned)bk->block_m - 1) / (unsigned)bk->block_m, 1,
+                       (unsigned)c->B};
+  mg_host_dim3 block = {(unsigned)bk->threads, 1, 1};
+  char msg[1024];
+  double t0 = now();
+  int rc = mg_host_kernel_launch(bk->k, grid, block, bk->smem, lo, thunk, &a, msg, sizeof msg);
+  double secs = now() - t0;
+  if (rc) fail_msg("launch failed: %s", msg);
+  return secs;
+}
+
+/* The errors of c's outputs against mqa_ref_fwd: O's max abs error relative to max |O|
+ * (absolute when every O is 0), LSE relative (a -inf must be exactly -inf); returns the
+ * number of NaN outputs. */
+static size_t case_errors(const built_kernel *bk, const fwd_case *c, double *o_err,
+                          double *lse_err) {
+  const mg_kernel_spec *s = &bk->spec;
+  double *q = to_double(s, c->q, c->nq), *cc = to_double(s, c->c, c->nc);
+  double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
+  mqa_ref_fwd(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->scale, q,
+              cc, ro, rl);
+  double max_ref = 0, max_err = 0, max_lse_err = 0;
+  size_t nans = 0;
+  for (size_t i = 0; i < c->no; i++) {
+    const double got = e_to_float(s, c->o[i]);
+    nans += isnan(got) != 0;
+    if (fabs(ro[i]) > max_ref) max_ref = fabs(ro[i]);
+    if (fabs(got - ro[i]) > max_err || isnan(got)) max_err = isnan(got) ? INFINITY : fabs(got - ro[i]);
+  }
+  for (size_t i = 0; i < c->nl; i++) {
+    nans += isnan(c->lse[i]) != 0;
+    double e;
+    if (isinf(rl[i]) || isinf(c->lse[i]))
+      e = (double)c->lse[i] == rl[i] ? 0 : INFINITY;
+    else
+      e = fabs(c->lse[i] - rl[i]) / (1 + fabs(rl[i]));
+    if (e > max_lse_err || isnan(e)) max_lse_err = isnan(e) ? INFINITY : e;
+  }
+  *o_err = max_ref > 0 ? max_err / max_ref : max_err;
+  *lse_err = max_lse_err;
+  free(q), free(cc), free(ro), free(rl);
+  return nans;
+}
+
+static double g_worst_o, g_worst_lse; /* over every checked case */
+
+/* Checks O (relative to max |O|, under 1e-2), LSE (relative, under 1e-5: fp32 from the
+ * same inputs) and no NaN. */
+static void check_case(const built_kernel *bk, const fwd_case *c, double secs) {
+  double o_err, lse_err;
+  size_t nans = case_errors(bk, c, &o_err, &lse_err);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: O rel err %.2e, LSE rel err %.2e (%.2f s)\n",
+                bk->name + strlen("mla_mqa_fwd_"), c->B, c->sq, c->sk, c->q_pos0, o_err, lse_err,
+                secs);
+  if (nans) fail_msg("%zu NaN outputs", nans);
+  if (o_err > g_worst_o) g_worst_o = o_err;
+  if (lse_err > g_worst_lse) g_worst_lse = lse_err;
+  assert_true(o_err < 1e-2);
+  assert_true(lse_err < 1e-5);
+}
+
+/* Runs one case with the default schedule and checks it. */
+static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  fwd_case c;
+  case_init(bk, &c, B, sq, sk, q_pos0);
+  double secs = launch_case(bk, &c, NULL);
+  check_case(bk, &c, secs);
+  case_free(&c);
+  return secs;
+}
+
+static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "mqa_fwd");
+  /* d_n and d_v are the explicit form's: the template ignores them */
+  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
+  snprintf(s.dtype, sizeof s.dtype, "bf16");
+  return s;
+}
+
+static void set(mg_kernel_spec *s, const char *assignment) {
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
+}
+
+/* DeepSeek's latent (d_c 512, d_r 64: d_qk 576, d_v 512), default configuration (block_m
+ * 64, block_n 32, nsplit 2, stages 2), causal and not. H = 2: S = 1; S = 37 with batch 2
+ * (no tile divides 74 rows or 37 keys); a query shard at position 30 of 50 keys; no keys
+ * (o = 0, lse = -inf). H = 16: 4 positions per 64-row CTA, S = 13 with batch 2 and a
+ * shard at 20 of 40 keys. */
+static void test_deepseek(void **state) {
+  (void)state;
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 512, 64, causal);
+    built_kernel bk;
+    build(&s, &bk);
+    run_case(&bk, 1, 1, 1, 0);
+    run_case(&bk, 2, 37, 37, 0);
+    run_case(&bk, 1, 20, 50, 30);
+    run_case(&bk, 1, 5, 0, 0);
+    unload(&bk);
+    s = make_spec(16, 512, 64, causal);
+    build(&s, &bk);
+    run_case(&bk, 2, 13, 13, 0);
+    run_case(&bk, 1, 7, 40, 33);
+    unload(&bk);
+  }
+}
+
+/* d_c 256, d_r 32 (288/256), default configuration (block_m 64, block_n 64, nsplit 2,
+ * stages 2); H = 1 (one row per token) and H = 5 (tokens straddle row groups and CTAs). */
+static void test_dc256(void **state) {
+  (void)state;
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 256, 32, causal);
+    built_kernel bk;
+    build(&s, &bk);
+    run_case(&bk, 1, 1, 1, 0);
+    run_case(&bk, 2, 37, 37, 0);
+    run_case(&bk, 1, 20, 70, 50);
+    unload(&bk);
+  }
+  mg_kernel_spec s = make_spec(1, 256, 32, 1);
+  built_kernel bk;
+  build(&s, &bk);
+  run_case(&bk, 2, 77, 77, 0);
+  unload(&bk);
+  /* H = 5: row groups and CTAs start and end inside tokens */
+  s = make_spec(5, 256, 32, 1);
+  build(&s, &bk);
+  run_case(&bk, 2, 29, 29, 0);
+  run_case(&bk, 1, 13, 20, 7);
+  unload(&bk);
+}
+
+/* H = 128 (DeepSeek-V3 without sequence parallelism), decode-like: one query at position
+ * 32 of 33 keys, two 64-row CTAs of the same token. */
+static void test_h128(void **state) {
+  (void)state;
+  mg_kernel_spec s = make_spec(128, 512, 64, 1);
+  built_kernel bk;
+  build(&s, &bk);
+  run_case(&bk, 1, 1, 33, 32);
+  unload(&bk);
+}
+
+/* Other tunable configurations at 288/256: 8 keys per warp (ldmatrix.x2), one stage,
+ * nsplit 4, block_m 32; causal and not. */
+static void test_configs(void **state) {
+  (void)state;
+  static const char *cfgs[][4] = {
+      {"block_m=32", "block_n=32", "nsplit=4", "stages=1"},
+      {"block_m=64", "block_n=64", "nsplit=4", "stages=1"},
+      {"block_m=32", "block_n=64", "nsplit=2", "stages=2"},
+  };
+  for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+    for (int causal = 1; causal >= 0; causal--) {
+      mg_kernel_spec s = make_spec(2, 256, 32, causal);
+      for (int j = 0; j < 4; j++) set(&s, cfgs[i][j]);
+      built_kernel bk;
+      build(&s, &bk);
+      run_case(&bk, 2, 37, 37, 0);
+      run_case(&bk, 1, 20, 90, 70);
+      unload(&bk);
+    }
+}
+
+/* fp16 inputs (the f16 mma), 288/256 causal. */
+static void test_fp16(void **state) {
+  (void)state;
+  mg_kernel_spec s = make_spec(2, 256, 32, 1);
+  snprintf(s.dtype, sizeof s.dtype, "fp16");
+  built_kernel bk;
+  build(&s, &bk);
+  run_case(&bk, 2, 37, 37, 0);
+  unload(&bk);
+}
+
+/* Deterministic kernel, any schedule: the same bits. Round robin and three seeds, both
+ * pipelines. */
+static void test_schedules_bit_identical(void **state) {
+  (void)state;
+  for (int stages = 1; stages <= 2; stages++) {
+    mg_kernel_spec s = make_spec(2, 256, 32, 1);
+    set(&s, stages == 1 ? "stages=1" : "stages=2");
+    built_kernel bk;
+    build(&s, &bk);
+    fwd_case c;
+    case_init(&bk, &c, 2, 37, 37, 0);
+    mg_host_launch_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.round_robin = 1;
+    double secs = launch_case(&bk, &c, &lo);
+    check_case(&bk, &c, secs);
+    e16 *o0 = malloc(c.no * sizeof *o0);
+    float *l0 = malloc(c.nl * sizeof *l0);
+    memcpy(o0, c.o, c.no * sizeof *o0);
+    memcpy(l0, c.lse, c.nl * sizeof *l0);
+    const unsigned long long seeds[] = {1, 2, 0x9e3779b97f4a7c15ull};
+    for (int i = 0; i < 3; i++) {
+      memset(&lo, 0, sizeof lo);
+      lo.seed = seeds[i];
+      launch_case(&bk, &c, &lo);
+      if (memcmp(o0, c.o, c.no * sizeof *o0) || memcmp(l0, c.lse, c.nl * sizeof *l0))
+        fail_msg("%s: schedule seed %llu gives other bits than round robin", bk.name, seeds[i]);
+    }
+    print_message("  %s: round robin and seeds 1, 2, 0x9e37...: O and LSE bit-identical\n",
+                  bk.name);
+    free(o0), free(l0);
+    case_free(&c);
+    unload(&bk);
+  }
+}
+
+/* The kernel with one of its barriers removed, for each barrier, both pipelines: one that
+ * publishes data to other warps (copied tiles, the row max or sum parts, P) must give
+ * wrong results under some of the shuffled schedules with NaN-filled shared memory. The
+ * one that only guards the single K buffer against the next copy into it (write after
+ * read) is reported, not required: the executor lands a copy only at the issuing thread's
+ * wait, which the next barrier orders after every read. */
+static void test_missing_barrier_caught(void **state) {
+  (void)state;
+  for (int stages = 1; stages <= 2; stages++) {
+    mg_kernel_spec s = make_spec(2, 256, 32, 1);
+    set(&s, stages == 1 ? "stages=1" : "stages=2");
+    int n = 0, required = 0;
+    for (int which = 0;; which++) {
+      built_kernel bk;
+      int publishes = 0;
+      if (!build_src(&s, 0, which, &publishes, &bk)) break;
+      n++;
+      required += publishes;
+      fwd_case c;
+      case_init(&bk, &c, 2, 37, 37, 0);
+      mg_host_launch_opts lo;
+      memset(&lo, 0, sizeof lo);
+      int caught = 0;
+      size_t nans = 0;
+      double o_err = 0, lse_err = 0;
+      for (unsigned long long seed = 1; seed <= 3; seed++) {
+        lo.seed = seed;
+        launch_case(&bk, &c, &lo);
+        nans = case_errors(&bk, &c, &o_err, &lse_err);
+        caught += nans || o_err >= 1e-2 || lse_err >= 1e-5;
+      }
+      print_message("  stages=%d without barrier %d (%s): caught by %d of 3 seeds (last: %zu NaN, "
+                    "O err %.2e)\n", stages, which, publishes ? "publishes" : "write after read",
+                    caught, nans, o_err);
+      if (publishes && caught == 0)
+        fail_msg("stages=%d: barrier %d removed, yet every schedule gives the right result",
+                 stages, which);
+      case_free(&c);
+      unload(&bk);
+    }
+    assert_true(n >= 4 && required >= 4);
+  }
+}
+
+/* The child side of test_asan: an ASan build on small cases, in a process that has the
+ * ASan runtime preloaded. */
+static void asan_case_run(void **state) {
+  (void)state;
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 256, 32, causal);
+    if (!causal) set(&s, "nsplit=4"), set(&s, "block_n=32"), set(&s, "stages=1");
+    built_kernel bk;
+    build_ex(&s, 1, &bk);
+    run_case(&bk, 2, 37, 37, 0);
+    run_case(&bk, 1, 20, 70, 50);
+    unload(&bk);
+  }
+}
+
+/* ASan finds no out-of-bounds global or dynamic shared-memory access in the kernel. */
+static void test_asan(void **state) {
+  (void)state;
+  mg_host_build_opts bo = build_opts(NULL, 0, 1);
+  char rt[1024];
+  if (mg_host_process_has_asan()) {
+    print_message("  this process has ASan: the kernels are all built with it\n");
+    return;
+  }
+  if (mg_host_asan_runtime(&bo, rt, sizeof rt)) {
+    print_message("  skipped: the compiler has no ASan runtime\n");
+    return;
+  }
+  char seed[32], cache[1200];
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)g_test_seed);
+  const char *root = mg_host_cache_dir();
+  assert_non_null(root);
+  snprintf(cache, sizeof cache, "%s/asan-child", root);
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(fd[1], 1);
+    dup2(fd[1], 2);
+    close(fd[0]);
+    close(fd[1]);
+    setenv("LD_PRELOAD", rt, 1);
+    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+    setenv("MLAGEN_TEST_SEED", seed, 1);
+    setenv("MG_HOST_CACHE_DIR", cache, 1);
+    execl("/proc/self/exe", "test_mqa_fwd", "--asan-case", (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  size_t cap = 1 << 16, len = 0;
+  char *out = malloc(cap + 1);
+  ssize_t r;
+  while ((r = read(fd[0], out + len, cap - len)) > 0) {
+    len += (size_t)r;
+    if (len == cap) {
+      out = realloc(out, 2 * cap + 1);
+      cap *= 2;
+    }
+  }
+  out[len] = '\0';
+  close(fd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strstr(out, "AddressSanitizer");
+  if (!ok) {
+    print_message("%s\n", out);
+    fail_msg("the ASan child failed (status %d), its output is above", status);
+  }
+  for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
+    if (strstr(line, "rel err") || strstr(line, "built ")) print_message("  [asan] %s\n", line + 2);
+  free(out);
+}
+
+/* An MLA shape unlike DeepSeek's (d_c 256, d_r 32, 40 heads), as in test_attn_fwd.c. */
+static const char unusual_json[] =
+    "{\"model_type\": \"minicpm3\", \"num_attention_heads\": 40, \"kv_lora_rank\": 256,"
+    " \"qk_rope_head_dim\": 32, \"qk_nope_head_dim\": 64, \"v_head_dim\": 64,"
+    " \"q_lora_rank\": 768, \"hidden_size\": 2560}";
+
+/* Every configuration of the tunable space that the template's check keeps compiles for
+ * sm_80 and sm_90a without spills or a stack frame (causal: the larger kernel), for the
+ * DeepSeek-V3 shape (H 128, 576/512) and the unusual one (H 40, 288/256). The JIT cache
+ * ($MLAGEN_CACHE_DIR) is used: a second run reads the cubins back. */
+static void test_nvrtc_all_kept_configs(void **state) {
+  (void)state;
+  const char *models[] = {"deepseek-v3", NULL};
+  const int block_m[] = {32, 64}, block_n[] = {32, 64}, nsplit[] = {2, 4};
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  int n_hdr, kept = 0, rejected = 0;
+  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  double t0 = now();
+  for (int m = 0; m < 2; m++) {
+    mg_shape shape;
+    int rc = models[m] ? mg_config_load(models[m], &shape, &d)
+                       : mg_config_parse(unusual_json, strlen(unusual_json), "unusual", &shape, &d);
+    if (rc) fail_msg("%s", mg_diag_msg(&d));
+    mg_kernel_spec base = make_spec(shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, 1);
+    /* the default first, then the space */
+    for (int i = -1; i < 16; i++) {
+      mg_kernel_spec s = base;
+      if (i >= 0) {
+        char a[4][32];
+        snprintf(a[0], sizeof a[0], "block_m=%d", block_m[i & 1]);
+        snprintf(a[1], sizeof a[1], "block_n=%d", block_n[(i >> 1) & 1]);
+        snprintf(a[2], sizeof a[2], "nsplit=%d", nsplit[(i >> 2) & 1]);
+        snprintf(a[3], sizeof a[3], "stages=%d", 1 + ((i >> 3) & 1));
+        for (int j = 0; j < 4; j++) set(&s, a[j]);
+      }
+      mg_kernel k;
+      rc = mg_gen_kernel(g, &s, &k, &d);
+      if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&d), "rejected")) {
+        print_message("  rejected: %s\n", mg_diag_msg(&d));
+        rejected++;
+        continue;
+      }
+      if (rc) fail_msg("%s", mg_diag_msg(&d));
+      kept += i >= 0;
+      for (int arch = 0; arch < 2; arch++) {
+        mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr,
+                         .n_headers = n_hdr, .template_hash = mg_gen_template_hash(g)};
+        mg_cubin cb;
+        if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cb, &d))
+          fail_msg("%s", mg_diag_msg(&d));
+        print_message("  %s%-58s %-6s regs %3d spill %ld+%ld stack %ld smem %ld (dynamic)\n",
+                      i < 0 ? "default " : "", k.name, o.arch, cb.report.registers,
+                      cb.report.spill_stores, cb.report.spill_loads, cb.report.stack_bytes,
+                      launch_value(&k, "smem"));
+        assert_true(cb.report.registers > 0);
+        assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);
+        assert_int_equal(cb.report.stack_bytes, 0);
+        assert_int_equal(cb.report.smem_bytes, 0); /* all of it dynamic */
+        assert_true(launch_value(&k, "smem") <= 163 * 1024);
+        mg_cubin_free(&cb);
+      }
+      mg_kernel_free(&k);
+    }
+  }
+  print_message("  %d configurations kept, %d rejected by the template's check (%.0f s)\n", kept,
+                rejected, now() - t0);
+  assert_true(kept >= 20);
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
+/* Rejections: shared memory and the accumulator budget at 576/512; a d_c that nsplit
+ * does not divide into 16-column parts. */
+static void test_check_rejects(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel k;
+  mg_kernel_spec s = make_spec(128, 512, 64, 1);
+  set(&s, "block_n=64");
+  set(&s, "stages=2");
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "bytes of shared memory"));
+  print_message("  %s\n", mg_diag_msg(&d));
+  s = make_spec(128, 512, 64, 1);
+  set(&s, "nsplit=4"); /* 16 warps: 72 accumulators over 64 */
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "accumulators per thread"));
+  print_message("  %s\n", mg_diag_msg(&d));
+  s = make_spec(16, 32, 16, 1); /* d_c 32: nsplit 4 would give 8-column parts */
+  set(&s, "nsplit=4");
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "multiple of 16 * nsplit"));
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
+static int report_worst(void **state) {
+  (void)state;
+  printf("worst over the checked cases: O rel err %.2e, LSE rel err %.2e\n", g_worst_o, g_worst_lse);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *env = getenv("MLAGEN_TEST_SEED");
+  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+  g_test_seed = rng_state;
+  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  if (argc == 2 && !strcmp(argv[1], "--asan-case")) {
+    const struct CMUnitTest child[] = {cmocka_unit_test(asan_case_run)};
+    return cmocka_run_group_tests(child, NULL, NULL);
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_deepseek),
+      cmocka_unit_test(test_dc256),
+      cmocka_unit_test(test_h128),
+      cmocka_unit_test(test_configs),
+      cmocka_unit_test(test_fp16),
+      cmocka_unit_test(test_schedules_bit_identical),
+      cmocka_unit_test(test_missing_barrier_caught),
+      cmocka_unit_test(test_check_rejects),
+      cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_asan),
+  };
+  return cmocka_run_group_tests(tests, NULL, report_worst);
+}
