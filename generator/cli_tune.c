@@ -8,7 +8,9 @@
 
 #include "cli.h"
 #include "mg_generate.h"
+#include "mg_driver.h"
 #include "mg_jit.h"
+#include "mg_ktime.h"
 #include "mg_tune.h"
 #include "mlagen.h"
 
@@ -22,7 +24,10 @@ static const char help[] =
     "template's check rejects, compiles the rest with NVRTC (JIT cache on) and prunes\n"
     "by the ptxas report: any spill, shared memory over the arch's per-block limit, or\n"
     "registers that allow fewer than N resident warps per SM (docs/tuning.md). The\n"
-    "survivors are then timed on the GPU at sequence length S and the winner of each\n"
+    "survivors are then checked against the default configuration's outputs and timed\n"
+    "on the GPU at sequence length S (CUDA events, rotating inputs, L2 flushed); a\n"
+    "candidate that fails to launch or differs is discarded (failed-launch,\n"
+    "wrong-result) and recorded so; the winner of each\n"
     "kernel goes into $MLAGEN_TUNED_DIR (default ./tuned)/<arch>/<device>.json, merged\n"
     "with what is there. Timing needs a GPU: without --dry-run and without one, tune\n"
     "fails with MLAGEN_ENODRIVER.\n"
@@ -80,9 +85,67 @@ static int spec_selected(const cli_opts *o, const mg_kernel_spec *s) {
   return 0;
 }
 
-/* Times the kept candidates of one spec (cands[0..n)) and stores the winner. GPU only. */
+/* The reference kernels of one spec: the default configuration with each candidate's
+ * interface tunables (mg_ktime_reference_spec), built once each. */
+typedef struct ref_cache {
+  int n;
+  struct {
+    mg_kernel_spec spec;
+    mg_kernel k;
+    mg_cubin c;
+  } r[16];
+} ref_cache;
+
+static void ref_cache_free(ref_cache *rc) {
+  for (int i = 0; i < rc->n; i++) {
+    mg_cubin_free(&rc->r[i].c);
+    mg_kernel_free(&rc->r[i].k);
+  }
+  rc->n = 0;
+}
+
+static int same_config(const mg_kernel_spec *a, const mg_kernel_spec *b) {
+  if (a->n_config != b->n_config) return 0;
+  for (int i = 0; i < a->n_config; i++)
+    if (strcmp(a->config[i].name, b->config[i].name) || a->config[i].value != b->config[i].value)
+      return 0;
+  return 1;
+}
+
+/* The reference of candidate spec s into *k, *c (owned by the cache). */
+static int reference_of(mg_gen *g, ref_cache *rc, const mg_kernel_spec *s, const mg_jit_opts *o,
+                        const mg_kernel **k, const mg_cubin **c, mg_diag *d) {
+  mg_kernel_spec rs;
+  mg_ktime_reference_spec(s, &rs);
+  for (int i = 0; i < rc->n; i++)
+    if (same_config(&rc->r[i].spec, &rs)) {
+      *k = &rc->r[i].k, *c = &rc->r[i].c;
+      return 0;
+    }
+  if (rc->n == (int)(sizeof rc->r / sizeof rc->r[0]))
+    return mg_diag_set(d, MLAGEN_ELIMIT, "%s: more than %d reference kernels", s->family, rc->n);
+  int e = rc->n;
+  int st = mg_gen_kernel(g, &rs, &rc->r[e].k, d);
+  if (st) {
+    mg_diag_prefix(d, "the reference (default configuration) of %s", s->family);
+    return st;
+  }
+  if ((st = mg_jit_compile(rc->r[e].k.source, rc->r[e].k.source_len, rc->r[e].k.file,
+                           rc->r[e].k.name, o, &rc->r[e].c, d))) {
+    mg_kernel_free(&rc->r[e].k);
+    return st;
+  }
+  rc->r[e].spec = rs;
+  rc->n++;
+  *k = &rc->r[e].k, *c = &rc->r[e].c;
+  return 0;
+}
+
+/* Checks and times the kept candidates of one spec (cands[0..n)) and stores the winner with
+ * every candidate's timing or why it was discarded (failed-launch, wrong-result). GPU only. */
 static int time_spec(mg_gen *g, const mg_tune_candidate *cands, int n, const mg_jit_opts *jo,
-                     long long seq, const mg_tune_header *h, int *stored, mg_diag *d) {
+                     long long seq, const mg_tune_header *h, int *stored, int *discarded,
+                     mg_diag *d) {
   enum { SAMPLES = 25 };
   mg_tune_entry e;
   mg_tune_entry_key(&e, &cands[0].spec, NULL, seq);
@@ -94,27 +157,49 @@ static int time_spec(mg_gen *g, const mg_tune_candidate *cands, int n, const mg_
   o.headers = mg_gen_headers(g, &n_hdr);
   o.n_headers = n_hdr;
   o.template_hash = mg_gen_template_hash(g);
+  ref_cache refs;
+  refs.n = 0;
   for (int i = 0; i < n && !rc; i++) {
     if (cands[i].verdict != MG_TUNE_KEPT) continue;
     mg_kernel k;
     mg_cubin c;
+    const mg_kernel *rk = NULL;
+    const mg_cubin *rcub = NULL;
+    if ((rc = reference_of(g, &refs, &cands[i].spec, &o, &rk, &rcub, d))) break;
     if ((rc = mg_gen_kernel(g, &cands[i].spec, &k, d))) break;
     rc = mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, d);
     if (!rc) {
       double ms[SAMPLES];
-      rc = mg_tune_timer(&k, &c, &cands[i].spec, seq, SAMPLES, ms, d);
+      mg_tune_timing *t = &e.candidates[e.n_candidates];
+      t->config = cands[i].config;
+      rc = mg_tune_timer(&k, &c, rk, rcub, &cands[i].spec, seq, SAMPLES, ms, &t->verdict,
+                         t->reason, sizeof t->reason, d);
       if (!rc) {
-        mg_tune_timing *t = &e.candidates[e.n_candidates];
-        t->config = cands[i].config;
-        t->p20_ms = mg_tune_percentile(ms, SAMPLES, 20);
-        t->p50_ms = mg_tune_percentile(ms, SAMPLES, 50);
-        t->p80_ms = mg_tune_percentile(ms, SAMPLES, 80);
-        if (best < 0 || t->p50_ms < e.candidates[best].p50_ms) best = e.n_candidates;
+        char cfg[256];
+        mg_tune_config_str(&t->config, cfg, sizeof cfg);
+        if (t->verdict == MG_TUNE_KEPT) {
+          t->p20_ms = mg_tune_percentile(ms, SAMPLES, 20);
+          t->p50_ms = mg_tune_percentile(ms, SAMPLES, 50);
+          t->p80_ms = mg_tune_percentile(ms, SAMPLES, 80);
+          if (best < 0 || t->p50_ms < e.candidates[best].p50_ms) best = e.n_candidates;
+          fprintf(stderr, "tune: %s: p20 %.4f p50 %.4f p80 %.4f ms\n", k.name, t->p20_ms,
+                  t->p50_ms, t->p80_ms);
+        } else {
+          printf("%-14s %-10s %-52s %s (%s)\n", cands[i].spec.family,
+                 cands[i].spec.causal ? "causal" : "non-causal", cfg,
+                 mg_tune_verdict_name(t->verdict), t->reason);
+          (*discarded)++;
+        }
         e.n_candidates++;
       }
       mg_cubin_free(&c);
     }
     mg_kernel_free(&k);
+  }
+  ref_cache_free(&refs);
+  if (!rc && best < 0 && e.n_candidates > 0) {
+    printf("%s %s: every candidate was discarded at timing: nothing stored\n", e.family,
+           e.causal ? "causal" : "non-causal");
   }
   if (!rc && best >= 0) {
     const mg_tune_timing *w = &e.candidates[best];
@@ -161,10 +246,20 @@ int cli_tune(int argc, char **argv) {
       return CLI_USAGE;
     }
   if (!o.dry_run && (!mg_tune_timer || !mg_tune_describe)) {
-    cli_error("%s: timing needs a GPU (this build has no CUDA timer); use --dry-run to "
-              "enumerate, compile and prune without timing",
-              mlagen_status_name(MLAGEN_ENODRIVER));
-    return CLI_FAIL;
+    /* the GPU timer (runtime/mg_ktime.c) is installed when the CUDA driver loads */
+    const mg_driver *drv = NULL;
+    mg_diag dd = MG_DIAG_INIT;
+    if (mg_driver_get(&drv, &dd) == 0) {
+      mg_tune_timer = mg_ktime_timer;
+      mg_tune_describe = mg_ktime_describe;
+    } else {
+      cli_error("%s: timing needs a GPU (%s); use --dry-run to enumerate, compile and prune "
+                "without timing",
+                mlagen_status_name(MLAGEN_ENODRIVER), mg_diag_msg(&dd));
+      mg_diag_clear(&dd);
+      return CLI_FAIL;
+    }
+    mg_diag_clear(&dd);
   }
   long long seq = o.seq ? o.seq : 4096;
 
@@ -218,14 +313,14 @@ int cli_tune(int argc, char **argv) {
   }
   double elapsed = now_s() - pr.t0;
 
-  int by[4] = {0}, hits = 0;
+  int by[MG_TUNE_N_VERDICTS] = {0}, hits = 0;
   printf("%-14s %-10s %-52s %5s %6s %7s %5s  %s\n", "family", "causal", "config", "regs", "spill",
          "smem", "warps", "verdict");
   for (int i = 0; i < n_all; i++) {
     const mg_tune_candidate *c = &all[i];
     char cfg[256];
     mg_tune_config_str(&c->config, cfg, sizeof cfg);
-    by[c->verdict & 3]++;
+    by[c->verdict >= 0 && c->verdict < MG_TUNE_N_VERDICTS ? c->verdict : MG_TUNE_FAILED]++;
     int compiled = c->verdict == MG_TUNE_KEPT || c->verdict == MG_TUNE_PRUNED;
     hits += compiled && c->report.cache_hit;
     if (compiled)
@@ -262,10 +357,14 @@ int cli_tune(int argc, char **argv) {
       snprintf(h.device, sizeof h.device, "%s", dev.name);
       snprintf(h.arch, sizeof h.arch, "%s", arch);
       h.sm_count = dev.sm_count;
-      int stored = 0;
+      int stored = 0, discarded = 0;
+      printf("timing on %s (%d SMs, driver %d) at seq %lld, batch 1\n", dev.name, dev.sm_count,
+             dev.driver_version, seq);
       for (int s = 0; s < n_sel && !rc; s++)
-        rc = time_spec(g, all + first[s], count[s], &jo, seq, &h, &stored, &d);
-      if (!rc) printf("%d entries stored under %s\n", stored, mg_tune_store_dir());
+        rc = time_spec(g, all + first[s], count[s], &jo, seq, &h, &stored, &discarded, &d);
+      if (!rc)
+        printf("%d entries stored under %s; %d candidates discarded at timing\n", stored,
+               mg_tune_store_dir(), discarded);
     }
     if (rc) {
       cli_error("%s", mg_diag_msg(&d));

@@ -117,7 +117,9 @@ typedef struct mg_step {
   int accumulate;            /* MG_OP_SPLIT_DKV: add the RoPE sum into drope */
   mg_gemm gemm;              /* MG_STEP_GEMM (in[0] = A, in[1] = B, out[0] = C) */
   int64_t sent;              /* collectives: bytes this rank sends */
-  int64_t workspace;         /* bytes the step needs for its duration */
+  int64_t workspace;         /* bytes the step needs for its duration: a collective's
+                              * staging at P > 1; MG_OP_ATTN_BWD / MG_OP_MQA_BWD: the
+                              * delta the CUDA executor computes, f32 [B, H, S] */
   double flops;              /* GEMMs and attention kernels (MLA.md convention) */
 } mg_step;
 

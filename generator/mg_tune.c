@@ -143,6 +143,8 @@ const char *mg_tune_verdict_name(int verdict) {
     case MG_TUNE_KEPT: return "kept";
     case MG_TUNE_REJECTED: return "rejected-by-check";
     case MG_TUNE_PRUNED: return "pruned";
+    case MG_TUNE_FAILED_LAUNCH: return "failed-launch";
+    case MG_TUNE_WRONG_RESULT: return "wrong-result";
     default: return "failed";
   }
 }
@@ -340,6 +342,9 @@ double mg_tune_flops(const mg_kernel_spec *s, long long seq) {
   double S = (double)seq, H = s->heads, dqk = s->d_n + s->d_r, dv = s->d_v;
   double frac = s->causal ? 0.5 : 1.0;
   double fwd = 2.0 * H * S * S * (dqk + dv) * frac; /* QK^T and PV */
+  if (strncmp(s->family, "attn_", 5) != 0 && strcmp(s->family, "explicit_fwd") != 0 &&
+      strncmp(s->family, "mqa_", 4) != 0)
+    return 0; /* the layout and element-wise kernels: memory-bound, no FLOPs counted */
   if (strcmp(s->family, "attn_bwd_pre") == 0) return 2.0 * H * S * dv; /* rowsum(dO * O) */
   if (strcmp(s->family, "attn_bwd_dq") == 0) return 2.0 * H * S * S * (dv + 2 * dqk) * frac / 2;
   if (strcmp(s->family, "attn_bwd_dkdv") == 0) return 2.0 * H * S * S * (2 * dqk + 2 * dv) * frac;
@@ -454,8 +459,12 @@ char *mg_tune_store_json(const mg_tune_store *s) {
       cJSON *c = cJSON_CreateObject();
       if (!c) break;
       cJSON_AddItemToArray(cands, c);
-      cJSON_AddItemToObject(c, "config", config_to_json(&e->candidates[j].config));
-      add_timing(c, e->candidates[j].p20_ms, e->candidates[j].p50_ms, e->candidates[j].p80_ms);
+      const mg_tune_timing *t = &e->candidates[j];
+      const int discarded = t->verdict == MG_TUNE_FAILED_LAUNCH || t->verdict == MG_TUNE_WRONG_RESULT;
+      cJSON_AddItemToObject(c, "config", config_to_json(&t->config));
+      cJSON_AddStringToObject(c, "verdict", mg_tune_verdict_name(discarded ? t->verdict : MG_TUNE_KEPT));
+      if (!discarded) add_timing(c, t->p20_ms, t->p50_ms, t->p80_ms);
+      else cJSON_AddStringToObject(c, "reason", t->reason);
     }
   }
   char *text = cJSON_Print(root);
@@ -525,9 +534,25 @@ static int read_entry(const cJSON *o, mg_tune_entry *e, const char **bad) {
     mg_tune_timing *t = &e->candidates[e->n_candidates++];
     if (config_from_json(cJSON_GetObjectItemCaseSensitive(c, "config"), &t->config) && !*bad)
       *bad = "candidates[].config";
-    t->p20_ms = num(c, "p20_ms", bad);
-    t->p50_ms = num(c, "p50_ms", bad);
-    t->p80_ms = num(c, "p80_ms", bad);
+    /* "verdict": absent or "kept" for a timed candidate, else one discarded at timing */
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c, "verdict");
+    t->verdict = MG_TUNE_KEPT;
+    if (v && !cJSON_IsString(v) && !*bad) *bad = "candidates[].verdict";
+    if (cJSON_IsString(v)) {
+      if (strcmp(v->valuestring, mg_tune_verdict_name(MG_TUNE_FAILED_LAUNCH)) == 0)
+        t->verdict = MG_TUNE_FAILED_LAUNCH;
+      else if (strcmp(v->valuestring, mg_tune_verdict_name(MG_TUNE_WRONG_RESULT)) == 0)
+        t->verdict = MG_TUNE_WRONG_RESULT;
+      else if (strcmp(v->valuestring, mg_tune_verdict_name(MG_TUNE_KEPT)) != 0 && !*bad)
+        *bad = "candidates[].verdict";
+    }
+    if (t->verdict == MG_TUNE_KEPT) {
+      t->p20_ms = num(c, "p20_ms", bad);
+      t->p50_ms = num(c, "p50_ms", bad);
+      t->p80_ms = num(c, "p80_ms", bad);
+    } else {
+      str(c, "reason", t->reason, sizeof t->reason, 1, bad);
+    }
   }
   return *bad ? -1 : 0;
 }
@@ -586,7 +611,8 @@ int mg_tune_store_read(const char *path, mg_tune_store *out, mg_diag *d) {
 }
 
 const char *mg_tune_header_mismatch(const mg_tune_header *h, const mg_tune_header *expected) {
-  if (h->schema != MG_TUNE_SCHEMA) return "schema version differs";
+  /* schema 1 (candidates without verdicts) reads as a subset of 2 */
+  if (h->schema < 1 || h->schema > MG_TUNE_SCHEMA) return "schema version differs";
   if (expected->template_hash[0] && strcmp(h->template_hash, expected->template_hash) != 0)
     return "template hash differs (the templates changed since it was tuned)";
   if (strcmp(h->device, expected->device) != 0) return "device differs";

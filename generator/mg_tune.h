@@ -3,8 +3,9 @@
  * `mlagen tune` sweeps every combination of a kernel family's declared tunables for a
  * model's shape, drops what the template's check rejects, compiles the rest with NVRTC
  * and prunes by what ptxas reports (mg_tune_prune) before anything is timed. Timing
- * needs a GPU: it goes through the mg_tune_timer hook, which the CUDA runtime provides
- * (NULL here: `mlagen tune` without --dry-run fails with MLAGEN_ENODRIVER). Winners are
+ * needs a GPU: it goes through the mg_tune_timer hook, which runtime/mg_ktime.c provides
+ * and `mlagen tune` installs when the CUDA driver loads (NULL in the library; without a
+ * driver `mlagen tune` without --dry-run fails with MLAGEN_ENODRIVER). Winners are
  * kept in the store, tuned/<arch>/<device>.json, and read at plan time by
  * mg_tune_lookup. Schema, bucketing, the occupancy threshold: docs/tuning.md. */
 #ifndef MG_TUNE_H
@@ -16,7 +17,9 @@
 #include "mg_jit.h"
 #include "mg_spec.h"
 
-#define MG_TUNE_SCHEMA 1
+/* 2: candidates carry "verdict" (and "reason" when discarded at timing). Files of
+ * schema 1 (every candidate timed, no verdicts) are still read and trusted; writes are 2. */
+#define MG_TUNE_SCHEMA 2
 
 /* A full configuration: every tunable of a family, names sorted. */
 typedef struct mg_tune_config {
@@ -63,8 +66,11 @@ enum mg_tune_verdict {
   MG_TUNE_KEPT = 0,     /* compiled and not pruned: worth timing */
   MG_TUNE_REJECTED = 1, /* the template's check rejected the configuration */
   MG_TUNE_PRUNED = 2,   /* compiled, pruned by the ptxas report */
-  MG_TUNE_FAILED = 3    /* rendering or compilation failed (a template bug) */
+  MG_TUNE_FAILED = 3,   /* rendering or compilation failed (a template bug) */
+  MG_TUNE_FAILED_LAUNCH = 4, /* timing: failed to load, launch or run on the GPU */
+  MG_TUNE_WRONG_RESULT = 5   /* timing: outputs differ from the reference's */
 };
+#define MG_TUNE_N_VERDICTS 6
 const char *mg_tune_verdict_name(int verdict);
 
 typedef struct mg_tune_candidate {
@@ -99,12 +105,19 @@ int mg_tune_evaluate(mg_gen *g, mg_tune_candidate *cands, int n, const mg_jit_op
 
 /* ---- timing: the GPU hook ---------------------------------------------------------- */
 
-/* Times kernel k (its cubin c) for spec s at sequence length seq (batch 1): writes
- * n_samples wall times in milliseconds. Provided by the CUDA runtime; NULL in builds and
- * on machines without one, and then `mlagen tune` (without --dry-run) fails with
- * MLAGEN_ENODRIVER "timing needs a GPU". */
-typedef int (*mg_tune_timer_fn)(const mg_kernel *k, const mg_cubin *c, const mg_kernel_spec *s,
-                                long long seq, int n_samples, double *samples_ms, mg_diag *d);
+/* Checks kernel k (its cubin c) for spec s at sequence length seq (batch 1) against the
+ * reference ref_k/ref_c (the family's default configuration with k's interface tunables;
+ * both NULL: no check) and times it: returns 0 and sets *verdict to MG_TUNE_KEPT with
+ * n_samples wall times in milliseconds in samples_ms, or to MG_TUNE_FAILED_LAUNCH /
+ * MG_TUNE_WRONG_RESULT with the reason in reason (size reason_n); a negative status
+ * when the sweep cannot go on (no driver, the device out of memory, a driver failure
+ * outside the candidate). runtime/mg_ktime.c provides it (mg_ktime_timer); NULL in the
+ * library, and `mlagen tune` installs it when the CUDA driver loads; without one, tune
+ * (without --dry-run) fails with MLAGEN_ENODRIVER "timing needs a GPU". */
+typedef int (*mg_tune_timer_fn)(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
+                                const mg_cubin *ref_c, const mg_kernel_spec *s, long long seq,
+                                int n_samples, double *samples_ms, int *verdict, char *reason,
+                                size_t reason_n, mg_diag *d);
 extern mg_tune_timer_fn mg_tune_timer;
 
 /* The device the timer runs on, for the store header; provided with mg_tune_timer. */
@@ -121,7 +134,8 @@ extern mg_tune_describe_fn mg_tune_describe;
 double mg_tune_percentile(double *samples, int n, double q);
 
 /* FLOPs of one call of spec s at sequence length seq, batch 1 (causal halves the
- * attention): used for TFLOP/s. */
+ * attention): used for TFLOP/s. 0 for the layout and element-wise families (every family
+ * but explicit_fwd, attn_* and mqa_*: memory-bound, their entries' tflops is 0). */
 double mg_tune_flops(const mg_kernel_spec *s, long long seq);
 
 /* "fwd" or "bwd": the pass a family belongs to (attn_bwd_* are bwd). */
@@ -145,9 +159,14 @@ typedef struct mg_tune_header {
   int sm_count;
 } mg_tune_header;
 
+/* One candidate of an entry: discarded at timing (verdict MG_TUNE_FAILED_LAUNCH,
+ * "failed-launch" in the file, or MG_TUNE_WRONG_RESULT, "wrong-result": reason says why,
+ * the times are 0 and not written), else timed ("kept", with its times). */
 typedef struct mg_tune_timing {
   mg_tune_config config;
   double p20_ms, p50_ms, p80_ms;
+  int verdict;
+  char reason[256];
 } mg_tune_timing;
 
 typedef struct mg_tune_entry {
@@ -163,7 +182,7 @@ typedef struct mg_tune_entry {
   mg_tune_config config;    /* the winner */
   double p20_ms, p50_ms, p80_ms, tflops;
   int n_candidates;
-  mg_tune_timing *candidates; /* heap, every timed candidate */
+  mg_tune_timing *candidates; /* heap, every timed or discarded candidate */
 } mg_tune_entry;
 
 typedef struct mg_tune_store {
@@ -195,8 +214,8 @@ int mg_tune_store_read(const char *path, mg_tune_store *out, mg_diag *d);
 char *mg_tune_store_json(const mg_tune_store *s);
 
 /* Why header h (of a file) must not be trusted for expected: NULL when it matches
- * (schema, template hash, device, arch), else a static description ("template hash
- * differs" ...). */
+ * (schema 1 .. MG_TUNE_SCHEMA, template hash, device, arch), else a static description
+ * ("template hash differs" ...). */
 const char *mg_tune_header_mismatch(const mg_tune_header *h, const mg_tune_header *expected);
 
 /* Adds entries[0..n) to the store of (h->arch, h->device) under dir, merging with what is

@@ -64,9 +64,11 @@ const char *mlagen_status_name(int status);
  * B batch, S the global sequence length, P = sp_size, S_l = S / P the tokens of one rank.
  *
  * Status of this version: contexts, models, plans and sizes work on any machine (no GPU
- * or driver needed). mlagen_forward and mlagen_backward validate every argument, then
- * load the CUDA driver (MLAGEN_ENODRIVER without one), then return MLAGEN_EUNSUPPORTED:
- * the CUDA executor is not built yet. mlagen_get_device_info works with a driver.
+ * or driver needed). mlagen_forward and mlagen_backward validate every argument, load the
+ * CUDA driver (MLAGEN_ENODRIVER without one) and run bf16/f16 plans of sp_size 1 with the
+ * CUDA executor (runtime/mg_cuda_exec.h; it has not run on a GPU yet); sp_size > 1 needs
+ * the NCCL backend, not yet in libmlagen.so (MLAGEN_ENONCCL). mlagen_get_device_info works
+ * with a driver.
  *
  * Messages. Every call that takes a context, or a plan made through one, clears the
  * context's message and, when it fails, leaves a one-line message there naming the
@@ -308,18 +310,38 @@ typedef struct mlagen_tensors {
  *                     workspace_bytes too small, or workspace not 16-byte aligned; the
  *                     same for saved.
  *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found, or cuInit failed).
- *   MLAGEN_EUNSUPPORTED  with a driver: the CUDA executor is not built yet (this
- *                     version runs nothing on the GPU; the CPU reference is `mlagen run`).
- */
+ *   MLAGEN_EINVAL     sp_size > 1 and no communicator (mlagen_plan_set_comm).
+ *   MLAGEN_EUNSUPPORTED  an f32 or f64 plan (the CPU reference runs those: `mlagen run`).
+ *   MLAGEN_ENONCCL    sp_size > 1: this version of libmlagen.so has no NCCL backend.
+ * The first call prepares the plan (kept with it until mlagen_plan_destroy): every kernel
+ * it needs is generated, compiled by NVRTC for the current device (cached on disk, see
+ * MLAGEN_CACHE_DIR) and loaded into the CUDA context current on the calling thread (or,
+ * when none is, device 0's primary context, made current); cuBLAS is loaded then
+ * (libcublas.so.13/.12/.11, or $MLAGEN_LIBCUBLAS). Errors of that step:
+ *   MLAGEN_EDRIVER    cuBLAS not found or not usable ("cuBLAS not found ..."), a driver
+ *                     call failed (the message names it and the CUDA error);
+ *   MLAGEN_ECOMPILE, MLAGEN_ETEMPLATE  a kernel failed to generate or compile (the log).
+ * Then the pass is queued on stream; an error of a queued call (a launch, a copy, a
+ * cuBLAS GEMM) is returned as MLAGEN_EDRIVER (MLAGEN_ENOMEM for out-of-memory), its
+ * message naming the plan step and the call. Faults inside kernels show at the caller's
+ * next synchronization, as with any CUDA launch. */
 int mlagen_forward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,
                    size_t workspace_bytes, void *saved, size_t saved_bytes, void *stream);
 
 /* The backward of plan, after its forward with the same saved buffer: reads do, the
  * saved buffer and the inputs the form's backward reads, writes dq, dc_kv, dk_rope and
  * dw_kv_b. Arguments and errors as mlagen_forward (the tensors checked are the
- * backward's), and the same MLAGEN_EUNSUPPORTED in this version. */
+ * backward's). */
 int mlagen_backward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,
                     size_t workspace_bytes, void *saved, size_t saved_bytes, void *stream);
+
+/* Gives plan the trainer's NCCL communicator (an ncclComm_t spanning the plan's sp_size
+ * ranks, this process being sp_rank) for the collectives of mlagen_forward and
+ * mlagen_backward, which run them on the call's stream. The communicator stays the
+ * caller's and must outlive the plan's use of it. A plan of sp_size 1 needs none (NULL
+ * clears it). Errors: MLAGEN_EINVAL plan NULL or its context destroyed (message in
+ * mlagen_last_message(NULL)), nccl_comm NULL for a plan of sp_size > 1. */
+int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm);
 
 /* ---- the device --------------------------------------------------------------------- */
 

@@ -27,6 +27,11 @@ typedef struct mg_comm_ops {
   int (*group_start)(mg_comm *c, mg_diag *d);
   int (*group_end)(mg_comm *c, mg_diag *d);
   void (*destroy)(mg_comm *c);
+  /* Optional (NULL when the backend has none): 0 while the communicator is healthy, else
+   * the asynchronous error of an operation already queued (NCCL: ncclCommGetAsyncError,
+   * MLAGEN_EIO with NCCL's text). Does not block: an executor waiting for a pass calls it
+   * in its wait loop, so a dead peer is reported instead of hanging. */
+  int (*poll)(mg_comm *c, mg_diag *d);
 } mg_comm_ops;
 
 struct mg_comm {

@@ -64,7 +64,7 @@ static int group_end(mg_comm *c, mg_diag *d) {
 static void destroy(mg_comm *c) { free(c); }
 
 static const mg_comm_ops ops = {all_to_all, all_gather, reduce_scatter, group_start, group_end,
-                                destroy};
+                                destroy, NULL /* poll: collectives here are synchronous */};
 
 int mg_comm_local_new(mg_comm **out, mg_diag *d) {
   if (!out) return mg_diag_set(d, MLAGEN_EINVAL, "mg_comm_local_new: out is NULL");

@@ -122,7 +122,7 @@ static void destroy(mg_comm *c) {
 }
 
 static const mg_comm_ops ops = {all_to_all, all_gather, reduce_scatter, group_start, group_end,
-                                destroy};
+                                destroy, NULL /* poll: collectives here are synchronous */};
 
 int mg_comm_mpi_wrap(mg_comm **out, void *mpi_comm_ptr, mg_diag *d) {
   if (!out) return mg_diag_set(d, MLAGEN_EINVAL, "mg_comm_mpi_wrap: out is NULL");

@@ -81,8 +81,18 @@ static int group_end(mg_comm *c, mg_diag *d) {
 
 static void destroy(mg_comm *c) { free(c); } /* the ncclComm_t stays the caller's */
 
+/* ncclCommGetAsyncError: ncclInProgress is not an error (a nonblocking communicator still
+ * initializing or an operation in flight). */
+static int nccl_poll(mg_comm *c, mg_diag *d) {
+  nccl_comm *n = (nccl_comm *)c;
+  ncclResult_t async = ncclSuccess;
+  int rc = check(ncclCommGetAsyncError(n->comm, &async), "ncclCommGetAsyncError", d);
+  if (rc || async == ncclSuccess || async == ncclInProgress) return rc;
+  return check(async, "asynchronous error (ncclCommGetAsyncError)", d);
+}
+
 static const mg_comm_ops ops = {all_to_all, all_gather, reduce_scatter, group_start, group_end,
-                                destroy};
+                                destroy, nccl_poll};
 
 int mg_comm_nccl_wrap(mg_comm **out, void *nccl_comm_ptr, void *cuda_stream, mg_diag *d) {
   *out = NULL;

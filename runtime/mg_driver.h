@@ -57,7 +57,11 @@
   X(cuEventRecord, 2000)      \
   X(cuEventSynchronize, 2000) \
   X(cuEventElapsedTime, 2000) \
-  X(cuEventDestroy, 4000)
+  X(cuEventDestroy, 4000)     \
+  X(cuMemsetD8Async, 3020)    \
+  X(cuMemcpyDtoDAsync, 3020)  \
+  X(cuMemcpy2DAsync, 3020)    \
+  X(cuStreamQuery, 2000)
 
 /* The table. Fields are named as the functions and called as drv->cuMemAlloc(...);
  * <cuda.h> maps some names to versioned ones (cuMemAlloc -> cuMemAlloc_v2) in the field
@@ -71,7 +75,7 @@ typedef struct mg_driver {
 } mg_driver;
 
 /* Number of entry points in the table (MG_DRIVER_ENTRIES). */
-#define MG_DRIVER_N_ENTRIES 33
+#define MG_DRIVER_N_ENTRIES 37
 
 /* The loaded driver. Loads it on the first call (see above); thread-safe.
  * Returns 0 and sets *out, or (with *out NULL):

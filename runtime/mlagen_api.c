@@ -16,6 +16,7 @@
 
 #include "mg_config.h"
 #include "mg_diag.h"
+#include "mg_cuda_exec.h"
 #include "mg_driver.h"
 #include "mg_plan.h"
 #include "mg_plan_mem.h"
@@ -36,6 +37,10 @@ struct mlagen_plan {
   uint64_t ctx_id;
   mg_plan plan;
   mlagen_sizes sizes;
+  /* the CUDA executor, prepared by the first mlagen_forward/_backward (NULL before) */
+  mg_dev_ops *ops;
+  mg_cuda_exec *exec;
+  void *nccl_comm; /* mlagen_plan_set_comm: the trainer's ncclComm_t (sp_size > 1) */
 };
 
 /* ---- messages ------------------------------------------------------------------------ */
@@ -356,7 +361,24 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   return 0;
 }
 
-void mlagen_plan_destroy(mlagen_plan *plan) { free(plan); }
+void mlagen_plan_destroy(mlagen_plan *plan) {
+  if (!plan) return;
+  mg_cuda_exec_destroy(plan->exec);
+  mg_dev_ops_destroy(plan->ops); /* unloads the plan's modules */
+  free(plan);
+}
+
+int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm) {
+  if (!plan) return tls_fail(MLAGEN_EINVAL, "mlagen_plan_set_comm: plan is NULL");
+  mlagen_context *ctx = plan_context(plan, "mlagen_plan_set_comm");
+  if (!ctx) return MLAGEN_EINVAL;
+  mg_diag_clear(&ctx->diag);
+  if (!nccl_comm && plan->plan.args.sp > 1)
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_plan_set_comm: nccl_comm is NULL and "
+                       "the plan spans sp_size = %d ranks", plan->plan.args.sp);
+  plan->nccl_comm = nccl_comm;
+  return 0;
+}
 
 int mlagen_plan_sizes(const mlagen_plan *plan, mlagen_sizes *sizes) {
   if (!plan) return tls_fail(MLAGEN_EINVAL, "mlagen_plan_sizes: plan is NULL");
@@ -443,14 +465,34 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
                          fn, d)) ||
       (rc = check_buffer(saved, saved_bytes, plan->sizes.saved_bytes, "saved", fn, d)))
     return rc;
-  (void)stream;
+  const mg_plan *p = &plan->plan;
   const mg_driver *drv;
   if ((rc = mg_driver_get(&drv, d))) return mg_diag_prefix(d, "%s", fn);
-  return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
-                     "%s: the CUDA executor is not built yet (the arguments are valid and CUDA "
-                     "driver %d.%d is loaded; the %s plan runs on the CPU with `mlagen run`)",
-                     fn, drv->driver_version / 1000, drv->driver_version % 1000 / 10,
-                     mg_form_name(plan->plan.args.form));
+  (void)drv;
+  if (p->args.sp > 1 && !plan->nccl_comm)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: the plan spans sp_size = %d ranks: give it the "
+                       "trainer's NCCL communicator with mlagen_plan_set_comm", fn, p->args.sp);
+  if (p->args.dtype != MG_BF16 && p->args.dtype != MG_F16)
+    return mg_diag_set(d, MLAGEN_EUNSUPPORTED, "%s: the CUDA executor runs bf16 and f16 plans; "
+                       "the %s plan runs on the CPU with `mlagen run`", fn,
+                       mg_dtype_name(p->args.dtype));
+  if (p->args.sp > 1)
+    return mg_diag_set(d, MLAGEN_ENONCCL, "%s: sp_size = %d: libmlagen.so does not carry the "
+                       "NCCL backend yet (runtime/mg_comm_nccl.c is linked into the CLI and "
+                       "tests only); sp_size 1 runs", fn, p->args.sp);
+  if (!plan->exec) { /* prepare once: kernels generated, compiled (JIT cache) and loaded */
+    if (!plan->ops && (rc = mg_dev_ops_cuda(&plan->ops, d))) return mg_diag_prefix(d, "%s", fn);
+    if ((rc = mg_cuda_exec_prepare(p, plan->ops, NULL, &plan->exec, d)))
+      return mg_diag_prefix(d, "%s: preparing the %s plan", fn, mg_form_name(p->args.form));
+  }
+  mg_cuda_tensors t = {.q = tensors->q.data, .c_kv = tensors->c_kv.data,
+                       .k_rope = tensors->k_rope.data, .w_kv_b = tensors->w_kv_b.data,
+                       .d_o = tensors->d_o.data, .o = tensors->o.data, .dq = tensors->dq.data,
+                       .dc_kv = tensors->dc_kv.data, .dk_rope = tensors->dk_rope.data,
+                       .dw_kv_b = tensors->dw_kv_b.data};
+  rc = mg_cuda_exec_run(plan->exec, pass == MLAGEN_PASS_FORWARD ? MG_FWD : MG_BWD, &t, workspace,
+                        workspace_bytes, saved, saved_bytes, NULL, stream, d);
+  return rc ? mg_diag_prefix(d, "%s", fn) : 0;
 }
 
 int mlagen_forward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,

@@ -3,9 +3,13 @@
  * The driver loader (runtime/mg_driver.c) is pointed at it with MLAGEN_LIBCUDA. It
  * exports cuGetProcAddress_v2, as a real driver does for lookups, and answers it for
  * every entry point mlagen resolves: one device, "Fake H200", compute capability 9.0,
- * 132 SMs, 227 KiB opt-in shared memory per block, driver version 13.0; memory calls use
- * host memory; launches run nothing; streams and events are opaque cells (every elapsed
- * time is 1 ms). FAKE_CUDA_FAIL_INIT=1 in the environment makes cuInit fail with
+ * 132 SMs, 227 KiB opt-in shared memory per block, a 1 MiB L2 (small, so an L2 flush
+ * stays cheap), driver version 13.0; memory calls use host memory (live allocations
+ * counted); launches run nothing; streams and events are opaque cells (live ones counted).
+ * Time: a fake clock in ms advances only at launches, by 0.001 ms per thread of the block
+ * times (1 + 0.1 * (launch number mod 4)); cuEventRecord stamps it, cuEventElapsedTime
+ * gives the difference (deterministic, and a kernel with fewer threads per CTA is
+ * "faster"). FAKE_CUDA_FAIL_INIT=1 in the environment makes cuInit fail with
  * CUDA_ERROR_NO_DEVICE.
  *
  * Modules behave like a driver's, so the module registry (runtime/mg_module.c) can be
@@ -19,7 +23,8 @@
  * more than 1024 threads is CUDA_ERROR_INVALID_VALUE.
  *
  * Exported for the tests (dlopen the same path, dlsym): fake_cuda_count(name) (how many
- * times an entry point was called, and "live_modules"), fake_cuda_fail(name, code) (the
+ * times an entry point was called, and "live_modules", "live_allocs", "live_events",
+ * "live_streams"), fake_cuda_fail(name, code) (the
  * next call of that entry point returns code; name NULL clears), fake_cuda_last_launch
  * (the last launch's grid, block, smem, stream), fake_cuda_attr_value(fn) (a function's
  * dynamic smem limit), fake_cuda_reset() (counters and failure cleared). */
@@ -32,10 +37,17 @@
 
 /* ---- call counters and failure injection (not thread-safe: the tests are serial) ---- */
 static const char *const counted[] = {"cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction",
-                                      "cuFuncSetAttribute", "cuLaunchKernel"};
+                                      "cuFuncSetAttribute", "cuLaunchKernel",
+                                      /* timing (runtime/mg_ktime.c) */
+                                      "cuMemAlloc", "cuMemFree", "cuMemsetD8Async",
+                                      "cuStreamSynchronize", "cuEventRecord", "cuEventSynchronize",
+                                      "cuEventElapsedTime", "cuMemcpyDtoH"};
 #define N_COUNTED (int)(sizeof counted / sizeof counted[0])
 static int g_count[N_COUNTED];
 static int g_live_modules;
+static int g_live_allocs, g_live_events, g_live_streams; /* timing: counted, never reset */
+static double g_clock_ms;                                /* advanced by launches */
+static unsigned long g_launches;
 static char g_fail_name[64];
 static CUresult g_fail_code;
 static struct { unsigned grid[3], block[3], smem; CUstream stream; } g_last;
@@ -53,6 +65,9 @@ static CUresult called(const char *name) {
 
 EXPORT int fake_cuda_count(const char *name) {
   if (name && strcmp(name, "live_modules") == 0) return g_live_modules;
+  if (name && strcmp(name, "live_allocs") == 0) return g_live_allocs;
+  if (name && strcmp(name, "live_events") == 0) return g_live_events;
+  if (name && strcmp(name, "live_streams") == 0) return g_live_streams;
   for (int i = 0; i < N_COUNTED; i++)
     if (name && strcmp(counted[i], name) == 0) return g_count[i];
   return -1;
@@ -104,6 +119,7 @@ static CUresult f_device_get_attribute(int *v, CUdevice_attribute a, CUdevice d)
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = 232448; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *v = 1 << 20; break;
     default: *v = 0; break;
   }
   return CUDA_SUCCESS;
@@ -262,24 +278,36 @@ static CUresult f_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned
   g_last.grid[0] = gx, g_last.grid[1] = gy, g_last.grid[2] = gz;
   g_last.block[0] = bx, g_last.block[1] = by, g_last.block[2] = bz;
   g_last.smem = smem, g_last.stream = s;
+  g_clock_ms += 0.001 * bx * by * bz * (1 + 0.1 * (double)(g_launches++ % 4));
   return CUDA_SUCCESS;
 }
 static CUresult f_mem_alloc(CUdeviceptr *p, size_t bytes) {
+  CUresult r = called("cuMemAlloc");
+  if (r) return r;
   void *m = malloc(bytes ? bytes : 1);
   if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
   *p = (CUdeviceptr)(uintptr_t)m;
+  g_live_allocs++;
   return CUDA_SUCCESS;
 }
-static CUresult f_mem_free(CUdeviceptr p) { free((void *)(uintptr_t)p); return CUDA_SUCCESS; }
+static CUresult f_mem_free(CUdeviceptr p) {
+  CUresult r = called("cuMemFree");
+  if (r) return r;
+  if (p) g_live_allocs--;
+  free((void *)(uintptr_t)p);
+  return CUDA_SUCCESS;
+}
 static CUresult f_memcpy_htod(CUdeviceptr dst, const void *src, size_t n) {
   memcpy((void *)(uintptr_t)dst, src, n);
   return CUDA_SUCCESS;
 }
 static CUresult f_memcpy_dtoh(void *dst, CUdeviceptr src, size_t n) {
+  CUresult r = called("cuMemcpyDtoH");
+  if (r) return r;
   memcpy(dst, (const void *)(uintptr_t)src, n);
   return CUDA_SUCCESS;
 }
-static CUresult f_stream_synchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+static CUresult f_stream_synchronize(CUstream s) { (void)s; return called("cuStreamSynchronize"); }
 static CUresult f_primary_ctx_retain(CUcontext *c, CUdevice d) {
   (void)d;
   *c = (CUcontext)(uintptr_t)0x1000; /* an opaque non-null handle, never dereferenced */
@@ -296,27 +324,77 @@ static CUresult f_memset_d8(CUdeviceptr p, unsigned char v, size_t n) {
   memset((void *)(uintptr_t)p, v, n);
   return CUDA_SUCCESS;
 }
-/* Streams and events are opaque heap cells; an event records nothing, every elapsed time
- * is 1 ms. */
+static CUresult f_memset_d8_async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
+  (void)s;
+  CUresult r = called("cuMemsetD8Async");
+  if (r) return r;
+  memset((void *)(uintptr_t)p, v, n);
+  return CUDA_SUCCESS;
+}
+/* Streams are opaque heap cells; an event is a cell holding the fake clock when it was
+ * recorded (a never-recorded event: NaN, its elapsed time CUDA_ERROR_INVALID_HANDLE). */
 static CUresult f_stream_create(CUstream *s, unsigned int flags) {
   (void)flags;
   *s = malloc(1);
+  if (*s) g_live_streams++;
   return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
-static CUresult f_stream_destroy(CUstream s) { free(s); return CUDA_SUCCESS; }
-static CUresult f_event_create(CUevent *e, unsigned int flags) {
-  (void)flags;
-  *e = malloc(1);
-  return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-static CUresult f_event_record(CUevent e, CUstream s) { (void)e, (void)s; return CUDA_SUCCESS; }
-static CUresult f_event_synchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
-static CUresult f_event_elapsed_time(float *ms, CUevent a, CUevent b) {
-  (void)a, (void)b;
-  *ms = 1.0f;
+static CUresult f_stream_destroy(CUstream s) {
+  if (s) g_live_streams--;
+  free(s);
   return CUDA_SUCCESS;
 }
-static CUresult f_event_destroy(CUevent e) { free(e); return CUDA_SUCCESS; }
+static CUresult f_event_create(CUevent *e, unsigned int flags) {
+  (void)flags;
+  double *t = malloc(sizeof *t);
+  if (!t) return CUDA_ERROR_OUT_OF_MEMORY;
+  *t = -1;
+  *e = (CUevent)(void *)t;
+  g_live_events++;
+  return CUDA_SUCCESS;
+}
+static CUresult f_event_record(CUevent e, CUstream s) {
+  (void)s;
+  CUresult r = called("cuEventRecord");
+  if (r) return r;
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  *(double *)(void *)e = g_clock_ms;
+  return CUDA_SUCCESS;
+}
+static CUresult f_event_synchronize(CUevent e) { (void)e; return called("cuEventSynchronize"); }
+static CUresult f_event_elapsed_time(float *ms, CUevent a, CUevent b) {
+  CUresult r = called("cuEventElapsedTime");
+  if (r) return r;
+  if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
+  const double ta = *(double *)(void *)a, tb = *(double *)(void *)b;
+  if (ta < 0 || tb < 0) return CUDA_ERROR_INVALID_HANDLE; /* not recorded */
+  *ms = (float)(tb - ta);
+  return CUDA_SUCCESS;
+}
+static CUresult f_event_destroy(CUevent e) {
+  if (e) g_live_events--;
+  free(e);
+  return CUDA_SUCCESS;
+}
+/* CUDA executor (runtime/mg_cuda_exec.c): asynchronous copies run at once on host memory;
+ * every stream queries idle. */
+static CUresult f_memcpy_dtod_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  (void)s;
+  memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+static CUresult f_memcpy_2d_async(const CUDA_MEMCPY2D *c, CUstream s) {
+  (void)s;
+  if (!c || c->srcMemoryType != CU_MEMORYTYPE_DEVICE || c->dstMemoryType != CU_MEMORYTYPE_DEVICE ||
+      c->WidthInBytes > c->srcPitch || c->WidthInBytes > c->dstPitch)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t r = 0; r < c->Height; r++)
+    memcpy((char *)(uintptr_t)c->dstDevice + (c->dstY + r) * c->dstPitch + c->dstXInBytes,
+           (const char *)(uintptr_t)c->srcDevice + (c->srcY + r) * c->srcPitch + c->srcXInBytes,
+           c->WidthInBytes);
+  return CUDA_SUCCESS;
+}
+static CUresult f_stream_query(CUstream s) { (void)s; return CUDA_SUCCESS; }
 static const struct { CUresult r; const char *name, *text; } g_errors[] = {
   {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
   {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
@@ -375,6 +453,10 @@ static const struct { const char *name; void *fn; } table[] = {
   {"cuEventSynchronize", (void *)f_event_synchronize},
   {"cuEventElapsedTime", (void *)f_event_elapsed_time},
   {"cuEventDestroy", (void *)f_event_destroy},
+  {"cuMemsetD8Async", (void *)f_memset_d8_async},
+  {"cuMemcpyDtoDAsync", (void *)f_memcpy_dtod_async},
+  {"cuMemcpy2DAsync", (void *)f_memcpy_2d_async},
+  {"cuStreamQuery", (void *)f_stream_query},
 };
 
 /* cuGetProcAddress_v2 (CUDA >= 12.0). The loader asks for the ABI version of each

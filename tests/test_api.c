@@ -8,8 +8,10 @@
  *                argument is MLAGEN_EINVAL naming it.
  *   fake         MLAGEN_LIBCUDA = the fake driver built from tests/fake_cuda.c: the
  *                loader resolves every entry point, reports the driver version and the
- *                device name; valid calls to mlagen_forward/backward reach
- *                MLAGEN_EUNSUPPORTED (no CUDA executor yet).
+ *                device name; valid calls to mlagen_forward/backward of an sp_size 8
+ *                plan reach the executor's checks: MLAGEN_EINVAL without a communicator
+ *                (mlagen_plan_set_comm), MLAGEN_ENONCCL with one (libmlagen.so has no NCCL
+ *                backend yet). The executor itself is tested by test_cuda_exec.
  *   fake-noinit  the fake driver with cuInit failing: MLAGEN_ENODRIVER naming the error. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -458,7 +460,10 @@ static void test_bad_arguments(void **state) {
   memset(&only_fwd.dw_kv_b, 0, sizeof only_fwd.dw_kv_b);
   int rc = mlagen_forward(f->plan, &only_fwd, f->ws, f->sizes.workspace_bytes, f->saved,
                           f->sizes.saved_bytes, NULL);
-  assert_true(rc == MLAGEN_ENODRIVER || rc == MLAGEN_EUNSUPPORTED);
+  /* no driver; or, with the fake one, the executor's refusal of a plan without its
+   * communicator */
+  assert_true(rc == MLAGEN_ENODRIVER || rc == MLAGEN_EINVAL);
+  if (rc == MLAGEN_EINVAL) assert_contains(mlagen_last_message(f->ctx), "mlagen_plan_set_comm");
 }
 
 /* A plan whose context was destroyed is refused; destroying it still works. */
@@ -510,7 +515,7 @@ static void test_loader_resolves_every_entry(void **state) {
     if (!fn) fail_msg("entry %s was not resolved", name);
     n++;
   }
-  assert_int_equal(n, 33);
+  assert_int_equal(n, 37);
   assert_null(mg_driver_entry(drv, MG_DRIVER_N_ENTRIES, NULL));
   /* through the table */
   char name[64];
@@ -559,13 +564,17 @@ static void test_device_info_fake(void **state) {
   assert_int_equal(mlagen_get_device_info(NULL, 0, &info), MLAGEN_EINVAL);
 }
 
-static void test_forward_fake_unsupported(void **state) {
+static void test_forward_fake(void **state) {
   fx *f = *state;
-  assert_int_equal(fwd(f), MLAGEN_EUNSUPPORTED);
-  assert_contains(mlagen_last_message(f->ctx), "mlagen_forward: the CUDA executor is not built yet");
-  assert_contains(mlagen_last_message(f->ctx), "CUDA driver 13.0 is loaded");
-  assert_int_equal(bwd(f), MLAGEN_EUNSUPPORTED);
-  assert_contains(mlagen_last_message(f->ctx), "mlagen_backward: the CUDA executor is not built yet");
+  assert_int_equal(fwd(f), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(f->ctx), "mlagen_forward: the plan spans sp_size = 8 ranks");
+  assert_contains(mlagen_last_message(f->ctx), "mlagen_plan_set_comm");
+  assert_int_equal(bwd(f), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(f->ctx), "mlagen_backward: the plan spans sp_size = 8 ranks");
+  /* with a communicator: no NCCL backend in libmlagen.so yet */
+  assert_int_equal(mlagen_plan_set_comm(f->plan, (void *)(uintptr_t)0x1000), 0);
+  assert_int_equal(fwd(f), MLAGEN_ENONCCL);
+  assert_contains(mlagen_last_message(f->ctx), "sp_size = 8");
   /* arguments are still checked first */
   f->t.q.dims[0] = 2;
   expect_einval(f, 0, "tensors->q.dims[0] = 2, the plan expects 1");
@@ -605,7 +614,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_loader_resolves_every_entry),
       cmocka_unit_test_setup_teardown(test_device_info_fake, setup_laga, teardown_fx),
-      cmocka_unit_test_setup_teardown(test_forward_fake_unsupported, setup_laga, teardown_fx),
+      cmocka_unit_test_setup_teardown(test_forward_fake, setup_laga, teardown_fx),
       cmocka_unit_test_setup_teardown(test_bad_arguments, setup_laga, teardown_fx),
     };
     return cmocka_run_group_tests_name("api (fake driver)", tests, NULL, NULL);

@@ -95,7 +95,8 @@ static void test_forms_relations_v3(void **state) {
   assert_true(la->attn_flops_fwd == ex->attn_flops_fwd);
 }
 
-/* P = 1: collectives are copies; nothing is sent and no workspace is needed. */
+/* P = 1: collectives are copies; nothing is sent and no workspace is needed, but for the
+ * attention backward's delta (f32 [B, H, S] of the step's queries, mg_plan_kernel). */
 static void test_single_rank(void **state) {
   (void)state;
   mg_shape s = load("deepseek-v2-lite");
@@ -103,7 +104,17 @@ static void test_single_rank(void **state) {
     mg_plan_cost c;
     build(&plan, &s, (mg_form)f, 1, 2, 100, 0, MG_F32, &c);
     assert_int_equal(c.sent_fwd + c.sent_bwd, 0);
-    for (int i = 0; i < plan.n_steps; i++) assert_int_equal(plan.steps[i].workspace, 0);
+    for (int i = 0; i < plan.n_steps; i++) {
+      const mg_step *st = &plan.steps[i];
+      int64_t want = 0;
+      if (st->kind == MG_STEP_KERNEL && (st->op == MG_OP_ATTN_BWD || st->op == MG_OP_MQA_BWD)) {
+        const mg_plan_buf *q = &plan.bufs[st->in[0]];
+        want = 4 * q->dims[0] * q->dims[1] * q->dims[2];
+        assert_int_equal(q->dims[0], 2);
+        assert_int_equal(q->dims[1], 100);
+      }
+      assert_int_equal(st->workspace, want);
+    }
   }
 }
 

@@ -1,0 +1,190 @@
+/* mg_cuda_exec.h: the CUDA executor. Runs a plan (mg_plan.h) of any form (explicit,
+ * absorbed, laga, laga-r, laga-f), forward or backward, for one rank of a
+ * sequence-parallel group, with the generated kernels, GEMMs and collectives, in memory
+ * the caller provides. It allocates no tensor-sized memory.
+ *
+ * Device operations are a vtable (mg_dev_ops), so the same orchestration runs on the GPU
+ * (mg_dev_ops_cuda: the driver, the module registry, cuBLAS) and, in the tests, on the CPU
+ * (tests/test_cuda_exec.c: host memory, CBLAS, the host executor of tests/host/).
+ *
+ * Memory (generator/mg_plan_mem.h, laid out once per plan with MG_CUDA_EXEC_ALIGN):
+ *   - INPUT and OUTPUT buffers are the caller's tensors (mg_cuda_tensors);
+ *   - TEMP buffers written in the forward and read in the backward live in the caller's
+ *     saved area, which the caller keeps unchanged from the forward to the backward;
+ *   - other TEMP buffers and every step's scratch (step->workspace bytes) live in the
+ *     caller's workspace, at the layout's offsets. The workspace's contents do not
+ *     matter between passes: nothing is read there before it is written in the pass.
+ *
+ * Steps, in plan order, all asynchronous on the caller's stream:
+ *   SEQ_TO_HEAD / HEAD_TO_SEQ  P > 1: a2a_pack (direction 0 / 1) into the send half of the
+ *       step's scratch, all_to_all into the receive half, a2a_unpack into the destination;
+ *       P = 1: a copy.
+ *   ALL_GATHER      P > 1: all_gather of the [B, S_l, w] shard into the scratch
+ *       [P][B, S_l, w], then one strided copy (copy2d) per rank into [B, S, w]; P = 1: a copy.
+ *   REDUCE_SCATTER  P > 1: copy2d of [B, S, w] into the scratch [P][B, S_l, w] (block p =
+ *       rank p's tokens), reduce_scatter into the destination; P = 1: a copy.
+ *   GEMM            ops->gemm (mg_gemm semantics; A and B in their buffers' dtype, the
+ *       plan's; C in its buffer's: f32 for dw_kv_b).
+ *   KERNEL          the generated kernels, launched by their manifest's grid rule and with
+ *       their parameters matched by name (the manifest's "params"):
+ *       MG_OP_ATTN_FWD  attn_fwd (k_packed = 1)
+ *       MG_OP_ATTN_BWD  attn_bwd_pre, attn_bwd_dkdv (deterministic = 1, k_packed = 1),
+ *                       attn_bwd_dq (k_packed = 1)
+ *       MG_OP_MQA_FWD   mqa_fwd
+ *       MG_OP_MQA_BWD   attn_bwd_pre (d_n = d_v = d_c), mqa_bwd_dkv (qsplit = 1), mqa_bwd_dq
+ *       MG_OP_EXPAND_KV expand_kv; MG_OP_SPLIT_DKV split_dkv (accumulate from the step);
+ *       MG_OP_CONCAT_LATENT concat_latent; MG_OP_SPLIT_LATENT split_latent;
+ *       MG_OP_COPY_COLS copy_cols for buffers of the plan's dtype, a copy2d for others
+ *                       (laga-f's f32 LSE columns).
+ *     The attention backward steps' delta (rowsum(dO * O), f32 [B, H, S]) lives in the
+ *     step's scratch: mg_plan.c's mg_plan_kernel gives MG_OP_ATTN_BWD and MG_OP_MQA_BWD
+ *     steps step->workspace = 4 B H S bytes for it (counted by the planner's peaks).
+ *     Only the attention kernels (attn_fwd, attn_bwd_dkdv, attn_bwd_dq, mqa_*) are
+ *     generated for the plan's causal flag; the others do not depend on it and are
+ *     generated non-causal. Heads of a kernel are the heads of the step's tensors (laga-f's
+ *     groups use fewer);
+ *     q_pos0 = 0 and seqlen_q = seqlen_k = S (head-sharded queries and keys cover all S
+ *     tokens); the softmax scale is the plan's.
+ *   At P > 1 the OUTPUT dw_kv_b is zeroed before its first write (only this rank's heads'
+ *   rows are written: it is this rank's partial sum).
+ *
+ * Preparation (mg_cuda_exec_prepare, once per plan): every kernel a step needs is
+ * generated (mg_gen_kernel), loaded (ops->load: on the GPU compiled by NVRTC through the
+ * JIT cache and loaded into the module registry) and kept, one per distinct kernel name.
+ *
+ * Errors: every call below returns 0 or a negative MLAGEN_E* status with a message in d
+ * naming the step ("<form> plan step <i> (<label>): ...") and the call that failed. */
+#ifndef MG_CUDA_EXEC_H
+#define MG_CUDA_EXEC_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mg_comm.h"
+#include "mg_diag.h"
+#include "mg_generate.h"
+#include "mg_plan.h"
+
+/* The alignment of every buffer in the saved area and the workspace (bytes). */
+#define MG_CUDA_EXEC_ALIGN 256
+
+/* A kernel launch rule and the grid computed from it come from runtime/mg_module.h. */
+struct mg_launch_rule;
+
+/* Device operations. Every pointer is device memory (host memory for a CPU
+ * implementation); stream is the caller's CUstream (NULL: the default stream). Every
+ * function returns 0 or a negative MLAGEN_E* status with a message in d. */
+typedef struct mg_dev_ops mg_dev_ops;
+struct mg_dev_ops {
+  const char *name; /* "cuda", "host", ... for messages */
+  /* Makes generated kernel k launchable with launch rule *rule; *handle is what launch
+   * takes, valid until destroy. Called once per distinct kernel name. */
+  int (*load)(mg_dev_ops *o, const mg_kernel *k, const struct mg_launch_rule *rule, void **handle,
+              mg_diag *d);
+  /* Launches a loaded kernel: grid and block dims, dynamic shared memory in bytes, params
+   * one pointer per kernel parameter in the manifest's order (cuLaunchKernel's
+   * kernelParams). The grid has no zero dim. */
+  int (*launch)(mg_dev_ops *o, void *handle, const unsigned grid[3], const unsigned block[3],
+                size_t smem, void **params, void *stream, mg_diag *d);
+  /* bytes of dst set to the byte value. */
+  int (*memset)(mg_dev_ops *o, void *dst, int value, size_t bytes, void *stream, mg_diag *d);
+  /* bytes from src to dst (no overlap). */
+  int (*copy)(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream, mg_diag *d);
+  /* height rows of width bytes: row r from src + r spitch to dst + r dpitch. */
+  int (*copy2d)(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
+                size_t width, size_t height, void *stream, mg_diag *d);
+  /* The GEMM g (mg_plan.h: row-major, strided batched, offsets and strides in elements,
+   * beta 0 or 1, alpha 1) on the buffers A, B, C (their first element) of dtypes ta, tb
+   * (bf16 or f16, equal) and tc (the same, or f32). Accumulates in f32. */
+  int (*gemm)(mg_dev_ops *o, const mg_gemm *g, mg_dtype ta, const void *A, mg_dtype tb,
+              const void *B, mg_dtype tc, void *C, void *stream, mg_diag *d);
+  /* *done = 1 when every operation queued on stream has finished, else 0; an error of a
+   * finished operation (a kernel fault) is returned. */
+  int (*query)(mg_dev_ops *o, void *stream, int *done, mg_diag *d);
+  /* Frees the implementation and everything load made; NULL-safe through
+   * mg_dev_ops_destroy. */
+  void (*destroy)(mg_dev_ops *o);
+};
+
+static inline void mg_dev_ops_destroy(mg_dev_ops *o) {
+  if (o) o->destroy(o);
+}
+
+/* The GPU implementation: the CUDA driver (runtime/mg_driver.h; the CUDA context current
+ * on the calling thread at creation, or device 0's primary context, retained and made
+ * current when none is, must be current at every later call), kernels
+ * compiled by NVRTC for the current device's architecture (sm_90a for compute capability
+ * 9.0, else sm_<major><minor>; JIT cache as mg_jit_compile's) and loaded into a module
+ * registry (runtime/mg_module.h), GEMMs by cuBLAS (libcublas.so.13, .12 or .11, or the
+ * path in $MLAGEN_LIBCUBLAS, loaded with dlopen at creation: cublasGemmStridedBatchedEx,
+ * 16-bit operands, f32 compute, row-major by swapping the operands).
+ * Errors: MLAGEN_EINVAL out NULL; MLAGEN_ENODRIVER no CUDA driver (the loader's message);
+ * MLAGEN_EDRIVER a context or device query failed (the call and the CUDA error), cuBLAS
+ * cannot be loaded ("cuBLAS not found (GEMMs of the CUDA executor): <dlerror>...") or
+ * lacks an entry point, or cannot be created
+ * (cublasCreate: the cuBLAS status); MLAGEN_ENOMEM. *out is NULL on error. */
+int mg_dev_ops_cuda(mg_dev_ops **out, mg_diag *d);
+
+/* The tensors of one pass, this rank's sequence shard, in the plan's layouts (mg_plan.h
+ * forms; include/mlagen.h mlagen_sizes): inputs q [B, S/P, H, d_n + d_r], c_kv [B, S/P,
+ * d_c], k_rope [B, S/P, d_r], w_kv_b [H (d_n + d_v), d_c], d_o [B, S/P, H, d_v] (the
+ * backward's); outputs o (forward), dq, dc_kv, dk_rope, dw_kv_b (backward; dw_kv_b in
+ * f32). A pass reads and writes only the ones its steps use (others may be NULL). */
+typedef struct mg_cuda_tensors {
+  const void *q, *c_kv, *k_rope, *w_kv_b, *d_o;
+  void *o, *dq, *dc_kv, *dk_rope, *dw_kv_b;
+} mg_cuda_tensors;
+
+typedef struct mg_cuda_exec mg_cuda_exec;
+
+typedef struct mg_cuda_exec_opts {
+  mg_gen *gen;        /* the generator kernels come from; NULL: the embedded templates
+                         (opened and closed inside prepare) */
+  double timeout_s;   /* P > 1: how long run waits for the pass to finish while polling
+                         the communicator (0: 600 s; < 0: do not wait, return after
+                         queueing, as at P = 1) */
+} mg_cuda_exec_opts;
+
+/* Prepares plan p (bf16 or f16; kept by pointer: it must outlive the executor, unchanged)
+ * for device ops o (kept, not owned): lays out memory (mg_plan_mem_layout), checks every
+ * step's operands against its buffers, generates and loads every kernel. opts may be NULL.
+ * Errors: MLAGEN_EINVAL (an argument NULL; the plan's dtype is not bf16/f16 ("the CUDA
+ * executor runs bf16 or f16 plans"); a buffer name the executor does not know; a malformed
+ * step, naming it); MLAGEN_EUNSUPPORTED (a GEMM or launch size beyond int);
+ * the generator's errors (MLAGEN_EINVAL for a kernel configuration a template rejects,
+ * MLAGEN_ETEMPLATE) and the ops' (ops->load: MLAGEN_ECOMPILE, MLAGEN_EDRIVER, ...),
+ * prefixed with the step; MLAGEN_ENOMEM. *out is NULL on error. */
+int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opts *opts,
+                         mg_cuda_exec **out, mg_diag *d);
+
+/* The sizes of the caller's areas (bytes): saved (kept from forward to backward) and
+ * workspace (each pass), from the memory layout. x NULL gives 0. */
+int64_t mg_cuda_exec_saved_bytes(const mg_cuda_exec *x);
+int64_t mg_cuda_exec_workspace_bytes(const mg_cuda_exec *x);
+
+/* Where plan buffer `name` lives during a pass: its address inside saved or workspace,
+ * or NULL when the plan has no such buffer or it is a caller tensor (tests read the saved
+ * LSE this way). */
+void *mg_cuda_exec_buffer(const mg_cuda_exec *x, const char *name, void *workspace, void *saved);
+
+/* Runs the steps of pass (MG_FWD: steps [0, n_fwd); MG_BWD: the rest) with tensors t,
+ * workspace (>= mg_cuda_exec_workspace_bytes, 16-byte aligned) and saved (>=
+ * mg_cuda_exec_saved_bytes; the backward reads what the forward wrote there) on stream,
+ * collectives through comm (spanning the plan's P ranks: comm->size == sp, comm->rank ==
+ * rank; NULL allowed at P = 1). Asynchronous at P = 1 (queued on stream); at P > 1 it
+ * then waits for the stream, polling comm->ops->poll when the backend has it, for at most
+ * opts.timeout_s.
+ * Errors: MLAGEN_EINVAL (x or t NULL; a tensor the pass uses NULL (named); workspace or
+ * saved NULL or too small; comm NULL at P > 1 or not matching the plan); MLAGEN_ELIMIT
+ * (a grid over the device limits); the ops' and the communicator's statuses, the
+ * message naming the step and the call; MLAGEN_EIO "timed out after N s waiting for
+ * the pass" (a peer that never joined a collective). */
+int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, void *workspace,
+                     size_t workspace_bytes, void *saved, size_t saved_bytes, mg_comm *comm,
+                     void *stream, mg_diag *d);
+
+/* Number of kernels loaded (distinct names); 0 for NULL. */
+int mg_cuda_exec_kernel_count(const mg_cuda_exec *x);
+
+/* Frees the executor (not the plan, the ops or their loaded kernels); NULL is a no-op. */
+void mg_cuda_exec_destroy(mg_cuda_exec *x);
+#endif

@@ -1,0 +1,787 @@
+/* mg_ktime.c: one generated kernel checked against its reference and timed with CUDA
+ * events. See mg_ktime.h. */
+#include "mg_ktime.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mg_driver.h"
+#include "mg_safetensors.h" /* mg_st_f32_to_bf16 ... */
+#include "mlagen.h"
+
+void (*mg_ktime_output_hook)(const char *kernel, const char *param, void *host,
+                             size_t bytes) = NULL;
+
+#define MAX_COUNT (1LL << 40)
+
+/* ---- the arguments: shapes from the manifest, integers from the family table ------------- */
+
+typedef struct sym {
+  const char *name;
+  long long v;
+} sym;
+
+typedef struct ev {
+  const char *p;
+  const sym *syms;
+  int n_syms;
+  int err;
+} ev;
+
+static void ev_space(ev *e) {
+  while (*e->p == ' ' || *e->p == '\t') e->p++;
+}
+
+static long long ev_sum(ev *e);
+
+static long long ev_atom(ev *e) {
+  ev_space(e);
+  if (*e->p == '(') {
+    e->p++;
+    long long v = ev_sum(e);
+    ev_space(e);
+    if (*e->p != ')') e->err = 1;
+    else e->p++;
+    return v;
+  }
+  if (isdigit((unsigned char)*e->p)) {
+    long long v = 0;
+    while (isdigit((unsigned char)*e->p) && v < MAX_COUNT) v = v * 10 + (*e->p++ - '0');
+    return v;
+  }
+  if (isalpha((unsigned char)*e->p) || *e->p == '_') {
+    const char *s = e->p;
+    while (isalnum((unsigned char)*e->p) || *e->p == '_') e->p++;
+    const size_t n = (size_t)(e->p - s);
+    for (int i = 0; i < e->n_syms; i++)
+      if (strlen(e->syms[i].name) == n && strncmp(e->syms[i].name, s, n) == 0) return e->syms[i].v;
+  }
+  e->err = 1;
+  return 0;
+}
+
+static long long ev_prod(ev *e) {
+  long long v = ev_atom(e);
+  for (;;) {
+    ev_space(e);
+    const char op = *e->p;
+    if (op != '*' && op != '/') return v;
+    e->p++;
+    long long w = ev_atom(e);
+    if (op == '*') {
+      if (w != 0 && (v > MAX_COUNT / (w < 0 ? -w : w) || v < -MAX_COUNT / (w < 0 ? -w : w))) {
+        e->err = 1;
+        return 0;
+      }
+      v *= w;
+    } else {
+      if (w == 0) {
+        e->err = 1;
+        return 0;
+      }
+      v /= w;
+    }
+  }
+}
+
+static long long ev_sum(ev *e) {
+  long long v = ev_prod(e);
+  for (;;) {
+    ev_space(e);
+    const char op = *e->p;
+    if (op != '+' && op != '-') return v;
+    e->p++;
+    long long w = ev_prod(e);
+    v = op == '+' ? v + w : v - w;
+    if (v > MAX_COUNT || v < -MAX_COUNT) {
+      e->err = 1;
+      return 0;
+    }
+  }
+}
+
+/* Elements of shape "[d, d, ...]" (each d an expression); -1 when it does not parse. */
+static long long shape_count(const char *shape, const sym *syms, int n_syms) {
+  ev e = {shape, syms, n_syms, 0};
+  ev_space(&e);
+  if (*e.p != '[') return -1;
+  e.p++;
+  long long count = 1;
+  for (;;) {
+    long long dim = ev_sum(&e);
+    if (e.err || dim < 0) return -1;
+    if (dim != 0 && count > MAX_COUNT / dim) return -1;
+    count *= dim;
+    ev_space(&e);
+    if (*e.p == ',') {
+      e.p++;
+      continue;
+    }
+    if (*e.p != ']') return -1;
+    e.p++;
+    ev_space(&e);
+    return *e.p == '\0' || *e.p == ';' ? count : -1;
+  }
+}
+
+static int is_a2a(const char *family) {
+  return strcmp(family, "a2a_pack") == 0 || strcmp(family, "a2a_unpack") == 0;
+}
+
+/* Ulysses degree assumed for the all-to-all packing kernels: the spec's heads are H / P. */
+static long long a2a_degree(long long seq) { return seq % 8 == 0 ? 8 : 1; }
+
+/* The value of integer parameter name of family for s at seq; 0 if there is none. */
+static int int_value(const char *family, const char *name, const mg_kernel_spec *s, long long seq,
+                     long long *v) {
+  const long long dqk = s->d_n + s->d_r;
+  if (strcmp(family, "copy_cols") == 0) { /* q_abs[:, h, d_c:] = q[:, h, d_n:] */
+    static const char *const names[] = {"rows", "src_w", "src_col", "dst_w", "dst_col", "cols"};
+    const long long vals[] = {seq * s->heads, dqk, s->d_n, (long long)s->d_c + s->d_r, s->d_c,
+                              s->d_r};
+    for (int i = 0; i < 6; i++)
+      if (strcmp(name, names[i]) == 0) return *v = vals[i], 1;
+  }
+  if (strcmp(family, "expand_kv") == 0 || strcmp(family, "split_dkv") == 0) {
+    if (strcmp(name, "rope_col") == 0) return *v = s->d_c, 1;
+    if (strcmp(name, "rope_w") == 0) return *v = (long long)s->d_c + s->d_r, 1;
+  }
+  if (is_a2a(family)) { /* direction 0 (sequence -> heads) of q */
+    const long long P = a2a_degree(seq);
+    if (strcmp(name, "seqlen_local") == 0) return *v = seq / P, 1;
+    if (strcmp(name, "heads_total") == 0) return *v = s->heads * P, 1;
+    if (strcmp(name, "sp") == 0) return *v = P, 1;
+    if (strcmp(name, "width") == 0) return *v = dqk, 1;
+    if (strcmp(name, "direction") == 0) return *v = 0, 1;
+  }
+  if (strcmp(name, "seqlen_q") == 0 || strcmp(name, "seqlen_k") == 0 || strcmp(name, "rows") == 0)
+    return *v = seq, 1;
+  if (strcmp(name, "batch") == 0) return *v = 1, 1;
+  if (strcmp(name, "q_pos0") == 0 || strcmp(name, "accumulate") == 0) return *v = 0, 1;
+  return 0;
+}
+
+int mg_ktime_args(const cJSON *manifest, const mg_kernel_spec *s, long long seq, mg_kargs *out,
+                  mg_diag *d) {
+  if (!manifest || !s || !out || seq < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_ktime_args: manifest, spec or out NULL, or seq < 1");
+  memset(out, 0, sizeof *out);
+  const cJSON *nm = cJSON_GetObjectItemCaseSensitive(manifest, "name");
+  const char *kname = cJSON_IsString(nm) ? nm->valuestring : s->family;
+  const cJSON *params = cJSON_GetObjectItemCaseSensitive(manifest, "params");
+  if (!cJSON_IsArray(params))
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: the manifest has no \"params\" array", kname);
+  if (cJSON_GetArraySize(params) > MG_KTIME_MAX_PARAMS)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: more than %d parameters", kname, MG_KTIME_MAX_PARAMS);
+  /* pass 1: names, kinds, integer values */
+  const cJSON *p;
+  cJSON_ArrayForEach(p, params) {
+    mg_karg *a = &out->a[out->n++];
+    const cJSON *pn = cJSON_GetObjectItemCaseSensitive(p, "name");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(p, "type");
+    if (!cJSON_IsString(pn) || !cJSON_IsString(pt) || strlen(pn->valuestring) >= sizeof a->name)
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %d has no string name and type", kname,
+                         out->n - 1);
+    snprintf(a->name, sizeof a->name, "%s", pn->valuestring);
+    const char *t = pt->valuestring;
+    if (strchr(t, '*')) {
+      a->kind = strncmp(t, "const", 5) == 0 ? MG_KARG_IN : MG_KARG_OUT;
+      a->is_f32 = strstr(t, "float") != NULL;
+      a->elem_bytes = a->is_f32 ? 4 : 2;
+    } else if (strcmp(t, "int") == 0) {
+      long long v = 0;
+      a->kind = MG_KARG_INT;
+      if (!int_value(s->family, a->name, s, seq, &v))
+        return mg_diag_set(d, MLAGEN_EINVAL,
+                           "%s: no value for int parameter '%s' (family %s: add it to "
+                           "runtime/mg_ktime.c's table)", kname, a->name, s->family);
+      if (v < -2147483647LL || v > 2147483647LL)
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s: int parameter %s = %lld does not fit an int",
+                           kname, a->name, v);
+      a->ival = (int)v;
+    } else if (strcmp(t, "float") == 0) {
+      a->kind = MG_KARG_FLOAT;
+      if (strcmp(a->name, "softmax_scale") != 0)
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s: no value for float parameter '%s'", kname, a->name);
+      a->fval = (float)(1.0 / sqrt((double)(s->d_n + s->d_r)));
+    } else {
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %s of type '%s' (expected a pointer, "
+                         "int or float)", kname, a->name, t);
+    }
+  }
+  /* pass 2: pointer sizes from the shapes */
+  sym syms[MG_KTIME_MAX_PARAMS + 16];
+  int ns = 0;
+  const int a2a = is_a2a(s->family);
+  long long ints[4] = {0, 0, 0, 0}; /* a2a: heads_total, seqlen_local, sp, width */
+  for (int i = 0; i < out->n; i++) {
+    const mg_karg *a = &out->a[i];
+    if (a->kind != MG_KARG_INT) continue;
+    if (a2a && strcmp(a->name, "heads_total") == 0) ints[0] = a->ival;
+    if (a2a && strcmp(a->name, "seqlen_local") == 0) ints[1] = a->ival;
+    if (a2a && strcmp(a->name, "sp") == 0) ints[2] = a->ival;
+    if (a2a && strcmp(a->name, "width") == 0) ints[3] = a->ival;
+  }
+  if (a2a) { /* the shapes' H is the full tensor's heads */
+    syms[ns++] = (sym){"H", ints[0]};
+    syms[ns++] = (sym){"S_l", ints[1]};
+    syms[ns++] = (sym){"P", ints[2]};
+    syms[ns++] = (sym){"w", ints[3]};
+  }
+  for (int i = 0; i < out->n; i++)
+    if (out->a[i].kind == MG_KARG_INT) syms[ns++] = (sym){out->a[i].name, out->a[i].ival};
+  syms[ns++] = (sym){"B", 1};
+  syms[ns++] = (sym){"S_q", seq};
+  syms[ns++] = (sym){"S_k", seq};
+  syms[ns++] = (sym){"S", seq};
+  syms[ns++] = (sym){"H", s->heads};
+  syms[ns++] = (sym){"d_n", s->d_n};
+  syms[ns++] = (sym){"d_r", s->d_r};
+  syms[ns++] = (sym){"d_v", s->d_v};
+  syms[ns++] = (sym){"d_c", s->d_c};
+  int direction = 0;
+  for (int i = 0; i < out->n; i++)
+    if (out->a[i].kind == MG_KARG_INT && strcmp(out->a[i].name, "direction") == 0)
+      direction = out->a[i].ival;
+  int i = 0;
+  cJSON_ArrayForEach(p, params) {
+    mg_karg *a = &out->a[i++];
+    if (a->kind != MG_KARG_IN && a->kind != MG_KARG_OUT) continue;
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(p, "shape");
+    const char *shape = cJSON_IsString(sh) ? sh->valuestring : "";
+    if (strcmp(shape, "unused") == 0) {
+      a->kind = MG_KARG_NULL;
+      continue;
+    }
+    char part[256];
+    const char *dir = strstr(shape, "direction ");
+    if (dir) { /* "direction 0: [...]; direction 1: [...]" */
+      char tag[32];
+      snprintf(tag, sizeof tag, "direction %d:", direction);
+      const char *at = strstr(shape, tag);
+      if (!at) {
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %s: shape '%s' has no '%s'", kname,
+                           a->name, shape, tag);
+      }
+      snprintf(part, sizeof part, "%s", at + strlen(tag));
+      char *semi = strchr(part, ';');
+      if (semi) *semi = '\0';
+      shape = part;
+    }
+    long long n = shape_count(shape, syms, ns);
+    if (n < 1)
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %s: cannot size shape '%s' (an unknown "
+                         "symbol, or not 1 .. 2^40 elements)", kname, a->name, shape);
+    a->count = (size_t)n;
+  }
+  out->dims.batch = 1;
+  out->dims.seqlen_q = a2a ? (long)ints[1] : (long)seq;
+  out->dims.seqlen_k = (long)seq;
+  return 0;
+}
+
+const char *const *mg_ktime_interface_tunables(const char *family) {
+  static const char *const none[] = {NULL};
+  static const char *const packed[] = {"k_packed", NULL};
+  static const char *const dkdv[] = {"k_packed", "deterministic", NULL};
+  static const char *const qsplit[] = {"qsplit", NULL};
+  if (!family) return none;
+  if (strcmp(family, "attn_fwd") == 0 || strcmp(family, "attn_bwd_dq") == 0) return packed;
+  if (strcmp(family, "attn_bwd_dkdv") == 0) return dkdv;
+  if (strcmp(family, "mqa_bwd_dkv") == 0) return qsplit;
+  return none;
+}
+
+void mg_ktime_reference_spec(const mg_kernel_spec *cand, mg_kernel_spec *ref) {
+  *ref = *cand;
+  ref->n_config = 0;
+  memset(ref->config, 0, sizeof ref->config);
+  for (const char *const *t = mg_ktime_interface_tunables(cand->family); *t; t++)
+    for (int i = 0; i < cand->n_config; i++)
+      if (strcmp(cand->config[i].name, *t) == 0 && ref->n_config < MG_SPEC_MAX_CONFIG)
+        ref->config[ref->n_config++] = cand->config[i];
+}
+
+/* ---- the device: device 0's primary context, kept for the process ---------------------- */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  int have;
+  CUdevice dev;
+  CUcontext ctx;
+  char poisoned[400]; /* non-empty: a kernel faulted, the context is unusable */
+} g;
+
+/* A failed driver call: CUDA_ERROR_OUT_OF_MEMORY is MLAGEN_ENOMEM, the rest MG_EDRIVER. */
+static int drv_fail(const mg_driver *drv, CUresult r, const char *what, mg_diag *d) {
+  return mg_driver_check(drv, r, r == CUDA_ERROR_OUT_OF_MEMORY ? MLAGEN_ENOMEM : MG_EDRIVER, what,
+                         d);
+}
+
+static int device_ctx(const mg_driver *drv, mg_diag *d) {
+  int rc = 0;
+  pthread_mutex_lock(&g_mu);
+  if (g.poisoned[0]) {
+    rc = mg_diag_set(d, MG_EDRIVER, "the CUDA context is unusable after %s; rerun the sweep "
+                     "without it", g.poisoned);
+  } else if (!g.have) {
+    CUresult r = drv->cuDeviceGet(&g.dev, 0);
+    if (r != CUDA_SUCCESS) rc = drv_fail(drv, r, "cuDeviceGet(0)", d);
+    else if ((r = drv->cuDevicePrimaryCtxRetain(&g.ctx, g.dev)) != CUDA_SUCCESS)
+      rc = drv_fail(drv, r, "cuDevicePrimaryCtxRetain", d);
+    else g.have = 1;
+  }
+  if (!rc) {
+    CUresult r = drv->cuCtxSetCurrent(g.ctx);
+    if (r != CUDA_SUCCESS) rc = drv_fail(drv, r, "cuCtxSetCurrent", d);
+  }
+  pthread_mutex_unlock(&g_mu);
+  return rc;
+}
+
+int mg_ktime_describe(mg_tune_device *dev, mg_diag *d) {
+  if (!dev) return mg_diag_set(d, MLAGEN_EINVAL, "mg_ktime_describe: dev is NULL");
+  memset(dev, 0, sizeof *dev);
+  const mg_driver *drv = NULL;
+  int rc = mg_driver_get(&drv, d);
+  if (rc) return rc;
+  CUdevice cd;
+  CUresult r = drv->cuDeviceGet(&cd, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(drv, r, "cuDeviceGet(0)", d);
+  if ((r = drv->cuDeviceGetName(dev->name, (int)sizeof dev->name, cd)) != CUDA_SUCCESS)
+    return drv_fail(drv, r, "cuDeviceGetName", d);
+  if ((r = drv->cuDeviceGetAttribute(&dev->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                     cd)) != CUDA_SUCCESS)
+    return drv_fail(drv, r, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", d);
+  dev->driver_version = drv->driver_version;
+  return 0;
+}
+
+/* ---- one run ------------------------------------------------------------------------------ */
+
+typedef struct run {
+  const mg_driver *drv;
+  mg_module_registry *reg;
+  CUstream stream;
+  CUevent *ev;
+  int n_ev;
+  CUdeviceptr buf[MG_KTIME_MAX_SETS][MG_KTIME_MAX_PARAMS];
+  CUdeviceptr flush;
+  void *got[MG_KTIME_MAX_PARAMS], *ref[MG_KTIME_MAX_PARAMS];
+} run;
+
+/* Releases everything of r; returns the first driver failure (0 if none) into d when
+ * status is still 0. */
+static int run_free(run *r, int status, mg_diag *d) {
+  const mg_driver *drv = r->drv;
+  int rc = status;
+  CUresult cr;
+  /* wait for the stream before freeing what it uses (its error, if any, is reported) */
+  if (r->stream && (cr = drv->cuStreamSynchronize(r->stream)) != CUDA_SUCCESS && !rc)
+    rc = drv_fail(drv, cr, "cuStreamSynchronize (release)", d);
+  for (int i = 0; i < r->n_ev; i++)
+    if ((cr = drv->cuEventDestroy(r->ev[i])) != CUDA_SUCCESS && !rc)
+      rc = drv_fail(drv, cr, "cuEventDestroy", d);
+  free(r->ev);
+  for (int s = 0; s < MG_KTIME_MAX_SETS; s++)
+    for (int i = 0; i < MG_KTIME_MAX_PARAMS; i++)
+      if (r->buf[s][i] && (cr = drv->cuMemFree(r->buf[s][i])) != CUDA_SUCCESS && !rc)
+        rc = drv_fail(drv, cr, "cuMemFree", d);
+  if (r->flush && (cr = drv->cuMemFree(r->flush)) != CUDA_SUCCESS && !rc)
+    rc = drv_fail(drv, cr, "cuMemFree (L2 flush buffer)", d);
+  if (r->stream && (cr = drv->cuStreamDestroy(r->stream)) != CUDA_SUCCESS && !rc)
+    rc = drv_fail(drv, cr, "cuStreamDestroy", d);
+  mg_diag rd = MG_DIAG_INIT;
+  int rr = mg_registry_destroy(r->reg, &rd);
+  if (rr && !rc) rc = mg_diag_set(d, rr, "%s", mg_diag_msg(&rd));
+  mg_diag_clear(&rd);
+  for (int i = 0; i < MG_KTIME_MAX_PARAMS; i++) free(r->got[i]), free(r->ref[i]);
+  memset(r, 0, sizeof *r);
+  return rc;
+}
+
+static uint64_t rng_next(uint64_t *x) { /* xorshift64* */
+  *x ^= *x >> 12;
+  *x ^= *x << 25;
+  *x ^= *x >> 27;
+  return *x * 2685821657736338717ULL;
+}
+
+/* Random values for input a of set `set` into host (a.count elements): uniform in
+ * [-1, 1); an "lse" input log(seq) plus noise (the scores' logsumexp is about that). */
+static void fill_host(const mg_karg *a, int set, int param, const char *dtype, long long seq,
+                      void *host) {
+  uint64_t x = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)(set + 1) << 32) ^ (uint64_t)(param + 1) * 7919;
+  const double base = strcmp(a->name, "lse") == 0 ? log((double)seq) : 0;
+  const int f16 = strcmp(dtype, "fp16") == 0;
+  for (size_t i = 0; i < a->count; i++) {
+    const float v = (float)(base + ((double)(rng_next(&x) >> 11) * 0x1.0p-53 * 2.0 - 1.0));
+    if (a->is_f32) ((float *)host)[i] = v;
+    else ((uint16_t *)host)[i] = f16 ? mg_st_f32_to_f16(v) : mg_st_f32_to_bf16(v);
+  }
+}
+
+static double elem_at(const mg_karg *a, const char *dtype, const void *p, size_t i) {
+  if (a->is_f32) return ((const float *)p)[i];
+  const uint16_t h = ((const uint16_t *)p)[i];
+  return strcmp(dtype, "fp16") == 0 ? mg_st_f16_to_f32(h) : mg_st_bf16_to_f32(h);
+}
+
+/* The kernel parameters of set `set` into argv (values in the storage arrays). */
+static void build_args(const run *r, const mg_kargs *ka, int set, CUdeviceptr *pv, int *iv,
+                       float *fv, void **argv) {
+  for (int i = 0; i < ka->n; i++) {
+    const mg_karg *a = &ka->a[i];
+    switch (a->kind) {
+      case MG_KARG_INT: iv[i] = a->ival, argv[i] = &iv[i]; break;
+      case MG_KARG_FLOAT: fv[i] = a->fval, argv[i] = &fv[i]; break;
+      case MG_KARG_NULL: pv[i] = 0, argv[i] = &pv[i]; break;
+      default: pv[i] = r->buf[set][i], argv[i] = &pv[i]; break;
+    }
+  }
+}
+
+/* Zeroes the outputs of set 0 on the stream. */
+static int zero_outputs(run *r, const mg_kargs *ka, mg_diag *d) {
+  for (int i = 0; i < ka->n; i++)
+    if (ka->a[i].kind == MG_KARG_OUT) {
+      CUresult cr = r->drv->cuMemsetD8Async(r->buf[0][i], 0, ka->a[i].count * ka->a[i].elem_bytes,
+                                            r->stream);
+      if (cr != CUDA_SUCCESS) return drv_fail(r->drv, cr, "cuMemsetD8Async (outputs)", d);
+    }
+  return 0;
+}
+
+/* After a launch: the stream's completion. An error here is the kernel's own (it faulted):
+ * the context is then unusable, recorded for the later calls. */
+static void poison(const run *r, const char *kernel, CUresult cr) {
+  char words[300];
+  mg_diag t = MG_DIAG_INIT;
+  mg_driver_check(r->drv, cr, MG_EDRIVER, kernel, &t);
+  snprintf(words, sizeof words, "%s", mg_diag_msg(&t));
+  mg_diag_clear(&t);
+  pthread_mutex_lock(&g_mu);
+  snprintf(g.poisoned, sizeof g.poisoned, "a fault in %s", words);
+  pthread_mutex_unlock(&g_mu);
+}
+
+static CUresult sync_after(run *r, const char *kernel) {
+  CUresult cr = r->drv->cuStreamSynchronize(r->stream);
+  if (cr != CUDA_SUCCESS) poison(r, kernel, cr);
+  return cr;
+}
+
+static int is_poisoned(void) {
+  pthread_mutex_lock(&g_mu);
+  const int p = g.poisoned[0] != 0;
+  pthread_mutex_unlock(&g_mu);
+  return p;
+}
+
+/* Releases r after the candidate failed (its verdict is set): 0, unless releasing fails on
+ * a context that is still usable. After a fault the release's own failures are expected
+ * and not reported (the next call reports the unusable context). */
+static int run_free_failed(run *r, mg_diag *d) {
+  if (!is_poisoned()) return run_free(r, 0, d);
+  mg_diag sink = MG_DIAG_INIT;
+  run_free(r, 0, &sink);
+  mg_diag_clear(&sink);
+  return 0;
+}
+
+/* Copies the outputs of set 0 into host[] (allocated here). */
+static int download(run *r, const mg_kargs *ka, void **host, mg_diag *d) {
+  for (int i = 0; i < ka->n; i++) {
+    const mg_karg *a = &ka->a[i];
+    if (a->kind != MG_KARG_OUT) continue;
+    const size_t bytes = a->count * a->elem_bytes;
+    if (!host[i] && !(host[i] = malloc(bytes)))
+      return mg_diag_set(d, MLAGEN_ENOMEM, "out of host memory (%zu bytes)", bytes);
+    CUresult cr = r->drv->cuMemcpyDtoH(host[i], r->buf[0][i], bytes);
+    if (cr != CUDA_SUCCESS) return drv_fail(r->drv, cr, "cuMemcpyDtoH (outputs)", d);
+  }
+  return 0;
+}
+
+static void set_verdict(mg_ktime_result *res, int verdict, const char *msg) {
+  res->verdict = verdict;
+  size_t n = msg ? strlen(msg) : 0; /* truncated to fit */
+  if (n >= sizeof res->reason) n = sizeof res->reason - 1;
+  if (n) memcpy(res->reason, msg, n);
+  res->reason[n] = '\0';
+}
+
+/* Loads and launches kernel k once on set 0 with zeroed outputs, synchronizes and copies the
+ * outputs into host. Returns 0, or a status with d set; *launch_failed says the failure
+ * was the kernel's own (load, launch, execution) rather than the harness's. */
+static int run_once(run *r, const mg_kernel *k, const mg_cubin *c, const mg_kargs *ka,
+                    void **host, int *launch_failed, mg_diag *d) {
+  *launch_failed = 0;
+  const mg_module_kernel *mk = NULL;
+  int rc = mg_registry_load_manifest(r->reg, k->manifest, c->data, c->size, &mk, d);
+  if (rc) {
+    *launch_failed = rc != MLAGEN_ENOMEM;
+    return rc;
+  }
+  if ((rc = zero_outputs(r, ka, d))) return rc;
+  CUdeviceptr pv[MG_KTIME_MAX_PARAMS];
+  int iv[MG_KTIME_MAX_PARAMS];
+  float fv[MG_KTIME_MAX_PARAMS];
+  void *argv[MG_KTIME_MAX_PARAMS];
+  build_args(r, ka, 0, pv, iv, fv, argv);
+  if ((rc = mg_registry_launch(r->reg, mk, &ka->dims, r->stream, argv, d))) {
+    *launch_failed = rc != MLAGEN_ENOMEM;
+    return rc;
+  }
+  CUresult cr = sync_after(r, k->name);
+  if (cr != CUDA_SUCCESS) {
+    *launch_failed = 1;
+    char what[300];
+    snprintf(what, sizeof what, "%s: execution (cuStreamSynchronize)", k->name);
+    return drv_fail(r->drv, cr, what, d);
+  }
+  return download(r, ka, host, d);
+}
+
+/* Compares the candidate's outputs with the reference's; 0 when they agree, else writes
+ * the reason. *worst gets the largest relative error. */
+static int compare(const mg_kargs *ka, const char *dtype, void **got, void **ref, double *worst,
+                   char *why, size_t n) {
+  *worst = 0;
+  for (int i = 0; i < ka->n; i++) {
+    const mg_karg *a = &ka->a[i];
+    if (a->kind != MG_KARG_OUT) continue;
+    double me = 0, mr = 0;
+    size_t nonfinite = 0;
+    for (size_t j = 0; j < a->count; j++) {
+      const double x = elem_at(a, dtype, got[i], j), y = elem_at(a, dtype, ref[i], j);
+      if (!isfinite(y)) {
+        if (!(x == y || (isnan(x) && isnan(y)))) nonfinite++;
+        continue;
+      }
+      if (!isfinite(x)) {
+        nonfinite++;
+        continue;
+      }
+      if (fabs(y) > mr) mr = fabs(y);
+      if (fabs(x - y) > me) me = fabs(x - y);
+    }
+    const double err = mr > 0 ? me / mr : me;
+    if (err > *worst) *worst = err;
+    if (nonfinite) {
+      snprintf(why, n, "output %s: %zu NaN/inf values where the reference's are finite or differ",
+               a->name, nonfinite);
+      return 1;
+    }
+    if (!(err < MG_KTIME_TOL)) {
+      snprintf(why, n, "output %s: max |a - b| / max |b| = %.3g, not under %g", a->name, err,
+               MG_KTIME_TOL);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int same_params(const mg_kargs *a, const mg_kargs *b) {
+  if (a->n != b->n) return 0;
+  for (int i = 0; i < a->n; i++)
+    if (strcmp(a->a[i].name, b->a[i].name) != 0 || a->a[i].kind != b->a[i].kind ||
+        a->a[i].count != b->a[i].count || a->a[i].is_f32 != b->a[i].is_f32 ||
+        a->a[i].ival != b->a[i].ival)
+      return 0;
+  return a->dims.seqlen_q == b->dims.seqlen_q && a->dims.seqlen_k == b->dims.seqlen_k;
+}
+
+int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
+                 const mg_cubin *ref_c, const mg_kernel_spec *s, long long seq, int n_samples,
+                 double *samples_ms, mg_ktime_result *res, mg_diag *d) {
+  if (!k || !c || !s || !samples_ms || !res || n_samples < 1 || n_samples > 4096 ||
+      (!ref_k) != (!ref_c) || seq < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_ktime_run: a NULL argument, ref_k without ref_c, "
+                       "seq < 1 or n_samples not in 1 .. 4096");
+  memset(res, 0, sizeof *res);
+  if (!c->data || c->size == 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: empty cubin", k->name);
+  mg_kargs ka, kr;
+  int rc = mg_ktime_args(k->manifest, s, seq, &ka, d);
+  if (rc) return rc;
+  if (ref_k) {
+    mg_kernel_spec rs;
+    mg_ktime_reference_spec(s, &rs);
+    if ((rc = mg_ktime_args(ref_k->manifest, &rs, seq, &kr, d))) return rc;
+    if (!same_params(&ka, &kr))
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: its parameters differ from the reference %s's "
+                         "(a tunable that changes the interface is missing from "
+                         "mg_ktime_interface_tunables)", k->name, ref_k->name);
+  }
+  const mg_driver *drv = NULL;
+  if ((rc = mg_driver_get(&drv, d))) return rc;
+  if ((rc = device_ctx(drv, d))) return rc;
+
+  run r;
+  memset(&r, 0, sizeof r);
+  r.drv = drv;
+  CUresult cr;
+  if ((rc = mg_registry_create(&r.reg, d))) return rc;
+  if ((cr = drv->cuStreamCreate(&r.stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+    r.stream = NULL;
+    return run_free(&r, drv_fail(drv, cr, "cuStreamCreate", d), d);
+  }
+  /* sizes: one set, the flush buffer, how many sets fit */
+  size_t set_bytes = 0;
+  for (int i = 0; i < ka.n; i++)
+    if (ka.a[i].kind == MG_KARG_IN || ka.a[i].kind == MG_KARG_OUT)
+      set_bytes += ka.a[i].count * ka.a[i].elem_bytes;
+  int l2 = 0;
+  if ((cr = drv->cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, g.dev)) != CUDA_SUCCESS)
+    return run_free(&r, drv_fail(drv, cr, "cuDeviceGetAttribute(L2_CACHE_SIZE)", d), d);
+  const size_t flush_bytes = l2 > 0 ? 2 * (size_t)l2 : 0;
+  size_t free_b = 0, total_b = 0;
+  if ((cr = drv->cuMemGetInfo(&free_b, &total_b)) != CUDA_SUCCESS)
+    return run_free(&r, drv_fail(drv, cr, "cuMemGetInfo", d), d);
+  int n_sets = MG_KTIME_MAX_SETS;
+  while (n_sets > 1 && (double)n_sets * set_bytes + flush_bytes > 0.8 * (double)free_b) n_sets--;
+  if ((double)set_bytes + flush_bytes > 0.9 * (double)free_b)
+    return run_free(&r, mg_diag_set(d, MLAGEN_ENOMEM, "%s at seq %lld: one buffer set is %zu "
+                                    "bytes, the device has %zu free", k->name, seq, set_bytes,
+                                    free_b), d);
+  res->n_sets = n_sets, res->set_bytes = set_bytes, res->flush_bytes = flush_bytes;
+  /* buffers: inputs random (copied once), outputs zeroed */
+  size_t max_bytes = 0;
+  for (int i = 0; i < ka.n; i++)
+    if (ka.a[i].kind == MG_KARG_IN && ka.a[i].count * ka.a[i].elem_bytes > max_bytes)
+      max_bytes = ka.a[i].count * ka.a[i].elem_bytes;
+  void *host = max_bytes ? malloc(max_bytes) : NULL;
+  if (max_bytes && !host)
+    return run_free(&r, mg_diag_set(d, MLAGEN_ENOMEM, "out of host memory (%zu bytes)", max_bytes), d);
+  for (int st = 0; st < n_sets && !rc; st++)
+    for (int i = 0; i < ka.n && !rc; i++) {
+      const mg_karg *a = &ka.a[i];
+      if (a->kind != MG_KARG_IN && a->kind != MG_KARG_OUT) continue;
+      const size_t bytes = a->count * a->elem_bytes;
+      if ((cr = drv->cuMemAlloc(&r.buf[st][i], bytes)) != CUDA_SUCCESS) {
+        r.buf[st][i] = 0;
+        rc = drv_fail(drv, cr, "cuMemAlloc", d);
+      } else if (a->kind == MG_KARG_IN) {
+        fill_host(a, st, i, s->dtype, seq, host);
+        if ((cr = drv->cuMemcpyHtoD(r.buf[st][i], host, bytes)) != CUDA_SUCCESS)
+          rc = drv_fail(drv, cr, "cuMemcpyHtoD (inputs)", d);
+      } else if ((cr = drv->cuMemsetD8Async(r.buf[st][i], 0, bytes, r.stream)) != CUDA_SUCCESS) {
+        rc = drv_fail(drv, cr, "cuMemsetD8Async (outputs)", d);
+      }
+    }
+  free(host);
+  if (!rc && flush_bytes) {
+    if ((cr = drv->cuMemAlloc(&r.flush, flush_bytes)) != CUDA_SUCCESS) {
+      r.flush = 0;
+      rc = drv_fail(drv, cr, "cuMemAlloc (L2 flush buffer)", d);
+    }
+  }
+  /* the legacy-stream copies before anything runs on the non-blocking stream */
+  if (!rc && (cr = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
+    rc = drv_fail(drv, cr, "cuCtxSynchronize (after the uploads)", d);
+  if (rc) return run_free(&r, rc, d);
+
+  /* the check: the candidate, then the reference, on set 0 */
+  int failed = 0;
+  mg_diag kd = MG_DIAG_INIT;
+  rc = run_once(&r, k, c, &ka, r.got, &failed, &kd);
+  if (rc && failed) {
+    set_verdict(res, MG_TUNE_FAILED_LAUNCH, mg_diag_msg(&kd));
+    mg_diag_clear(&kd);
+    return run_free_failed(&r, d);
+  }
+  if (rc) {
+    rc = mg_diag_set(d, rc, "%s", mg_diag_msg(&kd));
+    mg_diag_clear(&kd);
+    return run_free(&r, rc, d);
+  }
+  for (int i = 0; i < ka.n && mg_ktime_output_hook; i++)
+    if (ka.a[i].kind == MG_KARG_OUT)
+      mg_ktime_output_hook(k->name, ka.a[i].name, r.got[i], ka.a[i].count * ka.a[i].elem_bytes);
+  if (ref_k && strcmp(ref_k->name, k->name) != 0) { /* the same kernel agrees with itself */
+    if ((rc = run_once(&r, ref_k, ref_c, &kr, r.ref, &failed, &kd))) {
+      rc = mg_diag_set(d, rc == MLAGEN_ENOMEM ? rc : MG_EDRIVER, "the reference %s for %s: %s",
+                       ref_k->name, k->name, mg_diag_msg(&kd));
+      mg_diag_clear(&kd);
+      return run_free(&r, rc, d);
+    }
+    char why[240];
+    if (compare(&ka, s->dtype, r.got, r.ref, &res->max_rel_err, why, sizeof why)) {
+      char msg[256 + 160];
+      snprintf(msg, sizeof msg, "%s (reference %s)", why, ref_k->name);
+      set_verdict(res, MG_TUNE_WRONG_RESULT, msg);
+      return run_free(&r, 0, d);
+    }
+  }
+
+  /* timing: warm-up, then n_samples launches between events, L2 flushed between them */
+  const mg_module_kernel *mk = NULL;
+  if ((rc = mg_registry_find(r.reg, k->name, &mk, d))) return run_free(&r, rc, d);
+  if (!(r.ev = calloc((size_t)n_samples * 2, sizeof *r.ev)))
+    return run_free(&r, mg_diag_set(d, MLAGEN_ENOMEM, "out of host memory"), d);
+  for (int i = 0; i < 2 * n_samples; i++) {
+    if ((cr = drv->cuEventCreate(&r.ev[i], CU_EVENT_DEFAULT)) != CUDA_SUCCESS)
+      return run_free(&r, drv_fail(drv, cr, "cuEventCreate", d), d);
+    r.n_ev++;
+  }
+  CUdeviceptr pv[MG_KTIME_MAX_PARAMS];
+  int iv[MG_KTIME_MAX_PARAMS];
+  float fv[MG_KTIME_MAX_PARAMS];
+  void *argv[MG_KTIME_MAX_PARAMS];
+  for (int i = 0; i < MG_KTIME_WARMUP + n_samples; i++) {
+    const int t = i - MG_KTIME_WARMUP; /* the sample, < 0 during the warm-up */
+    build_args(&r, &ka, i % n_sets, pv, iv, fv, argv);
+    if (t >= 0 && r.flush &&
+        (cr = drv->cuMemsetD8Async(r.flush, (unsigned char)t, flush_bytes, r.stream)) != CUDA_SUCCESS)
+      return run_free(&r, drv_fail(drv, cr, "cuMemsetD8Async (L2 flush)", d), d);
+    if (t >= 0 && (cr = drv->cuEventRecord(r.ev[2 * t], r.stream)) != CUDA_SUCCESS)
+      return run_free(&r, drv_fail(drv, cr, "cuEventRecord", d), d);
+    if ((rc = mg_registry_launch(r.reg, mk, &ka.dims, r.stream, argv, &kd))) {
+      if (rc == MLAGEN_ENOMEM) {
+        rc = mg_diag_set(d, rc, "%s", mg_diag_msg(&kd));
+        mg_diag_clear(&kd);
+        return run_free(&r, rc, d);
+      }
+      set_verdict(res, MG_TUNE_FAILED_LAUNCH, mg_diag_msg(&kd));
+      mg_diag_clear(&kd);
+      return run_free_failed(&r, d);
+    }
+    if (t >= 0 && (cr = drv->cuEventRecord(r.ev[2 * t + 1], r.stream)) != CUDA_SUCCESS)
+      return run_free(&r, drv_fail(drv, cr, "cuEventRecord", d), d);
+  }
+  if ((cr = drv->cuEventSynchronize(r.ev[2 * n_samples - 1])) != CUDA_SUCCESS) {
+    poison(&r, k->name, cr); /* an execution error: the context is unusable */
+    char what[300];
+    snprintf(what, sizeof what, "%s: execution (cuEventSynchronize)", k->name);
+    drv_fail(drv, cr, what, &kd);
+    set_verdict(res, MG_TUNE_FAILED_LAUNCH, mg_diag_msg(&kd));
+    mg_diag_clear(&kd);
+    return run_free_failed(&r, d);
+  }
+  for (int t = 0; t < n_samples; t++) {
+    float ms = 0;
+    if ((cr = drv->cuEventElapsedTime(&ms, r.ev[2 * t], r.ev[2 * t + 1])) != CUDA_SUCCESS)
+      return run_free(&r, drv_fail(drv, cr, "cuEventElapsedTime", d), d);
+    samples_ms[t] = ms;
+  }
+  res->verdict = MG_TUNE_KEPT;
+  return run_free(&r, 0, d);
+}
+
+int mg_ktime_timer(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
+                   const mg_cubin *ref_c, const mg_kernel_spec *s, long long seq, int n_samples,
+                   double *samples_ms, int *verdict, char *reason, size_t reason_n, mg_diag *d) {
+  if (!verdict) return mg_diag_set(d, MLAGEN_EINVAL, "mg_ktime_timer: verdict is NULL");
+  mg_ktime_result res;
+  int rc = mg_ktime_run(k, c, ref_k, ref_c, s, seq, n_samples, samples_ms, &res, d);
+  if (rc) return rc;
+  *verdict = res.verdict;
+  if (reason && reason_n) snprintf(reason, reason_n, "%s", res.reason);
+  return 0;
+}
