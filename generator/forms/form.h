@@ -54,4 +54,15 @@ static inline int form_backward(mg_plan *p) {
   mg_plan_seq_to_head(p, d_o, do_h);
   return do_h;
 }
+/* The latent gradient dc [B, S, d_c + d_r] (summed over this rank's heads, all S tokens)
+ * reduce-scattered to this rank's tokens and split into the outputs dc_kv and dk_rope:
+ * the end of every latent-gathering form's backward. */
+static inline void form_latent_grad_output(mg_plan *p, int dc_full) {
+  FORM_DIMS(p);
+  int dc_loc = mg_plan_temp(p, "dc_local", T, DIMS(B, Sl, wc));
+  mg_plan_reduce_scatter(p, dc_full, dc_loc);
+  int dc_kv = mg_plan_output(p, "dc_kv", T, DIMS(B, Sl, dc));
+  int dk_rope = mg_plan_output(p, "dk_rope", T, DIMS(B, Sl, dr));
+  mg_plan_kernel(p, MG_OP_SPLIT_LATENT, "[dc_kv ; dk_rope] = dc", ARGS(dc_loc), ARGS(dc_kv, dk_rope));
+}
 #endif

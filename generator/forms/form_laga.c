@@ -96,11 +96,7 @@ void mg_form_laga(mg_plan *p, int recompute) {
                (mg_gemm){.trans_a = 1, .m = Hl * dkv, .n = dc, .k = B * S, .lda = Hl * dkv,
                          .ldb = wc, .ldc = dc, .off_c = h0 * dkv * dc});
 
-  int dc_loc = mg_plan_temp(p, "dc_local", T, DIMS(B, Sl, wc));
-  mg_plan_reduce_scatter(p, dc_full, dc_loc);
-  int dc_kv = mg_plan_output(p, "dc_kv", T, DIMS(B, Sl, dc));
-  int dk_rope = mg_plan_output(p, "dk_rope", T, DIMS(B, Sl, dr));
-  mg_plan_kernel(p, MG_OP_SPLIT_LATENT, "[dc_kv ; dk_rope] = dc", ARGS(dc_loc), ARGS(dc_kv, dk_rope));
+  form_latent_grad_output(p, dc_full);
 }
 
 /* dst[r, dst_col + j] = src[r, src_col + j], j < cols, over rows of src_w and dst_w
@@ -196,9 +192,5 @@ void mg_form_laga_fused(mg_plan *p) {
   }
   int dq = mg_plan_output(p, "dq", T, DIMS(B, Sl, H, dqk));
   mg_plan_head_to_seq(p, dq_h, dq);
-  int dc_loc = mg_plan_temp(p, "dc_local", T, DIMS(B, Sl, wc));
-  mg_plan_reduce_scatter(p, dc_full, dc_loc);
-  int dc_kv = mg_plan_output(p, "dc_kv", T, DIMS(B, Sl, dc));
-  int dk_rope = mg_plan_output(p, "dk_rope", T, DIMS(B, Sl, dr));
-  mg_plan_kernel(p, MG_OP_SPLIT_LATENT, "[dc_kv ; dk_rope] = dc", ARGS(dc_loc), ARGS(dc_kv, dk_rope));
+  form_latent_grad_output(p, dc_full);
 }
