@@ -52,9 +52,22 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
       if (i >= n_fam && extra[i - n_fam].latent_v) s->d_n = s->d_v = shape->kv_lora_rank;
       snprintf(s->dtype, sizeof s->dtype, "%s", dtype);
       s->causal = causal;
+      mg_spec_plan_tunables(s);
     }
   }
   return 0;
+}
+
+void mg_spec_plan_tunables(mg_kernel_spec *s) {
+  static const struct { const char *family, *set[2]; } fixed[] = {
+      {"attn_fwd", {"k_packed=1", NULL}},
+      {"attn_bwd_dq", {"k_packed=1", NULL}},
+      {"attn_bwd_dkdv", {"k_packed=1", "deterministic=1"}},
+      {"mqa_bwd_dkv", {"qsplit=1", NULL}},
+  };
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+    if (strcmp(s->family, fixed[i].family) == 0)
+      for (int j = 0; j < 2 && fixed[i].set[j]; j++) mg_spec_set(s, fixed[i].set[j], NULL);
 }
 
 int mg_spec_set(mg_kernel_spec *s, const char *assignment, mg_diag *d) {

@@ -37,10 +37,19 @@ extern const char *const mg_spec_families[];
  * causal and non-causal: every family at heads = H / sp; attn_bwd_pre with d_n = d_v = d_c
  * (the absorbed backward's delta over o_lat); and, when LAGA-F's default head groups
  * (mg_plan_default_head_groups) hold fewer than H / sp heads, attn_fwd, attn_bwd_pre,
- * attn_bwd_dkdv and attn_bwd_dq at the group's head count. max is the capacity of specs.
+ * attn_bwd_dkdv and attn_bwd_dq at the group's head count. Each spec carries
+ * mg_spec_plan_tunables. max is the capacity of specs.
  * Errors: MLAGEN_EINVAL (sp < 1, H not divisible by sp, unknown dtype, max too small). */
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d);
+
+/* Sets the tunables the plans' executors (runtime/mg_cuda_exec.h) fix for s's family,
+ * because they change the kernel's interface or the plan's bytes: attn_fwd and
+ * attn_bwd_dq k_packed = 1 (the plans' K is per head, packed); attn_bwd_dkdv k_packed = 1,
+ * deterministic = 1 (no fp32 dQ accumulator); mqa_bwd_dkv qsplit = 1 (dc written once, no
+ * fp32 accumulator). Other families are left alone. mg_spec_for_model applies it, so
+ * `mlagen generate` emits, and `mlagen tune` sweeps, the kernels the executors run. */
+void mg_spec_plan_tunables(mg_kernel_spec *s);
 
 /* Adds or replaces a tunable override "name=value" (value an integer); "family.name=value"
  * applies only when s is of that family (and is otherwise a no-op).

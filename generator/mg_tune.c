@@ -215,9 +215,14 @@ int mg_tune_space(mg_gen *g, const mg_kernel_spec *base, mg_tune_candidate **out
     }
     snprintf(t[nt].name, sizeof t[nt].name, "%s", it->string);
     t[nt].n = 0;
+    int fixed = -1; /* the base spec fixes this tunable */
+    for (int j = 0; j < base->n_config; j++)
+      if (strcmp(base->config[j].name, it->string) == 0) fixed = j;
     const cJSON *v;
     cJSON_ArrayForEach(v, vals) {
-      if (cJSON_IsNumber(v) && t[nt].n < 32) t[nt].values[t[nt].n++] = (long)v->valuedouble;
+      if (cJSON_IsNumber(v) && t[nt].n < 32 &&
+          (fixed < 0 || (long)v->valuedouble == base->config[fixed].value))
+        t[nt].values[t[nt].n++] = (long)v->valuedouble;
     }
     if (t[nt].n == 0) {
       rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: tunable %s has no integer values", s.family, t[nt].name);
@@ -335,19 +340,24 @@ double mg_tune_percentile(double *samples, int n, double q) {
 }
 
 const char *mg_tune_family_pass(const char *family) {
-  return strncmp(family, "attn_bwd", 8) == 0 ? "bwd" : "fwd";
+  return strncmp(family, "attn_bwd", 8) == 0 || strncmp(family, "mqa_bwd", 7) == 0 ? "bwd" : "fwd";
 }
 
 double mg_tune_flops(const mg_kernel_spec *s, long long seq) {
-  double S = (double)seq, H = s->heads, dqk = s->d_n + s->d_r, dv = s->d_v;
+  const int mqa = strncmp(s->family, "mqa_", 4) == 0;
+  /* the absorbed form's MQA kernels attend over the latent: d_qk = d_c + d_r, d_v = d_c
+   * (MLA.md); their spec's d_n and d_v are the explicit form's and unused */
+  double S = (double)seq, H = s->heads;
+  double dqk = mqa ? s->d_c + s->d_r : s->d_n + s->d_r, dv = mqa ? s->d_c : s->d_v;
   double frac = s->causal ? 0.5 : 1.0;
   double fwd = 2.0 * H * S * S * (dqk + dv) * frac; /* QK^T and PV */
-  if (strncmp(s->family, "attn_", 5) != 0 && strcmp(s->family, "explicit_fwd") != 0 &&
-      strncmp(s->family, "mqa_", 4) != 0)
+  if (strncmp(s->family, "attn_", 5) != 0 && strcmp(s->family, "explicit_fwd") != 0 && !mqa)
     return 0; /* the layout and element-wise kernels: memory-bound, no FLOPs counted */
   if (strcmp(s->family, "attn_bwd_pre") == 0) return 2.0 * H * S * dv; /* rowsum(dO * O) */
-  if (strcmp(s->family, "attn_bwd_dq") == 0) return 2.0 * H * S * S * (dv + 2 * dqk) * frac / 2;
-  if (strcmp(s->family, "attn_bwd_dkdv") == 0) return 2.0 * H * S * S * (2 * dqk + 2 * dv) * frac;
+  if (strcmp(s->family, "attn_bwd_dq") == 0 || strcmp(s->family, "mqa_bwd_dq") == 0)
+    return 2.0 * H * S * S * (dv + 2 * dqk) * frac / 2;
+  if (strcmp(s->family, "attn_bwd_dkdv") == 0 || strcmp(s->family, "mqa_bwd_dkv") == 0)
+    return 2.0 * H * S * S * (2 * dqk + 2 * dv) * frac;
   return fwd;
 }
 

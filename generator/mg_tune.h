@@ -85,8 +85,9 @@ typedef struct mg_tune_candidate {
   mg_jit_report report;    /* ptxas figures (kept and pruned) */
 } mg_tune_candidate;
 
-/* Every combination of the tunables that base->family declares (base's own overrides are
- * ignored), in lexicographic order of the sorted tunable names. *out is heap (free()).
+/* Every combination of the tunables that base->family declares, in lexicographic order
+ * of the sorted tunable names; a tunable base overrides (mg_spec_plan_tunables: those that
+ * change the kernel's interface) keeps base's value only. *out is heap (free()).
  * Errors: MLAGEN_EINVAL (unknown family, a template that declares more than
  * MG_SPEC_MAX_CONFIG tunables or a product over 4096), MLAGEN_ETEMPLATE, MLAGEN_ENOMEM. */
 int mg_tune_space(mg_gen *g, const mg_kernel_spec *base, mg_tune_candidate **out, int *n,
@@ -134,11 +135,14 @@ extern mg_tune_describe_fn mg_tune_describe;
 double mg_tune_percentile(double *samples, int n, double q);
 
 /* FLOPs of one call of spec s at sequence length seq, batch 1 (causal halves the
- * attention): used for TFLOP/s. 0 for the layout and element-wise families (every family
- * but explicit_fwd, attn_* and mqa_*: memory-bound, their entries' tflops is 0). */
+ * attention): used for TFLOP/s. The mqa_* families count the absorbed form's dims,
+ * d_qk = d_c + d_r and d_v = d_c (MLA.md), the others d_qk = d_n + d_r and d_v; mqa_bwd_dkv
+ * and mqa_bwd_dq as attn_bwd_dkdv and attn_bwd_dq. 0 for the layout and element-wise
+ * families (every family but explicit_fwd, attn_* and mqa_*: memory-bound, their
+ * entries' tflops is 0). */
 double mg_tune_flops(const mg_kernel_spec *s, long long seq);
 
-/* "fwd" or "bwd": the pass a family belongs to (attn_bwd_* are bwd). */
+/* "fwd" or "bwd": the pass a family belongs to (attn_bwd_* and mqa_bwd_* are bwd). */
 const char *mg_tune_family_pass(const char *family);
 
 /* ---- the store ------------------------------------------------------------------- */

@@ -203,6 +203,8 @@ static void test_space(void **state) {
 
 /* ---- buckets and statistics --------------------------------------------------------------- */
 
+static int close_to(double a, double b);
+
 static void test_bucket(void **state) {
   assert_int_equal(mg_tune_bucket(0), 256);
   assert_int_equal(mg_tune_bucket(1), 256);
@@ -220,6 +222,24 @@ static void test_bucket(void **state) {
   assert_true(mg_tune_percentile(x, 5, 20) > 1.79 && mg_tune_percentile(x, 5, 20) < 1.81);
   assert_string_equal(mg_tune_family_pass("attn_bwd_dq"), "bwd");
   assert_string_equal(mg_tune_family_pass("attn_fwd"), "fwd");
+  assert_string_equal(mg_tune_family_pass("mqa_bwd_dkv"), "bwd");
+  assert_string_equal(mg_tune_family_pass("mqa_fwd"), "fwd");
+  /* FLOPs (MLA.md): the explicit kernels count d_qk = d_n + d_r = 192, d_v = 128; the
+   * absorbed form's MQA kernels the latent, d_qk = d_c + d_r = 576, d_v = d_c = 512
+   * (spec_of: H 16, d_n 128, d_r 64, d_v 128, d_c 512), causal halving the pairs */
+  const double S = 4096, pairs = S * S / 2;
+  mg_kernel_spec s = spec_of("attn_fwd", 1);
+  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * pairs * (192 + 128)));
+  s = spec_of("mqa_fwd", 1);
+  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * pairs * (576 + 512)));
+  s = spec_of("mqa_fwd", 0);
+  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * S * S * (576 + 512)));
+  s = spec_of("mqa_bwd_dkv", 1);
+  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * pairs * (2 * 576 + 2 * 512)));
+  s = spec_of("mqa_bwd_dq", 1);
+  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * pairs * (512 + 2 * 576) / 2));
+  s = spec_of("copy_cols", 1);
+  assert_true(mg_tune_flops(&s, 4096) == 0);
 }
 
 /* cJSON prints doubles with 15 significant digits when that reads back within its
