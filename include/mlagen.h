@@ -33,7 +33,7 @@ extern "C" {
   X(ECOMPILE, -7, "NVRTC compilation failed")                                       \
   X(ECACHE, -8, "JIT cache error")                                                  \
   X(ENODRIVER, -9, "no CUDA driver")                                                \
-  X(ENONCCL, -10, "mlagen was built without NCCL")                                  \
+  X(ENONCCL, -10, "NCCL is not available (not built in, libnccl.so.2 not found)") \
   X(ELIMIT, -11, "resource limit exceeded")                                         \
   X(EDRIVER, -12, "a CUDA driver call failed")
 
@@ -66,9 +66,11 @@ const char *mlagen_status_name(int status);
  * Status of this version: contexts, models, plans and sizes work on any machine (no GPU
  * or driver needed). mlagen_forward and mlagen_backward validate every argument, load the
  * CUDA driver (MLAGEN_ENODRIVER without one) and run bf16/f16 plans of sp_size 1 with the
- * CUDA executor (runtime/mg_cuda_exec.h; it has not run on a GPU yet); sp_size > 1 needs
- * the NCCL backend, not yet in libmlagen.so (MLAGEN_ENONCCL). mlagen_get_device_info works
- * with a driver.
+ * CUDA executor (runtime/mg_cuda_exec.h; it has not run on a GPU yet); sp_size > 1 runs
+ * its collectives through the trainer's NCCL communicator (mlagen_plan_set_comm), NCCL
+ * being loaded with dlopen at the first such call (libnccl.so.2 or $MLAGEN_LIBNCCL; not
+ * linked, so the library starts without it: MLAGEN_ENONCCL then). mlagen_get_device_info
+ * works with a driver.
  *
  * Messages. Every call that takes a context, or a plan made through one, clears the
  * context's message and, when it fails, leaves a one-line message there naming the
@@ -312,7 +314,15 @@ typedef struct mlagen_tensors {
  *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found, or cuInit failed).
  *   MLAGEN_EINVAL     sp_size > 1 and no communicator (mlagen_plan_set_comm).
  *   MLAGEN_EUNSUPPORTED  an f32 or f64 plan (the CPU reference runs those: `mlagen run`).
- *   MLAGEN_ENONCCL    sp_size > 1: this version of libmlagen.so has no NCCL backend.
+ *   sp_size > 1 only, the communicator, wrapped for this call's stream:
+ *   MLAGEN_ENONCCL    NCCL cannot be loaded: "libnccl.so.2 not found: <dlerror> ..." (or
+ *                     the $MLAGEN_LIBNCCL file's name), or the library lacks an entry
+ *                     point ("... lacks ncclSend ..."); the first attempt's outcome is
+ *                     kept for the life of the process.
+ *   MLAGEN_EIO        ncclCommCount or ncclCommUserRank failed ("NCCL ncclCommCount
+ *                     failed: <ncclGetErrorString> (ncclResult_t N)").
+ *   MLAGEN_EINVAL     the communicator's rank count or this process's rank in it differs
+ *                     from the plan's sp_size or sp_rank (the message names all four).
  * The first call prepares the plan (kept with it until mlagen_plan_destroy): every kernel
  * it needs is generated, compiled by NVRTC for the current device (cached on disk, see
  * MLAGEN_CACHE_DIR) and loaded into the CUDA context current on the calling thread (or,
@@ -324,7 +334,12 @@ typedef struct mlagen_tensors {
  * Then the pass is queued on stream; an error of a queued call (a launch, a copy, a
  * cuBLAS GEMM) is returned as MLAGEN_EDRIVER (MLAGEN_ENOMEM for out-of-memory), its
  * message naming the plan step and the call. Faults inside kernels show at the caller's
- * next synchronization, as with any CUDA launch. */
+ * next synchronization, as with any CUDA launch. At sp_size > 1 the collectives are
+ * queued on stream with NCCL (a failed call: MLAGEN_EIO with NCCL's text, naming the step)
+ * and the call then waits for the pass to finish on stream, at most 600 s, polling
+ * ncclCommGetAsyncError: an asynchronous NCCL error (a peer that died) is returned as
+ * MLAGEN_EIO with NCCL's text, and a pass still running after 600 s as MLAGEN_EIO
+ * "timed out ..." (a peer that never joined a collective), instead of hanging. */
 int mlagen_forward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,
                    size_t workspace_bytes, void *saved, size_t saved_bytes, void *stream);
 
@@ -339,8 +354,11 @@ int mlagen_backward(mlagen_plan *plan, const mlagen_tensors *tensors, void *work
  * ranks, this process being sp_rank) for the collectives of mlagen_forward and
  * mlagen_backward, which run them on the call's stream. The communicator stays the
  * caller's and must outlive the plan's use of it. A plan of sp_size 1 needs none (NULL
- * clears it). Errors: MLAGEN_EINVAL plan NULL or its context destroyed (message in
- * mlagen_last_message(NULL)), nccl_comm NULL for a plan of sp_size > 1. */
+ * clears it). The communicator is only stored here: NCCL is loaded, and the
+ * communicator's size and rank checked against the plan's sp_size and sp_rank, by
+ * mlagen_forward and mlagen_backward (their errors). Errors: MLAGEN_EINVAL plan NULL or
+ * its context destroyed (message in mlagen_last_message(NULL)), nccl_comm NULL for a plan
+ * of sp_size > 1. */
 int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm);
 
 /* ---- the device --------------------------------------------------------------------- */

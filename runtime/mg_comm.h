@@ -8,8 +8,10 @@
  *   all_gather     send [count]    -> recv [P][count]
  *   reduce_scatter send [P][count] -> recv [count], summed over ranks
  * Every call returns 0 or a negative MLAGEN_E* code with a message in d. On the CPU
- * backends (MPI, local) send and recv are host pointers and reduce_scatter sums f32 or
- * f64 only; bf16/f16 all_to_all and all_gather move the 2-byte elements unchanged. */
+ * backends (MPI, local) send and recv are host pointers; all_to_all and all_gather move
+ * bf16/f16 as 2-byte elements unchanged; reduce_scatter sums f32 and f64 in their type and
+ * bf16/f16 in f32 (each rank's values widened, summed, the sum rounded once to nearest
+ * even), as NCCL sums them on the GPU. */
 #ifndef MG_COMM_H
 #define MG_COMM_H
 #include <stddef.h>
@@ -40,9 +42,15 @@ struct mg_comm {
 };
 
 /* Wraps the trainer's NCCL communicator (an ncclComm_t) and CUDA stream (a cudaStream_t,
- * NULL for the default stream); the communicator stays the caller's. Errors:
- * MLAGEN_ENONCCL when mlagen was built without NCCL, MLAGEN_EINVAL for a NULL
- * communicator, the NCCL error text otherwise. */
+ * NULL for the default stream); the communicator stays the caller's; size and rank are
+ * ncclCommCount's and ncclCommUserRank's. In libmlagen.so (runtime/mg_comm_nccl.c built
+ * with MLAGEN_NCCL_DLOPEN) the first call loads libnccl.so.2, or the file named by
+ * $MLAGEN_LIBNCCL, with dlopen (once per process; a failure is remembered). Collective
+ * failures are MLAGEN_EIO "NCCL <call> failed: <ncclGetErrorString> (ncclResult_t N)"; poll
+ * returns ncclCommGetAsyncError's error the same way. Errors: MLAGEN_EINVAL out or
+ * nccl_comm NULL; MLAGEN_ENONCCL mlagen built without NCCL (neither linked nor loadable),
+ * "libnccl.so.2 not found: <dlerror> ..." or "<file> lacks ncclSend: ..."; MLAGEN_EIO
+ * ncclCommCount or ncclCommUserRank failed (NCCL's text); MLAGEN_ENOMEM. */
 int mg_comm_nccl_wrap(mg_comm **out, void *nccl_comm, void *cuda_stream, mg_diag *d);
 
 /* Wraps an MPI communicator the caller owns (mpi_comm points to an MPI_Comm: MPI_COMM_WORLD
@@ -51,14 +59,17 @@ int mg_comm_nccl_wrap(mg_comm **out, void *nccl_comm, void *cuda_stream, mg_diag
  * returns MLAGEN_EIO with MPI's error text; mg_comm_destroy restores the previous handler
  * (wrap the same MPI_Comm twice only if you destroy in reverse order). As MPI requires,
  * send and recv must not overlap, and every rank passes the same count and dtype. Counts
- * above INT_MAX elements per rank are refused (MLAGEN_EINVAL). Errors: MLAGEN_EUNSUPPORTED
+ * above INT_MAX elements per rank are refused (MLAGEN_EINVAL). A bf16/f16 reduce_scatter
+ * takes (P + 1) count f32 elements of scratch on each rank (MLAGEN_ENOMEM on every rank
+ * when one lacks it; an extra MPI_Allreduce of a flag decides). Errors: MLAGEN_EUNSUPPORTED
  * when mlagen was built without MPI, MLAGEN_EINVAL for a NULL or MPI_COMM_NULL
  * communicator, an inter-communicator, or MPI not (or no longer) initialized. */
 int mg_comm_mpi_wrap(mg_comm **out, void *mpi_comm, mg_diag *d);
 
 /* The single-process communicator: rank 0 of size 1, every collective copies send to recv
- * (send == recv is allowed). Arguments are checked as the MPI backend checks them
- * (reduce_scatter of bf16/f16 is MLAGEN_EINVAL), so code tested here runs on P ranks.
+ * (send == recv is allowed; a bf16/f16 reduce_scatter too: one value summed and rounded
+ * once is itself). Arguments are checked as the MPI backend checks them (an unknown dtype,
+ * a NULL buffer with count > 0: MLAGEN_EINVAL), so code tested here runs on P ranks.
  * Errors: MLAGEN_ENOMEM. */
 int mg_comm_local_new(mg_comm **out, mg_diag *d);
 

@@ -3,7 +3,8 @@
  *
  * The backend wraps a communicator the caller owns. While wrapped, the communicator's
  * error handler is MPI_ERRORS_RETURN so a failed collective comes back as a status
- * instead of aborting the job; destroy puts the previous handler back. */
+ * instead of aborting the job; destroy puts the previous handler back. Reduce-scatter sums
+ * f32 and f64 with MPI_SUM, and bf16/f16 through f32 (reduce_scatter_16). */
 #include <stdlib.h>
 
 #include "mg_comm.h"
@@ -22,6 +23,9 @@ int mg_comm_mpi_wrap(mg_comm **out, void *mpi_comm, mg_diag *d) {
 #else
 #include <limits.h>
 #include <mpi.h>
+#include <stdint.h>
+
+#include "mg_safetensors.h" /* bf16/f16 <-> f32 */
 
 typedef struct mpi_comm {
   mg_comm base;
@@ -55,7 +59,7 @@ static int check_args(const void *send, const void *recv, size_t count, mg_dtype
   return 0;
 }
 
-/* bf16 and f16 move as raw 2-byte elements; they are never reduced here. */
+/* bf16 and f16 move as raw 2-byte elements (their sums go through f32: reduce_scatter_16). */
 static MPI_Datatype mpi_type(mg_dtype t) {
   switch (t) {
     case MG_F64: return MPI_DOUBLE;
@@ -83,13 +87,49 @@ static int all_gather(mg_comm *c, const void *send, void *recv, size_t count, mg
   return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "all-gather", d);
 }
 
+/* bf16 and f16 have no MPI sum: each rank widens its [P][count] send buffer to f32,
+ * MPI_Reduce_scatter_block sums the f32 blocks, and the sum is rounded to the 16-bit type
+ * once (round to nearest even; NaN stays NaN, f16 past 65504 becomes inf). The result is
+ * the f32 sum of the ranks' values (in MPI's order) rounded once, as NCCL sums bf16/f16
+ * in f32 on the GPU. It needs (P + 1) count f32 elements of scratch per call; before the
+ * reduction the ranks agree (one MPI_Allreduce of a flag) that every one of them has it, so
+ * a rank out of memory makes every rank return MLAGEN_ENOMEM instead of leaving the others
+ * waiting in the collective. */
+static int reduce_scatter_16(mpi_comm *m, const void *send, void *recv, size_t count, mg_dtype t,
+                             mg_diag *d) {
+  const size_t P = (size_t)m->base.size, n = P * count;
+  float *wide = malloc((n + count) * sizeof *wide + 1), *sum = wide ? wide + n : NULL;
+  int short_here = wide == NULL, short_any = 0;
+  int rc = MPI_Allreduce(&short_here, &short_any, 1, MPI_INT, MPI_MAX, m->comm);
+  if (rc != MPI_SUCCESS) {
+    free(wide);
+    return mpi_fail(rc, "reduce-scatter (agreeing on scratch)", d);
+  }
+  if (short_any) {
+    free(wide);
+    return mg_diag_set(d, MLAGEN_ENOMEM,
+                       "reduce-scatter of %s: out of memory for the f32 scratch of %zu elements "
+                       "(%s)", mg_dtype_name(t), n + count,
+                       short_here ? "on this rank" : "on another rank");
+  }
+  const uint16_t *s16 = send;
+  for (size_t i = 0; i < n; i++)
+    wide[i] = t == MG_BF16 ? mg_st_bf16_to_f32(s16[i]) : mg_st_f16_to_f32(s16[i]);
+  rc = MPI_Reduce_scatter_block(wide, sum, (int)count, MPI_FLOAT, MPI_SUM, m->comm);
+  if (rc == MPI_SUCCESS) {
+    uint16_t *r16 = recv;
+    for (size_t i = 0; i < count; i++)
+      r16[i] = t == MG_BF16 ? mg_st_f32_to_bf16(sum[i]) : mg_st_f32_to_f16(sum[i]);
+  }
+  free(wide);
+  return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter", d);
+}
+
 static int reduce_scatter(mg_comm *c, const void *send, void *recv, size_t count, mg_dtype t,
                           mg_diag *d) {
   int rc = check_args(send, recv, count, t, "reduce-scatter", d);
   if (rc) return rc;
-  if (t != MG_F32 && t != MG_F64)
-    return mg_diag_set(d, MLAGEN_EINVAL, "reduce-scatter needs f32 or f64 on the CPU, not %s",
-                       mg_dtype_name(t));
+  if (t == MG_BF16 || t == MG_F16) return reduce_scatter_16((mpi_comm *)c, send, recv, count, t, d);
   rc = MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type(t), MPI_SUM,
                                 ((mpi_comm *)c)->comm);
   return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter", d);

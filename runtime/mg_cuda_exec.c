@@ -15,6 +15,7 @@
 #include "mg_module.h"
 #include "mg_plan_mem.h"
 #include "mg_spec.h"
+#include "mg_tune.h"
 #include "mlagen.h"
 
 #define MAX_PARAMS 24
@@ -27,6 +28,7 @@ typedef struct kparam {
 
 typedef struct kern {
   char name[160];
+  char why[320]; /* which configuration, and why (mg_tune_lookup's words) */
   void *handle;
   mg_launch_rule rule;
   int n_params;
@@ -38,6 +40,7 @@ struct mg_cuda_exec {
   mg_dev_ops *ops;
   mg_plan_mem mem;
   double timeout_s;
+  char tune_dir[4096]; /* opts->tune_dir, "" for mg_tune_store_dir() */
   mg_gen *gen; /* during prepare only */
   kern *kerns;
   int n_kerns, cap;
@@ -139,9 +142,38 @@ static int want_kernel(run *r, int i, int slot, const char *family, int heads, i
     if (!strcmp(family, causal_families[c])) s.causal = r->p->args.causal;
   for (; sets && *sets; sets++)
     if (mg_spec_set(&s, *sets, r->d)) return step_prefix(r, i, r->d->status);
+  mg_spec_plan_tunables(&s); /* the interface the steps below are written for */
+  /* A tuned configuration for this device, shape and sequence bucket, when the ops know
+   * their device and the store has one (docs/tuning.md); else the template's default. */
+  char why[sizeof x->kerns[0].why] = "default: no device to look up tuned configurations for";
   mg_kernel k;
   memset(&k, 0, sizeof k);
-  int rc = mg_gen_kernel(x->gen, &s, &k, r->d);
+  int rc = 1;
+  if (x->ops->arch[0]) {
+    mg_tune_config cfg;
+    char *w = NULL;
+    int src = mg_tune_lookup(x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch, x->ops->device,
+                             mg_gen_template_hash(x->gen), &s, mg_form_name(r->p->args.form),
+                             r->p->args.seq, &cfg, &w);
+    if (src < 0) return mg_diag_set(r->d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
+    snprintf(why, sizeof why, "%s", w ? w : "");
+    free(w);
+    if (src == MG_TUNE_TUNED) {
+      mg_kernel_spec t = s;
+      int ok = 1;
+      for (int j = 0; j < cfg.n && ok; j++) {
+        char a[64];
+        snprintf(a, sizeof a, "%s=%ld", cfg.v[j].name, cfg.v[j].value);
+        ok = mg_spec_set(&t, a, NULL) == 0;
+      }
+      mg_spec_plan_tunables(&t);
+      mg_diag td = MG_DIAG_INIT;
+      if (ok && (rc = mg_gen_kernel(x->gen, &t, &k, &td)) != 0) /* a stale entry: the default */
+        snprintf(why, sizeof why, "default: the tuned configuration was rejected (%s)", mg_diag_msg(&td));
+      mg_diag_clear(&td);
+    }
+  }
+  if (rc) rc = mg_gen_kernel(x->gen, &s, &k, r->d);
   if (rc) return step_prefix(r, i, rc);
   for (int j = 0; j < x->n_kerns; j++)
     if (!strcmp(x->kerns[j].name, k.name)) {
@@ -161,6 +193,7 @@ static int want_kernel(run *r, int i, int slot, const char *family, int heads, i
   kern *e = &x->kerns[x->n_kerns];
   memset(e, 0, sizeof *e);
   snprintf(e->name, sizeof e->name, "%s", k.name);
+  snprintf(e->why, sizeof e->why, "%s", why);
   rc = mg_launch_rule_parse(cJSON_GetObjectItemCaseSensitive(k.manifest, "launch"), k.name,
                             &e->rule, r->d);
   const cJSON *params = cJSON_GetObjectItemCaseSensitive(k.manifest, "params"), *it;
@@ -442,8 +475,7 @@ static int kernel_step(run *r, int i) {
         return launch(r, i, 0, &a, B, S);
       }
       if (!mqa && fwd) {
-        const char *const sets[] = {"k_packed=1", NULL};
-        TRY(want_kernel(r, i, 0, "attn_fwd", h, dn, dr, dv, dc, sets));
+        TRY(want_kernel(r, i, 0, "attn_fwd", h, dn, dr, dv, dc, none));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", NULL), ap(&a, "v", BI(2));
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
@@ -452,16 +484,13 @@ static int kernel_step(run *r, int i) {
       }
       /* backward: delta in the step's scratch, by attn_bwd_pre */
       if (mqa) {
-        const char *const dkv_sets[] = {"qsplit=1", NULL};
         TRY(want_kernel(r, i, 0, "attn_bwd_pre", h, dc, dr, dc, dc, none));
-        TRY(want_kernel(r, i, 1, "mqa_bwd_dkv", h, dn, dr, dv, dc, dkv_sets));
+        TRY(want_kernel(r, i, 1, "mqa_bwd_dkv", h, dn, dr, dv, dc, none));
         TRY(want_kernel(r, i, 2, "mqa_bwd_dq", h, dn, dr, dv, dc, none));
       } else {
-        const char *const dkdv_sets[] = {"k_packed=1", "deterministic=1", NULL};
-        const char *const dq_sets[] = {"k_packed=1", NULL};
         TRY(want_kernel(r, i, 0, "attn_bwd_pre", h, dn, dr, dv, dc, none));
-        TRY(want_kernel(r, i, 1, "attn_bwd_dkdv", h, dn, dr, dv, dc, dkdv_sets));
-        TRY(want_kernel(r, i, 2, "attn_bwd_dq", h, dn, dr, dv, dc, dq_sets));
+        TRY(want_kernel(r, i, 1, "attn_bwd_dkdv", h, dn, dr, dv, dc, none));
+        TRY(want_kernel(r, i, 2, "attn_bwd_dq", h, dn, dr, dv, dc, none));
       }
       if (!r->go) return 0;
       void *delta = r->ws + r->x->mem.step_ws[i];
@@ -639,6 +668,7 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
   x->p = p;
   x->ops = o;
   x->timeout_s = opts && opts->timeout_s != 0 ? opts->timeout_s : 600;
+  snprintf(x->tune_dir, sizeof x->tune_dir, "%s", opts && opts->tune_dir ? opts->tune_dir : "");
   memset(x->step_k, -1, sizeof x->step_k);
   int rc = mg_plan_mem_layout(p, MG_CUDA_EXEC_ALIGN, &x->mem, d);
   if (rc) {
@@ -709,7 +739,7 @@ static int wait_pass(mg_cuda_exec *x, mg_comm *comm, void *stream, const char *p
     if (comm->ops->poll && (rc = comm->ops->poll(comm, d)))
       return mg_diag_prefix(d, "%s plan, %s: the communicator", mg_form_name(x->p->args.form), pass);
     if (now_s() - t0 > x->timeout_s)
-      return mg_diag_set(d, MLAGEN_EIO, "%s plan, %s: timed out after %.0f s waiting for the pass "
+      return mg_diag_set(d, MLAGEN_EIO, "%s plan, %s: timed out after %g s waiting for the pass "
                          "to finish (a peer that never joined a collective?)",
                          mg_form_name(x->p->args.form), pass, x->timeout_s);
     struct timespec ts = {0, 200000}; /* 0.2 ms */
@@ -764,4 +794,13 @@ int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, vo
   }
   if (p->args.sp > 1 && x->timeout_s >= 0) return wait_pass(x, comm, stream, pname, d);
   return 0;
+}
+
+int mg_cuda_exec_kernel_info(const mg_cuda_exec *x, int i, const char **name, const char **why) {
+  if (!x) return 0;
+  if (i >= 0 && i < x->n_kerns) {
+    if (name) *name = x->kerns[i].name;
+    if (why) *why = x->kerns[i].why;
+  }
+  return x->n_kerns;
 }

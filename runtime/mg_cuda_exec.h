@@ -49,7 +49,9 @@
  *   rows are written: it is this rank's partial sum).
  *
  * Preparation (mg_cuda_exec_prepare, once per plan): every kernel a step needs is
- * generated (mg_gen_kernel), loaded (ops->load: on the GPU compiled by NVRTC through the
+ * specified (the step's shapes, mg_spec_plan_tunables' interface, and the tuned store's
+ * configuration for the ops' device and the plan's sequence bucket when there is one:
+ * mg_tune_lookup), generated (mg_gen_kernel), loaded (ops->load: on the GPU compiled by NVRTC through the
  * JIT cache and loaded into the module registry) and kept, one per distinct kernel name.
  *
  * Errors: every call below returns 0 or a negative MLAGEN_E* status with a message in d
@@ -76,6 +78,11 @@ struct mg_launch_rule;
 typedef struct mg_dev_ops mg_dev_ops;
 struct mg_dev_ops {
   const char *name; /* "cuda", "host", ... for messages */
+  /* The device, for the tuned-configuration lookup (docs/tuning.md): the architecture
+   * kernels are compiled for ("sm_90a") and the device name as the driver reports it.
+   * arch "" (a CPU implementation): no lookup, every kernel uses its template's default. */
+  char arch[16];
+  char device[128];
   /* Makes generated kernel k launchable with launch rule *rule; *handle is what launch
    * takes, valid until destroy. Called once per distinct kernel name. */
   int (*load)(mg_dev_ops *o, const mg_kernel *k, const struct mg_launch_rule *rule, void **handle,
@@ -142,6 +149,8 @@ typedef struct mg_cuda_exec_opts {
   double timeout_s;   /* P > 1: how long run waits for the pass to finish while polling
                          the communicator (0: 600 s; < 0: do not wait, return after
                          queueing, as at P = 1) */
+  const char *tune_dir; /* the tuned store's directory; NULL: mg_tune_store_dir()
+                           ($MLAGEN_TUNED_DIR, else ./tuned) */
 } mg_cuda_exec_opts;
 
 /* Prepares plan p (bf16 or f16; kept by pointer: it must outlive the executor, unchanged)
@@ -155,6 +164,11 @@ typedef struct mg_cuda_exec_opts {
  * prefixed with the step; MLAGEN_ENOMEM. *out is NULL on error. */
 int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opts *opts,
                          mg_cuda_exec **out, mg_diag *d);
+
+/* The kernels prepare chose: returns how many; for 0 <= i < that, *name is kernel i's
+ * symbol and *why which configuration it has and why ("tuned: <file> entry ..." or
+ * "default: ...", mg_tune_lookup's words). Strings live as long as x. x NULL gives 0. */
+int mg_cuda_exec_kernel_info(const mg_cuda_exec *x, int i, const char **name, const char **why);
 
 /* The sizes of the caller's areas (bytes): saved (kept from forward to backward) and
  * workspace (each pass), from the memory layout. x NULL gives 0. */

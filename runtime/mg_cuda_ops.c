@@ -253,6 +253,11 @@ int mg_dev_ops_cuda(mg_dev_ops **out, mg_diag *d) {
   if (!rc) {
     if (major == 9 && minor == 0) snprintf(c->arch, sizeof c->arch, "sm_90a");
     else snprintf(c->arch, sizeof c->arch, "sm_%d%d", major, minor);
+    snprintf(c->base.arch, sizeof c->base.arch, "%s", c->arch);
+    if ((r = drv->cuDeviceGetName(c->base.device, (int)sizeof c->base.device, c->dev)) != CUDA_SUCCESS)
+      rc = drv_fail(c, r, "cuDeviceGetName", d);
+  }
+  if (!rc) {
     rc = load_cublas(c, d);
   }
   if (!rc) rc = mg_registry_create(&c->reg, d);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mg_comm.h"
 #include "mg_config.h"
 #include "mg_diag.h"
 #include "mg_cuda_exec.h"
@@ -476,14 +477,25 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
     return mg_diag_set(d, MLAGEN_EUNSUPPORTED, "%s: the CUDA executor runs bf16 and f16 plans; "
                        "the %s plan runs on the CPU with `mlagen run`", fn,
                        mg_dtype_name(p->args.dtype));
-  if (p->args.sp > 1)
-    return mg_diag_set(d, MLAGEN_ENONCCL, "%s: sp_size = %d: libmlagen.so does not carry the "
-                       "NCCL backend yet (runtime/mg_comm_nccl.c is linked into the CLI and "
-                       "tests only); sp_size 1 runs", fn, p->args.sp);
+  mg_comm *comm = NULL; /* sp_size > 1: the trainer's communicator on this call's stream */
+  if (p->args.sp > 1) {
+    if ((rc = mg_comm_nccl_wrap(&comm, plan->nccl_comm, stream, d)))
+      return mg_diag_prefix(d, "%s: sp_size = %d: the NCCL communicator", fn, p->args.sp);
+    if (comm->size != p->args.sp || comm->rank != p->args.rank) {
+      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: the NCCL communicator (mlagen_plan_set_comm) has "
+                       "%d ranks and this process is its rank %d; the plan is for sp_rank = %d "
+                       "of sp_size = %d", fn, comm->size, comm->rank, p->args.rank, p->args.sp);
+      mg_comm_destroy(comm);
+      return rc;
+    }
+  }
   if (!plan->exec) { /* prepare once: kernels generated, compiled (JIT cache) and loaded */
-    if (!plan->ops && (rc = mg_dev_ops_cuda(&plan->ops, d))) return mg_diag_prefix(d, "%s", fn);
-    if ((rc = mg_cuda_exec_prepare(p, plan->ops, NULL, &plan->exec, d)))
-      return mg_diag_prefix(d, "%s: preparing the %s plan", fn, mg_form_name(p->args.form));
+    if ((!plan->ops && (rc = mg_dev_ops_cuda(&plan->ops, d))) ||
+        (rc = mg_cuda_exec_prepare(p, plan->ops, NULL, &plan->exec, d))) {
+      mg_comm_destroy(comm);
+      return plan->ops ? mg_diag_prefix(d, "%s: preparing the %s plan", fn, mg_form_name(p->args.form))
+                       : mg_diag_prefix(d, "%s", fn);
+    }
   }
   mg_cuda_tensors t = {.q = tensors->q.data, .c_kv = tensors->c_kv.data,
                        .k_rope = tensors->k_rope.data, .w_kv_b = tensors->w_kv_b.data,
@@ -491,7 +503,8 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
                        .dc_kv = tensors->dc_kv.data, .dk_rope = tensors->dk_rope.data,
                        .dw_kv_b = tensors->dw_kv_b.data};
   rc = mg_cuda_exec_run(plan->exec, pass == MLAGEN_PASS_FORWARD ? MG_FWD : MG_BWD, &t, workspace,
-                        workspace_bytes, saved, saved_bytes, NULL, stream, d);
+                        workspace_bytes, saved, saved_bytes, comm, stream, d);
+  mg_comm_destroy(comm);
   return rc ? mg_diag_prefix(d, "%s", fn) : 0;
 }
 

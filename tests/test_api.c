@@ -10,8 +10,9 @@
  *                loader resolves every entry point, reports the driver version and the
  *                device name; valid calls to mlagen_forward/backward of an sp_size 8
  *                plan reach the executor's checks: MLAGEN_EINVAL without a communicator
- *                (mlagen_plan_set_comm), MLAGEN_ENONCCL with one (libmlagen.so has no NCCL
- *                backend yet). The executor itself is tested by test_cuda_exec.
+ *                (mlagen_plan_set_comm), MLAGEN_ENONCCL with one when NCCL cannot be
+ *                loaded (MLAGEN_LIBNCCL names a missing file). The executor itself is
+ *                tested by test_cuda_exec, the NCCL loader by test_nccl_dl.
  *   fake-noinit  the fake driver with cuInit failing: MLAGEN_ENODRIVER naming the error. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -571,10 +572,12 @@ static void test_forward_fake(void **state) {
   assert_contains(mlagen_last_message(f->ctx), "mlagen_plan_set_comm");
   assert_int_equal(bwd(f), MLAGEN_EINVAL);
   assert_contains(mlagen_last_message(f->ctx), "mlagen_backward: the plan spans sp_size = 8 ranks");
-  /* with a communicator: no NCCL backend in libmlagen.so yet */
+  /* with a communicator: NCCL is loaded (dlopen) to wrap it; here MLAGEN_LIBNCCL names a
+   * file that does not exist (test_nccl_dl runs a fake NCCL) */
   assert_int_equal(mlagen_plan_set_comm(f->plan, (void *)(uintptr_t)0x1000), 0);
   assert_int_equal(fwd(f), MLAGEN_ENONCCL);
   assert_contains(mlagen_last_message(f->ctx), "sp_size = 8");
+  assert_contains(mlagen_last_message(f->ctx), "/nonexistent/libnccl.so.2 not found: ");
   /* arguments are still checked first */
   f->t.q.dims[0] = 2;
   expect_einval(f, 0, "tensors->q.dims[0] = 2, the plan expects 1");
@@ -609,6 +612,7 @@ int main(int argc, char **argv) {
     return cmocka_run_group_tests_name("api (no driver)", tests, NULL, NULL);
   }
   setenv("MLAGEN_LIBCUDA", MLAGEN_FAKE_CUDA, 1);
+  setenv("MLAGEN_LIBNCCL", "/nonexistent/libnccl.so.2", 1); /* not the machine's NCCL */
   if (strcmp(mode, "fake") == 0) {
     unsetenv("FAKE_CUDA_FAIL_INIT");
     const struct CMUnitTest tests[] = {

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "mg_comm.h"
+#include "mg_safetensors.h"
 #include "mlagen.h"
 
 static int g_rank, g_size;
@@ -32,7 +33,7 @@ static uint64_t g_seed;
 
 static const size_t counts[] = {0, 1, 7, 100000};
 static const mg_dtype move_types[] = {MG_F32, MG_F64, MG_BF16, MG_F16};
-static const mg_dtype sum_types[] = {MG_F32, MG_F64};
+static const mg_dtype sum_types[] = {MG_F32, MG_F64, MG_BF16, MG_F16};
 
 /* ---- data every rank can compute for every rank -------------------------------------- */
 
@@ -78,6 +79,18 @@ static double element_value(uint64_t k, int src, size_t i, mg_dtype t) {
   double v;
   element(k, src, i, t, &v);
   return v;
+}
+
+/* The summands of a bf16/f16 reduce-scatter: finite values in [-1, 1) (element's f32
+ * value rounded to the type), so the sum is a number. */
+static uint16_t summand16(uint64_t k, int src, size_t i, mg_dtype t) {
+  float v;
+  element(k, src, i, MG_F32, &v);
+  return t == MG_BF16 ? mg_st_f32_to_bf16(v) : mg_st_f32_to_f16(v);
+}
+
+static double value16(uint16_t h, mg_dtype t) {
+  return t == MG_BF16 ? mg_st_bf16_to_f32(h) : mg_st_f16_to_f32(h);
 }
 
 static void fill(uint64_t k, int src, size_t first, size_t n, mg_dtype t, unsigned char *out) {
@@ -154,7 +167,10 @@ static int run_all_gather(mg_comm *c, const int *members, unsigned test, mg_dtyp
 }
 
 /* The sum over ranks, against a double sum: |got - want| <= P * eps * sum |x| (+ tiny),
- * the bound of any summation order in the working precision. */
+ * the bound of any summation order in the working precision. bf16/f16 are summed in f32
+ * and rounded once: the f32 bound plus half a unit in the last place of the 16-bit
+ * result (2^-8 relative for bf16's 8-bit significand, 2^-11 for f16's 11 bits, plus half
+ * f16's subnormal spacing 2^-24). */
 static int run_reduce_scatter(mg_comm *c, const int *members, unsigned test, mg_dtype t,
                               size_t count) {
   int P = c->size, me = members[c->rank];
@@ -166,27 +182,40 @@ static int run_reduce_scatter(mg_comm *c, const int *members, unsigned test, mg_
     print_error("out of memory\n");
     return 1;
   }
-  fill(k, me, 0, (size_t)P * count, t, send);
+  const int half = t == MG_BF16 || t == MG_F16;
+  if (half)
+    for (size_t i = 0; i < (size_t)P * count; i++) {
+      uint16_t h = summand16(k, me, i, t);
+      memcpy(send + i * es, &h, es);
+    }
+  else
+    fill(k, me, 0, (size_t)P * count, t, send);
   mg_diag d = MG_DIAG_INIT;
   int bad = report_rc(c->ops->reduce_scatter(c, send, recv, count, t, &d), &d, "reduce-scatter",
                       t, count);
-  double eps = t == MG_F32 ? FLT_EPSILON : DBL_EPSILON;
+  double eps = t == MG_F64 ? DBL_EPSILON : FLT_EPSILON;
   for (size_t i = 0; i < count && !bad; i++) {
     double want = 0, mag = 0;
     for (int q = 0; q < P; q++) {
-      double x = element_value(k, members[q], (size_t)c->rank * count + i, t);
+      const size_t j = (size_t)c->rank * count + i;
+      double x = half ? value16(summand16(k, members[q], j, t), t) : element_value(k, members[q], j, t);
       want += x;
       mag += fabs(x);
     }
-    double got;
-    if (t == MG_F32) {
+    double got, tol = P * eps * mag + 1e-300;
+    if (half) {
+      uint16_t h;
+      memcpy(&h, recv + i * es, sizeof h);
+      got = value16(h, t);
+      tol += t == MG_BF16 ? 0x1p-8 * (fabs(want) + tol) : 0x1p-11 * (fabs(want) + tol) + 0x1p-25;
+    } else if (t == MG_F32) {
       float f;
       memcpy(&f, recv + i * es, sizeof f);
       got = f;
     } else {
       memcpy(&got, recv + i * es, sizeof got);
     }
-    if (!(fabs(got - want) <= P * eps * mag + 1e-300)) {
+    if (!(fabs(got - want) <= tol)) {
       print_error("reduce-scatter %s count %zu: element %zu is %.17g, want %.17g\n",
                   mg_dtype_name(t), count, i, got, want);
       bad++;
@@ -304,15 +333,16 @@ static void test_refusals(void **state) {
   mg_diag d = MG_DIAG_INIT;
   uint16_t send[64] = {0}, recv[64];
   memset(recv, 0x5A, sizeof recv);
-  assert_int_equal(c->ops->reduce_scatter(c, send, recv, 4, MG_BF16, &d), MLAGEN_EINVAL);
-  assert_non_null(strstr(mg_diag_msg(&d), "reduce-scatter needs f32 or f64 on the CPU"));
-  assert_int_equal(c->ops->reduce_scatter(c, send, recv, 4, MG_F16, &d), MLAGEN_EINVAL);
+  assert_int_equal(c->ops->reduce_scatter(c, NULL, recv, 4, MG_BF16, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "NULL send buffer"));
+  assert_int_equal(c->ops->reduce_scatter(c, send, NULL, 4, MG_F16, &d), MLAGEN_EINVAL);
   assert_int_equal(recv[0], 0x5A5A);
   size_t huge = (size_t)INT_MAX + 1;
   assert_int_equal(c->ops->all_to_all(c, send, recv, huge, MG_F32, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "exceeds the MPI limit"));
   assert_int_equal(c->ops->all_gather(c, send, recv, huge, MG_BF16, &d), MLAGEN_EINVAL);
   assert_int_equal(c->ops->reduce_scatter(c, send, recv, huge, MG_F64, &d), MLAGEN_EINVAL);
+  assert_int_equal(c->ops->reduce_scatter(c, send, recv, huge, MG_BF16, &d), MLAGEN_EINVAL);
   assert_int_equal(c->ops->all_gather(c, NULL, recv, 1, MG_F32, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "NULL send buffer"));
   assert_int_equal(c->ops->all_to_all(c, send, recv, 1, (mg_dtype)9, &d), MLAGEN_EINVAL);

@@ -3,11 +3,9 @@
  * The executor's orchestration (memory layout in the caller's workspace and saved area,
  * collectives, GEMMs, every generated kernel with its parameters matched by name and its
  * manifest's grid) runs every form's bf16 plan (P = 1) forward and backward with device
- * ops that work on host memory: memset/copy/copy2d by memset/memcpy, GEMMs by CBLAS on
- * f32 copies of the bf16 operands (C in f32 or rounded back to bf16), launches through the
- * host executor (tests/host/): each generated kernel's source gets an appended
- * extern "C" <name>__launch(void **p) that calls the kernel with *(T *)p[i] per manifest
- * parameter, as cuLaunchKernel passes kernelParams. Collectives at P = 1 are copies.
+ * ops that work on host memory (tests/cuda_exec_host_ops.h: CBLAS GEMMs, generated
+ * kernels on the host executor). Collectives at P = 1 are copies; P = 2 and 4 run under
+ * MPI in test_cuda_exec_mpi.c.
  *
  * Checked against the CPU executor (runtime/mg_cpu_exec.h) on the f32 plan of the same
  * form with the same (bf16-rounded) inputs: o and lse (read from the saved area) within
@@ -34,234 +32,25 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cpu_test_util.h"
-#include "host/harness.h"
+#include "cuda_exec_host_ops.h"
 #include "mg_cpu_exec.h"
-#include "mg_cuda_exec.h"
-#include "mg_generate.h"
 #include "mg_module.h"
-#include "mg_safetensors.h"
-#include "mlagen.h"
+#include "mg_tune.h"
 
-typedef uint16_t e16;
 static uint64_t g_seed = 20260529;
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ---- CPU device ops ----------------------------------------------------------------------- */
-
-typedef struct host_kernel {
-  mg_host_kernel *k;
-  void (*fn)(void **);
-  char name[160];
-} host_kernel;
-
-#define MAX_HOST_KERNELS 128
-
-typedef struct host_ops {
-  mg_dev_ops base;
-  mg_gen *gen;
-  host_kernel ks[MAX_HOST_KERNELS];
-  int n, builds;
-  long launches, gemms, copies;
-} host_ops;
-
-/* The kernel's source with an appended launcher taking cuLaunchKernel's kernelParams. */
-static char *with_launcher(const mg_kernel *k, size_t *len) {
-  const cJSON *params = cJSON_GetObjectItemCaseSensitive(k->manifest, "params"), *it;
-  size_t cap = k->source_len + 4096, n = k->source_len;
-  char *s = malloc(cap);
-  if (!s) return NULL;
-  memcpy(s, k->source, k->source_len);
-  n += (size_t)snprintf(s + n, cap - n, "\nextern \"C\" void %s__launch(void **p) {\n  %s(", k->name,
-                        k->name);
-  int i = 0;
-  cJSON_ArrayForEach(it, params) {
-    const char *type = cJSON_GetObjectItemCaseSensitive(it, "type")->valuestring;
-    n += (size_t)snprintf(s + n, cap - n, "%s*(%s *)p[%d]", i ? ", " : "", type, i);
-    i++;
-  }
-  n += (size_t)snprintf(s + n, cap - n, ");\n}\n");
-  *len = n;
-  return s;
-}
-
-static int h_load(mg_dev_ops *o, const mg_kernel *k, const struct mg_launch_rule *rule,
-                  void **handle, mg_diag *d) {
-  (void)rule;
-  host_ops *h = (host_ops *)o;
-  for (int i = 0; i < h->n; i++)
-    if (!strcmp(h->ks[i].name, k->name)) {
-      *handle = &h->ks[i];
-      return 0;
-    }
-  if (h->n == MAX_HOST_KERNELS) return mg_diag_set(d, MLAGEN_ELIMIT, "too many kernels");
-  int n_hdr;
-  const mg_jit_header *hdr = mg_gen_headers(h->gen, &n_hdr);
-  mg_host_file files[8];
-  for (int i = 0; i < n_hdr && i < 8; i++)
-    files[i] = (mg_host_file){hdr[i].name, hdr[i].data, hdr[i].size};
-  mg_host_build_opts bo;
-  memset(&bo, 0, sizeof bo);
-  bo.host_dir = MLAGEN_TESTS_DIR "/host";
-  bo.cxx = MLAGEN_CXX;
-  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
-  bo.headers = files;
-  bo.n_headers = n_hdr < 8 ? n_hdr : 8;
-  size_t len;
-  char *src = with_launcher(k, &len);
-  if (!src) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
-  host_kernel *e = &h->ks[h->n];
-  memset(e, 0, sizeof *e);
-  char msg[4096];
-  double t0 = now();
-  int rc = mg_host_kernel_build(src, len, k->file, k->name, &bo, &e->k, msg, sizeof msg);
-  free(src);
-  if (rc) return mg_diag_set(d, MLAGEN_ECOMPILE, "host build of %s: %s", k->name, msg);
-  if (now() - t0 > 0.05) print_message("  built %s (%.1f s)\n", k->name, now() - t0);
-  char sym[200];
-  snprintf(sym, sizeof sym, "%s__launch", k->name);
-  void *fn = mg_host_kernel_sym(e->k, sym);
-  if (!fn) {
-    mg_host_kernel_free(e->k);
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s not found in the built kernel", sym);
-  }
-  memcpy(&e->fn, &fn, sizeof fn);
-  snprintf(e->name, sizeof e->name, "%s", k->name);
-  h->n++, h->builds++;
-  *handle = e;
-  return 0;
-}
-
-typedef struct lctx {
-  void (*fn)(void **);
-  void **params;
-} lctx;
-
-static void thunk(void *c) {
-  lctx *l = c;
-  l->fn(l->params);
-}
-
-static int h_launch(mg_dev_ops *o, void *handle, const unsigned grid[3], const unsigned block[3],
-                    size_t smem, void **params, void *stream, mg_diag *d) {
-  (void)stream;
-  host_ops *h = (host_ops *)o;
-  host_kernel *e = handle;
-  lctx l = {e->fn, params};
-  char msg[1024];
-  mg_host_dim3 g = {grid[0], grid[1], grid[2]}, b = {block[0], block[1], block[2]};
-  h->launches++;
-  if (mg_host_kernel_launch(e->k, g, b, smem, NULL, thunk, &l, msg, sizeof msg))
-    return mg_diag_set(d, MLAGEN_EDRIVER, "host launch of %s: %s", e->name, msg);
-  return 0;
-}
-
-static int h_memset(mg_dev_ops *o, void *dst, int value, size_t bytes, void *stream, mg_diag *d) {
-  (void)o, (void)stream, (void)d;
-  memset(dst, value, bytes);
-  return 0;
-}
-
-static int h_copy(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream,
-                  mg_diag *d) {
-  (void)stream, (void)d;
-  ((host_ops *)o)->copies++;
-  memcpy(dst, src, bytes);
-  return 0;
-}
-
-static int h_copy2d(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
-                    size_t width, size_t height, void *stream, mg_diag *d) {
-  (void)stream, (void)d;
-  ((host_ops *)o)->copies++;
-  for (size_t r = 0; r < height; r++)
-    memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
-  return 0;
-}
-
-/* n elements of a bf16 or f32 buffer from element off, as f32. */
-static float *as_f32(mg_dtype t, const void *base, int64_t off, int64_t n) {
-  float *y = malloc((size_t)n * sizeof *y);
-  assert_non_null(y);
-  for (int64_t i = 0; i < n; i++)
-    y[i] = t == MG_F32 ? ((const float *)base)[off + i] : mg_st_bf16_to_f32(((const e16 *)base)[off + i]);
-  return y;
-}
-
-static int h_gemm(mg_dev_ops *o, const mg_gemm *g, mg_dtype ta, const void *A, mg_dtype tb,
-                  const void *B, mg_dtype tc, void *C, void *stream, mg_diag *d) {
-  (void)stream;
-  ((host_ops *)o)->gemms++;
-  if (ta != MG_BF16 || tb != MG_BF16 || (tc != MG_BF16 && tc != MG_F32))
-    return mg_diag_set(d, MLAGEN_EINVAL, "host gemm: dtypes %d %d %d", ta, tb, tc);
-  const int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
-  const int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
-  const int64_t na = (g->batch - 1) * g->stride_a + (ra - 1) * g->lda + ca;
-  const int64_t nb = (g->batch - 1) * g->stride_b + (rb - 1) * g->ldb + cb;
-  const int64_t nc = (g->batch - 1) * g->stride_c + (g->m - 1) * g->ldc + g->n;
-  float *a = as_f32(ta, A, g->off_a, na), *b = as_f32(tb, B, g->off_b, nb);
-  float *c = tc == MG_F32 ? (float *)C + g->off_c : as_f32(tc, C, g->off_c, nc);
-  for (int i = 0; i < g->batch; i++)
-    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans,
-                g->trans_b ? CblasTrans : CblasNoTrans, (int)g->m, (int)g->n, (int)g->k, 1.0f,
-                a + i * g->stride_a, (int)g->lda, b + i * g->stride_b, (int)g->ldb, g->beta,
-                c + i * g->stride_c, (int)g->ldc);
-  if (tc != MG_F32) {
-    for (int64_t i = 0; i < nc; i++) ((e16 *)C)[g->off_c + i] = mg_st_f32_to_bf16(c[i]);
-    free(c);
-  }
-  free(a), free(b);
-  return 0;
-}
-
-static int h_query(mg_dev_ops *o, void *stream, int *done, mg_diag *d) {
-  (void)o, (void)stream, (void)d;
-  *done = 1;
-  return 0;
-}
-
-static void h_destroy(mg_dev_ops *o) {
-  host_ops *h = (host_ops *)o;
-  for (int i = 0; i < h->n; i++) mg_host_kernel_free(h->ks[i].k);
-  free(h);
-}
-
-static host_ops *host_ops_new(mg_gen *gen) {
-  host_ops *h = calloc(1, sizeof *h);
-  assert_non_null(h);
-  h->base = (mg_dev_ops){.name = "host", .load = h_load, .launch = h_launch, .memset = h_memset,
-                         .copy = h_copy, .copy2d = h_copy2d, .gemm = h_gemm, .query = h_query,
-                         .destroy = h_destroy};
-  h->gen = gen;
-  return h;
-}
 
 /* ---- one form on one case ---------------------------------------------------------------- */
 
 static double g_worst[TU_N_OUT];
 
-static void *aligned(size_t bytes) {
-  size_t n = (bytes + 255) / 256 * 256;
-  void *p = aligned_alloc(256, n ? n : 256);
-  assert_non_null(p);
-  return p;
-}
 
-static e16 *to_bf16(const double *x, int64_t n) {
-  e16 *y = malloc((size_t)n * sizeof *y);
-  assert_non_null(y);
-  for (int64_t i = 0; i < n; i++) y[i] = mg_st_f32_to_bf16((float)x[i]);
-  return y;
-}
-
-static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], host_ops *h,
-                       mg_gen *gen) {
+/* tune_dir: the tuned store prepare looks in (the ops then claim a device); tuned: a
+ * kernel name fragment that a tuned kernel of the plan must have (NULL: none expected). */
+static void check_form_tuned(const tu_case *c, mg_form f, double *const in[TU_N_IN], host_ops *h,
+                             mg_gen *gen, const char *tune_dir, const char *tuned) {
   mg_diag d = MG_DIAG_INIT;
   tu_run ref;
   if (tu_run_form(c, f, 1, 0, NULL, MG_F32, in, &ref, &d)) fail_msg("reference: %s", mg_diag_msg(&d));
@@ -272,10 +61,25 @@ static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], h
                     .seq = c->S, .causal = c->causal, .dtype = MG_BF16};
   if (mg_plan_build(plan, &a, &d)) fail_msg("%s", mg_diag_msg(&d));
   mg_cuda_exec *x;
-  mg_cuda_exec_opts eo = {.gen = gen};
+  mg_cuda_exec_opts eo = {.gen = gen, .tune_dir = tune_dir};
   double t0 = now();
   if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));
   const double t_prep = now() - t0;
+  if (tuned) { /* the tuned kernel was chosen, with the plan's interface tunables kept */
+    int found = 0;
+    for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+      const char *name, *why;
+      mg_cuda_exec_kernel_info(x, i, &name, &why);
+      if (strstr(name, tuned)) {
+        found = 1;
+        if (strncmp(why, "tuned: ", 7) != 0) fail_msg("%s: %s", name, why);
+        print_message("  %s: %s\n", name, why);
+      } else if (strncmp(why, "default: ", 9) != 0) {
+        fail_msg("%s: %s", name, why);
+      }
+    }
+    if (!found) fail_msg("%s: no kernel named *%s*", mg_form_name(f), tuned);
+  }
 
   const size_t ws_b = (size_t)mg_cuda_exec_workspace_bytes(x), sv_b = (size_t)mg_cuda_exec_saved_bytes(x);
   void *ws = aligned(ws_b), *saved = aligned(sv_b);
@@ -346,6 +150,11 @@ static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], h
   tu_run_free(&ref);
 }
 
+static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], host_ops *h,
+                       mg_gen *gen) {
+  check_form_tuned(c, f, in, h, gen, NULL, NULL);
+}
+
 static void check_shape(int dn, int dr, int dv, int dc) {
   mg_diag d = MG_DIAG_INIT;
   mg_gen *g;
@@ -382,6 +191,68 @@ static void test_unusual_heads(void **state) {
 }
 
 /* Refusals: an f32 plan; a workspace too small; a NULL tensor the pass reads. */
+/* A tuned store for the ops' device: prepare takes its configuration (here a non-default
+ * attn_fwd and mqa_fwd tile), keeps the plans' interface tunables even when the entry says
+ * otherwise (k_packed = 0), and the pass still matches the CPU executor. */
+static void test_tuned_config(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  host_ops *h = host_ops_new(g);
+  snprintf(h->base.arch, sizeof h->base.arch, "sm_90a");
+  snprintf(h->base.device, sizeof h->base.device, "Host Test GPU");
+  char dir[] = "/tmp/mlagen-tuned-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  tu_case c = {.shape = tu_shape(2, 64, 32, 64, 256), .B = 2, .S = 33, .causal = 1};
+  mg_tune_header hd = {.schema = MG_TUNE_SCHEMA, .driver_version = 13000, .sm_count = 132};
+  snprintf(hd.template_hash, sizeof hd.template_hash, "%s", mg_gen_template_hash(g));
+  snprintf(hd.device, sizeof hd.device, "%s", h->base.device);
+  snprintf(hd.arch, sizeof hd.arch, "%s", h->base.arch);
+  snprintf(hd.mlagen_version, sizeof hd.mlagen_version, "test");
+  snprintf(hd.nvrtc_version, sizeof hd.nvrtc_version, "13.0");
+  const struct { const char *family, *pass; const char *cfg[5]; } want[] = {
+      {"attn_fwd", "fwd", {"block_m=64", "block_n=32", "k_packed=0", "num_warps=4", "stages=1"}},
+      {"mqa_fwd", "fwd", {"block_m=32", "block_n=32", "nsplit=2", "stages=1", NULL}},
+  };
+  mg_tune_entry e[2];
+  memset(e, 0, sizeof e);
+  for (int i = 0; i < 2; i++) {
+    snprintf(e[i].family, sizeof e[i].family, "%s", want[i].family);
+    snprintf(e[i].pass, sizeof e[i].pass, "%s", want[i].pass);
+    e[i].heads = 2, e[i].d_n = 64, e[i].d_r = 32, e[i].d_v = 64, e[i].d_c = 256;
+    snprintf(e[i].dtype, sizeof e[i].dtype, "bf16");
+    e[i].causal = 1, e[i].seq_bucket = mg_tune_bucket(c.S);
+    for (int j = 0; j < 5 && want[i].cfg[j]; j++) {
+      mg_tunable_value *v = &e[i].config.v[e[i].config.n++];
+      const char *eq = strchr(want[i].cfg[j], '=');
+      snprintf(v->name, sizeof v->name, "%.*s", (int)(eq - want[i].cfg[j]), want[i].cfg[j]);
+      v->value = strtol(eq + 1, NULL, 10);
+    }
+    e[i].p20_ms = e[i].p50_ms = e[i].p80_ms = 1.0;
+  }
+  if (mg_tune_store_add(dir, &hd, e, 2, NULL, &d)) fail_msg("%s", mg_diag_msg(&d));
+  double *in[TU_N_IN] = {0};
+  assert_int_equal(tu_inputs(&c, g_seed, in), 0);
+  for (int k = 0; k < TU_N_IN; k++)
+    for (int64_t i = 0; i < tu_in_numel(&c, k); i++)
+      in[k][i] = mg_st_bf16_to_f32(mg_st_f32_to_bf16((float)in[k][i]));
+  check_form_tuned(&c, MG_FORM_EXPLICIT, in, h, g, dir, "bm64_bn32_st1_kpacked");
+  check_form_tuned(&c, MG_FORM_ABSORBED, in, h, g, dir, "bm32_bn32_ns2_st1");
+  tu_free(in, TU_N_IN);
+  char path[4200];
+  assert_int_equal(mg_tune_store_path(dir, "sm_90a", h->base.device, path, sizeof path, &d), 0);
+  unlink(path);
+  char lock[4300];
+  snprintf(lock, sizeof lock, "%s.lock", path);
+  unlink(lock);
+  *strrchr(path, '/') = 0;
+  rmdir(path);
+  rmdir(dir);
+  mg_dev_ops_destroy(&h->base);
+  mg_gen_close(g);
+}
+
 static void test_refusals(void **state) {
   (void)state;
   mg_diag d = MG_DIAG_INIT;
@@ -500,6 +371,7 @@ int main(int argc, char **argv) {
   printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)g_seed);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_tuned_config),
       cmocka_unit_test(test_unusual_heads),
       cmocka_unit_test(test_deepseek_heads),
   };

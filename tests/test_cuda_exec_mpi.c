@@ -1,0 +1,445 @@
+/* test_cuda_exec_mpi.c: the CUDA executor (runtime/mg_cuda_exec.h) at P = np under MPI
+ * (issue 7): the P > 1 path on CPU device ops (tests/cuda_exec_host_ops.h: host memory,
+ * CBLAS GEMMs, generated kernels on the host executor) with collectives through
+ * mg_comm_mpi: the all-to-all pack / exchange / unpack, the all-gather and reduce-scatter
+ * reorders (bf16 reduce-scatter summed in f32 by the MPI backend), dw_kv_b zeroed before
+ * its rows are written, and the wait that polls the communicator.
+ *
+ * Every rank draws the same global inputs from one seed (MLAGEN_TEST_SEED, else the time
+ * on rank 0, broadcast), rounded to bf16, and computes the single-rank reference with the
+ * CPU executor (same form, f32 plan, P = 1). It then runs the form's bf16 plan for its
+ * rank of np through mg_cuda_exec forward and backward and compares its shard of o, lse
+ * (its heads, read from the saved area), dq, dc_kv, dk_rope and the sum over ranks of its
+ * dw_kv_b with the reference: max |a - b| / max |b| within 1e-2 (o, lse) and 2e-2
+ * (gradients), the worst rank's error, no NaN. The workspace, the saved area and the
+ * outputs are filled with NaN before the forward (the workspace before the backward too),
+ * so a buffer read before it is written, or dw_kv_b rows left unzeroed, show. Shape: H 4,
+ * d_n 64, d_r 32, d_v 64, d_c 256, B 2, S 16, causal and not, every form.
+ *
+ * Kernels are built by the host executor's compiler; with MG_HOST_CACHE_DIR set (ctest
+ * sets it) rank 0 prepares first and the other ranks load what it built.
+ *
+ * The wait (np > 1): with a communicator wrapper that adds a poll, a stream that reports
+ * busy for a few queries makes the run poll until it is done; a poll error is returned
+ * (prefixed with the pass) instead of waiting on; a stream that never finishes times out
+ * with MLAGEN_EIO. Every collective completes before the wait, so no rank is left behind.
+ *
+ * Rank 0 prints cmocka's report; other ranks print theirs only when they fail. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_test_util.h"
+#include "cuda_exec_host_ops.h"
+#include "mg_comm.h"
+
+static int g_rank, g_size;
+static uint64_t g_seed;
+static mg_comm *g_comm;
+static mg_gen *g_gen;
+static host_ops *g_ops;
+static double g_worst[TU_N_OUT];
+
+static int setup(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  MPI_Comm world = MPI_COMM_WORLD;
+  int rc = mg_comm_mpi_wrap(&g_comm, &world, &d);
+  if (!rc) rc = mg_gen_open(&g_gen, NULL, &d);
+  if (rc) print_error("setup: %s\n", mg_diag_msg(&d));
+  else g_ops = host_ops_new(g_gen);
+  mg_diag_clear(&d);
+  return rc ? -1 : 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  if (g_ops) mg_dev_ops_destroy(&g_ops->base);
+  mg_gen_close(g_gen);
+  mg_comm_destroy(g_comm);
+  return 0;
+}
+
+/* A failure that would leave other ranks waiting in a collective ends the job. */
+static void die(const char *what, const mg_diag *d) {
+  fprintf(stderr, "[rank %d] %s: %s\n", g_rank, what, mg_diag_msg(d));
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* Prepares plan p on every rank, rank 0 first (it builds the host kernels; the others
+ * find them in MG_HOST_CACHE_DIR). Returns the executor; any rank's failure aborts. */
+static mg_cuda_exec *prepare_all(const mg_plan *p, double timeout_s) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_cuda_exec *x = NULL;
+  mg_cuda_exec_opts eo = {.gen = g_gen, .timeout_s = timeout_s};
+  int rc = 0;
+  if (g_rank == 0) rc = mg_cuda_exec_prepare(p, &g_ops->base, &eo, &x, &d);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank != 0) rc = mg_cuda_exec_prepare(p, &g_ops->base, &eo, &x, &d);
+  if (rc) die("prepare", &d);
+  mg_diag_clear(&d);
+  return x;
+}
+
+/* One rank's pass buffers for plan x: inputs (this rank's shard, bf16), outputs filled
+ * with NaN, workspace and saved area. */
+typedef struct bufs {
+  e16 *in[TU_N_IN];
+  void *out[TU_N_OUT];
+  void *ws, *saved;
+  size_t ws_b, sv_b;
+  mg_cuda_tensors t;
+} bufs;
+
+static void bufs_make(bufs *b, const tu_case *c, const mg_cuda_exec *x, double *const in[TU_N_IN]) {
+  memset(b, 0, sizeof *b);
+  const int P = g_size, r = g_rank;
+  for (int k = 0; k < TU_N_IN; k++) {
+    int64_t B, S, w;
+    tu_in_dims(c, k, &B, &S, &w);
+    const int64_t Sl = k == TU_W ? S : S / P, s0 = k == TU_W ? 0 : r * Sl;
+    b->in[k] = malloc((size_t)(B * Sl * w) * sizeof(e16));
+    assert_non_null(b->in[k]);
+    for (int64_t bi = 0; bi < B; bi++)
+      for (int64_t s = 0; s < Sl; s++)
+        for (int64_t i = 0; i < w; i++)
+          b->in[k][(bi * Sl + s) * w + i] = mg_st_f32_to_bf16((float)in[k][(bi * S + s0 + s) * w + i]);
+  }
+  for (int k = 0; k < TU_N_OUT; k++) {
+    if (k == TU_LSE) continue;
+    const int64_t n = k == TU_DW ? tu_out_numel(c, k) : tu_out_numel(c, k) / P;
+    const size_t bytes = (size_t)n * (k == TU_DW ? 4 : 2);
+    b->out[k] = malloc(bytes);
+    assert_non_null(b->out[k]);
+    memset(b->out[k], 0xff, bytes); /* NaN in bf16 and f32 */
+  }
+  b->ws_b = (size_t)mg_cuda_exec_workspace_bytes(x);
+  b->sv_b = (size_t)mg_cuda_exec_saved_bytes(x);
+  b->ws = aligned(b->ws_b);
+  b->saved = aligned(b->sv_b);
+  memset(b->ws, 0xff, b->ws_b);
+  memset(b->saved, 0xff, b->sv_b);
+  b->t = (mg_cuda_tensors){.q = b->in[TU_Q], .c_kv = b->in[TU_CKV], .k_rope = b->in[TU_KROPE],
+                           .w_kv_b = b->in[TU_W], .d_o = b->in[TU_DO], .o = b->out[TU_O],
+                           .dq = b->out[TU_DQ], .dc_kv = b->out[TU_DCKV],
+                           .dk_rope = b->out[TU_DKROPE], .dw_kv_b = b->out[TU_DW]};
+}
+
+static void bufs_free(bufs *b) {
+  for (int k = 0; k < TU_N_IN; k++) free(b->in[k]);
+  for (int k = 0; k < TU_N_OUT; k++) free(b->out[k]);
+  free(b->ws), free(b->saved);
+  memset(b, 0, sizeof *b);
+}
+
+/* max |a - b| over this rank's part of output k (as test_cpu_mpi.c compares): rows of
+ * its tokens ([B, S, w] tensors), its heads (lse [B, H, S]) or everything (dw_kv_b, the
+ * sum over ranks); *den = max |b| over the whole reference. NaNs in local are counted. */
+static void compare(const tu_case *c, int k, const double *local, const double *ref,
+                    double *num, double *den, long *nans) {
+  const int P = g_size, r = g_rank;
+  const int64_t B = c->B, S = c->S, Sl = S / P, H = c->shape.heads, Hl = H / P;
+  *num = 0;
+  *den = 0;
+  for (int64_t i = 0; i < tu_out_numel(c, k); i++) *den = fmax(*den, fabs(ref[i]));
+#define ACC(a, b)                                   \
+  do {                                              \
+    const double a_ = (a), b_ = (b);                \
+    if (isnan(a_)) (*nans)++;                       \
+    else if (!(isinf(b_) && a_ == b_)) *num = fmax(*num, fabs(a_ - b_)); \
+  } while (0)
+  if (k == TU_DW) {
+    for (int64_t i = 0; i < tu_out_numel(c, k); i++) ACC(local[i], ref[i]);
+  } else if (k == TU_LSE) {
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t h = 0; h < Hl; h++)
+        for (int64_t i = 0; i < S; i++)
+          ACC(local[(b * Hl + h) * S + i], ref[(b * H + r * Hl + h) * S + i]);
+  } else {
+    const int64_t w = tu_out_numel(c, k) / (B * S);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = 0; i < Sl; i++)
+        for (int64_t x = 0; x < w; x++)
+          ACC(local[(b * Sl + i) * w + x], ref[(b * S + r * Sl + i) * w + x]);
+  }
+#undef ACC
+}
+
+/* Form f on case c at P = np: returns the number of failed checks (the same on every rank). */
+static int check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN]) {
+  mg_diag d = MG_DIAG_INIT;
+  tu_run r1;
+  double *ref[TU_N_OUT] = {0};
+  if (tu_run_form(c, f, 1, 0, NULL, MG_F32, in, &r1, &d) || tu_outputs(c, &r1, ref))
+    die("reference", &d);
+  tu_run_free(&r1);
+
+  mg_plan *plan = calloc(1, sizeof *plan);
+  assert_non_null(plan);
+  mg_plan_args a = {.shape = &c->shape, .form = f, .sp = g_size, .rank = g_rank, .batch = c->B,
+                    .seq = c->S, .causal = c->causal, .dtype = MG_BF16};
+  if (mg_plan_build(plan, &a, &d)) die("plan", &d);
+  double t0 = now();
+  mg_cuda_exec *x = prepare_all(plan, 0);
+  const double t_prep = now() - t0;
+  bufs b;
+  bufs_make(&b, c, x, in);
+  t0 = now();
+  const long l0 = g_ops->launches;
+  if (mg_cuda_exec_run(x, MG_FWD, &b.t, b.ws, b.ws_b, b.saved, b.sv_b, g_comm, NULL, &d))
+    die("forward", &d);
+  memset(b.ws, 0xff, b.ws_b);
+  if (mg_cuda_exec_run(x, MG_BWD, &b.t, b.ws, b.ws_b, b.saved, b.sv_b, g_comm, NULL, &d))
+    die("backward", &d);
+  const double t_run = now() - t0;
+  const float *lse = mg_cuda_exec_buffer(x, "lse", b.ws, b.saved);
+  assert_non_null(lse);
+
+  int bad = 0;
+  double e[TU_N_OUT];
+  long nans = 0;
+  for (int k = 0; k < TU_N_OUT; k++) {
+    const int64_t n = k == TU_LSE ? (int64_t)c->B * c->S * (c->shape.heads / g_size)
+                      : k == TU_DW ? tu_out_numel(c, k)
+                                   : tu_out_numel(c, k) / g_size;
+    double *local = malloc((size_t)n * sizeof *local);
+    assert_non_null(local);
+    for (int64_t i = 0; i < n; i++)
+      local[i] = k == TU_LSE ? lse[i]
+                 : k == TU_DW ? ((const float *)b.out[k])[i]
+                              : mg_st_bf16_to_f32(((const e16 *)b.out[k])[i]);
+    if (k == TU_DW) /* each rank holds its heads' rows: the gradient is the sum */
+      MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double num, den, all;
+    long my_nans = 0;
+    compare(c, k, local, ref[k], &num, &den, &my_nans);
+    MPI_Allreduce(&num, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    nans += my_nans;
+    e[k] = den > 0 ? all / den : all;
+    if (e[k] > g_worst[k]) g_worst[k] = e[k];
+    const double tol = k == TU_O || k == TU_LSE ? 1e-2 : 2e-2;
+    if (!(e[k] < tol)) {
+      print_error("%s %s P %d: %s relative error %.3e over %.0e\n", mg_form_name(f),
+                  c->causal ? "causal" : "non-causal", g_size, tu_out_names[k], e[k], tol);
+      bad++;
+    }
+    free(local);
+  }
+  long all_nans = 0;
+  MPI_Allreduce(&nans, &all_nans, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (all_nans) {
+    print_error("%s %s P %d: %ld NaN outputs over the ranks\n", mg_form_name(f),
+                c->causal ? "causal" : "non-causal", g_size, all_nans);
+    bad++;
+  }
+  print_message("  %-8s P %d %-10s o %.1e lse %.1e dq %.1e dc_kv %.1e dk_rope %.1e dw_kv_b %.1e  "
+                "(%d kernels, %ld launches; prepare %.1f s, run %.2f s)\n",
+                mg_form_name(f), g_size, c->causal ? "causal" : "non-causal", e[TU_O], e[TU_LSE],
+                e[TU_DQ], e[TU_DCKV], e[TU_DKROPE], e[TU_DW], mg_cuda_exec_kernel_count(x),
+                g_ops->launches - l0, t_prep, t_run);
+  mg_cuda_exec_destroy(x);
+  bufs_free(&b);
+  free(plan);
+  tu_free(ref, TU_N_OUT);
+  mg_diag_clear(&d);
+  return bad;
+}
+
+static tu_case small_case(int causal) {
+  tu_case c = {.shape = tu_shape(4, 64, 32, 64, 256), .B = 2, .S = 16, .causal = causal};
+  return c;
+}
+
+static void inputs(const tu_case *c, uint64_t seed, double *in[TU_N_IN]) {
+  assert_int_equal(tu_inputs(c, seed, in), 0);
+  for (int k = 0; k < TU_N_IN; k++) /* bf16 values, so both runs see the same inputs */
+    for (int64_t i = 0; i < tu_in_numel(c, k); i++)
+      in[k][i] = mg_st_bf16_to_f32(mg_st_f32_to_bf16((float)in[k][i]));
+}
+
+static void test_forms_match_single_rank(void **state) {
+  (void)state;
+  int bad = 0;
+  for (int causal = 1; causal >= 0; causal--) {
+    tu_case c = small_case(causal);
+    double *in[TU_N_IN] = {0};
+    inputs(&c, g_seed + (uint64_t)causal, in);
+    for (int f = 0; f < MG_FORM_COUNT; f++) bad += check_form(&c, (mg_form)f, in);
+    tu_free(in, TU_N_IN);
+  }
+  print_message("  %d kernels built, %ld launches, %ld GEMMs, %ld copies on rank %d\n",
+                g_ops->builds, g_ops->launches, g_ops->gemms, g_ops->copies, g_rank);
+  assert_int_equal(bad, 0);
+}
+
+/* ---- the wait: a communicator with a poll ---------------------------------------------- */
+
+typedef struct poll_comm {
+  mg_comm base;
+  mg_comm *inner; /* the collectives */
+  int polls;
+  int fail_at; /* > 0: the poll fails from this call on */
+} poll_comm;
+
+static mg_comm *inner(mg_comm *c) { return ((poll_comm *)c)->inner; }
+static int pc_a2a(mg_comm *c, const void *s, void *r, size_t n, mg_dtype t, mg_diag *d) {
+  return inner(c)->ops->all_to_all(inner(c), s, r, n, t, d);
+}
+static int pc_ag(mg_comm *c, const void *s, void *r, size_t n, mg_dtype t, mg_diag *d) {
+  return inner(c)->ops->all_gather(inner(c), s, r, n, t, d);
+}
+static int pc_rs(mg_comm *c, const void *s, void *r, size_t n, mg_dtype t, mg_diag *d) {
+  return inner(c)->ops->reduce_scatter(inner(c), s, r, n, t, d);
+}
+static int pc_gs(mg_comm *c, mg_diag *d) { return inner(c)->ops->group_start(inner(c), d); }
+static int pc_ge(mg_comm *c, mg_diag *d) { return inner(c)->ops->group_end(inner(c), d); }
+static void pc_destroy(mg_comm *c) { (void)c; }
+static int pc_poll(mg_comm *c, mg_diag *d) {
+  poll_comm *w = (poll_comm *)c;
+  w->polls++;
+  if (w->fail_at > 0 && w->polls >= w->fail_at)
+    return mg_diag_set(d, MLAGEN_EIO, "NCCL asynchronous error (test): remote process exited");
+  return 0;
+}
+static const mg_comm_ops pc_ops = {pc_a2a, pc_ag, pc_rs, pc_gs, pc_ge, pc_destroy, pc_poll};
+
+static void test_wait_polls(void **state) {
+  (void)state;
+  if (g_size < 2) skip(); /* P = 1 queues and returns: no wait */
+  mg_diag d = MG_DIAG_INIT;
+  tu_case c = small_case(1);
+  double *in[TU_N_IN] = {0};
+  inputs(&c, g_seed + 7, in);
+  mg_plan *plan = calloc(1, sizeof *plan);
+  assert_non_null(plan);
+  mg_plan_args a = {.shape = &c.shape, .form = MG_FORM_LAGA, .sp = g_size, .rank = g_rank,
+                    .batch = c.B, .seq = c.S, .causal = 1, .dtype = MG_BF16};
+  if (mg_plan_build(plan, &a, &d)) die("plan", &d);
+  poll_comm pc = {.base = {.ops = &pc_ops, .rank = g_comm->rank, .size = g_comm->size},
+                  .inner = g_comm};
+  mg_cuda_exec *x = prepare_all(plan, 0);
+  bufs b;
+  bufs_make(&b, &c, x, in);
+
+  /* busy for 5 queries: 5 polls, then done */
+  g_ops->busy = 5;
+  g_ops->queries = 0;
+  int rc1 = mg_cuda_exec_run(x, MG_FWD, &b.t, b.ws, b.ws_b, b.saved, b.sv_b, &pc.base, NULL, &d);
+  if (rc1) print_error("busy stream: %s\n", mg_diag_msg(&d));
+  const long q1 = g_ops->queries;
+  const int p1 = pc.polls;
+
+  /* a poll error while busy comes back, prefixed with the pass */
+  g_ops->busy = 1000000;
+  pc.polls = 0;
+  pc.fail_at = 3;
+  int rc2 = mg_cuda_exec_run(x, MG_BWD, &b.t, b.ws, b.ws_b, b.saved, b.sv_b, &pc.base, NULL, &d);
+  char msg2[600];
+  snprintf(msg2, sizeof msg2, "%s", mg_diag_msg(&d));
+  const int p2 = pc.polls;
+  g_ops->busy = 0;
+  mg_cuda_exec_destroy(x);
+
+  /* a pass that never finishes: timed out */
+  x = prepare_all(plan, 0.05);
+  g_ops->never_done = 1;
+  pc.fail_at = 0;
+  double t0 = now();
+  int rc3 = mg_cuda_exec_run(x, MG_FWD, &b.t, b.ws, b.ws_b, b.saved, b.sv_b, &pc.base, NULL, &d);
+  const double waited = now() - t0;
+  char msg3[600];
+  snprintf(msg3, sizeof msg3, "%s", mg_diag_msg(&d));
+  g_ops->never_done = 0;
+  mg_cuda_exec_destroy(x);
+  bufs_free(&b);
+  free(plan);
+  tu_free(in, TU_N_IN);
+  mg_diag_clear(&d);
+  print_message("  busy: %ld queries, %d polls; poll error after %d polls: %s\n"
+                "  never done (%.2f s): %s\n", q1, p1, p2, msg2, waited, msg3);
+  assert_int_equal(rc1, 0);
+  assert_int_equal(q1, 6);
+  assert_int_equal(p1, 5);
+  assert_int_equal(rc2, MLAGEN_EIO);
+  assert_int_equal(p2, 3);
+  assert_non_null(strstr(msg2, "remote process exited"));
+  assert_non_null(strstr(msg2, "backward"));
+  assert_int_equal(rc3, MLAGEN_EIO);
+  assert_non_null(strstr(msg3, "timed out after 0.05 s"));
+  assert_true(waited >= 0.05 && waited < 5);
+}
+
+static int report_worst(void **state) {
+  (void)state;
+  if (g_rank == 0)
+    printf("worst relative errors at P = %d: o %.2e lse %.2e dq %.2e dc_kv %.2e dk_rope %.2e "
+           "dw_kv_b %.2e\n", g_size, g_worst[TU_O], g_worst[TU_LSE], g_worst[TU_DQ],
+           g_worst[TU_DCKV], g_worst[TU_DKROPE], g_worst[TU_DW]);
+  return teardown(state);
+}
+
+static void replay(FILE *f, int rank) {
+  char line[4096];
+  rewind(f);
+  while (fgets(line, sizeof line, f)) fprintf(stderr, "[rank %d] %s", rank, line);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  unsigned long long seed = 0;
+  if (g_rank == 0) {
+    const char *s = getenv("MLAGEN_TEST_SEED");
+    seed = s && *s ? strtoull(s, NULL, 0)
+                   : (unsigned long long)time(NULL) ^ ((unsigned long long)getpid() << 20);
+    printf("test_cuda_exec_mpi: %d rank(s), seed %llu (rerun with MLAGEN_TEST_SEED=%llu)\n",
+           g_size, seed, seed);
+    fflush(stdout);
+  }
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  g_seed = seed;
+
+  FILE *capture = NULL;
+  int saved_out = -1, saved_err = -1;
+  if (g_rank != 0 && (capture = tmpfile()) != NULL) {
+    fflush(stdout);
+    fflush(stderr);
+    saved_out = dup(STDOUT_FILENO);
+    saved_err = dup(STDERR_FILENO);
+    dup2(fileno(capture), STDOUT_FILENO);
+    dup2(fileno(capture), STDERR_FILENO);
+  }
+  char name[64];
+  snprintf(name, sizeof name, "test_cuda_exec_mpi rank %d of %d", g_rank, g_size);
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
+                                     cmocka_unit_test(test_wait_polls)};
+  int failed = cmocka_run_group_tests_name(name, tests, setup, report_worst);
+  if (capture) {
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, STDOUT_FILENO);
+    dup2(saved_err, STDERR_FILENO);
+    close(saved_out);
+    close(saved_err);
+    if (failed) replay(capture, g_rank);
+    fclose(capture);
+  }
+  int total = 0;
+  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0 && total)
+    fprintf(stderr, "test_cuda_exec_mpi: %d failure(s) over %d rank(s)\n", total, g_size);
+  MPI_Finalize();
+  return total ? 1 : 0;
+}
