@@ -30,34 +30,16 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu_test_util.h"
-#include "host/harness.h"
-#include "mg_config.h"
+#include "kernel_host.h"
+#include "kernel_test_util.h"
 #include "mg_cpu_exec.h"
-#include "mg_generate.h"
-#include "mg_jit.h"
-#include "mg_safetensors.h"
-#include "mg_spec.h"
 #include "mlagen.h"
-
-typedef uint16_t e16; /* storage of __nv_bfloat16 */
-
-/* The safetensors module's conversions (tested bit-exactly there). */
-static float bf16_to_float(e16 x) { return mg_st_bf16_to_f32(x); }
-static e16 float_to_bf16(float f) { return mg_st_f32_to_bf16(f); } /* nearest even, NaN stays */
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t g_seed = 20260517;
 
@@ -87,66 +69,11 @@ enum { K_FWD, K_PRE, K_DKDV, K_DQ, K_MFWD, K_MPRE, K_MDKV, K_MDQ, K_N };
 static const char *const k_family[K_N] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq",
                                           "mqa_fwd",  "attn_bwd_pre", "mqa_bwd_dkv",   "mqa_bwd_dq"};
 
-/* A manifest grid rule: {value} or ceil(arg * mul / div) of seqlen_q, seqlen_k or batch. */
-typedef struct grid_rule {
-  int arg; /* 0 value, 1 a sequence length, 2 batch */
-  long value, mul, div;
-} grid_rule;
-
-typedef struct built_kernel {
-  mg_host_kernel *k;
-  void *fn;
-  int threads;
-  grid_rule grid[3]; /* the manifest's launch rule: the test launches what a runtime would */
-  size_t smem;
-  char name[160];
-} built_kernel;
-
-static int config_int(const mg_kernel *k, const char *name) {
-  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k->manifest, "config");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: no config value %s", k->name, name);
-  return v->valueint;
-}
-
-static long launch_value(const mg_kernel *k, const char *name) {
-  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k->manifest, "launch");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(launch, name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: no launch value %s", k->name, name);
-  return (long)v->valuedouble;
-}
-
-static void read_launch(const mg_kernel *k, built_kernel *out) {
-  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k->manifest, "launch");
-  const cJSON *grid = cJSON_GetObjectItemCaseSensitive(launch, "grid");
-  const cJSON *block = cJSON_GetObjectItemCaseSensitive(launch, "block");
-  assert_int_equal(cJSON_GetArraySize(grid), 3);
-  out->threads = (int)cJSON_GetArrayItem(block, 0)->valuedouble;
-  for (int i = 0; i < 3; i++) {
-    const cJSON *e = cJSON_GetArrayItem(grid, i);
-    const cJSON *arg = cJSON_GetObjectItemCaseSensitive(e, "arg");
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, "value");
-    const cJSON *mul = cJSON_GetObjectItemCaseSensitive(e, "mul");
-    const cJSON *div = cJSON_GetObjectItemCaseSensitive(e, "div");
-    grid_rule *r = &out->grid[i];
-    r->arg = !cJSON_IsString(arg) ? 0 : strcmp(arg->valuestring, "batch") == 0 ? 2 : 1;
-    r->value = cJSON_IsNumber(v) ? (long)v->valuedouble : 0;
-    r->mul = cJSON_IsNumber(mul) ? (long)mul->valuedouble : 1;
-    r->div = cJSON_IsNumber(div) ? (long)div->valuedouble : 1;
-    if (!r->arg && !cJSON_IsNumber(v)) fail_msg("%s: grid[%d] has neither arg nor value", k->name, i);
-  }
-}
-
-static void set(mg_kernel_spec *s, const char *assignment) {
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
-}
-
 /* Generates kernel `which` for the model shape with `heads` heads and builds it with the
- * host executor. */
+ * host executor; its launch rule is the manifest's (the test launches what a runtime
+ * would). */
 static void build(mg_gen *g, const mg_shape *sh, int heads, int causal, int which,
-                  built_kernel *out) {
-  mg_diag d = MG_DIAG_INIT;
+                  kh_kernel *out) {
   mg_kernel_spec s;
   memset(&s, 0, sizeof s);
   snprintf(s.family, sizeof s.family, "%s", k_family[which]);
@@ -154,41 +81,13 @@ static void build(mg_gen *g, const mg_shape *sh, int heads, int causal, int whic
   s.d_v = sh->v_head_dim, s.d_c = sh->kv_lora_rank, s.causal = causal;
   if (which == K_MPRE) s.d_n = s.d_v = sh->kv_lora_rank; /* rows of o_lat, d_c wide */
   snprintf(s.dtype, sizeof s.dtype, "bf16");
-  if (which == K_FWD || which == K_DKDV || which == K_DQ) set(&s, "k_packed=1");
-  if (which == K_DKDV) set(&s, "deterministic=1");
-  mg_kernel k;
-  if (mg_gen_kernel(g, &s, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-  memset(out, 0, sizeof *out);
-  read_launch(&k, out);
-  if (which == K_FWD || which == K_DKDV || which == K_DQ) assert_int_equal(config_int(&k, "k_packed"), 1);
-  if (which == K_DKDV) assert_int_equal(config_int(&k, "deterministic"), 1);
-  out->smem = (size_t)launch_value(&k, "smem");
-  assert_int_equal(launch_value(&k, "smem_static"), 0);
-  snprintf(out->name, sizeof out->name, "%s", k.name);
-  int n_hdr;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  mg_host_file files[8];
-  assert_true(n_hdr <= 8);
-  for (int i = 0; i < n_hdr; i++) {
-    files[i].name = hdr[i].name;
-    files[i].data = hdr[i].data;
-    files[i].size = hdr[i].size;
-  }
-  mg_host_build_opts bo;
-  memset(&bo, 0, sizeof bo);
-  bo.host_dir = MLAGEN_TESTS_DIR "/host";
-  bo.cxx = MLAGEN_CXX;
-  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
-  bo.headers = files;
-  bo.n_headers = n_hdr;
-  char msg[4096];
-  double t0 = now();
-  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
-    fail_msg("host build: %s", msg);
-  if (now() - t0 > 0.05) print_message("  built %s (%.1f s)\n", k.name, now() - t0);
-  out->fn = mg_host_kernel_fn(out->k);
-  assert_non_null(out->fn);
-  mg_kernel_free(&k);
+  if (which == K_FWD || which == K_DKDV || which == K_DQ) kh_set(&s, "k_packed=1");
+  if (which == K_DKDV) kh_set(&s, "deterministic=1");
+  kh_build(g, &s, 0, out);
+  if (which == K_FWD || which == K_DKDV || which == K_DQ) assert_int_equal(kh_config_int(out, "k_packed"), 1);
+  if (which == K_DKDV) assert_int_equal(kh_config_int(out, "deterministic"), 1);
+  assert_int_equal(kh_launch_value(out, "smem"), (long)out->smem);
+  assert_int_equal(kh_launch_value(out, "smem_static"), 0);
 }
 
 /* ---- the hook ---------------------------------------------------------------------------- */
@@ -202,13 +101,13 @@ typedef struct hook_ctx {
   const mg_shape *shape;
   int causal;
   int heads[MAX_HEAD_SETS];
-  built_kernel kern[MAX_HEAD_SETS][K_N];
+  kh_kernel kern[MAX_HEAD_SETS][K_N];
   int n_fwd, n_bwd; /* attention steps the hook ran */
   int failed;       /* a launch failed (message in msg) */
   char msg[1200];
 } hook_ctx;
 
-static const built_kernel *kernel_for(hook_ctx *h, int heads, int which) {
+static const kh_kernel *kernel_for(hook_ctx *h, int heads, int which) {
   int i = 0;
   while (i < MAX_HEAD_SETS && h->heads[i] && h->heads[i] != heads) i++;
   if (i == MAX_HEAD_SETS) fail_msg("more than %d head counts", MAX_HEAD_SETS);
@@ -220,14 +119,14 @@ static const built_kernel *kernel_for(hook_ctx *h, int heads, int which) {
 static void hook_free(hook_ctx *h) {
   for (int i = 0; i < MAX_HEAD_SETS; i++)
     for (int w = 0; w < K_N; w++)
-      if (h->kern[i][w].k) mg_host_kernel_free(h->kern[i][w].k);
+      kh_free(&h->kern[i][w]);
   free(h);
 }
 
 /* Arguments of one launch: every pointer any of the kernels takes. */
 typedef struct launch_args {
   int which;
-  const built_kernel *bk;
+  const kh_kernel *bk;
   const e16 *q, *k, *v, *o, *dout;
   e16 *o_out, *dq, *dk, *dv;
   float *lse_out, *delta;
@@ -263,17 +162,10 @@ static void thunk(void *p) {
   }
 }
 
-static unsigned grid_dim(const grid_rule *r, long S, long B) {
-  if (!r->arg) return (unsigned)r->value;
-  const long x = r->arg == 2 ? B : S;
-  return (unsigned)((x * r->mul + r->div - 1) / r->div);
-}
-
 /* Launches kernel a->which for H heads over B batch items by its manifest's launch rule. */
 static int launch(hook_ctx *h, launch_args *a, int B, int H) {
   a->bk = kernel_for(h, H, a->which);
-  mg_host_dim3 grid = {grid_dim(&a->bk->grid[0], a->S, B), grid_dim(&a->bk->grid[1], a->S, B),
-                       grid_dim(&a->bk->grid[2], a->S, B)};
+  mg_host_dim3 grid = kh_grid(a->bk, a->S, a->S, B);
   mg_host_dim3 block = {(unsigned)a->bk->threads, 1, 1};
   char msg[800];
   if (mg_host_kernel_launch(a->bk->k, grid, block, a->bk->smem, NULL, thunk, a, msg, sizeof msg)) {
@@ -465,9 +357,9 @@ static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], h
   run ref, asm_;
   run_plan(c, f, in, NULL, &ref);
   h->n_fwd = h->n_bwd = 0;
-  double t0 = now();
+  double t0 = kh_now();
   run_plan(c, f, in, h, &asm_);
-  const double secs = now() - t0;
+  const double secs = kh_now() - t0;
   if (h->failed) fail_msg("%s", h->msg);
   /* one attention step per pass; laga-f one per head group */
   const int steps = f == MG_FORM_LAGA_F ? asm_.plan.args.head_groups : 1;

@@ -16,24 +16,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "host/harness.h"
-#include "mg_config.h"
-#include "mg_fs.h"
-#include "mg_generate.h"
-#include "mg_jit.h"
-#include "mg_spec.h"
-#include "mlagen.h"
-
+#include "kernel_host.h"
 #include "kernel_test_util.h"
+#include "mlagen.h"
 
 typedef void (*pre_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_accum,
                        int seqlen_q);
@@ -48,66 +38,17 @@ typedef void (*dq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const 
 enum { FAM_PRE, FAM_DKDV, FAM_DQ };
 
 typedef struct built_kernel {
-  mg_host_kernel *k;
-  void *fn;
+  kh_kernel kh; /* fn, threads, smem, name, spec */
   int fam;
-  int threads, rows;   /* rows: query rows (pre, dq) or keys (dkdv) per CTA */
-  int packed, det;     /* dkdv, dq: key layout; dkdv: deterministic */
-  size_t smem;
-  char name[160];
-  mg_kernel_spec spec;
+  int rows;        /* query rows (pre, dq) or keys (dkdv) per CTA */
+  int packed, det; /* dkdv, dq: key layout; dkdv: deterministic */
 } built_kernel;
 
 static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
-static float e_to_float(const mg_kernel_spec *s, e16 x) {
-  return is_fp16(s) ? half_to_float(x) : bf16_to_float(x);
-}
-static e16 float_to_e(const mg_kernel_spec *s, float x) {
-  return is_fp16(s) ? float_to_half(x) : float_to_bf16(x);
-}
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static float e_to_float(const mg_kernel_spec *s, e16 x) { return e16_to_float(is_fp16(s), x); }
+static e16 float_to_e(const mg_kernel_spec *s, float x) { return float_to_e16(is_fp16(s), x); }
 
-static mg_host_build_opts build_opts(const mg_host_file *headers, int n_headers, int asan) {
-  mg_host_build_opts bo;
-  memset(&bo, 0, sizeof bo);
-  bo.host_dir = MLAGEN_TESTS_DIR "/host";
-  bo.cxx = MLAGEN_CXX;
-  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
-  bo.headers = headers;
-  bo.n_headers = n_headers;
-  bo.asan = asan;
-  return bo;
-}
-
-static int config_int(const mg_kernel *k, const char *name) {
-  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k->manifest, "config");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: no config value %s", k->name, name);
-  return v->valueint;
-}
-
-static long launch_value(const mg_kernel *k, const char *name) {
-  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k->manifest, "launch");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(launch, name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: no launch value %s", k->name, name);
-  return (long)v->valuedouble;
-}
-
-
-static int config_int_or(const mg_kernel *k, const char *name, int dflt) {
-  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k->manifest, "config");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, name);
-  return cJSON_IsNumber(v) ? v->valueint : dflt;
-}
-
-static void set(mg_kernel_spec *s, const char *assignment) {
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
-}
+static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }
 
 static mg_kernel_spec make_spec(const char *family, int H, int dn, int dr, int dv, int causal) {
   mg_kernel_spec s;
@@ -118,77 +59,29 @@ static mg_kernel_spec make_spec(const char *family, int H, int dn, int dr, int d
   return s;
 }
 
-/* Blanks the which-th (from 0) `__syncthreads();` of src, keeping every line where it
- * is. Returns 0 when there is no such barrier; *after_wait is set to 1 when the
- * barrier's previous statement is a cp.async wait (the barrier publishes copied data). */
-static int drop_barrier(char *src, int which, int *after_wait) {
-  static const char bar[] = "__syncthreads();";
-  char *p = src;
-  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
-    if (i == which) {
-      /* the previous non-blank line */
-      char *e = p;
-      while (e > src && e[-1] != '\n') e--;
-      char *s = e > src ? e - 1 : e;
-      while (s > src && s[-1] != '\n') s--;
-      *after_wait = strstr(s, "cp_async_wait<") != NULL && strstr(s, "cp_async_wait<") < e;
-      memset(p, ' ', sizeof bar - 1);
-      return 1;
-    }
-  return 0;
-}
-
 /* Generates the kernel for spec and builds it with the host executor (the harness keys
- * its objects by content). drop >= 0: without that barrier; returns 0 when there is none. */
+ * its objects by content). drop >= 0: without that barrier; returns 0 when there is none
+ * (*after_wait: it published cp.async data). */
 static int build_src(const mg_kernel_spec *spec, int drop, int *after_wait, built_kernel *out) {
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  mg_kernel k;
+  kh_drop dr = {.which = drop};
   memset(out, 0, sizeof *out);
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-  int n_hdr;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  mg_host_file files[8];
-  assert_true(n_hdr <= 8);
-  for (int i = 0; i < n_hdr; i++) {
-    files[i].name = hdr[i].name;
-    files[i].data = hdr[i].data;
-    files[i].size = hdr[i].size;
-  }
   out->fam = !strcmp(spec->family, "attn_bwd_pre") ? FAM_PRE
              : !strcmp(spec->family, "attn_bwd_dkdv") ? FAM_DKDV : FAM_DQ;
-  out->threads = 32 * config_int(&k, "num_warps");
-  out->rows = out->fam == FAM_PRE ? config_int(&k, "num_warps") * config_int(&k, "rows_per_warp")
-              : out->fam == FAM_DKDV ? config_int(&k, "block_n") : config_int(&k, "block_m");
-  out->packed = config_int_or(&k, "k_packed", 0);
-  out->det = config_int_or(&k, "deterministic", 1);
-  out->smem = (size_t)launch_value(&k, "smem");
-  assert_int_equal(launch_value(&k, "smem_static"), 0);
-  snprintf(out->name, sizeof out->name, "%s", k.name);
-  out->spec = *spec;
-  if (drop >= 0 && !drop_barrier(k.source, drop, after_wait)) {
-    mg_kernel_free(&k);
-    mg_gen_close(g);
-    return 0;
-  }
-  mg_host_build_opts bo = build_opts(files, n_hdr, 0);
-  char msg[4096];
-  double t0 = now();
-  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
-    fail_msg("host build: %s", msg);
-  double secs = now() - t0;
-  if (secs > 0.05) print_message("  built %s (%.1f s)\n", k.name, secs);
-  out->fn = mg_host_kernel_fn(out->k);
-  assert_non_null(out->fn);
-  mg_kernel_free(&k);
-  mg_gen_close(g);
+  if (!kh_build_edited(NULL, spec, 0, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
+  if (after_wait) *after_wait = dr.after_wait;
+  const kh_kernel *k = &out->kh;
+  assert_int_equal(k->threads, 32 * kh_config_int(k, "num_warps"));
+  out->rows = out->fam == FAM_PRE ? kh_config_int(k, "num_warps") * kh_config_int(k, "rows_per_warp")
+              : out->fam == FAM_DKDV ? kh_config_int(k, "block_n") : kh_config_int(k, "block_m");
+  out->packed = kh_config_int_or(k, "k_packed", 0);
+  out->det = kh_config_int_or(k, "deterministic", 1);
+  assert_int_equal(kh_launch_value(k, "smem_static"), 0);
   return 1;
 }
 
 static void build(const mg_kernel_spec *spec, built_kernel *out) { build_src(spec, -1, NULL, out); }
 
-static void unload(built_kernel *bk) { mg_host_kernel_free(bk->k); }
+static void unload(built_kernel *bk) { kh_free(&bk->kh); }
 
 /* One case: inputs, the float64 forward (o, lse) and reference gradients, kernel outputs.
  * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r]; packed: kn [B, S_k, H, d_n + d_r]. */
@@ -203,12 +96,6 @@ typedef struct bwd_case {
   float *delta, *dq_accum, *dkr;
   e16 *dq, *dkn, *dv;
 } bwd_case;
-
-static e16 *rand_e16(const mg_kernel_spec *s, size_t n) {
-  e16 *p = malloc((n ? n : 1) * sizeof *p);
-  for (size_t i = 0; i < n; i++) p[i] = float_to_e(s, (float)randn());
-  return p;
-}
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
 
@@ -292,11 +179,11 @@ static void case_init(const mg_kernel_spec *s, bwd_case *c, int packed, int B, i
   c->nv = (size_t)B * sk * H * s->d_v;
   c->no = (size_t)B * sq * H * s->d_v;
   c->nl = (size_t)B * H * sq;
-  c->q = rand_e16(s, c->nq);
-  c->kn = rand_e16(s, c->nkn);
-  c->kr = packed ? NULL : rand_e16(s, c->nkr);
-  c->v = rand_e16(s, c->nv);
-  c->dout = rand_e16(s, c->no);
+  c->q = kt_rand_e16(is_fp16(s), c->nq);
+  c->kn = kt_rand_e16(is_fp16(s), c->nkn);
+  c->kr = packed ? NULL : kt_rand_e16(is_fp16(s), c->nkr);
+  c->v = kt_rand_e16(is_fp16(s), c->nv);
+  c->dout = kt_rand_e16(is_fp16(s), c->no);
   c->o16 = xcalloc(c->no, sizeof *c->o16);
   c->lse32 = xcalloc(c->nl, sizeof *c->lse32);
   c->r_dq = xcalloc(c->nq, sizeof(double));
@@ -328,21 +215,21 @@ static void thunk(void *p) {
   bwd_case *c = a->c;
   switch (a->bk->fam) {
     case FAM_PRE:
-      ((pre_fn)a->bk->fn)(c->o16, c->dout, c->delta, c->dq_accum, c->sq);
+      ((pre_fn)a->bk->kh.fn)(c->o16, c->dout, c->delta, c->dq_accum, c->sq);
       break;
     case FAM_DKDV:
-      ((dkdv_fn)a->bk->fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta,
+      ((dkdv_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta,
                            a->bk->det ? NULL : c->dq_accum, c->dkn, c->packed ? NULL : c->dkr,
                            c->dv, c->sq, c->sk, c->q_pos0, c->scale);
       break;
     default:
-      ((dq_fn)a->bk->fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq, c->sq,
+      ((dq_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq, c->sq,
                          c->sk, c->q_pos0, c->scale);
   }
 }
 
 static void launch(const built_kernel *bk, bwd_case *c, const mg_host_launch_opts *lo) {
-  const int H = bk->spec.heads;
+  const int H = bk->kh.spec.heads;
   mg_host_dim3 grid;
   if (bk->fam == FAM_DKDV)
     grid = (mg_host_dim3){(unsigned)((c->sk + bk->rows - 1) / bk->rows),
@@ -350,11 +237,8 @@ static void launch(const built_kernel *bk, bwd_case *c, const mg_host_launch_opt
   else
     grid = (mg_host_dim3){(unsigned)((c->sq + bk->rows - 1) / bk->rows), (unsigned)H, (unsigned)c->B};
   if (grid.x == 0) return;
-  mg_host_dim3 block = {(unsigned)bk->threads, 1, 1};
   launch_args a = {bk, c};
-  char msg[1024];
-  if (mg_host_kernel_launch(bk->k, grid, block, bk->smem, lo, thunk, &a, msg, sizeof msg))
-    fail_msg("%s: launch failed: %s", bk->name, msg);
+  kh_launch(&bk->kh, grid, lo, thunk, &a);
 }
 
 /* The three kernels of one mode: pre, dkdv and (deterministic) dq. */
@@ -391,7 +275,7 @@ static double run_pipeline(const bwd_set *bs, bwd_case *c, const mg_host_launch_
   for (size_t i = 0; i < c->nkn; i++) c->dkn[i] = 0x7fff;
   for (size_t i = 0; i < c->nv; i++) c->dv[i] = 0x7fff;
   for (size_t i = 0; i < c->nkr; i++) c->dkr[i] = bs->det ? NAN : 0.f;
-  double t0 = now();
+  double t0 = kh_now();
   /* pre zeroes dq_accum in the atomic mode; the deterministic mode has none (NULL) */
   float *keep = c->dq_accum;
   if (bs->det) c->dq_accum = NULL;
@@ -399,44 +283,27 @@ static double run_pipeline(const bwd_set *bs, bwd_case *c, const mg_host_launch_
   c->dq_accum = keep;
   launch(&bs->dkdv, c, lo);
   if (bs->det) launch(&bs->dq, c, lo);
-  return now() - t0;
+  return kh_now() - t0;
 }
 
 static double rel_err_e(const mg_kernel_spec *s, const e16 *got, const double *ref, size_t n,
                         size_t *nans) {
-  double mr = 0, me = 0;
-  for (size_t i = 0; i < n; i++) {
-    const double x = e_to_float(s, got[i]);
-    if (isnan(x)) { ++*nans; me = INFINITY; continue; }
-    if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
-    if (fabs(x - ref[i]) > me) me = fabs(x - ref[i]);
-  }
-  return mr > 0 ? me / mr : me;
-}
-
-static double rel_err_f(const float *got, const double *ref, size_t n, size_t *nans) {
-  double mr = 0, me = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (isnan(got[i])) { ++*nans; me = INFINITY; continue; }
-    if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
-    if (fabs(got[i] - ref[i]) > me) me = fabs(got[i] - ref[i]);
-  }
-  return mr > 0 ? me / mr : me;
+  return kt_rel_err_e16(is_fp16(s), got, ref, n, nans);
 }
 
 static double g_worst[4]; /* dq, dk (nope or packed), dk_rope, dv */
 
 static void check(const bwd_set *bs, bwd_case *c, double secs) {
-  const mg_kernel_spec *s = &bs->dkdv.spec;
+  const mg_kernel_spec *s = &bs->dkdv.kh.spec;
   size_t nans = 0;
   double e[4];
   e[0] = bs->det ? rel_err_e(s, c->dq, c->r_dq, c->nq, &nans)
-                 : rel_err_f(c->dq_accum, c->r_dq, c->nq, &nans);
+                 : kt_rel_err_f32(c->dq_accum, c->r_dq, c->nq, &nans);
   e[1] = rel_err_e(s, c->dkn, c->r_dkn, c->nkn, &nans);
-  e[2] = c->packed ? 0 : rel_err_f(c->dkr, c->r_dkr, c->nkr, &nans);
+  e[2] = c->packed ? 0 : kt_rel_err_f32(c->dkr, c->r_dkr, c->nkr, &nans);
   e[3] = rel_err_e(s, c->dv, c->r_dv, c->nv, &nans);
   print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: rel err dq %.2e dk%s %.2e dk_rope %.2e dv %.2e"
-                " (%.2f s)\n", bs->dkdv.name + strlen("mla_attn_bwd_dkdv_"), c->B, c->sq, c->sk,
+                " (%.2f s)\n", bs->dkdv.kh.name + strlen("mla_attn_bwd_dkdv_"), c->B, c->sq, c->sk,
                 c->q_pos0, e[0], c->packed ? "" : "_nope", e[1], e[2], e[3], secs);
   if (nans) fail_msg("%zu NaN outputs", nans);
   for (int i = 0; i < 4; i++) {
@@ -447,7 +314,7 @@ static void check(const bwd_set *bs, bwd_case *c, double secs) {
 
 static void run_case(const bwd_set *bs, int B, int sq, int sk, int q_pos0) {
   bwd_case c;
-  case_init(&bs->dkdv.spec, &c, bs->packed, B, sq, sk, q_pos0);
+  case_init(&bs->dkdv.kh.spec, &c, bs->packed, B, sq, sk, q_pos0);
   double secs = run_pipeline(bs, &c, NULL);
   check(bs, &c, secs);
   case_free(&c);
@@ -483,7 +350,7 @@ static void test_large_heads(void **state) {
     for (int causal = 1; causal >= 0; causal--) {
       bwd_set bs;
       set_build(&bs, 2, 192, 64, 256, causal, 0, det);
-      assert_non_null(strstr(bs.dkdv.name, "_dksmem"));
+      assert_non_null(strstr(bs.dkdv.kh.name, "_dksmem"));
       run_case(&bs, 2, 77, 77, 0);
       run_case(&bs, 1, 40, 100, 60);
       set_unload(&bs);
@@ -499,19 +366,16 @@ static void test_deterministic_bit_identical(void **state) {
     bwd_set bs;
     set_build(&bs, 2, 64, 32, 64, 1, packed, 1);
     bwd_case c;
-    case_init(&bs.dkdv.spec, &c, packed, 2, 77, 77, 0);
+    case_init(&bs.dkdv.kh.spec, &c, packed, 2, 77, 77, 0);
     mg_host_launch_opts lo;
     memset(&lo, 0, sizeof lo);
     lo.seed = 1;
     double secs = run_pipeline(&bs, &c, &lo);
     check(&bs, &c, secs);
-    e16 *dq0 = malloc(c.nq * sizeof *dq0), *dkn0 = malloc(c.nkn * sizeof *dkn0),
-        *dv0 = malloc(c.nv * sizeof *dv0);
-    float *dkr0 = malloc((c.nkr ? c.nkr : 1) * sizeof *dkr0);
-    memcpy(dq0, c.dq, c.nq * sizeof *dq0);
-    memcpy(dkn0, c.dkn, c.nkn * sizeof *dkn0);
-    memcpy(dv0, c.dv, c.nv * sizeof *dv0);
-    memcpy(dkr0, c.dkr, c.nkr * sizeof *dkr0);
+    kt_snapshot out0 = {.n = 4, .p = {c.dq, c.dkn, c.dv, c.dkr},
+                        .size = {c.nq * sizeof *c.dq, c.nkn * sizeof *c.dkn,
+                                 c.nv * sizeof *c.dv, c.nkr * sizeof *c.dkr}};
+    kt_snapshot_take(&out0);
     for (int i = 0; i < 2; i++) {
       memset(&lo, 0, sizeof lo);
       if (i == 0)
@@ -519,13 +383,12 @@ static void test_deterministic_bit_identical(void **state) {
       else
         lo.round_robin = 1;
       run_pipeline(&bs, &c, &lo);
-      if (memcmp(dq0, c.dq, c.nq * sizeof *dq0) || memcmp(dkn0, c.dkn, c.nkn * sizeof *dkn0) ||
-          memcmp(dv0, c.dv, c.nv * sizeof *dv0) || memcmp(dkr0, c.dkr, c.nkr * sizeof *dkr0))
-        fail_msg("%s: another schedule gives other bits", bs.dkdv.name);
+      if (!kt_snapshot_same(&out0))
+        fail_msg("%s: another schedule gives other bits", bs.dkdv.kh.name);
     }
     print_message("  %s + %s: seeds 1, 0x9e37... and round robin: dq, dk, dk_rope, dv "
-                  "bit-identical\n", bs.dkdv.name, bs.dq.name);
-    free(dq0), free(dkn0), free(dv0), free(dkr0);
+                  "bit-identical\n", bs.dkdv.kh.name, bs.dq.kh.name);
+    kt_snapshot_free(&out0);
     case_free(&c);
     set_unload(&bs);
   }
@@ -572,7 +435,7 @@ static void test_missing_barrier_caught(void **state) {
         build(&o, &bs.dq);
       }
       bwd_case c;
-      case_init(&bs.dkdv.spec, &c, 0, 2, 77, 77, 0);
+      case_init(&bs.dkdv.kh.spec, &c, 0, 2, 77, 77, 0);
       int caught = 0;
       for (unsigned long long seed = 1; seed <= 3; seed++) {
         mg_host_launch_opts lo;
@@ -581,16 +444,16 @@ static void test_missing_barrier_caught(void **state) {
         run_pipeline(&bs, &c, &lo);
         size_t nans = 0;
         double e[4];
-        e[0] = bs.det ? rel_err_e(&s, c.dq, c.r_dq, c.nq, &nans) : rel_err_f(c.dq_accum, c.r_dq, c.nq, &nans);
+        e[0] = bs.det ? rel_err_e(&s, c.dq, c.r_dq, c.nq, &nans) : kt_rel_err_f32(c.dq_accum, c.r_dq, c.nq, &nans);
         e[1] = rel_err_e(&s, c.dkn, c.r_dkn, c.nkn, &nans);
-        e[2] = rel_err_f(c.dkr, c.r_dkr, c.nkr, &nans);
+        e[2] = kt_rel_err_f32(c.dkr, c.r_dkr, c.nkr, &nans);
         e[3] = rel_err_e(&s, c.dv, c.r_dv, c.nv, &nans);
         caught += nans || e[0] >= 2e-2 || e[1] >= 2e-2 || e[2] >= 2e-2 || e[3] >= 2e-2;
       }
-      print_message("  %s without barrier %d (%s): caught by %d of 3 seeds\n", target->name, which,
+      print_message("  %s without barrier %d (%s): caught by %d of 3 seeds\n", target->kh.name, which,
                     after_wait ? "publishes copies" : "other", caught);
       if (after_wait && caught < 3)
-        fail_msg("%s: barrier %d removed, yet some schedule gives the right result", target->name,
+        fail_msg("%s: barrier %d removed, yet some schedule gives the right result", target->kh.name,
                  which);
       case_free(&c);
       set_unload(&bs);
@@ -677,20 +540,15 @@ static void test_nvrtc_all_kept_configs(void **state) {
   (void)state;
   const char *models[] = {"deepseek-v3", NULL, NULL};
   const char *jsons[] = {NULL, unusual_json, large_json};
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  int n_hdr, kept = 0, rejected = 0;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  double t0 = now();
+  kh_sweep sw;
+  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS);
+  int kept = 0;
   for (int m = 0; m < 3; m++) {
     mg_shape shape;
-    int rc = models[m] ? mg_config_load(models[m], &shape, &d)
-                       : mg_config_parse(jsons[m], strlen(jsons[m]), "json", &shape, &d);
-    if (rc) fail_msg("%s", mg_diag_msg(&d));
+    kh_load_shape(models[m], jsons[m], &shape);
     mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
     int n;
-    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
+    assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &sw.d), 0);
     for (int i = 0; i < n; i++) {
       if (!specs[i].causal || strncmp(specs[i].family, "attn_bwd_", 9)) continue;
       /* the configurations: a list of assignment sets per family */
@@ -737,39 +595,14 @@ static void test_nvrtc_all_kept_configs(void **state) {
       for (int ci = 0; ci < nc; ci++) {
         mg_kernel_spec s = specs[i];
         for (int j = 0; j < 7 && cfg[ci][j][0]; j++) set(&s, cfg[ci][j]);
-        mg_kernel k;
-        rc = mg_gen_kernel(g, &s, &k, &d);
-        if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&d), "rejected")) {
-          print_message("  rejected: %s\n", mg_diag_msg(&d));
-          rejected++;
-          continue;
-        }
-        if (rc) fail_msg("%s", mg_diag_msg(&d));
-        kept++;
-        for (int arch = 0; arch < 2; arch++) {
-          mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr,
-                           .n_headers = n_hdr, .template_hash = mg_gen_template_hash(g)};
-          mg_cubin cb;
-          if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cb, &d))
-            fail_msg("%s", mg_diag_msg(&d));
-          print_message("  %-72s %-6s regs %3d spill %ld+%ld stack %ld smem %ld (dynamic)\n",
-                        k.name, o.arch, cb.report.registers, cb.report.spill_stores,
-                        cb.report.spill_loads, cb.report.stack_bytes, launch_value(&k, "smem"));
-          assert_true(cb.report.registers > 0);
-          assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);
-          assert_int_equal(cb.report.stack_bytes, 0);
-          assert_int_equal(cb.report.smem_bytes, 0);
-          mg_cubin_free(&cb);
-        }
-        mg_kernel_free(&k);
+        kept += kh_sweep_compile(&sw, &s, "");
       }
     }
   }
   print_message("  %d configurations kept, %d rejected by the templates' checks (%.0f s)\n", kept,
-                rejected, now() - t0);
+                sw.rejected, kh_now() - sw.t0);
   assert_true(kept >= 60);
-  mg_diag_clear(&d);
-  mg_gen_close(g);
+  kh_sweep_close(&sw);
 }
 
 static int report_worst(void **state) {
@@ -780,10 +613,7 @@ static int report_worst(void **state) {
 }
 
 int main(void) {
-  const char *env = getenv("MLAGEN_TEST_SEED");
-  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-  g_test_seed = rng_state;
-  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  kt_seed_init();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek_heads),
       cmocka_unit_test(test_unusual_heads),

@@ -20,23 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "host/harness.h"
-#include "mg_fs.h"
-#include "mg_generate.h"
-#include "mg_spec.h"
+#include "kernel_host.h"
+#include "kernel_test_util.h"
 #include "mlagen.h"
 
-#include "kernel_test_util.h"
-
-static bf16 *rand_bf16(size_t n) {
-  bf16 *p = malloc(n * sizeof *p);
-  for (size_t i = 0; i < n; i++) p[i] = float_to_bf16((float)randn());
-  return p;
-}
+static bf16 *rand_bf16(size_t n) { return kt_rand_e16(0, n); }
 
 typedef void (*explicit_fwd_fn)(const bf16 *q, const bf16 *k_nope, const bf16 *k_rope,
                                 const bf16 *v, bf16 *o, float *lse, int seqlen_q, int seqlen_k,
@@ -57,80 +46,20 @@ static void thunk(void *p) {
 }
 
 typedef struct built_kernel {
-  mg_host_kernel *k;
+  kh_kernel kh; /* threads, spec */
   explicit_fwd_fn fn;
-  int block_m, threads;
-  mg_kernel_spec spec;
+  int block_m;
 } built_kernel;
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static mg_host_build_opts build_opts(const mg_host_file *headers, int n_headers, int asan) {
-  mg_host_build_opts bo;
-  memset(&bo, 0, sizeof bo);
-  bo.host_dir = MLAGEN_TESTS_DIR "/host";
-  bo.cxx = MLAGEN_CXX;
-  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
-  bo.headers = headers;
-  bo.n_headers = n_headers;
-  bo.asan = asan;
-  return bo;
-}
-
-/* Blanks the which-th (from 0) `__syncthreads();` of src, keeping every line where it
- * is. Returns 0 when there is no such barrier. */
-static int drop_barrier(char *src, int which) {
-  static const char bar[] = "__syncthreads();";
-  char *p = src;
-  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
-    if (i == which) {
-      memset(p, ' ', sizeof bar - 1);
-      return 1;
-    }
-  return 0;
-}
-
 /* Generates the kernel for spec and builds it with the host executor (once per test run:
- * the harness keys its objects by content). drop >= 0: without that barrier. */
+ * the harness keys its objects by content). drop >= 0: without that barrier (returns 0
+ * when there is none). */
 static int build_src(const mg_kernel_spec *spec, int asan, int drop, built_kernel *out) {
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  mg_kernel k;
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-  int n_hdr;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  mg_host_file files[8];
-  assert_true(n_hdr <= 8);
-  for (int i = 0; i < n_hdr; i++) {
-    files[i].name = hdr[i].name;
-    files[i].data = hdr[i].data;
-    files[i].size = hdr[i].size;
-  }
-  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k.manifest, "config");
-  out->block_m = cJSON_GetObjectItemCaseSensitive(cfg, "block_m")->valueint;
-  out->threads = 32 * cJSON_GetObjectItemCaseSensitive(cfg, "num_warps")->valueint;
-  out->spec = *spec;
-  if (drop >= 0 && !drop_barrier(k.source, drop)) {
-    mg_kernel_free(&k);
-    mg_gen_close(g);
-    return 0;
-  }
-  mg_host_build_opts bo = build_opts(files, n_hdr, asan);
-  char msg[4096];
-  double t0 = now();
-  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
-    fail_msg("host build: %s", msg);
-  double secs = now() - t0;
-  if (secs > 0.05) print_message("  built %s%s (%.1f s)\n", k.name, asan ? " with ASan" : "", secs);
-  *(void **)&out->fn = mg_host_kernel_fn(out->k);
-  assert_non_null(out->fn);
-  mg_kernel_free(&k);
-  mg_gen_close(g);
+  kh_drop dr = {.which = drop};
+  if (!kh_build_edited(NULL, spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
+  out->block_m = kh_config_int(&out->kh, "block_m");
+  assert_int_equal(out->kh.threads, 32 * kh_config_int(&out->kh, "num_warps"));
+  *(void **)&out->fn = out->kh.fn;
   return 1;
 }
 
@@ -140,7 +69,7 @@ static void build_ex(const mg_kernel_spec *spec, int asan, built_kernel *out) {
 
 static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec, 0, out); }
 
-static void unload(built_kernel *bk) { mg_host_kernel_free(bk->k); }
+static void unload(built_kernel *bk) { kh_free(&bk->kh); }
 
 /* float64 reference: o [B, Sq, H, dv], lse [B, H, Sq]. */
 static void reference(const mg_kernel_spec *s, int B, int sq, int sk, int q_pos0, double scale,
@@ -187,7 +116,7 @@ typedef struct fwd_case {
 } fwd_case;
 
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
-  const mg_kernel_spec *s = &bk->spec;
+  const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r;
   c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
   c->scale = (float)(1.0 / sqrt((double)dqk) * 1.3689 * 1.3689);
@@ -213,14 +142,8 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
   launch_args a = {bk->fn, c->q, c->kn, c->kr, c->v, c->o, c->lse,
                    c->sq, c->sk, c->q_pos0, c->scale};
   mg_host_dim3 grid = {(unsigned)((c->sq + bk->block_m - 1) / bk->block_m),
-                       (unsigned)bk->spec.heads, (unsigned)c->B};
-  mg_host_dim3 block = {(unsigned)bk->threads, 1, 1};
-  char msg[1024];
-  double t0 = now();
-  int rc = mg_host_kernel_launch(bk->k, grid, block, 0, lo, thunk, &a, msg, sizeof msg);
-  double secs = now() - t0;
-  if (rc) fail_msg("launch failed: %s", msg);
-  return secs;
+                       (unsigned)bk->kh.spec.heads, (unsigned)c->B};
+  return kh_launch(&bk->kh, grid, lo, thunk, &a);
 }
 
 /* The errors of c's outputs against the reference: O relative to max |O|, LSE relative;
@@ -228,7 +151,7 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
 static size_t case_errors(const built_kernel *bk, const fwd_case *c, double *o_err,
                           double *lse_err) {
   double *ro = malloc(c->no * sizeof *ro), *rl = malloc(c->nl * sizeof *rl);
-  reference(&bk->spec, c->B, c->sq, c->sk, c->q_pos0, c->scale, c->q, c->kn, c->kr, c->v, ro, rl);
+  reference(&bk->kh.spec, c->B, c->sq, c->sk, c->q_pos0, c->scale, c->q, c->kn, c->kr, c->v, ro, rl);
   double max_ref = 0, max_err = 0, max_lse_err = 0;
   size_t nans = 0;
   for (size_t i = 0; i < c->no; i++) {
@@ -250,7 +173,7 @@ static size_t case_errors(const built_kernel *bk, const fwd_case *c, double *o_e
 
 /* Checks O (relative to max |O|, under 1e-2) and LSE (under 1e-4 relative). */
 static void check_case(const built_kernel *bk, const fwd_case *c, double secs) {
-  const mg_kernel_spec *s = &bk->spec;
+  const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dv = s->d_v;
   double o_err, lse_err;
   assert_int_equal(case_errors(bk, c, &o_err, &lse_err), 0);
@@ -326,22 +249,21 @@ static void test_schedules_bit_identical(void **state) {
     lo.round_robin = 1;
     double secs = launch_case(&bk, &c, &lo);
     check_case(&bk, &c, secs);
-    bf16 *o0 = malloc(c.no * sizeof *o0);
-    float *l0 = malloc(c.nl * sizeof *l0);
-    memcpy(o0, c.o, c.no * sizeof *o0);
-    memcpy(l0, c.lse, c.nl * sizeof *l0);
+    kt_snapshot o0 = {.n = 2, .p = {c.o, c.lse},
+                      .size = {c.no * sizeof *c.o, c.nl * sizeof *c.lse}};
+    kt_snapshot_take(&o0);
     const unsigned long long seeds[] = {1, 2, 0x9e3779b97f4a7c15ull};
     for (int i = 0; i < 3; i++) {
       memset(&lo, 0, sizeof lo);
       lo.seed = seeds[i];
       launch_case(&bk, &c, &lo);
-      if (memcmp(o0, c.o, c.no * sizeof *o0) || memcmp(l0, c.lse, c.nl * sizeof *l0))
+      if (!kt_snapshot_same(&o0))
         fail_msg("%s: schedule seed %llu gives other bits than round robin",
                  causal ? "causal" : "full", seeds[i]);
     }
     print_message("  %s: round robin and seeds 1, 2, 0x9e37...: O and LSE bit-identical\n",
                   causal ? "causal" : "full");
-    free(o0), free(l0);
+    kt_snapshot_free(&o0);
     case_free(&c);
     unload(&bk);
   }
@@ -411,7 +333,7 @@ static void asan_case_run(void **state) {
     run_case(&bk, 2, 77, 77, 0);
     run_case(&bk, 1, 40, 100, 60);
     int (*emulated)(void);
-    *(void **)&emulated = mg_host_kernel_sym(bk.k, "mg_host_smem_emulated");
+    *(void **)&emulated = mg_host_kernel_sym(bk.kh.k, "mg_host_smem_emulated");
     assert_non_null(emulated);
     print_message("  built with ASan: shared memory %s\n",
                   emulated() == 1 ? "in separate heap blocks (static arrays bounds-checked)"
@@ -423,69 +345,11 @@ static void asan_case_run(void **state) {
 /* ASan finds no out-of-bounds global or shared-memory access in the kernel. */
 static void test_asan(void **state) {
   (void)state;
-  mg_host_build_opts bo = build_opts(NULL, 0, 1);
-  char rt[1024];
-  if (mg_host_process_has_asan()) {
-    print_message("  this process has ASan: the kernels are all built with it\n");
-    return;
-  }
-  if (mg_host_asan_runtime(&bo, rt, sizeof rt)) {
-    print_message("  skipped: the compiler has no ASan runtime\n");
-    return;
-  }
-  char seed[32], cache[1200];
-  snprintf(seed, sizeof seed, "%llu", (unsigned long long)g_test_seed);
-  /* The child builds into this process's cache directory, removed at its exit even when
-   * ASan kills the child. */
-  const char *root = mg_host_cache_dir();
-  assert_non_null(root);
-  snprintf(cache, sizeof cache, "%s/asan-child", root);
-  int fd[2];
-  assert_int_equal(pipe(fd), 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(fd[1], 1);
-    dup2(fd[1], 2);
-    close(fd[0]);
-    close(fd[1]);
-    setenv("LD_PRELOAD", rt, 1);
-    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
-    setenv("MLAGEN_TEST_SEED", seed, 1);
-    setenv("MG_HOST_CACHE_DIR", cache, 1);
-    execl("/proc/self/exe", "test_explicit_fwd_host", "--asan-case", (char *)NULL);
-    _exit(127);
-  }
-  close(fd[1]);
-  size_t cap = 1 << 16, len = 0;
-  char *out = malloc(cap + 1);
-  ssize_t r;
-  while ((r = read(fd[0], out + len, cap - len)) > 0) {
-    len += (size_t)r;
-    if (len == cap) {
-      out = realloc(out, 2 * cap + 1);
-      cap *= 2;
-    }
-  }
-  out[len] = '\0';
-  close(fd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strstr(out, "AddressSanitizer");
-  if (!ok) {
-    print_message("%s\n", out);
-    fail_msg("the ASan child failed (status %d), its output is above", status);
-  }
-  for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
-    if (strstr(line, "rel err") || strstr(line, "built ")) print_message("  [asan] %s\n", line + 2);
-  free(out);
+  kh_run_asan_child("test_explicit_fwd_host", g_test_seed);
 }
 
 int main(int argc, char **argv) {
-  const char *env = getenv("MLAGEN_TEST_SEED");
-  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-  g_test_seed = rng_state;
-  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  kt_seed_init();
   if (argc == 2 && !strcmp(argv[1], "--asan-case")) {
     const struct CMUnitTest child[] = {cmocka_unit_test(asan_case_run)};
     return cmocka_run_group_tests(child, NULL, NULL);

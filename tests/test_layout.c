@@ -16,18 +16,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "host/harness.h"
-#include "mg_config.h"
-#include "mg_generate.h"
-#include "mg_jit.h"
-#include "mg_spec.h"
+#include "kernel_host.h"
 #include "mlagen.h"
 
 #include "kernel_test_util.h"
@@ -36,35 +30,9 @@ typedef void (*a2a_fn)(const e16 *src, e16 *dst, int seqlen_local, int batch, in
                        int sp, int width, int direction);
 typedef void (*conv_fn)(const float *dq_accum, e16 *dq, int seqlen_q);
 
-typedef struct built_kernel {
-  mg_host_kernel *k;
-  void *fn;
-  int threads;
-  char name[160];
-} built_kernel;
+typedef kh_kernel built_kernel; /* fn, threads, name */
 
-static mg_host_build_opts build_opts(const mg_host_file *headers, int n_headers) {
-  mg_host_build_opts bo;
-  memset(&bo, 0, sizeof bo);
-  bo.host_dir = MLAGEN_TESTS_DIR "/host";
-  bo.cxx = MLAGEN_CXX;
-  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
-  bo.headers = headers;
-  bo.n_headers = n_headers;
-  return bo;
-}
-
-static int config_int(const mg_kernel *k, const char *name) {
-  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k->manifest, "config");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: no config value %s", k->name, name);
-  return v->valueint;
-}
-
-static void set(mg_kernel_spec *s, const char *assignment) {
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
-}
+static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }
 
 static mg_kernel_spec make_spec(const char *family, const char *dtype, int H) {
   mg_kernel_spec s;
@@ -76,31 +44,8 @@ static mg_kernel_spec make_spec(const char *family, const char *dtype, int H) {
 }
 
 static void build(const mg_kernel_spec *spec, built_kernel *out) {
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  mg_kernel k;
-  memset(out, 0, sizeof *out);
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-  int n_hdr;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  mg_host_file files[8];
-  assert_true(n_hdr <= 8);
-  for (int i = 0; i < n_hdr; i++) {
-    files[i].name = hdr[i].name;
-    files[i].data = hdr[i].data;
-    files[i].size = hdr[i].size;
-  }
-  out->threads = 32 * config_int(&k, "num_warps");
-  snprintf(out->name, sizeof out->name, "%s", k.name);
-  mg_host_build_opts bo = build_opts(files, n_hdr);
-  char msg[4096];
-  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
-    fail_msg("host build: %s", msg);
-  out->fn = mg_host_kernel_fn(out->k);
-  assert_non_null(out->fn);
-  mg_kernel_free(&k);
-  mg_gen_close(g);
+  kh_build(NULL, spec, 0, out);
+  assert_int_equal(out->threads, 32 * kh_config_int(out, "num_warps"));
 }
 
 /* ---- launching ---------------------------------------------------------------------------- */
@@ -120,13 +65,10 @@ static void a2a_thunk(void *p) {
 static void launch_a2a(const built_kernel *bk, const e16 *src, e16 *dst, int Sl, int B, int H,
                        int P, int w, int dir) {
   /* the manifest's grid: (seqlen_q = S_l, 1, batch) */
-  mg_host_dim3 grid = {(unsigned)Sl, 1, (unsigned)B}, block = {(unsigned)bk->threads, 1, 1};
   a2a_args a = {bk, src, dst, Sl, B, H, P, w, dir};
   mg_host_launch_opts lo;
   memset(&lo, 0, sizeof lo);
-  char msg[1024];
-  if (mg_host_kernel_launch(bk->k, grid, block, 0, &lo, a2a_thunk, &a, msg, sizeof msg))
-    fail_msg("%s: launch failed: %s", bk->name, msg);
+  kh_launch(bk, kh_grid(bk, Sl, Sl, B), &lo, a2a_thunk, &a);
 }
 
 /* ---- the all-to-all, simulated -------------------------------------------------------------- */
@@ -207,8 +149,8 @@ static void check_layouts(const char *dtype, int P, int w) {
   print_message("  %s P=%d w=%3d: seq->head, head->seq, round trip bit-exact\n", dtype, P, w);
   for (int r = 0; r < P; r++) free(seq[r]), free(head[r]), free(got_head[r]), free(got_seq[r]);
   free(g);
-  mg_host_kernel_free(pack.k);
-  mg_host_kernel_free(unpack.k);
+  kh_free(&pack);
+  kh_free(&unpack);
 }
 
 /* The send buffer itself, checked against runtime/mg_cpu_exec.c's move_block layouts:
@@ -235,7 +177,7 @@ static void check_send_buffer(int P, int w) {
           }
   }
   free(in), free(send);
-  mg_host_kernel_free(pack.k);
+  kh_free(&pack);
 }
 
 static void test_layouts_bf16(void **state) {
@@ -285,8 +227,8 @@ static void test_num_warps(void **state) {
     for (int r = 0; r < P; r++) assert_memory_equal(got[r], seq[r], nr * sizeof(e16));
     for (int r = 0; r < P; r++) free(seq[r]), free(head[r]), free(got[r]);
     free(g);
-    mg_host_kernel_free(pack.k);
-    mg_host_kernel_free(unpack.k);
+    kh_free(&pack);
+    kh_free(&unpack);
   }
 }
 
@@ -326,13 +268,10 @@ static void check_convert(const char *dtype, int H, int dn, int dr, const char *
   acc[1] = 1.01171875f;                  /* bf16: tie -> 1.015625 (even) */
   acc[2] = fp16 ? 65519.f : 3.0e38f;      /* near the top of the range */
   acc[3] = -1e-30f;                      /* tiny (denormal / underflow in fp16) */
-  mg_host_dim3 grid = {(unsigned)sq, 1, (unsigned)B}, block = {(unsigned)bk.threads, 1, 1};
   conv_args a = {&bk, acc, dq, sq};
   mg_host_launch_opts lo;
   memset(&lo, 0, sizeof lo);
-  char msg[1024];
-  if (mg_host_kernel_launch(bk.k, grid, block, 0, &lo, conv_thunk, &a, msg, sizeof msg))
-    fail_msg("%s: launch failed: %s", bk.name, msg);
+  kh_launch(&bk, kh_grid(&bk, sq, sq, B), &lo, conv_thunk, &a); /* (seqlen_q, 1, batch) */
   size_t bad = 0;
   for (size_t i = 0; i < n; i++) {
     const e16 want = fp16 ? mg_st_f32_to_f16(acc[i]) : mg_st_f32_to_bf16(acc[i]);
@@ -342,7 +281,7 @@ static void check_convert(const char *dtype, int H, int dn, int dr, const char *
   assert_int_equal(bad, 0);
   print_message("  %s: %zu values bit-exact\n", bk.name, n);
   free(acc), free(dq);
-  mg_host_kernel_free(bk.k);
+  kh_free(&bk);
 }
 
 static void test_dq_convert(void **state) {
@@ -359,20 +298,18 @@ static void test_dq_convert(void **state) {
  * stack or static shared memory, for DeepSeek-V3's shape at P = 1 and 4, bf16 and fp16. */
 static void test_nvrtc_all_kept_configs(void **state) {
   (void)state;
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  int n_hdr, kept = 0;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  kh_sweep sw;
+  kh_sweep_open(&sw, 56, 0);
+  int kept = 0;
   mg_shape shape;
-  if (mg_config_load("deepseek-v3", &shape, &d)) fail_msg("%s", mg_diag_msg(&d));
+  kh_load_shape("deepseek-v3", NULL, &shape);
   const char *dtypes[2] = {"bf16", "fp16"};
   const int sps[2] = {1, 4};
   for (int t = 0; t < 2; t++)
     for (int spi = 0; spi < 2; spi++) {
       mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
       int n;
-      assert_int_equal(mg_spec_for_model(&shape, sps[spi], dtypes[t], specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
+      assert_int_equal(mg_spec_for_model(&shape, sps[spi], dtypes[t], specs, MG_SPEC_MAX_KERNELS, &n, &sw.d), 0);
       for (int i = 0; i < n; i++) {
         if (!specs[i].causal) continue;
         if (strcmp(specs[i].family, "a2a_pack") && strcmp(specs[i].family, "a2a_unpack") &&
@@ -384,39 +321,17 @@ static void test_nvrtc_all_kept_configs(void **state) {
           char a[32];
           snprintf(a, sizeof a, "num_warps=%d", nw);
           set(&s, a);
-          mg_kernel k;
-          if (mg_gen_kernel(g, &s, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-          kept++;
-          for (int arch = 0; arch < 2; arch++) {
-            mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr,
-                             .n_headers = n_hdr, .template_hash = mg_gen_template_hash(g)};
-            mg_cubin cb;
-            if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cb, &d))
-              fail_msg("%s", mg_diag_msg(&d));
-            print_message("  %-56s %-6s regs %3d spill %ld+%ld stack %ld\n", k.name, o.arch,
-                          cb.report.registers, cb.report.spill_stores, cb.report.spill_loads,
-                          cb.report.stack_bytes);
-            assert_true(cb.report.registers > 0);
-            assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);
-            assert_int_equal(cb.report.stack_bytes, 0);
-            assert_int_equal(cb.report.smem_bytes, 0);
-            mg_cubin_free(&cb);
-          }
-          mg_kernel_free(&k);
+          kept += kh_sweep_compile(&sw, &s, "");
         }
       }
     }
   print_message("  %d configurations compiled\n", kept);
   assert_int_equal(kept, 2 * (3 + 3 + 3) + 2 * 3); /* per dtype: pack, unpack, dq at P=1; dq at P=4 */
-  mg_diag_clear(&d);
-  mg_gen_close(g);
+  kh_sweep_close(&sw);
 }
 
 int main(void) {
-  const char *env = getenv("MLAGEN_TEST_SEED");
-  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-  g_test_seed = rng_state;
-  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  kt_seed_init();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layouts_bf16),
       cmocka_unit_test(test_layouts_fp16),

@@ -17,20 +17,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "host/harness.h"
-#include "mg_generate.h"
-#include "mg_jit.h"
-#include "mg_spec.h"
-#include "mlagen.h"
-
+#include "kernel_host.h"
 #include "kernel_test_util.h"
+#include "mlagen.h"
 #include "mqa_ref.h"
 
 typedef void (*pre_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_accum,
@@ -46,51 +40,18 @@ typedef void (*conv_fn)(const float *accum, e16 *out, int rows);
 enum { FAM_PRE, FAM_DKV, FAM_DQ, FAM_CONV };
 
 typedef struct built_kernel {
-  mg_host_kernel *k;
-  void *fn;
+  kh_kernel kh;  /* fn, threads, smem, name, spec */
   int fam;
-  int threads, rows; /* rows: query rows (pre), keys (dkv) or packed rows (dq) per CTA */
-  int qsplit;        /* dkv: CTAs per key tile (> 1: fp32 atomics into dc_accum) */
-  size_t smem;
-  char name[160];
-  mg_kernel_spec spec;
+  int rows;      /* query rows (pre), keys (dkv) or packed rows (dq) per CTA */
+  int qsplit;    /* dkv: CTAs per key tile (> 1: fp32 atomics into dc_accum) */
 } built_kernel;
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static const cJSON *manifest_item(const mg_kernel *k, const char *obj, const char *name) {
-  const cJSON *o = cJSON_GetObjectItemCaseSensitive(k->manifest, obj);
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-  if (!v) fail_msg("%s: no %s.%s in the manifest", k->name, obj, name);
-  return v;
-}
-
-static int config_int(const mg_kernel *k, const char *name) {
-  const cJSON *v = manifest_item(k, "config", name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: config %s is not a number", k->name, name);
-  return v->valueint;
-}
-
-static long launch_value(const mg_kernel *k, const char *name) {
-  const cJSON *v = manifest_item(k, "launch", name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: launch %s is not a number", k->name, name);
-  return (long)v->valuedouble;
-}
-
-static void set(mg_kernel_spec *s, const char *assignment) {
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
-}
+static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }
 
 /* The element type of the kernels built next and of the cases' 16-bit data (bf16 unless a
  * test sets fp16). */
 static int g_fp16;
-static float e_to_float(e16 x) { return g_fp16 ? half_to_float(x) : bf16_to_float(x); }
-static e16 float_to_e(float x) { return g_fp16 ? float_to_half(x) : float_to_bf16(x); }
+static e16 float_to_e(float x) { return float_to_e16(g_fp16, x); }
 
 /* The absorbed kernels read d_c and d_r; d_n and d_v are the explicit form's (ignored).
  * attn_bwd_pre computes delta over d_v columns: it gets d_v = d_n = d_c. */
@@ -105,75 +66,23 @@ static mg_kernel_spec make_spec(const char *family, int H, int dc, int dr, int c
   return s;
 }
 
-/* Blanks the which-th (from 0) `__syncthreads();` of src, keeping every line where it is;
- * 0 when there is no such barrier. */
-static int drop_barrier(char *src, int which) {
-  static const char bar[] = "__syncthreads();";
-  char *p = src;
-  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
-    if (i == which) {
-      memset(p, ' ', sizeof bar - 1);
-      return 1;
-    }
-  return 0;
-}
-
 /* Generates the kernel for spec and builds it with the host executor (the harness keys its
  * objects by content). drop >= 0: without that barrier; returns 0 when there is none. */
 static int build_src(const mg_kernel_spec *spec, int drop, built_kernel *out) {
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  mg_kernel k;
+  kh_drop dr = {.which = drop};
   memset(out, 0, sizeof *out);
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-  int n_hdr;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  mg_host_file files[8];
-  assert_true(n_hdr <= 8);
-  for (int i = 0; i < n_hdr; i++) {
-    files[i].name = hdr[i].name;
-    files[i].data = hdr[i].data;
-    files[i].size = hdr[i].size;
-  }
+  if (!kh_build_edited(NULL, spec, 0, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
+  const kh_kernel *k = &out->kh;
   out->fam = !strcmp(spec->family, "attn_bwd_pre")  ? FAM_PRE
              : !strcmp(spec->family, "mqa_bwd_dkv") ? FAM_DKV
              : !strcmp(spec->family, "dq_convert")  ? FAM_CONV
                                                     : FAM_DQ;
-  const cJSON *block = manifest_item(&k, "launch", "block");
-  assert_true(cJSON_IsArray(block) && cJSON_IsNumber(cJSON_GetArrayItem(block, 0)));
-  out->threads = cJSON_GetArrayItem(block, 0)->valueint;
-  out->rows = out->fam == FAM_PRE   ? config_int(&k, "num_warps") * config_int(&k, "rows_per_warp")
-              : out->fam == FAM_DKV ? config_int(&k, "block_n")
-              : out->fam == FAM_DQ  ? config_int(&k, "block_m")
+  out->rows = out->fam == FAM_PRE   ? kh_config_int(k, "num_warps") * kh_config_int(k, "rows_per_warp")
+              : out->fam == FAM_DKV ? kh_config_int(k, "block_n")
+              : out->fam == FAM_DQ  ? kh_config_int(k, "block_m")
                                     : 1;
-  out->qsplit = out->fam == FAM_DKV ? config_int(&k, "qsplit") : 1;
-  out->smem = (size_t)launch_value(&k, "smem");
-  assert_int_equal(launch_value(&k, "smem_static"), 0);
-  snprintf(out->name, sizeof out->name, "%s", k.name);
-  out->spec = *spec;
-  if (drop >= 0 && !drop_barrier(k.source, drop)) {
-    mg_kernel_free(&k);
-    mg_gen_close(g);
-    return 0;
-  }
-  mg_host_build_opts bo;
-  memset(&bo, 0, sizeof bo);
-  bo.host_dir = MLAGEN_TESTS_DIR "/host";
-  bo.cxx = MLAGEN_CXX;
-  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
-  bo.headers = files;
-  bo.n_headers = n_hdr;
-  char msg[4096];
-  double t0 = now();
-  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
-    fail_msg("host build: %s", msg);
-  double secs = now() - t0;
-  if (secs > 0.05) print_message("  built %s (%.1f s)\n", k.name, secs);
-  out->fn = mg_host_kernel_fn(out->k);
-  assert_non_null(out->fn);
-  mg_kernel_free(&k);
-  mg_gen_close(g);
+  out->qsplit = out->fam == FAM_DKV ? kh_config_int(k, "qsplit") : 1;
+  assert_int_equal(kh_launch_value(k, "smem_static"), 0);
   return 1;
 }
 
@@ -198,11 +107,8 @@ static void *xcalloc(size_t n, size_t sz) {
 }
 
 static e16 *rand_e16(size_t n, double *as_double) {
-  e16 *p = xcalloc(n, sizeof *p);
-  for (size_t i = 0; i < n; i++) {
-    p[i] = float_to_e((float)randn());
-    as_double[i] = e_to_float(p[i]);
-  }
+  e16 *p = kt_rand_e16(g_fp16, n);
+  for (size_t i = 0; i < n; i++) as_double[i] = e16_to_float(g_fp16, p[i]);
   return p;
 }
 
@@ -253,14 +159,14 @@ static void thunk(void *p) {
   launch_args *a = p;
   mqa_case *c = a->c;
   if (a->bk->fam == FAM_PRE)
-    ((pre_fn)a->bk->fn)(c->o16, c->dout, c->delta, NULL, c->sq);
+    ((pre_fn)a->bk->kh.fn)(c->o16, c->dout, c->delta, NULL, c->sq);
   else if (a->bk->fam == FAM_CONV)
-    ((conv_fn)a->bk->fn)(c->dc_accum, c->dcout, c->sk);
+    ((conv_fn)a->bk->kh.fn)(c->dc_accum, c->dcout, c->sk);
   else if (a->bk->fam == FAM_DKV && a->bk->qsplit > 1)
-    ((mqa_fn)a->bk->fn)(c->q, c->c, c->dout, c->lse32, c->delta, (e16 *)(void *)c->dc_accum,
+    ((mqa_fn)a->bk->kh.fn)(c->q, c->c, c->dout, c->lse32, c->delta, (e16 *)(void *)c->dc_accum,
                         c->sq, c->sk, c->q_pos0, c->scale);
   else
-    ((mqa_fn)a->bk->fn)(c->q, c->c, c->dout, c->lse32, c->delta,
+    ((mqa_fn)a->bk->kh.fn)(c->q, c->c, c->dout, c->lse32, c->delta,
                         a->bk->fam == FAM_DKV ? c->dcout : c->dq, c->sq, c->sk, c->q_pos0,
                         c->scale);
 }
@@ -282,11 +188,8 @@ static void launch(const built_kernel *bk, mqa_case *c, const mg_host_launch_opt
       grid = (mg_host_dim3){((unsigned)(c->sq * c->H) + rows - 1) / rows, 1, (unsigned)c->B};
   }
   if (grid.x == 0) return;
-  mg_host_dim3 block = {(unsigned)bk->threads, 1, 1};
   launch_args a = {bk, c};
-  char msg[1024];
-  if (mg_host_kernel_launch(bk->k, grid, block, bk->smem, lo, thunk, &a, msg, sizeof msg))
-    fail_msg("%s: launch failed: %s", bk->name, msg);
+  kh_launch(&bk->kh, grid, lo, thunk, &a);
 }
 
 /* The three kernels for one spec: attn_bwd_pre (delta), mqa_bwd_dkv, mqa_bwd_dq. */
@@ -313,10 +216,10 @@ static void set_build(bwd_set *bs, int H, int dc, int dr, int causal, const char
 }
 
 static void set_unload(bwd_set *bs) {
-  mg_host_kernel_free(bs->pre.k);
-  mg_host_kernel_free(bs->dkv.k);
-  mg_host_kernel_free(bs->dq.k);
-  if (bs->conv.k) mg_host_kernel_free(bs->conv.k);
+  kh_free(&bs->pre.kh);
+  kh_free(&bs->dkv.kh);
+  kh_free(&bs->dq.kh);
+  kh_free(&bs->conv.kh);
 }
 
 /* Runs the pipeline; every output is NaN first. */
@@ -325,31 +228,18 @@ static double run_pipeline(const bwd_set *bs, mqa_case *c, const mg_host_launch_
   for (size_t i = 0; i < c->nq; i++) c->dq[i] = 0x7fff;
   for (size_t i = 0; i < c->nc; i++) c->dcout[i] = 0x7fff;
   for (size_t i = 0; i < c->nc; i++) c->dc_accum[i] = bs->dkv.qsplit > 1 ? 0.f : NAN;
-  double t0 = now();
+  double t0 = kh_now();
   launch(&bs->pre, c, lo);
   launch(&bs->dkv, c, lo);
   launch(&bs->dq, c, lo);
   if (bs->dkv.qsplit > 1) launch(&bs->conv, c, lo);
-  return now() - t0;
+  return kh_now() - t0;
 }
 
 /* max |got - ref| / max |ref| over columns [c0, c1) of rows of width w. */
 static double rel_err(const e16 *got, const double *ref, size_t rows, int w, int c0, int c1,
                       size_t *nans) {
-  double mr = 0, me = 0;
-  for (size_t r = 0; r < rows; r++)
-    for (int k = c0; k < c1; k++) {
-      const size_t i = r * (size_t)w + (size_t)k;
-      const double x = e_to_float(got[i]);
-      if (isnan(x)) {
-        ++*nans;
-        me = INFINITY;
-        continue;
-      }
-      if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
-      if (fabs(x - ref[i]) > me) me = fabs(x - ref[i]);
-    }
-  return mr > 0 ? me / mr : me;
+  return kt_rel_err_e16_cols(g_fp16, got, ref, rows, (size_t)w, (size_t)c0, (size_t)c1, nans);
 }
 
 static double g_worst[3]; /* dq, dc_kv, dk_rope */
@@ -362,7 +252,7 @@ static void check(const bwd_set *bs, mqa_case *c, double secs) {
   e[1] = rel_err(c->dcout, c->r_dc, (size_t)c->B * c->sk, w, 0, c->dc, &nans);
   e[2] = rel_err(c->dcout, c->r_dc, (size_t)c->B * c->sk, w, c->dc, w, &nans);
   print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: rel err dq %.2e dc_kv %.2e dk_rope %.2e (%.2f s)\n",
-                bs->dkv.name + strlen("mla_mqa_bwd_dkv_"), c->B, c->sq, c->sk, c->q_pos0, e[0], e[1],
+                bs->dkv.kh.name + strlen("mla_mqa_bwd_dkv_"), c->B, c->sq, c->sk, c->q_pos0, e[0], e[1],
                 e[2], secs);
   if (nans) fail_msg("%zu NaN outputs", nans);
   for (int i = 0; i < 3; i++) {
@@ -373,7 +263,7 @@ static void check(const bwd_set *bs, mqa_case *c, double secs) {
 
 static void run_case(const bwd_set *bs, int causal, int B, int sq, int sk, int q_pos0) {
   mqa_case c;
-  const mg_kernel_spec *s = &bs->dkv.spec;
+  const mg_kernel_spec *s = &bs->dkv.kh.spec;
   case_init(&c, s->heads, s->d_c, s->d_r, causal, B, sq, sk, q_pos0);
   double secs = run_pipeline(bs, &c, NULL);
   check(bs, &c, secs);
@@ -430,9 +320,9 @@ static void test_deterministic_bit_identical(void **state) {
   memset(&lo, 0, sizeof lo);
   lo.seed = 1;
   check(&bs, &c, run_pipeline(&bs, &c, &lo));
-  e16 *dq0 = xcalloc(c.nq, sizeof *dq0), *dc0 = xcalloc(c.nc, sizeof *dc0);
-  memcpy(dq0, c.dq, c.nq * sizeof *dq0);
-  memcpy(dc0, c.dcout, c.nc * sizeof *dc0);
+  kt_snapshot out0 = {.n = 2, .p = {c.dq, c.dcout},
+                      .size = {c.nq * sizeof *c.dq, c.nc * sizeof *c.dcout}};
+  kt_snapshot_take(&out0);
   for (int i = 0; i < 2; i++) {
     memset(&lo, 0, sizeof lo);
     if (i == 0)
@@ -440,12 +330,12 @@ static void test_deterministic_bit_identical(void **state) {
     else
       lo.round_robin = 1;
     run_pipeline(&bs, &c, &lo);
-    if (memcmp(dq0, c.dq, c.nq * sizeof *dq0) || memcmp(dc0, c.dcout, c.nc * sizeof *dc0))
-      fail_msg("%s: another schedule gives other bits", bs.dkv.name);
+    if (!kt_snapshot_same(&out0))
+      fail_msg("%s: another schedule gives other bits", bs.dkv.kh.name);
   }
   print_message("  %s + %s: seeds 1, 0x9e37... and round robin: dq, dc bit-identical\n",
-                bs.dkv.name, bs.dq.name);
-  free(dq0), free(dc0);
+                bs.dkv.kh.name, bs.dq.kh.name);
+  kt_snapshot_free(&out0);
   case_free(&c);
   set_unload(&bs);
 }
@@ -490,9 +380,9 @@ static void test_missing_barrier_caught(void **state) {
                                : rel_err(c.dcout, c.r_dc, (size_t)c.B * c.sk, w, 0, w, &nans);
         caught += nans || !(e < 2e-2);
       }
-      print_message("  %s without barrier %d: caught by %d of 3 seeds\n", target->name, which, caught);
+      print_message("  %s without barrier %d: caught by %d of 3 seeds\n", target->kh.name, which, caught);
       if (caught < 3)
-        fail_msg("%s: barrier %d removed, yet some schedule gives the right result", target->name,
+        fail_msg("%s: barrier %d removed, yet some schedule gives the right result", target->kh.name,
                  which);
       case_free(&c);
       set_unload(&bs);
@@ -554,13 +444,9 @@ static void test_nvrtc_all_kept_configs(void **state) {
   static const char *const tunables[2][5] = {{"block_n", "nsplit", "block_m", "stages", "mtiles"},
                                              {"block_m", "nsplit", "block_n", "stages", "mtiles"}};
   static const int values[5][3] = {{16, 32, 64}, {1, 2, 4}, {16, 32, 64}, {1, 2, 0}, {1, 2, 0}};
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  int n_hdr, kept = 0, rejected = 0;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  double t0 = now();
-  char report[8192] = "";
+  kh_sweep sw;
+  kh_sweep_open(&sw, 62, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_QUIET_REJECTS);
+  int kept = 0;
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
     for (int f = 0; f < 3; f++)
       for (int ci = -2; ci < 3 * 3 * 3 * 2 * 2; ci++) { /* -1: the default; -2: dkv's, qsplit 8 */
@@ -575,45 +461,13 @@ static void test_nvrtc_all_kept_configs(void **state) {
             set(&s, a);
           }
         }
-        mg_kernel k;
-        int rc = mg_gen_kernel(g, &s, &k, &d);
-        if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&d), "rejected")) {
-          rejected++;
-          continue;
-        }
-        if (rc) fail_msg("%s", mg_diag_msg(&d));
-        kept += ci != -1;
-        for (int arch = 0; arch < 2; arch++) {
-          mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr,
-                           .n_headers = n_hdr, .template_hash = mg_gen_template_hash(g)};
-          mg_cubin cb;
-          if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cb, &d))
-            fail_msg("%s", mg_diag_msg(&d));
-          char line[256];
-          snprintf(line, sizeof line, "  %s%-62s %-6s regs %3d spill %ld+%ld stack %ld smem %ld (dynamic)\n",
-                   ci == -1 ? "default " : "", k.name, o.arch, cb.report.registers,
-                   cb.report.spill_stores, cb.report.spill_loads, cb.report.stack_bytes,
-                   launch_value(&k, "smem"));
-          print_message("%s", line);
-          if (ci == -1 && strlen(report) + strlen(line) < sizeof report) strcat(report, line);
-          assert_true(cb.report.registers > 0);
-          assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);
-          assert_int_equal(cb.report.stack_bytes, 0);
-          assert_int_equal(cb.report.smem_bytes, 0);
-          mg_cubin_free(&cb);
-        }
-        mg_kernel_free(&k);
+        if (kh_sweep_compile(&sw, &s, ci == -1 ? "default " : "")) kept += ci != -1;
       }
-  for (char *line = report, *nl; *line; line = nl + 1) { /* the defaults again, together */
-    nl = strchr(line, '\n');
-    *nl = 0;
-    print_message("%s\n", line);
-  }
+  kh_sweep_print_defaults(&sw); /* the defaults again, together */
   print_message("  %d configurations kept, %d rejected by the templates' checks (%.0f s)\n", kept,
-                rejected, now() - t0);
+                sw.rejected, kh_now() - sw.t0);
   assert_true(kept >= 8);
-  mg_diag_clear(&d);
-  mg_gen_close(g);
+  kh_sweep_close(&sw);
 }
 
 static int report_worst(void **state) {
@@ -624,10 +478,7 @@ static int report_worst(void **state) {
 }
 
 int main(void) {
-  const char *env = getenv("MLAGEN_TEST_SEED");
-  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-  g_test_seed = rng_state;
-  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  kt_seed_init();
   const char *filter = getenv("MLAGEN_TEST_FILTER");
   if (filter) cmocka_set_test_filter(filter);
   const struct CMUnitTest tests[] = {

@@ -19,23 +19,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "host/harness.h"
-#include "mg_config.h"
-#include "mg_generate.h"
-#include "mg_jit.h"
-#include "mg_spec.h"
-#include "mlagen.h"
-
+#include "kernel_host.h"
 #include "kernel_test_util.h"
+#include "mlagen.h"
 #include "mqa_ref.h"
 
 typedef void (*mqa_fwd_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
@@ -56,61 +47,18 @@ static void thunk(void *p) {
 }
 
 typedef struct built_kernel {
-  mg_host_kernel *k;
+  kh_kernel kh; /* threads, smem (dynamic shared memory per block), name, spec */
   mqa_fwd_fn fn;
-  int block_m, threads;
-  size_t smem; /* dynamic shared memory per block */
-  char name[160];
-  mg_kernel_spec spec;
+  int block_m;
 } built_kernel;
 
 static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
-static float e_to_float(const mg_kernel_spec *s, e16 x) {
-  return is_fp16(s) ? half_to_float(x) : bf16_to_float(x);
-}
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static mg_host_build_opts build_opts(const mg_host_file *headers, int n_headers, int asan) {
-  mg_host_build_opts bo;
-  memset(&bo, 0, sizeof bo);
-  bo.host_dir = MLAGEN_TESTS_DIR "/host";
-  bo.cxx = MLAGEN_CXX;
-  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
-  bo.headers = headers;
-  bo.n_headers = n_headers;
-  bo.asan = asan;
-  return bo;
-}
-
-static int config_int(const mg_kernel *k, const char *name) {
-  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k->manifest, "config");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: no config value %s", k->name, name);
-  return v->valueint;
-}
-
-static const cJSON *launch_item(const mg_kernel *k, const char *name) {
-  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k->manifest, "launch");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(launch, name);
-  if (!v) fail_msg("%s: no launch value %s", k->name, name);
-  return v;
-}
-
-static long launch_value(const mg_kernel *k, const char *name) {
-  const cJSON *v = launch_item(k, name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: launch value %s is not a number", k->name, name);
-  return (long)v->valuedouble;
-}
+static float e_to_float(const mg_kernel_spec *s, e16 x) { return e16_to_float(is_fp16(s), x); }
 
 /* The grid rule's x dimension must be ceil(seqlen_q * H / block_m) (heads packed into the
  * rows), y 1 and z the batch. */
-static void check_grid_rule(const mg_kernel *k, int heads, int block_m) {
-  const cJSON *grid = launch_item(k, "grid");
+static void check_grid_rule(const kh_kernel *k, int heads, int block_m) {
+  const cJSON *grid = kh_launch_item(k, "grid");
   assert_int_equal(cJSON_GetArraySize(grid), 3);
   const cJSON *x = cJSON_GetArrayItem(grid, 0), *y = cJSON_GetArrayItem(grid, 1),
               *z = cJSON_GetArrayItem(grid, 2);
@@ -121,70 +69,25 @@ static void check_grid_rule(const mg_kernel *k, int heads, int block_m) {
   assert_string_equal(cJSON_GetObjectItemCaseSensitive(z, "arg")->valuestring, "batch");
 }
 
-/* Blanks the which-th (from 0) `__syncthreads();` of src, keeping every line where it
- * is. Returns 0 when there is no such barrier; *publishes is set to 0 when the barrier's
- * comment says it only guards a buffer against the next copy into it ("every warp is
- * done", write after read), else 1 (it publishes copied data, the row max or sum parts,
- * or P to other warps). */
-static int drop_barrier(char *src, int which, int *publishes) {
-  static const char bar[] = "__syncthreads();";
-  char *p = src;
-  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
-    if (i == which) {
-      char *eol = strchr(p, '\n');
-      const char *comment = strstr(p, "//");
-      *publishes = !(comment && (!eol || comment < eol) &&
-                     strncmp(comment, "// every warp is done", 21) == 0);
-      memset(p, ' ', sizeof bar - 1);
-      return 1;
-    }
-  return 0;
-}
-
 /* Generates the kernel for spec and builds it with the host executor (the harness keys
  * its objects by content, so a kernel is compiled once). drop >= 0: without that barrier
- * (returns 0 when there is none). */
+ * (returns 0 when there is none); *publishes is set to 0 when the barrier's comment says
+ * it only guards a buffer against the next copy into it ("every warp is done", write
+ * after read), else 1 (it publishes copied data, the row max or sum parts, or P to other
+ * warps). */
 static int build_src(const mg_kernel_spec *spec, int asan, int drop, int *publishes,
                      built_kernel *out) {
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  mg_kernel k;
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-  int n_hdr;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  mg_host_file files[8];
-  assert_true(n_hdr <= 8);
-  for (int i = 0; i < n_hdr; i++) {
-    files[i].name = hdr[i].name;
-    files[i].data = hdr[i].data;
-    files[i].size = hdr[i].size;
+  kh_drop dr = {.which = drop};
+  if (!kh_build_edited(NULL, spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
+  if (publishes) {
+    const char *comment = strstr(dr.rest, "//");
+    *publishes = !(comment && strncmp(comment, "// every warp is done", 21) == 0);
   }
-  out->block_m = config_int(&k, "block_m");
-  out->threads = 32 * (out->block_m / 16) * config_int(&k, "nsplit");
-  const cJSON *block = launch_item(&k, "block");
-  assert_int_equal(cJSON_GetArrayItem(block, 0)->valueint, out->threads);
-  check_grid_rule(&k, spec->heads, out->block_m);
-  out->smem = (size_t)launch_value(&k, "smem");
-  assert_int_equal(launch_value(&k, "smem_static"), 0);
-  snprintf(out->name, sizeof out->name, "%s", k.name);
-  out->spec = *spec;
-  if (drop >= 0 && !drop_barrier(k.source, drop, publishes)) {
-    mg_kernel_free(&k);
-    mg_gen_close(g);
-    return 0;
-  }
-  mg_host_build_opts bo = build_opts(files, n_hdr, asan);
-  char msg[4096];
-  double t0 = now();
-  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
-    fail_msg("host build: %s", msg);
-  double secs = now() - t0;
-  if (secs > 0.05) print_message("  built %s%s (%.1f s)\n", k.name, asan ? " with ASan" : "", secs);
-  *(void **)&out->fn = mg_host_kernel_fn(out->k);
-  assert_non_null(out->fn);
-  mg_kernel_free(&k);
-  mg_gen_close(g);
+  out->block_m = kh_config_int(&out->kh, "block_m");
+  assert_int_equal(out->kh.threads, 32 * (out->block_m / 16) * kh_config_int(&out->kh, "nsplit"));
+  check_grid_rule(&out->kh, spec->heads, out->block_m);
+  assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
+  *(void **)&out->fn = out->kh.fn;
   return 1;
 }
 
@@ -194,7 +97,7 @@ static void build_ex(const mg_kernel_spec *spec, int asan, built_kernel *out) {
 
 static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec, 0, out); }
 
-static void unload(built_kernel *bk) { mg_host_kernel_free(bk->k); }
+static void unload(built_kernel *bk) { kh_free(&bk->kh); }
 
 /* One case's tensors: random inputs, outputs NaN until the kernel writes them. */
 typedef struct fwd_case {
@@ -205,15 +108,8 @@ typedef struct fwd_case {
   size_t nq, nc, no, nl;
 } fwd_case;
 
-static e16 *rand_e16(const mg_kernel_spec *s, size_t n) {
-  e16 *p = malloc((n ? n : 1) * sizeof *p);
-  for (size_t i = 0; i < n; i++)
-    p[i] = is_fp16(s) ? float_to_half((float)randn()) : float_to_bf16((float)randn());
-  return p;
-}
-
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
-  const mg_kernel_spec *s = &bk->spec;
+  const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_c + s->d_r;
   c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
   /* the explicit form's scale (d_n 128 + d_r 64, DeepSeek's mscale): the absorbed scores
@@ -221,8 +117,8 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
   c->scale = (float)(1.0 / sqrt(192.0) * 1.3689 * 1.3689);
   c->nq = (size_t)B * sq * H * dqk;
   c->nc = (size_t)B * sk * dqk;
-  c->q = rand_e16(s, c->nq);
-  c->c = rand_e16(s, c->nc);
+  c->q = kt_rand_e16(is_fp16(s), c->nq);
+  c->c = kt_rand_e16(is_fp16(s), c->nc);
   c->no = (size_t)B * sq * H * s->d_c;
   c->nl = (size_t)B * H * sq;
   c->o = malloc((c->no ? c->no : 1) * sizeof *c->o);
@@ -243,16 +139,10 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   launch_args a = {bk->fn, c->q, c->c, c->o, c->lse, c->sq, c->sk, c->q_pos0, c->scale};
-  const unsigned rows = (unsigned)c->sq * (unsigned)bk->spec.heads;
+  const unsigned rows = (unsigned)c->sq * (unsigned)bk->kh.spec.heads;
   mg_host_dim3 grid = {(rows + (unsigned)bk->block_m - 1) / (unsigned)bk->block_m, 1,
                        (unsigned)c->B};
-  mg_host_dim3 block = {(unsigned)bk->threads, 1, 1};
-  char msg[1024];
-  double t0 = now();
-  int rc = mg_host_kernel_launch(bk->k, grid, block, bk->smem, lo, thunk, &a, msg, sizeof msg);
-  double secs = now() - t0;
-  if (rc) fail_msg("launch failed: %s", msg);
-  return secs;
+  return kh_launch(&bk->kh, grid, lo, thunk, &a);
 }
 
 /* The errors of c's outputs against mqa_ref_fwd: O's max abs error relative to max |O|
@@ -260,30 +150,14 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
  * number of NaN outputs. */
 static size_t case_errors(const built_kernel *bk, const fwd_case *c, double *o_err,
                           double *lse_err) {
-  const mg_kernel_spec *s = &bk->spec;
+  const mg_kernel_spec *s = &bk->kh.spec;
   double *q = to_double(s, c->q, c->nq), *cc = to_double(s, c->c, c->nc);
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
   mqa_ref_fwd(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->scale, q,
               cc, ro, rl);
-  double max_ref = 0, max_err = 0, max_lse_err = 0;
   size_t nans = 0;
-  for (size_t i = 0; i < c->no; i++) {
-    const double got = e_to_float(s, c->o[i]);
-    nans += isnan(got) != 0;
-    if (fabs(ro[i]) > max_ref) max_ref = fabs(ro[i]);
-    if (fabs(got - ro[i]) > max_err || isnan(got)) max_err = isnan(got) ? INFINITY : fabs(got - ro[i]);
-  }
-  for (size_t i = 0; i < c->nl; i++) {
-    nans += isnan(c->lse[i]) != 0;
-    double e;
-    if (isinf(rl[i]) || isinf(c->lse[i]))
-      e = (double)c->lse[i] == rl[i] ? 0 : INFINITY;
-    else
-      e = fabs(c->lse[i] - rl[i]) / (1 + fabs(rl[i]));
-    if (e > max_lse_err || isnan(e)) max_lse_err = isnan(e) ? INFINITY : e;
-  }
-  *o_err = max_ref > 0 ? max_err / max_ref : max_err;
-  *lse_err = max_lse_err;
+  *o_err = kt_rel_err_e16(is_fp16(s), c->o, ro, c->no, &nans);
+  *lse_err = kt_lse_err(c->lse, rl, c->nl, &nans);
   free(q), free(cc), free(ro), free(rl);
   return nans;
 }
@@ -296,7 +170,7 @@ static void check_case(const built_kernel *bk, const fwd_case *c, double secs) {
   double o_err, lse_err;
   size_t nans = case_errors(bk, c, &o_err, &lse_err);
   print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: O rel err %.2e, LSE rel err %.2e (%.2f s)\n",
-                bk->name + strlen("mla_mqa_fwd_"), c->B, c->sq, c->sk, c->q_pos0, o_err, lse_err,
+                bk->kh.name + strlen("mla_mqa_fwd_"), c->B, c->sq, c->sk, c->q_pos0, o_err, lse_err,
                 secs);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (o_err > g_worst_o) g_worst_o = o_err;
@@ -325,10 +199,7 @@ static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
   return s;
 }
 
-static void set(mg_kernel_spec *s, const char *assignment) {
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
-}
+static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }
 
 /* DeepSeek's latent (d_c 512, d_r 64: d_qk 576, d_v 512), default configuration (block_m
  * 64, block_n 32, nsplit 2, stages 2), causal and not. H = 2: S = 1; S = 37 with batch 2
@@ -439,21 +310,20 @@ static void test_schedules_bit_identical(void **state) {
     lo.round_robin = 1;
     double secs = launch_case(&bk, &c, &lo);
     check_case(&bk, &c, secs);
-    e16 *o0 = malloc(c.no * sizeof *o0);
-    float *l0 = malloc(c.nl * sizeof *l0);
-    memcpy(o0, c.o, c.no * sizeof *o0);
-    memcpy(l0, c.lse, c.nl * sizeof *l0);
+    kt_snapshot o0 = {.n = 2, .p = {c.o, c.lse},
+                      .size = {c.no * sizeof *c.o, c.nl * sizeof *c.lse}};
+    kt_snapshot_take(&o0);
     const unsigned long long seeds[] = {1, 2, 0x9e3779b97f4a7c15ull};
     for (int i = 0; i < 3; i++) {
       memset(&lo, 0, sizeof lo);
       lo.seed = seeds[i];
       launch_case(&bk, &c, &lo);
-      if (memcmp(o0, c.o, c.no * sizeof *o0) || memcmp(l0, c.lse, c.nl * sizeof *l0))
-        fail_msg("%s: schedule seed %llu gives other bits than round robin", bk.name, seeds[i]);
+      if (!kt_snapshot_same(&o0))
+        fail_msg("%s: schedule seed %llu gives other bits than round robin", bk.kh.name, seeds[i]);
     }
     print_message("  %s: round robin and seeds 1, 2, 0x9e37...: O and LSE bit-identical\n",
-                  bk.name);
-    free(o0), free(l0);
+                  bk.kh.name);
+    kt_snapshot_free(&o0);
     case_free(&c);
     unload(&bk);
   }
@@ -521,60 +391,7 @@ static void asan_case_run(void **state) {
 /* ASan finds no out-of-bounds global or dynamic shared-memory access in the kernel. */
 static void test_asan(void **state) {
   (void)state;
-  mg_host_build_opts bo = build_opts(NULL, 0, 1);
-  char rt[1024];
-  if (mg_host_process_has_asan()) {
-    print_message("  this process has ASan: the kernels are all built with it\n");
-    return;
-  }
-  if (mg_host_asan_runtime(&bo, rt, sizeof rt)) {
-    print_message("  skipped: the compiler has no ASan runtime\n");
-    return;
-  }
-  char seed[32], cache[1200];
-  snprintf(seed, sizeof seed, "%llu", (unsigned long long)g_test_seed);
-  const char *root = mg_host_cache_dir();
-  assert_non_null(root);
-  snprintf(cache, sizeof cache, "%s/asan-child", root);
-  int fd[2];
-  assert_int_equal(pipe(fd), 0);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(fd[1], 1);
-    dup2(fd[1], 2);
-    close(fd[0]);
-    close(fd[1]);
-    setenv("LD_PRELOAD", rt, 1);
-    setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
-    setenv("MLAGEN_TEST_SEED", seed, 1);
-    setenv("MG_HOST_CACHE_DIR", cache, 1);
-    execl("/proc/self/exe", "test_mqa_fwd", "--asan-case", (char *)NULL);
-    _exit(127);
-  }
-  close(fd[1]);
-  size_t cap = 1 << 16, len = 0;
-  char *out = malloc(cap + 1);
-  ssize_t r;
-  while ((r = read(fd[0], out + len, cap - len)) > 0) {
-    len += (size_t)r;
-    if (len == cap) {
-      out = realloc(out, 2 * cap + 1);
-      cap *= 2;
-    }
-  }
-  out[len] = '\0';
-  close(fd[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strstr(out, "AddressSanitizer");
-  if (!ok) {
-    print_message("%s\n", out);
-    fail_msg("the ASan child failed (status %d), its output is above", status);
-  }
-  for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
-    if (strstr(line, "rel err") || strstr(line, "built ")) print_message("  [asan] %s\n", line + 2);
-  free(out);
+  kh_run_asan_child("test_mqa_fwd", g_test_seed);
 }
 
 /* An MLA shape unlike DeepSeek's (d_c 256, d_r 32, 40 heads), as in test_attn_fwd.c. */
@@ -591,17 +408,13 @@ static void test_nvrtc_all_kept_configs(void **state) {
   (void)state;
   const char *models[] = {"deepseek-v3", NULL};
   const int block_m[] = {32, 64}, block_n[] = {32, 64}, nsplit[] = {2, 4};
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  int n_hdr, kept = 0, rejected = 0;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  double t0 = now();
+  kh_sweep sw;
+  kh_sweep_open(&sw, 58, KH_SWEEP_SMEM | KH_SWEEP_REJECTS);
+  sw.max_smem = 163 * 1024;
+  int kept = 0;
   for (int m = 0; m < 2; m++) {
     mg_shape shape;
-    int rc = models[m] ? mg_config_load(models[m], &shape, &d)
-                       : mg_config_parse(unusual_json, strlen(unusual_json), "unusual", &shape, &d);
-    if (rc) fail_msg("%s", mg_diag_msg(&d));
+    kh_load_shape(models[m], unusual_json, &shape);
     mg_kernel_spec base = make_spec(shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, 1);
     /* the default first, then the space */
     for (int i = -1; i < 16; i++) {
@@ -614,40 +427,13 @@ static void test_nvrtc_all_kept_configs(void **state) {
         snprintf(a[3], sizeof a[3], "stages=%d", 1 + ((i >> 3) & 1));
         for (int j = 0; j < 4; j++) set(&s, a[j]);
       }
-      mg_kernel k;
-      rc = mg_gen_kernel(g, &s, &k, &d);
-      if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&d), "rejected")) {
-        print_message("  rejected: %s\n", mg_diag_msg(&d));
-        rejected++;
-        continue;
-      }
-      if (rc) fail_msg("%s", mg_diag_msg(&d));
-      kept += i >= 0;
-      for (int arch = 0; arch < 2; arch++) {
-        mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr,
-                         .n_headers = n_hdr, .template_hash = mg_gen_template_hash(g)};
-        mg_cubin cb;
-        if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cb, &d))
-          fail_msg("%s", mg_diag_msg(&d));
-        print_message("  %s%-58s %-6s regs %3d spill %ld+%ld stack %ld smem %ld (dynamic)\n",
-                      i < 0 ? "default " : "", k.name, o.arch, cb.report.registers,
-                      cb.report.spill_stores, cb.report.spill_loads, cb.report.stack_bytes,
-                      launch_value(&k, "smem"));
-        assert_true(cb.report.registers > 0);
-        assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);
-        assert_int_equal(cb.report.stack_bytes, 0);
-        assert_int_equal(cb.report.smem_bytes, 0); /* all of it dynamic */
-        assert_true(launch_value(&k, "smem") <= 163 * 1024);
-        mg_cubin_free(&cb);
-      }
-      mg_kernel_free(&k);
+      if (kh_sweep_compile(&sw, &s, i < 0 ? "default " : "")) kept += i >= 0;
     }
   }
   print_message("  %d configurations kept, %d rejected by the template's check (%.0f s)\n", kept,
-                rejected, now() - t0);
+                sw.rejected, kh_now() - sw.t0);
   assert_true(kept >= 20);
-  mg_diag_clear(&d);
-  mg_gen_close(g);
+  kh_sweep_close(&sw);
 }
 
 /* Rejections: shared memory and the accumulator budget at 576/512; a d_c that nsplit
@@ -684,10 +470,7 @@ static int report_worst(void **state) {
 }
 
 int main(int argc, char **argv) {
-  const char *env = getenv("MLAGEN_TEST_SEED");
-  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-  g_test_seed = rng_state;
-  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  kt_seed_init();
   if (argc == 2 && !strcmp(argv[1], "--asan-case")) {
     const struct CMUnitTest child[] = {cmocka_unit_test(asan_case_run)};
     return cmocka_run_group_tests(child, NULL, NULL);

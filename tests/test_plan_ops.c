@@ -15,29 +15,18 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "host/harness.h"
-#include "mg_config.h"
+#include "kernel_host.h"
 #include "mg_cpu_ops.h"
-#include "mg_generate.h"
-#include "mg_jit.h"
-#include "mg_spec.h"
 #include "mlagen.h"
 
 #include "kernel_test_util.h"
 
-typedef struct built_kernel {
-  mg_host_kernel *k;
-  void *fn;
-  int threads;
-  char name[160];
-} built_kernel;
+typedef kh_kernel built_kernel; /* fn, threads, name */
 
 typedef struct op_shape {
   int dn, dr, dv, dc, H;
@@ -46,17 +35,7 @@ typedef struct op_shape {
 static const op_shape shapes[2] = {{128, 64, 128, 512, 2}, {64, 32, 64, 256, 8}};
 enum { B = 2, S = 77, ROWS = B * S };
 
-static int config_int(const mg_kernel *k, const char *name) {
-  const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k->manifest, "config");
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, name);
-  if (!cJSON_IsNumber(v)) fail_msg("%s: no config value %s", k->name, name);
-  return v->valueint;
-}
-
-static void set(mg_kernel_spec *s, const char *assignment) {
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
-}
+static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }
 
 static mg_kernel_spec make_spec(const char *family, const op_shape *sh, int num_warps) {
   mg_kernel_spec s;
@@ -73,37 +52,8 @@ static mg_kernel_spec make_spec(const char *family, const op_shape *sh, int num_
 }
 
 static void build(const mg_kernel_spec *spec, built_kernel *out) {
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  mg_kernel k;
-  memset(out, 0, sizeof *out);
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  if (mg_gen_kernel(g, spec, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-  int n_hdr;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
-  mg_host_file files[8];
-  assert_true(n_hdr <= 8);
-  for (int i = 0; i < n_hdr; i++) {
-    files[i].name = hdr[i].name;
-    files[i].data = hdr[i].data;
-    files[i].size = hdr[i].size;
-  }
-  out->threads = 32 * config_int(&k, "num_warps");
-  snprintf(out->name, sizeof out->name, "%s", k.name);
-  mg_host_build_opts bo;
-  memset(&bo, 0, sizeof bo);
-  bo.host_dir = MLAGEN_TESTS_DIR "/host";
-  bo.cxx = MLAGEN_CXX;
-  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
-  bo.headers = files;
-  bo.n_headers = n_hdr;
-  char msg[4096];
-  if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
-    fail_msg("host build: %s", msg);
-  out->fn = mg_host_kernel_fn(out->k);
-  assert_non_null(out->fn);
-  mg_kernel_free(&k);
-  mg_gen_close(g);
+  kh_build(NULL, spec, 0, out);
+  assert_int_equal(out->threads, 32 * kh_config_int(out, "num_warps"));
 }
 
 /* ---- launching: one thunk per kernel signature ----------------------------------------- */
@@ -139,13 +89,10 @@ static void thunk(void *p) {
 
 /* grid_x 0: the manifest's grid (seqlen_q = S, 1, batch = B); else (grid_x, 1, 1) */
 static void launch(call *c, unsigned grid_x) {
-  mg_host_dim3 grid = {grid_x ? grid_x : (unsigned)S, 1, grid_x ? 1u : (unsigned)B};
-  mg_host_dim3 block = {(unsigned)c->bk->threads, 1, 1};
+  mg_host_dim3 grid = grid_x ? (mg_host_dim3){grid_x, 1, 1} : kh_grid(c->bk, S, S, B);
   mg_host_launch_opts lo;
   memset(&lo, 0, sizeof lo);
-  char msg[1024];
-  if (mg_host_kernel_launch(c->bk->k, grid, block, 0, &lo, thunk, c, msg, sizeof msg))
-    fail_msg("%s: launch failed: %s", c->bk->name, msg);
+  kh_launch(c->bk, grid, &lo, thunk, c);
 }
 
 /* ---- data --------------------------------------------------------------------------------- */
@@ -204,7 +151,7 @@ static void check_expand_kv(const op_shape *sh, int nw, int rope_col, int rope_w
   expect("expand_kv v", &v, 0);
   print_message("  %-52s rope_col %3d rope_w %3d: k, v bit-exact\n", bk.name, rope_col, rope_w);
   free_arr(&kv), free_arr(&rope), free_arr(&k), free_arr(&v);
-  mg_host_kernel_free(bk.k);
+  kh_free(&bk);
 }
 
 /* accumulate: drope starts random and receives += (LAGA-F's later head groups) */
@@ -231,7 +178,7 @@ static void check_split_dkv(const op_shape *sh, int nw, int rope_col, int rope_w
   print_message("  %-52s rope_col %3d rope_w %3d%s: dkv bit-exact, drope %zu/%d exact, others within 1 ulp\n",
                 bk.name, rope_col, rope_w, accumulate ? " +=" : "", exact, ROWS * dr);
   free_arr(&dk), free_arr(&dvv), free_arr(&dkv), free_arr(&drope);
-  mg_host_kernel_free(bk.k);
+  kh_free(&bk);
 }
 
 static void check_latent(const op_shape *sh, int nw, unsigned grid_x) {
@@ -262,8 +209,8 @@ static void check_latent(const op_shape *sh, int nw, unsigned grid_x) {
   assert_memory_equal(dkr.h, kr.h, kr.n * sizeof(e16));
   print_message("  %-52s + split_latent: bit-exact, round trip exact\n", cat.name);
   free_arr(&ckv), free_arr(&kr), free_arr(&c), free_arr(&dcin), free_arr(&dckv), free_arr(&dkr);
-  mg_host_kernel_free(cat.k);
-  mg_host_kernel_free(spl.k);
+  kh_free(&cat);
+  kh_free(&spl);
 }
 
 static void check_copy_cols(int nw, int src_w, int src_col, int dst_w, int dst_col, int cols,
@@ -280,7 +227,7 @@ static void check_copy_cols(int nw, int src_w, int src_col, int dst_w, int dst_c
   print_message("  %-52s [%3d +%3d of %3d] -> [%3d of %3d]: bit-exact\n", bk.name, src_col, cols,
                 src_w, dst_col, dst_w);
   free_arr(&src), free_arr(&dst);
-  mg_host_kernel_free(bk.k);
+  kh_free(&bk);
 }
 
 static void test_expand_kv(void **state) {
@@ -339,22 +286,20 @@ static void test_nvrtc_all_kept_configs(void **state) {
   (void)state;
   static const char *const fams[] = {"expand_kv", "split_dkv", "concat_latent", "split_latent",
                                      "copy_cols"};
-  mg_diag d = MG_DIAG_INIT;
-  mg_gen *g;
-  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
-  int n_hdr, kept = 0;
-  const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+  kh_sweep sw;
+  kh_sweep_open(&sw, 60, 0);
+  int kept = 0;
   const char *models[2] = {"deepseek-v3", "deepseek-v2-lite"};
   const char *dtypes[2] = {"bf16", "fp16"};
   const int sps[2] = {1, 4};
   for (int m = 0; m < 2; m++) {
     mg_shape shape;
-    if (mg_config_load(models[m], &shape, &d)) fail_msg("%s", mg_diag_msg(&d));
+    kh_load_shape(models[m], NULL, &shape);
     for (int t = 0; t < 2; t++)
       for (int spi = 0; spi < 2; spi++) {
         mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
         int n;
-        assert_int_equal(mg_spec_for_model(&shape, sps[spi], dtypes[t], specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
+        assert_int_equal(mg_spec_for_model(&shape, sps[spi], dtypes[t], specs, MG_SPEC_MAX_KERNELS, &n, &sw.d), 0);
         for (int i = 0; i < n; i++) {
           if (!specs[i].causal) continue;
           int fam = -1;
@@ -368,25 +313,7 @@ static void test_nvrtc_all_kept_configs(void **state) {
             char a[32];
             snprintf(a, sizeof a, "num_warps=%d", nw);
             set(&s, a);
-            mg_kernel k;
-            if (mg_gen_kernel(g, &s, &k, &d)) fail_msg("%s", mg_diag_msg(&d));
-            kept++;
-            for (int arch = 0; arch < 2; arch++) {
-              mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr,
-                               .n_headers = n_hdr, .template_hash = mg_gen_template_hash(g)};
-              mg_cubin cb;
-              if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cb, &d))
-                fail_msg("%s", mg_diag_msg(&d));
-              print_message("  %-60s %-6s regs %3d spill %ld+%ld stack %ld\n", k.name, o.arch,
-                            cb.report.registers, cb.report.spill_stores, cb.report.spill_loads,
-                            cb.report.stack_bytes);
-              assert_true(cb.report.registers > 0);
-              assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);
-              assert_int_equal(cb.report.stack_bytes, 0);
-              assert_int_equal(cb.report.smem_bytes, 0);
-              mg_cubin_free(&cb);
-            }
-            mg_kernel_free(&k);
+            kept += kh_sweep_compile(&sw, &s, "");
           }
         }
       }
@@ -395,15 +322,11 @@ static void test_nvrtc_all_kept_configs(void **state) {
   /* per dtype, 3 warp counts each: V3 P=1 all 5 families, V3 P=4 expand+split_dkv,
    * V2-Lite P=1 four families, V2-Lite P=4 expand+split_dkv */
   assert_int_equal(kept, 2 * 3 * (5 + 2 + 4 + 2));
-  mg_diag_clear(&d);
-  mg_gen_close(g);
+  kh_sweep_close(&sw);
 }
 
 int main(void) {
-  const char *env = getenv("MLAGEN_TEST_SEED");
-  rng_state = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-  g_test_seed = rng_state;
-  printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
+  kt_seed_init();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_expand_kv),
       cmocka_unit_test(test_split_dkv),

@@ -3,14 +3,17 @@
  *
  *   mlagen_bench OUTDIR [--seqs 1024,4096,8192,16384] [--heads 16,128] [--iters 20]
  *                       [--warmup 3] [--sets 4] [--seed N] [--check-only] [--row-budget-ms MS]
- *                       [--no-check]
+ *                       [--no-check] [--no-mqa] [--jobs N]
  *
- * For DeepSeek-V3 head shapes (d_n 128, d_r 64, d_v 128), bf16, causal, B = 1, it
- * generates attn_fwd (k_packed 0 and 1), attn_bwd_pre, attn_bwd_dkdv (deterministic 0 and
- * 1) and attn_bwd_dq with their default configurations, for H = 2 (the check) and every H
- * of --heads, compiles them with NVRTC for the device (sm_90a for compute capability 9.0,
- * sm_<major><minor> otherwise), loads them through the driver (runtime/mg_driver.c) and
- * sets their dynamic shared memory limit.
+ * For DeepSeek-V3 head shapes (d_n 128, d_r 64, d_v 128, d_c 512), bf16, causal, B = 1,
+ * it generates attn_fwd (k_packed 0 and 1), attn_bwd_pre, attn_bwd_dkdv (deterministic 0
+ * and 1) and attn_bwd_dq, and the absorbed form's mqa_fwd, attn_bwd_pre at d_n = d_v = d_c,
+ * mqa_bwd_dkv and mqa_bwd_dq (d_qk = d_c + d_r = 576, d_v = d_c = 512; --no-mqa: not these),
+ * with their default configurations, for H = 2 (the check) and every H of --heads,
+ * compiles them with NVRTC for the device (sm_90a for compute capability 9.0,
+ * sm_<major><minor> otherwise) on --jobs threads (default: the CPUs, at most 16), loads
+ * them through the driver (runtime/mg_driver.c) and sets their dynamic shared memory
+ * limit.
  *
  * Check: H = 2, S = 256, and every timed H at S = 200 (a partial tile): random bf16
  * inputs from the seed; the forward (both key layouts: the packed K is built from the
@@ -19,7 +22,11 @@
  * reference's O (rounded to bf16) and LSE (fp32) as attn_fwd stores them, against float64
  * dq, dk_nope, dk_rope (summed over heads) and dv. Errors are max |got - ref| / max |ref|
  * per tensor (LSE: max |got - ref| / (1 + |ref|)); outputs must be under 1e-2, gradients
- * under 2e-2. Any miss: exit 1 before timing.
+ * under 2e-2. The absorbed kernels likewise (check_mqa, against tests/mqa_ref.h) at H = 2,
+ * S = 255, and every timed H at S = 200 (72 from H = 64 on: the float64 reference costs
+ * S^2 H): O (latent) and LSE of mqa_fwd, then pre + mqa_bwd_dkv + mqa_bwd_dq given the
+ * reference O and LSE: dq, dc_kv = dc[:, :d_c], dk_rope = dc[:, d_c:]. Any miss: exit 1
+ * before timing.
  *
  * Timing: per (H, S), --sets input sets (default 4; fewer if device memory is short) of
  * q, k_nope, k_rope, packed K, v, dO, and the O, LSE and delta the kernels produce from
@@ -42,6 +49,13 @@
  * none. Bytes: the minimum a row must move, every input read once and every output
  * written once (a pipeline's intermediates, delta, excluded).
  *
+ * Absorbed rows (time_mqa; d_qk/d_v 576/512 in the table): mqa_fwd (op fwd), the backward
+ * pipeline attn_bwd_pre + mqa_bwd_dkv + mqa_bwd_dq timed once with an event after each
+ * kernel, giving mqa_bwd_pre, mqa_bwd_dkv, mqa_bwd_dq (their medians) and mqa_bwd (the
+ * whole, op bwd), and mqa_fwd+bwd (op fwd_bwd, the sum). FLOPs by MLA.md with the
+ * absorbed dims on mqa_fwd, mqa_bwd and mqa_fwd+bwd; input sets as for attention, 2 to
+ * --sets, enough for 200 MB.
+ *
  * Layout and element-wise kernels (a2a_pack, a2a_unpack, dq_convert, expand_kv, split_dkv,
  * concat_latent, split_latent, copy_cols), built with their default configurations for
  * every H of --heads: timed only (their results are checked on the host executor), at
@@ -63,7 +77,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "mg_config.h"
 #include "mg_driver.h"
@@ -74,8 +90,11 @@
 #include "mlagen.h"
 
 #include "kernel_test_util.h"
+#include "mqa_ref.h"
 
 enum { DN = 128, DR = 64, DV = 128, DQK = DN + DR, DC = 512, H_MODEL = 128 };
+/* the absorbed form's MQA over the latent: d_qk = d_c + d_r, d_v = d_c */
+enum { MQK = DC + DR, MV = DC };
 #define MAX_LIST 16
 #define MAX_HEADS 8
 
@@ -140,21 +159,26 @@ static void dfree_all(void) {
 }
 
 /* ---- kernels ----------------------------------------------------------------------------- */
-/* The attention kernels (checked, then timed), then the layout and element-wise kernels
- * the plans run around them (timed only: memory-bound, reported in GB/s; their results
- * are checked on the host executor by tests/test_layout.c and tests/test_plan_ops.c). */
+/* The attention kernels, explicit (attn_*) and absorbed (mqa_*: the MQA over the latent,
+ * its backward's delta from attn_bwd_pre generated with d_n = d_v = d_c) (checked, then
+ * timed), then the layout and element-wise kernels the plans run around them (timed
+ * only: memory-bound, reported in GB/s; their results are checked on the host executor
+ * by tests/test_layout.c and tests/test_plan_ops.c). */
 enum {
-  K_FWD, K_FWD_KP, K_PRE, K_DKDV, K_DKDV_DET, K_DQ, /* attention: NATTN */
+  K_FWD, K_FWD_KP, K_PRE, K_DKDV, K_DKDV_DET, K_DQ,  /* explicit attention */
+  K_MQA_FWD, K_MQA_PRE, K_MQA_DKV, K_MQA_DQ,         /* absorbed: NATTN checked kernels */
   K_A2A_PACK, K_A2A_UNPACK, K_DQ_CONVERT, K_EXPAND_KV, K_SPLIT_DKV, K_CONCAT_LATENT,
   K_SPLIT_LATENT, K_COPY_COLS, NK
 };
-#define NATTN (K_DQ + 1)
+#define NATTN (K_MQA_DQ + 1)
 static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
                                         "bwd_dkdv", "bwd_dkdv_det", "bwd_dq",
+                                        "mqa_fwd", "mqa_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
                                         "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                         "split_dkv", "concat_latent", "split_latent", "copy_cols"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
+                                         "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
                                          "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                          "split_dkv", "concat_latent", "split_latent",
                                          "copy_cols"};
@@ -171,6 +195,10 @@ static const char *const k_params[NK][16] = {
      "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "softmax_scale"},
+    {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+    {"o", "dout", "delta", "dq_accum", "seqlen_q"},
+    {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+    {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
     {"src", "send", "seqlen_local", "batch", "heads_total", "sp", "width", "direction"},
     {"recv", "dst", "seqlen_local", "batch", "heads_total", "sp", "width", "direction"},
     {"dq_accum", "dq", "seqlen_q"},
@@ -206,6 +234,7 @@ static mg_kernel_spec make_spec(int which, int H) {
   memset(&s, 0, sizeof s);
   snprintf(s.family, sizeof s.family, "%s", k_family[which]);
   s.heads = H, s.d_n = DN, s.d_r = DR, s.d_v = DV, s.d_c = DC, s.causal = 1;
+  if (which == K_MQA_PRE) s.d_n = s.d_v = DC; /* delta over the latent output [.., d_c] */
   snprintf(s.dtype, sizeof s.dtype, "bf16");
   for (int i = 0; i < 2 && k_set[which][i]; i++) {
     mg_diag d = MG_DIAG_INIT;
@@ -277,10 +306,42 @@ static const mg_jit_header *g_hdr;
 static int g_n_hdr;
 static const char *g_template_hash;
 
-static void compile_thread(gk *g) {
+static void compile_one(gk *g) {
   mg_jit_opts jo = {.arch = g_arch, .template_hash = g_template_hash, .headers = g_hdr,
                     .n_headers = g_n_hdr};
   g->rc = mg_jit_compile(g->k.source, g->k.source_len, g->k.file, g->k.name, &jo, &g->cubin, &g->d);
+}
+
+/* NVRTC compiles on --jobs threads (default: the CPUs, at most 16), each taking the next
+ * kernel of the list (NVRTC programs and the JIT cache's atomic writes are thread-safe). */
+static int g_jobs;
+static gk **g_todo;
+static int g_n_todo, g_next_todo;
+static pthread_mutex_t g_todo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *compile_thread(void *arg) {
+  (void)arg;
+  for (;;) {
+    pthread_mutex_lock(&g_todo_lock);
+    const int i = g_next_todo < g_n_todo ? g_next_todo++ : -1;
+    pthread_mutex_unlock(&g_todo_lock);
+    if (i < 0) return NULL;
+    compile_one(g_todo[i]);
+  }
+}
+
+static void compile_all(gk **all, int n) {
+  int jobs = g_jobs > 0 ? g_jobs : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (jobs > 16) jobs = 16;
+  if (jobs > n) jobs = n;
+  g_todo = all, g_n_todo = n, g_next_todo = 0;
+  pthread_t th[16];
+  int started = 0;
+  for (int t = 1; t < jobs; t++)
+    if (pthread_create(&th[started], NULL, compile_thread, NULL) == 0) started++;
+  compile_thread(NULL); /* this thread too; with no helper it does them all */
+  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  say("compile threads: %d\n", started + 1);
 }
 
 /* Renders, compiles (or takes from the JIT cache), loads. */
@@ -304,7 +365,7 @@ static int build_all(mg_gen *gen, kset *sets, int n_sets, int max_optin_smem) {
       all[n++] = g;
     }
   double t0 = now();
-  for (int i = 0; i < n; i++) compile_thread(all[i]); /* ~0.4 s each on a miss */
+  compile_all(all, n); /* ~0.4 s each on a miss (the mqa_* kernels several seconds) */
   say("compiled %d kernels for %s in %.1f s (NVRTC)\n", n, g_arch, now() - t0);
   int bad = 0;
   for (int i = 0; i < n; i++) {
@@ -405,6 +466,33 @@ static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int
 }
 
 static float softmax_scale(void) { return (float)(1.0 / sqrt((double)DQK) * 1.3689 * 1.3689); }
+
+/* The absorbed form's kernels (docs/absorbed.md): q [S, H, d_c + d_r], the latent
+ * c = [c_kv ; k_rope] [S, d_c + d_r] (keys; its first d_c columns are the values),
+ * o and dout [S, H, d_c], lse and delta [H, S], dq like q, dc like c. B = 1, q_pos0 = 0. */
+typedef struct mqa_tensors {
+  CUdeviceptr q, c, dout, o, lse, delta;
+} mqa_tensors;
+
+static int run_mqa_fwd(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
+                       float scale) {
+  int q_pos0 = 0;
+  void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale};
+  return launch(g, 1, S, S, args);
+}
+static int run_mqa_pre(const gk *g, const mqa_tensors *t, int S) {
+  CUdeviceptr none = NULLP; /* no dq_accum: the MQA backward writes dq itself */
+  void *args[] = {(void *)&t->o, (void *)&t->dout, (void *)&t->delta, &none, &S};
+  return launch(g, 1, S, S, args);
+}
+/* mqa_bwd_dkv (out: dc) and mqa_bwd_dq (out: dq) take the same arguments. */
+static int run_mqa_bwd(const gk *g, const mqa_tensors *t, CUdeviceptr out, int S, float scale) {
+  int q_pos0 = 0;
+  void *args[] = {(void *)&t->q,     (void *)&t->c, (void *)&t->dout, (void *)&t->lse,
+                  (void *)&t->delta, &out,          &S,               &S,
+                  &q_pos0,           &scale};
+  return launch(g, 1, S, S, args);
+}
 
 /* ---- the check -------------------------------------------------------------------------- */
 typedef struct host_case {
@@ -647,10 +735,98 @@ done:
   return rc;
 }
 
+/* max |got - ref| / max |ref| over columns [col0, col0 + n) of rows of width w (bf16). */
+static double rel_err_cols(const e16 *got, const double *ref, size_t rows, int w, int col0, int n,
+                           size_t *nans) {
+  double mr = 0, me = 0;
+  for (size_t r = 0; r < rows; r++)
+    for (int k = col0; k < col0 + n; k++) {
+      const size_t i = r * (size_t)w + (size_t)k;
+      const double x = bf16_to_float(got[i]);
+      if (!isfinite(x)) { ++*nans; me = INFINITY; continue; }
+      if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+      if (fabs(x - ref[i]) > me) me = fabs(x - ref[i]);
+    }
+  return mr > 0 ? me / mr : me;
+}
+
+/* The S at which the absorbed kernels of H heads are checked: the float64 reference costs
+ * about S^2 H (d_c + d_r) x 6 operations, so the H = 128 check uses fewer tokens (still a
+ * partial key tile: 72 is not a multiple of 32 or 64). */
+static int mqa_check_seq(int H, int first) { return first ? 255 : H >= 64 ? 72 : 200; }
+
+/* Checks the absorbed kernels of ks at (H = ks->heads, S), causal, B = 1, against the
+ * float64 reference of tests/mqa_ref.h: mqa_fwd's O and LSE; then the backward pipeline
+ * attn_bwd_pre (d_v = d_c) + mqa_bwd_dkv + mqa_bwd_dq given the reference O (rounded to
+ * bf16) and LSE (fp32) as mqa_fwd stores them: dq, dc_kv = dc[:, :d_c] and
+ * dk_rope = dc[:, d_c:]. Outputs NaN-filled first. Returns -1 on a CUDA error, else the
+ * number of misses. */
+static int check_mqa(const kset *ks, int S) {
+  const int H = ks->heads;
+  const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
+  const size_t nl = (size_t)H * S;
+  const double scale = softmax_scale();
+  double t0 = now();
+  e16 *q = rand_bf16(nq), *c = rand_bf16(nc), *dout = rand_bf16(no);
+  double *qd = xcalloc(nq, sizeof *qd), *cd = xcalloc(nc, sizeof *cd), *dod = xcalloc(no, sizeof *dod);
+  for (size_t i = 0; i < nq; i++) qd[i] = bf16_to_float(q[i]);
+  for (size_t i = 0; i < nc; i++) cd[i] = bf16_to_float(c[i]);
+  for (size_t i = 0; i < no; i++) dod[i] = bf16_to_float(dout[i]);
+  double *r_o = xcalloc(no, sizeof *r_o), *r_lse = xcalloc(nl, sizeof *r_lse);
+  double *r_dq = xcalloc(nq, sizeof *r_dq), *r_dc = xcalloc(nc, sizeof *r_dc);
+  mqa_ref_fwd(1, S, S, H, DC, DR, 1, 0, scale, qd, cd, r_o, r_lse);
+  mqa_ref_bwd(1, S, S, H, DC, DR, 1, 0, scale, qd, cd, dod, r_dq, r_dc);
+  e16 *o16 = xcalloc(no, sizeof *o16);
+  float *lse32 = xcalloc(nl, sizeof *lse32);
+  for (size_t i = 0; i < no; i++) o16[i] = float_to_bf16((float)r_o[i]);
+  for (size_t i = 0; i < nl; i++) lse32[i] = (float)r_lse[i];
+  say("check mqa H=%d S=%d B=1 causal, d_qk %d d_v %d (float64 reference %.1f s)\n", H, S, MQK, MV,
+      now() - t0);
+  e16 *o = xcalloc(no, sizeof *o), *dq = xcalloc(nq, sizeof *dq), *dc = xcalloc(nc, sizeof *dc);
+  float *lse = xcalloc(nl, sizeof *lse);
+  int fails = 0, rc = -1;
+  size_t nans = 0;
+  const int base = g_n_allocs;
+  mqa_tensors t;
+  CUdeviceptr d_o, d_lse, d_dq, d_dc;
+  memset(&t, 0, sizeof t);
+  if (upload(&t.q, q, nq * 2) || upload(&t.c, c, nc * 2) || upload(&t.dout, dout, no * 2) ||
+      upload(&t.o, o16, no * 2) || upload(&t.lse, lse32, nl * 4) || alloc_nan(&t.delta, nl * 4) ||
+      alloc_nan(&d_o, no * 2) || alloc_nan(&d_lse, nl * 4) || alloc_nan(&d_dq, nq * 2) ||
+      alloc_nan(&d_dc, nc * 2))
+    goto done;
+  const gk *k = ks->k;
+  if (run_mqa_fwd(&k[K_MQA_FWD], &t, d_o, d_lse, S, (float)scale) || sync_stream(k[K_MQA_FWD].name))
+    goto done;
+  if (download(o, d_o, no * 2) || download(lse, d_lse, nl * 4)) goto done;
+  say("  %s\n", k[K_MQA_FWD].name);
+  verdict("O (latent)", rel_err_bf16(o, r_o, no, &nans), 1e-2, &nans, &fails);
+  verdict("LSE", lse_err(lse, r_lse, nl, &nans), 1e-2, &nans, &fails);
+  if (run_mqa_pre(&k[K_MQA_PRE], &t, S) || sync_stream(k[K_MQA_PRE].name)) goto done;
+  if (run_mqa_bwd(&k[K_MQA_DKV], &t, d_dc, S, (float)scale) || sync_stream(k[K_MQA_DKV].name))
+    goto done;
+  if (run_mqa_bwd(&k[K_MQA_DQ], &t, d_dq, S, (float)scale) || sync_stream(k[K_MQA_DQ].name))
+    goto done;
+  if (download(dq, d_dq, nq * 2) || download(dc, d_dc, nc * 2)) goto done;
+  say("  %s + %s + %s\n", k[K_MQA_PRE].name, k[K_MQA_DKV].name, k[K_MQA_DQ].name);
+  verdict("dq", rel_err_bf16(dq, r_dq, nq, &nans), 2e-2, &nans, &fails);
+  verdict("dc_kv (dc[:, :d_c])", rel_err_cols(dc, r_dc, (size_t)S, MQK, 0, DC, &nans), 2e-2, &nans,
+          &fails);
+  verdict("dk_rope (dc[:, d_c:])", rel_err_cols(dc, r_dc, (size_t)S, MQK, DC, DR, &nans), 2e-2,
+          &nans, &fails);
+  rc = fails;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free(q), free(c), free(dout), free(qd), free(cd), free(dod), free(r_o), free(r_lse), free(r_dq);
+  free(r_dc), free(o16), free(lse32), free(o), free(dq), free(dc), free(lse);
+  return rc;
+}
+
 /* ---- timing ----------------------------------------------------------------------------- */
 typedef struct row {
   char kernel[48], op[16];
   int H, S;
+  int dqk, dv; /* the attention's widths: 192/128 (explicit), 576/512 (absorbed, mqa_*) */
   double ms, flops, bytes;
   int iters;
 } row;
@@ -762,12 +938,13 @@ static void add_row(const char *kernel, const char *op, int H, int S, double ms,
   snprintf(r->kernel, sizeof r->kernel, "%s", kernel);
   snprintf(r->op, sizeof r->op, "%s", op);
   r->H = H, r->S = S, r->ms = ms, r->flops = flops, r->bytes = bytes, r->iters = iters;
+  r->dqk = DQK, r->dv = DV;
 }
 
 static void print_row(const row *r) {
   char tf[16] = "-";
   if (r->flops > 0) snprintf(tf, sizeof tf, "%.1f", r->flops / (r->ms * 1e-3) / 1e12);
-  say("%-18s %4d %6d %7d/%d %6s %10.3f %8s %10.1f %8.0f %5d\n", r->kernel, r->H, r->S, DQK, DV,
+  say("%-18s %4d %6d %5d/%-3d %6s %10.3f %8s %10.1f %8.0f %5d\n", r->kernel, r->H, r->S, r->dqk, r->dv,
       "yes", r->ms, tf, r->bytes / 1e6, r->bytes / (r->ms * 1e-3) / 1e9, r->iters);
 }
 
@@ -863,6 +1040,169 @@ static int time_shape(const kset *ks, int S) {
   add_row("fwd+bwd_det", "fwd_bwd", H, S, ms_fwd + ms_bwd[1], f_fwd + f_bwd,
           b_fb_in + b_fb_out + b_q, it_fwd < it_bwd[1] ? it_fwd : it_bwd[1]);
   print_row(&g_rows[g_n_rows - 1]);
+  rc = 0;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  return rc;
+}
+
+/* ---- the absorbed form's kernels (mqa_*) ------------------------------------------------ */
+/* A launch sequence of n_steps kernels timed step by step: fn(ctx, set, j) launches step
+ * j. As time_row (warm-up, the first warm-up sized for --row-budget-ms, at least 5
+ * iterations), with an event after every step, all recorded back to back on one stream;
+ * ms[j] is the median of step j, ms[n_steps] the median of the whole sequence (event to
+ * event, so the steps' medians need not add up to it exactly). */
+#define TS_MAX_STEPS 3
+#define TS_MAX_ITERS 64
+typedef int (*step_fn)(void *ctx, int set, int step);
+
+static int time_steps(const char *label, step_fn fn, void *ctx, int n_steps, int n_sets, double *ms,
+                      int *iters) {
+  static CUevent ev[TS_MAX_STEPS * TS_MAX_ITERS + 1];
+  static int n_ev;
+  if (!n_ev) {
+    for (int i = 0; i < TS_MAX_STEPS * TS_MAX_ITERS + 1; i++)
+      if (CU(drv->cuEventCreate(&ev[i], CU_EVENT_DEFAULT))) return -1;
+    n_ev = TS_MAX_STEPS * TS_MAX_ITERS + 1;
+  }
+  float w_ms = 0;
+  for (int i = 0; i < g_warmup || i < 1; i++) {
+    if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
+    for (int j = 0; j < n_steps; j++)
+      if (fn(ctx, i % n_sets, j)) return -1;
+    if (CU(drv->cuEventRecord(ev[1], g_stream)) || CU(drv->cuEventSynchronize(ev[1])) ||
+        CU(drv->cuEventElapsedTime(&w_ms, ev[0], ev[1])))
+      return -1;
+  }
+  int n = g_iters;
+  if (w_ms > 0 && n * w_ms > g_row_budget_ms) {
+    n = (int)(g_row_budget_ms / w_ms);
+    if (n < 5) n = 5;
+    if (n > g_iters) n = g_iters;
+    say("  (%s: %.1f ms per launch, %d iterations instead of %d)\n", label, w_ms, n, g_iters);
+  }
+  if (n > TS_MAX_ITERS) n = TS_MAX_ITERS;
+  if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n_steps; j++) {
+      if (fn(ctx, (i + 1) % n_sets, j)) return -1;
+      if (CU(drv->cuEventRecord(ev[i * n_steps + j + 1], g_stream))) return -1;
+    }
+  char what[160];
+  snprintf(what, sizeof what, "cuEventSynchronize after timing %s", label);
+  if (cu(drv->cuEventSynchronize(ev[n * n_steps]), what)) return -1;
+  float t[TS_MAX_ITERS];
+  for (int j = 0; j <= n_steps; j++) {
+    for (int i = 0; i < n; i++) {
+      const int a = i * n_steps + (j < n_steps ? j : 0), b = j < n_steps ? a + 1 : a + n_steps;
+      if (CU(drv->cuEventElapsedTime(&t[i], ev[a], ev[b]))) return -1;
+    }
+    qsort(t, (size_t)n, sizeof t[0], cmp_float);
+    ms[j] = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  }
+  *iters = n;
+  return 0;
+}
+
+typedef struct mctx {
+  const kset *ks;
+  int S;
+  float scale;
+  mqa_tensors t[8];
+  CUdeviceptr dq, dc; /* one buffer each */
+  int bwd;            /* 0: mqa_fwd; 1: pre, dkv, dq */
+} mctx;
+
+static int mlaunch(void *p, int set, int step) {
+  const mctx *x = p;
+  const mqa_tensors *t = &x->t[set];
+  const gk *k = x->ks->k;
+  if (!x->bwd) return run_mqa_fwd(&k[K_MQA_FWD], t, t->o, t->lse, x->S, x->scale);
+  switch (step) {
+    case 0: return run_mqa_pre(&k[K_MQA_PRE], t, x->S);
+    case 1: return run_mqa_bwd(&k[K_MQA_DKV], t, x->dc, x->S, x->scale);
+    default: return run_mqa_bwd(&k[K_MQA_DQ], t, x->dq, x->S, x->scale);
+  }
+}
+
+/* Times the absorbed form's kernels at (H = ks->heads, S), B = 1, causal: mqa_fwd, and the
+ * backward attn_bwd_pre (d_v = d_c) + mqa_bwd_dkv + mqa_bwd_dq timed kernel by kernel in
+ * the same launches. Input sets: q, c, dout random (set 0 from the pool, the others
+ * device copies of it), o and lse from mqa_fwd, delta from pre; as many sets as make
+ * 200 MB (4 x the H200's L2), 2 to --sets. FLOPs (MLA.md, absorbed: d_qk = d_c + d_r,
+ * d_v = d_c): forward 2 H pairs (d_qk + d_v) on mqa_fwd, backward 2 H pairs
+ * (3 d_qk + 2 d_v) on the pipeline row mqa_bwd (the dkv and dq kernels each recompute P and
+ * dP: their rows carry none). Bytes: every input read once, every output written once
+ * (delta excluded from the pipeline's). Returns -1 on a CUDA error. */
+static int time_mqa(const kset *ks, int S) {
+  const int H = ks->heads;
+  const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
+  const size_t nl = (size_t)H * S;
+  const double set_bytes = 2.0 * (nq + nc + 2 * no) + 4.0 * 2 * nl, out_bytes = 2.0 * (nq + nc);
+  size_t free_b = 0, total_b = 0;
+  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
+  int n_sets = (int)ceil(200e6 / set_bytes);
+  if (n_sets < 2) n_sets = 2;
+  if (n_sets > g_max_sets) n_sets = g_max_sets;
+  while (n_sets > 1 && n_sets * set_bytes + out_bytes > 0.85 * (double)free_b) n_sets--;
+  if (set_bytes + out_bytes > 0.85 * (double)free_b) {
+    say("mqa H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", H, S, (set_bytes + out_bytes) / 1e9,
+        free_b / 1e9);
+    return 0;
+  }
+  const int base = g_n_allocs;
+  double t0 = now();
+  mctx x;
+  memset(&x, 0, sizeof x);
+  x.ks = ks, x.S = S, x.scale = softmax_scale();
+  int rc = -1;
+  for (int s = 0; s < n_sets; s++) {
+    mqa_tensors *t = &x.t[s];
+    if (dalloc(&t->q, nq * 2) || dalloc(&t->c, nc * 2) || dalloc(&t->dout, no * 2) ||
+        alloc_nan(&t->o, no * 2) || alloc_nan(&t->lse, nl * 4) || alloc_nan(&t->delta, nl * 4))
+      goto done;
+    if (s == 0) {
+      if (fill_random(t->q, nq, 101) || fill_random(t->c, nc, 102) || fill_random(t->dout, no, 103))
+        goto done;
+    } else if (CU(drv->cuMemcpyDtoDAsync(t->q, x.t[0].q, nq * 2, g_stream)) ||
+               CU(drv->cuMemcpyDtoDAsync(t->c, x.t[0].c, nc * 2, g_stream)) ||
+               CU(drv->cuMemcpyDtoDAsync(t->dout, x.t[0].dout, no * 2, g_stream))) {
+      goto done;
+    }
+  }
+  if (alloc_nan(&x.dq, nq * 2) || alloc_nan(&x.dc, nc * 2)) goto done;
+  for (int s = 0; s < n_sets; s++)
+    if (run_mqa_fwd(&ks->k[K_MQA_FWD], &x.t[s], x.t[s].o, x.t[s].lse, S, x.scale) ||
+        run_mqa_pre(&ks->k[K_MQA_PRE], &x.t[s], S))
+      goto done;
+  if (sync_stream("the mqa forward and pre that prepare the timing inputs")) goto done;
+  say("mqa H=%d S=%d: %d input sets of %.0f MB, outputs %.0f MB (%.1f s to fill)\n", H, S, n_sets,
+      set_bytes / 1e6, out_bytes / 1e6, now() - t0);
+
+  const double pairs = (double)S * (S + 1) / 2;
+  const double f_fwd = 2.0 * H * pairs * (MQK + MV), f_bwd = 2.0 * H * pairs * (3 * MQK + 2 * MV);
+  const double b_q = 2.0 * nq, b_c = 2.0 * nc, b_o = 2.0 * no, b_l = 4.0 * nl;
+  const double b_bin = b_q + b_c + b_o /* dout */ + 2 * b_l /* lse, delta */;
+  double ms_f[1], ms_b[TS_MAX_STEPS + 1];
+  int it_f, it_b;
+  x.bwd = 0;
+  if (time_steps("mqa_fwd", mlaunch, &x, 1, n_sets, ms_f, &it_f)) goto done;
+  x.bwd = 1;
+  if (time_steps("mqa_bwd", mlaunch, &x, 3, n_sets, ms_b, &it_b)) goto done;
+  const struct { const char *label, *op; double ms, flops, bytes; int iters; } rows[] = {
+      {"mqa_fwd", "fwd", ms_f[0], f_fwd, b_q + b_c + b_o + b_l, it_f},
+      {"mqa_bwd_pre", "", ms_b[0], 0, 2 * b_o + b_l, it_b},
+      {"mqa_bwd_dkv", "", ms_b[1], 0, b_bin + b_c, it_b},
+      {"mqa_bwd_dq", "", ms_b[2], 0, b_bin + b_q, it_b},
+      {"mqa_bwd", "bwd", ms_b[3], f_bwd, b_q + b_c + 2 * b_o + b_l + b_q + b_c, it_b},
+      {"mqa_fwd+bwd", "fwd_bwd", ms_f[0] + ms_b[3], f_fwd + f_bwd,
+       b_q + b_c + b_o /* dout */ + b_o + b_l /* o, lse out */ + b_q + b_c, it_f < it_b ? it_f : it_b},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    add_row(rows[i].label, rows[i].op, H, S, rows[i].ms, rows[i].flops, rows[i].bytes, rows[i].iters);
+    g_rows[g_n_rows - 1].dqk = MQK, g_rows[g_n_rows - 1].dv = MV;
+    print_row(&g_rows[g_n_rows - 1]);
+  }
   rc = 0;
 done:
   while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
@@ -1033,7 +1373,8 @@ static int write_csv(const char *path) {
   fprintf(f, "tool,kernel,op,H,S,d_qk,d_v,causal,ms,tflops,bytes,gbps,iters\n");
   for (int i = 0; i < g_n_rows; i++) {
     const row *r = &g_rows[i];
-    fprintf(f, "mlagen,%s,%s,%d,%d,%d,%d,1,%.4f,", r->kernel, r->op, r->H, r->S, DQK, DV, r->ms);
+    fprintf(f, "mlagen,%s,%s,%d,%d,%d,%d,1,%.4f,", r->kernel, r->op, r->H, r->S, r->dqk, r->dv,
+            r->ms);
     if (r->flops > 0) fprintf(f, "%.2f", r->flops / (r->ms * 1e-3) / 1e12);
     fprintf(f, ",%.0f,%.1f,%d\n", r->bytes, r->bytes / (r->ms * 1e-3) / 1e9, r->iters);
   }
@@ -1059,6 +1400,7 @@ static int usage(void) {
           "usage: mlagen_bench OUTDIR [--seqs LIST] [--heads LIST] [--iters N] [--warmup N]\n"
           "                    [--sets N] [--seed N] [--check-only] [--row-budget-ms MS]\n"
           "                    [--no-check (timing without the check: the fake-driver test)]\n"
+          "                    [--no-mqa (without the absorbed kernels)] [--jobs N (NVRTC threads)]\n"
           "  defaults: --seqs 1024,4096,8192,16384 --heads 16,128 --iters 20 --warmup 3 --sets 4\n");
   return 2;
 }
@@ -1069,11 +1411,12 @@ int main(int argc, char **argv) {
   int seqs[MAX_LIST] = {1024, 4096, 8192, 16384}, n_seqs = 4;
   int heads[MAX_HEADS] = {16, 128}, n_heads = 2;
   unsigned long long seed = 20250711;
-  int check_only = 0, no_check = 0;
+  int check_only = 0, no_check = 0, no_mqa = 0;
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--check-only")) { check_only = 1; continue; }
     if (!strcmp(a, "--no-check")) { no_check = 1; continue; }
+    if (!strcmp(a, "--no-mqa")) { no_mqa = 1; continue; }
     if (!v) return usage();
     i++;
     if (!strcmp(a, "--seqs")) { if ((n_seqs = parse_list(v, seqs, MAX_LIST)) < 1) return usage(); }
@@ -1082,6 +1425,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--warmup")) { if ((g_warmup = atoi(v)) < 0) return usage(); }
     else if (!strcmp(a, "--sets")) { if ((g_max_sets = atoi(v)) < 1 || g_max_sets > 8) return usage(); }
     else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
+    else if (!strcmp(a, "--jobs")) { if ((g_jobs = atoi(v)) < 1 || g_jobs > 16) return usage(); }
     else if (!strcmp(a, "--row-budget-ms")) { if ((g_row_budget_ms = atof(v)) <= 0) return usage(); }
     else return usage();
   }
@@ -1151,6 +1495,10 @@ int main(int argc, char **argv) {
     int r = check_set(&sets[s], s == 0 ? 256 : 200);
     if (r < 0) goto out;
     misses += r;
+    if (!no_mqa) {
+      if ((r = check_mqa(&sets[s], mqa_check_seq(sets[s].heads, s == 0))) < 0) goto out;
+      misses += r;
+    }
   }
   if (misses) {
     say("bench: %d correctness misses: no timing\n", misses);
@@ -1165,16 +1513,19 @@ int main(int argc, char **argv) {
   g_pool = xcalloc(POOL, sizeof *g_pool);
   for (size_t i = 0; i < POOL; i++) g_pool[i] = float_to_bf16((float)randn());
   say("\nTiming: B=1, bf16, causal, d_n %d d_r %d d_v %d; warm-up %d, median of %d; FLOPs per "
-      "MLA.md (bwd rows: bwd_atomic, bwd_det, and bwd_dkdv alone carry the backward's FLOPs); "
+      "MLA.md (bwd rows: bwd_atomic, bwd_det, and bwd_dkdv alone carry the backward's FLOPs; "
+      "mqa_* (absorbed, d_qk %d d_v %d): mqa_fwd and the pipeline mqa_bwd); "
       "layout kernels: bytes moved and GB/s\n",
-      DN, DR, DV, g_warmup, g_iters);
+      DN, DR, DV, g_warmup, g_iters, MQK, MV);
   print_header();
   for (int h = 0; h < n_heads; h++) {
     const kset *ks = NULL;
     for (int s = 0; s < n_sets; s++)
       if (sets[s].heads == heads[h]) ks = &sets[s];
     for (int i = 0; i < n_seqs; i++)
-      if (time_shape(ks, seqs[i]) || time_layout(ks, seqs[i], h == 0)) goto out;
+      if (time_shape(ks, seqs[i]) || (!no_mqa && time_mqa(ks, seqs[i])) ||
+          time_layout(ks, seqs[i], h == 0))
+        goto out;
   }
   say("\n");
   print_header();

@@ -16,6 +16,16 @@ exit):
   flash_attn      flash_attn.flash_attn_func (FlashAttention-2) on [B, S, H, D]; if it refuses
                   d_v != d_qk, flash_attn_vpad: v zero-padded to 192, output sliced
   flash_attn3     flash_attn_interface.flash_attn_func (FlashAttention-3), when importable
+Absorbed form (MQA over the latent, the peers of mlagen's mqa_* rows): q [B, H, S, 576],
+one shared latent head c [B, 1, S, 576] (d_qk = d_c + d_r = 512 + 64) serving as the keys
+and, through its first 512 columns, as the values (d_v = d_c = 512), at --mqa-seqs x
+--mqa-heads (default 1024,4096 x --heads: the peers are slower here, and the math backend
+materializes [H, S, S]); gradients of q and c (k and v both come from c):
+  mqa_sdpa_<backend>  scaled_dot_product_attention with enable_gqa=True (the single head
+                  broadcast to the H query heads), or, where the installed torch lacks
+                  enable_gqa or the backend refuses it, k and v expanded to H heads (a
+                  view, noted in the row): default, cudnn, efficient, flash, math
+                  (most backends refuse head dim 576: those rows say so)
 Ops: fwd (forward only, no autograd) and fwd_bwd (forward, then torch.autograd.grad of
 q, k, v given dO). FLOPs as MLA.md: forward 2 H pairs (d_qk + d_v), backward 2 H pairs
 (3 d_qk + 2 d_v), pairs = S (S + 1) / 2. A row whose first warm-up call is slow gets fewer
@@ -32,6 +42,7 @@ import time
 
 DQK, DV = 192, 128
 SCALE = 1.3689 * 1.3689 / math.sqrt(DQK)
+MQK, MV = 576, 512  # the absorbed form: d_c + d_r, d_c (same softmax scale)
 
 LOG = None
 
@@ -57,6 +68,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--sets", type=int, default=4)
     ap.add_argument("--row-budget-ms", type=float, default=4000.0)
+    ap.add_argument("--mqa-seqs", default="1024,4096", help="absorbed-form peers' S ('' for none)")
+    ap.add_argument("--mqa-heads", default=None, help="absorbed-form peers' H (default: --heads)")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     LOG = open(os.path.join(a.outdir, "torch.log"), "w")
@@ -194,19 +207,101 @@ def main():
                         torch.cuda.synchronize()
                     if name == "flash_attn_vpad":
                         note = (note + " " if note else "") + "v padded to 192 (extra work)"
-                    rows.append((name, op, H, S, ms, tf, iters, note))
+                    rows.append([name, op, H, S, ms, tf, iters, note])
                     say(f"{name:<16} {op:<8} {H:>4} {S:>6} {ms:>10.3f} {tf:>8.1f} {iters:>5}  {note}")
                 if layout != "bhsd":
                     del sets
             del base
             torch.cuda.empty_cache()
+    for r in rows:
+        r.extend([DQK, DV])
+
+    # the absorbed form: MQA over the latent, one shared head as keys and values
+    mqa_rows = []
+    mqa_seqs = parse_list(a.mqa_seqs) if a.mqa_seqs else []
+    mqa_heads = parse_list(a.mqa_heads if a.mqa_heads is not None else a.heads)
+    if mqa_seqs:
+        import warnings  # the efficient backend warns when it refuses enable_gqa; the row notes it
+        warnings.filterwarnings("ignore", message=".*require query, key and value to have the same num_heads.*")
+        say(f"\nabsorbed form (MQA over the latent): d_qk={MQK} d_v={MV}, one shared K/V head")
+        say(hdr)
+    mqa_backends = [("mqa_sdpa_default", None)] + [("mqa_" + n, be) for n, be in backends]
+    try:
+        mqa_backends.append(("mqa_sdpa_math", SDPBackend.MATH))
+    except Exception:  # noqa: BLE001
+        pass
+
+    def mqa_attn(q, c, be, gqa):
+        k, v = c, c[..., :MV]
+        if not gqa:
+            H = q.shape[1]
+            k, v = k.expand(-1, H, -1, -1), v.expand(-1, H, -1, -1)
+        kw = {"enable_gqa": True} if gqa else {}
+        if be is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE, **kw)
+        with sdpa_kernel([be]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE, **kw)
+
+    for H in mqa_heads:
+        for S in mqa_seqs:
+            pairs = S * (S + 1) / 2
+            f_fwd = 2 * H * pairs * (MQK + MV)
+            f_bwd = 2 * H * pairs * (3 * MQK + 2 * MV)
+            per_set = 2 * (H * S * MQK + S * MQK + 2 * H * S * MV)
+            free, _ = torch.cuda.mem_get_info()
+            n_sets = a.sets
+            while n_sets > 1 and n_sets * per_set > 0.3 * free:
+                n_sets -= 1
+            g = torch.Generator(device=dev)
+            g.manual_seed(4321 + S + H)
+            mk = lambda *shape: torch.randn(*shape, device=dev, dtype=torch.bfloat16, generator=g)  # noqa: E731
+            sets = [(mk(1, H, S, MQK), mk(1, 1, S, MQK), mk(1, H, S, MV)) for _ in range(n_sets)]
+            for name, be in mqa_backends:
+                for op in ("fwd", "fwd_bwd"):
+                    gqa, note, first = True, "", ""
+                    ms, iters, tf = float("nan"), 0, float("nan")
+                    for attempt in range(2):
+                        try:
+                            if op == "fwd":
+                                def call(i, be=be, gqa=gqa):
+                                    q, c, _ = sets[i]
+                                    with torch.no_grad():
+                                        mqa_attn(q, c, be, gqa)
+                            else:
+                                leaf = [(q.detach().requires_grad_(True), c.detach().requires_grad_(True), do)
+                                        for q, c, do in sets]
+
+                                def call(i, be=be, gqa=gqa, leaf=leaf):
+                                    q, c, do = leaf[i]
+                                    o = mqa_attn(q, c, be, gqa)
+                                    torch.autograd.grad(o, (q, c), do)
+                            ms, iters = time_row(f"{name} {op} H={H} S={S}", call, n_sets)
+                            flops = f_fwd if op == "fwd" else f_fwd + f_bwd
+                            tf = flops / (ms * 1e-3) / 1e12
+                            note = "" if gqa else "k, v expanded to H heads (enable_gqa refused)"
+                            break
+                        except Exception as e:  # noqa: BLE001
+                            torch.cuda.synchronize()
+                            msg = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                            if gqa and attempt == 0:
+                                gqa = False  # retry with the head expanded
+                                first = msg
+                                continue
+                            ms, iters, tf = float("nan"), 0, float("nan")
+                            note = f"unsupported: {msg}" + (f" (with enable_gqa: {first})" if first and first != msg else "")
+                    mqa_rows.append([name, op, H, S, ms, tf, iters, note, MQK, MV])
+                    say(f"{name:<16} {op:<8} {H:>4} {S:>6} {ms:>10.3f} {tf:>8.1f} {iters:>5}  {note}")
+            del sets
+            torch.cuda.empty_cache()
+    rows.extend(mqa_rows)
+
     path = os.path.join(a.outdir, "torch.csv")
     with open(path, "w") as f:
         f.write("tool,impl,op,H,S,d_qk,d_v,causal,ms,tflops,iters,note\n")
-        for name, op, H, S, ms, tf, iters, note in rows:
+        for name, op, H, S, ms, tf, iters, note, dqk, dv in rows:
             ms_s = "" if math.isnan(ms) else f"{ms:.4f}"
             tf_s = "" if math.isnan(tf) else f"{tf:.2f}"
-            f.write(f"torch,{name},{op},{H},{S},{DQK},{DV},1,{ms_s},{tf_s},{iters},\"{note.replace(chr(34), chr(39))}\"\n")
+            f.write(f"torch,{name},{op},{H},{S},{dqk},{dv},1,{ms_s},{tf_s},{iters},\"{note.replace(chr(34), chr(39))}\"\n")
     say(f"wrote {path}")
     return 0
 

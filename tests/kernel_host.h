@@ -1,0 +1,127 @@
+/* kernel_host.h: what the generated-kernel tests share around the host executor
+ * (tests/host/harness.h) and NVRTC: building a generated kernel for the host executor with
+ * its launch values from the manifest, the manifest's grid rule, removing a barrier from a
+ * kernel's source, the NVRTC sweep over a family's kept configurations, and the ASan child
+ * run. Compiled into each test that uses it (tests/kernel_host.c); the test target must
+ * define MLAGEN_CXX, MLAGEN_CUDA_INCLUDE and MLAGEN_TESTS_DIR. Failures are cmocka
+ * failures of the calling test. Not a public header. */
+#ifndef MG_KERNEL_HOST_H
+#define MG_KERNEL_HOST_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cJSON.h>
+
+#include "host/harness.h"
+#include "mg_generate.h"
+#include "mg_jit.h"
+#include "mg_spec.h"
+
+/* One dimension of a manifest's grid rule: {value} or ceil(arg * mul / div). */
+enum { KH_GRID_VALUE, KH_GRID_SEQLEN_Q, KH_GRID_SEQLEN_K, KH_GRID_BATCH };
+typedef struct kh_grid_rule {
+  int arg; /* KH_GRID_* */
+  long value, mul, div;
+} kh_grid_rule;
+
+/* A generated kernel built for the host executor. */
+typedef struct kh_kernel {
+  mg_host_kernel *k;
+  void *fn;          /* the kernel function: call it through its own signature */
+  int threads;       /* the manifest's launch.block[0] */
+  size_t smem;       /* launch.smem, dynamic shared memory per block (0 when absent) */
+  kh_grid_rule grid[3];
+  char name[160];
+  mg_kernel_spec spec;
+  cJSON *manifest;   /* a copy of the kernel's manifest (config, launch, ...) */
+} kh_kernel;
+
+/* Edits a kernel's source before it is built; returns 0 to build nothing. */
+typedef int (*kh_edit_fn)(char *source, void *ctx);
+
+/* Generates spec's kernel with g (NULL: a generator of its own) and builds it for the host
+ * executor (asan: an ASan build), after edit(source, ctx) when edit is given; prints the
+ * build's time when it compiled. Returns 1, or 0 (out->k NULL, nothing to free) when edit
+ * declined. A generator or build error fails the test. */
+int kh_build_edited(mg_gen *g, const mg_kernel_spec *spec, int asan, kh_edit_fn edit,
+                    void *ctx, kh_kernel *out);
+
+/* kh_build_edited without an edit. */
+void kh_build(mg_gen *g, const mg_kernel_spec *spec, int asan, kh_kernel *out);
+
+/* Unloads the kernel and frees the manifest copy (a zeroed kh_kernel is fine). */
+void kh_free(kh_kernel *bk);
+
+/* The manifest's config.<name> / launch.<name>: a number, else the test fails. */
+int kh_config_int(const kh_kernel *bk, const char *name);
+int kh_config_int_or(const kh_kernel *bk, const char *name, int dflt); /* dflt when absent */
+long kh_launch_value(const kh_kernel *bk, const char *name);
+/* launch.<name> of any type (the test fails when absent). */
+const cJSON *kh_launch_item(const kh_kernel *bk, const char *name);
+
+/* The grid the manifest's rule gives for these arguments. */
+mg_host_dim3 kh_grid(const kh_kernel *bk, long seqlen_q, long seqlen_k, long batch);
+
+/* Launches the kernel on grid with block (threads, 1, 1) and its dynamic shared memory:
+ * thunk(args) is every thread's body, lo the schedule (NULL: the executor's defaults). A
+ * failed launch fails the test; returns the launch's wall time in seconds. */
+double kh_launch(const kh_kernel *bk, mg_host_dim3 grid, const mg_host_launch_opts *lo,
+                 void (*thunk)(void *), void *args);
+
+/* Applies a tunable assignment ("block_m=64") to s; a rejected one fails the test. */
+void kh_set(mg_kernel_spec *s, const char *assignment);
+
+/* An edit for kh_build_edited: blanks the which-th (from 0) `__syncthreads();` of the
+ * source, keeping every line where it is; declines (returns 0) when there is no such
+ * barrier. */
+typedef struct kh_drop {
+  int which;      /* in: the barrier */
+  int after_wait; /* out: its previous statement is a cp.async wait (it publishes copies) */
+  char rest[160]; /* out: the rest of its line (its comment, if any) */
+} kh_drop;
+int kh_drop_edit(char *source, void *drop);
+
+/* The NVRTC sweep: each kernel generated and compiled for sm_80 and sm_90a (the JIT cache,
+ * $MLAGEN_CACHE_DIR, is used), with a line per architecture
+ *   "  <prefix><name, name_width wide> <arch> regs .. spill ..+.. stack .."
+ * (then " smem <launch.smem> (dynamic)" with KH_SWEEP_SMEM), and no spills, no stack frame
+ * and no static shared memory asserted. */
+enum {
+  KH_SWEEP_SMEM = 1,          /* print the manifest's dynamic shared memory */
+  KH_SWEEP_REJECTS = 2,       /* a configuration the template's check rejects is counted */
+  KH_SWEEP_QUIET_REJECTS = 4, /* ... and not printed */
+};
+typedef struct kh_sweep {
+  mg_gen *g;
+  const mg_jit_header *hdr;
+  int n_hdr;
+  mg_diag d;
+  int name_width, flags;
+  long max_smem;      /* > 0: launch.smem must not exceed it */
+  int rejected;       /* configurations the template's check rejected */
+  double t0;          /* when the sweep opened (kh_now) */
+  char defaults[8192]; /* the lines of kernels compiled with prefix "default " */
+} kh_sweep;
+
+void kh_sweep_open(kh_sweep *sw, int name_width, int flags);
+/* Returns 1 when s was compiled, 0 when the template's check rejected it (KH_SWEEP_REJECTS;
+ * else that fails the test). */
+int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix);
+/* Prints the lines of the defaults again, together. */
+void kh_sweep_print_defaults(const kh_sweep *sw);
+void kh_sweep_close(kh_sweep *sw);
+
+/* Loads a model shape: a shipped model's name, or (model NULL) a config.json text. */
+void kh_load_shape(const char *model, const char *json, mg_shape *shape);
+
+/* A monotonic clock, seconds. */
+double kh_now(void);
+
+/* The test_asan body: unless this process already has ASan (then it says so), runs this
+ * program (argv0 in messages) again as "--asan-case" with the ASan runtime preloaded, the
+ * same seed and a cache directory of its own; the child must exit 0 without an ASan report.
+ * Its "rel err" and "built " lines are printed prefixed "[asan]". Skipped when the compiler
+ * has no ASan runtime. */
+void kh_run_asan_child(const char *argv0, uint64_t seed);
+
+#endif
