@@ -48,7 +48,13 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
   int n = 0;
   mg_gen *g = NULL;
   mg_diag d = MG_DIAG_INIT;
-  int rc = mg_spec_for_model(shape, o->sp, kdtype, specs, MG_SPEC_MAX_KERNELS, &n, &d);
+  mg_tune_limits lim;
+  if (mg_tune_arch_limits(arch, &lim, &d)) { /* one known architecture, as tune takes */
+    cli_error("--arch: %s", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return CLI_USAGE;
+  }
+  int rc = mg_spec_for_plan(shape, o->sp, o->head_groups, kdtype, specs, MG_SPEC_MAX_KERNELS, &n, &d);
   if (!rc) rc = mg_gen_open(&g, o->templates, &d);
   if (rc) {
     cli_error("%s", mg_diag_msg(&d));
@@ -60,28 +66,26 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
          strcmp(kdtype, o->dtype) != 0 ? " (the GPU kernels are bf16/fp16; shown for bf16)" : "");
   int status = CLI_OK;
   for (int i = 0; i < n; i++) {
+    /* what the CUDA executor would run: the same choice (mg_tune_choose) */
+    mg_kernel_spec chosen;
+    char why[512];
     mg_tune_config cfg;
-    char *why = NULL;
-    int src = mg_tune_lookup(NULL, arch, device, mg_gen_template_hash(g), &specs[i], NULL, o->seq,
-                             &cfg, &why);
-    if (src < 0) {
+    if (mg_tune_choose(g, NULL, arch, device, &specs[i], NULL, o->seq, &chosen, why, sizeof why)) {
       cli_error("out of memory");
       status = CLI_FAIL;
       break;
     }
-    if (src == MG_TUNE_DEFAULT && mg_tune_resolved_config(g, &specs[i], &cfg, &d)) {
+    if (mg_tune_resolved_config(g, &chosen, &cfg, &d)) {
       /* the template refuses this shape: say so in place of a configuration */
       printf("  %-14s %-10s (no kernel: %s)\n", specs[i].family,
              specs[i].causal ? "causal" : "non-causal", mg_diag_msg(&d));
       mg_diag_clear(&d);
-      free(why);
       continue;
     }
     char text[256];
-    printf("  %-14s %-10s %s\n      %s\n", specs[i].family,
-           specs[i].causal ? "causal" : "non-causal", mg_tune_config_str(&cfg, text, sizeof text),
-           why ? why : "");
-    free(why);
+    printf("  %-14s %-10s H=%-3d %s\n      %s\n", specs[i].family,
+           specs[i].causal ? "causal" : "non-causal", specs[i].heads,
+           mg_tune_config_str(&cfg, text, sizeof text), why);
   }
   mg_gen_close(g);
   mg_diag_clear(&d);
@@ -180,6 +184,7 @@ int cli_plan(int argc, char **argv) {
     for (int f = 0; f < MG_FORM_COUNT; f++) {
       cJSON *x = cJSON_AddObjectToObject(forms, mg_form_name((mg_form)f));
       for (int i = 0; i < N_ROWS; i++) cJSON_AddNumberToObject(x, json_keys[i], field(&cost[f], i));
+      if (f == MG_FORM_LAGA_F) cJSON_AddNumberToObject(x, "head_groups", plans[f].args.head_groups);
     }
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
@@ -192,7 +197,9 @@ int cli_plan(int argc, char **argv) {
   printf("%s: H=%d d_c=%d d_r=%d d_n=%d d_v=%d; S=%lld P=%d B=%d %s %s\n", shape.source,
          shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim,
          shape.v_head_dim, o.seq, o.sp, o.batch, o.dtype, o.causal ? "causal" : "non-causal");
-  printf("per rank, per layer (ratio to explicit)\n");
+  printf("per rank, per layer (ratio to explicit); laga-f in %d head groups of %d heads\n",
+         plans[MG_FORM_LAGA_F].args.head_groups,
+         plans[MG_FORM_LAGA_F].heads_local / plans[MG_FORM_LAGA_F].args.head_groups);
   printf("%-22s", "");
   for (int f = 0; f < MG_FORM_COUNT; f++) printf(" %18s", mg_form_name((mg_form)f));
   printf("\n");

@@ -67,7 +67,11 @@ static int parse(int argc, char **argv, cli_opts *o) {
   }
   mg_form f;
   if (mg_form_parse(o->form, &f)) {
-    cli_error("--form %s: expected explicit, absorbed, laga or laga-r", o->form);
+    cli_error("--form %s: expected explicit, absorbed, laga, laga-r or laga-f", o->form);
+    return CLI_USAGE;
+  }
+  if (o->head_groups && f != MG_FORM_LAGA_F && !o->check) {
+    cli_error("--head-groups applies to --form laga-f (or --check, which runs it)");
     return CLI_USAGE;
   }
   if (strcmp(o->dtype, "f32") && strcmp(o->dtype, "f64")) {

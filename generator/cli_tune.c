@@ -252,6 +252,14 @@ int cli_tune(int argc, char **argv) {
     if (mg_driver_get(&drv, &dd) == 0) {
       mg_tune_timer = mg_ktime_timer;
       mg_tune_describe = mg_ktime_describe;
+      /* where the winners go must take them, before anything is compiled or timed */
+      mg_tune_device dev;
+      memset(&dev, 0, sizeof dev);
+      if (mg_tune_describe(&dev, &dd) || mg_tune_store_writable(NULL, arch, dev.name, &dd)) {
+        cli_error("tune: %s", mg_diag_msg(&dd));
+        mg_diag_clear(&dd);
+        return CLI_FAIL;
+      }
     } else {
       cli_error("%s: timing needs a GPU (%s); use --dry-run to enumerate, compile and prune "
                 "without timing",

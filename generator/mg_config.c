@@ -252,6 +252,16 @@ static int check_limits(const pctx *c, const mg_shape *s) {
   if (s->kv_lora_rank > MG_MAX_LATENT)
     return key_error(c, MLAGEN_EUNSUPPORTED, "kv_lora_rank", "%d exceeds MG_MAX_LATENT = %d (%s)",
                      s->kv_lora_rank, MG_MAX_LATENT, MG_MAX_LATENT_WHY);
+  if (s->kv_lora_rank % MG_LATENT_ALIGN)
+    return key_error(c, MLAGEN_EUNSUPPORTED, "kv_lora_rank",
+                     "%d is not a multiple of MG_LATENT_ALIGN = %d (%s)", s->kv_lora_rank,
+                     MG_LATENT_ALIGN, MG_LATENT_ALIGN_WHY);
+  long row = (long)s->kv_lora_rank + s->qk_rope_head_dim;
+  if (row > MG_MAX_LATENT_ROW)
+    return key_error(c, MLAGEN_EUNSUPPORTED, "kv_lora_rank",
+                     "kv_lora_rank + qk_rope_head_dim = %d + %d = %ld exceeds MG_MAX_LATENT_ROW "
+                     "= %d (%s)", s->kv_lora_rank, s->qk_rope_head_dim, row, MG_MAX_LATENT_ROW,
+                     MG_MAX_LATENT_ROW_WHY);
   if (s->heads > MG_MAX_HEADS)
     return key_error(c, MLAGEN_EUNSUPPORTED, "num_attention_heads",
                      "%d exceeds MG_MAX_HEADS = %d (%s)", s->heads, MG_MAX_HEADS,

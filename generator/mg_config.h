@@ -23,6 +23,10 @@
 #define MG_MAX_V_DIM_WHY "d_v is the explicit-form output accumulator held in registers"
 #define MG_MAX_LATENT 1024
 #define MG_MAX_LATENT_WHY "d_c is the absorbed-form latent head, split across warps"
+#define MG_LATENT_ALIGN 32
+#define MG_LATENT_ALIGN_WHY "the absorbed-form kernels split d_c across at least two warps in 16-column steps"
+#define MG_MAX_LATENT_ROW 640
+#define MG_MAX_LATENT_ROW_WHY "the absorbed-form backward holds (d_c + d_r)-wide latent tiles in 163 KiB of shared memory (sm_80's limit)"
 #define MG_MAX_HEADS 4096
 #define MG_MAX_HEADS_WHY "H is grid.y of the attention kernels"
 

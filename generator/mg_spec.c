@@ -17,6 +17,11 @@ const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_b
 
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d) {
+  return mg_spec_for_plan(shape, sp, 0, dtype, specs, max, n, d);
+}
+
+int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char *dtype,
+                     mg_kernel_spec *specs, int max, int *n, mg_diag *d) {
   *n = 0;
   if (sp < 1) return mg_diag_set(d, MLAGEN_EINVAL, "sequence-parallel degree %d: must be >= 1", sp);
   if (shape->heads % sp != 0)
@@ -25,7 +30,11 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
                        "(Ulysses SP gives each rank H / P heads)", sp, shape->heads);
   if (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "fp16") != 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "dtype '%s': expected bf16 or fp16", dtype);
-  const int Hl = shape->heads / sp, G = Hl / mg_plan_default_head_groups(Hl);
+  const int Hl = shape->heads / sp;
+  if (head_groups < 0 || head_groups > MG_PLAN_MAX_HEAD_GROUPS || (head_groups && Hl % head_groups))
+    return mg_diag_set(d, MLAGEN_EINVAL, "head_groups = %d must divide the %d heads of a rank "
+                       "(H / P) and be in [1, %d]", head_groups, Hl, MG_PLAN_MAX_HEAD_GROUPS);
+  const int G = Hl / (head_groups ? head_groups : mg_plan_default_head_groups(Hl));
   /* every family at H / P heads; then the absorbed backward's delta (attn_bwd_pre over
    * o_lat, d_c wide) and, when LAGA-F's default groups hold fewer heads than a rank, the
    * explicit attention kernels at that group's head count */
@@ -53,6 +62,11 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
       snprintf(s->dtype, sizeof s->dtype, "%s", dtype);
       s->causal = causal;
       mg_spec_plan_tunables(s);
+      for (int j = 0; j < *n - 1; j++) /* an extra that equals a spec already there (d_n = d_v */
+        if (memcmp(&specs[j], s, sizeof *s) == 0) { /* = d_c, or one head group) */
+          (*n)--;
+          break;
+        }
     }
   }
   return 0;

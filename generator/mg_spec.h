@@ -37,11 +37,19 @@ extern const char *const mg_spec_families[];
  * causal and non-causal: every family at heads = H / sp; attn_bwd_pre with d_n = d_v = d_c
  * (the absorbed backward's delta over o_lat); and, when LAGA-F's default head groups
  * (mg_plan_default_head_groups) hold fewer than H / sp heads, attn_fwd, attn_bwd_pre,
- * attn_bwd_dkdv and attn_bwd_dq at the group's head count. Each spec carries
- * mg_spec_plan_tunables. max is the capacity of specs.
+ * attn_bwd_dkdv and attn_bwd_dq at the group's head count (an extra equal to a spec
+ * already listed is left out). Each spec carries mg_spec_plan_tunables. max is the
+ * capacity of specs.
  * Errors: MLAGEN_EINVAL (sp < 1, H not divisible by sp, unknown dtype, max too small). */
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d);
+
+/* mg_spec_for_model for LAGA-F plans of head_groups groups (0: the default,
+ * mg_plan_default_head_groups): the group kernels get H / sp / head_groups heads. Errors:
+ * those of mg_spec_for_model; MLAGEN_EINVAL head_groups not a divisor of H / sp in
+ * [1, MG_PLAN_MAX_HEAD_GROUPS]. */
+int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char *dtype,
+                     mg_kernel_spec *specs, int max, int *n, mg_diag *d);
 
 /* Sets the tunables the plans' executors (runtime/mg_cuda_exec.h) fix for s's family,
  * because they change the kernel's interface or the plan's bytes: attn_fwd and

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 
 #include "mg_buf.h"
 #include <unistd.h>
@@ -156,8 +157,10 @@ static int config_from_json(const cJSON *obj, mg_tune_config *c) {
   if (!cJSON_IsObject(obj)) return -1;
   const cJSON *it;
   cJSON_ArrayForEach(it, obj) {
+    /* integers a tunable can hold (|v| < 2^31), names a tunable can have */
     if (!cJSON_IsNumber(it) || !it->string || c->n == MG_SPEC_MAX_CONFIG ||
-        strlen(it->string) >= sizeof c->v[0].name)
+        strlen(it->string) >= sizeof c->v[0].name || !(fabs(it->valuedouble) < 2147483648.0) ||
+        it->valuedouble != floor(it->valuedouble) || strpbrk(it->string, ".= ") || !it->string[0])
       return -1;
     snprintf(c->v[c->n].name, sizeof c->v[0].name, "%s", it->string);
     c->v[c->n].value = (long)it->valuedouble;
@@ -653,6 +656,28 @@ static char *dirname_of(const char *path) {
   return dir;
 }
 
+int mg_tune_store_writable(const char *dir, const char *arch, const char *device, mg_diag *d) {
+  char path[4096], lock[4200];
+  int rc = mg_tune_store_path(dir, arch, device, path, sizeof path, d);
+  if (rc) return rc;
+  snprintf(lock, sizeof lock, "%s.lock", path);
+  char *pdir = dirname_of(path);
+  if (!pdir) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  rc = mg_fs_mkdirs(pdir, d);
+  if (!rc && access(pdir, W_OK) != 0)
+    rc = mg_diag_set(d, MLAGEN_EIO, "%s: not writable: %s", pdir, strerror(errno));
+  free(pdir);
+  if (rc) return rc;
+  struct stat st;
+  if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    return mg_diag_set(d, MLAGEN_EIO, "%s is %s, not a regular file: the store is written in "
+                       "place of it only as a regular file (remove it, or set MLAGEN_TUNED_DIR)",
+                       path, S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "special");
+  if (lstat(lock, &st) == 0 && !S_ISREG(st.st_mode))
+    return mg_diag_set(d, MLAGEN_EIO, "%s is not a regular file", lock);
+  return 0;
+}
+
 int mg_tune_store_add(const char *dir, const mg_tune_header *h, const mg_tune_entry *entries,
                       int n, char **warning, mg_diag *d) {
   if (warning) *warning = NULL;
@@ -811,4 +836,38 @@ done:
   else free(msg);
   if (why && !*why) return MLAGEN_ENOMEM;
   return result;
+}
+
+int mg_tune_choose(mg_gen *g, const char *store_dir, const char *arch, const char *device,
+                   const mg_kernel_spec *s, const char *form, long long seq, mg_kernel_spec *out,
+                   char *why, size_t n) {
+  char scratch[8];
+  if (!why) why = scratch, n = sizeof scratch;
+  *out = *s;
+  mg_spec_plan_tunables(out);
+  mg_tune_config cfg;
+  char *w = NULL;
+  int src = mg_tune_lookup(store_dir, arch, device, mg_gen_template_hash(g), out, form, seq, &cfg, &w);
+  if (src < 0) return MLAGEN_ENOMEM;
+  snprintf(why, n, "%s", w ? w : "");
+  free(w);
+  if (src != MG_TUNE_TUNED) return 0;
+  mg_kernel_spec t = *out;
+  mg_diag d = MG_DIAG_INIT;
+  int rc = 0;
+  for (int j = 0; j < cfg.n && !rc; j++) {
+    char a[64];
+    snprintf(a, sizeof a, "%s=%ld", cfg.v[j].name, cfg.v[j].value);
+    rc = mg_spec_set(&t, a, &d);
+  }
+  mg_spec_plan_tunables(&t);
+  mg_kernel k;
+  if (!rc && (rc = mg_gen_kernel(g, &t, &k, &d)) == 0) mg_kernel_free(&k);
+  if (rc) {
+    snprintf(why, n, "default: the stored configuration does not apply (%s)", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return 0;
+  }
+  *out = t;
+  return 0;
 }

@@ -222,6 +222,14 @@ char *mg_tune_store_json(const mg_tune_store *s);
  * ("template hash differs" ...). */
 const char *mg_tune_header_mismatch(const mg_tune_header *h, const mg_tune_header *expected);
 
+/* Whether mg_tune_store_add could write the store of (arch, device) under dir (NULL:
+ * mg_tune_store_dir()): creates the directories, checks that the last one is writable and
+ * that the store file and its lock are absent or regular files (not a symbolic link, a
+ * directory, a device). `mlagen tune` calls it before timing, so a sweep's results are not
+ * lost at the end. Errors: MLAGEN_EIO (naming the path and why), MLAGEN_ELIMIT,
+ * MLAGEN_EINVAL, MLAGEN_ENOMEM. */
+int mg_tune_store_writable(const char *dir, const char *arch, const char *device, mg_diag *d);
+
 /* Adds entries[0..n) to the store of (h->arch, h->device) under dir, merging with what is
  * there: under an flock() on <file>.lock, reads the file, replaces the entries with the
  * same key, keeps the others, writes atomically. A corrupt file or one whose header does
@@ -252,6 +260,18 @@ enum mg_tune_source { MG_TUNE_DEFAULT = 0, MG_TUNE_TUNED = 1 };
 int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
                    const char *template_hash, const mg_kernel_spec *s, const char *form,
                    long long seq, mg_tune_config *config, char **why);
+
+/* The spec a kernel is generated from at run time: s with the tuned store's configuration
+ * (mg_tune_lookup) applied when there is one, then mg_spec_plan_tunables (the plans'
+ * interface wins over a stored value), checked by rendering it with g; a stored
+ * configuration that does not apply (an unknown tunable, a value the template rejects)
+ * falls back to s itself. *out is the spec to generate; why (n bytes, may be NULL) says
+ * which and why, "tuned: ..." only when the stored configuration is what *out carries.
+ * The one place the CUDA executor and `mlagen plan --explain` choose a configuration.
+ * Errors: MLAGEN_ENOMEM. */
+int mg_tune_choose(mg_gen *g, const char *store_dir, const char *arch, const char *device,
+                   const mg_kernel_spec *s, const char *form, long long seq, mg_kernel_spec *out,
+                   char *why, size_t n);
 
 /* The configuration kernel{} resolves for s (its default with s's overrides applied),
  * read from the manifest. Errors: those of mg_gen_kernel. */

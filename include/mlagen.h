@@ -171,8 +171,9 @@ int mlagen_model_from_config(mlagen_context *ctx, const char *config, mlagen_mod
  * Errors (message in ctx, naming the field, e.g. "mlagen_model_desc: key 'v_head_dim':"):
  *   MLAGEN_EINVAL       ctx, desc or model NULL; a dim <= 0; an odd qk_rope_head_dim; a
  *                       softmax_scale < 0, NaN or infinite.
- *   MLAGEN_EUNSUPPORTED a dim beyond the kernels' limits: d_n, d_r, d_v, d_c multiples of
- *                       16, d_n + d_r <= 256, d_v <= 256, d_c <= 1024, H <= 4096.
+ *   MLAGEN_EUNSUPPORTED a dim beyond the kernels' limits: d_n, d_r, d_v multiples of 16,
+ *                       d_c a multiple of 32, d_n + d_r <= 256, d_v <= 256,
+ *                       d_c + d_r <= 640, H <= 4096.
  *   MLAGEN_ENOMEM */
 int mlagen_model_from_desc(mlagen_context *ctx, const mlagen_model_desc *desc,
                            mlagen_model **model);

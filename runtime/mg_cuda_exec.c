@@ -142,38 +142,19 @@ static int want_kernel(run *r, int i, int slot, const char *family, int heads, i
     if (!strcmp(family, causal_families[c])) s.causal = r->p->args.causal;
   for (; sets && *sets; sets++)
     if (mg_spec_set(&s, *sets, r->d)) return step_prefix(r, i, r->d->status);
-  mg_spec_plan_tunables(&s); /* the interface the steps below are written for */
-  /* A tuned configuration for this device, shape and sequence bucket, when the ops know
-   * their device and the store has one (docs/tuning.md); else the template's default. */
+  /* the interface the steps below are written for, and a tuned configuration for this
+   * device, shape and sequence bucket when the ops know their device and the store has
+   * one (docs/tuning.md); else the template's default */
   char why[sizeof x->kerns[0].why] = "default: no device to look up tuned configurations for";
+  mg_kernel_spec chosen = s;
+  mg_spec_plan_tunables(&chosen);
+  if (x->ops->arch[0] &&
+      mg_tune_choose(x->gen, x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch, x->ops->device,
+                     &s, mg_form_name(r->p->args.form), r->p->args.seq, &chosen, why, sizeof why))
+    return mg_diag_set(r->d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
   mg_kernel k;
   memset(&k, 0, sizeof k);
-  int rc = 1;
-  if (x->ops->arch[0]) {
-    mg_tune_config cfg;
-    char *w = NULL;
-    int src = mg_tune_lookup(x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch, x->ops->device,
-                             mg_gen_template_hash(x->gen), &s, mg_form_name(r->p->args.form),
-                             r->p->args.seq, &cfg, &w);
-    if (src < 0) return mg_diag_set(r->d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
-    snprintf(why, sizeof why, "%s", w ? w : "");
-    free(w);
-    if (src == MG_TUNE_TUNED) {
-      mg_kernel_spec t = s;
-      int ok = 1;
-      for (int j = 0; j < cfg.n && ok; j++) {
-        char a[64];
-        snprintf(a, sizeof a, "%s=%ld", cfg.v[j].name, cfg.v[j].value);
-        ok = mg_spec_set(&t, a, NULL) == 0;
-      }
-      mg_spec_plan_tunables(&t);
-      mg_diag td = MG_DIAG_INIT;
-      if (ok && (rc = mg_gen_kernel(x->gen, &t, &k, &td)) != 0) /* a stale entry: the default */
-        snprintf(why, sizeof why, "default: the tuned configuration was rejected (%s)", mg_diag_msg(&td));
-      mg_diag_clear(&td);
-    }
-  }
-  if (rc) rc = mg_gen_kernel(x->gen, &s, &k, r->d);
+  int rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
   if (rc) return step_prefix(r, i, rc);
   for (int j = 0; j < x->n_kerns; j++)
     if (!strcmp(x->kerns[j].name, k.name)) {
@@ -754,10 +735,10 @@ int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, vo
   const mg_plan *p = x->p;
   const char *pname = pass == MG_FWD ? "forward" : "backward";
   const int first = pass == MG_FWD ? 0 : p->n_fwd, end = pass == MG_FWD ? p->n_fwd : p->n_steps;
-  if ((int64_t)workspace_bytes < x->mem.workspace_bytes || (!workspace && x->mem.workspace_bytes))
+  if (workspace_bytes < (size_t)x->mem.workspace_bytes || (!workspace && x->mem.workspace_bytes))
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: workspace of %zu bytes at %p, the plan needs %lld",
                        pname, workspace_bytes, workspace, (long long)x->mem.workspace_bytes);
-  if ((int64_t)saved_bytes < x->mem.saved_bytes || (!saved && x->mem.saved_bytes))
+  if (saved_bytes < (size_t)x->mem.saved_bytes || (!saved && x->mem.saved_bytes))
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: saved area of %zu bytes at %p, the plan needs %lld",
                        pname, saved_bytes, saved, (long long)x->mem.saved_bytes);
   if (p->args.sp > 1 && !comm)

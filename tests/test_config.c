@@ -393,6 +393,8 @@ static const bad bads[] = {
   {"bad_qk_limit.json", MLAGEN_EUNSUPPORTED, "qk_nope_head_dim", MG_MAX_QK_DIM_WHY},
   {"bad_v_limit.json", MLAGEN_EUNSUPPORTED, "v_head_dim", MG_MAX_V_DIM_WHY},
   {"bad_latent_limit.json", MLAGEN_EUNSUPPORTED, "kv_lora_rank", MG_MAX_LATENT_WHY},
+  {"bad_latent_align.json", MLAGEN_EUNSUPPORTED, "kv_lora_rank", MG_LATENT_ALIGN_WHY},
+  {"bad_latent_row.json", MLAGEN_EUNSUPPORTED, "kv_lora_rank", MG_MAX_LATENT_ROW_WHY},
   {"bad_heads_limit.json", MLAGEN_EUNSUPPORTED, "num_attention_heads", MG_MAX_HEADS_WHY},
 };
 

@@ -377,8 +377,41 @@ static void test_manifest(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* A model whose d_n = d_v = d_c (so the absorbed backward's delta kernel is the explicit
+ * one) and whose ranks hold one LAGA-F group: every spec, hence every kernel name, once. */
+static void test_specs_unique(void **state) {
+  (void)state;
+  const char *json =
+      "{\"model_type\": \"deepseek_v3\", \"num_attention_heads\": 16, \"kv_lora_rank\": 128,"
+      " \"qk_rope_head_dim\": 64, \"qk_nope_head_dim\": 128, \"v_head_dim\": 128}";
+  mg_shape shape;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_config_parse(json, strlen(json), "dn=dv=dc", &shape, &d), 0);
+  const int sps[2] = {1, 16};
+  for (int k = 0; k < 2; k++) {
+    mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
+    int n = 0;
+    assert_int_equal(mg_spec_for_model(&shape, sps[k], "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < i; j++)
+        if (!memcmp(&specs[i], &specs[j], sizeof specs[i]))
+          fail_msg("sp %d: spec %d (%s) repeats spec %d", sps[k], i, specs[i].family, j);
+  }
+  /* a head-group count that does not divide a rank's heads */
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
+  int n = 0;
+  assert_int_equal(mg_spec_for_plan(&shape, 1, 3, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "head_groups = 3"));
+  assert_int_equal(mg_spec_for_plan(&shape, 1, 2, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
+  int found = 0;
+  for (int i = 0; i < n; i++) found |= !strcmp(specs[i].family, "attn_fwd") && specs[i].heads == 8;
+  assert_true(found);
+  mg_diag_clear(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_specs_unique),
       cmocka_unit_test(test_spec_errors),
       cmocka_unit_test(test_tunable_overrides),
       cmocka_unit_test(test_template_hash_and_override),

@@ -509,6 +509,71 @@ static void test_lookup(void **state) {
                    MG_TUNE_TUNED);
 }
 
+/* mg_tune_choose: a stored configuration the executor can run is taken (with the plans'
+ * interface tunables over a stored value), one it cannot (a value the template rejects,
+ * an unknown tunable) falls back to the default and says why. */
+static void test_choose(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/choose", tmpdir);
+  mg_tune_header h = header_of("GPU C", mg_gen_template_hash(g));
+  mg_kernel_spec fwd = spec_of("attn_fwd", 1), mqa = spec_of("mqa_fwd", 1), dq = spec_of("attn_bwd_dq", 1);
+  mg_tune_entry e[3];
+  mg_tune_entry_key(&e[0], &fwd, NULL, 4096);
+  mg_tune_entry_key(&e[1], &mqa, NULL, 4096);
+  mg_tune_entry_key(&e[2], &dq, NULL, 4096);
+  const char *cfg[3][5] = {{"block_m=64", "block_n=32", "k_packed=0", "num_warps=4", "stages=1"},
+                           {"block_m=64", "block_n=32", "nsplit=2", "stages=2", "bogus=1"},
+                           {"block_m=64", "block_n=64", "k_packed=1", "num_warps=2", "stages=1"}};
+  for (int i = 0; i < 3; i++) {
+    memset(&e[i].config, 0, sizeof e[i].config);
+    for (int j = 0; j < 5; j++) {
+      mg_tunable_value *v = &e[i].config.v[e[i].config.n++];
+      const char *eq = strchr(cfg[i][j], '=');
+      snprintf(v->name, sizeof v->name, "%.*s", (int)(eq - cfg[i][j]), cfg[i][j]);
+      v->value = atol(eq + 1);
+    }
+    e[i].p20_ms = e[i].p50_ms = e[i].p80_ms = 1;
+    e[i].candidates = NULL, e[i].n_candidates = 0;
+  }
+  assert_int_equal(mg_tune_store_add(dir, &h, e, 3, NULL, &d), 0);
+  mg_kernel_spec out;
+  char why[512];
+  /* taken, k_packed forced back to the plans' 1 */
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &fwd, NULL, 4096, &out, why, sizeof why), 0);
+  assert_non_null(strstr(why, "tuned: "));
+  int seen = 0;
+  for (int i = 0; i < out.n_config; i++) {
+    if (!strcmp(out.config[i].name, "block_n")) seen += out.config[i].value == 32;
+    if (!strcmp(out.config[i].name, "k_packed")) seen += out.config[i].value == 1;
+  }
+  assert_int_equal(seen, 2);
+  /* an unknown tunable: the default, and why */
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &mqa, NULL, 4096, &out, why, sizeof why), 0);
+  assert_non_null(strstr(why, "default: the stored configuration does not apply"));
+  assert_non_null(strstr(why, "bogus"));
+  assert_int_equal(out.n_config, 0);
+  /* a value the template's check rejects (num_warps 2 with block_m 64) */
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &dq, NULL, 4096, &out, why, sizeof why), 0);
+  assert_non_null(strstr(why, "default: the stored configuration does not apply"));
+  /* no store for the device */
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU D", &fwd, NULL, 4096, &out, why, sizeof why), 0);
+  assert_non_null(strstr(why, "default: no tuned store"));
+  /* where tune would write: a directory in place of the store file is refused */
+  char path[600];
+  assert_int_equal(mg_tune_store_path(dir, "sm_90a", "GPU E", path, sizeof path, &d), 0);
+  assert_int_equal(mg_tune_store_writable(dir, "sm_90a", "GPU E", &d), 0);
+  assert_int_equal(mkdir(path, 0755), 0);
+  assert_int_equal(mg_tune_store_writable(dir, "sm_90a", "GPU E", &d), MLAGEN_EIO);
+  assert_non_null(strstr(mg_diag_msg(&d), "a directory, not a regular file"));
+  rmdir(path);
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
 static void test_timer_hook(void **state) {
   /* no CUDA runtime in this build: the hooks are unset */
   assert_null(mg_tune_timer);
@@ -525,6 +590,7 @@ int main(void) {
       cmocka_unit_test(test_store_concurrent),
       cmocka_unit_test(test_corrupt_and_mismatch),
       cmocka_unit_test(test_lookup),
+      cmocka_unit_test(test_choose),
       cmocka_unit_test(test_timer_hook),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
