@@ -70,7 +70,8 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
     mg_kernel_spec chosen;
     char why[512];
     mg_tune_config cfg;
-    if (mg_tune_choose(g, NULL, arch, device, &specs[i], NULL, o->seq, &chosen, why, sizeof why)) {
+    if (mg_tune_choose(g, NULL, arch, device, &specs[i], NULL, o->seq, &chosen, why, sizeof why,
+                       NULL, &d)) {
       cli_error("out of memory");
       status = CLI_FAIL;
       break;

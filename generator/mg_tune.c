@@ -840,34 +840,37 @@ done:
 
 int mg_tune_choose(mg_gen *g, const char *store_dir, const char *arch, const char *device,
                    const mg_kernel_spec *s, const char *form, long long seq, mg_kernel_spec *out,
-                   char *why, size_t n) {
+                   char *why, size_t n, mg_kernel *kernel, mg_diag *d) {
   char scratch[8];
   if (!why) why = scratch, n = sizeof scratch;
+  if (kernel) memset(kernel, 0, sizeof *kernel);
   *out = *s;
   mg_spec_plan_tunables(out);
   mg_tune_config cfg;
   char *w = NULL;
   int src = mg_tune_lookup(store_dir, arch, device, mg_gen_template_hash(g), out, form, seq, &cfg, &w);
-  if (src < 0) return MLAGEN_ENOMEM;
+  if (src < 0) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   snprintf(why, n, "%s", w ? w : "");
   free(w);
-  if (src != MG_TUNE_TUNED) return 0;
-  mg_kernel_spec t = *out;
-  mg_diag d = MG_DIAG_INIT;
-  int rc = 0;
-  for (int j = 0; j < cfg.n && !rc; j++) {
-    char a[64];
-    snprintf(a, sizeof a, "%s=%ld", cfg.v[j].name, cfg.v[j].value);
-    rc = mg_spec_set(&t, a, &d);
+  if (src == MG_TUNE_TUNED) {
+    mg_kernel_spec t = *out;
+    mg_diag td = MG_DIAG_INIT;
+    int rc = 0;
+    for (int j = 0; j < cfg.n && !rc; j++) {
+      char a[64];
+      snprintf(a, sizeof a, "%s=%ld", cfg.v[j].name, cfg.v[j].value);
+      rc = mg_spec_set(&t, a, &td);
+    }
+    mg_spec_plan_tunables(&t);
+    mg_kernel k;
+    if (!rc && (rc = mg_gen_kernel(g, &t, &k, &td)) == 0) {
+      *out = t;
+      if (kernel) *kernel = k;
+      else mg_kernel_free(&k);
+      return 0;
+    }
+    snprintf(why, n, "default: the stored configuration does not apply (%s)", mg_diag_msg(&td));
+    mg_diag_clear(&td);
   }
-  mg_spec_plan_tunables(&t);
-  mg_kernel k;
-  if (!rc && (rc = mg_gen_kernel(g, &t, &k, &d)) == 0) mg_kernel_free(&k);
-  if (rc) {
-    snprintf(why, n, "default: the stored configuration does not apply (%s)", mg_diag_msg(&d));
-    mg_diag_clear(&d);
-    return 0;
-  }
-  *out = t;
-  return 0;
+  return kernel ? mg_gen_kernel(g, out, kernel, d) : 0;
 }

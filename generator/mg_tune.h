@@ -268,10 +268,12 @@ int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
  * falls back to s itself. *out is the spec to generate; why (n bytes, may be NULL) says
  * which and why, "tuned: ..." only when the stored configuration is what *out carries.
  * The one place the CUDA executor and `mlagen plan --explain` choose a configuration.
- * Errors: MLAGEN_ENOMEM. */
+ * kernel (may be NULL) receives *out rendered (mg_kernel_free it), so the caller does not
+ * render it again. Errors: MLAGEN_ENOMEM; with kernel, mg_gen_kernel's for *out (d says
+ * which; *kernel is then empty). */
 int mg_tune_choose(mg_gen *g, const char *store_dir, const char *arch, const char *device,
                    const mg_kernel_spec *s, const char *form, long long seq, mg_kernel_spec *out,
-                   char *why, size_t n);
+                   char *why, size_t n, mg_kernel *kernel, mg_diag *d);
 
 /* The configuration kernel{} resolves for s (its default with s's overrides applied),
  * read from the manifest. Errors: those of mg_gen_kernel. */

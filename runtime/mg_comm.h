@@ -53,6 +53,11 @@ struct mg_comm {
  * ncclCommCount or ncclCommUserRank failed (NCCL's text); MLAGEN_ENOMEM. */
 int mg_comm_nccl_wrap(mg_comm **out, void *nccl_comm, void *cuda_stream, mg_diag *d);
 
+/* Points a communicator from mg_comm_nccl_wrap at another CUDA stream (cudaStream_t, NULL
+ * for the default stream) for its later collectives, so one wrap serves every call of a
+ * plan whatever stream the call is on. c must come from mg_comm_nccl_wrap. */
+void mg_comm_nccl_set_stream(mg_comm *c, void *cuda_stream);
+
 /* Wraps an MPI communicator the caller owns (mpi_comm points to an MPI_Comm: MPI_COMM_WORLD
  * or a sub-communicator; an intra-communicator, after MPI_Init). It must outlive the
  * mg_comm. While wrapped its error handler is MPI_ERRORS_RETURN, so a failed collective

@@ -16,6 +16,11 @@
 
 #if !defined(MLAGEN_NCCL_DLOPEN) && !defined(MLAGEN_HAVE_NCCL)
 
+void mg_comm_nccl_set_stream(mg_comm *c, void *cuda_stream) { /* no communicator exists */
+  (void)c;
+  (void)cuda_stream;
+}
+
 int mg_comm_nccl_wrap(mg_comm **out, void *nccl_comm, void *cuda_stream, mg_diag *d) {
   (void)nccl_comm;
   (void)cuda_stream;
@@ -231,5 +236,9 @@ int mg_comm_nccl_wrap(mg_comm **out, void *nccl_comm_ptr, void *cuda_stream, mg_
   n->base.ops = &ops;
   *out = &n->base;
   return 0;
+}
+
+void mg_comm_nccl_set_stream(mg_comm *c, void *cuda_stream) {
+  if (c) ((nccl_comm *)c)->stream = (cudaStream_t)cuda_stream;
 }
 #endif

@@ -123,10 +123,10 @@ static char param_kind(const char *type) {
   return 0;
 }
 
-/* Makes kernel `family` (heads, dims, tunable overrides `sets`, NULL-terminated) available
- * to step i in slot; reuses a kernel already loaded under the same name. */
+/* Makes kernel `family` (heads, dims) available to step i in slot; reuses a kernel already
+ * loaded under the same name. */
 static int want_kernel(run *r, int i, int slot, const char *family, int heads, int dn, int dr,
-                       int dv, int dc, const char *const *sets) {
+                       int dv, int dc) {
   mg_cuda_exec *x = r->x;
   if (r->go) return 0;
   mg_kernel_spec s;
@@ -140,21 +140,21 @@ static int want_kernel(run *r, int i, int slot, const char *family, int heads, i
                                                 "mqa_fwd", "mqa_bwd_dkv", "mqa_bwd_dq"};
   for (size_t c = 0; c < sizeof causal_families / sizeof *causal_families; c++)
     if (!strcmp(family, causal_families[c])) s.causal = r->p->args.causal;
-  for (; sets && *sets; sets++)
-    if (mg_spec_set(&s, *sets, r->d)) return step_prefix(r, i, r->d->status);
   /* the interface the steps below are written for, and a tuned configuration for this
    * device, shape and sequence bucket when the ops know their device and the store has
    * one (docs/tuning.md); else the template's default */
   char why[sizeof x->kerns[0].why] = "default: no device to look up tuned configurations for";
   mg_kernel_spec chosen = s;
-  mg_spec_plan_tunables(&chosen);
-  if (x->ops->arch[0] &&
-      mg_tune_choose(x->gen, x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch, x->ops->device,
-                     &s, mg_form_name(r->p->args.form), r->p->args.seq, &chosen, why, sizeof why))
-    return mg_diag_set(r->d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
   mg_kernel k;
-  memset(&k, 0, sizeof k);
-  int rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
+  int rc;
+  if (x->ops->arch[0]) {
+    rc = mg_tune_choose(x->gen, x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch,
+                        x->ops->device, &s, mg_form_name(r->p->args.form), r->p->args.seq,
+                        &chosen, why, sizeof why, &k, r->d);
+  } else {
+    mg_spec_plan_tunables(&chosen);
+    rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
+  }
   if (rc) return step_prefix(r, i, rc);
   for (int j = 0; j < x->n_kerns; j++)
     if (!strcmp(x->kerns[j].name, k.name)) {
@@ -309,9 +309,8 @@ static int collective(run *r, int i) {
   NEED(s->workspace >= need && r->x->mem.step_ws[i] >= 0, "staging of %lld bytes, needs %lld",
        (long long)s->workspace, (long long)need);
   if (seq_head) {
-    const char *const none[] = {NULL};
-    TRY(want_kernel(r, i, 0, "a2a_pack", (int)H, 0, 0, 0, 0, none));
-    TRY(want_kernel(r, i, 1, "a2a_unpack", (int)H, 0, 0, 0, 0, none));
+    TRY(want_kernel(r, i, 0, "a2a_pack", (int)H, 0, 0, 0, 0));
+    TRY(want_kernel(r, i, 1, "a2a_unpack", (int)H, 0, 0, 0, 0));
   }
   if (!r->go) return 0;
   char *send = r->ws + r->x->mem.step_ws[i], *recv = send + in_b;
@@ -396,7 +395,6 @@ static int kernel_step(run *r, int i) {
             dc = sh->kv_lora_rank;
   const mg_dtype t = p->args.dtype, acc = mg_plan_acc_dtype(p);
   const float scale = (float)sh->softmax_scale;
-  const char *const none[] = {NULL};
 #define IN(k) pb(r, s->in[k])
 #define OUT(k) pb(r, s->out[k])
 #define BI(k) r->buf[s->in[k]]
@@ -449,14 +447,14 @@ static int kernel_step(run *r, int i) {
       }
       const int h = (int)H;
       if (mqa && fwd) {
-        TRY(want_kernel(r, i, 0, "mqa_fwd", h, dn, dr, dv, dc, none));
+        TRY(want_kernel(r, i, 0, "mqa_fwd", h, dn, dr, dv, dc));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "c", BI(1)), ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
         return launch(r, i, 0, &a, B, S);
       }
       if (!mqa && fwd) {
-        TRY(want_kernel(r, i, 0, "attn_fwd", h, dn, dr, dv, dc, none));
+        TRY(want_kernel(r, i, 0, "attn_fwd", h, dn, dr, dv, dc));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", NULL), ap(&a, "v", BI(2));
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
@@ -465,13 +463,13 @@ static int kernel_step(run *r, int i) {
       }
       /* backward: delta in the step's scratch, by attn_bwd_pre */
       if (mqa) {
-        TRY(want_kernel(r, i, 0, "attn_bwd_pre", h, dc, dr, dc, dc, none));
-        TRY(want_kernel(r, i, 1, "mqa_bwd_dkv", h, dn, dr, dv, dc, none));
-        TRY(want_kernel(r, i, 2, "mqa_bwd_dq", h, dn, dr, dv, dc, none));
+        TRY(want_kernel(r, i, 0, "attn_bwd_pre", h, dc, dr, dc, dc));
+        TRY(want_kernel(r, i, 1, "mqa_bwd_dkv", h, dn, dr, dv, dc));
+        TRY(want_kernel(r, i, 2, "mqa_bwd_dq", h, dn, dr, dv, dc));
       } else {
-        TRY(want_kernel(r, i, 0, "attn_bwd_pre", h, dn, dr, dv, dc, none));
-        TRY(want_kernel(r, i, 1, "attn_bwd_dkdv", h, dn, dr, dv, dc, none));
-        TRY(want_kernel(r, i, 2, "attn_bwd_dq", h, dn, dr, dv, dc, none));
+        TRY(want_kernel(r, i, 0, "attn_bwd_pre", h, dn, dr, dv, dc));
+        TRY(want_kernel(r, i, 1, "attn_bwd_dkdv", h, dn, dr, dv, dc));
+        TRY(want_kernel(r, i, 2, "attn_bwd_dq", h, dn, dr, dv, dc));
       }
       if (!r->go) return 0;
       void *delta = r->ws + r->x->mem.step_ws[i];
@@ -518,7 +516,7 @@ static int kernel_step(run *r, int i) {
         TRY(dtype_is(r, i, IN(k), t));
         TRY(dtype_is(r, i, OUT(k), t));
       }
-      TRY(want_kernel(r, i, 0, expand ? "expand_kv" : "split_dkv", (int)H, dn, dr, dv, dc, none));
+      TRY(want_kernel(r, i, 0, expand ? "expand_kv" : "split_dkv", (int)H, dn, dr, dv, dc));
       kargs a = {0};
       if (expand) {
         ap(&a, "kv", BI(0)), ap(&a, "rope", BI(1)), ap(&a, "k", BO(0)), ap(&a, "v", BO(1));
@@ -544,7 +542,7 @@ static int kernel_step(run *r, int i) {
       TRY(dtype_is(r, i, kr, t));
       TRY(dtype_is(r, i, c, t));
       TRY(want_kernel(r, i, 0, concat ? "concat_latent" : "split_latent", p->shape.heads, dn, dr,
-                      dv, dc, none));
+                      dv, dc));
       kargs a = {0};
       if (concat) ap(&a, "c_kv", BI(0)), ap(&a, "k_rope", BI(1)), ap(&a, "c", BO(0));
       else ap(&a, "dc", BI(0)), ap(&a, "dc_kv", BO(0)), ap(&a, "dk_rope", BO(1));
@@ -573,7 +571,7 @@ static int kernel_step(run *r, int i) {
         return d_copy2d(r, i, (char *)BO(0) + s->dst_col * e, dw * e,
                         (const char *)BI(0) + s->src_col * e, sw * e, s->cols * e, rows);
       }
-      TRY(want_kernel(r, i, 0, "copy_cols", p->shape.heads, dn, dr, dv, dc, none));
+      TRY(want_kernel(r, i, 0, "copy_cols", p->shape.heads, dn, dr, dv, dc));
       kargs a = {0};
       ap(&a, "src", BI(0)), ap(&a, "dst", BO(0)), ai(&a, "rows", rows), ai(&a, "src_w", sw);
       ai(&a, "src_col", s->src_col), ai(&a, "dst_w", dw), ai(&a, "dst_col", s->dst_col);

@@ -43,11 +43,6 @@ typedef struct cuda_ops {
   pfn_gemm gemm;
 } cuda_ops;
 
-static int drv_fail(const cuda_ops *c, CUresult r, const char *what, mg_diag *d) {
-  return mg_driver_check(c->drv, r, r == CUDA_ERROR_OUT_OF_MEMORY ? MLAGEN_ENOMEM : MLAGEN_EDRIVER,
-                         what, d);
-}
-
 static int blas_fail(const cuda_ops *c, cublasStatus_t s, const char *what, mg_diag *d) {
   const char *text = c->status_string ? c->status_string(s) : NULL;
   return mg_diag_set(d, s == CUBLAS_STATUS_ALLOC_FAILED ? MLAGEN_ENOMEM : MLAGEN_EDRIVER,
@@ -91,14 +86,14 @@ static int c_launch(mg_dev_ops *o, void *handle, const unsigned grid[3], const u
   char what[400];
   snprintf(what, sizeof what, "cuLaunchKernel(%s, grid %u,%u,%u, block %u,%u,%u, smem %zu)",
            k->name, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem);
-  return drv_fail(c, r, what, d);
+  return mg_driver_fail(c->drv, r, what, d);
 }
 
 static int c_memset(mg_dev_ops *o, void *dst, int value, size_t bytes, void *stream, mg_diag *d) {
   cuda_ops *c = (cuda_ops *)o;
   CUresult r = c->drv->cuMemsetD8Async((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, bytes,
                                        (CUstream)stream);
-  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemsetD8Async", d);
+  return r == CUDA_SUCCESS ? 0 : mg_driver_fail(c->drv, r, "cuMemsetD8Async", d);
 }
 
 static int c_copy(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream,
@@ -106,7 +101,7 @@ static int c_copy(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void 
   cuda_ops *c = (cuda_ops *)o;
   CUresult r = c->drv->cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
                                          bytes, (CUstream)stream);
-  return r == CUDA_SUCCESS ? 0 : drv_fail(c, r, "cuMemcpyDtoDAsync", d);
+  return r == CUDA_SUCCESS ? 0 : mg_driver_fail(c->drv, r, "cuMemcpyDtoDAsync", d);
 }
 
 static int c_copy2d(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
@@ -127,7 +122,7 @@ static int c_copy2d(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, si
   char what[160];
   snprintf(what, sizeof what, "cuMemcpy2DAsync(%zu x %zu bytes, pitches %zu, %zu)", height, width,
            dpitch, spitch);
-  return drv_fail(c, r, what, d);
+  return mg_driver_fail(c->drv, r, what, d);
 }
 
 static cudaDataType blas_type(mg_dtype t) {
@@ -164,7 +159,7 @@ static int c_query(mg_dev_ops *o, void *stream, int *done, mg_diag *d) {
   cuda_ops *c = (cuda_ops *)o;
   CUresult r = c->drv->cuStreamQuery((CUstream)stream);
   *done = r != CUDA_ERROR_NOT_READY;
-  return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY ? 0 : drv_fail(c, r, "cuStreamQuery", d);
+  return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY ? 0 : mg_driver_fail(c->drv, r, "cuStreamQuery", d);
 }
 
 static void c_destroy(mg_dev_ops *o) {
@@ -233,29 +228,29 @@ int mg_dev_ops_cuda(mg_dev_ops **out, mg_diag *d) {
                          .destroy = c_destroy};
   CUcontext ctx = NULL;
   CUresult r = drv->cuCtxGetCurrent(&ctx);
-  if (r != CUDA_SUCCESS) rc = drv_fail(c, r, "cuCtxGetCurrent", d);
+  if (r != CUDA_SUCCESS) rc = mg_driver_fail(c->drv, r, "cuCtxGetCurrent", d);
   if (!rc && !ctx) { /* none current: device 0's primary context, as the CUDA runtime does */
     if ((r = drv->cuDeviceGet(&c->dev, 0)) != CUDA_SUCCESS)
-      rc = drv_fail(c, r, "no current CUDA context; cuDeviceGet(0)", d);
+      rc = mg_driver_fail(c->drv, r, "no current CUDA context; cuDeviceGet(0)", d);
     else if ((r = drv->cuDevicePrimaryCtxRetain(&ctx, c->dev)) != CUDA_SUCCESS)
-      rc = drv_fail(c, r, "cuDevicePrimaryCtxRetain", d);
+      rc = mg_driver_fail(c->drv, r, "cuDevicePrimaryCtxRetain", d);
     else if ((c->retained = 1, r = drv->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS)
-      rc = drv_fail(c, r, "cuCtxSetCurrent", d);
+      rc = mg_driver_fail(c->drv, r, "cuCtxSetCurrent", d);
   } else if (!rc && (r = drv->cuCtxGetDevice(&c->dev)) != CUDA_SUCCESS) {
-    rc = drv_fail(c, r, "cuCtxGetDevice", d);
+    rc = mg_driver_fail(c->drv, r, "cuCtxGetDevice", d);
   }
   int major = 0, minor = 0;
   if (!rc && ((r = drv->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
                                              c->dev)) != CUDA_SUCCESS ||
               (r = drv->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
                                              c->dev)) != CUDA_SUCCESS))
-    rc = drv_fail(c, r, "cuDeviceGetAttribute(compute capability)", d);
+    rc = mg_driver_fail(c->drv, r, "cuDeviceGetAttribute(compute capability)", d);
   if (!rc) {
     if (major == 9 && minor == 0) snprintf(c->arch, sizeof c->arch, "sm_90a");
     else snprintf(c->arch, sizeof c->arch, "sm_%d%d", major, minor);
     snprintf(c->base.arch, sizeof c->base.arch, "%s", c->arch);
     if ((r = drv->cuDeviceGetName(c->base.device, (int)sizeof c->base.device, c->dev)) != CUDA_SUCCESS)
-      rc = drv_fail(c, r, "cuDeviceGetName", d);
+      rc = mg_driver_fail(c->drv, r, "cuDeviceGetName", d);
   }
   if (!rc) {
     rc = load_cublas(c, d);

@@ -18,6 +18,7 @@
 #include <cudaTypedefs.h>
 
 #include "mg_diag.h"
+#include "mlagen.h"
 
 /* X(name, version): every driver entry point mlagen calls, with the CUDA version of the
  * ABI it is called with (cudaTypedefs.h's PFN_<name>_v<version>; cuGetProcAddress
@@ -92,6 +93,13 @@ int mg_driver_get(const mg_driver **out, mg_diag *d);
  * (<CUDA error string>)" and returns status. drv may be NULL (the error is then named by
  * its number). */
 int mg_driver_check(const mg_driver *drv, CUresult r, int status, const char *what, mg_diag *d);
+
+/* mg_driver_check for a failed call of the executors and the tuner: CUDA_ERROR_OUT_OF_MEMORY
+ * is MLAGEN_ENOMEM, any other error MLAGEN_EDRIVER. */
+static inline int mg_driver_fail(const mg_driver *drv, CUresult r, const char *what, mg_diag *d) {
+  return mg_driver_check(drv, r, r == CUDA_ERROR_OUT_OF_MEMORY ? MLAGEN_ENOMEM : MLAGEN_EDRIVER,
+                         what, d);
+}
 
 /* Entry i (0 <= i < MG_DRIVER_N_ENTRIES) of the table: its name and resolved address,
  * for tests and diagnostics; returns NULL past the end. */

@@ -317,12 +317,6 @@ static struct {
   char poisoned[400]; /* non-empty: a kernel faulted, the context is unusable */
 } g;
 
-/* A failed driver call: CUDA_ERROR_OUT_OF_MEMORY is MLAGEN_ENOMEM, the rest MG_EDRIVER. */
-static int drv_fail(const mg_driver *drv, CUresult r, const char *what, mg_diag *d) {
-  return mg_driver_check(drv, r, r == CUDA_ERROR_OUT_OF_MEMORY ? MLAGEN_ENOMEM : MG_EDRIVER, what,
-                         d);
-}
-
 static int device_ctx(const mg_driver *drv, mg_diag *d) {
   int rc = 0;
   pthread_mutex_lock(&g_mu);
@@ -331,14 +325,14 @@ static int device_ctx(const mg_driver *drv, mg_diag *d) {
                      "without it", g.poisoned);
   } else if (!g.have) {
     CUresult r = drv->cuDeviceGet(&g.dev, 0);
-    if (r != CUDA_SUCCESS) rc = drv_fail(drv, r, "cuDeviceGet(0)", d);
+    if (r != CUDA_SUCCESS) rc = mg_driver_fail(drv, r, "cuDeviceGet(0)", d);
     else if ((r = drv->cuDevicePrimaryCtxRetain(&g.ctx, g.dev)) != CUDA_SUCCESS)
-      rc = drv_fail(drv, r, "cuDevicePrimaryCtxRetain", d);
+      rc = mg_driver_fail(drv, r, "cuDevicePrimaryCtxRetain", d);
     else g.have = 1;
   }
   if (!rc) {
     CUresult r = drv->cuCtxSetCurrent(g.ctx);
-    if (r != CUDA_SUCCESS) rc = drv_fail(drv, r, "cuCtxSetCurrent", d);
+    if (r != CUDA_SUCCESS) rc = mg_driver_fail(drv, r, "cuCtxSetCurrent", d);
   }
   pthread_mutex_unlock(&g_mu);
   return rc;
@@ -352,12 +346,12 @@ int mg_ktime_describe(mg_tune_device *dev, mg_diag *d) {
   if (rc) return rc;
   CUdevice cd;
   CUresult r = drv->cuDeviceGet(&cd, 0);
-  if (r != CUDA_SUCCESS) return drv_fail(drv, r, "cuDeviceGet(0)", d);
+  if (r != CUDA_SUCCESS) return mg_driver_fail(drv, r, "cuDeviceGet(0)", d);
   if ((r = drv->cuDeviceGetName(dev->name, (int)sizeof dev->name, cd)) != CUDA_SUCCESS)
-    return drv_fail(drv, r, "cuDeviceGetName", d);
+    return mg_driver_fail(drv, r, "cuDeviceGetName", d);
   if ((r = drv->cuDeviceGetAttribute(&dev->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                                      cd)) != CUDA_SUCCESS)
-    return drv_fail(drv, r, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", d);
+    return mg_driver_fail(drv, r, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", d);
   dev->driver_version = drv->driver_version;
   return 0;
 }
@@ -383,19 +377,19 @@ static int run_free(run *r, int status, mg_diag *d) {
   CUresult cr;
   /* wait for the stream before freeing what it uses (its error, if any, is reported) */
   if (r->stream && (cr = drv->cuStreamSynchronize(r->stream)) != CUDA_SUCCESS && !rc)
-    rc = drv_fail(drv, cr, "cuStreamSynchronize (release)", d);
+    rc = mg_driver_fail(drv, cr, "cuStreamSynchronize (release)", d);
   for (int i = 0; i < r->n_ev; i++)
     if ((cr = drv->cuEventDestroy(r->ev[i])) != CUDA_SUCCESS && !rc)
-      rc = drv_fail(drv, cr, "cuEventDestroy", d);
+      rc = mg_driver_fail(drv, cr, "cuEventDestroy", d);
   free(r->ev);
   for (int s = 0; s < MG_KTIME_MAX_SETS; s++)
     for (int i = 0; i < MG_KTIME_MAX_PARAMS; i++)
       if (r->buf[s][i] && (cr = drv->cuMemFree(r->buf[s][i])) != CUDA_SUCCESS && !rc)
-        rc = drv_fail(drv, cr, "cuMemFree", d);
+        rc = mg_driver_fail(drv, cr, "cuMemFree", d);
   if (r->flush && (cr = drv->cuMemFree(r->flush)) != CUDA_SUCCESS && !rc)
-    rc = drv_fail(drv, cr, "cuMemFree (L2 flush buffer)", d);
+    rc = mg_driver_fail(drv, cr, "cuMemFree (L2 flush buffer)", d);
   if (r->stream && (cr = drv->cuStreamDestroy(r->stream)) != CUDA_SUCCESS && !rc)
-    rc = drv_fail(drv, cr, "cuStreamDestroy", d);
+    rc = mg_driver_fail(drv, cr, "cuStreamDestroy", d);
   mg_diag rd = MG_DIAG_INIT;
   int rr = mg_registry_destroy(r->reg, &rd);
   if (rr && !rc) rc = mg_diag_set(d, rr, "%s", mg_diag_msg(&rd));
@@ -452,7 +446,7 @@ static int zero_outputs(run *r, const mg_kargs *ka, mg_diag *d) {
     if (ka->a[i].kind == MG_KARG_OUT) {
       CUresult cr = r->drv->cuMemsetD8Async(r->buf[0][i], 0, ka->a[i].count * ka->a[i].elem_bytes,
                                             r->stream);
-      if (cr != CUDA_SUCCESS) return drv_fail(r->drv, cr, "cuMemsetD8Async (outputs)", d);
+      if (cr != CUDA_SUCCESS) return mg_driver_fail(r->drv, cr, "cuMemsetD8Async (outputs)", d);
     }
   return 0;
 }
@@ -503,7 +497,7 @@ static int download(run *r, const mg_kargs *ka, void **host, mg_diag *d) {
     if (!host[i] && !(host[i] = malloc(bytes)))
       return mg_diag_set(d, MLAGEN_ENOMEM, "out of host memory (%zu bytes)", bytes);
     CUresult cr = r->drv->cuMemcpyDtoH(host[i], r->buf[0][i], bytes);
-    if (cr != CUDA_SUCCESS) return drv_fail(r->drv, cr, "cuMemcpyDtoH (outputs)", d);
+    if (cr != CUDA_SUCCESS) return mg_driver_fail(r->drv, cr, "cuMemcpyDtoH (outputs)", d);
   }
   return 0;
 }
@@ -543,7 +537,7 @@ static int run_once(run *r, const mg_kernel *k, const mg_cubin *c, const mg_karg
     *launch_failed = 1;
     char what[300];
     snprintf(what, sizeof what, "%s: execution (cuStreamSynchronize)", k->name);
-    return drv_fail(r->drv, cr, what, d);
+    return mg_driver_fail(r->drv, cr, what, d);
   }
   return download(r, ka, host, d);
 }
@@ -630,7 +624,7 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
   if ((rc = mg_registry_create(&r.reg, d))) return rc;
   if ((cr = drv->cuStreamCreate(&r.stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
     r.stream = NULL;
-    return run_free(&r, drv_fail(drv, cr, "cuStreamCreate", d), d);
+    return run_free(&r, mg_driver_fail(drv, cr, "cuStreamCreate", d), d);
   }
   /* sizes: one set, the flush buffer, how many sets fit */
   size_t set_bytes = 0;
@@ -639,11 +633,11 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
       set_bytes += ka.a[i].count * ka.a[i].elem_bytes;
   int l2 = 0;
   if ((cr = drv->cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, g.dev)) != CUDA_SUCCESS)
-    return run_free(&r, drv_fail(drv, cr, "cuDeviceGetAttribute(L2_CACHE_SIZE)", d), d);
+    return run_free(&r, mg_driver_fail(drv, cr, "cuDeviceGetAttribute(L2_CACHE_SIZE)", d), d);
   const size_t flush_bytes = l2 > 0 ? 2 * (size_t)l2 : 0;
   size_t free_b = 0, total_b = 0;
   if ((cr = drv->cuMemGetInfo(&free_b, &total_b)) != CUDA_SUCCESS)
-    return run_free(&r, drv_fail(drv, cr, "cuMemGetInfo", d), d);
+    return run_free(&r, mg_driver_fail(drv, cr, "cuMemGetInfo", d), d);
   int n_sets = MG_KTIME_MAX_SETS;
   while (n_sets > 1 && (double)n_sets * set_bytes + flush_bytes > 0.8 * (double)free_b) n_sets--;
   if ((double)set_bytes + flush_bytes > 0.9 * (double)free_b)
@@ -666,25 +660,25 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
       const size_t bytes = a->count * a->elem_bytes;
       if ((cr = drv->cuMemAlloc(&r.buf[st][i], bytes)) != CUDA_SUCCESS) {
         r.buf[st][i] = 0;
-        rc = drv_fail(drv, cr, "cuMemAlloc", d);
+        rc = mg_driver_fail(drv, cr, "cuMemAlloc", d);
       } else if (a->kind == MG_KARG_IN) {
         fill_host(a, st, i, s->dtype, seq, host);
         if ((cr = drv->cuMemcpyHtoD(r.buf[st][i], host, bytes)) != CUDA_SUCCESS)
-          rc = drv_fail(drv, cr, "cuMemcpyHtoD (inputs)", d);
+          rc = mg_driver_fail(drv, cr, "cuMemcpyHtoD (inputs)", d);
       } else if ((cr = drv->cuMemsetD8Async(r.buf[st][i], 0, bytes, r.stream)) != CUDA_SUCCESS) {
-        rc = drv_fail(drv, cr, "cuMemsetD8Async (outputs)", d);
+        rc = mg_driver_fail(drv, cr, "cuMemsetD8Async (outputs)", d);
       }
     }
   free(host);
   if (!rc && flush_bytes) {
     if ((cr = drv->cuMemAlloc(&r.flush, flush_bytes)) != CUDA_SUCCESS) {
       r.flush = 0;
-      rc = drv_fail(drv, cr, "cuMemAlloc (L2 flush buffer)", d);
+      rc = mg_driver_fail(drv, cr, "cuMemAlloc (L2 flush buffer)", d);
     }
   }
   /* the legacy-stream copies before anything runs on the non-blocking stream */
   if (!rc && (cr = drv->cuCtxSynchronize()) != CUDA_SUCCESS)
-    rc = drv_fail(drv, cr, "cuCtxSynchronize (after the uploads)", d);
+    rc = mg_driver_fail(drv, cr, "cuCtxSynchronize (after the uploads)", d);
   if (rc) return run_free(&r, rc, d);
 
   /* the check: the candidate, then the reference, on set 0 */
@@ -727,7 +721,7 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
     return run_free(&r, mg_diag_set(d, MLAGEN_ENOMEM, "out of host memory"), d);
   for (int i = 0; i < 2 * n_samples; i++) {
     if ((cr = drv->cuEventCreate(&r.ev[i], CU_EVENT_DEFAULT)) != CUDA_SUCCESS)
-      return run_free(&r, drv_fail(drv, cr, "cuEventCreate", d), d);
+      return run_free(&r, mg_driver_fail(drv, cr, "cuEventCreate", d), d);
     r.n_ev++;
   }
   CUdeviceptr pv[MG_KTIME_MAX_PARAMS];
@@ -739,9 +733,9 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
     build_args(&r, &ka, i % n_sets, pv, iv, fv, argv);
     if (t >= 0 && r.flush &&
         (cr = drv->cuMemsetD8Async(r.flush, (unsigned char)t, flush_bytes, r.stream)) != CUDA_SUCCESS)
-      return run_free(&r, drv_fail(drv, cr, "cuMemsetD8Async (L2 flush)", d), d);
+      return run_free(&r, mg_driver_fail(drv, cr, "cuMemsetD8Async (L2 flush)", d), d);
     if (t >= 0 && (cr = drv->cuEventRecord(r.ev[2 * t], r.stream)) != CUDA_SUCCESS)
-      return run_free(&r, drv_fail(drv, cr, "cuEventRecord", d), d);
+      return run_free(&r, mg_driver_fail(drv, cr, "cuEventRecord", d), d);
     if ((rc = mg_registry_launch(r.reg, mk, &ka.dims, r.stream, argv, &kd))) {
       if (rc == MLAGEN_ENOMEM) {
         rc = mg_diag_set(d, rc, "%s", mg_diag_msg(&kd));
@@ -753,13 +747,13 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
       return run_free_failed(&r, d);
     }
     if (t >= 0 && (cr = drv->cuEventRecord(r.ev[2 * t + 1], r.stream)) != CUDA_SUCCESS)
-      return run_free(&r, drv_fail(drv, cr, "cuEventRecord", d), d);
+      return run_free(&r, mg_driver_fail(drv, cr, "cuEventRecord", d), d);
   }
   if ((cr = drv->cuEventSynchronize(r.ev[2 * n_samples - 1])) != CUDA_SUCCESS) {
     poison(&r, k->name, cr); /* an execution error: the context is unusable */
     char what[300];
     snprintf(what, sizeof what, "%s: execution (cuEventSynchronize)", k->name);
-    drv_fail(drv, cr, what, &kd);
+    mg_driver_fail(drv, cr, what, &kd);
     set_verdict(res, MG_TUNE_FAILED_LAUNCH, mg_diag_msg(&kd));
     mg_diag_clear(&kd);
     return run_free_failed(&r, d);
@@ -767,7 +761,7 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
   for (int t = 0; t < n_samples; t++) {
     float ms = 0;
     if ((cr = drv->cuEventElapsedTime(&ms, r.ev[2 * t], r.ev[2 * t + 1])) != CUDA_SUCCESS)
-      return run_free(&r, drv_fail(drv, cr, "cuEventElapsedTime", d), d);
+      return run_free(&r, mg_driver_fail(drv, cr, "cuEventElapsedTime", d), d);
     samples_ms[t] = ms;
   }
   res->verdict = MG_TUNE_KEPT;

@@ -23,13 +23,6 @@ struct mg_module_registry {
   int n, cap;
 };
 
-/* A failed driver call as a status: CUDA_ERROR_OUT_OF_MEMORY is MLAGEN_ENOMEM, the rest
- * MG_EDRIVER. */
-static int drv_fail(const mg_driver *drv, CUresult r, const char *what, mg_diag *d) {
-  return mg_driver_check(drv, r, r == CUDA_ERROR_OUT_OF_MEMORY ? MLAGEN_ENOMEM : MG_EDRIVER, what,
-                         d);
-}
-
 /* ---- launch rules --------------------------------------------------------------------- */
 
 /* An integer-valued JSON number in lo .. hi into *v. */
@@ -182,7 +175,7 @@ int mg_registry_destroy(mg_module_registry *r, mg_diag *d) {
     if (cr != CUDA_SUCCESS && !rc) {
       char what[MAX_NAME + 64];
       snprintf(what, sizeof what, "cuModuleUnload (kernel %s)", e->name);
-      rc = drv_fail(r->drv, cr, what, d);
+      rc = mg_driver_fail(r->drv, cr, what, d);
     }
     free(e);
   }
@@ -244,7 +237,7 @@ int mg_registry_load(mg_module_registry *r, const char *name, const void *image,
   CUresult cr = drv->cuModuleLoadData(&e->k.module, image);
   if (cr != CUDA_SUCCESS) {
     snprintf(what, sizeof what, "cuModuleLoadData (kernel %s, cubin of %zu bytes)", name, size);
-    int rc = drv_fail(drv, cr, what, d);
+    int rc = mg_driver_fail(drv, cr, what, d);
     free(e);
     return rc;
   }
@@ -255,7 +248,7 @@ int mg_registry_load(mg_module_registry *r, const char *name, const void *image,
     rc = mg_driver_check(drv, cr, MLAGEN_EINVAL, what, d);
   } else if (cr != CUDA_SUCCESS) {
     snprintf(what, sizeof what, "cuModuleGetFunction (kernel %s)", name);
-    rc = drv_fail(drv, cr, what, d);
+    rc = mg_driver_fail(drv, cr, what, d);
   } else if (rule->smem > MG_DEFAULT_DYN_SMEM) {
     cr = drv->cuFuncSetAttribute(e->k.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                  (int)rule->smem);
@@ -263,7 +256,7 @@ int mg_registry_load(mg_module_registry *r, const char *name, const void *image,
       snprintf(what, sizeof what,
                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = %zu) (kernel %s)", rule->smem,
                name);
-      rc = drv_fail(drv, cr, what, d);
+      rc = mg_driver_fail(drv, cr, what, d);
     } else {
       e->k.smem_raised = 1;
     }
@@ -315,5 +308,5 @@ int mg_registry_launch(mg_module_registry *r, const mg_module_kernel *k, const m
   char what[MAX_NAME + 160];
   snprintf(what, sizeof what, "cuLaunchKernel(%s, grid %u,%u,%u, block %u,%u,%u, smem %zu)",
            k->name, grid[0], grid[1], grid[2], b[0], b[1], b[2], k->rule.smem);
-  return drv_fail(r->drv, cr, what, d);
+  return mg_driver_fail(r->drv, cr, what, d);
 }

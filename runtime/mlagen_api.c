@@ -42,6 +42,7 @@ struct mlagen_plan {
   mg_dev_ops *ops;
   mg_cuda_exec *exec;
   void *nccl_comm; /* mlagen_plan_set_comm: the trainer's ncclComm_t (sp_size > 1) */
+  mg_comm *comm;   /* nccl_comm wrapped and checked against the plan at its first use */
 };
 
 /* ---- messages ------------------------------------------------------------------------ */
@@ -364,6 +365,7 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
 
 void mlagen_plan_destroy(mlagen_plan *plan) {
   if (!plan) return;
+  mg_comm_destroy(plan->comm);
   mg_cuda_exec_destroy(plan->exec);
   mg_dev_ops_destroy(plan->ops); /* unloads the plan's modules */
   free(plan);
@@ -377,6 +379,10 @@ int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm) {
   if (!nccl_comm && plan->plan.args.sp > 1)
     return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_plan_set_comm: nccl_comm is NULL and "
                        "the plan spans sp_size = %d ranks", plan->plan.args.sp);
+  if (nccl_comm != plan->nccl_comm) { /* wrapped again at the next call */
+    mg_comm_destroy(plan->comm);
+    plan->comm = NULL;
+  }
   plan->nccl_comm = nccl_comm;
   return 0;
 }
@@ -477,8 +483,8 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
     return mg_diag_set(d, MLAGEN_EUNSUPPORTED, "%s: the CUDA executor runs bf16 and f16 plans; "
                        "the %s plan runs on the CPU with `mlagen run`", fn,
                        mg_dtype_name(p->args.dtype));
-  mg_comm *comm = NULL; /* sp_size > 1: the trainer's communicator on this call's stream */
-  if (p->args.sp > 1) {
+  if (p->args.sp > 1 && !plan->comm) { /* the trainer's communicator, wrapped once */
+    mg_comm *comm;
     if ((rc = mg_comm_nccl_wrap(&comm, plan->nccl_comm, stream, d)))
       return mg_diag_prefix(d, "%s: sp_size = %d: the NCCL communicator", fn, p->args.sp);
     if (comm->size != p->args.sp || comm->rank != p->args.rank) {
@@ -488,11 +494,12 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
       mg_comm_destroy(comm);
       return rc;
     }
+    plan->comm = comm;
   }
+  mg_comm_nccl_set_stream(plan->comm, stream); /* this call's stream */
   if (!plan->exec) { /* prepare once: kernels generated, compiled (JIT cache) and loaded */
     if ((!plan->ops && (rc = mg_dev_ops_cuda(&plan->ops, d))) ||
         (rc = mg_cuda_exec_prepare(p, plan->ops, NULL, &plan->exec, d))) {
-      mg_comm_destroy(comm);
       return plan->ops ? mg_diag_prefix(d, "%s: preparing the %s plan", fn, mg_form_name(p->args.form))
                        : mg_diag_prefix(d, "%s", fn);
     }
@@ -503,8 +510,7 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
                        .dc_kv = tensors->dc_kv.data, .dk_rope = tensors->dk_rope.data,
                        .dw_kv_b = tensors->dw_kv_b.data};
   rc = mg_cuda_exec_run(plan->exec, pass == MLAGEN_PASS_FORWARD ? MG_FWD : MG_BWD, &t, workspace,
-                        workspace_bytes, saved, saved_bytes, comm, stream, d);
-  mg_comm_destroy(comm);
+                        workspace_bytes, saved, saved_bytes, plan->comm, stream, d);
   return rc ? mg_diag_prefix(d, "%s", fn) : 0;
 }
 

@@ -543,7 +543,7 @@ static void test_choose(void **state) {
   mg_kernel_spec out;
   char why[512];
   /* taken, k_packed forced back to the plans' 1 */
-  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &fwd, NULL, 4096, &out, why, sizeof why), 0);
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &fwd, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
   assert_non_null(strstr(why, "tuned: "));
   int seen = 0;
   for (int i = 0; i < out.n_config; i++) {
@@ -552,15 +552,15 @@ static void test_choose(void **state) {
   }
   assert_int_equal(seen, 2);
   /* an unknown tunable: the default, and why */
-  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &mqa, NULL, 4096, &out, why, sizeof why), 0);
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &mqa, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
   assert_non_null(strstr(why, "default: the stored configuration does not apply"));
   assert_non_null(strstr(why, "bogus"));
   assert_int_equal(out.n_config, 0);
   /* a value the template's check rejects (num_warps 2 with block_m 64) */
-  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &dq, NULL, 4096, &out, why, sizeof why), 0);
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &dq, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
   assert_non_null(strstr(why, "default: the stored configuration does not apply"));
   /* no store for the device */
-  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU D", &fwd, NULL, 4096, &out, why, sizeof why), 0);
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU D", &fwd, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
   assert_non_null(strstr(why, "default: no tuned store"));
   /* where tune would write: a directory in place of the store file is refused */
   char path[600];

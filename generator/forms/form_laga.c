@@ -28,16 +28,26 @@
 
 #include "form.h"
 
-/* k_h, v_h = expand(c w_kv_b[this rank's heads]^T), as two steps. */
+/* kv = c[:, :d_c] w_kv_b[heads hg .. hg + G)^T [B, S, G, d_n + d_v], then k = [k_nope ;
+ * k_rope] and v from it, as two steps: this rank's heads (group 0), or one LAGA-F group. */
+static void rebuild_heads(mg_plan *p, int c, int w, int64_t hg, int64_t G, int kv, int k, int v,
+                          int group) {
+  FORM_DIMS(p);
+  mg_plan_gemm(p, group ? "kv_g = c[:, :d_c] w_kv_b[group]^T" : "kv_h = c[:, :d_c] w_kv_b[heads]^T",
+               c, w, kv,
+               (mg_gemm){.trans_b = 1, .m = B * S, .n = G * dkv, .k = dc, .lda = wc, .ldb = dc,
+                         .ldc = G * dkv, .off_b = (h0 + hg) * dkv * dc});
+  mg_step *s = mg_plan_kernel(p, MG_OP_EXPAND_KV,
+                              group ? "k_g = [k_nope ; k_rope], v_g" : "k_h = [k_nope ; k_rope], v_h",
+                              ARGS(kv, c), ARGS(k, v));
+  s->rope_col = dc, s->rope_w = wc;
+}
+
+/* k_h, v_h for this rank's heads, through a new kv buffer kv_name. */
 static void rebuild_kv(mg_plan *p, int c, int w, int k_h, int v_h, const char *kv_name) {
   FORM_DIMS(p);
   int kv_h = mg_plan_temp(p, kv_name, T, DIMS(B, S, Hl, dkv));
-  mg_plan_gemm(p, "kv_h = c[:, :d_c] w_kv_b[heads]^T", c, w, kv_h,
-               (mg_gemm){.trans_b = 1, .m = B * S, .n = Hl * dkv, .k = dc, .lda = wc, .ldb = dc,
-                         .ldc = Hl * dkv, .off_b = h0 * dkv * dc});
-  mg_step *s = mg_plan_kernel(p, MG_OP_EXPAND_KV, "k_h = [k_nope ; k_rope], v_h", ARGS(kv_h, c),
-                              ARGS(k_h, v_h));
-  s->rope_col = dc, s->rope_w = wc;
+  rebuild_heads(p, c, w, 0, Hl, kv_h, k_h, v_h, 0);
 }
 
 /* c = all-gather([c_kv ; k_rope]). */
@@ -107,18 +117,6 @@ static void copy_heads(mg_plan *p, const char *label, int src, int64_t src_w, in
   s->src_w = src_w, s->src_col = src_col, s->dst_w = dst_w, s->dst_col = dst_col, s->cols = cols;
 }
 
-/* kv_g = c[:, :d_c] w_kv_b[heads hg .. hg + G)^T, then k_g, v_g (one group). */
-static void rebuild_group(mg_plan *p, int c, int w, int64_t hg, int64_t G, int kv_g, int k_g,
-                          int v_g) {
-  FORM_DIMS(p);
-  mg_plan_gemm(p, "kv_g = c[:, :d_c] w_kv_b[group]^T", c, w, kv_g,
-               (mg_gemm){.trans_b = 1, .m = B * S, .n = G * dkv, .k = dc, .lda = wc, .ldb = dc,
-                         .ldc = G * dkv, .off_b = (h0 + hg) * dkv * dc});
-  mg_step *s = mg_plan_kernel(p, MG_OP_EXPAND_KV, "k_g = [k_nope ; k_rope], v_g", ARGS(kv_g, c),
-                              ARGS(k_g, v_g));
-  s->rope_col = dc, s->rope_w = wc;
-}
-
 /* A group's own temporary buffer "<name><g>" [B, S, G, w] (3-D [B, G, S] when w is 0):
  * each group's buffers are distinct, so each lives only while its group runs. */
 static int group_temp(mg_plan *p, const char *name, int g, int64_t G, int64_t w) {
@@ -145,7 +143,7 @@ void mg_form_laga_fused(mg_plan *p) {
     int kv_g = group_temp(p, "kv_g", g, G, dkv), k_g = group_temp(p, "k_g", g, G, dqk);
     int v_g = group_temp(p, "v_g", g, G, dv), q_g = group_temp(p, "q_g", g, G, dqk);
     int o_g = group_temp(p, "o_g", g, G, dv), lse_g = group_temp(p, "lse_g", g, G, 0);
-    rebuild_group(p, c, f.w, hg, G, kv_g, k_g, v_g);
+    rebuild_heads(p, c, f.w, hg, G, kv_g, k_g, v_g, 1);
     copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
     mg_step *s = mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention (group)", ARGS(q_g, k_g, v_g),
                                 ARGS(o_g, lse_g));
@@ -168,7 +166,7 @@ void mg_form_laga_fused(mg_plan *p) {
     int lse_g = group_temp(p, "lse_b", g, G, 0), dq_g = group_temp(p, "dq_b", g, G, dqk);
     int dk_g = group_temp(p, "dk_b", g, G, dqk), dv_g = group_temp(p, "dv_b", g, G, dv);
     int dkv_g = group_temp(p, "dkv_b", g, G, dkv);
-    rebuild_group(p, c, f.w, hg, G, kv_g, k_g, v_g);
+    rebuild_heads(p, c, f.w, hg, G, kv_g, k_g, v_g, 1);
     copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
     copy_heads(p, "o_g = o_h[:, :, group]", o_h, Hl * dv, hg * dv, o_g, G * dv, 0, G * dv);
     copy_heads(p, "do_g = do_h[:, :, group]", do_h, Hl * dv, hg * dv, do_g, G * dv, 0, G * dv);
