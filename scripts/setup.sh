@@ -67,11 +67,12 @@ fi
 # with pip --target into $build/tools (nothing of the system's Python is touched), where
 # tests/CMakeLists.txt looks. PyPI has it for CUDA 13 only (nvidia-cuda-nvdisasm 13.2 and
 # later): a 13.x toolkit gets its own minor (13.2 for 13.0 and 13.1), a 12.x toolkit the
-# oldest 13.x, which reads the sm_80/sm_90a cubins of a CUDA 12 NVRTC as well (nvdisasm
-# reads older toolkits' cubins). (cuobjdump -sass needs nvdisasm too.)
+# oldest 13.x, which reads the sm_80/sm_90a cubins of a CUDA 12 NVRTC as well (checked
+# with NVRTC 12.9's). (cuobjdump -sass needs nvdisasm too, so nvdisasm alone.)
 case $build in /*) tools=$build/tools ;; *) tools=$root/$build/tools ;; esac
 if [ ! -x "$cuda/bin/nvdisasm" ] && ! ls "$tools"/nvidia/*/bin/nvdisasm >/dev/null 2>&1; then
   cuda_version=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$cuda/include/cuda.h")
+  [ -n "$cuda_version" ] || { echo "setup.sh: no CUDA_VERSION in $cuda/include/cuda.h" >&2; exit 1; }
   major=$((cuda_version / 1000)) minor=$((cuda_version % 1000 / 10))
   case $major in
     13) want="nvidia-cuda-nvdisasm==13.$((minor < 2 ? 2 : minor)).*" ;;
@@ -87,9 +88,12 @@ if [ ! -x "$cuda/bin/nvdisasm" ] && ! ls "$tools"/nvidia/*/bin/nvdisasm >/dev/nu
   fi
   pip=(python3 -m pip install -q --no-deps --disable-pip-version-check --target "$tools")
   echo "setup.sh: installing $want into $tools (CUDA $major.$minor has no nvdisasm)"
-  # a toolkit newer than PyPI's newest: the newest 13.x
-  "${pip[@]}" "$want" || "${pip[@]}" "nvidia-cuda-nvdisasm>=13.2,<14"
-  ls "$tools"/nvidia/*/bin/nvdisasm >/dev/null
+  # a toolkit newer than PyPI's newest: the newest 13.x. Without it (offline) the build
+  # goes on; test_device_header then fails in CI and reports its SASS check skipped elsewhere.
+  if ! { "${pip[@]}" "$want" || "${pip[@]}" "nvidia-cuda-nvdisasm>=13.2,<14"; } ||
+     ! ls "$tools"/nvidia/*/bin/nvdisasm >/dev/null 2>&1; then
+    echo "setup.sh: warning: nvdisasm could not be installed; the SASS check cannot run" >&2
+  fi
 fi
 
 # ---- build ------------------------------------------------------------------------------
