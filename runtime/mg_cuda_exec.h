@@ -180,7 +180,7 @@ typedef struct mg_cuda_exec_opts {
 int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offset, mg_diag *d);
 
 /* Prepares plan p (bf16 or f16; kept by pointer: it must outlive the executor, unchanged)
- * for device ops o (kept, not owned): lays out memory (mg_plan_mem_layout), checks every
+ * for device ops o (kept, not owned): lays out memory (mg_cuda_exec_mem_layout), checks every
  * step's operands against its buffers, generates and loads every kernel. opts may be NULL.
  * Errors: MLAGEN_EINVAL (an argument NULL; the plan's dtype is not bf16/f16 ("the CUDA
  * executor runs bf16 or f16 plans"); a buffer name the executor does not know; a malformed
