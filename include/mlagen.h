@@ -66,7 +66,8 @@ const char *mlagen_status_name(int status);
  * Status of this version: contexts, models, plans and sizes work on any machine (no GPU
  * or driver needed). mlagen_forward and mlagen_backward validate every argument, load the
  * CUDA driver (MLAGEN_ENODRIVER without one) and run bf16/f16 plans of sp_size 1 with the
- * CUDA executor (runtime/mg_cuda_exec.h; it has not run on a GPU yet); sp_size > 1 runs
+ * CUDA executor (runtime/mg_cuda_exec.h; checked on an H200 against the CPU reference
+ * by tests/gpu/forms_check.c, at sp_size 1); sp_size > 1 runs
  * its collectives through the trainer's NCCL communicator (mlagen_plan_set_comm), NCCL
  * being loaded with dlopen at the first such call (libnccl.so.2 or $MLAGEN_LIBNCCL; not
  * linked, so the library starts without it: MLAGEN_ENONCCL then). mlagen_get_device_info
@@ -95,7 +96,9 @@ const char *mlagen_status_name(int status);
  *
  * Memory. Sizes are bytes (size_t). Every tensor is dense, row-major, in device memory,
  * aligned to its element size; the workspace and the saved buffer are device memory
- * aligned to 16 bytes. The caller owns all of them.
+ * aligned to 16 bytes (256 bytes, as cuMemAlloc gives, lets cuBLAS use all of its slice).
+ * The caller owns all of them: neither mlagen nor cuBLAS allocates device memory in
+ * mlagen_forward and mlagen_backward.
  */
 
 /* Element types. 0 is not a type (a zero-filled descriptor is refused). */
@@ -239,19 +242,21 @@ typedef struct mlagen_tensor_info {
 } mlagen_tensor_info;
 
 /* The sizes of a plan. workspace_bytes and saved_bytes are the two areas of the plan's
- * static memory layout (the CUDA executor allocates nothing: every intermediate buffer and
- * every step's scratch has a fixed offset in one of them, each offset and size a multiple
- * of 256 bytes); the peaks and the communication are the planner's figures (the ones
- * `mlagen plan` prints). */
+ * static memory layout (the CUDA executor allocates nothing: every intermediate buffer,
+ * every step's scratch and cuBLAS's workspace has a fixed offset in one of them, each
+ * offset and size a multiple of 256 bytes); the peaks and the communication are the
+ * planner's figures (the ones `mlagen plan` prints). */
 typedef struct mlagen_sizes {
   /* bytes of device memory the caller passes as the workspace of mlagen_forward and of
    * mlagen_backward (the same size serves both; its contents need not survive between
    * calls): the high-water mark of the intermediate buffers that are not saved and of
    * the steps' scratch (a collective's send/receive staging, the attention backward's
-   * row sums), each placed for the steps it is live. The
-   * inputs, the outputs and the saved area are not in it, so it is about
-   * max(peak_fwd_bytes, peak_bwd_bytes) less the outputs and the saved buffers, plus
-   * what the fixed layout loses to alignment and fragmentation. */
+   * row sums), each placed for the steps it is live; then 32 MiB for cuBLAS's workspace
+   * (cublasSetWorkspace; NVIDIA's recommended size on Hopper, 4 MiB elsewhere: fixed here,
+   * before the device is known), which every form's GEMMs use. The inputs, the outputs
+   * and the saved area are not in it, so it is about max(peak_fwd_bytes, peak_bwd_bytes)
+   * less the outputs and the saved buffers, plus 32 MiB and what the fixed layout loses
+   * to alignment and fragmentation. */
   size_t workspace_bytes;
   /* bytes of device memory the caller passes as the saved area: written by the forward,
    * kept unchanged until the backward of the same step, which reads it. The sum of the
@@ -328,7 +333,8 @@ typedef struct mlagen_tensors {
  * it needs is generated, compiled by NVRTC for the current device (cached on disk, see
  * MLAGEN_CACHE_DIR) and loaded into the CUDA context current on the calling thread (or,
  * when none is, device 0's primary context, made current); cuBLAS is loaded then
- * (libcublas.so.13/.12/.11, or $MLAGEN_LIBCUBLAS). Errors of that step:
+ * (libcublas.so.13/.12/.11, or $MLAGEN_LIBCUBLAS) and works in its 32 MiB slice of the
+ * workspace (cublasSetWorkspace). Errors of that step:
  *   MLAGEN_EDRIVER    cuBLAS not found or not usable ("cuBLAS not found ..."), a driver
  *                     call failed (the message names it and the CUDA error);
  *   MLAGEN_ECOMPILE, MLAGEN_ETEMPLATE  a kernel failed to generate or compile (the log).

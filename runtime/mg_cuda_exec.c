@@ -39,6 +39,7 @@ struct mg_cuda_exec {
   const mg_plan *p;
   mg_dev_ops *ops;
   mg_plan_mem mem;
+  int64_t blas_off; /* the GEMMs' scratch in the workspace (mg_cuda_exec_mem_layout); -1: none */
   double timeout_s;
   char tune_dir[4096]; /* opts->tune_dir, "" for mg_tune_store_dir() */
   mg_gen *gen; /* during prepare only */
@@ -624,6 +625,22 @@ static int known_name(const char *name, mg_buf_role role) {
 
 /* ---- prepare ----------------------------------------------------------------------------- */
 
+int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offset, mg_diag *d) {
+  if (!blas_offset) return mg_diag_set(d, MLAGEN_EINVAL, "mg_cuda_exec_mem_layout: blas_offset is NULL");
+  *blas_offset = -1;
+  int rc = mg_plan_mem_layout(p, MG_CUDA_EXEC_ALIGN, m, d);
+  if (rc) return rc;
+  int gemms = 0;
+  for (int i = 0; i < p->n_steps; i++) gemms |= p->steps[i].kind == MG_STEP_GEMM;
+  if (!gemms) return 0;
+  if (m->workspace_bytes > INT64_MAX - MG_CUDA_EXEC_BLAS_WS)
+    return mg_diag_set(d, MLAGEN_EINVAL, "workspace of %lld bytes: no room for cuBLAS's",
+                       (long long)m->workspace_bytes);
+  *blas_offset = m->workspace_bytes; /* a multiple of MG_CUDA_EXEC_ALIGN */
+  m->workspace_bytes += MG_CUDA_EXEC_BLAS_WS;
+  return 0;
+}
+
 int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opts *opts,
                          mg_cuda_exec **out, mg_diag *d) {
   if (out) *out = NULL;
@@ -649,7 +666,7 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
   x->timeout_s = opts && opts->timeout_s != 0 ? opts->timeout_s : 600;
   snprintf(x->tune_dir, sizeof x->tune_dir, "%s", opts && opts->tune_dir ? opts->tune_dir : "");
   memset(x->step_k, -1, sizeof x->step_k);
-  int rc = mg_plan_mem_layout(p, MG_CUDA_EXEC_ALIGN, &x->mem, d);
+  int rc = mg_cuda_exec_mem_layout(p, &x->mem, &x->blas_off, d);
   if (rc) {
     mg_diag_prefix(d, "CUDA executor: memory layout");
     free(x);
@@ -758,6 +775,13 @@ int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, vo
         return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensor %s is NULL (step %d, %s)", pname,
                            p->bufs[b].name, i, s->label);
     }
+  }
+  if (x->blas_off >= 0 && x->ops->gemm_workspace) { /* the aligned part of the GEMMs' slice */
+    const uintptr_t at = (uintptr_t)workspace + (uintptr_t)x->blas_off;
+    const uintptr_t lead = (MG_CUDA_EXEC_ALIGN - at % MG_CUDA_EXEC_ALIGN) % MG_CUDA_EXEC_ALIGN;
+    int rc = x->ops->gemm_workspace(x->ops, (char *)workspace + x->blas_off + lead,
+                                    (size_t)MG_CUDA_EXEC_BLAS_WS - lead, d);
+    if (rc) return mg_diag_prefix(d, "%s: the GEMMs' workspace", pname);
   }
   for (int i = first; i < end; i++) {
     for (int b = 0; b < p->n_bufs; b++) /* this rank's partial dw_kv_b: zero the other rows */

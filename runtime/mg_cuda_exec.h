@@ -13,7 +13,10 @@
  *     saved area, which the caller keeps unchanged from the forward to the backward;
  *   - other TEMP buffers and every step's scratch (step->workspace bytes) live in the
  *     caller's workspace, at the layout's offsets. The workspace's contents do not
- *     matter between passes: nothing is read there before it is written in the pass.
+ *     matter between passes: nothing is read there before it is written in the pass;
+ *   - a plan with a GEMM step has MG_CUDA_EXEC_BLAS_WS more bytes of workspace, after the
+ *     layout's, for the GEMMs' own scratch (ops->gemm_workspace: cuBLAS's workspace,
+ *     cublasSetWorkspace), so cuBLAS allocates nothing either.
  *
  * Steps, in plan order, all asynchronous on the caller's stream:
  *   SEQ_TO_HEAD / HEAD_TO_SEQ  P > 1: a2a_pack (direction 0 / 1) into the send half of the
@@ -65,9 +68,16 @@
 #include "mg_diag.h"
 #include "mg_generate.h"
 #include "mg_plan.h"
+#include "mg_plan_mem.h"
 
 /* The alignment of every buffer in the saved area and the workspace (bytes). */
 #define MG_CUDA_EXEC_ALIGN 256
+
+/* The GEMMs' scratch in the workspace (cuBLAS's workspace): 32 MiB, NVIDIA's recommended
+ * cublasSetWorkspace size for Hopper (4 MiB for other architectures). The sizes are fixed
+ * when the plan is made (mlagen_plan_sizes), before any device is known, so the largest
+ * recommendation holds for every device. */
+#define MG_CUDA_EXEC_BLAS_WS ((int64_t)32 << 20)
 
 /* A kernel launch rule and the grid computed from it come from runtime/mg_module.h. */
 struct mg_launch_rule;
@@ -104,6 +114,11 @@ struct mg_dev_ops {
    * (bf16 or f16, equal) and tc (the same, or f32). Accumulates in f32. */
   int (*gemm)(mg_dev_ops *o, const mg_gemm *g, mg_dtype ta, const void *A, mg_dtype tb,
               const void *B, mg_dtype tc, void *C, void *stream, mg_diag *d);
+  /* The device scratch the GEMMs queued from now on may use: ws (MG_CUDA_EXEC_ALIGN-byte
+   * aligned), bytes long, a slice of the caller's workspace; the executor calls it at the
+   * start of every pass of a plan with GEMMs. NULL: the GEMMs need no scratch (CPU
+   * implementations). */
+  int (*gemm_workspace)(mg_dev_ops *o, void *ws, size_t bytes, mg_diag *d);
   /* *done = 1 when every operation queued on stream has finished, else 0; an error of a
    * finished operation (a kernel fault) is returned. */
   int (*query)(mg_dev_ops *o, void *stream, int *done, mg_diag *d);
@@ -123,7 +138,9 @@ static inline void mg_dev_ops_destroy(mg_dev_ops *o) {
  * 9.0, else sm_<major><minor>; JIT cache as mg_jit_compile's) and loaded into a module
  * registry (runtime/mg_module.h), GEMMs by cuBLAS (libcublas.so.13, .12 or .11, or the
  * path in $MLAGEN_LIBCUBLAS, loaded with dlopen at creation: cublasGemmStridedBatchedEx,
- * 16-bit operands, f32 compute, row-major by swapping the operands).
+ * 16-bit operands, f32 compute, row-major by swapping the operands; every GEMM sets the
+ * stream, then the workspace gemm_workspace gave (cublasSetWorkspace, as cublasSetStream
+ * resets it), and a GEMM before any gemm_workspace is MLAGEN_EINVAL).
  * Errors: MLAGEN_EINVAL out NULL; MLAGEN_ENODRIVER no CUDA driver (the loader's message);
  * MLAGEN_EDRIVER a context or device query failed (the call and the CUDA error), cuBLAS
  * cannot be loaded ("cuBLAS not found (GEMMs of the CUDA executor): <dlerror>...") or
@@ -153,8 +170,17 @@ typedef struct mg_cuda_exec_opts {
                            ($MLAGEN_TUNED_DIR, else ./tuned) */
 } mg_cuda_exec_opts;
 
+/* The executor's memory for plan p: mg_plan_mem_layout(p, MG_CUDA_EXEC_ALIGN, m, d), then,
+ * when p has a GEMM step, the GEMMs' scratch (MG_CUDA_EXEC_BLAS_WS bytes) appended to the
+ * workspace: *blas_offset = the layout's workspace_bytes and m->workspace_bytes grows by
+ * MG_CUDA_EXEC_BLAS_WS; else *blas_offset = -1. A pass hands the GEMMs the
+ * MG_CUDA_EXEC_ALIGN-aligned part of [workspace + *blas_offset, + MG_CUDA_EXEC_BLAS_WS)
+ * (all of it when the workspace is so aligned). mlagen_plan_sizes reports these sizes.
+ * Errors: mg_plan_mem_layout's; MLAGEN_EINVAL blas_offset NULL. */
+int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offset, mg_diag *d);
+
 /* Prepares plan p (bf16 or f16; kept by pointer: it must outlive the executor, unchanged)
- * for device ops o (kept, not owned): lays out memory (mg_plan_mem_layout), checks every
+ * for device ops o (kept, not owned): lays out memory (mg_cuda_exec_mem_layout), checks every
  * step's operands against its buffers, generates and loads every kernel. opts may be NULL.
  * Errors: MLAGEN_EINVAL (an argument NULL; the plan's dtype is not bf16/f16 ("the CUDA
  * executor runs bf16 or f16 plans"); a buffer name the executor does not know; a malformed
@@ -171,7 +197,8 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
 int mg_cuda_exec_kernel_info(const mg_cuda_exec *x, int i, const char **name, const char **why);
 
 /* The sizes of the caller's areas (bytes): saved (kept from forward to backward) and
- * workspace (each pass), from the memory layout. x NULL gives 0. */
+ * workspace (each pass, the GEMMs' scratch included), from mg_cuda_exec_mem_layout. x
+ * NULL gives 0. */
 int64_t mg_cuda_exec_saved_bytes(const mg_cuda_exec *x);
 int64_t mg_cuda_exec_workspace_bytes(const mg_cuda_exec *x);
 

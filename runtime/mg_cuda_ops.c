@@ -19,6 +19,7 @@
 typedef cublasStatus_t (*pfn_create)(cublasHandle_t *);
 typedef cublasStatus_t (*pfn_destroy)(cublasHandle_t);
 typedef cublasStatus_t (*pfn_set_stream)(cublasHandle_t, cudaStream_t);
+typedef cublasStatus_t (*pfn_set_workspace)(cublasHandle_t, void *, size_t);
 typedef const char *(*pfn_status_string)(cublasStatus_t);
 typedef cublasStatus_t (*pfn_gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
                                    int, const void *, const void *, cudaDataType, int, long long,
@@ -39,6 +40,9 @@ typedef struct cuda_ops {
   pfn_create create;
   pfn_destroy destroy;
   pfn_set_stream set_stream;
+  pfn_set_workspace set_workspace;
+  void *blas_ws;       /* the workspace gemm_workspace gave cuBLAS (the caller's memory) */
+  size_t blas_ws_bytes;
   pfn_status_string status_string; /* may be NULL (cuBLAS < 11.4) */
   pfn_gemm gemm;
 } cuda_ops;
@@ -138,8 +142,18 @@ static int c_gemm(mg_dev_ops *o, const mg_gemm *g, mg_dtype ta, const void *A, m
     return mg_diag_set(d, MLAGEN_EINVAL, "cuBLAS GEMM: operands %s, %s, %s (16-bit A and B of one "
                        "type, C the same or f32)", mg_dtype_name(ta), mg_dtype_name(tb),
                        mg_dtype_name(tc));
+  if (!c->blas_ws)
+    return mg_diag_set(d, MLAGEN_EINVAL, "cuBLAS GEMM without a workspace (gemm_workspace not "
+                       "called): cuBLAS would allocate its own");
+  /* cublasSetStream puts cuBLAS back on its own workspace pool: the caller's after it */
   cublasStatus_t s = c->set_stream(c->blas, (cudaStream_t)stream);
   if (s != CUBLAS_STATUS_SUCCESS) return blas_fail(c, s, "cublasSetStream", d);
+  s = c->set_workspace(c->blas, c->blas_ws, c->blas_ws_bytes);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    char what[120];
+    snprintf(what, sizeof what, "cublasSetWorkspace(%p, %zu bytes)", c->blas_ws, c->blas_ws_bytes);
+    return blas_fail(c, s, what, d);
+  }
   const float alpha = 1.0f, beta = g->beta;
   const size_t ea = mg_dtype_size(ta), ec = mg_dtype_size(tc);
   s = c->gemm(c->blas, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -153,6 +167,15 @@ static int c_gemm(mg_dev_ops *o, const mg_gemm *g, mg_dtype ta, const void *A, m
   snprintf(what, sizeof what, "cublasGemmStridedBatchedEx(m %lld, n %lld, k %lld, batch %d)",
            (long long)g->m, (long long)g->n, (long long)g->k, g->batch);
   return blas_fail(c, s, what, d);
+}
+
+static int c_gemm_workspace(mg_dev_ops *o, void *ws, size_t bytes, mg_diag *d) {
+  cuda_ops *c = (cuda_ops *)o;
+  if (!ws || (uintptr_t)ws % MG_CUDA_EXEC_ALIGN)
+    return mg_diag_set(d, MLAGEN_EINVAL, "cuBLAS workspace at %p: not %d-byte aligned", ws,
+                       MG_CUDA_EXEC_ALIGN);
+  c->blas_ws = ws, c->blas_ws_bytes = bytes;
+  return 0;
 }
 
 static int c_query(mg_dev_ops *o, void *stream, int *done, mg_diag *d) {
@@ -202,9 +225,11 @@ static int load_cublas(cuda_ops *c, mg_diag *d) {
   if (!sym(c->cublas_lib, "cublasCreate_v2", &c->create, sizeof c->create) ||
       !sym(c->cublas_lib, "cublasDestroy_v2", &c->destroy, sizeof c->destroy) ||
       !sym(c->cublas_lib, "cublasSetStream_v2", &c->set_stream, sizeof c->set_stream) ||
+      !sym(c->cublas_lib, "cublasSetWorkspace_v2", &c->set_workspace, sizeof c->set_workspace) ||
       !sym(c->cublas_lib, "cublasGemmStridedBatchedEx", &c->gemm, sizeof c->gemm))
     return mg_diag_set(d, MLAGEN_EDRIVER, "cuBLAS: the library lacks cublasCreate_v2, "
-                       "cublasSetStream_v2 or cublasGemmStridedBatchedEx (cuBLAS >= 11 needed)");
+                       "cublasSetStream_v2, cublasSetWorkspace_v2 or cublasGemmStridedBatchedEx "
+                       "(cuBLAS >= 11 needed)");
   sym(c->cublas_lib, "cublasGetStatusString", &c->status_string, sizeof c->status_string);
   cublasStatus_t s = c->create(&c->blas);
   if (s != CUBLAS_STATUS_SUCCESS) {
@@ -224,7 +249,8 @@ int mg_dev_ops_cuda(mg_dev_ops **out, mg_diag *d) {
   if (!c) return mg_diag_set(d, MLAGEN_ENOMEM, "CUDA device ops: out of memory");
   c->drv = drv;
   c->base = (mg_dev_ops){.name = "cuda", .load = c_load, .launch = c_launch, .memset = c_memset,
-                         .copy = c_copy, .copy2d = c_copy2d, .gemm = c_gemm, .query = c_query,
+                         .copy = c_copy, .copy2d = c_copy2d, .gemm = c_gemm,
+                         .gemm_workspace = c_gemm_workspace, .query = c_query,
                          .destroy = c_destroy};
   CUcontext ctx = NULL;
   CUresult r = drv->cuCtxGetCurrent(&ctx);

@@ -250,20 +250,17 @@ static mlagen_tensor_info *slot_info(mlagen_sizes *s, size_t i) {
   return (mlagen_tensor_info *)((char *)s + slots[i].i_off);
 }
 
-/* The alignment of the CUDA executor's layout (generator/mg_plan_mem.h): every buffer and
- * staging offset in the workspace and the saved area is a multiple of it. */
-#define MLAGEN_MEM_ALIGN 256
-
-/* The sizes: the workspace and the saved area from the plan's static memory layout
- * (mg_plan_mem_layout, the areas the CUDA executor lays the plan out in), the peaks and
- * the communication from the planner, the tensors from the plan's buffers. Errors: those
- * of mg_plan_mem_layout (MLAGEN_EINVAL, not expected of a built plan). */
+/* The sizes: the workspace and the saved area the CUDA executor lays the plan out in
+ * (mg_cuda_exec_mem_layout: the plan's static memory layout and cuBLAS's workspace), the
+ * peaks and the communication from the planner, the tensors from the plan's buffers.
+ * Errors: those of mg_plan_mem_layout (MLAGEN_EINVAL, not expected of a built plan). */
 static int plan_sizes(const mg_plan *p, mlagen_sizes *z, mg_diag *diag) {
   mg_plan_cost c;
   mg_plan_cost_of(p, &c);
   memset(z, 0, sizeof *z);
   mg_plan_mem mem; /* ~7 KiB */
-  int rc = mg_plan_mem_layout(p, MLAGEN_MEM_ALIGN, &mem, diag);
+  int64_t blas_offset;
+  int rc = mg_cuda_exec_mem_layout(p, &mem, &blas_offset, diag);
   if (rc) return rc;
   z->peak_fwd_bytes = (size_t)c.peak_fwd;
   z->peak_bwd_bytes = (size_t)c.peak_bwd;

@@ -8,7 +8,8 @@
 # Environment: CUDA_HOME (default /usr/local/cuda), BUILD_DIR (default build),
 # JOBS (default: number of cores). Debian/Ubuntu packages are installed with apt-get
 # when missing (as root, or through sudo). The CUDA toolkit is a prerequisite that
-# Debian does not package: this script checks for it and says what is missing.
+# Debian does not package: this script checks for it and says what is missing. A SASS
+# reader (nvdisasm) comes from the toolkit, else from PyPI into BUILD_DIR/tools.
 set -euo pipefail
 
 mode=run
@@ -29,6 +30,7 @@ cuda=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
 missing=()
 [ -f "$cuda/include/nvrtc.h" ] || missing+=("$cuda/include/nvrtc.h (NVRTC headers)")
 [ -f "$cuda/include/cuda_bf16.h" ] || missing+=("$cuda/include/cuda_bf16.h (CUDA headers)")
+[ -f "$cuda/include/cuda.h" ] || missing+=("$cuda/include/cuda.h (CUDA driver API header)")
 ls "$cuda"/lib64/libnvrtc.so* "$cuda"/lib/libnvrtc.so* >/dev/null 2>&1 || \
   missing+=("$cuda/lib64/libnvrtc.so (NVRTC library)")
 if [ ${#missing[@]} -gt 0 ]; then
@@ -42,7 +44,7 @@ fi
   echo "setup.sh: note: NCCL not found under $cuda; building without the NCCL communicator" >&2
 
 # ---- Debian packages ------------------------------------------------------------------
-pkgs=(build-essential cmake pkg-config liblua5.4-dev libcmocka-dev libcjson-dev libssl-dev valgrind
+pkgs=(build-essential binutils python3 cmake pkg-config liblua5.4-dev libcmocka-dev libcjson-dev libssl-dev valgrind
       libopenblas-dev libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
 need=()
 for p in "${pkgs[@]}"; do
@@ -58,6 +60,40 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "setup.sh: installing ${need[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+# ---- a SASS reader for tests/test_device_header.c ---------------------------------------
+# The toolkit's nvdisasm when it has one; else NVIDIA's nvdisasm wheel from PyPI, installed
+# with pip --target into $build/tools (nothing of the system's Python is touched), where
+# tests/CMakeLists.txt looks. PyPI has it for CUDA 13 only (nvidia-cuda-nvdisasm 13.2 and
+# later): a 13.x toolkit gets its own minor (13.2 for 13.0 and 13.1), a 12.x toolkit the
+# oldest 13.x, which reads the sm_80/sm_90a cubins of a CUDA 12 NVRTC as well (checked
+# with NVRTC 12.9's). (cuobjdump -sass needs nvdisasm too, so nvdisasm alone.)
+case $build in /*) tools=$build/tools ;; *) tools=$root/$build/tools ;; esac
+if [ ! -x "$cuda/bin/nvdisasm" ] && ! ls "$tools"/nvidia/*/bin/nvdisasm >/dev/null 2>&1; then
+  cuda_version=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$cuda/include/cuda.h")
+  [ -n "$cuda_version" ] || { echo "setup.sh: no CUDA_VERSION in $cuda/include/cuda.h" >&2; exit 1; }
+  major=$((cuda_version / 1000)) minor=$((cuda_version % 1000 / 10))
+  case $major in
+    13) want="nvidia-cuda-nvdisasm==13.$((minor < 2 ? 2 : minor)).*" ;;
+    12) want="nvidia-cuda-nvdisasm==13.2.*" ;;
+    *) echo "setup.sh: CUDA $major.$minor in $cuda: 12.x or 13.x is needed" >&2; exit 1 ;;
+  esac
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "setup.sh: installing python3-pip (for nvdisasm)"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-pip
+  fi
+  pip=(python3 -m pip install -q --no-deps --disable-pip-version-check --target "$tools")
+  echo "setup.sh: installing $want into $tools (CUDA $major.$minor has no nvdisasm)"
+  # a toolkit newer than PyPI's newest: the newest 13.x. Without it (offline) the build
+  # goes on; test_device_header then fails in CI and reports its SASS check skipped elsewhere.
+  if ! { "${pip[@]}" "$want" || "${pip[@]}" "nvidia-cuda-nvdisasm>=13.2,<14"; } ||
+     ! ls "$tools"/nvidia/*/bin/nvdisasm >/dev/null 2>&1; then
+    echo "setup.sh: warning: nvdisasm could not be installed; the SASS check cannot run" >&2
+  fi
 fi
 
 # ---- build ------------------------------------------------------------------------------

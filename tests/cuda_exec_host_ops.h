@@ -5,6 +5,11 @@
  * kernel's source gets an appended extern "C" <name>__launch(void **p) that calls the
  * kernel with *(T *)p[i] per manifest parameter, as cuLaunchKernel passes kernelParams.
  *
+ * gemm_workspace: recorded (gemm_ws, gemm_ws_bytes, gemm_ws_sets); a GEMM without one
+ * fails, as the GPU ops' does, and each GEMM writes HOST_GEMM_SCRIBBLE over the first and
+ * the last 64 KiB of it, as cuBLAS may use its workspace, so a plan buffer laid over it
+ * would show.
+ *
  * query: every queued operation has already run (the ops are synchronous), but a test
  * can make the stream look busy: the next `busy` queries say not done (each counted in
  * `queries`), or all of them with `never_done`, to drive the executor's wait loop.
@@ -52,6 +57,9 @@ typedef struct host_ops {
   int n, builds;
   long launches, gemms, copies;
   long busy, queries; /* query: the next `busy` calls say not done; calls counted */
+  void *gemm_ws;      /* gemm_workspace's last arguments, and how many calls */
+  size_t gemm_ws_bytes;
+  long gemm_ws_sets;
   int never_done;     /* query: never done (a pass that does not finish) */
 } host_ops;
 
@@ -178,10 +186,24 @@ static float *as_f32(mg_dtype t, const void *base, int64_t off, int64_t n) {
   return y;
 }
 
+#define HOST_GEMM_SCRIBBLE 0xa5
+
+static int h_gemm_workspace(mg_dev_ops *o, void *ws, size_t bytes, mg_diag *d) {
+  (void)d;
+  host_ops *h = (host_ops *)o;
+  h->gemm_ws = ws, h->gemm_ws_bytes = bytes, h->gemm_ws_sets++;
+  return 0;
+}
+
 static int h_gemm(mg_dev_ops *o, const mg_gemm *g, mg_dtype ta, const void *A, mg_dtype tb,
                   const void *B, mg_dtype tc, void *C, void *stream, mg_diag *d) {
   (void)stream;
-  ((host_ops *)o)->gemms++;
+  host_ops *h = (host_ops *)o;
+  h->gemms++;
+  if (!h->gemm_ws) return mg_diag_set(d, MLAGEN_EINVAL, "host gemm: no workspace (gemm_workspace)");
+  const size_t scribble = h->gemm_ws_bytes < (64 << 10) ? h->gemm_ws_bytes : (64 << 10);
+  memset(h->gemm_ws, HOST_GEMM_SCRIBBLE, scribble);
+  memset((char *)h->gemm_ws + h->gemm_ws_bytes - scribble, HOST_GEMM_SCRIBBLE, scribble);
   if (ta != MG_BF16 || tb != MG_BF16 || (tc != MG_BF16 && tc != MG_F32))
     return mg_diag_set(d, MLAGEN_EINVAL, "host gemm: dtypes %d %d %d", ta, tb, tc);
   const int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
@@ -223,7 +245,8 @@ static host_ops *host_ops_new(mg_gen *gen) {
   host_ops *h = calloc(1, sizeof *h);
   assert_non_null(h);
   h->base = (mg_dev_ops){.name = "host", .load = h_load, .launch = h_launch, .memset = h_memset,
-                         .copy = h_copy, .copy2d = h_copy2d, .gemm = h_gemm, .query = h_query,
+                         .copy = h_copy, .copy2d = h_copy2d, .gemm = h_gemm,
+                         .gemm_workspace = h_gemm_workspace, .query = h_query,
                          .destroy = h_destroy};
   h->gen = gen;
   return h;

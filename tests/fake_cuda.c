@@ -27,7 +27,9 @@
  * "live_streams"), fake_cuda_fail(name, code) (the
  * next call of that entry point returns code; name NULL clears), fake_cuda_last_launch
  * (the last launch's grid, block, smem, stream), fake_cuda_attr_value(fn) (a function's
- * dynamic smem limit), fake_cuda_reset() (counters and failure cleared). */
+ * dynamic smem limit), fake_cuda_reset() (counters and failure cleared). It is also a fake
+ * cuBLAS (at the end of this file). */
+#include <cublas_api.h>
 #include <cuda.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -87,7 +89,9 @@ EXPORT void fake_cuda_last_launch(unsigned grid[3], unsigned block[3], unsigned 
   *smem = g_last.smem;
   *stream = g_last.stream;
 }
+static void fake_cublas_reset(void);
 EXPORT void fake_cuda_reset(void) {
+  fake_cublas_reset();
   memset(g_count, 0, sizeof g_count);
   memset(&g_last, 0, sizeof g_last);
   g_fail_name[0] = '\0';
@@ -478,4 +482,62 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     }
   if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   return CUDA_ERROR_NOT_FOUND;
+}
+
+/* ---- a fake cuBLAS ---------------------------------------------------------------------
+ * The same library stands in for libcublas (point MLAGEN_LIBCUBLAS at it): the entry points
+ * runtime/mg_cuda_ops.c resolves, computing nothing. As cuBLAS does, cublasSetStream puts
+ * the handle back on the library's own workspace, and cublasSetWorkspace refuses a pointer
+ * not 256-byte aligned. Each GEMM records the workspace it would use:
+ * fake_cublas_stats(&gemms, &own, &ws, &bytes) gives the GEMMs so far, how many ran on the
+ * library's own workspace (none set since the last cublasSetStream: cuBLAS would allocate),
+ * and the last GEMM's caller workspace; fake_cuda_reset clears them. */
+typedef struct fake_blas {
+  void *ws; /* NULL: the library's own */
+  size_t ws_bytes;
+} fake_blas;
+static struct { int gemms, own; void *ws; size_t ws_bytes; } g_blas;
+
+EXPORT cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
+  fake_blas *b = calloc(1, sizeof *b);
+  if (!b) return CUBLAS_STATUS_ALLOC_FAILED;
+  *h = (cublasHandle_t)(void *)b;
+  return CUBLAS_STATUS_SUCCESS;
+}
+EXPORT cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+  free((void *)h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+EXPORT cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
+  (void)s;
+  fake_blas *b = (fake_blas *)(void *)h;
+  b->ws = NULL, b->ws_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+EXPORT cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *ws, size_t bytes) {
+  if ((uintptr_t)ws % 256) return CUBLAS_STATUS_INVALID_VALUE;
+  fake_blas *b = (fake_blas *)(void *)h;
+  b->ws = ws, b->ws_bytes = bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+EXPORT const char *cublasGetStatusString(cublasStatus_t s) {
+  return s == CUBLAS_STATUS_SUCCESS ? "success" : "fake cuBLAS error";
+}
+EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
+    cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+    const void *alpha, const void *A, cudaDataType at, int lda, long long sa, const void *B,
+    cudaDataType bt, int ldb, long long sb, const void *beta, void *C, cudaDataType ct, int ldc,
+    long long sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+  (void)ta, (void)tb, (void)alpha, (void)A, (void)at, (void)lda, (void)sa, (void)B, (void)bt;
+  (void)ldb, (void)sb, (void)beta, (void)C, (void)ct, (void)ldc, (void)sc, (void)compute, (void)algo;
+  if (m < 0 || n < 0 || k < 0 || batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  const fake_blas *b = (const fake_blas *)(void *)h;
+  g_blas.gemms++;
+  if (!b->ws) g_blas.own++;
+  else g_blas.ws = b->ws, g_blas.ws_bytes = b->ws_bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+static void fake_cublas_reset(void) { memset(&g_blas, 0, sizeof g_blas); }
+EXPORT void fake_cublas_stats(int *gemms, int *own, void **ws, size_t *bytes) {
+  *gemms = g_blas.gemms, *own = g_blas.own, *ws = g_blas.ws, *bytes = g_blas.ws_bytes;
 }

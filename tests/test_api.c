@@ -250,10 +250,11 @@ static void check_sizes(mlagen_context *c, const char *model, mlagen_plan_desc d
     assert_int_equal(mg_plan_build(&ref, &a, NULL), 0);
     mg_plan_cost cost;
     mg_plan_cost_of(&ref, &cost);
-    /* the two areas are the static layout's (align 256); the peaks the planner's */
+    /* the two areas are the static layout's (align 256), the workspace grown by exactly
+     * cuBLAS's 32 MiB (every form has GEMMs); the peaks the planner's */
     static mg_plan_mem mem;
     assert_int_equal(mg_plan_mem_layout(&ref, 256, &mem, NULL), 0);
-    assert_int_equal(z.workspace_bytes, (size_t)mem.workspace_bytes);
+    assert_int_equal(z.workspace_bytes, (size_t)mem.workspace_bytes + ((size_t)32 << 20));
     assert_int_equal(z.saved_bytes, (size_t)mem.saved_bytes);
     int n_saved = 0;
     for (int b = 0; b < ref.n_bufs; b++) n_saved += mem.where[b] == MG_MEM_SAVED;

@@ -18,7 +18,13 @@
  * Modes (argv[1]): none, the above; "nodriver": mg_dev_ops_cuda without a driver is
  * MLAGEN_ENODRIVER; "fake": with the fake driver (tests/fake_cuda.c, MLAGEN_LIBCUDA) and
  * MLAGEN_LIBCUBLAS pointing nowhere, mg_dev_ops_cuda and mlagen_forward fail cleanly with
- * MLAGEN_EDRIVER naming cuBLAS. MLAGEN_TEST_SEED overrides the seed. */
+ * MLAGEN_EDRIVER naming cuBLAS; then with MLAGEN_LIBCUBLAS = the fake driver, which is a
+ * fake cuBLAS too, a LAGA plan's forward and backward run through the API (NVRTC compiles
+ * its kernels; the fakes compute nothing) and every GEMM used cuBLAS's 32 MiB slice of the
+ * caller's workspace (cublasSetWorkspace after cublasSetStream), never cuBLAS's own.
+ * Every pass also checks cuBLAS's slice: the workspace is the layout's plus exactly
+ * 32 MiB, the GEMMs get the 256-byte aligned slice after the layout's, and no step writes
+ * there. MLAGEN_TEST_SEED overrides the seed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,6 +33,7 @@
 
 #include <cJSON.h>
 #include <cblas.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +53,31 @@ static uint64_t g_seed = 20260529;
 
 static double g_worst[TU_N_OUT];
 
+
+/* cuBLAS's slice of the workspace ws (ws_b bytes) after a pass that began with sets_before
+ * gemm_workspace calls: the workspace is the static layout's plus exactly 32 MiB; the
+ * GEMMs got, once for the pass, the 256-byte aligned 32 MiB right after the layout's; and
+ * nothing but the GEMMs wrote there (each 8 bytes still the 0xff fill or the host GEMM's
+ * scribble). */
+static void check_blas_slice(const mg_plan *plan, const host_ops *h, long sets_before,
+                             const void *ws, size_t ws_b) {
+  static mg_plan_mem mem;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_plan_mem_layout(plan, 256, &mem, &d)) fail_msg("%s", mg_diag_msg(&d));
+  const size_t slice = (size_t)32 << 20, at = (size_t)mem.workspace_bytes;
+  assert_int_equal(ws_b, at + slice);
+  assert_ptr_equal(h->gemm_ws, (const char *)ws + at);
+  assert_int_equal(h->gemm_ws_bytes, slice);
+  assert_int_equal((uintptr_t)h->gemm_ws % 256, 0);
+  assert_int_equal(h->gemm_ws_sets, sets_before + 1);
+  uint64_t scribble;
+  memset(&scribble, HOST_GEMM_SCRIBBLE, sizeof scribble);
+  const uint64_t *w = (const uint64_t *)((const char *)ws + at);
+  for (size_t i = 0; i < slice / 8; i++)
+    if (w[i] != UINT64_MAX && w[i] != scribble)
+      fail_msg("%s: byte %zu of cuBLAS's workspace slice written by a step (0x%016llx)",
+               mg_form_name(plan->args.form), 8 * i, (unsigned long long)w[i]);
+}
 
 /* tune_dir: the tuned store prepare looks in (the ops then claim a device); tuned: a
  * kernel name fragment that a tuned kernel of the plan must have (NULL: none expected). */
@@ -99,11 +131,15 @@ static void check_form_tuned(const tu_case *c, mg_form f, double *const in[TU_N_
   memset(ws, 0xff, ws_b), memset(saved, 0xff, sv_b); /* NaN in bf16 and f32 */
   t0 = now();
   const long l0 = h->launches;
+  long sets = h->gemm_ws_sets;
   if (mg_cuda_exec_run(x, MG_FWD, &t, ws, ws_b, saved, sv_b, NULL, NULL, &d))
     fail_msg("forward: %s", mg_diag_msg(&d));
+  check_blas_slice(plan, h, sets, ws, ws_b);
   memset(ws, 0xff, ws_b);
+  sets = h->gemm_ws_sets;
   if (mg_cuda_exec_run(x, MG_BWD, &t, ws, ws_b, saved, sv_b, NULL, NULL, &d))
     fail_msg("backward: %s", mg_diag_msg(&d));
+  check_blas_slice(plan, h, sets, ws, ws_b);
   const double t_run = now() - t0;
   const float *lse = mg_cuda_exec_buffer(x, "lse", ws, saved);
   assert_non_null(lse); /* every form saves its LSE */
@@ -355,6 +391,104 @@ static void test_fake_driver(void **state) {
   mlagen_context_destroy(ctx);
 }
 
+/* The fake driver is a fake cuBLAS too: mlagen_forward/backward of a LAGA plan run through,
+ * every GEMM in the 32 MiB at the end of the caller's workspace, 256-byte aligned (the
+ * aligned part of it when the workspace is only 16-byte aligned), never in cuBLAS's own. */
+static void test_fake_cublas(void **state) {
+  (void)state;
+  const char *fake = getenv("MLAGEN_LIBCUDA");
+  assert_non_null(fake);
+  setenv("MLAGEN_LIBCUBLAS", fake, 1);
+  void *lib = dlopen(fake, RTLD_NOW);
+  assert_non_null(lib);
+  void (*stats)(int *, int *, void **, size_t *);
+  void *sym = dlsym(lib, "fake_cublas_stats");
+  assert_non_null(sym);
+  memcpy(&stats, &sym, sizeof stats);
+  const size_t slice = (size_t)32 << 20;
+
+  /* the GPU ops refuse a GEMM before they have a workspace, and a misaligned one */
+  mg_diag d = MG_DIAG_INIT;
+  mg_dev_ops *o;
+  if (mg_dev_ops_cuda(&o, &d)) fail_msg("mg_dev_ops_cuda: %s", mg_diag_msg(&d));
+  mg_gemm g = {.m = 1, .n = 1, .k = 1, .lda = 1, .ldb = 1, .ldc = 1, .batch = 1};
+  e16 a = 0, b = 0, c = 0;
+  assert_int_equal(o->gemm(o, &g, MG_BF16, &a, MG_BF16, &b, MG_BF16, &c, NULL, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "without a workspace"));
+  char *blas = aligned(512);
+  assert_int_equal(o->gemm_workspace(o, blas + 16, 256, &d), MLAGEN_EINVAL);
+  mg_dev_ops_destroy(o);
+  free(blas);
+
+  mlagen_context *ctx;
+  mlagen_model *model;
+  mlagen_plan *plan;
+  assert_int_equal(mlagen_context_create(&ctx), 0);
+  mlagen_model_desc md = {.num_attention_heads = 2, .kv_lora_rank = 256, .qk_rope_head_dim = 32,
+                          .qk_nope_head_dim = 64, .v_head_dim = 64};
+  assert_int_equal(mlagen_model_from_desc(ctx, &md, &model), 0);
+  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_rank = 0,
+                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16};
+  assert_int_equal(mlagen_plan_create(ctx, model, &pd, &plan), 0);
+  mlagen_sizes z;
+  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  /* the same plan built here: the workspace is its layout's plus exactly the slice */
+  mg_shape sh = tu_shape(2, 64, 32, 64, 256);
+  mg_plan ref;
+  mg_plan_args pa = {.shape = &sh, .form = MG_FORM_LAGA, .sp = 1, .rank = 0, .batch = 1,
+                     .seq = 8, .causal = 1, .dtype = MG_BF16};
+  if (mg_plan_build(&ref, &pa, &d)) fail_msg("%s", mg_diag_msg(&d));
+  static mg_plan_mem mem;
+  if (mg_plan_mem_layout(&ref, 256, &mem, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(z.workspace_bytes, (size_t)mem.workspace_bytes + slice);
+
+  mlagen_tensors t;
+  memset(&t, 0, sizeof t);
+  void *bufs[16];
+  int nb = 0;
+  const mlagen_tensor_info *infos[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.o,
+                                       &z.d_o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
+  mlagen_tensor *ts[] = {&t.q, &t.c_kv, &t.k_rope, &t.w_kv_b, &t.o,
+                         &t.d_o, &t.dq, &t.dc_kv, &t.dk_rope, &t.dw_kv_b};
+  for (int k = 0; k < 10; k++) {
+    ts[k]->data = bufs[nb++] = aligned(infos[k]->bytes);
+    ts[k]->dtype = infos[k]->dtype;
+    ts[k]->ndim = infos[k]->ndim;
+    memcpy(ts[k]->dims, infos[k]->dims, sizeof ts[k]->dims);
+  }
+  char *ws = bufs[nb++] = aligned(z.workspace_bytes + 256);
+  void *saved = bufs[nb++] = aligned(z.saved_bytes);
+  for (int shift = 0; shift <= 16; shift += 16) { /* 256-byte, then only 16-byte aligned */
+    char *w = ws + shift;
+    const size_t lead = shift ? 256 - shift : 0;
+    for (int pass = 0; pass < 2; pass++) {
+      int gemms0, own, gemms;
+      void *used;
+      size_t bytes;
+      stats(&gemms0, &own, &used, &bytes);
+      int rc = pass ? mlagen_backward(plan, &t, w, z.workspace_bytes, saved, z.saved_bytes, NULL)
+                    : mlagen_forward(plan, &t, w, z.workspace_bytes, saved, z.saved_bytes, NULL);
+      if (rc) fail_msg("%s: %s: %s", pass ? "backward" : "forward", mlagen_status_name(rc),
+                       mlagen_last_message(ctx));
+      stats(&gemms, &own, &used, &bytes);
+      print_message("  workspace %% 256 = %d, %s: %d GEMMs, cuBLAS workspace at +%td, %zu bytes\n",
+                    shift, pass ? "backward" : "forward", gemms - gemms0, (char *)used - w, bytes);
+      assert_true(gemms > gemms0);
+      assert_int_equal(own, 0);
+      assert_ptr_equal(used, w + mem.workspace_bytes + lead);
+      assert_int_equal(bytes, slice - lead);
+      assert_int_equal((uintptr_t)used % 256, 0);
+      assert_ptr_equal((char *)used + bytes, w + z.workspace_bytes); /* the caller's end */
+    }
+  }
+  for (int k = 0; k < nb; k++) free(bufs[k]);
+  mlagen_plan_destroy(plan);
+  mlagen_model_destroy(model);
+  mlagen_context_destroy(ctx);
+  dlclose(lib);
+  mg_diag_clear(&d);
+}
+
 int main(int argc, char **argv) {
   const char *env = getenv("MLAGEN_TEST_SEED");
   if (env) g_seed = strtoull(env, NULL, 10);
@@ -365,7 +499,8 @@ int main(int argc, char **argv) {
   }
   if (argc > 1 && !strcmp(argv[1], "fake")) {
     setenv("MLAGEN_LIBCUBLAS", "/nonexistent/libcublas.so", 1);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fake_driver)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fake_driver),
+                                       cmocka_unit_test(test_fake_cublas)};
     return cmocka_run_group_tests(tests, NULL, NULL);
   }
   printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)g_seed);
