@@ -65,6 +65,13 @@
 
 #include "mg_comm_staged.h"
 #endif
+#ifdef FORMS_HOST /* CPU device ops (the header needs cmocka's print_message, assert_*) */
+#include <setjmp.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "cuda_exec_host_ops.h"
+#endif
 
 typedef uint16_t e16;
 
@@ -90,11 +97,13 @@ static void say(const char *fmt, ...) {
   }
 }
 
+#ifndef FORMS_HOST /* cuda_exec_host_ops.h has the same */
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+#endif
 
 static const mg_driver *drv;
 static CUstream g_stream;
@@ -505,14 +514,20 @@ done:
 }
 
 #ifdef FORMS_MPI
-/* ---- sp P: the CUDA executor with the staged MPI communicator ---------------------------- */
+/* ---- the executor path: sp P with the staged MPI communicator ----------------------------
+ * mlagen_forms_check_mpi: CUDA device ops, the GPU. mlagen_forms_check_host (FORMS_HOST,
+ * a ctest): CPU device ops (tests/cuda_exec_host_ops.h: generated kernels on the host
+ * executor, CBLAS GEMMs) on the fake driver, whose "device" memory is host memory, so this
+ * whole path (staging, gathering, checks, bitwise repeat) runs without a GPU. */
 
 static mg_comm *g_mpi, *g_staged;
 static mg_dev_ops *g_ops;
+static mg_gen *g_gen;
 
-/* Runs form fi on this rank's shard; rank 0 gathers and checks. Every rank returns the
- * same verdict (0 ok, 1 failed). */
-static int run_form_sp(int fi, double *const in[TU_N_IN], form_result *r) {
+/* Runs form fi on this rank's shard twice; rank 0 gathers the first run and checks it;
+ * every rank compares its two runs byte for byte. Fills r (the same verdict on every
+ * rank). */
+static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
   memset(r, 0, sizeof *r);
   r->bitwise = -1;
   snprintf(r->status, sizeof r->status, "ok");
@@ -524,17 +539,25 @@ static int run_form_sp(int fi, double *const in[TU_N_IN], form_result *r) {
   static mg_plan p;
   mg_diag d = MG_DIAG_INIT;
   mg_cuda_exec *x = NULL;
+  const double t0 = now();
   mg_plan_args a = {.shape = sh, .form = (mg_form)fi, .sp = P, .rank = rk, .batch = 1, .seq = S,
                     .causal = g_case.causal, .dtype = g_dt};
+  mg_cuda_exec_opts eo = {.gen = g_gen};
   int rc = mg_plan_build(&p, &a, &d);
-  if (!rc) rc = mg_cuda_exec_prepare(&p, g_ops, NULL, &x, &d);
+  for (int turn = 0; turn < 2; turn++) { /* rank 0 first: it builds (host) or compiles (JIT) */
+    if ((turn == 0) == (rk == 0) && !rc) rc = mg_cuda_exec_prepare(&p, g_ops, &eo, &x, &d);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
   /* local tensor sizes (elements): inputs are this rank's tokens, w_kv_b whole */
   const int64_t nin[TU_N_IN] = {Sl * H * (dn + dr), Sl * dc, Sl * dr, H * (dn + dv) * dc, Sl * H * dv};
   const int64_t nout[C_N] = {Sl * H * dv, Hl * S, Sl * H * (dn + dr), Sl * dc, Sl * dr, H * (dn + dv) * dc};
   CUdeviceptr din[TU_N_IN] = {0}, dout[C_N] = {0}, ws = 0, sv = 0;
   const int64_t ws_b = x ? mg_cuda_exec_workspace_bytes(x) : 0, sv_b = x ? mg_cuda_exec_saved_bytes(x) : 0;
+  const size_t wsz = (size_t)(ws_b ? ws_b : 256), svz = (size_t)(sv_b ? sv_b : 256);
   outs got;
   memset(&got, 0, sizeof got);
+  void *raw[2][C_N] = {{0}};
+  size_t raw_b[C_N];
   int bad = rc != 0;
   if (rc) fprintf(stderr, "[rank %d] %s: prepare: %s\n", rk, fname, mg_diag_msg(&d));
   for (int k = 0; !bad && k < TU_N_IN; k++) {
@@ -549,60 +572,84 @@ static int run_form_sp(int fi, double *const in[TU_N_IN], form_result *r) {
     }
     free(h);
   }
-  for (int k = 0; !bad && k < C_N; k++)
-    if (k != C_LSE) bad |= CU(drv->cuMemAlloc(&dout[k], (size_t)nout[k] * (k == C_DW ? 4 : 2))) ||
-                           CU(drv->cuMemsetD8(dout[k], 0xff, (size_t)nout[k] * (k == C_DW ? 4 : 2)));
-  if (!bad)
-    bad |= CU(drv->cuMemAlloc(&ws, (size_t)(ws_b ? ws_b : 256))) || CU(drv->cuMemAlloc(&sv, (size_t)(sv_b ? sv_b : 256))) ||
-           CU(drv->cuMemsetD8(ws, 0xff, (size_t)(ws_b ? ws_b : 256))) || CU(drv->cuMemsetD8(sv, 0xff, (size_t)(sv_b ? sv_b : 256)));
+  for (int k = 0; !bad && k < C_N; k++) {
+    raw_b[k] = (size_t)nout[k] * (k == C_DW || k == C_LSE ? 4 : 2);
+    bad |= !(raw[0][k] = malloc(raw_b[k])) || !(raw[1][k] = malloc(raw_b[k]));
+    if (k != C_LSE && !bad) bad |= CU(drv->cuMemAlloc(&dout[k], raw_b[k]));
+  }
+  if (!bad) bad |= CU(drv->cuMemAlloc(&ws, wsz)) || CU(drv->cuMemAlloc(&sv, svz)) || outs_alloc(&got);
   int all_bad = 0;
   MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (all_bad) goto out; /* nobody entered a collective */
+  r->prepare_s = now() - t0;
+  const float *lse_dev = mg_cuda_exec_buffer(x, "lse", NULL, (void *)(uintptr_t)sv);
+  int lse_ok = lse_dev != NULL;
+  if (P == 1) { /* the API path locates the lse by the same layout: cross-check it here */
+    int64_t lb = 0;
+    const int64_t off = lse_offset((mg_form)fi, 1, 0, (size_t)sv_b, &lb);
+    if (off != (int64_t)((uintptr_t)lse_dev - (uintptr_t)sv) || lb != (int64_t)raw_b[C_LSE]) {
+      say("  %-9s lse: the API path's offset %lld (%lld bytes) is not the executor's %lld\n", fname,
+          (long long)off, (long long)lb, (long long)((uintptr_t)lse_dev - (uintptr_t)sv));
+      lse_ok = 0;
+    }
+  }
   mg_cuda_tensors t = {(void *)(uintptr_t)din[TU_Q], (void *)(uintptr_t)din[TU_CKV],
                        (void *)(uintptr_t)din[TU_KROPE], (void *)(uintptr_t)din[TU_W],
                        (void *)(uintptr_t)din[TU_DO], (void *)(uintptr_t)dout[C_O],
                        (void *)(uintptr_t)dout[C_DQ], (void *)(uintptr_t)dout[C_DCKV],
                        (void *)(uintptr_t)dout[C_DKROPE], (void *)(uintptr_t)dout[C_DW]};
-  const double t0 = now();
-  rc = mg_cuda_exec_run(x, MG_FWD, &t, (void *)(uintptr_t)ws, (size_t)ws_b, (void *)(uintptr_t)sv,
-                        (size_t)sv_b, g_staged, g_stream, &d);
-  if (!rc && !(rc = CU(drv->cuMemsetD8(ws, 0xff, (size_t)(ws_b ? ws_b : 256)))))
-    rc = mg_cuda_exec_run(x, MG_BWD, &t, (void *)(uintptr_t)ws, (size_t)ws_b, (void *)(uintptr_t)sv,
-                          (size_t)sv_b, g_staged, g_stream, &d);
-  if (!rc) rc = CU(drv->cuStreamSynchronize(g_stream));
-  r->prepare_s = now() - t0;
-  if (rc) { /* a collective failure leaves the job inconsistent: end it */
-    fprintf(stderr, "[rank %d] %s: run: %s\n", rk, fname, mg_diag_msg(&d));
-    MPI_Abort(MPI_COMM_WORLD, 1);
+  for (int run = 0; run < 2; run++) {
+    for (int k = 0; k < C_N; k++)
+      if (dout[k]) rc |= CU(drv->cuMemsetD8(dout[k], 0xff, raw_b[k]));
+    rc |= CU(drv->cuMemsetD8(ws, 0xff, wsz)) || CU(drv->cuMemsetD8(sv, 0xff, svz));
+    if (!rc)
+      rc = mg_cuda_exec_run(x, MG_FWD, &t, (void *)(uintptr_t)ws, (size_t)ws_b, (void *)(uintptr_t)sv,
+                            (size_t)sv_b, g_staged, g_stream, &d);
+    if (!rc && !(rc = CU(drv->cuMemsetD8(ws, 0xff, wsz))))
+      rc = mg_cuda_exec_run(x, MG_BWD, &t, (void *)(uintptr_t)ws, (size_t)ws_b, (void *)(uintptr_t)sv,
+                            (size_t)sv_b, g_staged, g_stream, &d);
+    if (!rc) rc = CU(drv->cuStreamSynchronize(g_stream));
+    if (rc) { /* a rank stuck in a collective: end the job */
+      fprintf(stderr, "[rank %d] %s: run: %s\n", rk, fname, mg_diag_msg(&d));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int k = 0; k < C_N; k++) {
+      const CUdeviceptr src = k == C_LSE ? (CUdeviceptr)(uintptr_t)lse_dev : dout[k];
+      if (src && CU(drv->cuMemcpyDtoH(raw[run][k], src, raw_b[k]))) MPI_Abort(MPI_COMM_WORLD, 1);
+    }
   }
-  /* this rank's part into global arrays (zero elsewhere), summed on rank 0 */
-  if (outs_alloc(&got)) MPI_Abort(MPI_COMM_WORLD, 1);
-  const float *lse_dev = mg_cuda_exec_buffer(x, "lse", NULL, (void *)(uintptr_t)sv);
+  /* this rank's part of the first run into global arrays (zero elsewhere), summed on rank 0 */
   for (int k = 0; k < C_N; k++) {
     const int64_t n = nout[k];
-    const size_t es = k == C_DW || k == C_LSE ? 4 : 2;
-    void *h = malloc((size_t)n * es);
-    if (!h || CU(drv->cuMemcpyDtoH(h, k == C_LSE ? (CUdeviceptr)(uintptr_t)lse_dev : dout[k], (size_t)n * es)))
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    const int64_t w = k == C_LSE || k == C_DW ? 0 : n / Sl;
+    const int es = k == C_DW || k == C_LSE ? 4 : 2;
+    const int64_t w = k == C_LSE || k == C_DW ? 1 : n / Sl;
     for (int64_t i = 0; i < n; i++) {
-      const double v = es == 4 ? ((const float *)h)[i] : from16(((const e16 *)h)[i]);
+      const double v = !lse_dev && k == C_LSE ? NAN
+                       : es == 4 ? ((const float *)raw[0][k])[i] : from16(((const e16 *)raw[0][k])[i]);
       const int64_t gi = k == C_DW ? i : k == C_LSE ? (rk * Hl + i / S) * S + i % S : (rk * Sl + i / w) * w + i % w;
       got.v[k][gi] = v;
     }
-    free(h);
     MPI_Reduce(g_rank ? got.v[k] : MPI_IN_PLACE, got.v[k], (int)c_numel(k), MPI_DOUBLE, MPI_SUM, 0,
                MPI_COMM_WORLD);
   }
   r->ran = 1;
+  int eq = 1, all_eq = 1, lse_all = 1;
+  for (int k = 0; k < C_N; k++) eq &= !memcmp(raw[0][k], raw[1][k], raw_b[k]);
+  if (!eq && rk == 0) bitwise(fname, raw[0], raw[1], raw_b); /* the first differences */
+  if (!eq && rk != 0) fprintf(stderr, "[rank %d] %s: outputs differ between two runs\n", rk, fname);
+  MPI_Allreduce(&eq, &all_eq, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&lse_ok, &lse_all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  r->bitwise = all_eq;
   if (g_rank == 0) {
     if (g_no_check) r->ok = all_finite(fname, &got);
     else check_all(fname, &got, fi == MG_FORM_ABSORBED, &r->chk), r->ok = r->chk.ok;
-    say("%-9s sp %d %s  (prepare + forward + backward %.1f s)\n", fname, P,
-        g_no_check ? (r->ok ? "not checked" : "FAIL (not checked)") : r->ok ? "ok" : "FAIL", r->prepare_s);
+    r->ok = r->ok && all_eq && lse_all;
+    say("%-9s sp %d %s  %s  (prepare, two forwards and backwards: %.1f s)\n", fname, P,
+        g_no_check ? (r->ok ? "not checked" : "FAIL (not checked)") : r->ok ? "ok" : "FAIL",
+        all_eq ? "bitwise equal" : "NOT bitwise equal", now() - t0);
   }
   MPI_Bcast(&r->ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  if (!r->ok) snprintf(r->status, sizeof r->status, "tolerance");
+  if (!r->ok) snprintf(r->status, sizeof r->status, "tolerance, lse or not deterministic");
 out:
   if (all_bad) {
     snprintf(r->status, sizeof r->status, "setup failed on a rank");
@@ -610,8 +657,10 @@ out:
   }
   for (int k = 0; k < TU_N_IN; k++)
     if (din[k]) cu(drv->cuMemFree(din[k]), "cuMemFree");
-  for (int k = 0; k < C_N; k++)
+  for (int k = 0; k < C_N; k++) {
     if (dout[k]) cu(drv->cuMemFree(dout[k]), "cuMemFree");
+    free(raw[0][k]), free(raw[1][k]);
+  }
   if (ws) cu(drv->cuMemFree(ws), "cuMemFree");
   if (sv) cu(drv->cuMemFree(sv), "cuMemFree");
   outs_free(&got);
@@ -646,6 +695,7 @@ int main(int argc, char **argv) {
   const char *outdir = argv[1];
   int H = 16, S = 256, causal = 1, want[MG_FORM_COUNT] = {1, 1, 1, 1, 1}, sp = 1;
   int64_t ref_rows = 0;
+  int dn = 128, dr = 64, dv = 128, dc = 512;
   uint64_t seed = 20250712;
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -660,6 +710,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
     else if (!strcmp(a, "--ref-rows")) { if ((ref_rows = atoll(v)) < 0) RETURN(usage()); }
     else if (!strcmp(a, "--sp")) { if ((sp = atoi(v)) < 1) RETURN(usage()); }
+    else if (!strcmp(a, "--dims")) {
+      if (sscanf(v, "%d,%d,%d,%d", &dn, &dr, &dv, &dc) != 4 || dn < 16 || dr < 16 || dv < 16 || dc < 16)
+        RETURN(usage());
+    }
     else if (!strcmp(a, "--dtype")) {
       if (!strcmp(v, "bf16")) g_dt = MG_BF16;
       else if (!strcmp(v, "f16")) g_dt = MG_F16;
@@ -724,8 +778,8 @@ int main(int argc, char **argv) {
   if (CU(drv->cuCtxSetCurrent(cctx)) || CU(drv->cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING)))
     goto out;
 
-  const double scale = 1.3689 * 1.3689 / sqrt(192.0);
-  g_case = (tu_case){.shape = tu_shape(H, 128, 64, 128, 512), .B = 1, .S = S, .causal = causal};
+  const double scale = 1.3689 * 1.3689 / sqrt((double)(dn + dr));
+  g_case = (tu_case){.shape = tu_shape(H, dn, dr, dv, dc), .B = 1, .S = S, .causal = causal};
   g_case.shape.softmax_scale = scale;
   if (sp > 1 && (H % sp || S % sp)) {
     say("forms_check: --sp %d must divide --heads %d and --seq %d\n", sp, H, S);
@@ -733,8 +787,8 @@ int main(int argc, char **argv) {
     goto out;
   }
   int st = mlagen_context_create(&ctx);
-  mlagen_model_desc md = {.num_attention_heads = H, .kv_lora_rank = 512, .qk_rope_head_dim = 64,
-                          .qk_nope_head_dim = 128, .v_head_dim = 128, .softmax_scale = scale};
+  mlagen_model_desc md = {.num_attention_heads = H, .kv_lora_rank = dc, .qk_rope_head_dim = dr,
+                          .qk_nope_head_dim = dn, .v_head_dim = dv, .softmax_scale = scale};
   if (!st) st = mlagen_model_from_desc(ctx, &md, &model);
   if (st) {
     say("forms_check: mlagen context/model: %s: %s\n", mlagen_status_name(st), mlagen_last_message(ctx));
@@ -744,12 +798,12 @@ int main(int argc, char **argv) {
     say("forms_check: out of host memory\n");
     goto out;
   }
-  g_mr = (mr_case){.H = H, .dn = 128, .dr = 64, .dv = 128, .dc = 512, .S = S, .causal = causal,
+  g_mr = (mr_case){.H = H, .dn = dn, .dr = dr, .dv = dv, .dc = dc, .S = S, .causal = causal,
                    .scale = scale, .rnd = g_dt == MG_F16 ? 2 : 1};
   if (ref_rows > 0 && ref_rows + 128 < S) g_mr.head1 = 128, g_mr.tail0 = S - ref_rows;
-  say("device: %s; driver %d; DeepSeek-V3 heads (d_n 128, d_r 64, d_v 128, d_c 512) at H %d, "
-      "B 1, S %d, %s, %s, sp %d; seed %llu; timing: %s\n",
-      name, drv->driver_version, H, S, causal ? "causal" : "non-causal", mg_dtype_name(g_dt), sp,
+  say("device: %s; driver %d; %s heads (d_n %d, d_r %d, d_v %d, d_c %d) at H %d, "
+      "B 1, S %d, %s, %s, sp %d; seed %llu; timing: %s\n", name, drv->driver_version,
+      dn == 128 && dr == 64 && dv == 128 && dc == 512 ? "DeepSeek-V3" : "test", dn, dr, dv, dc, H, S, causal ? "causal" : "non-causal", mg_dtype_name(g_dt), sp,
       (unsigned long long)seed, g_iters > 0 && sp == 1 ? "warm-up and median of --iters" : "none");
   if (g_no_check) {
     say("--no-check: no reference; outputs only required to be finite (not checked)\n");
@@ -764,15 +818,26 @@ int main(int argc, char **argv) {
                        : "every row", now() - t0);
   }
 #ifdef FORMS_MPI
-  if (sp > 1) {
+#ifdef FORMS_HOST
+  const int use_exec = 1; /* always: the API's device ops are the GPU's */
+#else
+  const int use_exec = sp > 1;
+#endif
+  if (use_exec) {
     MPI_Comm world = MPI_COMM_WORLD;
     int bad = mg_comm_mpi_wrap(&g_mpi, &world, &d) ||
-              mg_comm_staged_wrap(&g_staged, g_mpi, drv, g_stream, &d) || mg_dev_ops_cuda(&g_ops, &d);
+              mg_comm_staged_wrap(&g_staged, g_mpi, drv, g_stream, &d) || mg_gen_open(&g_gen, NULL, &d);
+#ifdef FORMS_HOST
+    if (!bad && g_dt != MG_BF16) bad = mg_diag_set(&d, MLAGEN_EUNSUPPORTED, "the host device ops run bf16 only");
+    if (!bad) g_ops = &host_ops_new(g_gen)->base;
+#else
+    if (!bad) bad = mg_dev_ops_cuda(&g_ops, &d);
+#endif
     if (bad) fprintf(stderr, "[rank %d] forms_check: %s\n", g_rank, mg_diag_msg(&d));
     int any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (any) {
-      say("forms_check: sp %d: set-up failed (communicator or CUDA device ops): %s\n", sp,
+      say("forms_check: sp %d: set-up failed (communicator or device ops): %s\n", sp,
           bad ? mg_diag_msg(&d) : "on another rank");
       goto out;
     }
@@ -783,8 +848,8 @@ int main(int argc, char **argv) {
     if (!want[f]) continue;
     n_run++;
 #ifdef FORMS_MPI
-    if (sp > 1) {
-      run_form_sp(f, in, &res[f]);
+    if (use_exec) {
+      run_form_exec(f, in, &res[f]);
       if (!res[f].ok) n_bad++;
       continue;
     }
@@ -832,6 +897,7 @@ out:
   mg_dev_ops_destroy(g_ops);
   mg_comm_destroy(g_staged);
   mg_comm_destroy(g_mpi);
+  mg_gen_close(g_gen);
 #endif
   mlagen_model_destroy(model);
   mlagen_context_destroy(ctx);

@@ -81,7 +81,8 @@ static int attention(const mr_case *c, int Hk, int dq, int dv, const double *Q, 
                   (int)(H * dv), Vh, Hk * dv, 0.0, dP, (int)kend);
       for (int64_t r = 0; r < R; r++) { /* dS = P (dP - delta), delta = dO . O */
         double delta = 0;
-        for (int d = 0; d < dv; d++) delta += dOb[r * H * dv + d] * Ob[r * H * dv + d];
+        for (int d = 0; d < dv; d++) /* the kernels read o as stored: in the 16-bit dtype */
+          delta += dOb[r * H * dv + d] * mr_round(Ob[r * H * dv + d], c->rnd);
         double *p = Sb + r * kend, *g = dP + r * kend;
         for (int64_t j = 0; j < kend; j++) g[j] = p[j] * (g[j] - delta);
       }

@@ -9,7 +9,8 @@
  * inputs on a coarse grid (mr_quantize) those GEMMs are exact in f32 whatever cuBLAS's
  * summation order, so the reference's rounded values are the GPU's, bit for bit. The
  * outputs o, dq, dc_kv, dk_rope, dw_kv_b come from the explicit family's attention
- * (every form equals it up to rounding); lse per family.
+ * (every form equals it up to rounding); lse per family. The backward's delta = dO . o
+ * takes o rounded to the dtype, as the attention backward reads the stored o.
  *
  * Rows: every query row is independent given K and V, so o, lse and dq can be computed
  * for some rows only; causal dK_j, dV_j depend only on rows i >= j, so with the rows a
