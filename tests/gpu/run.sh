@@ -13,7 +13,8 @@
 #   sp2       mpirun -np 2 mlagen_forms_check_mpi --sp 2 (S 1024): both processes on
 #             the one GPU, collectives staged through host memory over MPI           cap  90
 #   sanitizer compute-sanitizer memcheck, racecheck, synccheck over mlagen_bench
-#             --check-only --heads 16 --no-mqa (the kernel check shapes), 60 s each   cap 180
+#             --check-only --heads 2 (every kernel's check: H 2 at S 256/255 and 200)
+#             60 s, 120 s (racecheck), 60 s                                          cap 240
 #   peers     torch_peer.py                                                          cap  90
 #   compare   bench.csv x torch.csv -> compare.csv                                   cap  10
 # Every step prints one parseable line:  STEP <name> <ok|FAILED|TIMEOUT|NOT_RUN|REFUSED> <s>s <why>
@@ -25,6 +26,7 @@
 # is NOT_RUN ("time budget"). One device call runs at most 600 s: run the default in two
 # calls, e.g. STEPS="smi bench forms forms16k nocausal f16" then
 # STEPS="sp2 sanitizer peers compare" (same OUTDIR: the JIT cache is reused).
+# The bench's check runs every check twice (bitwise); under a sanitizer too.
 # Environment: BENCH_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
 # COMPUTE_SANITIZER (the binary), SANITIZER_WHEEL (a carried nvidia-cuda-sanitizer-api
 # wheel, unpacked into OUTDIR/tools); MPIRUN (default mpirun); DRY_RUN=1 prints each step's
@@ -188,11 +190,11 @@ if want sanitizer; then
   else
     note "compute-sanitizer: $SAN ($("$SAN" --version 2>&1 | tail -1))"
     for t in memcheck racecheck synccheck; do
-      extra=""
-      [ $t = racecheck ] && extra="--racecheck-report all"
+      extra="" cap=60
+      [ $t = racecheck ] && extra="--racecheck-report all" cap=120
       # shellcheck disable=SC2086
-      step "sanitizer-$t" 60 "sanitizer-$t.log" "$SAN" --tool $t $extra --error-exitcode 9 --print-limit 20 \
-        "$BENCH" "$OUT/sanitizer-$t" --check-only --heads 16 --no-mqa --jobs 16
+      step "sanitizer-$t" $cap "sanitizer-$t.log" "$SAN" --tool $t $extra --error-exitcode 9 --print-limit 20 \
+        "$BENCH" "$OUT/sanitizer-$t" --check-only --heads 2 --jobs 16
       if [ "$RC" = 9 ]; then result "sanitizer-$t" FAILED "$T0" "$t reported errors: $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")"
       else finish "sanitizer-$t" "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")" "sanitizer-$t.log"; fi
     done
