@@ -83,8 +83,8 @@ step() {
 finish() {
   [ "$RC" = -1 ] && return
   if [ "$RC" = 0 ]; then result "$1" ok "$T0" "${2:-}"
-  elif [ "$RC" = 124 ]; then result "$1" TIMEOUT "$T0" "timed out, see $OUT/$3"
-  else result "$1" FAILED "$T0" "exit $RC, see $OUT/$3"
+  elif [ "$RC" = 124 ]; then result "$1" TIMEOUT "$T0" "timed out, see $OUT/$3${2:+; $2}"
+  else result "$1" FAILED "$T0" "exit $RC, see $OUT/$3${2:+; $2}"
   fi
 }
 
