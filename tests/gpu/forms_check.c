@@ -4,11 +4,12 @@
  *
  *   mlagen_forms_check OUTDIR [--heads 16] [--seq 256] [--forms LIST] [--iters 20]
  *                             [--warmup 3] [--seed N] [--no-check] [--no-causal]
- *                             [--dtype bf16|f16] [--ref-rows N]
+ *                             [--dtype bf16|f16] [--ref-rows N] [--dims DN,DR,DV,DC]
  *   mpirun -np 2 mlagen_forms_check_mpi OUTDIR --sp 2 [same options]
+ *   mpirun -np P mlagen_forms_check_host OUTDIR --sp P [...]   (CPU device ops, fake driver)
  *
- * For a DeepSeek-V3 head shape with --heads heads (d_c 512, d_r 64, d_n 128, d_v 128,
- * softmax scale mscale^2 / sqrt(192), mscale 1.3689), B = 1, S = --seq, causal (or not),
+ * For a DeepSeek-V3 head shape with --heads heads (d_c 512, d_r 64, d_n 128, d_v 128, or
+ * --dims; softmax scale mscale^2 / sqrt(d_n + d_r), mscale 1.3689), B = 1, S = --seq, causal (or not),
  * --dtype, and each form of --forms (default explicit, absorbed, laga, laga-r, laga-f):
  *   - inputs: q, c_kv, k_rope N(0, 1) on a grid of 1/16, w_kv_b N(0, 1) / sqrt(d_c) on a
  *     grid of 2^-10, d_o N(0, 1) / 2 on a grid of 1/64 (scores std about 2; every value
@@ -719,7 +720,8 @@ static int usage(void) {
     fprintf(stderr,
             "usage: mlagen_forms_check OUTDIR [--heads 16] [--seq 256] [--forms LIST] [--iters 20]\n"
             "                          [--warmup 3] [--seed N] [--no-check] [--no-causal]\n"
-            "                          [--dtype bf16|f16] [--ref-rows N] [--sp P (mlagen_forms_check_mpi)]\n"
+            "                          [--dtype bf16|f16] [--ref-rows N] [--dims DN,DR,DV,DC]\n"
+            "                          [--sp P (mlagen_forms_check_mpi, mlagen_forms_check_host)]\n"
             "  LIST: comma-separated of explicit, absorbed, laga, laga-r, laga-f (default all)\n");
   return 2;
 }
