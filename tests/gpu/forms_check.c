@@ -357,9 +357,13 @@ static int fetch(const mlagen_sizes *z, CUdeviceptr dev[T_N], CUdeviceptr sv, in
     if (k < 0) continue;
     const int c = k == TU_O ? C_O : k == TU_DQ ? C_DQ : k == TU_DCKV ? C_DCKV : k == TU_DKROPE ? C_DKROPE : C_DW;
     const mlagen_tensor_info *ti = info_at(z, i);
+    const int64_t n = c_numel(c);
+    if (ti->bytes != (size_t)n * (ti->dtype == MLAGEN_DTYPE_F32 ? 4 : 2)) {
+      say("  output %s: %zu bytes, the reference has %lld values\n", ti->name, ti->bytes, (long long)n);
+      return -1;
+    }
     raw_b[c] = ti->bytes;
     if (CU(drv->cuMemcpyDtoH(raw[c], dev[i], ti->bytes))) return -1;
-    const int64_t n = c_numel(c);
     for (int64_t j = 0; j < n; j++)
       o->v[c][j] = ti->dtype == MLAGEN_DTYPE_F32 ? ((const float *)raw[c])[j] : from16(((const e16 *)raw[c])[j]);
   }
