@@ -368,6 +368,11 @@ static int fetch(const mlagen_sizes *z, CUdeviceptr dev[T_N], CUdeviceptr sv, in
       o->v[c][j] = ti->dtype == MLAGEN_DTYPE_F32 ? ((const float *)raw[c])[j] : from16(((const e16 *)raw[c])[j]);
   }
   raw_b[C_LSE] = 0;
+  if (lse_off >= 0 && lse_b != c_numel(C_LSE) * 4) {
+    say("  lse: %lld bytes in the plan, the reference has %lld values\n", (long long)lse_b,
+        (long long)c_numel(C_LSE));
+    lse_off = -1;
+  }
   if (lse_off >= 0) {
     raw_b[C_LSE] = (size_t)lse_b;
     if (CU(drv->cuMemcpyDtoH(raw[C_LSE], sv + (CUdeviceptr)lse_off, (size_t)lse_b))) return -1;
