@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh OUTDIR [BUILD_DIR]: the GPU check and benchmark, in one command that
-# finishes within 8 minutes on an H200 (see tests/gpu/README.md).
-#   1. preflight: the tools found (OUTDIR/preflight.txt)        ~1 s
-#   2. build mlagen_bench and mlagen_forms_check (CMake RelWithDebInfo, -j16) into BUILD_DIR
-#      (default OUTDIR/build)                                     cap 120 s
-#   3. nvidia-smi -q > OUTDIR/nvidia-smi-q.txt, its first 40 lines in nvidia-smi.txt  cap 10 s
-#   4. mlagen_bench OUTDIR: the explicit (attn_*) and absorbed (mqa_*) attention kernels
-#      checked vs float64, then timed with the layout kernels    cap 190 s
-#   5. mlagen_forms_check OUTDIR: every form's forward + backward through the public API
-#      vs the CPU executor (H 16, S 256), timed                   cap 60 s
-#   6. torch_peer.py OUTDIR: PyTorch SDPA / FlashAttention, and SDPA on the absorbed MQA
-#                                                                 cap 90 s
-#   7. merge bench.csv and torch.csv: OUTDIR/compare.csv and a table with mlagen ms / peer ms
-#                                                                 cap 10 s
-# The caps add up to 480 s. A part that fails or times out is reported and the next part
-# runs; the exit status is non-zero when any part failed. BENCH_ARGS / FORMS_ARGS /
-# PEER_ARGS (environment) add arguments, e.g. BENCH_ARGS="--seqs 1024,4096"
-# PEER_ARGS="--seqs 1024,4096".
+# tests/gpu/run.sh OUTDIR [BUILD_DIR]: the GPU checks and benchmark (tests/gpu/README.md).
+# Steps (STEPS selects, default all, in this order; cap = the step's `timeout`, s):
+#   build     mlagen_bench, mlagen_forms_check(_mpi) (skipped: NO_BUILD=1)        cap 120
+#   smi       nvidia-smi -q                                                          cap  10
+#   bench     mlagen_bench: kernels checked vs float64, then timed                  cap 150
+#   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
+#             full float64 reference, two runs bit for bit, timed                    cap 120
+#   forms16k  the same at S 16384 (bucket 16384), reference on rows [0,128) and the
+#             last 512 (--ref-rows 512), not timed                                   cap  90
+#   nocausal  S 4096 non-causal, full reference, not timed                           cap  90
+#   f16       S 1024 f16: checked, or "refused by the API"                           cap  45
+#   sp2       mpirun -np 2 mlagen_forms_check_mpi --sp 2 (S 1024): both processes on
+#             the one GPU, collectives staged through host memory over MPI           cap  90
+#   sanitizer compute-sanitizer memcheck, racecheck, synccheck over mlagen_bench
+#             --check-only --heads 2 (every kernel's check: H 2 at S 256/255 and 200)
+#             60 s, 120 s (racecheck), 60 s                                          cap 240
+#   peers     torch_peer.py                                                          cap  90
+#   compare   bench.csv x torch.csv -> compare.csv                                   cap  10
+# Every step prints one parseable line:  STEP <name> <ok|FAILED|TIMEOUT|NOT_RUN|REFUSED> <s>s <why>
+# and the script ends with:  SUMMARY ok=<..> failed=<..> not_run=<..> refused=<..> total=<s>s
+# A step that fails or times out is FAILED/TIMEOUT, the next step runs, and the exit status
+# is 1 at the end. NOT_RUN (a tool or binary absent, or the time budget) and REFUSED (the
+# API refused f16) are never "ok" and are listed in the summary; they do not fail the run.
+# Budget guard: a step whose cap would end past BUDGET_S (default 560 s since the start)
+# is NOT_RUN ("time budget"). One device call runs at most 600 s: run the default in two
+# calls, e.g. STEPS="smi bench forms forms16k nocausal f16" then
+# STEPS="sp2 sanitizer peers compare" (same OUTDIR: the JIT cache is reused).
+# The bench's check runs every check twice (bitwise); under a sanitizer too.
+# Environment: BENCH_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
+# COMPUTE_SANITIZER (the binary), SANITIZER_WHEEL (a carried nvidia-cuda-sanitizer-api
+# wheel, unpacked into OUTDIR/tools); MPIRUN (default mpirun); DRY_RUN=1 prints each step's
+# command instead of running it (every step then NOT_RUN "dry run").
 set -u
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUTDIR [BUILD_DIR]" >&2
@@ -27,48 +41,84 @@ mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
 BUILD=${2:-$OUT/build}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+STEPS=${STEPS:-build smi bench forms forms16k nocausal f16 sp2 sanitizer peers compare}
+BUDGET_S=${BUDGET_S:-560}
 START=$(date +%s)
-FAILED=""
-note() { echo "== [$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/run.log"; }
-fail() { FAILED="$FAILED $1"; note "FAILED: $1 ($2)"; }
+OK="" FAILED="" NOT_RUN="" REFUSED=""
+elapsed() { echo $(( $(date +%s) - START )); }
+note() { echo "== [$(elapsed)s] $*" | tee -a "$OUT/run.log"; }
+# result NAME STATUS T0 WHY
+result() {
+  local s=$(( $(date +%s) - $3 ))
+  echo "STEP $1 $2 ${s}s $4" | tee -a "$OUT/run.log"
+  case $2 in
+    ok) OK="$OK $1" ;;
+    NOT_RUN) NOT_RUN="$NOT_RUN $1" ;;
+    REFUSED) REFUSED="$REFUSED $1" ;;
+    *) FAILED="$FAILED $1" ;;
+  esac
+}
+want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# step NAME CAP LOG CMD...: runs CMD with `timeout CAP` into OUT/LOG unless the budget or
+# DRY_RUN says otherwise; sets RC (the exit status; 124 timed out; -1 not run).
+step() {
+  local name=$1 cap=$2 log=$3
+  shift 3
+  T0=$(date +%s)
+  RC=-1
+  if [ $(( $(elapsed) + cap )) -gt "$BUDGET_S" ]; then
+    result "$name" NOT_RUN "$T0" "time budget: ${cap}s cap past BUDGET_S=${BUDGET_S}s at $(elapsed)s"
+    return
+  fi
+  note "$name: $* (cap ${cap}s)"
+  if [ -n "${DRY_RUN:-}" ]; then
+    result "$name" NOT_RUN "$T0" "dry run"
+    return
+  fi
+  timeout "$cap" "$@" > "$OUT/$log" 2>&1
+  RC=$?
+  tail -25 "$OUT/$log"
+}
+# finish NAME: the verdict from RC for a plain step
+finish() {
+  [ "$RC" = -1 ] && return
+  if [ "$RC" = 0 ]; then result "$1" ok "$T0" "${2:-}"
+  elif [ "$RC" = 124 ]; then result "$1" TIMEOUT "$T0" "timed out, see $OUT/$3${2:+; $2}"
+  else result "$1" FAILED "$T0" "exit $RC, see $OUT/$3${2:+; $2}"
+  fi
+}
 
-# 1. preflight
+# preflight (always): the tools found
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "source: $SRC ($(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo 'no git')$(git -C "$SRC" diff --quiet 2>/dev/null || echo ', modified'))"
-  for t in cmake cc c++ nvcc nvidia-smi python3 pkg-config; do
-    printf '%-12s %s\n' "$t" "$(command -v $t || echo MISSING)"
+  for t in cmake cc c++ nvcc nvidia-smi python3 pkg-config mpirun compute-sanitizer; do
+    printf '%-18s %s\n' "$t" "$(command -v $t || echo MISSING)"
   done
   echo "CUDA_HOME=${CUDA_HOME:-} ; /usr/local/cuda: $(ls -d /usr/local/cuda* 2>/dev/null | tr '\n' ' ')"
-  ls /usr/local/cuda/lib64/libnvrtc.so* /usr/local/cuda/lib/libnvrtc.so* 2>/dev/null | head -3
-  ldconfig -p 2>/dev/null | grep -E 'libcublas\.so|libnvrtc\.so' | head -4
+  ls /usr/local/cuda*/bin/compute-sanitizer /usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null
+  ldconfig -p 2>/dev/null | grep -E 'libcublas\.so|libnvrtc\.so|libmpi\.so' | head -6
   python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1 | tail -1
-  for p in lua5.4 libcjson openblas; do
-    printf 'pkg-config %-8s %s\n' "$p" "$(pkg-config --modversion $p 2>/dev/null || echo MISSING)"
-  done
-  ls /usr/lib/x86_64-linux-gnu/libcmocka.so* /usr/lib/libcmocka.so* 2>/dev/null | head -1 || true
   nproc
 } > "$OUT/preflight.txt" 2>&1
-note "preflight: $OUT/preflight.txt"; cat "$OUT/preflight.txt"
+note "preflight: $OUT/preflight.txt; steps: $STEPS; budget ${BUDGET_S}s"
+cat "$OUT/preflight.txt"
 
-# 2. build
 BENCH="$BUILD/tests/mlagen_bench"
 FORMS="$BUILD/tests/mlagen_forms_check"
-if [ -n "${NO_BUILD:-}" ] && [ -x "$BENCH" ] && [ -x "$FORMS" ]; then
-  note "NO_BUILD set: using the prebuilt $BENCH and $FORMS"
-elif note "build into $BUILD" && timeout 120 bash -c "cmake -S '$SRC' -B '$BUILD' -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build '$BUILD' -j16 --target mlagen_bench mlagen_forms_check" \
-     > "$OUT/build.log" 2>&1; then
-  note "build ok"
-else
-  rc=$?
-  tail -30 "$OUT/build.log"
-  fail build "exit $rc$([ $rc = 124 ] && echo ', timed out'), see $OUT/build.log"
-  [ -x "$BENCH" ] && note "using the existing $BENCH"
-  [ -x "$FORMS" ] && note "using the existing $FORMS"
+FORMS_MPI="$BUILD/tests/mlagen_forms_check_mpi"
+export MLAGEN_CACHE_DIR="$OUT/jit-cache"
+
+if want build; then
+  if [ -n "${NO_BUILD:-}" ] && [ -x "$BENCH" ] && [ -x "$FORMS" ]; then
+    T0=$(date +%s); result build NOT_RUN "$T0" "NO_BUILD set: prebuilt $BENCH, $FORMS"
+  else
+    step build 120 build.log bash -c "cmake -S '$SRC' -B '$BUILD' -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build '$BUILD' -j16 --target mlagen_bench mlagen_forms_check && { cmake --build '$BUILD' -j16 --target mlagen_forms_check_mpi || echo 'no MPI: mlagen_forms_check_mpi not built'; }"
+    finish build "" build.log
+  fi
 fi
 
-# cuBLAS for mlagen_forms_check (the CUDA executor dlopens libcublas.so.13/.12/.11): when
-# the loader does not know one, the toolkit's or PyTorch's (pip nvidia-cublas) copy
+# cuBLAS for the forms steps: the loader's, else the toolkit's or PyTorch's copy
 if [ -z "${MLAGEN_LIBCUBLAS:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so\.1[123] '; then
   for f in /usr/local/cuda/lib64/libcublas.so.1[321] /usr/local/cuda/lib/libcublas.so.1[321] \
            $(python3 -c 'import glob, site; print(" ".join(sorted(sum((glob.glob(p + "/nvidia/cu*/lib/libcublas.so.1*") for p in site.getsitepackages()), []))))' 2>/dev/null); do
@@ -77,81 +127,91 @@ if [ -z "${MLAGEN_LIBCUBLAS:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcub
 fi
 note "cuBLAS: ${MLAGEN_LIBCUBLAS:-libcublas.so.13/.12/.11 by the dynamic loader}"
 
-# 3. the device
-# (into a file first: with a pipe into head, nvidia-smi dies of SIGPIPE, exit 141)
-if timeout 10 nvidia-smi -q > "$OUT/nvidia-smi-q.txt" 2>&1 && head -40 "$OUT/nvidia-smi-q.txt" > "$OUT/nvidia-smi.txt"; then
-  note "nvidia-smi: $OUT/nvidia-smi.txt"
-  grep -E "Product Name|Driver Version|CUDA Version" "$OUT/nvidia-smi.txt"
-else
-  fail nvidia-smi "exit $?"
+if want smi; then
+  step smi 10 nvidia-smi-q.txt nvidia-smi -q
+  [ "$RC" = 0 ] && grep -E "Product Name|Driver Version|CUDA Version" "$OUT/nvidia-smi-q.txt"
+  finish smi "" nvidia-smi-q.txt
 fi
 
-# 4. mlagen_bench (its own JIT cache under OUT, so a rerun on the same machine skips NVRTC)
-if [ -x "$BENCH" ]; then
-  note "mlagen_bench $OUT ${BENCH_ARGS:-}"
+if want bench; then
+  if [ -x "$BENCH" ]; then
+    # shellcheck disable=SC2086
+    step bench 150 bench.stdout "$BENCH" "$OUT" ${BENCH_ARGS:-}
+    finish bench "" bench.stdout
+  else T0=$(date +%s); result bench FAILED "$T0" "no $BENCH"; fi
+fi
+
+# forms_step NAME CAP OUTSUB ARGS...: mlagen_forms_check into OUT/OUTSUB; exit 4 = REFUSED
+forms_step() {
+  local name=$1 cap=$2 sub=$3
+  shift 3
+  if [ ! -x "$FORMS" ]; then T0=$(date +%s); result "$name" FAILED "$T0" "no $FORMS"; return; fi
   # shellcheck disable=SC2086
-  MLAGEN_CACHE_DIR="$OUT/jit-cache" timeout 190 "$BENCH" "$OUT" ${BENCH_ARGS:-} > "$OUT/bench.stdout" 2>&1
-  rc=$?
-  tail -40 "$OUT/bench.stdout"
-  if [ $rc = 0 ]; then note "bench ok"; else fail bench "exit $rc$([ $rc = 124 ] && echo ', timed out')"; fi
-else
-  fail bench "no $BENCH"
+  step "$name" "$cap" "$sub.stdout" "$FORMS" "$OUT/$sub" "$@" ${FORMS_ARGS:-}
+  if [ "$RC" = 4 ]; then result "$name" REFUSED "$T0" "refused by the API: $(grep -m1 'refused by the API' "$OUT/$sub.stdout")"
+  else finish "$name" "$(grep -m1 '^forms: ' "$OUT/$sub.stdout")" "$sub.stdout"; fi
+}
+want forms && forms_step forms 120 forms --seq 4096
+want forms16k && forms_step forms16k 90 forms16k --seq 16384 --ref-rows 512 --iters 0
+want nocausal && forms_step nocausal 90 forms-nocausal --seq 4096 --no-causal --iters 0
+want f16 && forms_step f16 45 forms-f16 --seq 1024 --dtype f16 --iters 0
+
+if want sp2; then
+  T0=$(date +%s)
+  MPIRUN=${MPIRUN:-mpirun}
+  if [ ! -x "$FORMS_MPI" ]; then result sp2 NOT_RUN "$T0" "no $FORMS_MPI (built without MPI)"
+  elif ! command -v "$MPIRUN" > /dev/null; then result sp2 NOT_RUN "$T0" "no $MPIRUN on this machine"
+  else
+    flags=""
+    "$MPIRUN" --version 2>&1 | grep -q "Open MPI" && flags="--allow-run-as-root --oversubscribe"
+    # shellcheck disable=SC2086
+    step sp2 90 forms-sp2.stdout "$MPIRUN" -np 2 $flags "$FORMS_MPI" "$OUT/forms-sp2" --sp 2 --seq 1024 ${FORMS_ARGS:-}
+    finish sp2 "$(grep -m1 '^forms: ' "$OUT/forms-sp2.stdout" 2>/dev/null)" forms-sp2.stdout
+  fi
 fi
 
-# 5. every form through the public API (the same JIT cache: kernels the bench built are hits)
-if [ -x "$FORMS" ]; then
-  note "mlagen_forms_check $OUT ${FORMS_ARGS:-}"
+if want sanitizer; then
+  T0=$(date +%s)
+  SAN=${COMPUTE_SANITIZER:-}
+  for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda*/bin/compute-sanitizer \
+           /usr/local/cuda*/compute-sanitizer/compute-sanitizer "$OUT"/tools/nvidia/cu*/bin/compute-sanitizer \
+           $(python3 -c 'import glob, site; print(" ".join(sorted(sum((glob.glob(p + "/nvidia/cu*/bin/compute-sanitizer") for p in site.getsitepackages()), []))))' 2>/dev/null); do
+    [ -z "$SAN" ] && [ -n "$c" ] && [ -x "$c" ] && SAN=$c
+  done
+  if [ -z "$SAN" ] && [ -n "${SANITIZER_WHEEL:-}" ] && [ -f "$SANITIZER_WHEEL" ]; then
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$SANITIZER_WHEEL" "$OUT/tools" &&
+      chmod +x "$OUT"/tools/nvidia/cu*/bin/compute-sanitizer 2>/dev/null
+    for c in "$OUT"/tools/nvidia/cu*/bin/compute-sanitizer; do [ -x "$c" ] && SAN=$c; done
+  fi
+  if [ -z "$SAN" ]; then
+    for t in memcheck racecheck synccheck; do result "sanitizer-$t" NOT_RUN "$T0" "compute-sanitizer not found (COMPUTE_SANITIZER, PATH, /usr/local/cuda*, pip nvidia-cuda-sanitizer-api, SANITIZER_WHEEL)"; done
+  elif [ ! -x "$BENCH" ]; then
+    for t in memcheck racecheck synccheck; do result "sanitizer-$t" FAILED "$T0" "no $BENCH"; done
+  else
+    note "compute-sanitizer: $SAN ($("$SAN" --version 2>&1 | tail -1))"
+    for t in memcheck racecheck synccheck; do
+      extra="" cap=60
+      [ $t = racecheck ] && extra="--racecheck-report all" cap=120
+      # shellcheck disable=SC2086
+      step "sanitizer-$t" $cap "sanitizer-$t.log" "$SAN" --tool $t $extra --error-exitcode 9 --print-limit 20 \
+        "$BENCH" "$OUT/sanitizer-$t" --check-only --heads 2 --jobs 16
+      if [ "$RC" = 9 ]; then result "sanitizer-$t" FAILED "$T0" "$t reported errors: $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")"
+      else finish "sanitizer-$t" "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")" "sanitizer-$t.log"; fi
+    done
+  fi
+fi
+
+if want peers; then
   # shellcheck disable=SC2086
-  MLAGEN_CACHE_DIR="$OUT/jit-cache" timeout 60 "$FORMS" "$OUT" ${FORMS_ARGS:-} > "$OUT/forms.stdout" 2>&1
-  rc=$?
-  tail -20 "$OUT/forms.stdout"
-  if [ $rc = 0 ]; then note "forms ok"; else fail forms "exit $rc$([ $rc = 124 ] && echo ', timed out')"; fi
-else
-  fail forms "no $FORMS"
+  step peers 90 torch.stdout python3 "$SRC/tests/gpu/torch_peer.py" "$OUT" ${PEER_ARGS:-}
+  finish peers "" torch.stdout
 fi
 
-# 6. the peers
-note "torch_peer.py $OUT ${PEER_ARGS:-}"
-# shellcheck disable=SC2086
-timeout 90 python3 "$SRC/tests/gpu/torch_peer.py" "$OUT" ${PEER_ARGS:-} > "$OUT/torch.stdout" 2>&1
-rc=$?
-tail -40 "$OUT/torch.stdout"
-if [ $rc = 0 ]; then note "torch_peer ok"; else fail torch_peer "exit $rc$([ $rc = 124 ] && echo ', timed out')"; fi
+if want compare; then
+  step compare 10 compare.stdout python3 "$SRC/tests/gpu/compare.py" "$OUT"
+  finish compare "" compare.stdout
+fi
 
-# 7. merge: every mlagen row with an op (fwd, bwd, fwd_bwd) against every peer row of the
-# same op, H, S and widths (d_qk, d_v: 192/128 explicit, 576/512 the absorbed MQA)
-note "compare"
-timeout 10 python3 - "$OUT" <<'EOF' || fail compare "exit $?"
-import csv, os, sys
-out = sys.argv[1]
-def rows(name):
-    p = os.path.join(out, name)
-    return list(csv.DictReader(open(p))) if os.path.exists(p) else []
-mine, peer = rows("bench.csv"), rows("torch.csv")
-if not mine:
-    print("no bench.csv rows"); sys.exit(1)
-lines = []
-hdr = f"{'mlagen':<18} {'peer':<20} {'op':<8} {'H':>4} {'S':>6} {'d_qk/d_v':>8} {'mlagen ms':>10} {'peer ms':>10} {'ratio':>7} {'mlagen TF/s':>11} {'peer TF/s':>9}"
-print(hdr)
-with open(os.path.join(out, "compare.csv"), "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["mlagen", "peer", "op", "H", "S", "d_qk", "d_v", "mlagen_ms", "peer_ms",
-                "ratio_mlagen_over_peer", "mlagen_tflops", "peer_tflops"])
-    for m in mine:
-        if not m["op"]:
-            continue
-        for p in peer:
-            key = ("op", "H", "S", "d_qk", "d_v")
-            if tuple(p[k] for k in key) != tuple(m[k] for k in key) or not p["ms"]:
-                continue
-            r = float(m["ms"]) / float(p["ms"])
-            w.writerow([m["kernel"], p["impl"], m["op"], m["H"], m["S"], m["d_qk"], m["d_v"], m["ms"],
-                        p["ms"], f"{r:.3f}", m["tflops"], p["tflops"]])
-            print(f"{m['kernel']:<18} {p['impl']:<20} {m['op']:<8} {m['H']:>4} {m['S']:>6} "
-                  f"{m['d_qk'] + '/' + m['d_v']:>8} {float(m['ms']):>10.3f} {float(p['ms']):>10.3f} "
-                  f"{r:>7.2f} {m['tflops']:>11} {p['tflops']:>9}")
-print(f"ratio = mlagen ms / peer ms (< 1: mlagen faster); written {os.path.join(out, 'compare.csv')}")
-EOF
-
-note "done in $(( $(date +%s) - START )) s; failed:${FAILED:- none}"
+total=$(elapsed)
+echo "SUMMARY ok=$(echo $OK | tr ' ' ,) failed=$(echo $FAILED | tr ' ' ,) not_run=$(echo $NOT_RUN | tr ' ' ,) refused=$(echo $REFUSED | tr ' ' ,) total=${total}s" | tee -a "$OUT/run.log"
 [ -z "$FAILED" ]

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# tests/gpu/pack.sh [BUILD_DIR] [DEST]: the folder to carry to a lent GPU machine, which
+# cannot install Lua, cJSON or cmocka (tests/gpu/README.md). Copies mlagen_bench and
+# mlagen_forms_check (and mlagen_forms_check_mpi with CARRY_MPI=1: it needs libmpi on the
+# device) from BUILD_DIR/tests (default build) into DEST/build/tests (default build-h200,
+# ignored by git), their shared libraries that the device image lacks into DEST/lib (every
+# library ldd resolves except glibc's, libgcc_s, libstdc++, libcrypto and NVRTC, which the
+# image has), and the wheel named by SANITIZER_WHEEL (nvidia-cuda-sanitizer-api 13.0) into
+# DEST/. Prints the size (the device tool carries 64 MiB at most) and the run commands.
+# DRY_RUN=1: print what would be copied.
+set -eu
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${1:-$SRC/build}
+DEST=${2:-$SRC/build-h200}
+bins="mlagen_bench mlagen_forms_check"
+[ -n "${CARRY_MPI:-}" ] && bins="$bins mlagen_forms_check_mpi"
+skip='/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcrypto|libnvrtc[^/]*|ld-linux[^/]*)\.so'
+libs=$(for b in $bins; do ldd "$BUILD/tests/$b" | awk '/=> \//{print $3}'; done | sort -u | grep -Ev "$skip" || true)
+if [ -n "${DRY_RUN:-}" ]; then
+  echo "binaries: $bins"; echo "libraries:"; echo "$libs"; echo "wheel: ${SANITIZER_WHEEL:-none}"
+  exit 0
+fi
+mkdir -p "$DEST/build/tests" "$DEST/lib"
+for b in $bins; do cp "$BUILD/tests/$b" "$DEST/build/tests/"; done
+for l in $libs; do cp -L "$l" "$DEST/lib/"; done
+if [ -n "${SANITIZER_WHEEL:-}" ]; then cp "$SANITIZER_WHEEL" "$DEST/"; fi
+size=$(du -sbL "$DEST" | cut -f1)
+echo "$DEST: $((size / 1048576)) MiB ($(ls "$DEST/lib" | tr '\n' ' '))"
+[ "$size" -gt $((64 * 1048576)) ] && echo "WARNING: over the 64 MiB the device tool carries"
+wheel=""
+[ -n "${SANITIZER_WHEEL:-}" ] && wheel="SANITIZER_WHEEL=\$PWD/${DEST#"$SRC"/}/$(basename "$SANITIZER_WHEEL") "
+rel=${DEST#"$SRC"/}
+echo "run (carry $rel), in two device calls:"
+echo "  LD_LIBRARY_PATH=\$PWD/$rel/lib NO_BUILD=1 STEPS=\"smi bench forms forms16k nocausal f16\" bash tests/gpu/run.sh \$OUT/r $rel/build"
+echo "  LD_LIBRARY_PATH=\$PWD/$rel/lib NO_BUILD=1 ${wheel}STEPS=\"sp2 sanitizer peers compare\" bash tests/gpu/run.sh \$OUT/r $rel/build"
