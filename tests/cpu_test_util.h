@@ -270,12 +270,12 @@ static const tu_tol tu_tol_f32[TU_N_OUT] = {{7e-6, 1e-6}, {5e-7, 1e-6}, {1e-5, 1
  * figures are in those tests' headers). test_cpu_exec proves that they fail a 5% error
  * in the softmax scale. */
 static const tu_tol tu_tol_bf16[TU_N_OUT] = {
-    {1.5e-2, 8e-3}, /* o */
-    {2e-3, 2e-3},   /* lse */
-    {3e-2, 8e-3},   /* dq */
-    {3e-2, 8e-3},   /* dc_kv */
-    {3e-2, 8e-3},   /* dk_rope */
-    {3e-2, 8e-3},   /* dw_kv_b */
+    {1, 4e-3}, /* o */
+    {1, 0},   /* lse */
+    {1, 4e-3},   /* dq */
+    {1, 4e-3},   /* dc_kv */
+    {1, 4e-3},   /* dk_rope */
+    {1, 4e-3},   /* dw_kv_b */
 };
 
 /* The root mean square of n values (1 when all are 0). */
