@@ -264,19 +264,38 @@ typedef struct tu_tol {
 static const tu_tol tu_tol_f32[TU_N_OUT] = {{7e-6, 1e-6}, {5e-7, 1e-6}, {1e-5, 1e-6},
                                             {7e-6, 1e-6}, {5e-6, 1e-6}, {7e-6, 1e-6}};
 
-/* The tolerances of a bf16 (or f16) pass of the CUDA executor against the CPU executor's
- * f32 plan on the same 16-bit inputs (test_cuda_exec, test_cuda_exec_mpi, and the
- * assembled kernels of test_assembled_host), about twice the noise measured there (the
- * figures are in those tests' headers). test_cpu_exec proves that they fail a 5% error
- * in the softmax scale. */
+/* The tolerances of a bf16 pass of the CUDA executor against the CPU executor's f32 plan
+ * on the same bf16 inputs (test_cuda_exec, test_cuda_exec_mpi, and the assembled kernels of
+ * test_assembled_host): rtol 4e-3 on the 16-bit outputs and dw_kv_b (twice bf16's rounding,
+ * 2^-9), none on lse; atol about twice the largest atol (rms units) measured at those
+ * rtols over every form, shape and sequence of those tests:
+ *   o 1.8e-2, lse 4.6e-3 (S 1, absorbed: q_abs is rounded to bf16), dq 3.7e-2,
+ *   dc_kv 2.6e-2, dk_rope 2.6e-2, dw_kv_b 2.2e-2.
+ * test_cpu_exec proves that they fail a 5% error in the softmax scale. */
 static const tu_tol tu_tol_bf16[TU_N_OUT] = {
-    {1, 4e-3}, /* o */
-    {1, 0},   /* lse */
-    {1, 4e-3},   /* dq */
-    {1, 4e-3},   /* dc_kv */
-    {1, 4e-3},   /* dk_rope */
-    {1, 4e-3},   /* dw_kv_b */
+    {4e-2, 4e-3}, /* o */
+    {1e-2, 0},    /* lse */
+    {8e-2, 4e-3}, /* dq */
+    {6e-2, 4e-3}, /* dc_kv */
+    {6e-2, 4e-3}, /* dk_rope */
+    {5e-2, 4e-3}, /* dw_kv_b */
 };
+
+/* The same for f16 plans (test_cuda_exec f16): rtol 1e-3 (twice f16's rounding, 2^-11),
+ * none on lse; atol about twice the largest measured at those rtols: o 2.2e-3,
+ * lse 4.1e-4, dq 5.9e-3, dc_kv 3.4e-3, dk_rope 3.5e-3, dw_kv_b 3.5e-3 (8 times less
+ * noise than bf16: f16 keeps 3 more mantissa bits). */
+static const tu_tol tu_tol_f16[TU_N_OUT] = {
+    {5e-3, 1e-3},   /* o */
+    {1e-3, 0},      /* lse */
+    {1.2e-2, 1e-3}, /* dq */
+    {7e-3, 1e-3},   /* dc_kv */
+    {7e-3, 1e-3},   /* dk_rope */
+    {7e-3, 1e-3},   /* dw_kv_b */
+};
+
+/* The tolerances of a 16-bit plan of dtype t (MG_BF16 or MG_F16). */
+static inline const tu_tol *tu_tol_16(mg_dtype t) { return t == MG_F16 ? tu_tol_f16 : tu_tol_bf16; }
 
 /* The root mean square of n values (1 when all are 0). */
 static inline double tu_rms(const double *x, int64_t n) {
