@@ -265,20 +265,21 @@ static const tu_tol tu_tol_f32[TU_N_OUT] = {{7e-6, 1e-6}, {5e-7, 1e-6}, {1e-5, 1
                                             {7e-6, 1e-6}, {5e-6, 1e-6}, {7e-6, 1e-6}};
 
 /* The tolerances of a bf16 pass of the CUDA executor against the CPU executor's f32 plan
- * on the same bf16 inputs (test_cuda_exec, test_cuda_exec_mpi, and the assembled kernels of
- * test_assembled_host): rtol 4e-3 on the 16-bit outputs and dw_kv_b (twice bf16's rounding,
- * 2^-9), none on lse; atol about twice the largest atol (rms units) measured at those
- * rtols over every form, shape and sequence of those tests:
- *   o 1.8e-2, lse 4.6e-3 (S 1, absorbed: q_abs is rounded to bf16), dq 3.7e-2,
- *   dc_kv 2.6e-2, dk_rope 2.6e-2, dw_kv_b 2.2e-2.
+ * on the same bf16 inputs (test_cuda_exec, test_cuda_exec_mpi at P = 2 and 4, and the
+ * assembled kernels of test_assembled_host): rtol 4e-3 on the 16-bit outputs and dw_kv_b
+ * (twice bf16's rounding, 2^-9), none on lse; atol about twice the largest atol (rms
+ * units) measured at those rtols over every form, shape, sequence and rank count of those
+ * tests (two seeds of test_cuda_exec):
+ *   o 1.8e-2, lse 4.6e-3 (S 1, absorbed: q_abs is rounded to bf16), dq 4.2e-2,
+ *   dc_kv 3.1e-2, dk_rope 3.6e-2, dw_kv_b 3.8e-2 (P 4, absorbed).
  * test_cpu_exec proves that they fail a 5% error in the softmax scale. */
 static const tu_tol tu_tol_bf16[TU_N_OUT] = {
     {4e-2, 4e-3}, /* o */
     {1e-2, 0},    /* lse */
-    {8e-2, 4e-3}, /* dq */
-    {6e-2, 4e-3}, /* dc_kv */
-    {6e-2, 4e-3}, /* dk_rope */
-    {5e-2, 4e-3}, /* dw_kv_b */
+    {9e-2, 4e-3}, /* dq */
+    {7e-2, 4e-3}, /* dc_kv */
+    {7e-2, 4e-3}, /* dk_rope */
+    {8e-2, 4e-3}, /* dw_kv_b */
 };
 
 /* The same for f16 plans (test_cuda_exec f16): rtol 1e-3 (twice f16's rounding, 2^-11),
