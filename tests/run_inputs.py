@@ -14,6 +14,9 @@ library only: no numpy).
         yarn.safetensors       for tests/data/run/tiny_yarn.json (H 4, the dims above,
                                DeepSeek-V3's YaRN scaling: softmax scale 1.874 / sqrt(32)),
                                B 2, S 8, scaled so that the attention scores have std 2
+        huge.safetensors       for tiny_yarn.json, B 1, S 4, q 1e30 and k_rope 1e10 times
+                               larger: scores near 1e39, an lse beyond f32's range that
+                               only an F64 dump holds
       and, for the over-long sequence check, seq_cap.safetensors: q [1, 2^40 + 1, 0, 32]
       (no data: the sequence length is only in the header).
 
@@ -95,8 +98,9 @@ def model_shape(path):
     return H, dc, dr, dn, dv, m * m / math.sqrt(dn + dr)
 
 
-def inputs_for(model, B, S, seed, drop=(), resize=None):
-    """Random inputs for model, f32 values, every one drawn afresh."""
+def inputs_for(model, B, S, seed, drop=(), resize=None, gain=None):
+    """Random inputs for model, f32 values, every one drawn afresh (tensor name: factor in
+    gain multiplies its spread)."""
     H, dc, dr, dn, dv, scale = model_shape(model)
     rng = random.Random(seed)
     a = math.sqrt(2.0 / (scale * math.sqrt(dn + dr)))  # scores with std 2
@@ -109,6 +113,7 @@ def inputs_for(model, B, S, seed, drop=(), resize=None):
         if resize and name == resize[0]:
             shape = resize[1]
         n = math.prod(shape)
+        std *= (gain or {}).get(name, 1.0)
         out.append((name, shape, [f32(std * rng.gauss(0.0, 1.0)) for _ in range(n)]))
     return out
 
@@ -127,6 +132,8 @@ def write(d):
     with open(os.path.join(d, "truncated.safetensors"), "wb") as f:
         f.write(good[:-100])
     write_safetensors(os.path.join(d, "yarn.safetensors"), inputs_for(yarn, 2, 8, 4))
+    write_safetensors(os.path.join(d, "huge.safetensors"),
+                      inputs_for(yarn, 1, 4, 5, gain={"q": 1e30, "k_rope": 1e10}))
     write_safetensors(os.path.join(d, "seq_cap.safetensors"), [("q", [1, (1 << 40) + 1, 0, 32], [])])
 
 
