@@ -40,11 +40,12 @@ static void fail_diag(int rc, mg_diag *d, const char *what) {
 
 /* Tolerances, |err| <= atol rms(ref) + rtol |ref| per element (tu_check): the forms
  * against explicit in f32 at tu_tol_f32; f64 explicit against the float64 reference at
- * about twice the noise measured over 10 seeds (the largest atol, in rms units, at rtol
- * 1e-14; printed at the end as "needed"): o 5.9e-15, lse 1.5e-16, dq 1.4e-14,
- * dc_kv 7.8e-15, dk_rope 5.8e-15, dw_kv_b 6.7e-15. */
-static const tu_tol tol_f64[TU_N_OUT] = {{1.2e-14, 1e-14}, {3e-16, 1e-14}, {3e-14, 1e-14},
-                                         {1.6e-14, 1e-14}, {1.2e-14, 1e-14}, {1.4e-14, 1e-14}};
+ * about twice the noise measured over 30 seeds (the largest atol, in rms units, at rtol
+ * 1e-14; printed at the end as "needed"): o 1.0e-14, lse 4.0e-16 (an lse near 0 keeps
+ * the rounding of its terms, about 4 in size), dq 1.4e-14, dc_kv 9.1e-15,
+ * dk_rope 5.8e-15, dw_kv_b 8.8e-15. */
+static const tu_tol tol_f64[TU_N_OUT] = {{2e-14, 1e-14}, {1e-15, 1e-14}, {3e-14, 1e-14},
+                                         {2e-14, 1e-14}, {1.2e-14, 1e-14}, {2e-14, 1e-14}};
 static double g_need_f32[TU_N_OUT], g_need_f64[TU_N_OUT];
 
 /* Every output of a P = 1 run against ref, per element; need[k] keeps the largest atol
