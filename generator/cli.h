@@ -9,6 +9,8 @@
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2, CLI_HELP = -1 };
 
 #define CLI_MAX_SET 8
+/* The largest sequence length --seq (and `run --inputs`, from q's shape) accepts. */
+#define CLI_MAX_SEQ (1ULL << 40)
 
 /* Options shared by the subcommands that generate kernels. */
 typedef struct cli_opts {
@@ -32,7 +34,7 @@ typedef struct cli_opts {
   int have_batch;             /* --batch was given */
   int json;                   /* plan: --json */
   int steps;                  /* plan: --steps */
-  long long seq;              /* plan: --seq S */
+  long long seq;              /* plan: --seq S, 1..CLI_MAX_SEQ */
   int batch;                  /* plan: --batch B */
   int causal;                 /* plan: --causal (default) / --no-causal */
   int causal_given;           /* --causal or --no-causal was given */

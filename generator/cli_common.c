@@ -145,7 +145,7 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
       if (parse_int("batch", v, &o->batch)) return CLI_USAGE;
       o->have_batch = 1;
     } else if (OPT("seq")) {
-      if (parse_u64("seq", v, 1ULL << 40, &u)) return CLI_USAGE;
+      if (parse_u64("seq", v, CLI_MAX_SEQ, &u)) return CLI_USAGE;
       if (u == 0) {
         cli_error("--seq 0: expected a positive integer");
         return CLI_USAGE;

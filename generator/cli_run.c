@@ -47,7 +47,8 @@ static const char help[] =
     "  --inputs FILE  read the inputs from a safetensors file (each rank takes its\n"
     "                 shard): q [B,S,H,d_n+d_r], c_kv [B,S,d_c], k_rope [B,S,d_r],\n"
     "                 w_kv_b [H*(d_n+d_v),d_c], do [B,S,H,d_v]; bf16, f16, f32 or f64\n"
-    "  --dump FILE    write the global results as f32 safetensors (rank 0, atomic):\n"
+    "  --dump FILE    write the global results as safetensors in the run's dtype (F32\n"
+    "                 or F64; rank 0, atomic):\n"
     "                 o [B,S,H,d_v], lse [B,H,S], dq, dc_kv, dk_rope, dw_kv_b (summed\n"
     "                 over ranks)\n"
     "  --check        run all five forms on the same inputs and print each one's max\n"
@@ -346,6 +347,10 @@ static int dump(const char *path, const result *r, const mg_plan *p, const cli_o
   char num[64];
   for (int k = 0; k < N_RESULTS && !rc; k++) {
     const int64_t n = numel_of(r->dims[k], r->ndim[k]);
+    if (p->args.dtype == MG_F64) { /* as computed: no f32 rounding, no overflow to inf */
+      rc = mg_st_writer_add_f64(w, result_names[k], r->ndim[k], r->dims[k], r->v[k], d);
+      continue;
+    }
     float *f = malloc((size_t)n * sizeof *f);
     if (!f) {
       rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
@@ -437,6 +442,9 @@ static int run(const cli_opts *o, group *g) {
       if (!o->have_batch) B = q->shape[0];
       if (!o->seq) S = q->shape[1];
     }
+    if (!rc && !o->seq && S > (int64_t)CLI_MAX_SEQ) /* the limit --seq has */
+      rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: tensor 'q' has sequence length %lld: expected "
+                       "at most %llu (the limit of --seq)", o->inputs, (long long)S, CLI_MAX_SEQ);
     if (!rc && (B < 1 || S < 1 || B > INT_MAX))
       rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: tensor 'q' has an empty or unusable shape",
                        o->inputs);
@@ -604,7 +612,7 @@ static int run(const cli_opts *o, group *g) {
       cli_error("%s", mg_diag_msg(&d));
       ret = CLI_FAIL;
     } else {
-      printf("wrote %s (%s form, f32)\n", o->dump, mg_form_name(form));
+      printf("wrote %s (%s form, %s)\n", o->dump, mg_form_name(form), mg_dtype_name(dt));
     }
   }
 

@@ -291,6 +291,25 @@ static int json_error(const pctx *c, const char *json, size_t len, size_t pos, c
                      line, what, sn);
 }
 
+/* The deepest nesting of arrays and objects in json[0, n), strings skipped. */
+static int max_depth(const char *json, size_t n) {
+  int depth = 0, deepest = 0, in_string = 0;
+  for (size_t i = 0; i < n; i++) {
+    const char ch = json[i];
+    if (in_string) {
+      if (ch == '\\') i++;
+      else if (ch == '"') in_string = 0;
+    } else if (ch == '"') {
+      in_string = 1;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > deepest) deepest = depth;
+    } else if (ch == ']' || ch == '}') {
+      depth--;
+    }
+  }
+  return deepest;
+}
+
 /* Fills s from the parsed document; s is zeroed except source. */
 static int read_shape(const pctx *c0, const cJSON *root, mg_shape *s) {
   pctx c = *c0;
@@ -395,7 +414,14 @@ int mg_config_parse(const char *json, size_t len, const char *name, mg_shape *ou
   /* cJSON reports the failure position through end (the same offset as
    * cJSON_GetErrorPtr, without its global). A failed allocation reads as a parse error. */
   cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
-  if (!root) return json_error(&c, json, len, end ? (size_t)(end - json) : 0, "");
+  if (!root) {
+    const size_t at = end ? (size_t)(end - json) : 0;
+    /* cJSON stops at its nesting limit as at a syntax error: say which it was */
+    if (max_depth(json, at < len ? at + 1 : len) > CJSON_NESTING_LIMIT)
+      return mg_diag_set(d, MLAGEN_ECONFIG, "%s: arrays and objects nested deeper than %d "
+                         "levels (a config.json nests a few)", name, CJSON_NESTING_LIMIT);
+    return json_error(&c, json, len, at, "");
+  }
   size_t pos = skip_ws(json, len, (size_t)(end - json));
   if (pos < len) {
     cJSON_Delete(root);

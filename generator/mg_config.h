@@ -61,7 +61,9 @@ typedef struct mg_shape {
  * agree. A repeated key takes its last value, as Python's json does.
  * Errors, each one line naming name and the key; *out is unchanged on error:
  *   MLAGEN_EINVAL   json or out is NULL.
- *   MLAGEN_ECONFIG  not valid JSON ("not valid JSON near line L: ..."); top level not an
+ *   MLAGEN_ECONFIG  not valid JSON ("not valid JSON near line L: ..."); arrays and objects
+ *                   nested deeper than cJSON's CJSON_NESTING_LIMIT (1000; "nested deeper
+ *                   than 1000 levels"); top level not an
  *                   object; not an MLA model (no kv_lora_rank); a dim missing, not an
  *                   integer (string, bool, null, 128.5), <= 0 or beyond int; an odd
  *                   qk_rope_head_dim; q_lora_rank / hidden_size present but not a

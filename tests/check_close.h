@@ -23,6 +23,9 @@ typedef struct cc_result {
   double worst_ref;  /* ref[worst] */
   double worst_ratio;/* |got - ref| / (atol + rtol |ref|) at worst: <= 1 passes; inf for NaN */
   double max_abs;    /* max |got - ref| over all elements (NaN counted as inf) */
+  double min_atol;   /* the smallest atol that passes every element at this rtol:
+                        max(|got - ref| - rtol |ref|, 0); inf for NaN. The measured noise
+                        to set atol from. */
 } cc_result;
 
 /* Folds one element into r (index i). */
@@ -33,6 +36,8 @@ static inline void cc_add(cc_result *r, int64_t i, double got, double ref, doubl
   double ratio = isfinite(got) && isfinite(err) ? (bound > 0 ? err / bound : (err > 0 ? INFINITY : 0))
                                                  : INFINITY;
   if (!(err <= r->max_abs)) r->max_abs = isfinite(err) ? err : INFINITY;
+  const double need = isfinite(got) && isfinite(err) ? err - rtol * fabs(ref) : INFINITY;
+  if (!(need <= r->min_atol)) r->min_atol = need;
   if (!(ratio <= 1)) r->n_bad++;
   if (r->worst < 0 || ratio > r->worst_ratio) {
     r->worst = i;
@@ -45,7 +50,7 @@ static inline void cc_add(cc_result *r, int64_t i, double got, double ref, doubl
 
 /* An empty result (no element yet). */
 static inline cc_result cc_init(void) {
-  cc_result r = {0, 0, -1, 0, 0, 0, 0};
+  cc_result r = {0, 0, -1, 0, 0, 0, 0, 0};
   return r;
 }
 

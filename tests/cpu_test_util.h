@@ -1,5 +1,7 @@
-/* cpu_test_util.h: what test_cpu_exec.c and test_cpu_mpi.c share: test shapes, random
- * global inputs, running one form on a rank's shard, comparisons. Not a public header. */
+/* cpu_test_util.h: what the executor tests (test_cpu_exec.c, test_cpu_mpi.c,
+ * test_assembled_host.c, test_cuda_exec.c, test_cuda_exec_mpi.c) share: test shapes with
+ * DeepSeek's YaRN softmax scale, random global inputs whose scores have std 2, running one
+ * form on a rank's shard, per-element comparisons. Not a public header. */
 #ifndef CPU_TEST_UTIL_H
 #define CPU_TEST_UTIL_H
 #include <math.h>
@@ -8,23 +10,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_close.h"
+#include "mg_config.h"
 #include "mg_cpu_exec.h"
 #include "mg_plan.h"
 #include "mlagen.h"
 
-/* A model shape with the softmax scale of a model without yarn: 1 / sqrt(d_n + d_r). */
+/* A model shape with the dims given and DeepSeek-V3's attention temperature: its
+ * config's YaRN scaling (factor 40, mscale_all_dim 1, read through the config module)
+ * gives mscale 1.3689, so the softmax scale is mscale^2 / sqrt(d_n + d_r), 1.874 times
+ * 1 / sqrt(d_n + d_r): a form that used 1 / sqrt(d) would be 47% off. */
 static inline mg_shape tu_shape(int H, int dn, int dr, int dv, int dc) {
   mg_shape s;
-  memset(&s, 0, sizeof s);
-  snprintf(s.source, sizeof s.source, "test H%d dn%d dr%d dv%d dc%d", H, dn, dr, dv, dc);
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_config_load("deepseek-v3", &s, &d) || !(s.mscale > 1.3)) {
+    fprintf(stderr, "tu_shape: deepseek-v3: %s (mscale %g)\n", mg_diag_msg(&d), s.mscale);
+    abort();
+  }
+  snprintf(s.source, sizeof s.source, "test H%d dn%d dr%d dv%d dc%d (deepseek-v3 yarn mscale)",
+           H, dn, dr, dv, dc);
   s.heads = H;
   s.qk_nope_head_dim = dn;
   s.qk_rope_head_dim = dr;
   s.v_head_dim = dv;
   s.kv_lora_rank = dc;
-  s.rope_factor = 1;
-  s.mscale = 1;
-  s.softmax_scale = 1.0 / sqrt((double)(dn + dr));
+  s.softmax_scale = s.mscale * s.mscale / sqrt((double)(dn + dr));
   return s;
 }
 
@@ -91,15 +101,53 @@ static inline int64_t tu_out_numel(const tu_case *c, int k) {
   }
 }
 
-/* Random global inputs: 0.5 N(0,1), w_kv_b N(0,1) / sqrt(d_c). */
+/* The standard deviation of q, c_kv and k_rope that gives attention scores
+ * (softmax_scale q . k) a standard deviation of 2, as in a trained model (a nearly flat
+ * softmax hides a wrong scale): K_n = W_UK c_kv keeps c_kv's spread (w_kv_b is
+ * N(0,1) / sqrt(d_c)), so std(q . k) = std^2 sqrt(d_n + d_r). */
+static inline double tu_input_std(const mg_shape *s) {
+  return sqrt(2.0 / (s->softmax_scale * sqrt((double)(s->qk_nope_head_dim + s->qk_rope_head_dim))));
+}
+
+/* Random global inputs: q, c_kv, k_rope tu_input_std N(0,1); w_kv_b N(0,1) / sqrt(d_c);
+ * do N(0,1). */
 static inline int tu_inputs(const tu_case *c, uint64_t seed, double *in[TU_N_IN]) {
+  const double a = tu_input_std(&c->shape);
   for (int k = 0; k < TU_N_IN; k++) {
     const int64_t n = tu_in_numel(c, k);
     if (!(in[k] = malloc((size_t)n * sizeof(double)))) return -1;
-    const double scale = k == TU_W ? 1.0 / sqrt((double)c->shape.kv_lora_rank) : 0.5;
+    const double scale = k == TU_W ? 1.0 / sqrt((double)c->shape.kv_lora_rank) : k == TU_DO ? 1.0 : a;
     for (int64_t i = 0; i < n; i++) in[k][i] = scale * tu_normal(seed, (uint64_t)k + 1, (uint64_t)i);
   }
   return 0;
+}
+
+/* The standard deviation of the attention scores softmax_scale q_i . k_j of batch item 0,
+ * every head and every (i, j) pair (the causal mask ignored), K_n = W_UK c_kv. */
+static inline double tu_score_std(const tu_case *c, double *const in[TU_N_IN]) {
+  const mg_shape *s = &c->shape;
+  const int64_t S = c->S, H = s->heads, dn = s->qk_nope_head_dim, dr = s->qk_rope_head_dim,
+                dv = s->v_head_dim, dc = s->kv_lora_rank, dqk = dn + dr;
+  double sum = 0, sum2 = 0, *k = malloc((size_t)dqk * sizeof(double));
+  if (!k) return NAN;
+  for (int64_t h = 0; h < H; h++)
+    for (int64_t j = 0; j < S; j++) {
+      for (int64_t r = 0; r < dn; r++) {
+        double x = 0;
+        for (int64_t e = 0; e < dc; e++) x += in[TU_W][(h * (dn + dv) + r) * dc + e] * in[TU_CKV][j * dc + e];
+        k[r] = x;
+      }
+      for (int64_t r = 0; r < dr; r++) k[dn + r] = in[TU_KROPE][j * dr + r];
+      for (int64_t i = 0; i < S; i++) {
+        double x = 0;
+        for (int64_t e = 0; e < dqk; e++) x += in[TU_Q][(i * H + h) * dqk + e] * k[e];
+        x *= s->softmax_scale;
+        sum += x, sum2 += x * x;
+      }
+    }
+  free(k);
+  const double n = (double)(H * S * S), mean = sum / n;
+  return sqrt(fmax(sum2 / n - mean * mean, 0));
 }
 
 static inline void tu_free(double **v, int n) {
@@ -200,13 +248,109 @@ static inline int tu_outputs(const tu_case *c, const tu_run *r, double *out[TU_N
   return 0;
 }
 
-/* max |a - b| / max |b|. */
-static inline double tu_rel(const double *a, const double *b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    num = fmax(num, fabs(a[i] - b[i]));
-    den = fmax(den, fabs(b[i]));
+/* ---- per-element comparison (tests/check_close.h) ----------------------------------------- */
+
+/* Tolerances of one output: an element passes when
+ * |got - ref| <= atol * rms(ref) + rtol * |ref|, rms over the whole global reference
+ * tensor (so one atol serves every shape and input spread). */
+typedef struct tu_tol {
+  double atol, rtol;
+} tu_tol;
+
+/* The tolerances of an f32 form against the f32 explicit form (test_cpu_exec at P = 1,
+ * test_cpu_mpi at P = 1, 2, 4), about twice the largest atol (rms units, rtol 1e-6) any
+ * output needed over 30 seeds: o 4.4e-6, lse 2.5e-7, dq 5.7e-6, dc_kv 3.5e-6,
+ * dk_rope 2.6e-6, dw_kv_b 4.0e-6. */
+static const tu_tol tu_tol_f32[TU_N_OUT] = {{9e-6, 1e-6}, {5e-7, 1e-6}, {1.2e-5, 1e-6},
+                                            {7e-6, 1e-6}, {5e-6, 1e-6}, {8e-6, 1e-6}};
+
+/* The tolerances of a bf16 pass of the CUDA executor against the CPU executor's f32 plan
+ * on the same bf16 inputs (test_cuda_exec, test_cuda_exec_mpi at P = 2 and 4, and the
+ * assembled kernels of test_assembled_host): rtol 4e-3 on the 16-bit outputs and dw_kv_b
+ * (twice bf16's rounding, 2^-9), none on lse; atol about twice the largest atol (rms
+ * units) measured at those rtols over every form, shape, sequence and rank count of those
+ * tests (two seeds of test_cuda_exec):
+ *   o 1.8e-2, lse 4.6e-3 (S 1, absorbed: q_abs is rounded to bf16), dq 4.2e-2,
+ *   dc_kv 3.1e-2, dk_rope 3.6e-2, dw_kv_b 3.8e-2 (P 4, absorbed).
+ * test_cpu_exec proves that they fail a 5% error in the softmax scale. */
+static const tu_tol tu_tol_bf16[TU_N_OUT] = {
+    {4e-2, 4e-3}, /* o */
+    {1e-2, 0},    /* lse */
+    {9e-2, 4e-3}, /* dq */
+    {7e-2, 4e-3}, /* dc_kv */
+    {7e-2, 4e-3}, /* dk_rope */
+    {8e-2, 4e-3}, /* dw_kv_b */
+};
+
+/* The same for f16 plans (test_cuda_exec f16, every form at P = 1; test_cuda_exec_mpi
+ * test_f16, laga and absorbed at P = 2 and 4): rtol 1e-3 (twice f16's rounding, 2^-11),
+ * none on lse; atol about twice the largest measured at those rtols: o 2.2e-3,
+ * lse 4.1e-4, dq 5.9e-3, dc_kv 3.4e-3, dk_rope 3.9e-3, dw_kv_b 3.5e-3 (about 8 times
+ * less noise than bf16: f16 keeps 3 more mantissa bits). */
+static const tu_tol tu_tol_f16[TU_N_OUT] = {
+    {5e-3, 1e-3},   /* o */
+    {1e-3, 0},      /* lse */
+    {1.2e-2, 1e-3}, /* dq */
+    {7e-3, 1e-3},   /* dc_kv */
+    {7e-3, 1e-3},   /* dk_rope */
+    {7e-3, 1e-3},   /* dw_kv_b */
+};
+
+/* The tolerances of a 16-bit plan of dtype t (MG_BF16 or MG_F16). */
+static inline const tu_tol *tu_tol_16(mg_dtype t) { return t == MG_F16 ? tu_tol_f16 : tu_tol_bf16; }
+
+/* The root mean square of n values (1 when all are 0). */
+static inline double tu_rms(const double *x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; i++) s += x[i] * x[i];
+  return n > 0 && s > 0 ? sqrt(s / (double)n) : 1.0;
+}
+
+/* got against ref, per element, with tol scaled by `rms` (tu_rms of the global reference).
+ * The result's min_atol is divided by rms: the atol (in rms units) this comparison needed,
+ * the measured noise. Prints the worst element when the check fails (`what` names it;
+ * cols > 0 prints [row, col]). */
+static inline cc_result tu_check(const char *what, const double *got, const double *ref,
+                                 int64_t n, double rms, tu_tol tol, int64_t cols) {
+  cc_result r = cc_compare_d(got, ref, n, tol.atol * rms, tol.rtol);
+  r.min_atol /= rms;
+  if (!cc_ok(&r)) {
+    char buf[1024];
+    fprintf(stderr, "%s (rms %.3g; needs atol %.2e rms)\n",
+            cc_describe(&r, what, tol.atol * rms, tol.rtol, cols, buf, sizeof buf), rms, r.min_atol);
   }
-  return den > 0 ? num / den : num;
+  return r;
+}
+
+/* The part of global reference output k that rank r of P holds, in its layout: its tokens
+ * ([B, S, w] tensors), its heads (lse [B, H, S]) or everything (dw_kv_b, summed over the
+ * ranks). Returns the element count written to out (tu_local_numel). */
+static inline int64_t tu_local_numel(const tu_case *c, int k, int P) {
+  return k == TU_LSE ? (int64_t)c->B * c->S * (c->shape.heads / P)
+         : k == TU_DW ? tu_out_numel(c, k)
+                      : tu_out_numel(c, k) / P;
+}
+
+static inline int64_t tu_ref_local(const tu_case *c, int k, const double *ref, int P, int r,
+                                   double *out) {
+  const int64_t B = c->B, S = c->S, Sl = S / P, H = c->shape.heads, Hl = H / P;
+  if (k == TU_DW) {
+    memcpy(out, ref, (size_t)tu_out_numel(c, k) * sizeof(double));
+  } else if (k == TU_LSE) {
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t h = 0; h < Hl; h++)
+        for (int64_t i = 0; i < S; i++) out[(b * Hl + h) * S + i] = ref[(b * H + r * Hl + h) * S + i];
+  } else {
+    const int64_t w = tu_out_numel(c, k) / (B * S);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = 0; i < Sl; i++)
+        memcpy(&out[(b * Sl + i) * w], &ref[(b * S + r * Sl + i) * w], (size_t)w * sizeof(double));
+  }
+  return tu_local_numel(c, k, P);
+}
+
+/* Columns of output k (for [row, col] in messages): its per-token width, S for lse. */
+static inline int64_t tu_out_cols(const tu_case *c, int k) {
+  return k == TU_LSE ? c->S : k == TU_DW ? c->shape.kv_lora_rank : tu_out_numel(c, k) / (c->B * c->S);
 }
 #endif

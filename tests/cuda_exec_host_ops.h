@@ -1,7 +1,7 @@
 /* cuda_exec_host_ops.h: CPU device operations (mg_dev_ops) for the CUDA executor's tests
  * (test_cuda_exec.c, test_cuda_exec_mpi.c): host memory, memset/copy/copy2d by
- * memset/memcpy, GEMMs by CBLAS on f32 copies of the bf16 operands (C in f32 or rounded
- * back to bf16), launches through the host executor (tests/host/): each generated
+ * memset/memcpy, GEMMs by CBLAS on f32 copies of the bf16 or f16 operands (C in f32 or
+ * rounded back to the 16-bit dtype), launches through the host executor (tests/host/): each generated
  * kernel's source gets an appended extern "C" <name>__launch(void **p) that calls the
  * kernel with *(T *)p[i] per manifest parameter, as cuLaunchKernel passes kernelParams.
  *
@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu_test_util.h"
 #include "host/harness.h"
 #include "mg_cuda_exec.h"
 #include "mg_generate.h"
@@ -177,12 +178,20 @@ static int h_copy2d(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, si
   return 0;
 }
 
-/* n elements of a bf16 or f32 buffer from element off, as f32. */
+/* A 16-bit value of dtype t (bf16 or f16) as f32, and back (round to nearest even). */
+static inline float e16_to_f32(mg_dtype t, e16 x) {
+  return t == MG_F16 ? mg_st_f16_to_f32(x) : mg_st_bf16_to_f32(x);
+}
+static inline e16 f32_to_e16(mg_dtype t, float x) {
+  return t == MG_F16 ? mg_st_f32_to_f16(x) : mg_st_f32_to_bf16(x);
+}
+
+/* n elements of a bf16, f16 or f32 buffer from element off, as f32. */
 static float *as_f32(mg_dtype t, const void *base, int64_t off, int64_t n) {
   float *y = malloc((size_t)n * sizeof *y);
   assert_non_null(y);
   for (int64_t i = 0; i < n; i++)
-    y[i] = t == MG_F32 ? ((const float *)base)[off + i] : mg_st_bf16_to_f32(((const e16 *)base)[off + i]);
+    y[i] = t == MG_F32 ? ((const float *)base)[off + i] : e16_to_f32(t, ((const e16 *)base)[off + i]);
   return y;
 }
 
@@ -204,7 +213,7 @@ static int h_gemm(mg_dev_ops *o, const mg_gemm *g, mg_dtype ta, const void *A, m
   const size_t scribble = h->gemm_ws_bytes < (64 << 10) ? h->gemm_ws_bytes : (64 << 10);
   memset(h->gemm_ws, HOST_GEMM_SCRIBBLE, scribble);
   memset((char *)h->gemm_ws + h->gemm_ws_bytes - scribble, HOST_GEMM_SCRIBBLE, scribble);
-  if (ta != MG_BF16 || tb != MG_BF16 || (tc != MG_BF16 && tc != MG_F32))
+  if ((ta != MG_BF16 && ta != MG_F16) || tb != ta || (tc != ta && tc != MG_F32))
     return mg_diag_set(d, MLAGEN_EINVAL, "host gemm: dtypes %d %d %d", ta, tb, tc);
   const int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
   const int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
@@ -219,7 +228,7 @@ static int h_gemm(mg_dev_ops *o, const mg_gemm *g, mg_dtype ta, const void *A, m
                 a + i * g->stride_a, (int)g->lda, b + i * g->stride_b, (int)g->ldb, g->beta,
                 c + i * g->stride_c, (int)g->ldc);
   if (tc != MG_F32) {
-    for (int64_t i = 0; i < nc; i++) ((e16 *)C)[g->off_c + i] = mg_st_f32_to_bf16(c[i]);
+    for (int64_t i = 0; i < nc; i++) ((e16 *)C)[g->off_c + i] = f32_to_e16(tc, c[i]);
     free(c);
   }
   free(a), free(b);
@@ -260,11 +269,19 @@ static inline void *aligned(size_t bytes) {
   return p;
 }
 
-/* x rounded to bf16. */
-static inline e16 *to_bf16(const double *x, int64_t n) {
+/* x rounded to 16-bit dtype t (bf16 or f16). */
+static inline e16 *to_e16(mg_dtype t, const double *x, int64_t n) {
   e16 *y = malloc((size_t)n * sizeof *y);
   assert_non_null(y);
-  for (int64_t i = 0; i < n; i++) y[i] = mg_st_f32_to_bf16((float)x[i]);
+  for (int64_t i = 0; i < n; i++) y[i] = f32_to_e16(t, (float)x[i]);
   return y;
+}
+
+/* Rounds the global inputs to dtype t's values in place, so that the 16-bit run and the
+ * f32 reference see the same inputs. */
+static inline void round_inputs(const tu_case *c, mg_dtype t, double *in[TU_N_IN]) {
+  for (int k = 0; k < TU_N_IN; k++)
+    for (int64_t i = 0; i < tu_in_numel(c, k); i++)
+      in[k][i] = e16_to_f32(t, f32_to_e16(t, (float)in[k][i]));
 }
 #endif

@@ -286,6 +286,7 @@ static void check_sizes(mlagen_context *c, const char *model, mlagen_plan_desc d
     assert_int_equal(z.dw_kv_b.passes, MLAGEN_PASS_BACKWARD);
     assert_true(z.q.passes & MLAGEN_PASS_FORWARD);
     assert_int_equal(z.dw_kv_b.dtype, dtype == MG_F64 ? MLAGEN_DTYPE_F64 : MLAGEN_DTYPE_F32);
+    assert_int_equal(z.q.dtype, desc.dtype);
     assert_string_equal(z.d_o.name, "do");
     mlagen_plan_destroy(p);
   }
@@ -302,6 +303,10 @@ static void test_sizes_equal_planner(void **state) {
   check_sizes(c, "deepseek-v2-lite",
               (mlagen_plan_desc){.batch = 2, .seq = 96, .sp_rank = 1, .sp_size = 2,
                                  .causal = 0, .dtype = MLAGEN_DTYPE_F32}, MG_F32);
+  /* f16 plans are accepted and run (test_cuda_exec f16 runs every form's on the host) */
+  check_sizes(c, "kimi-k2",
+              (mlagen_plan_desc){.batch = 1, .seq = 4096, .sp_rank = 3, .sp_size = 4,
+                                 .causal = 1, .dtype = MLAGEN_DTYPE_F16}, MG_F16);
   mlagen_context_destroy(c);
 }
 

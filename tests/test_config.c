@@ -5,7 +5,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -292,6 +294,43 @@ static void test_one_line(void **state) {
   mg_diag_clear(&d);
 }
 
+/* A config nested past cJSON's limit (1000 levels) is named as such, file included, and
+ * not as a syntax error; 1000 levels still parse; brackets inside strings do not count. */
+static void test_too_deep(void **state) {
+  (void)state;
+  mg_shape s;
+  mg_diag d = MG_DIAG_INIT;
+  const int levels[2] = {1000, 1001}; /* the top-level object is level 1 */
+  for (int k = 0; k < 2; k++) {
+    const int n = levels[k] - 1;
+    char *j = malloc(4096 + 2 * (size_t)n);
+    assert_non_null(j);
+    size_t len = (size_t)sprintf(j, "{%s, \"q_lora_rank\": null, \"s\": \"[[[{{\", \"x\": ", mla_keys);
+    for (int i = 0; i < n; i++) j[len++] = '[';
+    for (int i = 0; i < n; i++) j[len++] = ']';
+    j[len++] = '}';
+    char path[] = "/tmp/mlagen-deep-XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, j, len), (ssize_t)len);
+    close(fd);
+    const int rc = mg_config_load(path, &s, &d);
+    unlink(path);
+    free(j);
+    if (k == 0) {
+      if (rc) fail_msg("%s", d.msg);
+      assert_int_equal(s.heads, 16);
+      continue;
+    }
+    assert_int_equal(rc, MLAGEN_ECONFIG);
+    assert_non_null(strstr(d.msg, path));
+    assert_non_null(strstr(d.msg, "nested deeper than 1000 levels"));
+    assert_null(strstr(d.msg, "not valid JSON"));
+    assert_null(strchr(d.msg, '\n'));
+  }
+  mg_diag_clear(&d);
+}
+
 /* On error *out is unchanged. */
 static void test_out_unchanged(void **state) {
   (void)state;
@@ -440,6 +479,7 @@ int main(void) {
     cmocka_unit_test(test_notes),
     cmocka_unit_test(test_numbers),
     cmocka_unit_test(test_one_line),
+    cmocka_unit_test(test_too_deep),
     cmocka_unit_test(test_out_unchanged),
     cmocka_unit_test(test_not_found),
     cmocka_unit_test(test_describe),

@@ -4,7 +4,8 @@
  * on rank 0, broadcast), computes the single-rank explicit reference on the full inputs
  * with the local communicator, then runs every form at P = np on its shard and compares
  * its o, lse (its heads), dq, dc_kv, dk_rope and the sum over ranks of dw_kv_b with the
- * reference (max |a - b| / max |b| <= 1e-5, f32), and its measured memory and traffic
+ * reference per element (f32, tu_tol_f32; shapes with DeepSeek-V3's YaRN softmax scale,
+ * scores with std about 2: tu_shape, tu_inputs), and its measured memory and traffic
  * with the planner's. Rank 0 prints cmocka's report; other ranks print theirs only when
  * they fail. Each test runs all its collectives first and asserts last, so a failing rank
  * never leaves the others waiting. */
@@ -40,32 +41,10 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* max |a - b| over this rank's part of output k and max |b| over the reference: rows of
- * the rank's tokens ([B, S, w] tensors), heads (lse [B, H, S]) or everything (dw). */
-static void compare(const tu_case *c, int k, const double *local, const double *ref, int P, int r,
-                    double *num, double *den) {
-  const mg_shape *s = &c->shape;
-  const int64_t B = c->B, S = c->S, Sl = S / P, H = s->heads, Hl = H / P;
-  *num = 0;
-  *den = 0;
-  for (int64_t i = 0; i < tu_out_numel(c, k); i++) *den = fmax(*den, fabs(ref[i]));
-  if (k == TU_DW) {
-    for (int64_t i = 0; i < tu_out_numel(c, k); i++) *num = fmax(*num, fabs(local[i] - ref[i]));
-    return;
-  }
-  if (k == TU_LSE) {
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t h = 0; h < Hl; h++)
-        for (int64_t i = 0; i < S; i++)
-          *num = fmax(*num, fabs(local[(b * Hl + h) * S + i] - ref[(b * H + r * Hl + h) * S + i]));
-    return;
-  }
-  const int64_t w = tu_out_numel(c, k) / (B * S);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t i = 0; i < Sl; i++)
-      for (int64_t x = 0; x < w; x++)
-        *num = fmax(*num, fabs(local[(b * Sl + i) * w + x] - ref[(b * S + r * Sl + i) * w + x]));
-}
+/* Per element at tu_tol_f32 (tu_check); rank 0 prints the largest atol (rms units) each
+ * output needed as "needed". Measured over 17 seeds at P = 1, 2, 4: o 3.6e-6,
+ * lse 2.5e-7, dq 4.5e-6, dc_kv 3.1e-6, dk_rope 2.5e-6, dw_kv_b 4.0e-6. */
+static double g_need[TU_N_OUT];
 
 static void test_forms_match_single_rank(void **state) {
   mg_comm *comm = *state;
@@ -115,15 +94,21 @@ static void test_forms_match_single_rank(void **state) {
           for (int64_t i = 0; i < n; i++) local[i] = tu_get(MG_F32, tu_out_ptr(&r, k), i);
           if (k == TU_DW) /* the full weight gradient is the sum over the group */
             MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-          double num, den, all;
-          compare(&c, k, local, ref[k], g_size, g_rank, &num, &den);
-          MPI_Allreduce(&num, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-          if (!(all <= 1e-5 * den)) {
-            print_error("%s %s causal %d P %d: %s differs from the single-rank reference by "
-                        "%.3g relative\n", mg_form_name((mg_form)f), c.shape.source, causal,
-                        g_size, tu_out_names[k], all / den);
-            bad++;
-          }
+          double *want = malloc((size_t)n * sizeof(double));
+          if (!want) MPI_Abort(MPI_COMM_WORLD, 1);
+          tu_ref_local(&c, k, ref[k], g_size, g_rank, want);
+          char what[512];
+          snprintf(what, sizeof what, "%s %s causal %d P %d rank %d: %s vs single-rank explicit",
+                   mg_form_name((mg_form)f), c.shape.source, causal, g_size, g_rank, tu_out_names[k]);
+          cc_result cr = tu_check(what, local, want, n, tu_rms(ref[k], tu_out_numel(&c, k)),
+                                  tu_tol_f32[k], tu_out_cols(&c, k));
+          double need = cr.min_atol;
+          int ok = cc_ok(&cr), all_ok;
+          MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+          MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+          if (need > g_need[k]) g_need[k] = need;
+          bad += !all_ok;
+          free(want);
           free(local);
         }
         tu_run_free(&r);
@@ -203,6 +188,11 @@ int main(int argc, char **argv) {
     close(saved_err);
     if (failed) replay(capture, g_rank);
     fclose(capture);
+  }
+  if (g_rank == 0) {
+    printf("needed atol (rms units) at P = %d:", g_size);
+    for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need[k]);
+    printf("\n");
   }
   int total = 0;
   MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
