@@ -138,6 +138,7 @@ static void compile_for(const char *arch) {
                   arch, *tool ? tool : "not found at configure time");
     g_skipped = 1;
     skip();
+    return; /* skip() longjmps; the return tells the compiler src and hdr are not used again */
   }
   char *sass = sass_of(&c, tool);
   if (!sass) fail_msg("%s: %s could not disassemble the cubin", arch, tool);
