@@ -374,6 +374,37 @@ static void write_text(const char *path, const char *text) {
   fclose(f);
 }
 
+/* The generator caps the rendered output of the kernels it has handed out and that are
+ * still held, not only each kernel's (generate holds every kernel at once: ~10 GiB at
+ * the per-kernel cap). A small total cap shows it: the third copy of a kernel is refused
+ * with a clear error, freeing one makes room, and a kernel freed after its generator
+ * closed is fine. */
+static void test_generation_total_cap(void **state) {
+  (void)state;
+  mg_gen *g = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel_spec s = spec_of("attn_fwd", 1);
+  mg_kernel k[3];
+  assert_int_equal(mg_gen_kernel(g, &s, &k[0], &d), 0);
+  size_t one = k[0].source_len;
+  assert_true(one > 1000);
+  mg_gen_set_total_max(g, 2 * one + one / 2);
+  assert_int_equal(mg_gen_kernel(g, &s, &k[1], &d), 0);
+  assert_int_equal(mg_gen_kernel(g, &s, &k[2], &d), MLAGEN_ELIMIT);
+  assert_null(k[2].source);
+  if (!strstr(mg_diag_msg(&d), "attn_fwd.cu.tpl: rendered output exceeded the total cap"))
+    fail_msg("%s", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  mg_kernel_free(&k[0]);
+  assert_int_equal(mg_gen_kernel(g, &s, &k[2], &d), 0);
+  assert_int_equal(k[2].source_len, one);
+  mg_gen_close(g);
+  mg_kernel_free(&k[1]);
+  mg_kernel_free(&k[2]);
+  mg_diag_clear(&d);
+}
+
 /* text with the number after the first "key": replaced by val (heap). */
 static char *with_number(const char *text, const char *key, const char *val) {
   char pat[64];
@@ -655,6 +686,7 @@ int main(void) {
       cmocka_unit_test(test_store_concurrent),
       cmocka_unit_test(test_corrupt_and_mismatch),
       cmocka_unit_test(test_store_int_fields_checked),
+      cmocka_unit_test(test_generation_total_cap),
       cmocka_unit_test(test_lookup),
       cmocka_unit_test(test_choose),
       cmocka_unit_test(test_timer_hook),
