@@ -446,6 +446,19 @@ static const char *entry_load(const char *f, size_t n, const char *key, mg_cubin
   return NULL;
 }
 
+const char *mg_jit_entry_read(const void *data, size_t n, const char *key, mg_cubin *out,
+                              int *nomem) {
+  int nm = 0;
+  const char *why = entry_load(data, n, key, out, &nm);
+  if (nomem) *nomem = nm;
+  if (!why) snprintf(out->key, sizeof out->key, "%s", key);
+  return why;
+}
+
+int mg_jit_entry_write(const mg_cubin *c, const char *kernel, const char *arch, mg_buf *b) {
+  return entry_build(c, kernel, arch, b);
+}
+
 /* ---- NVRTC ---------------------------------------------------------------------- */
 
 /* Compiles; fills out->data/size/log/report (compile_ms and the ptxas figures) and

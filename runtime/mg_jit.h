@@ -18,6 +18,7 @@
 #define MG_JIT_H
 #include <stddef.h>
 
+#include "mg_buf.h"
 #include "mg_diag.h"
 #include "mg_hash.h"
 
@@ -81,6 +82,16 @@ int mg_jit_compile(const char *src, size_t len, const char *src_name, const char
                    const mg_jit_opts *o, mg_cubin *out, mg_diag *d);
 
 void mg_cubin_free(mg_cubin *c);
+
+/* The cache entry format (mg_jit.c), for the fuzzer and tests. mg_jit_entry_read checks
+ * the n bytes of an entry file for key: NULL when it is an intact entry of that key
+ * (out's data, size, report and key are filled: mg_cubin_free it), else why it is
+ * unusable (nothing kept; *nomem set when the reason is a failed allocation). */
+const char *mg_jit_entry_read(const void *data, size_t n, const char *key, mg_cubin *out,
+                              int *nomem);
+/* Serializes c (its key, report and cubin) as an entry, appended to b. kernel and arch
+ * go into the metadata. Errors: MLAGEN_ENOMEM. */
+int mg_jit_entry_write(const mg_cubin *c, const char *kernel, const char *arch, mg_buf *b);
 
 /* The cache directory o would use (o may be NULL), written into buf (size n). Returns 0,
  * MLAGEN_EIO when neither MLAGEN_CACHE_DIR nor HOME is set, or MLAGEN_ELIMIT when the
