@@ -720,13 +720,15 @@ int mg_jit_compile(const char *src, size_t len, const char *src_name, const char
   if (!out) return mg_diag_set(d, MLAGEN_EINVAL, "mg_jit_compile: no output");
   memset(out, 0, sizeof *out);
   int rc = check_args(src, len, kernel, o, d);
-  if (!rc) rc = check_includes(src, len, src_name ? src_name : "source", o, d);
+  if (rc) return rc;
+  double t0 = now_ms();
+  if (!src_name || !*src_name) src_name = "mlagen_kernel.cu";
+  /* No host file reaches NVRTC: includes are checked in the source and the headers. */
+  rc = check_includes(src, len, src_name, o, d);
   for (int i = 0; !rc && i < o->n_headers; i++)
     rc = check_includes(o->headers[i].data ? o->headers[i].data : "", o->headers[i].size,
                         o->headers[i].name, o, d);
   if (rc) return rc;
-  double t0 = now_ms();
-  if (!src_name || !*src_name) src_name = "mlagen_kernel.cu";
 
   char *incdir = NULL, *srcz = NULL, *archopt = NULL, *incopt = NULL, *path = NULL;
   const char **opts = NULL;

@@ -71,9 +71,14 @@ typedef struct mg_cubin {
  * mangled name (_Z<len><name>...); NULL: the first one ptxas reports. A named kernel
  * ptxas does not report leaves the figures 0 and sets out->warning.
  * On success the caller owns *out (mg_cubin_free); on failure *out is empty.
+ * The source and the headers may #include only the headers of o->headers and the CUDA
+ * headers <cuda_bf16.h> and <cuda_fp16.h>: any other include (a host path, a computed
+ * include, #include_next, #import, #embed) is refused before NVRTC runs, since NVRTC
+ * would read the host file, print it in its log, and the cache key would not cover it.
  * Errors: MLAGEN_EINVAL (no arch, an arch NVRTC does not know or a virtual one such as
  * compute_90 that yields no cubin, an option NVRTC rejects, a NUL byte in the source or
- * a header, a newline in arch or kernel), MLAGEN_ECOMPILE (the message holds the NVRTC
+ * a header, a newline in arch or kernel, a refused #include: "name: #include "x"
+ * refused: ..."), MLAGEN_ECOMPILE (the message holds the NVRTC
  * log, whose lines name the template file and line through #line), MLAGEN_EIO (CUDA
  * headers not found: the message says where it looked and to set CUDA_HOME),
  * MLAGEN_ENOMEM. A cache that cannot be read or written is not an
