@@ -506,7 +506,7 @@ static void test_sandbox_time_limit(void **state) {
   expect_run(L,
              "local a = ('x'):rep(1 << 24) .. 'a' local b = ('x'):rep(1 << 24) .. 'b'\n"
              "for i = 1, 1e7 do local e = (a == b) end",
-             MLAGEN_ELIMIT, "sb.lua:2: template exceeded the time limit of 0.5 s", NULL);
+             MLAGEN_ELIMIT, "sb.lua", "template exceeded the time limit of 0.5 s");
   expect_run(L,
              "local a = ('\\0'):rep(1 << 23) .. 'a' local b = ('\\0'):rep(1 << 23) .. 'b'\n"
              "for i = 1, 1e7 do local e = (a < b) end",
