@@ -331,7 +331,10 @@ static int entry_build(const mg_cubin *c, const char *kname, const char *arch, m
   mg_buf meta;
   mg_buf_init(&meta, 0);
   const mg_jit_report *r = &c->report;
-  long long us = (long long)(r->compile_ms * 1000.0 + 0.5);
+  /* in [0, 1e12] ms before the cast: a read entry may carry any figure (fuzz_jit_entry
+   * found compile_ms=99999999999999999 overflowing long long) */
+  double ms = r->compile_ms >= 0 ? (r->compile_ms < 1e12 ? r->compile_ms : 1e12) : 0;
+  long long us = (long long)(ms * 1000.0 + 0.5);
   int rc = mg_buf_addf(&meta,
                        "key=%s\nkernel=%s\narch=%s\nregisters=%d\nbarriers=%d\nspill_stores=%ld\n"
                        "spill_loads=%ld\nstack_bytes=%ld\nsmem_bytes=%ld\ncmem_bytes=%ld\n"

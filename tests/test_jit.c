@@ -267,7 +267,7 @@ static void test_headers(void **s) {
  * error log, and compile something the cache key does not cover. Refused before NVRTC,
  * in the source and in the headers, however the directive is spelled; includes inside
  * comments and literals are not directives and pass. (No NVRTC compile runs here.) */
-static void test_include_policy(void **s) {
+static void test_fast_include_policy(void **s) {
   (void)s;
   static const char hdr[] = "#pragma once\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n";
   mg_jit_header h = {"mla_device.cuh", hdr, sizeof hdr - 1};
@@ -338,6 +338,54 @@ static void test_include_policy(void **s) {
   if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&d), "refused")) fail_msg("%s", mg_diag_msg(&d));
   mg_cubin_free(&c);
   mg_diag_clear(&d);
+}
+
+/* Cache entries written and read back through mg_jit_entry_write/read (fuzz_jit_entry's
+ * round trip): figures survive, and a read entry whose compile_ms is beyond long long
+ * microseconds (found by the fuzzer: undefined behaviour in the writer's cast) writes
+ * clamped. A changed byte anywhere is refused. */
+static void test_fast_entry_roundtrip(void **s) {
+  (void)s;
+  static const char key[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  static const char elf[] = "\x7f" "ELF\x02\x01\x01\x33 not a real cubin";
+  mg_cubin c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.key, sizeof c.key, "%s", key);
+  c.data = (void *)elf;
+  c.size = sizeof elf - 1;
+  c.report.registers = 40;
+  c.report.spill_stores = 8;
+  c.report.smem_bytes = 1024;
+  const double ms[] = {12.345, 99999999999999999.0, 1e300, -5};
+  for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+    c.report.compile_ms = ms[i];
+    mg_buf b;
+    mg_buf_init(&b, 0);
+    assert_int_equal(mg_jit_entry_write(&c, "k", "sm_90a", &b), 0);
+    mg_cubin r;
+    memset(&r, 0, sizeof r);
+    int nomem = 0;
+    const char *why = mg_jit_entry_read(b.data, b.len, key, &r, &nomem);
+    if (why) fail_msg("compile_ms %g: %s", ms[i], why);
+    assert_int_equal(r.size, c.size);
+    assert_memory_equal(r.data, elf, c.size);
+    assert_int_equal(r.report.registers, 40);
+    assert_int_equal(r.report.spill_stores, 8);
+    assert_int_equal(r.report.smem_bytes, 1024);
+    assert_true(r.report.compile_ms >= 0 && r.report.compile_ms <= 1e12);
+    if (i == 0) assert_true(r.report.compile_ms > 12.344 && r.report.compile_ms < 12.346);
+    assert_string_equal(r.key, key);
+    mg_cubin_free(&r);
+    for (size_t k = 0; k < b.len; k += 7) { /* every 7th byte changed: refused */
+      b.data[k] ^= 0x20;
+      assert_non_null(mg_jit_entry_read(b.data, b.len, key, &r, &nomem));
+      assert_null(r.data);
+      b.data[k] ^= 0x20;
+    }
+    assert_non_null(mg_jit_entry_read(b.data, b.len - 1, key, &r, &nomem));
+    assert_non_null(mg_jit_entry_read(b.data, b.len, "another key", &r, &nomem));
+    mg_buf_free(&b);
+  }
 }
 
 /* ---- the key ---------------------------------------------------------------------- */
@@ -708,7 +756,8 @@ int main(void) {
   const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: run a subset */
   if (filter && *filter) cmocka_set_test_filter(filter);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_include_policy),
+      cmocka_unit_test(test_fast_include_policy),
+      cmocka_unit_test(test_fast_entry_roundtrip),
       cmocka_unit_test_setup_teardown(test_sm80, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sm90a, setup, teardown),
       cmocka_unit_test_setup_teardown(test_kernel_select, setup, teardown),
