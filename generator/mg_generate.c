@@ -25,7 +25,20 @@ typedef struct mg_template {
   size_t size;
 } mg_template;
 
+/* Output held by a generator's kernels; shared by the generator and each kernel it made
+ * (refs), so a kernel freed after mg_gen_close still finds it. */
+struct mg_gen_acct {
+  size_t live; /* bytes of source rendered and not yet freed */
+  size_t max;  /* the cap on live */
+  long refs;
+};
+
+static void acct_release(struct mg_gen_acct *a) {
+  if (a && --a->refs == 0) free(a);
+}
+
 struct mg_gen {
+  struct mg_gen_acct *acct;
   mg_lua *lua;
   mg_template files[MG_MAX_TEMPLATES];
   int n_files;
@@ -71,7 +84,13 @@ static int load_templates(mg_gen *g, const char *dir, mg_diag *d) {
 int mg_gen_open(mg_gen **out, const char *templates_dir, mg_diag *d) {
   *out = NULL;
   mg_gen *g = calloc(1, sizeof *g);
+  if (g && !(g->acct = calloc(1, sizeof *g->acct))) {
+    free(g);
+    g = NULL;
+  }
   if (!g) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  g->acct->max = MG_GEN_TOTAL_MAX;
+  g->acct->refs = 1;
   int rc = load_templates(g, templates_dir, d);
   const mg_template *hdr = rc ? NULL : find_file(g, MG_DEVICE_HEADER);
   if (!rc && !hdr)
@@ -103,8 +122,11 @@ void mg_gen_close(mg_gen *g) {
   if (!g) return;
   for (int i = 0; i < g->n_files; i++) free(g->files[i].data);
   mg_lua_close(g->lua);
+  acct_release(g->acct);
   free(g);
 }
+
+void mg_gen_set_total_max(mg_gen *g, size_t max) { g->acct->max = max ? max : MG_GEN_TOTAL_MAX; }
 
 const char *mg_gen_template_hash(const mg_gen *g) { return g->hash; }
 
@@ -236,9 +258,18 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   rc = mg_lua_run(g->lua, prelude->data, prelude->size, chunkname, 0, d);
   if (rc) return rc;
 
+  /* The output may take what the per-kernel and the total caps both leave. */
+  struct mg_gen_acct *a = g->acct;
+  size_t left = a->live < a->max ? a->max - a->live : 0;
+  int total_bound = left < MG_GEN_KERNEL_MAX;
   mg_buf src;
-  mg_buf_init(&src, 0);
+  mg_buf_init(&src, total_bound ? left : MG_GEN_KERNEL_MAX);
   rc = mg_render(g->lua, tpl->data, tpl->size, tpl->display, &src, d);
+  if (rc == MLAGEN_ELIMIT && total_bound && strstr(mg_diag_msg(d), "template output exceeded"))
+    rc = mg_diag_set(d, MLAGEN_ELIMIT,
+                     "%s: rendered output exceeded the total cap of %zu MiB for the kernels of "
+                     "one generation (%zu MiB already held)",
+                     tpl->display, a->max >> 20, a->live >> 20);
   if (rc) {
     mg_buf_free(&src);
     return rc;
@@ -291,11 +322,18 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
     mg_kernel_free(out);
     return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
+  out->acct = a;
+  a->refs++;
+  a->live += out->source_len;
   return 0;
 }
 
 void mg_kernel_free(mg_kernel *k) {
   if (!k) return;
+  if (k->acct) {
+    k->acct->live -= k->source_len < k->acct->live ? k->source_len : k->acct->live;
+    acct_release(k->acct);
+  }
   free(k->source);
   cJSON_Delete(k->manifest);
   memset(k, 0, sizeof *k);

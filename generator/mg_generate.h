@@ -40,16 +40,29 @@ typedef struct mg_kernel {
   size_t source_len;
   cJSON *manifest;   /* this kernel's manifest entry (name, file, spec, config, tunables,
                         launch rule, parameters) */
+  struct mg_gen_acct *acct; /* private: the generator's count of output held */
 } mg_kernel;
+
+/* Caps on rendered source: per kernel, and in total over the kernels of one generator
+ * held at once (rendered and not yet freed with mg_kernel_free): a template set that
+ * renders near the per-kernel cap for every kernel would otherwise hold ~10 GiB. */
+#define MG_GEN_KERNEL_MAX ((size_t)256 << 20) /* 256 MiB */
+#define MG_GEN_TOTAL_MAX ((size_t)1 << 30)    /* 1 GiB */
 
 /* Renders the template of s->family for spec s. softmax_scale is not baked in (it is a
  * kernel argument). Errors: MLAGEN_EINVAL (a tunable override the template does not
  * declare or allow, or a configuration its check rejects: the message says why),
  * MLAGEN_ETEMPLATE (a bug in the template: the message names the template file and
  * line and carries a Lua traceback), MLAGEN_ELIMIT (the template hit the Lua memory or
- * instruction cap), MLAGEN_EINVAL (unknown family), MLAGEN_ENOMEM. */
+ * instruction cap or time limit, or the output cap: MG_GEN_KERNEL_MAX for this kernel,
+ * MG_GEN_TOTAL_MAX with the kernels already held), MLAGEN_EINVAL (unknown family),
+ * MLAGEN_ENOMEM. */
 int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d);
+/* Frees k's source and manifest (k may outlive its generator). */
 void mg_kernel_free(mg_kernel *k);
+
+/* Test hook: sets g's total output cap (0: MG_GEN_TOTAL_MAX). */
+void mg_gen_set_total_max(mg_gen *g, size_t max);
 
 /* Writes kernels[0..n) as <dir>/<file>, the device header, and <dir>/manifest.json
  * (kernels, shape, sp degree, template hash, mlagen version), each atomically; creates

@@ -9,8 +9,23 @@
  * the run ends, and the run fails with MLAGEN_ELIMIT even if the template caught the
  * error.
  *
- * Instructions. A count hook adds up VM instructions per run (table.move, whose C loop
- * the hook cannot see, is charged per element). Once the instruction cap or a hard
+ * Instructions. A count hook adds up VM instructions per run. Library functions that
+ * loop in C, where the hook cannot see, are charged for their work: table.move per
+ * element, string.rep per repetition of an empty string, table.insert/remove per element shifted (their
+ * length is taken once, so a lying __len cannot make the loop longer than charged),
+ * string.find per candidate position and bytes compared, table.sort per comparison and
+ * bytes compared (its comparisons go through a charging C function).
+ *
+ * Time. Work no charge can see (== or < over long strings: one VM instruction each, but
+ * memcmp or strcoll over megabytes) is bounded by a wall-clock limit per run, checked by
+ * the count hook, by charge() and by the allocator (every large request and every 256th
+ * one); a refused allocation past the deadline aborts the run like a hard memory hit.
+ * One instruction can cost time in proportion to the memory in use (the longest string),
+ * so the hook fires every HOOK_STEP instructions while little is in use and more often
+ * as it grows (every instruction at 64 MiB): between two checks at most ~HOOK_BYTES
+ * bytes' worth of such work runs.
+ *
+ * Once the instruction cap, the time limit or a hard
  * memory hit is reached, the run is aborting: the hook fires on every instruction and
  * raises, so no enclosing pcall can run further Lua code without raising again. It
  * raises a memory error, which calls no message handler: Lua calls a handler for an
@@ -26,10 +41,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mlagen.h"
 
 #define HOOK_STEP 1000 /* instructions between two count-hook calls */
+#define BIG_ALLOC ((size_t)64 << 10) /* requests this large check the clock */
+#define HOOK_BYTES ((size_t)64 << 20) /* hook step x memory in use, at most */
 
 struct mg_lua {
   lua_State *L;
@@ -41,11 +59,43 @@ struct mg_lua {
   size_t pend_osize, pend_nsize;
   int instr_hit;    /* the instruction cap was reached in this run */
   int aborting;     /* the hook raises on every instruction */
-  int first_hit;    /* 'm' or 'i': the limit reached first */
-  char where[LUA_IDSIZE + 24]; /* "src:line: " of the instruction-cap hit */
+  int first_hit;    /* 'm', 'i' or 't': the limit reached first */
+  double seconds;   /* the wall-clock limit of a run */
+  double deadline;  /* CLOCK_MONOTONIC seconds; 0: no run in progress, no limit */
+  int time_hit;     /* the deadline passed in this run */
+  unsigned alloc_tick; /* allocations since the last clock check */
+  int step;         /* instructions between two count-hook calls now */
+  char where[LUA_IDSIZE + 24]; /* "src:line: " of the instruction-cap or time-limit hit */
 };
 
 /* ---- limits --------------------------------------------------------------------- */
+
+static double mono_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* 1 once the run's deadline has passed (sticky for the run). */
+static int time_up(mg_lua *M) {
+  if (!M->time_hit && M->deadline > 0 && mono_now() > M->deadline) {
+    M->time_hit = 1;
+    if (!M->first_hit) M->first_hit = 't';
+  }
+  return M->time_hit;
+}
+
+static void count_hook(lua_State *L, lua_Debug *ar);
+
+/* Sets the hook's step for the memory now in use (see Time above). */
+static void update_step(mg_lua *M) {
+  size_t step = M->mem_used > HOOK_BYTES / HOOK_STEP ? HOOK_BYTES / M->mem_used : HOOK_STEP;
+  if (step < 1) step = 1;
+  if ((int)step != M->step && !M->aborting) {
+    M->step = (int)step;
+    lua_sethook(M->L, count_hook, LUA_MASKCOUNT, M->step);
+  }
+}
 
 static void mem_hard_hit(mg_lua *M) {
   if (!M->mem_hit && !M->first_hit) M->first_hit = 'm';
@@ -61,6 +111,12 @@ static void *mg_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
     return NULL;
   }
   if (nsize > old) {
+    /* Past the deadline every growth is refused: the run aborts at its next request. */
+    if ((nsize - old >= BIG_ALLOC || ++M->alloc_tick % 256 == 0) && time_up(M)) {
+      M->mem_hit = 1;
+      M->mem_pending = 0;
+      return NULL;
+    }
     int retry = M->mem_pending && ptr == M->pend_ptr && osize == M->pend_osize &&
                 nsize == M->pend_nsize;
     if (M->mem_pending && !retry) mem_hard_hit(M); /* the refusal was final */
@@ -80,6 +136,7 @@ static void *mg_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
   void *p = realloc(ptr, nsize);
   if (!p) return nsize <= old ? ptr : NULL; /* a failed shrink keeps the block */
   M->mem_used = M->mem_used - old + nsize;
+  if (nsize >= old + BIG_ALLOC && M->L) update_step(M);
   return p;
 }
 
@@ -89,14 +146,14 @@ static mg_lua *get_host(lua_State *L) {
   return ud;
 }
 
-static void count_hook(lua_State *L, lua_Debug *ar);
-
 /* Starts aborting the run (unless it already is) and raises. ar: where the run is. */
 static void abort_run(lua_State *L, mg_lua *M, lua_Debug *ar) {
   if (!M->aborting) {
     if (!M->mem_hit) {
-      M->instr_hit = 1;
-      if (!M->first_hit) M->first_hit = 'i';
+      if (!M->time_hit) {
+        M->instr_hit = 1;
+        if (!M->first_hit) M->first_hit = 'i';
+      }
       M->where[0] = '\0';
       if (ar && lua_getinfo(L, "Sl", ar) && ar->currentline > 0)
         snprintf(M->where, sizeof M->where, "%s:%d: ", ar->short_src, ar->currentline);
@@ -113,8 +170,11 @@ static void abort_run(lua_State *L, mg_lua *M, lua_Debug *ar) {
 static void count_hook(lua_State *L, lua_Debug *ar) {
   mg_lua *M = get_host(L);
   if (!M->aborting) {
-    M->instr_count += HOOK_STEP;
-    if (M->instr_count <= M->instr_cap && !M->mem_hit) return;
+    M->instr_count += M->step;
+    if (M->instr_count <= M->instr_cap && !M->mem_hit && !time_up(M)) {
+      update_step(M);
+      return;
+    }
   }
   abort_run(L, M, ar);
 }
@@ -122,7 +182,7 @@ static void count_hook(lua_State *L, lua_Debug *ar) {
 /* Charges n instructions for work a C function does in a loop of its own. */
 static void charge(lua_State *L, lua_Unsigned n) {
   mg_lua *M = get_host(L);
-  if (!M->aborting && n <= (lua_Unsigned)(M->instr_cap - M->instr_count)) {
+  if (!M->aborting && n <= (lua_Unsigned)(M->instr_cap - M->instr_count) && !time_up(M)) {
     M->instr_count += (long)n;
     return;
   }
@@ -137,12 +197,15 @@ static void trip_all(mg_lua *M) {
   lua_sethook(M->L, count_hook, LUA_MASKCOUNT, 1);
 }
 
-static void reset_limits(mg_lua *M) {
+/* Fresh counters; start: a run begins (its deadline starts now), else none is running. */
+static void reset_limits(mg_lua *M, int start) {
   M->mem_hit = M->mem_pending = 0;
-  M->instr_hit = M->aborting = M->first_hit = 0;
+  M->instr_hit = M->aborting = M->first_hit = M->time_hit = 0;
   M->instr_count = 0;
   M->where[0] = '\0';
-  lua_sethook(M->L, count_hook, LUA_MASKCOUNT, HOOK_STEP);
+  M->deadline = start ? mono_now() + M->seconds : 0;
+  M->step = 0;
+  update_step(M);
 }
 
 /* ---- the sandbox ------------------------------------------------------------------ */
@@ -193,14 +256,139 @@ static int sandbox_table_move(lua_State *L) {
 
 /* string.find() as a plain substring search: Lua patterns backtrack in C, where the
  * instruction cap cannot reach (("a"):rep(1e6):find(".-b") runs for minutes), so
- * templates get no pattern matching: find(s, needle [, init]) only. */
+ * templates get no pattern matching: find(s, needle [, init]) only, with string.find's
+ * results and init rules. The search is charged per candidate position, per 256 bytes
+ * scanned and per 64 bytes of needle compared: a 2 MB needle in a 4 MB string is ~10^12
+ * byte compares. */
 static int sandbox_find(lua_State *L) {
-  lua_settop(L, 3);
-  lua_pushboolean(L, 1); /* plain */
-  lua_pushvalue(L, lua_upvalueindex(1)); /* the original string.find */
+  size_t ls, lp;
+  const char *s = luaL_checklstring(L, 1, &ls);
+  const char *p = luaL_checklstring(L, 2, &lp);
+  lua_Integer init = luaL_optinteger(L, 3, 1);
+  if (init == 0) init = 1;
+  else if (init < 0) init = init < -(lua_Integer)ls ? 1 : (lua_Integer)ls + init + 1;
+  if ((lua_Unsigned)init - 1u > (lua_Unsigned)ls) { /* beyond the end, as string.find */
+    luaL_pushfail(L);
+    return 1;
+  }
+  size_t at = (size_t)init - 1;
+  if (lp == 0) {
+    lua_pushinteger(L, (lua_Integer)at + 1);
+    lua_pushinteger(L, (lua_Integer)at);
+    return 2;
+  }
+  while (ls - at >= lp) {
+    const char *c = memchr(s + at, p[0], ls - at - lp + 1);
+    size_t skipped = (c ? (size_t)(c - s) : ls - lp + 1) - at;
+    charge(L, 1 + (lua_Unsigned)skipped / 256 + (lua_Unsigned)lp / 64);
+    if (!c) break;
+    at = (size_t)(c - s);
+    if (memcmp(c + 1, p + 1, lp - 1) == 0) {
+      lua_pushinteger(L, (lua_Integer)at + 1);
+      lua_pushinteger(L, (lua_Integer)(at + lp));
+      return 2;
+    }
+    at++;
+  }
+  luaL_pushfail(L);
+  return 1;
+}
+
+/* string.rep(s, n [, sep]) charged per repetition when s and sep are empty:
+ * ("").rep("", math.maxinteger) allocates nothing and would loop for centuries. Otherwise
+ * the result's allocation (memory cap) bounds the loop before it starts. */
+static int sandbox_rep(lua_State *L) {
+  size_t l = 0, lsep = 0;
+  luaL_checklstring(L, 1, &l);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  luaL_optlstring(L, 3, "", &lsep);
+  if (n > 0 && l + lsep == 0) charge(L, (lua_Unsigned)n / 8 + 1);
+  int top = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1)); /* the original string.rep */
   lua_insert(L, 1);
-  lua_call(L, 4, LUA_MULTRET);
-  return lua_gettop(L);
+  lua_call(L, top, 1);
+  return 1;
+}
+
+/* table.insert(t, [pos,] v), as Lua's, with the shift charged per element: a __len that
+ * returns math.maxinteger made the C loop run forever. The length is read once. */
+static int sandbox_insert(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer e = luaL_len(L, 1);
+  if (e == LUA_MAXINTEGER) charge(L, LUA_MAXINTEGER); /* beyond any cap: aborts */
+  e++; /* the first empty slot */
+  lua_Integer pos = e;
+  switch (lua_gettop(L)) {
+    case 2: break;
+    case 3:
+      pos = luaL_checkinteger(L, 2);
+      luaL_argcheck(L, (lua_Unsigned)pos - 1u < (lua_Unsigned)e, 2, "position out of bounds");
+      charge(L, (lua_Unsigned)(e - pos) + 1);
+      for (lua_Integer i = e; i > pos; i--) {
+        lua_geti(L, 1, i - 1);
+        lua_seti(L, 1, i);
+      }
+      break;
+    default: return luaL_error(L, "wrong number of arguments to 'insert'");
+  }
+  lua_seti(L, 1, pos);
+  return 0;
+}
+
+/* table.remove(t [, pos]), as Lua's, with the shift charged per element. */
+static int sandbox_remove(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_Integer size = luaL_len(L, 1);
+  lua_Integer pos = luaL_optinteger(L, 2, size);
+  if (pos != size)
+    luaL_argcheck(L, (lua_Unsigned)pos - 1u <= (lua_Unsigned)size, 2, "position out of bounds");
+  if (pos < size) charge(L, (lua_Unsigned)(size - pos) + 1);
+  lua_geti(L, 1, pos);
+  for (; pos < size; pos++) {
+    lua_geti(L, 1, pos + 1);
+    lua_seti(L, 1, pos);
+  }
+  lua_pushnil(L);
+  lua_seti(L, 1, pos);
+  return 1;
+}
+
+/* Charges one comparison of a and b (stack 1, 2): 1, plus one per byte a string compare
+ * may read (strcoll walks a string full of NULs one chunk, one call, at a time). */
+static void charge_compare(lua_State *L) {
+  size_t la = 0, lb = 0;
+  if (lua_type(L, 1) == LUA_TSTRING && lua_type(L, 2) == LUA_TSTRING) {
+    lua_tolstring(L, 1, &la);
+    lua_tolstring(L, 2, &lb);
+  }
+  charge(L, 1 + (lua_Unsigned)(la < lb ? la : lb));
+}
+
+/* The comparison table.sort gets: a < b (upvalue: none) or the template's function. */
+static int sort_less(lua_State *L) {
+  lua_settop(L, 2);
+  charge_compare(L);
+  if (lua_isnoneornil(L, lua_upvalueindex(1))) {
+    lua_pushboolean(L, lua_compare(L, 1, 2, LUA_OPLT));
+    return 1;
+  }
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, 2, 1);
+  return 1;
+}
+
+/* table.sort(t [, comp]) with every comparison charged: the built-in comparison of long
+ * strings runs in C, tens of MB of strings took minutes. */
+static int sandbox_sort(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);
+  lua_pushcclosure(L, sort_less, 1); /* comp (or nil) as the upvalue */
+  lua_pushvalue(L, lua_upvalueindex(1)); /* the original table.sort */
+  lua_insert(L, 1);
+  lua_call(L, 2, 0);
+  return 0;
 }
 
 static int setup(lua_State *L) {
@@ -230,14 +418,23 @@ static int setup(lua_State *L) {
     lua_pushnil(L);
     lua_setfield(L, -2, str_removed[i]);
   }
-  lua_getfield(L, -1, "find");
-  lua_pushcclosure(L, sandbox_find, 1);
+  lua_pushcfunction(L, sandbox_find);
   lua_setfield(L, -2, "find");
+  lua_getfield(L, -1, "rep");
+  lua_pushcclosure(L, sandbox_rep, 1);
+  lua_setfield(L, -2, "rep");
   lua_pop(L, 1);
   lua_getfield(L, -1, LUA_TABLIBNAME);
   lua_getfield(L, -1, "move");
   lua_pushcclosure(L, sandbox_table_move, 1);
   lua_setfield(L, -2, "move");
+  lua_getfield(L, -1, "sort");
+  lua_pushcclosure(L, sandbox_sort, 1);
+  lua_setfield(L, -2, "sort");
+  lua_pushcfunction(L, sandbox_insert);
+  lua_setfield(L, -2, "insert");
+  lua_pushcfunction(L, sandbox_remove);
+  lua_setfield(L, -2, "remove");
   lua_pop(L, 1);
   lua_getfield(L, -1, "load");
   lua_pushcclosure(L, sandbox_load, 1);
@@ -261,6 +458,7 @@ int mg_lua_open(mg_lua **out, const mg_lua_limits *lim, mg_diag *d) {
   if (!M) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory creating the Lua state");
   M->mem_cap = lim && lim->mem_bytes ? lim->mem_bytes : MG_LUA_DEFAULT_MEM;
   M->instr_cap = lim && lim->instructions > 0 ? lim->instructions : MG_LUA_DEFAULT_INSTR;
+  M->seconds = lim && lim->seconds > 0 ? lim->seconds : MG_LUA_DEFAULT_SECONDS;
   M->L = lua_newstate(mg_alloc, M);
   if (!M->L) {
     free(M);
@@ -272,7 +470,7 @@ int mg_lua_open(mg_lua **out, const mg_lua_limits *lim, mg_diag *d) {
     free(M);
     return mg_diag_set(d, MLAGEN_ENOMEM, "cannot create the Lua state (memory cap too small?)");
   }
-  reset_limits(M);
+  reset_limits(M, 0);
   *out = M;
   return 0;
 }
@@ -322,6 +520,13 @@ static int limit_error(mg_lua *M, int which, const char *chunkname, mg_diag *d) 
     return mg_diag_set(d, MLAGEN_ELIMIT, "%s: template exceeded the memory cap of %zu %s",
                        display_name(chunkname), n, unit);
   }
+  if (which == 't') {
+    if (M->where[0])
+      return mg_diag_set(d, MLAGEN_ELIMIT, "%stemplate exceeded the time limit of %g s",
+                         M->where, M->seconds);
+    return mg_diag_set(d, MLAGEN_ELIMIT, "%s: template exceeded the time limit of %g s",
+                       display_name(chunkname), M->seconds);
+  }
   if (M->where[0])
     return mg_diag_set(d, MLAGEN_ELIMIT, "%stemplate exceeded the instruction cap of %ld",
                        M->where, M->instr_cap);
@@ -337,7 +542,7 @@ int mg_lua_run(mg_lua *M, const char *chunk, size_t len, const char *chunkname, 
                        display_name(chunkname));
   if (!lua_checkstack(L, 2))
     return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory (Lua stack)");
-  reset_limits(M);
+  reset_limits(M, 1);
   int base = lua_gettop(L);
   lua_pushcfunction(L, msg_handler);
   int st = luaL_loadbufferx(L, chunk, len, chunkname ? chunkname : "=template", "t");
@@ -367,6 +572,6 @@ int mg_lua_run(mg_lua *M, const char *chunk, size_t len, const char *chunkname, 
                        display_name(chunkname), luaL_typename(L, -1));
     lua_settop(L, base);
   }
-  reset_limits(M);
+  reset_limits(M, 0);
   return rc;
 }

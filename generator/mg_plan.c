@@ -47,6 +47,27 @@ int mg_plan_find(const mg_plan *p, const char *name) {
  * over all buffers and workspaces stay far inside int64. */
 #define MG_PLAN_MAX_BUF_BYTES ((int64_t)1 << 56)
 
+/* Whether every size a form computes fits: rows B*S times H heads times the sum of all
+ * widths (a bound on every activation row), and H times that width squared (a bound on
+ * every weight), in bytes of the widest element (8), stay within MG_PLAN_MAX_BUF_BYTES.
+ * Checked with overflow-safe multiplication before any form multiplies dims in int64. */
+static int dims_fit(const mg_plan_args *a) {
+  const mg_shape *m = a->shape;
+  const int64_t dims[] = {m->qk_nope_head_dim, m->qk_rope_head_dim, m->v_head_dim,
+                          m->kv_lora_rank};
+  int64_t w = 2 * (int64_t)m->qk_rope_head_dim + 1, rows, x, y;
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+    if (dims[i] < 0) return 0;
+    w += dims[i];
+  }
+  return !__builtin_mul_overflow((int64_t)a->batch, a->seq, &rows) &&
+         !__builtin_mul_overflow(rows, (int64_t)m->heads, &x) &&
+         !__builtin_mul_overflow(x, w, &x) && !__builtin_mul_overflow(x, (int64_t)8, &x) &&
+         x <= MG_PLAN_MAX_BUF_BYTES &&
+         !__builtin_mul_overflow((int64_t)m->heads * 8, w, &y) &&
+         !__builtin_mul_overflow(y, w, &y) && y <= MG_PLAN_MAX_BUF_BYTES;
+}
+
 static int buf_new(mg_plan *p, const char *name, mg_buf_role role, mg_dtype t, int ndim,
                    const int64_t *dims) {
   if (p->n_bufs == MG_PLAN_MAX_BUFS || ndim > MG_PLAN_MAX_DIMS) {
@@ -117,9 +138,9 @@ static void collective(mg_plan *p, mg_step_kind kind, int src, int dst) {
   snprintf(label, sizeof label, "%s %s -> %s", what, p->bufs[src].name, p->bufs[dst].name);
   mg_step *s = step_new(p, kind, label);
   io(s, src, dst);
+  if (p->args.sp == 1 || p->error) return; /* p->error: a buffer's size did not fit */
   const int64_t P = p->args.sp, in = mg_plan_buf_bytes(&p->bufs[src]),
                 out = mg_plan_buf_bytes(&p->bufs[dst]);
-  if (P == 1) return;
   switch (kind) {
     case MG_STEP_SEQ_TO_HEAD:
     case MG_STEP_HEAD_TO_SEQ: /* pack into a send buffer, receive, unpack */
@@ -182,7 +203,15 @@ mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const in
   if ((op == MG_OP_ATTN_BWD || op == MG_OP_MQA_BWD) && s->n_in > 0 && s->in[0] >= 0 &&
       s->in[0] < p->n_bufs && p->bufs[s->in[0]].ndim == 4) {
     const mg_plan_buf *q = &p->bufs[s->in[0]];
-    s->workspace = (int64_t)sizeof(float) * q->dims[0] * q->dims[1] * q->dims[2];
+    int64_t ws = (int64_t)sizeof(float);
+    for (int i = 0; i < 3; i++)
+      if (__builtin_mul_overflow(ws, q->dims[i], &ws) || ws > MG_PLAN_MAX_BUF_BYTES) {
+        if (!p->error) snprintf(p->too_big, sizeof p->too_big, "%s", "delta");
+        p->error = 2;
+        ws = 0;
+        break;
+      }
+    s->workspace = ws;
   }
   return s;
 }
@@ -250,6 +279,11 @@ int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "plan: head_groups = %d applies to the fused LAGA form (laga-f) only",
                        a->head_groups);
+  if (!dims_fit(a))
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "plan: batch %d x seq %lld x %d heads x the model's widths would exceed "
+                       "2^56 bytes per buffer: batch, sequence length and model dims are too "
+                       "large together", a->batch, (long long)a->seq, H);
   const int Hl = H / a->sp;
   if (a->form == MG_FORM_LAGA_F && a->head_groups != 0 &&
       (a->head_groups < 1 || a->head_groups > MG_PLAN_MAX_HEAD_GROUPS || Hl % a->head_groups != 0))

@@ -5,6 +5,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -495,6 +496,20 @@ static double num(const cJSON *o, const char *key, const char **bad) {
   return v->valuedouble;
 }
 
+/* An integral number in [lo, hi]; anything else (1e300, 2.5, -1 for a count) sets *bad
+ * and reads as 0, so no out-of-range double is ever cast. */
+static long long inum(const cJSON *o, const char *key, long long lo, long long hi,
+                      const char **bad) {
+  const char *was = *bad;
+  double v = num(o, key, bad);
+  if (*bad != was) return 0;
+  if (!(v >= (double)lo && v <= (double)hi) || v != floor(v)) {
+    if (!*bad) *bad = key;
+    return 0;
+  }
+  return (long long)v;
+}
+
 static void str(const cJSON *o, const char *key, char *dst, size_t n, int optional,
                 const char **bad) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -518,16 +533,16 @@ static int read_entry(const cJSON *o, mg_tune_entry *e, const char **bad) {
   str(o, "pass", e->pass, sizeof e->pass, 0, bad);
   const cJSON *sh = cJSON_GetObjectItemCaseSensitive(o, "shape");
   if (!cJSON_IsObject(sh) && !*bad) *bad = "shape";
-  e->heads = (int)num(sh, "heads", bad);
-  e->d_n = (int)num(sh, "d_n", bad);
-  e->d_r = (int)num(sh, "d_r", bad);
-  e->d_v = (int)num(sh, "d_v", bad);
-  e->d_c = (int)num(sh, "d_c", bad);
+  e->heads = (int)inum(sh, "heads", 0, INT_MAX, bad);
+  e->d_n = (int)inum(sh, "d_n", 0, INT_MAX, bad);
+  e->d_r = (int)inum(sh, "d_r", 0, INT_MAX, bad);
+  e->d_v = (int)inum(sh, "d_v", 0, INT_MAX, bad);
+  e->d_c = (int)inum(sh, "d_c", 0, INT_MAX, bad);
   str(sh, "dtype", e->dtype, sizeof e->dtype, 0, bad);
   const cJSON *causal = cJSON_GetObjectItemCaseSensitive(sh, "causal");
   if (!cJSON_IsBool(causal) && !*bad) *bad = "causal";
   e->causal = cJSON_IsTrue(causal);
-  e->seq_bucket = (long long)num(o, "seq_bucket", bad);
+  e->seq_bucket = inum(o, "seq_bucket", 0, (long long)1 << 53, bad);
   if (config_from_json(cJSON_GetObjectItemCaseSensitive(o, "config"), &e->config) && !*bad)
     *bad = "config";
   e->p20_ms = num(o, "p20_ms", bad);
@@ -571,20 +586,21 @@ static int read_entry(const cJSON *o, mg_tune_entry *e, const char **bad) {
 }
 
 static int store_parse(const char *path, const char *text, mg_tune_store *out, mg_diag *d) {
+  if (!path) path = "<memory>";
   memset(out, 0, sizeof *out);
   cJSON *root = cJSON_Parse(text);
   if (!root) return mg_diag_set(d, MLAGEN_ECONFIG, "%s: not valid JSON", path);
   const char *bad = NULL;
   mg_tune_header *h = &out->header;
   if (!cJSON_IsObject(root)) bad = "the top level (not an object)";
-  h->schema = (int)num(root, "schema", &bad);
+  h->schema = (int)inum(root, "schema", 0, INT_MAX, &bad);
   str(root, "mlagen_version", h->mlagen_version, sizeof h->mlagen_version, 0, &bad);
   str(root, "template_hash", h->template_hash, sizeof h->template_hash, 0, &bad);
   str(root, "nvrtc_version", h->nvrtc_version, sizeof h->nvrtc_version, 0, &bad);
-  h->driver_version = (int)num(root, "driver_version", &bad);
+  h->driver_version = (int)inum(root, "driver_version", 0, INT_MAX, &bad);
   str(root, "device", h->device, sizeof h->device, 0, &bad);
   str(root, "arch", h->arch, sizeof h->arch, 0, &bad);
-  h->sm_count = (int)num(root, "sm_count", &bad);
+  h->sm_count = (int)inum(root, "sm_count", 0, INT_MAX, &bad);
   const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "entries");
   if (!cJSON_IsArray(arr) && !bad) bad = "entries";
   int rc = 0;
@@ -614,12 +630,26 @@ int mg_tune_store_read(const char *path, mg_tune_store *out, mg_diag *d) {
   int rc = mg_fs_read(path, STORE_MAX_BYTES, &text, &len, d);
   if (rc == MLAGEN_ELIMIT) rc = MLAGEN_ECONFIG; /* too large: treated as corrupt */
   if (rc) return rc;
-  if (strlen(text) != len) {
-    free(text);
-    return mg_diag_set(d, MLAGEN_ECONFIG, "%s: not a tuned store: a NUL byte", path);
-  }
-  rc = store_parse(path, text, out, d);
+  rc = mg_tune_store_parse(text, len, path, out, d);
   free(text);
+  return rc;
+}
+
+int mg_tune_store_parse(const char *text, size_t len, const char *name, mg_tune_store *out,
+                        mg_diag *d) {
+  memset(out, 0, sizeof *out);
+  if (!name) name = "<memory>";
+  if (memchr(text, '\0', len))
+    return mg_diag_set(d, MLAGEN_ECONFIG, "%s: not a tuned store: a NUL byte", name);
+  if (len > STORE_MAX_BYTES)
+    return mg_diag_set(d, MLAGEN_ECONFIG, "%s: not a tuned store: larger than %zu bytes", name,
+                       (size_t)STORE_MAX_BYTES);
+  char *z = malloc(len + 1);
+  if (!z) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  memcpy(z, text, len);
+  z[len] = '\0';
+  int rc = store_parse(name, z, out, d);
+  free(z);
   return rc;
 }
 

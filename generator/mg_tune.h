@@ -214,6 +214,13 @@ const char *mg_tune_store_dir(void);
  * On success the caller frees *out. */
 int mg_tune_store_read(const char *path, mg_tune_store *out, mg_diag *d);
 
+/* mg_tune_store_read on text[0..len) (no NUL needed; one inside is refused), named name in
+ * messages. Every number read as an integer must be integral and in its field's range
+ * (a schema of 1e300 is corrupt, not cast). Same errors as mg_tune_store_read but
+ * MLAGEN_EIO. */
+int mg_tune_store_parse(const char *text, size_t len, const char *name, mg_tune_store *out,
+                        mg_diag *d);
+
 /* Serializes a store (pretty JSON, entries in the given order); heap, free(). */
 char *mg_tune_store_json(const mg_tune_store *s);
 

@@ -14,12 +14,22 @@
 int mg_fs_read(const char *path, size_t max, char **data, size_t *len, mg_diag *d) {
   *data = NULL;
   if (len) *len = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f) return mg_diag_set(d, MLAGEN_EIO, "%s: cannot open: %s", path, strerror(errno));
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever
+   * (and a device could block too); only a regular file is read, blocking again. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return mg_diag_set(d, MLAGEN_EIO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    fclose(f);
-    return mg_diag_set(d, MLAGEN_EIO, "%s: not a regular file", path);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return mg_diag_set(d, MLAGEN_EIO, "%s: not a regular file (a FIFO, device or directory "
+                       "is refused)", path);
+  }
+  int fl = fcntl(fd, F_GETFL);
+  FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, "rb");
+  if (!f) {
+    int e = errno;
+    close(fd);
+    return mg_diag_set(d, MLAGEN_EIO, "%s: cannot open: %s", path, strerror(e));
   }
   if ((size_t)st.st_size > max) {
     fclose(f);

@@ -6,8 +6,11 @@
 #include "mg_diag.h"
 
 /* Reads a whole file into a NUL-terminated heap buffer (*data, free() it).
- * Files larger than max bytes are refused. Errors: MLAGEN_EIO (cannot open/read,
- * message names the path and errno text), MLAGEN_ELIMIT (too large), MLAGEN_ENOMEM. */
+ * Files larger than max bytes are refused, and so is anything but a regular file (a
+ * FIFO, device or directory: it is opened non-blocking and checked before any read, so
+ * a FIFO without a writer never hangs the caller). Errors: MLAGEN_EIO (cannot open/read,
+ * not a regular file; the message names the path and errno text), MLAGEN_ELIMIT (too
+ * large), MLAGEN_ENOMEM. */
 int mg_fs_read(const char *path, size_t max, char **data, size_t *len, mg_diag *d);
 
 /* Writes len bytes to path atomically: a unique temp file in the same directory,

@@ -331,7 +331,10 @@ static int entry_build(const mg_cubin *c, const char *kname, const char *arch, m
   mg_buf meta;
   mg_buf_init(&meta, 0);
   const mg_jit_report *r = &c->report;
-  long long us = (long long)(r->compile_ms * 1000.0 + 0.5);
+  /* in [0, 1e12] ms before the cast: a read entry may carry any figure (fuzz_jit_entry
+   * found compile_ms=99999999999999999 overflowing long long) */
+  double ms = r->compile_ms >= 0 ? (r->compile_ms < 1e12 ? r->compile_ms : 1e12) : 0;
+  long long us = (long long)(ms * 1000.0 + 0.5);
   int rc = mg_buf_addf(&meta,
                        "key=%s\nkernel=%s\narch=%s\nregisters=%d\nbarriers=%d\nspill_stores=%ld\n"
                        "spill_loads=%ld\nstack_bytes=%ld\nsmem_bytes=%ld\ncmem_bytes=%ld\n"
@@ -446,6 +449,19 @@ static const char *entry_load(const char *f, size_t n, const char *key, mg_cubin
   return NULL;
 }
 
+const char *mg_jit_entry_read(const void *data, size_t n, const char *key, mg_cubin *out,
+                              int *nomem) {
+  int nm = 0;
+  const char *why = entry_load(data, n, key, out, &nm);
+  if (nomem) *nomem = nm;
+  if (!why) snprintf(out->key, sizeof out->key, "%s", key);
+  return why;
+}
+
+int mg_jit_entry_write(const mg_cubin *c, const char *kernel, const char *arch, mg_buf *b) {
+  return entry_build(c, kernel, arch, b);
+}
+
 /* ---- NVRTC ---------------------------------------------------------------------- */
 
 /* Compiles; fills out->data/size/log/report (compile_ms and the ptxas figures) and
@@ -543,6 +559,138 @@ done:
   return rc;
 }
 
+/* ---- #include policy ------------------------------------------------------------ */
+
+/* The CUDA headers a source or header may include, as <name> only (the device header
+ * includes these); any other host file could be read by NVRTC, printed in its error log
+ * and left out of the cache key. */
+static const char *const cuda_headers[] = {"cuda_bf16.h", "cuda_fp16.h"};
+
+static int is_ident(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* Skips blanks (not newlines) and block comments from i; returns the new position. */
+static size_t skip_blank(const char *t, size_t n, size_t i) {
+  for (;;) {
+    while (i < n && (t[i] == ' ' || t[i] == '\t' || t[i] == '\f' || t[i] == '\v' || t[i] == '\r'))
+      i++;
+    if (i + 1 < n && t[i] == '/' && t[i + 1] == '*') {
+      const char *e = find_in(t + i + 2, n - i - 2, "*/");
+      i = e ? (size_t)(e - t) + 2 : n;
+      continue;
+    }
+    return i;
+  }
+}
+
+/* The directive after a '#' at i (its length k: "#", "%:" or "??="): if it includes a
+ * file, the operand must name an allowed header. Returns 0 or an error. */
+static int check_directive(const char *t, size_t n, size_t i, size_t k, const char *what,
+                           const mg_jit_opts *o, mg_diag *d) {
+  size_t j = skip_blank(t, n, i + k), w = j;
+  while (w < n && is_ident(t[w])) w++;
+  size_t wl = w - j;
+#define WORD(lit) (wl == sizeof lit - 1 && memcmp(t + j, lit, wl) == 0)
+  if (!(WORD("include") || WORD("include_next") || WORD("import") || WORD("embed"))) {
+    if (wl == 0 && j < n && t[j] == '\\') /* a universal character name in a directive */
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: a '\\' right after '#' is not accepted", what);
+    return 0;
+  }
+#undef WORD
+  size_t a = skip_blank(t, n, w);
+  char close = a < n && t[a] == '"' ? '"' : a < n && t[a] == '<' ? '>' : 0;
+  size_t b = a + 1;
+  while (close && b < n && t[b] != close && t[b] != '\n') b++;
+  if (!close || b >= n || t[b] != close)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "%s: #%.*s without a plain \"name\" or <name> is not accepted (only "
+                       "the device header and the CUDA headers it uses may be included)",
+                       what, (int)wl, t + j);
+  const char *name = t + a + 1;
+  size_t nl = b - a - 1;
+  for (int h = 0; h < o->n_headers; h++)
+    if (strlen(o->headers[h].name) == nl && memcmp(o->headers[h].name, name, nl) == 0) return 0;
+  for (size_t h = 0; close == '>' && h < sizeof cuda_headers / sizeof *cuda_headers; h++)
+    if (strlen(cuda_headers[h]) == nl && memcmp(cuda_headers[h], name, nl) == 0) return 0;
+  mg_buf allowed;
+  mg_buf_init(&allowed, 0);
+  for (int h = 0; h < o->n_headers; h++) mg_buf_addf(&allowed, "\"%s\", ", o->headers[h].name);
+  for (size_t h = 0; h < sizeof cuda_headers / sizeof *cuda_headers; h++)
+    mg_buf_addf(&allowed, "<%s>%s", cuda_headers[h],
+                h + 1 < sizeof cuda_headers / sizeof *cuda_headers ? ", " : "");
+  int rc = mg_diag_set(d, MLAGEN_EINVAL,
+                       "%s: #%.*s %c%.*s%c refused: generated code may include only %s (another "
+                       "file would be read from the host and is not part of the cache key)",
+                       what, (int)wl, t + j, t[a], (int)(nl > 200 ? 200 : nl), name, close,
+                       mg_buf_str(&allowed));
+  mg_buf_free(&allowed);
+  return rc;
+}
+
+/* Refuses a source or header (what names it) that includes anything but the extra
+ * headers and the CUDA headers above. Lexes just enough C++ to know code from comments
+ * and literals (raw strings and digit separators included), after line splicing; every
+ * '#' in code followed by include, include_next, import or embed is checked, wherever it
+ * stands, so a mistake here errs on the side of refusing. */
+static int check_includes(const char *src, size_t len, const char *what, const mg_jit_opts *o,
+                          mg_diag *d) {
+  char *t = malloc(len + 1);
+  if (!t) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  size_t n = 0;
+  for (size_t i = 0; i < len; i++) { /* phase 2: backslash-newline splicing */
+    if (src[i] == '\\' && i + 1 < len && src[i + 1] == '\n') { i++; continue; }
+    if (src[i] == '\\' && i + 2 < len && src[i + 1] == '\r' && src[i + 2] == '\n') { i += 2; continue; }
+    t[n++] = src[i];
+  }
+  int rc = 0;
+  size_t i = 0;
+  while (i < n && !rc) {
+    char c = t[i];
+    if (c == '/' && i + 1 < n && t[i + 1] == '/') {
+      while (i < n && t[i] != '\n') i++;
+    } else if (c == '/' && i + 1 < n && t[i + 1] == '*') {
+      const char *e = find_in(t + i + 2, n - i - 2, "*/");
+      i = e ? (size_t)(e - t) + 2 : n;
+    } else if (c == '#' || (c == '%' && i + 1 < n && t[i + 1] == ':') ||
+               (c == '?' && i + 2 < n && t[i + 1] == '?' && t[i + 2] == '=')) {
+      size_t k = c == '#' ? 1 : c == '%' ? 2 : 3;
+      rc = check_directive(t, n, i, k, what, o, d);
+      i += k;
+    } else if (c >= '0' && c <= '9') { /* a pp-number, digit separators and exponents in it */
+      while (i < n && (is_ident(t[i]) || t[i] == '.' ||
+                       (t[i] == '\'' && i + 1 < n && is_ident(t[i + 1])) ||
+                       ((t[i] == '+' || t[i] == '-') && strchr("eEpP", t[i - 1]))))
+        i++;
+    } else if (is_ident(c)) { /* an identifier; an encoding prefix starts a literal */
+      size_t j = i;
+      while (j < n && is_ident(t[j])) j++;
+      int raw = t[j - 1] == 'R' && j - i <= 3 && j < n && t[j] == '"' &&
+                (j - i == 1 || ((j - i == 2 && strchr("uUL", t[i])) ||
+                                (j - i == 3 && t[i] == 'u' && t[i + 1] == '8')));
+      size_t q = j + 1, dl = 0;
+      while (raw && q < n && dl <= 16 && t[q] != '(' && !strchr(" ()\\\t\v\f\n", t[q])) q++, dl++;
+      if (raw && q < n && t[q] == '(') { /* R"delim( ... )delim" */
+        size_t e = q + 1;
+        while (e < n && !(t[e] == ')' && e + 1 + dl < n &&
+                          memcmp(t + e + 1, t + j + 1, dl) == 0 && t[e + 1 + dl] == '"'))
+          e++;
+        i = e < n ? e + dl + 2 : n;
+      } else {
+        i = j; /* a prefixed ordinary literal is lexed as one next */
+      }
+    } else if (c == '"' || c == '\'') { /* a literal ends at its quote or the line's end */
+      for (i++; i < n && t[i] != c && t[i] != '\n'; i++)
+        if (t[i] == '\\' && i + 1 < n && t[i + 1] != '\n') i++;
+      if (i < n && t[i] == c) i++;
+    } else {
+      i++;
+    }
+  }
+  free(t);
+  return rc;
+}
+
 /* ---- mg_jit_compile ------------------------------------------------------------ */
 
 static int check_args(const char *src, size_t len, const char *kernel, const mg_jit_opts *o,
@@ -578,6 +726,12 @@ int mg_jit_compile(const char *src, size_t len, const char *src_name, const char
   if (rc) return rc;
   double t0 = now_ms();
   if (!src_name || !*src_name) src_name = "mlagen_kernel.cu";
+  /* No host file reaches NVRTC: includes are checked in the source and the headers. */
+  rc = check_includes(src, len, src_name, o, d);
+  for (int i = 0; !rc && i < o->n_headers; i++)
+    rc = check_includes(o->headers[i].data ? o->headers[i].data : "", o->headers[i].size,
+                        o->headers[i].name, o, d);
+  if (rc) return rc;
 
   char *incdir = NULL, *srcz = NULL, *archopt = NULL, *incopt = NULL, *path = NULL;
   const char **opts = NULL;

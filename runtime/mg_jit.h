@@ -18,6 +18,7 @@
 #define MG_JIT_H
 #include <stddef.h>
 
+#include "mg_buf.h"
 #include "mg_diag.h"
 #include "mg_hash.h"
 
@@ -70,9 +71,14 @@ typedef struct mg_cubin {
  * mangled name (_Z<len><name>...); NULL: the first one ptxas reports. A named kernel
  * ptxas does not report leaves the figures 0 and sets out->warning.
  * On success the caller owns *out (mg_cubin_free); on failure *out is empty.
+ * The source and the headers may #include only the headers of o->headers and the CUDA
+ * headers <cuda_bf16.h> and <cuda_fp16.h>: any other include (a host path, a computed
+ * include, #include_next, #import, #embed) is refused before NVRTC runs, since NVRTC
+ * would read the host file, print it in its log, and the cache key would not cover it.
  * Errors: MLAGEN_EINVAL (no arch, an arch NVRTC does not know or a virtual one such as
  * compute_90 that yields no cubin, an option NVRTC rejects, a NUL byte in the source or
- * a header, a newline in arch or kernel), MLAGEN_ECOMPILE (the message holds the NVRTC
+ * a header, a newline in arch or kernel, a refused #include: "name: #include "x"
+ * refused: ..."), MLAGEN_ECOMPILE (the message holds the NVRTC
  * log, whose lines name the template file and line through #line), MLAGEN_EIO (CUDA
  * headers not found: the message says where it looked and to set CUDA_HOME),
  * MLAGEN_ENOMEM. A cache that cannot be read or written is not an
@@ -81,6 +87,16 @@ int mg_jit_compile(const char *src, size_t len, const char *src_name, const char
                    const mg_jit_opts *o, mg_cubin *out, mg_diag *d);
 
 void mg_cubin_free(mg_cubin *c);
+
+/* The cache entry format (mg_jit.c), for the fuzzer and tests. mg_jit_entry_read checks
+ * the n bytes of an entry file for key: NULL when it is an intact entry of that key
+ * (out's data, size, report and key are filled: mg_cubin_free it), else why it is
+ * unusable (nothing kept; *nomem set when the reason is a failed allocation). */
+const char *mg_jit_entry_read(const void *data, size_t n, const char *key, mg_cubin *out,
+                              int *nomem);
+/* Serializes c (its key, report and cubin) as an entry, appended to b. kernel and arch
+ * go into the metadata. Errors: MLAGEN_ENOMEM. */
+int mg_jit_entry_write(const mg_cubin *c, const char *kernel, const char *arch, mg_buf *b);
 
 /* The cache directory o would use (o may be NULL), written into buf (size n). Returns 0,
  * MLAGEN_EIO when neither MLAGEN_CACHE_DIR nor HOME is set, or MLAGEN_ELIMIT when the

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mg_buf.h"
@@ -101,6 +102,36 @@ static void test_atomic_write(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* A FIFO (no writer) where a file is expected is refused at once, not waited on: every
+ * file mlagen reads (templates, cache entries, --inputs, configs, stores) goes through
+ * mg_fs_read. An alarm turns a hang back into a failure. Also a directory and /dev/null. */
+static void test_read_refuses_fifo(void **state) {
+  (void)state;
+  char dir[] = "/tmp/mlagen-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char fifo[128];
+  snprintf(fifo, sizeof fifo, "%s/pipe", dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  alarm(20);
+  char *data = (char *)1;
+  size_t n = 1;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_fs_read(fifo, 100, &data, &n, &d), MLAGEN_EIO);
+  assert_null(data);
+  assert_int_equal(n, 0);
+  assert_non_null(strstr(mg_diag_msg(&d), "pipe: not a regular file"));
+  mg_diag_clear(&d);
+  assert_int_equal(mg_fs_read(dir, 100, &data, &n, &d), MLAGEN_EIO);
+  assert_non_null(strstr(mg_diag_msg(&d), "not a regular file"));
+  mg_diag_clear(&d);
+  assert_int_equal(mg_fs_read("/dev/null", 100, &data, &n, &d), MLAGEN_EIO);
+  assert_non_null(strstr(mg_diag_msg(&d), "not a regular file"));
+  mg_diag_clear(&d);
+  alarm(0);
+  unlink(fifo);
+  rmdir(dir);
+}
+
 static void test_sha256_vectors(void **state) {
   (void)state;
   /* FIPS 180-2 test vectors */
@@ -140,6 +171,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_buf_grows_and_caps), cmocka_unit_test(test_diag_and_status),
       cmocka_unit_test(test_atomic_write),       cmocka_unit_test(test_sha256_vectors),
+      cmocka_unit_test(test_read_refuses_fifo),
       cmocka_unit_test(test_embedded_files),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -253,13 +253,139 @@ static void test_headers(void **s) {
   assert_true(c.report.registers > 0);
   mg_cubin_free(&c);
 
-  /* Without the header the include fails. */
+  /* Without the header the include is refused before NVRTC looks for it on the host. */
   o.n_headers = 0;
   mg_diag d = MG_DIAG_INIT;
-  assert_int_equal(mg_jit_compile(HSRC, strlen(HSRC), "test.cu", "h", &o, &c, &d), MLAGEN_ECOMPILE);
-  assert_non_null(strstr(mg_diag_msg(&d), "mg_test.cuh"));
+  assert_int_equal(mg_jit_compile(HSRC, strlen(HSRC), "test.cu", "h", &o, &c, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "#include \"mg_test.cuh\" refused"));
   assert_null(c.data);
   mg_diag_clear(&d);
+}
+
+/* Generated source may include only the extra headers (the device header) and the CUDA
+ * headers it uses: any other #include would have NVRTC read a host file, print it in its
+ * error log, and compile something the cache key does not cover. Refused before NVRTC,
+ * in the source and in the headers, however the directive is spelled; includes inside
+ * comments and literals are not directives and pass. (No NVRTC compile runs here.) */
+static void test_fast_include_policy(void **s) {
+  (void)s;
+  static const char hdr[] = "#pragma once\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n";
+  mg_jit_header h = {"mla_device.cuh", hdr, sizeof hdr - 1};
+  mg_jit_opts o = {.arch = "sm_80", .no_cache = 1, .headers = &h, .n_headers = 1};
+  static const char *const bad[] = {
+      "#include \"/etc/passwd\"\n",
+      "#include </etc/passwd>\n",
+      "  #  include \"../secret.h\"\n",
+      "#include \"cuda_bf16.h\"\n", /* CUDA headers as <name> only: "" searches more places */
+      "#include_next <stdio.h>\n",
+      "#import \"/etc/hostname\"\n",
+      "#embed \"/etc/hostname\"\n",
+      "#define F \"/etc/passwd\"\n#include F\n",
+      "/* a comment */ # /* another */ include /* x */ \"/etc/passwd\"\n",
+      "#\\\ninclude \"/etc/passwd\"\n",
+      "#inc\\\nlude \"/etc/passwd\"\n",
+      "%:include \"/etc/passwd\"\n",
+      "?\?=include \"/etc/passwd\"\n",
+      "int x = 1'0; int y = '/*';\n#include \"/etc/passwd\"\n// */\n",
+      "const char *r = R\"(\n/*\n)\";\n#include \"/etc/passwd\"\n// */\n",
+      "const char *r = R\"xy(\n)\"\n)xy\";\n#include \"/etc/passwd\"\n",
+      "#include \"mla_device.cuh\"\n#include <mla_device.cuh/../../etc/passwd>\n",
+      "#include\n",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    mg_cubin c;
+    mg_diag d = MG_DIAG_INIT;
+    int rc = mg_jit_compile(bad[i], strlen(bad[i]), "gen.cu", NULL, &o, &c, &d);
+    if (rc != MLAGEN_EINVAL || !strstr(mg_diag_msg(&d), "gen.cu: "))
+      fail_msg("case %zu (%s): %d %s", i, bad[i], rc, mg_diag_msg(&d));
+    assert_null(c.data);
+    mg_diag_clear(&d);
+  }
+  /* the message says what was refused and what is allowed */
+  mg_cubin c;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_jit_compile(bad[0], strlen(bad[0]), "gen.cu", NULL, &o, &c, &d), MLAGEN_EINVAL);
+  assert_string_equal(mg_diag_msg(&d),
+                      "gen.cu: #include \"/etc/passwd\" refused: generated code may include only "
+                      "\"mla_device.cuh\", <cuda_bf16.h>, <cuda_fp16.h> (another file would be "
+                      "read from the host and is not part of the cache key)");
+  mg_diag_clear(&d);
+  /* a header that includes a host file is refused too */
+  static const char evil[] = "#pragma once\n#include \"/etc/passwd\"\n";
+  mg_jit_header he = {"mla_device.cuh", evil, sizeof evil - 1};
+  mg_jit_opts oe = o;
+  oe.headers = &he;
+  static const char ok_src[] = "#include \"mla_device.cuh\"\n";
+  assert_int_equal(mg_jit_compile(ok_src, strlen(ok_src), "gen.cu", NULL, &oe, &c, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "mla_device.cuh: #include \"/etc/passwd\" refused"));
+  mg_diag_clear(&d);
+  /* not directives: in comments, in literals, a raw string; '#' operators in macros.
+   * These pass the check and fail later, in NVRTC (an unknown arch keeps it quick). */
+  static const char fine[] =
+      "#include \"mla_device.cuh\"\n"
+      "#include <cuda_fp16.h>\n"
+      "// #include it; see \"/etc/passwd\"\n"
+      "/* #include \"/etc/passwd\"\n   #include </etc/shadow> */\n"
+      "const char *a = \"#include </etc/passwd>\", b = '#';\n"
+      "const char *r = R\"x(\n#include \"/etc/passwd\"\n)x\";\n"
+      "#define S(x) #x\n#define C(a, b) a##b\n"
+      "#line 7 \"t.tpl\"\n#pragma once\n"
+      "int n = 1'000'000;\n"
+      "int x = 1'000; /* '\n#include \"/etc/passwd\"\n// */\n";
+  mg_jit_opts ob = o;
+  ob.arch = "sm_1";
+  int rc = mg_jit_compile(fine, strlen(fine), "gen.cu", NULL, &ob, &c, &d);
+  if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&d), "refused")) fail_msg("%s", mg_diag_msg(&d));
+  mg_cubin_free(&c);
+  mg_diag_clear(&d);
+}
+
+/* Cache entries written and read back through mg_jit_entry_write/read (fuzz_jit_entry's
+ * round trip): figures survive, and a read entry whose compile_ms is beyond long long
+ * microseconds (found by the fuzzer: undefined behaviour in the writer's cast) writes
+ * clamped. A changed byte anywhere is refused. */
+static void test_fast_entry_roundtrip(void **s) {
+  (void)s;
+  static const char key[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  static const char elf[] = "\x7f" "ELF\x02\x01\x01\x33 not a real cubin";
+  mg_cubin c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.key, sizeof c.key, "%s", key);
+  c.data = (void *)elf;
+  c.size = sizeof elf - 1;
+  c.report.registers = 40;
+  c.report.spill_stores = 8;
+  c.report.smem_bytes = 1024;
+  const double ms[] = {12.345, 99999999999999999.0, 1e300, -5};
+  for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+    c.report.compile_ms = ms[i];
+    mg_buf b;
+    mg_buf_init(&b, 0);
+    assert_int_equal(mg_jit_entry_write(&c, "k", "sm_90a", &b), 0);
+    mg_cubin r;
+    memset(&r, 0, sizeof r);
+    int nomem = 0;
+    const char *why = mg_jit_entry_read(b.data, b.len, key, &r, &nomem);
+    if (why) fail_msg("compile_ms %g: %s", ms[i], why);
+    assert_int_equal(r.size, c.size);
+    assert_memory_equal(r.data, elf, c.size);
+    assert_int_equal(r.report.registers, 40);
+    assert_int_equal(r.report.spill_stores, 8);
+    assert_int_equal(r.report.smem_bytes, 1024);
+    assert_true(r.report.compile_ms >= 0 && r.report.compile_ms <= 1e12);
+    if (i == 0) assert_true(r.report.compile_ms > 12.344 && r.report.compile_ms < 12.346);
+    assert_string_equal(r.key, key);
+    mg_cubin_free(&r);
+    for (size_t k = 0; k < b.len; k += 7) { /* every 7th byte changed: refused */
+      b.data[k] ^= 0x20;
+      assert_non_null(mg_jit_entry_read(b.data, b.len, key, &r, &nomem));
+      assert_null(r.data);
+      b.data[k] ^= 0x20;
+    }
+    assert_non_null(mg_jit_entry_read(b.data, b.len - 1, key, &r, &nomem));
+    assert_non_null(mg_jit_entry_read(b.data, b.len, "another key", &r, &nomem));
+    mg_buf_free(&b);
+  }
 }
 
 /* ---- the key ---------------------------------------------------------------------- */
@@ -627,7 +753,11 @@ static void test_nvrtc_version(void **s) {
 }
 
 int main(void) {
+  const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: run a subset */
+  if (filter && *filter) cmocka_set_test_filter(filter);
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fast_include_policy),
+      cmocka_unit_test(test_fast_entry_roundtrip),
       cmocka_unit_test_setup_teardown(test_sm80, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sm90a, setup, teardown),
       cmocka_unit_test_setup_teardown(test_kernel_select, setup, teardown),

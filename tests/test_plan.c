@@ -248,11 +248,44 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(mg_form_parse("flash", &f), -1);
 }
 
+/* Sizes whose products pass int64 (`plan --seq 1099511627776 --batch 1048576`, and the
+ * extremes the API accepts) are refused by a checked bound before any form multiplies
+ * dims (the forms used to compute B*S*H*w and the backward's delta workspace in signed
+ * int64 first, undefined behaviour the fuzzers' UBSan build reports). Every form, every
+ * extreme; the largest plan just under the bound still builds. */
+static void test_huge_sizes_checked(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v3"); /* H = 128 */
+  mg_diag d = MG_DIAG_INIT;
+  struct { int B; int64_t S; } huge[] = {
+      {1 << 20, (int64_t)1 << 40}, {2147483647, (int64_t)1 << 62}, {1, INT64_MAX},
+      {2147483647, INT64_MAX - 7}, {1, (int64_t)1 << 46},
+  };
+  for (int f = 0; f < MG_FORM_COUNT; f++)
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+      mg_plan_args a = {.shape = &s, .form = (mg_form)f, .sp = 1, .rank = 0, .batch = huge[i].B,
+                        .seq = huge[i].S, .causal = 1, .dtype = MG_F64};
+      assert_int_equal(mg_plan_build(&plan, &a, &d), MLAGEN_EINVAL);
+      if (!strstr(mg_diag_msg(&d), "x the model's widths would exceed 2^56 bytes"))
+        fail_msg("%s B %d S %lld: %s", mg_form_name((mg_form)f), huge[i].B,
+                 (long long)huge[i].S, mg_diag_msg(&d));
+    }
+  mg_diag_clear(&d);
+  /* a long but representable sequence still plans, with finite figures */
+  mg_plan_args a = {.shape = &s, .form = MG_FORM_EXPLICIT, .sp = 8, .rank = 0, .batch = 1,
+                    .seq = (int64_t)1 << 30, .causal = 1, .dtype = MG_BF16};
+  assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+  mg_plan_cost c;
+  mg_plan_cost_of(&plan, &c);
+  assert_true(c.peak_bwd > 0 && c.peak_fwd > 0 && c.sent_fwd > 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_explicit_v3_figures), cmocka_unit_test(test_forms_relations_v3),
       cmocka_unit_test(test_single_rank),         cmocka_unit_test(test_plans_well_formed),
       cmocka_unit_test(test_laga_fused_groups), cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_huge_sizes_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -15,8 +16,8 @@
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static mg_lua *open_lua(size_t mem, long instr) {
-  mg_lua_limits lim = {mem, instr};
+static mg_lua *open_lua_t(size_t mem, long instr, double seconds) {
+  mg_lua_limits lim = {mem, instr, seconds};
   mg_lua *L = NULL;
   mg_diag d = MG_DIAG_INIT;
   assert_int_equal(mg_lua_open(&L, &lim, &d), 0);
@@ -24,6 +25,8 @@ static mg_lua *open_lua(size_t mem, long instr) {
   mg_diag_clear(&d);
   return L;
 }
+
+static mg_lua *open_lua(size_t mem, long instr) { return open_lua_t(mem, instr, 0); }
 
 /* Renders tpl as "t.tpl"; the output (or "") is in out, the message in d. */
 static int render(mg_lua *L, const char *tpl, mg_buf *out, mg_diag *d) {
@@ -65,7 +68,7 @@ static void expect_run(mg_lua *L, const char *chunk, int status, const char *n1,
   lua_State *S = mg_lua_state(L);
   int top = lua_gettop(S);
   int rc = mg_lua_run(L, chunk, strlen(chunk), "@sb.lua", 0, &d);
-  if (rc != status) fail_msg("status %d, expected %d: %s", rc, status, mg_diag_msg(&d));
+  if (rc != status) fail_msg("%s: status %d, expected %d: %s", chunk, rc, status, mg_diag_msg(&d));
   if (n1 && !strstr(mg_diag_msg(&d), n1)) fail_msg("'%s' not in: %s", n1, mg_diag_msg(&d));
   if (n2 && !strstr(mg_diag_msg(&d), n2)) fail_msg("'%s' not in: %s", n2, mg_diag_msg(&d));
   assert_int_equal(lua_gettop(S), top);
@@ -440,6 +443,83 @@ static void test_sandbox_instruction_cap(void **state) {
   mg_lua_close(L);
 }
 
+/* Library functions that loop in C are charged for their work, so the instruction cap
+ * stops them at once (each of these ran for minutes to forever under the default caps);
+ * their ordinary uses still work. */
+static void test_sandbox_c_loops_charged(void **state) {
+  (void)state;
+  mg_lua *L = open_lua(0, 0); /* the generator's limits */
+  expect_run(L, "local s = ('').rep('', math.maxinteger)", MLAGEN_ELIMIT,
+             "sb.lua:1: template exceeded the instruction cap", NULL);
+  expect_run(L, "local s = string.rep('', 1e15, '')", MLAGEN_ELIMIT, "instruction cap", NULL);
+  expect_run(L, "assert(('ab'):rep(3, ',') == 'ab,ab,ab' and ('').rep('', 100) == '')", 0, NULL,
+             NULL);
+  /* insert/remove on a table whose __len lies: the shift is charged, the length read once */
+  const char *lying = "local t = setmetatable({}, {__len = function() return math.maxinteger end})\n";
+  const char *calls[] = {"table.insert(t, 1, 'x')", "table.insert(t, 'x')", "table.remove(t, 1)"};
+  for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+    char chunk[256];
+    snprintf(chunk, sizeof chunk, "%s%s", lying, calls[i]);
+    expect_run(L, chunk, MLAGEN_ELIMIT, "sb.lua:2: template exceeded the instruction cap", NULL);
+  }
+  expect_run(L,
+             "local n = 0 local t = setmetatable({}, {__len = function() n = n + 1\n"
+             "  return n == 1 and 2 or math.maxinteger - 1 end})\n"
+             "table.insert(t, 1, 'x') assert(rawget(t, 1) == 'x' and n == 1)",
+             0, NULL, NULL);
+  expect_run(L,
+             "local t = {1, 2, 3} table.insert(t, 1, 0) table.insert(t, 5) assert(#t == 5)\n"
+             "assert(table.remove(t, 1) == 0 and table.remove(t) == 5 and #t == 3)\n"
+             "assert(t[1] == 1 and t[3] == 3 and table.remove({}) == nil)\n"
+             "assert(not pcall(table.insert, t, 9, 1) and not pcall(table.insert, t))",
+             0, NULL, NULL);
+  /* plain find of a 2 MB needle in a 4 MB string: ~10^12 byte compares */
+  expect_run(L, "local s = ('a'):rep(4e6) local n = ('a'):rep(2e6) .. 'b' local i = s:find(n)",
+             MLAGEN_ELIMIT, "instruction cap", NULL);
+  expect_run(L,
+             "assert(('hello world'):find('o w') == 5 and select(2, ('abc'):find('bc')) == 3)\n"
+             "assert(('abc'):find('') == 1 and ('abc'):find('', 10) == nil and ('abc'):find('c', -1) == 3)\n"
+             "assert(('aaab'):find('ab', 2) == 3 and ('abc'):find('x') == nil and ('a.c'):find('.', 1) == 2)",
+             0, NULL, NULL);
+  /* table.sort over megabytes of strings, full of NULs (strcoll walks them a chunk at a time) */
+  expect_run(L,
+             "local t = {} local z = ('\\0'):rep(1e6)\n"
+             "for i = 1, 40 do t[i] = z .. string.char(65 + i % 26) end\n"
+             "table.sort(t)",
+             MLAGEN_ELIMIT, "instruction cap", NULL);
+  expect_run(L,
+             "local t = {5, 3, 9, 1} table.sort(t) assert(t[1] == 1 and t[4] == 9)\n"
+             "table.sort(t, function(a, b) return a > b end) assert(t[1] == 9 and t[4] == 1)\n"
+             "local s = {'b', 'a', 'c'} table.sort(s) assert(table.concat(s) == 'abc')\n"
+             "assert(not pcall(table.sort, {1, 'x'}))",
+             0, NULL, NULL);
+  expect_usable(L);
+  mg_lua_close(L);
+}
+
+/* Work inside single instructions (== and < over long strings) is bounded by the
+ * wall-clock limit, checked by the hook (which fires more often as memory grows) and by
+ * the allocator: each of these ran for minutes. A clear limit error, not a hang. */
+static void test_sandbox_time_limit(void **state) {
+  (void)state;
+  mg_lua *L = open_lua_t(0, 0, 0.5);
+  expect_run(L,
+             "local a = ('x'):rep(1 << 24) .. 'a' local b = ('x'):rep(1 << 24) .. 'b'\n"
+             "for i = 1, 1e7 do local e = (a == b) end",
+             MLAGEN_ELIMIT, "sb.lua", "template exceeded the time limit of 0.5 s");
+  expect_run(L,
+             "local a = ('\\0'):rep(1 << 23) .. 'a' local b = ('\\0'):rep(1 << 23) .. 'b'\n"
+             "for i = 1, 1e7 do local e = (a < b) end",
+             MLAGEN_ELIMIT, "time limit", NULL);
+  /* pcall does not catch it */
+  expect_run(L,
+             "local a = ('x'):rep(1 << 24) .. 'a' local b = ('x'):rep(1 << 24) .. 'b'\n"
+             "while true do pcall(function() for i = 1, 1e7 do local e = (a == b) end end) end",
+             MLAGEN_ELIMIT, "time limit", NULL);
+  expect_usable(L); /* the next run has its own time */
+  mg_lua_close(L);
+}
+
 static void test_sandbox_memory_cap(void **state) {
   (void)state;
   mg_lua *L = open_lua((size_t)8 << 20, 0);
@@ -498,7 +578,7 @@ static void test_open_and_close(void **state) {
   mg_diag d = MG_DIAG_INIT;
   mg_lua *L = NULL;
   /* a cap too small to open the libraries */
-  mg_lua_limits tiny = {4096, 0};
+  mg_lua_limits tiny = {4096, 0, 0};
   assert_int_equal(mg_lua_open(&L, &tiny, &d), MLAGEN_ENOMEM);
   assert_null(L);
   /* defaults */
@@ -529,6 +609,7 @@ int main(void) {
       cmocka_unit_test(test_sandbox_binary_chunks),
       cmocka_unit_test(test_sandbox_instruction_cap),
       cmocka_unit_test(test_sandbox_memory_cap),
+      cmocka_unit_test(test_sandbox_c_loops_charged), cmocka_unit_test(test_sandbox_time_limit),
       cmocka_unit_test(test_sandbox_recursion),
       cmocka_unit_test(test_sandbox_patterns_and_input_errors),
       cmocka_unit_test(test_open_and_close),

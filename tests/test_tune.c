@@ -374,6 +374,102 @@ static void write_text(const char *path, const char *text) {
   fclose(f);
 }
 
+/* The generator caps the rendered output of the kernels it has handed out and that are
+ * still held, not only each kernel's (generate holds every kernel at once: ~10 GiB at
+ * the per-kernel cap). A small total cap shows it: the third copy of a kernel is refused
+ * with a clear error, freeing one makes room, and a kernel freed after its generator
+ * closed is fine. */
+static void test_generation_total_cap(void **state) {
+  (void)state;
+  mg_gen *g = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel_spec s = spec_of("attn_fwd", 1);
+  mg_kernel k[3];
+  assert_int_equal(mg_gen_kernel(g, &s, &k[0], &d), 0);
+  size_t one = k[0].source_len;
+  assert_true(one > 1000);
+  mg_gen_set_total_max(g, 2 * one + one / 2);
+  assert_int_equal(mg_gen_kernel(g, &s, &k[1], &d), 0);
+  assert_int_equal(mg_gen_kernel(g, &s, &k[2], &d), MLAGEN_ELIMIT);
+  assert_null(k[2].source);
+  if (!strstr(mg_diag_msg(&d), "attn_fwd.cu.tpl: rendered output exceeded the total cap"))
+    fail_msg("%s", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  mg_kernel_free(&k[0]);
+  assert_int_equal(mg_gen_kernel(g, &s, &k[2], &d), 0);
+  assert_int_equal(k[2].source_len, one);
+  mg_gen_close(g);
+  mg_kernel_free(&k[1]);
+  mg_kernel_free(&k[2]);
+  mg_diag_clear(&d);
+}
+
+/* text with the number after the first "key": replaced by val (heap). */
+static char *with_number(const char *text, const char *key, const char *val) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  const char *at = strstr(text, pat);
+  assert_non_null(at);
+  const char *v = at + strlen(pat);
+  while (*v == ' ' || *v == '\t') v++;
+  size_t n = strspn(v, "+-.0123456789eE");
+  assert_true(n > 0);
+  size_t pre = (size_t)(v - text), len = strlen(text) + strlen(val) + 1;
+  char *out = malloc(len);
+  assert_non_null(out);
+  snprintf(out, len, "%.*s%s%s", (int)pre, text, val, v + n);
+  return out;
+}
+
+/* Every number the store reader takes as an integer is checked for range and
+ * integrality before the cast ({"schema": 1e300} was undefined behaviour): a bad one is
+ * a corrupt store naming the field, never a wrapped or truncated value. */
+static void test_store_int_fields_checked(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_tune_header h = header_of("GPU Ints", "h");
+  mg_tune_entry e = entry_of("attn_fwd", 1, 4096, 64, 0.12, NULL, 0);
+  char dir[300], path[512];
+  snprintf(dir, sizeof dir, "%s/ints", tmpdir);
+  assert_int_equal(mg_tune_store_add(dir, &h, &e, 1, NULL, &d), 0);
+  assert_int_equal(mg_tune_store_path(dir, "sm_90a", "GPU Ints", path, sizeof path, &d), 0);
+  char *text = NULL;
+  size_t len = 0;
+  assert_int_equal(mg_fs_read(path, 1 << 20, &text, &len, &d), 0);
+  mg_tune_store st;
+  assert_int_equal(mg_tune_store_parse(text, len, "ints.json", &st, &d), 0);
+  mg_tune_store_free(&st);
+  static const char *const keys[] = {"schema", "driver_version", "sm_count", "heads", "d_n",
+                                     "d_r", "d_v", "d_c", "seq_bucket"};
+  static const char *const bad[] = {"1e300", "-1e300", "2.5", "4294967296", "-1",
+                                    "9.3e18"};
+  for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+      char *t = with_number(text, keys[k], bad[b]);
+      if (strcmp(keys[k], "seq_bucket") == 0 && strcmp(bad[b], "4294967296") == 0) {
+        assert_int_equal(mg_tune_store_parse(t, strlen(t), "ints.json", &st, &d), 0);
+        assert_true(st.n == 1 && st.entries[0].seq_bucket == 4294967296LL); /* a long long */
+        mg_tune_store_free(&st);
+        free(t);
+        continue;
+      }
+      assert_int_equal(mg_tune_store_parse(t, strlen(t), "ints.json", &st, &d), MLAGEN_ECONFIG);
+      char want[64];
+      snprintf(want, sizeof want, "invalid '%s'", keys[k]);
+      if (!strstr(mg_diag_msg(&d), want)) fail_msg("%s = %s: %s", keys[k], bad[b], mg_diag_msg(&d));
+      mg_diag_clear(&d);
+      free(t);
+    }
+  /* a config value too (the reader already checked these) */
+  char *t = with_number(text, "block_m", "1e300");
+  assert_int_equal(mg_tune_store_parse(t, strlen(t), "ints.json", &st, &d), MLAGEN_ECONFIG);
+  assert_non_null(strstr(mg_diag_msg(&d), "invalid 'config'"));
+  mg_diag_clear(&d);
+  free(t);
+  free(text);
+}
+
 static void test_corrupt_and_mismatch(void **state) {
   mg_diag d = MG_DIAG_INIT;
   char dir[300], path[512];
@@ -589,6 +685,8 @@ int main(void) {
       cmocka_unit_test(test_store_roundtrip),
       cmocka_unit_test(test_store_concurrent),
       cmocka_unit_test(test_corrupt_and_mismatch),
+      cmocka_unit_test(test_store_int_fields_checked),
+      cmocka_unit_test(test_generation_total_cap),
       cmocka_unit_test(test_lookup),
       cmocka_unit_test(test_choose),
       cmocka_unit_test(test_timer_hook),
