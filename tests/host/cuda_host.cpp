@@ -395,13 +395,14 @@ namespace {
 
 enum FiberState { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_WAIT_ACTIVE, F_DONE };
 
-/* One cp.async: the source bytes, read at issue, and where they go when it lands (at a
- * random scheduling point of its block after the issue, at the latest at the wait). */
+/* One cp.async: the source bytes, read at issue, and where they go when it lands: an
+ * eager copy (half of them, drawn at issue) at a random scheduling point of its block
+ * after the issue, at the latest at the wait; a lazy one at the wait. */
 struct CpAsync {
   void *dst;
   unsigned long long group; /* the issuing thread's commit count at issue */
   unsigned size;
-  bool landed;
+  bool landed, eager;
   unsigned char data[16];
 };
 
@@ -616,12 +617,14 @@ void cp_land(Fiber *f, CpAsync &e) {
 }
 
 /* At a scheduling point of block B (whose shared memory is live): up to two of its pending
- * copies, drawn at random among every thread's, land now. */
+ * eager copies, drawn at random among every thread's, land now. So in every schedule some
+ * copies land early (a later copy into a buffer other warps still read shows) and some
+ * only at the wait (a read before the wait and barrier shows). */
 void cp_land_random(Launch *L, Block *B) {
   for (unsigned k = rng_below(L, 3); k && B->ncpf; --k) {
     Fiber *f = &B->fibers[B->cpf[rng_below(L, B->ncpf)]];
     CpAsync &e = f->cp[f->cp_head + rng_below(L, f->cp_n - f->cp_head)];
-    if (!e.landed) cp_land(f, e);
+    if (!e.landed && e.eager) cp_land(f, e);
   }
 }
 
@@ -1197,6 +1200,7 @@ void mg_host_cp_async(void *dst, const void *src, unsigned cp_size, unsigned src
   e.group = f->cp_committed;
   e.size = cp_size;
   e.landed = false;
+  e.eager = !L->round_robin && rng_below(L, 2);
   if (f->cp_live++ == 0) { /* f joins its block's list of threads with pending copies */
     Block *B = f->blk;
     f->cpf_pos = B->ncpf;
