@@ -351,9 +351,13 @@ ${K.name}(
     for (int d = 0; d < NT_V; ++d)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dvacc[d][e] = 0.f;
-    if (HEAD_LOOP && h > h_begin) {
+@ if C.deterministic == 1 and not PACKED then
+    // Emitted only with the head loop (HEAD_LOOP), where it runs: a barrier in dead code
+    // could not be checked by removing it (tests/test_attn_bwd.c).
+    if (h > h_begin) {
       __syncthreads();  // every warp is done with the last head's K, V and query tiles
     }
+@ end
 
     if (n_iter > 0) {
       load_kv(h);
