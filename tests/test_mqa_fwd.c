@@ -348,7 +348,7 @@ static void test_missing_barrier_caught(void **state) {
       n++;
       required += publishes;
       fwd_case c;
-      case_init(&bk, &c, 2, 37, 37, 0);
+      case_init(&bk, &c, 2, 100, 100, 0); /* two key tiles: the K buffer is refilled */
       mg_host_launch_opts lo;
       memset(&lo, 0, sizeof lo);
       int caught = 0;

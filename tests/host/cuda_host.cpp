@@ -1,17 +1,20 @@
 /* Host executor for generated CUDA kernels: scheduler, launcher, shared memory and PTX.
  *
  * Compiled into the same shared object as the kernel (see README.md). Every thread of a
- * block is a cooperative fiber of the calling OS thread; blocks run one after another.
- * A fiber runs until it has to wait (barrier, warp collective) or exits, then passes
- * control to the next runnable fiber, chosen by pick_next(): at random from a seed, or
- * round robin. When none is runnable and some have not exited, the block is deadlocked:
- * that is reported, never waited on. Errors raised inside a fiber switch straight back
- * to the launcher, which abandons the block's fibers (their stacks are simply reused or
- * unmapped).
+ * block is a cooperative fiber of the calling OS thread; several blocks are resident at
+ * once (Launch::blocks), started in a shuffled order. A fiber runs until it has to wait
+ * (barrier, warp collective) or exits, then passes control to the next runnable fiber of
+ * its block, chosen by pick_next(): at random from a seed, or round robin; now and then
+ * (and when its block cannot go on) it switches back to the launcher, run_grid(), which
+ * picks a resident block, swaps shared memory to that block's and runs it. When a block
+ * has threads that have not exited and none can run, it is deadlocked: that is reported,
+ * never waited on. Errors raised inside a fiber switch straight back to the launcher,
+ * which abandons every fiber (their stacks are simply reused or unmapped).
  *
  * Nothing here is thread_local except the dynamic shared memory buffer: every
- * thread_local of the object is shared memory (cuda_host.h), and the whole of it is
- * filled with NaN before each block. */
+ * thread_local of the object is shared memory (cuda_host.h); the whole of it is filled
+ * with NaN when a block first runs, saved when another block takes over and restored
+ * when the block runs again. */
 #include "cuda_host.h"
 #include "host_launch.h"
 
@@ -65,7 +68,8 @@ thread_local unsigned char MG_HOST_DYN_SMEM_NAME[MG_HOST_MAX_DYN_SMEM]
  *   exactly sized heap block on first use, registered here. Under ASan every static
  *   __shared__ array thus has redzones, and the dynamic buffer is allocated per launch
  *   with exactly the requested size, so out-of-bounds shared-memory accesses are
- *   reported like heap overflows. Blocks run one at a time, so one instance suffices. */
+ *   reported like heap overflows. One block's shared memory is live at a time (the others'
+ *   are saved copies, see SmemCopy), so one instance suffices. */
 namespace {
 
 struct EmutlsObject { /* libgcc's and compiler-rt's struct __emutls_object */

@@ -72,7 +72,8 @@
 
 /* __shared__ -> thread_local. At block scope thread_local implies static storage, so
  * there is one copy per OS thread, shared by all fibers (threads) of the block that
- * runs on it; blocks run one after another, so that copy is per-block shared memory.
+ * runs on it; the executor keeps each resident block's contents and swaps them in when
+ * that block runs, so that copy is per-block shared memory.
  * Unlike `static`, it also combines with `extern`:
  *   extern __shared__ __align__(16) unsigned char smem[];
  * refers to the dynamic shared memory buffer that cuda_host.cpp defines (228 KiB,
@@ -81,10 +82,10 @@
  * (that define must reach cuda_host.cpp, e.g. on the same g++ command line).
  *
  * Every thread_local of the kernel's shared object is therefore shared memory, and
- * cuda_host.cpp fills all of it with NaN (0xff bytes) before each block: with native
- * TLS it fills the module's TLS block; built with clang -femulated-tls, each variable
- * is allocated on its own (exactly sized, so ASan sees its bounds) by the executor's
- * __emutls_get_address. The executor itself keeps no thread_local state. */
+ * cuda_host.cpp fills all of it with NaN (0xff bytes) when a block first runs: with
+ * native TLS it fills the module's TLS block; built with clang -femulated-tls, each
+ * variable is allocated on its own (exactly sized, so ASan sees its bounds) by the
+ * executor's __emutls_get_address. The executor itself keeps no thread_local state. */
 #define __shared__ thread_local
 #ifndef MG_HOST_DYN_SMEM_NAME
 #define MG_HOST_DYN_SMEM_NAME smem
