@@ -436,7 +436,7 @@ static void test_missing_barrier_caught(void **state) {
         build(&o, &bs.dq);
       }
       bwd_case c;
-      case_init(&bs.dkdv.kh.spec, &c, 0, 2, 77, 77, 0);
+      case_init(&bs.dkdv.kh.spec, &c, 0, 1, 140, 140, 0); /* 3 tiles: a stage is refilled */
       int caught = 0;
       for (unsigned long long seed = 1; seed <= 3; seed++) {
         mg_host_launch_opts lo;
