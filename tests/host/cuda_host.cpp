@@ -689,15 +689,16 @@ void resume(Launch *L, Ctx *from, Fiber *next, bool from_exits) {
 
 /* Called by a fiber that has set its wait state, exited (F_DONE), or pushed itself on the
  * ready list (a yield): runs others until it may go on. This is a scheduling point of its
- * block: pending copies may land; then the next fiber of the block runs, or, now and then
- * at random (and always when none of the block can run), the launcher takes over to
- * switch blocks (see run_grid). */
-void switch_away(Launch *L, Fiber *self) {
+ * block: pending copies may land; then the next fiber of the block runs, or, with
+ * probability 1/period (and always when none of the block can run), the launcher takes
+ * over to switch blocks (see run_grid). */
+void switch_away(Launch *L, Fiber *self, unsigned period = 0) {
   Block *B = self->blk;
   Fiber *next = nullptr;
   if (!L->round_robin) {
     if (B->ncpf) cp_land_random(L, B);
-    if (L->nres < 2 || rng_below(L, L->switch_period)) next = pick_next(L, B, self->index);
+    if (L->nres < 2 || rng_below(L, period ? period : L->switch_period))
+      next = pick_next(L, B, self->index);
   } else {
     next = pick_next(L, B, self->index);
   }
@@ -712,12 +713,16 @@ void switch_away(Launch *L, Fiber *self) {
 }
 
 /* After completing a barrier or collective: in a shuffled schedule the last thread to
- * arrive does not simply go on first. */
-void yield(Launch *L, Fiber *self) {
+ * arrive does not simply go on first. period: see switch_away (0: Launch::switch_period). */
+void yield(Launch *L, Fiber *self, unsigned period = 0) {
   if (L->round_robin || !self->blk->nready) return;
   ready_push(self->blk, self);
-  switch_away(L, self);
+  switch_away(L, self, period);
 }
+
+/* A block switch at one barrier completion in this many: barriers are few, so this makes
+ * blocks interleave between the phases of even a short kernel at little cost. */
+enum { BARRIER_SWITCH = 4 };
 
 void fiber_main() {
   Launch *L = g_launch;
@@ -1011,7 +1016,7 @@ int mg_host_syncthreads(int kind, int pred, int line) {
     B->bar_gen = g + 1;
     for (unsigned i = 0; i < L->nthreads; ++i)
       if (B->fibers[i].state == F_WAIT_BAR) ready_push(B, &B->fibers[i]);
-    yield(L, f);
+    yield(L, f, BARRIER_SWITCH);
   } else {
     f->state = F_WAIT_BAR;
     f->wait = g;
@@ -1487,7 +1492,7 @@ mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
                                             "MG_HOST_RESIDENT_BLOCKS", 1, 32, 3);
   if (L->nres > L->nblocks) L->nres = (unsigned)L->nblocks;
   L->switch_period = opt_or_env(opts ? opts->block_switch : 0, "MG_HOST_BLOCK_SWITCH", 1,
-                                1u << 30, 256);
+                                1u << 30, 2048);
   L->nthreads = block.x * block.y * block.z;
   L->nwarps = (L->nthreads + 31) / 32;
   L->blocks = (Block *)calloc(L->nres, sizeof(Block));

@@ -76,8 +76,9 @@ typedef struct mg_host_launch_opts {
    * its own shared memory, so one block's global-memory writes and atomics interleave
    * with another's. 0: $MG_HOST_RESIDENT_BLOCKS, else 3 (at most 32, at most the grid). */
   unsigned resident_blocks;
-  /* A scheduling point hands over to another resident block with probability
-   * 1/block_switch. 0: $MG_HOST_BLOCK_SWITCH, else 256. */
+  /* A scheduling point hands over to a resident block drawn at random with probability
+   * 1/block_switch (the completion of a barrier with probability 1/4). 0:
+   * $MG_HOST_BLOCK_SWITCH, else 2048. */
   unsigned block_switch;
 } mg_host_launch_opts;
 
