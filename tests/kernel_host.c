@@ -171,8 +171,10 @@ int kh_build_edited(mg_gen *g, const mg_kernel_spec *spec, int asan, kh_edit_fn 
     if (mg_host_kernel_build(k.source, k.source_len, k.file, k.name, &bo, &out->k, msg, sizeof msg))
       fail_msg("host build: %s", msg);
     double secs = kh_now() - t0;
-    if (secs > 0.05) print_message("  built %s%s (%.1f s)\n", k.name, asan ? " with ASan" : "", secs);
     out->fn = mg_host_kernel_fn(out->k);
+    if (secs > 0.05)
+      print_message("  built %s%s (%.1f s)\n", k.name, mg_host_kernel_asan(out->k) ? " with ASan" : "",
+                    secs);
     assert_non_null(out->fn);
     built = 1;
   }
