@@ -9,7 +9,7 @@
  * so the kernel's error is its fp32 accumulation, the 16-bit rounding of P before P V and
  * the rounding of O. Launches use the executor's shuffled schedule with shared memory
  * NaN-filled before each block; other schedules must give bit-identical O and LSE, and
- * removing any barrier that publishes data between warps must be caught. Two small cases
+ * removing any of its barriers must be caught by every seed. Two small cases
  * also run in a child process (this program, --asan-case) built with ASan, when the
  * compiler has an ASan runtime: the dynamic shared memory is then bounds-checked at the
  * launch's size. */
