@@ -351,9 +351,12 @@ ${K.name}(
     for (int d = 0; d < NT_V; ++d)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dvacc[d][e] = 0.f;
-    if (HEAD_LOOP && h > h_begin) {
-      __syncthreads();  // every warp is done with the last head's K, V and query tiles
-    }
+    // No barrier before the next head's loads: the last iteration of the head ended with
+    // "every warp is done with stage st", after which no warp reads the head's K, V or
+    // query tiles (the epilogue works from registers, and a dK in shared memory is each
+    // thread's own); a head with no iteration loads nothing, nor does the next one (n_iter
+    // does not depend on the head). A barrier here was redundant: removing it changed no
+    // result under the host executor's shuffled schedules (tests/test_attn_bwd.c).
 
     if (n_iter > 0) {
       load_kv(h);

@@ -62,9 +62,15 @@ const cJSON *kh_launch_item(const kh_kernel *bk, const char *name);
 /* The grid the manifest's rule gives for these arguments. */
 mg_host_dim3 kh_grid(const kh_kernel *bk, long seqlen_q, long seqlen_k, long batch);
 
+/* The architecture whose shared-memory limit kh_launch applies unless lo->arch says
+ * otherwise: the kernels are generated for sm_80 and sm_90a (the NVRTC sweep compiles
+ * both), and sm_80's 163 KiB per block is the smaller limit. */
+#define KH_ARCH 80
+
 /* Launches the kernel on grid with block (threads, 1, 1) and its dynamic shared memory:
- * thunk(args) is every thread's body, lo the schedule (NULL: the executor's defaults). A
- * failed launch fails the test; returns the launch's wall time in seconds. */
+ * thunk(args) is every thread's body, lo the schedule (NULL: the executor's defaults;
+ * arch 0: KH_ARCH). A failed launch fails the test; returns the launch's wall time in
+ * seconds. */
 double kh_launch(const kh_kernel *bk, mg_host_dim3 grid, const mg_host_launch_opts *lo,
                  void (*thunk)(void *), void *args);
 
@@ -117,11 +123,18 @@ void kh_load_shape(const char *model, const char *json, mg_shape *shape);
 /* A monotonic clock, seconds. */
 double kh_now(void);
 
-/* The test_asan body: unless this process already has ASan (then it says so), runs this
- * program (argv0 in messages) again as "--asan-case" with the ASan runtime preloaded, the
- * same seed and a cache directory of its own; the child must exit 0 without an ASan report.
- * Its "rel err" and "built " lines are printed prefixed "[asan]". Skipped when the compiler
- * has no ASan runtime. */
-void kh_run_asan_child(const char *argv0, uint64_t seed);
+/* The test_asan body: unless this process already has ASan (then asan_case runs here),
+ * runs this program (argv0 in messages) again as "--asan-case" (see kh_test_main) with the
+ * ASan runtime preloaded, the same seed and a cache directory of its own; the child must
+ * exit 0 without an ASan report. Its "rel err" and "built " lines are printed prefixed
+ * "[asan]". When the compiler has no ASan runtime, or the ASan compiler is not clang (then
+ * static __shared__ arrays have no bounds), the test fails if $CI is set and is skipped
+ * (cmocka's skip()) otherwise. */
+void kh_run_asan_child(const char *argv0, uint64_t seed, void (*asan_case)(void **));
+
+/* The start of a kernel test's main(): $MLAGEN_TEST_FILTER (a cmocka pattern) selects the
+ * tests to run; as "--asan-case" (the child of kh_run_asan_child) it runs asan_case alone.
+ * Returns -1 to go on with the tests, else main's exit code. */
+int kh_test_main(int argc, char **argv, void (*asan_case)(void **));
 
 #endif

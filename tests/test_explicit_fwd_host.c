@@ -325,7 +325,6 @@ static void test_s256_timing(void **state) {
  * cases, in a process that has the ASan runtime preloaded. */
 static void asan_case_run(void **state) {
   (void)state;
-  assert_true(mg_host_process_has_asan());
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
     built_kernel bk;
@@ -345,15 +344,13 @@ static void asan_case_run(void **state) {
 /* ASan finds no out-of-bounds global or shared-memory access in the kernel. */
 static void test_asan(void **state) {
   (void)state;
-  kh_run_asan_child("test_explicit_fwd_host", g_test_seed);
+  kh_run_asan_child("test_explicit_fwd_host", g_test_seed, asan_case_run);
 }
 
 int main(int argc, char **argv) {
   kt_seed_init();
-  if (argc == 2 && !strcmp(argv[1], "--asan-case")) {
-    const struct CMUnitTest child[] = {cmocka_unit_test(asan_case_run)};
-    return cmocka_run_group_tests(child, NULL, NULL);
-  }
+  const int rc = kh_test_main(argc, argv, asan_case_run);
+  if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek_heads),
       cmocka_unit_test(test_unusual_heads),

@@ -330,8 +330,23 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kh_sweep_close(&sw);
 }
 
-int main(void) {
+/* The child side of test_asan: the layout kernels built with ASan (MG_HOST_ASAN=1, see
+ * kh_run_asan_child) on small cases, in a process that has the ASan runtime preloaded. */
+static void asan_case_run(void **state) {
+  (void)state;
+  check_layouts("bf16", 2, 64);
+  check_send_buffer(2, 64);
+}
+
+static void test_asan(void **state) {
+  (void)state;
+  kh_run_asan_child("test_layout", g_test_seed, asan_case_run);
+}
+
+int main(int argc, char **argv) {
   kt_seed_init();
+  const int rc = kh_test_main(argc, argv, asan_case_run);
+  if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layouts_bf16),
       cmocka_unit_test(test_layouts_fp16),
@@ -339,6 +354,7 @@ int main(void) {
       cmocka_unit_test(test_num_warps),
       cmocka_unit_test(test_dq_convert),
       cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_asan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -477,10 +477,27 @@ static int report_worst(void **state) {
   return 0;
 }
 
-int main(void) {
+/* The child side of test_asan: the kernels (pre, dkv, dq) built with ASan
+ * (MG_HOST_ASAN=1, see kh_run_asan_child) on small cases, in a process that has the ASan
+ * runtime preloaded. */
+static void asan_case_run(void **state) {
+  (void)state;
+  bwd_set bs;
+  set_build(&bs, 2, 256, 32, 1, NULL, NULL);
+  run_case(&bs, 1, 2, 37, 37, 0);
+  run_case(&bs, 1, 1, 20, 50, 30);
+  set_unload(&bs);
+}
+
+static void test_asan(void **state) {
+  (void)state;
+  kh_run_asan_child("test_mqa_bwd", g_test_seed, asan_case_run);
+}
+
+int main(int argc, char **argv) {
   kt_seed_init();
-  const char *filter = getenv("MLAGEN_TEST_FILTER");
-  if (filter) cmocka_set_test_filter(filter);
+  const int rc = kh_test_main(argc, argv, asan_case_run);
+  if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek_h2),
       cmocka_unit_test(test_deepseek_h16),
@@ -491,6 +508,7 @@ int main(void) {
       cmocka_unit_test(test_missing_barrier_caught),
       cmocka_unit_test(test_fp16),
       cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_asan),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }

@@ -9,7 +9,7 @@
  * so the kernel's error is its fp32 accumulation, the 16-bit rounding of P before P V and
  * the rounding of O. Launches use the executor's shuffled schedule with shared memory
  * NaN-filled before each block; other schedules must give bit-identical O and LSE, and
- * removing any barrier that publishes data between warps must be caught. Two small cases
+ * removing any of its barriers must be caught by every seed. Two small cases
  * also run in a child process (this program, --asan-case) built with ASan, when the
  * compiler has an ASan runtime: the dynamic shared memory is then bounds-checked at the
  * launch's size. */
@@ -329,12 +329,12 @@ static void test_schedules_bit_identical(void **state) {
   }
 }
 
-/* The kernel with one of its barriers removed, for each barrier, both pipelines: one that
- * publishes data to other warps (copied tiles, the row max or sum parts, P) must give
- * wrong results under some of the shuffled schedules with NaN-filled shared memory. The
- * one that only guards the single K buffer against the next copy into it (write after
- * read) is reported, not required: the executor lands a copy only at the issuing thread's
- * wait, which the next barrier orders after every read. */
+/* The kernel with one of its barriers removed, for each barrier, both pipelines, with no
+ * exemption: every shuffled schedule (NaN-filled shared memory, copies landing at random
+ * points between issue and wait, several blocks resident) must give a wrong result,
+ * whether the barrier publishes data to other warps (copied tiles, the row max or sum
+ * parts, P) or guards the single K buffer against the next copy into it (write after
+ * read). */
 static void test_missing_barrier_caught(void **state) {
   (void)state;
   for (int stages = 1; stages <= 2; stages++) {
@@ -348,7 +348,7 @@ static void test_missing_barrier_caught(void **state) {
       n++;
       required += publishes;
       fwd_case c;
-      case_init(&bk, &c, 2, 37, 37, 0);
+      case_init(&bk, &c, 2, 100, 100, 0); /* two key tiles: the K buffer is refilled */
       mg_host_launch_opts lo;
       memset(&lo, 0, sizeof lo);
       int caught = 0;
@@ -363,8 +363,8 @@ static void test_missing_barrier_caught(void **state) {
       print_message("  stages=%d without barrier %d (%s): caught by %d of 3 seeds (last: %zu NaN, "
                     "O err %.2e)\n", stages, which, publishes ? "publishes" : "write after read",
                     caught, nans, o_err);
-      if (publishes && caught == 0)
-        fail_msg("stages=%d: barrier %d removed, yet every schedule gives the right result",
+      if (caught < 3)
+        fail_msg("stages=%d: barrier %d removed, yet some schedule gives the right result",
                  stages, which);
       case_free(&c);
       unload(&bk);
@@ -391,7 +391,7 @@ static void asan_case_run(void **state) {
 /* ASan finds no out-of-bounds global or dynamic shared-memory access in the kernel. */
 static void test_asan(void **state) {
   (void)state;
-  kh_run_asan_child("test_mqa_fwd", g_test_seed);
+  kh_run_asan_child("test_mqa_fwd", g_test_seed, asan_case_run);
 }
 
 /* An MLA shape unlike DeepSeek's (d_c 256, d_r 32, 40 heads), as in test_attn_fwd.c. */
@@ -471,10 +471,8 @@ static int report_worst(void **state) {
 
 int main(int argc, char **argv) {
   kt_seed_init();
-  if (argc == 2 && !strcmp(argv[1], "--asan-case")) {
-    const struct CMUnitTest child[] = {cmocka_unit_test(asan_case_run)};
-    return cmocka_run_group_tests(child, NULL, NULL);
-  }
+  const int rc = kh_test_main(argc, argv, asan_case_run);
+  if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek),
       cmocka_unit_test(test_dc256),

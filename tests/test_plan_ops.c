@@ -325,14 +325,32 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kh_sweep_close(&sw);
 }
 
-int main(void) {
+/* The child side of test_asan: the plan-op kernels built with ASan (MG_HOST_ASAN=1, see
+ * kh_run_asan_child) on small cases, in a process that has the ASan runtime preloaded. */
+static void asan_case_run(void **state) {
+  (void)state;
+  const op_shape *sh = &shapes[0];
+  check_expand_kv(sh, 0, 3, sh->dr + 5, 0);
+  check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1);
+  check_latent(&shapes[1], 2, 5);
+}
+
+static void test_asan(void **state) {
+  (void)state;
+  kh_run_asan_child("test_plan_ops", g_test_seed, asan_case_run);
+}
+
+int main(int argc, char **argv) {
   kt_seed_init();
+  const int rc = kh_test_main(argc, argv, asan_case_run);
+  if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_expand_kv),
       cmocka_unit_test(test_split_dkv),
       cmocka_unit_test(test_latent),
       cmocka_unit_test(test_copy_cols),
       cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_asan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,17 +1,20 @@
 /* Host executor for generated CUDA kernels: scheduler, launcher, shared memory and PTX.
  *
  * Compiled into the same shared object as the kernel (see README.md). Every thread of a
- * block is a cooperative fiber of the calling OS thread; blocks run one after another.
- * A fiber runs until it has to wait (barrier, warp collective) or exits, then passes
- * control to the next runnable fiber, chosen by pick_next(): at random from a seed, or
- * round robin. When none is runnable and some have not exited, the block is deadlocked:
- * that is reported, never waited on. Errors raised inside a fiber switch straight back
- * to the launcher, which abandons the block's fibers (their stacks are simply reused or
- * unmapped).
+ * block is a cooperative fiber of the calling OS thread; several blocks are resident at
+ * once (Launch::blocks), started in a shuffled order. A fiber runs until it has to wait
+ * (barrier, warp collective) or exits, then passes control to the next runnable fiber of
+ * its block, chosen by pick_next(): at random from a seed, or round robin; now and then
+ * (and when its block cannot go on) it switches back to the launcher, run_grid(), which
+ * picks a resident block, swaps shared memory to that block's and runs it. When a block
+ * has threads that have not exited and none can run, it is deadlocked: that is reported,
+ * never waited on. Errors raised inside a fiber switch straight back to the launcher,
+ * which abandons every fiber (their stacks are simply reused or unmapped).
  *
  * Nothing here is thread_local except the dynamic shared memory buffer: every
- * thread_local of the object is shared memory (cuda_host.h), and the whole of it is
- * filled with NaN before each block. */
+ * thread_local of the object is shared memory (cuda_host.h); the whole of it is filled
+ * with NaN when a block first runs, saved when another block takes over and restored
+ * when the block runs again. */
 #include "cuda_host.h"
 #include "host_launch.h"
 
@@ -65,7 +68,8 @@ thread_local unsigned char MG_HOST_DYN_SMEM_NAME[MG_HOST_MAX_DYN_SMEM]
  *   exactly sized heap block on first use, registered here. Under ASan every static
  *   __shared__ array thus has redzones, and the dynamic buffer is allocated per launch
  *   with exactly the requested size, so out-of-bounds shared-memory accesses are
- *   reported like heap overflows. Blocks run one at a time, so one instance suffices. */
+ *   reported like heap overflows. One block's shared memory is live at a time (the others'
+ *   are saved copies, see SmemCopy), so one instance suffices. */
 namespace {
 
 struct EmutlsObject { /* libgcc's and compiler-rt's struct __emutls_object */
@@ -240,7 +244,7 @@ void smem_end_launch() {
 #endif
 }
 
-/* Before each block: every shared-memory byte becomes 0xff (a NaN as fp32, bf16, fp16,
+/* When a block first becomes live: every shared-memory byte becomes 0xff (a NaN as fp32, bf16, fp16,
  * fp64), so a read of smem the block has not written poisons what it computes. */
 void smem_fill_block() {
   Smem &S = g_smem;
@@ -274,6 +278,78 @@ bool smem_contains(const void *p, size_t n) {
   if (a < S.tls_lo || a + n > S.tls_hi) return false;
   /* not in the unused tail of the dynamic buffer */
   return a + n <= S.dyn || a >= S.dyn + MG_HOST_MAX_DYN_SMEM;
+}
+
+/* A block's shared memory while another resident block's is live (see Launch): the
+ * contents of every shared-memory variable, in the order smem_regions visits them. */
+struct SmemCopy {
+  unsigned char *buf;
+  size_t cap, size;
+  unsigned nvars; /* emulated TLS: variables registered when it was saved */
+};
+
+/* Calls f(i, p, n) for each shared-memory region [p, p + n) of the current launch: with
+ * native TLS the TLS block around the dynamic buffer's unused tail, emulated each
+ * variable (i its index). */
+template <class F> void smem_regions(F f) {
+  Smem &S = g_smem;
+  if (S.emulated) {
+    for (unsigned i = 0; i < S.nvars; ++i) {
+      const SmemVar &v = S.vars[i];
+      if (!v.plain) f(i, (unsigned char *)v.ptr, v.dyn ? S.dyn_size : v.size);
+    }
+    return;
+  }
+  unsigned char *end = S.dyn + MG_HOST_MAX_DYN_SMEM;
+  f(0u, S.tls_lo, (size_t)(S.dyn - S.tls_lo));
+  f(1u, S.dyn, S.dyn_size);
+  f(2u, end, (size_t)(S.tls_hi - end));
+}
+
+/* Static shared memory (bytes) the kernel object has: native TLS, its TLS block less the
+ * dynamic buffer; emulated, the variables used so far. */
+size_t smem_static_bytes() {
+  Smem &S = g_smem;
+  if (!S.emulated) return (size_t)(S.tls_hi - S.tls_lo) - MG_HOST_MAX_DYN_SMEM;
+  size_t n = 0;
+  for (unsigned i = 0; i < S.nvars; ++i)
+    if (!S.vars[i].plain && !S.vars[i].dyn) n += S.vars[i].size;
+  return n;
+}
+
+/* Copies the live shared memory into c. False when out of memory. */
+bool smem_save(SmemCopy *c) {
+  size_t need = 0;
+  smem_regions([&](unsigned, unsigned char *, size_t n) { need += n; });
+  if (need > c->cap) {
+    unsigned char *b = (unsigned char *)realloc(c->buf, need);
+    if (!b) return false;
+    c->buf = b;
+    c->cap = need;
+  }
+  size_t at = 0;
+  smem_regions([&](unsigned, unsigned char *p, size_t n) {
+    memcpy(c->buf + at, p, n);
+    at += n;
+  });
+  c->size = at;
+  c->nvars = g_smem.nvars;
+  return true;
+}
+
+/* Makes c the live shared memory; variables registered after c was saved (emulated TLS)
+ * become 0xff bytes (fill) or keep their contents. */
+void smem_restore(const SmemCopy *c, bool fill) {
+  size_t at = 0;
+  bool emulated = g_smem.emulated;
+  smem_regions([&](unsigned i, unsigned char *p, size_t n) {
+    if (emulated && i >= c->nvars) {
+      if (fill) memset(p, 0xff, n);
+      return;
+    }
+    if (at + n <= c->size) memcpy(p, c->buf + at, n);
+    at += n;
+  });
 }
 
 /* ================================================================== fibers == */
@@ -321,29 +397,38 @@ __asm__(".pushsection .text\n"
 
 namespace {
 
-enum FiberState { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_DONE };
+enum FiberState { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_WAIT_ACTIVE, F_DONE };
 
-/* One cp.async: the source bytes, read at issue, and where they go at the wait. */
+/* One cp.async: the source bytes, read at issue, and where they go when it lands: an
+ * eager copy (half of them, drawn at issue) at a random scheduling point of its block
+ * after the issue, at the latest at the wait; a lazy one at the wait. */
 struct CpAsync {
   void *dst;
   unsigned long long group; /* the issuing thread's commit count at issue */
   unsigned size;
+  bool landed, eager;
   unsigned char data[16];
 };
+
+struct Block;
 
 struct Fiber {
   Ctx ctx;
   mg_host_thread_regs regs;
+  Block *blk;     /* the resident block slot it belongs to */
   unsigned index; /* linear thread index in the block */
   unsigned lane, warp;
   int state;
-  unsigned long long wait; /* barrier generation or warp instance waited on */
-  unsigned rpos;           /* index in Launch::ready while F_READY and not running */
+  unsigned long long wait; /* barrier generation, warp instance or __activemask line */
+  unsigned rpos;           /* index in Block::ready while F_READY and not running */
   char *stack;             /* lowest usable byte of the stack */
-  /* cp.async: entries [cp_head, cp_n) of cp are pending, oldest first */
+  /* cp.async: entries [cp_head, cp_n) of cp are pending or landed early, oldest first;
+   * cp_live of them have not landed */
   CpAsync *cp;
-  unsigned cp_head, cp_n, cp_cap;
+  unsigned cp_head, cp_n, cp_cap, cp_live;
+  unsigned cpf_pos; /* index in Block::cpf while cp_live > 0 */
   unsigned long long cp_committed;
+  unsigned active; /* what __activemask returned */
 };
 
 /* Words each lane deposits for a wide collective (mma: a 4, b 2, c 4) and receives. */
@@ -355,32 +440,52 @@ struct Warp {
   unsigned long long completed; /* instances completed; the current one is `completed` */
   int op, line;                 /* op and call line of the current instance */
   unsigned vote[2];             /* ballot of instance k is in vote[k & 1] */
+  unsigned am_waiting;          /* lanes waiting at __activemask (F_WAIT_ACTIVE) */
   unsigned long long slot[2][32];
   uint32_t win[2][32][WIDE_IN];
   uint32_t wout[2][32][WIDE_OUT];
 };
 
-struct Launch {
-  mg_host_dim3 grid, block;
-  unsigned nthreads, nwarps, ndone;
+/* A resident block: one of the Launch's slots, holding a block of the grid while it
+ * runs. Its threads' fibers have their own stacks; its shared memory is the live one
+ * while it is Launch::owner, else kept in `saved`. */
+struct Block {
+  bool live;    /* holds a block of the grid that has not finished */
+  bool fresh;   /* its shared memory has never been live (NaN fill when it becomes so) */
+  bool saved_ok;
   Fiber *fibers;
   Warp *warps;
-  unsigned cur; /* index of the running fiber */
-  Ctx main;     /* the launcher's context */
-  bool main_known;
-  void (*fn)(void *);
-  void *arg;
-  /* schedule */
   unsigned *ready; /* runnable fibers other than the running one */
-  unsigned nready;
-  bool round_robin;
-  unsigned long long seed;
-  uint64_t rng;
+  unsigned nready, ndone;
   /* block barrier */
   unsigned bar_arrived;
   unsigned long long bar_gen;
   int bar_kind, bar_line, bar_acc;
   int bar_result[2];
+  /* fibers with cp.async copies that have not landed */
+  unsigned *cpf;
+  unsigned ncpf;
+  SmemCopy saved;
+};
+
+struct Launch {
+  mg_host_dim3 grid, block;
+  unsigned nthreads, nwarps;
+  Block *blocks;   /* nres resident slots */
+  unsigned nres;
+  Block *owner;    /* the slot whose shared memory is live, or NULL */
+  unsigned long long nblocks, next_block; /* grid blocks, and the next to start */
+  unsigned *order; /* shuffled: the order blocks start in (NULL: x, then y, then z) */
+  Fiber *cur;      /* the running fiber */
+  Ctx main;        /* the launcher's context */
+  bool main_known;
+  void (*fn)(void *);
+  void *arg;
+  /* schedule */
+  bool round_robin, nan_fill;
+  unsigned switch_period; /* a block switch at about one scheduling point in this many */
+  unsigned long long seed;
+  uint64_t rng;
   /* first error */
   int err;
   char msg[1024];
@@ -488,65 +593,136 @@ unsigned rng_below(Launch *L, unsigned n) { /* uniform in [0, n), xorshift64* */
   return (unsigned)(((uint64_t)r * n) >> 32);
 }
 
-void ready_push(Launch *L, Fiber *f) {
+void ready_push(Block *B, Fiber *f) {
   f->state = F_READY;
-  f->rpos = L->nready;
-  L->ready[L->nready++] = f->index;
+  f->rpos = B->nready;
+  B->ready[B->nready++] = f->index;
 }
 
-void ready_remove(Launch *L, Fiber *f) {
-  unsigned last = L->ready[--L->nready];
-  L->ready[f->rpos] = last;
-  L->fibers[last].rpos = f->rpos;
+void ready_remove(Block *B, Fiber *f) {
+  unsigned last = B->ready[--B->nready];
+  B->ready[f->rpos] = last;
+  B->fibers[last].rpos = f->rpos;
 }
 
-/* The one place that decides which fiber runs next (and takes it off the ready list):
- * shuffled, a uniformly random runnable fiber; round robin, the first runnable one after
- * `from` in index order. NULL when none can run. */
-Fiber *pick_next(Launch *L, unsigned from) {
-  if (!L->nready) return nullptr;
+/* ---- cp.async landing ---------------------------------------------------------------- */
+void cp_land(Fiber *f, CpAsync &e) {
+  memcpy(e.dst, e.data, e.size);
+  e.landed = true;
+  if (--f->cp_live == 0) { /* every entry has landed: f leaves the block's list */
+    Block *B = f->blk;
+    unsigned last = B->cpf[--B->ncpf];
+    B->cpf[f->cpf_pos] = last;
+    B->fibers[last].cpf_pos = f->cpf_pos;
+    f->cp_head = f->cp_n = 0;
+  } else {
+    while (f->cp_head < f->cp_n && f->cp[f->cp_head].landed) f->cp_head++;
+  }
+}
+
+/* At a scheduling point of block B (whose shared memory is live): up to two of its pending
+ * eager copies, drawn at random among every thread's, land now. So in every schedule some
+ * copies land early (a later copy into a buffer other warps still read shows) and some
+ * only at the wait (a read before the wait and barrier shows). */
+void cp_land_random(Launch *L, Block *B) {
+  for (unsigned k = rng_below(L, 3); k && B->ncpf; --k) {
+    Fiber *f = &B->fibers[B->cpf[rng_below(L, B->ncpf)]];
+    CpAsync &e = f->cp[f->cp_head + rng_below(L, f->cp_n - f->cp_head)];
+    if (!e.landed && e.eager) cp_land(f, e);
+  }
+}
+
+/* __activemask: a lane that reaches one waits (F_WAIT_ACTIVE) until no lane of its warp
+ * can run any more: each has exited, or waits at a barrier, a collective or an
+ * __activemask. Then the lanes at each __activemask call site form a converged group and
+ * get its mask. Called when a lane arrives at one, exits, or starts waiting elsewhere.
+ * self: the running fiber (made ready, not pushed). Returns whether groups completed. */
+bool am_try(Block *B, unsigned warp, Fiber *self) {
+  Warp *W = &B->warps[warp];
+  if (!W->am_waiting) return false;
+  Fiber *lanes = &B->fibers[warp * 32];
+  for (unsigned l = 0; l < W->nlanes; ++l)
+    if (lanes[l].state == F_READY) return false;
+  for (unsigned l = 0; l < W->nlanes; ++l) {
+    if (lanes[l].state != F_WAIT_ACTIVE) continue;
+    unsigned m = 0;
+    for (unsigned j = 0; j < W->nlanes; ++j)
+      if (lanes[j].state == F_WAIT_ACTIVE && lanes[j].wait == lanes[l].wait) m |= 1u << j;
+    lanes[l].active = m;
+  }
+  for (unsigned l = 0; l < W->nlanes; ++l)
+    if (lanes[l].state == F_WAIT_ACTIVE) {
+      if (&lanes[l] != self)
+        ready_push(B, &lanes[l]);
+      else
+        lanes[l].state = F_READY;
+    }
+  W->am_waiting = 0;
+  return true;
+}
+
+/* The one place that decides which fiber of block B runs next (and takes it off the
+ * ready list): shuffled, a uniformly random runnable fiber; round robin, the first
+ * runnable one after `from` in index order. NULL when none can run. */
+Fiber *pick_next(Launch *L, Block *B, unsigned from) {
+  if (!B->nready) return nullptr;
   Fiber *f = nullptr;
   if (L->round_robin) {
     unsigned n = L->nthreads, i = from;
     for (unsigned k = 0; k < n && !f; ++k) {
       if (++i == n) i = 0;
-      if (L->fibers[i].state == F_READY) f = &L->fibers[i];
+      if (B->fibers[i].state == F_READY) f = &B->fibers[i];
     }
     if (!f) return nullptr; /* unreachable: nready > 0 */
   } else {
-    f = &L->fibers[L->ready[rng_below(L, L->nready)]];
+    f = &B->fibers[B->ready[rng_below(L, B->nready)]];
   }
-  ready_remove(L, f);
+  ready_remove(B, f);
   return f;
 }
 
 void resume(Launch *L, Ctx *from, Fiber *next, bool from_exits) {
-  L->cur = next->index;
+  L->cur = next;
   mg_host_cur = &next->regs;
   ctx_switch(from, &next->ctx, from_exits);
 }
 
 /* Called by a fiber that has set its wait state, exited (F_DONE), or pushed itself on the
- * ready list (a yield): runs others until it may go on. */
-void switch_away(Launch *L, Fiber *self) {
-  Fiber *next = pick_next(L, self->index);
+ * ready list (a yield): runs others until it may go on. This is a scheduling point of its
+ * block: pending copies may land; then the next fiber of the block runs, or, with
+ * probability 1/period (and always when none of the block can run), the launcher takes
+ * over to switch blocks (see run_grid). */
+void switch_away(Launch *L, Fiber *self, unsigned period = 0) {
+  Block *B = self->blk;
+  Fiber *next = nullptr;
+  if (!L->round_robin) {
+    if (B->ncpf) cp_land_random(L, B);
+    if (L->nres < 2 || rng_below(L, period ? period : L->switch_period))
+      next = pick_next(L, B, self->index);
+  } else {
+    next = pick_next(L, B, self->index);
+  }
   if (next == self) return; /* a yield that drew itself */
   bool exits = self->state == F_DONE;
   if (next)
     resume(L, &self->ctx, next, exits);
   else
-    ctx_switch(&self->ctx, &L->main, exits); /* all exited, or deadlock: the launcher decides */
-  L->cur = self->index;
+    ctx_switch(&self->ctx, &L->main, exits); /* the launcher decides */
+  L->cur = self;
   mg_host_cur = &self->regs;
 }
 
 /* After completing a barrier or collective: in a shuffled schedule the last thread to
- * arrive does not simply go on first. */
-void yield(Launch *L, Fiber *self) {
-  if (L->round_robin || !L->nready) return;
-  ready_push(L, self);
-  switch_away(L, self);
+ * arrive does not simply go on first. period: see switch_away (0: Launch::switch_period). */
+void yield(Launch *L, Fiber *self, unsigned period = 0) {
+  if (L->round_robin || !self->blk->nready) return;
+  ready_push(self->blk, self);
+  switch_away(L, self, period);
 }
+
+/* A block switch at one barrier completion in this many: barriers are few, so this makes
+ * blocks interleave between the phases of even a short kernel at little cost. */
+enum { BARRIER_SWITCH = 4 };
 
 void fiber_main() {
   Launch *L = g_launch;
@@ -561,10 +737,19 @@ void fiber_main() {
     L->main_known = true;
   }
 #endif
-  Fiber *f = &L->fibers[L->cur];
+  Fiber *f = L->cur;
   L->fn(L->arg);
   f->state = F_DONE;
-  L->ndone++;
+  f->blk->ndone++;
+  am_try(f->blk, f->warp, nullptr);
+  if (f->cp_live) { /* copies still pending when a thread exits are dropped */
+    Block *B = f->blk;
+    unsigned last = B->cpf[--B->ncpf];
+    B->cpf[f->cpf_pos] = last;
+    B->fibers[last].cpf_pos = f->cpf_pos;
+    f->cp_live = 0;
+    f->cp_head = f->cp_n = 0;
+  }
   switch_away(L, f);
   abort(); /* a finished fiber is never resumed */
 }
@@ -589,8 +774,7 @@ void set_error(Launch *L, int code, const char *fmt, va_list ap) {
   va_start(ap, fmt);
   set_error(L, code, fmt, ap);
   va_end(ap);
-  Fiber *self = &L->fibers[L->cur];
-  ctx_switch(&self->ctx, &L->main, true); /* the launcher abandons this fiber */
+  ctx_switch(&L->cur->ctx, &L->main, true); /* the launcher abandons this fiber */
   abort();
 }
 
@@ -603,12 +787,13 @@ Launch *current(const char *what) {
   return L;
 }
 
-/* A block in which no fiber can run although some have not exited. */
-void describe_deadlock(Launch *L) {
+/* A block in which no fiber can run although some have not exited (and no other resident
+ * block can run either). */
+void describe_deadlock(Launch *L, Block *B) {
   unsigned nbar = 0, nwarp = 0, ndone = 0;
   const Fiber *first_bar = nullptr;
   for (unsigned i = 0; i < L->nthreads; ++i) {
-    const Fiber *f = &L->fibers[i];
+    const Fiber *f = &B->fibers[i];
     if (f->state == F_WAIT_BAR) {
       if (!nbar++) first_bar = f;
     } else if (f->state == F_WAIT_WARP) {
@@ -618,26 +803,26 @@ void describe_deadlock(Launch *L) {
     }
   }
   char blk[64];
-  snprintf(blk, sizeof blk, "block (%u,%u,%u)", L->fibers[0].regs.bid.x, L->fibers[0].regs.bid.y,
-           L->fibers[0].regs.bid.z);
+  snprintf(blk, sizeof blk, "block (%u,%u,%u)", B->fibers[0].regs.bid.x, B->fibers[0].regs.bid.y,
+           B->fibers[0].regs.bid.z);
   char *m = L->msg;
   size_t cap = sizeof L->msg;
   L->err = MG_HOST_E_DIVERGENCE;
   if (nwarp) {
     /* The first warp that is stuck in a collective. */
     for (unsigned w = 0; w < L->nwarps; ++w) {
-      const Warp *W = &L->warps[w];
+      const Warp *W = &B->warps[w];
       if (!W->arrived) continue;
       unsigned wdone = 0, wbar = 0;
       for (unsigned l = 0; l < W->nlanes; ++l) {
-        int st = L->fibers[w * 32 + l].state;
+        int st = B->fibers[w * 32 + l].state;
         wdone += st == F_DONE;
         wbar += st == F_WAIT_BAR;
       }
       char others[128] = "";
       if (wbar)
-        snprintf(others, sizeof others, "%u wait at %s (line %d)", wbar, bar_name(L->bar_kind),
-                 L->bar_line);
+        snprintf(others, sizeof others, "%u wait at %s (line %d)", wbar, bar_name(B->bar_kind),
+                 B->bar_line);
       snprintf(m, cap,
                "warp divergence in %s, warp %u: %u of %u lanes wait at %s (line %d) while %u "
                "lanes have exited the kernel%s%s; in the block %u threads wait at warp "
@@ -653,7 +838,7 @@ void describe_deadlock(Launch *L) {
     snprintf(m, cap,
              "barrier divergence in %s: %u of %u threads wait at %s (line %d), e.g. %s, while %u "
              "threads have exited the kernel without reaching it",
-             blk, nbar, L->nthreads, bar_name(L->bar_kind), L->bar_line, who, ndone);
+             blk, nbar, L->nthreads, bar_name(B->bar_kind), B->bar_line, who, ndone);
     return;
   }
   snprintf(m, cap, "deadlock in %s: %u threads wait at warp collectives, %u at barriers, %u exited",
@@ -676,18 +861,21 @@ void complete_wide(Warp *W, int op, unsigned bank);
 /* Deposits v (and, for wide collectives, the nin words of in) for the warp's current
  * collective instance and waits until every lane of the warp has deposited; the last
  * lane to arrive completes the instance (computing every lane's result of a wide one)
- * and wakes the others. Returns the slot bank of that instance. Banks alternate, so the
- * next instance never overwrites slots a slow lane still has to read: no lane can enter
- * instance k+2 before every lane has left instance k. */
+ * and wakes the others. Every lane must arrive at the same collective at the same call
+ * site (source line), else that is warp divergence. Returns the slot bank of that
+ * instance. Banks alternate, so the next instance never overwrites slots a slow lane
+ * still has to read: no lane can enter instance k+2 before every lane has left
+ * instance k. */
 unsigned warp_arrive(Launch *L, Fiber *f, int op, unsigned long long v, int line,
                      const uint32_t *in = nullptr, unsigned nin = 0) {
-  Warp *W = &L->warps[f->warp];
+  Block *B = f->blk;
+  Warp *W = &B->warps[f->warp];
   unsigned long long k = W->completed;
   unsigned bank = (unsigned)(k & 1);
   if (W->arrived == 0) {
     W->op = op;
     W->line = line;
-  } else if (W->op != op) {
+  } else if (W->op != op || W->line != line) {
     char who[96];
     where(L, f, who, sizeof who);
     fail(L, MG_HOST_E_DIVERGENCE,
@@ -706,13 +894,14 @@ unsigned warp_arrive(Launch *L, Fiber *f, int op, unsigned long long v, int line
     }
     W->arrived = 0;
     W->completed = k + 1;
-    Fiber *lanes = &L->fibers[f->warp * 32];
+    Fiber *lanes = &B->fibers[f->warp * 32];
     for (unsigned l = 0; l < W->nlanes; ++l)
-      if (lanes[l].state == F_WAIT_WARP) ready_push(L, &lanes[l]);
+      if (lanes[l].state == F_WAIT_WARP) ready_push(B, &lanes[l]);
     yield(L, f);
   } else {
     f->state = F_WAIT_WARP;
     f->wait = k;
+    am_try(B, f->warp, nullptr);
     switch_away(L, f);
   }
   return bank;
@@ -723,8 +912,8 @@ unsigned warp_arrive(Launch *L, Fiber *f, int op, unsigned long long v, int line
 unsigned long long mg_host_shfl(int mode, unsigned mask, unsigned long long v, int b, int width,
                                 int line) {
   Launch *L = current(op_name(mode));
-  Fiber *f = &L->fibers[L->cur];
-  const Warp *W = &L->warps[f->warp];
+  Fiber *f = L->cur;
+  const Warp *W = &f->blk->warps[f->warp];
   check_mask(L, f, W, mode, mask, line);
   if (width < 1 || width > 32 || (width & (width - 1))) {
     char who[96];
@@ -766,13 +955,13 @@ unsigned long long mg_host_shfl(int mode, unsigned mask, unsigned long long v, i
          op_name(mode), line, who, j, W->nlanes);
   }
   unsigned bank = warp_arrive(L, f, mode, v, line);
-  return L->warps[f->warp].slot[bank][j];
+  return W->slot[bank][j];
 }
 
 unsigned mg_host_vote(int op, unsigned mask, int pred, int line) {
   Launch *L = current(op_name(op));
-  Fiber *f = &L->fibers[L->cur];
-  const Warp *W = &L->warps[f->warp];
+  Fiber *f = L->cur;
+  const Warp *W = &f->blk->warps[f->warp];
   check_mask(L, f, W, op, mask, line);
   unsigned bank = warp_arrive(L, f, op, pred ? 1u : 0u, line);
   unsigned b = W->vote[bank];
@@ -784,41 +973,57 @@ unsigned mg_host_vote(int op, unsigned mask, int pred, int line) {
   return 0;
 }
 
-unsigned mg_host_activemask(void) {
+/* The lanes of the caller's warp that reach this __activemask call site together: each
+ * waits until no lane of its warp can run any more (see am_try). So exited lanes are not
+ * in the mask, a short last warp gives its lane mask, and lanes that branched away to
+ * wait elsewhere (another __activemask, a barrier, a collective) are left out. */
+unsigned mg_host_activemask(int line) {
   Launch *L = current("__activemask");
-  return L->warps[L->fibers[L->cur].warp].lanemask;
+  Fiber *f = L->cur;
+  Block *B = f->blk;
+  Warp *W = &B->warps[f->warp];
+  f->state = F_WAIT_ACTIVE;
+  f->wait = (unsigned long long)(unsigned)line;
+  W->am_waiting++;
+  if (am_try(B, f->warp, f))
+    yield(L, f);
+  else
+    switch_away(L, f);
+  return f->active;
 }
 
 int mg_host_syncthreads(int kind, int pred, int line) {
   Launch *L = current(bar_name(kind));
-  Fiber *f = &L->fibers[L->cur];
-  if (L->bar_arrived == 0) {
-    L->bar_kind = kind;
-    L->bar_line = line;
-    L->bar_acc = 0;
-  } else if (L->bar_kind != kind || L->bar_line != line) {
+  Fiber *f = L->cur;
+  Block *B = f->blk;
+  if (B->bar_arrived == 0) {
+    B->bar_kind = kind;
+    B->bar_line = line;
+    B->bar_acc = 0;
+  } else if (B->bar_kind != kind || B->bar_line != line) {
     char who[96];
     where(L, f, who, sizeof who);
     fail(L, MG_HOST_E_DIVERGENCE,
          "barrier divergence: %s reached %s at line %d while %u threads of its block wait at %s at "
          "line %d",
-         who, bar_name(kind), line, L->bar_arrived, bar_name(L->bar_kind), L->bar_line);
+         who, bar_name(kind), line, B->bar_arrived, bar_name(B->bar_kind), B->bar_line);
   }
-  L->bar_acc += pred;
-  unsigned long long g = L->bar_gen;
-  if (++L->bar_arrived == L->nthreads) {
-    L->bar_result[g & 1] = L->bar_acc;
-    L->bar_arrived = 0;
-    L->bar_gen = g + 1;
+  B->bar_acc += pred;
+  unsigned long long g = B->bar_gen;
+  if (++B->bar_arrived == L->nthreads) {
+    B->bar_result[g & 1] = B->bar_acc;
+    B->bar_arrived = 0;
+    B->bar_gen = g + 1;
     for (unsigned i = 0; i < L->nthreads; ++i)
-      if (L->fibers[i].state == F_WAIT_BAR) ready_push(L, &L->fibers[i]);
-    yield(L, f);
+      if (B->fibers[i].state == F_WAIT_BAR) ready_push(B, &B->fibers[i]);
+    yield(L, f, BARRIER_SWITCH);
   } else {
     f->state = F_WAIT_BAR;
     f->wait = g;
+    am_try(B, f->warp, nullptr);
     switch_away(L, f);
   }
-  int c = L->bar_result[g & 1];
+  int c = B->bar_result[g & 1];
   switch (kind) {
   case MG_HOST_BAR_COUNT: return c;
   case MG_HOST_BAR_AND: return c == (int)L->nthreads;
@@ -830,7 +1035,7 @@ int mg_host_syncthreads(int kind, int pred, int line) {
 void mg_host_trap(int line) {
   Launch *L = current("__trap");
   char who[96];
-  where(L, &L->fibers[L->cur], who, sizeof who);
+  where(L, L->cur, who, sizeof who);
   fail(L, MG_HOST_E_TRAP, "__trap() at line %d in %s", line, who);
 }
 
@@ -923,7 +1128,7 @@ void complete_wide(Warp *W, int op, unsigned bank) {
 }
 
 void need_full_warp(Launch *L, Fiber *f, int op, int line) {
-  const Warp *W = &L->warps[f->warp];
+  const Warp *W = &f->blk->warps[f->warp];
   if (W->nlanes != 32)
     ptx_fail(L, f, op_name(op), line, "needs a full warp, this one has %u lanes", W->nlanes);
 }
@@ -944,20 +1149,20 @@ void mg_host_mma_m16n8k16(int kind, float *d, const unsigned *a, const unsigned 
                           const float *c, int line) {
   int op = kind ? MG_HOST_MMA_F16 : MG_HOST_MMA_BF16;
   Launch *L = current(op_name(op));
-  Fiber *f = &L->fibers[L->cur];
+  Fiber *f = L->cur;
   need_full_warp(L, f, op, line);
   uint32_t in[WIDE_IN];
   memcpy(in, a, 16);
   memcpy(in + 4, b, 8);
   memcpy(in + 6, c, 16);
   unsigned bank = warp_arrive(L, f, op, 0, line, in, WIDE_IN);
-  memcpy(d, L->warps[f->warp].wout[bank][f->lane], 16);
+  memcpy(d, f->blk->warps[f->warp].wout[bank][f->lane], 16);
 }
 
 void mg_host_ldmatrix(int num, int trans, unsigned *r, const void *p, int line) {
   int op = MG_HOST_LDSM_X1 + (num == 4 ? 2 : num == 2 ? 1 : 0) + (trans ? 3 : 0);
   Launch *L = current(op_name(op));
-  Fiber *f = &L->fibers[L->cur];
+  Fiber *f = L->cur;
   need_full_warp(L, f, op, line);
   uint32_t row[4] = {0, 0, 0, 0};
   if (f->lane < 8u * (unsigned)num) {
@@ -968,13 +1173,13 @@ void mg_host_ldmatrix(int num, int trans, unsigned *r, const void *p, int line) 
     memcpy(row, p, 16); /* this lane's row, read by this lane (so ASan names its line) */
   }
   unsigned bank = warp_arrive(L, f, op, 0, line, row, 4);
-  const uint32_t *res = L->warps[f->warp].wout[bank][f->lane];
+  const uint32_t *res = f->blk->warps[f->warp].wout[bank][f->lane];
   for (int m = 0; m < num; ++m) r[m] = res[m];
 }
 
 void mg_host_cp_async(void *dst, const void *src, unsigned cp_size, unsigned src_size, int line) {
   Launch *L = current("cp.async");
-  Fiber *f = &L->fibers[L->cur];
+  Fiber *f = L->cur;
   if (cp_size != 4 && cp_size != 8 && cp_size != 16)
     ptx_fail(L, f, "cp.async", line, "copy size %u is not 4, 8 or 16", cp_size);
   if (src_size > cp_size)
@@ -1003,6 +1208,13 @@ void mg_host_cp_async(void *dst, const void *src, unsigned cp_size, unsigned src
   e.dst = dst;
   e.group = f->cp_committed;
   e.size = cp_size;
+  e.landed = false;
+  e.eager = !L->round_robin && rng_below(L, 2);
+  if (f->cp_live++ == 0) { /* f joins its block's list of threads with pending copies */
+    Block *B = f->blk;
+    f->cpf_pos = B->ncpf;
+    B->cpf[B->ncpf++] = f->index;
+  }
   memset(e.data, 0, sizeof e.data);
   if (src_size) memcpy(e.data, src, src_size); /* read now: ASan names the issuing line */
 }
@@ -1010,21 +1222,20 @@ void mg_host_cp_async(void *dst, const void *src, unsigned cp_size, unsigned src
 void mg_host_cp_async_commit(int line) {
   (void)line;
   Launch *L = current("cp.async.commit_group");
-  L->fibers[L->cur].cp_committed++;
+  L->cur->cp_committed++;
 }
 
 void mg_host_cp_async_wait(int n, int line) {
   (void)line;
   Launch *L = current("cp.async.wait_group");
-  Fiber *f = &L->fibers[L->cur];
+  Fiber *f = L->cur;
   unsigned long long keep = n > 0 ? (unsigned long long)n : 0;
   if (f->cp_committed <= keep) return;
   unsigned long long done_below = f->cp_committed - keep; /* groups [0, done_below) complete */
-  while (f->cp_head < f->cp_n && f->cp[f->cp_head].group < done_below) {
-    const CpAsync &e = f->cp[f->cp_head++];
-    memcpy(e.dst, e.data, e.size);
-  }
-  if (f->cp_head == f->cp_n) f->cp_head = f->cp_n = 0;
+  /* Entries are in group order; those of the completed groups that have not landed at a
+   * scheduling point land now. */
+  for (unsigned i = f->cp_head; f->cp_live && i < f->cp_n && f->cp[i].group < done_below; ++i)
+    if (!f->cp[i].landed) cp_land(f, f->cp[i]);
 }
 
 /* ================================================================ launcher == */
@@ -1036,7 +1247,7 @@ void asan_death_note() {
   const Launch *L = g_launch;
   if (!L || !mg_host_cur) return;
   char who[96];
-  where(L, &L->fibers[L->cur], who, sizeof who);
+  where(L, L->cur, who, sizeof who);
   if (L->round_robin)
     fprintf(stderr, "cuda_host: the kernel was running %s (round-robin schedule)\n", who);
   else
@@ -1057,11 +1268,19 @@ int finish(Launch *L, int rc, char *msg, size_t msg_len) {
 #endif
     munmap(L->region, L->region_size);
   }
-  if (L->fibers)
-    for (unsigned i = 0; i < L->nthreads; ++i) free(L->fibers[i].cp);
-  free(L->fibers);
-  free(L->warps);
-  free(L->ready);
+  if (L->blocks)
+    for (unsigned s = 0; s < L->nres; ++s) {
+      Block *B = &L->blocks[s];
+      if (B->fibers)
+        for (unsigned i = 0; i < L->nthreads; ++i) free(B->fibers[i].cp);
+      free(B->fibers);
+      free(B->warps);
+      free(B->ready);
+      free(B->cpf);
+      free(B->saved.buf);
+    }
+  free(L->blocks);
+  free(L->order);
   smem_end_launch();
   mg_host_cur = nullptr;
   if (g_launch == L) g_launch = nullptr;
@@ -1092,35 +1311,122 @@ size_t stack_size_for(const mg_host_launch_opts *o) {
   return kb * 1024;
 }
 
-/* Fresh barrier, warps, fibers (on the same stacks), schedule and shared memory for
- * block (bx, by, bz). */
-void begin_block(Launch *L, unsigned bx, unsigned by, unsigned bz, bool nan_fill) {
-  L->ndone = 0;
-  L->bar_arrived = 0;
-  L->bar_gen = 0;
-  L->bar_kind = MG_HOST_BAR_SYNC;
-  L->bar_line = 0;
-  uint64_t blk = ((uint64_t)bz * L->grid.y + by) * L->grid.x + bx;
-  L->rng = splitmix64(L->seed ^ splitmix64(blk)) | 1;
+/* An option: the value given, else the environment variable's (within [lo, hi]), else
+ * dflt. */
+unsigned opt_or_env(unsigned given, const char *env, unsigned lo, unsigned hi, unsigned dflt) {
+  if (given) return given;
+  if (const char *e = getenv(env)) {
+    long v = strtol(e, nullptr, 0);
+    if (v >= (long)lo && v <= (long)hi) return (unsigned)v;
+  }
+  return dflt;
+}
+
+/* The most shared memory (static + dynamic) one block may use on sm_<arch>, with the
+ * opt-in (cudaFuncAttributeMaxDynamicSharedMemorySize): CUDA C++ Programming Guide,
+ * "Technical Specifications per Compute Capability". 0: unknown arch. */
+size_t arch_smem_limit(unsigned arch) {
+  switch (arch) {
+  case 70: case 72: return 96u * 1024u;
+  case 75: return 64u * 1024u;
+  case 80: case 87: return 163u * 1024u;
+  case 86: case 89: case 120: case 121: return 99u * 1024u;
+  case 90: case 100: case 101: case 103: case 110: return 227u * 1024u;
+  }
+  return 0;
+}
+
+/* Starts block number n of the start order in slot B: fresh barrier, warps, fibers (on the
+ * slot's stacks) and cp.async state; its shared memory is NaN-filled when it first becomes
+ * live (make_live). */
+void start_block(Launch *L, Block *B, unsigned long long n) {
+  unsigned long long b = L->order ? L->order[n] : n;
+  unsigned bx = (unsigned)(b % L->grid.x);
+  unsigned by = (unsigned)(b / L->grid.x % L->grid.y);
+  unsigned bz = (unsigned)(b / ((unsigned long long)L->grid.x * L->grid.y));
+  B->live = true;
+  B->fresh = true;
+  B->ndone = 0;
+  B->bar_arrived = 0;
+  B->bar_gen = 0;
+  B->bar_kind = MG_HOST_BAR_SYNC;
+  B->bar_line = 0;
+  B->ncpf = 0;
   for (unsigned w = 0; w < L->nwarps; ++w) {
-    Warp *W = &L->warps[w];
+    Warp *W = &B->warps[w];
     W->arrived = 0;
     W->completed = 0;
     W->op = W->line = 0;
+    W->am_waiting = 0;
   }
-  L->nready = 0;
+  B->nready = 0;
   for (unsigned i = 0; i < L->nthreads; ++i) {
-    Fiber *f = &L->fibers[i];
-    ready_push(L, f);
+    Fiber *f = &B->fibers[i];
+    ready_push(B, f);
     f->wait = 0;
     f->regs.bid.x = bx;
     f->regs.bid.y = by;
     f->regs.bid.z = bz;
-    f->cp_head = f->cp_n = 0;
+    f->cp_head = f->cp_n = f->cp_live = 0;
     f->cp_committed = 0;
     ctx_make(&f->ctx, f->stack, L->stack_size);
   }
-  if (nan_fill) smem_fill_block();
+}
+
+/* Makes B's shared memory the live one: saves the current owner's (when it is still
+ * running), then restores B's, or NaN-fills it when B has never run. */
+bool make_live(Launch *L, Block *B) {
+  if (L->owner == B) return true;
+  if (L->owner && L->owner->live && !smem_save(&L->owner->saved)) return false;
+  if (B->fresh) {
+    if (L->nan_fill) smem_fill_block();
+    B->fresh = false;
+  } else {
+    smem_restore(&B->saved, L->nan_fill);
+  }
+  L->owner = B;
+  return true;
+}
+
+/* Runs every block of the grid, nres at a time: the launcher starts blocks (in the shuffled
+ * order) into free slots, picks a resident block that can run (at random), makes its
+ * shared memory live and runs its fibers until they switch back here: the block finished,
+ * cannot go on (a deadlock: no other block can wake it), or a scheduling point chose to
+ * switch blocks. Returns 0 or the first error. */
+int run_grid(Launch *L) {
+  for (;;) {
+    unsigned cand[64], nc = 0, nlive = 0;
+    for (unsigned s = 0; s < L->nres; ++s) {
+      Block *B = &L->blocks[s];
+      if (!B->live && L->next_block < L->nblocks) start_block(L, B, L->next_block++);
+      if (!B->live) continue;
+      nlive++;
+      if (B->nready) cand[nc++] = s;
+    }
+    if (!nlive) return 0;
+    if (!nc) { /* unreachable: a block that cannot go on is reported below */
+      snprintf(L->msg, sizeof L->msg, "no resident block can run");
+      return L->err = MG_HOST_E_DIVERGENCE;
+    }
+    Block *B = &L->blocks[cand[L->round_robin ? 0 : rng_below(L, nc)]];
+    if (!make_live(L, B)) {
+      snprintf(L->msg, sizeof L->msg, "out of memory for a copy of a block's shared memory");
+      return L->err = MG_HOST_E_NOMEM;
+    }
+    Fiber *first = pick_next(L, B, L->nthreads - 1);
+    resume(L, &L->main, first, false);
+    /* Back here: a fiber failed, the block finished or cannot go on, or a block switch. */
+    mg_host_cur = nullptr;
+    if (L->err) return L->err;
+    Block *R = L->cur->blk;
+    if (R->ndone == L->nthreads) {
+      R->live = false;
+      if (L->owner == R) L->owner = nullptr; /* its shared memory need not be kept */
+    } else if (!R->nready) {
+      describe_deadlock(L, R);
+      return L->err;
+    }
+  }
 }
 
 } // namespace
@@ -1146,9 +1452,17 @@ mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
   if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
     return config_error(msg, msg_len, "grid (%u,%u,%u) exceeds (2^31-1,65535,65535)", grid.x,
                         grid.y, grid.z);
-  if (dyn_smem > MG_HOST_MAX_DYN_SMEM)
-    return config_error(msg, msg_len, "dynamic shared memory of %zu bytes exceeds %u bytes",
-                        dyn_smem, MG_HOST_MAX_DYN_SMEM);
+  unsigned arch = opt_or_env(opts ? opts->arch : 0, "MG_HOST_ARCH", 1, 1000, 90);
+  size_t limit = arch_smem_limit(arch);
+  if (!limit)
+    return config_error(msg, msg_len,
+                        "unknown architecture sm_%u (known: 70, 72, 75, 80, 86, 87, 89, 90, 100, "
+                        "101, 103, 110, 120, 121)", arch);
+  if (dyn_smem > limit)
+    return config_error(msg, msg_len,
+                        "dynamic shared memory of %zu bytes exceeds sm_%u's limit of %zu bytes "
+                        "(%zu KiB) per block",
+                        dyn_smem, arch, limit, limit / 1024);
   int expected = 0;
   if (!__atomic_compare_exchange_n(&g_busy, &expected, 1, false, __ATOMIC_ACQUIRE,
                                    __ATOMIC_RELAXED)) {
@@ -1169,18 +1483,46 @@ mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
     const char *e = getenv("MG_HOST_SEED");
     L->seed = e && *e ? strtoull(e, nullptr, 0) : 1;
   }
+  L->rng = splitmix64(L->seed) | 1;
   const char *sched = getenv("MG_HOST_SCHEDULE");
   L->round_robin = (opts && opts->round_robin) || (sched && !strcmp(sched, "rr"));
-  bool nan_fill = !(opts && opts->no_nan_fill);
+  L->nan_fill = !(opts && opts->no_nan_fill);
+  L->nblocks = (unsigned long long)grid.x * grid.y * grid.z;
+  L->nres = L->round_robin ? 1 : opt_or_env(opts ? opts->resident_blocks : 0,
+                                            "MG_HOST_RESIDENT_BLOCKS", 1, 32, 3);
+  if (L->nres > L->nblocks) L->nres = (unsigned)L->nblocks;
+  L->switch_period = opt_or_env(opts ? opts->block_switch : 0, "MG_HOST_BLOCK_SWITCH", 1,
+                                1u << 30, 2048);
   L->nthreads = block.x * block.y * block.z;
   L->nwarps = (L->nthreads + 31) / 32;
-  L->fibers = (Fiber *)calloc(L->nthreads, sizeof(Fiber));
-  L->warps = (Warp *)calloc(L->nwarps, sizeof(Warp));
-  L->ready = (unsigned *)calloc(L->nthreads, sizeof(unsigned));
+  L->blocks = (Block *)calloc(L->nres, sizeof(Block));
+  bool ok = L->blocks != nullptr;
+  for (unsigned s = 0; ok && s < L->nres; ++s) {
+    Block *B = &L->blocks[s];
+    B->fibers = (Fiber *)calloc(L->nthreads, sizeof(Fiber));
+    B->warps = (Warp *)calloc(L->nwarps, sizeof(Warp));
+    B->ready = (unsigned *)calloc(L->nthreads, sizeof(unsigned));
+    B->cpf = (unsigned *)calloc(L->nthreads, sizeof(unsigned));
+    ok = B->fibers && B->warps && B->ready && B->cpf;
+  }
+  if (ok && !L->round_robin && L->nblocks > 1 && L->nblocks <= (1u << 24)) {
+    /* The order blocks start in: a seeded shuffle (Fisher-Yates). */
+    L->order = (unsigned *)malloc(L->nblocks * sizeof(unsigned));
+    ok = L->order != nullptr;
+    for (unsigned i = 0; ok && i < L->nblocks; ++i) {
+      unsigned j = rng_below(L, i + 1);
+      L->order[i] = L->order[j];
+      L->order[j] = i;
+    }
+  }
+  if (!ok) {
+    snprintf(L->msg, sizeof L->msg, "out of memory");
+    return finish(L, MG_HOST_E_NOMEM, msg, msg_len);
+  }
   long page = sysconf(_SC_PAGESIZE);
   L->guard_size = page > 0 ? (size_t)page : 4096;
   L->stack_size = (stack_size_for(opts) + L->guard_size - 1) / L->guard_size * L->guard_size;
-  L->region_size = (size_t)L->nthreads * (L->stack_size + L->guard_size);
+  L->region_size = (size_t)L->nres * L->nthreads * (L->stack_size + L->guard_size);
   void *region = mmap(nullptr, L->region_size, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (region == MAP_FAILED) {
@@ -1189,56 +1531,47 @@ mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
     return finish(L, MG_HOST_E_NOMEM, msg, msg_len);
   }
   L->region = (char *)region;
-  if (!L->fibers || !L->warps || !L->ready) {
-    snprintf(L->msg, sizeof L->msg, "out of memory");
-    return finish(L, MG_HOST_E_NOMEM, msg, msg_len);
-  }
-  if (!smem_begin_launch(dyn_smem, nan_fill)) {
+  if (!smem_begin_launch(dyn_smem, L->nan_fill)) {
     snprintf(L->msg, sizeof L->msg,
              "cannot find the TLS block of the kernel object (its shared memory)");
     return finish(L, MG_HOST_E_CONFIG, msg, msg_len);
   }
-  for (unsigned i = 0; i < L->nthreads; ++i) {
-    char *lo = L->region + (size_t)i * (L->stack_size + L->guard_size);
-    mprotect(lo, L->guard_size, PROT_NONE); /* overflow faults instead of corrupting */
-    Fiber *f = &L->fibers[i];
-    f->stack = lo + L->guard_size;
-    f->index = i;
-    f->lane = i % 32;
-    f->warp = i / 32;
-    f->regs.tid.x = i % block.x;
-    f->regs.tid.y = (i / block.x) % block.y;
-    f->regs.tid.z = i / (block.x * block.y);
-    f->regs.bdim = dim3(block.x, block.y, block.z);
-    f->regs.gdim = dim3(grid.x, grid.y, grid.z);
+  size_t stat = smem_static_bytes();
+  if (stat + dyn_smem > limit) {
+    snprintf(L->msg, sizeof L->msg,
+             "static (%zu bytes) and dynamic (%zu bytes) shared memory exceed sm_%u's limit of "
+             "%zu bytes (%zu KiB) per block",
+             stat, dyn_smem, arch, limit, limit / 1024);
+    return finish(L, MG_HOST_E_CONFIG, msg, msg_len);
   }
-  for (unsigned w = 0; w < L->nwarps; ++w) {
-    unsigned n = L->nthreads - w * 32;
-    L->warps[w].nlanes = n < 32 ? n : 32;
-    L->warps[w].lanemask = n < 32 ? (1u << n) - 1 : 0xffffffffu;
+  for (unsigned s = 0; s < L->nres; ++s) {
+    Block *B = &L->blocks[s];
+    for (unsigned i = 0; i < L->nthreads; ++i) {
+      char *lo = L->region + ((size_t)s * L->nthreads + i) * (L->stack_size + L->guard_size);
+      mprotect(lo, L->guard_size, PROT_NONE); /* overflow faults instead of corrupting */
+      Fiber *f = &B->fibers[i];
+      f->blk = B;
+      f->stack = lo + L->guard_size;
+      f->index = i;
+      f->lane = i % 32;
+      f->warp = i / 32;
+      f->regs.tid.x = i % block.x;
+      f->regs.tid.y = (i / block.x) % block.y;
+      f->regs.tid.z = i / (block.x * block.y);
+      f->regs.bdim = dim3(block.x, block.y, block.z);
+      f->regs.gdim = dim3(grid.x, grid.y, grid.z);
+    }
+    for (unsigned w = 0; w < L->nwarps; ++w) {
+      unsigned n = L->nthreads - w * 32;
+      B->warps[w].nlanes = n < 32 ? n : 32;
+      B->warps[w].lanemask = n < 32 ? (1u << n) - 1 : 0xffffffffu;
+    }
   }
   g_launch = L;
 #if MG_HOST_ASAN
   __sanitizer_set_death_callback(asan_death_note);
 #endif
-
-  int rc = 0;
-  for (unsigned bz = 0; bz < grid.z && !rc; ++bz)
-    for (unsigned by = 0; by < grid.y && !rc; ++by)
-      for (unsigned bx = 0; bx < grid.x && !rc; ++bx) {
-        begin_block(L, bx, by, bz, nan_fill);
-        Fiber *first = pick_next(L, L->nthreads - 1);
-        resume(L, &L->main, first, false);
-        /* Back here: every fiber exited, a fiber failed, or no fiber can run. */
-        mg_host_cur = nullptr;
-        if (L->err)
-          rc = L->err;
-        else if (L->ndone != L->nthreads) {
-          describe_deadlock(L);
-          rc = L->err;
-        }
-      }
-  return finish(L, rc, msg, msg_len);
+  return finish(L, run_grid(L), msg, msg_len);
 }
 
 extern "C" __attribute__((visibility("default"))) int

@@ -72,7 +72,8 @@
 
 /* __shared__ -> thread_local. At block scope thread_local implies static storage, so
  * there is one copy per OS thread, shared by all fibers (threads) of the block that
- * runs on it; blocks run one after another, so that copy is per-block shared memory.
+ * runs on it; the executor keeps each resident block's contents and swaps them in when
+ * that block runs, so that copy is per-block shared memory.
  * Unlike `static`, it also combines with `extern`:
  *   extern __shared__ __align__(16) unsigned char smem[];
  * refers to the dynamic shared memory buffer that cuda_host.cpp defines (228 KiB,
@@ -81,10 +82,10 @@
  * (that define must reach cuda_host.cpp, e.g. on the same g++ command line).
  *
  * Every thread_local of the kernel's shared object is therefore shared memory, and
- * cuda_host.cpp fills all of it with NaN (0xff bytes) before each block: with native
- * TLS it fills the module's TLS block; built with clang -femulated-tls, each variable
- * is allocated on its own (exactly sized, so ASan sees its bounds) by the executor's
- * __emutls_get_address. The executor itself keeps no thread_local state. */
+ * cuda_host.cpp fills all of it with NaN (0xff bytes) when a block first runs: with
+ * native TLS it fills the module's TLS block; built with clang -femulated-tls, each
+ * variable is allocated on its own (exactly sized, so ASan sees its bounds) by the
+ * executor's __emutls_get_address. The executor itself keeps no thread_local state. */
 #define __shared__ thread_local
 #ifndef MG_HOST_DYN_SMEM_NAME
 #define MG_HOST_DYN_SMEM_NAME smem
@@ -135,7 +136,9 @@ enum { MG_HOST_BAR_SYNC = 0, MG_HOST_BAR_COUNT = 1, MG_HOST_BAR_AND = 2, MG_HOST
 MG_HOST_HIDDEN unsigned long long mg_host_shfl(int mode, unsigned mask, unsigned long long v,
                                                int b, int width, int line);
 MG_HOST_HIDDEN unsigned mg_host_vote(int op, unsigned mask, int pred, int line);
-MG_HOST_HIDDEN unsigned mg_host_activemask(void);
+/* The lanes of the warp that reach this __activemask call site together (exited lanes
+ * and lanes that wait elsewhere are not in it). */
+MG_HOST_HIDDEN unsigned mg_host_activemask(int line);
 MG_HOST_HIDDEN int mg_host_syncthreads(int kind, int pred, int line);
 [[noreturn]] MG_HOST_HIDDEN void mg_host_trap(int line);
 
@@ -210,13 +213,19 @@ MG_HOST_SHFL_FN(mg_host_shfl_xor, MG_HOST_SHFL_BFLY, int)
 #define __shfl_down_sync(...) mg_host_shfl_down_at(__LINE__, __VA_ARGS__)
 #define __shfl_xor_sync(...) mg_host_shfl_xor_at(__LINE__, __VA_ARGS__)
 
-static inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  (void)mg_host_vote(MG_HOST_SYNCWARP, mask, 0, 0);
-}
+/* A call site's line travels in a function object, so that __syncwarp() and
+ * __syncwarp(mask) both work (the line identifies the call site, see warp_arrive). */
+struct mg_host_syncwarp_at {
+  int line;
+  void operator()(unsigned mask = 0xffffffffu) const {
+    (void)mg_host_vote(MG_HOST_SYNCWARP, mask, 0, line);
+  }
+};
+#define __syncwarp(...) (mg_host_syncwarp_at{__LINE__}(__VA_ARGS__))
 #define __ballot_sync(mask, pred) mg_host_vote(MG_HOST_VOTE_BALLOT, (mask), (pred) ? 1 : 0, __LINE__)
 #define __any_sync(mask, pred) ((int)mg_host_vote(MG_HOST_VOTE_ANY, (mask), (pred) ? 1 : 0, __LINE__))
 #define __all_sync(mask, pred) ((int)mg_host_vote(MG_HOST_VOTE_ALL, (mask), (pred) ? 1 : 0, __LINE__))
-static inline unsigned __activemask(void) { return mg_host_activemask(); }
+#define __activemask() mg_host_activemask(__LINE__)
 
 /* ---- integer intrinsics -------------------------------------------------------- */
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }

@@ -185,6 +185,10 @@ static int is_clang(const char *cxx) {
   return strstr(base ? base + 1 : cxx, "clang") != NULL;
 }
 
+const char *mg_host_asan_cxx(const mg_host_build_opts *o) { return compiler_of(o, 1); }
+
+int mg_host_asan_cxx_is_clang(const mg_host_build_opts *o) { return is_clang(compiler_of(o, 1)); }
+
 /* Runs cmd with its output in log; on failure puts the log's tail in msg. */
 static int run_logged(const char *cmd, const char *log, const char *what, char *msg, size_t n) {
   char full[8192];

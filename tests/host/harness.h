@@ -90,6 +90,12 @@ const char *mg_host_cache_dir(void);
 /* 1 when this process has an ASan runtime loaded. */
 int mg_host_process_has_asan(void);
 
+/* The compiler ASan builds use (o->asan_cxx, else $MG_HOST_ASAN_CXX, else clang++ when on
+ * PATH, else the normal compiler), and whether it is clang (only then do static
+ * __shared__ arrays get ASan bounds, through -femulated-tls). */
+const char *mg_host_asan_cxx(const mg_host_build_opts *o);
+int mg_host_asan_cxx_is_clang(const mg_host_build_opts *o);
+
 #ifdef __cplusplus
 }
 #endif

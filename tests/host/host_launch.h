@@ -18,7 +18,8 @@ typedef struct mg_host_dim3 {
 
 /* Return codes of mg_host_launch (0 is success). */
 enum {
-  MG_HOST_E_CONFIG = -1,     /* bad grid/block shape, block > 1024 threads, dyn smem too large */
+  MG_HOST_E_CONFIG = -1,     /* bad grid/block shape, block > 1024 threads, shared memory over
+                                the arch's limit, unknown arch */
   MG_HOST_E_DIVERGENCE = -2, /* barrier or warp divergence: deadlock, exited threads, mismatch */
   MG_HOST_E_MASK = -3,       /* warp collective with an unsupported mask or width, bad lane */
   MG_HOST_E_NOMEM = -4,      /* fiber stacks could not be allocated */
@@ -29,15 +30,17 @@ enum {
                                 short warp, bad size */
 };
 
-/* Largest dynamic shared memory a launch may ask for (228 KiB, as on sm_90). */
+/* Size of the executor's dynamic shared-memory buffer (228 KiB): no architecture allows
+ * more per block; the launch's arch sets the limit (mg_host_launch_opts.arch). */
 #define MG_HOST_MAX_DYN_SMEM (228u * 1024u)
 
 /* Runs fn(ctx) as the body of every thread of every block of the grid. Returns 0, or
  * a negative value with a message in msg (barrier divergence, bad mask, dynamic smem
  * too large, block larger than 1024 threads). msg may be NULL when msg_len is 0; it is
- * set to "" on success. Blocks run one after another, in x, then y, then z order; the
- * threads of a block are cooperative fibers of the calling OS thread, scheduled in a
- * shuffled order (see mg_host_launch_opts; this uses the defaults). */
+ * set to "" on success. Several blocks are resident at once and start in a shuffled
+ * order; the threads of every resident block are cooperative fibers of the calling OS
+ * thread, scheduled in a shuffled order (see mg_host_launch_opts; this uses the
+ * defaults). */
 int mg_host_launch(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
                    void (*fn)(void *ctx), void *ctx, char *msg, size_t msg_len);
 
@@ -47,20 +50,36 @@ typedef int (*mg_host_launch_fn)(mg_host_dim3, mg_host_dim3, size_t, void (*)(vo
 /* Options of mg_host_launch_ex; all zero (or a NULL pointer) gives the defaults, which
  * are also what mg_host_launch uses. */
 typedef struct mg_host_launch_opts {
-  /* Seed of the shuffled schedule: whenever the running thread waits (barrier, warp
-   * collective, exit), the next one is drawn at random among the runnable threads of
-   * the block, and at the completion of a barrier or collective the last thread to
-   * arrive yields too. Each block's draws come from (seed, block index). 0: the value of
-   * $MG_HOST_SEED when set, else 1. */
+  /* Seed of the shuffled schedule: the order blocks start in; whenever the running
+   * thread waits (barrier, warp collective, exit), the next one is drawn at random among
+   * the runnable threads of its block (now and then, another resident block's), and at
+   * the completion of a barrier or collective the last thread to arrive yields too;
+   * pending cp.async copies land at random scheduling points. Every draw comes from the
+   * seed, so a launch is reproducible from it. 0: the value of $MG_HOST_SEED when set,
+   * else 1. */
   unsigned long long seed;
-  /* 1: the deterministic round-robin schedule instead (thread 0 first, then in index
-   * order; no yields). Also with $MG_HOST_SCHEDULE=rr. */
+  /* 1: the deterministic round-robin schedule instead (one block at a time in x, y, z
+   * order, thread 0 first, then in index order; no yields; copies land at the wait).
+   * Also with $MG_HOST_SCHEDULE=rr. */
   int round_robin;
   /* 1: do not fill shared memory (static and dynamic) with NaN (0xff bytes) before each
    * block. */
   int no_nan_fill;
   /* Fiber stack size in KiB; 0: $MG_HOST_STACK_KB, else 64 (256 under ASan). */
   unsigned stack_kb;
+  /* The GPU architecture whose shared-memory limit applies (80 for sm_80, 86, 89, 90,
+   * ...): a launch whose static plus dynamic shared memory exceeds the per-block opt-in
+   * maximum (sm_80 163 KiB, sm_86/89 99 KiB, sm_90 227 KiB, ...) fails with
+   * MG_HOST_E_CONFIG. 0: $MG_HOST_ARCH, else 90. */
+  unsigned arch;
+  /* Blocks resident at once (shuffled schedule only): their fibers interleave, each with
+   * its own shared memory, so one block's global-memory writes and atomics interleave
+   * with another's. 0: $MG_HOST_RESIDENT_BLOCKS, else 3 (at most 32, at most the grid). */
+  unsigned resident_blocks;
+  /* A scheduling point hands over to a resident block drawn at random with probability
+   * 1/block_switch (the completion of a barrier with probability 1/4). 0:
+   * $MG_HOST_BLOCK_SWITCH, else 2048. */
+  unsigned block_switch;
 } mg_host_launch_opts;
 
 /* mg_host_launch with options (opts may be NULL). */

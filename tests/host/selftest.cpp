@@ -273,6 +273,70 @@ extern "C" __global__ void k_ldmatrix_misaligned(const unsigned short *g, unsign
   out[threadIdx.x] = r[0];
 }
 
+/* Cross-block: every block adds 1 to *counter. racy: a plain read, a barrier (a
+ * scheduling point, where another resident block may run), then the write, so blocks
+ * that interleave lose updates; blocks run one after another never do. Else atomicAdd.
+ * Each block also keeps its own value in static shared memory across the barrier, which
+ * must survive the other blocks' runs (per-block shared memory). */
+extern "C" __global__ void k_cross_block(int *counter, int *bad, int racy) {
+  __shared__ int mine[4];
+  if (threadIdx.x == 0) mine[0] = (int)blockIdx.x;
+  int v = 0;
+  if (racy && threadIdx.x == 0) v = *counter;
+  for (int i = 0; i < 4; ++i) __syncthreads();
+  if (threadIdx.x == 0) {
+    if (racy)
+      *counter = v + 1;
+    else
+      atomicAdd(counter, 1);
+    if (mine[0] != (int)blockIdx.x) atomicAdd(bad, 1);
+  }
+}
+
+/* A pipeline's write after read: each thread copies its 16 bytes in and, after wait and
+ * barrier, reads its neighbour warp's first float 16 times, with a warp shuffle (a
+ * scheduling point) after each read. The next data then goes into the same buffer; when
+ * that prefetch is issued before the reads (war = 1: the barrier between the last read
+ * and the prefetch is missing), a copy can land while the other warp still reads. */
+extern "C" __global__ void k_cp_war(const float *a, const float *b, float *out, int war) {
+  __shared__ __align__(16) float s[64 * 4];
+  const int t = threadIdx.x, o = ((t + 32) % 64) * 4;
+  mla::cp_async_16(&s[t * 4], &a[t * 4]);
+  mla::cp_async_commit();
+  mla::cp_async_wait<0>();
+  __syncthreads();
+  if (war) {
+    mla::cp_async_16(&s[t * 4], &b[t * 4]);
+    mla::cp_async_commit();
+  }
+  float acc = 0.0f;
+  for (int k = 0; k < 16; ++k) acc = __shfl_xor_sync(FULL, acc + s[o], 0);
+  if (!war) {
+    __syncthreads();
+    mla::cp_async_16(&s[t * 4], &b[t * 4]);
+    mla::cp_async_commit();
+  }
+  mla::cp_async_wait<0>();
+  __syncthreads();
+  out[t] = acc + s[t * 4];
+}
+
+/* Lanes of one warp at two different shuffles (different source lines). */
+extern "C" __global__ void k_shfl_sites(float *out) {
+  float v = (float)threadIdx.x;
+  if (threadIdx.x % 32 < 16)
+    v = __shfl_xor_sync(FULL, v, 1);
+  else
+    v = __shfl_xor_sync(FULL, v, 1);
+  out[threadIdx.x] = v;
+}
+
+/* __activemask after lanes >= keep of each warp have returned. */
+extern "C" __global__ void k_activemask_exit(unsigned *out, int keep) {
+  if ((int)(threadIdx.x % 32) >= keep) return;
+  out[threadIdx.x] = __activemask();
+}
+
 #include "ptx_selftest.cu"
 
 #endif /* kernels */
@@ -338,7 +402,11 @@ namespace {
   X(k_mma_ldmatrix, void (*)(const unsigned short *, const unsigned short *, const float *,    \
                              float *, int))                                                    \
   X(k_ldmatrix_raw, void (*)(const unsigned short *, const int *, unsigned *, int))            \
-  X(k_cp_async, void (*)(const float *, float *))
+  X(k_cp_async, void (*)(const float *, float *))                                           \
+  X(k_cross_block, void (*)(int *, int *, int))                                                \
+  X(k_cp_war, void (*)(const float *, const float *, float *, int))                            \
+  X(k_shfl_sites, void (*)(float *))                                                           \
+  X(k_activemask_exit, void (*)(unsigned *, int))
 
 template <class T> using type_of = T;
 struct Kernels {
@@ -840,6 +908,109 @@ bool t_cp_async() {
   return true;
 }
 
+/* Resident blocks: a non-atomic cross-block counter is right block after block (round
+ * robin, or one resident block) and loses updates for some seeds with several resident
+ * blocks; with atomicAdd it is right for every seed; each block's static shared memory
+ * survives the others' runs. */
+bool t_resident_blocks() {
+  const int blocks = 24;
+  for (int racy = 0; racy <= 1; ++racy) {
+    int lost = 0;
+    for (unsigned long long seed = 0; seed <= 6; ++seed) {
+      int counter = 0, bad = 0;
+      auto body = [&] { K.k_cross_block(&counter, &bad, racy); };
+      mg_host_launch_opts o = seed_opts(seed);
+      o.block_switch = 2;
+      int rc = launch_o(o, d3(blocks), d3(64), 0, body);
+      CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+      CHECK(bad == 0, "seed %llu: %d blocks saw another block's shared memory", seed, bad);
+      if (!racy || seed == 0) CHECK(counter == blocks, "racy %d seed %llu: %d", racy, seed, counter);
+      lost += counter != blocks;
+      o.resident_blocks = 1;
+      counter = 0;
+      rc = launch_o(o, d3(blocks), d3(64), 0, body);
+      CHECK(rc == 0 && counter == blocks, "one resident block, seed %llu: %d", seed, counter);
+    }
+    if (racy) {
+      printf("    racy cross-block counter: wrong for %d of 6 seeds\n", lost);
+      CHECK(lost >= 3, "lost updates for only %d of 6 seeds", lost);
+    }
+  }
+  return true;
+}
+
+/* cp.async: a prefetch into a buffer another warp still reads is caught (copies land at
+ * random points before the wait) for every seed; with the barrier it is right. */
+bool t_cp_async_war() {
+  std::vector<float> a = random_floats(256, 11), b = random_floats(256, 12), out(64);
+  for (int war = 0; war <= 1; ++war)
+    for (unsigned long long seed = 1; seed <= 4; ++seed) {
+      auto body = [&] { K.k_cp_war(a.data(), b.data(), out.data(), war); };
+      int rc = launch_o(seed_opts(seed), d3(1), d3(64), 0, body);
+      CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+      bool right = true;
+      for (int t = 0; t < 64; ++t) {
+        const int o = ((t + 32) % 64) * 4;
+        float want = 0.0f;
+        for (int k = 0; k < 16; ++k) want += a[o];
+        want += b[t * 4];
+        right = right && std::fabs(out[t] - want) <= 1e-5f * (1 + std::fabs(want));
+      }
+      CHECK(right == !war, "war %d seed %llu: %s", war, seed,
+            right ? "right although the copy races the reads" : "wrong with the barrier");
+    }
+  return true;
+}
+
+bool t_collective_sites() {
+  std::vector<float> out(32, 0.0f);
+  auto body = [&] { K.k_shfl_sites(out.data()); };
+  return expect_error(launch(d3(1), d3(32), 0, body), MG_HOST_E_DIVERGENCE, "while");
+}
+
+/* __activemask: exited lanes are not in it (every seed), a short warp has its lanes. */
+bool t_activemask() {
+  std::vector<unsigned> out(80, 0);
+  for (unsigned long long seed = 0; seed <= 3; ++seed) {
+    auto body = [&] { K.k_activemask_exit(out.data(), 20); };
+    int rc = launch_o(seed_opts(seed), d3(2), d3(80), 0, body);
+    CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+    for (int t = 0; t < 80; ++t)
+      if (t % 32 < 20)
+        CHECK(out[t] == (t < 64 ? 0x000fffffu : 0x0000ffffu), "seed %llu lane %d: %08x", seed, t,
+              out[t]);
+  }
+  return true;
+}
+
+/* Per-arch shared-memory limits (opt-in maximum per block). */
+bool t_arch_smem() {
+  std::vector<float> out(64, 0.0f);
+  auto body = [&] { K.k_activemask_exit(reinterpret_cast<unsigned *>(out.data()), 32); };
+  mg_host_launch_opts o = seed_opts(1);
+  const struct {
+    unsigned arch;
+    size_t bytes;
+    bool ok;
+  } cases[] = {/* this object's static __shared__ arrays (all the kernels') count too */
+               {80, 140 * 1024, true},  {80, 163 * 1024 + 16, false}, {86, 80 * 1024, true},
+               {86, 100 * 1024, false}, {89, 120 * 1024, false},      {90, 200 * 1024, true},
+               {90, 227 * 1024 + 16, false}};
+  for (const auto &c : cases) {
+    o.arch = c.arch;
+    int rc = launch_o(o, d3(1), d3(32), c.bytes, body);
+    if (c.ok) {
+      CHECK(rc == 0, "sm_%u, %zu bytes: rc %d: %s", c.arch, c.bytes, rc, g_msg);
+    } else {
+      char want[32];
+      snprintf(want, sizeof want, "sm_%u", c.arch);
+      if (!expect_error(rc, MG_HOST_E_CONFIG, want)) return false;
+    }
+  }
+  o.arch = 12;
+  return expect_error(launch_o(o, d3(1), d3(32), 0, body), MG_HOST_E_CONFIG, "unknown architecture");
+}
+
 bool t_ldmatrix_errors() {
   std::vector<uint16_t> g(32 * 8, 1);
   std::vector<unsigned> out(32);
@@ -1043,6 +1214,11 @@ int main(int argc, char **argv) {
   run("mma_ldmatrix", t_mma_ldmatrix);
   run("ldmatrix_raw", t_ldmatrix_raw);
   run("cp_async", t_cp_async);
+  run("resident_blocks", t_resident_blocks);
+  run("cp_async_war", t_cp_async_war);
+  run("collective_sites", t_collective_sites);
+  run("activemask", t_activemask);
+  run("arch_smem", t_arch_smem);
   run("ldmatrix_errors", t_ldmatrix_errors);
 #if MG_SELFTEST_ASAN && !defined(MG_SELFTEST_DLOPEN)
   run("asan_global", t_asan_global);
