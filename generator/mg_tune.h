@@ -227,7 +227,8 @@ int mg_tune_store_read(const char *path, mg_tune_store *out, mg_diag *d);
 int mg_tune_store_parse(const char *text, size_t len, const char *name, mg_tune_store *out,
                         mg_diag *d);
 
-/* Serializes a store (pretty JSON, entries in the given order); heap, free(). */
+/* Serializes a store (pretty JSON, entries in the given order; an entry without a
+ * template_hash is written with the header's); heap, free(). */
 char *mg_tune_store_json(const mg_tune_store *s);
 
 /* Why header h (of a file) must not be trusted for expected: NULL when it matches
