@@ -34,8 +34,9 @@ static const char help[] =
     "  --steps      also list each form's steps\n"
     "  --explain    also print, per kernel family and causal flag, the configuration the\n"
     "               kernels would use at this S and why: a tuned entry of\n"
-    "               $MLAGEN_TUNED_DIR (default ./tuned)/<arch>/<device>.json, or the\n"
-    "               template's default (docs/tuning.md)\n"
+    "               $MLAGEN_TUNED_DIR (default ./tuned)/<arch>/<device>.json tuned\n"
+    "               with the family's templates as they are, or the template's\n"
+    "               default (docs/tuning.md)\n"
     "  --arch ARCH  with --explain: the GPU architecture (default sm_90a)\n"
     "  --device N   with --explain: the device name as the driver reports it\n"
     "               (default \"unknown\": no GPU is queried)\n";

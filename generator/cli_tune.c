@@ -28,8 +28,9 @@ static const char help[] =
     "on the GPU at sequence length S (CUDA events, rotating inputs, L2 flushed); a\n"
     "candidate that fails to launch or differs is discarded (failed-launch,\n"
     "wrong-result) and recorded so; the winner of each\n"
-    "kernel goes into $MLAGEN_TUNED_DIR (default ./tuned)/<arch>/<device>.json, merged\n"
-    "with what is there. Timing needs a GPU: without --dry-run and without one, tune\n"
+    "kernel goes into $MLAGEN_TUNED_DIR (default ./tuned)/<arch>/<device>.json, stamped\n"
+    "with its family's template hash and merged with what is there (the entries of the\n"
+    "same key replaced, the others kept). Timing needs a GPU: without --dry-run and without one, tune\n"
     "fails with MLAGEN_ENODRIVER.\n"
     "\n"
     "  --dry-run        everything but the timing: print the candidate table and a summary\n"
@@ -149,6 +150,9 @@ static int time_spec(mg_gen *g, const mg_tune_candidate *cands, int n, const mg_
   enum { SAMPLES = 25 };
   mg_tune_entry e;
   mg_tune_entry_key(&e, &cands[0].spec, NULL, seq);
+  /* the entry holds while what renders this family's kernels is unchanged */
+  const char *fam_hash = mg_gen_family_hash(g, e.family);
+  snprintf(e.template_hash, sizeof e.template_hash, "%s", fam_hash ? fam_hash : "");
   e.candidates = calloc((size_t)n, sizeof *e.candidates);
   if (!e.candidates) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   int rc = 0, best = -1;

@@ -17,6 +17,7 @@
 
 #define MG_TEMPLATE_MAX ((size_t)4 << 20)
 #define MG_MAX_TEMPLATES 32
+#define MG_MAX_FAMILIES 32 /* mg_spec_families' entries, at most */
 
 typedef struct mg_template {
   char name[64];     /* file name, e.g. "explicit_fwd.cu.tpl" */
@@ -43,7 +44,9 @@ struct mg_gen {
   mg_template files[MG_MAX_TEMPLATES];
   int n_files;
   mg_jit_header header; /* the device header, for NVRTC */
-  char hash[MG_HASH_HEX];
+  char hash[MG_HASH_HEX]; /* the whole template set */
+  char family_hash[MG_MAX_FAMILIES][MG_HASH_HEX]; /* by mg_spec_families index; "" when
+                                                      the set has no such template */
 };
 
 static const mg_template *find_file(const mg_gen *g, const char *name) {
@@ -81,6 +84,42 @@ static int load_templates(mg_gen *g, const char *dir, mg_diag *d) {
   return 0;
 }
 
+/* The family whose template file is name ("<family>.cu.tpl"), or -1 when name is no
+ * family's template (the device header, the prelude: files every rendering uses). */
+static int family_of_file(const char *name) {
+  static const char ext[] = ".cu.tpl";
+  size_t n = strlen(name), e = sizeof ext - 1;
+  if (n <= e || strcmp(name + n - e, ext) != 0) return -1;
+  for (int f = 0; mg_spec_families[f]; f++)
+    if (strlen(mg_spec_families[f]) == n - e && strncmp(name, mg_spec_families[f], n - e) == 0)
+      return f;
+  return -1;
+}
+
+/* Hex SHA-256 of every file's name and bytes into hex: the whole set when family is NULL,
+ * else the family's own template and every file that is no family's template ("" when
+ * the set lacks the family's template). The family's name goes first, so a family hash
+ * never equals the set's. Returns 0 or MLAGEN_ENOMEM. */
+static int hash_files(const mg_gen *g, const char *family, char hex[MG_HASH_HEX]) {
+  int fam = -1, found = 0;
+  for (int f = 0; family && mg_spec_families[f]; f++)
+    if (strcmp(mg_spec_families[f], family) == 0) fam = f;
+  mg_hash_ctx *h = mg_hash_begin();
+  if (family) mg_hash_field_str(h, family);
+  for (int i = 0; i < g->n_files; i++) {
+    int owner = family_of_file(g->files[i].name);
+    if (family && owner >= 0 && owner != fam) continue;
+    found |= fam >= 0 && owner == fam;
+    mg_hash_field_str(h, g->files[i].name);
+    mg_hash_field(h, g->files[i].data, g->files[i].size);
+  }
+  uint8_t digest[MG_HASH_BYTES];
+  if (mg_hash_end(h, digest)) return MLAGEN_ENOMEM;
+  mg_hash_hex(digest, hex);
+  if (family && !found) hex[0] = '\0';
+  return 0;
+}
+
 int mg_gen_open(mg_gen **out, const char *templates_dir, mg_diag *d) {
   *out = NULL;
   mg_gen *g = calloc(1, sizeof *g);
@@ -103,17 +142,13 @@ int mg_gen_open(mg_gen **out, const char *templates_dir, mg_diag *d) {
   g->header.data = hdr->data;
   g->header.size = hdr->size;
 
-  mg_hash_ctx *h = mg_hash_begin();
-  for (int i = 0; i < g->n_files; i++) {
-    mg_hash_field_str(h, g->files[i].name);
-    mg_hash_field(h, g->files[i].data, g->files[i].size);
-  }
-  uint8_t digest[MG_HASH_BYTES];
-  if (mg_hash_end(h, digest)) {
+  rc = hash_files(g, NULL, g->hash);
+  for (int f = 0; !rc && f < MG_MAX_FAMILIES && mg_spec_families[f]; f++)
+    rc = hash_files(g, mg_spec_families[f], g->family_hash[f]);
+  if (rc) {
     mg_gen_close(g);
     return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
-  mg_hash_hex(digest, g->hash);
   *out = g;
   return 0;
 }
@@ -129,6 +164,13 @@ void mg_gen_close(mg_gen *g) {
 void mg_gen_set_total_max(mg_gen *g, size_t max) { g->acct->max = max ? max : MG_GEN_TOTAL_MAX; }
 
 const char *mg_gen_template_hash(const mg_gen *g) { return g->hash; }
+
+const char *mg_gen_family_hash(const mg_gen *g, const char *family) {
+  for (int f = 0; family && f < MG_MAX_FAMILIES && mg_spec_families[f]; f++)
+    if (strcmp(mg_spec_families[f], family) == 0)
+      return g->family_hash[f][0] ? g->family_hash[f] : NULL;
+  return NULL;
+}
 
 const mg_jit_header *mg_gen_headers(const mg_gen *g, int *n) {
   *n = 1;

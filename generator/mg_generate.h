@@ -3,7 +3,8 @@
  * An mg_gen owns one sandboxed Lua state and the template set: the templates embedded
  * in the binary, or the files of a directory given with `--templates DIR` (same file
  * names) for template development. The template set's SHA-256 (template_hash) goes into
- * every JIT cache key and into the manifest. */
+ * every JIT cache key and into the manifest; each family's hash (over what renders its
+ * kernels) keys its tuned store entries. */
 #ifndef MG_GENERATE_H
 #define MG_GENERATE_H
 #include <cJSON.h>
@@ -27,6 +28,14 @@ void mg_gen_close(mg_gen *g);
 
 /* Hex SHA-256 of the template set (every file's name and bytes). */
 const char *mg_gen_template_hash(const mg_gen *g);
+
+/* Hex SHA-256 of what renders family's kernels: the family's name, its own template
+ * "<family>.cu.tpl" and every file of the set that is no family's template (the device
+ * header, the Lua prelude), each file's name and bytes. Changing one family's template
+ * changes only that family's hash; changing a shared file changes every family's. Never
+ * equal to mg_gen_template_hash. NULL for a family not in mg_spec_families. Valid while g
+ * is open. */
+const char *mg_gen_family_hash(const mg_gen *g, const char *family);
 
 /* The headers a generated kernel needs at compile time (the device header), for NVRTC.
  * Valid while g is open. */

@@ -465,6 +465,7 @@ char *mg_tune_store_json(const mg_tune_store *s) {
     cJSON_AddStringToObject(sh, "dtype", e->dtype);
     cJSON_AddBoolToObject(sh, "causal", e->causal);
     cJSON_AddNumberToObject(o, "seq_bucket", (double)e->seq_bucket);
+    cJSON_AddStringToObject(o, "template_hash", e->template_hash[0] ? e->template_hash : h->template_hash);
     cJSON_AddItemToObject(o, "config", config_to_json(&e->config));
     add_timing(o, e->p20_ms, e->p50_ms, e->p80_ms);
     cJSON_AddNumberToObject(o, "tflops", e->tflops);
@@ -543,6 +544,8 @@ static int read_entry(const cJSON *o, mg_tune_entry *e, const char **bad) {
   if (!cJSON_IsBool(causal) && !*bad) *bad = "causal";
   e->causal = cJSON_IsTrue(causal);
   e->seq_bucket = inum(o, "seq_bucket", 0, (long long)1 << 53, bad);
+  /* absent (schemas 1 and 2): the caller gives it the header's */
+  str(o, "template_hash", e->template_hash, sizeof e->template_hash, 1, bad);
   if (config_from_json(cJSON_GetObjectItemCaseSensitive(o, "config"), &e->config) && !*bad)
     *bad = "config";
   e->p20_ms = num(o, "p20_ms", bad);
@@ -611,8 +614,10 @@ static int store_parse(const char *path, const char *text, mg_tune_store *out, m
     const cJSON *e;
     cJSON_ArrayForEach(e, arr) {
       if (rc || bad) break;
-      int r = read_entry(e, &out->entries[out->n], &bad);
+      mg_tune_entry *t = &out->entries[out->n];
+      int r = read_entry(e, t, &bad);
       out->n++; /* counted even on failure, so its candidates are freed */
+      if (!t->template_hash[0]) memcpy(t->template_hash, h->template_hash, sizeof t->template_hash);
       if (r == -2) rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
     }
   }
@@ -654,10 +659,8 @@ int mg_tune_store_parse(const char *text, size_t len, const char *name, mg_tune_
 }
 
 const char *mg_tune_header_mismatch(const mg_tune_header *h, const mg_tune_header *expected) {
-  /* schema 1 (candidates without verdicts) reads as a subset of 2 */
+  /* schemas 1 and 2 read as subsets of 3 (no verdicts; entries without their own hash) */
   if (h->schema < 1 || h->schema > MG_TUNE_SCHEMA) return "schema version differs";
-  if (expected->template_hash[0] && strcmp(h->template_hash, expected->template_hash) != 0)
-    return "template hash differs (the templates changed since it was tuned)";
   if (strcmp(h->device, expected->device) != 0) return "device differs";
   if (strcmp(h->arch, expected->arch) != 0) return "arch differs";
   return NULL;
@@ -797,9 +800,15 @@ out:
 
 /* ---- lookup -------------------------------------------------------------------------- */
 
+/* Whether entry e was tuned with the templates that render its kernels now. */
+static int entry_current(const mg_tune_entry *e, const char *family_hash, const char *set_hash) {
+  if (!family_hash) return 1;
+  return strcmp(e->template_hash, family_hash) == 0 || (set_hash && strcmp(e->template_hash, set_hash) == 0);
+}
+
 int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
-                   const char *template_hash, const mg_kernel_spec *s, const char *form,
-                   long long seq, mg_tune_config *config, char **why) {
+                   const char *family_hash, const char *set_hash, const mg_kernel_spec *s,
+                   const char *form, long long seq, mg_tune_config *config, char **why) {
   memset(config, 0, sizeof *config);
   if (why) *why = NULL;
   char path[4096];
@@ -829,7 +838,6 @@ int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
   }
   mg_tune_header expect;
   memset(&expect, 0, sizeof expect);
-  snprintf(expect.template_hash, sizeof expect.template_hash, "%s", template_hash ? template_hash : "");
   snprintf(expect.device, sizeof expect.device, "%s", device);
   snprintf(expect.arch, sizeof expect.arch, "%s", arch);
   const char *mismatch = mg_tune_header_mismatch(&st.header, &expect);
@@ -838,15 +846,24 @@ int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
     mg_tune_store_free(&st);
     goto done;
   }
-  const mg_tune_entry *hit = NULL;
+  const mg_tune_entry *hit = NULL, *stale = NULL;
   for (int pass = 0; pass < 2 && !hit; pass++) { /* this form's entry, then a form-less one */
     if (pass == 1 && !key.form[0]) break;
     mg_tune_entry k2 = key;
     if (pass == 1) k2.form[0] = '\0';
-    for (int i = 0; i < st.n && !hit; i++)
-      if (mg_tune_entry_same_key(&st.entries[i], &k2)) hit = &st.entries[i];
+    for (int i = 0; i < st.n && !hit; i++) {
+      if (!mg_tune_entry_same_key(&st.entries[i], &k2)) continue;
+      if (entry_current(&st.entries[i], family_hash, set_hash)) hit = &st.entries[i];
+      else if (!stale) stale = &st.entries[i];
+    }
   }
-  if (hit) {
+  if (!hit && stale) {
+    msg = xasprintf("default: the %s template changed since it was tuned (%s entry %s%s%s %s bucket "
+                    "%lld: entry hash %.12s, now %.12s)", stale->family, path, stale->family,
+                    stale->form[0] ? " form " : "", stale->form,
+                    stale->causal ? "causal" : "non-causal", stale->seq_bucket,
+                    stale->template_hash, family_hash);
+  } else if (hit) {
     *config = hit->config;
     char cfg[256];
     msg = xasprintf("tuned: %s entry %s%s%s %s bucket %lld (%s), p50 %.3f ms, %.1f TFLOP/s", path,
@@ -878,7 +895,9 @@ int mg_tune_choose(mg_gen *g, const char *store_dir, const char *arch, const cha
   mg_spec_plan_tunables(out);
   mg_tune_config cfg;
   char *w = NULL;
-  int src = mg_tune_lookup(store_dir, arch, device, mg_gen_template_hash(g), out, form, seq, &cfg, &w);
+  const char *fam_hash = mg_gen_family_hash(g, out->family);
+  int src = mg_tune_lookup(store_dir, arch, device, fam_hash ? fam_hash : "", mg_gen_template_hash(g),
+                           out, form, seq, &cfg, &w);
   if (src < 0) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   snprintf(why, n, "%s", w ? w : "");
   free(w);

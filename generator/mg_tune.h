@@ -17,9 +17,12 @@
 #include "mg_jit.h"
 #include "mg_spec.h"
 
-/* 2: candidates carry "verdict" (and "reason" when discarded at timing). Files of
- * schema 1 (every candidate timed, no verdicts) are still read and trusted; writes are 2. */
-#define MG_TUNE_SCHEMA 2
+/* 3: each entry carries its family's template hash (mg_gen_family_hash when it was tuned);
+ * the header's template_hash is information only. 2: candidates carry "verdict" (and
+ * "reason" when discarded at timing). Files of schema 1 and 2 are still read: their entries
+ * take the header's template_hash (the whole set's), so they apply only while the whole
+ * template set is unchanged. Writes are 3. */
+#define MG_TUNE_SCHEMA 3
 
 /* A full configuration: every tunable of a family, names sorted. */
 typedef struct mg_tune_config {
@@ -155,7 +158,8 @@ long long mg_tune_bucket(long long seq);
 typedef struct mg_tune_header {
   int schema;               /* MG_TUNE_SCHEMA */
   char mlagen_version[32];
-  char template_hash[80];
+  char template_hash[80];   /* the whole set's (mg_gen_template_hash) at the last write:
+                               information; entries carry their own */
   char nvrtc_version[16];   /* "12.8" */
   int driver_version;       /* cuDriverGetVersion */
   char device[128];         /* device name as the driver reports it */
@@ -183,6 +187,8 @@ typedef struct mg_tune_entry {
   int causal;
   long long seq_bucket;     /* mg_tune_bucket */
   /* value */
+  char template_hash[80];   /* mg_gen_family_hash of the family when it was tuned; read
+                               from a schema 1/2 file: the header's (the whole set's) */
   mg_tune_config config;    /* the winner */
   double p20_ms, p50_ms, p80_ms, tflops;
   int n_candidates;
@@ -221,12 +227,13 @@ int mg_tune_store_read(const char *path, mg_tune_store *out, mg_diag *d);
 int mg_tune_store_parse(const char *text, size_t len, const char *name, mg_tune_store *out,
                         mg_diag *d);
 
-/* Serializes a store (pretty JSON, entries in the given order); heap, free(). */
+/* Serializes a store (pretty JSON, entries in the given order; an entry without a
+ * template_hash is written with the header's); heap, free(). */
 char *mg_tune_store_json(const mg_tune_store *s);
 
 /* Why header h (of a file) must not be trusted for expected: NULL when it matches
- * (schema 1 .. MG_TUNE_SCHEMA, template hash, device, arch), else a static description
- * ("template hash differs" ...). */
+ * (schema 1 .. MG_TUNE_SCHEMA, device, arch), else a static description ("device
+ * differs" ...). The template hash is not compared: each entry carries its own. */
 const char *mg_tune_header_mismatch(const mg_tune_header *h, const mg_tune_header *expected);
 
 /* Whether mg_tune_store_add could write the store of (arch, device) under dir (NULL:
@@ -239,9 +246,11 @@ int mg_tune_store_writable(const char *dir, const char *arch, const char *device
 
 /* Adds entries[0..n) to the store of (h->arch, h->device) under dir, merging with what is
  * there: under an flock() on <file>.lock, reads the file, replaces the entries with the
- * same key, keeps the others, writes atomically. A corrupt file or one whose header does
- * not match h is not merged: its entries are dropped, the file is rewritten with h, and
- * *warning (may be NULL; heap, free()) says so. Errors: MLAGEN_EIO, MLAGEN_ENOMEM. */
+ * same key, keeps the others whatever their template hash, writes atomically with h as
+ * the header (schema MG_TUNE_SCHEMA). An entry given with an empty template_hash is
+ * written with h->template_hash. A corrupt file or one whose header does not match h
+ * (mg_tune_header_mismatch) is not merged: its entries are dropped, the file is rewritten,
+ * and *warning (may be NULL; heap, free()) says so. Errors: MLAGEN_EIO, MLAGEN_ENOMEM. */
 int mg_tune_store_add(const char *dir, const mg_tune_header *h, const mg_tune_entry *entries,
                       int n, char **warning, mg_diag *d);
 
@@ -256,17 +265,23 @@ enum mg_tune_source { MG_TUNE_DEFAULT = 0, MG_TUNE_TUNED = 1 };
 /* The configuration to use for spec s at sequence length seq on (arch, device): the
  * store entry with the same family, form (an entry for `form`, else one with no form),
  * pass, shape and bucket if the store of (arch, device) under store_dir (NULL:
- * mg_tune_store_dir()) has one and its header matches (template_hash, device, arch;
- * template_hash NULL skips the hash check); else the template's default, *config empty
- * (n = 0: render the spec without overrides to see it). *why (heap, free(); may be NULL)
- * says which and why: "tuned: <file> entry attn_fwd causal bucket 4096, p50 0.120 ms" or
+ * mg_tune_store_dir()) has one, its header matches (device, arch, schema) and the entry
+ * is current: its template_hash equals family_hash (mg_gen_family_hash of s->family now)
+ * or set_hash (mg_gen_template_hash now: an entry stamped with the whole set's hash, from
+ * a schema 1/2 file, applies while the whole set is unchanged). family_hash NULL skips
+ * that check. Else the template's default, *config empty (n = 0: render the spec without
+ * overrides to see it). *why (heap, free(); may be NULL) says which and why:
+ * "tuned: <file> entry attn_fwd causal bucket 4096 (...), p50 0.120 ms, ..." or
  * "default: no tuned store for sm_90a/unknown (<file>)", "default: <file> is corrupt
- * (...)", "default: <file> ignored: template hash differs", "default: no entry ...".
- * Returns MG_TUNE_TUNED or MG_TUNE_DEFAULT (never fails: a store problem means the
- * default; MLAGEN_ENOMEM is the only negative return). */
+ * (...)", "default: <file> ignored: device differs", "default: the attn_bwd_dkdv template
+ * changed since it was tuned (<file> entry ... : entry hash <12 hex>, now <12 hex>)",
+ * "default: <file> has no entry ..." (a stale entry for `form` does not hide a current
+ * form-less one). Returns MG_TUNE_TUNED
+ * or MG_TUNE_DEFAULT (never fails: a store problem means the default; MLAGEN_ENOMEM is the
+ * only negative return). */
 int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
-                   const char *template_hash, const mg_kernel_spec *s, const char *form,
-                   long long seq, mg_tune_config *config, char **why);
+                   const char *family_hash, const char *set_hash, const mg_kernel_spec *s,
+                   const char *form, long long seq, mg_tune_config *config, char **why);
 
 /* The spec a kernel is generated from at run time: s with the tuned store's configuration
  * (mg_tune_lookup) applied when there is one, then mg_spec_plan_tunables (the plans'

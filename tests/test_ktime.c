@@ -454,7 +454,7 @@ static void test_store_verdicts(void **state) {
   assert_int_equal(mg_tune_store_path(dir, "sm_90a", "Fake H200", path, sizeof path, &d), 0);
   mg_tune_store st;
   if (mg_tune_store_read(path, &st, &d)) fail_msg("%s", mg_diag_msg(&d));
-  assert_int_equal(st.header.schema, 2);
+  assert_int_equal(st.header.schema, MG_TUNE_SCHEMA);
   assert_int_equal(st.n, 1);
   assert_int_equal(st.entries[0].n_candidates, 3);
   const mg_tune_timing *r = st.entries[0].candidates;

@@ -1,6 +1,11 @@
 /* test_tune.c: the autotuner without a GPU: pruning on injected ptxas reports, the
- * candidate space, the tuned store (schema round trip, merge under concurrent writers,
- * corrupt and mismatched files) and the lookup (tuned hit, fallback to the default). */
+ * candidate space, the per-family template hash, the tuned store (schema round trip, merge
+ * under concurrent writers, schema 2 files, corrupt and mismatched files) and the lookup
+ * (tuned hit, stale entries, fallback to the default), on the committed H200 store too.
+ *
+ * Helper mode (no tests run): `test_tune --family-hashes DIR` prints, as JSON, the
+ * template set's hash and each family's hash of the templates in DIR
+ * ({"set": "...", "families": {"attn_fwd": "...", ...}}); tuned/restamp.py uses it. */
 #define _DEFAULT_SOURCE 1
 #include <setjmp.h>
 #include <stdarg.h>
@@ -258,6 +263,7 @@ static void test_store_roundtrip(void **state) {
   mg_tune_entry e[2] = {entry_of("attn_fwd", 1, 4096, 64, 0.12, ca, 3),
                         entry_of("attn_bwd_dq", 0, 300, 128, 0.5, cb, 1)};
   snprintf(e[1].form, sizeof e[1].form, "laga");
+  snprintf(e[0].template_hash, sizeof e[0].template_hash, "fam-1"); /* e[1]: none given */
   char *warning = NULL;
   assert_int_equal(mg_tune_store_add(tmpdir, &h, e, 2, &warning, &d), 0);
   assert_null(warning);
@@ -293,6 +299,8 @@ static void test_store_roundtrip(void **state) {
   }
   assert_string_equal(st.entries[1].form, "laga");
   assert_string_equal(st.entries[0].form, "");
+  assert_string_equal(st.entries[0].template_hash, "fam-1");
+  assert_string_equal(st.entries[1].template_hash, "hash-1"); /* written with the header's */
 
   /* serializing what was read gives the same text as the file */
   char *text = mg_tune_store_json(&st), *file = NULL;
@@ -490,7 +498,7 @@ static void test_corrupt_and_mismatch(void **state) {
     write_text(path, corrupt[i]);
     mg_tune_store st;
     assert_int_equal(mg_tune_store_read(path, &st, &d), MLAGEN_ECONFIG);
-    assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "h", &s, NULL, 4096, &cfg, &why),
+    assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "h", NULL, &s, NULL, 4096, &cfg, &why),
                      MG_TUNE_DEFAULT);
     assert_int_equal(cfg.n, 0);
     assert_non_null(strstr(why, "corrupt"));
@@ -505,36 +513,46 @@ static void test_corrupt_and_mismatch(void **state) {
   assert_non_null(warning);
   assert_non_null(strstr(warning, "corrupt"));
   free(warning);
-  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "h", &s, NULL, 4096, &cfg, &why),
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "h", NULL, &s, NULL, 4096, &cfg, &why),
                    MG_TUNE_TUNED);
   free(why);
 
-  /* another template hash: reported, entries ignored */
-  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "other", &s, NULL, 4096, &cfg, &why),
+  /* another template hash: that entry is stale, reported with both hashes */
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU X", "other", NULL, &s, NULL, 4096, &cfg, &why),
                    MG_TUNE_DEFAULT);
   assert_int_equal(cfg.n, 0);
-  assert_non_null(strstr(why, "template hash differs"));
+  if (!strstr(why, "default: the attn_fwd template changed since it was tuned (") ||
+      !strstr(why, "entry hash h, now other)"))
+    fail_msg("%s", why);
   free(why);
-  /* a writer with another hash drops the old entries */
+  /* a writer with another header hash keeps the old entries (no warning) */
   mg_tune_header h2 = header_of("GPU X", "other");
   mg_tune_entry e2 = entry_of("attn_fwd", 0, 4096, 64, 0.12, NULL, 0);
   assert_int_equal(mg_tune_store_add(dir, &h2, &e2, 1, &warning, &d), 0);
-  assert_non_null(warning);
-  assert_non_null(strstr(warning, "template hash differs"));
-  free(warning);
+  assert_null(warning);
   mg_tune_store st;
   assert_int_equal(mg_tune_store_read(path, &st, &d), 0);
-  assert_int_equal(st.n, 1);
-  assert_int_equal(st.entries[0].causal, 0);
+  assert_int_equal(st.n, 2);
+  assert_string_equal(st.header.template_hash, "other");
+  assert_string_equal(st.entries[0].template_hash, "h");
+  assert_string_equal(st.entries[1].template_hash, "other");
   mg_tune_store_free(&st);
+  /* a header for another device is still not merged */
+  mg_tune_header h3 = header_of("GPU X", "h");
+  write_text(path, "{\"schema\":3,\"mlagen_version\":\"0.1.0\",\"template_hash\":\"h\","
+                   "\"nvrtc_version\":\"12.8\",\"driver_version\":1,\"device\":\"GPU Y\","
+                   "\"arch\":\"sm_90a\",\"sm_count\":1,\"entries\":[]}");
+  assert_int_equal(mg_tune_store_add(dir, &h3, &e2, 1, &warning, &d), 0);
+  assert_non_null(warning);
+  assert_non_null(strstr(warning, "device differs"));
+  free(warning);
 
   /* data files: a header for another device under this device's name */
-  assert_int_equal(mg_tune_lookup(MLAGEN_TEST_DATA "/tuned", "sm_90a", "Mismatched GPU", "test-hash",
-                                  &s, NULL, 4096, &cfg, &why),
+  assert_int_equal(mg_tune_lookup(MLAGEN_TEST_DATA "/tuned", "sm_90a", "Mismatched GPU", "test-hash", NULL, &s, NULL, 4096, &cfg, &why),
                    MG_TUNE_DEFAULT);
   assert_non_null(strstr(why, "device differs"));
   free(why);
-  assert_int_equal(mg_tune_lookup(MLAGEN_TEST_DATA "/tuned", "sm_90a", "Corrupt GPU", "test-hash", &s,
+  assert_int_equal(mg_tune_lookup(MLAGEN_TEST_DATA "/tuned", "sm_90a", "Corrupt GPU", "test-hash", NULL, &s,
                                   NULL, 4096, &cfg, &why),
                    MG_TUNE_DEFAULT);
   assert_non_null(strstr(why, "corrupt"));
@@ -549,14 +567,14 @@ static void test_lookup(void **state) {
   const char *data = MLAGEN_TEST_DATA "/tuned";
 
   /* no store for this device */
-  assert_int_equal(mg_tune_lookup(data, "sm_90a", "unknown", NULL, &s, NULL, 4096, &cfg, &why),
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "unknown", NULL, NULL, &s, NULL, 4096, &cfg, &why),
                    MG_TUNE_DEFAULT);
   assert_non_null(strstr(why, "default: no tuned store for sm_90a/unknown"));
   free(why);
 
   /* a tuned hit from the shipped test store: 3000 and 4096 share bucket 4096 */
   for (long long seq = 2049; seq <= 4096; seq += 2047) {
-    assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, NULL, seq, &cfg,
+    assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", NULL, &s, NULL, seq, &cfg,
                                     &why),
                      MG_TUNE_TUNED);
     char text[128];
@@ -568,7 +586,7 @@ static void test_lookup(void **state) {
     free(why);
   }
   /* the next bucket has no entry */
-  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, NULL, 4097, &cfg, &why),
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", NULL, &s, NULL, 4097, &cfg, &why),
                    MG_TUNE_DEFAULT);
   assert_non_null(strstr(why, "has no entry"));
   assert_non_null(strstr(why, "bucket 8192"));
@@ -576,16 +594,16 @@ static void test_lookup(void **state) {
   /* another shape */
   mg_kernel_spec s2 = s;
   s2.heads = 8;
-  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s2, NULL, 4096, &cfg, &why),
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", NULL, &s2, NULL, 4096, &cfg, &why),
                    MG_TUNE_DEFAULT);
   free(why);
   /* a form: its own entry wins over the form-less one; another form falls back to it */
-  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, "laga", 4096, &cfg, &why),
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", NULL, &s, "laga", 4096, &cfg, &why),
                    MG_TUNE_TUNED);
   assert_int_equal(cfg.v[1].value, 32); /* block_n of the laga entry */
   assert_non_null(strstr(why, "form laga"));
   free(why);
-  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, "absorbed", 4096, &cfg,
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", NULL, &s, "absorbed", 4096, &cfg,
                                   &why),
                    MG_TUNE_TUNED);
   assert_int_equal(cfg.v[1].value, 128);
@@ -594,14 +612,14 @@ static void test_lookup(void **state) {
   /* MLAGEN_TUNED_DIR is the default directory */
   setenv("MLAGEN_TUNED_DIR", data, 1);
   assert_string_equal(mg_tune_store_dir(), data);
-  assert_int_equal(mg_tune_lookup(NULL, "sm_90a", "NVIDIA H200", NULL, &s, NULL, 4096, &cfg, &why),
+  assert_int_equal(mg_tune_lookup(NULL, "sm_90a", "NVIDIA H200", NULL, NULL, &s, NULL, 4096, &cfg, &why),
                    MG_TUNE_TUNED);
   free(why);
   unsetenv("MLAGEN_TUNED_DIR");
   assert_string_equal(mg_tune_store_dir(), "./tuned");
 
   /* why may be NULL */
-  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", &s, NULL, 4096, &cfg, NULL),
+  assert_int_equal(mg_tune_lookup(data, "sm_90a", "NVIDIA H200", "test-hash", NULL, &s, NULL, 4096, &cfg, NULL),
                    MG_TUNE_TUNED);
 }
 
@@ -670,13 +688,255 @@ static void test_choose(void **state) {
   mg_gen_close(g);
 }
 
+/* ---- the per-family template hash ---------------------------------------------------------- */
+
+static void append_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "a");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* A family's hash covers its own template and the shared files (device header, prelude),
+ * nothing else: changing one family's template changes only its hash, changing a shared
+ * file changes every family's; the set's hash changes with any file. */
+static void test_family_hash(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *base;
+  assert_int_equal(mg_gen_open(&base, NULL, &d), 0);
+  int nf = 0;
+  while (mg_spec_families[nf]) nf++;
+  for (int f = 0; f < nf; f++) {
+    const char *h = mg_gen_family_hash(base, mg_spec_families[f]);
+    assert_non_null(h);
+    assert_int_equal(strlen(h), 64);
+    assert_string_not_equal(h, mg_gen_template_hash(base));
+    for (int k = 0; k < f; k++) assert_string_not_equal(h, mg_gen_family_hash(base, mg_spec_families[k]));
+  }
+  assert_null(mg_gen_family_hash(base, "nope"));
+  assert_null(mg_gen_family_hash(base, "mla_device")); /* a shared file is no family */
+
+  static const struct { const char *file, *family, *text; } change[] = {
+      {NULL, NULL, NULL}, /* an unchanged copy of the source tree's templates */
+      {"attn_bwd_dkdv.cu.tpl", "attn_bwd_dkdv", "// changed\n"},
+      {"mqa_fwd.cu.tpl", "mqa_fwd", "// changed\n"},
+      {MG_DEVICE_HEADER, NULL, "// changed\n"},
+      {"prelude.lua", NULL, "-- changed\n"},
+  };
+  for (size_t c = 0; c < sizeof change / sizeof change[0]; c++) {
+    char dir[400], cmd[1200];
+    snprintf(dir, sizeof dir, "%s/tpl%zu", tmpdir, c);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/templates' '%s'", MLAGEN_SOURCE_DIR, dir);
+    assert_int_equal(system(cmd), 0);
+    if (change[c].file) {
+      char path[600];
+      snprintf(path, sizeof path, "%s/%s", dir, change[c].file);
+      append_text(path, change[c].text);
+    }
+    mg_gen *g;
+    if (mg_gen_open(&g, dir, &d)) fail_msg("%s", mg_diag_msg(&d));
+    int same_set = strcmp(mg_gen_template_hash(g), mg_gen_template_hash(base)) == 0;
+    assert_int_equal(same_set, change[c].file == NULL);
+    for (int f = 0; f < nf; f++) {
+      const char *fam = mg_spec_families[f];
+      int changed = change[c].file && (!change[c].family || strcmp(change[c].family, fam) == 0);
+      int same = strcmp(mg_gen_family_hash(g, fam), mg_gen_family_hash(base, fam)) == 0;
+      if (same == changed) fail_msg("%s changed: family %s hash %s", change[c].file, fam, same ? "kept" : "changed");
+    }
+    mg_gen_close(g);
+  }
+  mg_gen_close(base);
+  mg_diag_clear(&d);
+}
+
+/* ---- schema 2 files, merging, stale entries ----------------------------------------------- */
+
+/* A schema 2 store (one template hash in the header, none per entry) still reads: its
+ * entries take the header's hash, so they apply only while the whole template set is the
+ * one they were tuned with, and are reported as changed otherwise. A sweep merging into it
+ * replaces what it measured, keeps the other families' entries with their hash, and
+ * writes schema 3. */
+static void test_schema2_and_merge(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  char dir[300], sub[400], path[512];
+  snprintf(dir, sizeof dir, "%s/s2", tmpdir);
+  snprintf(sub, sizeof sub, "%s/sm_90a", dir);
+  assert_int_equal(mg_fs_mkdirs(sub, &d), 0);
+  assert_int_equal(mg_tune_store_path(dir, "sm_90a", "GPU S2", path, sizeof path, &d), 0);
+  /* a schema 2 file as `tune` wrote it before schema 3: attn_fwd and attn_bwd_dq */
+  mg_tune_header h = header_of("GPU S2", "old-set");
+  mg_tune_entry e[2] = {entry_of("attn_fwd", 1, 4096, 64, 0.12, NULL, 0),
+                        entry_of("attn_bwd_dq", 1, 4096, 128, 0.5, NULL, 0)};
+  mg_tune_store st = {.header = h, .n = 2, .entries = e};
+  st.header.schema = 2;
+  char *text = mg_tune_store_json(&st);
+  assert_non_null(text);
+  /* schema 2 had no entry hashes: take them out */
+  for (char *at; (at = strstr(text, "\"template_hash\":\t\"old-set\",\n\t\t\t"));)
+    memmove(at, at + strlen("\"template_hash\":\t\"old-set\",\n\t\t\t"),
+            strlen(at + strlen("\"template_hash\":\t\"old-set\",\n\t\t\t")) + 1);
+  assert_non_null(strstr(text, "\"template_hash\":\t\"old-set\"")); /* the header's */
+  write_text(path, text);
+  free(text);
+
+  assert_int_equal(mg_tune_store_read(path, &st, &d), 0);
+  assert_int_equal(st.header.schema, 2);
+  assert_int_equal(st.n, 2);
+  for (int i = 0; i < 2; i++) assert_string_equal(st.entries[i].template_hash, "old-set");
+  mg_tune_store_free(&st);
+
+  mg_kernel_spec fwd = spec_of("attn_fwd", 1), dq = spec_of("attn_bwd_dq", 1);
+  mg_tune_config cfg;
+  char *why = NULL;
+  /* today's templates differ: reported as changed, with both hashes */
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU S2", "fwd-now", "set-now", &fwd, NULL, 4096, &cfg, &why),
+                   MG_TUNE_DEFAULT);
+  assert_int_equal(cfg.n, 0);
+  if (!strstr(why, "default: the attn_fwd template changed since it was tuned (") ||
+      !strstr(why, "GPU_S2.json entry attn_fwd causal bucket 4096: entry hash old-set, now fwd-now)"))
+    fail_msg("%s", why);
+  free(why);
+  /* the same whole set: it applies */
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU S2", "fwd-now", "old-set", &fwd, NULL, 4096, &cfg, &why),
+                   MG_TUNE_TUNED);
+  assert_non_null(strstr(why, "tuned: "));
+  free(why);
+
+  /* a sweep of attn_fwd with today's templates merges in */
+  mg_tune_header now = header_of("GPU S2", "set-now");
+  mg_tune_entry f2[2] = {entry_of("attn_fwd", 1, 4096, 128, 0.1, NULL, 0),
+                         entry_of("attn_fwd", 1, 4096, 32, 0.3, NULL, 0)};
+  snprintf(f2[0].template_hash, sizeof f2[0].template_hash, "fwd-now");
+  snprintf(f2[1].form, sizeof f2[1].form, "laga"); /* a stale form entry, below */
+  snprintf(f2[1].template_hash, sizeof f2[1].template_hash, "fwd-old");
+  char *warning = NULL;
+  assert_int_equal(mg_tune_store_add(dir, &now, f2, 2, &warning, &d), 0);
+  assert_null(warning);
+  assert_int_equal(mg_tune_store_read(path, &st, &d), 0);
+  assert_int_equal(st.header.schema, MG_TUNE_SCHEMA);
+  assert_string_equal(st.header.template_hash, "set-now");
+  assert_int_equal(st.n, 3);
+  assert_string_equal(st.entries[0].family, "attn_bwd_dq"); /* kept, with its hash */
+  assert_string_equal(st.entries[0].template_hash, "old-set");
+  assert_int_equal(st.entries[0].config.v[0].value, 128);
+  assert_string_equal(st.entries[1].family, "attn_fwd"); /* replaced */
+  assert_string_equal(st.entries[1].template_hash, "fwd-now");
+  assert_int_equal(st.entries[1].config.v[0].value, 128);
+  mg_tune_store_free(&st);
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU S2", "fwd-now", "set-now", &fwd, NULL, 4096, &cfg, &why),
+                   MG_TUNE_TUNED);
+  assert_int_equal(cfg.v[0].value, 128);
+  free(why);
+  /* the stale laga entry does not hide the current form-less one */
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU S2", "fwd-now", "set-now", &fwd, "laga", 4096, &cfg, &why),
+                   MG_TUNE_TUNED);
+  assert_int_equal(cfg.v[0].value, 128);
+  free(why);
+  /* the kept attn_bwd_dq entry is still reported as changed */
+  assert_int_equal(mg_tune_lookup(dir, "sm_90a", "GPU S2", "dq-now", "set-now", &dq, NULL, 4096, &cfg, &why),
+                   MG_TUNE_DEFAULT);
+  assert_non_null(strstr(why, "default: the attn_bwd_dq template changed since it was tuned"));
+  free(why);
+  mg_diag_clear(&d);
+}
+
+/* The committed H200 store (tuned/sm_90a/NVIDIA_H200.json) with today's templates. It was
+ * tuned at 68ef365 and 83806b6, its entries stamped with each family's hash of the
+ * templates of then (tuned/README.md); since then only attn_bwd_dkdv's template changed
+ * (a barrier removed). So every other entry applies and attn_bwd_dkdv's three are reported
+ * as changed. A template change or a new sweep changes what this expects: update it then. */
+static void test_committed_store(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  const char *dir = MLAGEN_SOURCE_DIR "/tuned";
+  mg_tune_store st;
+  if (mg_tune_store_read(MLAGEN_SOURCE_DIR "/tuned/sm_90a/NVIDIA_H200.json", &st, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(st.header.schema, 3);
+  assert_int_equal(st.n, 14);
+  int tuned = 0, changed = 0;
+  for (int i = 0; i < st.n; i++) {
+    const mg_tune_entry *e = &st.entries[i];
+    mg_kernel_spec s = spec_of(e->family, e->causal);
+    s.heads = e->heads, s.d_n = e->d_n, s.d_r = e->d_r, s.d_v = e->d_v, s.d_c = e->d_c;
+    snprintf(s.dtype, sizeof s.dtype, "%s", e->dtype);
+    const char *now = mg_gen_family_hash(g, e->family);
+    assert_non_null(now);
+    mg_tune_config cfg;
+    char *why = NULL;
+    int src = mg_tune_lookup(dir, "sm_90a", "NVIDIA H200", now, mg_gen_template_hash(g), &s,
+                             e->form[0] ? e->form : NULL, e->seq_bucket, &cfg, &why);
+    if (strcmp(e->family, "attn_bwd_dkdv") == 0) {
+      char want[160];
+      snprintf(want, sizeof want, "entry hash %.12s, now %.12s)", e->template_hash, now);
+      if (src != MG_TUNE_DEFAULT || !strstr(why, want) ||
+          !strstr(why, "default: the attn_bwd_dkdv template changed since it was tuned ("))
+        fail_msg("entry %d: %s", i, why);
+      changed++;
+    } else {
+      if (src != MG_TUNE_TUNED || strncmp(why, "tuned: ", 7) != 0) fail_msg("entry %d: %s", i, why);
+      assert_memory_equal(&cfg, &e->config, sizeof cfg);
+      assert_string_equal(e->template_hash, now);
+      tuned++;
+    }
+    free(why);
+  }
+  assert_int_equal(tuned, 11);
+  assert_int_equal(changed, 3);
+  mg_tune_store_free(&st);
+
+  /* what the executor and `plan --explain` get: attn_fwd's winner (bm64 bn128 st1) ... */
+  mg_kernel_spec fwd = spec_of("attn_fwd", 1), dkdv = spec_of("attn_bwd_dkdv", 1), out;
+  char why[512];
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "NVIDIA H200", &fwd, NULL, 4096, &out, why,
+                                  sizeof why, NULL, &d), 0);
+  if (strncmp(why, "tuned: ", 7) != 0) fail_msg("%s", why);
+  int seen = 0;
+  for (int i = 0; i < out.n_config; i++) {
+    if (!strcmp(out.config[i].name, "block_m")) seen += out.config[i].value == 64;
+    if (!strcmp(out.config[i].name, "block_n")) seen += out.config[i].value == 128;
+    if (!strcmp(out.config[i].name, "stages")) seen += out.config[i].value == 1;
+  }
+  assert_int_equal(seen, 3);
+  /* ... and attn_bwd_dkdv's default, saying why */
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "NVIDIA H200", &dkdv, NULL, 4096, &out, why,
+                                  sizeof why, NULL, &d), 0);
+  if (!strstr(why, "default: the attn_bwd_dkdv template changed since it was tuned ("))
+    fail_msg("%s", why);
+  mg_gen_close(g);
+  mg_diag_clear(&d);
+}
+
 static void test_timer_hook(void **state) {
   /* no CUDA runtime in this build: the hooks are unset */
   assert_null(mg_tune_timer);
   assert_null(mg_tune_describe);
 }
 
-int main(void) {
+/* --family-hashes DIR: the hashes of the templates in DIR as JSON on stdout. */
+static int print_family_hashes(const char *templates_dir) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  if (mg_gen_open(&g, templates_dir, &d)) {
+    fprintf(stderr, "test_tune: %s\n", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return 1;
+  }
+  printf("{\"set\": \"%s\", \"families\": {", mg_gen_template_hash(g));
+  for (int f = 0; mg_spec_families[f]; f++)
+    printf("%s\"%s\": \"%s\"", f ? ", " : "", mg_spec_families[f],
+           mg_gen_family_hash(g, mg_spec_families[f]));
+  printf("}}\n");
+  mg_gen_close(g);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--family-hashes") == 0) return print_family_hashes(argv[2]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_arch_limits),
       cmocka_unit_test(test_prune),
@@ -689,6 +949,9 @@ int main(void) {
       cmocka_unit_test(test_generation_total_cap),
       cmocka_unit_test(test_lookup),
       cmocka_unit_test(test_choose),
+      cmocka_unit_test(test_family_hash),
+      cmocka_unit_test(test_schema2_and_merge),
+      cmocka_unit_test(test_committed_store),
       cmocka_unit_test(test_timer_hook),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

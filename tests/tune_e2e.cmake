@@ -1,8 +1,9 @@
 # `mlagen tune` timing through the fake driver (tests/fake_cuda.c) end to end: runs EXE
 # with ARGS (a ;-list) with MLAGEN_LIBCUDA=FAKE and MLAGEN_TUNED_DIR=DIR (emptied first),
-# expects exit 0, then checks the store DIR/sm_90a/Fake_H200.json: the header (schema 2,
-# device, arch, SM count, driver version) and one copy_cols entry whose winner is
-# num_warps=2 (the fake clock charges per CTA thread) with all three candidates kept.
+# expects exit 0, then checks the store DIR/sm_90a/Fake_H200.json: the header (schema 3,
+# device, arch, SM count, driver version) and one copy_cols entry, stamped with a template
+# hash of its own (not the header's: the family's), whose winner is num_warps=2 (the fake
+# clock charges per CTA thread) with all three candidates kept.
 file(REMOVE_RECURSE "${DIR}")
 set(ENV{MLAGEN_LIBCUDA} "${FAKE}")
 set(ENV{MLAGEN_TUNED_DIR} "${DIR}")
@@ -21,7 +22,7 @@ macro(expect what got want)
   endif()
 endmacro()
 string(JSON v GET "${j}" schema)
-expect(schema "${v}" 2)
+expect(schema "${v}" 3)
 string(JSON v GET "${j}" device)
 expect(device "${v}" "Fake H200")
 string(JSON v GET "${j}" arch)
@@ -34,6 +35,12 @@ string(JSON n LENGTH "${j}" entries)
 expect(entries "${n}" 1)
 string(JSON v GET "${j}" entries 0 family)
 expect(family "${v}" copy_cols)
+string(JSON v GET "${j}" entries 0 template_hash)
+string(JSON set GET "${j}" template_hash)
+string(LENGTH "${v}" len)
+if(NOT len EQUAL 64 OR v STREQUAL set)
+  message(FATAL_ERROR "entry template_hash '${v}' (header '${set}'): expected the family's\n${j}")
+endif()
 string(JSON v GET "${j}" entries 0 seq_bucket)
 expect(seq_bucket "${v}" 512)
 string(JSON v GET "${j}" entries 0 shape causal)
