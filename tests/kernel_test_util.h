@@ -1,7 +1,8 @@
 /* kernel_test_util.h: what the generated-kernel tests share: 16-bit element conversions
  * (the safetensors module's, tested bit-exactly there), the seeded normal generator and
- * random 16-bit arrays, and the relative errors the tests report. Header-only; each test
- * includes it once (the generator's state is the test's own). */
+ * random 16-bit arrays with a realistic score spread, and the per-element output check
+ * (tests/check_close.h) with its noise figures. Header-only; each test includes it once
+ * (the generator's state is the test's own). */
 #ifndef MG_KERNEL_TEST_UTIL_H
 #define MG_KERNEL_TEST_UTIL_H
 #include <math.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "check_close.h"
 #include "mg_safetensors.h"
 
 typedef uint16_t e16; /* storage of __nv_bfloat16 or __half */
@@ -55,6 +57,125 @@ static inline e16 *kt_rand_e16(int fp16, size_t n) {
   e16 *p = malloc((n ? n : 1) * sizeof *p);
   for (size_t i = 0; i < n; i++) p[i] = float_to_e16(fp16, (float)randn());
   return p;
+}
+
+/* n normal samples of standard deviation sd rounded to 16 bits, never 0 (a 0 becomes sd/2):
+ * a zero would hide a dropped term. */
+static inline e16 *kt_rand_e16_sd(int fp16, size_t n, double sd) {
+  e16 *p = malloc((n ? n : 1) * sizeof *p);
+  for (size_t i = 0; i < n; i++) {
+    e16 x = float_to_e16(fp16, (float)(randn() * sd));
+    if (e16_to_float(fp16, x) == 0) x = float_to_e16(fp16, (float)(sd / 2));
+    p[i] = x;
+  }
+  return p;
+}
+
+/* n 16-bit values as doubles (malloc'd, at least one element). */
+static inline double *kt_e16_to_d(int fp16, const e16 *p, size_t n) {
+  double *d = malloc((n ? n : 1) * sizeof *d);
+  for (size_t i = 0; i < n; i++) d[i] = e16_to_float(fp16, p[i]);
+  return d;
+}
+
+/* DeepSeek-V2/V3's YaRN attention scale (rope_scaling factor 40, mscale_all_dim 1):
+ * mscale = 0.1 ln(40) + 1; the softmax scale is mscale^2 / sqrt(d_qk). */
+#define KT_YARN_MSCALE 1.3689
+static inline double kt_softmax_scale(int d_qk) {
+  return KT_YARN_MSCALE * KT_YARN_MSCALE / sqrt((double)d_qk);
+}
+
+/* The standard deviation of q for scores with standard deviation 2 (a trained model's
+ * spread, peaked softmax rows): scale * q . k over w dimensions with k ~ N(0, 1). */
+static inline double kt_q_sd(double scale, int w) { return 2.0 / (scale * sqrt((double)w)); }
+
+/* ---- the per-element output check ----------------------------------------------------------
+ * An output element passes when |got - ref| <= atol_frac * scale + rtol |ref| (check_close.h),
+ * scale the RMS of the tensor's nonzero reference elements (its typical size), unless given.
+ * The storage's unit roundoff u (bf16 2^-8, fp16 2^-11, fp32 2^-24) is the least rtol that
+ * covers the output's own rounding. Each check also records the output's noise figure, the
+ * largest (|err| - u |ref|) / scale over its elements (the error beyond the storage rounding,
+ * in units of the tensor's scale), which kt_noise_report prints: the tolerances in the tests
+ * are about twice the worst figure measured over seeds and shapes. */
+enum { KT_BF16, KT_F16, KT_F32 };
+
+static inline double kt_unit_roundoff(int kind) {
+  return kind == KT_BF16 ? 1.0 / 256 : kind == KT_F16 ? 1.0 / 2048 : 1.0 / 16777216;
+}
+
+static inline double kt_get(int kind, const void *p, size_t i) {
+  if (kind == KT_F32) return ((const float *)p)[i];
+  return e16_to_float(kind == KT_F16, ((const e16 *)p)[i]);
+}
+
+/* One output's tolerance: atol in units of the tensor's scale, rtol relative. */
+typedef struct kt_tol {
+  double atol_frac, rtol;
+} kt_tol;
+
+/* The outcome of kt_check: the comparison, its absolute bound and, on failure, a message. */
+typedef struct kt_checked {
+  cc_result r;
+  double atol, rtol, scale;
+  char msg[400];
+} kt_checked;
+
+static struct {
+  char name[40];
+  double noise, ratio;
+} kt_noise_tab[24];
+static int kt_noise_n;
+
+static inline void kt_noise_note(const char *name, double noise, double ratio) {
+  int i = 0;
+  while (i < kt_noise_n && strcmp(kt_noise_tab[i].name, name)) i++;
+  if (i == kt_noise_n) {
+    if (kt_noise_n == (int)(sizeof kt_noise_tab / sizeof kt_noise_tab[0])) return;
+    snprintf(kt_noise_tab[kt_noise_n++].name, sizeof kt_noise_tab[0].name, "%s", name);
+  }
+  if (noise > kt_noise_tab[i].noise) kt_noise_tab[i].noise = noise;
+  if (ratio > kt_noise_tab[i].ratio) kt_noise_tab[i].ratio = ratio;
+}
+
+/* Prints each output's worst noise figure and worst err / bound over the run. */
+static inline void kt_noise_report(void) {
+  for (int i = 0; i < kt_noise_n; i++)
+    printf("noise %-14s max (|err| - u|ref|) / scale %.2e, worst err/bound %.2f\n",
+           kt_noise_tab[i].name, kt_noise_tab[i].noise, kt_noise_tab[i].ratio);
+}
+
+/* Compares output `name` (kind KT_*: got's storage) on rows x columns [c0, c1) of rows w
+ * wide against ref (same layout) with tol; scale <= 0: the RMS of the compared nonzero
+ * reference elements. Records the noise figure; returns the comparison (cc_ok(&.r)). */
+static inline kt_checked kt_check(const char *name, int kind, const void *got, const double *ref,
+                                  size_t rows, size_t w, size_t c0, size_t c1, kt_tol tol,
+                                  double scale) {
+  kt_checked k;
+  const double u = kt_unit_roundoff(kind);
+  if (scale <= 0) {
+    double ss = 0;
+    size_t nz = 0;
+    for (size_t r = 0; r < rows; r++)
+      for (size_t c = c0; c < c1; c++) {
+        const double x = ref[r * w + c];
+        if (x != 0 && isfinite(x)) ss += x * x, nz++;
+      }
+    scale = nz ? sqrt(ss / (double)nz) : 1;
+  }
+  k.scale = scale, k.atol = tol.atol_frac * scale, k.rtol = tol.rtol;
+  k.r = cc_init();
+  double noise = 0;
+  for (size_t r = 0; r < rows; r++)
+    for (size_t c = c0; c < c1; c++) {
+      const size_t i = r * w + c;
+      const double g = kt_get(kind, got, i), x = ref[i];
+      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol, k.rtol);
+      const double e = g == x ? 0 : isfinite(g) ? (fabs(g - x) - u * fabs(x)) / scale : INFINITY;
+      if (e > noise) noise = e;
+    }
+  kt_noise_note(name, noise, k.r.worst_ratio);
+  cc_describe(&k.r, name, k.atol, k.rtol, (int64_t)(c1 - c0), k.msg, sizeof k.msg);
+  return k;
 }
 
 /* A copy of a launch's outputs (n buffers: p[i], size[i] bytes), to compare the outputs of
