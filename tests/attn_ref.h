@@ -12,7 +12,14 @@
  * dk = scale dS^T q, dv = P^T dO (dq, dk, dv in q's, k's and v's layouts).
  * Everything in double; straightforward loops (no blocking, no online softmax), so it
  * shares no structure with the kernels it checks. Checked by finite differences in
- * test_attn_bwd.c (test_reference_finite_differences). */
+ * test_attn_bwd.c (test_reference_finite_differences).
+ *
+ * The backward's 16-bit-aware mode (attn_ref_mixed) models what the tensor-core backward
+ * does by design, so that a test's tolerance sees the kernel's own noise and not these
+ * planned roundings: it takes the forward's stored o (16-bit) and lse (fp32), computes
+ * P = exp(scale S - lse) from that lse and delta = rowsum(dO o) from that o, and rounds P
+ * (before dV = P^T dO) and dS (before dq = scale dS K and dk = scale dS^T q) to the
+ * operands' 16-bit type. */
 #ifndef MG_ATTN_REF_H
 #define MG_ATTN_REF_H
 #include <math.h>
@@ -74,11 +81,20 @@ static inline void attn_ref_fwd(const attn_ref_dims *d, const double *q, const d
   free(p);
 }
 
+/* The backward's 16-bit-aware mode (see above): the forward's stored outputs and the
+ * rounding of the MMA operands. */
+typedef struct attn_ref_mixed {
+  const double *o;          /* [B, S_q, H, d_v]: the stored o, for delta */
+  const double *lse;        /* [B, H, S_q]: the stored lse, for P */
+  double (*round)(double);  /* to the 16-bit operand type and back */
+} attn_ref_mixed;
+
 /* Backward: dq, dk, dv (overwritten) from q, k, v and dout; the forward is recomputed
- * exactly. o and lse, when not NULL, receive the forward's outputs too. */
+ * exactly. o and lse, when not NULL, receive the exact forward's outputs too. mx: NULL
+ * for the exact gradients, else the 16-bit-aware mode. */
 static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const double *k,
                                 const double *v, const double *dout, double *dq, double *dk,
-                                double *dv, double *o, double *lse) {
+                                double *dv, double *o, double *lse, const attn_ref_mixed *mx) {
   const int dqk = d->d_qk, dvw = d->d_v;
   double *p = malloc(sizeof(double) * (size_t)(d->S_k > 0 ? d->S_k : 1));
   double *oi = malloc(sizeof(double) * (size_t)(dvw > 0 ? dvw : 1));
@@ -100,18 +116,32 @@ static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const d
           delta += doi[c] * oi[c];
         }
         if (o) memcpy(o + row * dvw, oi, sizeof(double) * (size_t)dvw);
+        if (mx) { /* P from the stored lse, delta from the stored o */
+          const double ls = mx->lse[((size_t)b * d->H + h) * d->S_q + i];
+          delta = 0;
+          for (int c = 0; c < dvw; c++) delta += doi[c] * mx->o[row * dvw + c];
+          for (int j = 0; j < d->S_k; j++)
+            if (p[j] != 0) {
+              const double *kj = k + (((size_t)b * d->S_k + j) * d->H + h) * dqk;
+              double sdot = 0;
+              for (int c = 0; c < dqk; c++) sdot += qi[c] * kj[c];
+              p[j] = exp(sdot * d->scale - ls);
+            }
+        }
         for (int j = 0; j < d->S_k; j++) {
           if (p[j] == 0) continue;
           const size_t kr = ((size_t)b * d->S_k + j) * d->H + h;
           const double *kj = k + kr * dqk, *vj = v + kr * dvw;
           double dp = 0;
           for (int c = 0; c < dvw; c++) dp += doi[c] * vj[c];
-          const double ds = p[j] * (dp - delta) * d->scale;
+          double ds = p[j] * (dp - delta), pv = p[j];
+          if (mx) ds = mx->round(ds), pv = mx->round(pv);
+          ds *= d->scale;
           for (int c = 0; c < dqk; c++) {
             dq[row * dqk + c] += ds * kj[c];
             dk[kr * dqk + c] += ds * qi[c];
           }
-          for (int c = 0; c < dvw; c++) dv[kr * dvw + c] += p[j] * doi[c];
+          for (int c = 0; c < dvw; c++) dv[kr * dvw + c] += pv * doi[c];
         }
       }
   free(oi);

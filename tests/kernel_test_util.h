@@ -125,8 +125,10 @@ static struct {
   double noise, ratio;
 } kt_noise_tab[24];
 static int kt_noise_n;
+static int kt_noise_quiet; /* 1: checks record nothing (a mutation test's outputs are not noise) */
 
 static inline void kt_noise_note(const char *name, double noise, double ratio) {
+  if (kt_noise_quiet) return;
   int i = 0;
   while (i < kt_noise_n && strcmp(kt_noise_tab[i].name, name)) i++;
   if (i == kt_noise_n) {
@@ -176,6 +178,50 @@ static inline kt_checked kt_check(const char *name, int kind, const void *got, c
   kt_noise_note(name, noise, k.r.worst_ratio);
   cc_describe(&k.r, name, k.atol, k.rtol, (int64_t)(c1 - c0), k.msg, sizeof k.msg);
   return k;
+}
+
+/* ---- mutations: a bug injected into a rendered kernel by a string edit ----------------------
+ * `find` must occur exactly once in the rendered source; it is overwritten in place by
+ * `repl` (not longer, padded with spaces), and `define` (a one-line macro the replacement
+ * uses, or NULL) overwrites the source's first block of `//` comment lines. kt_mutate_edit
+ * is a kh_edit_fn: it declines (returns 0, the test then fails) and says why in `error`
+ * when the pattern is missing, repeated or the texts do not fit, so a mutation can never
+ * silently become a no-op. */
+typedef struct kt_mutation {
+  const char *name, *find, *repl, *define;
+  char error[200]; /* out: why the edit was refused */
+} kt_mutation;
+
+static inline int kt_mutate_edit(char *src, void *ctx) {
+  kt_mutation *m = ctx;
+  const size_t nf = strlen(m->find), nr = strlen(m->repl);
+  char *p = strstr(src, m->find);
+  if (!p || strstr(p + 1, m->find)) {
+    snprintf(m->error, sizeof m->error, "%s: pattern %s in the rendered source", m->name,
+             p ? "found more than once" : "not found");
+    return 0;
+  }
+  if (nr > nf) {
+    snprintf(m->error, sizeof m->error, "%s: replacement longer than the pattern", m->name);
+    return 0;
+  }
+  memcpy(p, m->repl, nr);
+  memset(p + nr, ' ', nf - nr);
+  if (m->define) {
+    char *c = src;
+    while (c && strncmp(c, "//", 2)) c = (c = strchr(c, '\n')) ? c + 1 : NULL;
+    char *e = c;
+    while (e && !strncmp(e, "//", 2)) e = (e = strchr(e, '\n')) ? e + 1 : NULL;
+    const size_t nd = strlen(m->define);
+    if (!c || !e || (size_t)(e - c) < nd + 1) {
+      snprintf(m->error, sizeof m->error, "%s: no comment block to hold the macro", m->name);
+      return 0;
+    }
+    memcpy(c, m->define, nd);
+    memset(c + nd, ' ', (size_t)(e - c) - nd - 1); /* e[-1] stays the newline */
+  }
+  m->error[0] = 0;
+  return 1;
 }
 
 /* A copy of a launch's outputs (n buffers: p[i], size[i] bytes), to compare the outputs of

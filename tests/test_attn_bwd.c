@@ -63,13 +63,21 @@ static mg_kernel_spec make_spec(const char *family, int H, int dn, int dr, int d
 /* Generates the kernel for spec and builds it with the host executor (the harness keys
  * its objects by content). drop >= 0: without that barrier; returns 0 when there is none
  * (*after_wait: it published cp.async data). */
+static int build_edit(const mg_kernel_spec *spec, kh_edit_fn edit, void *ctx, built_kernel *out);
+
 static int build_src(const mg_kernel_spec *spec, int drop, int *after_wait, built_kernel *out) {
   kh_drop dr = {.which = drop};
+  if (!build_edit(spec, drop >= 0 ? kh_drop_edit : NULL, &dr, out)) return 0;
+  if (after_wait) *after_wait = dr.after_wait;
+  return 1;
+}
+
+/* build_src with any edit of the source (NULL: none); returns 0 when the edit declined. */
+static int build_edit(const mg_kernel_spec *spec, kh_edit_fn edit, void *ctx, built_kernel *out) {
   memset(out, 0, sizeof *out);
   out->fam = !strcmp(spec->family, "attn_bwd_pre") ? FAM_PRE
              : !strcmp(spec->family, "attn_bwd_dkdv") ? FAM_DKDV : FAM_DQ;
-  if (!kh_build_edited(NULL, spec, 0, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
-  if (after_wait) *after_wait = dr.after_wait;
+  if (!kh_build_edited(NULL, spec, 0, edit, ctx, &out->kh)) return 0;
   const kh_kernel *k = &out->kh;
   assert_int_equal(k->threads, 32 * kh_config_int(k, "num_warps"));
   out->rows = out->fam == FAM_PRE ? kh_config_int(k, "num_warps") * kh_config_int(k, "rows_per_warp")
@@ -100,6 +108,9 @@ typedef struct bwd_case {
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
 
+static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
+static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
+
 /* Reference forward and backward in float64 (tests/attn_ref.h) from the rounded inputs;
  * each head's K is [k_nope ; k_rope] (split: the shared k_rope, whose gradient is dK's rope
  * columns summed over the heads). The kernels get o rounded to 16 bits and lse to fp32. */
@@ -116,9 +127,14 @@ static void reference(const mg_kernel_spec *s, bwd_case *c) {
       k[t * dqk + e] = c->packed ? e_to_float(s, c->kn[t * dqk + e])
                        : e < dn  ? e_to_float(s, c->kn[t * dn + e])
                                  : e_to_float(s, c->kr[t / H * dr + e - dn]);
-  attn_ref_bwd(&d, q, k, v, dout, c->r_dq, dk, c->r_dv, o, lse);
+  attn_ref_fwd(&d, q, k, v, o, lse);
   for (size_t i = 0; i < c->no; i++) c->o16[i] = float_to_e(s, (float)o[i]);
   for (size_t i = 0; i < c->nl; i++) c->lse32[i] = (float)lse[i];
+  /* the gradients from the stored o16 and lse32, P and dS rounded to 16 bits (attn_ref.h) */
+  for (size_t i = 0; i < c->no; i++) o[i] = e_to_float(s, c->o16[i]);
+  for (size_t i = 0; i < c->nl; i++) lse[i] = c->lse32[i];
+  const attn_ref_mixed mx = {o, lse, f16 ? round_f16 : round_bf16};
+  attn_ref_bwd(&d, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
   if (c->packed)
     memcpy(c->r_dkn, dk, nk * dqk * sizeof *dk);
   else
@@ -605,6 +621,57 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kh_sweep_close(&sw);
 }
 
+/* Mutation tests (issue 12): a bug injected into the rendered attn_bwd_dkdv by a string
+ * edit (kt_mutate_edit: the pattern must match exactly once) must fail the per-element
+ * check on every shape it runs, for a numerical reason: the mutated kernel compiles,
+ * launches and completes, writes no NaN, and its gradients are off. Shapes: those of
+ * check_shape except S_k = 1 (one key: dS = 0, so dK = 0 and no mask can change). */
+static kt_mutation g_bwd_mutations[] = {
+    {"dV: a row near the end of the seen keys dropped",
+     "pack2(dvacc[d][2 * r], dvacc[d][2 * r + 1])", "M_(dvacc[d][2 * r], dvacc[d][2 * r + 1])",
+     "#define LASTK_ ((CAUSAL ? min(seqlen_k, q_pos0 + seqlen_q) : seqlen_k) - 5)\n"
+     "#define M_(a, b) pack2(key == LASTK_ ? 0.f : (a), key == LASTK_ ? 0.f : (b))",
+     ""},
+    {"dK: 1% high on its first half of the columns",
+     "const float x0 = softmax_scale * DK(d, 2 * r), x1 = softmax_scale * DK(d, 2 * r + 1);",
+     "const float x0 = M_(DK(d, 2 * r)), x1 = M_(DK(d, 2 * r + 1));",
+     "#define M_(x) (softmax_scale * (x) * (c < DQK / 2 ? 1.01f : 1.f))", ""},
+    {"causal mask off by one in the last partial query tile",
+     "(CAUSAL && key > q_pos0 + qi)) p = 0.f;", "(CAUSAL && key > M_)) p = 0.f;",
+     "#define M_ (q_pos0 + qi + (m0 + BLOCK_M > seqlen_q))", ""},
+};
+
+static void test_mutations_caught(void **state) {
+  (void)state;
+  static const int shapes[][4] = {{2, 77, 77, 0}, {1, 40, 100, 60}, {1, 70, 200, 130}, {1, 16, 200, 0}};
+  kt_noise_quiet = 1; /* not noise: kt_noise_report leaves these out */
+  for (size_t mi = 0; mi < sizeof g_bwd_mutations / sizeof g_bwd_mutations[0]; mi++) {
+    kt_mutation *m = &g_bwd_mutations[mi];
+    bwd_set bs;
+    memset(&bs, 0, sizeof bs);
+    mg_kernel_spec s = make_spec("attn_bwd_pre", 2, 64, 32, 64, 1);
+    build(&s, &bs.pre);
+    s = make_spec("attn_bwd_dkdv", 2, 64, 32, 64, 1); /* causal, atomic, split keys */
+    /* the \n in define: two macro lines; kt_mutate_edit writes it as one block */
+    if (!build_edit(&s, kt_mutate_edit, m, &bs.dkdv)) fail_msg("%s", m->error);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+      bwd_case c;
+      case_init(&s, &c, 0, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3]);
+      run_pipeline(&bs, &c, NULL);
+      double r[4];
+      char msg[400];
+      const size_t nans = compare(&bs, &c, r, msg, sizeof msg);
+      print_message("  [%s] B=%d S_q=%d S_k=%d q_pos0=%d: %s\n", m->name, c.B, c.sq, c.sk,
+                    c.q_pos0, msg[0] ? msg : "NOT CAUGHT");
+      if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m->name);
+      if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);
+      case_free(&c);
+    }
+    set_unload(&bs);
+  }
+  kt_noise_quiet = 0;
+}
+
 /* The reference itself: its gradients are those of L = sum(dout * o) by central finite
  * differences (every element of q, k and v, a small causal case with a query shard and a
  * row without keys, and a non-causal one), and its lse is log sum exp of the scores. */
@@ -622,7 +689,7 @@ static void test_reference_finite_differences(void **state) {
     for (size_t i = 0; i < nq + nk + nv; i++) x[i] = randn();
     for (size_t i = 0; i < no; i++) dout[i] = randn();
     double *q = x, *k = x + nq, *v = x + nq + nk;
-    attn_ref_bwd(&d, q, k, v, dout, g, g + nq, g + nq + nk, o, lse);
+    attn_ref_bwd(&d, q, k, v, dout, g, g + nq, g + nq + nk, o, lse, NULL);
     attn_ref_fwd(&d, q, k, v, o2, lse2);
     for (size_t i = 0; i < no; i++) assert_true(o[i] == o2[i]);
     for (size_t i = 0; i < nl; i++) assert_true(lse[i] == lse2[i]);
@@ -681,6 +748,7 @@ int main(void) {
       cmocka_unit_test(test_missing_barrier_caught),
       cmocka_unit_test(test_fp16),
       cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_mutations_caught),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }

@@ -106,8 +106,8 @@ static void *xcalloc(size_t n, size_t sz) {
   return p;
 }
 
-static e16 *rand_e16(size_t n, double *as_double) {
-  e16 *p = kt_rand_e16(g_fp16, n);
+static e16 *rand_e16(size_t n, double sd, double *as_double) {
+  e16 *p = kt_rand_e16_sd(g_fp16, n, sd);
   for (size_t i = 0; i < n; i++) as_double[i] = e16_to_float(g_fp16, p[i]);
   return p;
 }
@@ -118,7 +118,7 @@ static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int
   memset(c, 0, sizeof *c);
   c->B = B, c->sq = sq, c->sk = sk, c->H = H, c->dc = dc, c->dr = dr, c->q_pos0 = q_pos0;
   /* as the explicit head dim d_qk = w / 3 would have it, times DeepSeek's mscale^2 */
-  c->scale = (float)(1.0 / sqrt(w / 3.0) * 1.3689 * 1.3689);
+  c->scale = (float)kt_softmax_scale(w / 3);
   c->nq = (size_t)B * sq * H * w;
   c->nc = (size_t)B * sk * w;
   c->no = (size_t)B * sq * H * dc;
@@ -126,9 +126,9 @@ static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int
   double *qd = xcalloc(c->nq, sizeof *qd), *cd = xcalloc(c->nc, sizeof *cd);
   double *dod = xcalloc(c->no, sizeof *dod), *od = xcalloc(c->no, sizeof *od);
   double *lsed = xcalloc(c->nl, sizeof *lsed);
-  c->q = rand_e16(c->nq, qd);
-  c->c = rand_e16(c->nc, cd);
-  c->dout = rand_e16(c->no, dod);
+  c->q = rand_e16(c->nq, kt_q_sd(c->scale, w), qd); /* scores with sd 2 */
+  c->c = rand_e16(c->nc, 1, cd);
+  c->dout = rand_e16(c->no, 1, dod);
   mqa_ref_fwd(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, od, lsed);
   c->o16 = xcalloc(c->no, sizeof *c->o16);
   c->lse32 = xcalloc(c->nl, sizeof *c->lse32);
@@ -242,23 +242,54 @@ static double rel_err(const e16 *got, const double *ref, size_t rows, int w, int
   return kt_rel_err_e16_cols(g_fp16, got, ref, rows, (size_t)w, (size_t)c0, (size_t)c1, nans);
 }
 
-static double g_worst[3]; /* dq, dc_kv, dk_rope */
+/* Tolerances, per element: |err| <= atol_frac * rms(gradient part) + rtol |ref|
+ * (kernel_test_util.h). Every gradient is stored in 16 bits: rtol = 2 u (one ulp of the
+ * storage) covers its rounding twice; atol is about twice the noise beyond that rounding
+ * (kt_noise_report's figure), measured over seeds and the shapes below: NOISE_*. */
+#define NOISE_DQ 5e-3
+#define NOISE_DC 5e-3
+#define NOISE_DKR 5e-3
+
+/* Compares dq, dc[:, :d_c] and dc[:, d_c:] per element; ratio[i]: their worst err / bound
+ * (over 1 fails). Returns the number of NaN outputs; the first failure's message goes to
+ * msg (msg[0] = 0 when all pass). */
+static size_t compare(const mqa_case *c, double ratio[3], char *msg, size_t n) {
+  const size_t w = (size_t)(c->dc + c->dr), qrows = (size_t)c->B * c->sq * c->H;
+  const size_t krows = (size_t)c->B * c->sk, dc = (size_t)c->dc;
+  const int kind = g_fp16 ? KT_F16 : KT_BF16;
+  const double rtol = 2 * kt_unit_roundoff(kind);
+  kt_checked k[3];
+  k[0] = kt_check("mqa_bwd dq", kind, c->dq, c->r_dq, qrows, w, 0, w, (kt_tol){2 * NOISE_DQ, rtol}, 0);
+  k[1] = kt_check("mqa_bwd dc_kv", kind, c->dcout, c->r_dc, krows, w, 0, dc,
+                  (kt_tol){2 * NOISE_DC, rtol}, 0);
+  k[2] = kt_check("mqa_bwd dk_rope", kind, c->dcout, c->r_dc, krows, w, dc, w,
+                  (kt_tol){2 * NOISE_DKR, rtol}, 0);
+  size_t nans = 0;
+  if (msg) msg[0] = 0;
+  for (int i = 0; i < 3; i++) {
+    ratio[i] = k[i].r.n ? k[i].r.worst_ratio : 0;
+    nans += (size_t)(k[i].r.worst_ratio == INFINITY);
+    if (msg && !msg[0] && k[i].r.n && !cc_ok(&k[i].r)) snprintf(msg, n, "%s", k[i].msg);
+  }
+  return nans;
+}
+
+/* 1 when every gradient passes per element. */
+static int grads_ok(const mqa_case *c) {
+  double r[3];
+  char msg[8];
+  compare(c, r, msg, sizeof msg);
+  return !msg[0];
+}
 
 static void check(const bwd_set *bs, mqa_case *c, double secs) {
-  const int w = c->dc + c->dr;
-  size_t nans = 0;
-  double e[3];
-  e[0] = rel_err(c->dq, c->r_dq, (size_t)c->B * c->sq * c->H, w, 0, w, &nans);
-  e[1] = rel_err(c->dcout, c->r_dc, (size_t)c->B * c->sk, w, 0, c->dc, &nans);
-  e[2] = rel_err(c->dcout, c->r_dc, (size_t)c->B * c->sk, w, c->dc, w, &nans);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: rel err dq %.2e dc_kv %.2e dk_rope %.2e (%.2f s)\n",
-                bs->dkv.kh.name + strlen("mla_mqa_bwd_dkv_"), c->B, c->sq, c->sk, c->q_pos0, e[0], e[1],
-                e[2], secs);
-  if (nans) fail_msg("%zu NaN outputs", nans);
-  for (int i = 0; i < 3; i++) {
-    if (e[i] > g_worst[i]) g_worst[i] = e[i];
-    if (!(e[i] < 2e-2)) fail_msg("gradient %d: relative error %.3e over 2e-2", i, e[i]);
-  }
+  double r[3];
+  char msg[400];
+  compare(c, r, msg, sizeof msg);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dq %.2f dc_kv %.2f dk_rope %.2f (%.2f s)\n",
+                bs->dkv.kh.name + strlen("mla_mqa_bwd_dkv_"), c->B, c->sq, c->sk, c->q_pos0, r[0], r[1],
+                r[2], secs);
+  if (msg[0]) fail_msg("%s", msg);
 }
 
 static void run_case(const bwd_set *bs, int causal, int B, int sq, int sk, int q_pos0) {
@@ -378,7 +409,7 @@ static void test_missing_barrier_caught(void **state) {
         size_t nans = 0;
         const double e = is_dq ? rel_err(c.dq, c.r_dq, (size_t)c.B * c.sq * c.H, w, 0, w, &nans)
                                : rel_err(c.dcout, c.r_dc, (size_t)c.B * c.sk, w, 0, w, &nans);
-        caught += nans || !(e < 2e-2);
+        caught += nans || !grads_ok(&c); (void)e;
       }
       print_message("  %s without barrier %d: caught by %d of 3 seeds\n", target->kh.name, which, caught);
       if (caught < 3)
@@ -472,8 +503,7 @@ static void test_nvrtc_all_kept_configs(void **state) {
 
 static int report_worst(void **state) {
   (void)state;
-  printf("worst over the checked cases: dq %.2e, dc_kv %.2e, dk_rope %.2e\n", g_worst[0],
-         g_worst[1], g_worst[2]);
+  kt_noise_report();
   return 0;
 }
 
