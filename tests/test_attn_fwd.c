@@ -58,11 +58,21 @@ static float e_to_float(const mg_kernel_spec *s, e16 x) { return e16_to_float(is
 /* Generates the kernel for spec and builds it with the host executor (once per test run:
  * the harness keys its objects by content). drop >= 0: without that barrier (returns 0
  * when there is none; *after_wait: it published cp.async data). */
+static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, void *ctx,
+                      built_kernel *out);
+
 static int build_src(const mg_kernel_spec *spec, int asan, int drop, int *after_wait,
                      built_kernel *out) {
   kh_drop dr = {.which = drop};
-  if (!kh_build_edited(NULL, spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
+  if (!build_edit(spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, out)) return 0;
   if (after_wait) *after_wait = dr.after_wait;
+  return 1;
+}
+
+/* build_src with any edit of the source (NULL: none); returns 0 when the edit declined. */
+static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, void *ctx,
+                      built_kernel *out) {
+  if (!kh_build_edited(NULL, spec, asan, edit, ctx, &out->kh)) return 0;
   out->block_m = kh_config_int(&out->kh, "block_m");
   out->packed = kh_config_int(&out->kh, "k_packed");
   assert_int_equal(out->kh.threads, 32 * kh_config_int(&out->kh, "num_warps"));
@@ -374,6 +384,48 @@ static void test_missing_barrier_caught(void **state) {
   }
 }
 
+/* Mutation tests (issue 12): a bug injected into the rendered attn_fwd by a string edit
+ * (kt_mutate_edit: the pattern must match exactly once) must fail the per-element check on
+ * every shape of check_shape that has keys and more than one row, for a numerical reason:
+ * the mutated kernel compiles, launches and completes without NaN, and O or LSE is off.
+ * Both key layouts. */
+static kt_mutation g_fwd_mutations[] = {
+    {"causal mask off by one in the last partial query tile",
+     "(CAUSAL && key > q_pos0 + row)) x = mla::neg_inf();", "(CAUSAL && key > M_)) x = mla::neg_inf();",
+     "#define M_ (q_pos0 + row + (m0 + BLOCK_M > seqlen_q))", ""},
+    {"the k_rope part of the scores dropped", "for (int kk = 0; kk < DQK / 16; ++kk) {",
+     "for (int kk = 0; kk < DN / 16; ++kk) {", NULL, ""},
+};
+
+static void test_mutations_caught(void **state) {
+  (void)state;
+  static const int shapes[][4] = {{2, 77, 77, 0}, {1, 40, 100, 60}, {1, 70, 200, 130}};
+  kt_noise_quiet = 1; /* not noise: kt_noise_report leaves these out */
+  for (size_t mi = 0; mi < sizeof g_fwd_mutations / sizeof g_fwd_mutations[0]; mi++)
+    for (int packed = 0; packed <= 1; packed++) {
+      kt_mutation *m = &g_fwd_mutations[mi];
+      mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+      if (packed) set(&s, "k_packed=1");
+      built_kernel bk;
+      if (!build_edit(&s, 0, kt_mutate_edit, m, &bk)) fail_msg("%s", m->error);
+      for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        fwd_case c;
+        case_init(&bk, &c, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3]);
+        launch_case(&bk, &c, NULL);
+        double o_err, lse_err;
+        char msg[400];
+        const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+        print_message("  [%s] k_packed=%d B=%d S_q=%d S_k=%d q_pos0=%d: %s\n", m->name, packed,
+                      c.B, c.sq, c.sk, c.q_pos0, msg[0] ? msg : "NOT CAUGHT");
+        if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m->name);
+        if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);
+        case_free(&c);
+      }
+      unload(&bk);
+    }
+  kt_noise_quiet = 0;
+}
+
 /* The DeepSeek head shape at S = 256, 2 heads: timed. */
 static void test_s256_timing(void **state) {
   (void)state;
@@ -513,6 +565,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_check_rejects),
       cmocka_unit_test(test_nvrtc_all_kept_configs),
       cmocka_unit_test(test_asan),
+      cmocka_unit_test(test_mutations_caught),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }
