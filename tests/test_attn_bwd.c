@@ -286,7 +286,7 @@ static double rel_err_e(const mg_kernel_spec *s, const e16 *got, const double *r
 static size_t compare(const bwd_set *bs, const bwd_case *c, double ratio[4], char *msg, size_t n) {
   const mg_kernel_spec *s = &bs->dkdv.kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, k16 = is_fp16(s) ? KT_F16 : KT_BF16;
-  const double r16 = 2 * kt_unit_roundoff(k16), r32 = 1.0 / (1 << 20);
+  const double r16 = 2 * kt_unit_roundoff(k16), r32 = kt_unit_roundoff(k16) + kt_unit_roundoff(KT_F32);
   const size_t qrows = (size_t)c->B * c->sq * H, krows = (size_t)c->B * c->sk * H;
   const size_t wk = (size_t)(c->packed ? dqk : s->d_n);
   kt_checked k[4];

@@ -112,6 +112,9 @@ static e16 *rand_e16(size_t n, double sd, double *as_double) {
   return p;
 }
 
+static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
+static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
+
 static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int sq, int sk,
                       int q_pos0) {
   const int w = dc + dr;
@@ -136,7 +139,11 @@ static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int
   for (size_t i = 0; i < c->nl; i++) c->lse32[i] = (float)lsed[i];
   c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
   c->r_dc = xcalloc(c->nc, sizeof *c->r_dc);
-  mqa_ref_bwd(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, dod, c->r_dq, c->r_dc);
+  /* the gradients from the stored o16 and lse32, P and scale dS rounded to 16 bits */
+  for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, c->o16[i]);
+  for (size_t i = 0; i < c->nl; i++) lsed[i] = c->lse32[i];
+  mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
+                    g_fp16 ? round_f16 : round_bf16, c->r_dq, c->r_dc);
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   c->dq = xcalloc(c->nq, sizeof *c->dq);
   c->dcout = xcalloc(c->nc, sizeof *c->dcout);
