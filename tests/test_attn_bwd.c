@@ -314,7 +314,9 @@ static size_t compare(const bwd_set *bs, const bwd_case *c, double ratio[4], cha
 static int grads_ok(const bwd_set *bs, const bwd_case *c) {
   double r[4];
   char msg[8];
+  kt_noise_quiet = 1; /* a kernel without a barrier: its errors are not noise */
   compare(bs, c, r, msg, sizeof msg);
+  kt_noise_quiet = 0;
   return !msg[0];
 }
 

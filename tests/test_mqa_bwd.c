@@ -68,10 +68,17 @@ static mg_kernel_spec make_spec(const char *family, int H, int dc, int dr, int c
 
 /* Generates the kernel for spec and builds it with the host executor (the harness keys its
  * objects by content). drop >= 0: without that barrier; returns 0 when there is none. */
+static int build_edit(const mg_kernel_spec *spec, kh_edit_fn edit, void *ctx, built_kernel *out);
+
 static int build_src(const mg_kernel_spec *spec, int drop, built_kernel *out) {
   kh_drop dr = {.which = drop};
+  return build_edit(spec, drop >= 0 ? kh_drop_edit : NULL, &dr, out);
+}
+
+/* build_src with any edit of the source (NULL: none); returns 0 when the edit declined. */
+static int build_edit(const mg_kernel_spec *spec, kh_edit_fn edit, void *ctx, built_kernel *out) {
   memset(out, 0, sizeof *out);
-  if (!kh_build_edited(NULL, spec, 0, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
+  if (!kh_build_edited(NULL, spec, 0, edit, ctx, &out->kh)) return 0;
   const kh_kernel *k = &out->kh;
   out->fam = !strcmp(spec->family, "attn_bwd_pre")  ? FAM_PRE
              : !strcmp(spec->family, "mqa_bwd_dkv") ? FAM_DKV
@@ -285,7 +292,9 @@ static size_t compare(const mqa_case *c, double ratio[3], char *msg, size_t n) {
 static int grads_ok(const mqa_case *c) {
   double r[3];
   char msg[8];
+  kt_noise_quiet = 1; /* a kernel without a barrier: its errors are not noise */
   compare(c, r, msg, sizeof msg);
+  kt_noise_quiet = 0;
   return !msg[0];
 }
 
@@ -508,6 +517,45 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kh_sweep_close(&sw);
 }
 
+/* Mutation test (issue 12): mqa_bwd_dkv with the k_rope part of dc dropped (written as 0),
+ * injected into the rendered source by a string edit (kt_mutate_edit: the pattern must
+ * match exactly once), must fail the per-element check on every shape of check_shape with
+ * more than one key, for a numerical reason (it compiles, launches, completes without NaN
+ * and dk_rope is off). */
+static void test_mutations_caught(void **state) {
+  (void)state;
+  static kt_mutation m = {"dc: the k_rope part dropped",
+                          "pack2(dracc[m][d][2 * r], dracc[m][d][2 * r + 1])", "pack2(0.f, 0.f)",
+                          NULL, ""};
+  static const int shapes[][4] = {{2, 37, 37, 0}, {1, 20, 50, 30}, {1, 8, 70, 0}};
+  kt_noise_quiet = 1; /* not noise: kt_noise_report leaves these out */
+  for (int causal = 1; causal >= 0; causal--) {
+    bwd_set bs;
+    memset(&bs, 0, sizeof bs);
+    mg_kernel_spec s = make_spec("attn_bwd_pre", 2, 256, 32, causal);
+    build(&s, &bs.pre);
+    s = make_spec("mqa_bwd_dq", 2, 256, 32, causal);
+    build(&s, &bs.dq);
+    s = make_spec("mqa_bwd_dkv", 2, 256, 32, causal);
+    if (!build_edit(&s, kt_mutate_edit, &m, &bs.dkv)) fail_msg("%s", m.error);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+      mqa_case c;
+      case_init(&c, 2, 256, 32, causal, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3]);
+      run_pipeline(&bs, &c, NULL);
+      double r[3];
+      char msg[400];
+      const size_t nans = compare(&c, r, msg, sizeof msg);
+      print_message("  [%s] %s B=%d S_q=%d S_k=%d q_pos0=%d: %s\n", m.name, causal ? "causal" : "full",
+                    c.B, c.sq, c.sk, c.q_pos0, msg[0] ? msg : "NOT CAUGHT");
+      if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m.name);
+      if (!msg[0]) fail_msg("%s: passes the per-element check", m.name);
+      case_free(&c);
+    }
+    set_unload(&bs);
+  }
+  kt_noise_quiet = 0;
+}
+
 static int report_worst(void **state) {
   (void)state;
   kt_noise_report();
@@ -528,6 +576,7 @@ int main(void) {
       cmocka_unit_test(test_missing_barrier_caught),
       cmocka_unit_test(test_fp16),
       cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_mutations_caught),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }
