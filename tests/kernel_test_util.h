@@ -52,13 +52,6 @@ static inline void kt_seed_init(void) {
   printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
 }
 
-/* n standard normal samples rounded to 16 bits (malloc'd, at least one element). */
-static inline e16 *kt_rand_e16(int fp16, size_t n) {
-  e16 *p = malloc((n ? n : 1) * sizeof *p);
-  for (size_t i = 0; i < n; i++) p[i] = float_to_e16(fp16, (float)randn());
-  return p;
-}
-
 /* n normal samples of standard deviation sd rounded to 16 bits, never 0 (a 0 becomes sd/2):
  * a zero would hide a dropped term. */
 static inline e16 *kt_rand_e16_sd(int fp16, size_t n, double sd) {
@@ -256,7 +249,9 @@ static inline void kt_snapshot_free(kt_snapshot *s) {
 }
 
 /* Max abs error over max abs reference (the max abs error when the reference is all 0) of
- * columns [c0, c1) of rows rows w wide; a NaN is counted in *nans and makes it infinite. */
+ * columns [c0, c1) of rows rows w wide; a NaN is counted in *nans and makes it infinite.
+ * Not a pass criterion any more (a whole-tensor ratio hides one bad row): the barrier-removal
+ * tests count NaN outputs with it; every check is kt_check. */
 static inline double kt_rel_err_e16_cols(int fp16, const e16 *got, const double *ref, size_t rows,
                                       size_t w, size_t c0, size_t c1, size_t *nans) {
   double mr = 0, me = 0;
@@ -295,19 +290,4 @@ static inline double kt_rel_err_f32(const float *got, const double *ref, size_t 
   return mr > 0 ? me / mr : me;
 }
 
-/* The max LSE error, |got - ref| / (1 + |ref|); an infinite one on either side must be
- * the same on both (else the error is infinite), a NaN is counted in *nans. */
-static inline double kt_lse_err(const float *got, const double *ref, size_t n, size_t *nans) {
-  double m = 0;
-  for (size_t i = 0; i < n; i++) {
-    *nans += isnan(got[i]) != 0;
-    double e;
-    if (isinf(ref[i]) || isinf(got[i]))
-      e = (double)got[i] == ref[i] ? 0 : INFINITY;
-    else
-      e = fabs(got[i] - ref[i]) / (1 + fabs(ref[i]));
-    if (e > m || isnan(e)) m = isnan(e) ? INFINITY : e;
-  }
-  return m;
-}
 #endif

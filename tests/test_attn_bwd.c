@@ -3,13 +3,18 @@
  * executor (tests/host/), against float64 reference gradients; and every configuration the
  * templates' checks keep, compiled by NVRTC for sm_80 and sm_90a without spills.
  *
- * Inputs are random bf16 (or fp16) values (the seed is printed, MLAGEN_TEST_SEED overrides
- * it). The forward is computed in float64 from the rounded inputs; the kernels get its O
+ * Inputs are random bf16 (or fp16) values, scores with standard deviation 2 under DeepSeek's
+ * YaRN softmax scale (the seed is printed, MLAGEN_TEST_SEED overrides it). The forward is
+ * computed in float64 (tests/attn_ref.h) from the rounded inputs; the kernels get its O
  * rounded to 16 bits and its LSE rounded to fp32, as attn_fwd stores them. The reference
  * gradients (dq, dk_nope or packed dk, dk_rope summed over the heads, dv) are float64 from
- * MLA.md's semantics with the exact O. The pipeline: attn_bwd_pre (delta; zeroes dq_accum),
- * attn_bwd_dkdv, and in the deterministic mode attn_bwd_dq. Errors are max abs error over
- * max abs reference, per gradient, under 2e-2. */
+ * attn_ref.h's 16-bit-aware backward (P from the stored LSE, delta from the stored O, P and
+ * dS rounded to 16 bits as the kernels' MMA operands). The pipeline: attn_bwd_pre (delta;
+ * zeroes dq_accum), attn_bwd_dkdv, and in the deterministic mode attn_bwd_dq. Every
+ * gradient is compared per element (kt_check: atol relative to the gradient's RMS, rtol
+ * from the roundings; the figures at compare()). test_mutations_caught injects bugs into
+ * the rendered dkdv and requires the check to fail. MLAGEN_TEST_FILTER (a cmocka pattern)
+ * runs a subset: ctest runs each test as its own entry. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -3,10 +3,13 @@
  * cp.async emulated with the PTX fragment layouts), against a float64 reference; and every
  * configuration its check keeps, compiled by NVRTC for sm_80 and sm_90a without spills.
  *
- * Inputs are fresh random bf16 (or fp16) values (the seed is printed, MLAGEN_TEST_SEED
- * overrides it). The reference computes from the same rounded values in double precision,
+ * Inputs are fresh random bf16 (or fp16) values, scores with standard deviation 2 under
+ * DeepSeek's YaRN softmax scale (the seed is printed, MLAGEN_TEST_SEED overrides it). The
+ * reference (tests/attn_ref.h) computes from the same rounded values in double precision,
  * so the kernel's error is its fp32 accumulation, the 16-bit rounding of P before P V and
- * the rounding of O. Launches use the executor's shuffled schedule with shared memory
+ * the rounding of O; O and LSE are compared per element (kt_check; the figures at tol_o).
+ * test_mutations_caught injects bugs into the rendered kernel and requires the check to
+ * fail. Launches use the executor's shuffled schedule with shared memory
  * NaN-filled before each block; other schedules must give bit-identical O and LSE. Both key
  * layouts are checked: k_packed = 0 (per-head k_nope + k_rope shared by the heads) and
  * k_packed = 1 (one per-head K [B, S_k, H, d_n + d_r]). One small case also runs in a

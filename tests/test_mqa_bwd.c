@@ -6,11 +6,14 @@
  * spills.
  *
  * Inputs are random bf16 values (fp16 in test_fp16; the seed is printed, MLAGEN_TEST_SEED
- * overrides it). The reference forward gives o (rounded to 16 bits) and lse (rounded to
- * fp32), as mqa_fwd stores them; the reference gradients dq and dc are float64 with the
- * exact forward. Errors are max abs error over max abs reference, per gradient (dq,
- * dc[:, :d_c], dc[:, d_c:]), under 2e-2. MLAGEN_TEST_FILTER (a cmocka pattern) runs a
- * subset. */
+ * overrides it), scores with standard deviation 2 under DeepSeek's YaRN softmax scale. The
+ * reference forward gives o (rounded to 16 bits) and lse (rounded to fp32), as mqa_fwd
+ * stores them; the reference gradients dq and dc are float64 from mqa_ref_bwd_mixed (P from
+ * the stored lse, delta from the stored o, P and scale dS rounded to 16 bits as the kernels'
+ * MMA operands). Every gradient (dq, dc[:, :d_c], dc[:, d_c:]) is compared per element
+ * (kt_check; the figures at compare()); test_mutations_caught injects a bug into the
+ * rendered dkv and requires the check to fail. MLAGEN_TEST_FILTER (a cmocka pattern) runs
+ * a subset: ctest runs each test as its own entry. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

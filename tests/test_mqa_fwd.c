@@ -4,10 +4,11 @@
  * tests/mqa_ref.h; and every configuration its check keeps, compiled by NVRTC for sm_80 and
  * sm_90a without spills.
  *
- * Inputs are fresh random bf16 (or fp16) values (the seed is printed, MLAGEN_TEST_SEED
- * overrides it). The reference computes from the same rounded values in double precision,
- * so the kernel's error is its fp32 accumulation, the 16-bit rounding of P before P V and
- * the rounding of O. Launches use the executor's shuffled schedule with shared memory
+ * Inputs are fresh random bf16 (or fp16) values, scores with standard deviation 2 under
+ * DeepSeek's YaRN softmax scale (the seed is printed, MLAGEN_TEST_SEED overrides it). The
+ * reference computes from the same rounded values in double precision, so the
+ * kernel's error is its fp32 accumulation, the 16-bit rounding of P before P V and the
+ * rounding of O; O and LSE are compared per element (kt_check; the figures at tol_o). Launches use the executor's shuffled schedule with shared memory
  * NaN-filled before each block; other schedules must give bit-identical O and LSE, and
  * removing any barrier that publishes data between warps must be caught. Two small cases
  * also run in a child process (this program, --asan-case) built with ASan, when the
