@@ -76,14 +76,24 @@ static void check_grid_rule(const kh_kernel *k, int heads, int block_m) {
  * it only guards a buffer against the next copy into it ("every warp is done", write
  * after read), else 1 (it publishes copied data, the row max or sum parts, or P to other
  * warps). */
+static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, void *ctx,
+                      built_kernel *out);
+
 static int build_src(const mg_kernel_spec *spec, int asan, int drop, int *publishes,
                      built_kernel *out) {
   kh_drop dr = {.which = drop};
-  if (!kh_build_edited(NULL, spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
+  if (!build_edit(spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, out)) return 0;
   if (publishes) {
     const char *comment = strstr(dr.rest, "//");
     *publishes = !(comment && strncmp(comment, "// every warp is done", 21) == 0);
   }
+  return 1;
+}
+
+/* build_src with any edit of the source (NULL: none); returns 0 when the edit declined. */
+static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, void *ctx,
+                      built_kernel *out) {
+  if (!kh_build_edited(NULL, spec, asan, edit, ctx, &out->kh)) return 0;
   out->block_m = kh_config_int(&out->kh, "block_m");
   assert_int_equal(out->kh.threads, 32 * (out->block_m / 16) * kh_config_int(&out->kh, "nsplit"));
   check_grid_rule(&out->kh, spec->heads, out->block_m);
@@ -399,6 +409,46 @@ static void test_missing_barrier_caught(void **state) {
   }
 }
 
+/* Mutation tests (issue 12): a bug injected into the rendered mqa_fwd by a string edit
+ * (kt_mutate_edit: the pattern must match exactly once) must fail the per-element check on
+ * every shape of the suite with keys and more than one row, for a numerical reason: the
+ * mutated kernel compiles, launches and completes without NaN, and O or LSE is off. */
+static kt_mutation g_fwd_mutations[] = {
+    {"causal mask off by one in the last partial row tile",
+     "(CAUSAL && key > q_pos0 + pos)) x = mla::neg_inf();", "(CAUSAL && key > M_)) x = mla::neg_inf();",
+     "#define M_ (q_pos0 + pos + (m0 + BLOCK_M > seqlen_q * H))", ""},
+    {"the k_rope part of the scores dropped", "for (int kk = 0; kk < DQK / 16; ++kk) {",
+     "for (int kk = 0; kk < DC / 16; ++kk) {", NULL, ""},
+};
+
+static void test_mutations_caught(void **state) {
+  (void)state;
+  static const int shapes[][4] = {{2, 37, 37, 0}, {1, 20, 50, 30}, {2, 13, 13, 0}, {1, 7, 40, 33},
+                                  {1, 20, 70, 50}, {2, 77, 77, 0}};
+  kt_noise_quiet = 1; /* not noise: kt_noise_report leaves these out */
+  for (size_t mi = 0; mi < sizeof g_fwd_mutations / sizeof g_fwd_mutations[0]; mi++) {
+    kt_mutation *m = &g_fwd_mutations[mi];
+    mg_kernel_spec s = make_spec(2, 256, 32, 1);
+    built_kernel bk;
+    if (!build_edit(&s, 0, kt_mutate_edit, m, &bk)) fail_msg("%s", m->error);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+      fwd_case c;
+      case_init(&bk, &c, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3]);
+      launch_case(&bk, &c, NULL);
+      double o_err, lse_err;
+      char msg[400];
+      const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+      print_message("  [%s] B=%d S_q=%d S_k=%d q_pos0=%d: %s\n", m->name, c.B, c.sq, c.sk,
+                    c.q_pos0, msg[0] ? msg : "NOT CAUGHT");
+      if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m->name);
+      if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);
+      case_free(&c);
+    }
+    unload(&bk);
+  }
+  kt_noise_quiet = 0;
+}
+
 /* The child side of test_asan: an ASan build on small cases, in a process that has the
  * ASan runtime preloaded. */
 static void asan_case_run(void **state) {
@@ -514,6 +564,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_check_rejects),
       cmocka_unit_test(test_nvrtc_all_kept_configs),
       cmocka_unit_test(test_asan),
+      cmocka_unit_test(test_mutations_caught),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }
