@@ -277,13 +277,19 @@ static double rel_err_e(const mg_kernel_spec *s, const e16 *got, const double *r
 
 /* Tolerances, per element: |err| <= atol_frac * rms(gradient) + rtol |ref|
  * (kernel_test_util.h). 16-bit gradients (dq in the deterministic mode, dk, dv): rtol = 2 u
- * (one ulp of the storage) covers their rounding twice; fp32 ones (dq_accum of the atomic
- * mode, dk_rope): rtol 2^-20. atol is about twice the noise beyond the storage rounding
- * (kt_noise_report's figure), measured over seeds and the shapes below: NOISE_*. */
-#define NOISE_DQ 5e-3
-#define NOISE_DK 5e-3
-#define NOISE_DKR 5e-3
-#define NOISE_DV 5e-3
+ * (the storage rounding plus one flipped 16-bit operand); fp32 ones (dq_accum of the atomic
+ * mode, dk_rope): rtol u_bf16 + u_fp32 (one flipped 16-bit operand in a dominant term).
+ * atol_frac is twice NOISE_*, the largest noise figure (max (|err| - rtol |ref|) / rms)
+ * measured by kt_noise_report over every case of the numeric tests of this file
+ * (MLAGEN_TEST_SEED 21-24, host executor, bf16 and fp16): dq 5.43e-3, dq_accum 2.67e-3,
+ * dk_nope 6.91e-3 and packed dk 3.97e-3, dk_rope 9.99e-3, dv 6.24e-3 (the tails come from P or dS elements that round to the other 16-bit
+ * neighbour in the kernel than in the reference; the worst were in the non-causal
+ * 16-query, 200-key case). */
+#define NOISE_DQ 5.5e-3
+#define NOISE_DQ_ACCUM 2.7e-3
+#define NOISE_DK 7e-3
+#define NOISE_DKR 1e-2
+#define NOISE_DV 6.3e-3
 
 /* Compares the four gradients per element; ratio[i]: the worst err / bound of dq, dk,
  * dk_rope, dv (over 1 fails). Returns the number of NaN outputs; the first failure's
@@ -298,7 +304,7 @@ static size_t compare(const bwd_set *bs, const bwd_case *c, double ratio[4], cha
   k[0] = bs->det ? kt_check("attn_bwd dq", k16, c->dq, c->r_dq, qrows, dqk, 0, dqk,
                             (kt_tol){2 * NOISE_DQ, r16}, 0)
                  : kt_check("attn_bwd dq_accum", KT_F32, c->dq_accum, c->r_dq, qrows, dqk, 0, dqk,
-                            (kt_tol){2 * NOISE_DQ, r32}, 0);
+                            (kt_tol){2 * NOISE_DQ_ACCUM, r32}, 0);
   k[1] = kt_check(c->packed ? "attn_bwd dk" : "attn_bwd dk_nope", k16, c->dkn, c->r_dkn, krows,
                   wk, 0, wk, (kt_tol){2 * NOISE_DK, r16}, 0);
   k[2] = kt_check("attn_bwd dk_rope", KT_F32, c->dkr, c->r_dkr, (size_t)c->B * c->sk, s->d_r, 0,

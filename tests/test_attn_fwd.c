@@ -160,11 +160,13 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
 }
 
 /* Tolerances (per element: |err| <= atol_frac * rms(O) + rtol |ref|; kernel_test_util.h).
- * O is stored in 16 bits: rtol = 2 u (one ulp of the storage) covers its rounding twice;
- * atol is about twice the noise beyond that rounding (the 16-bit P before P V, fp32
- * accumulation), measured as kt_noise_report's figure: NOISE_O. LSE (fp32, rows of up to
- * 300 keys) under 1e-5 (1 + |ref|): NOISE_LSE. */
-#define NOISE_O 5e-3 /* provisional */
+ * O is stored in 16 bits: rtol = 2 u (the storage rounding plus one flipped 16-bit P).
+ * atol_frac is twice NOISE_O, the largest noise figure (max (|err| - rtol |ref|) / rms)
+ * measured by kt_noise_report over every case of the numeric tests of this file
+ * (MLAGEN_TEST_SEED 21-24, host executor, bf16 and fp16): 6.0e-3 (the online softmax
+ * rounds P to 16 bits against a running maximum, which no reference can follow). LSE
+ * (fp32): |err| <= 1e-5 (1 + |ref|); the largest measured was 0.05 of that bound. */
+#define NOISE_O 6e-3
 static kt_tol tol_o(const mg_kernel_spec *s) {
   return (kt_tol){2 * NOISE_O, 2 * kt_unit_roundoff(is_fp16(s) ? KT_F16 : KT_BF16)};
 }

@@ -129,10 +129,12 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
 }
 
 /* Tolerances (per element: |err| <= atol_frac * rms(O) + rtol |ref|; kernel_test_util.h).
- * O is stored in bf16: rtol = 2 u (one ulp) covers its rounding twice; atol is about twice
- * the noise beyond that rounding (kt_noise_report's figure), measured over seeds and the
- * shapes of this file: NOISE_O. LSE (fp32) under 1e-5 (1 + |ref|). */
-#define NOISE_O 5e-3
+ * O is stored in bf16: rtol = 2 u (twice its rounding; this kernel keeps P in fp32).
+ * atol_frac is twice NOISE_O, the largest noise figure (max (|err| - rtol |ref|) / rms)
+ * measured by kt_noise_report over every case of the numeric tests of this file
+ * (MLAGEN_TEST_SEED 21-24, host executor): 7.7e-7 (fp32 accumulation only). LSE (fp32):
+ * |err| <= 1e-5 (1 + |ref|); the largest measured was 0.02 of that. */
+#define NOISE_O 8e-7
 static const kt_tol tol_o = {2 * NOISE_O, 2.0 / 256};
 static const kt_tol tol_lse = {1e-5, 1e-5};
 

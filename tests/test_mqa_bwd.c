@@ -260,12 +260,14 @@ static double rel_err(const e16 *got, const double *ref, size_t rows, int w, int
 }
 
 /* Tolerances, per element: |err| <= atol_frac * rms(gradient part) + rtol |ref|
- * (kernel_test_util.h). Every gradient is stored in 16 bits: rtol = 2 u (one ulp of the
- * storage) covers its rounding twice; atol is about twice the noise beyond that rounding
- * (kt_noise_report's figure), measured over seeds and the shapes below: NOISE_*. */
-#define NOISE_DQ 5e-3
-#define NOISE_DC 5e-3
-#define NOISE_DKR 5e-3
+ * (kernel_test_util.h). Every gradient is stored in 16 bits: rtol = 2 u (the storage
+ * rounding plus one flipped 16-bit operand, P or dS). atol_frac is twice NOISE_*, the
+ * largest noise figure (max (|err| - rtol |ref|) / rms) measured by kt_noise_report over
+ * every case of the numeric tests of this file (MLAGEN_TEST_SEED 21-24, host executor,
+ * bf16 and fp16): dq 7.67e-3 (H = 16), dc_kv 2.19e-3, dk_rope 2.14e-3. */
+#define NOISE_DQ 7.7e-3
+#define NOISE_DC 2.2e-3
+#define NOISE_DKR 2.2e-3
 
 /* Compares dq, dc[:, :d_c] and dc[:, d_c:] per element; ratio[i]: their worst err / bound
  * (over 1 fails). Returns the number of NaN outputs; the first failure's message goes to
