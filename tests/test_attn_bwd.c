@@ -282,9 +282,9 @@ static double rel_err_e(const mg_kernel_spec *s, const e16 *got, const double *r
  * atol_frac is twice NOISE_*, the largest noise figure (max (|err| - rtol |ref|) / rms)
  * measured by kt_noise_report over every case of the numeric tests of this file
  * (MLAGEN_TEST_SEED 21-24, host executor, bf16 and fp16): dq 5.43e-3, dq_accum 2.67e-3,
- * dk_nope 6.91e-3 and packed dk 3.97e-3, dk_rope 9.99e-3, dv 6.24e-3 (the tails come from P or dS elements that round to the other 16-bit
- * neighbour in the kernel than in the reference; the worst were in the non-causal
- * 16-query, 200-key case). */
+ * dk_nope 6.91e-3 and packed dk 3.97e-3, dk_rope 9.99e-3, dv 6.24e-3 (the tails come from
+ * P or dS elements that round to the other 16-bit neighbour in the kernel than in the
+ * reference; the worst were in the non-causal 16-query, 200-key case). */
 #define NOISE_DQ 5.5e-3
 #define NOISE_DQ_ACCUM 2.7e-3
 #define NOISE_DK 7e-3
