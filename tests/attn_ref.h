@@ -19,7 +19,11 @@
  * planned roundings: it takes the forward's stored o (16-bit) and lse (fp32), computes
  * P = exp(scale S - lse) from that lse and delta = rowsum(dO o) from that o, and rounds P
  * (before dV = P^T dO) and dS (before dq = scale dS K and dk = scale dS^T q) to the
- * operands' 16-bit type. */
+ * operands' 16-bit type. A P or dS element within the kernel's own fp32 error (eps, relative
+ * to its natural size) of a rounding boundary may round to the other neighbour in the
+ * kernel: the mode can add, per gradient element, the sum over such terms of the two
+ * roundings' difference times the other factor (flip_*), a bound a test adds to its
+ * tolerance for that element alone. */
 #ifndef MG_ATTN_REF_H
 #define MG_ATTN_REF_H
 #include <math.h>
@@ -87,7 +91,14 @@ typedef struct attn_ref_mixed {
   const double *o;          /* [B, S_q, H, d_v]: the stored o, for delta */
   const double *lse;        /* [B, H, S_q]: the stored lse, for P */
   double (*round)(double);  /* to the 16-bit operand type and back */
+  double eps;               /* relative error of the kernel's fp32 P and dS (for flip_*) */
+  double *flip_dq, *flip_dk, *flip_dv; /* out when not NULL: per element, dq's layout etc. */
 } attn_ref_mixed;
+
+/* |round(x + e) - round(x - e)|: how far x's rounding may move within +-e. */
+static inline double attn_ref_ambiguity(double (*round)(double), double x, double e) {
+  return fabs(round(x + e) - round(x - e));
+}
 
 /* Backward: dq, dk, dv (overwritten) from q, k, v and dout; the forward is recomputed
  * exactly. o and lse, when not NULL, receive the exact forward's outputs too. mx: NULL
@@ -101,6 +112,9 @@ static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const d
   memset(dq, 0, sizeof(double) * (size_t)d->B * d->S_q * d->H * dqk);
   memset(dk, 0, sizeof(double) * (size_t)d->B * d->S_k * d->H * dqk);
   memset(dv, 0, sizeof(double) * (size_t)d->B * d->S_k * d->H * dvw);
+  if (mx && mx->flip_dq) memset(mx->flip_dq, 0, sizeof(double) * (size_t)d->B * d->S_q * d->H * dqk);
+  if (mx && mx->flip_dk) memset(mx->flip_dk, 0, sizeof(double) * (size_t)d->B * d->S_k * d->H * dqk);
+  if (mx && mx->flip_dv) memset(mx->flip_dv, 0, sizeof(double) * (size_t)d->B * d->S_k * d->H * dvw);
   for (int b = 0; b < d->B; b++)
     for (int h = 0; h < d->H; h++)
       for (int i = 0; i < d->S_q; i++) {
@@ -134,14 +148,24 @@ static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const d
           const double *kj = k + kr * dqk, *vj = v + kr * dvw;
           double dp = 0;
           for (int c = 0; c < dvw; c++) dp += doi[c] * vj[c];
-          double ds = p[j] * (dp - delta), pv = p[j];
-          if (mx) ds = mx->round(ds), pv = mx->round(pv);
+          double ds = p[j] * (dp - delta), pv = p[j], amb_p = 0, amb_ds = 0;
+          if (mx) {
+            amb_p = attn_ref_ambiguity(mx->round, pv, mx->eps * pv) ;
+            amb_ds = attn_ref_ambiguity(mx->round, ds, mx->eps * pv * (fabs(dp) + fabs(delta)));
+            ds = mx->round(ds), pv = mx->round(pv);
+          }
           ds *= d->scale;
           for (int c = 0; c < dqk; c++) {
             dq[row * dqk + c] += ds * kj[c];
             dk[kr * dqk + c] += ds * qi[c];
           }
           for (int c = 0; c < dvw; c++) dv[kr * dvw + c] += pv * doi[c];
+          if (amb_ds > 0 && mx->flip_dq)
+            for (int c = 0; c < dqk; c++) mx->flip_dq[row * dqk + c] += amb_ds * d->scale * fabs(kj[c]);
+          if (amb_ds > 0 && mx->flip_dk)
+            for (int c = 0; c < dqk; c++) mx->flip_dk[kr * dqk + c] += amb_ds * d->scale * fabs(qi[c]);
+          if (amb_p > 0 && mx->flip_dv)
+            for (int c = 0; c < dvw; c++) mx->flip_dv[kr * dvw + c] += amb_p * fabs(doi[c]);
         }
       }
   free(oi);

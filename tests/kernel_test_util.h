@@ -86,11 +86,13 @@ static inline double kt_q_sd(double scale, int w) { return 2.0 / (scale * sqrt((
  * An output element passes when |got - ref| <= atol_frac * scale + rtol |ref| (check_close.h),
  * scale the RMS of the tensor's nonzero reference elements (its typical size), unless given.
  * rtol is set from the unit roundoffs u (bf16 2^-8, fp16 2^-11, fp32 2^-24): that of the
- * output's storage (its own rounding) plus that of the 16-bit MMA operands (a product whose
- * operand, a probability or a dS element near a rounding boundary, rounds the other way in
- * the kernel than in the 16-bit-aware reference; when that term dominates the element, its
- * error is u_operand |ref|). Each check also records the output's noise figure, the largest
- * (|err| - rtol |ref|) / scale over its elements (the error beyond what rtol allows, in
+ * output's storage (its own rounding), and for the forwards, whose online softmax rounds P
+ * to 16 bits against a running maximum no reference follows, that of the 16-bit P too (a
+ * P near a rounding boundary may round the other way; when its term dominates the element,
+ * the error is u |ref|). The backwards' references model the 16-bit operands and bound such
+ * ambiguous roundings per element instead (kt_check_slack's slack: attn_ref.h, mqa_ref.h).
+ * Each check also records the output's noise figure, the largest (|err| - rtol |ref| -
+ * slack) / scale over its elements (the error beyond what rtol and the slack allow, in
  * units of the tensor's scale), which kt_noise_report prints: atol_frac in the tests is
  * about twice the worst figure measured over seeds and shapes. */
 enum { KT_BF16, KT_F16, KT_F32 };
@@ -139,16 +141,27 @@ static inline void kt_noise_note(const char *name, double noise, double ratio) {
  * shows the margin left; the tests' tolerances come from the first). */
 static inline void kt_noise_report(void) {
   for (int i = 0; i < kt_noise_n; i++)
-    printf("noise %-17s max (|err| - rtol |ref|) / scale %.2e, worst err/bound %.2f\n",
+    printf("noise %-17s max (|err| - rtol |ref| - slack) / scale %.2e, worst err/bound %.2f\n",
            kt_noise_tab[i].name, kt_noise_tab[i].noise, kt_noise_tab[i].ratio);
 }
 
 /* Compares output `name` (kind KT_*: got's storage) on rows x columns [c0, c1) of rows w
  * wide against ref (same layout) with tol; scale <= 0: the RMS of the compared nonzero
  * reference elements. Records the noise figure; returns the comparison (cc_ok(&.r)). */
+static inline kt_checked kt_check_slack(const char *name, int kind, const void *got,
+                                        const double *ref, const double *slack, size_t rows,
+                                        size_t w, size_t c0, size_t c1, kt_tol tol, double scale);
 static inline kt_checked kt_check(const char *name, int kind, const void *got, const double *ref,
                                   size_t rows, size_t w, size_t c0, size_t c1, kt_tol tol,
                                   double scale) {
+  return kt_check_slack(name, kind, got, ref, NULL, rows, w, c0, c1, tol, scale);
+}
+
+/* kt_check with a per-element addition to atol, slack (ref's layout; NULL: none), such as
+ * the bound of a reference's ambiguous 16-bit roundings (attn_ref.h's flip_*). */
+static inline kt_checked kt_check_slack(const char *name, int kind, const void *got,
+                                        const double *ref, const double *slack, size_t rows,
+                                        size_t w, size_t c0, size_t c1, kt_tol tol, double scale) {
   kt_checked k;
   if (scale <= 0) {
     double ss = 0;
@@ -166,9 +179,9 @@ static inline kt_checked kt_check(const char *name, int kind, const void *got, c
   for (size_t r = 0; r < rows; r++)
     for (size_t c = c0; c < c1; c++) {
       const size_t i = r * w + c;
-      const double g = kt_get(kind, got, i), x = ref[i];
-      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol, k.rtol);
-      const double e = g == x ? 0 : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x)) / scale : INFINITY;
+      const double g = kt_get(kind, got, i), x = ref[i], sl = slack ? slack[i] : 0;
+      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol + sl, k.rtol);
+      const double e = g == x ? 0 : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl) / scale : INFINITY;
       if (e > noise) noise = e;
     }
   kt_noise_note(name, noise, k.r.worst_ratio);

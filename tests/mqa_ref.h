@@ -18,7 +18,10 @@
  * mqa_bwd_dq do by design, so that a test's tolerance sees the kernels' own noise and not
  * these planned roundings: P = exp(scale S - lse) from the forward's stored lse (fp32),
  * delta = rowsum(dO o) from its stored o (16-bit), and P and scale dS rounded to the 16-bit
- * operand type before the products that use them. */
+ * operand type before the products that use them. With flip_dq / flip_dc not NULL it also
+ * bounds, per gradient element, what the P and scale dS elements within the kernels' own
+ * fp32 error (eps, relative to their natural size) of a rounding boundary can change when
+ * the kernel rounds them the other way (as attn_ref.h's flip_*). */
 #ifndef MG_MQA_REF_H
 #define MG_MQA_REF_H
 #include <math.h>
@@ -82,13 +85,15 @@ static inline void mqa_ref_fwd(int B, int S_q, int S_k, int H, int d_c, int d_r,
 static inline void mqa_ref_bwd_mixed(int B, int S_q, int S_k, int H, int d_c, int d_r,
                                      int causal, int q_pos0, double scale, const double *q,
                                      const double *c, const double *dout, const double *o16,
-                                     const double *lse32, double (*round)(double), double *dq,
-                                     double *dc) {
+                                     const double *lse32, double (*round)(double), double eps,
+                                     double *flip_dq, double *flip_dc, double *dq, double *dc) {
   const int w = d_c + d_r;
   double *p = malloc(sizeof(double) * (size_t)(S_k > 0 ? S_k : 1));
   double *o = malloc(sizeof(double) * (size_t)d_c);
   memset(dq, 0, sizeof(double) * (size_t)B * S_q * H * w);
   memset(dc, 0, sizeof(double) * (size_t)B * S_k * w);
+  if (flip_dq) memset(flip_dq, 0, sizeof(double) * (size_t)B * S_q * H * w);
+  if (flip_dc) memset(flip_dc, 0, sizeof(double) * (size_t)B * S_k * w);
   for (int b = 0; b < B; b++)
     for (int i = 0; i < S_q; i++)
       for (int h = 0; h < H; h++) {
@@ -115,13 +120,25 @@ static inline void mqa_ref_bwd_mixed(int B, int S_q, int S_k, int H, int d_c, in
           }
           double dp = 0;
           for (int k = 0; k < d_c; k++) dp += dorow[k] * cj[k];
-          double ds = pj * (dp - delta) * scale;
-          if (round) ds = round(ds), pj = round(pj);
+          double ds = pj * (dp - delta) * scale, amb_p = 0, amb_ds = 0;
+          if (round) {
+            const double ep = eps * pj, eds = eps * pj * (fabs(dp) + fabs(delta)) * scale;
+            amb_p = fabs(round(pj + ep) - round(pj - ep));
+            amb_ds = fabs(round(ds + eds) - round(ds - eds));
+            ds = round(ds), pj = round(pj);
+          }
           for (int k = 0; k < w; k++) {
             dqrow[k] += ds * cj[k];
             dcb[(size_t)j * w + k] += ds * qrow[k];
           }
           for (int k = 0; k < d_c; k++) dcb[(size_t)j * w + k] += pj * dorow[k];
+          if (flip_dq && amb_ds > 0)
+            for (int k = 0; k < w; k++) flip_dq[row * w + k] += amb_ds * fabs(cj[k]);
+          if (flip_dc && (amb_ds > 0 || amb_p > 0)) {
+            double *f = flip_dc + ((size_t)b * S_k + j) * w;
+            for (int k = 0; k < w; k++) f[k] += amb_ds * fabs(qrow[k]);
+            for (int k = 0; k < d_c; k++) f[k] += amb_p * fabs(dorow[k]);
+          }
         }
       }
   free(o);
@@ -134,6 +151,6 @@ static inline void mqa_ref_bwd(int B, int S_q, int S_k, int H, int d_c, int d_r,
                                int q_pos0, double scale, const double *q, const double *c,
                                const double *dout, double *dq, double *dc) {
   mqa_ref_bwd_mixed(B, S_q, S_k, H, d_c, d_r, causal, q_pos0, scale, q, c, dout, NULL, NULL,
-                    NULL, dq, dc);
+                    NULL, 0, NULL, NULL, dq, dc);
 }
 #endif

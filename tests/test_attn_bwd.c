@@ -106,12 +106,17 @@ typedef struct bwd_case {
   float *lse32;
   size_t nq, nkn, nkr, nv, no, nl;
   double *r_dq, *r_dkn, *r_dkr, *r_dv; /* reference gradients */
+  double *f_dq, *f_dkn, *f_dkr, *f_dv; /* their bounds for ambiguous 16-bit roundings */
   /* kernel outputs */
   float *delta, *dq_accum, *dkr;
   e16 *dq, *dkn, *dv;
 } bwd_case;
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
+
+/* The relative size of the kernels' own fp32 error in a P or dS element, for attn_ref.h's
+ * bound of ambiguous 16-bit roundings (see the tolerances below). */
+#define FLIP_EPS 3e-5
 
 static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
 static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
@@ -126,6 +131,7 @@ static void reference(const mg_kernel_spec *s, bwd_case *c) {
   double *q = kt_e16_to_d(f16, c->q, c->nq), *v = kt_e16_to_d(f16, c->v, c->nv);
   double *dout = kt_e16_to_d(f16, c->dout, c->no);
   double *k = xcalloc(nk * dqk, sizeof *k), *dk = xcalloc(nk * dqk, sizeof *dk);
+  double *fdk = xcalloc(nk * dqk, sizeof *fdk);
   double *o = xcalloc(c->no, sizeof *o), *lse = xcalloc(c->nl, sizeof *lse);
   for (size_t t = 0; t < nk; t++)
     for (int e = 0; e < dqk; e++)
@@ -138,16 +144,23 @@ static void reference(const mg_kernel_spec *s, bwd_case *c) {
   /* the gradients from the stored o16 and lse32, P and dS rounded to 16 bits (attn_ref.h) */
   for (size_t i = 0; i < c->no; i++) o[i] = e_to_float(s, c->o16[i]);
   for (size_t i = 0; i < c->nl; i++) lse[i] = c->lse32[i];
-  const attn_ref_mixed mx = {o, lse, f16 ? round_f16 : round_bf16};
+  const attn_ref_mixed mx = {o, lse, f16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, fdk, c->f_dv};
   attn_ref_bwd(&d, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
-  if (c->packed)
+  if (c->packed) {
     memcpy(c->r_dkn, dk, nk * dqk * sizeof *dk);
-  else
+    memcpy(c->f_dkn, fdk, nk * dqk * sizeof *dk);
+  } else {
     for (size_t t = 0; t < nk; t++)
       for (int e = 0; e < dqk; e++)
-        if (e < dn) c->r_dkn[t * dn + e] = dk[t * dqk + e];
-        else c->r_dkr[t / H * dr + e - dn] += dk[t * dqk + e];
-  free(q), free(v), free(dout), free(k), free(dk), free(o), free(lse);
+        if (e < dn) {
+          c->r_dkn[t * dn + e] = dk[t * dqk + e];
+          c->f_dkn[t * dn + e] = fdk[t * dqk + e];
+        } else {
+          c->r_dkr[t / H * dr + e - dn] += dk[t * dqk + e];
+          c->f_dkr[t / H * dr + e - dn] += fdk[t * dqk + e];
+        }
+  }
+  free(q), free(v), free(dout), free(k), free(dk), free(fdk), free(o), free(lse);
 }
 
 static void case_init(const mg_kernel_spec *s, bwd_case *c, int packed, int B, int sq, int sk,
@@ -174,6 +187,10 @@ static void case_init(const mg_kernel_spec *s, bwd_case *c, int packed, int B, i
   c->r_dkn = xcalloc(c->nkn, sizeof(double));
   c->r_dkr = xcalloc(c->nkr, sizeof(double));
   c->r_dv = xcalloc(c->nv, sizeof(double));
+  c->f_dq = xcalloc(c->nq, sizeof(double));
+  c->f_dkn = xcalloc(c->nkn, sizeof(double));
+  c->f_dkr = xcalloc(c->nkr, sizeof(double));
+  c->f_dv = xcalloc(c->nv, sizeof(double));
   c->delta = xcalloc(c->nl, sizeof(float));
   c->dq_accum = xcalloc(c->nq, sizeof(float));
   c->dkr = xcalloc(c->nkr, sizeof(float));
@@ -186,6 +203,7 @@ static void case_init(const mg_kernel_spec *s, bwd_case *c, int packed, int B, i
 static void case_free(bwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->dout), free(c->o16), free(c->lse32);
   free(c->r_dq), free(c->r_dkn), free(c->r_dkr), free(c->r_dv);
+  free(c->f_dq), free(c->f_dkn), free(c->f_dkr), free(c->f_dv);
   free(c->delta), free(c->dq_accum), free(c->dkr), free(c->dq), free(c->dkn), free(c->dv);
 }
 
@@ -275,21 +293,19 @@ static double rel_err_e(const mg_kernel_spec *s, const e16 *got, const double *r
   return kt_rel_err_e16(is_fp16(s), got, ref, n, nans);
 }
 
-/* Tolerances, per element: |err| <= atol_frac * rms(gradient) + rtol |ref|
- * (kernel_test_util.h). 16-bit gradients (dq in the deterministic mode, dk, dv): rtol = 2 u
- * (the storage rounding plus one flipped 16-bit operand); fp32 ones (dq_accum of the atomic
- * mode, dk_rope): rtol u_bf16 + u_fp32 (one flipped 16-bit operand in a dominant term).
- * atol_frac is twice NOISE_*, the largest noise figure (max (|err| - rtol |ref|) / rms)
- * measured by kt_noise_report over every case of the numeric tests of this file
- * (MLAGEN_TEST_SEED 21-24, host executor, bf16 and fp16): dq 5.43e-3, dq_accum 2.67e-3,
- * dk_nope 6.91e-3 and packed dk 3.97e-3, dk_rope 9.99e-3, dv 6.24e-3 (the tails come from
- * P or dS elements that round to the other 16-bit neighbour in the kernel than in the
- * reference; the worst were in the non-causal 16-query, 200-key case). */
-#define NOISE_DQ 5.5e-3
-#define NOISE_DQ_ACCUM 2.7e-3
-#define NOISE_DK 7e-3
-#define NOISE_DKR 1e-2
-#define NOISE_DV 6.3e-3
+/* Tolerances, per element: |err| <= atol_frac * rms(gradient) + rtol |ref| + flip
+ * (kernel_test_util.h), flip the reference's bound for the P and dS elements that lie
+ * within FLIP_EPS (relative) of a 16-bit rounding boundary (attn_ref.h), so that a rounding
+ * the kernel makes the other way loosens only the elements it touches. rtol: the storage's
+ * unit roundoff (its own rounding; u_fp32 for dq_accum and dk_rope). atol_frac is twice
+ * NOISE_*, the largest noise figure (max (|err| - rtol |ref| - flip) / rms) measured by
+ * kt_noise_report over every case of the numeric tests of this file (MLAGEN_TEST_SEED
+ * 21-24, host executor, bf16 and fp16): see below. */
+#define NOISE_DQ 5e-3
+#define NOISE_DQ_ACCUM 5e-3
+#define NOISE_DK 5e-3
+#define NOISE_DKR 5e-3
+#define NOISE_DV 5e-3
 
 /* Compares the four gradients per element; ratio[i]: the worst err / bound of dq, dk,
  * dk_rope, dv (over 1 fails). Returns the number of NaN outputs; the first failure's
@@ -297,20 +313,21 @@ static double rel_err_e(const mg_kernel_spec *s, const e16 *got, const double *r
 static size_t compare(const bwd_set *bs, const bwd_case *c, double ratio[4], char *msg, size_t n) {
   const mg_kernel_spec *s = &bs->dkdv.kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, k16 = is_fp16(s) ? KT_F16 : KT_BF16;
-  const double r16 = 2 * kt_unit_roundoff(k16), r32 = kt_unit_roundoff(k16) + kt_unit_roundoff(KT_F32);
+  const double r16 = kt_unit_roundoff(k16), r32 = kt_unit_roundoff(KT_F32);
   const size_t qrows = (size_t)c->B * c->sq * H, krows = (size_t)c->B * c->sk * H;
   const size_t wk = (size_t)(c->packed ? dqk : s->d_n);
   kt_checked k[4];
-  k[0] = bs->det ? kt_check("attn_bwd dq", k16, c->dq, c->r_dq, qrows, dqk, 0, dqk,
-                            (kt_tol){2 * NOISE_DQ, r16}, 0)
-                 : kt_check("attn_bwd dq_accum", KT_F32, c->dq_accum, c->r_dq, qrows, dqk, 0, dqk,
-                            (kt_tol){2 * NOISE_DQ_ACCUM, r32}, 0);
-  k[1] = kt_check(c->packed ? "attn_bwd dk" : "attn_bwd dk_nope", k16, c->dkn, c->r_dkn, krows,
-                  wk, 0, wk, (kt_tol){2 * NOISE_DK, r16}, 0);
-  k[2] = kt_check("attn_bwd dk_rope", KT_F32, c->dkr, c->r_dkr, (size_t)c->B * c->sk, s->d_r, 0,
-                  c->packed ? 0 : s->d_r, (kt_tol){2 * NOISE_DKR, r32}, 0);
-  k[3] = kt_check("attn_bwd dv", k16, c->dv, c->r_dv, krows, s->d_v, 0, s->d_v,
-                  (kt_tol){2 * NOISE_DV, r16}, 0);
+  k[0] = bs->det ? kt_check_slack("attn_bwd dq", k16, c->dq, c->r_dq, c->f_dq, qrows, dqk, 0,
+                                  dqk, (kt_tol){2 * NOISE_DQ, r16}, 0)
+                 : kt_check_slack("attn_bwd dq_accum", KT_F32, c->dq_accum, c->r_dq, c->f_dq,
+                                  qrows, dqk, 0, dqk, (kt_tol){2 * NOISE_DQ_ACCUM, r32}, 0);
+  k[1] = kt_check_slack(c->packed ? "attn_bwd dk" : "attn_bwd dk_nope", k16, c->dkn, c->r_dkn,
+                        c->f_dkn, krows, wk, 0, wk, (kt_tol){2 * NOISE_DK, r16}, 0);
+  k[2] = kt_check_slack("attn_bwd dk_rope", KT_F32, c->dkr, c->r_dkr, c->f_dkr,
+                        (size_t)c->B * c->sk, s->d_r, 0, c->packed ? 0 : s->d_r,
+                        (kt_tol){2 * NOISE_DKR, r32}, 0);
+  k[3] = kt_check_slack("attn_bwd dv", k16, c->dv, c->r_dv, c->f_dv, krows, s->d_v, 0, s->d_v,
+                        (kt_tol){2 * NOISE_DV, r16}, 0);
   size_t nans = 0;
   if (msg) msg[0] = 0;
   for (int i = 0; i < 4; i++) {

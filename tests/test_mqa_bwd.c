@@ -106,6 +106,7 @@ typedef struct mqa_case {
   float *lse32;
   size_t nq, nc, no, nl;
   double *r_dq, *r_dc;
+  double *f_dq, *f_dc; /* their bounds for ambiguous 16-bit roundings (mqa_ref.h) */
   float *delta, *dc_accum;
   e16 *dq, *dcout;
 } mqa_case;
@@ -121,6 +122,10 @@ static e16 *rand_e16(size_t n, double sd, double *as_double) {
   for (size_t i = 0; i < n; i++) as_double[i] = e16_to_float(g_fp16, p[i]);
   return p;
 }
+
+/* The relative size of the kernels' own fp32 error in a P or dS element, for mqa_ref.h's
+ * bound of ambiguous 16-bit roundings (see the tolerances below). */
+#define FLIP_EPS 3e-5
 
 static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
 static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
@@ -149,11 +154,14 @@ static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int
   for (size_t i = 0; i < c->nl; i++) c->lse32[i] = (float)lsed[i];
   c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
   c->r_dc = xcalloc(c->nc, sizeof *c->r_dc);
+  c->f_dq = xcalloc(c->nq, sizeof *c->f_dq);
+  c->f_dc = xcalloc(c->nc, sizeof *c->f_dc);
   /* the gradients from the stored o16 and lse32, P and scale dS rounded to 16 bits */
   for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, c->o16[i]);
   for (size_t i = 0; i < c->nl; i++) lsed[i] = c->lse32[i];
   mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
-                    g_fp16 ? round_f16 : round_bf16, c->r_dq, c->r_dc);
+                    g_fp16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
+                    c->r_dc);
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   c->dq = xcalloc(c->nq, sizeof *c->dq);
   c->dcout = xcalloc(c->nc, sizeof *c->dcout);
@@ -163,7 +171,7 @@ static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int
 
 static void case_free(mqa_case *c) {
   free(c->q), free(c->c), free(c->dout), free(c->o16), free(c->lse32);
-  free(c->r_dq), free(c->r_dc), free(c->delta), free(c->dq), free(c->dcout);
+  free(c->r_dq), free(c->r_dc), free(c->f_dq), free(c->f_dc), free(c->delta), free(c->dq), free(c->dcout);
   free(c->dc_accum);
 }
 
@@ -259,15 +267,16 @@ static double rel_err(const e16 *got, const double *ref, size_t rows, int w, int
   return kt_rel_err_e16_cols(g_fp16, got, ref, rows, (size_t)w, (size_t)c0, (size_t)c1, nans);
 }
 
-/* Tolerances, per element: |err| <= atol_frac * rms(gradient part) + rtol |ref|
- * (kernel_test_util.h). Every gradient is stored in 16 bits: rtol = 2 u (the storage
- * rounding plus one flipped 16-bit operand, P or dS). atol_frac is twice NOISE_*, the
- * largest noise figure (max (|err| - rtol |ref|) / rms) measured by kt_noise_report over
- * every case of the numeric tests of this file (MLAGEN_TEST_SEED 21-24, host executor,
- * bf16 and fp16): dq 7.67e-3 (H = 16), dc_kv 2.19e-3, dk_rope 2.14e-3. */
-#define NOISE_DQ 7.7e-3
-#define NOISE_DC 2.2e-3
-#define NOISE_DKR 2.2e-3
+/* Tolerances, per element: |err| <= atol_frac * rms(gradient part) + rtol |ref| + flip
+ * (kernel_test_util.h), flip mqa_ref.h's bound for the P and scale dS elements within
+ * FLIP_EPS (relative) of a 16-bit rounding boundary, so that a rounding the kernel makes the
+ * other way loosens only the elements it touches. rtol: u of the 16-bit storage (its own
+ * rounding). atol_frac is twice NOISE_*, the largest noise figure (max (|err| - rtol |ref|
+ * - flip) / rms) measured by kt_noise_report over every case of the numeric tests of this
+ * file (MLAGEN_TEST_SEED 21-23, host executor, bf16 and fp16): see below. */
+#define NOISE_DQ 5e-3
+#define NOISE_DC 5e-3
+#define NOISE_DKR 5e-3
 
 /* Compares dq, dc[:, :d_c] and dc[:, d_c:] per element; ratio[i]: their worst err / bound
  * (over 1 fails). Returns the number of NaN outputs; the first failure's message goes to
@@ -276,13 +285,14 @@ static size_t compare(const mqa_case *c, double ratio[3], char *msg, size_t n) {
   const size_t w = (size_t)(c->dc + c->dr), qrows = (size_t)c->B * c->sq * c->H;
   const size_t krows = (size_t)c->B * c->sk, dc = (size_t)c->dc;
   const int kind = g_fp16 ? KT_F16 : KT_BF16;
-  const double rtol = 2 * kt_unit_roundoff(kind);
+  const double rtol = kt_unit_roundoff(kind);
   kt_checked k[3];
-  k[0] = kt_check("mqa_bwd dq", kind, c->dq, c->r_dq, qrows, w, 0, w, (kt_tol){2 * NOISE_DQ, rtol}, 0);
-  k[1] = kt_check("mqa_bwd dc_kv", kind, c->dcout, c->r_dc, krows, w, 0, dc,
-                  (kt_tol){2 * NOISE_DC, rtol}, 0);
-  k[2] = kt_check("mqa_bwd dk_rope", kind, c->dcout, c->r_dc, krows, w, dc, w,
-                  (kt_tol){2 * NOISE_DKR, rtol}, 0);
+  k[0] = kt_check_slack("mqa_bwd dq", kind, c->dq, c->r_dq, c->f_dq, qrows, w, 0, w,
+                        (kt_tol){2 * NOISE_DQ, rtol}, 0);
+  k[1] = kt_check_slack("mqa_bwd dc_kv", kind, c->dcout, c->r_dc, c->f_dc, krows, w, 0, dc,
+                        (kt_tol){2 * NOISE_DC, rtol}, 0);
+  k[2] = kt_check_slack("mqa_bwd dk_rope", kind, c->dcout, c->r_dc, c->f_dc, krows, w, dc, w,
+                        (kt_tol){2 * NOISE_DKR, rtol}, 0);
   size_t nans = 0;
   if (msg) msg[0] = 0;
   for (int i = 0; i < 3; i++) {
