@@ -112,9 +112,10 @@ static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const d
   memset(dq, 0, sizeof(double) * (size_t)d->B * d->S_q * d->H * dqk);
   memset(dk, 0, sizeof(double) * (size_t)d->B * d->S_k * d->H * dqk);
   memset(dv, 0, sizeof(double) * (size_t)d->B * d->S_k * d->H * dvw);
-  if (mx && mx->flip_dq) memset(mx->flip_dq, 0, sizeof(double) * (size_t)d->B * d->S_q * d->H * dqk);
-  if (mx && mx->flip_dk) memset(mx->flip_dk, 0, sizeof(double) * (size_t)d->B * d->S_k * d->H * dqk);
-  if (mx && mx->flip_dv) memset(mx->flip_dv, 0, sizeof(double) * (size_t)d->B * d->S_k * d->H * dvw);
+  const size_t nq = (size_t)d->B * d->S_q * d->H, nk = (size_t)d->B * d->S_k * d->H;
+  if (mx && mx->flip_dq) memset(mx->flip_dq, 0, sizeof(double) * nq * dqk);
+  if (mx && mx->flip_dk) memset(mx->flip_dk, 0, sizeof(double) * nk * dqk);
+  if (mx && mx->flip_dv) memset(mx->flip_dv, 0, sizeof(double) * nk * dvw);
   for (int b = 0; b < d->B; b++)
     for (int h = 0; h < d->H; h++)
       for (int i = 0; i < d->S_q; i++) {
@@ -150,7 +151,7 @@ static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const d
           for (int c = 0; c < dvw; c++) dp += doi[c] * vj[c];
           double ds = p[j] * (dp - delta), pv = p[j], amb_p = 0, amb_ds = 0;
           if (mx) {
-            amb_p = attn_ref_ambiguity(mx->round, pv, mx->eps * pv) ;
+            amb_p = attn_ref_ambiguity(mx->round, pv, mx->eps * pv);
             amb_ds = attn_ref_ambiguity(mx->round, ds, mx->eps * pv * (fabs(dp) + fabs(delta)));
             ds = mx->round(ds), pv = mx->round(pv);
           }
@@ -161,9 +162,11 @@ static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const d
           }
           for (int c = 0; c < dvw; c++) dv[kr * dvw + c] += pv * doi[c];
           if (amb_ds > 0 && mx->flip_dq)
-            for (int c = 0; c < dqk; c++) mx->flip_dq[row * dqk + c] += amb_ds * d->scale * fabs(kj[c]);
+            for (int c = 0; c < dqk; c++)
+              mx->flip_dq[row * dqk + c] += amb_ds * d->scale * fabs(kj[c]);
           if (amb_ds > 0 && mx->flip_dk)
-            for (int c = 0; c < dqk; c++) mx->flip_dk[kr * dqk + c] += amb_ds * d->scale * fabs(qi[c]);
+            for (int c = 0; c < dqk; c++)
+              mx->flip_dk[kr * dqk + c] += amb_ds * d->scale * fabs(qi[c]);
           if (amb_p > 0 && mx->flip_dv)
             for (int c = 0; c < dvw; c++) mx->flip_dv[kr * dvw + c] += amb_p * fabs(doi[c]);
         }

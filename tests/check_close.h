@@ -31,8 +31,9 @@ static inline void cc_add(cc_result *r, int64_t i, double got, double ref, doubl
                           double rtol) {
   double err = got == ref ? 0 : fabs(got - ref);
   double bound = isfinite(ref) ? atol + rtol * fabs(ref) : atol;
-  double ratio = (isfinite(got) || got == ref) && isfinite(err) ? (bound > 0 ? err / bound : (err > 0 ? INFINITY : 0))
-                                                 : INFINITY;
+  double ratio = (isfinite(got) || got == ref) && isfinite(err)
+                     ? (bound > 0 ? err / bound : (err > 0 ? INFINITY : 0))
+                     : INFINITY;
   if (!(err <= r->max_abs)) r->max_abs = isfinite(err) ? err : INFINITY;
   if (!(ratio <= 1)) r->n_bad++;
   if (r->worst < 0 || ratio > r->worst_ratio) {

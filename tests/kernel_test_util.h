@@ -181,7 +181,9 @@ static inline kt_checked kt_check_slack(const char *name, int kind, const void *
       const size_t i = r * w + c;
       const double g = kt_get(kind, got, i), x = ref[i], sl = slack ? slack[i] : 0;
       cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol + sl, k.rtol);
-      const double e = g == x ? 0 : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl) / scale : INFINITY;
+      const double e = g == x        ? 0
+                       : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl) / scale
+                                     : INFINITY;
       if (e > noise) noise = e;
     }
   kt_noise_note(name, noise, k.r.worst_ratio);

@@ -299,13 +299,19 @@ static double rel_err_e(const mg_kernel_spec *s, const e16 *got, const double *r
  * the kernel makes the other way loosens only the elements it touches. rtol: the storage's
  * unit roundoff (its own rounding; u_fp32 for dq_accum and dk_rope). atol_frac is twice
  * NOISE_*, the largest noise figure (max (|err| - rtol |ref| - flip) / rms) measured by
- * kt_noise_report over every case of the numeric tests of this file (MLAGEN_TEST_SEED
- * 21-24, host executor, bf16 and fp16): see below. */
-#define NOISE_DQ 5e-3
-#define NOISE_DQ_ACCUM 5e-3
-#define NOISE_DK 5e-3
-#define NOISE_DKR 5e-3
-#define NOISE_DV 5e-3
+ * kt_noise_report over every case of the numeric tests of this file (test_deepseek_heads,
+ * test_unusual_heads, test_large_heads, test_deterministic_bit_identical, test_configs,
+ * test_fp16; MLAGEN_TEST_SEED 21, 22, 23; host executor): dq 3.0e-8, dq_accum 3.0e-6,
+ * dk_nope 6.2e-6 (packed dk 3.6e-8), dk_rope 3.3e-6, dv 1.1e-7: fp32 accumulation order
+ * only, so NOISE_* is that figure but at least 1e-6 (three seeds do not size the tail of
+ * such small figures; 2e-6 of the RMS is still far below any bug worth catching). Before
+ * the flip bound (rtol 2 u instead), the same figures were 2.7e-3 to 1.0e-2, set by the
+ * rare flipped roundings. */
+#define NOISE_DQ 1e-6
+#define NOISE_DQ_ACCUM 3e-6
+#define NOISE_DK 6.2e-6
+#define NOISE_DKR 3.3e-6
+#define NOISE_DV 1e-6
 
 /* Compares the four gradients per element; ratio[i]: the worst err / bound of dq, dk,
  * dk_rope, dv (over 1 fails). Returns the number of NaN outputs; the first failure's
@@ -581,15 +587,16 @@ static const char large_json[] =
 
 /* Every configuration of the three families' tunable spaces that their checks keep
  * compiles for sm_80 and sm_90a without spills or a stack frame (causal), for the
- * DeepSeek-V3 head shape, the unusual one and a large one (d_n 192, d_r 64, d_v 256). Uses the JIT cache ($MLAGEN_CACHE_DIR). */
-static void test_nvrtc_all_kept_configs(void **state) {
-  (void)state;
+ * DeepSeek-V3 head shape, the unusual one and a large one (d_n 192, d_r 64, d_v 256). Uses
+ * the JIT cache ($MLAGEN_CACHE_DIR). One cmocka test per shape (m: 0, 1, 2 in that order),
+ * so that each ctest entry stays under two minutes with a cold cache. */
+static void nvrtc_all_kept_configs(int m) {
   const char *models[] = {"deepseek-v3", NULL, NULL};
   const char *jsons[] = {NULL, unusual_json, large_json};
   kh_sweep sw;
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS);
   int kept = 0;
-  for (int m = 0; m < 3; m++) {
+  {
     mg_shape shape;
     kh_load_shape(models[m], jsons[m], &shape);
     mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
@@ -647,9 +654,12 @@ static void test_nvrtc_all_kept_configs(void **state) {
   }
   print_message("  %d configurations kept, %d rejected by the templates' checks (%.0f s)\n", kept,
                 sw.rejected, kh_now() - sw.t0);
-  assert_true(kept >= 60);
+  assert_true(kept >= 20);
   kh_sweep_close(&sw);
 }
+static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_all_kept_configs(0); }
+static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_all_kept_configs(1); }
+static void test_nvrtc_kept_configs_large(void **state) { (void)state; nvrtc_all_kept_configs(2); }
 
 /* Mutation tests (issue 12): a bug injected into the rendered attn_bwd_dkdv by a string
  * edit (kt_mutate_edit: the pattern must match exactly once) must fail the per-element
@@ -777,7 +787,9 @@ int main(void) {
       cmocka_unit_test(test_configs),
       cmocka_unit_test(test_missing_barrier_caught),
       cmocka_unit_test(test_fp16),
-      cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
+      cmocka_unit_test(test_nvrtc_kept_configs_unusual),
+      cmocka_unit_test(test_nvrtc_kept_configs_large),
       cmocka_unit_test(test_mutations_caught),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
