@@ -588,9 +588,11 @@ static const char large_json[] =
 /* Every configuration of the three families' tunable spaces that their checks keep
  * compiles for sm_80 and sm_90a without spills or a stack frame (causal), for the
  * DeepSeek-V3 head shape, the unusual one and a large one (d_n 192, d_r 64, d_v 256). Uses
- * the JIT cache ($MLAGEN_CACHE_DIR). One cmocka test per shape (m: 0, 1, 2 in that order),
- * so that each ctest entry stays under two minutes with a cold cache. */
-static void nvrtc_all_kept_configs(int m) {
+ * the JIT cache ($MLAGEN_CACHE_DIR). One cmocka test per shape (m: 0, 1, 2 in that order)
+ * and part (0: attn_bwd_pre and attn_bwd_dq, 1: attn_bwd_dkdv with deterministic = 0,
+ * 2: with deterministic = 1), so that each ctest entry stays under two minutes on two
+ * cores with a cold cache (the whole shape took 205 s). */
+static void nvrtc_all_kept_configs(int m, int part) {
   const char *models[] = {"deepseek-v3", NULL, NULL};
   const char *jsons[] = {NULL, unusual_json, large_json};
   kh_sweep sw;
@@ -604,6 +606,8 @@ static void nvrtc_all_kept_configs(int m) {
     assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &sw.d), 0);
     for (int i = 0; i < n; i++) {
       if (!specs[i].causal || strncmp(specs[i].family, "attn_bwd_", 9)) continue;
+      const int dkdv = !strcmp(specs[i].family, "attn_bwd_dkdv");
+      if (dkdv != (part > 0)) continue;
       /* the configurations: a list of assignment sets per family */
       char cfg[160][7][32];
       int nc = 0;
@@ -619,7 +623,7 @@ static void nvrtc_all_kept_configs(int m) {
         for (int bn = 32; bn <= 128; bn *= 2)
           for (int bm = 16; bm <= 64; bm *= 2)
             for (int st = 1; st <= 2; st++)
-              for (int det = 0; det <= 1; det++)
+              for (int det = part - 1; det <= part - 1; det++)
                 for (int pk = 0; pk <= 1; pk++)
                   for (int dks = 0; dks <= 1; dks++) {
                     snprintf(cfg[nc][0], 32, "block_n=%d", bn);
@@ -654,12 +658,20 @@ static void nvrtc_all_kept_configs(int m) {
   }
   print_message("  %d configurations kept, %d rejected by the templates' checks (%.0f s)\n", kept,
                 sw.rejected, kh_now() - sw.t0);
-  assert_true(kept >= 20);
+  assert_true(kept >= 6);
   kh_sweep_close(&sw);
 }
-static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_all_kept_configs(0); }
-static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_all_kept_configs(1); }
-static void test_nvrtc_kept_configs_large(void **state) { (void)state; nvrtc_all_kept_configs(2); }
+#define NVRTC_TEST(name, m, part) \
+  static void name(void **state) { (void)state; nvrtc_all_kept_configs(m, part); }
+NVRTC_TEST(test_nvrtc_deepseek_pre_dq, 0, 0)
+NVRTC_TEST(test_nvrtc_deepseek_dkdv_atomic, 0, 1)
+NVRTC_TEST(test_nvrtc_deepseek_dkdv_det, 0, 2)
+NVRTC_TEST(test_nvrtc_unusual_pre_dq, 1, 0)
+NVRTC_TEST(test_nvrtc_unusual_dkdv_atomic, 1, 1)
+NVRTC_TEST(test_nvrtc_unusual_dkdv_det, 1, 2)
+NVRTC_TEST(test_nvrtc_large_pre_dq, 2, 0)
+NVRTC_TEST(test_nvrtc_large_dkdv_atomic, 2, 1)
+NVRTC_TEST(test_nvrtc_large_dkdv_det, 2, 2)
 
 /* Mutation tests (issue 12): a bug injected into the rendered attn_bwd_dkdv by a string
  * edit (kt_mutate_edit: the pattern must match exactly once) must fail the per-element
@@ -787,9 +799,15 @@ int main(void) {
       cmocka_unit_test(test_configs),
       cmocka_unit_test(test_missing_barrier_caught),
       cmocka_unit_test(test_fp16),
-      cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
-      cmocka_unit_test(test_nvrtc_kept_configs_unusual),
-      cmocka_unit_test(test_nvrtc_kept_configs_large),
+      cmocka_unit_test(test_nvrtc_deepseek_pre_dq),
+      cmocka_unit_test(test_nvrtc_deepseek_dkdv_atomic),
+      cmocka_unit_test(test_nvrtc_deepseek_dkdv_det),
+      cmocka_unit_test(test_nvrtc_unusual_pre_dq),
+      cmocka_unit_test(test_nvrtc_unusual_dkdv_atomic),
+      cmocka_unit_test(test_nvrtc_unusual_dkdv_det),
+      cmocka_unit_test(test_nvrtc_large_pre_dq),
+      cmocka_unit_test(test_nvrtc_large_dkdv_atomic),
+      cmocka_unit_test(test_nvrtc_large_dkdv_det),
       cmocka_unit_test(test_mutations_caught),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
