@@ -1,7 +1,8 @@
 /* check_close.h: the one per-element comparison every numerical test uses.
  *
  * An element passes when |got - ref| <= atol + rtol * |ref|; a NaN or infinity in got never
- * passes (references are finite by construction). The result
+ * passes, except an infinity equal to the reference (an LSE of -inf for a row without
+ * keys). The result
  * names the worst element by its excess over the bound, so a single bad row or tile fails
  * the check and the message says where. Tolerances are the caller's: set them at about
  * twice the measured noise of the kernel against its float64 reference.
@@ -31,10 +32,11 @@ typedef struct cc_result {
 /* Folds one element into r (index i). */
 static inline void cc_add(cc_result *r, int64_t i, double got, double ref, double atol,
                           double rtol) {
-  double err = fabs(got - ref);
-  double bound = atol + rtol * fabs(ref);
-  double ratio = isfinite(got) && isfinite(err) ? (bound > 0 ? err / bound : (err > 0 ? INFINITY : 0))
-                                                 : INFINITY;
+  double err = got == ref ? 0 : fabs(got - ref);
+  double bound = isfinite(ref) ? atol + rtol * fabs(ref) : atol;
+  double ratio = (isfinite(got) || got == ref) && isfinite(err)
+                     ? (bound > 0 ? err / bound : (err > 0 ? INFINITY : 0))
+                     : INFINITY;
   if (!(err <= r->max_abs)) r->max_abs = isfinite(err) ? err : INFINITY;
   const double need = isfinite(got) && isfinite(err) ? err - rtol * fabs(ref) : INFINITY;
   if (!(need <= r->min_atol)) r->min_atol = need;

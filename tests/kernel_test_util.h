@@ -1,7 +1,8 @@
 /* kernel_test_util.h: what the generated-kernel tests share: 16-bit element conversions
  * (the safetensors module's, tested bit-exactly there), the seeded normal generator and
- * random 16-bit arrays, and the relative errors the tests report. Header-only; each test
- * includes it once (the generator's state is the test's own). */
+ * random 16-bit arrays with a realistic score spread, and the per-element output check
+ * (tests/check_close.h) with its noise figures. Header-only; each test includes it once
+ * (the generator's state is the test's own). */
 #ifndef MG_KERNEL_TEST_UTIL_H
 #define MG_KERNEL_TEST_UTIL_H
 #include <math.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "check_close.h"
 #include "mg_safetensors.h"
 
 typedef uint16_t e16; /* storage of __nv_bfloat16 or __half */
@@ -50,11 +52,187 @@ static inline void kt_seed_init(void) {
   printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)rng_state);
 }
 
-/* n standard normal samples rounded to 16 bits (malloc'd, at least one element). */
-static inline e16 *kt_rand_e16(int fp16, size_t n) {
+/* n normal samples of standard deviation sd rounded to 16 bits, never 0 (a 0 becomes sd/2):
+ * a zero would hide a dropped term. */
+static inline e16 *kt_rand_e16_sd(int fp16, size_t n, double sd) {
   e16 *p = malloc((n ? n : 1) * sizeof *p);
-  for (size_t i = 0; i < n; i++) p[i] = float_to_e16(fp16, (float)randn());
+  for (size_t i = 0; i < n; i++) {
+    e16 x = float_to_e16(fp16, (float)(randn() * sd));
+    if (e16_to_float(fp16, x) == 0) x = float_to_e16(fp16, (float)(sd / 2));
+    p[i] = x;
+  }
   return p;
+}
+
+/* n 16-bit values as doubles (malloc'd, at least one element). */
+static inline double *kt_e16_to_d(int fp16, const e16 *p, size_t n) {
+  double *d = malloc((n ? n : 1) * sizeof *d);
+  for (size_t i = 0; i < n; i++) d[i] = e16_to_float(fp16, p[i]);
+  return d;
+}
+
+/* DeepSeek-V2/V3's YaRN attention scale (rope_scaling factor 40, mscale_all_dim 1):
+ * mscale = 0.1 ln(40) + 1; the softmax scale is mscale^2 / sqrt(d_qk). */
+#define KT_YARN_MSCALE 1.3689
+static inline double kt_softmax_scale(int d_qk) {
+  return KT_YARN_MSCALE * KT_YARN_MSCALE / sqrt((double)d_qk);
+}
+
+/* The standard deviation of q for scores with standard deviation 2 (a trained model's
+ * spread, peaked softmax rows): scale * q . k over w dimensions with k ~ N(0, 1). */
+static inline double kt_q_sd(double scale, int w) { return 2.0 / (scale * sqrt((double)w)); }
+
+/* ---- the per-element output check ----------------------------------------------------------
+ * An output element passes when |got - ref| <= atol_frac * scale + rtol |ref| (check_close.h),
+ * scale the RMS of the tensor's nonzero reference elements (its typical size), unless given.
+ * rtol is set from the unit roundoffs u (bf16 2^-8, fp16 2^-11, fp32 2^-24): that of the
+ * output's storage (its own rounding), and for the forwards, whose online softmax rounds P
+ * to 16 bits against a running maximum no reference follows, that of the 16-bit P too (a
+ * P near a rounding boundary may round the other way; when its term dominates the element,
+ * the error is u |ref|). The backwards' references model the 16-bit operands and bound such
+ * ambiguous roundings per element instead (kt_check_slack's slack: attn_ref.h, mqa_ref.h).
+ * Each check also records the output's noise figure, the largest (|err| - rtol |ref| -
+ * slack) / scale over its elements (the error beyond what rtol and the slack allow, in
+ * units of the tensor's scale), which kt_noise_report prints: atol_frac in the tests is
+ * about twice the worst figure measured over seeds and shapes. */
+enum { KT_BF16, KT_F16, KT_F32 };
+
+static inline double kt_unit_roundoff(int kind) {
+  return kind == KT_BF16 ? 1.0 / 256 : kind == KT_F16 ? 1.0 / 2048 : 1.0 / 16777216;
+}
+
+static inline double kt_get(int kind, const void *p, size_t i) {
+  if (kind == KT_F32) return ((const float *)p)[i];
+  return e16_to_float(kind == KT_F16, ((const e16 *)p)[i]);
+}
+
+/* One output's tolerance: atol in units of the tensor's scale, rtol relative. */
+typedef struct kt_tol {
+  double atol_frac, rtol;
+} kt_tol;
+
+/* The outcome of kt_check: the comparison, its absolute bound and, on failure, a message. */
+typedef struct kt_checked {
+  cc_result r;
+  double atol, rtol, scale;
+  char msg[400];
+} kt_checked;
+
+static struct {
+  char name[40];
+  double noise, ratio;
+} kt_noise_tab[24];
+static int kt_noise_n;
+static int kt_noise_quiet; /* 1: checks record nothing (a mutation test's outputs are not noise) */
+
+static inline void kt_noise_note(const char *name, double noise, double ratio) {
+  if (kt_noise_quiet) return;
+  int i = 0;
+  while (i < kt_noise_n && strcmp(kt_noise_tab[i].name, name)) i++;
+  if (i == kt_noise_n) {
+    if (kt_noise_n == (int)(sizeof kt_noise_tab / sizeof kt_noise_tab[0])) return;
+    snprintf(kt_noise_tab[kt_noise_n++].name, sizeof kt_noise_tab[0].name, "%s", name);
+  }
+  if (noise > kt_noise_tab[i].noise) kt_noise_tab[i].noise = noise;
+  if (ratio > kt_noise_tab[i].ratio) kt_noise_tab[i].ratio = ratio;
+}
+
+/* Prints each output's worst noise figure and worst err / bound over the run (the second
+ * shows the margin left; the tests' tolerances come from the first). */
+static inline void kt_noise_report(void) {
+  for (int i = 0; i < kt_noise_n; i++)
+    printf("noise %-17s max (|err| - rtol |ref| - slack) / scale %.2e, worst err/bound %.2f\n",
+           kt_noise_tab[i].name, kt_noise_tab[i].noise, kt_noise_tab[i].ratio);
+}
+
+/* Compares output `name` (kind KT_*: got's storage) on rows x columns [c0, c1) of rows w
+ * wide against ref (same layout) with tol; scale <= 0: the RMS of the compared nonzero
+ * reference elements. Records the noise figure; returns the comparison (cc_ok(&.r)). */
+static inline kt_checked kt_check_slack(const char *name, int kind, const void *got,
+                                        const double *ref, const double *slack, size_t rows,
+                                        size_t w, size_t c0, size_t c1, kt_tol tol, double scale);
+static inline kt_checked kt_check(const char *name, int kind, const void *got, const double *ref,
+                                  size_t rows, size_t w, size_t c0, size_t c1, kt_tol tol,
+                                  double scale) {
+  return kt_check_slack(name, kind, got, ref, NULL, rows, w, c0, c1, tol, scale);
+}
+
+/* kt_check with a per-element addition to atol, slack (ref's layout; NULL: none), such as
+ * the bound of a reference's ambiguous 16-bit roundings (attn_ref.h's flip_*). */
+static inline kt_checked kt_check_slack(const char *name, int kind, const void *got,
+                                        const double *ref, const double *slack, size_t rows,
+                                        size_t w, size_t c0, size_t c1, kt_tol tol, double scale) {
+  kt_checked k;
+  if (scale <= 0) {
+    double ss = 0;
+    size_t nz = 0;
+    for (size_t r = 0; r < rows; r++)
+      for (size_t c = c0; c < c1; c++) {
+        const double x = ref[r * w + c];
+        if (x != 0 && isfinite(x)) ss += x * x, nz++;
+      }
+    scale = nz ? sqrt(ss / (double)nz) : 1;
+  }
+  k.scale = scale, k.atol = tol.atol_frac * scale, k.rtol = tol.rtol;
+  k.r = cc_init();
+  double noise = 0;
+  for (size_t r = 0; r < rows; r++)
+    for (size_t c = c0; c < c1; c++) {
+      const size_t i = r * w + c;
+      const double g = kt_get(kind, got, i), x = ref[i], sl = slack ? slack[i] : 0;
+      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol + sl, k.rtol);
+      const double e = g == x        ? 0
+                       : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl) / scale
+                                     : INFINITY;
+      if (e > noise) noise = e;
+    }
+  kt_noise_note(name, noise, k.r.worst_ratio);
+  cc_describe(&k.r, name, k.atol, k.rtol, (int64_t)(c1 - c0), k.msg, sizeof k.msg);
+  return k;
+}
+
+/* ---- mutations: a bug injected into a rendered kernel by a string edit ----------------------
+ * `find` must occur exactly once in the rendered source; it is overwritten in place by
+ * `repl` (not longer, padded with spaces), and `define` (a one-line macro the replacement
+ * uses, or NULL) overwrites the source's first block of `//` comment lines. kt_mutate_edit
+ * is a kh_edit_fn: it declines (returns 0, the test then fails) and says why in `error`
+ * when the pattern is missing, repeated or the texts do not fit, so a mutation can never
+ * silently become a no-op. */
+typedef struct kt_mutation {
+  const char *name, *find, *repl, *define;
+  char error[200]; /* out: why the edit was refused */
+} kt_mutation;
+
+static inline int kt_mutate_edit(char *src, void *ctx) {
+  kt_mutation *m = ctx;
+  const size_t nf = strlen(m->find), nr = strlen(m->repl);
+  char *p = strstr(src, m->find);
+  if (!p || strstr(p + 1, m->find)) {
+    snprintf(m->error, sizeof m->error, "%s: pattern %s in the rendered source", m->name,
+             p ? "found more than once" : "not found");
+    return 0;
+  }
+  if (nr > nf) {
+    snprintf(m->error, sizeof m->error, "%s: replacement longer than the pattern", m->name);
+    return 0;
+  }
+  memcpy(p, m->repl, nr);
+  memset(p + nr, ' ', nf - nr);
+  if (m->define) {
+    char *c = src;
+    while (c && strncmp(c, "//", 2)) c = (c = strchr(c, '\n')) ? c + 1 : NULL;
+    char *e = c;
+    while (e && !strncmp(e, "//", 2)) e = (e = strchr(e, '\n')) ? e + 1 : NULL;
+    const size_t nd = strlen(m->define);
+    if (!c || !e || (size_t)(e - c) < nd + 1) {
+      snprintf(m->error, sizeof m->error, "%s: no comment block to hold the macro", m->name);
+      return 0;
+    }
+    memcpy(c, m->define, nd);
+    memset(c + nd, ' ', (size_t)(e - c) - nd - 1); /* e[-1] stays the newline */
+  }
+  m->error[0] = 0;
+  return 1;
 }
 
 /* A copy of a launch's outputs (n buffers: p[i], size[i] bytes), to compare the outputs of
@@ -86,7 +264,9 @@ static inline void kt_snapshot_free(kt_snapshot *s) {
 }
 
 /* Max abs error over max abs reference (the max abs error when the reference is all 0) of
- * columns [c0, c1) of rows rows w wide; a NaN is counted in *nans and makes it infinite. */
+ * columns [c0, c1) of rows rows w wide; a NaN is counted in *nans and makes it infinite.
+ * Not a pass criterion any more (a whole-tensor ratio hides one bad row): the barrier-removal
+ * tests count NaN outputs with it; every check is kt_check. */
 static inline double kt_rel_err_e16_cols(int fp16, const e16 *got, const double *ref, size_t rows,
                                       size_t w, size_t c0, size_t c1, size_t *nans) {
   double mr = 0, me = 0;
@@ -125,19 +305,4 @@ static inline double kt_rel_err_f32(const float *got, const double *ref, size_t 
   return mr > 0 ? me / mr : me;
 }
 
-/* The max LSE error, |got - ref| / (1 + |ref|); an infinite one on either side must be
- * the same on both (else the error is infinite), a NaN is counted in *nans. */
-static inline double kt_lse_err(const float *got, const double *ref, size_t n, size_t *nans) {
-  double m = 0;
-  for (size_t i = 0; i < n; i++) {
-    *nans += isnan(got[i]) != 0;
-    double e;
-    if (isinf(ref[i]) || isinf(got[i]))
-      e = (double)got[i] == ref[i] ? 0 : INFINITY;
-    else
-      e = fabs(got[i] - ref[i]) / (1 + fabs(ref[i]));
-    if (e > m || isnan(e)) m = isnan(e) ? INFINITY : e;
-  }
-  return m;
-}
 #endif

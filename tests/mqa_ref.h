@@ -12,7 +12,16 @@
  *   dc [B, S_k, d_c + d_r]    = sum over heads of scale dS^T q, plus P^T dO in [:, :d_c]
  *                               (c_kv is both key and value).
  * Everything in double; straightforward loops (no blocking, no online softmax), so it
- * shares no structure with the kernels it checks. */
+ * shares no structure with the kernels it checks.
+ *
+ * mqa_ref_bwd_mixed is the backward's 16-bit-aware mode: it models what mqa_bwd_dkv and
+ * mqa_bwd_dq do by design, so that a test's tolerance sees the kernels' own noise and not
+ * these planned roundings: P = exp(scale S - lse) from the forward's stored lse (fp32),
+ * delta = rowsum(dO o) from its stored o (16-bit), and P and scale dS rounded to the 16-bit
+ * operand type before the products that use them. With flip_dq / flip_dc not NULL it also
+ * bounds, per gradient element, what the P and scale dS elements within the kernels' own
+ * fp32 error (eps, relative to their natural size) of a rounding boundary can change when
+ * the kernel rounds them the other way (as attn_ref.h's flip_*). */
 #ifndef MG_MQA_REF_H
 #define MG_MQA_REF_H
 #include <math.h>
@@ -70,16 +79,21 @@ static inline void mqa_ref_fwd(int B, int S_q, int S_k, int H, int d_c, int d_r,
   free(p);
 }
 
-/* Backward: dq and dc from q, c and dout (the forward is recomputed here). dq and dc are
- * overwritten. */
-static inline void mqa_ref_bwd(int B, int S_q, int S_k, int H, int d_c, int d_r, int causal,
-                               int q_pos0, double scale, const double *q, const double *c,
-                               const double *dout, double *dq, double *dc) {
+/* Backward with the 16-bit-aware mode when round is not NULL: o16 [B, S_q, H, d_c] and
+ * lse32 [B, H, S_q] are the forward's stored outputs, round the operand rounding. With
+ * round NULL (o16, lse32 unused) the exact gradients. dq and dc are overwritten. */
+static inline void mqa_ref_bwd_mixed(int B, int S_q, int S_k, int H, int d_c, int d_r,
+                                     int causal, int q_pos0, double scale, const double *q,
+                                     const double *c, const double *dout, const double *o16,
+                                     const double *lse32, double (*round)(double), double eps,
+                                     double *flip_dq, double *flip_dc, double *dq, double *dc) {
   const int w = d_c + d_r;
   double *p = malloc(sizeof(double) * (size_t)(S_k > 0 ? S_k : 1));
   double *o = malloc(sizeof(double) * (size_t)d_c);
   memset(dq, 0, sizeof(double) * (size_t)B * S_q * H * w);
   memset(dc, 0, sizeof(double) * (size_t)B * S_k * w);
+  if (flip_dq) memset(flip_dq, 0, sizeof(double) * (size_t)B * S_q * H * w);
+  if (flip_dc) memset(flip_dc, 0, sizeof(double) * (size_t)B * S_k * w);
   for (int b = 0; b < B; b++)
     for (int i = 0; i < S_q; i++)
       for (int h = 0; h < H; h++) {
@@ -92,22 +106,51 @@ static inline void mqa_ref_bwd(int B, int S_q, int S_k, int H, int d_c, int d_r,
         for (int k = 0; k < d_c; k++) {
           o[k] = 0;
           for (int j = 0; j < S_k; j++) o[k] += p[j] * cb[(size_t)j * w + k];
-          delta += dorow[k] * o[k];
+          delta += dorow[k] * (round ? o16[row * d_c + k] : o[k]);
         }
+        const double ls = round ? lse32[((size_t)b * H + h) * S_q + i] : 0;
         for (int j = 0; j < S_k; j++) {
           if (p[j] == 0) continue;
           const double *cj = cb + (size_t)j * w;
+          double pj = p[j];
+          if (round) { /* P from the stored lse */
+            double sdot = 0;
+            for (int k = 0; k < w; k++) sdot += qrow[k] * cj[k];
+            pj = exp(sdot * scale - ls);
+          }
           double dp = 0;
           for (int k = 0; k < d_c; k++) dp += dorow[k] * cj[k];
-          const double ds = p[j] * (dp - delta) * scale;
+          double ds = pj * (dp - delta) * scale, amb_p = 0, amb_ds = 0;
+          if (round) {
+            const double ep = eps * pj, eds = eps * pj * (fabs(dp) + fabs(delta)) * scale;
+            amb_p = fabs(round(pj + ep) - round(pj - ep));
+            amb_ds = fabs(round(ds + eds) - round(ds - eds));
+            ds = round(ds), pj = round(pj);
+          }
           for (int k = 0; k < w; k++) {
             dqrow[k] += ds * cj[k];
             dcb[(size_t)j * w + k] += ds * qrow[k];
           }
-          for (int k = 0; k < d_c; k++) dcb[(size_t)j * w + k] += p[j] * dorow[k];
+          for (int k = 0; k < d_c; k++) dcb[(size_t)j * w + k] += pj * dorow[k];
+          if (flip_dq && amb_ds > 0)
+            for (int k = 0; k < w; k++) flip_dq[row * w + k] += amb_ds * fabs(cj[k]);
+          if (flip_dc && (amb_ds > 0 || amb_p > 0)) {
+            double *f = flip_dc + ((size_t)b * S_k + j) * w;
+            for (int k = 0; k < w; k++) f[k] += amb_ds * fabs(qrow[k]);
+            for (int k = 0; k < d_c; k++) f[k] += amb_p * fabs(dorow[k]);
+          }
         }
       }
   free(o);
   free(p);
+}
+
+/* Backward: dq and dc from q, c and dout (the forward is recomputed here, exactly). dq and
+ * dc are overwritten. */
+static inline void mqa_ref_bwd(int B, int S_q, int S_k, int H, int d_c, int d_r, int causal,
+                               int q_pos0, double scale, const double *q, const double *c,
+                               const double *dout, double *dq, double *dc) {
+  mqa_ref_bwd_mixed(B, S_q, S_k, H, d_c, d_r, causal, q_pos0, scale, q, c, dout, NULL, NULL,
+                    NULL, 0, NULL, NULL, dq, dc);
 }
 #endif

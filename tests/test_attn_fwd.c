@@ -3,10 +3,13 @@
  * cp.async emulated with the PTX fragment layouts), against a float64 reference; and every
  * configuration its check keeps, compiled by NVRTC for sm_80 and sm_90a without spills.
  *
- * Inputs are fresh random bf16 (or fp16) values (the seed is printed, MLAGEN_TEST_SEED
- * overrides it). The reference computes from the same rounded values in double precision,
+ * Inputs are fresh random bf16 (or fp16) values, scores with standard deviation 2 under
+ * DeepSeek's YaRN softmax scale (the seed is printed, MLAGEN_TEST_SEED overrides it). The
+ * reference (tests/attn_ref.h) computes from the same rounded values in double precision,
  * so the kernel's error is its fp32 accumulation, the 16-bit rounding of P before P V and
- * the rounding of O. Launches use the executor's shuffled schedule with shared memory
+ * the rounding of O; O and LSE are compared per element (kt_check; the figures at tol_o).
+ * test_mutations_caught injects bugs into the rendered kernel and requires the check to
+ * fail. Launches use the executor's shuffled schedule with shared memory
  * NaN-filled before each block; other schedules must give bit-identical O and LSE. Both key
  * layouts are checked: k_packed = 0 (per-head k_nope + k_rope shared by the heads) and
  * k_packed = 1 (one per-head K [B, S_k, H, d_n + d_r]). One small case also runs in a
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_ref.h"
 #include "kernel_host.h"
 #include "kernel_test_util.h"
 #include "mlagen.h"
@@ -57,11 +61,21 @@ static float e_to_float(const mg_kernel_spec *s, e16 x) { return e16_to_float(is
 /* Generates the kernel for spec and builds it with the host executor (once per test run:
  * the harness keys its objects by content). drop >= 0: without that barrier (returns 0
  * when there is none; *after_wait: it published cp.async data). */
+static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, void *ctx,
+                      built_kernel *out);
+
 static int build_src(const mg_kernel_spec *spec, int asan, int drop, int *after_wait,
                      built_kernel *out) {
   kh_drop dr = {.which = drop};
-  if (!kh_build_edited(NULL, spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, &out->kh)) return 0;
+  if (!build_edit(spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, out)) return 0;
   if (after_wait) *after_wait = dr.after_wait;
+  return 1;
+}
+
+/* build_src with any edit of the source (NULL: none); returns 0 when the edit declined. */
+static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, void *ctx,
+                      built_kernel *out) {
+  if (!kh_build_edited(NULL, spec, asan, edit, ctx, &out->kh)) return 0;
   out->block_m = kh_config_int(&out->kh, "block_m");
   out->packed = kh_config_int(&out->kh, "k_packed");
   assert_int_equal(out->kh.threads, 32 * kh_config_int(&out->kh, "num_warps"));
@@ -91,18 +105,18 @@ typedef struct fwd_case {
 
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
   const mg_kernel_spec *s = &bk->kh.spec;
-  const int H = s->heads, dqk = s->d_n + s->d_r;
+  const int H = s->heads, dqk = s->d_n + s->d_r, f16 = is_fp16(s);
   c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
-  c->scale = (float)(1.0 / sqrt((double)dqk) * 1.3689 * 1.3689);
-  c->q = kt_rand_e16(is_fp16(s), (size_t)B * sq * H * dqk);
+  c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
+  c->q = kt_rand_e16_sd(f16, (size_t)B * sq * H * dqk, kt_q_sd(c->scale, dqk)); /* scores sd 2 */
   if (bk->packed) {
-    c->kn = kt_rand_e16(is_fp16(s), (size_t)B * sk * H * dqk);
+    c->kn = kt_rand_e16_sd(f16, (size_t)B * sk * H * dqk, 1);
     c->kr = NULL;
   } else {
-    c->kn = kt_rand_e16(is_fp16(s), (size_t)B * sk * H * s->d_n);
-    c->kr = kt_rand_e16(is_fp16(s), (size_t)B * sk * s->d_r);
+    c->kn = kt_rand_e16_sd(f16, (size_t)B * sk * H * s->d_n, 1);
+    c->kr = kt_rand_e16_sd(f16, (size_t)B * sk * s->d_r, 1);
   }
-  c->v = kt_rand_e16(is_fp16(s), (size_t)B * sk * H * s->d_v);
+  c->v = kt_rand_e16_sd(f16, (size_t)B * sk * H * s->d_v, 1);
   c->no = (size_t)B * sq * H * s->d_v;
   c->nl = (size_t)B * H * sq;
   c->o = malloc((c->no ? c->no : 1) * sizeof *c->o);
@@ -113,48 +127,24 @@ static void case_free(fwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse);
 }
 
-/* float64 reference: o [B, Sq, H, dv], lse [B, H, Sq] (a row without keys: 0, -inf). */
+/* float64 reference (tests/attn_ref.h) from the rounded inputs: o [B, Sq, H, dv], lse
+ * [B, H, Sq] (a row without keys: 0, -inf). Each head's K is [k_nope ; k_rope] (split:
+ * the shared k_rope). */
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
   const mg_kernel_spec *s = &bk->kh.spec;
-  const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
-  const int B = c->B, sq = c->sq, sk = c->sk;
-  /* key strides (elements): token, head */
-  const size_t kn_tok = bk->packed ? (size_t)H * dqk : (size_t)H * dn;
-  const size_t kn_head = bk->packed ? (size_t)dqk : (size_t)dn;
-  const e16 *kr = bk->packed ? c->kn + dn : c->kr;
-  const size_t kr_tok = bk->packed ? (size_t)H * dqk : (size_t)dr;
-  const size_t kr_head = bk->packed ? (size_t)dqk : 0;
-  double *sc = malloc((size_t)(sk ? sk : 1) * sizeof *sc);
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < H; h++)
-      for (int i = 0; i < sq; i++) {
-        const e16 *qi = c->q + (((size_t)b * sq + i) * H + h) * dqk;
-        double mx = -INFINITY;
-        long lim = s->causal ? (long)c->q_pos0 + i + 1 : sk;
-        int nk = lim < 0 ? 0 : lim < sk ? (int)lim : sk;
-        for (int j = 0; j < nk; j++) {
-          const size_t tok = (size_t)b * sk + j;
-          const e16 *knj = c->kn + tok * kn_tok + h * kn_head;
-          const e16 *krj = kr + tok * kr_tok + h * kr_head;
-          double dot = 0;
-          for (int d = 0; d < dn; d++) dot += (double)e_to_float(s, qi[d]) * e_to_float(s, knj[d]);
-          for (int d = 0; d < dr; d++)
-            dot += (double)e_to_float(s, qi[dn + d]) * e_to_float(s, krj[d]);
-          sc[j] = dot * c->scale;
-          if (sc[j] > mx) mx = sc[j];
-        }
-        double sum = 0;
-        for (int j = 0; j < nk; j++) sum += exp(sc[j] - mx);
-        double *oi = o + (((size_t)b * sq + i) * H + h) * dv;
-        for (int d = 0; d < dv; d++) oi[d] = 0;
-        for (int j = 0; j < nk; j++) {
-          const double p = exp(sc[j] - mx) / sum;
-          const e16 *vj = c->v + (((size_t)b * sk + j) * H + h) * dv;
-          for (int d = 0; d < dv; d++) oi[d] += p * e_to_float(s, vj[d]);
-        }
-        lse[((size_t)b * H + h) * sq + i] = nk ? mx + log(sum) : -INFINITY;
-      }
-  free(sc);
+  const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
+  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale};
+  const size_t nk = (size_t)c->B * c->sk * H;
+  double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
+  double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
+  double *k = malloc((nk ? nk : 1) * dqk * sizeof *k);
+  for (size_t t = 0; t < nk; t++) /* t = token * H + head */
+    for (int e = 0; e < dqk; e++)
+      k[t * dqk + e] = bk->packed ? e_to_float(s, c->kn[t * dqk + e])
+                       : e < dn   ? e_to_float(s, c->kn[t * dn + e])
+                                  : e_to_float(s, c->kr[t / H * dr + e - dn]);
+  attn_ref_fwd(&d, q, k, v, o, lse);
+  free(q), free(k), free(v);
 }
 
 /* Launches the kernel on c (outputs first set to NaN) with lo (NULL: the executor's
@@ -169,34 +159,64 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
   return kh_launch(&bk->kh, grid, lo, thunk, &a);
 }
 
-/* The errors of c's outputs against the reference: O's max abs error relative to max |O|
- * (absolute when every O is 0), LSE relative (a -inf must be exactly -inf); returns the
- * number of NaN outputs. */
-static size_t case_errors(const built_kernel *bk, const fwd_case *c, double *o_err,
-                          double *lse_err) {
+/* Tolerances (per element: |err| <= atol_frac * rms(O) + rtol |ref|; kernel_test_util.h).
+ * O is stored in 16 bits: rtol = 2 u (the storage rounding plus one flipped 16-bit P).
+ * atol_frac is twice NOISE_O, the largest noise figure (max (|err| - rtol |ref|) / rms)
+ * measured by kt_noise_report over every case of the numeric tests of this file
+ * (MLAGEN_TEST_SEED 21-24, host executor, bf16 and fp16): 6.0e-3 (the online softmax
+ * rounds P to 16 bits against a running maximum, which no reference can follow). LSE
+ * (fp32): |err| <= 1e-5 (1 + |ref|); the largest measured was 0.05 of that bound. */
+#define NOISE_O 6e-3
+static kt_tol tol_o(const mg_kernel_spec *s) {
+  return (kt_tol){2 * NOISE_O, 2 * kt_unit_roundoff(is_fp16(s) ? KT_F16 : KT_BF16)};
+}
+static const kt_tol tol_lse = {1e-5, 1e-5};
+
+/* Compares c's outputs with the reference per element; *o_err, *lse_err: the worst
+ * err / bound of O and LSE (over 1 fails); returns the number of NaN outputs. The first
+ * failure's message goes to msg (when not NULL, msg[0] = 0 when both pass). */
+static size_t case_compare(const built_kernel *bk, const fwd_case *c, double *o_err,
+                           double *lse_err, char *msg, size_t msg_n) {
+  const mg_kernel_spec *s = &bk->kh.spec;
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
   reference(bk, c, ro, rl);
   size_t nans = 0;
-  *o_err = kt_rel_err_e16(is_fp16(&bk->kh.spec), c->o, ro, c->no, &nans);
-  *lse_err = kt_lse_err(c->lse, rl, c->nl, &nans);
+  for (size_t i = 0; i < c->no; i++) nans += isnan(e_to_float(s, c->o[i])) != 0;
+  for (size_t i = 0; i < c->nl; i++) nans += isnan(c->lse[i]) != 0;
+  const size_t rows = c->no / (size_t)(s->d_v ? s->d_v : 1);
+  kt_checked ko = kt_check("attn_fwd O", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro, rows,
+                           (size_t)s->d_v, 0, (size_t)s->d_v, tol_o(s), 0);
+  kt_checked kl = kt_check("attn_fwd LSE", KT_F32, c->lse, rl, 1, c->nl, 0, c->nl, tol_lse, 1);
+  *o_err = c->no ? ko.r.worst_ratio : 0;
+  *lse_err = kl.r.worst_ratio;
+  if (msg) {
+    msg[0] = 0;
+    if (c->no && !cc_ok(&ko.r)) snprintf(msg, msg_n, "%s", ko.msg);
+    else if (!cc_ok(&kl.r)) snprintf(msg, msg_n, "%s", kl.msg);
+  }
   free(ro), free(rl);
   return nans;
 }
 
-static double g_worst_o, g_worst_lse; /* over every checked case */
+/* The old name, for test_missing_barrier_caught: the worst err / bound of O and LSE. */
+static size_t case_errors(const built_kernel *bk, const fwd_case *c, double *o_err,
+                          double *lse_err) {
+  kt_noise_quiet = 1; /* a kernel without a barrier: its errors are not noise */
+  const size_t nans = case_compare(bk, c, o_err, lse_err, NULL, 0);
+  kt_noise_quiet = 0;
+  return nans;
+}
 
-/* Checks O (relative to max |O|, under 1e-2) and LSE (under 1e-5 relative). */
+/* Checks O and LSE per element (tol_o, tol_lse). */
 static void check_case(const built_kernel *bk, const fwd_case *c, double secs) {
   double o_err, lse_err;
-  size_t nans = case_errors(bk, c, &o_err, &lse_err);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: O rel err %.2e, LSE rel err %.2e (%.2f s)\n",
+  char msg[400];
+  size_t nans = case_compare(bk, c, &o_err, &lse_err, msg, sizeof msg);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound O %.2f LSE %.2f (%.2f s)\n",
                 bk->kh.name + strlen("mla_attn_fwd_"), c->B, c->sq, c->sk, c->q_pos0, o_err, lse_err,
                 secs);
   if (nans) fail_msg("%zu NaN outputs", nans);
-  if (o_err > g_worst_o) g_worst_o = o_err;
-  if (lse_err > g_worst_lse) g_worst_lse = lse_err;
-  assert_true(o_err < 1e-2);
-  assert_true(lse_err < 1e-5);
+  if (msg[0]) fail_msg("%s", msg);
 }
 
 /* Runs one case with the default schedule and checks it. */
@@ -356,7 +376,7 @@ static void test_missing_barrier_caught(void **state) {
         lo.seed = seed;
         launch_case(&bk, &c, &lo);
         nans = case_errors(&bk, &c, &o_err, &lse_err);
-        caught += nans || o_err >= 1e-2 || lse_err >= 1e-5;
+        caught += nans || o_err > 1 || lse_err > 1;
       }
       print_message("  stages=%d without barrier %d (%s): caught by %d of 3 seeds (last: %zu NaN, "
                     "O err %.2e)\n", stages, which,
@@ -369,6 +389,48 @@ static void test_missing_barrier_caught(void **state) {
     }
     assert_true(n >= 2 && required >= 1);
   }
+}
+
+/* Mutation tests (issue 12): a bug injected into the rendered attn_fwd by a string edit
+ * (kt_mutate_edit: the pattern must match exactly once) must fail the per-element check on
+ * every shape of check_shape that has keys and more than one row, for a numerical reason:
+ * the mutated kernel compiles, launches and completes without NaN, and O or LSE is off.
+ * Both key layouts. */
+static kt_mutation g_fwd_mutations[] = {
+    {"causal mask off by one in the last partial query tile",
+     "(CAUSAL && key > q_pos0 + row)) x = mla::neg_inf();", "(CAUSAL && key > M_)) x = mla::neg_inf();",
+     "#define M_ (q_pos0 + row + (m0 + BLOCK_M > seqlen_q))", ""},
+    {"the k_rope part of the scores dropped", "for (int kk = 0; kk < DQK / 16; ++kk) {",
+     "for (int kk = 0; kk < DN / 16; ++kk) {", NULL, ""},
+};
+
+static void test_mutations_caught(void **state) {
+  (void)state;
+  static const int shapes[][4] = {{2, 77, 77, 0}, {1, 40, 100, 60}, {1, 70, 200, 130}};
+  kt_noise_quiet = 1; /* not noise: kt_noise_report leaves these out */
+  for (size_t mi = 0; mi < sizeof g_fwd_mutations / sizeof g_fwd_mutations[0]; mi++)
+    for (int packed = 0; packed <= 1; packed++) {
+      kt_mutation *m = &g_fwd_mutations[mi];
+      mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+      if (packed) set(&s, "k_packed=1");
+      built_kernel bk;
+      if (!build_edit(&s, 0, kt_mutate_edit, m, &bk)) fail_msg("%s", m->error);
+      for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        fwd_case c;
+        case_init(&bk, &c, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3]);
+        launch_case(&bk, &c, NULL);
+        double o_err, lse_err;
+        char msg[400];
+        const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+        print_message("  [%s] k_packed=%d B=%d S_q=%d S_k=%d q_pos0=%d: %s\n", m->name, packed,
+                      c.B, c.sq, c.sk, c.q_pos0, msg[0] ? msg : "NOT CAUGHT");
+        if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m->name);
+        if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);
+        case_free(&c);
+      }
+      unload(&bk);
+    }
+  kt_noise_quiet = 0;
 }
 
 /* The DeepSeek head shape at S = 256, 2 heads: timed. */
@@ -395,15 +457,15 @@ static const char unusual_json[] =
 /* Every configuration of the tunable space that the template's check keeps compiles for
  * sm_80 and sm_90a without spills or a stack frame (causal: the larger kernel), for the
  * DeepSeek-V3 head shape and the unusual one. The JIT cache ($MLAGEN_CACHE_DIR) is used:
- * a second run reads the cubins back. */
-static void test_nvrtc_all_kept_configs(void **state) {
-  (void)state;
+ * a second run reads the cubins back. One cmocka test per shape (m: 0 DeepSeek-V3, 1 the
+ * unusual one), so that each ctest entry stays under two minutes with a cold cache. */
+static void nvrtc_all_kept_configs(int m) {
   const char *models[] = {"deepseek-v3", NULL};
   const int block_m[] = {64, 128}, block_n[] = {32, 64, 128};
   kh_sweep sw;
   kh_sweep_open(&sw, 66, KH_SWEEP_SMEM | KH_SWEEP_REJECTS);
   int kept = 0;
-  for (int m = 0; m < 2; m++) {
+  {
     mg_shape shape;
     kh_load_shape(models[m], unusual_json, &shape);
     mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
@@ -431,9 +493,11 @@ static void test_nvrtc_all_kept_configs(void **state) {
   }
   print_message("  %d configurations kept, %d rejected by the template's check (%.0f s)\n", kept,
                 sw.rejected, kh_now() - sw.t0);
-  assert_true(kept >= 24);
+  assert_true(kept >= 12);
   kh_sweep_close(&sw);
 }
+static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_all_kept_configs(0); }
+static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_all_kept_configs(1); }
 
 /* Rejections: a tunable combination, an accumulator budget, shared memory. */
 static void test_check_rejects(void **state) {
@@ -486,7 +550,7 @@ static void test_asan(void **state) {
 
 static int report_worst(void **state) {
   (void)state;
-  printf("worst over the checked cases: O rel err %.2e, LSE rel err %.2e\n", g_worst_o, g_worst_lse);
+  kt_noise_report();
   return 0;
 }
 
@@ -503,8 +567,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_missing_barrier_caught),
       cmocka_unit_test(test_s256_timing),
       cmocka_unit_test(test_check_rejects),
-      cmocka_unit_test(test_nvrtc_all_kept_configs),
+      cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
+      cmocka_unit_test(test_nvrtc_kept_configs_unusual),
       cmocka_unit_test(test_asan),
+      cmocka_unit_test(test_mutations_caught),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }
