@@ -206,10 +206,10 @@ static void test_laga_fused_groups(void **state) {
   assert_int_equal(plan.args.head_groups, 8);
   /* refusals */
   struct { mg_form f; int groups; const char *msg; } bad[] = {
-      {MG_FORM_LAGA_F, 3, "head_groups = 3 must divide the 128 heads"},
+      {MG_FORM_LAGA_F, 3, "head_groups = 3 must divide H / P = 128"},
       {MG_FORM_LAGA_F, 32, "head_groups = 32 must divide"},
       {MG_FORM_LAGA_F, -1, "head_groups = -1 must divide"},
-      {MG_FORM_LAGA, 2, "applies to the fused LAGA form (laga-f) only"},
+      {MG_FORM_LAGA, 2, "head_groups = 2: only the fused LAGA form (laga-f) has head groups"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     a.form = bad[i].f, a.head_groups = bad[i].groups;
@@ -227,7 +227,7 @@ static void test_bad_arguments(void **state) {
       {3, 0, 1, 96, "does not divide num_attention_heads = 16"},
       {32, 0, 1, 64, "exceeds num_attention_heads = 16"},
       {4, 0, 1, 66, "not divisible by sp = 4"},
-      {4, 4, 1, 64, "rank 4 outside [0, sp = 4)"},
+      {4, 4, 1, 64, "rank = 4 is outside [0, sp = 4)"},
       {0, 0, 1, 64, "sp = 0"},
       {2, 0, 0, 64, "batch = 0"},
       {2, 0, 1, 0, "seq = 0"},
