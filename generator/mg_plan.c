@@ -111,11 +111,10 @@ void mg_plan_backward(mg_plan *p) {
 }
 
 static mg_step *step_new(mg_plan *p, mg_step_kind kind, const char *label) {
-  static mg_step scratch; /* absorbs writes after an overflow; p->error reports it */
-  if (p->n_steps == MG_PLAN_MAX_STEPS) {
+  if (p->n_steps == MG_PLAN_MAX_STEPS) { /* p->spill absorbs the writes; p->error reports it */
     p->error = 1;
-    memset(&scratch, 0, sizeof scratch);
-    return &scratch;
+    memset(&p->spill, 0, sizeof p->spill);
+    return &p->spill;
   }
   mg_step *s = &p->steps[p->n_steps++];
   memset(s, 0, sizeof *s);

@@ -151,6 +151,8 @@ typedef struct mg_plan {
   int error;             /* set by a builder call that failed: 1 too many buffers or
                             steps, 2 a buffer too large (named in too_big) */
   char too_big[24];
+  mg_step spill;         /* builder state: absorbs a step past MG_PLAN_MAX_STEPS (error 1),
+                            so form files need no checks and threads share no scratch */
 } mg_plan;
 
 /* How a caller's messages name mg_plan_args' fields: the message prefix (fn) and each
