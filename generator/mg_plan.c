@@ -1,9 +1,11 @@
-/* mg_plan.c: plan building, liveness, and the planner's cost figures. */
+/* mg_plan.c: plan building, liveness, and the planner's cost figures; every plan built
+ * is checked by mg_plan_check (mg_plan_check.c). */
 #include "mg_plan.h"
 
 #include <stdio.h>
 #include <string.h>
 
+#include "mg_plan_check.h"
 #include "mlagen.h"
 
 static const char *const form_names[MG_FORM_COUNT] = {"explicit", "absorbed", "laga", "laga-r", "laga-f"};
@@ -109,11 +111,10 @@ void mg_plan_backward(mg_plan *p) {
 }
 
 static mg_step *step_new(mg_plan *p, mg_step_kind kind, const char *label) {
-  static mg_step scratch; /* absorbs writes after an overflow; p->error reports it */
-  if (p->n_steps == MG_PLAN_MAX_STEPS) {
+  if (p->n_steps == MG_PLAN_MAX_STEPS) { /* p->spill absorbs the writes; p->error reports it */
     p->error = 1;
-    memset(&scratch, 0, sizeof scratch);
-    return &scratch;
+    memset(&p->spill, 0, sizeof p->spill);
+    return &p->spill;
   }
   mg_step *s = &p->steps[p->n_steps++];
   memset(s, 0, sizeof *s);
@@ -218,7 +219,9 @@ mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const in
 
 /* ---- finalize and build ------------------------------------------------------------- */
 
-int mg_plan_finalize(mg_plan *p, mg_diag *d) {
+/* Reports a builder failure, sets every buffer's first/last steps, then checks the plan
+ * (mg_plan_check.h: the one check the executors rely on). */
+static int finalize(mg_plan *p, mg_diag *d) {
   if (p->error == 2)
     return mg_diag_set(d, MLAGEN_EINVAL, "plan: buffer %s would exceed 2^56 bytes: batch, "
                        "sequence length and model dims are too large together", p->too_big);
@@ -228,73 +231,76 @@ int mg_plan_finalize(mg_plan *p, mg_diag *d) {
   for (int i = 0; i < p->n_bufs; i++) p->bufs[i].first = p->bufs[i].last = -1;
   for (int i = 0; i < p->n_steps; i++) {
     const mg_step *s = &p->steps[i];
-    for (int j = 0; j < s->n_in; j++) {
-      mg_plan_buf *b = &p->bufs[s->in[j]];
-      if (b->role != MG_BUF_INPUT && b->first < 0)
-        return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: step %d (%s) reads %s before it is written",
-                           mg_form_name(p->args.form), i, s->label, b->name);
-      b->last = i;
-    }
-    for (int j = 0; j < s->n_out; j++) {
-      mg_plan_buf *b = &p->bufs[s->out[j]];
-      if (b->role == MG_BUF_INPUT)
-        return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: step %d (%s) writes the input %s",
-                           mg_form_name(p->args.form), i, s->label, b->name);
-      if (b->first < 0) b->first = i;
+    for (int k = 0; k < s->n_in + s->n_out; k++) {
+      const int id = k < s->n_in ? s->in[k] : s->out[k - s->n_in];
+      if (id < 0 || id >= p->n_bufs) continue; /* mg_plan_check names it */
+      mg_plan_buf *b = &p->bufs[id];
+      if (k >= s->n_in && b->first < 0) b->first = i;
       b->last = i;
     }
   }
-  for (int i = 0; i < p->n_bufs; i++)
-    if (p->bufs[i].role != MG_BUF_INPUT && p->bufs[i].first < 0)
-      return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: %s is never written",
-                         mg_form_name(p->args.form), p->bufs[i].name);
+  return mg_plan_check(p, d);
+}
+
+static const mg_plan_arg_names plan_names = {
+    .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",
+    .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)"};
+
+int mg_plan_args_check(const mg_plan_args *a, const mg_plan_arg_names *n, mg_diag *d) {
+  if (!n) n = &plan_names;
+  if (!a || !a->shape) return mg_diag_set(d, MLAGEN_EINVAL, "%s: shape is NULL", n->fn);
+  const int H = a->shape->heads;
+  if ((unsigned)a->form >= MG_FORM_COUNT)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: unknown form %d", n->fn, (int)a->form);
+  if ((unsigned)a->dtype > MG_F16)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: unknown dtype %d", n->fn, (int)a->dtype);
+  if (a->sp < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d, must be >= 1", n->fn, n->sp, a->sp);
+  if (a->rank < 0 || a->rank >= a->sp)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d is outside [0, %s = %d)", n->fn, n->rank,
+                       a->rank, n->sp, a->sp);
+  if (a->batch < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d, must be >= 1", n->fn, n->batch, a->batch);
+  if (a->seq < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %lld, must be >= 1", n->fn, n->seq,
+                       (long long)a->seq);
+  if (a->seq % a->sp != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %lld is not divisible by %s = %d (each rank "
+                       "holds S / P tokens)", n->fn, n->seq, (long long)a->seq, n->sp, a->sp);
+  if (a->sp > H)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d exceeds num_attention_heads = %d: the %s "
+                       "form shards attention by heads (Ulysses), so P <= H", n->fn, n->sp,
+                       a->sp, H, mg_form_name(a->form));
+  if (H % a->sp != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d does not divide num_attention_heads = %d "
+                       "(each rank attends with H / P heads)", n->fn, n->sp, a->sp, H);
+  if (a->form != MG_FORM_LAGA_F && a->head_groups != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d: only %s has head groups (0 for the "
+                       "other forms)", n->fn, n->head_groups, a->head_groups, n->laga_f);
+  const int Hl = H / a->sp;
+  if (a->form == MG_FORM_LAGA_F && a->head_groups != 0 &&
+      (a->head_groups < 1 || a->head_groups > MG_PLAN_MAX_HEAD_GROUPS || Hl % a->head_groups != 0))
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d must divide H / P = %d and be in [1, %d] "
+                       "(or 0 for the default)", n->fn, n->head_groups, a->head_groups, Hl,
+                       MG_PLAN_MAX_HEAD_GROUPS);
+  if (!dims_fit(a))
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s %d x %s %lld x %d heads x the model's widths "
+                       "would exceed 2^56 bytes per buffer: batch, sequence length and model "
+                       "dims are too large together", n->fn, n->batch, a->batch, n->seq,
+                       (long long)a->seq, H);
   return 0;
 }
 
 int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
   memset(p, 0, sizeof *p);
-  if (!a || !a->shape) return mg_diag_set(d, MLAGEN_EINVAL, "plan: shape is NULL");
-  const int H = a->shape->heads;
-  if ((unsigned)a->form >= MG_FORM_COUNT)
-    return mg_diag_set(d, MLAGEN_EINVAL, "plan: unknown form %d", (int)a->form);
-  if (a->sp < 1) return mg_diag_set(d, MLAGEN_EINVAL, "plan: sp = %d, must be >= 1", a->sp);
-  if (a->rank < 0 || a->rank >= a->sp)
-    return mg_diag_set(d, MLAGEN_EINVAL, "plan: rank %d outside [0, sp = %d)", a->rank, a->sp);
-  if (a->batch < 1) return mg_diag_set(d, MLAGEN_EINVAL, "plan: batch = %d, must be >= 1", a->batch);
-  if (a->seq < 1) return mg_diag_set(d, MLAGEN_EINVAL, "plan: seq = %lld, must be >= 1", (long long)a->seq);
-  if (a->seq % a->sp != 0)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "plan: seq = %lld is not divisible by sp = %d (each rank holds S / P tokens)",
-                       (long long)a->seq, a->sp);
-  if (a->sp > H)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "plan: sp = %d exceeds num_attention_heads = %d: the %s form shards "
-                       "attention by heads (Ulysses), so P <= H",
-                       a->sp, H, mg_form_name(a->form));
-  if (H % a->sp != 0)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "plan: sp = %d does not divide num_attention_heads = %d (each rank "
-                       "attends with H / P heads)", a->sp, H);
-  if (a->form != MG_FORM_LAGA_F && a->head_groups != 0)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "plan: head_groups = %d applies to the fused LAGA form (laga-f) only",
-                       a->head_groups);
-  if (!dims_fit(a))
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "plan: batch %d x seq %lld x %d heads x the model's widths would exceed "
-                       "2^56 bytes per buffer: batch, sequence length and model dims are too "
-                       "large together", a->batch, (long long)a->seq, H);
-  const int Hl = H / a->sp;
-  if (a->form == MG_FORM_LAGA_F && a->head_groups != 0 &&
-      (a->head_groups < 1 || a->head_groups > MG_PLAN_MAX_HEAD_GROUPS || Hl % a->head_groups != 0))
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "plan: head_groups = %d must divide the %d heads of a rank (H / P) and "
-                       "be in [1, %d]", a->head_groups, Hl, MG_PLAN_MAX_HEAD_GROUPS);
+  int rc = mg_plan_args_check(a, NULL, d);
+  if (rc) return rc;
+  const int Hl = a->shape->heads / a->sp;
   p->args = *a;
   if (a->form == MG_FORM_LAGA_F && a->head_groups == 0) p->args.head_groups = mg_plan_default_head_groups(Hl);
   p->shape = *a->shape;
   p->args.shape = &p->shape;
-  p->heads_local = H / a->sp;
+  p->heads_local = Hl;
   p->seq_local = a->seq / a->sp;
   switch (a->form) {
     case MG_FORM_EXPLICIT: mg_form_explicit(p); break;
@@ -303,7 +309,7 @@ int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
     case MG_FORM_LAGA_R: mg_form_laga(p, 1); break;
     case MG_FORM_LAGA_F: mg_form_laga_fused(p); break;
   }
-  return mg_plan_finalize(p, d);
+  return finalize(p, d);
 }
 
 int mg_plan_default_head_groups(int heads_local) {

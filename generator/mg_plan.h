@@ -151,12 +151,27 @@ typedef struct mg_plan {
   int error;             /* set by a builder call that failed: 1 too many buffers or
                             steps, 2 a buffer too large (named in too_big) */
   char too_big[24];
+  mg_step spill;         /* builder state: absorbs a step past MG_PLAN_MAX_STEPS (error 1),
+                            so form files need no checks and threads share no scratch */
 } mg_plan;
 
-/* Builds the plan of args->form for one rank and finalizes it (first/last accesses). Errors: MLAGEN_EINVAL, naming the argument
- * (P < 1, rank outside [0, P), S not divisible by P, H not divisible by P or P > H for
- * the head-sharded forms, batch < 1, S < 1, head_groups not dividing H/P or above
- * MG_PLAN_MAX_HEAD_GROUPS for laga-f, or nonzero for another form). */
+/* How a caller's messages name mg_plan_args' fields: the message prefix (fn) and each
+ * field's spelling ("sp" or "plan_desc->sp_size"), and how to name the laga-f form. */
+typedef struct mg_plan_arg_names {
+  const char *fn, *sp, *rank, *batch, *seq, *head_groups, *laga_f;
+} mg_plan_arg_names;
+
+/* The argument rules of mg_plan_build, the one place they are written: MLAGEN_EINVAL
+ * naming the argument (shape NULL, an unknown form or dtype, P < 1, rank outside [0, P),
+ * batch < 1, S < 1, S not divisible by P, P > H or not dividing H (the forms shard by
+ * heads), head_groups nonzero for a form other than laga-f, or for laga-f not dividing
+ * H / P or above MG_PLAN_MAX_HEAD_GROUPS, sizes past 2^56 bytes per buffer), in the words
+ * of names (NULL: "plan: sp = ..."). */
+int mg_plan_args_check(const mg_plan_args *args, const mg_plan_arg_names *names, mg_diag *d);
+
+/* Builds the plan of args->form for one rank (args checked by mg_plan_args_check), sets
+ * every buffer's first/last steps and checks every step (mg_plan_check.h). Errors:
+ * MLAGEN_EINVAL with mg_plan_args_check's or mg_plan_check's message. */
 int mg_plan_build(mg_plan *p, const mg_plan_args *args, mg_diag *d);
 
 /* What a plan costs one rank (per layer). */

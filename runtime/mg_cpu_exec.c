@@ -1,8 +1,8 @@
 /* mg_cpu_exec.c: the CPU executor (see mg_cpu_exec.h).
  *
- * One function per step kind. Each takes `run`: 0 checks the step's operands against its
- * buffers and returns an error or 0 without touching memory; 1 executes (every step
- * passed the check first). Shapes are derived in one place for both. */
+ * The plan is checked once at the start of a run (mg_plan_check, the check mg_plan_build
+ * ran) with what only this executor limits (f32/f64, CBLAS's int, the kernels' stack
+ * rows) and the caller's arguments; then one function per step kind executes it. */
 #include "mg_cpu_exec.h"
 
 #include <cblas.h>
@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "mg_cpu_ops.h"
+#include "mg_plan_check.h"
 #include "mlagen.h"
 
 /* ---- the tracking allocator ----------------------------------------------------------- */
@@ -62,13 +63,6 @@ static void *wr(const exec *x, int id) { return x->buf[id]; }
 static const mg_plan_buf *pb(const exec *x, int id) { return &x->p->bufs[id]; }
 static int64_t last_dim(const mg_plan_buf *b) { return b->ndim ? b->dims[b->ndim - 1] : 1; }
 
-static int same_dims(const mg_plan_buf *a, const mg_plan_buf *b) {
-  if (a->ndim != b->ndim) return 0;
-  for (int i = 0; i < a->ndim; i++)
-    if (a->dims[i] != b->dims[i]) return 0;
-  return 1;
-}
-
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -86,15 +80,6 @@ static int step_error(const exec *x, int i, int status, const char *fmt, ...) {
   va_end(ap);
   return mg_diag_set(x->d, status, "%s plan step %d (%s): %s", mg_form_name(x->p->args.form), i,
                      x->p->steps[i].label, msg);
-}
-
-/* Checks the step's argument counts. */
-static int arity(const exec *x, int i, int n_in, int n_out) {
-  const mg_step *s = &x->p->steps[i];
-  if (s->n_in != n_in || s->n_out != n_out)
-    return step_error(x, i, MLAGEN_EINVAL, "takes %d inputs and %d outputs, has %d and %d", n_in,
-                      n_out, s->n_in, s->n_out);
-  return 0;
 }
 
 /* ---- collectives ------------------------------------------------------------------------ */
@@ -118,44 +103,20 @@ static void move_block(const exec *x, void *dst, block bd, const void *src, bloc
       }
 }
 
-/* Workspace bytes each collective needs at P > 1 (none at P = 1), as mg_plan.c plans it. */
-static int64_t collective_ws(const exec *x, const mg_step *s) {
-  if (x->P == 1) return 0;
-  const int64_t in = mg_plan_buf_bytes(pb(x, s->in[0])), out = mg_plan_buf_bytes(pb(x, s->out[0]));
-  switch (s->kind) {
-    case MG_STEP_SEQ_TO_HEAD:
-    case MG_STEP_HEAD_TO_SEQ: return in + out; /* send, receive */
-    case MG_STEP_ALL_GATHER: return out;       /* receive; send from the source */
-    default: return in;                        /* reduce-scatter: send; receive into dst */
-  }
-}
-
-static int collective(exec *x, int i, int run, void *ws) {
+/* The workspace (mg_plan_check: as mg_plan.c plans it) holds, at P > 1, the send blocks
+ * then the receive blocks of an all-to-all, the received blocks of an all-gather, the
+ * send blocks of a reduce-scatter. */
+static int collective(exec *x, int i, void *ws) {
   const mg_step *s = &x->p->steps[i];
-  int rc = arity(x, i, 1, 1);
-  if (rc) return rc;
+  int rc = 0;
   const mg_plan_buf *src = pb(x, s->in[0]), *dst = pb(x, s->out[0]);
   const int64_t P = x->P;
   const int seq_head = s->kind == MG_STEP_SEQ_TO_HEAD || s->kind == MG_STEP_HEAD_TO_SEQ;
   /* The sequence-sharded side [B, S_l, (H,) w] and the other side [B, S, (H/P,) w]. */
   const mg_plan_buf *shard = s->kind == MG_STEP_SEQ_TO_HEAD || s->kind == MG_STEP_ALL_GATHER ? src : dst;
-  const mg_plan_buf *full = shard == src ? dst : src;
   const int nd = seq_head ? 4 : 3;
-  if (shard->ndim != nd || full->ndim != nd)
-    return step_error(x, i, MLAGEN_EINVAL, "%s and %s must have %d dims", src->name, dst->name, nd);
   const int64_t Bt = shard->dims[0], Sl = shard->dims[1], w = shard->dims[nd - 1];
   const int64_t H = seq_head ? shard->dims[2] : 1, Hl = seq_head ? H / P : 1;
-  int ok = full->dims[0] == Bt && full->dims[1] == Sl * P && full->dims[nd - 1] == w &&
-           Sl * P == x->p->args.seq;
-  if (seq_head) ok = ok && H % P == 0 && full->dims[2] == Hl;
-  if (!ok)
-    return step_error(x, i, MLAGEN_EINVAL, "%s and %s do not match a %s over %d ranks", src->name,
-                      dst->name, seq_head ? "all-to-all" : "gather/scatter", x->P);
-  if (s->workspace < collective_ws(x, s))
-    return step_error(x, i, MLAGEN_EINVAL, "workspace %lld bytes, needs %lld",
-                      (long long)s->workspace, (long long)collective_ws(x, s));
-  if (!run) return 0;
-
   const void *in = rd(x, s->in[0]);
   void *out = wr(x, s->out[0]);
   const int64_t numel = mg_plan_buf_numel(src);
@@ -213,43 +174,9 @@ static int collective(exec *x, int i, int run, void *ws) {
 
 /* ---- GEMM ------------------------------------------------------------------------------- */
 
-/* Operand X of a GEMM: `rows` x `cols` stored with leading dimension ld, batch matrices
- * stride apart from off; all inside buffer b, and every figure within CBLAS's int. */
-static int gemm_operand(const exec *x, int i, const char *which, const mg_plan_buf *b, int64_t rows,
-                        int64_t cols, int64_t ld, int64_t off, int64_t stride, int batch) {
-  if (rows < 1 || cols < 1 || batch < 1 || ld < cols || off < 0 || stride < 0)
-    return step_error(x, i, MLAGEN_EINVAL,
-                      "operand %s (%s): %lld x %lld, ld %lld, offset %lld, stride %lld, batch %d "
-                      "is not a valid matrix", which, b->name, (long long)rows, (long long)cols,
-                      (long long)ld, (long long)off, (long long)stride, batch);
-  if (rows > INT_MAX || cols > INT_MAX || ld > INT_MAX)
-    return step_error(x, i, MLAGEN_EUNSUPPORTED, "operand %s (%s) exceeds CBLAS's int dimensions",
-                      which, b->name);
-  const int64_t last = off + (int64_t)(batch - 1) * stride + (rows - 1) * ld + cols - 1;
-  if (last >= mg_plan_buf_numel(b))
-    return step_error(x, i, MLAGEN_EINVAL, "operand %s reads element %lld of %s, which has %lld",
-                      which, (long long)last, b->name, (long long)mg_plan_buf_numel(b));
-  return 0;
-}
-
-static int gemm(exec *x, int i, int run) {
+static int gemm(exec *x, int i) {
   const mg_step *s = &x->p->steps[i];
   const mg_gemm *g = &s->gemm;
-  const int accumulate = g->beta != 0;
-  int rc = arity(x, i, accumulate ? 3 : 2, 1);
-  if (!rc && g->beta != 0 && g->beta != 1)
-    rc = step_error(x, i, MLAGEN_EINVAL, "beta %g: must be 0 or 1", (double)g->beta);
-  if (!rc)
-    rc = gemm_operand(x, i, "A", pb(x, s->in[0]), g->trans_a ? g->k : g->m,
-                      g->trans_a ? g->m : g->k, g->lda, g->off_a, g->stride_a, g->batch);
-  if (!rc)
-    rc = gemm_operand(x, i, "B", pb(x, s->in[1]), g->trans_b ? g->n : g->k,
-                      g->trans_b ? g->k : g->n, g->ldb, g->off_b, g->stride_b, g->batch);
-  if (!rc)
-    rc = gemm_operand(x, i, "C", pb(x, s->out[0]), g->m, g->n, g->ldc, g->off_c, g->stride_c,
-                      g->batch);
-  if (rc || !run) return rc;
-
   const enum CBLAS_TRANSPOSE ta = g->trans_a ? CblasTrans : CblasNoTrans;
   const enum CBLAS_TRANSPOSE tb = g->trans_b ? CblasTrans : CblasNoTrans;
   const int m = (int)g->m, n = (int)g->n, k = (int)g->k;
@@ -274,195 +201,89 @@ static int gemm(exec *x, int i, int run) {
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
-#define NEED(cond, ...) \
-  do {                  \
-    if (!(cond)) return step_error(x, i, MLAGEN_EINVAL, __VA_ARGS__); \
-  } while (0)
-
-/* The attention geometry of q [B, S, H, d_qk] and values of width d_v; S must be the
- * plan's whole sequence (causality is by global position). */
-static int attn_geom(const exec *x, int i, const mg_plan_buf *q, int64_t d_v, mg_cpu_attn *a) {
-  NEED(q->ndim == 4, "%s must be [B, S, H, d]", q->name);
-  *a = (mg_cpu_attn){.t = x->dt, .B = q->dims[0], .S = q->dims[1], .H = q->dims[2],
-                     .d_qk = q->dims[3], .d_v = d_v, .scale = x->p->shape.softmax_scale,
-                     .causal = x->p->args.causal};
-  NEED(a->S == x->p->args.seq, "%s covers %lld tokens, the attention needs all S = %lld", q->name,
-       (long long)a->S, (long long)x->p->args.seq);
-  if (a->d_qk > MG_CPU_MAX_ROW || a->d_v > MG_CPU_MAX_ROW)
-    return step_error(x, i, MLAGEN_EUNSUPPORTED,
-                      "attention rows of %lld and %lld elements exceed the CPU kernels' %d",
-                      (long long)a->d_qk, (long long)a->d_v, MG_CPU_MAX_ROW);
-  return 0;
+/* The attention geometry of q [B, S, H, d_qk] and values of width d_v. */
+static mg_cpu_attn attn_geom(const exec *x, const mg_plan_buf *q, int64_t d_v) {
+  return (mg_cpu_attn){.t = x->dt, .B = q->dims[0], .S = q->dims[1], .H = q->dims[2],
+                       .d_qk = q->dims[3], .d_v = d_v, .scale = x->p->shape.softmax_scale,
+                       .causal = x->p->args.causal};
 }
 
-/* Checks that buffer b has numel elements (the shape the kernel derives). */
-static int numel_is(const exec *x, int i, const mg_plan_buf *b, int64_t numel) {
-  NEED(mg_plan_buf_numel(b) == numel, "%s has %lld elements, the kernel needs %lld", b->name,
-       (long long)mg_plan_buf_numel(b), (long long)numel);
-  return 0;
+/* The test seam (mg_cpu_exec.h): 1 when the hook ran the step instead. */
+static int hooked(exec *x, const mg_step *s) {
+  if (!x->t->kernel_hook) return 0;
+  const void *hin[MG_STEP_MAX_ARGS];
+  void *hout[MG_STEP_MAX_ARGS];
+  for (int k = 0; k < s->n_in; k++) hin[k] = rd(x, s->in[k]);
+  for (int k = 0; k < s->n_out; k++) hout[k] = wr(x, s->out[k]);
+  return !x->t->kernel_hook(s, x->p, hin, hout, x->t->hook_ctx);
 }
 
-static int kernel(exec *x, int i, int run) {
-  const mg_step *s = &x->p->steps[i];
+static void kernel(exec *x, const mg_step *s) {
   const mg_shape *sh = &x->p->shape;
   const int64_t dn = sh->qk_nope_head_dim, dr = sh->qk_rope_head_dim, dv = sh->v_head_dim;
   const mg_dtype t = x->dt;
-  int rc;
 #define IN(k) pb(x, s->in[k])
 #define OUT(k) pb(x, s->out[k])
-#define TRY(e) \
-  if ((rc = (e))) return rc
+#define BI(k) rd(x, s->in[k])
+#define BO(k) wr(x, s->out[k])
   switch (s->op) {
-    case MG_OP_EXPAND_KV: {
-      TRY(arity(x, i, 2, 2));
-      NEED(IN(0)->ndim == 4 && last_dim(IN(0)) == dn + dv, "%s must be [B, S, H, d_n + d_v]",
-           IN(0)->name);
-      const int64_t rows = IN(0)->dims[0] * IN(0)->dims[1], H = IN(0)->dims[2];
-      NEED(s->rope_col >= 0 && s->rope_col + dr <= s->rope_w && last_dim(IN(1)) == s->rope_w,
-           "rope columns [%lld, %lld) outside %s of width %lld", (long long)s->rope_col,
-           (long long)(s->rope_col + dr), IN(1)->name, (long long)last_dim(IN(1)));
-      TRY(numel_is(x, i, IN(1), rows * s->rope_w));
-      TRY(numel_is(x, i, OUT(0), rows * H * (dn + dr)));
-      TRY(numel_is(x, i, OUT(1), rows * H * dv));
-      if (run)
-        mg_cpu_expand_kv(t, rows, H, dn, dr, dv, rd(x, s->in[0]), rd(x, s->in[1]), s->rope_col,
-                         s->rope_w, wr(x, s->out[0]), wr(x, s->out[1]));
-      return 0;
-    }
+    case MG_OP_EXPAND_KV:
     case MG_OP_SPLIT_DKV: {
-      TRY(arity(x, i, 2, 2));
-      NEED(IN(0)->ndim == 4 && last_dim(IN(0)) == dn + dr, "%s must be [B, S, H, d_n + d_r]",
-           IN(0)->name);
       const int64_t rows = IN(0)->dims[0] * IN(0)->dims[1], H = IN(0)->dims[2];
-      TRY(numel_is(x, i, IN(1), rows * H * dv));
-      TRY(numel_is(x, i, OUT(0), rows * H * (dn + dv)));
-      NEED(s->rope_col >= 0 && s->rope_col + dr <= s->rope_w && last_dim(OUT(1)) == s->rope_w,
-           "rope columns [%lld, %lld) outside %s of width %lld", (long long)s->rope_col,
-           (long long)(s->rope_col + dr), OUT(1)->name, (long long)last_dim(OUT(1)));
-      TRY(numel_is(x, i, OUT(1), rows * s->rope_w));
-      if (run)
-        mg_cpu_split_dkv(t, rows, H, dn, dr, dv, rd(x, s->in[0]), rd(x, s->in[1]),
-                         wr(x, s->out[0]), wr(x, s->out[1]), s->rope_col, s->rope_w, s->accumulate);
-      return 0;
+      if (s->op == MG_OP_EXPAND_KV)
+        mg_cpu_expand_kv(t, rows, H, dn, dr, dv, BI(0), BI(1), s->rope_col, s->rope_w, BO(0), BO(1));
+      else
+        mg_cpu_split_dkv(t, rows, H, dn, dr, dv, BI(0), BI(1), BO(0), BO(1), s->rope_col, s->rope_w,
+                         s->accumulate);
+      return;
     }
     case MG_OP_ATTN_FWD:
     case MG_OP_ATTN_BWD: {
-      const int fwd = s->op == MG_OP_ATTN_FWD;
-      TRY(arity(x, i, fwd ? 3 : 6, fwd ? 2 : 3));
-      mg_cpu_attn a;
-      TRY(attn_geom(x, i, IN(0), last_dim(IN(2)), &a));
-      NEED(same_dims(IN(1), IN(0)), "%s and %s differ in shape", IN(1)->name, IN(0)->name);
-      TRY(numel_is(x, i, IN(2), a.B * a.S * a.H * a.d_v));
-      const mg_plan_buf *o = fwd ? OUT(0) : IN(3), *lse = fwd ? OUT(1) : IN(4);
-      TRY(numel_is(x, i, o, a.B * a.S * a.H * a.d_v));
-      TRY(numel_is(x, i, lse, a.B * a.H * a.S));
-      if (!fwd) {
-        TRY(numel_is(x, i, IN(5), a.B * a.S * a.H * a.d_v));
-        for (int k = 0; k < 3; k++)
-          TRY(numel_is(x, i, OUT(k), mg_plan_buf_numel(IN(k))));
-      }
-      if (run && x->t->kernel_hook) { /* the test seam (mg_cpu_exec.h) */
-        const void *hin[MG_STEP_MAX_ARGS];
-        void *hout[MG_STEP_MAX_ARGS];
-        for (int k = 0; k < s->n_in; k++) hin[k] = rd(x, s->in[k]);
-        for (int k = 0; k < s->n_out; k++) hout[k] = wr(x, s->out[k]);
-        if (!x->t->kernel_hook(s, x->p, hin, hout, x->t->hook_ctx)) return 0;
-      }
-      if (run && fwd)
-        mg_cpu_attn_fwd(&a, rd(x, s->in[0]), rd(x, s->in[1]), rd(x, s->in[2]), wr(x, s->out[0]),
-                        wr(x, s->out[1]));
-      if (run && !fwd)
-        mg_cpu_attn_bwd(&a, rd(x, s->in[0]), rd(x, s->in[1]), rd(x, s->in[2]), rd(x, s->in[3]),
-                        rd(x, s->in[4]), rd(x, s->in[5]), wr(x, s->out[0]), wr(x, s->out[1]),
-                        wr(x, s->out[2]));
-      return 0;
+      const mg_cpu_attn a = attn_geom(x, IN(0), last_dim(IN(2)));
+      if (hooked(x, s)) return;
+      if (s->op == MG_OP_ATTN_FWD) mg_cpu_attn_fwd(&a, BI(0), BI(1), BI(2), BO(0), BO(1));
+      else mg_cpu_attn_bwd(&a, BI(0), BI(1), BI(2), BI(3), BI(4), BI(5), BO(0), BO(1), BO(2));
+      return;
     }
     case MG_OP_MQA_FWD:
     case MG_OP_MQA_BWD: {
       const int fwd = s->op == MG_OP_MQA_FWD;
-      TRY(arity(x, i, fwd ? 2 : 5, 2));
-      const mg_plan_buf *o = fwd ? OUT(0) : IN(2), *lse = fwd ? OUT(1) : IN(3);
-      mg_cpu_attn a;
-      TRY(attn_geom(x, i, IN(0), last_dim(o), &a));
-      NEED(a.d_v <= a.d_qk, "values (%s, %lld wide) wider than the latent keys (%lld)", o->name,
-           (long long)a.d_v, (long long)a.d_qk);
-      TRY(numel_is(x, i, IN(1), a.B * a.S * a.d_qk));
-      NEED(last_dim(IN(1)) == a.d_qk, "%s must be [B, S, %lld]", IN(1)->name, (long long)a.d_qk);
-      TRY(numel_is(x, i, o, a.B * a.S * a.H * a.d_v));
-      TRY(numel_is(x, i, lse, a.B * a.H * a.S));
-      if (!fwd) {
-        TRY(numel_is(x, i, IN(4), a.B * a.S * a.H * a.d_v));
-        TRY(numel_is(x, i, OUT(0), mg_plan_buf_numel(IN(0))));
-        TRY(numel_is(x, i, OUT(1), mg_plan_buf_numel(IN(1))));
-      }
-      if (run && x->t->kernel_hook) { /* the test seam (mg_cpu_exec.h) */
-        const void *hin[MG_STEP_MAX_ARGS];
-        void *hout[MG_STEP_MAX_ARGS];
-        for (int k = 0; k < s->n_in; k++) hin[k] = rd(x, s->in[k]);
-        for (int k = 0; k < s->n_out; k++) hout[k] = wr(x, s->out[k]);
-        if (!x->t->kernel_hook(s, x->p, hin, hout, x->t->hook_ctx)) return 0;
-      }
-      if (run && fwd)
-        mg_cpu_mqa_fwd(&a, rd(x, s->in[0]), rd(x, s->in[1]), wr(x, s->out[0]), wr(x, s->out[1]));
-      if (run && !fwd)
-        mg_cpu_mqa_bwd(&a, rd(x, s->in[0]), rd(x, s->in[1]), rd(x, s->in[2]), rd(x, s->in[3]),
-                       rd(x, s->in[4]), wr(x, s->out[0]), wr(x, s->out[1]));
-      return 0;
+      const mg_cpu_attn a = attn_geom(x, IN(0), last_dim(fwd ? OUT(0) : IN(2)));
+      if (hooked(x, s)) return;
+      if (fwd) mg_cpu_mqa_fwd(&a, BI(0), BI(1), BO(0), BO(1));
+      else mg_cpu_mqa_bwd(&a, BI(0), BI(1), BI(2), BI(3), BI(4), BO(0), BO(1));
+      return;
     }
     case MG_OP_CONCAT_LATENT:
     case MG_OP_SPLIT_LATENT: {
       const int concat = s->op == MG_OP_CONCAT_LATENT;
-      TRY(arity(x, i, concat ? 2 : 1, concat ? 1 : 2));
-      const mg_plan_buf *ckv = concat ? IN(0) : OUT(0), *kr = concat ? IN(1) : OUT(1),
-                        *c = concat ? OUT(0) : IN(0);
+      const mg_plan_buf *ckv = concat ? IN(0) : OUT(0), *kr = concat ? IN(1) : OUT(1);
       const int64_t dc = last_dim(ckv), w = last_dim(kr), rows = mg_plan_buf_numel(ckv) / dc;
-      NEED(last_dim(c) == dc + w, "%s must be %lld + %lld wide", c->name, (long long)dc,
-           (long long)w);
-      TRY(numel_is(x, i, ckv, rows * dc));
-      TRY(numel_is(x, i, kr, rows * w));
-      TRY(numel_is(x, i, c, rows * (dc + w)));
-      if (run && concat)
-        mg_cpu_concat_latent(t, rows, dc, w, rd(x, s->in[0]), rd(x, s->in[1]), wr(x, s->out[0]));
-      if (run && !concat)
-        mg_cpu_split_latent(t, rows, dc, w, rd(x, s->in[0]), wr(x, s->out[0]), wr(x, s->out[1]));
-      return 0;
+      if (concat) mg_cpu_concat_latent(t, rows, dc, w, BI(0), BI(1), BO(0));
+      else mg_cpu_split_latent(t, rows, dc, w, BI(0), BO(0), BO(1));
+      return;
     }
     case MG_OP_COPY_COLS: {
-      TRY(arity(x, i, 1, 1));
       const int64_t sw = s->src_w ? s->src_w : last_dim(IN(0)), dw = s->dst_w ? s->dst_w : last_dim(OUT(0));
-      NEED(sw > 0 && dw > 0 && mg_plan_buf_numel(IN(0)) % sw == 0,
-           "row width %lld does not divide the %lld elements of %s", (long long)sw,
-           (long long)mg_plan_buf_numel(IN(0)), IN(0)->name);
-      const int64_t rows = mg_plan_buf_numel(IN(0)) / sw;
-      NEED(s->cols >= 0 && s->src_col >= 0 && s->dst_col >= 0 && s->src_col + s->cols <= sw &&
-               s->dst_col + s->cols <= dw,
-           "columns [%lld, +%lld) -> [%lld, +%lld) outside widths %lld and %lld",
-           (long long)s->src_col, (long long)s->cols, (long long)s->dst_col, (long long)s->cols,
-           (long long)sw, (long long)dw);
-      TRY(numel_is(x, i, OUT(0), rows * dw));
-      if (run)
-        mg_cpu_copy_cols(t, rows, rd(x, s->in[0]), sw, s->src_col, wr(x, s->out[0]), dw, s->dst_col,
-                         s->cols);
-      return 0;
+      mg_cpu_copy_cols(t, mg_plan_buf_numel(IN(0)) / sw, BI(0), sw, s->src_col, BO(0), dw, s->dst_col,
+                       s->cols);
+      return;
     }
   }
 #undef IN
 #undef OUT
-#undef TRY
-  return step_error(x, i, MLAGEN_EINVAL, "unknown kernel op %d", (int)s->op);
+#undef BI
+#undef BO
 }
-#undef NEED
 
-static int step(exec *x, int i, int run, void *ws) {
-  switch (x->p->steps[i].kind) {
-    case MG_STEP_SEQ_TO_HEAD:
-    case MG_STEP_HEAD_TO_SEQ:
-    case MG_STEP_ALL_GATHER:
-    case MG_STEP_REDUCE_SCATTER: return collective(x, i, run, ws);
-    case MG_STEP_GEMM: return gemm(x, i, run);
-    case MG_STEP_KERNEL: return kernel(x, i, run);
+/* Runs step i (mg_plan_check passed) with workspace ws. */
+static int step(exec *x, int i, void *ws) {
+  const mg_step *s = &x->p->steps[i];
+  switch (s->kind) {
+    case MG_STEP_GEMM: return gemm(x, i);
+    case MG_STEP_KERNEL: kernel(x, s); return 0;
+    default: return collective(x, i, ws);
   }
-  return step_error(x, i, MLAGEN_EINVAL, "unknown step kind %d", (int)x->p->steps[i].kind);
 }
 
 /* ---- names of the op boundary ----------------------------------------------------------- */
@@ -474,10 +295,6 @@ static const void *input_of(const mg_cpu_tensors *t, const char *name) {
   if (!strcmp(name, "w_kv_b")) return t->w_kv_b;
   if (!strcmp(name, "do")) return t->d_o;
   return NULL;
-}
-static int is_input_name(const char *name) {
-  return !strcmp(name, "q") || !strcmp(name, "c_kv") || !strcmp(name, "k_rope") ||
-         !strcmp(name, "w_kv_b") || !strcmp(name, "do");
 }
 
 static void **output_slot(mg_cpu_tensors *t, const char *name) {
@@ -498,41 +315,31 @@ void mg_cpu_tensors_free(mg_cpu_tensors *t) {
   }
 }
 
-/* Everything decidable before running: dtypes, names, the communicator, captures and
- * every step's operands. */
+/* Everything decidable before running: the plan (mg_plan_check), what this executor
+ * limits, the caller's inputs, communicator and captures. */
 static int validate(exec *x) {
   const mg_plan *p = x->p;
   mg_diag *d = x->d;
   if (p->args.dtype != MG_F32 && p->args.dtype != MG_F64)
     return mg_diag_set(d, MLAGEN_EINVAL, "the CPU executor runs f32 or f64, not %s",
                        mg_dtype_name(p->args.dtype));
-  if (p->n_fwd < 0 || p->n_fwd > p->n_steps || p->n_bufs > MG_PLAN_MAX_BUFS)
-    return mg_diag_set(d, MLAGEN_EINVAL, "malformed plan (%d steps, forward %d)", p->n_steps,
-                       p->n_fwd);
-  for (int b = 0; b < p->n_bufs; b++) {
-    const mg_plan_buf *pbuf = &p->bufs[b];
-    if (pbuf->dtype != p->args.dtype)
-      return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: buffer %s is %s, the CPU executor computes "
-                         "every buffer in the plan's %s", mg_form_name(p->args.form), pbuf->name,
-                         mg_dtype_name(pbuf->dtype), mg_dtype_name(p->args.dtype));
-    if (mg_plan_buf_numel(pbuf) < 1)
-      return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: buffer %s is empty",
-                         mg_form_name(p->args.form), pbuf->name);
-    if (pbuf->role == MG_BUF_INPUT) {
-      if (!is_input_name(pbuf->name))
-        return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: unknown input %s", mg_form_name(p->args.form),
-                           pbuf->name);
-      if (!input_of(x->t, pbuf->name))
-        return mg_diag_set(d, MLAGEN_EINVAL, "input %s is NULL", pbuf->name);
-    } else {
-      if (pbuf->role == MG_BUF_OUTPUT && !output_slot(x->t, pbuf->name))
-        return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: unknown output %s",
-                           mg_form_name(p->args.form), pbuf->name);
-      if (pbuf->first < 0 || pbuf->last < pbuf->first || pbuf->last >= p->n_steps)
-        return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: buffer %s has no valid lifetime "
-                           "(mg_plan_build finalizes plans)", mg_form_name(p->args.form), pbuf->name);
-    }
+  int rc = mg_plan_check(p, d);
+  if (!rc) rc = mg_plan_check_gemm_int(p, "CBLAS", d);
+  if (rc) return rc;
+  for (int i = 0; i < p->n_steps; i++) { /* the attention kernels' rows live on the stack */
+    const mg_step *s = &p->steps[i];
+    if (s->kind != MG_STEP_KERNEL || s->flops <= 0) continue;
+    const int mqa = s->op == MG_OP_MQA_FWD || s->op == MG_OP_MQA_BWD;
+    const int64_t d_qk = p->bufs[s->in[0]].dims[3],
+                  d_v = last_dim(&p->bufs[mqa ? s->in[1] : s->in[2]]);
+    if (d_qk > MG_CPU_MAX_ROW || d_v > MG_CPU_MAX_ROW)
+      return step_error(x, i, MLAGEN_EUNSUPPORTED,
+                        "attention rows of %lld and %lld elements exceed the CPU kernels' %d",
+                        (long long)d_qk, (long long)d_v, MG_CPU_MAX_ROW);
   }
+  for (int b = 0; b < p->n_bufs; b++)
+    if (p->bufs[b].role == MG_BUF_INPUT && !input_of(x->t, p->bufs[b].name))
+      return mg_diag_set(d, MLAGEN_EINVAL, "input %s is NULL", p->bufs[b].name);
   if (p->args.sp > 1 && !x->comm)
     return mg_diag_set(d, MLAGEN_EINVAL, "a plan for %d ranks needs a communicator", p->args.sp);
   if (x->comm && (x->comm->size != p->args.sp || x->comm->rank != p->args.rank))
@@ -552,20 +359,6 @@ static int validate(exec *x) {
     if (!c->dst || c->bytes != (size_t)mg_plan_buf_bytes(&p->bufs[b]))
       return mg_diag_set(d, MLAGEN_EINVAL, "capture %s: %zu bytes at %p, the buffer has %lld",
                          c->name, c->bytes, c->dst, (long long)mg_plan_buf_bytes(&p->bufs[b]));
-  }
-  for (int i = 0; i < p->n_steps; i++) {
-    const mg_step *s = &p->steps[i];
-    if (s->n_in < 0 || s->n_in > MG_STEP_MAX_ARGS || s->n_out < 0 || s->n_out > MG_STEP_MAX_ARGS)
-      return step_error(x, i, MLAGEN_EINVAL, "malformed argument lists");
-    for (int k = 0; k < s->n_in + s->n_out; k++) {
-      int id = k < s->n_in ? s->in[k] : s->out[k - s->n_in];
-      if (id < 0 || id >= p->n_bufs) return step_error(x, i, MLAGEN_EINVAL, "buffer id %d", id);
-      if (k >= s->n_in && p->bufs[id].role == MG_BUF_INPUT)
-        return step_error(x, i, MLAGEN_EINVAL, "writes the input %s", p->bufs[id].name);
-    }
-    if (s->workspace < 0) return step_error(x, i, MLAGEN_EINVAL, "negative workspace");
-    int rc = step(x, i, 0, NULL);
-    if (rc) return rc;
   }
   return 0;
 }
@@ -628,7 +421,7 @@ int mg_cpu_run(const mg_plan *p, mg_comm *comm, mg_cpu_tensors *t, mg_cpu_stats 
     if (!rc && s->workspace > 0 && !(ws = tr_alloc(&x->tr, s->workspace)))
       rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory allocating the workspace of step %d (%lld "
                        "bytes)", i, (long long)s->workspace);
-    if (!rc) rc = step(x, i, 1, ws);
+    if (!rc) rc = step(x, i, ws);
     tr_free(&x->tr, ws, s->workspace);
     if (!rc) capture(x, i);
     for (int b = 0; b < p->n_bufs; b++)

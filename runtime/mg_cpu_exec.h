@@ -89,15 +89,16 @@ typedef struct mg_cpu_stats {
 
 /* Runs plan p on this rank. comm spans the plan's P ranks (comm->size == args.sp and
  * comm->rank == args.rank); it may be NULL when P = 1. stats may be NULL. The plan is
- * validated (every step's operands in bounds) before any step runs, so a refusal is the
- * same on every rank and never leaves a peer waiting in a collective.
+ * checked (mg_plan_check.h, the check mg_plan_build ran: every step's operands in bounds)
+ * before any step runs, so a refusal is the same on every rank and never leaves a peer
+ * waiting in a collective.
  * Returns 0, or:
  *   MLAGEN_EINVAL  p or t NULL; the plan's dtype is bf16/f16 ("the CPU executor runs f32
  *                  or f64") or a buffer's dtype differs from it; an input the plan reads
  *                  is NULL; an input or output name the executor does not know; comm
  *                  NULL with P > 1, or its size/rank differ from the plan's; a malformed
- *                  plan (a GEMM or kernel operand out of its buffer's bounds, shapes that
- *                  disagree); a capture with an unknown or input buffer name, a NULL dst
+ *                  plan (mg_plan_check's message: a GEMM or kernel operand out of its
+ *                  buffer's bounds, shapes that disagree); a capture with an unknown or input buffer name, a NULL dst
  *                  or a byte count different from the buffer's.
  *   MLAGEN_EUNSUPPORTED  a GEMM dimension or leading dimension beyond int (CBLAS), or an
  *                  attention row (d_qk, d_v) longer than MG_CPU_MAX_ROW.

@@ -1,7 +1,10 @@
 /* mg_cuda_exec.c: the CUDA executor's orchestration over mg_dev_ops (see mg_cuda_exec.h).
  *
- * prepare: lay out memory, check every step (one function per step kind, run = 0), build
- * the kernels. run: the same functions with run = 1 queue the pass's work. */
+ * prepare: check the plan (mg_plan_check, the check mg_plan_build ran), lay out memory,
+ * build the kernels, and lower the steps (one function per step kind) into a flat
+ * program of launches, GEMMs, copies and collectives whose kernel arguments are bound to
+ * the manifests' parameters once, pointers as (buffer, offset). run: resolve each
+ * buffer's address for the call and replay the pass's part of the program. */
 #include "mg_cuda_exec.h"
 
 #include <cJSON.h>
@@ -13,13 +16,13 @@
 #include <time.h>
 
 #include "mg_module.h"
+#include "mg_plan_check.h"
 #include "mg_plan_mem.h"
 #include "mg_spec.h"
 #include "mg_tune.h"
 #include "mlagen.h"
 
 #define MAX_PARAMS 24
-#define STEP_KERNELS 3
 
 typedef struct kparam {
   char name[32];
@@ -35,6 +38,36 @@ typedef struct kern {
   kparam params[MAX_PARAMS];
 } kern;
 
+/* Where a pointer of the lowered program points; resolved at each run. */
+typedef struct ref {
+  int buf;     /* a plan buffer id, REF_WS (the workspace) or REF_NULL */
+  int64_t off; /* bytes from its start */
+} ref;
+#define REF_NULL (-1)
+#define REF_WS (-2)
+
+/* One device operation of the lowered program. */
+typedef enum lkind { L_LAUNCH, L_GEMM, L_COPY, L_COPY2D, L_MEMSET, L_A2A, L_GATHER, L_RSCATTER } lkind;
+
+typedef struct lop {
+  lkind kind;
+  int step;                 /* the plan step it comes from, for messages */
+  /* L_LAUNCH: kerns[kern] over grid, its parameters in the manifest's order */
+  int kern;
+  unsigned grid[3];
+  char pkind[MAX_PARAMS];   /* 'p', 'i', 'f' */
+  ref ptr[MAX_PARAMS];      /* 'p' */
+  int32_t ival[MAX_PARAMS]; /* 'i' */
+  float fval[MAX_PARAMS];   /* 'f' */
+  /* the others: a (dst; GEMM A; collectives' source), b (src; GEMM B; destination), c (C) */
+  ref a, b, c;
+  int64_t bytes;            /* L_COPY, L_MEMSET */
+  int64_t dpitch, spitch, width, height; /* L_COPY2D */
+  size_t count;             /* collectives: elements per rank block */
+  const mg_gemm *gemm;      /* L_GEMM: the plan's */
+  mg_dtype ta, tb, tc;      /* L_GEMM operand dtypes; collectives: ta */
+} lop;
+
 struct mg_cuda_exec {
   const mg_plan *p;
   mg_dev_ops *ops;
@@ -45,71 +78,65 @@ struct mg_cuda_exec {
   mg_gen *gen; /* during prepare only */
   kern *kerns;
   int n_kerns, cap;
-  int step_k[MG_PLAN_MAX_STEPS][STEP_KERNELS]; /* indexes into kerns, -1: none */
+  signed char slot[MG_PLAN_MAX_BUFS]; /* caller buffers: index into the op boundary, else -1 */
+  lop *prog; /* the lowered plan: the forward's [0, n_fwd_ops), then the backward's */
+  int n_prog, prog_cap, n_fwd_ops;
 };
 
-/* One pass's state. */
-typedef struct run {
+/* The state of prepare. */
+typedef struct prep {
   mg_cuda_exec *x;
   const mg_plan *p;
-  int go;     /* 0: check (prepare), 1: queue the work */
-  void *buf[MG_PLAN_MAX_BUFS];
-  char *ws;   /* the workspace */
-  mg_comm *comm;
-  void *stream;
   mg_diag *d;
-} run;
+} prep;
 
 /* Sets "<form> plan step i (label): <message>" and returns status. */
-__attribute__((format(printf, 4, 5)))
-static int step_error(const run *r, int i, int status, const char *fmt, ...) {
+__attribute__((format(printf, 5, 6)))
+static int step_error(const mg_plan *p, mg_diag *d, int i, int status, const char *fmt, ...) {
   char msg[700];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  return mg_diag_set(r->d, status, "%s plan step %d (%s): %s", mg_form_name(r->p->args.form), i,
-                     r->p->steps[i].label, msg);
+  return mg_diag_set(d, status, "%s plan step %d (%s): %s", mg_form_name(p->args.form), i,
+                     p->steps[i].label, msg);
 }
 
 /* Prefixes the message already in d (from ops, comm or the generator) with the step. */
-static int step_prefix(const run *r, int i, int rc) {
-  if (rc) mg_diag_prefix(r->d, "%s plan step %d (%s)", mg_form_name(r->p->args.form), i,
-                         r->p->steps[i].label);
+static int step_prefix(const mg_plan *p, mg_diag *d, int i, int rc) {
+  if (rc) mg_diag_prefix(d, "%s plan step %d (%s)", mg_form_name(p->args.form), i, p->steps[i].label);
   return rc;
 }
 
-static const mg_plan_buf *pb(const run *r, int id) { return &r->p->bufs[id]; }
+static const mg_plan_buf *pb(const prep *r, int id) { return &r->p->bufs[id]; }
 static int64_t last_dim(const mg_plan_buf *b) { return b->ndim ? b->dims[b->ndim - 1] : 1; }
 static size_t es(mg_dtype t) { return mg_dtype_size(t); }
+static ref bref(int buf, int64_t off) { return (ref){buf, off}; }
+static const ref rnull = {REF_NULL, 0};
 
-#define NEED(cond, ...)                                         \
-  do {                                                          \
-    if (!(cond)) return step_error(r, i, MLAGEN_EINVAL, __VA_ARGS__); \
-  } while (0)
 #define TRY(e)             \
   do {                     \
     int rc_ = (e);         \
     if (rc_) return rc_;   \
   } while (0)
 
-static int arity(const run *r, int i, int n_in, int n_out) {
-  const mg_step *s = &r->p->steps[i];
-  NEED(s->n_in == n_in && s->n_out == n_out, "takes %d inputs and %d outputs, has %d and %d", n_in,
-       n_out, s->n_in, s->n_out);
-  return 0;
-}
-
-static int numel_is(const run *r, int i, const mg_plan_buf *b, int64_t numel) {
-  NEED(mg_plan_buf_numel(b) == numel, "%s has %lld elements, the step needs %lld", b->name,
-       (long long)mg_plan_buf_numel(b), (long long)numel);
-  return 0;
-}
-
-static int dtype_is(const run *r, int i, const mg_plan_buf *b, mg_dtype t) {
-  NEED(b->dtype == t, "%s is %s, the step needs %s", b->name, mg_dtype_name(b->dtype),
-       mg_dtype_name(t));
-  return 0;
+/* A new operation of step i at the end of the program, or NULL (out of memory, in d). */
+static lop *emit(prep *r, lkind kind, int i) {
+  mg_cuda_exec *x = r->x;
+  if (x->n_prog == x->prog_cap) {
+    int cap = x->prog_cap ? 2 * x->prog_cap : 64;
+    lop *np = realloc(x->prog, (size_t)cap * sizeof *np);
+    if (!np) {
+      mg_diag_set(r->d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
+      return NULL;
+    }
+    x->prog = np, x->prog_cap = cap;
+  }
+  lop *l = &x->prog[x->n_prog++];
+  memset(l, 0, sizeof *l);
+  l->kind = kind;
+  l->step = i;
+  return l;
 }
 
 /* ---- kernels: preparation ------------------------------------------------------------- */
@@ -124,12 +151,11 @@ static char param_kind(const char *type) {
   return 0;
 }
 
-/* Makes kernel `family` (heads, dims) available to step i in slot; reuses a kernel already
- * loaded under the same name. */
-static int want_kernel(run *r, int i, int slot, const char *family, int heads, int dn, int dr,
-                       int dv, int dc) {
+/* Makes kernel `family` (heads, dims) available to step i: *kidx its index in x->kerns;
+ * reuses a kernel already loaded under the same name. */
+static int want_kernel(prep *r, int i, const char *family, int heads, int dn, int dr, int dv,
+                       int dc, int *kidx) {
   mg_cuda_exec *x = r->x;
-  if (r->go) return 0;
   mg_kernel_spec s;
   memset(&s, 0, sizeof s);
   snprintf(s.family, sizeof s.family, "%s", family);
@@ -156,10 +182,10 @@ static int want_kernel(run *r, int i, int slot, const char *family, int heads, i
     mg_spec_plan_tunables(&chosen);
     rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
   }
-  if (rc) return step_prefix(r, i, rc);
+  if (rc) return step_prefix(r->p, r->d, i, rc);
   for (int j = 0; j < x->n_kerns; j++)
     if (!strcmp(x->kerns[j].name, k.name)) {
-      x->step_k[i][slot] = j;
+      *kidx = j;
       mg_kernel_free(&k);
       return 0;
     }
@@ -196,20 +222,20 @@ static int want_kernel(run *r, int i, int slot, const char *family, int heads, i
     }
   if (!rc) rc = x->ops->load(x->ops, &k, &e->rule, &e->handle, r->d);
   mg_kernel_free(&k);
-  if (rc) return step_prefix(r, i, rc);
-  x->step_k[i][slot] = x->n_kerns++;
+  if (rc) return step_prefix(r->p, r->d, i, rc);
+  *kidx = x->n_kerns++;
   return 0;
 }
 
-/* ---- kernels: launching -------------------------------------------------------------- */
+/* ---- kernels: binding ------------------------------------------------------------------ */
 
+/* The arguments the executor has for a kernel, by parameter name. */
 typedef struct karg {
   const char *name;
   char kind;
-  void *p;
+  ref p;
   int64_t i;
   float f;
-  int i32; /* the launch's copy of i */
 } karg;
 
 typedef struct kargs {
@@ -217,8 +243,8 @@ typedef struct kargs {
   karg a[MAX_PARAMS];
 } kargs;
 
-static void ap(kargs *a, const char *name, const void *p) {
-  a->a[a->n++] = (karg){.name = name, .kind = 'p', .p = (void *)p};
+static void ap(kargs *a, const char *name, ref p) {
+  a->a[a->n++] = (karg){.name = name, .kind = 'p', .p = p};
 }
 static void ai(kargs *a, const char *name, int64_t v) {
   a->a[a->n++] = (karg){.name = name, .kind = 'i', .i = v};
@@ -227,179 +253,152 @@ static void af(kargs *a, const char *name, float v) {
   a->a[a->n++] = (karg){.name = name, .kind = 'f', .f = v};
 }
 
-/* Launches the kernel in slot of step i with the arguments a (matched to the manifest's
- * parameters by name) over the grid of its rule for batch and seqlen. */
-static int launch(run *r, int i, int slot, kargs *a, int64_t batch, int64_t seqlen) {
-  if (!r->go) return 0;
-  const kern *k = &r->x->kerns[r->x->step_k[i][slot]];
-  void *params[MAX_PARAMS];
-  for (int j = 0; j < k->n_params; j++) {
-    karg *m = NULL;
-    for (int q = 0; q < a->n && !m; q++)
-      if (!strcmp(a->a[q].name, k->params[j].name)) m = &a->a[q];
-    if (!m || m->kind != k->params[j].kind)
-      return step_error(r, i, MLAGEN_EINVAL, "kernel %s: parameter %s (%c) %s", k->name,
-                        k->params[j].name, k->params[j].kind,
-                        m ? "has another type than the executor's" : "is not one the executor knows");
-    if (m->kind == 'i') {
-      if (m->i < INT_MIN || m->i > INT_MAX)
-        return step_error(r, i, MLAGEN_EUNSUPPORTED, "kernel %s: %s = %lld exceeds int", k->name,
-                          m->name, (long long)m->i);
-      m->i32 = (int)m->i;
-      params[j] = &m->i32;
-    } else {
-      params[j] = m->kind == 'f' ? (void *)&m->f : (void *)&m->p;
-    }
-  }
+/* Appends a launch of kernel kidx for step i: the arguments a bound to the manifest's
+ * parameters by name (once, here), the grid of its rule for batch and seqlen. An empty
+ * grid launches nothing. */
+static int launch(prep *r, int i, int kidx, const kargs *a, int64_t batch, int64_t seqlen) {
+  const kern *k = &r->x->kerns[kidx];
   if (batch > LONG_MAX || seqlen > LONG_MAX)
-    return step_error(r, i, MLAGEN_ELIMIT, "kernel %s: launch sizes too large", k->name);
+    return step_error(r->p, r->d, i, MLAGEN_ELIMIT, "kernel %s: launch sizes too large", k->name);
   mg_launch_dims dims = {.batch = (long)batch, .seqlen_q = (long)seqlen, .seqlen_k = (long)seqlen};
   unsigned grid[3];
   int rc = mg_launch_grid(&k->rule, &dims, grid, r->d);
-  if (rc) return step_error(r, i, rc, "kernel %s: %s", k->name, mg_diag_msg(r->d));
+  if (rc) return step_error(r->p, r->d, i, rc, "kernel %s: %s", k->name, mg_diag_msg(r->d));
   if (!grid[0] || !grid[1] || !grid[2]) return 0;
-  return step_prefix(r, i, r->x->ops->launch(r->x->ops, k->handle, grid, k->rule.block,
-                                              k->rule.smem, params, r->stream, r->d));
+  lop *l = emit(r, L_LAUNCH, i);
+  if (!l) return MLAGEN_ENOMEM;
+  l->kern = kidx;
+  memcpy(l->grid, grid, sizeof grid);
+  for (int j = 0; j < k->n_params; j++) {
+    const karg *m = NULL;
+    for (int q = 0; q < a->n && !m; q++)
+      if (!strcmp(a->a[q].name, k->params[j].name)) m = &a->a[q];
+    if (!m || m->kind != k->params[j].kind)
+      return step_error(r->p, r->d, i, MLAGEN_EINVAL, "kernel %s: parameter %s (%c) %s", k->name,
+                        k->params[j].name, k->params[j].kind,
+                        m ? "has another type than the executor's" : "is not one the executor knows");
+    l->pkind[j] = m->kind;
+    if (m->kind == 'i') {
+      if (m->i < INT_MIN || m->i > INT_MAX)
+        return step_error(r->p, r->d, i, MLAGEN_EUNSUPPORTED, "kernel %s: %s = %lld exceeds int",
+                          k->name, m->name, (long long)m->i);
+      l->ival[j] = (int32_t)m->i;
+    } else if (m->kind == 'f') {
+      l->fval[j] = m->f;
+    } else {
+      l->ptr[j] = m->p;
+    }
+  }
+  return 0;
 }
 
 /* The grid size of the layout kernels, which stride over their rows: one CTA per row, up
  * to 2^20 CTAs. */
 static int64_t layout_grid(int64_t rows) { return rows < (1 << 20) ? rows : (1 << 20); }
 
-/* ---- device operations with the step in messages --------------------------------------- */
+/* ---- device operations ------------------------------------------------------------------ */
 
-static int d_copy(run *r, int i, void *dst, const void *src, int64_t bytes) {
-  if (!r->go || bytes <= 0) return 0;
-  return step_prefix(r, i, r->x->ops->copy(r->x->ops, dst, src, (size_t)bytes, r->stream, r->d));
+static int emit_copy(prep *r, int i, ref dst, ref src, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  lop *l = emit(r, L_COPY, i);
+  if (!l) return MLAGEN_ENOMEM;
+  l->a = dst, l->b = src, l->bytes = bytes;
+  return 0;
 }
 
-static int d_copy2d(run *r, int i, void *dst, int64_t dpitch, const void *src, int64_t spitch,
-                    int64_t width, int64_t height) {
-  if (!r->go || width <= 0 || height <= 0) return 0;
-  return step_prefix(r, i, r->x->ops->copy2d(r->x->ops, dst, (size_t)dpitch, src, (size_t)spitch,
-                                              (size_t)width, (size_t)height, r->stream, r->d));
+static int emit_copy2d(prep *r, int i, ref dst, int64_t dpitch, ref src, int64_t spitch,
+                       int64_t width, int64_t height) {
+  if (width <= 0 || height <= 0) return 0;
+  lop *l = emit(r, L_COPY2D, i);
+  if (!l) return MLAGEN_ENOMEM;
+  l->a = dst, l->b = src, l->dpitch = dpitch, l->spitch = spitch, l->width = width,
+  l->height = height;
+  return 0;
 }
 
-/* ---- collectives ---------------------------------------------------------------------- */
+/* A collective of count elements per rank block from src to dst. */
+static int emit_coll(prep *r, int i, lkind kind, ref src, ref dst, size_t count) {
+  lop *l = emit(r, kind, i);
+  if (!l) return MLAGEN_ENOMEM;
+  l->a = src, l->b = dst, l->count = count, l->ta = r->p->args.dtype;
+  return 0;
+}
 
-static int collective(run *r, int i) {
+/* ---- collectives (mg_plan_check: shapes and workspace as planned) ----------------------- */
+
+static int collective(prep *r, int i) {
   const mg_step *s = &r->p->steps[i];
-  TRY(arity(r, i, 1, 1));
   const mg_plan_buf *src = pb(r, s->in[0]), *dst = pb(r, s->out[0]);
   const int64_t P = r->p->args.sp;
   const mg_dtype t = r->p->args.dtype;
-  TRY(dtype_is(r, i, src, t));
-  TRY(dtype_is(r, i, dst, t));
   const int seq_head = s->kind == MG_STEP_SEQ_TO_HEAD || s->kind == MG_STEP_HEAD_TO_SEQ;
   const mg_plan_buf *shard =
       s->kind == MG_STEP_SEQ_TO_HEAD || s->kind == MG_STEP_ALL_GATHER ? src : dst;
-  const mg_plan_buf *full = shard == src ? dst : src;
   const int nd = seq_head ? 4 : 3;
-  NEED(shard->ndim == nd && full->ndim == nd, "%s and %s must have %d dims", src->name, dst->name,
-       nd);
   const int64_t Bt = shard->dims[0], Sl = shard->dims[1], w = shard->dims[nd - 1];
   const int64_t H = seq_head ? shard->dims[2] : 1, Hl = seq_head ? H / P : 1;
-  int ok = full->dims[0] == Bt && full->dims[1] == Sl * P && full->dims[nd - 1] == w &&
-           Sl * P == r->p->args.seq;
-  if (seq_head) ok = ok && H % P == 0 && full->dims[2] == Hl;
-  NEED(ok, "%s and %s do not match a %s over %d ranks", src->name, dst->name,
-       seq_head ? "all-to-all" : "gather/scatter", (int)P);
-  const int64_t in_b = mg_plan_buf_bytes(src), out_b = mg_plan_buf_bytes(dst);
-  if (P == 1) return d_copy(r, i, r->buf[s->out[0]], r->buf[s->in[0]], in_b);
-  const int64_t need = seq_head ? in_b + out_b : s->kind == MG_STEP_ALL_GATHER ? out_b : in_b;
-  NEED(s->workspace >= need && r->x->mem.step_ws[i] >= 0, "staging of %lld bytes, needs %lld",
-       (long long)s->workspace, (long long)need);
-  if (seq_head) {
-    TRY(want_kernel(r, i, 0, "a2a_pack", (int)H, 0, 0, 0, 0));
-    TRY(want_kernel(r, i, 1, "a2a_unpack", (int)H, 0, 0, 0, 0));
-  }
-  if (!r->go) return 0;
-  char *send = r->ws + r->x->mem.step_ws[i], *recv = send + in_b;
+  const int64_t in_b = mg_plan_buf_bytes(src);
+  const ref in = bref(s->in[0], 0), out = bref(s->out[0], 0);
+  if (P == 1) return emit_copy(r, i, out, in, in_b);
+  const ref send = bref(REF_WS, r->x->mem.step_ws[i]), recv = bref(REF_WS, r->x->mem.step_ws[i] + in_b);
   const size_t count = (size_t)(Bt * Sl * Hl * w);
   const int64_t blk = (int64_t)count * (int64_t)es(t);
-  mg_comm *c = r->comm;
-  const void *in = r->buf[s->in[0]];
-  void *out = r->buf[s->out[0]];
-  int rc = 0;
   if (seq_head) {
+    int pack, unpack;
+    TRY(want_kernel(r, i, "a2a_pack", (int)H, 0, 0, 0, 0, &pack));
+    TRY(want_kernel(r, i, "a2a_unpack", (int)H, 0, 0, 0, 0, &unpack));
     const int dir = s->kind == MG_STEP_HEAD_TO_SEQ;
     kargs a = {0};
     ap(&a, "src", in), ap(&a, "send", send), ai(&a, "seqlen_local", Sl), ai(&a, "batch", Bt);
     ai(&a, "heads_total", H), ai(&a, "sp", P), ai(&a, "width", w), ai(&a, "direction", dir);
-    TRY(launch(r, i, 0, &a, Bt, Sl));
-    rc = step_prefix(r, i, c->ops->all_to_all(c, send, recv, count, t, r->d));
-    if (rc) return rc;
+    TRY(launch(r, i, pack, &a, Bt, Sl));
+    TRY(emit_coll(r, i, L_A2A, send, recv, count));
     kargs u = {0};
     ap(&u, "recv", recv), ap(&u, "dst", out), ai(&u, "seqlen_local", Sl), ai(&u, "batch", Bt);
     ai(&u, "heads_total", H), ai(&u, "sp", P), ai(&u, "width", w), ai(&u, "direction", dir);
-    return launch(r, i, 1, &u, Bt, Sl);
+    return launch(r, i, unpack, &u, Bt, Sl);
   }
   const int64_t row = Sl * w * (int64_t)es(t); /* one batch item of one rank's tokens */
   if (s->kind == MG_STEP_ALL_GATHER) {
-    rc = step_prefix(r, i, c->ops->all_gather(c, in, send, count, t, r->d));
-    for (int64_t q = 0; !rc && q < P; q++) /* block q = rank q's tokens -> rows q S_l.. */
-      rc = d_copy2d(r, i, (char *)out + q * row, P * row, send + q * blk, row, row, Bt);
-    return rc;
+    TRY(emit_coll(r, i, L_GATHER, in, send, count));
+    for (int64_t q = 0; q < P; q++) /* block q = rank q's tokens -> rows q S_l.. */
+      TRY(emit_copy2d(r, i, bref(out.buf, q * row), P * row, bref(REF_WS, send.off + q * blk),
+                      row, row, Bt));
+    return 0;
   }
-  for (int64_t q = 0; !rc && q < P; q++) /* reduce-scatter: block q = rank q's tokens */
-    rc = d_copy2d(r, i, send + q * blk, row, (const char *)in + q * row, P * row, row, Bt);
-  if (!rc) rc = step_prefix(r, i, c->ops->reduce_scatter(c, send, out, count, t, r->d));
-  return rc;
+  for (int64_t q = 0; q < P; q++) /* reduce-scatter: block q = rank q's tokens */
+    TRY(emit_copy2d(r, i, bref(REF_WS, send.off + q * blk), row, bref(in.buf, q * row), P * row,
+                    row, Bt));
+  return emit_coll(r, i, L_RSCATTER, send, out, count);
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------ */
 
-static int gemm_operand(const run *r, int i, const char *which, const mg_plan_buf *b,
-                        int64_t rows, int64_t cols, int64_t ld, int64_t off, int64_t stride,
-                        int batch) {
-  NEED(rows >= 1 && cols >= 1 && batch >= 1 && ld >= cols && off >= 0 && stride >= 0,
-       "operand %s (%s): %lld x %lld, ld %lld, offset %lld, stride %lld, batch %d is not a valid "
-       "matrix", which, b->name, (long long)rows, (long long)cols, (long long)ld, (long long)off,
-       (long long)stride, batch);
-  if (rows > INT_MAX || cols > INT_MAX || ld > INT_MAX)
-    return step_error(r, i, MLAGEN_EUNSUPPORTED, "operand %s (%s) exceeds cuBLAS's int dims",
-                      which, b->name);
-  const int64_t last = off + (int64_t)(batch - 1) * stride + (rows - 1) * ld + cols - 1;
-  NEED(last < mg_plan_buf_numel(b), "operand %s reads element %lld of %s, which has %lld", which,
-       (long long)last, b->name, (long long)mg_plan_buf_numel(b));
-  return 0;
-}
-
-static int gemm(run *r, int i) {
+static int gemm(prep *r, int i) {
   const mg_step *s = &r->p->steps[i];
-  const mg_gemm *g = &s->gemm;
-  TRY(arity(r, i, g->beta != 0 ? 3 : 2, 1));
-  NEED(g->beta == 0 || g->beta == 1, "beta %g: must be 0 or 1", (double)g->beta);
-  const mg_plan_buf *A = pb(r, s->in[0]), *B = pb(r, s->in[1]), *C = pb(r, s->out[0]);
-  TRY(dtype_is(r, i, A, r->p->args.dtype));
-  TRY(dtype_is(r, i, B, r->p->args.dtype));
-  NEED(C->dtype == r->p->args.dtype || C->dtype == MG_F32, "%s is %s: C must be %s or f32",
-       C->name, mg_dtype_name(C->dtype), mg_dtype_name(r->p->args.dtype));
-  TRY(gemm_operand(r, i, "A", A, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda,
-                   g->off_a, g->stride_a, g->batch));
-  TRY(gemm_operand(r, i, "B", B, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb,
-                   g->off_b, g->stride_b, g->batch));
-  TRY(gemm_operand(r, i, "C", C, g->m, g->n, g->ldc, g->off_c, g->stride_c, g->batch));
-  if (!r->go) return 0;
-  return step_prefix(r, i, r->x->ops->gemm(r->x->ops, g, A->dtype, r->buf[s->in[0]], B->dtype,
-                                            r->buf[s->in[1]], C->dtype, r->buf[s->out[0]],
-                                            r->stream, r->d));
+  lop *l = emit(r, L_GEMM, i);
+  if (!l) return MLAGEN_ENOMEM;
+  l->gemm = &s->gemm;
+  l->a = bref(s->in[0], 0), l->b = bref(s->in[1], 0), l->c = bref(s->out[0], 0);
+  l->ta = pb(r, s->in[0])->dtype, l->tb = pb(r, s->in[1])->dtype, l->tc = pb(r, s->out[0])->dtype;
+  return 0;
 }
 
 /* ---- kernel steps ------------------------------------------------------------------------ */
 
-static int kernel_step(run *r, int i) {
+static int kernel_step(prep *r, int i) {
   const mg_plan *p = r->p;
   const mg_step *s = &p->steps[i];
   const mg_shape *sh = &p->shape;
   const int dn = sh->qk_nope_head_dim, dr = sh->qk_rope_head_dim, dv = sh->v_head_dim,
             dc = sh->kv_lora_rank;
-  const mg_dtype t = p->args.dtype, acc = mg_plan_acc_dtype(p);
+  const mg_dtype t = p->args.dtype;
   const float scale = (float)sh->softmax_scale;
+  int k0, k1, k2;
 #define IN(k) pb(r, s->in[k])
 #define OUT(k) pb(r, s->out[k])
-#define BI(k) r->buf[s->in[k]]
-#define BO(k) r->buf[s->out[k]]
+#define BI(k) bref(s->in[k], 0)
+#define BO(k) bref(s->out[k], 0)
   switch (s->op) {
     case MG_OP_ATTN_FWD:
     case MG_OP_ATTN_BWD:
@@ -407,117 +406,59 @@ static int kernel_step(run *r, int i) {
     case MG_OP_MQA_BWD: {
       const int fwd = s->op == MG_OP_ATTN_FWD || s->op == MG_OP_MQA_FWD;
       const int mqa = s->op == MG_OP_MQA_FWD || s->op == MG_OP_MQA_BWD;
-      TRY(arity(r, i, mqa ? (fwd ? 2 : 5) : (fwd ? 3 : 6), mqa ? 2 : (fwd ? 2 : 3)));
       const mg_plan_buf *q = IN(0);
-      NEED(q->ndim == 4, "%s must be [B, S, H, d]", q->name);
-      const int64_t B = q->dims[0], S = q->dims[1], H = q->dims[2];
-      const int64_t dqk = mqa ? dc + dr : dn + dr, dvv = mqa ? dc : dv;
-      NEED(S == p->args.seq, "%s covers %lld tokens, the attention needs all S = %lld", q->name,
-           (long long)S, (long long)p->args.seq);
-      NEED(q->dims[3] == dqk, "%s rows are %lld wide, the kernels take %lld", q->name,
-           (long long)q->dims[3], (long long)dqk);
-      NEED(H >= 1 && H <= INT_MAX, "%s has %lld heads", q->name, (long long)H);
-      const int64_t nq = B * S * H * dqk, nv = B * S * H * dvv, nl = B * H * S;
-      const mg_plan_buf *o = mqa ? (fwd ? OUT(0) : IN(2)) : (fwd ? OUT(0) : IN(3));
-      const mg_plan_buf *lse = mqa ? (fwd ? OUT(1) : IN(3)) : (fwd ? OUT(1) : IN(4));
-      TRY(numel_is(r, i, o, nv));
-      TRY(dtype_is(r, i, o, t));
-      TRY(numel_is(r, i, lse, nl));
-      TRY(dtype_is(r, i, lse, acc));
-      TRY(dtype_is(r, i, q, t));
-      if (mqa) {
-        TRY(numel_is(r, i, IN(1), B * S * dqk));
-        TRY(dtype_is(r, i, IN(1), t));
-      } else {
-        TRY(numel_is(r, i, IN(1), nq));
-        TRY(numel_is(r, i, IN(2), B * S * H * dv));
-        TRY(dtype_is(r, i, IN(1), t));
-        TRY(dtype_is(r, i, IN(2), t));
-      }
-      if (!fwd) {
-        const mg_plan_buf *dout = IN(mqa ? 4 : 5);
-        TRY(numel_is(r, i, dout, nv));
-        TRY(dtype_is(r, i, dout, t));
-        for (int k = 0; k < s->n_out; k++) {
-          TRY(numel_is(r, i, OUT(k), mg_plan_buf_numel(IN(k))));
-          TRY(dtype_is(r, i, OUT(k), t));
-        }
-        NEED(s->workspace >= 4 * nl && r->x->mem.step_ws[i] >= 0,
-             "scratch of %lld bytes, the backward's delta needs %lld (mg_plan_kernel)",
-             (long long)s->workspace, (long long)(4 * nl));
-      }
-      const int h = (int)H;
+      const int64_t B = q->dims[0], S = q->dims[1];
+      const int h = (int)q->dims[2];
       if (mqa && fwd) {
-        TRY(want_kernel(r, i, 0, "mqa_fwd", h, dn, dr, dv, dc));
+        TRY(want_kernel(r, i, "mqa_fwd", h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "c", BI(1)), ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
-        return launch(r, i, 0, &a, B, S);
+        return launch(r, i, k0, &a, B, S);
       }
       if (!mqa && fwd) {
-        TRY(want_kernel(r, i, 0, "attn_fwd", h, dn, dr, dv, dc));
+        TRY(want_kernel(r, i, "attn_fwd", h, dn, dr, dv, dc, &k0));
         kargs a = {0};
-        ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", NULL), ap(&a, "v", BI(2));
+        ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
-        return launch(r, i, 0, &a, B, S);
+        return launch(r, i, k0, &a, B, S);
       }
       /* backward: delta in the step's scratch, by attn_bwd_pre */
       if (mqa) {
-        TRY(want_kernel(r, i, 0, "attn_bwd_pre", h, dc, dr, dc, dc));
-        TRY(want_kernel(r, i, 1, "mqa_bwd_dkv", h, dn, dr, dv, dc));
-        TRY(want_kernel(r, i, 2, "mqa_bwd_dq", h, dn, dr, dv, dc));
+        TRY(want_kernel(r, i, "attn_bwd_pre", h, dc, dr, dc, dc, &k0));
+        TRY(want_kernel(r, i, "mqa_bwd_dkv", h, dn, dr, dv, dc, &k1));
+        TRY(want_kernel(r, i, "mqa_bwd_dq", h, dn, dr, dv, dc, &k2));
       } else {
-        TRY(want_kernel(r, i, 0, "attn_bwd_pre", h, dn, dr, dv, dc));
-        TRY(want_kernel(r, i, 1, "attn_bwd_dkdv", h, dn, dr, dv, dc));
-        TRY(want_kernel(r, i, 2, "attn_bwd_dq", h, dn, dr, dv, dc));
+        TRY(want_kernel(r, i, "attn_bwd_pre", h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel(r, i, "attn_bwd_dkdv", h, dn, dr, dv, dc, &k1));
+        TRY(want_kernel(r, i, "attn_bwd_dq", h, dn, dr, dv, dc, &k2));
       }
-      if (!r->go) return 0;
-      void *delta = r->ws + r->x->mem.step_ws[i];
-      const void *dout = mqa ? BI(4) : BI(5), *ob = mqa ? BI(2) : BI(3), *lb = mqa ? BI(3) : BI(4);
+      const ref delta = bref(REF_WS, r->x->mem.step_ws[i]);
+      const ref dout = mqa ? BI(4) : BI(5), ob = mqa ? BI(2) : BI(3), lb = mqa ? BI(3) : BI(4);
       kargs pre = {0};
-      ap(&pre, "o", ob), ap(&pre, "dout", dout), ap(&pre, "delta", delta), ap(&pre, "dq_accum", NULL);
+      ap(&pre, "o", ob), ap(&pre, "dout", dout), ap(&pre, "delta", delta), ap(&pre, "dq_accum", rnull);
       ai(&pre, "seqlen_q", S);
-      TRY(launch(r, i, 0, &pre, B, S));
+      TRY(launch(r, i, k0, &pre, B, S));
       kargs a = {0};
       ap(&a, "q", BI(0)), ap(&a, "dout", dout), ap(&a, "lse", lb), ap(&a, "delta", delta);
       ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
       if (mqa) {
-        ap(&a, "c", BI(1)), ap(&a, "dc", BO(1)), ap(&a, "dc_accum", NULL), ap(&a, "dq", BO(0));
+        ap(&a, "c", BI(1)), ap(&a, "dc", BO(1)), ap(&a, "dc_accum", rnull), ap(&a, "dq", BO(0));
       } else {
-        ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", NULL), ap(&a, "v", BI(2));
-        ap(&a, "dq_accum", NULL), ap(&a, "dk_nope", BO(1)), ap(&a, "dk_rope", NULL);
+        ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
+        ap(&a, "dq_accum", rnull), ap(&a, "dk_nope", BO(1)), ap(&a, "dk_rope", rnull);
         ap(&a, "dv", BO(2)), ap(&a, "dq", BO(0));
       }
-      TRY(launch(r, i, 1, &a, B, S));
-      return launch(r, i, 2, &a, B, S);
+      TRY(launch(r, i, k1, &a, B, S));
+      return launch(r, i, k2, &a, B, S);
     }
     case MG_OP_EXPAND_KV:
     case MG_OP_SPLIT_DKV: {
       const int expand = s->op == MG_OP_EXPAND_KV;
-      TRY(arity(r, i, 2, 2));
       const mg_plan_buf *big = IN(0); /* kv or dk: [B, S, Hk, w] */
-      const int64_t w0 = expand ? dn + dv : dn + dr;
-      NEED(big->ndim == 4 && last_dim(big) == w0, "%s must be [B, S, H, %lld]", big->name,
-           (long long)w0);
       const int64_t rows = big->dims[0] * big->dims[1], H = big->dims[2];
-      const mg_plan_buf *rope = expand ? IN(1) : OUT(1);
-      NEED(s->rope_col >= 0 && s->rope_col + dr <= s->rope_w && last_dim(rope) == s->rope_w,
-           "rope columns [%lld, %lld) outside %s of width %lld", (long long)s->rope_col,
-           (long long)(s->rope_col + dr), rope->name, (long long)last_dim(rope));
-      TRY(numel_is(r, i, rope, rows * s->rope_w));
-      if (expand) {
-        TRY(numel_is(r, i, OUT(0), rows * H * (dn + dr)));
-        TRY(numel_is(r, i, OUT(1), rows * H * dv));
-      } else {
-        TRY(numel_is(r, i, IN(1), rows * H * dv));
-        TRY(numel_is(r, i, OUT(0), rows * H * (dn + dv)));
-      }
-      for (int k = 0; k < 2; k++) {
-        TRY(dtype_is(r, i, IN(k), t));
-        TRY(dtype_is(r, i, OUT(k), t));
-      }
-      TRY(want_kernel(r, i, 0, expand ? "expand_kv" : "split_dkv", (int)H, dn, dr, dv, dc));
+      TRY(want_kernel(r, i, expand ? "expand_kv" : "split_dkv", (int)H, dn, dr, dv, dc, &k0));
       kargs a = {0};
       if (expand) {
         ap(&a, "kv", BI(0)), ap(&a, "rope", BI(1)), ap(&a, "k", BO(0)), ap(&a, "v", BO(1));
@@ -526,101 +467,79 @@ static int kernel_step(run *r, int i) {
         ai(&a, "accumulate", s->accumulate != 0);
       }
       ai(&a, "rows", rows), ai(&a, "rope_col", s->rope_col), ai(&a, "rope_w", s->rope_w);
-      return launch(r, i, 0, &a, 1, layout_grid(rows));
+      return launch(r, i, k0, &a, 1, layout_grid(rows));
     }
     case MG_OP_CONCAT_LATENT:
     case MG_OP_SPLIT_LATENT: {
       const int concat = s->op == MG_OP_CONCAT_LATENT;
-      TRY(arity(r, i, concat ? 2 : 1, concat ? 1 : 2));
-      const mg_plan_buf *ckv = concat ? IN(0) : OUT(0), *kr = concat ? IN(1) : OUT(1),
-                        *c = concat ? OUT(0) : IN(0);
-      const int64_t wc = last_dim(ckv), wr = last_dim(kr), rows = mg_plan_buf_numel(ckv) / wc;
-      NEED(wc == dc && wr == dr && last_dim(c) == dc + dr, "%s, %s and %s must be d_c, d_r and "
-           "d_c + d_r wide", ckv->name, kr->name, c->name);
-      TRY(numel_is(r, i, kr, rows * dr));
-      TRY(numel_is(r, i, c, rows * (dc + dr)));
-      TRY(dtype_is(r, i, ckv, t));
-      TRY(dtype_is(r, i, kr, t));
-      TRY(dtype_is(r, i, c, t));
-      TRY(want_kernel(r, i, 0, concat ? "concat_latent" : "split_latent", p->shape.heads, dn, dr,
-                      dv, dc));
+      const int64_t rows = mg_plan_buf_numel(concat ? IN(0) : OUT(0)) / dc;
+      TRY(want_kernel(r, i, concat ? "concat_latent" : "split_latent", p->shape.heads, dn, dr, dv,
+                      dc, &k0));
       kargs a = {0};
       if (concat) ap(&a, "c_kv", BI(0)), ap(&a, "k_rope", BI(1)), ap(&a, "c", BO(0));
       else ap(&a, "dc", BI(0)), ap(&a, "dc_kv", BO(0)), ap(&a, "dk_rope", BO(1));
       ai(&a, "rows", rows);
-      return launch(r, i, 0, &a, 1, layout_grid(rows));
+      return launch(r, i, k0, &a, 1, layout_grid(rows));
     }
     case MG_OP_COPY_COLS: {
-      TRY(arity(r, i, 1, 1));
       const mg_plan_buf *src = IN(0), *dst = OUT(0);
       const int64_t sw = s->src_w ? s->src_w : last_dim(src), dw = s->dst_w ? s->dst_w : last_dim(dst);
-      NEED(sw > 0 && dw > 0 && mg_plan_buf_numel(src) % sw == 0,
-           "row width %lld does not divide the %lld elements of %s", (long long)sw,
-           (long long)mg_plan_buf_numel(src), src->name);
       const int64_t rows = mg_plan_buf_numel(src) / sw;
-      NEED(s->cols >= 0 && s->src_col >= 0 && s->dst_col >= 0 && s->src_col + s->cols <= sw &&
-               s->dst_col + s->cols <= dw,
-           "columns [%lld, +%lld) -> [%lld, +%lld) outside widths %lld and %lld",
-           (long long)s->src_col, (long long)s->cols, (long long)s->dst_col, (long long)s->cols,
-           (long long)sw, (long long)dw);
-      TRY(numel_is(r, i, dst, rows * dw));
-      NEED(src->dtype == dst->dtype, "%s is %s, %s is %s", src->name, mg_dtype_name(src->dtype),
-           dst->name, mg_dtype_name(dst->dtype));
       if (src->dtype != t) { /* laga-f's f32 LSE: a strided copy */
         const int64_t e = (int64_t)es(src->dtype);
-        if (!r->go) return 0;
-        return d_copy2d(r, i, (char *)BO(0) + s->dst_col * e, dw * e,
-                        (const char *)BI(0) + s->src_col * e, sw * e, s->cols * e, rows);
+        return emit_copy2d(r, i, bref(s->out[0], s->dst_col * e), dw * e,
+                           bref(s->in[0], s->src_col * e), sw * e, s->cols * e, rows);
       }
-      TRY(want_kernel(r, i, 0, "copy_cols", p->shape.heads, dn, dr, dv, dc));
+      TRY(want_kernel(r, i, "copy_cols", p->shape.heads, dn, dr, dv, dc, &k0));
       kargs a = {0};
       ap(&a, "src", BI(0)), ap(&a, "dst", BO(0)), ai(&a, "rows", rows), ai(&a, "src_w", sw);
       ai(&a, "src_col", s->src_col), ai(&a, "dst_w", dw), ai(&a, "dst_col", s->dst_col);
       ai(&a, "cols", s->cols);
-      return launch(r, i, 0, &a, 1, layout_grid(rows));
+      return launch(r, i, k0, &a, 1, layout_grid(rows));
     }
   }
 #undef IN
 #undef OUT
 #undef BI
 #undef BO
-  return step_error(r, i, MLAGEN_EINVAL, "unknown kernel op %d", (int)s->op);
+  return 0; /* mg_plan_check refuses unknown ops */
 }
 
-static int step(run *r, int i) {
-  switch (r->p->steps[i].kind) {
-    case MG_STEP_SEQ_TO_HEAD:
-    case MG_STEP_HEAD_TO_SEQ:
-    case MG_STEP_ALL_GATHER:
-    case MG_STEP_REDUCE_SCATTER: return collective(r, i);
+/* Lowers step i: at P > 1 the OUTPUT dw_kv_b is zeroed before its first write (this
+ * rank's partial sum writes only its heads' rows), then the step's operations. */
+static int lower_step(prep *r, int i) {
+  const mg_plan *p = r->p;
+  for (int b = 0; b < p->n_bufs; b++)
+    if (p->args.sp > 1 && p->bufs[b].role == MG_BUF_OUTPUT && p->bufs[b].first == i &&
+        !strcmp(p->bufs[b].name, "dw_kv_b")) {
+      lop *l = emit(r, L_MEMSET, i);
+      if (!l) return MLAGEN_ENOMEM;
+      l->a = bref(b, 0), l->bytes = mg_plan_buf_bytes(&p->bufs[b]);
+    }
+  switch (p->steps[i].kind) {
     case MG_STEP_GEMM: return gemm(r, i);
     case MG_STEP_KERNEL: return kernel_step(r, i);
+    default: return collective(r, i);
   }
-  return step_error(r, i, MLAGEN_EINVAL, "unknown step kind %d", (int)r->p->steps[i].kind);
 }
-#undef NEED
 #undef TRY
 
 /* ---- the op boundary ---------------------------------------------------------------------- */
 
-static const char *const input_names[] = {"q", "c_kv", "k_rope", "w_kv_b", "do"};
-static const char *const output_names[] = {"o", "dq", "dc_kv", "dk_rope", "dw_kv_b"};
-
-static void *caller_tensor(const mg_cuda_tensors *t, const char *name) {
-  const void *const in[] = {t->q, t->c_kv, t->k_rope, t->w_kv_b, t->d_o};
-  void *const out[] = {t->o, t->dq, t->dc_kv, t->dk_rope, t->dw_kv_b};
-  for (int k = 0; k < 5; k++) {
-    if (!strcmp(name, input_names[k])) return (void *)in[k];
-    if (!strcmp(name, output_names[k])) return out[k];
-  }
-  return NULL;
+/* The caller's tensor of op-boundary slot k (mg_plan_check.h: inputs 0..4, outputs 5..9). */
+static void *caller_tensor(const mg_cuda_tensors *t, int k) {
+  const void *const all[2 * MG_PLAN_N_IO] = {t->q, t->c_kv, t->k_rope, t->w_kv_b, t->d_o,
+                                             t->o, t->dq, t->dc_kv, t->dk_rope, t->dw_kv_b};
+  return (void *)all[k];
 }
 
-static int known_name(const char *name, mg_buf_role role) {
-  const char *const *names = role == MG_BUF_INPUT ? input_names : output_names;
-  for (int k = 0; k < 5; k++)
-    if (!strcmp(name, names[k])) return 1;
-  return 0;
+/* The op-boundary slot of caller buffer b (mg_plan_check checked its name), else -1. */
+static int caller_slot(const mg_plan_buf *b) {
+  if (b->role == MG_BUF_TEMP) return -1;
+  const char *const *names = b->role == MG_BUF_INPUT ? mg_plan_input_names : mg_plan_output_names;
+  for (int k = 0; k < MG_PLAN_N_IO; k++)
+    if (!strcmp(b->name, names[k])) return k + (b->role == MG_BUF_INPUT ? 0 : MG_PLAN_N_IO);
+  return -1;
 }
 
 /* ---- prepare ----------------------------------------------------------------------------- */
@@ -649,24 +568,17 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
   if (p->args.dtype != MG_BF16 && p->args.dtype != MG_F16)
     return mg_diag_set(d, MLAGEN_EINVAL, "the CUDA executor runs bf16 or f16 plans, not %s (f32 "
                        "and f64 plans run on the CPU executor)", mg_dtype_name(p->args.dtype));
-  if (p->n_steps > MG_PLAN_MAX_STEPS || p->n_bufs > MG_PLAN_MAX_BUFS || p->n_fwd < 0 ||
-      p->n_fwd > p->n_steps)
-    return mg_diag_set(d, MLAGEN_EINVAL, "malformed plan (%d steps, %d buffers)", p->n_steps,
-                       p->n_bufs);
-  for (int b = 0; b < p->n_bufs; b++) {
-    const mg_plan_buf *pbuf = &p->bufs[b];
-    if (pbuf->role != MG_BUF_TEMP && !known_name(pbuf->name, pbuf->role))
-      return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: unknown %s %s", mg_form_name(p->args.form),
-                         pbuf->role == MG_BUF_INPUT ? "input" : "output", pbuf->name);
-  }
+  int rc = mg_plan_check(p, d);
+  if (!rc) rc = mg_plan_check_gemm_int(p, "cuBLAS", d);
+  if (rc) return rc;
   mg_cuda_exec *x = calloc(1, sizeof *x);
   if (!x) return mg_diag_set(d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
   x->p = p;
   x->ops = o;
   x->timeout_s = opts && opts->timeout_s != 0 ? opts->timeout_s : 600;
   snprintf(x->tune_dir, sizeof x->tune_dir, "%s", opts && opts->tune_dir ? opts->tune_dir : "");
-  memset(x->step_k, -1, sizeof x->step_k);
-  int rc = mg_cuda_exec_mem_layout(p, &x->mem, &x->blas_off, d);
+  for (int b = 0; b < p->n_bufs; b++) x->slot[b] = (signed char)caller_slot(&p->bufs[b]);
+  rc = mg_cuda_exec_mem_layout(p, &x->mem, &x->blas_off, d);
   if (rc) {
     mg_diag_prefix(d, "CUDA executor: memory layout");
     free(x);
@@ -675,19 +587,12 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
   int own_gen = !(opts && opts->gen);
   if (own_gen) rc = mg_gen_open(&x->gen, NULL, d);
   else x->gen = opts->gen;
-  run r = {.x = x, .p = p, .go = 0, .d = d};
+  prep r = {.x = x, .p = p, .d = d};
   for (int i = 0; i < p->n_steps && !rc; i++) {
-    const mg_step *s = &p->steps[i];
-    if (s->n_in < 0 || s->n_in > MG_STEP_MAX_ARGS || s->n_out < 0 || s->n_out > MG_STEP_MAX_ARGS) {
-      rc = step_error(&r, i, MLAGEN_EINVAL, "malformed argument lists");
-      break;
-    }
-    for (int k = 0; k < s->n_in + s->n_out && !rc; k++) {
-      int id = k < s->n_in ? s->in[k] : s->out[k - s->n_in];
-      if (id < 0 || id >= p->n_bufs) rc = step_error(&r, i, MLAGEN_EINVAL, "buffer id %d", id);
-    }
-    if (!rc) rc = step(&r, i);
+    if (i == p->n_fwd) x->n_fwd_ops = x->n_prog;
+    rc = lower_step(&r, i);
   }
+  if (p->n_fwd == p->n_steps) x->n_fwd_ops = x->n_prog;
   if (own_gen) mg_gen_close(x->gen);
   x->gen = NULL;
   if (rc) {
@@ -713,6 +618,7 @@ void *mg_cuda_exec_buffer(const mg_cuda_exec *x, const char *name, void *workspa
 void mg_cuda_exec_destroy(mg_cuda_exec *x) {
   if (!x) return;
   free(x->kerns);
+  free(x->prog);
   free(x);
 }
 
@@ -762,39 +668,60 @@ int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, vo
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "the communicator is rank %d of %d, the plan is for rank %d of sp = %d",
                        comm->rank, comm->size, p->args.rank, p->args.sp);
-  run r = {.x = x, .p = p, .go = 1, .ws = workspace, .comm = comm, .stream = stream, .d = d};
+  void *buf[MG_PLAN_MAX_BUFS]; /* where each buffer is for this call */
   for (int b = 0; b < p->n_bufs; b++) {
-    if (x->mem.where[b] == MG_MEM_CALLER) r.buf[b] = caller_tensor(t, p->bufs[b].name);
-    else r.buf[b] = (char *)(x->mem.where[b] == MG_MEM_SAVED ? saved : workspace) + x->mem.offset[b];
+    if (x->mem.where[b] == MG_MEM_CALLER) buf[b] = caller_tensor(t, x->slot[b]);
+    else buf[b] = (char *)(x->mem.where[b] == MG_MEM_SAVED ? saved : workspace) + x->mem.offset[b];
   }
   for (int i = first; i < end; i++) { /* every caller tensor the pass touches is given */
     const mg_step *s = &p->steps[i];
     for (int k = 0; k < s->n_in + s->n_out; k++) {
       int b = k < s->n_in ? s->in[k] : s->out[k - s->n_in];
-      if (x->mem.where[b] == MG_MEM_CALLER && !r.buf[b])
+      if (x->mem.where[b] == MG_MEM_CALLER && !buf[b])
         return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensor %s is NULL (step %d, %s)", pname,
                            p->bufs[b].name, i, s->label);
     }
   }
-  if (x->blas_off >= 0 && x->ops->gemm_workspace) { /* the aligned part of the GEMMs' slice */
+  mg_dev_ops *o = x->ops;
+  if (x->blas_off >= 0 && o->gemm_workspace) { /* the aligned part of the GEMMs' slice */
     const uintptr_t at = (uintptr_t)workspace + (uintptr_t)x->blas_off;
     const uintptr_t lead = (MG_CUDA_EXEC_ALIGN - at % MG_CUDA_EXEC_ALIGN) % MG_CUDA_EXEC_ALIGN;
-    int rc = x->ops->gemm_workspace(x->ops, (char *)workspace + x->blas_off + lead,
-                                    (size_t)MG_CUDA_EXEC_BLAS_WS - lead, d);
+    int rc = o->gemm_workspace(o, (char *)workspace + x->blas_off + lead,
+                               (size_t)MG_CUDA_EXEC_BLAS_WS - lead, d);
     if (rc) return mg_diag_prefix(d, "%s: the GEMMs' workspace", pname);
   }
-  for (int i = first; i < end; i++) {
-    for (int b = 0; b < p->n_bufs; b++) /* this rank's partial dw_kv_b: zero the other rows */
-      if (p->args.sp > 1 && p->bufs[b].role == MG_BUF_OUTPUT && p->bufs[b].first == i &&
-          !strcmp(p->bufs[b].name, "dw_kv_b")) {
-        int rc = step_prefix(&r, i, x->ops->memset(x->ops, r.buf[b], 0,
-                                                   (size_t)mg_plan_buf_bytes(&p->bufs[b]),
-                                                   stream, d));
-        if (rc) return rc;
+  /* replay the pass's part of the lowered program */
+#define R(rf) ((rf).buf >= 0 ? (void *)((char *)buf[(rf).buf] + (rf).off) \
+               : (rf).buf == REF_WS ? (void *)((char *)workspace + (rf).off) : NULL)
+  const int j0 = pass == MG_FWD ? 0 : x->n_fwd_ops, j1 = pass == MG_FWD ? x->n_fwd_ops : x->n_prog;
+  for (int j = j0; j < j1; j++) {
+    const lop *l = &x->prog[j];
+    int rc = 0;
+    switch (l->kind) {
+      case L_LAUNCH: {
+        const kern *k = &x->kerns[l->kern];
+        void *ptrs[MAX_PARAMS], *params[MAX_PARAMS];
+        for (int q = 0; q < k->n_params; q++) {
+          if (l->pkind[q] == 'p') ptrs[q] = R(l->ptr[q]), params[q] = &ptrs[q];
+          else params[q] = l->pkind[q] == 'i' ? (void *)&l->ival[q] : (void *)&l->fval[q];
+        }
+        rc = o->launch(o, k->handle, l->grid, k->rule.block, k->rule.smem, params, stream, d);
+        break;
       }
-    int rc = step(&r, i);
-    if (rc) return rc;
+      case L_GEMM: rc = o->gemm(o, l->gemm, l->ta, R(l->a), l->tb, R(l->b), l->tc, R(l->c), stream, d); break;
+      case L_COPY: rc = o->copy(o, R(l->a), R(l->b), (size_t)l->bytes, stream, d); break;
+      case L_COPY2D:
+        rc = o->copy2d(o, R(l->a), (size_t)l->dpitch, R(l->b), (size_t)l->spitch, (size_t)l->width,
+                       (size_t)l->height, stream, d);
+        break;
+      case L_MEMSET: rc = o->memset(o, R(l->a), 0, (size_t)l->bytes, stream, d); break;
+      case L_A2A: rc = comm->ops->all_to_all(comm, R(l->a), R(l->b), l->count, l->ta, d); break;
+      case L_GATHER: rc = comm->ops->all_gather(comm, R(l->a), R(l->b), l->count, l->ta, d); break;
+      case L_RSCATTER: rc = comm->ops->reduce_scatter(comm, R(l->a), R(l->b), l->count, l->ta, d); break;
+    }
+    if (rc) return step_prefix(p, d, l->step, rc);
   }
+#undef R
   if (p->args.sp > 1 && x->timeout_s >= 0) return wait_pass(x, comm, stream, pname, d);
   return 0;
 }

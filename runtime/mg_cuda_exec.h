@@ -29,7 +29,7 @@
  *   GEMM            ops->gemm (mg_gemm semantics; A and B in their buffers' dtype, the
  *       plan's; C in its buffer's: f32 for dw_kv_b).
  *   KERNEL          the generated kernels, launched by their manifest's grid rule and with
- *       their parameters matched by name (the manifest's "params"):
+ *       their parameters matched by name (the manifest's "params") once, at preparation:
  *       MG_OP_ATTN_FWD  attn_fwd (k_packed = 1)
  *       MG_OP_ATTN_BWD  attn_bwd_pre, attn_bwd_dkdv (deterministic = 1, k_packed = 1),
  *                       attn_bwd_dq (k_packed = 1)
@@ -56,6 +56,9 @@
  * configuration for the ops' device and the plan's sequence bucket when there is one:
  * mg_tune_lookup), generated (mg_gen_kernel), loaded (ops->load: on the GPU compiled by NVRTC through the
  * JIT cache and loaded into the module registry) and kept, one per distinct kernel name.
+ * The steps are then lowered into a flat program of launches (arguments bound, pointers
+ * as buffer and offset, grids computed), GEMMs, copies, memsets and collectives, which
+ * each run replays for its pass with the call's addresses.
  *
  * Errors: every call below returns 0 or a negative MLAGEN_E* status with a message in d
  * naming the step ("<form> plan step <i> (<label>): ...") and the call that failed. */
@@ -180,11 +183,13 @@ typedef struct mg_cuda_exec_opts {
 int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offset, mg_diag *d);
 
 /* Prepares plan p (bf16 or f16; kept by pointer: it must outlive the executor, unchanged)
- * for device ops o (kept, not owned): lays out memory (mg_cuda_exec_mem_layout), checks every
- * step's operands against its buffers, generates and loads every kernel. opts may be NULL.
+ * for device ops o (kept, not owned): checks the plan (mg_plan_check.h, the check
+ * mg_plan_build ran), lays out memory (mg_cuda_exec_mem_layout), generates and loads every
+ * kernel and lowers the steps. opts may be NULL.
  * Errors: MLAGEN_EINVAL (an argument NULL; the plan's dtype is not bf16/f16 ("the CUDA
- * executor runs bf16 or f16 plans"); a buffer name the executor does not know; a malformed
- * step, naming it); MLAGEN_EUNSUPPORTED (a GEMM or launch size beyond int);
+ * executor runs bf16 or f16 plans"); mg_plan_check's: a malformed step, naming it);
+ * MLAGEN_EUNSUPPORTED (a GEMM or kernel argument beyond int); MLAGEN_ELIMIT (a grid over
+ * the launch limits);
  * the generator's errors (MLAGEN_EINVAL for a kernel configuration a template rejects,
  * MLAGEN_ETEMPLATE) and the ops' (ops->load: MLAGEN_ECOMPILE, MLAGEN_EDRIVER, ...),
  * prefixed with the step; MLAGEN_ENOMEM. *out is NULL on error. */
@@ -215,8 +220,8 @@ void *mg_cuda_exec_buffer(const mg_cuda_exec *x, const char *name, void *workspa
  * then waits for the stream, polling comm->ops->poll when the backend has it, for at most
  * opts.timeout_s.
  * Errors: MLAGEN_EINVAL (x or t NULL; a tensor the pass uses NULL (named); workspace or
- * saved NULL or too small; comm NULL at P > 1 or not matching the plan); MLAGEN_ELIMIT
- * (a grid over the device limits); the ops' and the communicator's statuses, the
+ * saved NULL or too small; comm NULL at P > 1 or not matching the plan); the ops' and
+ * the communicator's statuses, the
  * message naming the step and the call; MLAGEN_EIO "timed out after N s waiting for
  * the pass" (a peer that never joined a collective). */
 int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, void *workspace,

@@ -301,7 +301,6 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   if (!desc) return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc is NULL");
   mg_form form;
   mg_dtype dtype;
-  const int H = model->shape.heads;
   if (form_from_api(desc->form, &form))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->form = %d is not an "
                        "mlagen_form (MLAGEN_FORM_EXPLICIT, _ABSORBED, _LAGA, _LAGA_R, _LAGA_F)",
@@ -309,41 +308,19 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   if (dtype_from_api(desc->dtype, &dtype))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->dtype = %d is not an "
                        "mlagen_dtype (MLAGEN_DTYPE_BF16, _F16, _F32, _F64)", (int)desc->dtype);
-  if (desc->batch < 1)
-    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->batch = %d, must be "
-                       ">= 1", desc->batch);
-  if (desc->seq < 1)
-    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->seq = %lld, must be "
-                       ">= 1", (long long)desc->seq);
-  if (desc->sp_size < 1)
-    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->sp_size = %d, must be "
-                       ">= 1", desc->sp_size);
-  if (desc->sp_rank < 0 || desc->sp_rank >= desc->sp_size)
-    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->sp_rank = %d is not in "
-                       "[0, plan_desc->sp_size = %d)", desc->sp_rank, desc->sp_size);
-  if (desc->seq % desc->sp_size)
-    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->seq = %lld is not "
-                       "divisible by plan_desc->sp_size = %d (each rank holds S / P tokens)",
-                       (long long)desc->seq, desc->sp_size);
-  if (desc->sp_size > H || H % desc->sp_size)
-    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->sp_size = %d does not "
-                       "divide num_attention_heads = %d (each rank attends with H / P heads)",
-                       desc->sp_size, H);
-  if (form != MG_FORM_LAGA_F && desc->head_groups != 0)
-    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->head_groups = %d: only "
-                       "MLAGEN_FORM_LAGA_F has head groups (0 for the other forms)", desc->head_groups);
-  if (form == MG_FORM_LAGA_F && desc->head_groups != 0 &&
-      (desc->head_groups < 1 || desc->head_groups > MG_PLAN_MAX_HEAD_GROUPS ||
-       (H / desc->sp_size) % desc->head_groups != 0))
-    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->head_groups = %d must "
-                       "divide H / P = %d and be in [1, %d] (or 0 for the default)",
-                       desc->head_groups, H / desc->sp_size, MG_PLAN_MAX_HEAD_GROUPS);
-  mlagen_plan *p = calloc(1, sizeof *p);
-  if (!p) return mg_diag_set(d, MLAGEN_ENOMEM, "mlagen_plan_create: out of memory");
+  /* the plan's argument rules (mg_plan_args_check), in the words of mlagen_plan_desc */
+  static const mg_plan_arg_names names = {
+      .fn = "mlagen_plan_create", .sp = "plan_desc->sp_size", .rank = "plan_desc->sp_rank",
+      .batch = "plan_desc->batch", .seq = "plan_desc->seq", .head_groups = "plan_desc->head_groups",
+      .laga_f = "MLAGEN_FORM_LAGA_F"};
   mg_plan_args a = {.shape = &model->shape, .form = form, .sp = desc->sp_size,
                     .rank = desc->sp_rank, .batch = desc->batch, .seq = desc->seq,
                     .causal = desc->causal != 0, .dtype = dtype, .head_groups = desc->head_groups};
-  int rc = mg_plan_build(&p->plan, &a, d);
+  int rc = mg_plan_args_check(&a, &names, d);
+  if (rc) return rc;
+  mlagen_plan *p = calloc(1, sizeof *p);
+  if (!p) return mg_diag_set(d, MLAGEN_ENOMEM, "mlagen_plan_create: out of memory");
+  rc = mg_plan_build(&p->plan, &a, d);
   if (rc) {
     mg_diag_prefix(d, "mlagen_plan_create");
     free(p);

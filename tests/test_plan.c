@@ -1,4 +1,4 @@
-/* test_plan.c: the plans of the four forms and the planner's figures.
+/* test_plan.c: the plans of the five forms, the planner's figures and the plan checker.
  *
  * The explicit form's bytes are checked against sums written out here from MLA.md's
  * conventions; the other forms against the relations the LAGA paper (arXiv 2607.17644)
@@ -9,10 +9,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "mg_config.h"
 #include "mg_plan.h"
+#include "mg_plan_check.h"
 #include "mlagen.h"
 
 static mg_shape load(const char *model) {
@@ -206,10 +208,10 @@ static void test_laga_fused_groups(void **state) {
   assert_int_equal(plan.args.head_groups, 8);
   /* refusals */
   struct { mg_form f; int groups; const char *msg; } bad[] = {
-      {MG_FORM_LAGA_F, 3, "head_groups = 3 must divide the 128 heads"},
+      {MG_FORM_LAGA_F, 3, "head_groups = 3 must divide H / P = 128"},
       {MG_FORM_LAGA_F, 32, "head_groups = 32 must divide"},
       {MG_FORM_LAGA_F, -1, "head_groups = -1 must divide"},
-      {MG_FORM_LAGA, 2, "applies to the fused LAGA form (laga-f) only"},
+      {MG_FORM_LAGA, 2, "head_groups = 2: only the fused LAGA form (laga-f) has head groups"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     a.form = bad[i].f, a.head_groups = bad[i].groups;
@@ -227,7 +229,7 @@ static void test_bad_arguments(void **state) {
       {3, 0, 1, 96, "does not divide num_attention_heads = 16"},
       {32, 0, 1, 64, "exceeds num_attention_heads = 16"},
       {4, 0, 1, 66, "not divisible by sp = 4"},
-      {4, 4, 1, 64, "rank 4 outside [0, sp = 4)"},
+      {4, 4, 1, 64, "rank = 4 is outside [0, sp = 4)"},
       {0, 0, 1, 64, "sp = 0"},
       {2, 0, 0, 64, "batch = 0"},
       {2, 0, 1, 0, "seq = 0"},
@@ -280,12 +282,112 @@ static void test_huge_sizes_checked(void **state) {
   assert_true(c.peak_bwd > 0 && c.peak_fwd > 0 && c.sent_fwd > 0);
 }
 
+/* ---- the plan checker (mg_plan_check.h) ------------------------------------------------ */
+
+static mg_plan bad; /* a malformed copy of plan */
+
+/* The first step of kind k (and op, for kernels) in p. */
+static int find_step(const mg_plan *p, mg_step_kind k, mg_kernel_op op) {
+  for (int i = 0; i < p->n_steps; i++)
+    if (p->steps[i].kind == k && (k != MG_STEP_KERNEL || p->steps[i].op == op)) return i;
+  fail_msg("%s plan: no step of kind %d op %d", mg_form_name(p->args.form), (int)k, (int)op);
+  return -1;
+}
+
+/* bad is refused with a message naming step i (-1: no step) and holding what. */
+static void expect_bad(int i, const char *what) {
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_plan_check(&bad, &d), MLAGEN_EINVAL);
+  char step[160] = "";
+  if (i >= 0) snprintf(step, sizeof step, "step %d (%s)", i, bad.steps[i].label);
+  if (!strstr(mg_diag_msg(&d), step) || !strstr(mg_diag_msg(&d), what))
+    fail_msg("expected '%s' and '%s' in: %s", step, what, mg_diag_msg(&d));
+  mg_diag_clear(&d);
+}
+
+/* Every plan built passes the checker; each class of malformed step is refused, naming
+ * the step and the operand. */
+static void test_checker(void **state) {
+  (void)state;
+  mg_shape s = load("kimi-k2");
+  mg_diag d = MG_DIAG_INIT;
+  mg_plan_cost c;
+  for (int f = 0; f < MG_FORM_COUNT; f++)
+    for (int t = 0; t < 2; t++) {
+      build(&plan, &s, (mg_form)f, 4, 2, 64, 1, t ? MG_F64 : MG_BF16, &c);
+      assert_int_equal(mg_plan_check(&plan, &d), 0);
+    }
+  assert_int_equal(mg_plan_check(NULL, &d), MLAGEN_EINVAL);
+  mg_diag_clear(&d);
+
+  build(&plan, &s, MG_FORM_EXPLICIT, 4, 2, 64, 1, MG_BF16, &c);
+  const int fwd = find_step(&plan, MG_STEP_KERNEL, MG_OP_ATTN_FWD);
+  const int gemm = find_step(&plan, MG_STEP_GEMM, 0);
+  const int a2a = find_step(&plan, MG_STEP_SEQ_TO_HEAD, 0);
+  const int ekv = find_step(&plan, MG_STEP_KERNEL, MG_OP_EXPAND_KV);
+  bad = plan; /* arity */
+  bad.steps[fwd].n_in = 2;
+  expect_bad(fwd, "takes 3 inputs and 2 outputs, has 2 and 2");
+  bad = plan; /* a buffer that does not exist */
+  bad.steps[gemm].in[1] = bad.n_bufs;
+  expect_bad(gemm, "input 1: buffer id");
+  bad = plan; /* a GEMM operand past its buffer */
+  bad.steps[gemm].gemm.ldb += 1;
+  expect_bad(gemm, "operand B reads element");
+  bad = plan;
+  bad.steps[gemm].gemm.m = 0;
+  expect_bad(gemm, "operand A");
+  bad = plan; /* a dtype: the LSE in the activations' */
+  bad.bufs[mg_plan_find(&bad, "lse")].dtype = MG_BF16;
+  expect_bad(fwd, "lse is bf16, the step needs f32");
+  bad = plan; /* an attention operand of another shape: v where k goes */
+  bad.steps[fwd].in[1] = plan.steps[fwd].in[2];
+  expect_bad(fwd, "differ in shape");
+  bad = plan; /* column arguments */
+  bad.steps[ekv].rope_col = 1;
+  expect_bad(ekv, "rope columns");
+  bad = plan; /* a collective's staging */
+  bad.steps[a2a].workspace = 0;
+  expect_bad(a2a, "the collective needs");
+  bad = plan;
+  bad.args.sp = 2;
+  expect_bad(a2a, "do not match a all-to-all over 2 ranks");
+  bad = plan; /* an unknown op */
+  bad.steps[ekv].op = (mg_kernel_op)99;
+  expect_bad(ekv, "unknown kernel op 99");
+  bad = plan; /* liveness: an input written, lifetimes changed after the build */
+  bad.steps[ekv].out[0] = mg_plan_find(&bad, "q");
+  expect_bad(ekv, "writes the input q");
+  bad = plan;
+  bad.bufs[mg_plan_find(&bad, "lse")].first++;
+  expect_bad(-1, "buffer lse lives over steps");
+  bad = plan; /* the op boundary's names */
+  snprintf(bad.bufs[mg_plan_find(&bad, "q")].name, sizeof bad.bufs[0].name, "qq");
+  expect_bad(-1, "unknown input qq");
+
+  build(&plan, &s, MG_FORM_ABSORBED, 4, 2, 64, 1, MG_BF16, &c);
+  const int cat = find_step(&plan, MG_STEP_KERNEL, MG_OP_CONCAT_LATENT);
+  const int mqa = find_step(&plan, MG_STEP_KERNEL, MG_OP_MQA_BWD);
+  bad = plan;
+  bad.steps[cat].in[0] = plan.steps[cat].in[1], bad.steps[cat].in[1] = plan.steps[cat].in[0];
+  expect_bad(cat, "must be d_c, d_r and d_c + d_r wide");
+  bad = plan; /* the attention backward's delta */
+  bad.steps[mqa].workspace /= 2;
+  expect_bad(mqa, "the backward's delta needs");
+
+  build(&plan, &s, MG_FORM_LAGA_F, 4, 2, 64, 1, MG_BF16, &c);
+  const int cc = find_step(&plan, MG_STEP_KERNEL, MG_OP_COPY_COLS);
+  bad = plan;
+  bad.steps[cc].cols = 1 << 20;
+  expect_bad(cc, "columns [");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_explicit_v3_figures), cmocka_unit_test(test_forms_relations_v3),
       cmocka_unit_test(test_single_rank),         cmocka_unit_test(test_plans_well_formed),
       cmocka_unit_test(test_laga_fused_groups), cmocka_unit_test(test_bad_arguments),
-      cmocka_unit_test(test_huge_sizes_checked),
+      cmocka_unit_test(test_huge_sizes_checked), cmocka_unit_test(test_checker),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
