@@ -19,7 +19,7 @@
  *
  * Modes (argv[1]): none, the above; "f16": every form's f16 plan (S 33 and 1, causal) at
  * tu_tol_f16; "nodriver": mg_dev_ops_cuda without a driver is
- * MLAGEN_ENODRIVER; "fake": with the fake driver (tests/fake_cuda.c, MLAGEN_LIBCUDA) and
+ * MLAGEN_ENODRIVER; "fake": with the fake driver (tests/fake_cuda.c, tests/fake_driver.h) and
  * MLAGEN_LIBCUBLAS pointing nowhere, mg_dev_ops_cuda and mlagen_forward fail cleanly with
  * MLAGEN_EDRIVER naming cuBLAS; then with MLAGEN_LIBCUBLAS = the fake driver, which is a
  * fake cuBLAS too, a LAGA plan's forward and backward run through the API (NVRTC compiles
@@ -37,7 +37,6 @@
 
 #include <cJSON.h>
 #include <cblas.h>
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,11 +46,13 @@
 
 #include "cpu_test_util.h"
 #include "cuda_exec_host_ops.h"
+#include "fake_driver.h"
 #include "mg_cpu_exec.h"
 #include "mg_module.h"
 #include "mg_tune.h"
 
 static uint64_t g_seed = 20260529;
+static fake_cuda g_fake; /* the fake driver's hooks (mode "fake") */
 
 /* ---- one form on one case ---------------------------------------------------------------- */
 
@@ -401,15 +402,8 @@ static void test_fake_driver(void **state) {
  * aligned part of it when the workspace is only 16-byte aligned), never in cuBLAS's own. */
 static void test_fake_cublas(void **state) {
   (void)state;
-  const char *fake = getenv("MLAGEN_LIBCUDA");
-  assert_non_null(fake);
-  setenv("MLAGEN_LIBCUBLAS", fake, 1);
-  void *lib = dlopen(fake, RTLD_NOW);
-  assert_non_null(lib);
-  void (*stats)(int *, int *, void **, size_t *);
-  void *sym = dlsym(lib, "fake_cublas_stats");
-  assert_non_null(sym);
-  memcpy(&stats, &sym, sizeof stats);
+  setenv("MLAGEN_LIBCUBLAS", MLAGEN_FAKE_CUDA, 1);
+  void (*stats)(int *, int *, void **, size_t *) = g_fake.cublas_stats;
   const size_t slice = (size_t)32 << 20;
 
   /* the GPU ops refuse a GEMM before they have a workspace, and a misaligned one */
@@ -490,7 +484,6 @@ static void test_fake_cublas(void **state) {
   mlagen_plan_destroy(plan);
   mlagen_model_destroy(model);
   mlagen_context_destroy(ctx);
-  dlclose(lib);
   mg_diag_clear(&d);
 }
 
@@ -498,11 +491,12 @@ int main(int argc, char **argv) {
   const char *env = getenv("MLAGEN_TEST_SEED");
   if (env) g_seed = strtoull(env, NULL, 10);
   if (argc > 1 && !strcmp(argv[1], "nodriver")) {
-    setenv("MLAGEN_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    fake_driver_use(NULL);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_nodriver)};
     return cmocka_run_group_tests(tests, NULL, NULL);
   }
   if (argc > 1 && !strcmp(argv[1], "fake")) {
+    if (fake_driver_open(&g_fake)) return 1;
     setenv("MLAGEN_LIBCUBLAS", "/nonexistent/libcublas.so", 1);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_fake_driver),
                                        cmocka_unit_test(test_fake_cublas)};

@@ -20,43 +20,20 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_driver.h"
 #include "mg_generate.h"
 #include "mg_ktime.h"
 #include "mg_safetensors.h"
 #include "mg_tune.h"
 #include "mlagen.h"
+#include "test_assert.h"
 
-#ifndef MLAGEN_FAKE_CUDA
-#error "MLAGEN_FAKE_CUDA (the path of the fake driver library) must be defined"
-#endif
-#define NO_SUCH_LIBCUDA "/nonexistent/mlagen-test/libcuda.so.1"
-
-#define assert_contains(s, sub)                                                     \
-  do {                                                                              \
-    const char *s_ = (s);                                                           \
-    if (!s_ || !strstr(s_, (sub))) fail_msg("'%s' does not contain '%s'", s_ ? s_ : "(null)", (sub)); \
-  } while (0)
-
-static struct {
-  int (*count)(const char *name);
-  void (*inject)(const char *name, int code);
-} fake;
-
-static void bind_fake(void) {
-  void *h = dlopen(MLAGEN_FAKE_CUDA, RTLD_NOW | RTLD_LOCAL);
-  if (!h) fail_msg("dlopen %s: %s", MLAGEN_FAKE_CUDA, dlerror());
-  union { void *p; int (*count)(const char *); void (*fail)(const char *, int); } u;
-  if (!(u.p = dlsym(h, "fake_cuda_count"))) fail_msg("no fake_cuda_count");
-  fake.count = u.count;
-  if (!(u.p = dlsym(h, "fake_cuda_fail"))) fail_msg("no fake_cuda_fail");
-  fake.inject = u.fail;
-}
+static fake_cuda fake; /* the fake driver's test hooks */
 
 /* ---- kernels: rendered by the generator, with fake cubins ------------------------------ */
 static mg_gen *g_gen;
@@ -513,12 +490,12 @@ static void test_nodriver(void **state) {
 
 int main(int argc, char **argv) {
   const int nodriver = argc > 1 && strcmp(argv[1], "nodriver") == 0;
-  setenv("MLAGEN_LIBCUDA", nodriver ? NO_SUCH_LIBCUDA : MLAGEN_FAKE_CUDA, 1);
   if (nodriver) {
+    fake_driver_use(NULL);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_nodriver)};
     return cmocka_run_group_tests(tests, setup_gen, teardown_gen);
   }
-  bind_fake();
+  if (fake_driver_open(&fake)) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_args),          cmocka_unit_test(test_args_every_family),
       cmocka_unit_test(test_reference_spec),

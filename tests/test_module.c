@@ -8,7 +8,7 @@
  *             launches with the computed grid on the caller's stream, driver failures
  *             propagated with their CUDA names, destroy unloading every module. The fake
  *             counts its calls and injects failures through functions it exports
- *             (fake_cuda_count, fake_cuda_fail, ...), reached here with dlopen/dlsym.
+ *             (fake_cuda_count, fake_cuda_fail, ...), reached through tests/fake_driver.h.
  *   nodriver  MLAGEN_LIBCUDA names no file: mg_registry_create is MLAGEN_ENODRIVER.
  * Fake cubins are "FAKECUBIN\n" images listing their kernel names (see fake_cuda.c). */
 #include <setjmp.h>
@@ -18,52 +18,16 @@
 #include <cmocka.h>
 
 #include <cJSON.h>
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_driver.h"
 #include "mg_module.h"
+#include "test_assert.h"
 #include "mlagen.h"
 
-#ifndef MLAGEN_FAKE_CUDA
-#error "MLAGEN_FAKE_CUDA (the path of the fake driver library) must be defined"
-#endif
-#define NO_SUCH_LIBCUDA "/nonexistent/mlagen-test/libcuda.so.1"
-
-#define assert_contains(s, sub)                                                     \
-  do {                                                                              \
-    const char *s_ = (s);                                                           \
-    if (!s_ || !strstr(s_, (sub))) fail_msg("'%s' does not contain '%s'", s_ ? s_ : "(null)", (sub)); \
-  } while (0)
-
-/* ---- the fake driver's test hooks ------------------------------------------------------ */
-static struct {
-  int (*count)(const char *name);
-  void (*inject)(const char *name, int code);
-  void (*last_launch)(unsigned grid[3], unsigned block[3], unsigned *smem, void **stream);
-  int (*attr_value)(void *fn);
-  void (*reset)(void);
-} fake;
-
-static void bind_fake(void) {
-  void *h = dlopen(MLAGEN_FAKE_CUDA, RTLD_NOW | RTLD_LOCAL);
-  if (!h) fail_msg("dlopen %s: %s", MLAGEN_FAKE_CUDA, dlerror());
-  union { void *p; int (*count)(const char *); void (*fail)(const char *, int);
-          void (*last)(unsigned *, unsigned *, unsigned *, void **); int (*attr)(void *);
-          void (*reset)(void); } u;
-  if (!(u.p = dlsym(h, "fake_cuda_count"))) fail_msg("no fake_cuda_count");
-  fake.count = u.count;
-  if (!(u.p = dlsym(h, "fake_cuda_fail"))) fail_msg("no fake_cuda_fail");
-  fake.inject = u.fail;
-  if (!(u.p = dlsym(h, "fake_cuda_last_launch"))) fail_msg("no fake_cuda_last_launch");
-  fake.last_launch = u.last;
-  if (!(u.p = dlsym(h, "fake_cuda_attr_value"))) fail_msg("no fake_cuda_attr_value");
-  fake.attr_value = u.attr;
-  if (!(u.p = dlsym(h, "fake_cuda_reset"))) fail_msg("no fake_cuda_reset");
-  fake.reset = u.reset;
-  /* the handle stays open: the loader holds the library for the process anyway */
-}
+static fake_cuda fake; /* the fake driver's test hooks */
 
 static const char k_image[] = "FAKECUBIN\nk_small\nk_edge\nk_big\nk_mul\nk_huge\n";
 
@@ -448,7 +412,7 @@ static void test_nodriver(void **state) {
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "fake";
   if (strcmp(mode, "nodriver") == 0) {
-    setenv("MLAGEN_LIBCUDA", NO_SUCH_LIBCUDA, 1);
+    fake_driver_use(NULL);
     const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rule_parse),
       cmocka_unit_test(test_grid),
@@ -457,9 +421,7 @@ int main(int argc, char **argv) {
     return cmocka_run_group_tests_name("module registry (no driver)", tests, NULL, NULL);
   }
   if (strcmp(mode, "fake") == 0) {
-    setenv("MLAGEN_LIBCUDA", MLAGEN_FAKE_CUDA, 1);
-    unsetenv("FAKE_CUDA_FAIL_INIT");
-    bind_fake();
+    if (fake_driver_open(&fake)) return 1;
     const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rule_parse),
       cmocka_unit_test(test_grid),
