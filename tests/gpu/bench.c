@@ -93,6 +93,7 @@
 #include "mlagen.h"
 
 #include "check_close.h"
+#include "gpu/gpu_common.h"
 #include "gpu/gpu_tol.h"
 #include "kernel_test_util.h"
 #include "mqa_ref.h"
@@ -103,44 +104,8 @@ enum { MQK = DC + DR, MV = DC };
 #define MAX_LIST 16
 #define MAX_HEADS 8
 
-/* ---- output: everything goes to stdout and OUTDIR/bench.log ------------------------------ */
-static FILE *g_log;
-
-__attribute__((format(printf, 1, 2)))
-static void say(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  fflush(stdout);
-  if (g_log) {
-    va_start(ap, fmt);
-    vfprintf(g_log, fmt, ap);
-    va_end(ap);
-    fflush(g_log);
-  }
-}
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ---- the driver ------------------------------------------------------------------------ */
-static const mg_driver *drv;
+/* ---- output: everything goes to stdout and OUTDIR/bench.log (say, gpu_common.h) ------- */
 static CUstream g_stream;
-
-/* 0 on success; else logs "CUDA error: <what>: <NAME> (<string>)" and returns -1. */
-static int cu(CUresult r, const char *what) {
-  if (r == CUDA_SUCCESS) return 0;
-  mg_diag d = MG_DIAG_INIT;
-  mg_driver_check(drv, r, MLAGEN_EIO, what, &d);
-  say("CUDA error: %s\n", mg_diag_msg(&d));
-  mg_diag_clear(&d);
-  return -1;
-}
-#define CU(call) cu((call), #call)
 
 /* Device allocations, all freed at exit (a failure path leaves nothing to track). */
 #define MAX_ALLOCS 256
@@ -369,9 +334,9 @@ static int build_all(mg_gen *gen, kset *sets, int n_sets, int max_optin_smem) {
       if (read_manifest(g)) return -1;
       all[n++] = g;
     }
-  double t0 = now();
+  double t0 = wall_s();
   compile_all(all, n); /* ~0.4 s each on a miss (the mqa_* kernels several seconds) */
-  say("compiled %d kernels for %s in %.1f s (NVRTC)\n", n, g_arch, now() - t0);
+  say("compiled %d kernels for %s in %.1f s (NVRTC)\n", n, g_arch, wall_s() - t0);
   int bad = 0;
   for (int i = 0; i < n; i++) {
     gk *g = all[i];
@@ -678,10 +643,10 @@ static int same_bits(const char *what, const void *a, const void *b, size_t n, i
  * number of misses. */
 static int check_set(const kset *ks, int S) {
   const int H = ks->heads;
-  double t0 = now();
+  double t0 = wall_s();
   host_case c;
   case_init(&c, H, S);
-  say("check H=%d S=%d B=1 causal (float64 reference %.1f s)\n", H, S, now() - t0);
+  say("check H=%d S=%d B=1 causal (float64 reference %.1f s)\n", H, S, wall_s() - t0);
   int fails = 0, rc = -1;
   const float scale = softmax_scale();
   const int base = g_n_allocs;
@@ -783,7 +748,7 @@ static int check_mqa(const kset *ks, int S) {
   const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
   const size_t nl = (size_t)H * S;
   const double scale = softmax_scale();
-  double t0 = now();
+  double t0 = wall_s();
   e16 *q = rand_bf16(nq), *c = rand_bf16(nc), *dout = rand_bf16(no);
   double *qd = xcalloc(nq, sizeof *qd), *cd = xcalloc(nc, sizeof *cd), *dod = xcalloc(no, sizeof *dod);
   for (size_t i = 0; i < nq; i++) qd[i] = bf16_to_float(q[i]);
@@ -798,7 +763,7 @@ static int check_mqa(const kset *ks, int S) {
   for (size_t i = 0; i < no; i++) o16[i] = float_to_bf16((float)r_o[i]);
   for (size_t i = 0; i < nl; i++) lse32[i] = (float)r_lse[i];
   say("check mqa H=%d S=%d B=1 causal, d_qk %d d_v %d (float64 reference %.1f s)\n", H, S, MQK, MV,
-      now() - t0);
+      wall_s() - t0);
   e16 *o = xcalloc(no, sizeof *o), *dq = xcalloc(nq, sizeof *dq), *dc = xcalloc(nc, sizeof *dc);
   float *lse = xcalloc(nl, sizeof *lse);
   e16 *o2 = xcalloc(no, sizeof *o2), *dq2 = xcalloc(nq, sizeof *dq2), *dc2 = xcalloc(nc, sizeof *dc2);
@@ -878,11 +843,6 @@ static int fill_random(CUdeviceptr p, size_t n_elems, size_t seed_off) {
     done += n, off = 0;
   }
   return 0;
-}
-
-static int cmp_float(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return x < y ? -1 : x > y;
 }
 
 typedef int (*launch_fn)(void *ctx, int set);
@@ -999,7 +959,7 @@ static int time_shape(const kset *ks, int S) {
     return 0;
   }
   const int base = g_n_allocs;
-  double t0 = now();
+  double t0 = wall_s();
   tctx x;
   memset(&x, 0, sizeof x);
   x.ks = ks, x.S = S, x.scale = softmax_scale();
@@ -1027,7 +987,7 @@ static int time_shape(const kset *ks, int S) {
       goto done;
   if (sync_stream("the forward and pre that prepare the timing inputs")) goto done;
   say("H=%d S=%d: %d input sets of %.0f MB, outputs %.0f MB (%.1f s to fill)\n", H, S, n_sets,
-      set_bytes / 1e6, out_bytes / 1e6, now() - t0);
+      set_bytes / 1e6, out_bytes / 1e6, wall_s() - t0);
 
   const double pairs = (double)S * (S + 1) / 2;
   const double f_fwd = 2.0 * H * pairs * (DQK + DV), f_bwd = 2.0 * H * pairs * (3 * DQK + 2 * DV);
@@ -1180,7 +1140,7 @@ static int time_mqa(const kset *ks, int S) {
     return 0;
   }
   const int base = g_n_allocs;
-  double t0 = now();
+  double t0 = wall_s();
   mctx x;
   memset(&x, 0, sizeof x);
   x.ks = ks, x.S = S, x.scale = softmax_scale();
@@ -1206,7 +1166,7 @@ static int time_mqa(const kset *ks, int S) {
       goto done;
   if (sync_stream("the mqa forward and pre that prepare the timing inputs")) goto done;
   say("mqa H=%d S=%d: %d input sets of %.0f MB, outputs %.0f MB (%.1f s to fill)\n", H, S, n_sets,
-      set_bytes / 1e6, out_bytes / 1e6, now() - t0);
+      set_bytes / 1e6, out_bytes / 1e6, wall_s() - t0);
 
   const double pairs = (double)S * (S + 1) / 2;
   const double f_fwd = 2.0 * H * pairs * (MQK + MV), f_bwd = 2.0 * H * pairs * (3 * MQK + 2 * MV);
