@@ -351,6 +351,26 @@ static void test_nodriver(void **state) {
   mg_diag_clear(&d);
 }
 
+/* Through the API: a context, the model (H 2, d_c 256, d_r 32, d_n 64, d_v 64) and its
+ * LAGA bf16 plan at B 1, S 8, causal, P 1, with its sizes. */
+static void api_laga_plan(mlagen_context **ctx, mlagen_model **model, mlagen_plan **plan,
+                          mlagen_sizes *z) {
+  assert_int_equal(mlagen_context_create(ctx), 0);
+  mlagen_model_desc md = {.num_attention_heads = 2, .kv_lora_rank = 256, .qk_rope_head_dim = 32,
+                          .qk_nope_head_dim = 64, .v_head_dim = 64};
+  assert_int_equal(mlagen_model_from_desc(*ctx, &md, model), 0);
+  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_rank = 0,
+                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16};
+  assert_int_equal(mlagen_plan_create(*ctx, *model, &pd, plan), 0);
+  assert_int_equal(mlagen_plan_sizes(*plan, z), 0);
+}
+
+static void api_close(mlagen_context *ctx, mlagen_model *model, mlagen_plan *plan) {
+  mlagen_plan_destroy(plan);
+  mlagen_model_destroy(model);
+  mlagen_context_destroy(ctx);
+}
+
 static void test_fake_driver(void **state) {
   (void)state;
   mg_diag d = MG_DIAG_INIT;
@@ -365,15 +385,8 @@ static void test_fake_driver(void **state) {
   mlagen_context *ctx;
   mlagen_model *model;
   mlagen_plan *plan;
-  assert_int_equal(mlagen_context_create(&ctx), 0);
-  mlagen_model_desc md = {.num_attention_heads = 2, .kv_lora_rank = 256, .qk_rope_head_dim = 32,
-                          .qk_nope_head_dim = 64, .v_head_dim = 64};
-  assert_int_equal(mlagen_model_from_desc(ctx, &md, &model), 0);
-  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_rank = 0,
-                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16};
-  assert_int_equal(mlagen_plan_create(ctx, model, &pd, &plan), 0);
   mlagen_sizes z;
-  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  api_laga_plan(&ctx, &model, &plan, &z);
   mlagen_tensors t;
   memset(&t, 0, sizeof t);
   void *bufs[16];
@@ -392,9 +405,7 @@ static void test_fake_driver(void **state) {
   assert_int_equal(rc, MLAGEN_EDRIVER);
   assert_non_null(strstr(mlagen_last_message(ctx), "cuBLAS"));
   for (int k = 0; k < nb; k++) free(bufs[k]);
-  mlagen_plan_destroy(plan);
-  mlagen_model_destroy(model);
-  mlagen_context_destroy(ctx);
+  api_close(ctx, model, plan);
 }
 
 /* The fake driver is a fake cuBLAS too: mlagen_forward/backward of a LAGA plan run through,
@@ -422,15 +433,8 @@ static void test_fake_cublas(void **state) {
   mlagen_context *ctx;
   mlagen_model *model;
   mlagen_plan *plan;
-  assert_int_equal(mlagen_context_create(&ctx), 0);
-  mlagen_model_desc md = {.num_attention_heads = 2, .kv_lora_rank = 256, .qk_rope_head_dim = 32,
-                          .qk_nope_head_dim = 64, .v_head_dim = 64};
-  assert_int_equal(mlagen_model_from_desc(ctx, &md, &model), 0);
-  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_rank = 0,
-                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16};
-  assert_int_equal(mlagen_plan_create(ctx, model, &pd, &plan), 0);
   mlagen_sizes z;
-  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  api_laga_plan(&ctx, &model, &plan, &z);
   /* the same plan built here: the workspace is its layout's plus exactly the slice */
   mg_shape sh = tu_shape(2, 64, 32, 64, 256);
   mg_plan ref;
@@ -481,9 +485,7 @@ static void test_fake_cublas(void **state) {
     }
   }
   for (int k = 0; k < nb; k++) free(bufs[k]);
-  mlagen_plan_destroy(plan);
-  mlagen_model_destroy(model);
-  mlagen_context_destroy(ctx);
+  api_close(ctx, model, plan);
   mg_diag_clear(&d);
 }
 
