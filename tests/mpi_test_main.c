@@ -7,6 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mg_comm.h"
+
 static int g_rank, g_size;
 
 void mpi_test_begin(int *argc, char ***argv, const char *prog, int *rank, int *size,
@@ -59,6 +61,22 @@ int mpi_test_group(const char *prog, const struct CMUnitTest *tests, size_t n,
     fclose(capture);
   }
   return failed;
+}
+
+int mpi_test_comm_setup(void **state) {
+  mg_comm *c = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  MPI_Comm world = MPI_COMM_WORLD;
+  const int rc = mg_comm_mpi_wrap(&c, &world, &d);
+  if (rc) print_error("mg_comm_mpi_wrap: %s\n", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  *state = c;
+  return rc ? -1 : 0;
+}
+
+int mpi_test_comm_teardown(void **state) {
+  mg_comm_destroy(*state);
+  return 0;
 }
 
 int mpi_test_end(const char *prog, int failed) {

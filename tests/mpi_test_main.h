@@ -35,6 +35,11 @@ int mpi_test_group(const char *prog, const struct CMUnitTest *tests, size_t n,
 #define MPI_TEST_GROUP(prog, tests, setup, teardown) \
   mpi_test_group((prog), (tests), sizeof(tests) / sizeof((tests)[0]), (setup), (teardown))
 
+/* Group fixtures: *state = MPI_COMM_WORLD wrapped by mg_comm_mpi_wrap (an mg_comm *), and
+ * its destruction. */
+int mpi_test_comm_setup(void **state);
+int mpi_test_comm_teardown(void **state);
+
 /* Sums failed over the ranks (rank 0 reports a non-zero total), finalizes MPI and returns
  * the exit status: 0 when no rank failed, else 1. */
 int mpi_test_end(const char *prog, int failed);

@@ -240,22 +240,6 @@ static int *world_members(void) {
   return m;
 }
 
-static int setup(void **state) {
-  mg_comm *c = NULL;
-  mg_diag d = MG_DIAG_INIT;
-  MPI_Comm world = MPI_COMM_WORLD;
-  int rc = mg_comm_mpi_wrap(&c, &world, &d);
-  if (rc) print_error("mg_comm_mpi_wrap: %s\n", mg_diag_msg(&d));
-  mg_diag_clear(&d);
-  *state = c;
-  return rc ? -1 : 0;
-}
-
-static int teardown(void **state) {
-  mg_comm_destroy(*state);
-  return 0;
-}
-
 static void test_wrap_world(void **state) {
   mg_comm *c = *state;
   assert_int_equal(c->rank, g_rank);
@@ -469,7 +453,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_grouped),          cmocka_unit_test(test_count_zero_null),
       cmocka_unit_test(test_refusals),         cmocka_unit_test(test_error_handler),
       cmocka_unit_test(test_sub_communicator), cmocka_unit_test(test_inter_communicator)};
-  int failed = MPI_TEST_GROUP("test_comm_mpi", tests, setup, teardown);
+  int failed =
+      MPI_TEST_GROUP("test_comm_mpi", tests, mpi_test_comm_setup, mpi_test_comm_teardown);
   free(world_members());
   return mpi_test_end("test_comm_mpi", failed);
 }

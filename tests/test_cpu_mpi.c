@@ -24,22 +24,6 @@
 static int g_rank, g_size;
 static uint64_t g_seed;
 
-static int setup(void **state) {
-  mg_comm *c = NULL;
-  mg_diag d = MG_DIAG_INIT;
-  MPI_Comm world = MPI_COMM_WORLD;
-  int rc = mg_comm_mpi_wrap(&c, &world, &d);
-  if (rc) print_error("mg_comm_mpi_wrap: %s\n", mg_diag_msg(&d));
-  mg_diag_clear(&d);
-  *state = c;
-  return rc ? -1 : 0;
-}
-
-static int teardown(void **state) {
-  mg_comm_destroy(*state);
-  return 0;
-}
-
 /* Per element at tu_tol_f32 (tu_check); rank 0 prints the largest atol (rms units) each
  * output needed as "needed". Measured over 17 seeds at P = 1, 2, 4: o 3.6e-6,
  * lse 2.5e-7, dq 4.5e-6, dc_kv 3.1e-6, dk_rope 2.5e-6, dw_kv_b 4.0e-6. */
@@ -145,7 +129,8 @@ int main(int argc, char **argv) {
   mpi_test_begin(&argc, &argv, "test_cpu_mpi", &g_rank, &g_size, &g_seed);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
                                      cmocka_unit_test(test_bad_input)};
-  int failed = MPI_TEST_GROUP("test_cpu_mpi", tests, setup, teardown);
+  int failed =
+      MPI_TEST_GROUP("test_cpu_mpi", tests, mpi_test_comm_setup, mpi_test_comm_teardown);
   if (g_rank == 0) {
     printf("needed atol (rms units) at P = %d:", g_size);
     for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need[k]);
