@@ -849,13 +849,8 @@ typedef int (*launch_fn)(void *ctx, int set);
 
 /* Warm-up, then iters launches between back-to-back events; median ms. */
 static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, double *ms, int *iters) {
-  static CUevent ev[257];
-  static int n_ev;
-  if (!n_ev) {
-    for (int i = 0; i < 257; i++)
-      if (CU(drv->cuEventCreate(&ev[i], CU_EVENT_DEFAULT))) return -1;
-    n_ev = 257;
-  }
+  CUevent *const ev = gpu_events();
+  if (!ev) return -1;
   /* warm-up; the first launch is timed to size the row */
   float w_ms = 0;
   for (int i = 0; i < g_warmup || i < 1; i++) {

@@ -254,13 +254,8 @@ typedef struct form_result {
  * the API status (message printed), or -1 on a CUDA error. */
 static int time_pass(mlagen_context *ctx, mlagen_plan *plan, int bwd, const mlagen_tensors *t,
                      CUdeviceptr ws, size_t ws_b, CUdeviceptr sv, size_t sv_b, double *ms) {
-  static CUevent ev[257];
-  static int n_ev;
-  if (!n_ev) {
-    for (int i = 0; i < 257; i++)
-      if (CU(drv->cuEventCreate(&ev[i], CU_EVENT_DEFAULT))) return -1;
-    n_ev = 257;
-  }
+  CUevent *const ev = gpu_events();
+  if (!ev) return -1;
   const int n = g_iters < 256 ? g_iters : 256;
   for (int i = 0; i < g_warmup + n; i++) {
     const int timed = i >= g_warmup, k = i - g_warmup;

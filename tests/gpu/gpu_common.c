@@ -39,6 +39,14 @@ int cu(CUresult r, const char *what) {
   return -1;
 }
 
+CUevent *gpu_events(void) {
+  static CUevent ev[GPU_EVENTS];
+  static int n_ev;
+  for (; n_ev < GPU_EVENTS; n_ev++)
+    if (CU(drv->cuEventCreate(&ev[n_ev], CU_EVENT_DEFAULT))) return NULL;
+  return ev;
+}
+
 int cmp_float(const void *a, const void *b) {
   float x = *(const float *)a, y = *(const float *)b;
   return x < y ? -1 : x > y;

@@ -23,6 +23,11 @@ double wall_s(void);
 int cu(CUresult r, const char *what);
 #define CU(call) cu((call), #call)
 
+/* GPU_EVENTS events for timing (a pass's or a row's iterations between back-to-back
+ * events), created at the first call; NULL after a CUDA error (said). */
+#define GPU_EVENTS 257
+CUevent *gpu_events(void);
+
 /* qsort order of floats, ascending. */
 int cmp_float(const void *a, const void *b);
 
