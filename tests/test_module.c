@@ -153,13 +153,22 @@ static void test_grid(void **state) {
 
 /* ---- the registry against the fake driver --------------------------------------------- */
 
-static void test_load_lookup_launch(void **state) {
-  (void)state;
+/* A new registry on the fake driver, its counters and injected failure cleared; *live0
+ * (when not NULL) gets the modules live before it. */
+static mg_module_registry *fresh_registry(int *live0) {
   fake.reset();
-  const int live0 = fake.count("live_modules");
+  if (live0) *live0 = fake.count("live_modules");
   mg_diag d = MG_DIAG_INIT;
   mg_module_registry *reg = NULL;
-  if (mg_registry_create(&reg, &d)) fail_msg("%s", mg_diag_msg(&d));
+  if (mg_registry_create(&reg, &d)) fail_msg("mg_registry_create: %s", mg_diag_msg(&d));
+  return reg;
+}
+
+static void test_load_lookup_launch(void **state) {
+  (void)state;
+  int live0;
+  mg_module_registry *reg = fresh_registry(&live0);
+  mg_diag d = MG_DIAG_INIT;
   assert_int_equal(mg_registry_count(reg), 0);
 
   /* small smem: no attribute call */
@@ -268,10 +277,8 @@ static void test_load_lookup_launch(void **state) {
 
 static void test_load_manifest_mul(void **state) {
   (void)state;
-  fake.reset();
+  mg_module_registry *reg = fresh_registry(NULL);
   mg_diag d = MG_DIAG_INIT;
-  mg_module_registry *reg = NULL;
-  assert_int_equal(mg_registry_create(&reg, &d), 0);
   /* an absorbed-MQA-style rule: rows pack 16 heads per token, 64 rows per CTA */
   cJSON *e = cJSON_Parse("{\"family\": \"mqa_fwd\", \"name\": \"k_mul\", \"params\": [],"
                          " \"launch\": {\"grid\": [{\"arg\": \"seqlen_q\", \"mul\": 16, \"div\": 64},"
@@ -311,11 +318,9 @@ static void test_load_manifest_mul(void **state) {
 
 static void test_missing_kernel(void **state) {
   (void)state;
-  fake.reset();
-  const int live0 = fake.count("live_modules");
+  int live0;
+  mg_module_registry *reg = fresh_registry(&live0);
   mg_diag d = MG_DIAG_INIT;
-  mg_module_registry *reg = NULL;
-  assert_int_equal(mg_registry_create(&reg, &d), 0);
   mg_launch_rule r = rule_of(1, 128, 0);
   const mg_module_kernel *k = (const mg_module_kernel *)&r; /* must be reset to NULL */
   assert_int_equal(mg_registry_load(reg, "mla_attn_fwd_typo", k_image, sizeof k_image, &r, &k, &d),
@@ -337,11 +342,9 @@ static void test_missing_kernel(void **state) {
 
 static void test_driver_failures(void **state) {
   (void)state;
-  fake.reset();
-  const int live0 = fake.count("live_modules");
+  int live0;
+  mg_module_registry *reg = fresh_registry(&live0);
   mg_diag d = MG_DIAG_INIT;
-  mg_module_registry *reg = NULL;
-  assert_int_equal(mg_registry_create(&reg, &d), 0);
   const mg_module_kernel *k = NULL;
   mg_launch_rule small = rule_of(1, 128, 0), big = rule_of(1, 128, 100000);
 
