@@ -845,17 +845,22 @@ static int fill_random(CUdeviceptr p, size_t n_elems, size_t seed_off) {
   return 0;
 }
 
-typedef int (*launch_fn)(void *ctx, int set);
+/* A launch sequence of n_steps kernels timed step by step: fn(ctx, set, j) launches step
+ * j. As time_row (warm-up, the first warm-up sized for --row-budget-ms, at least 5
+ * iterations, at most (GPU_EVENTS - 1) / n_steps), with an event after every step, all recorded back to back on one stream;
+ * ms[j] is the median of step j, ms[n_steps] the median of the whole sequence (event to
+ * event, so the steps' medians need not add up to it exactly). */
+typedef int (*step_fn)(void *ctx, int set, int step);
 
-/* Warm-up, then iters launches between back-to-back events; median ms. */
-static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, double *ms, int *iters) {
+static int time_steps(const char *label, step_fn fn, void *ctx, int n_steps, int n_sets, double *ms,
+                      int *iters) {
   CUevent *const ev = gpu_events();
   if (!ev) return -1;
-  /* warm-up; the first launch is timed to size the row */
   float w_ms = 0;
   for (int i = 0; i < g_warmup || i < 1; i++) {
     if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
-    if (fn(ctx, i % n_sets)) return -1;
+    for (int j = 0; j < n_steps; j++)
+      if (fn(ctx, i % n_sets, j)) return -1;
     if (CU(drv->cuEventRecord(ev[1], g_stream)) || CU(drv->cuEventSynchronize(ev[1])) ||
         CU(drv->cuEventElapsedTime(&w_ms, ev[0], ev[1])))
       return -1;
@@ -867,21 +872,46 @@ static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, doub
     if (n > g_iters) n = g_iters;
     say("  (%s: %.1f ms per launch, %d iterations instead of %d)\n", label, w_ms, n, g_iters);
   }
-  if (n > 256) n = 256;
+  if (n > (GPU_EVENTS - 1) / n_steps) n = (GPU_EVENTS - 1) / n_steps;
   if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
-  for (int i = 0; i < n; i++) {
-    if (fn(ctx, (i + 1) % n_sets)) return -1;
-    if (CU(drv->cuEventRecord(ev[i + 1], g_stream))) return -1;
-  }
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n_steps; j++) {
+      if (fn(ctx, (i + 1) % n_sets, j)) return -1;
+      if (CU(drv->cuEventRecord(ev[i * n_steps + j + 1], g_stream))) return -1;
+    }
   char what[160];
   snprintf(what, sizeof what, "cuEventSynchronize after timing %s", label);
-  if (cu(drv->cuEventSynchronize(ev[n]), what)) return -1;
-  float t[256];
-  for (int i = 0; i < n; i++)
-    if (CU(drv->cuEventElapsedTime(&t[i], ev[i], ev[i + 1]))) return -1;
-  qsort(t, (size_t)n, sizeof t[0], cmp_float);
-  *ms = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  if (cu(drv->cuEventSynchronize(ev[n * n_steps]), what)) return -1;
+  float t[GPU_EVENTS - 1];
+  for (int j = 0; j <= n_steps; j++) {
+    for (int i = 0; i < n; i++) {
+      const int a = i * n_steps + (j < n_steps ? j : 0), b = j < n_steps ? a + 1 : a + n_steps;
+      if (CU(drv->cuEventElapsedTime(&t[i], ev[a], ev[b]))) return -1;
+    }
+    qsort(t, (size_t)n, sizeof t[0], cmp_float);
+    ms[j] = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  }
   *iters = n;
+  return 0;
+}
+
+typedef int (*launch_fn)(void *ctx, int set);
+typedef struct one_step {
+  launch_fn fn;
+  void *ctx;
+} one_step;
+static int one_step_launch(void *p, int set, int step) {
+  (void)step;
+  const one_step *o = p;
+  return o->fn(o->ctx, set);
+}
+
+/* One launch per iteration (time_steps with one step); its median ms. */
+static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, double *ms, int *iters) {
+  one_step o = {fn, ctx};
+  double m[2];
+  if (time_steps(label, one_step_launch, &o, 1, n_sets, m, iters)) return -1;
+  *ms = m[0];
   return 0;
 }
 
@@ -1031,63 +1061,6 @@ done:
 }
 
 /* ---- the absorbed form's kernels (mqa_*) ------------------------------------------------ */
-/* A launch sequence of n_steps kernels timed step by step: fn(ctx, set, j) launches step
- * j. As time_row (warm-up, the first warm-up sized for --row-budget-ms, at least 5
- * iterations), with an event after every step, all recorded back to back on one stream;
- * ms[j] is the median of step j, ms[n_steps] the median of the whole sequence (event to
- * event, so the steps' medians need not add up to it exactly). */
-#define TS_MAX_STEPS 3
-#define TS_MAX_ITERS 64
-typedef int (*step_fn)(void *ctx, int set, int step);
-
-static int time_steps(const char *label, step_fn fn, void *ctx, int n_steps, int n_sets, double *ms,
-                      int *iters) {
-  static CUevent ev[TS_MAX_STEPS * TS_MAX_ITERS + 1];
-  static int n_ev;
-  if (!n_ev) {
-    for (int i = 0; i < TS_MAX_STEPS * TS_MAX_ITERS + 1; i++)
-      if (CU(drv->cuEventCreate(&ev[i], CU_EVENT_DEFAULT))) return -1;
-    n_ev = TS_MAX_STEPS * TS_MAX_ITERS + 1;
-  }
-  float w_ms = 0;
-  for (int i = 0; i < g_warmup || i < 1; i++) {
-    if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
-    for (int j = 0; j < n_steps; j++)
-      if (fn(ctx, i % n_sets, j)) return -1;
-    if (CU(drv->cuEventRecord(ev[1], g_stream)) || CU(drv->cuEventSynchronize(ev[1])) ||
-        CU(drv->cuEventElapsedTime(&w_ms, ev[0], ev[1])))
-      return -1;
-  }
-  int n = g_iters;
-  if (w_ms > 0 && n * w_ms > g_row_budget_ms) {
-    n = (int)(g_row_budget_ms / w_ms);
-    if (n < 5) n = 5;
-    if (n > g_iters) n = g_iters;
-    say("  (%s: %.1f ms per launch, %d iterations instead of %d)\n", label, w_ms, n, g_iters);
-  }
-  if (n > TS_MAX_ITERS) n = TS_MAX_ITERS;
-  if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < n_steps; j++) {
-      if (fn(ctx, (i + 1) % n_sets, j)) return -1;
-      if (CU(drv->cuEventRecord(ev[i * n_steps + j + 1], g_stream))) return -1;
-    }
-  char what[160];
-  snprintf(what, sizeof what, "cuEventSynchronize after timing %s", label);
-  if (cu(drv->cuEventSynchronize(ev[n * n_steps]), what)) return -1;
-  float t[TS_MAX_ITERS];
-  for (int j = 0; j <= n_steps; j++) {
-    for (int i = 0; i < n; i++) {
-      const int a = i * n_steps + (j < n_steps ? j : 0), b = j < n_steps ? a + 1 : a + n_steps;
-      if (CU(drv->cuEventElapsedTime(&t[i], ev[a], ev[b]))) return -1;
-    }
-    qsort(t, (size_t)n, sizeof t[0], cmp_float);
-    ms[j] = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-  }
-  *iters = n;
-  return 0;
-}
-
 typedef struct mctx {
   const kset *ks;
   int S;
@@ -1167,7 +1140,7 @@ static int time_mqa(const kset *ks, int S) {
   const double f_fwd = 2.0 * H * pairs * (MQK + MV), f_bwd = 2.0 * H * pairs * (3 * MQK + 2 * MV);
   const double b_q = 2.0 * nq, b_c = 2.0 * nc, b_o = 2.0 * no, b_l = 4.0 * nl;
   const double b_bin = b_q + b_c + b_o /* dout */ + 2 * b_l /* lse, delta */;
-  double ms_f[1], ms_b[TS_MAX_STEPS + 1];
+  double ms_f[2], ms_b[4]; /* per step, then the whole sequence (time_steps) */
   int it_f, it_b;
   x.bwd = 0;
   if (time_steps("mqa_fwd", mlaunch, &x, 1, n_sets, ms_f, &it_f)) goto done;
