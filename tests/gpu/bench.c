@@ -915,6 +915,27 @@ static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, doub
   return 0;
 }
 
+/* How many buffer sets of set_bytes (beside out_bytes, once) a timing rotates through: about
+ * target_bytes' worth (at least 2; 0: max_sets), at most max_sets, fewer while they would
+ * take over 85% of free_b; 0, said ("<what> H=.. S=..: needs .. skipped"), when not even
+ * one fits. */
+static int sets_that_fit(const char *what, int H, int S, double set_bytes, double out_bytes,
+                         double target_bytes, int max_sets, size_t free_b) {
+  int n = max_sets;
+  if (target_bytes > 0) {
+    n = (int)ceil(target_bytes / set_bytes);
+    if (n < 2) n = 2;
+    if (n > max_sets) n = max_sets;
+  }
+  while (n > 1 && n * set_bytes + out_bytes > 0.85 * (double)free_b) n--;
+  if (set_bytes + out_bytes > 0.85 * (double)free_b) {
+    say("%s%sH=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", what, *what ? " " : "", H, S,
+        (set_bytes + out_bytes) / 1e9, free_b / 1e9);
+    return 0;
+  }
+  return n;
+}
+
 typedef struct tctx {
   const kset *ks;
   int S;
@@ -976,13 +997,8 @@ static int time_shape(const kset *ks, int S) {
   const double out_bytes = 4.0 * nq + 2.0 * nq + 2.0 * nkn + 4.0 * nkr + 2.0 * nv;
   size_t free_b = 0, total_b = 0;
   if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  int n_sets = g_max_sets;
-  while (n_sets > 1 && n_sets * set_bytes + out_bytes > 0.85 * (double)free_b) n_sets--;
-  if (set_bytes + out_bytes > 0.85 * (double)free_b) {
-    say("H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", H, S, (set_bytes + out_bytes) / 1e9,
-        free_b / 1e9);
-    return 0;
-  }
+  const int n_sets = sets_that_fit("", H, S, set_bytes, out_bytes, 0, g_max_sets, free_b);
+  if (!n_sets) return 0;
   const int base = g_n_allocs;
   double t0 = wall_s();
   tctx x;
@@ -1098,15 +1114,8 @@ static int time_mqa(const kset *ks, int S) {
   const double set_bytes = 2.0 * (nq + nc + 2 * no) + 4.0 * 2 * nl, out_bytes = 2.0 * (nq + nc);
   size_t free_b = 0, total_b = 0;
   if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  int n_sets = (int)ceil(200e6 / set_bytes);
-  if (n_sets < 2) n_sets = 2;
-  if (n_sets > g_max_sets) n_sets = g_max_sets;
-  while (n_sets > 1 && n_sets * set_bytes + out_bytes > 0.85 * (double)free_b) n_sets--;
-  if (set_bytes + out_bytes > 0.85 * (double)free_b) {
-    say("mqa H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", H, S, (set_bytes + out_bytes) / 1e9,
-        free_b / 1e9);
-    return 0;
-  }
+  const int n_sets = sets_that_fit("mqa", H, S, set_bytes, out_bytes, 200e6, g_max_sets, free_b);
+  if (!n_sets) return 0;
   const int base = g_n_allocs;
   double t0 = wall_s();
   mctx x;
@@ -1292,15 +1301,8 @@ static int time_layout(const kset *ks, int S, int first) {
     const gk *g = &ks->k[r->which];
     double set_bytes = 0;
     for (int b = 0; b < r->n_bufs; b++) set_bytes += r->buf_bytes[b];
-    int n_sets = (int)ceil(150e6 / set_bytes);
-    if (n_sets < 2) n_sets = 2;
-    if (n_sets > L_MAX_SETS) n_sets = L_MAX_SETS;
-    while (n_sets > 1 && n_sets * set_bytes > 0.85 * (double)free_b) n_sets--;
-    if (set_bytes > 0.85 * (double)free_b) {
-      say("%s H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", r->label, H, S, set_bytes / 1e9,
-          free_b / 1e9);
-      continue;
-    }
+    const int n_sets = sets_that_fit(r->label, H, S, set_bytes, 0, 150e6, L_MAX_SETS, free_b);
+    if (!n_sets) continue;
     const int base = g_n_allocs;
     lctx x;
     memset(&x, 0, sizeof x);
