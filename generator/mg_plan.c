@@ -109,9 +109,7 @@ void mg_plan_backward(mg_plan *p) {
 }
 
 static mg_step *step_new(mg_plan *p, mg_step_kind kind, const char *label) {
-  /* absorbs writes after an overflow (p->error reports it); one per thread, so plans built
-   * on several threads at once never share it */
-  static _Thread_local mg_step scratch;
+  static mg_step scratch; /* absorbs writes after an overflow; p->error reports it */
   if (p->n_steps == MG_PLAN_MAX_STEPS) {
     p->error = 1;
     memset(&scratch, 0, sizeof scratch);

@@ -9,8 +9,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "mg_config.h"
@@ -282,59 +280,12 @@ static void test_huge_sizes_checked(void **state) {
   assert_true(c.peak_bwd > 0 && c.peak_fwd > 0 && c.sent_fwd > 0);
 }
 
-/* Too many steps: the builder sets p->error, and the step it hands out past the limit
- * (written to like any other) belongs to the building thread, so plans overflowing on two
- * threads at once never write the same memory. */
-static pthread_barrier_t g_overflow_barrier;
-typedef struct overflow_job {
-  mg_plan *plan;
-  mg_step *extra; /* the step returned past the limit */
-} overflow_job;
-
-static void *overflow_thread(void *arg) {
-  overflow_job *j = arg;
-  const int none[] = {-1};
-  for (int i = 0; i <= MG_PLAN_MAX_STEPS; i++) {
-    mg_step *st = mg_plan_kernel(j->plan, MG_OP_EXPAND_KV, "x", none, none);
-    st->cols = i; /* a form writes its column arguments into what it gets */
-    if (i == MG_PLAN_MAX_STEPS) j->extra = st;
-  }
-  pthread_barrier_wait(&g_overflow_barrier); /* both threads alive while main compares */
-  pthread_barrier_wait(&g_overflow_barrier);
-  return NULL;
-}
-
-static void test_step_overflow_per_thread(void **state) {
-  (void)state;
-  overflow_job j[2];
-  pthread_t th[2];
-  assert_int_equal(pthread_barrier_init(&g_overflow_barrier, NULL, 3), 0);
-  for (int k = 0; k < 2; k++) {
-    j[k].plan = calloc(1, sizeof *j[k].plan);
-    assert_non_null(j[k].plan);
-    j[k].extra = NULL;
-    assert_int_equal(pthread_create(&th[k], NULL, overflow_thread, &j[k]), 0);
-  }
-  pthread_barrier_wait(&g_overflow_barrier);
-  const int distinct = j[0].extra != j[1].extra;
-  pthread_barrier_wait(&g_overflow_barrier);
-  for (int k = 0; k < 2; k++) {
-    assert_int_equal(pthread_join(th[k], NULL), 0);
-    assert_int_equal(j[k].plan->error, 1);
-    assert_int_equal(j[k].plan->n_steps, MG_PLAN_MAX_STEPS);
-    assert_int_equal(j[k].plan->steps[MG_PLAN_MAX_STEPS - 1].cols, MG_PLAN_MAX_STEPS - 1);
-    free(j[k].plan);
-  }
-  pthread_barrier_destroy(&g_overflow_barrier);
-  assert_true(distinct);
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_explicit_v3_figures), cmocka_unit_test(test_forms_relations_v3),
       cmocka_unit_test(test_single_rank),         cmocka_unit_test(test_plans_well_formed),
       cmocka_unit_test(test_laga_fused_groups), cmocka_unit_test(test_bad_arguments),
-      cmocka_unit_test(test_huge_sizes_checked), cmocka_unit_test(test_step_overflow_per_thread),
+      cmocka_unit_test(test_huge_sizes_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
