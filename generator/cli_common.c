@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "mg_dtype.h"
 #include "mlagen.h"
 
 void cli_error(const char *fmt, ...) {
@@ -173,7 +174,8 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
 
 int cli_kernel_dtype(cli_opts *o) {
   if (!o->dtype) o->dtype = "bf16";
-  if (strcmp(o->dtype, "bf16") == 0 || strcmp(o->dtype, "fp16") == 0) return 0;
+  mg_dtype t16;
+  if (!mg_dtype_spec_parse(o->dtype, &t16)) return 0;
   cli_error("--dtype %s: expected bf16 or fp16", o->dtype);
   return CLI_USAGE;
 }

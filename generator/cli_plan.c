@@ -44,7 +44,7 @@ static const char help[] =
 /* --explain: which configuration each kernel would use, and why. */
 static int explain(const cli_opts *o, const mg_shape *shape) {
   const char *arch = o->arch ? o->arch : "sm_90a", *device = o->device ? o->device : "unknown";
-  const char *kdtype = strcmp(o->dtype, "fp16") == 0 ? "fp16" : "bf16";
+  const char *kdtype = mg_dtype_spec_name(mg_dtype_of_spec(o->dtype));
   mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n = 0;
   mg_gen *g = NULL;

@@ -28,7 +28,8 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "sequence-parallel degree %d does not divide num_attention_heads %d "
                        "(Ulysses SP gives each rank H / P heads)", sp, shape->heads);
-  if (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "fp16") != 0)
+  mg_dtype t16;
+  if (mg_dtype_spec_parse(dtype, &t16))
     return mg_diag_set(d, MLAGEN_EINVAL, "dtype '%s': expected bf16 or fp16", dtype);
   const int Hl = shape->heads / sp;
   if (head_groups < 0 || head_groups > MG_PLAN_MAX_HEAD_GROUPS || (head_groups && Hl % head_groups))

@@ -29,4 +29,26 @@ static inline int mg_dtype_parse(const char *s, mg_dtype *out) {
     }
   return -1;
 }
+
+/* The name kernel specs (mg_kernel_spec.dtype), templates and tuned stores give a 16-bit
+ * type: "bf16" or "fp16"; NULL for f32 and f64, which no kernel stores. */
+static inline const char *mg_dtype_spec_name(mg_dtype t) {
+  return t == MG_BF16 ? "bf16" : t == MG_F16 ? "fp16" : NULL;
+}
+
+/* Parses a kernel spec's dtype: "bf16" or "fp16", nothing else; returns 0 or -1. */
+static inline int mg_dtype_spec_parse(const char *s, mg_dtype *out) {
+  for (int t = MG_BF16; t <= MG_F16; t++)
+    if (s && strcmp(s, mg_dtype_spec_name((mg_dtype)t)) == 0) {
+      *out = (mg_dtype)t;
+      return 0;
+    }
+  return -1;
+}
+
+/* The 16-bit type a kernel spec's dtype names; MG_BF16, the default, when it names none. */
+static inline mg_dtype mg_dtype_of_spec(const char *s) {
+  mg_dtype t = MG_BF16;
+  return mg_dtype_spec_parse(s, &t) ? MG_BF16 : t;
+}
 #endif

@@ -412,7 +412,7 @@ static void fill_host(const mg_karg *a, int set, int param, const char *dtype, l
                       void *host) {
   uint64_t x = 0x9E3779B97F4A7C15ULL ^ ((uint64_t)(set + 1) << 32) ^ (uint64_t)(param + 1) * 7919;
   const double base = strcmp(a->name, "lse") == 0 ? log((double)seq) : 0;
-  const int f16 = strcmp(dtype, "fp16") == 0;
+  const int f16 = mg_dtype_of_spec(dtype) == MG_F16;
   for (size_t i = 0; i < a->count; i++) {
     const float v = (float)(base + ((double)(rng_next(&x) >> 11) * 0x1.0p-53 * 2.0 - 1.0));
     if (a->is_f32) ((float *)host)[i] = v;
@@ -423,7 +423,7 @@ static void fill_host(const mg_karg *a, int set, int param, const char *dtype, l
 static double elem_at(const mg_karg *a, const char *dtype, const void *p, size_t i) {
   if (a->is_f32) return ((const float *)p)[i];
   const uint16_t h = ((const uint16_t *)p)[i];
-  return strcmp(dtype, "fp16") == 0 ? mg_st_f16_to_f32(h) : mg_st_bf16_to_f32(h);
+  return mg_dtype_of_spec(dtype) == MG_F16 ? mg_st_f16_to_f32(h) : mg_st_bf16_to_f32(h);
 }
 
 /* The kernel parameters of set `set` into argv (values in the storage arrays). */

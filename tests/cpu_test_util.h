@@ -197,10 +197,11 @@ static inline void tu_run_free(tu_run *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Builds the plan of form f for rank r of P and runs it on that rank's shard of the
- * global inputs. Returns the status; the message in d. */
-static inline int tu_run_form(const tu_case *c, mg_form f, int P, int r, mg_comm *comm,
-                              mg_dtype dt, double *const in[TU_N_IN], tu_run *out, mg_diag *d) {
+/* tu_run_form with the executor's kernel hook (mg_cpu_tensors.kernel_hook; NULL: none). */
+static inline int tu_run_form_hooked(const tu_case *c, mg_form f, int P, int r, mg_comm *comm,
+                                     mg_dtype dt, double *const in[TU_N_IN],
+                                     mg_cpu_kernel_hook hook, void *hook_ctx, tu_run *out,
+                                     mg_diag *d) {
   memset(out, 0, sizeof *out);
   mg_plan_args a = {.shape = &c->shape, .form = f, .sp = P, .rank = r, .batch = c->B,
                     .seq = c->S, .causal = c->causal, .dtype = dt};
@@ -214,16 +215,25 @@ static inline int tu_run_form(const tu_case *c, mg_form f, int P, int r, mg_comm
     if (!out->in[k]) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
   const int lse_id = mg_plan_find(&out->plan, "lse");
+  if (lse_id < 0) return mg_diag_set(d, MLAGEN_EINVAL, "the plan has no lse buffer");
   const size_t lse_bytes = (size_t)mg_plan_buf_bytes(&out->plan.bufs[lse_id]);
   if (!(out->lse = malloc(lse_bytes))) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   mg_cpu_capture cap = {"lse", out->lse, lse_bytes};
   out->t = (mg_cpu_tensors){.q = out->in[TU_Q], .c_kv = out->in[TU_CKV],
                             .k_rope = out->in[TU_KROPE], .w_kv_b = out->in[TU_W],
-                            .d_o = out->in[TU_DO], .captures = &cap, .n_captures = 1};
+                            .d_o = out->in[TU_DO], .captures = &cap, .n_captures = 1,
+                            .kernel_hook = hook, .hook_ctx = hook_ctx};
   rc = mg_cpu_run(&out->plan, comm, &out->t, &out->st, d);
   out->t.captures = NULL;
   out->t.n_captures = 0;
   return rc;
+}
+
+/* Builds the plan of form f for rank r of P and runs it on that rank's shard of the
+ * global inputs. Returns the status; the message in d. */
+static inline int tu_run_form(const tu_case *c, mg_form f, int P, int r, mg_comm *comm,
+                              mg_dtype dt, double *const in[TU_N_IN], tu_run *out, mg_diag *d) {
+  return tu_run_form_hooked(c, f, P, r, comm, dt, in, NULL, NULL, out, d);
 }
 
 /* A run's output k as a double array (its own layout: this rank's shard). */

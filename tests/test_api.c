@@ -25,22 +25,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_driver.h"
 #include "mg_config.h"
 #include "mg_driver.h"
 #include "mg_plan.h"
 #include "mg_plan_mem.h"
 #include "mlagen.h"
-
-#ifndef MLAGEN_FAKE_CUDA
-#error "MLAGEN_FAKE_CUDA (the path of the fake driver library) must be defined"
-#endif
-#define NO_SUCH_LIBCUDA "/nonexistent/mlagen-test/libcuda.so.1"
-
-#define assert_contains(s, sub)                                                     \
-  do {                                                                              \
-    const char *s_ = (s);                                                           \
-    if (!s_ || !strstr(s_, (sub))) fail_msg("'%s' does not contain '%s'", s_ ? s_ : "(null)", (sub)); \
-  } while (0)
+#include "test_assert.h"
 
 /* ---- fixtures ----------------------------------------------------------------------- */
 
@@ -603,7 +594,7 @@ static void test_fake_cuinit_fails(void **state) {
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "nodriver";
   if (strcmp(mode, "nodriver") == 0) {
-    setenv("MLAGEN_LIBCUDA", NO_SUCH_LIBCUDA, 1);
+    fake_driver_use(NULL);
     const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_strings),
       cmocka_unit_test(test_context),
@@ -617,10 +608,9 @@ int main(int argc, char **argv) {
     };
     return cmocka_run_group_tests_name("api (no driver)", tests, NULL, NULL);
   }
-  setenv("MLAGEN_LIBCUDA", MLAGEN_FAKE_CUDA, 1);
+  fake_driver_use(MLAGEN_FAKE_CUDA);
   setenv("MLAGEN_LIBNCCL", "/nonexistent/libnccl.so.2", 1); /* not the machine's NCCL */
   if (strcmp(mode, "fake") == 0) {
-    unsetenv("FAKE_CUDA_FAIL_INIT");
     const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_loader_resolves_every_entry),
       cmocka_unit_test_setup_teardown(test_device_info_fake, setup_laga, teardown_fx),

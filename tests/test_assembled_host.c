@@ -297,65 +297,19 @@ static int hook(const mg_step *step, const mg_plan *p, const void *const *in, vo
 
 /* ---- running a plan ---------------------------------------------------------------------- */
 
-typedef struct run {
-  mg_plan plan;
-  mg_plan_cost cost;
-  mg_cpu_tensors t;
-  mg_cpu_stats st;
-  float *lse;
-  void *in[TU_N_IN];
-} run;
-
-static void run_free(run *r) {
-  mg_cpu_tensors_free(&r->t);
-  free(r->lse);
-  for (int k = 0; k < TU_N_IN; k++) free(r->in[k]);
-}
-
 /* Runs form f's f32 plan on the global (P = 1) inputs; with h, through the hook. */
 static void run_plan(const tu_case *c, mg_form f, double *const in[TU_N_IN], hook_ctx *h,
-                     run *r) {
+                     tu_run *r) {
   mg_diag d = MG_DIAG_INIT;
-  memset(r, 0, sizeof *r);
-  mg_plan_args a = {.shape = &c->shape, .form = f, .sp = 1, .rank = 0, .batch = c->B,
-                    .seq = c->S, .causal = c->causal, .dtype = MG_F32};
-  if (mg_plan_build(&r->plan, &a, &d)) fail_msg("%s", mg_diag_msg(&d));
-  mg_plan_cost_of(&r->plan, &r->cost);
-  for (int k = 0; k < TU_N_IN; k++) {
-    int64_t B, S, w;
-    tu_in_dims(c, k, &B, &S, &w);
-    r->in[k] = tu_shard(in[k], B, S, w, 0, 1, MG_F32);
-    assert_non_null(r->in[k]);
-  }
-  const int lse_id = mg_plan_find(&r->plan, "lse");
-  assert_true(lse_id >= 0);
-  const size_t lse_bytes = (size_t)mg_plan_buf_bytes(&r->plan.bufs[lse_id]);
-  r->lse = malloc(lse_bytes);
-  assert_non_null(r->lse);
-  mg_cpu_capture cap = {"lse", r->lse, lse_bytes};
-  r->t = (mg_cpu_tensors){.q = r->in[TU_Q], .c_kv = r->in[TU_CKV], .k_rope = r->in[TU_KROPE],
-                          .w_kv_b = r->in[TU_W], .d_o = r->in[TU_DO], .captures = &cap,
-                          .n_captures = 1, .kernel_hook = h ? hook : NULL, .hook_ctx = h};
-  if (mg_cpu_run(&r->plan, NULL, &r->t, &r->st, &d)) fail_msg("%s", mg_diag_msg(&d));
-  r->t.captures = NULL, r->t.n_captures = 0;
-}
-
-static const void *out_ptr(const run *r, int k) {
-  switch (k) {
-    case TU_O: return r->t.o;
-    case TU_LSE: return r->lse;
-    case TU_DQ: return r->t.dq;
-    case TU_DCKV: return r->t.dc_kv;
-    case TU_DKROPE: return r->t.dk_rope;
-    default: return r->t.dw_kv_b;
-  }
+  if (tu_run_form_hooked(c, f, 1, 0, NULL, MG_F32, in, h ? hook : NULL, h, r, &d))
+    fail_msg("%s", mg_diag_msg(&d));
 }
 
 static double g_worst[TU_N_OUT];
 
 /* One form on one case: the reference run, the assembled run, the comparisons. */
 static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], hook_ctx *h) {
-  run ref, asm_;
+  tu_run ref, asm_;
   run_plan(c, f, in, NULL, &ref);
   h->n_fwd = h->n_bwd = 0;
   double t0 = kh_now();
@@ -378,7 +332,7 @@ static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], h
   int bad = 0;
   for (int k = 0; k < TU_N_OUT; k++) {
     const int64_t n = tu_out_numel(c, k);
-    const float *a = out_ptr(&asm_, k), *b = out_ptr(&ref, k);
+    const float *a = tu_out_ptr(&asm_, k), *b = tu_out_ptr(&ref, k);
     assert_non_null(a);
     assert_non_null(b);
     double *got = malloc((size_t)n * sizeof(double)), *want = malloc((size_t)n * sizeof(double));
@@ -399,8 +353,8 @@ static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], h
                 c->causal ? "causal" : "non-causal", e[TU_O], e[TU_LSE], e[TU_DQ], e[TU_DCKV],
                 e[TU_DKROPE], e[TU_DW], secs);
   if (bad) fail_msg("%s: %d output(s) over their tolerance", mg_form_name(f), bad);
-  run_free(&ref);
-  run_free(&asm_);
+  tu_run_free(&ref);
+  tu_run_free(&asm_);
 }
 
 static void check_shape(int dn, int dr, int dv, int dc) {
@@ -452,7 +406,7 @@ static void test_declining_hook(void **state) {
   tu_case c = {.shape = tu_shape(2, 64, 32, 64, 256), .B = 2, .S = 13, .causal = 1};
   double *in[TU_N_IN] = {0};
   assert_int_equal(tu_inputs(&c, g_seed, in), 0);
-  run ref, other;
+  tu_run ref, other;
   run_plan(&c, MG_FORM_EXPLICIT, in, NULL, &ref);
   memset(&other, 0, sizeof other);
   /* the same run with the declining hook */
@@ -471,14 +425,14 @@ static void test_declining_hook(void **state) {
   assert_int_equal(calls, 2);
   for (int k = 0; k < TU_N_OUT; k++) {
     if (k == TU_LSE) continue;
-    assert_memory_equal(out_ptr(&ref, k), out_ptr(&other, k),
+    assert_memory_equal(tu_out_ptr(&ref, k), tu_out_ptr(&other, k),
                         (size_t)tu_out_numel(&c, k) * sizeof(float));
   }
   assert_int_equal(other.st.saved, ref.st.saved);
   assert_int_equal(other.st.peak_fwd, ref.st.peak_fwd);
   assert_int_equal(other.st.peak_bwd, ref.st.peak_bwd);
-  run_free(&ref);
-  run_free(&other);
+  tu_run_free(&ref);
+  tu_run_free(&other);
   tu_free(in, TU_N_IN);
 }
 

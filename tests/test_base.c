@@ -14,6 +14,7 @@
 
 #include "mg_buf.h"
 #include "mg_diag.h"
+#include "mg_dtype.h"
 #include "mg_embed.h"
 #include "mg_fs.h"
 #include "mg_hash.h"
@@ -156,6 +157,35 @@ static void test_sha256_vectors(void **state) {
   assert_memory_not_equal(h1, h2, MG_HASH_BYTES);
 }
 
+/* The one table of dtype names: the command line's, its aliases, and the kernel specs'. */
+static void test_dtype_names(void **state) {
+  (void)state;
+  static const char *const cli[] = {"f32", "f64", "bf16", "f16"};
+  mg_dtype t;
+  for (int i = 0; i < 4; i++) {
+    assert_string_equal(mg_dtype_name((mg_dtype)i), cli[i]);
+    assert_int_equal(mg_dtype_parse(cli[i], &t), 0);
+    assert_int_equal(t, i);
+  }
+  assert_int_equal(mg_dtype_parse("fp16", &t), 0);
+  assert_int_equal(t, MG_F16);
+  assert_int_equal(mg_dtype_parse("half", &t), -1);
+  assert_string_equal(mg_dtype_spec_name(MG_BF16), "bf16");
+  assert_string_equal(mg_dtype_spec_name(MG_F16), "fp16");
+  assert_null(mg_dtype_spec_name(MG_F32));
+  assert_null(mg_dtype_spec_name(MG_F64));
+  assert_int_equal(mg_dtype_spec_parse("fp16", &t), 0);
+  assert_int_equal(t, MG_F16);
+  assert_int_equal(mg_dtype_spec_parse("bf16", &t), 0);
+  assert_int_equal(t, MG_BF16);
+  assert_int_equal(mg_dtype_spec_parse("f16", &t), -1); /* the CLI's name, not a spec's */
+  assert_int_equal(mg_dtype_spec_parse("f32", &t), -1);
+  assert_int_equal(mg_dtype_spec_parse(NULL, &t), -1);
+  assert_int_equal(mg_dtype_of_spec("fp16"), MG_F16);
+  assert_int_equal(mg_dtype_of_spec("bf16"), MG_BF16);
+  assert_int_equal(mg_dtype_of_spec("nonsense"), MG_BF16);
+}
+
 static void test_embedded_files(void **state) {
   (void)state;
   const mg_embedded_file *f = mg_embed_find("configs/deepseek-v3.json");
@@ -172,7 +202,7 @@ int main(void) {
       cmocka_unit_test(test_buf_grows_and_caps), cmocka_unit_test(test_diag_and_status),
       cmocka_unit_test(test_atomic_write),       cmocka_unit_test(test_sha256_vectors),
       cmocka_unit_test(test_read_refuses_fifo),
-      cmocka_unit_test(test_embedded_files),
+      cmocka_unit_test(test_embedded_files),     cmocka_unit_test(test_dtype_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,9 +2,8 @@
  *
  * Every rank derives every rank's send buffer from one seed (MLAGEN_TEST_SEED, else the
  * time on rank 0, broadcast), so each rank computes what it must receive on its own,
- * without MPI. Rank 0 prints cmocka's report; the other ranks capture theirs and print it,
- * each line prefixed "[rank r] ", only when they fail. The exit status is non-zero when
- * any rank fails.
+ * without MPI. Rank 0 prints cmocka's report; the other ranks print theirs only when
+ * they fail (tests/mpi_test_main.h). The exit status is non-zero when any rank fails.
  *
  * A failed assertion on one rank leaves the others in a collective; to keep the ranks in
  * step, each test runs all its collectives first, counting mismatches, and asserts last. */
@@ -21,10 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "mg_comm.h"
+#include "mpi_test_main.h"
 #include "mg_safetensors.h"
 #include "mlagen.h"
 
@@ -242,22 +240,6 @@ static int *world_members(void) {
   return m;
 }
 
-static int setup(void **state) {
-  mg_comm *c = NULL;
-  mg_diag d = MG_DIAG_INIT;
-  MPI_Comm world = MPI_COMM_WORLD;
-  int rc = mg_comm_mpi_wrap(&c, &world, &d);
-  if (rc) print_error("mg_comm_mpi_wrap: %s\n", mg_diag_msg(&d));
-  mg_diag_clear(&d);
-  *state = c;
-  return rc ? -1 : 0;
-}
-
-static int teardown(void **state) {
-  mg_comm_destroy(*state);
-  return 0;
-}
-
 static void test_wrap_world(void **state) {
   mg_comm *c = *state;
   assert_int_equal(c->rank, g_rank);
@@ -463,68 +445,16 @@ static void test_inter_communicator(void **state) {
   mg_diag_clear(&d);
 }
 
-/* ---- main: one seed for all ranks, one report, one exit status ------------------------- */
-
-static void replay(FILE *f, int rank) {
-  char line[4096];
-  rewind(f);
-  while (fgets(line, sizeof line, f)) fprintf(stderr, "[rank %d] %s", rank, line);
-}
-
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-
-  unsigned long long seed = 0;
-  if (g_rank == 0) {
-    const char *s = getenv("MLAGEN_TEST_SEED");
-    seed = s && *s ? strtoull(s, NULL, 0) : (unsigned long long)time(NULL) ^ ((unsigned long long)getpid() << 20);
-    printf("test_comm_mpi: %d rank(s), seed %llu (rerun with MLAGEN_TEST_SEED=%llu)\n", g_size,
-           seed, seed);
-    fflush(stdout);
-  }
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  g_seed = seed;
-
-  /* Ranks other than 0 write their report to a file, shown only if they fail. */
-  FILE *capture = NULL;
-  int saved_out = -1, saved_err = -1;
-  if (g_rank != 0 && (capture = tmpfile()) != NULL) {
-    fflush(stdout);
-    fflush(stderr);
-    saved_out = dup(STDOUT_FILENO);
-    saved_err = dup(STDERR_FILENO);
-    dup2(fileno(capture), STDOUT_FILENO);
-    dup2(fileno(capture), STDERR_FILENO);
-  }
-
-  char name[64];
-  snprintf(name, sizeof name, "test_comm_mpi rank %d of %d", g_rank, g_size);
+  mpi_test_begin(&argc, &argv, "test_comm_mpi", &g_rank, &g_size, &g_seed);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_wrap_world),       cmocka_unit_test(test_all_to_all),
       cmocka_unit_test(test_all_gather),       cmocka_unit_test(test_reduce_scatter),
       cmocka_unit_test(test_grouped),          cmocka_unit_test(test_count_zero_null),
       cmocka_unit_test(test_refusals),         cmocka_unit_test(test_error_handler),
       cmocka_unit_test(test_sub_communicator), cmocka_unit_test(test_inter_communicator)};
-  int failed = cmocka_run_group_tests_name(name, tests, setup, teardown);
-
-  if (capture) {
-    fflush(stdout);
-    fflush(stderr);
-    dup2(saved_out, STDOUT_FILENO);
-    dup2(saved_err, STDERR_FILENO);
-    close(saved_out);
-    close(saved_err);
-    if (failed) replay(capture, g_rank);
-    fclose(capture);
-  }
-
-  int total = 0;
-  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (g_rank == 0 && total)
-    fprintf(stderr, "test_comm_mpi: %d failure(s) over %d rank(s)\n", total, g_size);
+  int failed =
+      MPI_TEST_GROUP("test_comm_mpi", tests, mpi_test_comm_setup, mpi_test_comm_teardown);
   free(world_members());
-  MPI_Finalize();
-  return total ? 1 : 0;
+  return mpi_test_end("test_comm_mpi", failed);
 }

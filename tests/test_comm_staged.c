@@ -9,8 +9,7 @@
  *
  *   test_comm_staged [local]     one process, mg_comm_local (ctest test_comm_staged)
  *   mpirun -np N test_comm_staged mpi   (built with MPI; ctest test_comm_staged_mpi_npN)
- * MLAGEN_LIBCUDA must name the fake driver (ctest sets it). Exit 0 when every check passed. */
-#include <dlfcn.h>
+ * It loads the fake driver itself (tests/fake_driver.h). Exit 0 when every check passed. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +18,7 @@
 #include <mpi.h>
 #endif
 
+#include "fake_driver.h"
 #include "mg_comm_staged.h"
 #include "mg_safetensors.h"
 #include "mlagen.h"
@@ -34,8 +34,7 @@ static int g_fail, g_rank;
     }                                                                   \
   } while (0)
 
-static int (*fake_count)(const char *);
-static void (*fake_fail)(const char *, int);
+static fake_cuda fake; /* the fake driver's hooks */
 
 typedef int (*coll)(mg_comm *, const void *, void *, size_t, mg_dtype, mg_diag *);
 
@@ -59,11 +58,11 @@ static void one(const mg_driver *drv, mg_comm *host, mg_comm *st, int k, size_t 
   CHECK(!drv->cuMemAlloc(&ds, sn * es + 1) && !drv->cuMemAlloc(&dr, rn * es + 1), "cuMemAlloc");
   drv->cuMemcpyHtoD(ds, send, sn * es);
   drv->cuMemsetD8(dr, 0xff, rn * es);
-  const int sync0 = fake_count("cuStreamSynchronize"), d2h0 = fake_count("cuMemcpyDtoH");
+  const int sync0 = fake.count("cuStreamSynchronize"), d2h0 = fake.count("cuMemcpyDtoH");
   int rc = sc(st, (void *)(uintptr_t)ds, (void *)(uintptr_t)dr, count, t, &d);
   CHECK(!rc, "staged collective %d %s: %s", k, mg_dtype_name(t), mg_diag_msg(&d));
-  CHECK(fake_count("cuStreamSynchronize") == sync0 + 1, "one stream synchronization per collective");
-  CHECK(fake_count("cuMemcpyDtoH") == d2h0 + (sn ? 1 : 0), "one copy out per collective");
+  CHECK(fake.count("cuStreamSynchronize") == sync0 + 1, "one stream synchronization per collective");
+  CHECK(fake.count("cuMemcpyDtoH") == d2h0 + (sn ? 1 : 0), "one copy out per collective");
   drv->cuMemcpyDtoH(got, dr, rn * es);
   CHECK(memcmp(got, want, rn * es) == 0, "collective %d %s count %zu: staged result differs", k,
         mg_dtype_name(t), count);
@@ -90,12 +89,12 @@ static void run_all(const mg_driver *drv, mg_comm *host) {
   drv->cuMemAlloc(&ds, 4096);
   drv->cuMemAlloc(&dr, 4096);
   mg_comm_staged_set_stream(st, (CUstream)(uintptr_t)0x10);
-  fake_fail("cuStreamSynchronize", CUDA_ERROR_LAUNCH_FAILED);
+  fake.inject("cuStreamSynchronize", CUDA_ERROR_LAUNCH_FAILED);
   int rc = st->ops->all_gather(st, (void *)(uintptr_t)ds, (void *)(uintptr_t)dr, 4, MG_BF16, &d);
   CHECK(rc == MLAGEN_EDRIVER && strstr(mg_diag_msg(&d), "staged all-gather") &&
             strstr(mg_diag_msg(&d), "cuStreamSynchronize") && strstr(mg_diag_msg(&d), "CUDA_ERROR_LAUNCH_FAILED"),
         "stream failure: %d %s", rc, mg_diag_msg(&d));
-  fake_fail("cuMemcpyDtoH", CUDA_ERROR_ILLEGAL_ADDRESS);
+  fake.inject("cuMemcpyDtoH", CUDA_ERROR_ILLEGAL_ADDRESS);
   rc = st->ops->reduce_scatter(st, (void *)(uintptr_t)ds, (void *)(uintptr_t)dr, 4, MG_F32, &d);
   CHECK(rc == MLAGEN_EDRIVER && strstr(mg_diag_msg(&d), "staged reduce-scatter") &&
             strstr(mg_diag_msg(&d), "cuMemcpyDtoH"),
@@ -122,15 +121,9 @@ int main(int argc, char **argv) {
   }
   mg_diag d = MG_DIAG_INIT;
   const mg_driver *drv = NULL;
+  if (fake_driver_open(&fake)) return 1;
   if (mg_driver_get(&drv, &d)) {
-    fprintf(stderr, "test_comm_staged: %s (MLAGEN_LIBCUDA must name tests/fake_cuda)\n", mg_diag_msg(&d));
-    return 1;
-  }
-  void *fake = dlopen(drv->path, RTLD_NOW | RTLD_NOLOAD);
-  fake_count = fake ? (int (*)(const char *))dlsym(fake, "fake_cuda_count") : NULL;
-  fake_fail = fake ? (void (*)(const char *, int))dlsym(fake, "fake_cuda_fail") : NULL;
-  if (!fake_count || !fake_fail) {
-    fprintf(stderr, "test_comm_staged: %s is not the fake driver\n", drv->path);
+    fprintf(stderr, "test_comm_staged: %s\n", mg_diag_msg(&d));
     return 1;
   }
   mg_comm *host = NULL;

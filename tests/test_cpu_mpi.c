@@ -7,8 +7,8 @@
  * reference per element (f32, tu_tol_f32; shapes with DeepSeek-V3's YaRN softmax scale,
  * scores with std about 2: tu_shape, tu_inputs), and its measured memory and traffic
  * with the planner's. Rank 0 prints cmocka's report; other ranks print theirs only when
- * they fail. Each test runs all its collectives first and asserts last, so a failing rank
- * never leaves the others waiting. */
+ * they fail (tests/mpi_test_main.h). Each test runs all its collectives first and asserts
+ * last, so a failing rank never leaves the others waiting. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,30 +16,13 @@
 #include <cmocka.h>
 
 #include <mpi.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cpu_test_util.h"
 #include "mg_comm.h"
+#include "mpi_test_main.h"
 
 static int g_rank, g_size;
 static uint64_t g_seed;
-
-static int setup(void **state) {
-  mg_comm *c = NULL;
-  mg_diag d = MG_DIAG_INIT;
-  MPI_Comm world = MPI_COMM_WORLD;
-  int rc = mg_comm_mpi_wrap(&c, &world, &d);
-  if (rc) print_error("mg_comm_mpi_wrap: %s\n", mg_diag_msg(&d));
-  mg_diag_clear(&d);
-  *state = c;
-  return rc ? -1 : 0;
-}
-
-static int teardown(void **state) {
-  mg_comm_destroy(*state);
-  return 0;
-}
 
 /* Per element at tu_tol_f32 (tu_check); rank 0 prints the largest atol (rms units) each
  * output needed as "needed". Measured over 17 seeds at P = 1, 2, 4: o 3.6e-6,
@@ -142,61 +125,16 @@ static void test_bad_input(void **state) {
   mg_diag_clear(&d);
 }
 
-static void replay(FILE *f, int rank) {
-  char line[4096];
-  rewind(f);
-  while (fgets(line, sizeof line, f)) fprintf(stderr, "[rank %d] %s", rank, line);
-}
-
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  unsigned long long seed = 0;
-  if (g_rank == 0) {
-    const char *s = getenv("MLAGEN_TEST_SEED");
-    seed = s && *s ? strtoull(s, NULL, 0)
-                   : (unsigned long long)time(NULL) ^ ((unsigned long long)getpid() << 20);
-    printf("test_cpu_mpi: %d rank(s), seed %llu (rerun with MLAGEN_TEST_SEED=%llu)\n", g_size,
-           seed, seed);
-    fflush(stdout);
-  }
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  g_seed = seed;
-
-  FILE *capture = NULL;
-  int saved_out = -1, saved_err = -1;
-  if (g_rank != 0 && (capture = tmpfile()) != NULL) {
-    fflush(stdout);
-    fflush(stderr);
-    saved_out = dup(STDOUT_FILENO);
-    saved_err = dup(STDERR_FILENO);
-    dup2(fileno(capture), STDOUT_FILENO);
-    dup2(fileno(capture), STDERR_FILENO);
-  }
-  char name[64];
-  snprintf(name, sizeof name, "test_cpu_mpi rank %d of %d", g_rank, g_size);
+  mpi_test_begin(&argc, &argv, "test_cpu_mpi", &g_rank, &g_size, &g_seed);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
                                      cmocka_unit_test(test_bad_input)};
-  int failed = cmocka_run_group_tests_name(name, tests, setup, teardown);
-  if (capture) {
-    fflush(stdout);
-    fflush(stderr);
-    dup2(saved_out, STDOUT_FILENO);
-    dup2(saved_err, STDERR_FILENO);
-    close(saved_out);
-    close(saved_err);
-    if (failed) replay(capture, g_rank);
-    fclose(capture);
-  }
+  int failed =
+      MPI_TEST_GROUP("test_cpu_mpi", tests, mpi_test_comm_setup, mpi_test_comm_teardown);
   if (g_rank == 0) {
     printf("needed atol (rms units) at P = %d:", g_size);
     for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need[k]);
     printf("\n");
   }
-  int total = 0;
-  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (g_rank == 0 && total) fprintf(stderr, "test_cpu_mpi: %d failure(s) over %d rank(s)\n", total, g_size);
-  MPI_Finalize();
-  return total ? 1 : 0;
+  return mpi_test_end("test_cpu_mpi", failed);
 }

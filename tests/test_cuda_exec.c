@@ -19,7 +19,7 @@
  *
  * Modes (argv[1]): none, the above; "f16": every form's f16 plan (S 33 and 1, causal) at
  * tu_tol_f16; "nodriver": mg_dev_ops_cuda without a driver is
- * MLAGEN_ENODRIVER; "fake": with the fake driver (tests/fake_cuda.c, MLAGEN_LIBCUDA) and
+ * MLAGEN_ENODRIVER; "fake": with the fake driver (tests/fake_cuda.c, tests/fake_driver.h) and
  * MLAGEN_LIBCUBLAS pointing nowhere, mg_dev_ops_cuda and mlagen_forward fail cleanly with
  * MLAGEN_EDRIVER naming cuBLAS; then with MLAGEN_LIBCUBLAS = the fake driver, which is a
  * fake cuBLAS too, a LAGA plan's forward and backward run through the API (NVRTC compiles
@@ -37,7 +37,6 @@
 
 #include <cJSON.h>
 #include <cblas.h>
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,11 +46,13 @@
 
 #include "cpu_test_util.h"
 #include "cuda_exec_host_ops.h"
+#include "fake_driver.h"
 #include "mg_cpu_exec.h"
 #include "mg_module.h"
 #include "mg_tune.h"
 
 static uint64_t g_seed = 20260529;
+static fake_cuda g_fake; /* the fake driver's hooks (mode "fake") */
 
 /* ---- one form on one case ---------------------------------------------------------------- */
 
@@ -350,6 +351,26 @@ static void test_nodriver(void **state) {
   mg_diag_clear(&d);
 }
 
+/* Through the API: a context, the model (H 2, d_c 256, d_r 32, d_n 64, d_v 64) and its
+ * LAGA bf16 plan at B 1, S 8, causal, P 1, with its sizes. */
+static void api_laga_plan(mlagen_context **ctx, mlagen_model **model, mlagen_plan **plan,
+                          mlagen_sizes *z) {
+  assert_int_equal(mlagen_context_create(ctx), 0);
+  mlagen_model_desc md = {.num_attention_heads = 2, .kv_lora_rank = 256, .qk_rope_head_dim = 32,
+                          .qk_nope_head_dim = 64, .v_head_dim = 64};
+  assert_int_equal(mlagen_model_from_desc(*ctx, &md, model), 0);
+  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_rank = 0,
+                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16};
+  assert_int_equal(mlagen_plan_create(*ctx, *model, &pd, plan), 0);
+  assert_int_equal(mlagen_plan_sizes(*plan, z), 0);
+}
+
+static void api_close(mlagen_context *ctx, mlagen_model *model, mlagen_plan *plan) {
+  mlagen_plan_destroy(plan);
+  mlagen_model_destroy(model);
+  mlagen_context_destroy(ctx);
+}
+
 static void test_fake_driver(void **state) {
   (void)state;
   mg_diag d = MG_DIAG_INIT;
@@ -364,15 +385,8 @@ static void test_fake_driver(void **state) {
   mlagen_context *ctx;
   mlagen_model *model;
   mlagen_plan *plan;
-  assert_int_equal(mlagen_context_create(&ctx), 0);
-  mlagen_model_desc md = {.num_attention_heads = 2, .kv_lora_rank = 256, .qk_rope_head_dim = 32,
-                          .qk_nope_head_dim = 64, .v_head_dim = 64};
-  assert_int_equal(mlagen_model_from_desc(ctx, &md, &model), 0);
-  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_rank = 0,
-                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16};
-  assert_int_equal(mlagen_plan_create(ctx, model, &pd, &plan), 0);
   mlagen_sizes z;
-  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  api_laga_plan(&ctx, &model, &plan, &z);
   mlagen_tensors t;
   memset(&t, 0, sizeof t);
   void *bufs[16];
@@ -391,9 +405,7 @@ static void test_fake_driver(void **state) {
   assert_int_equal(rc, MLAGEN_EDRIVER);
   assert_non_null(strstr(mlagen_last_message(ctx), "cuBLAS"));
   for (int k = 0; k < nb; k++) free(bufs[k]);
-  mlagen_plan_destroy(plan);
-  mlagen_model_destroy(model);
-  mlagen_context_destroy(ctx);
+  api_close(ctx, model, plan);
 }
 
 /* The fake driver is a fake cuBLAS too: mlagen_forward/backward of a LAGA plan run through,
@@ -401,15 +413,8 @@ static void test_fake_driver(void **state) {
  * aligned part of it when the workspace is only 16-byte aligned), never in cuBLAS's own. */
 static void test_fake_cublas(void **state) {
   (void)state;
-  const char *fake = getenv("MLAGEN_LIBCUDA");
-  assert_non_null(fake);
-  setenv("MLAGEN_LIBCUBLAS", fake, 1);
-  void *lib = dlopen(fake, RTLD_NOW);
-  assert_non_null(lib);
-  void (*stats)(int *, int *, void **, size_t *);
-  void *sym = dlsym(lib, "fake_cublas_stats");
-  assert_non_null(sym);
-  memcpy(&stats, &sym, sizeof stats);
+  setenv("MLAGEN_LIBCUBLAS", MLAGEN_FAKE_CUDA, 1);
+  void (*stats)(int *, int *, void **, size_t *) = g_fake.cublas_stats;
   const size_t slice = (size_t)32 << 20;
 
   /* the GPU ops refuse a GEMM before they have a workspace, and a misaligned one */
@@ -428,15 +433,8 @@ static void test_fake_cublas(void **state) {
   mlagen_context *ctx;
   mlagen_model *model;
   mlagen_plan *plan;
-  assert_int_equal(mlagen_context_create(&ctx), 0);
-  mlagen_model_desc md = {.num_attention_heads = 2, .kv_lora_rank = 256, .qk_rope_head_dim = 32,
-                          .qk_nope_head_dim = 64, .v_head_dim = 64};
-  assert_int_equal(mlagen_model_from_desc(ctx, &md, &model), 0);
-  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_rank = 0,
-                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16};
-  assert_int_equal(mlagen_plan_create(ctx, model, &pd, &plan), 0);
   mlagen_sizes z;
-  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  api_laga_plan(&ctx, &model, &plan, &z);
   /* the same plan built here: the workspace is its layout's plus exactly the slice */
   mg_shape sh = tu_shape(2, 64, 32, 64, 256);
   mg_plan ref;
@@ -487,10 +485,7 @@ static void test_fake_cublas(void **state) {
     }
   }
   for (int k = 0; k < nb; k++) free(bufs[k]);
-  mlagen_plan_destroy(plan);
-  mlagen_model_destroy(model);
-  mlagen_context_destroy(ctx);
-  dlclose(lib);
+  api_close(ctx, model, plan);
   mg_diag_clear(&d);
 }
 
@@ -498,11 +493,12 @@ int main(int argc, char **argv) {
   const char *env = getenv("MLAGEN_TEST_SEED");
   if (env) g_seed = strtoull(env, NULL, 10);
   if (argc > 1 && !strcmp(argv[1], "nodriver")) {
-    setenv("MLAGEN_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    fake_driver_use(NULL);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_nodriver)};
     return cmocka_run_group_tests(tests, NULL, NULL);
   }
   if (argc > 1 && !strcmp(argv[1], "fake")) {
+    if (fake_driver_open(&g_fake)) return 1;
     setenv("MLAGEN_LIBCUBLAS", "/nonexistent/libcublas.so", 1);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_fake_driver),
                                        cmocka_unit_test(test_fake_cublas)};

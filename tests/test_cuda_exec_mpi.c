@@ -25,7 +25,8 @@
  * (prefixed with the pass) instead of waiting on; a stream that never finishes times out
  * with MLAGEN_EIO. Every collective completes before the wait, so no rank is left behind.
  *
- * Rank 0 prints cmocka's report; other ranks print theirs only when they fail. */
+ * Rank 0 prints cmocka's report; other ranks print theirs only when they fail
+ * (tests/mpi_test_main.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,12 +38,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cpu_test_util.h"
 #include "cuda_exec_host_ops.h"
 #include "mg_comm.h"
+#include "mpi_test_main.h"
 
 static int g_rank, g_size;
 static uint64_t g_seed;
@@ -358,58 +358,11 @@ static int report_worst(void **state) {
   return teardown(state);
 }
 
-static void replay(FILE *f, int rank) {
-  char line[4096];
-  rewind(f);
-  while (fgets(line, sizeof line, f)) fprintf(stderr, "[rank %d] %s", rank, line);
-}
-
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  unsigned long long seed = 0;
-  if (g_rank == 0) {
-    const char *s = getenv("MLAGEN_TEST_SEED");
-    seed = s && *s ? strtoull(s, NULL, 0)
-                   : (unsigned long long)time(NULL) ^ ((unsigned long long)getpid() << 20);
-    printf("test_cuda_exec_mpi: %d rank(s), seed %llu (rerun with MLAGEN_TEST_SEED=%llu)\n",
-           g_size, seed, seed);
-    fflush(stdout);
-  }
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  g_seed = seed;
-
-  FILE *capture = NULL;
-  int saved_out = -1, saved_err = -1;
-  if (g_rank != 0 && (capture = tmpfile()) != NULL) {
-    fflush(stdout);
-    fflush(stderr);
-    saved_out = dup(STDOUT_FILENO);
-    saved_err = dup(STDERR_FILENO);
-    dup2(fileno(capture), STDOUT_FILENO);
-    dup2(fileno(capture), STDERR_FILENO);
-  }
-  char name[64];
-  snprintf(name, sizeof name, "test_cuda_exec_mpi rank %d of %d", g_rank, g_size);
+  mpi_test_begin(&argc, &argv, "test_cuda_exec_mpi", &g_rank, &g_size, &g_seed);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
                                      cmocka_unit_test(test_f16),
                                      cmocka_unit_test(test_wait_polls)};
-  int failed = cmocka_run_group_tests_name(name, tests, setup, report_worst);
-  if (capture) {
-    fflush(stdout);
-    fflush(stderr);
-    dup2(saved_out, STDOUT_FILENO);
-    dup2(saved_err, STDERR_FILENO);
-    close(saved_out);
-    close(saved_err);
-    if (failed) replay(capture, g_rank);
-    fclose(capture);
-  }
-  int total = 0;
-  MPI_Allreduce(&failed, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (g_rank == 0 && total)
-    fprintf(stderr, "test_cuda_exec_mpi: %d failure(s) over %d rank(s)\n", total, g_size);
-  MPI_Finalize();
-  return total ? 1 : 0;
+  int failed = MPI_TEST_GROUP("test_cuda_exec_mpi", tests, setup, report_worst);
+  return mpi_test_end("test_cuda_exec_mpi", failed);
 }

@@ -20,43 +20,20 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_driver.h"
 #include "mg_generate.h"
 #include "mg_ktime.h"
 #include "mg_safetensors.h"
 #include "mg_tune.h"
 #include "mlagen.h"
+#include "test_assert.h"
 
-#ifndef MLAGEN_FAKE_CUDA
-#error "MLAGEN_FAKE_CUDA (the path of the fake driver library) must be defined"
-#endif
-#define NO_SUCH_LIBCUDA "/nonexistent/mlagen-test/libcuda.so.1"
-
-#define assert_contains(s, sub)                                                     \
-  do {                                                                              \
-    const char *s_ = (s);                                                           \
-    if (!s_ || !strstr(s_, (sub))) fail_msg("'%s' does not contain '%s'", s_ ? s_ : "(null)", (sub)); \
-  } while (0)
-
-static struct {
-  int (*count)(const char *name);
-  void (*inject)(const char *name, int code);
-} fake;
-
-static void bind_fake(void) {
-  void *h = dlopen(MLAGEN_FAKE_CUDA, RTLD_NOW | RTLD_LOCAL);
-  if (!h) fail_msg("dlopen %s: %s", MLAGEN_FAKE_CUDA, dlerror());
-  union { void *p; int (*count)(const char *); void (*fail)(const char *, int); } u;
-  if (!(u.p = dlsym(h, "fake_cuda_count"))) fail_msg("no fake_cuda_count");
-  fake.count = u.count;
-  if (!(u.p = dlsym(h, "fake_cuda_fail"))) fail_msg("no fake_cuda_fail");
-  fake.inject = u.fail;
-}
+static fake_cuda fake; /* the fake driver's test hooks */
 
 /* ---- kernels: rendered by the generator, with fake cubins ------------------------------ */
 static mg_gen *g_gen;
@@ -233,119 +210,128 @@ static void test_describe(void **state) {
 /* ---- timing ------------------------------------------------------------------------------ */
 enum { N = 25 };
 
-static void test_time_copy_cols(void **state) {
-  (void)state;
+/* A candidate, its reference kernel (mg_ktime_reference_spec), the live counts before any
+ * run, and the last run's samples, result and message. */
+typedef struct pair {
+  mg_kernel_spec s, rs;
   tk cand, ref;
-  mg_kernel_spec s = spec_of("copy_cols", 16, "num_warps=2", NULL), rs;
-  mg_ktime_reference_spec(&s, &rs);
-  make(&cand, &s);
-  make(&ref, &rs); /* the default: num_warps = 4 */
-  assert_string_not_equal(cand.k.name, ref.k.name);
-  const live before = live_now();
-  const int launches = fake.count("cuLaunchKernel");
+  live before;
   double ms[N];
   mg_ktime_result res;
-  mg_diag d = MG_DIAG_INIT;
-  int rc = mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d);
-  if (rc) fail_msg("%s", mg_diag_msg(&d));
-  assert_int_equal(res.verdict, MG_TUNE_KEPT);
-  assert_string_equal(res.reason, "");
-  assert_int_equal(res.n_sets, MG_KTIME_MAX_SETS);
-  assert_int_equal(res.flush_bytes, 2u << 20); /* twice the fake's 1 MiB L2 */
-  assert_int_equal(res.set_bytes, (size_t)256 * 16 * (192 + 576) * 2);
+  mg_diag d;
+} pair;
+
+static void pair_make(pair *p, const char *family, int heads, const char *set1, const char *set2) {
+  memset(p, 0, sizeof *p);
+  p->s = spec_of(family, heads, set1, set2);
+  mg_ktime_reference_spec(&p->s, &p->rs);
+  make(&p->cand, &p->s);
+  make(&p->ref, &p->rs);
+  p->before = live_now();
+}
+
+static void pair_free(pair *p) {
+  unmake(&p->cand);
+  unmake(&p->ref);
+  mg_diag_clear(&p->d);
+}
+
+/* Times the candidate against its reference at seq; mg_ktime_run's status. */
+static int pair_run(pair *p, long long seq) {
+  return mg_ktime_run(&p->cand.k, &p->cand.c, &p->ref.k, &p->ref.c, &p->s, seq, N, p->ms, &p->res,
+                      &p->d);
+}
+
+/* A run at S 256 that completes with verdict, its reason containing why (NULL: any), and
+ * leaves nothing live. */
+static void expect_verdict(pair *p, int verdict, const char *why) {
+  const int rc = pair_run(p, 256);
+  if (rc) fail_msg("%s", mg_diag_msg(&p->d));
+  assert_int_equal(p->res.verdict, verdict);
+  if (why) assert_contains(p->res.reason, why);
+  assert_live(p->before, live_now());
+}
+
+/* A run at S 256 that fails with status rc and a message containing why. */
+static void expect_error(pair *p, int rc, const char *why) {
+  assert_int_equal(pair_run(p, 256), rc);
+  assert_contains(mg_diag_msg(&p->d), why);
+  mg_diag_clear(&p->d);
+}
+
+static void test_time_copy_cols(void **state) {
+  (void)state;
+  pair p; /* the reference is the default: num_warps = 4 */
+  pair_make(&p, "copy_cols", 16, "num_warps=2", NULL);
+  assert_string_not_equal(p.cand.k.name, p.ref.k.name);
+  const int launches = fake.count("cuLaunchKernel");
+  expect_verdict(&p, MG_TUNE_KEPT, NULL);
+  assert_string_equal(p.res.reason, "");
+  assert_int_equal(p.res.n_sets, MG_KTIME_MAX_SETS);
+  assert_int_equal(p.res.flush_bytes, 2u << 20); /* twice the fake's 1 MiB L2 */
+  assert_int_equal(p.res.set_bytes, (size_t)256 * 16 * (192 + 576) * 2);
   /* check: candidate + reference; then warm-up and samples */
   assert_int_equal(fake.count("cuLaunchKernel") - launches, 2 + MG_KTIME_WARMUP + N);
   for (int i = 0; i < N; i++) /* 64 threads: 0.064 ms x (1 .. 1.3) */
-    assert_true(ms[i] > 0.0639 && ms[i] < 0.0833);
-  double p[3] = {mg_tune_percentile(ms, N, 20), mg_tune_percentile(ms, N, 50),
-                 mg_tune_percentile(ms, N, 80)};
-  assert_true(p[0] <= p[1] && p[1] <= p[2] && p[0] < p[2]);
-  assert_live(before, live_now());
-  /* the timer hook: same, and the candidate against itself */
+    assert_true(p.ms[i] > 0.0639 && p.ms[i] < 0.0833);
+  double pc[3] = {mg_tune_percentile(p.ms, N, 20), mg_tune_percentile(p.ms, N, 50),
+                  mg_tune_percentile(p.ms, N, 80)};
+  assert_true(pc[0] <= pc[1] && pc[1] <= pc[2] && pc[0] < pc[2]);
+  /* the timer hook: same, and the reference against itself */
   int verdict = -1;
   char reason[64] = "x";
-  assert_int_equal(mg_ktime_timer(&ref.k, &ref.c, &ref.k, &ref.c, &rs, 256, N, ms, &verdict,
-                                  reason, sizeof reason, &d), 0);
+  assert_int_equal(mg_ktime_timer(&p.ref.k, &p.ref.c, &p.ref.k, &p.ref.c, &p.rs, 256, N, p.ms,
+                                  &verdict, reason, sizeof reason, &p.d), 0);
   assert_int_equal(verdict, MG_TUNE_KEPT);
   assert_string_equal(reason, "");
-  for (int i = 0; i < N; i++) assert_true(ms[i] > 0.1279 && ms[i] < 0.1665); /* 128 threads */
-  assert_live(before, live_now());
-  unmake(&cand);
-  unmake(&ref);
+  for (int i = 0; i < N; i++) assert_true(p.ms[i] > 0.1279 && p.ms[i] < 0.1665); /* 128 threads */
+  assert_live(p.before, live_now());
+  pair_free(&p);
 }
 
 static void test_time_attn_fwd(void **state) {
   (void)state;
-  tk cand, ref;
-  mg_kernel_spec s = spec_of("attn_fwd", 2, "k_packed=1", "block_n=32"), rs;
-  mg_ktime_reference_spec(&s, &rs);
-  assert_int_equal(rs.n_config, 1); /* k_packed = 1 kept: the same parameters */
-  make(&cand, &s);
-  make(&ref, &rs);
-  const live before = live_now();
-  double ms[N];
-  mg_ktime_result res;
-  mg_diag d = MG_DIAG_INIT;
-  int rc = mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 128, N, ms, &res, &d);
-  if (rc) fail_msg("%s", mg_diag_msg(&d));
-  assert_int_equal(res.verdict, MG_TUNE_KEPT);
-  for (int i = 0; i < N; i++) assert_true(ms[i] > 0);
-  assert_live(before, live_now());
+  pair p;
+  pair_make(&p, "attn_fwd", 2, "k_packed=1", "block_n=32");
+  assert_int_equal(p.rs.n_config, 1); /* k_packed = 1 kept: the same parameters */
+  const int rc = pair_run(&p, 128);
+  if (rc) fail_msg("%s", mg_diag_msg(&p.d));
+  assert_int_equal(p.res.verdict, MG_TUNE_KEPT);
+  for (int i = 0; i < N; i++) assert_true(p.ms[i] > 0);
+  assert_live(p.before, live_now());
   /* a reference of the other key layout cannot be compared: an error, nothing leaked */
   tk split;
   mg_kernel_spec ss = spec_of("attn_fwd", 2, NULL, NULL);
   make(&split, &ss);
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &split.k, &split.c, &s, 128, N, ms, &res, &d),
-                   MLAGEN_EINVAL);
-  assert_contains(mg_diag_msg(&d), "parameters differ");
-  mg_diag_clear(&d);
-  assert_live(before, live_now());
+  assert_int_equal(mg_ktime_run(&p.cand.k, &p.cand.c, &split.k, &split.c, &p.s, 128, N, p.ms,
+                                &p.res, &p.d), MLAGEN_EINVAL);
+  assert_contains(mg_diag_msg(&p.d), "parameters differ");
+  assert_live(p.before, live_now());
   unmake(&split);
-  unmake(&cand);
-  unmake(&ref);
+  pair_free(&p);
 }
 
 static void test_failed_launch(void **state) {
   (void)state;
-  tk cand, ref;
-  mg_kernel_spec s = spec_of("copy_cols", 16, "num_warps=8", NULL), rs;
-  mg_ktime_reference_spec(&s, &rs);
-  make(&cand, &s);
-  make(&ref, &rs);
-  const live before = live_now();
-  double ms[N];
-  mg_ktime_result res;
-  mg_diag d = MG_DIAG_INIT;
+  pair p;
+  pair_make(&p, "copy_cols", 16, "num_warps=8", NULL);
   /* the candidate's first launch (the check) fails */
   fake.inject("cuLaunchKernel", CUDA_ERROR_INVALID_VALUE);
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d), 0);
-  assert_int_equal(res.verdict, MG_TUNE_FAILED_LAUNCH);
-  assert_contains(res.reason, "cuLaunchKernel(mla_copy_cols");
-  assert_contains(res.reason, "CUDA_ERROR_INVALID_VALUE");
-  assert_live(before, live_now());
+  expect_verdict(&p, MG_TUNE_FAILED_LAUNCH, "cuLaunchKernel(mla_copy_cols");
+  assert_contains(p.res.reason, "CUDA_ERROR_INVALID_VALUE");
   /* a module the driver rejects */
   fake.inject("cuModuleLoadData", CUDA_ERROR_INVALID_IMAGE);
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d), 0);
-  assert_int_equal(res.verdict, MG_TUNE_FAILED_LAUNCH);
-  assert_contains(res.reason, "CUDA_ERROR_INVALID_IMAGE");
-  assert_live(before, live_now());
+  expect_verdict(&p, MG_TUNE_FAILED_LAUNCH, "CUDA_ERROR_INVALID_IMAGE");
   /* the device out of memory: not the candidate's fault, the sweep stops */
   fake.inject("cuMemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d),
-                   MLAGEN_ENOMEM);
-  assert_contains(mg_diag_msg(&d), "cuMemAlloc");
-  mg_diag_clear(&d);
-  assert_live(before, live_now());
+  expect_error(&p, MLAGEN_ENOMEM, "cuMemAlloc");
+  assert_live(p.before, live_now());
   /* copying the outputs back fails: the harness's failure, not the candidate's */
   fake.inject("cuMemcpyDtoH", CUDA_ERROR_INVALID_VALUE);
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d),
-                   MG_EDRIVER);
-  assert_contains(mg_diag_msg(&d), "cuMemcpyDtoH");
-  mg_diag_clear(&d);
-  assert_live(before, live_now());
+  expect_error(&p, MG_EDRIVER, "cuMemcpyDtoH");
+  assert_live(p.before, live_now());
   fake.inject(NULL, 0);
-  unmake(&cand);
-  unmake(&ref);
+  pair_free(&p);
 }
 
 /* The test seam: the candidate's outputs as the test wants them. */
@@ -360,60 +346,31 @@ static void hook(const char *kernel, const char *param, void *host, size_t bytes
 
 static void test_wrong_result(void **state) {
   (void)state;
-  tk cand, ref;
-  mg_kernel_spec s = spec_of("copy_cols", 16, "num_warps=2", NULL), rs;
-  mg_ktime_reference_spec(&s, &rs);
-  make(&cand, &s);
-  make(&ref, &rs);
-  const live before = live_now();
-  double ms[N];
-  mg_ktime_result res;
-  mg_diag d = MG_DIAG_INIT;
+  pair p;
+  pair_make(&p, "copy_cols", 16, "num_warps=2", NULL);
   mg_ktime_output_hook = hook;
   g_hook_mode = 1; /* the reference's outputs are all zero: max |a - b| = 1 */
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d), 0);
-  assert_int_equal(res.verdict, MG_TUNE_WRONG_RESULT);
-  assert_contains(res.reason, "output dst: max |a - b| / max |b| = 1");
-  assert_contains(res.reason, ref.k.name);
-  assert_true(res.max_rel_err >= 1);
-  assert_live(before, live_now());
+  expect_verdict(&p, MG_TUNE_WRONG_RESULT, "output dst: max |a - b| / max |b| = 1");
+  assert_contains(p.res.reason, p.ref.k.name);
+  assert_true(p.res.max_rel_err >= 1);
   g_hook_mode = 2;
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d), 0);
-  assert_int_equal(res.verdict, MG_TUNE_WRONG_RESULT);
-  assert_contains(res.reason, "output dst: 1 NaN/inf");
-  assert_live(before, live_now());
+  expect_verdict(&p, MG_TUNE_WRONG_RESULT, "output dst: 1 NaN/inf");
   g_hook_mode = 0; /* untouched: agrees */
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d), 0);
-  assert_int_equal(res.verdict, MG_TUNE_KEPT);
+  expect_verdict(&p, MG_TUNE_KEPT, NULL);
   mg_ktime_output_hook = NULL;
-  unmake(&cand);
-  unmake(&ref);
+  pair_free(&p);
 }
 
 /* Last in the process: a fault leaves the context unusable. */
 static void test_fault(void **state) {
   (void)state;
-  tk cand, ref;
-  mg_kernel_spec s = spec_of("copy_cols", 16, "num_warps=2", NULL), rs;
-  mg_ktime_reference_spec(&s, &rs);
-  make(&cand, &s);
-  make(&ref, &rs);
-  const live before = live_now();
-  double ms[N];
-  mg_ktime_result res;
-  mg_diag d = MG_DIAG_INIT;
+  pair p;
+  pair_make(&p, "copy_cols", 16, "num_warps=2", NULL);
   fake.inject("cuStreamSynchronize", CUDA_ERROR_LAUNCH_FAILED);
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d), 0);
-  assert_int_equal(res.verdict, MG_TUNE_FAILED_LAUNCH);
-  assert_contains(res.reason, "execution");
-  assert_contains(res.reason, "CUDA_ERROR_LAUNCH_FAILED");
-  assert_live(before, live_now()); /* the fake still frees */
-  assert_int_equal(mg_ktime_run(&cand.k, &cand.c, &ref.k, &ref.c, &s, 256, N, ms, &res, &d),
-                   MG_EDRIVER);
-  assert_contains(mg_diag_msg(&d), "the CUDA context is unusable after a fault in mla_copy_cols");
-  mg_diag_clear(&d);
-  unmake(&cand);
-  unmake(&ref);
+  expect_verdict(&p, MG_TUNE_FAILED_LAUNCH, "execution"); /* the fake still frees */
+  assert_contains(p.res.reason, "CUDA_ERROR_LAUNCH_FAILED");
+  expect_error(&p, MG_EDRIVER, "the CUDA context is unusable after a fault in mla_copy_cols");
+  pair_free(&p);
 }
 
 /* The store keeps discarded candidates with their verdict and reason. */
@@ -513,12 +470,12 @@ static void test_nodriver(void **state) {
 
 int main(int argc, char **argv) {
   const int nodriver = argc > 1 && strcmp(argv[1], "nodriver") == 0;
-  setenv("MLAGEN_LIBCUDA", nodriver ? NO_SUCH_LIBCUDA : MLAGEN_FAKE_CUDA, 1);
   if (nodriver) {
+    fake_driver_use(NULL);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_nodriver)};
     return cmocka_run_group_tests(tests, setup_gen, teardown_gen);
   }
-  bind_fake();
+  if (fake_driver_open(&fake)) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_args),          cmocka_unit_test(test_args_every_family),
       cmocka_unit_test(test_reference_spec),

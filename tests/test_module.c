@@ -8,7 +8,7 @@
  *             launches with the computed grid on the caller's stream, driver failures
  *             propagated with their CUDA names, destroy unloading every module. The fake
  *             counts its calls and injects failures through functions it exports
- *             (fake_cuda_count, fake_cuda_fail, ...), reached here with dlopen/dlsym.
+ *             (fake_cuda_count, fake_cuda_fail, ...), reached through tests/fake_driver.h.
  *   nodriver  MLAGEN_LIBCUDA names no file: mg_registry_create is MLAGEN_ENODRIVER.
  * Fake cubins are "FAKECUBIN\n" images listing their kernel names (see fake_cuda.c). */
 #include <setjmp.h>
@@ -18,52 +18,16 @@
 #include <cmocka.h>
 
 #include <cJSON.h>
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_driver.h"
 #include "mg_module.h"
+#include "test_assert.h"
 #include "mlagen.h"
 
-#ifndef MLAGEN_FAKE_CUDA
-#error "MLAGEN_FAKE_CUDA (the path of the fake driver library) must be defined"
-#endif
-#define NO_SUCH_LIBCUDA "/nonexistent/mlagen-test/libcuda.so.1"
-
-#define assert_contains(s, sub)                                                     \
-  do {                                                                              \
-    const char *s_ = (s);                                                           \
-    if (!s_ || !strstr(s_, (sub))) fail_msg("'%s' does not contain '%s'", s_ ? s_ : "(null)", (sub)); \
-  } while (0)
-
-/* ---- the fake driver's test hooks ------------------------------------------------------ */
-static struct {
-  int (*count)(const char *name);
-  void (*inject)(const char *name, int code);
-  void (*last_launch)(unsigned grid[3], unsigned block[3], unsigned *smem, void **stream);
-  int (*attr_value)(void *fn);
-  void (*reset)(void);
-} fake;
-
-static void bind_fake(void) {
-  void *h = dlopen(MLAGEN_FAKE_CUDA, RTLD_NOW | RTLD_LOCAL);
-  if (!h) fail_msg("dlopen %s: %s", MLAGEN_FAKE_CUDA, dlerror());
-  union { void *p; int (*count)(const char *); void (*fail)(const char *, int);
-          void (*last)(unsigned *, unsigned *, unsigned *, void **); int (*attr)(void *);
-          void (*reset)(void); } u;
-  if (!(u.p = dlsym(h, "fake_cuda_count"))) fail_msg("no fake_cuda_count");
-  fake.count = u.count;
-  if (!(u.p = dlsym(h, "fake_cuda_fail"))) fail_msg("no fake_cuda_fail");
-  fake.inject = u.fail;
-  if (!(u.p = dlsym(h, "fake_cuda_last_launch"))) fail_msg("no fake_cuda_last_launch");
-  fake.last_launch = u.last;
-  if (!(u.p = dlsym(h, "fake_cuda_attr_value"))) fail_msg("no fake_cuda_attr_value");
-  fake.attr_value = u.attr;
-  if (!(u.p = dlsym(h, "fake_cuda_reset"))) fail_msg("no fake_cuda_reset");
-  fake.reset = u.reset;
-  /* the handle stays open: the loader holds the library for the process anyway */
-}
+static fake_cuda fake; /* the fake driver's test hooks */
 
 static const char k_image[] = "FAKECUBIN\nk_small\nk_edge\nk_big\nk_mul\nk_huge\n";
 
@@ -189,13 +153,22 @@ static void test_grid(void **state) {
 
 /* ---- the registry against the fake driver --------------------------------------------- */
 
-static void test_load_lookup_launch(void **state) {
-  (void)state;
+/* A new registry on the fake driver, its counters and injected failure cleared; *live0
+ * (when not NULL) gets the modules live before it. */
+static mg_module_registry *fresh_registry(int *live0) {
   fake.reset();
-  const int live0 = fake.count("live_modules");
+  if (live0) *live0 = fake.count("live_modules");
   mg_diag d = MG_DIAG_INIT;
   mg_module_registry *reg = NULL;
-  if (mg_registry_create(&reg, &d)) fail_msg("%s", mg_diag_msg(&d));
+  if (mg_registry_create(&reg, &d)) fail_msg("mg_registry_create: %s", mg_diag_msg(&d));
+  return reg;
+}
+
+static void test_load_lookup_launch(void **state) {
+  (void)state;
+  int live0;
+  mg_module_registry *reg = fresh_registry(&live0);
+  mg_diag d = MG_DIAG_INIT;
   assert_int_equal(mg_registry_count(reg), 0);
 
   /* small smem: no attribute call */
@@ -304,10 +277,8 @@ static void test_load_lookup_launch(void **state) {
 
 static void test_load_manifest_mul(void **state) {
   (void)state;
-  fake.reset();
+  mg_module_registry *reg = fresh_registry(NULL);
   mg_diag d = MG_DIAG_INIT;
-  mg_module_registry *reg = NULL;
-  assert_int_equal(mg_registry_create(&reg, &d), 0);
   /* an absorbed-MQA-style rule: rows pack 16 heads per token, 64 rows per CTA */
   cJSON *e = cJSON_Parse("{\"family\": \"mqa_fwd\", \"name\": \"k_mul\", \"params\": [],"
                          " \"launch\": {\"grid\": [{\"arg\": \"seqlen_q\", \"mul\": 16, \"div\": 64},"
@@ -347,11 +318,9 @@ static void test_load_manifest_mul(void **state) {
 
 static void test_missing_kernel(void **state) {
   (void)state;
-  fake.reset();
-  const int live0 = fake.count("live_modules");
+  int live0;
+  mg_module_registry *reg = fresh_registry(&live0);
   mg_diag d = MG_DIAG_INIT;
-  mg_module_registry *reg = NULL;
-  assert_int_equal(mg_registry_create(&reg, &d), 0);
   mg_launch_rule r = rule_of(1, 128, 0);
   const mg_module_kernel *k = (const mg_module_kernel *)&r; /* must be reset to NULL */
   assert_int_equal(mg_registry_load(reg, "mla_attn_fwd_typo", k_image, sizeof k_image, &r, &k, &d),
@@ -373,11 +342,9 @@ static void test_missing_kernel(void **state) {
 
 static void test_driver_failures(void **state) {
   (void)state;
-  fake.reset();
-  const int live0 = fake.count("live_modules");
+  int live0;
+  mg_module_registry *reg = fresh_registry(&live0);
   mg_diag d = MG_DIAG_INIT;
-  mg_module_registry *reg = NULL;
-  assert_int_equal(mg_registry_create(&reg, &d), 0);
   const mg_module_kernel *k = NULL;
   mg_launch_rule small = rule_of(1, 128, 0), big = rule_of(1, 128, 100000);
 
@@ -448,7 +415,7 @@ static void test_nodriver(void **state) {
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "fake";
   if (strcmp(mode, "nodriver") == 0) {
-    setenv("MLAGEN_LIBCUDA", NO_SUCH_LIBCUDA, 1);
+    fake_driver_use(NULL);
     const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rule_parse),
       cmocka_unit_test(test_grid),
@@ -457,9 +424,7 @@ int main(int argc, char **argv) {
     return cmocka_run_group_tests_name("module registry (no driver)", tests, NULL, NULL);
   }
   if (strcmp(mode, "fake") == 0) {
-    setenv("MLAGEN_LIBCUDA", MLAGEN_FAKE_CUDA, 1);
-    unsetenv("FAKE_CUDA_FAIL_INIT");
-    bind_fake();
+    if (fake_driver_open(&fake)) return 1;
     const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rule_parse),
       cmocka_unit_test(test_grid),

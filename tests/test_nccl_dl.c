@@ -31,20 +31,16 @@
 #include <string.h>
 #include <time.h>
 
+#include "fake_driver.h"
 #include "mg_comm.h"
 #include "mg_cuda_exec.h"
 #include "mg_plan.h"
 #include "mlagen.h"
+#include "test_assert.h"
 
-#if !defined(MLAGEN_FAKE_NCCL) || !defined(MLAGEN_FAKE_CUDA)
-#error "MLAGEN_FAKE_NCCL and MLAGEN_FAKE_CUDA (the fake libraries' paths) must be defined"
+#ifndef MLAGEN_FAKE_NCCL
+#error "MLAGEN_FAKE_NCCL (the fake NCCL's path) must be defined"
 #endif
-
-#define assert_contains(s, sub)                                          \
-  do {                                                                   \
-    const char *s_ = (s);                                                \
-    if (!strstr(s_, (sub))) fail_msg("\"%s\" does not contain \"%s\"", s_, (sub)); \
-  } while (0)
 
 /* ---- the fake's knobs --------------------------------------------------------------- */
 
@@ -400,7 +396,7 @@ static void test_missing(void **state) {
 
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "fake";
-  setenv("MLAGEN_LIBCUDA", MLAGEN_FAKE_CUDA, 1);
+  fake_driver_use(MLAGEN_FAKE_CUDA);
   setenv("MLAGEN_LIBCUBLAS", "/nonexistent/libcublas.so", 1);
   if (!strcmp(mode, "missing")) {
     setenv("MLAGEN_LIBNCCL", "/nonexistent/libnccl.so.2", 1);

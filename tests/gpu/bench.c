@@ -93,6 +93,7 @@
 #include "mlagen.h"
 
 #include "check_close.h"
+#include "gpu/gpu_common.h"
 #include "gpu/gpu_tol.h"
 #include "kernel_test_util.h"
 #include "mqa_ref.h"
@@ -103,44 +104,8 @@ enum { MQK = DC + DR, MV = DC };
 #define MAX_LIST 16
 #define MAX_HEADS 8
 
-/* ---- output: everything goes to stdout and OUTDIR/bench.log ------------------------------ */
-static FILE *g_log;
-
-__attribute__((format(printf, 1, 2)))
-static void say(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  fflush(stdout);
-  if (g_log) {
-    va_start(ap, fmt);
-    vfprintf(g_log, fmt, ap);
-    va_end(ap);
-    fflush(g_log);
-  }
-}
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ---- the driver ------------------------------------------------------------------------ */
-static const mg_driver *drv;
+/* ---- output: everything goes to stdout and OUTDIR/bench.log (say, gpu_common.h) ------- */
 static CUstream g_stream;
-
-/* 0 on success; else logs "CUDA error: <what>: <NAME> (<string>)" and returns -1. */
-static int cu(CUresult r, const char *what) {
-  if (r == CUDA_SUCCESS) return 0;
-  mg_diag d = MG_DIAG_INIT;
-  mg_driver_check(drv, r, MLAGEN_EIO, what, &d);
-  say("CUDA error: %s\n", mg_diag_msg(&d));
-  mg_diag_clear(&d);
-  return -1;
-}
-#define CU(call) cu((call), #call)
 
 /* Device allocations, all freed at exit (a failure path leaves nothing to track). */
 #define MAX_ALLOCS 256
@@ -369,9 +334,9 @@ static int build_all(mg_gen *gen, kset *sets, int n_sets, int max_optin_smem) {
       if (read_manifest(g)) return -1;
       all[n++] = g;
     }
-  double t0 = now();
+  double t0 = wall_s();
   compile_all(all, n); /* ~0.4 s each on a miss (the mqa_* kernels several seconds) */
-  say("compiled %d kernels for %s in %.1f s (NVRTC)\n", n, g_arch, now() - t0);
+  say("compiled %d kernels for %s in %.1f s (NVRTC)\n", n, g_arch, wall_s() - t0);
   int bad = 0;
   for (int i = 0; i < n; i++) {
     gk *g = all[i];
@@ -678,10 +643,10 @@ static int same_bits(const char *what, const void *a, const void *b, size_t n, i
  * number of misses. */
 static int check_set(const kset *ks, int S) {
   const int H = ks->heads;
-  double t0 = now();
+  double t0 = wall_s();
   host_case c;
   case_init(&c, H, S);
-  say("check H=%d S=%d B=1 causal (float64 reference %.1f s)\n", H, S, now() - t0);
+  say("check H=%d S=%d B=1 causal (float64 reference %.1f s)\n", H, S, wall_s() - t0);
   int fails = 0, rc = -1;
   const float scale = softmax_scale();
   const int base = g_n_allocs;
@@ -783,7 +748,7 @@ static int check_mqa(const kset *ks, int S) {
   const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
   const size_t nl = (size_t)H * S;
   const double scale = softmax_scale();
-  double t0 = now();
+  double t0 = wall_s();
   e16 *q = rand_bf16(nq), *c = rand_bf16(nc), *dout = rand_bf16(no);
   double *qd = xcalloc(nq, sizeof *qd), *cd = xcalloc(nc, sizeof *cd), *dod = xcalloc(no, sizeof *dod);
   for (size_t i = 0; i < nq; i++) qd[i] = bf16_to_float(q[i]);
@@ -798,7 +763,7 @@ static int check_mqa(const kset *ks, int S) {
   for (size_t i = 0; i < no; i++) o16[i] = float_to_bf16((float)r_o[i]);
   for (size_t i = 0; i < nl; i++) lse32[i] = (float)r_lse[i];
   say("check mqa H=%d S=%d B=1 causal, d_qk %d d_v %d (float64 reference %.1f s)\n", H, S, MQK, MV,
-      now() - t0);
+      wall_s() - t0);
   e16 *o = xcalloc(no, sizeof *o), *dq = xcalloc(nq, sizeof *dq), *dc = xcalloc(nc, sizeof *dc);
   float *lse = xcalloc(nl, sizeof *lse);
   e16 *o2 = xcalloc(no, sizeof *o2), *dq2 = xcalloc(nq, sizeof *dq2), *dc2 = xcalloc(nc, sizeof *dc2);
@@ -880,27 +845,22 @@ static int fill_random(CUdeviceptr p, size_t n_elems, size_t seed_off) {
   return 0;
 }
 
-static int cmp_float(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return x < y ? -1 : x > y;
-}
+/* A launch sequence of n_steps kernels timed step by step: fn(ctx, set, j) launches step
+ * j. As time_row (warm-up, the first warm-up sized for --row-budget-ms, at least 5
+ * iterations, at most (GPU_EVENTS - 1) / n_steps), with an event after every step, all recorded back to back on one stream;
+ * ms[j] is the median of step j, ms[n_steps] the median of the whole sequence (event to
+ * event, so the steps' medians need not add up to it exactly). */
+typedef int (*step_fn)(void *ctx, int set, int step);
 
-typedef int (*launch_fn)(void *ctx, int set);
-
-/* Warm-up, then iters launches between back-to-back events; median ms. */
-static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, double *ms, int *iters) {
-  static CUevent ev[257];
-  static int n_ev;
-  if (!n_ev) {
-    for (int i = 0; i < 257; i++)
-      if (CU(drv->cuEventCreate(&ev[i], CU_EVENT_DEFAULT))) return -1;
-    n_ev = 257;
-  }
-  /* warm-up; the first launch is timed to size the row */
+static int time_steps(const char *label, step_fn fn, void *ctx, int n_steps, int n_sets, double *ms,
+                      int *iters) {
+  CUevent *const ev = gpu_events();
+  if (!ev) return -1;
   float w_ms = 0;
   for (int i = 0; i < g_warmup || i < 1; i++) {
     if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
-    if (fn(ctx, i % n_sets)) return -1;
+    for (int j = 0; j < n_steps; j++)
+      if (fn(ctx, i % n_sets, j)) return -1;
     if (CU(drv->cuEventRecord(ev[1], g_stream)) || CU(drv->cuEventSynchronize(ev[1])) ||
         CU(drv->cuEventElapsedTime(&w_ms, ev[0], ev[1])))
       return -1;
@@ -912,22 +872,68 @@ static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, doub
     if (n > g_iters) n = g_iters;
     say("  (%s: %.1f ms per launch, %d iterations instead of %d)\n", label, w_ms, n, g_iters);
   }
-  if (n > 256) n = 256;
+  if (n > (GPU_EVENTS - 1) / n_steps) n = (GPU_EVENTS - 1) / n_steps;
   if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
-  for (int i = 0; i < n; i++) {
-    if (fn(ctx, (i + 1) % n_sets)) return -1;
-    if (CU(drv->cuEventRecord(ev[i + 1], g_stream))) return -1;
-  }
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n_steps; j++) {
+      if (fn(ctx, (i + 1) % n_sets, j)) return -1;
+      if (CU(drv->cuEventRecord(ev[i * n_steps + j + 1], g_stream))) return -1;
+    }
   char what[160];
   snprintf(what, sizeof what, "cuEventSynchronize after timing %s", label);
-  if (cu(drv->cuEventSynchronize(ev[n]), what)) return -1;
-  float t[256];
-  for (int i = 0; i < n; i++)
-    if (CU(drv->cuEventElapsedTime(&t[i], ev[i], ev[i + 1]))) return -1;
-  qsort(t, (size_t)n, sizeof t[0], cmp_float);
-  *ms = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  if (cu(drv->cuEventSynchronize(ev[n * n_steps]), what)) return -1;
+  float t[GPU_EVENTS - 1];
+  for (int j = 0; j <= n_steps; j++) {
+    for (int i = 0; i < n; i++) {
+      const int a = i * n_steps + (j < n_steps ? j : 0), b = j < n_steps ? a + 1 : a + n_steps;
+      if (CU(drv->cuEventElapsedTime(&t[i], ev[a], ev[b]))) return -1;
+    }
+    qsort(t, (size_t)n, sizeof t[0], cmp_float);
+    ms[j] = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  }
   *iters = n;
   return 0;
+}
+
+typedef int (*launch_fn)(void *ctx, int set);
+typedef struct one_step {
+  launch_fn fn;
+  void *ctx;
+} one_step;
+static int one_step_launch(void *p, int set, int step) {
+  (void)step;
+  const one_step *o = p;
+  return o->fn(o->ctx, set);
+}
+
+/* One launch per iteration (time_steps with one step); its median ms. */
+static int time_row(const char *label, launch_fn fn, void *ctx, int n_sets, double *ms, int *iters) {
+  one_step o = {fn, ctx};
+  double m[2];
+  if (time_steps(label, one_step_launch, &o, 1, n_sets, m, iters)) return -1;
+  *ms = m[0];
+  return 0;
+}
+
+/* How many buffer sets of set_bytes (beside out_bytes, once) a timing rotates through: about
+ * target_bytes' worth (at least 2; 0: max_sets), at most max_sets, fewer while they would
+ * take over 85% of free_b; 0, said ("<what> H=.. S=..: needs .. skipped"), when not even
+ * one fits. */
+static int sets_that_fit(const char *what, int H, int S, double set_bytes, double out_bytes,
+                         double target_bytes, int max_sets, size_t free_b) {
+  int n = max_sets;
+  if (target_bytes > 0) {
+    n = (int)ceil(target_bytes / set_bytes);
+    if (n < 2) n = 2;
+    if (n > max_sets) n = max_sets;
+  }
+  while (n > 1 && n * set_bytes + out_bytes > 0.85 * (double)free_b) n--;
+  if (set_bytes + out_bytes > 0.85 * (double)free_b) {
+    say("%s%sH=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", what, *what ? " " : "", H, S,
+        (set_bytes + out_bytes) / 1e9, free_b / 1e9);
+    return 0;
+  }
+  return n;
 }
 
 typedef struct tctx {
@@ -991,15 +997,10 @@ static int time_shape(const kset *ks, int S) {
   const double out_bytes = 4.0 * nq + 2.0 * nq + 2.0 * nkn + 4.0 * nkr + 2.0 * nv;
   size_t free_b = 0, total_b = 0;
   if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  int n_sets = g_max_sets;
-  while (n_sets > 1 && n_sets * set_bytes + out_bytes > 0.85 * (double)free_b) n_sets--;
-  if (set_bytes + out_bytes > 0.85 * (double)free_b) {
-    say("H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", H, S, (set_bytes + out_bytes) / 1e9,
-        free_b / 1e9);
-    return 0;
-  }
+  const int n_sets = sets_that_fit("", H, S, set_bytes, out_bytes, 0, g_max_sets, free_b);
+  if (!n_sets) return 0;
   const int base = g_n_allocs;
-  double t0 = now();
+  double t0 = wall_s();
   tctx x;
   memset(&x, 0, sizeof x);
   x.ks = ks, x.S = S, x.scale = softmax_scale();
@@ -1027,7 +1028,7 @@ static int time_shape(const kset *ks, int S) {
       goto done;
   if (sync_stream("the forward and pre that prepare the timing inputs")) goto done;
   say("H=%d S=%d: %d input sets of %.0f MB, outputs %.0f MB (%.1f s to fill)\n", H, S, n_sets,
-      set_bytes / 1e6, out_bytes / 1e6, now() - t0);
+      set_bytes / 1e6, out_bytes / 1e6, wall_s() - t0);
 
   const double pairs = (double)S * (S + 1) / 2;
   const double f_fwd = 2.0 * H * pairs * (DQK + DV), f_bwd = 2.0 * H * pairs * (3 * DQK + 2 * DV);
@@ -1076,63 +1077,6 @@ done:
 }
 
 /* ---- the absorbed form's kernels (mqa_*) ------------------------------------------------ */
-/* A launch sequence of n_steps kernels timed step by step: fn(ctx, set, j) launches step
- * j. As time_row (warm-up, the first warm-up sized for --row-budget-ms, at least 5
- * iterations), with an event after every step, all recorded back to back on one stream;
- * ms[j] is the median of step j, ms[n_steps] the median of the whole sequence (event to
- * event, so the steps' medians need not add up to it exactly). */
-#define TS_MAX_STEPS 3
-#define TS_MAX_ITERS 64
-typedef int (*step_fn)(void *ctx, int set, int step);
-
-static int time_steps(const char *label, step_fn fn, void *ctx, int n_steps, int n_sets, double *ms,
-                      int *iters) {
-  static CUevent ev[TS_MAX_STEPS * TS_MAX_ITERS + 1];
-  static int n_ev;
-  if (!n_ev) {
-    for (int i = 0; i < TS_MAX_STEPS * TS_MAX_ITERS + 1; i++)
-      if (CU(drv->cuEventCreate(&ev[i], CU_EVENT_DEFAULT))) return -1;
-    n_ev = TS_MAX_STEPS * TS_MAX_ITERS + 1;
-  }
-  float w_ms = 0;
-  for (int i = 0; i < g_warmup || i < 1; i++) {
-    if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
-    for (int j = 0; j < n_steps; j++)
-      if (fn(ctx, i % n_sets, j)) return -1;
-    if (CU(drv->cuEventRecord(ev[1], g_stream)) || CU(drv->cuEventSynchronize(ev[1])) ||
-        CU(drv->cuEventElapsedTime(&w_ms, ev[0], ev[1])))
-      return -1;
-  }
-  int n = g_iters;
-  if (w_ms > 0 && n * w_ms > g_row_budget_ms) {
-    n = (int)(g_row_budget_ms / w_ms);
-    if (n < 5) n = 5;
-    if (n > g_iters) n = g_iters;
-    say("  (%s: %.1f ms per launch, %d iterations instead of %d)\n", label, w_ms, n, g_iters);
-  }
-  if (n > TS_MAX_ITERS) n = TS_MAX_ITERS;
-  if (CU(drv->cuEventRecord(ev[0], g_stream))) return -1;
-  for (int i = 0; i < n; i++)
-    for (int j = 0; j < n_steps; j++) {
-      if (fn(ctx, (i + 1) % n_sets, j)) return -1;
-      if (CU(drv->cuEventRecord(ev[i * n_steps + j + 1], g_stream))) return -1;
-    }
-  char what[160];
-  snprintf(what, sizeof what, "cuEventSynchronize after timing %s", label);
-  if (cu(drv->cuEventSynchronize(ev[n * n_steps]), what)) return -1;
-  float t[TS_MAX_ITERS];
-  for (int j = 0; j <= n_steps; j++) {
-    for (int i = 0; i < n; i++) {
-      const int a = i * n_steps + (j < n_steps ? j : 0), b = j < n_steps ? a + 1 : a + n_steps;
-      if (CU(drv->cuEventElapsedTime(&t[i], ev[a], ev[b]))) return -1;
-    }
-    qsort(t, (size_t)n, sizeof t[0], cmp_float);
-    ms[j] = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-  }
-  *iters = n;
-  return 0;
-}
-
 typedef struct mctx {
   const kset *ks;
   int S;
@@ -1170,17 +1114,10 @@ static int time_mqa(const kset *ks, int S) {
   const double set_bytes = 2.0 * (nq + nc + 2 * no) + 4.0 * 2 * nl, out_bytes = 2.0 * (nq + nc);
   size_t free_b = 0, total_b = 0;
   if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  int n_sets = (int)ceil(200e6 / set_bytes);
-  if (n_sets < 2) n_sets = 2;
-  if (n_sets > g_max_sets) n_sets = g_max_sets;
-  while (n_sets > 1 && n_sets * set_bytes + out_bytes > 0.85 * (double)free_b) n_sets--;
-  if (set_bytes + out_bytes > 0.85 * (double)free_b) {
-    say("mqa H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", H, S, (set_bytes + out_bytes) / 1e9,
-        free_b / 1e9);
-    return 0;
-  }
+  const int n_sets = sets_that_fit("mqa", H, S, set_bytes, out_bytes, 200e6, g_max_sets, free_b);
+  if (!n_sets) return 0;
   const int base = g_n_allocs;
-  double t0 = now();
+  double t0 = wall_s();
   mctx x;
   memset(&x, 0, sizeof x);
   x.ks = ks, x.S = S, x.scale = softmax_scale();
@@ -1206,13 +1143,13 @@ static int time_mqa(const kset *ks, int S) {
       goto done;
   if (sync_stream("the mqa forward and pre that prepare the timing inputs")) goto done;
   say("mqa H=%d S=%d: %d input sets of %.0f MB, outputs %.0f MB (%.1f s to fill)\n", H, S, n_sets,
-      set_bytes / 1e6, out_bytes / 1e6, now() - t0);
+      set_bytes / 1e6, out_bytes / 1e6, wall_s() - t0);
 
   const double pairs = (double)S * (S + 1) / 2;
   const double f_fwd = 2.0 * H * pairs * (MQK + MV), f_bwd = 2.0 * H * pairs * (3 * MQK + 2 * MV);
   const double b_q = 2.0 * nq, b_c = 2.0 * nc, b_o = 2.0 * no, b_l = 4.0 * nl;
   const double b_bin = b_q + b_c + b_o /* dout */ + 2 * b_l /* lse, delta */;
-  double ms_f[1], ms_b[TS_MAX_STEPS + 1];
+  double ms_f[2], ms_b[4]; /* per step, then the whole sequence (time_steps) */
   int it_f, it_b;
   x.bwd = 0;
   if (time_steps("mqa_fwd", mlaunch, &x, 1, n_sets, ms_f, &it_f)) goto done;
@@ -1364,15 +1301,8 @@ static int time_layout(const kset *ks, int S, int first) {
     const gk *g = &ks->k[r->which];
     double set_bytes = 0;
     for (int b = 0; b < r->n_bufs; b++) set_bytes += r->buf_bytes[b];
-    int n_sets = (int)ceil(150e6 / set_bytes);
-    if (n_sets < 2) n_sets = 2;
-    if (n_sets > L_MAX_SETS) n_sets = L_MAX_SETS;
-    while (n_sets > 1 && n_sets * set_bytes > 0.85 * (double)free_b) n_sets--;
-    if (set_bytes > 0.85 * (double)free_b) {
-      say("%s H=%d S=%d: needs %.1f GB, %.1f GB free: skipped\n", r->label, H, S, set_bytes / 1e9,
-          free_b / 1e9);
-      continue;
-    }
+    const int n_sets = sets_that_fit(r->label, H, S, set_bytes, 0, 150e6, L_MAX_SETS, free_b);
+    if (!n_sets) continue;
     const int base = g_n_allocs;
     lctx x;
     memset(&x, 0, sizeof x);

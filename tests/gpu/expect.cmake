@@ -1,23 +1,3 @@
-# Runs EXE with ARGS (a ;-list) and checks its exit code (EXIT) and that stdout+stderr
-# contain every string of EXPECT (a ;-list), and none of REJECT (a ;-list, optional).
-if(ARGS STREQUAL "")
-  set(ARGS)
-endif()
-execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-set(all "${out}${err}")
-if(NOT rc EQUAL EXIT)
-  message(FATAL_ERROR "exit ${rc}, expected ${EXIT}; output:\n${all}")
-endif()
-foreach(e IN LISTS EXPECT)
-  string(FIND "${all}" "${e}" pos)
-  if(pos EQUAL -1)
-    message(FATAL_ERROR "output lacks '${e}':\n${all}")
-  endif()
-endforeach()
-foreach(e IN LISTS REJECT)
-  string(FIND "${all}" "${e}" pos)
-  if(NOT pos EQUAL -1)
-    message(FATAL_ERROR "output has '${e}':\n${all}")
-  endif()
-endforeach()
-message(STATUS "ok: exit ${rc}; output:\n${all}")
+# The GPU programs' output check: tests/cli_check.cmake (EXE, ARGS, EXIT, EXPECT and REJECT
+# lists).
+include("${CMAKE_CURRENT_LIST_DIR}/../cli_check.cmake")

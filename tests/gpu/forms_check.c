@@ -55,6 +55,7 @@
 #include <time.h>
 
 #include "check_close.h"
+#include "gpu/gpu_common.h"
 #include "gpu/gpu_tol.h"
 #include "cpu_test_util.h"
 #include "gpu/mla_ref64.h"
@@ -79,56 +80,13 @@
 
 typedef uint16_t e16;
 
-static FILE *g_log;
-static int g_no_check, g_rank;
+static int g_no_check;
 #ifdef FORMS_MPI
 static int g_size = 1;
 #endif
-
-__attribute__((format(printf, 1, 2)))
-static void say(const char *fmt, ...) {
-  if (g_rank) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  fflush(stdout);
-  if (g_log) {
-    va_start(ap, fmt);
-    vfprintf(g_log, fmt, ap);
-    va_end(ap);
-    fflush(g_log);
-  }
-}
-
-#ifndef FORMS_HOST /* cuda_exec_host_ops.h has the same */
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-#endif
-
-static const mg_driver *drv;
 static CUstream g_stream;
 
-static int cu(CUresult r, const char *what) {
-  if (r == CUDA_SUCCESS) return 0;
-  mg_diag d = MG_DIAG_INIT;
-  mg_driver_check(drv, r, MLAGEN_EIO, what, &d);
-  fprintf(stderr, "[rank %d] CUDA error: %s\n", g_rank, mg_diag_msg(&d));
-  say("CUDA error: %s\n", mg_diag_msg(&d));
-  mg_diag_clear(&d);
-  return -1;
-}
-#define CU(call) cu((call), #call)
-
 static int g_iters = 20, g_warmup = 3;
-
-static int cmp_float(const void *a, const void *b) {
-  float x = *(const float *)a, y = *(const float *)b;
-  return x < y ? -1 : x > y;
-}
 
 /* ---- the case, its inputs and the reference ---------------------------------------------- */
 
@@ -296,13 +254,8 @@ typedef struct form_result {
  * the API status (message printed), or -1 on a CUDA error. */
 static int time_pass(mlagen_context *ctx, mlagen_plan *plan, int bwd, const mlagen_tensors *t,
                      CUdeviceptr ws, size_t ws_b, CUdeviceptr sv, size_t sv_b, double *ms) {
-  static CUevent ev[257];
-  static int n_ev;
-  if (!n_ev) {
-    for (int i = 0; i < 257; i++)
-      if (CU(drv->cuEventCreate(&ev[i], CU_EVENT_DEFAULT))) return -1;
-    n_ev = 257;
-  }
+  CUevent *const ev = gpu_events();
+  if (!ev) return -1;
   const int n = g_iters < 256 ? g_iters : 256;
   for (int i = 0; i < g_warmup + n; i++) {
     const int timed = i >= g_warmup, k = i - g_warmup;
@@ -474,7 +427,7 @@ static int run_form(mlagen_context *ctx, const mlagen_model *model, int fi, doub
     if (CU(drv->cuMemsetD8(ws, 0xff, z.workspace_bytes ? z.workspace_bytes : 256)) ||
         CU(drv->cuMemsetD8(sv, 0xff, z.saved_bytes ? z.saved_bytes : 256)))
       goto cuda_fail;
-    const double t0 = now();
+    const double t0 = wall_s();
     rc = mlagen_forward(plan, &t, (void *)(uintptr_t)ws, z.workspace_bytes, (void *)(uintptr_t)sv,
                         z.saved_bytes, g_stream);
     if (rc) {
@@ -483,7 +436,7 @@ static int run_form(mlagen_context *ctx, const mlagen_model *model, int fi, doub
       goto done;
     }
     if (cu(drv->cuStreamSynchronize(g_stream), "cuStreamSynchronize after mlagen_forward")) goto cuda_fail;
-    if (run == 0) r->prepare_s = now() - t0;
+    if (run == 0) r->prepare_s = wall_s() - t0;
     if (CU(drv->cuMemsetD8(ws, 0xff, z.workspace_bytes ? z.workspace_bytes : 256))) goto cuda_fail;
     rc = mlagen_backward(plan, &t, (void *)(uintptr_t)ws, z.workspace_bytes, (void *)(uintptr_t)sv,
                          z.saved_bytes, g_stream);
@@ -594,7 +547,7 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
   static mg_plan p;
   mg_diag d = MG_DIAG_INIT;
   mg_cuda_exec *x = NULL;
-  const double t0 = now();
+  const double t0 = wall_s();
   mg_plan_args a = {.shape = sh, .form = (mg_form)fi, .sp = P, .rank = rk, .batch = 1, .seq = S,
                     .causal = g_case.causal, .dtype = g_dt};
   mg_cuda_exec_opts eo = {.gen = g_gen};
@@ -636,7 +589,7 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
   int all_bad = 0;
   MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (all_bad) goto out; /* nobody entered a collective */
-  r->prepare_s = now() - t0;
+  r->prepare_s = wall_s() - t0;
   const float *lse_dev = mg_cuda_exec_buffer(x, "lse", NULL, (void *)(uintptr_t)sv);
   int lse_ok = lse_dev != NULL;
   if (P == 1) { /* the API path locates the lse by the same layout: cross-check it here */
@@ -704,7 +657,7 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
     r->ok = r->ok && all_eq && lse_all;
     say("%-9s sp %d %s  %s  (prepare, two forwards and backwards: %.1f s)\n", fname, P,
         g_no_check ? (r->ok ? "not checked" : "FAIL (not checked)") : r->ok ? "ok" : "FAIL",
-        all_eq ? "bitwise equal" : "NOT bitwise equal", now() - t0);
+        all_eq ? "bitwise equal" : "NOT bitwise equal", wall_s() - t0);
   }
   MPI_Bcast(&r->ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (!r->ok) snprintf(r->status, sizeof r->status, "tolerance, lse or not deterministic");
@@ -742,6 +695,7 @@ static int usage(void) {
 }
 
 int main(int argc, char **argv) {
+  g_rank = 0; /* say() prints on rank 0 only; cu() tags stderr with the rank */
 #ifdef FORMS_MPI
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -867,14 +821,14 @@ int main(int argc, char **argv) {
   if (g_no_check) {
     say("--no-check: no reference; outputs only required to be finite (not checked)\n");
   } else {
-    const double t0 = now();
+    const double t0 = wall_s();
     if (g_rank == 0 && mr_run(&g_mr, in[TU_Q], in[TU_CKV], in[TU_KROPE], in[TU_W], in[TU_DO], &g_ref)) {
       say("forms_check: out of host memory for the reference\n");
       goto out;
     }
     say("reference: float64, %s, %.1f s\n",
         g_mr.tail0 > 0 ? "rows [0, 128) and the last --ref-rows (dc_kv, dk_rope: those tokens; dw_kv_b not checked)"
-                       : "every row", now() - t0);
+                       : "every row", wall_s() - t0);
   }
 #ifdef FORMS_MPI
 #ifdef FORMS_HOST
