@@ -410,6 +410,8 @@ static void test_specs_unique(void **state) {
 }
 
 int main(void) {
+  const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: one ctest entry */
+  if (filter) cmocka_set_test_filter(filter);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_specs_unique),
       cmocka_unit_test(test_spec_errors),
