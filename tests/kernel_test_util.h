@@ -180,9 +180,13 @@ static inline kt_checked kt_check_slack(const char *name, int kind, const void *
     for (size_t c = c0; c < c1; c++) {
       const size_t i = r * w + c;
       const double g = kt_get(kind, got, i), x = ref[i], sl = slack ? slack[i] : 0;
-      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol + sl, k.rtol);
+      /* A flipped rounding moves the value by up to sl before the output is rounded, so
+       * that rounding is bounded by rtol (|ref| + sl), not rtol |ref|: the slack's term is
+       * (1 + rtol) sl. */
+      const double sl_r = sl * (1 + k.rtol);
+      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol + sl_r, k.rtol);
       const double e = g == x        ? 0
-                       : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl) / scale
+                       : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl_r) / scale
                                      : INFINITY;
       if (e > noise) noise = e;
     }
