@@ -137,4 +137,12 @@ void kh_run_asan_child(const char *argv0, uint64_t seed, void (*asan_case)(void 
  * Returns -1 to go on with the tests, else main's exit code. */
 int kh_test_main(int argc, char **argv, void (*asan_case)(void **));
 
+/* 1 once an ASan case was skipped (no ASan runtime or no clang++, CI unset). */
+extern int kh_skipped;
+
+/* main's exit status from cmocka_run_group_tests' result: 77 (ctest's SKIP_RETURN_CODE,
+ * reported as "Skipped", never "Passed") when everything else passed but a check was
+ * skipped; else the result itself. */
+int kh_exit_code(int cmocka_rc);
+
 #endif

@@ -454,5 +454,5 @@ int main(void) {
       cmocka_unit_test(test_deepseek_heads),
       cmocka_unit_test(test_unusual_heads),
   };
-  return cmocka_run_group_tests(tests, NULL, report_worst);
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
 }

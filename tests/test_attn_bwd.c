@@ -388,6 +388,7 @@ static void check_shape(int dn, int dr, int dv) {
         run_case(&bs, 1, 40, 100, 60);
         run_case(&bs, 1, 70, 200, 130);
         run_case(&bs, 1, 16, 200, 0);
+        run_case(&bs, 1, 128, 128, 0); /* every tile full: the training lengths' case */
         set_unload(&bs);
       }
 }
@@ -405,6 +406,7 @@ static void test_large_heads(void **state) {
       assert_non_null(strstr(bs.dkdv.kh.name, "_dksmem"));
       run_case(&bs, 2, 77, 77, 0);
       run_case(&bs, 1, 40, 100, 60);
+      run_case(&bs, 1, 64, 128, 64); /* every key tile full */
       set_unload(&bs);
     }
 }
@@ -843,5 +845,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_asan),
   };
-  return cmocka_run_group_tests(tests, NULL, report_worst);
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
 }

@@ -256,6 +256,7 @@ static void check_shape(int dn, int dr, int dv) {
       run_case(&bk, 2, 77, 77, 0);
       run_case(&bk, 1, 40, 100, 60);
       run_case(&bk, 1, 70, 200, 130);
+      run_case(&bk, 1, 128, 128, 0); /* every tile full */
       run_case(&bk, 1, 5, 0, 0);
       unload(&bk);
     }
@@ -572,5 +573,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_asan),
       cmocka_unit_test(test_mutations_caught),
   };
-  return cmocka_run_group_tests(tests, NULL, report_worst);
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
 }

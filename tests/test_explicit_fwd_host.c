@@ -366,5 +366,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_s256_timing),
       cmocka_unit_test(test_asan),
   };
-  return cmocka_run_group_tests(tests, NULL, report_noise);
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_noise));
 }

@@ -351,6 +351,7 @@ static void check_shape(int H, int dc, int dr, int full) {
       run_case(&bs, causal, 2, 13, 13, 0);
     }
     run_case(&bs, causal, 1, 8, 70, 0);
+    run_case(&bs, causal, 1, 64, 64, 0); /* every row and key tile full */
     set_unload(&bs);
   }
 }
@@ -623,5 +624,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_asan),
   };
-  return cmocka_run_group_tests(tests, NULL, report_worst);
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
 }

@@ -254,6 +254,7 @@ static void test_deepseek(void **state) {
     run_case(&bk, 2, 37, 37, 0);
     run_case(&bk, 1, 20, 50, 30);
     run_case(&bk, 1, 5, 0, 0);
+    run_case(&bk, 1, 64, 128, 64); /* every row and key tile full */
     unload(&bk);
     s = make_spec(16, 512, 64, causal);
     build(&s, &bk);
@@ -564,5 +565,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_asan),
       cmocka_unit_test(test_mutations_caught),
   };
-  return cmocka_run_group_tests(tests, NULL, report_worst);
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
 }

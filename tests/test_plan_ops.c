@@ -352,5 +352,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nvrtc_all_kept_configs),
       cmocka_unit_test(test_asan),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
 }
