@@ -21,7 +21,9 @@
 # and the script ends with:  SUMMARY ok=<..> failed=<..> not_run=<..> refused=<..> total=<s>s
 # A step that fails or times out is FAILED/TIMEOUT, the next step runs, and the exit status
 # is 1 at the end. NOT_RUN (a tool or binary absent, or the time budget) and REFUSED (the
-# API refused f16) are never "ok" and are listed in the summary; they do not fail the run.
+# API refused f16) are never "ok" and are listed in the summary; without a failure they make
+# the exit status 3 (incomplete: a check that did not run is no pass), unless
+# ALLOW_INCOMPLETE=1 (or DRY_RUN=1) says that is expected.
 # Budget guard: a step whose cap would end past BUDGET_S (default 560 s since the start)
 # is NOT_RUN ("time budget"). One device call runs at most 600 s: run the default in two
 # calls, e.g. STEPS="smi bench forms forms16k nocausal f16" then
@@ -214,4 +216,9 @@ fi
 
 total=$(elapsed)
 echo "SUMMARY ok=$(echo $OK | tr ' ' ,) failed=$(echo $FAILED | tr ' ' ,) not_run=$(echo $NOT_RUN | tr ' ' ,) refused=$(echo $REFUSED | tr ' ' ,) total=${total}s" | tee -a "$OUT/run.log"
-[ -z "$FAILED" ]
+[ -z "$FAILED" ] || exit 1
+missing=$(echo $NOT_RUN | tr ' ' '\n' | grep -vx build | tr '\n' ' ') # NO_BUILD=1: prebuilt, not a gap
+if [ -n "$missing$REFUSED" ] && [ "${ALLOW_INCOMPLETE:-0}" != 1 ] && [ "${DRY_RUN:-0}" != 1 ]; then
+  echo "INCOMPLETE: not run: $missing; refused:$REFUSED (exit 3; ALLOW_INCOMPLETE=1 accepts this)" | tee -a "$OUT/run.log"
+  exit 3
+fi
