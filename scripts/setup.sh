@@ -16,7 +16,7 @@ mode=run
 case "${1:-}" in
   "") ;;
   --test) mode=test ;;
-  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "setup.sh: unknown argument '$1' (use --test or nothing)" >&2; exit 2 ;;
 esac
 
