@@ -36,6 +36,14 @@ typedef struct mg_comm_ops {
   int (*poll)(mg_comm *c, mg_diag *d);
 } mg_comm_ops;
 
+/* group_start / group_end of a backend whose collectives block and complete in call order
+ * (local, MPI, staged): there is nothing to group, so both are this no-op. */
+static inline int mg_comm_group_none(mg_comm *c, mg_diag *d) {
+  (void)c;
+  (void)d;
+  return 0;
+}
+
 struct mg_comm {
   const mg_comm_ops *ops;
   int rank, size;

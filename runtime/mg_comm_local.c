@@ -45,21 +45,10 @@ static int reduce_scatter(mg_comm *c, const void *send, void *recv, size_t count
   return rc ? rc : copy(send, recv, count, t);
 }
 
-static int group_start(mg_comm *c, mg_diag *d) {
-  (void)c;
-  (void)d;
-  return 0;
-}
-
-static int group_end(mg_comm *c, mg_diag *d) {
-  (void)c;
-  (void)d;
-  return 0;
-}
-
 static void destroy(mg_comm *c) { free(c); }
 
-static const mg_comm_ops ops = {all_to_all, all_gather, reduce_scatter, group_start, group_end,
+static const mg_comm_ops ops = {all_to_all,         all_gather,         reduce_scatter,
+                                mg_comm_group_none, mg_comm_group_none,
                                 destroy, NULL /* poll: collectives here are synchronous */};
 
 int mg_comm_local_new(mg_comm **out, mg_diag *d) {

@@ -135,19 +135,6 @@ static int reduce_scatter(mg_comm *c, const void *send, void *recv, size_t count
   return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter", d);
 }
 
-/* MPI collectives are blocking and complete in call order: nothing to group. */
-static int group_start(mg_comm *c, mg_diag *d) {
-  (void)c;
-  (void)d;
-  return 0;
-}
-
-static int group_end(mg_comm *c, mg_diag *d) {
-  (void)c;
-  (void)d;
-  return 0;
-}
-
 /* Restores the error handler and frees the wrapper; the MPI_Comm stays the caller's.
  * After MPI_Finalize there is nothing left to restore. */
 static void destroy(mg_comm *c) {
@@ -161,7 +148,8 @@ static void destroy(mg_comm *c) {
   free(m);
 }
 
-static const mg_comm_ops ops = {all_to_all, all_gather, reduce_scatter, group_start, group_end,
+static const mg_comm_ops ops = {all_to_all,         all_gather,         reduce_scatter,
+                                mg_comm_group_none, mg_comm_group_none,
                                 destroy, NULL /* poll: collectives here are synchronous */};
 
 int mg_comm_mpi_wrap(mg_comm **out, void *mpi_comm_ptr, mg_diag *d) {

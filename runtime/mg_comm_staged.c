@@ -75,26 +75,14 @@ static int reduce_scatter(mg_comm *c, const void *send, void *recv, size_t count
              (size_t)c->size * count, recv, count, count, t, d);
 }
 
-/* Every staged collective completes before it returns: nothing to group. */
-static int group_start(mg_comm *c, mg_diag *d) {
-  (void)c;
-  (void)d;
-  return 0;
-}
-
-static int group_end(mg_comm *c, mg_diag *d) {
-  (void)c;
-  (void)d;
-  return 0;
-}
-
 static void destroy(mg_comm *c) {
   staged *s = (staged *)c;
   free(s->buf);
   free(s);
 }
 
-static const mg_comm_ops ops = {all_to_all, all_gather, reduce_scatter, group_start, group_end,
+static const mg_comm_ops ops = {all_to_all,         all_gather,         reduce_scatter,
+                                mg_comm_group_none, mg_comm_group_none,
                                 destroy, NULL /* poll: synchronous */};
 
 int mg_comm_staged_wrap(mg_comm **out, mg_comm *host, const mg_driver *drv, CUstream stream,

@@ -195,6 +195,34 @@ static inline kt_checked kt_check_slack(const char *name, int kind, const void *
   return k;
 }
 
+/* A forward kernel's outputs per element: O (no elements of width w, 16-bit storage `kind`)
+ * against ro with tol_o, LSE (nl fp32) against rl with tol_lse (scale 1). *o_err, *lse_err:
+ * the worst err / bound (over 1 fails; O's is 0 when there is no O). The first failure's
+ * message goes to msg (when not NULL; msg[0] = 0 when both pass). Returns the number of NaN
+ * outputs. `family` names the outputs ("attn_fwd" gives "attn_fwd O", "attn_fwd LSE"). */
+static inline size_t kt_check_fwd(const char *family, int kind, const e16 *o, const double *ro,
+                                  size_t no, size_t w, const float *lse, const double *rl,
+                                  size_t nl, kt_tol tol_o, kt_tol tol_lse, double *o_err,
+                                  double *lse_err, char *msg, size_t msg_n) {
+  size_t nans = 0;
+  for (size_t i = 0; i < no; i++) nans += isnan(kt_get(kind, o, i)) != 0;
+  for (size_t i = 0; i < nl; i++) nans += isnan(lse[i]) != 0;
+  char name_o[48], name_l[48];
+  snprintf(name_o, sizeof name_o, "%s O", family);
+  snprintf(name_l, sizeof name_l, "%s LSE", family);
+  const size_t width = w ? w : 1;
+  kt_checked ko = kt_check(name_o, kind, o, ro, no / width, width, 0, width, tol_o, 0);
+  kt_checked kl = kt_check(name_l, KT_F32, lse, rl, 1, nl, 0, nl, tol_lse, 1);
+  *o_err = no ? ko.r.worst_ratio : 0;
+  *lse_err = kl.r.worst_ratio;
+  if (msg) {
+    msg[0] = 0;
+    if (no && !cc_ok(&ko.r)) snprintf(msg, msg_n, "%s", ko.msg);
+    else if (!cc_ok(&kl.r)) snprintf(msg, msg_n, "%s", kl.msg);
+  }
+  return nans;
+}
+
 /* ---- mutations: a bug injected into a rendered kernel by a string edit ----------------------
  * `find` must occur exactly once in the rendered source; it is overwritten in place by
  * `repl` (not longer, padded with spaces), and `define` (a one-line macro the replacement

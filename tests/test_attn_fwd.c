@@ -180,20 +180,9 @@ static size_t case_compare(const built_kernel *bk, const fwd_case *c, double *o_
   const mg_kernel_spec *s = &bk->kh.spec;
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
   reference(bk, c, ro, rl);
-  size_t nans = 0;
-  for (size_t i = 0; i < c->no; i++) nans += isnan(e_to_float(s, c->o[i])) != 0;
-  for (size_t i = 0; i < c->nl; i++) nans += isnan(c->lse[i]) != 0;
-  const size_t rows = c->no / (size_t)(s->d_v ? s->d_v : 1);
-  kt_checked ko = kt_check("attn_fwd O", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro, rows,
-                           (size_t)s->d_v, 0, (size_t)s->d_v, tol_o(s), 0);
-  kt_checked kl = kt_check("attn_fwd LSE", KT_F32, c->lse, rl, 1, c->nl, 0, c->nl, tol_lse, 1);
-  *o_err = c->no ? ko.r.worst_ratio : 0;
-  *lse_err = kl.r.worst_ratio;
-  if (msg) {
-    msg[0] = 0;
-    if (c->no && !cc_ok(&ko.r)) snprintf(msg, msg_n, "%s", ko.msg);
-    else if (!cc_ok(&kl.r)) snprintf(msg, msg_n, "%s", kl.msg);
-  }
+  const size_t nans = kt_check_fwd("attn_fwd", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro, c->no,
+                                   (size_t)s->d_v, c->lse, rl, c->nl, tol_o(s), tol_lse, o_err,
+                                   lse_err, msg, msg_n);
   free(ro), free(rl);
   return nans;
 }

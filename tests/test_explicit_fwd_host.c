@@ -146,19 +146,8 @@ static size_t case_compare(const built_kernel *bk, const fwd_case *c, double *o_
   const mg_kernel_spec *s = &bk->kh.spec;
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
   reference(s, c->B, c->sq, c->sk, c->q_pos0, c->scale, c->q, c->kn, c->kr, c->v, ro, rl);
-  size_t nans = 0;
-  for (size_t i = 0; i < c->no; i++) nans += isnan(bf16_to_float(c->o[i])) != 0;
-  for (size_t i = 0; i < c->nl; i++) nans += isnan(c->lse[i]) != 0;
-  const size_t w = (size_t)s->d_v;
-  kt_checked ko = kt_check("explicit_fwd O", KT_BF16, c->o, ro, c->no / w, w, 0, w, tol_o, 0);
-  kt_checked kl = kt_check("explicit_fwd LSE", KT_F32, c->lse, rl, 1, c->nl, 0, c->nl, tol_lse, 1);
-  *o_err = c->no ? ko.r.worst_ratio : 0;
-  *lse_err = kl.r.worst_ratio;
-  if (msg) {
-    msg[0] = 0;
-    if (c->no && !cc_ok(&ko.r)) snprintf(msg, msg_n, "%s", ko.msg);
-    else if (!cc_ok(&kl.r)) snprintf(msg, msg_n, "%s", kl.msg);
-  }
+  const size_t nans = kt_check_fwd("explicit_fwd", KT_BF16, c->o, ro, c->no, (size_t)s->d_v,
+                                   c->lse, rl, c->nl, tol_o, tol_lse, o_err, lse_err, msg, msg_n);
   free(ro), free(rl);
   return nans;
 }
