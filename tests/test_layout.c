@@ -8,7 +8,7 @@
  * result is compared bit-exactly with a plain C permutation of the global tensor (rank r holds
  * tokens [r*S_l, (r+1)*S_l) and heads [r*H/P, (r+1)*H/P)), and with runtime/mg_cpu_exec.c's
  * layouts; seq -> head -> seq must give back the input. dq_convert is compared bit-exactly
- * with mg_st_f32_to_bf16 / mg_st_f32_to_f16 (round to nearest even). Inputs are random normal
+ * with mg_f32_to_bf16 / mg_f32_to_f16 (round to nearest even). Inputs are random normal
  * values (never zero); the seed is printed, MLAGEN_TEST_SEED overrides it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -274,7 +274,7 @@ static void check_convert(const char *dtype, int H, int dn, int dr, const char *
   kh_launch(&bk, kh_grid(&bk, sq, sq, B), &lo, conv_thunk, &a); /* (seqlen_q, 1, batch) */
   size_t bad = 0;
   for (size_t i = 0; i < n; i++) {
-    const e16 want = fp16 ? mg_st_f32_to_f16(acc[i]) : mg_st_f32_to_bf16(acc[i]);
+    const e16 want = fp16 ? mg_f32_to_f16(acc[i]) : mg_f32_to_bf16(acc[i]);
     if (dq[i] != want && bad++ < 5)
       print_message("  %s [%zu]: %a -> 0x%04x, want 0x%04x\n", bk.name, i, acc[i], dq[i], want);
   }

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "forms/forms.h"
+#include "mg_plan_builder.h"
 #include "mg_plan_check.h"
 #include "mlagen.h"
 

@@ -119,8 +119,8 @@ static int make_inputs(uint64_t seed, double *in[TU_N_IN]) {
   return 0;
 }
 
-static e16 to16(double x) { return g_dt == MG_F16 ? mg_st_f32_to_f16((float)x) : mg_st_f32_to_bf16((float)x); }
-static double from16(e16 x) { return g_dt == MG_F16 ? mg_st_f16_to_f32(x) : mg_st_bf16_to_f32(x); }
+static e16 to16(double x) { return g_dt == MG_F16 ? mg_f32_to_f16((float)x) : mg_f32_to_bf16((float)x); }
+static double from16(e16 x) { return g_dt == MG_F16 ? mg_f16_to_f32(x) : mg_bf16_to_f32(x); }
 
 /* ---- checks ---------------------------------------------------------------------------- */
 
