@@ -1,4 +1,4 @@
-/* test_comm_staged.c: runtime/mg_comm_staged.c on the fake driver (tests/fake_cuda.c:
+/* test_comm_staged.c: runtime/exec/mg_comm_staged.c on the fake driver (tests/fake_cuda.c:
  * "device" memory is host memory, copies are memcpy), so the staging path runs here:
  * every collective (all-to-all, all-gather, reduce-scatter) in bf16, f16, f32 and f64,
  * through the staged wrapper on cuMemAlloc'd buffers, gives bit for bit what the host

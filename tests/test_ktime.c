@@ -1,4 +1,4 @@
-/* test_ktime.c: the GPU timing path of `mlagen tune` (runtime/mg_ktime.c) against the fake
+/* test_ktime.c: the GPU timing path of `mlagen tune` (generator/cli/mg_ktime.c) against the fake
  * driver (tests/fake_cuda.c), which runs no kernel: its launches advance a fake clock by
  * 0.001 ms per CTA thread (times 1 + 0.1 (launch mod 4)), its events stamp that clock.
  *

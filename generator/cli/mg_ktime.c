@@ -199,7 +199,7 @@ int mg_ktime_args(const cJSON *manifest, const mg_kernel_spec *s, long long seq,
       if (!int_value(s->family, a->name, s, seq, &v))
         return mg_diag_set(d, MLAGEN_EINVAL,
                            "%s: no value for int parameter '%s' (family %s: add it to "
-                           "runtime/mg_ktime.c's table)", kname, a->name, s->family);
+                           "generator/cli/mg_ktime.c's table)", kname, a->name, s->family);
       if (v < -2147483647LL || v > 2147483647LL)
         return mg_diag_set(d, MLAGEN_EINVAL, "%s: int parameter %s = %lld does not fit an int",
                            kname, a->name, v);

@@ -7,7 +7,7 @@
  * (mg_dev_ops_cuda: the driver, the module registry, cuBLAS) and, in the tests, on the CPU
  * (tests/test_cuda_exec.c: host memory, CBLAS, the host executor of tests/host/).
  *
- * Memory (generator/mg_plan_mem.h, laid out once per plan with MG_CUDA_EXEC_ALIGN):
+ * Memory (generator/core/mg_plan_mem.h, laid out once per plan with MG_CUDA_EXEC_ALIGN):
  *   - INPUT and OUTPUT buffers are the caller's tensors (mg_cuda_tensors);
  *   - TEMP buffers written in the forward and read in the backward live in the caller's
  *     saved area, which the caller keeps unchanged from the forward to the backward;
@@ -82,7 +82,7 @@
  * recommendation holds for every device. */
 #define MG_CUDA_EXEC_BLAS_WS ((int64_t)32 << 20)
 
-/* A kernel launch rule and the grid computed from it come from runtime/mg_module.h. */
+/* A kernel launch rule and the grid computed from it come from runtime/exec/mg_module.h. */
 struct mg_launch_rule;
 
 /* Device operations. Every pointer is device memory (host memory for a CPU
@@ -134,12 +134,12 @@ static inline void mg_dev_ops_destroy(mg_dev_ops *o) {
   if (o) o->destroy(o);
 }
 
-/* The GPU implementation: the CUDA driver (runtime/mg_driver.h; the CUDA context current
+/* The GPU implementation: the CUDA driver (runtime/exec/mg_driver.h; the CUDA context current
  * on the calling thread at creation, or device 0's primary context, retained and made
  * current when none is, must be current at every later call), kernels
  * compiled by NVRTC for the current device's architecture (sm_90a for compute capability
  * 9.0, else sm_<major><minor>; JIT cache as mg_jit_compile's) and loaded into a module
- * registry (runtime/mg_module.h), GEMMs by cuBLAS (libcublas.so.13, .12 or .11, or the
+ * registry (runtime/exec/mg_module.h), GEMMs by cuBLAS (libcublas.so.13, .12 or .11, or the
  * path in $MLAGEN_LIBCUBLAS, loaded with dlopen at creation: cublasGemmStridedBatchedEx,
  * 16-bit operands, f32 compute, row-major by swapping the operands; every GEMM sets the
  * stream, then the workspace gemm_workspace gave (cublasSetWorkspace, as cublasSetStream
