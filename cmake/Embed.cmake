@@ -1,6 +1,6 @@
 # mlagen_embed(OUTPUT out.c BASE dir FILES f1 f2 ...)
 #
-# Compiles files into a C table (see generator/mg_embed.h) keyed by their path relative
+# Compiles files into a C table (see runtime/base/mg_embed.h) keyed by their path relative
 # to BASE, e.g. "templates/explicit_fwd.cu.tpl". The table is regenerated whenever
 # one of the files changes.
 set(_MLAGEN_EMBED_SCRIPT "${CMAKE_CURRENT_LIST_DIR}/embed_files.cmake")

@@ -66,7 +66,7 @@ const char *mlagen_status_name(int status);
  * Status of this version: contexts, models, plans and sizes work on any machine (no GPU
  * or driver needed). mlagen_forward and mlagen_backward validate every argument, load the
  * CUDA driver (MLAGEN_ENODRIVER without one) and run bf16/f16 plans of sp_size 1 with the
- * CUDA executor (runtime/mg_cuda_exec.h; checked on an H200 against the CPU reference
+ * CUDA executor (runtime/exec/mg_cuda_exec.h; checked on an H200 against the CPU reference
  * by tests/gpu/forms_check.c, at sp_size 1); sp_size > 1 runs
  * its collectives through the trainer's NCCL communicator (mlagen_plan_set_comm), NCCL
  * being loaded with dlopen at the first such call (libnccl.so.2 or $MLAGEN_LIBNCCL; not

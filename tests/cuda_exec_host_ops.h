@@ -180,10 +180,10 @@ static int h_copy2d(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, si
 
 /* A 16-bit value of dtype t (bf16 or f16) as f32, and back (round to nearest even). */
 static inline float e16_to_f32(mg_dtype t, e16 x) {
-  return t == MG_F16 ? mg_st_f16_to_f32(x) : mg_st_bf16_to_f32(x);
+  return t == MG_F16 ? mg_f16_to_f32(x) : mg_bf16_to_f32(x);
 }
 static inline e16 f32_to_e16(mg_dtype t, float x) {
-  return t == MG_F16 ? mg_st_f32_to_f16(x) : mg_st_f32_to_bf16(x);
+  return t == MG_F16 ? mg_f32_to_f16(x) : mg_f32_to_bf16(x);
 }
 
 /* n elements of a bf16, f16 or f32 buffer from element off, as f32. */

@@ -1,6 +1,6 @@
 /* fake_cuda.c: a stand-in for libcuda.so.1, built as a shared library for the tests.
  *
- * The driver loader (runtime/mg_driver.c) is pointed at it with MLAGEN_LIBCUDA. It
+ * The driver loader (runtime/exec/mg_driver.c) is pointed at it with MLAGEN_LIBCUDA. It
  * exports cuGetProcAddress_v2, as a real driver does for lookups, and answers it for
  * every entry point mlagen resolves: one device, "Fake H200", compute capability 9.0,
  * 132 SMs, 227 KiB opt-in shared memory per block, a 1 MiB L2 (small, so an L2 flush
@@ -12,7 +12,7 @@
  * "faster"). FAKE_CUDA_FAIL_INIT=1 in the environment makes cuInit fail with
  * CUDA_ERROR_NO_DEVICE.
  *
- * Modules behave like a driver's, so the module registry (runtime/mg_module.c) can be
+ * Modules behave like a driver's, so the module registry (runtime/exec/mg_module.c) can be
  * tested: cuModuleLoadData takes an ELF64 image (a real cubin: a kernel is found when its
  * name is a NUL-terminated string of the image) or a fake image "FAKECUBIN\n" followed by
  * kernel names, one a line, up to the first NUL (anything else: CUDA_ERROR_INVALID_IMAGE);
@@ -40,7 +40,7 @@
 /* ---- call counters and failure injection (not thread-safe: the tests are serial) ---- */
 static const char *const counted[] = {"cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction",
                                       "cuFuncSetAttribute", "cuLaunchKernel",
-                                      /* timing (runtime/mg_ktime.c) */
+                                      /* timing (generator/cli/mg_ktime.c) */
                                       "cuMemAlloc", "cuMemFree", "cuMemsetD8Async",
                                       "cuStreamSynchronize", "cuEventRecord", "cuEventSynchronize",
                                       "cuEventElapsedTime", "cuMemcpyDtoH"};
@@ -380,7 +380,7 @@ static CUresult f_event_destroy(CUevent e) {
   free(e);
   return CUDA_SUCCESS;
 }
-/* CUDA executor (runtime/mg_cuda_exec.c): asynchronous copies run at once on host memory;
+/* CUDA executor (runtime/exec/mg_cuda_exec.c): asynchronous copies run at once on host memory;
  * every stream queries idle. */
 static CUresult f_memcpy_dtod_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   (void)s;
@@ -486,7 +486,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
 
 /* ---- a fake cuBLAS ---------------------------------------------------------------------
  * The same library stands in for libcublas (point MLAGEN_LIBCUBLAS at it): the entry points
- * runtime/mg_cuda_ops.c resolves, computing nothing. As cuBLAS does, cublasSetStream puts
+ * runtime/exec/mg_cuda_ops.c resolves, computing nothing. As cuBLAS does, cublasSetStream puts
  * the handle back on the library's own workspace, and cublasSetWorkspace refuses a pointer
  * not 256-byte aligned. Each GEMM records the workspace it would use:
  * fake_cublas_stats(&gemms, &own, &ws, &bytes) gives the GEMMs so far, how many ran on the

@@ -1,4 +1,4 @@
-/* fake_driver.h: how a test points the driver loader (runtime/mg_driver.c) at the fake
+/* fake_driver.h: how a test points the driver loader (runtime/exec/mg_driver.c) at the fake
  * libcuda of tests/fake_cuda.c, or at no driver, and reaches the fake's test hooks.
  *
  * The loader reads MLAGEN_LIBCUDA once per process, at the first call that needs the

@@ -1,7 +1,7 @@
 /* fake_nccl.c: a fake libnccl.so.2 for the NCCL loader of libmlagen.so without NCCL or a GPU
  * (tests/test_nccl_dl.c; MLAGEN_LIBNCCL points here).
  *
- * It exports the NCCL entry points runtime/mg_comm_nccl.c resolves, with nccl.h's ABI
+ * It exports the NCCL entry points runtime/comm/mg_comm_nccl.c resolves, with nccl.h's ABI
  * (ncclResult_t, ncclDataType_t as int; buffers are host memory), for communicators the
  * test makes with fake_nccl_comm_create(nranks, rank): one process plays the rank, and
  * its peers are mirrors of it, so the data path is a loopback: a send to peer p is what a

@@ -18,10 +18,10 @@
 typedef uint16_t e16; /* storage of __nv_bfloat16 or __half */
 typedef e16 bf16;
 
-static inline float bf16_to_float(e16 x) { return mg_st_bf16_to_f32(x); }
-static inline e16 float_to_bf16(float f) { return mg_st_f32_to_bf16(f); } /* nearest even */
-static inline float half_to_float(e16 h) { return mg_st_f16_to_f32(h); }
-static inline e16 float_to_half(float f) { return mg_st_f32_to_f16(f); }  /* nearest even */
+static inline float bf16_to_float(e16 x) { return mg_bf16_to_f32(x); }
+static inline e16 float_to_bf16(float f) { return mg_f32_to_bf16(f); } /* nearest even */
+static inline float half_to_float(e16 h) { return mg_f16_to_f32(h); }
+static inline e16 float_to_half(float f) { return mg_f32_to_f16(f); }  /* nearest even */
 /* fp16: half, else bf16 */
 static inline float e16_to_float(int fp16, e16 x) {
   return fp16 ? half_to_float(x) : bf16_to_float(x);

@@ -1,6 +1,6 @@
 /* test_comm_local.c: the single-process communicator (rank 0 of 1), and the MPI backend
- * built without MPI. This executable needs no MPI: it compiles runtime/mg_comm_local.c
- * and, when MLAGEN_HAVE_MPI is unset, runtime/mg_comm_mpi.c as the stub. */
+ * built without MPI. This executable needs no MPI: it compiles runtime/comm/mg_comm_local.c
+ * and, when MLAGEN_HAVE_MPI is unset, runtime/comm/mg_comm_mpi.c as the stub. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

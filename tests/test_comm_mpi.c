@@ -84,11 +84,11 @@ static double element_value(uint64_t k, int src, size_t i, mg_dtype t) {
 static uint16_t summand16(uint64_t k, int src, size_t i, mg_dtype t) {
   float v;
   element(k, src, i, MG_F32, &v);
-  return t == MG_BF16 ? mg_st_f32_to_bf16(v) : mg_st_f32_to_f16(v);
+  return t == MG_BF16 ? mg_f32_to_bf16(v) : mg_f32_to_f16(v);
 }
 
 static double value16(uint16_t h, mg_dtype t) {
-  return t == MG_BF16 ? mg_st_bf16_to_f32(h) : mg_st_f16_to_f32(h);
+  return t == MG_BF16 ? mg_bf16_to_f32(h) : mg_f16_to_f32(h);
 }
 
 static void fill(uint64_t k, int src, size_t first, size_t n, mg_dtype t, unsigned char *out) {

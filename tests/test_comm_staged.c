@@ -1,4 +1,4 @@
-/* test_comm_staged.c: runtime/mg_comm_staged.c on the fake driver (tests/fake_cuda.c:
+/* test_comm_staged.c: runtime/exec/mg_comm_staged.c on the fake driver (tests/fake_cuda.c:
  * "device" memory is host memory, copies are memcpy), so the staging path runs here:
  * every collective (all-to-all, all-gather, reduce-scatter) in bf16, f16, f32 and f64,
  * through the staged wrapper on cuMemAlloc'd buffers, gives bit for bit what the host
@@ -48,7 +48,7 @@ static void one(const mg_driver *drv, mg_comm *host, mg_comm *st, int k, size_t 
     const double v = (double)((int)((i * 7 + (size_t)g_rank * 13) % 17) - 8) / 4;
     if (t == MG_F64) ((double *)send)[i] = v;
     else if (t == MG_F32) ((float *)send)[i] = (float)v;
-    else ((uint16_t *)send)[i] = t == MG_BF16 ? mg_st_f32_to_bf16((float)v) : mg_st_f32_to_f16((float)v);
+    else ((uint16_t *)send)[i] = t == MG_BF16 ? mg_f32_to_bf16((float)v) : mg_f32_to_f16((float)v);
   }
   const coll hc = k == 0 ? host->ops->all_to_all : k == 1 ? host->ops->all_gather : host->ops->reduce_scatter;
   const coll sc = k == 0 ? st->ops->all_to_all : k == 1 ? st->ops->all_gather : st->ops->reduce_scatter;

@@ -1,5 +1,5 @@
 /* test_comm_stub.c: a build without NCCL still builds, and its communicator says why it
- * cannot work. This executable compiles runtime/mg_comm_nccl.c without MLAGEN_HAVE_NCCL. */
+ * cannot work. This executable compiles runtime/comm/mg_comm_nccl.c without MLAGEN_HAVE_NCCL. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

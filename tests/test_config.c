@@ -1,4 +1,4 @@
-/* test_config.c: HF config.json -> mg_shape (generator/mg_config.c). */
+/* test_config.c: HF config.json -> mg_shape (generator/core/mg_config.c). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

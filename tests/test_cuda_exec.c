@@ -1,4 +1,4 @@
-/* test_cuda_exec.c: the CUDA executor (runtime/mg_cuda_exec.h) on CPU device operations.
+/* test_cuda_exec.c: the CUDA executor (runtime/exec/mg_cuda_exec.h) on CPU device operations.
  *
  * The executor's orchestration (memory layout in the caller's workspace and saved area,
  * collectives, GEMMs, every generated kernel with its parameters matched by name and its
@@ -7,7 +7,7 @@
  * kernels on the host executor). Collectives at P = 1 are copies; P = 2 and 4 run under
  * MPI in test_cuda_exec_mpi.c.
  *
- * Checked against the CPU executor (runtime/mg_cpu_exec.h) on the f32 plan of the same
+ * Checked against the CPU executor (runtime/exec/mg_cpu_exec.h) on the f32 plan of the same
  * form with the same (bf16-rounded) inputs: o, lse (read from the saved area), dq, dc_kv,
  * dk_rope and dw_kv_b per element at tu_tol_bf16 (tests/cpu_test_util.h, where the
  * measured noise is written; a NaN fails); shapes carry DeepSeek-V3's YaRN softmax scale

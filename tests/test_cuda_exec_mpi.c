@@ -1,4 +1,4 @@
-/* test_cuda_exec_mpi.c: the CUDA executor (runtime/mg_cuda_exec.h) at P = np under MPI
+/* test_cuda_exec_mpi.c: the CUDA executor (runtime/exec/mg_cuda_exec.h) at P = np under MPI
  * (issue 7): the P > 1 path on CPU device ops (tests/cuda_exec_host_ops.h: host memory,
  * CBLAS GEMMs, generated kernels on the host executor) with collectives through
  * mg_comm_mpi: the all-to-all pack / exchange / unpack, the all-gather and reduce-scatter

@@ -1,4 +1,4 @@
-/* test_ktime.c: the GPU timing path of `mlagen tune` (runtime/mg_ktime.c) against the fake
+/* test_ktime.c: the GPU timing path of `mlagen tune` (generator/cli/mg_ktime.c) against the fake
  * driver (tests/fake_cuda.c), which runs no kernel: its launches advance a fake clock by
  * 0.001 ms per CTA thread (times 1 + 0.1 (launch mod 4)), its events stamp that clock.
  *
@@ -340,7 +340,7 @@ static void hook(const char *kernel, const char *param, void *host, size_t bytes
   (void)kernel;
   if (strcmp(param, "dst") != 0 || bytes < 8) return;
   uint16_t *h = host;
-  if (g_hook_mode == 1) h[0] = mg_st_f32_to_bf16(1.0f);
+  if (g_hook_mode == 1) h[0] = mg_f32_to_bf16(1.0f);
   if (g_hook_mode == 2) h[3] = 0x7fc0; /* a bf16 quiet NaN */
 }
 

@@ -6,9 +6,9 @@
  * The all-to-all is simulated: every rank's pack runs, block p of rank r's send buffer is
  * copied to block r of rank p's receive buffer (MPI_Alltoall), every rank's unpack runs. The
  * result is compared bit-exactly with a plain C permutation of the global tensor (rank r holds
- * tokens [r*S_l, (r+1)*S_l) and heads [r*H/P, (r+1)*H/P)), and with runtime/mg_cpu_exec.c's
+ * tokens [r*S_l, (r+1)*S_l) and heads [r*H/P, (r+1)*H/P)), and with runtime/exec/mg_cpu_exec.c's
  * layouts; seq -> head -> seq must give back the input. dq_convert is compared bit-exactly
- * with mg_st_f32_to_bf16 / mg_st_f32_to_f16 (round to nearest even). Inputs are random normal
+ * with mg_f32_to_bf16 / mg_f32_to_f16 (round to nearest even). Inputs are random normal
  * values (never zero); the seed is printed, MLAGEN_TEST_SEED overrides it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -153,7 +153,7 @@ static void check_layouts(const char *dtype, int P, int w) {
   kh_free(&unpack);
 }
 
-/* The send buffer itself, checked against runtime/mg_cpu_exec.c's move_block layouts:
+/* The send buffer itself, checked against runtime/exec/mg_cpu_exec.c's move_block layouts:
  * seq -> head: send[q] = in[:, :, q*Hl:(q+1)*Hl]; head -> seq: send[q] = in[:, q*Sl:(q+1)*Sl]. */
 static void check_send_buffer(int P, int w) {
   const int B = 2, Sl = 5, H = 8, Hl = H / P, S = Sl * P;
@@ -274,7 +274,7 @@ static void check_convert(const char *dtype, int H, int dn, int dr, const char *
   kh_launch(&bk, kh_grid(&bk, sq, sq, B), &lo, conv_thunk, &a); /* (seqlen_q, 1, batch) */
   size_t bad = 0;
   for (size_t i = 0; i < n; i++) {
-    const e16 want = fp16 ? mg_st_f32_to_f16(acc[i]) : mg_st_f32_to_bf16(acc[i]);
+    const e16 want = fp16 ? mg_f32_to_f16(acc[i]) : mg_f32_to_bf16(acc[i]);
     if (dq[i] != want && bad++ < 5)
       print_message("  %s [%zu]: %a -> 0x%04x, want 0x%04x\n", bk.name, i, acc[i], dq[i], want);
   }

@@ -1,4 +1,4 @@
-/* test_module.c: the module registry (runtime/mg_module.c) against the fake driver.
+/* test_module.c: the module registry (runtime/exec/mg_module.c) against the fake driver.
  *
  * Two modes, one per process (the driver is loaded once per process), chosen by the
  * first argument; each sets MLAGEN_LIBCUDA before any call:

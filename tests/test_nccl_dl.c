@@ -1,7 +1,7 @@
-/* test_nccl_dl.c: the NCCL backend as libmlagen.so has it (runtime/mg_comm_nccl.c built
+/* test_nccl_dl.c: the NCCL backend as libmlagen.so has it (runtime/comm/mg_comm_nccl.c built
  * with MLAGEN_NCCL_DLOPEN: libnccl.so.2 or $MLAGEN_LIBNCCL loaded with dlopen at the first
  * wrap), against the fake NCCL of tests/fake_nccl.c, and the API's sp_size > 1 path
- * (runtime/mlagen_api.c) with the fake driver of tests/fake_cuda.c (issue 7).
+ * (runtime/api/mlagen_api.c) with the fake driver of tests/fake_cuda.c (issue 7).
  *
  * Modes, one per process (NCCL is loaded once per process), by the first argument:
  *   fake     MLAGEN_LIBNCCL = the fake: wrap gives ncclCommCount's size and

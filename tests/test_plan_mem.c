@@ -1,4 +1,4 @@
-/* test_plan_mem.c: the static memory layout of a plan (generator/mg_plan_mem.h).
+/* test_plan_mem.c: the static memory layout of a plan (generator/core/mg_plan_mem.h).
  *
  * Every form, on DeepSeek-V3, DeepSeek-V2-Lite and Kimi K2, P = 1, 2, 4, 8, B = 1 and 2,
  * causal and not (laga-f with 1, 2 and 8 head groups): checked by brute force at every

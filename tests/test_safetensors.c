@@ -2,7 +2,7 @@
  *
  * Reading is checked against files made by the official safetensors library
  * (tests/data/safetensors/make_fixtures.py, committed outputs): values come from a
- * formula the test recomputes, rounded here with mg_st_f32_to_bf16/f16 (numpy and
+ * formula the test recomputes, rounded here with mg_f32_to_bf16/f16 (numpy and
  * ml_dtypes rounded them there), and edge values (f16 subnormals, inf, NaN, ties) are
  * hard-coded bit patterns. Every malformed-file case is crafted byte by byte. Writing
  * round-trips fresh random data (the seed is printed; MLAGEN_TEST_SEED overrides it). */
@@ -188,8 +188,8 @@ static void check_half_formula(const mg_st_file *f, const char *name, mg_dtype t
   int nonzero = 0;
   for (size_t i = 0; i < n; i++) {
     float v = formula(base + (int64_t)i, scale);
-    uint16_t h = t == MG_BF16 ? mg_st_f32_to_bf16(v) : mg_st_f32_to_f16(v);
-    float want = t == MG_BF16 ? mg_st_bf16_to_f32(h) : mg_st_f16_to_f32(h);
+    uint16_t h = t == MG_BF16 ? mg_f32_to_bf16(v) : mg_f32_to_f16(v);
+    float want = t == MG_BF16 ? mg_bf16_to_f32(h) : mg_f16_to_f32(h);
     uint16_t file_bits = (uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8);
     if (file_bits != h) fail_msg("%s[%zu]: file has %#06x, rounding %a gives %#06x", name, i, file_bits, (double)v, h);
     if (fbits(x[i]) != fbits(want)) fail_msg("%s[%zu]: read %a, want %a", name, i, (double)x[i], (double)want);
@@ -264,22 +264,22 @@ static void test_fixture_specials(void **state) {
   const unsigned char *raw = mg_st_data(f, mg_st_find(f, "f16_special"));
   for (int i = 0; i < 22; i++) {
     uint16_t h = (uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8);
-    uint16_t mine = mg_st_f32_to_f16(f16_in[i]);
+    uint16_t mine = mg_f32_to_f16(f16_in[i]);
     if (isnan(f16_val[i])) {
-      assert_true(isnan(x[i]) && isnan(mg_st_f16_to_f32(h)));
+      assert_true(isnan(x[i]) && isnan(mg_f16_to_f32(h)));
       assert_true((h & 0x7c00) == 0x7c00 && (h & 0x3ff) && (mine & 0x7c00) == 0x7c00 && (mine & 0x3ff));
       continue;
     }
     if (h != f16_bits[i]) fail_msg("f16_special[%d]: file %#06x, want %#06x", i, h, f16_bits[i]);
     if (mine != f16_bits[i]) fail_msg("f32_to_f16(%a) = %#06x, want %#06x", (double)f16_in[i], mine, f16_bits[i]);
     if (fbits(x[i]) != fbits(f16_val[i])) fail_msg("f16_special[%d] read %a, want %a", i, (double)x[i], (double)f16_val[i]);
-    assert_true(fbits(mg_st_f16_to_f32(f16_bits[i])) == fbits(f16_val[i]));
+    assert_true(fbits(mg_f16_to_f32(f16_bits[i])) == fbits(f16_val[i]));
   }
   assert_int_equal(mg_st_read_f32(f, "bf16_special", 1, (int64_t[]){12}, x, NULL), 0);
   raw = mg_st_data(f, mg_st_find(f, "bf16_special"));
   for (int i = 0; i < 12; i++) {
     uint16_t h = (uint16_t)(raw[2 * i] | raw[2 * i + 1] << 8);
-    uint16_t mine = mg_st_f32_to_bf16(bf16_in[i]);
+    uint16_t mine = mg_f32_to_bf16(bf16_in[i]);
     if (isnan(bf16_val[i])) {
       assert_true(isnan(x[i]) && (mine & 0x7f80) == 0x7f80 && (mine & 0x7f));
       continue;
@@ -635,10 +635,10 @@ static void test_write_roundtrip(void **state) {
   assert_int_equal(mg_st_read_f64(f, "a64", 3, sa, ra64, &d), 0);
   for (int i = 0; i < NA; i++) assert_true(ra64[i] == (double)a[i]);
   assert_int_equal(mg_st_read_f32(f, "h_bf16", 1, sh, rh, &d), 0);
-  for (int i = 0; i < NH; i++) assert_true(fbits(rh[i]) == fbits(mg_st_bf16_to_f32(mg_st_f32_to_bf16(h[i]))));
+  for (int i = 0; i < NH; i++) assert_true(fbits(rh[i]) == fbits(mg_bf16_to_f32(mg_f32_to_bf16(h[i]))));
   assert_int_equal(mg_st_read_f32(f, "h_f16", 1, sh, rh, &d), 0);
   for (int i = 0; i < NH; i++) {
-    assert_true(fbits(rh[i]) == fbits(mg_st_f16_to_f32(mg_st_f32_to_f16(hb[i]))));
+    assert_true(fbits(rh[i]) == fbits(mg_f16_to_f32(mg_f32_to_f16(hb[i]))));
     if (fabsf(hb[i]) <= 65504.0f && fabsf(hb[i]) >= 0x1p-14f) /* normal range: half an ulp */
       assert_true(fabsf(rh[i] - hb[i]) <= fabsf(hb[i]) * 0x1p-11f);
   }
@@ -795,8 +795,8 @@ static void test_conversions_exhaustive(void **state) {
   (void)state;
   for (uint32_t h = 0; h < 0x10000; h++) {
     /* f16 -> f32 -> f16 is the identity (NaNs stay NaNs) */
-    float x = mg_st_f16_to_f32((uint16_t)h);
-    uint16_t back = mg_st_f32_to_f16(x);
+    float x = mg_f16_to_f32((uint16_t)h);
+    uint16_t back = mg_f32_to_f16(x);
     if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) {
       assert_true(isnan(x) && (back & 0x7c00) == 0x7c00 && (back & 0x3ff));
     } else if (back != h) {
@@ -809,10 +809,10 @@ static void test_conversions_exhaustive(void **state) {
       if (h & 0x8000) v = -v;
       assert_true((double)x == v && !signbit(x) == !signbit(v));
     }
-    float y = mg_st_bf16_to_f32((uint16_t)h);
-    uint16_t bb = mg_st_f32_to_bf16(y);
+    float y = mg_bf16_to_f32((uint16_t)h);
+    uint16_t bb = mg_f32_to_bf16(y);
     if (isnan(y))
-      assert_true(isnan(mg_st_bf16_to_f32(bb)));
+      assert_true(isnan(mg_bf16_to_f32(bb)));
     else
       assert_int_equal(bb, h);
   }
@@ -821,21 +821,21 @@ static void test_conversions_exhaustive(void **state) {
   for (uint16_t mag = 0; mag < 0x7c00; mag++)
     for (int sgn = 0; sgn < 2; sgn++) {
       uint16_t s = sgn ? 0x8000 : 0;
-      float a = mg_st_f16_to_f32((uint16_t)(s | mag));
-      float b = mag == 0x7bff ? (sgn ? -65536.0f : 65536.0f) : mg_st_f16_to_f32((uint16_t)(s | (mag + 1)));
+      float a = mg_f16_to_f32((uint16_t)(s | mag));
+      float b = mag == 0x7bff ? (sgn ? -65536.0f : 65536.0f) : mg_f16_to_f32((uint16_t)(s | (mag + 1)));
       float mid = (a + b) / 2; /* exact: 12 significant bits */
-      assert_int_equal(mg_st_f32_to_f16(mid), s | (mag & 1 ? mag + 1 : mag));
-      assert_int_equal(mg_st_f32_to_f16(nextafterf(mid, a)), s | mag);
-      assert_int_equal(mg_st_f32_to_f16(nextafterf(mid, b)), s | (mag + 1));
+      assert_int_equal(mg_f32_to_f16(mid), s | (mag & 1 ? mag + 1 : mag));
+      assert_int_equal(mg_f32_to_f16(nextafterf(mid, a)), s | mag);
+      assert_int_equal(mg_f32_to_f16(nextafterf(mid, b)), s | (mag + 1));
     }
   for (uint16_t mag = 0; mag < 0x7f7f; mag++) { /* (past 0x7f7f the midpoint is not a float) */
-    float a = mg_st_bf16_to_f32(mag), b = mg_st_bf16_to_f32((uint16_t)(mag + 1));
+    float a = mg_bf16_to_f32(mag), b = mg_bf16_to_f32((uint16_t)(mag + 1));
     float mid = a + (b - a) / 2;
-    assert_int_equal(mg_st_f32_to_bf16(mid), mag & 1 ? mag + 1 : mag);
-    assert_int_equal(mg_st_f32_to_bf16(nextafterf(mid, a)), mag);
-    assert_int_equal(mg_st_f32_to_bf16(nextafterf(mid, b)), mag + 1);
+    assert_int_equal(mg_f32_to_bf16(mid), mag & 1 ? mag + 1 : mag);
+    assert_int_equal(mg_f32_to_bf16(nextafterf(mid, a)), mag);
+    assert_int_equal(mg_f32_to_bf16(nextafterf(mid, b)), mag + 1);
   }
-  assert_int_equal(mg_st_f32_to_bf16(3.4028234663852886e38f), 0x7f80); /* FLT_MAX: past the midpoint */
+  assert_int_equal(mg_f32_to_bf16(3.4028234663852886e38f), 0x7f80); /* FLT_MAX: past the midpoint */
 
   /* f32 -> f16 rounds to nearest even: check random floats against the two neighbours */
   for (int i = 0; i < 200000; i++) {
@@ -843,11 +843,11 @@ static void test_conversions_exhaustive(void **state) {
     u = (u & 0x80000000u) | (0x33000000u + u % (0x47800000u - 0x33000000u)); /* 2^-25 .. 65536 */
     float x;
     memcpy(&x, &u, 4);
-    uint16_t r = mg_st_f32_to_f16(x);
-    double v = mg_st_f16_to_f32(r), ax = fabs((double)x);
+    uint16_t r = mg_f32_to_f16(x);
+    double v = mg_f16_to_f32(r), ax = fabs((double)x);
     uint16_t mag = r & 0x7fff;
-    double lo = mag ? fabs((double)mg_st_f16_to_f32((uint16_t)(mag - 1))) : 0;
-    double hi = mag < 0x7c00 ? fabs((double)mg_st_f16_to_f32((uint16_t)(mag + 1))) : INFINITY;
+    double lo = mag ? fabs((double)mg_f16_to_f32((uint16_t)(mag - 1))) : 0;
+    double hi = mag < 0x7c00 ? fabs((double)mg_f16_to_f32((uint16_t)(mag + 1))) : INFINITY;
     double av = fabs(v);
     if (isinf(av)) { /* overflow: x at least halfway from 65504 to 65536 */
       assert_true(ax >= 65520.0);

@@ -12,7 +12,7 @@
  * with their default configurations, for H = 2 (the check) and every H of --heads,
  * compiles them with NVRTC for the device (sm_90a for compute capability 9.0,
  * sm_<major><minor> otherwise) on --jobs threads (default: the CPUs, at most 16), loads
- * them through the driver (runtime/mg_driver.c) and sets their dynamic shared memory
+ * them through the driver (runtime/exec/mg_driver.c) and sets their dynamic shared memory
  * limit.
  *
  * Check: H = 2, S = 256, and every timed H at S = 200 (a partial tile): random bf16
@@ -1235,7 +1235,7 @@ static int llaunch(void *p, int set) {
 }
 
 /* The rows at (H, S), B = 1, into rows[]; returns how many. The shapes are those of the
- * plans (generator/forms/) for DeepSeek-V3 (H_MODEL = 128 heads, d_c 512) under Ulysses
+ * plans (generator/core/forms/) for DeepSeek-V3 (H_MODEL = 128 heads, d_c 512) under Ulysses
  * SP of degree P = 128 / H (H = 16: one rank of P = 8; H = 128: P = 1), H being the heads
  * a rank's kernels see and S the global sequence length:
  *   a2a_pack_q / a2a_unpack_q  direction 0 (SEQ_TO_HEAD) of q, w = d_qk: [S/P, 128, w] ->

@@ -21,7 +21,7 @@
  *     refused bf16 plan fails).
  *     --sp P (mlagen_forms_check_mpi under mpirun -np P, one GPU shared): each rank runs
  *     its plan of sp_size P with the CUDA executor directly (mg_dev_ops_cuda,
- *     mg_cuda_exec), collectives through runtime/mg_comm_staged.h over MPI; rank 0
+ *     mg_cuda_exec), collectives through runtime/exec/mg_comm_staged.h over MPI; rank 0
  *     gathers the shards and checks them (dw_kv_b: the sum over ranks);
  *   - the reference (tests/gpu/mla_ref64.h, float64, dgemm) once for all forms:
  *     --ref-rows 0 (default) every row; N > 0: rows [0, 128) and the last N only (o, lse,
@@ -119,8 +119,8 @@ static int make_inputs(uint64_t seed, double *in[TU_N_IN]) {
   return 0;
 }
 
-static e16 to16(double x) { return g_dt == MG_F16 ? mg_st_f32_to_f16((float)x) : mg_st_f32_to_bf16((float)x); }
-static double from16(e16 x) { return g_dt == MG_F16 ? mg_st_f16_to_f32(x) : mg_st_bf16_to_f32(x); }
+static e16 to16(double x) { return g_dt == MG_F16 ? mg_f32_to_f16((float)x) : mg_f32_to_bf16((float)x); }
+static double from16(e16 x) { return g_dt == MG_F16 ? mg_f16_to_f32(x) : mg_bf16_to_f32(x); }
 
 /* ---- checks ---------------------------------------------------------------------------- */
 

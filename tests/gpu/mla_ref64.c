@@ -21,8 +21,8 @@ int64_t mr_key0(const mr_case *c) {
 }
 
 double mr_round(double x, int rnd) {
-  if (rnd == 1) return mg_st_bf16_to_f32(mg_st_f32_to_bf16((float)x));
-  if (rnd == 2) return mg_st_f16_to_f32(mg_st_f32_to_f16((float)x));
+  if (rnd == 1) return mg_bf16_to_f32(mg_f32_to_bf16((float)x));
+  if (rnd == 2) return mg_f16_to_f32(mg_f32_to_f16((float)x));
   return x;
 }
 

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "forms/forms.h"
+#include "mg_plan_builder.h"
 #include "mg_plan_check.h"
 #include "mlagen.h"
 
@@ -199,7 +201,7 @@ mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const in
   if (op == MG_OP_ATTN_FWD || op == MG_OP_ATTN_BWD || op == MG_OP_MQA_FWD || op == MG_OP_MQA_BWD)
     s->flops = attn_flops(p, op);
   /* The attention backward's scratch: delta = rowsum(dO * O), f32 [B, H, S] of the
-   * step's queries (in[0], [B, S, H, w]), which the CUDA executor (runtime/mg_cuda_exec.h)
+   * step's queries (in[0], [B, S, H, w]), which the CUDA executor (runtime/exec/mg_cuda_exec.h)
    * keeps in the step's workspace between attn_bwd_pre and the dK/dV and dQ kernels. */
   if ((op == MG_OP_ATTN_BWD || op == MG_OP_MQA_BWD) && s->n_in > 0 && s->in[0] >= 0 &&
       s->in[0] < p->n_bufs && p->bufs[s->in[0]].ndim == 4) {

@@ -3,7 +3,7 @@
  * `mlagen tune` sweeps every combination of a kernel family's declared tunables for a
  * model's shape, drops what the template's check rejects, compiles the rest with NVRTC
  * and prunes by what ptxas reports (mg_tune_prune) before anything is timed. Timing
- * needs a GPU: it goes through the mg_tune_timer hook, which runtime/mg_ktime.c provides
+ * needs a GPU: it goes through the mg_tune_timer hook, which generator/cli/mg_ktime.c provides
  * and `mlagen tune` installs when the CUDA driver loads (NULL in the library; without a
  * driver `mlagen tune` without --dry-run fails with MLAGEN_ENODRIVER). Winners are
  * kept in the store, tuned/<arch>/<device>.json, and read at plan time by
@@ -115,7 +115,7 @@ int mg_tune_evaluate(mg_gen *g, mg_tune_candidate *cands, int n, const mg_jit_op
  * n_samples wall times in milliseconds in samples_ms, or to MG_TUNE_FAILED_LAUNCH /
  * MG_TUNE_WRONG_RESULT with the reason in reason (size reason_n); a negative status
  * when the sweep cannot go on (no driver, the device out of memory, a driver failure
- * outside the candidate). runtime/mg_ktime.c provides it (mg_ktime_timer); NULL in the
+ * outside the candidate). generator/cli/mg_ktime.c provides it (mg_ktime_timer); NULL in the
  * library, and `mlagen tune` installs it when the CUDA driver loads; without one, tune
  * (without --dry-run) fails with MLAGEN_ENODRIVER "timing needs a GPU". */
 typedef int (*mg_tune_timer_fn)(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,

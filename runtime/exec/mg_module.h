@@ -1,5 +1,5 @@
 /* mg_module.h: the module registry. Loads generated kernels' cubins (the bytes the JIT
- * cache holds: mg_cubin.data from runtime/mg_jit.h) into the current CUDA context with
+ * cache holds: mg_cubin.data from runtime/jit/mg_jit.h) into the current CUDA context with
  * cuModuleLoadData, finds each kernel by name (cuModuleGetFunction), raises its dynamic
  * shared memory limit when its launch rule needs more than 48 KiB
  * (cuFuncSetAttribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), and launches it
@@ -95,7 +95,7 @@ typedef struct mg_module_kernel {
 } mg_module_kernel;
 
 /* Creates an empty registry in *out, loading the CUDA driver if it is not loaded yet
- * (runtime/mg_driver.h). Returns 0, or MLAGEN_EINVAL (out NULL), MLAGEN_ENODRIVER (no
+ * (runtime/exec/mg_driver.h). Returns 0, or MLAGEN_EINVAL (out NULL), MLAGEN_ENODRIVER (no
  * driver: the loader's message), MLAGEN_ENOMEM; *out is NULL on error. */
 int mg_registry_create(mg_module_registry **out, mg_diag *d);
 

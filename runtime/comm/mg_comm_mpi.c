@@ -25,7 +25,7 @@ int mg_comm_mpi_wrap(mg_comm **out, void *mpi_comm, mg_diag *d) {
 #include <mpi.h>
 #include <stdint.h>
 
-#include "mg_safetensors.h" /* bf16/f16 <-> f32 */
+#include "mg_dtype.h" /* bf16/f16 <-> f32 */
 
 typedef struct mpi_comm {
   mg_comm base;
@@ -114,12 +114,12 @@ static int reduce_scatter_16(mpi_comm *m, const void *send, void *recv, size_t c
   }
   const uint16_t *s16 = send;
   for (size_t i = 0; i < n; i++)
-    wide[i] = t == MG_BF16 ? mg_st_bf16_to_f32(s16[i]) : mg_st_f16_to_f32(s16[i]);
+    wide[i] = t == MG_BF16 ? mg_bf16_to_f32(s16[i]) : mg_f16_to_f32(s16[i]);
   rc = MPI_Reduce_scatter_block(wide, sum, (int)count, MPI_FLOAT, MPI_SUM, m->comm);
   if (rc == MPI_SUCCESS) {
     uint16_t *r16 = recv;
     for (size_t i = 0; i < count; i++)
-      r16[i] = t == MG_BF16 ? mg_st_f32_to_bf16(sum[i]) : mg_st_f32_to_f16(sum[i]);
+      r16[i] = t == MG_BF16 ? mg_f32_to_bf16(sum[i]) : mg_f32_to_f16(sum[i]);
   }
   free(wide);
   return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter", d);

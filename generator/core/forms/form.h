@@ -1,8 +1,9 @@
-/* form.h: shorthand shared by the form files (generator/forms/), so each reads as the
- * list of steps it is. Not a public header. */
+/* form.h: shorthand shared by the form files (generator/core/forms/), so each reads as
+ * the list of steps it is. Not a public header. */
 #ifndef MG_FORM_H
 #define MG_FORM_H
-#include "mg_plan.h"
+#include "forms.h"
+#include "mg_plan_builder.h"
 
 /* The dimensions every form uses, from the plan (MLA.md notation). */
 #define FORM_DIMS(p)                                                                    \

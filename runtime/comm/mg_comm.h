@@ -51,7 +51,7 @@ struct mg_comm {
 
 /* Wraps the trainer's NCCL communicator (an ncclComm_t) and CUDA stream (a cudaStream_t,
  * NULL for the default stream); the communicator stays the caller's; size and rank are
- * ncclCommCount's and ncclCommUserRank's. In libmlagen.so (runtime/mg_comm_nccl.c built
+ * ncclCommCount's and ncclCommUserRank's. In libmlagen.so (runtime/comm/mg_comm_nccl.c built
  * with MLAGEN_NCCL_DLOPEN) the first call loads libnccl.so.2, or the file named by
  * $MLAGEN_LIBNCCL, with dlopen (once per process; a failure is remembered). Collective
  * failures are MLAGEN_EIO "NCCL <call> failed: <ncclGetErrorString> (ncclResult_t N)"; poll

@@ -1,5 +1,5 @@
 /* mg_cuda_ops.c: the GPU device operations of the CUDA executor (mg_dev_ops_cuda in
- * mg_cuda_exec.h): the driver (mg_driver.h), NVRTC through the JIT cache (mg_jit.h), the
+ * mg_dev_ops.h): the driver (mg_driver.h), NVRTC through the JIT cache (mg_jit.h), the
  * module registry (mg_module.h) and cuBLAS, loaded with dlopen like libcuda, so nothing of
  * the GPU stack is linked. */
 #include <cublas_api.h>

@@ -2,6 +2,7 @@
 #ifndef MG_DTYPE_H
 #define MG_DTYPE_H
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef enum mg_dtype { MG_F32, MG_F64, MG_BF16, MG_F16 } mg_dtype;
@@ -51,4 +52,11 @@ static inline mg_dtype mg_dtype_of_spec(const char *s) {
   mg_dtype t = MG_BF16;
   return mg_dtype_spec_parse(s, &t) ? MG_BF16 : t;
 }
+
+/* Element conversions by bit pattern (the safetensors reader and writer, the communicators'
+ * reductions, the kernels' checks): exact where the target can hold the value. */
+float mg_bf16_to_f32(uint16_t h);  /* exact */
+float mg_f16_to_f32(uint16_t h);   /* exact, subnormals, inf and NaN included */
+uint16_t mg_f32_to_bf16(float x);  /* round to nearest even; NaN stays a quiet NaN */
+uint16_t mg_f32_to_f16(float x);   /* round to nearest even, to inf past 65504 */
 #endif

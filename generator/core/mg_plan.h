@@ -14,7 +14,8 @@
  * allocated by the plan and handed to the caller: they count toward the peak of their
  * pass and are not freed. Steps may also need a workspace (the send and receive buffers
  * of a collective) for their duration. Communication counts the bytes each rank sends
- * (MLA.md conventions). The forms are in generator/forms/; the math in docs/forms.md. */
+ * (MLA.md conventions). The forms are in generator/core/forms/ (built through
+ * mg_plan_builder.h); the math in docs/forms.md. */
 #ifndef MG_PLAN_H
 #define MG_PLAN_H
 #include <stdint.h>
@@ -202,27 +203,4 @@ int64_t mg_plan_buf_bytes(const mg_plan_buf *b);
 int64_t mg_plan_buf_numel(const mg_plan_buf *b);
 /* The buffer named name, or -1. */
 int mg_plan_find(const mg_plan *p, const char *name);
-
-/* ---- builder (for generator/forms/) ------------------------------------------------ */
-/* Each call records into p; a failure (too many buffers or steps) sets p->error, which
- * mg_plan_build reports, so form files read as straight-line code. */
-int mg_plan_input(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims);
-int mg_plan_output(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims);
-int mg_plan_temp(mg_plan *p, const char *name, mg_dtype t, int ndim, const int64_t *dims);
-/* Starts the backward: the steps added from now on are backward steps. */
-void mg_plan_backward(mg_plan *p);
-void mg_plan_seq_to_head(mg_plan *p, int src, int dst);
-void mg_plan_head_to_seq(mg_plan *p, int src, int dst);
-void mg_plan_all_gather(mg_plan *p, int src, int dst);
-void mg_plan_reduce_scatter(mg_plan *p, int src, int dst);
-void mg_plan_gemm(mg_plan *p, const char *label, int a, int b, int c, mg_gemm g);
-/* A kernel step; ins and outs end with -1. Returns the step to set column arguments. */
-mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const int *ins,
-                        const int *outs);
-
-/* The form builders, one file each in generator/forms/. */
-void mg_form_explicit(mg_plan *p);
-void mg_form_absorbed(mg_plan *p);
-void mg_form_laga(mg_plan *p, int recompute);
-void mg_form_laga_fused(mg_plan *p);
 #endif

@@ -146,11 +146,4 @@ int mg_st_writer_write(mg_st_writer *w, const char *path, mg_diag *d);
 
 /* Frees the writer; NULL is a no-op. */
 void mg_st_writer_free(mg_st_writer *w);
-
-/* ---- element conversions (bit patterns, exact where the target can hold the value) */
-
-float mg_st_bf16_to_f32(uint16_t h);  /* exact */
-float mg_st_f16_to_f32(uint16_t h);   /* exact, subnormals, inf and NaN included */
-uint16_t mg_st_f32_to_bf16(float x);  /* round to nearest even; NaN stays a quiet NaN */
-uint16_t mg_st_f32_to_f16(float x);   /* round to nearest even, to inf past 65504 */
 #endif

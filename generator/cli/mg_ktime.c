@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "mg_driver.h"
-#include "mg_safetensors.h" /* mg_st_f32_to_bf16 ... */
+#include "mg_dtype.h" /* mg_f32_to_bf16 ... */
 #include "mlagen.h"
 
 void (*mg_ktime_output_hook)(const char *kernel, const char *param, void *host,
@@ -199,7 +199,7 @@ int mg_ktime_args(const cJSON *manifest, const mg_kernel_spec *s, long long seq,
       if (!int_value(s->family, a->name, s, seq, &v))
         return mg_diag_set(d, MLAGEN_EINVAL,
                            "%s: no value for int parameter '%s' (family %s: add it to "
-                           "runtime/mg_ktime.c's table)", kname, a->name, s->family);
+                           "generator/cli/mg_ktime.c's table)", kname, a->name, s->family);
       if (v < -2147483647LL || v > 2147483647LL)
         return mg_diag_set(d, MLAGEN_EINVAL, "%s: int parameter %s = %lld does not fit an int",
                            kname, a->name, v);
@@ -416,14 +416,14 @@ static void fill_host(const mg_karg *a, int set, int param, const char *dtype, l
   for (size_t i = 0; i < a->count; i++) {
     const float v = (float)(base + ((double)(rng_next(&x) >> 11) * 0x1.0p-53 * 2.0 - 1.0));
     if (a->is_f32) ((float *)host)[i] = v;
-    else ((uint16_t *)host)[i] = f16 ? mg_st_f32_to_f16(v) : mg_st_f32_to_bf16(v);
+    else ((uint16_t *)host)[i] = f16 ? mg_f32_to_f16(v) : mg_f32_to_bf16(v);
   }
 }
 
 static double elem_at(const mg_karg *a, const char *dtype, const void *p, size_t i) {
   if (a->is_f32) return ((const float *)p)[i];
   const uint16_t h = ((const uint16_t *)p)[i];
-  return mg_dtype_of_spec(dtype) == MG_F16 ? mg_st_f16_to_f32(h) : mg_st_bf16_to_f32(h);
+  return mg_dtype_of_spec(dtype) == MG_F16 ? mg_f16_to_f32(h) : mg_bf16_to_f32(h);
 }
 
 /* The kernel parameters of set `set` into argv (values in the storage arrays). */

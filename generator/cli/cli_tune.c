@@ -250,7 +250,7 @@ int cli_tune(int argc, char **argv) {
       return CLI_USAGE;
     }
   if (!o.dry_run && (!mg_tune_timer || !mg_tune_describe)) {
-    /* the GPU timer (runtime/mg_ktime.c) is installed when the CUDA driver loads */
+    /* the GPU timer (generator/cli/mg_ktime.c) is installed when the CUDA driver loads */
     const mg_driver *drv = NULL;
     mg_diag dd = MG_DIAG_INIT;
     if (mg_driver_get(&drv, &dd) == 0) {

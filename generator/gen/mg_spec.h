@@ -51,7 +51,7 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
 int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char *dtype,
                      mg_kernel_spec *specs, int max, int *n, mg_diag *d);
 
-/* Sets the tunables the plans' executors (runtime/mg_cuda_exec.h) fix for s's family,
+/* Sets the tunables the plans' executors (runtime/exec/mg_cuda_exec.h) fix for s's family,
  * because they change the kernel's interface or the plan's bytes: attn_fwd and
  * attn_bwd_dq k_packed = 1 (the plans' K is per head, packed); attn_bwd_dkdv k_packed = 1,
  * deterministic = 1 (no fp32 dQ accumulator); mqa_bwd_dkv qsplit = 1 (dc written once, no

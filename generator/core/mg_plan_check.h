@@ -1,8 +1,8 @@
 /* mg_plan_check.h: the one check of a plan's steps against its buffers.
  *
  * mg_plan_build runs mg_plan_check on every plan it builds, so a malformed step is refused
- * where it is made, naming the step and the operand. The executors (runtime/mg_cpu_exec.c,
- * runtime/mg_cuda_exec.c) run the same check once when they take a plan (mg_cpu_run,
+ * where it is made, naming the step and the operand. The executors (runtime/exec/mg_cpu_exec.c,
+ * runtime/exec/mg_cuda_exec.c) run the same check once when they take a plan (mg_cpu_run,
  * mg_cuda_exec_prepare): a plan is a plain struct a caller may have changed since it was
  * built. After it they only dispatch; what they still check is what the plan cannot know
  * (their dtypes and int limits, the caller's pointers, sizes and communicator). */
