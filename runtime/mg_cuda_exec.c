@@ -19,7 +19,7 @@
 #include "mg_plan_check.h"
 #include "mg_plan_mem.h"
 #include "mg_spec.h"
-#include "mg_tune.h"
+#include "mg_tune_store.h"
 #include "mlagen.h"
 
 #define MAX_PARAMS 24
