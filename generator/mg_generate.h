@@ -7,12 +7,12 @@
  * kernels) keys its tuned store entries. */
 #ifndef MG_GENERATE_H
 #define MG_GENERATE_H
-#include <cJSON.h>
 #include <stddef.h>
 
 #include "mg_config.h"
 #include "mg_diag.h"
 #include "mg_jit.h"
+#include "mg_manifest.h"
 #include "mg_spec.h"
 
 typedef struct mg_gen mg_gen;
@@ -47,8 +47,10 @@ typedef struct mg_kernel {
   char file[176];    /* "<name>.cu" */
   char *source;      /* rendered CUDA source, NUL-terminated */
   size_t source_len;
-  cJSON *manifest;   /* this kernel's manifest entry (name, file, spec, config, tunables,
-                        launch rule, parameters) */
+  mg_kernel_info info;   /* this kernel's manifest entry, typed (mg_manifest.h): what the
+                            executors, the autotuner and the benchmark read */
+  struct cJSON *manifest; /* the same entry as JSON (name, file, spec, config, tunables,
+                            launch rule, parameters, family facts), for manifest.json */
   struct mg_gen_acct *acct; /* private: the generator's count of output held */
 } mg_kernel;
 

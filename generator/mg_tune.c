@@ -3,18 +3,11 @@
 #include "mg_tune.h"
 
 
-#include <cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include "mg_fs.h"
+
 #include "mlagen.h"
 
 mg_tune_timer_fn mg_tune_timer = NULL;
@@ -105,46 +98,28 @@ int mg_tune_space(mg_gen *g, const mg_kernel_spec *base, mg_tune_candidate **out
   mg_kernel k;
   int rc = mg_gen_kernel(g, &s, &k, d);
   if (rc) return rc;
-  const cJSON *tun = cJSON_GetObjectItemCaseSensitive(k.manifest, "tunables");
   struct {
     char name[sizeof(((mg_tunable_value *)0)->name)];
-    long values[32];
+    long values[MG_KERNEL_MAX_VALUES];
     int n;
   } t[MG_SPEC_MAX_CONFIG];
   memset(t, 0, sizeof t);
-  int nt = 0;
+  const int nt = k.info.n_tunables;
   long total = 1;
-  const cJSON *it;
   rc = 0;
-  cJSON_ArrayForEach(it, tun) { /* keys sorted by the manifest */
-    const cJSON *vals = cJSON_GetObjectItemCaseSensitive(it, "values");
-    if (nt == MG_SPEC_MAX_CONFIG || !it->string || strlen(it->string) >= sizeof t[0].name ||
-        !cJSON_IsArray(vals)) {
-      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: more than %d tunables, or a malformed declaration",
-                       s.family, MG_SPEC_MAX_CONFIG);
-      break;
-    }
-    snprintf(t[nt].name, sizeof t[nt].name, "%s", it->string);
-    t[nt].n = 0;
+  for (int i = 0; i < nt && !rc; i++) { /* names sorted by the manifest */
+    const mg_kernel_tunable *kt = &k.info.tunables[i];
+    snprintf(t[i].name, sizeof t[i].name, "%s", kt->name);
     int fixed = -1; /* the base spec fixes this tunable */
     for (int j = 0; j < base->n_config; j++)
-      if (strcmp(base->config[j].name, it->string) == 0) fixed = j;
-    const cJSON *v;
-    cJSON_ArrayForEach(v, vals) {
-      if (cJSON_IsNumber(v) && t[nt].n < 32 &&
-          (fixed < 0 || (long)v->valuedouble == base->config[fixed].value))
-        t[nt].values[t[nt].n++] = (long)v->valuedouble;
-    }
-    if (t[nt].n == 0) {
-      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: tunable %s has no integer values", s.family, t[nt].name);
-      break;
-    }
-    total *= t[nt].n;
-    nt++;
-    if (total > 4096) {
+      if (strcmp(base->config[j].name, kt->name) == 0) fixed = j;
+    for (int v = 0; v < kt->n; v++)
+      if (fixed < 0 || kt->values[v] == base->config[fixed].value) t[i].values[t[i].n++] = kt->values[v];
+    if (t[i].n == 0)
+      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: tunable %s has no integer values", s.family, t[i].name);
+    total *= t[i].n ? t[i].n : 1;
+    if (!rc && total > 4096)
       rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: more than 4096 combinations of tunables", s.family);
-      break;
-    }
   }
   mg_kernel_free(&k);
   if (rc) return rc;
@@ -198,13 +173,8 @@ int mg_tune_evaluate(mg_gen *g, mg_tune_candidate *cands, int n, const mg_jit_op
       continue;
     }
     snprintf(c->kernel, sizeof c->kernel, "%s", k.name);
-    const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k.manifest, "launch");
-    const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(launch, "smem");
-    const cJSON *block = cJSON_GetObjectItemCaseSensitive(launch, "block");
-    c->dyn_smem = cJSON_IsNumber(dyn) ? (long)dyn->valuedouble : 0;
-    c->threads = 1;
-    const cJSON *b;
-    cJSON_ArrayForEach(b, block) if (cJSON_IsNumber(b)) c->threads *= (int)b->valuedouble;
+    c->dyn_smem = (long)k.info.launch.smem;
+    c->threads = (int)(k.info.launch.block[0] * k.info.launch.block[1] * k.info.launch.block[2]);
     mg_cubin cub;
     rc = mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &cub, &kd);
     mg_kernel_free(&k);
@@ -250,20 +220,3 @@ double mg_tune_percentile(double *samples, int n, double q) {
   return samples[i] * (1 - f) + samples[i + 1] * f;
 }
 
-double mg_tune_flops(const mg_kernel_spec *s, long long seq) {
-  const int mqa = strncmp(s->family, "mqa_", 4) == 0;
-  /* the absorbed form's MQA kernels attend over the latent: d_qk = d_c + d_r, d_v = d_c
-   * (MLA.md); their spec's d_n and d_v are the explicit form's and unused */
-  double S = (double)seq, H = s->heads;
-  double dqk = mqa ? s->d_c + s->d_r : s->d_n + s->d_r, dv = mqa ? s->d_c : s->d_v;
-  double frac = s->causal ? 0.5 : 1.0;
-  double fwd = 2.0 * H * S * S * (dqk + dv) * frac; /* QK^T and PV */
-  if (strncmp(s->family, "attn_", 5) != 0 && strcmp(s->family, "explicit_fwd") != 0 && !mqa)
-    return 0; /* the layout and element-wise kernels: memory-bound, no FLOPs counted */
-  if (strcmp(s->family, "attn_bwd_pre") == 0) return 2.0 * H * S * dv; /* rowsum(dO * O) */
-  if (strcmp(s->family, "attn_bwd_dq") == 0 || strcmp(s->family, "mqa_bwd_dq") == 0)
-    return 2.0 * H * S * S * (dv + 2 * dqk) * frac / 2;
-  if (strcmp(s->family, "attn_bwd_dkdv") == 0 || strcmp(s->family, "mqa_bwd_dkv") == 0)
-    return 2.0 * H * S * S * (2 * dqk + 2 * dv) * frac;
-  return fwd;
-}

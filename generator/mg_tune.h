@@ -112,12 +112,5 @@ extern mg_tune_describe_fn mg_tune_describe;
  * values (samples is sorted in place). 0 for n == 0. */
 double mg_tune_percentile(double *samples, int n, double q);
 
-/* FLOPs of one call of spec s at sequence length seq, batch 1 (causal halves the
- * attention): used for TFLOP/s. The mqa_* families count the absorbed form's dims,
- * d_qk = d_c + d_r and d_v = d_c (MLA.md), the others d_qk = d_n + d_r and d_v; mqa_bwd_dkv
- * and mqa_bwd_dq as attn_bwd_dkdv and attn_bwd_dq. 0 for the layout and element-wise
- * families (every family but explicit_fwd, attn_* and mqa_*: memory-bound, their
- * entries' tflops is 0). */
-double mg_tune_flops(const mg_kernel_spec *s, long long seq);
 
 #endif

@@ -104,15 +104,11 @@ int mg_tune_resolved_config(mg_gen *g, const mg_kernel_spec *s, mg_tune_config *
   mg_kernel k;
   int rc = mg_gen_kernel(g, s, &k, d);
   if (rc) return rc;
-  rc = config_from_json(cJSON_GetObjectItemCaseSensitive(k.manifest, "config"), config);
+  memset(config, 0, sizeof *config);
+  config->n = k.info.n_config; /* names sorted */
+  memcpy(config->v, k.info.config, sizeof k.info.config);
   mg_kernel_free(&k);
-  if (rc) return mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: the manifest's config is not a table of integers",
-                             s->family);
   return 0;
-}
-
-const char *mg_tune_family_pass(const char *family) {
-  return strncmp(family, "attn_bwd", 8) == 0 || strncmp(family, "mqa_bwd", 7) == 0 ? "bwd" : "fwd";
 }
 
 /* ---- the store ------------------------------------------------------------------------- */
@@ -157,7 +153,7 @@ void mg_tune_store_free(mg_tune_store *s) {
 
 int mg_tune_entry_same_key(const mg_tune_entry *a, const mg_tune_entry *b) {
   return strcmp(a->family, b->family) == 0 && strcmp(a->form, b->form) == 0 &&
-         strcmp(a->pass, b->pass) == 0 && a->heads == b->heads && a->d_n == b->d_n &&
+         a->heads == b->heads && a->d_n == b->d_n &&
          a->d_r == b->d_r && a->d_v == b->d_v && a->d_c == b->d_c &&
          strcmp(a->dtype, b->dtype) == 0 && a->causal == b->causal &&
          a->seq_bucket == b->seq_bucket;
@@ -168,7 +164,6 @@ void mg_tune_entry_key(mg_tune_entry *e, const mg_kernel_spec *s, const char *fo
   memset(e, 0, sizeof *e);
   snprintf(e->family, sizeof e->family, "%s", s->family);
   snprintf(e->form, sizeof e->form, "%s", form ? form : "");
-  snprintf(e->pass, sizeof e->pass, "%s", mg_tune_family_pass(s->family));
   e->heads = s->heads;
   e->d_n = s->d_n;
   e->d_r = s->d_r;

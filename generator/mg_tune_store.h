@@ -38,9 +38,6 @@ enum mg_tune_verdict {
 #define MG_TUNE_N_VERDICTS 6
 const char *mg_tune_verdict_name(int verdict);
 
-/* "fwd" or "bwd": the pass a family belongs to (attn_bwd_* and mqa_bwd_* are bwd). */
-const char *mg_tune_family_pass(const char *family);
-
 /* ---- the store ------------------------------------------------------------------- */
 
 /* Sequence-length bucket: the smallest power of two >= seq, at least MG_TUNE_MIN_BUCKET
@@ -74,7 +71,8 @@ typedef struct mg_tune_entry {
   /* key */
   char family[32];
   char form[16];            /* "" when the kernel serves every form */
-  char pass[8];             /* "fwd" / "bwd" */
+  char pass[8];             /* "fwd" / "bwd": the kernel's kernel{} pass, written by
+                               `mlagen tune` (not part of the key: the family fixes it) */
   int heads, d_n, d_r, d_v, d_c;
   char dtype[8];
   int causal;
@@ -147,7 +145,8 @@ int mg_tune_store_writable(const char *dir, const char *arch, const char *device
 int mg_tune_store_add(const char *dir, const mg_tune_header *h, const mg_tune_entry *entries,
                       int n, char **warning, mg_diag *d);
 
-/* The entry key of spec s (family, pass, shape) at seq, with form ("" or NULL: none). */
+/* The entry key of spec s (family, shape) at seq, with form ("" or NULL: none); pass is
+ * left "" for the caller, who has the rendered kernel (mg_kernel_info.pass). */
 void mg_tune_entry_key(mg_tune_entry *e, const mg_kernel_spec *s, const char *form,
                        long long seq);
 

@@ -7,7 +7,6 @@
  * buffer's address for the call and replay the pass's part of the program. */
 #include "mg_cuda_exec.h"
 
-#include <cJSON.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,7 +21,7 @@
 #include "mg_tune_store.h"
 #include "mlagen.h"
 
-#define MAX_PARAMS 24
+#define MAX_PARAMS MG_KERNEL_MAX_PARAMS
 
 typedef struct kparam {
   char name[32];
@@ -143,14 +142,6 @@ static lop *emit(prep *r, lkind kind, int i) {
 
 static const char *spec_dtype(const mg_plan *p) { return p->args.dtype == MG_F16 ? "fp16" : "bf16"; }
 
-static char param_kind(const char *type) {
-  size_t n = strlen(type);
-  if (n && type[n - 1] == '*') return 'p';
-  if (!strcmp(type, "int")) return 'i';
-  if (!strcmp(type, "float")) return 'f';
-  return 0;
-}
-
 /* Makes kernel `family` (heads, dims) available to step i: *kidx its index in x->kerns;
  * reuses a kernel already loaded under the same name. */
 static int want_kernel(prep *r, int i, const char *family, int heads, int dn, int dr, int dv,
@@ -161,26 +152,29 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   snprintf(s.family, sizeof s.family, "%s", family);
   s.heads = heads, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = dc;
   snprintf(s.dtype, sizeof s.dtype, "%s", spec_dtype(r->p));
-  /* causality changes only the attention kernels; the others are generated non-causal
-   * (their code does not depend on it), so both plans share them */
-  static const char *const causal_families[] = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq",
-                                                "mqa_fwd", "mqa_bwd_dkv", "mqa_bwd_dq"};
-  for (size_t c = 0; c < sizeof causal_families / sizeof *causal_families; c++)
-    if (!strcmp(family, causal_families[c])) s.causal = r->p->args.causal;
+  s.causal = r->p->args.causal;
   /* the interface the steps below are written for, and a tuned configuration for this
    * device, shape and sequence bucket when the ops know their device and the store has
-   * one (docs/tuning.md); else the template's default */
-  char why[sizeof x->kerns[0].why] = "default: no device to look up tuned configurations for";
-  mg_kernel_spec chosen = s;
+   * one (docs/tuning.md); else the template's default. A kernel whose code does not
+   * depend on causality (kernel{} causal false: the layout kernels) is generated
+   * non-causal, so both plans share it. */
+  char why[sizeof x->kerns[0].why];
   mg_kernel k;
   int rc;
-  if (x->ops->arch[0]) {
-    rc = mg_tune_choose(x->gen, x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch,
-                        x->ops->device, &s, mg_form_name(r->p->args.form), r->p->args.seq,
-                        &chosen, why, sizeof why, &k, r->d);
-  } else {
-    mg_spec_plan_tunables(&chosen);
-    rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
+  for (;;) {
+    mg_kernel_spec chosen = s;
+    snprintf(why, sizeof why, "default: no device to look up tuned configurations for");
+    if (x->ops->arch[0]) {
+      rc = mg_tune_choose(x->gen, x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch,
+                          x->ops->device, &s, mg_form_name(r->p->args.form), r->p->args.seq,
+                          &chosen, why, sizeof why, &k, r->d);
+    } else {
+      mg_spec_plan_tunables(&chosen);
+      rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
+    }
+    if (rc || !s.causal || k.info.causal) break;
+    mg_kernel_free(&k);
+    s.causal = 0;
   }
   if (rc) return step_prefix(r->p, r->d, i, rc);
   for (int j = 0; j < x->n_kerns; j++)
@@ -202,24 +196,13 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   memset(e, 0, sizeof *e);
   snprintf(e->name, sizeof e->name, "%s", k.name);
   snprintf(e->why, sizeof e->why, "%s", why);
-  rc = mg_launch_rule_parse(cJSON_GetObjectItemCaseSensitive(k.manifest, "launch"), k.name,
-                            &e->rule, r->d);
-  const cJSON *params = cJSON_GetObjectItemCaseSensitive(k.manifest, "params"), *it;
-  if (!rc && (!cJSON_IsArray(params) || cJSON_GetArraySize(params) > MAX_PARAMS))
-    rc = mg_diag_set(r->d, MLAGEN_EINVAL, "kernel %s: manifest params missing or over %d",
-                     k.name, MAX_PARAMS);
-  if (!rc) cJSON_ArrayForEach(it, params) {
-      const cJSON *nm = cJSON_GetObjectItemCaseSensitive(it, "name");
-      const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
-      kparam *kp = &e->params[e->n_params++];
-      if (!cJSON_IsString(nm) || !cJSON_IsString(ty) || !(kp->kind = param_kind(ty->valuestring)) ||
-          strlen(nm->valuestring) >= sizeof kp->name) {
-        rc = mg_diag_set(r->d, MLAGEN_EINVAL, "kernel %s: manifest parameter %d has no name or "
-                         "an unknown type", k.name, e->n_params - 1);
-        break;
-      }
-      snprintf(kp->name, sizeof kp->name, "%s", nm->valuestring);
-    }
+  e->rule = k.info.launch;
+  rc = 0;
+  for (int j = 0; j < k.info.n_params; j++) {
+    const mg_kernel_param *kp = &k.info.params[j];
+    e->params[e->n_params].kind = kp->kind == MG_PARAM_INT ? 'i' : kp->kind == MG_PARAM_FLOAT ? 'f' : 'p';
+    snprintf(e->params[e->n_params++].name, sizeof e->params[0].name, "%s", kp->name);
+  }
   if (!rc) rc = x->ops->load(x->ops, &k, &e->rule, &e->handle, r->d);
   mg_kernel_free(&k);
   if (rc) return step_prefix(r->p, r->d, i, rc);
