@@ -328,8 +328,8 @@ static int collective(prep *r, int i) {
   const int64_t blk = (int64_t)count * (int64_t)es(t);
   if (seq_head) {
     int pack, unpack;
-    TRY(want_kernel(r, i, "a2a_pack", (int)H, 0, 0, 0, 0, &pack));
-    TRY(want_kernel(r, i, "a2a_unpack", (int)H, 0, 0, 0, 0, &unpack));
+    TRY(want_kernel(r, i, mg_op_family(MG_SPEC_OP_A2A, 0), (int)H, 0, 0, 0, 0, &pack));
+    TRY(want_kernel(r, i, mg_op_family(MG_SPEC_OP_A2A, 1), (int)H, 0, 0, 0, 0, &unpack));
     const int dir = s->kind == MG_STEP_HEAD_TO_SEQ;
     kargs a = {0};
     ap(&a, "src", in), ap(&a, "send", send), ai(&a, "seqlen_local", Sl), ai(&a, "batch", Bt);
@@ -393,14 +393,14 @@ static int kernel_step(prep *r, int i) {
       const int64_t B = q->dims[0], S = q->dims[1];
       const int h = (int)q->dims[2];
       if (mqa && fwd) {
-        TRY(want_kernel(r, i, "mqa_fwd", h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "c", BI(1)), ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
         return launch(r, i, k0, &a, B, S);
       }
       if (!mqa && fwd) {
-        TRY(want_kernel(r, i, "attn_fwd", h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
@@ -408,15 +408,10 @@ static int kernel_step(prep *r, int i) {
         return launch(r, i, k0, &a, B, S);
       }
       /* backward: delta in the step's scratch, by attn_bwd_pre */
-      if (mqa) {
-        TRY(want_kernel(r, i, "attn_bwd_pre", h, dc, dr, dc, dc, &k0));
-        TRY(want_kernel(r, i, "mqa_bwd_dkv", h, dn, dr, dv, dc, &k1));
-        TRY(want_kernel(r, i, "mqa_bwd_dq", h, dn, dr, dv, dc, &k2));
-      } else {
-        TRY(want_kernel(r, i, "attn_bwd_pre", h, dn, dr, dv, dc, &k0));
-        TRY(want_kernel(r, i, "attn_bwd_dkdv", h, dn, dr, dv, dc, &k1));
-        TRY(want_kernel(r, i, "attn_bwd_dq", h, dn, dr, dv, dc, &k2));
-      }
+      /* the delta over o_lat (d_c wide) for the absorbed form */
+      TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, mqa ? dc : dn, dr, mqa ? dc : dv, dc, &k0));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 1), h, dn, dr, dv, dc, &k1));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 2), h, dn, dr, dv, dc, &k2));
       const ref delta = bref(REF_WS, r->x->mem.step_ws[i]);
       const ref dout = mqa ? BI(4) : BI(5), ob = mqa ? BI(2) : BI(3), lb = mqa ? BI(3) : BI(4);
       kargs pre = {0};
@@ -441,7 +436,7 @@ static int kernel_step(prep *r, int i) {
       const int expand = s->op == MG_OP_EXPAND_KV;
       const mg_plan_buf *big = IN(0); /* kv or dk: [B, S, Hk, w] */
       const int64_t rows = big->dims[0] * big->dims[1], H = big->dims[2];
-      TRY(want_kernel(r, i, expand ? "expand_kv" : "split_dkv", (int)H, dn, dr, dv, dc, &k0));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 0), (int)H, dn, dr, dv, dc, &k0));
       kargs a = {0};
       if (expand) {
         ap(&a, "kv", BI(0)), ap(&a, "rope", BI(1)), ap(&a, "k", BO(0)), ap(&a, "v", BO(1));
@@ -456,8 +451,7 @@ static int kernel_step(prep *r, int i) {
     case MG_OP_SPLIT_LATENT: {
       const int concat = s->op == MG_OP_CONCAT_LATENT;
       const int64_t rows = mg_plan_buf_numel(concat ? IN(0) : OUT(0)) / dc;
-      TRY(want_kernel(r, i, concat ? "concat_latent" : "split_latent", p->shape.heads, dn, dr, dv,
-                      dc, &k0));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 0), p->shape.heads, dn, dr, dv, dc, &k0));
       kargs a = {0};
       if (concat) ap(&a, "c_kv", BI(0)), ap(&a, "k_rope", BI(1)), ap(&a, "c", BO(0));
       else ap(&a, "dc", BI(0)), ap(&a, "dc_kv", BO(0)), ap(&a, "dk_rope", BO(1));
@@ -473,7 +467,7 @@ static int kernel_step(prep *r, int i) {
         return emit_copy2d(r, i, bref(s->out[0], s->dst_col * e), dw * e,
                            bref(s->in[0], s->src_col * e), sw * e, s->cols * e, rows);
       }
-      TRY(want_kernel(r, i, "copy_cols", p->shape.heads, dn, dr, dv, dc, &k0));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 0), p->shape.heads, dn, dr, dv, dc, &k0));
       kargs a = {0};
       ap(&a, "src", BI(0)), ap(&a, "dst", BO(0)), ai(&a, "rows", rows), ai(&a, "src_w", sw);
       ai(&a, "src_col", s->src_col), ai(&a, "dst_w", dw), ai(&a, "dst_col", s->dst_col);
@@ -567,9 +561,9 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
     free(x);
     return rc;
   }
-  int own_gen = !(opts && opts->gen);
+  int own_gen = !(opts && opts->gen) && !o->gen;
   if (own_gen) rc = mg_gen_open(&x->gen, NULL, d);
-  else x->gen = opts->gen;
+  else x->gen = opts && opts->gen ? opts->gen : o->gen;
   prep r = {.x = x, .p = p, .d = d};
   for (int i = 0; i < p->n_steps && !rc; i++) {
     if (i == p->n_fwd) x->n_fwd_ops = x->n_prog;

@@ -96,6 +96,10 @@ struct mg_dev_ops {
    * arch "" (a CPU implementation): no lookup, every kernel uses its template's default. */
   char arch[16];
   char device[128];
+  /* The generator the ops compile kernels with (the device header and template hash for
+   * NVRTC), which the executor then also renders with, so one is opened per device ops;
+   * NULL: the ops need none (the executor opens the embedded templates itself). */
+  mg_gen *gen;
   /* Makes generated kernel k launchable with launch rule *rule; *handle is what launch
    * takes, valid until destroy. Called once per distinct kernel name. */
   int (*load)(mg_dev_ops *o, const mg_kernel *k, const struct mg_launch_rule *rule, void **handle,
@@ -164,8 +168,8 @@ typedef struct mg_cuda_tensors {
 typedef struct mg_cuda_exec mg_cuda_exec;
 
 typedef struct mg_cuda_exec_opts {
-  mg_gen *gen;        /* the generator kernels come from; NULL: the embedded templates
-                         (opened and closed inside prepare) */
+  mg_gen *gen;        /* the generator kernels come from; NULL: the ops' (mg_dev_ops.gen),
+                         else the embedded templates (opened and closed inside prepare) */
   double timeout_s;   /* P > 1: how long run waits for the pass to finish while polling
                          the communicator (0: 600 s; < 0: do not wait, return after
                          queueing, as at P = 1) */

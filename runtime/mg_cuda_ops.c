@@ -283,6 +283,7 @@ int mg_dev_ops_cuda(mg_dev_ops **out, mg_diag *d) {
   }
   if (!rc) rc = mg_registry_create(&c->reg, d);
   if (!rc) rc = mg_gen_open(&c->gen, NULL, d);
+  c->base.gen = c->gen; /* the executor renders with it too: one generator per ops */
   if (rc) {
     c_destroy(&c->base);
     return rc;
