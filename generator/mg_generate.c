@@ -360,10 +360,10 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   cJSON_AddStringToObject(m, "file", out->file);
   cJSON_AddStringToObject(m, "template", tname);
   out->manifest = m;
-  if ((rc = mg_manifest_parse(m, &out->info, d))) { /* the one parse of the entry */
-    mg_diag_prefix(d, "%s", tpl->display);
-    if (d) d->status = rc = MLAGEN_ETEMPLATE; /* a declaration the template got wrong */
-    else rc = MLAGEN_ETEMPLATE;
+  mg_diag pd = MG_DIAG_INIT;
+  if (mg_manifest_parse(m, &out->info, &pd)) { /* the one parse of the entry */
+    rc = mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: %s", tpl->display, mg_diag_msg(&pd));
+    mg_diag_clear(&pd);
     mg_buf_free(&src);
     mg_kernel_free(out);
     return rc;

@@ -61,10 +61,12 @@ typedef struct mg_kernel {
 #define MG_GEN_TOTAL_MAX ((size_t)1 << 30)    /* 1 GiB */
 
 /* Renders the template of s->family for spec s. softmax_scale is not baked in (it is a
- * kernel argument). Errors: MLAGEN_EINVAL (a tunable override the template does not
+ * kernel argument); out->info is the kernel's manifest entry parsed once
+ * (mg_manifest_parse). Errors: MLAGEN_EINVAL (a tunable override the template does not
  * declare or allow, or a configuration its check rejects: the message says why),
  * MLAGEN_ETEMPLATE (a bug in the template: the message names the template file and
- * line and carries a Lua traceback), MLAGEN_ELIMIT (the template hit the Lua memory or
+ * line and carries a Lua traceback; or a kernel{} declaration whose entry does not parse:
+ * the message names the template and the field), MLAGEN_ELIMIT (the template hit the Lua memory or
  * instruction cap or time limit, or the output cap: MG_GEN_KERNEL_MAX for this kernel,
  * MG_GEN_TOTAL_MAX with the kernels already held), MLAGEN_EINVAL (unknown family),
  * MLAGEN_ENOMEM. */
