@@ -50,7 +50,7 @@
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
 @
 @ local K = kernel {
-@   family = "attn_bwd_dkdv",
+@   family = "attn_bwd_dkdv", pass = "bwd", causal = true, interface = { "k_packed", "deterministic" }, flops = { pair = 4 * spec.heads * ((spec.d_n + spec.d_r) + spec.d_v) },
 @   doc = "explicit-form attention backward on tensor cores (FlashAttention-2): dK, dV, and dQ by fp32 atomics (deterministic = 0)",
 @   params = {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },

@@ -26,7 +26,7 @@
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
 @
 @ local K = kernel {
-@   family = "attn_bwd_dq",
+@   family = "attn_bwd_dq", pass = "bwd", causal = true, interface = { "k_packed" }, flops = { pair = spec.heads * (spec.d_v + 2 * (spec.d_n + spec.d_r)) },
 @   doc = "explicit-form attention backward on tensor cores: deterministic dQ (FlashAttention-2, recomputing P and dP)",
 @   params = {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },

@@ -6,7 +6,7 @@
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local K = kernel {
-@   family = "attn_bwd_pre",
+@   family = "attn_bwd_pre", pass = "bwd", flops = { row = 2 * spec.heads * spec.d_v },
 @   doc = "attention backward preprocessing: delta = rowsum(dO * O) (fp32), optional zeroing of the fp32 dQ accumulator",
 @   params = {
 @     { name = "o",        type = "const elem_t*", shape = "[B, S_q, H, d_v]",      doc = "forward output (as attn_fwd stored it)" },

@@ -53,7 +53,7 @@
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
 @
 @ local K = kernel {
-@   family = "attn_fwd",
+@   family = "attn_fwd", pass = "fwd", causal = true, interface = { "k_packed" }, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
 @   doc = "explicit-form attention forward on tensor cores (FlashAttention-2): O and LSE from Q, K, V",
 @   params = {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },

@@ -6,7 +6,7 @@
 @ local H, DN, DR = spec.heads, spec.d_n, spec.d_r
 @ local DQK = DN + DR
 @ local K = kernel {
-@   family = "dq_convert",
+@   family = "dq_convert", pass = "bwd",
 @   doc = "fast attention backward: dq (16-bit) = dq_accum (fp32, scale applied), rounded to nearest even",
 @   params = {
 @     { name = "dq_accum", type = "const float*", shape = "[B, S_q, H, d_n + d_r]", doc = "dQ accumulated by attn_bwd_dkdv (deterministic = 0)" },

@@ -19,8 +19,8 @@
 @     { name = "k",        type = "elem_t*",       shape = "[rows, H, d_n + d_r]", doc = "keys" },
 @     { name = "v",        type = "elem_t*",       shape = "[rows, H, d_v]", doc = "values" },
 @     { name = "rows",     type = "int", doc = "tokens: B * S" },
-@     { name = "rope_col", type = "int", doc = "first rope column in the rope buffer" },
-@     { name = "rope_w",   type = "int", doc = "width of the rope buffer's rows" },
+@     { name = "rope_col", type = "int", bench = "d_c", doc = "first rope column in the rope buffer" },
+@     { name = "rope_w",   type = "int", bench = "d_c + d_r", doc = "width of the rope buffer's rows" },
 @   },
 @   tunables = { num_warps = { values = { 2, 4, 8 }, doc = "warps per CTA" } },
 @   check = function(s, c)

@@ -20,7 +20,7 @@
 @ end
 @
 @ local K = kernel {
-@   family = "explicit_fwd",
+@   family = "explicit_fwd", pass = "fwd", causal = true, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
 @   doc = "explicit-form attention forward: O and LSE from Q, K_nope, k_rope, V",
 @   params = {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },

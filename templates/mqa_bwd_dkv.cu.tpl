@@ -47,7 +47,7 @@
 @ end
 @
 @ local K = kernel {
-@   family = "mqa_bwd_dkv",
+@   family = "mqa_bwd_dkv", pass = "bwd", causal = true, interface = { "qsplit" }, flops = { pair = 4 * spec.heads * ((spec.d_c + spec.d_r) + spec.d_c) },
 @   doc = "absorbed-form MQA attention backward on tensor cores: dc = [dc_kv ; dk_rope] of the shared latent head, summed over heads (deterministic)",
 @   params = {
 @     { name = "q",     type = "const elem_t*", shape = "[B, S_q, H, d_c + d_r]", doc = "absorbed queries [q_lat ; q_rope]" },

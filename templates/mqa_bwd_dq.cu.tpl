@@ -36,7 +36,7 @@
 @ end
 @
 @ local K = kernel {
-@   family = "mqa_bwd_dq",
+@   family = "mqa_bwd_dq", pass = "bwd", causal = true, flops = { pair = spec.heads * (spec.d_c + 2 * (spec.d_c + spec.d_r)) },
 @   doc = "absorbed-form MQA attention backward on tensor cores: dq = [dq_lat ; dq_rope] (deterministic)",
 @   params = {
 @     { name = "q",     type = "const elem_t*", shape = "[B, S_q, H, d_c + d_r]", doc = "absorbed queries [q_lat ; q_rope]" },

@@ -68,7 +68,7 @@
 @ local function acc_limit(c) return num_warps(c) <= 8 and 160 or 64 end
 @
 @ local K = kernel {
-@   family = "mqa_fwd",
+@   family = "mqa_fwd", pass = "fwd", causal = true, flops = { pair = 2 * spec.heads * ((spec.d_c + spec.d_r) + spec.d_c) },
 @   doc = "absorbed-form MQA attention forward over the latent (keys [c_kv ; k_rope], values c_kv): O and LSE",
 @   params = {
 @     { name = "q",   type = "const elem_t*", shape = "[B, S_q, H, d_c + d_r]", doc = "absorbed queries [W_UK^T q_nope ; q_rope] per head, RoPE part last" },

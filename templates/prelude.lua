@@ -16,9 +16,20 @@
 --             where a grid dim d is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
 --             div = n, mul = m}: ceil(arg * m / n), m 1 when absent (mul counts rows
 --             that pack several heads per token, as the absorbed MQA kernels do)
+-- and the family's facts (each optional) the executors, the autotuner and the benchmark
+-- read from the manifest (generator/mg_manifest.h):
+--   pass      "fwd" (default) or "bwd": the training pass the kernel belongs to
+--   causal    true when the code depends on spec.causal (else the executor generates the
+--             kernel non-causal for every plan)
+--   interface list of tunables that change the kernel's parameters or what it computes
+--   flops     {pair = n, row = n}: FLOPs per visible (query, key) pair and per query token
+--             (all heads) for TFLOP/s; absent for memory-bound kernels
+--   params[i].bench  (int parameters) the value a benchmark passes, an expression over
+--             B, S, P, H, d_n, d_r, d_v, d_c and the int parameters before it
 -- It resolves the configuration (default, then spec.config overrides, each checked
 -- against the declared values), validates it, records the kernel for the generator and
--- returns the record: {family, doc, name, params, tunables, config, launch}.
+-- returns the record: {family, doc, name, params, tunables, config, launch, pass, causal,
+-- interface, flops}.
 -- Names starting with __mlagen_ are reserved for the generator.
 
 function ceil_div(a, b) return (a + b - 1) // b end
@@ -83,6 +94,13 @@ function kernel(decl)
     end
     config[k] = v
   end
+  if decl.pass ~= nil and decl.pass ~= "fwd" and decl.pass ~= "bwd" then
+    error("kernel{}: pass must be \"fwd\" or \"bwd\"", 2)
+  end
+  if decl.causal ~= nil and type(decl.causal) ~= "boolean" then error("kernel{}: causal must be a boolean", 2) end
+  for _, t in ipairs(decl.interface or {}) do
+    if not decl.tunables[t] then error("kernel{}: interface names '" .. tostring(t) .. "', not a tunable", 2) end
+  end
   local why = decl.check(spec, config)
   if why then reject(decl.family .. ": configuration " .. describe(config) .. " rejected: " .. why) end
   recorded = {
@@ -93,6 +111,10 @@ function kernel(decl)
     tunables = decl.tunables,
     config = config,
     launch = decl.launch(spec, config),
+    pass = decl.pass or "fwd",
+    causal = decl.causal or false,
+    interface = decl.interface,
+    flops = decl.flops,
   }
   return recorded
 end

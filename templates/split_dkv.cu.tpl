@@ -12,7 +12,7 @@
 @ -- rows, so any grid covers them; the manifest's is (seqlen_q, 1, batch): one CTA per token.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local K = kernel {
-@   family = "split_dkv",
+@   family = "split_dkv", pass = "bwd",
 @   doc = "explicit form backward: dkv [rows, H, d_n + d_v] = [dk[.., :d_n] ; dv]; drope columns rope_col.. of a [rows, rope_w] buffer = (accumulate: +=) sum over heads of dk[.., d_n:] (fp32, fixed head order); rows = B * S",
 @   params = {
 @     { name = "dk",       type = "const elem_t*", shape = "[rows, H, d_n + d_r]", doc = "key gradient" },
@@ -20,8 +20,8 @@
 @     { name = "dkv",      type = "elem_t*",       shape = "[rows, H, d_n + d_v]", doc = "gradient of the up-projected kv" },
 @     { name = "drope",    type = "elem_t*",       shape = "[rows, rope_w]", doc = "columns rope_col .. rope_col + d_r receive the shared rope key's gradient" },
 @     { name = "rows",     type = "int", doc = "tokens: B * S" },
-@     { name = "rope_col", type = "int", doc = "first rope column in the drope buffer" },
-@     { name = "rope_w",   type = "int", doc = "width of the drope buffer's rows" },
+@     { name = "rope_col", type = "int", bench = "d_c", doc = "first rope column in the drope buffer" },
+@     { name = "rope_w",   type = "int", bench = "d_c + d_r", doc = "width of the drope buffer's rows" },
 @     { name = "accumulate", type = "int", doc = "nonzero: add the head sum to drope's value (fp32, one rounding)" },
 @   },
 @   tunables = { num_warps = { values = { 2, 4, 8 }, doc = "warps per CTA" } },

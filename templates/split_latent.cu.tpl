@@ -6,7 +6,7 @@
 @ -- (seqlen_q, 1, batch): one CTA per token.
 @ local DC, DR = spec.d_c, spec.d_r
 @ local K = kernel {
-@   family = "split_latent",
+@   family = "split_latent", pass = "bwd",
 @   doc = "LAGA form backward: dc [rows, d_c + d_r] -> dc_kv [rows, d_c] = dc[.., :d_c], dk_rope [rows, d_r] = dc[.., d_c:]; rows = B * S",
 @   params = {
 @     { name = "dc",      type = "const elem_t*", shape = "[rows, d_c + d_r]", doc = "gradient of the MQA keys" },

@@ -291,6 +291,97 @@ static void test_nvrtc_error_names_template_line(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* The typed manifest (mg_kernel.info) says what the JSON entry says, the family facts of
+ * kernel{} are checked where they are declared, and the parser refuses malformed entries. */
+static void test_kernel_facts(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  for (const char *const *f = mg_spec_families; *f; f++) {
+    mg_kernel_spec s = v3_spec(1);
+    snprintf(s.family, sizeof s.family, "%s", *f);
+    mg_kernel k;
+    if (mg_gen_kernel(g, &s, &k, &d)) fail_msg("%s: %s", *f, mg_diag_msg(&d));
+    const mg_kernel_info *i = &k.info;
+    assert_string_equal(i->name, k.name);
+    assert_string_equal(i->family, *f);
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(k.manifest, "params");
+    assert_int_equal(i->n_params, cJSON_GetArraySize(params));
+    for (int p = 0; p < i->n_params; p++) {
+      const cJSON *e = cJSON_GetArrayItem(params, p);
+      assert_string_equal(i->params[p].name, cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring);
+      const char *type = cJSON_GetObjectItemCaseSensitive(e, "type")->valuestring;
+      const mg_param_kind want = strchr(type, '*') ? (strncmp(type, "const", 5) ? MG_PARAM_OUT : MG_PARAM_IN)
+                                 : strcmp(type, "int") == 0 ? MG_PARAM_INT : MG_PARAM_FLOAT;
+      assert_int_equal(i->params[p].kind, want);
+    }
+    const cJSON *block = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(k.manifest, "launch"), "block");
+    for (int b = 0; b < 3; b++)
+      assert_int_equal(i->launch.block[b], cJSON_GetArrayItem(block, b)->valueint);
+    const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(k.manifest, "config");
+    assert_int_equal(i->n_config, cJSON_GetArraySize(cfg));
+    for (int c = 0; c < i->n_config; c++)
+      assert_int_equal(i->config[c].value, cJSON_GetObjectItemCaseSensitive(cfg, i->config[c].name)->valueint);
+    assert_true(i->n_tunables >= 1);
+    for (int t = 0; t < i->n_interface; t++) { /* an interface tunable is a declared one */
+      int found = 0;
+      for (int u = 0; u < i->n_tunables; u++) found |= strcmp(i->tunables[u].name, i->interface[t]) == 0;
+      assert_true(found);
+    }
+    assert_true(strcmp(i->pass, "fwd") == 0 || strcmp(i->pass, "bwd") == 0);
+    mg_kernel_free(&k);
+  }
+  mg_gen_close(g);
+
+  /* the prelude checks the facts where they are declared */
+  char dir[] = "/tmp/mlagen-tpl-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const int line = template_line_of("@   family = \"explicit_fwd\",");
+  static const struct { const char *text, *msg; } bad[] = {
+      {"@   family = \"explicit_fwd\", interface = { \"nope\" },", "interface names 'nope', not a tunable"},
+      {"@   family = \"explicit_fwd\", pass = \"sideways\",", "pass must be \"fwd\" or \"bwd\""},
+      {"@   family = \"explicit_fwd\", causal = 1,", "causal must be a boolean"},
+      {"@   family = \"explicit_fwd\", flops = \"many\",", "flops is not {pair = n, row = n}"},
+  };
+  for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+    write_templates(dir, line, bad[b].text);
+    assert_int_equal(mg_gen_open(&g, dir, &d), 0);
+    mg_kernel_spec s = v3_spec(1);
+    mg_kernel k;
+    assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_ETEMPLATE);
+    if (!strstr(mg_diag_msg(&d), bad[b].msg)) fail_msg("expected '%s' in:\n%s", bad[b].msg, mg_diag_msg(&d));
+    mg_gen_close(g);
+  }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+
+  /* the parser */
+  static const struct { const char *json, *msg; } ent[] = {
+      {"{\"name\": \"k\", \"family\": \"f\", \"params\": [{\"name\": \"x\", \"type\": \"double\"}], "
+       "\"launch\": {\"grid\": [{\"value\": 1}, {\"value\": 1}, {\"value\": 1}], \"block\": [32, 1, 1], \"smem\": 0}}",
+       "parameter x has type 'double'"},
+      {"{\"name\": \"k\", \"family\": \"f\", \"params\": [], \"config\": {\"b\": 1.5}, "
+       "\"launch\": {\"grid\": [{\"value\": 1}, {\"value\": 1}, {\"value\": 1}], \"block\": [32, 1, 1], \"smem\": 0}}",
+       "config is not a table"},
+      {"{\"name\": \"k\", \"params\": [], "
+       "\"launch\": {\"grid\": [{\"value\": 1}, {\"value\": 1}, {\"value\": 1}], \"block\": [32, 1, 1], \"smem\": 0}}",
+       "without a string \"family\""},
+  };
+  for (size_t e = 0; e < sizeof ent / sizeof ent[0]; e++) {
+    cJSON *j = cJSON_Parse(ent[e].json);
+    assert_non_null(j);
+    mg_kernel_info info;
+    assert_int_equal(mg_manifest_parse(j, &info, &d), MLAGEN_EINVAL);
+    if (!strstr(mg_diag_msg(&d), ent[e].msg)) fail_msg("expected '%s' in:\n%s", ent[e].msg, mg_diag_msg(&d));
+    assert_string_equal(info.name, ""); /* zeroed on error */
+    cJSON_Delete(j);
+  }
+  mg_diag_clear(&d);
+}
+
 static void test_template_hash_and_override(void **state) {
   (void)state;
   char dir[] = "/tmp/mlagen-tpl-XXXXXX";
@@ -418,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_tunable_overrides),
       cmocka_unit_test(test_template_hash_and_override),
       cmocka_unit_test(test_manifest),
+      cmocka_unit_test(test_kernel_facts),
       cmocka_unit_test(test_nvrtc_error_names_template_line),
       cmocka_unit_test(test_v2_lite),
       cmocka_unit_test(test_v3),

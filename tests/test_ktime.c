@@ -98,7 +98,7 @@ static void test_args(void **state) {
   /* copy_cols: q[:, h, d_n:] -> q_abs[:, h, d_c:], S * H rows */
   mg_kernel_spec s = spec_of("copy_cols", 16, NULL, NULL);
   make(&t, &s);
-  assert_int_equal(mg_ktime_args(t.k.manifest, &s, S, &a, &d), 0);
+  assert_int_equal(mg_ktime_args(&t.k.info, &s, S, &a, &d), 0);
   assert_int_equal(a.n, 8);
   assert_int_equal(arg(&a, "rows")->ival, S * 16);
   assert_int_equal(arg(&a, "src")->kind, MG_KARG_IN);
@@ -114,7 +114,7 @@ static void test_args(void **state) {
   /* attn_fwd, split keys and packed keys */
   s = spec_of("attn_fwd", 2, NULL, NULL);
   make(&t, &s);
-  assert_int_equal(mg_ktime_args(t.k.manifest, &s, S, &a, &d), 0);
+  assert_int_equal(mg_ktime_args(&t.k.info, &s, S, &a, &d), 0);
   assert_int_equal(arg(&a, "q")->count, (size_t)(S * 2 * 192));
   assert_int_equal(arg(&a, "k_nope")->count, (size_t)(S * 2 * 128));
   assert_int_equal(arg(&a, "k_rope")->count, (size_t)(S * 64));
@@ -128,43 +128,52 @@ static void test_args(void **state) {
   unmake(&t);
   s = spec_of("attn_fwd", 2, "k_packed=1", NULL);
   make(&t, &s);
-  assert_int_equal(mg_ktime_args(t.k.manifest, &s, S, &a, &d), 0);
+  assert_int_equal(mg_ktime_args(&t.k.info, &s, S, &a, &d), 0);
   assert_int_equal(arg(&a, "k_nope")->count, (size_t)(S * 2 * 192));
   assert_int_equal(arg(&a, "k_rope")->kind, MG_KARG_NULL);
   unmake(&t);
   /* a2a_pack: direction 0 of q, P = 8: src [S/8, 8 H, d_qk], launched over S/8 tokens */
   s = spec_of("a2a_pack", 2, NULL, NULL);
   make(&t, &s);
-  assert_int_equal(mg_ktime_args(t.k.manifest, &s, S, &a, &d), 0);
+  assert_int_equal(mg_ktime_args(&t.k.info, &s, S, &a, &d), 0);
   assert_int_equal(arg(&a, "src")->count, (size_t)(S / 8 * 16 * 192));
   assert_int_equal(arg(&a, "send")->count, (size_t)(S / 8 * 16 * 192));
   assert_int_equal(a.dims.seqlen_q, S / 8);
   /* errors */
-  assert_int_equal(mg_ktime_args(t.k.manifest, &s, 0, &a, &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_ktime_args(&t.k.info, &s, 0, &a, &d), MLAGEN_EINVAL);
   mg_diag_clear(&d);
-  cJSON *bad = cJSON_Parse("{\"name\":\"k\",\"params\":[{\"name\":\"x\",\"type\":\"int\"}]}");
-  assert_int_equal(mg_ktime_args(bad, &s, S, &a, &d), MLAGEN_EINVAL);
+  mg_kernel_info bad;
+  memset(&bad, 0, sizeof bad);
+  snprintf(bad.name, sizeof bad.name, "k");
+  bad.n_params = 1;
+  snprintf(bad.params[0].name, sizeof bad.params[0].name, "x");
+  bad.params[0].kind = MG_PARAM_INT;
+  assert_int_equal(mg_ktime_args(&bad, &s, S, &a, &d), MLAGEN_EINVAL);
   assert_contains(mg_diag_msg(&d), "no value for int parameter 'x'");
   mg_diag_clear(&d);
-  cJSON_Delete(bad);
-  bad = cJSON_Parse("{\"name\":\"k\",\"params\":[{\"name\":\"x\",\"type\":\"float*\","
-                    "\"shape\":\"[S_q, nope]\"}]}");
-  assert_int_equal(mg_ktime_args(bad, &s, S, &a, &d), MLAGEN_EINVAL);
+  snprintf(bad.params[0].bench, sizeof bad.params[0].bench, "S * nope"); /* declared, unknown name */
+  assert_int_equal(mg_ktime_args(&bad, &s, S, &a, &d), MLAGEN_EINVAL);
+  assert_contains(mg_diag_msg(&d), "bench value 'S * nope'");
+  mg_diag_clear(&d);
+  bad.params[0].kind = MG_PARAM_OUT;
+  bad.params[0].is_f32 = 1;
+  snprintf(bad.params[0].shape, sizeof bad.params[0].shape, "[S_q, nope]");
+  assert_int_equal(mg_ktime_args(&bad, &s, S, &a, &d), MLAGEN_EINVAL);
   assert_contains(mg_diag_msg(&d), "cannot size shape '[S_q, nope]'");
   mg_diag_clear(&d);
-  cJSON_Delete(bad);
   unmake(&t);
 }
 
-/* Every family's default kernel, and its interface variants, can be sized. */
+/* Every family's default kernel, and its interface variants (the first tunable its
+ * kernel{} declares as interface, set to 1), can be sized. */
 static void test_args_every_family(void **state) {
   (void)state;
   for (const char *const *f = mg_spec_families; *f; f++) {
-    const char *const *itf = mg_ktime_interface_tunables(*f);
+    char itf0[32] = "";
     for (int v = 0; v < 2; v++) {
       char set[64];
-      snprintf(set, sizeof set, "%s=1", itf[0] ? itf[0] : "");
-      if (v == 1 && !itf[0]) break;
+      snprintf(set, sizeof set, "%s=1", itf0);
+      if (v == 1 && !itf0[0]) break;
       mg_kernel_spec s = spec_of(*f, 16, v ? set : NULL, NULL);
       mg_kernel k;
       mg_diag d = MG_DIAG_INIT;
@@ -172,8 +181,9 @@ static void test_args_every_family(void **state) {
         mg_diag_clear(&d);
         continue;
       }
+      if (v == 0 && k.info.n_interface) snprintf(itf0, sizeof itf0, "%s", k.info.interface[0]);
       mg_kargs a;
-      if (mg_ktime_args(k.manifest, &s, 4096, &a, &d)) fail_msg("%s: %s", *f, mg_diag_msg(&d));
+      if (mg_ktime_args(&k.info, &s, 4096, &a, &d)) fail_msg("%s: %s", *f, mg_diag_msg(&d));
       int n_out = 0;
       for (int i = 0; i < a.n; i++) n_out += a.a[i].kind == MG_KARG_OUT;
       if (n_out == 0) fail_msg("%s: no output", *f);
@@ -182,15 +192,39 @@ static void test_args_every_family(void **state) {
   }
 }
 
+/* The reference keeps exactly the tunables the kernel{} declaration names as interface:
+ * attn_fwd and attn_bwd_dq k_packed; attn_bwd_dkdv k_packed, deterministic; mqa_bwd_dkv
+ * qsplit; none for the others. */
 static void test_reference_spec(void **state) {
   (void)state;
+  static const struct { const char *family, *itf[2]; } want[] = {
+      {"attn_fwd", {"k_packed", NULL}},   {"attn_bwd_dq", {"k_packed", NULL}},
+      {"attn_bwd_dkdv", {"k_packed", "deterministic"}}, {"mqa_bwd_dkv", {"qsplit", NULL}},
+      {"mqa_fwd", {NULL, NULL}},          {"copy_cols", {NULL, NULL}}};
+  for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+    mg_kernel_spec s = spec_of(want[w].family, 2, NULL, NULL);
+    tk t;
+    make(&t, &s);
+    int n = 0;
+    while (n < 2 && want[w].itf[n]) {
+      assert_true(mg_kernel_is_interface(&t.k.info, want[w].itf[n]));
+      n++;
+    }
+    assert_int_equal(t.k.info.n_interface, n);
+    unmake(&t);
+  }
   mg_kernel_spec s = spec_of("attn_bwd_dkdv", 2, "deterministic=1", "block_m=32"), r;
-  mg_ktime_reference_spec(&s, &r);
+  tk t;
+  make(&t, &s);
+  mg_ktime_reference_spec(&s, &t.k.info, &r);
+  unmake(&t);
   assert_int_equal(r.n_config, 1);
   assert_string_equal(r.config[0].name, "deterministic");
   assert_int_equal(r.config[0].value, 1);
   s = spec_of("copy_cols", 2, "num_warps=8", NULL);
-  mg_ktime_reference_spec(&s, &r);
+  make(&t, &s);
+  mg_ktime_reference_spec(&s, &t.k.info, &r);
+  unmake(&t);
   assert_int_equal(r.n_config, 0);
   assert_string_equal(r.family, "copy_cols");
 }
@@ -224,8 +258,8 @@ typedef struct pair {
 static void pair_make(pair *p, const char *family, int heads, const char *set1, const char *set2) {
   memset(p, 0, sizeof *p);
   p->s = spec_of(family, heads, set1, set2);
-  mg_ktime_reference_spec(&p->s, &p->rs);
   make(&p->cand, &p->s);
+  mg_ktime_reference_spec(&p->s, &p->cand.k.info, &p->rs);
   make(&p->ref, &p->rs);
   p->before = live_now();
 }

@@ -285,7 +285,9 @@ static void test_load_manifest_mul(void **state) {
                          " {\"value\": 1}, {\"arg\": \"batch\"}], \"block\": [128, 1, 1], \"smem\": 163840}}");
   assert_non_null(e);
   const mg_module_kernel *k = NULL;
-  assert_int_equal(mg_registry_load_manifest(reg, e, k_image, sizeof k_image, &k, &d), 0);
+  mg_kernel_info info;
+  assert_int_equal(mg_manifest_parse(e, &info, &d), 0);
+  assert_int_equal(mg_registry_load_kernel(reg, &info, k_image, sizeof k_image, &k, &d), 0);
   assert_string_equal(k->name, "k_mul");
   assert_int_equal(k->rule.grid[0].mul, 16);
   assert_int_equal(k->smem_raised, 1);
@@ -302,15 +304,16 @@ static void test_load_manifest_mul(void **state) {
   cJSON_Delete(e);
   /* entries without a name or with a bad rule */
   e = cJSON_Parse("{\"launch\": {}}");
-  assert_int_equal(mg_registry_load_manifest(reg, e, k_image, sizeof k_image, &k, &d), MLAGEN_EINVAL);
-  assert_null(k);
+  assert_int_equal(mg_manifest_parse(e, &info, &d), MLAGEN_EINVAL);
   assert_contains(mg_diag_msg(&d), "without a string \"name\"");
   cJSON_Delete(e);
   e = cJSON_Parse("{\"name\": \"k_edge\", \"launch\": {\"grid\": [], \"block\": [1, 1, 1], \"smem\": 0}}");
-  assert_int_equal(mg_registry_load_manifest(reg, e, k_image, sizeof k_image, &k, &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_manifest_parse(e, &info, &d), MLAGEN_EINVAL);
   assert_contains(mg_diag_msg(&d), "k_edge: launch.grid is not an array of 3");
   cJSON_Delete(e);
-  assert_int_equal(mg_registry_load_manifest(reg, NULL, k_image, sizeof k_image, &k, &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_manifest_parse(NULL, &info, &d), MLAGEN_EINVAL);
+  assert_int_equal(mg_registry_load_kernel(reg, NULL, k_image, sizeof k_image, &k, &d), MLAGEN_EINVAL);
+  assert_null(k);
   assert_int_equal(mg_registry_count(reg), 1);
   assert_int_equal(mg_registry_destroy(reg, &d), 0);
   mg_diag_clear(&d);

@@ -85,7 +85,8 @@ static mg_tune_entry entry_of(const char *family, int causal, long long seq, lon
   e.p20_ms = p50 * 0.9;
   e.p50_ms = p50;
   e.p80_ms = p50 * 1.2;
-  e.tflops = mg_tune_flops(&s, seq) / (p50 * 1e-3) * 1e-12;
+  snprintf(e.pass, sizeof e.pass, "%s", strstr(family, "bwd") ? "bwd" : "fwd");
+  e.tflops = 2.0 * 16 * seq * seq * 320 / (p50 * 1e-3) * 1e-12; /* attn_fwd's, roughly */
   for (int i = 0; i < n_cands; i++) {
     set_cfg(&cands[i].config, 32 << i, 4);
     cands[i].p20_ms = p50 * (1 + i) * 0.9;
@@ -225,26 +226,46 @@ static void test_bucket(void **state) {
   assert_true(mg_tune_percentile(x, 5, 0) == 1);
   assert_true(mg_tune_percentile(x, 5, 100) == 5);
   assert_true(mg_tune_percentile(x, 5, 20) > 1.79 && mg_tune_percentile(x, 5, 20) < 1.81);
-  assert_string_equal(mg_tune_family_pass("attn_bwd_dq"), "bwd");
-  assert_string_equal(mg_tune_family_pass("attn_fwd"), "fwd");
-  assert_string_equal(mg_tune_family_pass("mqa_bwd_dkv"), "bwd");
-  assert_string_equal(mg_tune_family_pass("mqa_fwd"), "fwd");
-  /* FLOPs (MLA.md): the explicit kernels count d_qk = d_n + d_r = 192, d_v = 128; the
-   * absorbed form's MQA kernels the latent, d_qk = d_c + d_r = 576, d_v = d_c = 512
-   * (spec_of: H 16, d_n 128, d_r 64, d_v 128, d_c 512), causal halving the pairs */
+}
+
+/* The pass and FLOPs each family's kernel{} declares (MLA.md): the explicit kernels count
+ * d_qk = d_n + d_r = 192, d_v = 128; the absorbed form's MQA kernels the latent,
+ * d_qk = d_c + d_r = 576, d_v = d_c = 512 (spec_of: H 16, d_n 128, d_r 64, d_v 128, d_c 512),
+ * causal halving the pairs; attn_bwd_pre one rowsum per query row; none for the
+ * memory-bound layout kernels. */
+static void test_family_facts(void **state) {
+  (void)state;
+  mg_gen *g = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
   const double S = 4096, pairs = S * S / 2;
-  mg_kernel_spec s = spec_of("attn_fwd", 1);
-  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * pairs * (192 + 128)));
-  s = spec_of("mqa_fwd", 1);
-  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * pairs * (576 + 512)));
-  s = spec_of("mqa_fwd", 0);
-  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * S * S * (576 + 512)));
-  s = spec_of("mqa_bwd_dkv", 1);
-  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * pairs * (2 * 576 + 2 * 512)));
-  s = spec_of("mqa_bwd_dq", 1);
-  assert_true(close_to(mg_tune_flops(&s, 4096), 2.0 * 16 * pairs * (512 + 2 * 576) / 2));
-  s = spec_of("copy_cols", 1);
-  assert_true(mg_tune_flops(&s, 4096) == 0);
+  static const struct { const char *family; int causal; const char *pass; double f; } want[] = {
+      {"attn_fwd", 1, "fwd", 2.0 * 16 * pairs * (192 + 128)},
+      {"explicit_fwd", 0, "fwd", 2.0 * 16 * S * S * (192 + 128)},
+      {"attn_bwd_pre", 1, "bwd", 2.0 * 16 * S * 128},
+      {"attn_bwd_dkdv", 1, "bwd", 2.0 * 16 * pairs * (2 * 192 + 2 * 128)},
+      {"attn_bwd_dq", 1, "bwd", 2.0 * 16 * pairs * (128 + 2 * 192) / 2},
+      {"mqa_fwd", 1, "fwd", 2.0 * 16 * pairs * (576 + 512)},
+      {"mqa_fwd", 0, "fwd", 2.0 * 16 * S * S * (576 + 512)},
+      {"mqa_bwd_dkv", 1, "bwd", 2.0 * 16 * pairs * (2 * 576 + 2 * 512)},
+      {"mqa_bwd_dq", 1, "bwd", 2.0 * 16 * pairs * (512 + 2 * 576) / 2},
+      {"copy_cols", 1, "fwd", 0},
+      {"split_dkv", 1, "bwd", 0},
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    mg_kernel_spec s = spec_of(want[i].family, want[i].causal);
+    mg_kernel k;
+    if (mg_gen_kernel(g, &s, &k, &d)) fail_msg("%s: %s", want[i].family, mg_diag_msg(&d));
+    assert_string_equal(k.info.pass, want[i].pass);
+    const double f = mg_kernel_flops(&k.info, s.causal, 4096);
+    if (want[i].f == 0) assert_true(f == 0);
+    else if (!close_to(f, want[i].f)) fail_msg("%s: %g FLOPs, want %g", want[i].family, f, want[i].f);
+    assert_int_equal(k.info.causal, strncmp(want[i].family, "attn_bwd_pre", 12) != 0 &&
+                                        strcmp(want[i].family, "copy_cols") != 0 &&
+                                        strcmp(want[i].family, "split_dkv") != 0);
+    mg_kernel_free(&k);
+  }
+  mg_gen_close(g);
 }
 
 /* cJSON prints doubles with 15 significant digits when that reads back within its
@@ -942,6 +963,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_prune),
       cmocka_unit_test(test_space),
       cmocka_unit_test(test_bucket),
+      cmocka_unit_test(test_family_facts),
       cmocka_unit_test(test_store_roundtrip),
       cmocka_unit_test(test_store_concurrent),
       cmocka_unit_test(test_corrupt_and_mismatch),

@@ -1,5 +1,4 @@
 /* cli_compile.c: `mlagen compile`: NVRTC-compile a model's kernels, print ptxas figures. */
-#include <cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -97,11 +96,9 @@ int cli_compile(int argc, char **argv) {
         continue;
       }
       const mg_jit_report *r = &c.report;
-      const cJSON *dyn = cJSON_GetObjectItemCaseSensitive(
-          cJSON_GetObjectItemCaseSensitive(k.manifest, "launch"), "smem");
       printf("%-62s %-7s %5d %6ld %7ld %7ld %8.1f %s\n", k.name, archs[a], r->registers,
              r->spill_stores + r->spill_loads, r->smem_bytes,
-             cJSON_IsNumber(dyn) ? (long)dyn->valuedouble : 0L, r->elapsed_ms,
+             (long)k.info.launch.smem, r->elapsed_ms,
              r->cache_hit ? "hit" : "miss");
       if (c.warning) fprintf(stderr, "mlagen: warning: %s\n", c.warning);
       compiled++;

@@ -114,10 +114,11 @@ static int same_config(const mg_kernel_spec *a, const mg_kernel_spec *b) {
 }
 
 /* The reference of candidate spec s into *k, *c (owned by the cache). */
-static int reference_of(mg_gen *g, ref_cache *rc, const mg_kernel_spec *s, const mg_jit_opts *o,
-                        const mg_kernel **k, const mg_cubin **c, mg_diag *d) {
+static int reference_of(mg_gen *g, ref_cache *rc, const mg_kernel_spec *s,
+                        const mg_kernel_info *cand, const mg_jit_opts *o, const mg_kernel **k,
+                        const mg_cubin **c, mg_diag *d) {
   mg_kernel_spec rs;
-  mg_ktime_reference_spec(s, &rs);
+  mg_ktime_reference_spec(s, cand, &rs);
   for (int i = 0; i < rc->n; i++)
     if (same_config(&rc->r[i].spec, &rs)) {
       *k = &rc->r[i].k, *c = &rc->r[i].c;
@@ -156,6 +157,7 @@ static int time_spec(mg_gen *g, const mg_tune_candidate *cands, int n, const mg_
   e.candidates = calloc((size_t)n, sizeof *e.candidates);
   if (!e.candidates) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   int rc = 0, best = -1;
+  double flops = 0; /* of one call at seq */
   int n_hdr = 0;
   mg_jit_opts o = *jo;
   o.headers = mg_gen_headers(g, &n_hdr);
@@ -169,9 +171,12 @@ static int time_spec(mg_gen *g, const mg_tune_candidate *cands, int n, const mg_
     mg_cubin c;
     const mg_kernel *rk = NULL;
     const mg_cubin *rcub = NULL;
-    if ((rc = reference_of(g, &refs, &cands[i].spec, &o, &rk, &rcub, d))) break;
     if ((rc = mg_gen_kernel(g, &cands[i].spec, &k, d))) break;
-    rc = mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, d);
+    /* the family's facts from its kernel{} declaration */
+    snprintf(e.pass, sizeof e.pass, "%s", k.info.pass);
+    flops = mg_kernel_flops(&k.info, cands[i].spec.causal, seq);
+    rc = reference_of(g, &refs, &cands[i].spec, &k.info, &o, &rk, &rcub, d);
+    if (!rc) rc = mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, d);
     if (!rc) {
       double ms[SAMPLES];
       mg_tune_timing *t = &e.candidates[e.n_candidates];
@@ -211,7 +216,7 @@ static int time_spec(mg_gen *g, const mg_tune_candidate *cands, int n, const mg_
     e.p20_ms = w->p20_ms;
     e.p50_ms = w->p50_ms;
     e.p80_ms = w->p80_ms;
-    e.tflops = w->p50_ms > 0 ? mg_tune_flops(&cands[0].spec, seq) / (w->p50_ms * 1e-3) * 1e-12 : 0;
+    e.tflops = w->p50_ms > 0 ? flops / (w->p50_ms * 1e-3) * 1e-12 : 0;
     char *warning = NULL;
     rc = mg_tune_store_add(NULL, h, &e, 1, &warning, d);
     if (warning) fprintf(stderr, "mlagen: warning: %s\n", warning);

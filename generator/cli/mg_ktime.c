@@ -19,7 +19,7 @@ void (*mg_ktime_output_hook)(const char *kernel, const char *param, void *host,
 
 #define MAX_COUNT (1LL << 40)
 
-/* ---- the arguments: shapes from the manifest, integers from the family table ------------- */
+/* ---- the arguments: shapes and bench values from the kernel{} declaration ------------------ */
 
 typedef struct sym {
   const char *name;
@@ -129,131 +129,86 @@ static long long shape_count(const char *shape, const sym *syms, int n_syms) {
   }
 }
 
-static int is_a2a(const char *family) {
-  return strcmp(family, "a2a_pack") == 0 || strcmp(family, "a2a_unpack") == 0;
+/* The value of expression text (kernel{} params[i].bench) over syms; -1 when it does not
+ * parse or is not in 0 .. 2^40. */
+static long long expr_value(const char *text, const sym *syms, int n_syms) {
+  ev e = {text, syms, n_syms, 0};
+  long long v = ev_sum(&e);
+  ev_space(&e);
+  return e.err || *e.p != '\0' || v < 0 || v > MAX_COUNT ? -1 : v;
 }
 
-/* Ulysses degree assumed for the all-to-all packing kernels: the spec's heads are H / P. */
-static long long a2a_degree(long long seq) { return seq % 8 == 0 ? 8 : 1; }
-
-/* The value of integer parameter name of family for s at seq; 0 if there is none. */
-static int int_value(const char *family, const char *name, const mg_kernel_spec *s, long long seq,
-                     long long *v) {
-  const long long dqk = s->d_n + s->d_r;
-  if (strcmp(family, "copy_cols") == 0) { /* q_abs[:, h, d_c:] = q[:, h, d_n:] */
-    static const char *const names[] = {"rows", "src_w", "src_col", "dst_w", "dst_col", "cols"};
-    const long long vals[] = {seq * s->heads, dqk, s->d_n, (long long)s->d_c + s->d_r, s->d_c,
-                              s->d_r};
-    for (int i = 0; i < 6; i++)
-      if (strcmp(name, names[i]) == 0) return *v = vals[i], 1;
-  }
-  if (strcmp(family, "expand_kv") == 0 || strcmp(family, "split_dkv") == 0) {
-    if (strcmp(name, "rope_col") == 0) return *v = s->d_c, 1;
-    if (strcmp(name, "rope_w") == 0) return *v = (long long)s->d_c + s->d_r, 1;
-  }
-  if (is_a2a(family)) { /* direction 0 (sequence -> heads) of q */
-    const long long P = a2a_degree(seq);
-    if (strcmp(name, "seqlen_local") == 0) return *v = seq / P, 1;
-    if (strcmp(name, "heads_total") == 0) return *v = s->heads * P, 1;
-    if (strcmp(name, "sp") == 0) return *v = P, 1;
-    if (strcmp(name, "width") == 0) return *v = dqk, 1;
-    if (strcmp(name, "direction") == 0) return *v = 0, 1;
-  }
-  if (strcmp(name, "seqlen_q") == 0 || strcmp(name, "seqlen_k") == 0 || strcmp(name, "rows") == 0)
-    return *v = seq, 1;
-  if (strcmp(name, "batch") == 0) return *v = 1, 1;
-  if (strcmp(name, "q_pos0") == 0 || strcmp(name, "accumulate") == 0) return *v = 0, 1;
-  return 0;
+/* The benchmark's conventions for the int arguments a kernel does not declare a bench
+ * value for: the run-time sizes the attention kernels share. */
+static const char *bench_default(const char *name) {
+  static const char *const conv[][2] = {{"seqlen_q", "S"}, {"seqlen_k", "S"}, {"rows", "S"},
+                                        {"batch", "B"},    {"q_pos0", "0"},   {"accumulate", "0"}};
+  for (size_t i = 0; i < sizeof conv / sizeof conv[0]; i++)
+    if (strcmp(name, conv[i][0]) == 0) return conv[i][1];
+  return NULL;
 }
 
-int mg_ktime_args(const cJSON *manifest, const mg_kernel_spec *s, long long seq, mg_kargs *out,
+int mg_ktime_args(const mg_kernel_info *k, const mg_kernel_spec *s, long long seq, mg_kargs *out,
                   mg_diag *d) {
-  if (!manifest || !s || !out || seq < 1)
-    return mg_diag_set(d, MLAGEN_EINVAL, "mg_ktime_args: manifest, spec or out NULL, or seq < 1");
+  if (!k || !s || !out || seq < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_ktime_args: kernel, spec or out NULL, or seq < 1");
   memset(out, 0, sizeof *out);
-  const cJSON *nm = cJSON_GetObjectItemCaseSensitive(manifest, "name");
-  const char *kname = cJSON_IsString(nm) ? nm->valuestring : s->family;
-  const cJSON *params = cJSON_GetObjectItemCaseSensitive(manifest, "params");
-  if (!cJSON_IsArray(params))
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s: the manifest has no \"params\" array", kname);
-  if (cJSON_GetArraySize(params) > MG_KTIME_MAX_PARAMS)
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s: more than %d parameters", kname, MG_KTIME_MAX_PARAMS);
-  /* pass 1: names, kinds, integer values */
-  const cJSON *p;
-  cJSON_ArrayForEach(p, params) {
-    mg_karg *a = &out->a[out->n++];
-    const cJSON *pn = cJSON_GetObjectItemCaseSensitive(p, "name");
-    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(p, "type");
-    if (!cJSON_IsString(pn) || !cJSON_IsString(pt) || strlen(pn->valuestring) >= sizeof a->name)
-      return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %d has no string name and type", kname,
-                         out->n - 1);
-    snprintf(a->name, sizeof a->name, "%s", pn->valuestring);
-    const char *t = pt->valuestring;
-    if (strchr(t, '*')) {
-      a->kind = strncmp(t, "const", 5) == 0 ? MG_KARG_IN : MG_KARG_OUT;
-      a->is_f32 = strstr(t, "float") != NULL;
-      a->elem_bytes = a->is_f32 ? 4 : 2;
-    } else if (strcmp(t, "int") == 0) {
-      long long v = 0;
-      a->kind = MG_KARG_INT;
-      if (!int_value(s->family, a->name, s, seq, &v))
-        return mg_diag_set(d, MLAGEN_EINVAL,
-                           "%s: no value for int parameter '%s' (family %s: add it to "
-                           "generator/cli/mg_ktime.c's table)", kname, a->name, s->family);
-      if (v < -2147483647LL || v > 2147483647LL)
-        return mg_diag_set(d, MLAGEN_EINVAL, "%s: int parameter %s = %lld does not fit an int",
-                           kname, a->name, v);
-      a->ival = (int)v;
-    } else if (strcmp(t, "float") == 0) {
-      a->kind = MG_KARG_FLOAT;
-      if (strcmp(a->name, "softmax_scale") != 0)
-        return mg_diag_set(d, MLAGEN_EINVAL, "%s: no value for float parameter '%s'", kname, a->name);
-      a->fval = (float)(1.0 / sqrt((double)(s->d_n + s->d_r)));
-    } else {
-      return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %s of type '%s' (expected a pointer, "
-                         "int or float)", kname, a->name, t);
-    }
-  }
-  /* pass 2: pointer sizes from the shapes */
+  const char *kname = k->name;
+  /* the shape names; every int argument joins them by name once it has its value */
   sym syms[MG_KTIME_MAX_PARAMS + 16];
   int ns = 0;
-  const int a2a = is_a2a(s->family);
-  long long ints[4] = {0, 0, 0, 0}; /* a2a: heads_total, seqlen_local, sp, width */
-  for (int i = 0; i < out->n; i++) {
-    const mg_karg *a = &out->a[i];
-    if (a->kind != MG_KARG_INT) continue;
-    if (a2a && strcmp(a->name, "heads_total") == 0) ints[0] = a->ival;
-    if (a2a && strcmp(a->name, "seqlen_local") == 0) ints[1] = a->ival;
-    if (a2a && strcmp(a->name, "sp") == 0) ints[2] = a->ival;
-    if (a2a && strcmp(a->name, "width") == 0) ints[3] = a->ival;
-  }
-  if (a2a) { /* the shapes' H is the full tensor's heads */
-    syms[ns++] = (sym){"H", ints[0]};
-    syms[ns++] = (sym){"S_l", ints[1]};
-    syms[ns++] = (sym){"P", ints[2]};
-    syms[ns++] = (sym){"w", ints[3]};
-  }
-  for (int i = 0; i < out->n; i++)
-    if (out->a[i].kind == MG_KARG_INT) syms[ns++] = (sym){out->a[i].name, out->a[i].ival};
   syms[ns++] = (sym){"B", 1};
   syms[ns++] = (sym){"S_q", seq};
   syms[ns++] = (sym){"S_k", seq};
   syms[ns++] = (sym){"S", seq};
+  syms[ns++] = (sym){"P", MG_KTIME_SP(seq)};
   syms[ns++] = (sym){"H", s->heads};
   syms[ns++] = (sym){"d_n", s->d_n};
   syms[ns++] = (sym){"d_r", s->d_r};
   syms[ns++] = (sym){"d_v", s->d_v};
   syms[ns++] = (sym){"d_c", s->d_c};
+  /* pass 1: kinds, integer values */
+  for (int i = 0; i < k->n_params; i++) {
+    const mg_kernel_param *p = &k->params[i];
+    mg_karg *a = &out->a[out->n++];
+    snprintf(a->name, sizeof a->name, "%s", p->name);
+    if (p->kind == MG_PARAM_IN || p->kind == MG_PARAM_OUT) {
+      a->kind = p->kind == MG_PARAM_IN ? MG_KARG_IN : MG_KARG_OUT;
+      a->is_f32 = p->is_f32;
+      a->elem_bytes = a->is_f32 ? 4 : 2;
+    } else if (p->kind == MG_PARAM_INT) {
+      a->kind = MG_KARG_INT;
+      const char *text = p->bench[0] ? p->bench : bench_default(p->name);
+      if (!text)
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s: no value for int parameter '%s' (declare its "
+                           "bench value in the %s template's kernel{} params)", kname, a->name,
+                           k->family);
+      const long long v = expr_value(text, syms, ns);
+      if (v < 0 || v > 2147483647LL)
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s: int parameter %s: bench value '%s' does not "
+                           "evaluate to an int >= 0", kname, a->name, text);
+      a->ival = (int)v;
+      syms[ns++] = (sym){p->name, v};
+    } else {
+      a->kind = MG_KARG_FLOAT;
+      if (strcmp(a->name, "softmax_scale") != 0)
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s: no value for float parameter '%s'", kname, a->name);
+      a->fval = (float)(1.0 / sqrt((double)(s->d_n + s->d_r)));
+    }
+  }
+  /* pass 2: pointer sizes from the shapes */
   int direction = 0;
-  for (int i = 0; i < out->n; i++)
-    if (out->a[i].kind == MG_KARG_INT && strcmp(out->a[i].name, "direction") == 0)
-      direction = out->a[i].ival;
-  int i = 0;
-  cJSON_ArrayForEach(p, params) {
-    mg_karg *a = &out->a[i++];
+  long long seqlen_q = seq;
+  for (int i = 0; i < out->n; i++) {
+    if (out->a[i].kind != MG_KARG_INT) continue;
+    if (strcmp(out->a[i].name, "direction") == 0) direction = out->a[i].ival;
+    if (strcmp(out->a[i].name, "seqlen_q") == 0 || strcmp(out->a[i].name, "seqlen_local") == 0)
+      seqlen_q = out->a[i].ival; /* the grid's seqlen_q: the a2a kernels launch S_l as it */
+  }
+  for (int i = 0; i < out->n; i++) {
+    mg_karg *a = &out->a[i];
     if (a->kind != MG_KARG_IN && a->kind != MG_KARG_OUT) continue;
-    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(p, "shape");
-    const char *shape = cJSON_IsString(sh) ? sh->valuestring : "";
+    const char *shape = k->params[i].shape;
     if (strcmp(shape, "unused") == 0) {
       a->kind = MG_KARG_NULL;
       continue;
@@ -280,31 +235,19 @@ int mg_ktime_args(const cJSON *manifest, const mg_kernel_spec *s, long long seq,
     a->count = (size_t)n;
   }
   out->dims.batch = 1;
-  out->dims.seqlen_q = a2a ? (long)ints[1] : (long)seq;
+  out->dims.seqlen_q = (long)seqlen_q;
   out->dims.seqlen_k = (long)seq;
   return 0;
 }
 
-const char *const *mg_ktime_interface_tunables(const char *family) {
-  static const char *const none[] = {NULL};
-  static const char *const packed[] = {"k_packed", NULL};
-  static const char *const dkdv[] = {"k_packed", "deterministic", NULL};
-  static const char *const qsplit[] = {"qsplit", NULL};
-  if (!family) return none;
-  if (strcmp(family, "attn_fwd") == 0 || strcmp(family, "attn_bwd_dq") == 0) return packed;
-  if (strcmp(family, "attn_bwd_dkdv") == 0) return dkdv;
-  if (strcmp(family, "mqa_bwd_dkv") == 0) return qsplit;
-  return none;
-}
-
-void mg_ktime_reference_spec(const mg_kernel_spec *cand, mg_kernel_spec *ref) {
+void mg_ktime_reference_spec(const mg_kernel_spec *cand, const mg_kernel_info *k,
+                             mg_kernel_spec *ref) {
   *ref = *cand;
   ref->n_config = 0;
   memset(ref->config, 0, sizeof ref->config);
-  for (const char *const *t = mg_ktime_interface_tunables(cand->family); *t; t++)
-    for (int i = 0; i < cand->n_config; i++)
-      if (strcmp(cand->config[i].name, *t) == 0 && ref->n_config < MG_SPEC_MAX_CONFIG)
-        ref->config[ref->n_config++] = cand->config[i];
+  for (int i = 0; i < cand->n_config; i++)
+    if (mg_kernel_is_interface(k, cand->config[i].name) && ref->n_config < MG_SPEC_MAX_CONFIG)
+      ref->config[ref->n_config++] = cand->config[i];
 }
 
 /* ---- the device: device 0's primary context, kept for the process ---------------------- */
@@ -517,7 +460,7 @@ static int run_once(run *r, const mg_kernel *k, const mg_cubin *c, const mg_karg
                     void **host, int *launch_failed, mg_diag *d) {
   *launch_failed = 0;
   const mg_module_kernel *mk = NULL;
-  int rc = mg_registry_load_manifest(r->reg, k->manifest, c->data, c->size, &mk, d);
+  int rc = mg_registry_load_kernel(r->reg, &k->info, c->data, c->size, &mk, d);
   if (rc) {
     *launch_failed = rc != MLAGEN_ENOMEM;
     return rc;
@@ -602,16 +545,16 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
   if (!c->data || c->size == 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: empty cubin", k->name);
   mg_kargs ka, kr;
-  int rc = mg_ktime_args(k->manifest, s, seq, &ka, d);
+  int rc = mg_ktime_args(&k->info, s, seq, &ka, d);
   if (rc) return rc;
   if (ref_k) {
     mg_kernel_spec rs;
-    mg_ktime_reference_spec(s, &rs);
-    if ((rc = mg_ktime_args(ref_k->manifest, &rs, seq, &kr, d))) return rc;
+    mg_ktime_reference_spec(s, &k->info, &rs);
+    if ((rc = mg_ktime_args(&ref_k->info, &rs, seq, &kr, d))) return rc;
     if (!same_params(&ka, &kr))
       return mg_diag_set(d, MLAGEN_EINVAL, "%s: its parameters differ from the reference %s's "
                          "(a tunable that changes the interface is missing from "
-                         "mg_ktime_interface_tunables)", k->name, ref_k->name);
+                         "its template's kernel{} interface)", k->name, ref_k->name);
   }
   const mg_driver *drv = NULL;
   if ((rc = mg_driver_get(&drv, d))) return rc;

@@ -3,10 +3,9 @@
  * mg_ktime_run takes a kernel (mg_kernel: its manifest gives the family, the parameter
  * list and the launch rule), its cubin, the reference kernel it must agree with (the
  * family's default configuration with the candidate's interface tunables, see
- * mg_ktime_interface_tunables) and a sequence length (batch 1), and:
- *   1. sizes every parameter from the manifest (mg_ktime_args: pointer parameters from
- *      their "shape" strings, integer ones from a per-family table of the shapes the
- *      plans give them);
+ * mg_ktime_reference_spec) and a sequence length (batch 1), and:
+ *   1. sizes every parameter from the kernel's typed manifest (mg_ktime_args: pointers
+ *      from their declared shapes, ints from their declared bench values);
  *   2. allocates N_SETS (up to MG_KTIME_MAX_SETS, fewer when device memory is short)
  *      input/output buffer sets, fills the inputs once with host-generated random
  *      bf16/fp16/fp32 values (a fixed seed per set and parameter, so a candidate and its
@@ -39,7 +38,6 @@
  * to load, launch or run: the message names the call and the CUDA error). */
 #ifndef MG_KTIME_H
 #define MG_KTIME_H
-#include <cJSON.h>
 #include <stddef.h>
 
 #include "mg_diag.h"
@@ -49,10 +47,13 @@
 #include "mg_spec.h"
 #include "mg_tune.h"
 
-#define MG_KTIME_MAX_PARAMS 24
+#define MG_KTIME_MAX_PARAMS MG_KERNEL_MAX_PARAMS
 #define MG_KTIME_MAX_SETS 4 /* rotating buffer sets */
 #define MG_KTIME_WARMUP 3   /* launches before the timed ones */
 #define MG_KTIME_TOL 1e-2   /* max |a - b| / max |b| against the reference */
+/* The Ulysses degree the benchmark assumes (the symbol P of the bench values and shapes):
+ * 8 when it divides seq, else 1. */
+#define MG_KTIME_SP(seq) ((seq) % 8 == 0 ? 8LL : 1LL)
 
 typedef enum mg_karg_kind {
   MG_KARG_IN = 0, /* a const pointer: an input, filled with random values */
@@ -79,31 +80,28 @@ typedef struct mg_kargs {
   mg_launch_dims dims; /* batch 1, seqlen_q and seqlen_k for the launch rule */
 } mg_kargs;
 
-/* The arguments of the kernel whose manifest entry is manifest (mg_kernel.manifest) for
- * spec s at sequence length seq (>= 1), batch 1, into *out: each "params" entry in order;
- * a pointer's element count is its "shape" string ("[B, S_q, H, d_n + d_r]"; "direction
- * 0: [...]; direction 1: [...]" picks by the direction argument; "unused" is NULL)
- * evaluated with B = 1, S_q = S_k = seq, H, d_n, d_r, d_v, d_c from s and every integer
- * argument by name; an integer argument's value comes from the family table (docs/
- * tuning.md, "What is timed"): seqlen_q/seqlen_k = seq, q_pos0 = 0, rows = seq, batch =
- * 1, accumulate = 0, copy_cols and expand_kv/split_dkv and a2a_pack/unpack their plan
- * shapes; softmax_scale = 1 / sqrt(d_n + d_r). Errors: MLAGEN_EINVAL (an argument NULL,
- * seq < 1, no "params" array, more than MG_KTIME_MAX_PARAMS, an integer parameter with
- * no value, a shape that does not parse or an element count that is not >= 1 and under
- * 2^40; the message names the kernel and the parameter). */
-int mg_ktime_args(const cJSON *manifest, const mg_kernel_spec *s, long long seq, mg_kargs *out,
+/* The arguments of kernel k (mg_kernel.info) for spec s at sequence length seq (>= 1),
+ * batch 1, into *out, each parameter in order, from its kernel{} declaration (docs/
+ * tuning.md, "What is timed"): an int argument is its declared bench value (params[i].bench,
+ * an expression over B = 1, S = S_q = S_k = seq, P = MG_KTIME_SP(seq), H, d_n, d_r, d_v, d_c
+ * from s and the int arguments before it), or, when it declares none, the convention for
+ * the sizes the attention kernels share (seqlen_q, seqlen_k, rows = S; batch = B; q_pos0,
+ * accumulate = 0); softmax_scale = 1 / sqrt(d_n + d_r); a pointer's element count is its
+ * declared shape ("[B, S_q, H, d_n + d_r]"; "direction 0: [...]; direction 1: [...]" picks by
+ * the direction argument; "unused" is NULL) over the same names and every int argument.
+ * The grid's seqlen_q is the seqlen_q argument, else the seqlen_local argument, else seq.
+ * Errors: MLAGEN_EINVAL (an argument NULL, seq < 1, an int parameter with no value or one
+ * that does not evaluate to an int >= 0, a float other than softmax_scale, a shape that
+ * does not parse or an element count that is not >= 1 and under 2^40; the message names
+ * the kernel and the parameter). */
+int mg_ktime_args(const mg_kernel_info *k, const mg_kernel_spec *s, long long seq, mg_kargs *out,
                   mg_diag *d);
 
-/* The tunables of family that change what a kernel computes or its argument layout
- * (attn_fwd and attn_bwd_dq: k_packed; attn_bwd_dkdv: k_packed, deterministic;
- * mqa_bwd_dkv: qsplit), NULL-terminated (an empty list for the other families). A
- * candidate is checked against the default configuration with these set to the
- * candidate's values. */
-const char *const *mg_ktime_interface_tunables(const char *family);
-
-/* The spec of the reference for candidate spec cand into *ref: cand's family and shape,
- * only the interface tunables overridden (the template's default for the rest). */
-void mg_ktime_reference_spec(const mg_kernel_spec *cand, mg_kernel_spec *ref);
+/* The spec of the reference for candidate spec cand (rendered as k) into *ref: cand's
+ * family and shape, only the tunables k's kernel{} declares as interface overridden (the
+ * template's default for the rest). */
+void mg_ktime_reference_spec(const mg_kernel_spec *cand, const mg_kernel_info *k,
+                             mg_kernel_spec *ref);
 
 /* What happened to one candidate. */
 typedef struct mg_ktime_result {

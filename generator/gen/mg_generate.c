@@ -1,6 +1,7 @@
 /* mg_generate.c: render kernel templates and write the generated sources. */
 #include "mg_generate.h"
 
+#include <cJSON.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <stdio.h>
@@ -359,6 +360,14 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   cJSON_AddStringToObject(m, "file", out->file);
   cJSON_AddStringToObject(m, "template", tname);
   out->manifest = m;
+  mg_diag pd = MG_DIAG_INIT;
+  if (mg_manifest_parse(m, &out->info, &pd)) { /* the one parse of the entry */
+    rc = mg_diag_set(d, MLAGEN_ETEMPLATE, "%s: %s", tpl->display, mg_diag_msg(&pd));
+    mg_diag_clear(&pd);
+    mg_buf_free(&src);
+    mg_kernel_free(out);
+    return rc;
+  }
   out->source = mg_buf_take(&src, &out->source_len);
   if (!out->source) {
     mg_kernel_free(out);

@@ -7,12 +7,12 @@
  * kernels) keys its tuned store entries. */
 #ifndef MG_GENERATE_H
 #define MG_GENERATE_H
-#include <cJSON.h>
 #include <stddef.h>
 
 #include "mg_config.h"
 #include "mg_diag.h"
 #include "mg_jit.h"
+#include "mg_manifest.h"
 #include "mg_spec.h"
 
 typedef struct mg_gen mg_gen;
@@ -47,8 +47,10 @@ typedef struct mg_kernel {
   char file[176];    /* "<name>.cu" */
   char *source;      /* rendered CUDA source, NUL-terminated */
   size_t source_len;
-  cJSON *manifest;   /* this kernel's manifest entry (name, file, spec, config, tunables,
-                        launch rule, parameters) */
+  mg_kernel_info info;   /* this kernel's manifest entry, typed (mg_manifest.h): what the
+                            executors, the autotuner and the benchmark read */
+  struct cJSON *manifest; /* the same entry as JSON (name, file, spec, config, tunables,
+                            launch rule, parameters, family facts), for manifest.json */
   struct mg_gen_acct *acct; /* private: the generator's count of output held */
 } mg_kernel;
 
@@ -59,10 +61,12 @@ typedef struct mg_kernel {
 #define MG_GEN_TOTAL_MAX ((size_t)1 << 30)    /* 1 GiB */
 
 /* Renders the template of s->family for spec s. softmax_scale is not baked in (it is a
- * kernel argument). Errors: MLAGEN_EINVAL (a tunable override the template does not
+ * kernel argument); out->info is the kernel's manifest entry parsed once
+ * (mg_manifest_parse). Errors: MLAGEN_EINVAL (a tunable override the template does not
  * declare or allow, or a configuration its check rejects: the message says why),
  * MLAGEN_ETEMPLATE (a bug in the template: the message names the template file and
- * line and carries a Lua traceback), MLAGEN_ELIMIT (the template hit the Lua memory or
+ * line and carries a Lua traceback; or a kernel{} declaration whose entry does not parse:
+ * the message names the template and the field), MLAGEN_ELIMIT (the template hit the Lua memory or
  * instruction cap or time limit, or the output cap: MG_GEN_KERNEL_MAX for this kernel,
  * MG_GEN_TOTAL_MAX with the kernels already held), MLAGEN_EINVAL (unknown family),
  * MLAGEN_ENOMEM. */

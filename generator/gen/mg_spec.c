@@ -15,6 +15,28 @@ const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_b
                                         "copy_cols",     "mqa_fwd",      "mqa_bwd_dkv",  "mqa_bwd_dq",
                                         NULL};
 
+const mg_op_kernels mg_op_kernel_table[] = {
+    {MG_OP_ATTN_FWD, {"attn_fwd"}, {"k_packed=1"}},
+    {MG_OP_ATTN_BWD, {"attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq"},
+     {NULL, "k_packed=1 deterministic=1", "k_packed=1"}},
+    {MG_OP_MQA_FWD, {"mqa_fwd"}, {NULL}},
+    {MG_OP_MQA_BWD, {"attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq"}, {NULL, "qsplit=1", NULL}},
+    {MG_OP_EXPAND_KV, {"expand_kv"}, {NULL}},
+    {MG_OP_SPLIT_DKV, {"split_dkv"}, {NULL}},
+    {MG_OP_CONCAT_LATENT, {"concat_latent"}, {NULL}},
+    {MG_OP_SPLIT_LATENT, {"split_latent"}, {NULL}},
+    {MG_OP_COPY_COLS, {"copy_cols"}, {NULL}},
+    {MG_SPEC_OP_A2A, {"a2a_pack", "a2a_unpack"}, {NULL}},
+    {0, {NULL}, {NULL}},
+};
+
+const char *mg_op_family(int op, int i) {
+  if (i < 0 || i >= MG_SPEC_OP_FAMILIES) return NULL;
+  for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0]; t++)
+    if (t->op == op) return t->family[i];
+  return NULL;
+}
+
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d) {
   return mg_spec_for_plan(shape, sp, 0, dtype, specs, max, n, d);
@@ -39,10 +61,12 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
   /* every family at H / P heads; then the absorbed backward's delta (attn_bwd_pre over
    * o_lat, d_c wide) and, when LAGA-F's default groups hold fewer heads than a rank, the
    * explicit attention kernels at that group's head count */
-  static const char *const group_families[] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv",
-                                               "attn_bwd_dq"};
+  const char *const group_families[] = {mg_op_family(MG_OP_ATTN_FWD, 0),
+                                        mg_op_family(MG_OP_ATTN_BWD, 0),
+                                        mg_op_family(MG_OP_ATTN_BWD, 1),
+                                        mg_op_family(MG_OP_ATTN_BWD, 2)};
   const struct { const char *family; int heads, latent_v; } extra[] = {
-      {"attn_bwd_pre", Hl, 1},
+      {mg_op_family(MG_OP_MQA_BWD, 0), Hl, 1},
       {group_families[0], G, 0}, {group_families[1], G, 0}, {group_families[2], G, 0},
       {group_families[3], G, 0},
   };
@@ -74,15 +98,15 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
 }
 
 void mg_spec_plan_tunables(mg_kernel_spec *s) {
-  static const struct { const char *family, *set[2]; } fixed[] = {
-      {"attn_fwd", {"k_packed=1", NULL}},
-      {"attn_bwd_dq", {"k_packed=1", NULL}},
-      {"attn_bwd_dkdv", {"k_packed=1", "deterministic=1"}},
-      {"mqa_bwd_dkv", {"qsplit=1", NULL}},
-  };
-  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-    if (strcmp(s->family, fixed[i].family) == 0)
-      for (int j = 0; j < 2 && fixed[i].set[j]; j++) mg_spec_set(s, fixed[i].set[j], NULL);
+  for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0]; t++)
+    for (int i = 0; i < MG_SPEC_OP_FAMILIES && t->family[i]; i++) {
+      if (strcmp(s->family, t->family[i]) != 0 || !t->fixed[i]) continue;
+      char buf[128]; /* "a=1 b=2": each assignment in turn */
+      snprintf(buf, sizeof buf, "%s", t->fixed[i]);
+      for (char *save = NULL, *a = strtok_r(buf, " ", &save); a; a = strtok_r(NULL, " ", &save))
+        mg_spec_set(s, a, NULL);
+      return; /* a family's settings are the same wherever the table lists it */
+    }
 }
 
 int mg_spec_set(mg_kernel_spec *s, const char *assignment, mg_diag *d) {

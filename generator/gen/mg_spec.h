@@ -51,12 +51,32 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
 int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char *dtype,
                      mg_kernel_spec *specs, int max, int *n, mg_diag *d);
 
-/* Sets the tunables the plans' executors (runtime/exec/mg_cuda_exec.h) fix for s's family,
- * because they change the kernel's interface or the plan's bytes: attn_fwd and
- * attn_bwd_dq k_packed = 1 (the plans' K is per head, packed); attn_bwd_dkdv k_packed = 1,
- * deterministic = 1 (no fp32 dQ accumulator); mqa_bwd_dkv qsplit = 1 (dc written once, no
- * fp32 accumulator). Other families are left alone. mg_spec_for_model applies it, so
- * `mlagen generate` emits, and `mlagen tune` sweeps, the kernels the executors run. */
+/* The one table from plan operations to kernel families: the families each kernel op of a
+ * plan (mg_kernel_op, generator/core/mg_plan.h) runs, in launch order, and, per family, the
+ * tunables the plans fix because they change the kernel's interface (its kernel{}
+ * interface) or the plan's bytes: "name=value" assignments separated by spaces, NULL for
+ * none. MG_SPEC_OP_A2A stands for the all-to-all steps (SEQ_TO_HEAD, HEAD_TO_SEQ at P > 1:
+ * pack, collective, unpack). Read by the CUDA executor (which kernel each step launches),
+ * mg_spec_for_plan and mg_spec_plan_tunables. */
+#define MG_SPEC_OP_A2A (-1)
+#define MG_SPEC_OP_FAMILIES 3
+typedef struct mg_op_kernels {
+  int op;                                   /* mg_kernel_op or MG_SPEC_OP_A2A */
+  const char *family[MG_SPEC_OP_FAMILIES];  /* NULL after the last */
+  const char *fixed[MG_SPEC_OP_FAMILIES];   /* the plans' settings of family[i], or NULL */
+} mg_op_kernels;
+extern const mg_op_kernels mg_op_kernel_table[]; /* ends with family[0] NULL */
+
+/* The i-th family (0-based, launch order) op runs, or NULL past the last or for an op the
+ * table does not list. */
+const char *mg_op_family(int op, int i);
+
+/* Sets the tunables the plans' executors (runtime/exec/mg_cuda_exec.h) fix for s's family (the
+ * table's fixed settings: attn_fwd and attn_bwd_dq k_packed = 1, the plans' K is per head,
+ * packed; attn_bwd_dkdv k_packed = 1, deterministic = 1, no fp32 dQ accumulator;
+ * mqa_bwd_dkv qsplit = 1, dc written once, no fp32 accumulator). Other families are left
+ * alone. mg_spec_for_model applies it, so `mlagen generate` emits, and `mlagen tune`
+ * sweeps, the kernels the executors run. */
 void mg_spec_plan_tunables(mg_kernel_spec *s);
 
 /* Adds or replaces a tunable override "name=value" (value an integer); "family.name=value"

@@ -7,7 +7,6 @@
  * buffer's address for the call and replay the pass's part of the program. */
 #include "mg_cuda_exec.h"
 
-#include <cJSON.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,10 +18,10 @@
 #include "mg_plan_check.h"
 #include "mg_plan_mem.h"
 #include "mg_spec.h"
-#include "mg_tune.h"
+#include "mg_tune_store.h"
 #include "mlagen.h"
 
-#define MAX_PARAMS 24
+#define MAX_PARAMS MG_KERNEL_MAX_PARAMS
 
 typedef struct kparam {
   char name[32];
@@ -143,14 +142,6 @@ static lop *emit(prep *r, lkind kind, int i) {
 
 static const char *spec_dtype(const mg_plan *p) { return p->args.dtype == MG_F16 ? "fp16" : "bf16"; }
 
-static char param_kind(const char *type) {
-  size_t n = strlen(type);
-  if (n && type[n - 1] == '*') return 'p';
-  if (!strcmp(type, "int")) return 'i';
-  if (!strcmp(type, "float")) return 'f';
-  return 0;
-}
-
 /* Makes kernel `family` (heads, dims) available to step i: *kidx its index in x->kerns;
  * reuses a kernel already loaded under the same name. */
 static int want_kernel(prep *r, int i, const char *family, int heads, int dn, int dr, int dv,
@@ -161,26 +152,29 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   snprintf(s.family, sizeof s.family, "%s", family);
   s.heads = heads, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = dc;
   snprintf(s.dtype, sizeof s.dtype, "%s", spec_dtype(r->p));
-  /* causality changes only the attention kernels; the others are generated non-causal
-   * (their code does not depend on it), so both plans share them */
-  static const char *const causal_families[] = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq",
-                                                "mqa_fwd", "mqa_bwd_dkv", "mqa_bwd_dq"};
-  for (size_t c = 0; c < sizeof causal_families / sizeof *causal_families; c++)
-    if (!strcmp(family, causal_families[c])) s.causal = r->p->args.causal;
+  s.causal = r->p->args.causal;
   /* the interface the steps below are written for, and a tuned configuration for this
    * device, shape and sequence bucket when the ops know their device and the store has
-   * one (docs/tuning.md); else the template's default */
-  char why[sizeof x->kerns[0].why] = "default: no device to look up tuned configurations for";
-  mg_kernel_spec chosen = s;
+   * one (docs/tuning.md); else the template's default. A kernel whose code does not
+   * depend on causality (kernel{} causal false: the layout kernels) is generated
+   * non-causal, so both plans share it. */
+  char why[sizeof x->kerns[0].why];
   mg_kernel k;
   int rc;
-  if (x->ops->arch[0]) {
-    rc = mg_tune_choose(x->gen, x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch,
-                        x->ops->device, &s, mg_form_name(r->p->args.form), r->p->args.seq,
-                        &chosen, why, sizeof why, &k, r->d);
-  } else {
-    mg_spec_plan_tunables(&chosen);
-    rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
+  for (;;) {
+    mg_kernel_spec chosen = s;
+    snprintf(why, sizeof why, "default: no device to look up tuned configurations for");
+    if (x->ops->arch[0]) {
+      rc = mg_tune_choose(x->gen, x->tune_dir[0] ? x->tune_dir : NULL, x->ops->arch,
+                          x->ops->device, &s, mg_form_name(r->p->args.form), r->p->args.seq,
+                          &chosen, why, sizeof why, &k, r->d);
+    } else {
+      mg_spec_plan_tunables(&chosen);
+      rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
+    }
+    if (rc || !s.causal || k.info.causal) break;
+    mg_kernel_free(&k);
+    s.causal = 0;
   }
   if (rc) return step_prefix(r->p, r->d, i, rc);
   for (int j = 0; j < x->n_kerns; j++)
@@ -202,24 +196,13 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   memset(e, 0, sizeof *e);
   snprintf(e->name, sizeof e->name, "%s", k.name);
   snprintf(e->why, sizeof e->why, "%s", why);
-  rc = mg_launch_rule_parse(cJSON_GetObjectItemCaseSensitive(k.manifest, "launch"), k.name,
-                            &e->rule, r->d);
-  const cJSON *params = cJSON_GetObjectItemCaseSensitive(k.manifest, "params"), *it;
-  if (!rc && (!cJSON_IsArray(params) || cJSON_GetArraySize(params) > MAX_PARAMS))
-    rc = mg_diag_set(r->d, MLAGEN_EINVAL, "kernel %s: manifest params missing or over %d",
-                     k.name, MAX_PARAMS);
-  if (!rc) cJSON_ArrayForEach(it, params) {
-      const cJSON *nm = cJSON_GetObjectItemCaseSensitive(it, "name");
-      const cJSON *ty = cJSON_GetObjectItemCaseSensitive(it, "type");
-      kparam *kp = &e->params[e->n_params++];
-      if (!cJSON_IsString(nm) || !cJSON_IsString(ty) || !(kp->kind = param_kind(ty->valuestring)) ||
-          strlen(nm->valuestring) >= sizeof kp->name) {
-        rc = mg_diag_set(r->d, MLAGEN_EINVAL, "kernel %s: manifest parameter %d has no name or "
-                         "an unknown type", k.name, e->n_params - 1);
-        break;
-      }
-      snprintf(kp->name, sizeof kp->name, "%s", nm->valuestring);
-    }
+  e->rule = k.info.launch;
+  rc = 0;
+  for (int j = 0; j < k.info.n_params; j++) {
+    const mg_kernel_param *kp = &k.info.params[j];
+    e->params[e->n_params].kind = kp->kind == MG_PARAM_INT ? 'i' : kp->kind == MG_PARAM_FLOAT ? 'f' : 'p';
+    snprintf(e->params[e->n_params++].name, sizeof e->params[0].name, "%s", kp->name);
+  }
   if (!rc) rc = x->ops->load(x->ops, &k, &e->rule, &e->handle, r->d);
   mg_kernel_free(&k);
   if (rc) return step_prefix(r->p, r->d, i, rc);
@@ -345,8 +328,8 @@ static int collective(prep *r, int i) {
   const int64_t blk = (int64_t)count * (int64_t)es(t);
   if (seq_head) {
     int pack, unpack;
-    TRY(want_kernel(r, i, "a2a_pack", (int)H, 0, 0, 0, 0, &pack));
-    TRY(want_kernel(r, i, "a2a_unpack", (int)H, 0, 0, 0, 0, &unpack));
+    TRY(want_kernel(r, i, mg_op_family(MG_SPEC_OP_A2A, 0), (int)H, 0, 0, 0, 0, &pack));
+    TRY(want_kernel(r, i, mg_op_family(MG_SPEC_OP_A2A, 1), (int)H, 0, 0, 0, 0, &unpack));
     const int dir = s->kind == MG_STEP_HEAD_TO_SEQ;
     kargs a = {0};
     ap(&a, "src", in), ap(&a, "send", send), ai(&a, "seqlen_local", Sl), ai(&a, "batch", Bt);
@@ -410,14 +393,14 @@ static int kernel_step(prep *r, int i) {
       const int64_t B = q->dims[0], S = q->dims[1];
       const int h = (int)q->dims[2];
       if (mqa && fwd) {
-        TRY(want_kernel(r, i, "mqa_fwd", h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "c", BI(1)), ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
         return launch(r, i, k0, &a, B, S);
       }
       if (!mqa && fwd) {
-        TRY(want_kernel(r, i, "attn_fwd", h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
@@ -425,15 +408,10 @@ static int kernel_step(prep *r, int i) {
         return launch(r, i, k0, &a, B, S);
       }
       /* backward: delta in the step's scratch, by attn_bwd_pre */
-      if (mqa) {
-        TRY(want_kernel(r, i, "attn_bwd_pre", h, dc, dr, dc, dc, &k0));
-        TRY(want_kernel(r, i, "mqa_bwd_dkv", h, dn, dr, dv, dc, &k1));
-        TRY(want_kernel(r, i, "mqa_bwd_dq", h, dn, dr, dv, dc, &k2));
-      } else {
-        TRY(want_kernel(r, i, "attn_bwd_pre", h, dn, dr, dv, dc, &k0));
-        TRY(want_kernel(r, i, "attn_bwd_dkdv", h, dn, dr, dv, dc, &k1));
-        TRY(want_kernel(r, i, "attn_bwd_dq", h, dn, dr, dv, dc, &k2));
-      }
+      /* the delta over o_lat (d_c wide) for the absorbed form */
+      TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, mqa ? dc : dn, dr, mqa ? dc : dv, dc, &k0));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 1), h, dn, dr, dv, dc, &k1));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 2), h, dn, dr, dv, dc, &k2));
       const ref delta = bref(REF_WS, r->x->mem.step_ws[i]);
       const ref dout = mqa ? BI(4) : BI(5), ob = mqa ? BI(2) : BI(3), lb = mqa ? BI(3) : BI(4);
       kargs pre = {0};
@@ -458,7 +436,7 @@ static int kernel_step(prep *r, int i) {
       const int expand = s->op == MG_OP_EXPAND_KV;
       const mg_plan_buf *big = IN(0); /* kv or dk: [B, S, Hk, w] */
       const int64_t rows = big->dims[0] * big->dims[1], H = big->dims[2];
-      TRY(want_kernel(r, i, expand ? "expand_kv" : "split_dkv", (int)H, dn, dr, dv, dc, &k0));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 0), (int)H, dn, dr, dv, dc, &k0));
       kargs a = {0};
       if (expand) {
         ap(&a, "kv", BI(0)), ap(&a, "rope", BI(1)), ap(&a, "k", BO(0)), ap(&a, "v", BO(1));
@@ -473,8 +451,7 @@ static int kernel_step(prep *r, int i) {
     case MG_OP_SPLIT_LATENT: {
       const int concat = s->op == MG_OP_CONCAT_LATENT;
       const int64_t rows = mg_plan_buf_numel(concat ? IN(0) : OUT(0)) / dc;
-      TRY(want_kernel(r, i, concat ? "concat_latent" : "split_latent", p->shape.heads, dn, dr, dv,
-                      dc, &k0));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 0), p->shape.heads, dn, dr, dv, dc, &k0));
       kargs a = {0};
       if (concat) ap(&a, "c_kv", BI(0)), ap(&a, "k_rope", BI(1)), ap(&a, "c", BO(0));
       else ap(&a, "dc", BI(0)), ap(&a, "dc_kv", BO(0)), ap(&a, "dk_rope", BO(1));
@@ -490,7 +467,7 @@ static int kernel_step(prep *r, int i) {
         return emit_copy2d(r, i, bref(s->out[0], s->dst_col * e), dw * e,
                            bref(s->in[0], s->src_col * e), sw * e, s->cols * e, rows);
       }
-      TRY(want_kernel(r, i, "copy_cols", p->shape.heads, dn, dr, dv, dc, &k0));
+      TRY(want_kernel(r, i, mg_op_family(s->op, 0), p->shape.heads, dn, dr, dv, dc, &k0));
       kargs a = {0};
       ap(&a, "src", BI(0)), ap(&a, "dst", BO(0)), ai(&a, "rows", rows), ai(&a, "src_w", sw);
       ai(&a, "src_col", s->src_col), ai(&a, "dst_w", dw), ai(&a, "dst_col", s->dst_col);
@@ -584,9 +561,9 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
     free(x);
     return rc;
   }
-  int own_gen = !(opts && opts->gen);
+  int own_gen = !(opts && opts->gen) && !o->gen;
   if (own_gen) rc = mg_gen_open(&x->gen, NULL, d);
-  else x->gen = opts->gen;
+  else x->gen = opts && opts->gen ? opts->gen : o->gen;
   prep r = {.x = x, .p = p, .d = d};
   for (int i = 0; i < p->n_steps && !rc; i++) {
     if (i == p->n_fwd) x->n_fwd_ops = x->n_prog;

@@ -96,8 +96,8 @@ typedef struct mg_cuda_tensors {
 typedef struct mg_cuda_exec mg_cuda_exec;
 
 typedef struct mg_cuda_exec_opts {
-  mg_gen *gen;        /* the generator kernels come from; NULL: the embedded templates
-                         (opened and closed inside prepare) */
+  mg_gen *gen;        /* the generator kernels come from; NULL: the ops' (mg_dev_ops.gen),
+                         else the embedded templates (opened and closed inside prepare) */
   double timeout_s;   /* P > 1: how long run waits for the pass to finish while polling
                          the communicator (0: 600 s; < 0: do not wait, return after
                          queueing, as at P = 1) */

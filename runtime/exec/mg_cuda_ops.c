@@ -73,7 +73,7 @@ static int c_load(mg_dev_ops *o, const mg_kernel *k, const struct mg_launch_rule
   memset(&cubin, 0, sizeof cubin);
   if ((rc = mg_jit_compile(k->source, k->source_len, k->file, k->name, &jo, &cubin, d)))
     return mg_diag_prefix(d, "NVRTC (%s, %s)", k->name, c->arch);
-  rc = mg_registry_load_manifest(c->reg, k->manifest, cubin.data, cubin.size, &found, d);
+  rc = mg_registry_load_kernel(c->reg, &k->info, cubin.data, cubin.size, &found, d);
   mg_cubin_free(&cubin);
   if (rc) return rc;
   *handle = (void *)found;
@@ -283,6 +283,7 @@ int mg_dev_ops_cuda(mg_dev_ops **out, mg_diag *d) {
   }
   if (!rc) rc = mg_registry_create(&c->reg, d);
   if (!rc) rc = mg_gen_open(&c->gen, NULL, d);
+  c->base.gen = c->gen; /* the executor renders with it too: one generator per ops */
   if (rc) {
     c_destroy(&c->base);
     return rc;

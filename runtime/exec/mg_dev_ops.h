@@ -11,7 +11,7 @@
 #include "mg_generate.h" /* mg_kernel */
 #include "mg_plan.h"     /* mg_gemm */
 
-/* A kernel launch rule and the grid computed from it come from runtime/exec/mg_module.h. */
+/* A kernel launch rule and the grid computed from it come from generator/gen/mg_manifest.h. */
 struct mg_launch_rule;
 
 /* Device operations. Every pointer is device memory (host memory for a CPU
@@ -25,6 +25,10 @@ struct mg_dev_ops {
    * arch "" (a CPU implementation): no lookup, every kernel uses its template's default. */
   char arch[16];
   char device[128];
+  /* The generator the ops compile kernels with (the device header and template hash for
+   * NVRTC), which the executor then also renders with, so one is opened per device ops;
+   * NULL: the ops need none (the executor opens the embedded templates itself). */
+  mg_gen *gen;
   /* Makes generated kernel k launchable with launch rule *rule; *handle is what launch
    * takes, valid until destroy. Called once per distinct kernel name. */
   int (*load)(mg_dev_ops *o, const mg_kernel *k, const struct mg_launch_rule *rule, void **handle,

@@ -4,7 +4,7 @@
  * shared memory limit when its launch rule needs more than 48 KiB
  * (cuFuncSetAttribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), and launches it
  * (cuLaunchKernel) on the caller's stream with the grid its manifest's launch rule gives
- * for the run-time sizes.
+ * for the run-time sizes (mg_launch_rule, mg_launch_grid: generator/gen/mg_manifest.h).
  *
  * A registry belongs to one mlagen context and, through it, to the CUDA context that was
  * current when the registry was created: every load and launch must run with that CUDA
@@ -27,11 +27,11 @@
  * Nothing aborts or prints. */
 #ifndef MG_MODULE_H
 #define MG_MODULE_H
-#include <cJSON.h>
 #include <stddef.h>
 
 #include "mg_diag.h"
 #include "mg_driver.h"
+#include "mg_manifest.h" /* mg_launch_rule, mg_launch_dims, mg_kernel_info */
 #include "mlagen.h"
 
 /* The status of a failed driver call. */
@@ -39,49 +39,6 @@
 
 /* Dynamic shared memory a kernel may use without raising its limit: 48 KiB. */
 #define MG_DEFAULT_DYN_SMEM (48 * 1024)
-
-/* What a grid dim is computed from. */
-typedef enum mg_grid_src {
-  MG_GRID_VALUE = 0, /* a constant: value */
-  MG_GRID_BATCH,     /* ceil(batch * mul / div) */
-  MG_GRID_SEQLEN_Q,  /* ceil(seqlen_q * mul / div) */
-  MG_GRID_SEQLEN_K   /* ceil(seqlen_k * mul / div) */
-} mg_grid_src;
-
-/* A kernel's launch rule, from its manifest entry's "launch" object:
- *   {"grid": [d, d, d], "block": [x, y, z], "smem": bytes, ...}
- * with each grid dim d either {"value": n} or {"arg": "batch"|"seqlen_q"|"seqlen_k",
- * "div": n, "mul": m} (div and mul optional, default 1): ceil(arg * mul / div). */
-typedef struct mg_launch_rule {
-  struct {
-    mg_grid_src src;
-    long value;    /* MG_GRID_VALUE: the dim, >= 1 */
-    long mul, div; /* otherwise: both in 1 .. 2^20 */
-  } grid[3];
-  unsigned block[3]; /* threads, each >= 1, product <= 1024 */
-  size_t smem;       /* dynamic shared memory per CTA, bytes */
-} mg_launch_rule;
-
-/* The run-time sizes a grid is computed from (counts, >= 0). */
-typedef struct mg_launch_dims {
-  long batch, seqlen_q, seqlen_k;
-} mg_launch_dims;
-
-/* Parses a manifest "launch" object into *rule. what names the kernel in messages (may be
- * NULL). Returns 0, or MLAGEN_EINVAL (launch or rule NULL; grid or block not arrays of 3;
- * a grid dim with neither or both of "arg" and "value", an unknown "arg", a "div" or "mul"
- * that is not an integer in 1 .. 2^20, a "value" that is not an integer in
- * 1 .. 2^31 - 1; a block dim that is not an integer >= 1 or threads over 1024; "smem" not
- * an integer in 0 .. 2^31 - 1); *rule is zeroed on error. */
-int mg_launch_rule_parse(const cJSON *launch, const char *what, mg_launch_rule *rule, mg_diag *d);
-
-/* The grid of rule for dims into grid[3]: per dim, value, or ceil(arg * mul / div) with
- * arg the dims field named by the rule. A dim may come out 0 (e.g. seqlen_q = 0): the
- * launch is then empty. Returns 0, or MLAGEN_EINVAL (a NULL argument, a dims field the
- * rule uses is negative), MLAGEN_ELIMIT (x over 2^31 - 1, y or z over 65535; the message
- * gives the dim, its value and the limit). */
-int mg_launch_grid(const mg_launch_rule *rule, const mg_launch_dims *dims, unsigned grid[3],
-                   mg_diag *d);
 
 typedef struct mg_module_registry mg_module_registry;
 
@@ -119,11 +76,10 @@ int mg_registry_destroy(mg_module_registry *r, mg_diag *d);
 int mg_registry_load(mg_module_registry *r, const char *name, const void *image, size_t size,
                      const mg_launch_rule *rule, const mg_module_kernel **out, mg_diag *d);
 
-/* mg_registry_load for one kernel entry of a manifest (mg_kernel.manifest, or an element
- * of manifest.json's "kernels"): its "name" and its "launch" rule (mg_launch_rule_parse).
- * Same returns; MLAGEN_EINVAL also for an entry without a string "name" or a bad rule. */
-int mg_registry_load_manifest(mg_module_registry *r, const cJSON *entry, const void *image,
-                              size_t size, const mg_module_kernel **out, mg_diag *d);
+/* mg_registry_load for a generated kernel's typed manifest (mg_kernel.info): its name and
+ * launch rule. Same returns; MLAGEN_EINVAL also for k NULL. */
+int mg_registry_load_kernel(mg_module_registry *r, const mg_kernel_info *k, const void *image,
+                            size_t size, const mg_module_kernel **out, mg_diag *d);
 
 /* The loaded kernel named name in *out. Returns 0, or MLAGEN_EINVAL (an argument NULL, or
  * "no kernel '<name>' in the module registry"); *out is NULL on error. */

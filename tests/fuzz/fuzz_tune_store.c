@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mg_tune.h"
+#include "mg_tune_store.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   mg_tune_store s;

@@ -72,7 +72,6 @@
  * Writes OUTDIR/bench.log (everything printed) and OUTDIR/bench.csv (the table).
  * Exit: 0 ok; 1 a CUDA error (named by cuGetErrorName), a compile error or a correctness
  * miss; 2 usage, or no CUDA driver (the loader's "no CUDA driver: ..." message). */
-#include <cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -188,9 +187,7 @@ typedef struct gk {
   mg_diag d;
   CUmodule mod;
   CUfunction fn;
-  struct { const char *arg; long mul, div, value; } grid[3]; /* ceil(arg * mul / div) */
-  unsigned block[3];
-  size_t smem;
+  mg_launch_rule rule;  /* the manifest's launch rule */
 } gk;
 
 typedef struct kset {
@@ -216,58 +213,24 @@ static mg_kernel_spec make_spec(int which, int H) {
   return s;
 }
 
-/* Reads the launch rule and checks the parameter names against k_params. */
+/* Checks the kernel's parameter names (its typed manifest, mg_kernel.info) against
+ * k_params, and takes its launch rule. */
 static int read_manifest(gk *g) {
-  const cJSON *m = g->k.manifest;
-  const cJSON *params = cJSON_GetObjectItemCaseSensitive(m, "params");
+  const mg_kernel_info *m = &g->k.info;
   int n = 0;
-  const cJSON *p;
-  cJSON_ArrayForEach(p, params) {
-    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(p, "name");
+  for (; n < m->n_params; n++) {
     const char *want = n < 16 ? k_params[g->which][n] : NULL;
-    if (!cJSON_IsString(nm) || !want || strcmp(nm->valuestring, want) != 0) {
+    if (!want || strcmp(m->params[n].name, want) != 0) {
       say("bench: %s: parameter %d is '%s', the launch passes '%s'\n", g->name, n,
-          cJSON_IsString(nm) ? nm->valuestring : "?", want ? want : "(nothing)");
+          m->params[n].name, want ? want : "(nothing)");
       return -1;
     }
-    n++;
   }
   if (n == 0 || (n < 16 && k_params[g->which][n])) {
     say("bench: %s: %d parameters in the manifest, the launch passes more\n", g->name, n);
     return -1;
   }
-  const cJSON *launch = cJSON_GetObjectItemCaseSensitive(m, "launch");
-  const cJSON *grid = cJSON_GetObjectItemCaseSensitive(launch, "grid");
-  const cJSON *block = cJSON_GetObjectItemCaseSensitive(launch, "block");
-  const cJSON *smem = cJSON_GetObjectItemCaseSensitive(launch, "smem");
-  if (cJSON_GetArraySize(grid) != 3 || cJSON_GetArraySize(block) != 3 || !cJSON_IsNumber(smem)) {
-    say("bench: %s: no launch rule (grid[3], block[3], smem) in the manifest\n", g->name);
-    return -1;
-  }
-  for (int i = 0; i < 3; i++) {
-    const cJSON *e = cJSON_GetArrayItem(grid, i);
-    const cJSON *arg = cJSON_GetObjectItemCaseSensitive(e, "arg");
-    const cJSON *div = cJSON_GetObjectItemCaseSensitive(e, "div");
-    const cJSON *mul = cJSON_GetObjectItemCaseSensitive(e, "mul");
-    const cJSON *val = cJSON_GetObjectItemCaseSensitive(e, "value");
-    g->grid[i].arg = cJSON_IsString(arg) ? arg->valuestring : NULL;
-    g->grid[i].div = cJSON_IsNumber(div) ? (long)div->valuedouble : 1;
-    g->grid[i].mul = cJSON_IsNumber(mul) ? (long)mul->valuedouble : 1;
-    g->grid[i].value = cJSON_IsNumber(val) ? (long)val->valuedouble : -1;
-    if ((!g->grid[i].arg && g->grid[i].value < 0) || g->grid[i].div < 1 || g->grid[i].mul < 1 ||
-        (div && !cJSON_IsNumber(div)) || (mul && !cJSON_IsNumber(mul))) {
-      say("bench: %s: grid[%d] is neither {arg, mul, div} (mul, div >= 1) nor {value}\n", g->name,
-          i);
-      return -1;
-    }
-    if (g->grid[i].arg && strcmp(g->grid[i].arg, "seqlen_q") && strcmp(g->grid[i].arg, "seqlen_k") &&
-        strcmp(g->grid[i].arg, "batch")) {
-      say("bench: %s: grid[%d] names an unknown argument '%s'\n", g->name, i, g->grid[i].arg);
-      return -1;
-    }
-    g->block[i] = (unsigned)cJSON_GetArrayItem(block, i)->valuedouble;
-  }
-  g->smem = (size_t)smem->valuedouble;
+  g->rule = m->launch;
   return 0;
 }
 
@@ -347,18 +310,18 @@ static int build_all(mg_gen *gen, kset *sets, int n_sets, int max_optin_smem) {
     }
     const mg_jit_report *r = &g->cubin.report;
     say("  %-72s regs %3d spill %ld/%ld smem %zu%s\n", g->name, r->registers, r->spill_stores,
-        r->spill_loads, g->smem, r->cache_hit ? " (cached)" : "");
-    if ((long)g->smem > max_optin_smem) {
+        r->spill_loads, g->rule.smem, r->cache_hit ? " (cached)" : "");
+    if ((long)g->rule.smem > max_optin_smem) {
       say("bench: %s needs %zu bytes of dynamic shared memory, the device allows %d\n", g->name,
-          g->smem, max_optin_smem);
+          g->rule.smem, max_optin_smem);
       bad = 1;
       continue;
     }
     if (CU(drv->cuModuleLoadData(&g->mod, g->cubin.data))) { bad = 1; continue; }
     if (CU(drv->cuModuleGetFunction(&g->fn, g->mod, g->name))) { bad = 1; continue; }
-    if (g->smem > 0 &&
+    if (g->rule.smem > 0 &&
         CU(drv->cuFuncSetAttribute(g->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                   (int)g->smem))) {
+                                   (int)g->rule.smem))) {
       bad = 1;
       continue;
     }
@@ -380,20 +343,20 @@ static void free_all_kernels(kset *sets, int n_sets) {
 /* Launches g on the bench stream by its manifest's launch rule (a zero grid: nothing). */
 static int launch(const gk *g, int B, int sq, int sk, void **args) {
   unsigned dim[3];
-  for (int i = 0; i < 3; i++) {
-    long v = g->grid[i].value;
-    if (g->grid[i].arg) {
-      long a = !strcmp(g->grid[i].arg, "seqlen_q") ? sq : !strcmp(g->grid[i].arg, "seqlen_k") ? sk : B;
-      v = (a * g->grid[i].mul + g->grid[i].div - 1) / g->grid[i].div;
-    }
-    if (v <= 0) return 0;
-    dim[i] = (unsigned)v;
+  const mg_launch_dims dims = {.batch = B, .seqlen_q = sq, .seqlen_k = sk};
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_launch_grid(&g->rule, &dims, dim, &d)) {
+    say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return -1;
   }
+  if (!dim[0] || !dim[1] || !dim[2]) return 0;
+  const unsigned *b = g->rule.block;
   char what[256];
   snprintf(what, sizeof what, "cuLaunchKernel(%s, grid %u,%u,%u, block %u, smem %zu)", g->name,
-           dim[0], dim[1], dim[2], g->block[0], g->smem);
-  return cu(drv->cuLaunchKernel(g->fn, dim[0], dim[1], dim[2], g->block[0], g->block[1],
-                                g->block[2], (unsigned)g->smem, g_stream, args, NULL),
+           dim[0], dim[1], dim[2], b[0], g->rule.smem);
+  return cu(drv->cuLaunchKernel(g->fn, dim[0], dim[1], dim[2], b[0], b[1], b[2],
+                                (unsigned)g->rule.smem, g_stream, args, NULL),
             what);
 }
 

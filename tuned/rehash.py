@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Moves tuned entries onto new family template hashes when the change compiles to the same code.
+
+usage: tuned/rehash.py STORE TEST_TUNE OLD_MLAGEN OLD_TEMPLATES NEW_MLAGEN NEW_TEMPLATES
+
+STORE          a schema-3 store (e.g. tuned/sm_90a/NVIDIA_H200.json), rewritten in place
+TEST_TUNE      the test_tune binary: `TEST_TUNE --family-hashes DIR` prints each family's hash
+OLD_MLAGEN     an mlagen binary built from the commit whose templates are OLD_TEMPLATES
+OLD_TEMPLATES  e.g. from `git archive <commit> templates | tar -x -C /tmp/old` -> /tmp/old/templates
+NEW_MLAGEN     the mlagen binary of the tree whose templates are NEW_TEMPLATES
+NEW_TEMPLATES  the templates the entries move to (the working tree's templates/)
+
+A template change voids its family's entries (docs/tuning.md), which is right when the kernel
+changed but wasteful when the change only moved code (into the device library, a kernel{}
+field) and the GPU runs the same instructions. For each entry still stamped with its family's
+OLD hash, this renders the entry's kernel (its model, SP degree, dtype, causal and tuned
+configuration) with both binaries and compares:
+  1. the rendered source with its headers, byte for byte: equal -> moved ("source");
+  2. else the SASS: both compiled by `nvcc -cubin -arch=<the store's arch>` and disassembled by
+     nvdisasm (the toolkit's, or $NVDISASM), comments, addresses and the kernel's symbol
+     normalized away: equal instruction streams -> moved ("sass");
+  3. else the entry keeps its old hash (plans report "template changed" until it is swept again).
+Only the template_hash lines of moved entries change; every measured figure keeps its bytes,
+which the json module checks. Prints one line per entry.
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def family_hashes(test_tune, templates):
+    out = subprocess.run([test_tune, "--family-hashes", templates], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)["families"]
+
+
+def model_for(shape):
+    """(config path, sp) whose kernels see shape's heads and dims, or None."""
+    for c in sorted(glob.glob(os.path.join(ROOT, "configs", "*.json"))):
+        j = json.load(open(c))
+        dims = (j["qk_nope_head_dim"], j["qk_rope_head_dim"], j["v_head_dim"], j["kv_lora_rank"])
+        if dims != (shape["d_n"], shape["d_r"], shape["d_v"], shape["d_c"]):
+            continue
+        H = j["num_attention_heads"]
+        if H % shape["heads"] == 0:
+            return c, H // shape["heads"]
+    return None
+
+
+def render(mlagen, out, cfg, sp, entry):
+    sets = []
+    for k, v in sorted(entry["config"].items()):
+        sets += ["--set", "%s.%s=%d" % (entry["family"], k, v)]
+    dtype = {"bf16": "bf16", "f16": "fp16", "fp16": "fp16"}[entry["shape"]["dtype"]]
+    subprocess.run([mlagen, "generate", "--model", cfg, "--sp", str(sp), "--dtype", dtype,
+                    "--out", out] + sets, check=True, capture_output=True)
+    man = json.load(open(os.path.join(out, "manifest.json")))
+    hits = [k for k in man["kernels"] if k["family"] == entry["family"]
+            and k["spec"]["causal"] == entry["shape"]["causal"]
+            and k["spec"]["heads"] == entry["shape"]["heads"]
+            and all(k["config"].get(t) == v for t, v in entry["config"].items())]
+    if len(hits) != 1:
+        raise RuntimeError("%d kernels of %s match the entry in %s" % (len(hits), entry["family"], out))
+    return hits[0]["file"], man["headers"]
+
+
+def nvdisasm():
+    cand = [os.environ.get("NVDISASM", ""), shutil.which("nvdisasm") or "",
+            "/usr/local/cuda/bin/nvdisasm"]
+    cand += glob.glob(os.path.join(ROOT, "build", "tools", "nvidia", "*", "bin", "nvdisasm"))
+    for c in cand:
+        if c and os.access(c, os.X_OK):
+            return c
+    sys.exit("rehash.py: no nvdisasm (set NVDISASM, or run scripts/setup.sh, which installs one)")
+
+
+def sass(src_dir, file, arch, tmp):
+    cubin = os.path.join(tmp, file + ".cubin")
+    subprocess.run(["nvcc", "-cubin", "-arch=" + arch, "-I", src_dir, "-o", cubin,
+                    os.path.join(src_dir, file)], check=True, capture_output=True)
+    text = subprocess.run([nvdisasm(), "-c", cubin], check=True, capture_output=True,
+                          text=True).stdout
+    lines = []
+    for line in text.splitlines():
+        line = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line)      # instruction addresses
+        line = re.sub(r"/\*.*?\*/", "", line).strip()        # encodings and comments
+        line = re.sub(r"mla_\w+", "KERNEL", line)            # the kernel's symbol
+        if line and not line.startswith("."):
+            lines.append(line)
+    return lines
+
+
+def main(store, test_tune, old_bin, old_tpl, new_bin, new_tpl):
+    old_h, new_h = family_hashes(test_tune, old_tpl), family_hashes(test_tune, new_tpl)
+    text = open(store, encoding="utf-8").read()
+    data = json.loads(text)
+    if data["schema"] != 3:
+        sys.exit("%s: schema %s, expected 3" % (store, data["schema"]))
+    moved = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, e in enumerate(data["entries"]):
+            f, h = e["family"], e["template_hash"]
+            tag = "%d %s h%d bucket %d" % (i, f, e["shape"]["heads"], e["seq_bucket"])
+            if h == new_h.get(f):
+                print("%s: already on the new hash" % tag)
+                continue
+            if h != old_h.get(f):
+                print("%s: stamped with neither hash (stale before this change): kept" % tag)
+                continue
+            m = model_for(e["shape"])
+            if not m:
+                print("%s: no shipped model has this shape: kept" % tag)
+                continue
+            od, nd = os.path.join(tmp, "old%d" % i), os.path.join(tmp, "new%d" % i)
+            of, ohs = render(old_bin, od, m[0], m[1], e)
+            nf, nhs = render(new_bin, nd, m[0], m[1], e)
+            same = lambda a, b: open(a, "rb").read() == open(b, "rb").read()
+            if of == nf and ohs == nhs and same(os.path.join(od, of), os.path.join(nd, nf)) and \
+                    all(same(os.path.join(od, x), os.path.join(nd, x)) for x in ohs):
+                moved[i] = "source"
+            elif sass(od, of, data["arch"], tmp) == sass(nd, nf, data["arch"], tmp):
+                moved[i] = "sass"
+            else:
+                print("%s: the compiled code differs: kept (sweep it again)" % tag)
+                continue
+            print("%s: moved (%s identical)" % (tag, moved[i]))
+    if not moved:
+        return
+    lines, out, i = text.split("\n"), [], 0
+    pat = re.compile(r'^(\t\t\t"template_hash":\t")([0-9a-f]{64})(",)$')
+    for line in lines:
+        mt = pat.match(line)
+        if mt:
+            if i in moved:
+                line = mt.group(1) + new_h[data["entries"][i]["family"]] + mt.group(3)
+            i += 1
+        out.append(line)
+    if i != len(data["entries"]):
+        sys.exit("%s: found %d entry template_hash lines for %d entries" % (store, i, len(data["entries"])))
+    new_text = "\n".join(out)
+    new = json.loads(new_text)
+    for k, e in enumerate(new["entries"]):
+        if k in moved:
+            e["template_hash"] = data["entries"][k]["template_hash"]
+    assert new == data, "the rewrite changed something other than the moved entries' hashes"
+    tmpf = store + ".tmp"
+    with open(tmpf, "w", encoding="utf-8") as fh:
+        fh.write(new_text)
+    os.replace(tmpf, store)
+    print("%s: %d of %d entries moved to their families' new hashes" % (store, len(moved), len(data["entries"])))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 7:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])
