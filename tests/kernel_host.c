@@ -455,8 +455,8 @@ void kh_run_asan_child(const char *argv0, uint64_t test_seed, void (*asan_case)(
   }
   char seed[32], cache[1200];
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)test_seed);
-  /* The child builds into this process's cache directory, removed at its exit even when
-   * ASan kills the child. */
+  /* The child builds into this process's cache directory (a temporary one is removed at
+   * its exit even when ASan kills the child; $MG_HOST_CACHE_DIR is kept). */
   const char *root = mg_host_cache_dir();
   assert_non_null(root);
   snprintf(cache, sizeof cache, "%s/asan-child", root);
