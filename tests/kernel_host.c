@@ -279,8 +279,25 @@ int kh_sweep_exhaustive(void) {
   return e && !strcmp(e, "1");
 }
 
-/* A candidate's value of tunable name, or LONG_MIN when it does not set it. */
+/* The factors of a sweep's covering sample besides the tunables: what a spec says of the
+ * kernel (candidates of several families, shapes or dtypes may share one sweep). */
+static const char *const spec_factors[] = {"family", "dtype", "heads", "d_n",
+                                           "d_r",    "d_v",   "d_c",   "causal"};
+enum { N_SPEC_FACTORS = sizeof spec_factors / sizeof spec_factors[0] };
+
+static long str_value(const char *str) { /* FNV-1a */
+  uint64_t h = 1469598103934665603ULL;
+  for (; *str; str++) h = (h ^ (unsigned char)*str) * 1099511628211ULL;
+  return (long)(h >> 1);
+}
+
+/* A candidate's value of factor name (a spec field, else a tunable), or LONG_MIN when it
+ * does not set that tunable. */
 static long cand_value(const mg_kernel_spec *s, const char *name) {
+  const long fixed[N_SPEC_FACTORS] = {str_value(s->family), str_value(s->dtype), s->heads, s->d_n,
+                                      s->d_r, s->d_v, s->d_c, s->causal};
+  for (int f = 0; f < N_SPEC_FACTORS; f++)
+    if (!strcmp(spec_factors[f], name)) return fixed[f];
   for (int j = 0; j < s->n_config; j++)
     if (!strcmp(s->config[j].name, name)) return s->config[j].value;
   return LONG_MIN;
@@ -288,9 +305,10 @@ static long cand_value(const mg_kernel_spec *s, const char *name) {
 
 int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t seed,
                    const char *prefix) {
-  enum { MAX_F = 2 * MG_SPEC_MAX_CONFIG };
+  enum { MAX_F = N_SPEC_FACTORS + 2 * MG_SPEC_MAX_CONFIG };
   char names[MAX_F][32];
   int nf = 0;
+  for (; nf < N_SPEC_FACTORS; nf++) snprintf(names[nf], sizeof names[0], "%s", spec_factors[nf]);
   for (int i = 0; i < n; i++)
     for (int j = 0; j < cands[i].n_config; j++) {
       int f = 0;
