@@ -387,8 +387,8 @@ int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t se
   }
   print_message("  %d of %d kept configurations compiled (%s, seed %llu)\n", picked, kept,
                 all ? "MLAGEN_TEST_EXHAUSTIVE=1: all"
-                    : "every tunable value and pair of values once, and the most shared memory;"
-                      " MLAGEN_TEST_EXHAUSTIVE=1 compiles all",
+                    : "every value and pair of values of the spec's fields and tunables, and the"
+                      " most shared memory; MLAGEN_TEST_EXHAUSTIVE=1 compiles all",
                 (unsigned long long)seed);
   const int rejected = sw->rejected;
   for (int i = 0; i < n; i++)
