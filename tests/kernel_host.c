@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,6 +274,133 @@ int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix) 
   return 1;
 }
 
+int kh_sweep_exhaustive(void) {
+  const char *e = getenv("MLAGEN_TEST_EXHAUSTIVE");
+  return e && !strcmp(e, "1");
+}
+
+/* The factors of a sweep's covering sample besides the tunables: what a spec says of the
+ * kernel (candidates of several families, shapes or dtypes may share one sweep). */
+static const char *const spec_factors[] = {"family", "dtype", "heads", "d_n",
+                                           "d_r",    "d_v",   "d_c",   "causal"};
+enum { N_SPEC_FACTORS = sizeof spec_factors / sizeof spec_factors[0] };
+
+static long str_value(const char *str) { /* FNV-1a */
+  uint64_t h = 1469598103934665603ULL;
+  for (; *str; str++) h = (h ^ (unsigned char)*str) * 1099511628211ULL;
+  return (long)(h >> 1);
+}
+
+/* A candidate's value of factor name (a spec field, else a tunable), or LONG_MIN when it
+ * does not set that tunable. */
+static long cand_value(const mg_kernel_spec *s, const char *name) {
+  const long fixed[N_SPEC_FACTORS] = {str_value(s->family), str_value(s->dtype), s->heads, s->d_n,
+                                      s->d_r, s->d_v, s->d_c, s->causal};
+  for (int f = 0; f < N_SPEC_FACTORS; f++)
+    if (!strcmp(spec_factors[f], name)) return fixed[f];
+  for (int j = 0; j < s->n_config; j++)
+    if (!strcmp(s->config[j].name, name)) return s->config[j].value;
+  return LONG_MIN;
+}
+
+int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t seed,
+                   const char *prefix) {
+  enum { MAX_F = N_SPEC_FACTORS + 2 * MG_SPEC_MAX_CONFIG };
+  char names[MAX_F][32];
+  int nf = 0;
+  for (; nf < N_SPEC_FACTORS; nf++) snprintf(names[nf], sizeof names[0], "%s", spec_factors[nf]);
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < cands[i].n_config; j++) {
+      int f = 0;
+      while (f < nf && strcmp(names[f], cands[i].config[j].name)) f++;
+      if (f == nf) {
+        assert_true(nf < MAX_F);
+        snprintf(names[nf++], sizeof names[0], "%s", cands[i].config[j].name);
+      }
+    }
+  long *val = calloc((size_t)(n ? n : 1) * (nf ? nf : 1), sizeof *val);
+  long *smem = calloc(n ? n : 1, sizeof *smem);
+  int *order = calloc(n ? n : 1, sizeof *order), *state = calloc(n ? n : 1, sizeof *state);
+  assert_non_null(val);
+  assert_non_null(smem);
+  assert_non_null(order);
+  assert_non_null(state);
+  int kept = 0;
+  for (int i = 0; i < n; i++) { /* state: 0 rejected, 1 kept, 2 picked */
+    mg_kernel k;
+    const int rc = mg_gen_kernel(sw->g, &cands[i], &k, &sw->d);
+    if (rc == MLAGEN_EINVAL && strstr(mg_diag_msg(&sw->d), "rejected")) {
+      if (!(sw->flags & KH_SWEEP_REJECTS)) fail_msg("%s", mg_diag_msg(&sw->d));
+      if (!(sw->flags & KH_SWEEP_QUIET_REJECTS)) print_message("  rejected: %s\n", mg_diag_msg(&sw->d));
+      sw->rejected++;
+      continue;
+    }
+    if (rc) fail_msg("%s", mg_diag_msg(&sw->d));
+    const cJSON *launch = cJSON_GetObjectItemCaseSensitive(k.manifest, "launch");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(launch, "smem");
+    smem[i] = cJSON_IsNumber(v) ? (long)v->valuedouble : 0;
+    if (sw->max_smem > 0 && smem[i] > sw->max_smem)
+      fail_msg("%s: launch.smem %ld exceeds %ld", k.name, smem[i], sw->max_smem);
+    mg_kernel_free(&k);
+    state[i] = 1;
+    kept++;
+    for (int f = 0; f < nf; f++) val[(size_t)i * nf + f] = cand_value(&cands[i], names[f]);
+  }
+  /* the tie-break order: a Fisher-Yates shuffle drawn from seed */
+  uint64_t r = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+  for (int i = 0; i < n; i++) order[i] = i;
+  for (int i = n - 1; i > 0; i--) {
+    r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+    const int j = (int)((r >> 33) % (uint64_t)(i + 1));
+    const int t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  /* a pair (f, g) of candidate c is covered when a picked candidate has the same two
+   * values; f == g stands for the single value */
+  int picked = 0, best_smem = -1;
+  for (int o = 0; o < n; o++)
+    if (state[order[o]] && (best_smem < 0 || smem[order[o]] > smem[best_smem])) best_smem = order[o];
+  const int all = kh_sweep_exhaustive();
+  if (best_smem >= 0) state[best_smem] = 2, picked++;
+  for (int i = 0; all && i < n; i++)
+    if (state[i] == 1) state[i] = 2, picked++;
+  for (;;) {
+    int best = -1, best_gain = 0;
+    for (int o = 0; o < n; o++) {
+      const int c = order[o];
+      if (state[c] != 1) continue;
+      int gain = 0;
+      for (int f = 0; f < nf; f++)
+        for (int g = f; g < nf; g++) {
+          int covered = 0;
+          for (int p = 0; p < n && !covered; p++)
+            covered = state[p] == 2 && val[(size_t)p * nf + f] == val[(size_t)c * nf + f] &&
+                      val[(size_t)p * nf + g] == val[(size_t)c * nf + g];
+          gain += !covered;
+        }
+      if (gain > best_gain) best = c, best_gain = gain;
+    }
+    if (best < 0) break;
+    state[best] = 2;
+    picked++;
+  }
+  print_message("  %d of %d kept configurations compiled (%s, seed %llu)\n", picked, kept,
+                all ? "MLAGEN_TEST_EXHAUSTIVE=1: all"
+                    : "every value and pair of values of the spec's fields and tunables, and the"
+                      " most shared memory; MLAGEN_TEST_EXHAUSTIVE=1 compiles all",
+                (unsigned long long)seed);
+  const int rejected = sw->rejected;
+  for (int i = 0; i < n; i++)
+    if (state[i] == 2) assert_int_equal(kh_sweep_compile(sw, &cands[i], prefix), 1);
+  sw->rejected = rejected;
+  free(val);
+  free(smem);
+  free(order);
+  free(state);
+  return kept;
+}
+
 void kh_sweep_print_defaults(const kh_sweep *sw) {
   for (const char *line = sw->defaults, *nl; *line; line = nl + 1) {
     nl = strchr(line, '\n');
@@ -345,8 +473,8 @@ void kh_run_asan_child(const char *argv0, uint64_t test_seed, void (*asan_case)(
   }
   char seed[32], cache[1200];
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)test_seed);
-  /* The child builds into this process's cache directory, removed at its exit even when
-   * ASan kills the child. */
+  /* The child builds into this process's cache directory (a temporary one is removed at
+   * its exit even when ASan kills the child; $MG_HOST_CACHE_DIR is kept). */
   const char *root = mg_host_cache_dir();
   assert_non_null(root);
   snprintf(cache, sizeof cache, "%s/asan-child", root);

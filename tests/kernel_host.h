@@ -113,6 +113,19 @@ void kh_sweep_open(kh_sweep *sw, int name_width, int flags);
 /* Returns 1 when s was compiled, 0 when the template's check rejected it (KH_SWEEP_REJECTS;
  * else that fails the test). */
 int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix);
+/* The sweep over a list of candidate configurations (n specs, each with its tunables set):
+ * every candidate is rendered (the template's check decides which are kept; launch.smem is
+ * checked against sw->max_smem), and a covering sample of the kept ones is compiled with
+ * kh_sweep_compile: greedily, until every pair of values of two factors (and every single
+ * value) that some kept candidate has is in a compiled one, ties broken in an order drawn
+ * from seed, plus the kept candidate with the most dynamic shared memory. The factors: the
+ * spec's family, dtype, heads, d_n, d_r, d_v, d_c and causal, and each tunable. With MLAGEN_TEST_EXHAUSTIVE=1 in
+ * the environment (ctest -L exhaustive) every kept candidate is compiled. Returns the kept
+ * candidates' count (compiled or not); rejected ones are counted in sw->rejected. */
+int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t seed,
+                   const char *prefix);
+/* 1 when MLAGEN_TEST_EXHAUSTIVE=1: the sweeps compile every kept configuration. */
+int kh_sweep_exhaustive(void);
 /* Prints the lines of the defaults again, together. */
 void kh_sweep_print_defaults(const kh_sweep *sw);
 void kh_sweep_close(kh_sweep *sw);

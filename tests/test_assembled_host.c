@@ -449,6 +449,8 @@ int main(void) {
   const char *env = getenv("MLAGEN_TEST_SEED");
   if (env) g_seed = strtoull(env, NULL, 10);
   printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)g_seed);
+  const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: one ctest entry */
+  if (filter && *filter) cmocka_set_test_filter(filter);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_declining_hook),
       cmocka_unit_test(test_deepseek_heads),

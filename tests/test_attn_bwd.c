@@ -588,15 +588,16 @@ static const char large_json[] =
     " \"qk_rope_head_dim\": 64, \"qk_nope_head_dim\": 192, \"v_head_dim\": 256,"
     " \"q_lora_rank\": 768, \"hidden_size\": 2560}";
 
-/* Every configuration of the three families' tunable spaces that their checks keep
- * compiles for sm_80 and sm_90a without spills or a stack frame (causal), for the
- * DeepSeek-V3 head shape, the unusual one and a large one (d_n 192, d_r 64, d_v 256). Uses
- * the JIT cache ($MLAGEN_CACHE_DIR). One cmocka test per shape (m: 0, 1, 2 in that order)
- * and part (0: attn_bwd_pre and attn_bwd_dq; 1 to 4: attn_bwd_dkdv with deterministic =
- * (part - 1) / 2 and k_packed = (part - 1) % 2), so that each ctest entry stays under two
- * minutes on two cores with a cold cache (one shape took 205 s, its atomic dkdv 154 s on a
- * loaded machine). */
-static void nvrtc_all_kept_configs(int m, int part) {
+/* The configurations of the three families' tunable spaces that their checks keep compile
+ * for sm_80 and sm_90a without spills or a stack frame (causal), for the DeepSeek-V3 head
+ * shape, the unusual one and a large one (d_n 192, d_r 64, d_v 256). Uses the JIT cache
+ * ($MLAGEN_CACHE_DIR). Per family, every configuration is rendered (the templates' checks
+ * run on all) and a covering sample is compiled (kh_sweep_cover: every tunable value and
+ * every pair of values, and the most shared memory, drawn from the test's seed); with
+ * MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C exhaustive -L exhaustive) all of them (one shape took
+ * 205 s with a cold cache on a loaded two-core machine). One cmocka test per shape (m: 0,
+ * 1, 2). */
+static void nvrtc_kept_configs(int m) {
   const char *models[] = {"deepseek-v3", NULL, NULL};
   const char *jsons[] = {NULL, unusual_json, large_json};
   kh_sweep sw;
@@ -610,8 +611,6 @@ static void nvrtc_all_kept_configs(int m, int part) {
     assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &sw.d), 0);
     for (int i = 0; i < n; i++) {
       if (!specs[i].causal || strncmp(specs[i].family, "attn_bwd_", 9)) continue;
-      const int dkdv = !strcmp(specs[i].family, "attn_bwd_dkdv");
-      if (dkdv != (part > 0)) continue;
       /* the configurations: a list of assignment sets per family */
       char cfg[160][7][32];
       int nc = 0;
@@ -627,8 +626,8 @@ static void nvrtc_all_kept_configs(int m, int part) {
         for (int bn = 32; bn <= 128; bn *= 2)
           for (int bm = 16; bm <= 64; bm *= 2)
             for (int st = 1; st <= 2; st++)
-              for (int det = (part - 1) / 2; det <= (part - 1) / 2; det++)
-                for (int pk = (part - 1) % 2; pk <= (part - 1) % 2; pk++)
+              for (int det = 0; det <= 1; det++)
+                for (int pk = 0; pk <= 1; pk++)
                   for (int dks = 0; dks <= 1; dks++) {
                     snprintf(cfg[nc][0], 32, "block_n=%d", bn);
                     snprintf(cfg[nc][1], 32, "num_warps=%d", bn / 16);
@@ -653,11 +652,12 @@ static void nvrtc_all_kept_configs(int m, int part) {
                 nc++;
               }
       }
+      static mg_kernel_spec cands[160];
       for (int ci = 0; ci < nc; ci++) {
-        mg_kernel_spec s = specs[i];
-        for (int j = 0; j < 7 && cfg[ci][j][0]; j++) set(&s, cfg[ci][j]);
-        kept += kh_sweep_compile(&sw, &s, "");
+        cands[ci] = specs[i];
+        for (int j = 0; j < 7 && cfg[ci][j][0]; j++) set(&cands[ci], cfg[ci][j]);
       }
+      kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
     }
   }
   print_message("  %d configurations kept, %d rejected by the templates' checks (%.0f s)\n", kept,
@@ -665,23 +665,9 @@ static void nvrtc_all_kept_configs(int m, int part) {
   assert_true(kept >= 3);
   kh_sweep_close(&sw);
 }
-#define NVRTC_TEST(name, m, part) \
-  static void name(void **state) { (void)state; nvrtc_all_kept_configs(m, part); }
-NVRTC_TEST(test_nvrtc_deepseek_pre_dq, 0, 0)
-NVRTC_TEST(test_nvrtc_deepseek_dkdv_atomic_split, 0, 1)
-NVRTC_TEST(test_nvrtc_deepseek_dkdv_atomic_packed, 0, 2)
-NVRTC_TEST(test_nvrtc_deepseek_dkdv_det_split, 0, 3)
-NVRTC_TEST(test_nvrtc_deepseek_dkdv_det_packed, 0, 4)
-NVRTC_TEST(test_nvrtc_unusual_pre_dq, 1, 0)
-NVRTC_TEST(test_nvrtc_unusual_dkdv_atomic_split, 1, 1)
-NVRTC_TEST(test_nvrtc_unusual_dkdv_atomic_packed, 1, 2)
-NVRTC_TEST(test_nvrtc_unusual_dkdv_det_split, 1, 3)
-NVRTC_TEST(test_nvrtc_unusual_dkdv_det_packed, 1, 4)
-NVRTC_TEST(test_nvrtc_large_pre_dq, 2, 0)
-NVRTC_TEST(test_nvrtc_large_dkdv_atomic_split, 2, 1)
-NVRTC_TEST(test_nvrtc_large_dkdv_atomic_packed, 2, 2)
-NVRTC_TEST(test_nvrtc_large_dkdv_det_split, 2, 3)
-NVRTC_TEST(test_nvrtc_large_dkdv_det_packed, 2, 4)
+static void test_nvrtc_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
+static void test_nvrtc_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }
+static void test_nvrtc_large(void **state) { (void)state; nvrtc_kept_configs(2); }
 
 /* Mutation tests (issue 12): a bug injected into the rendered attn_bwd_dkdv by a string
  * edit (kt_mutate_edit: the pattern must match exactly once) must fail the per-element
@@ -827,21 +813,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_configs),
       cmocka_unit_test(test_missing_barrier_caught),
       cmocka_unit_test(test_fp16),
-      cmocka_unit_test(test_nvrtc_deepseek_pre_dq),
-      cmocka_unit_test(test_nvrtc_deepseek_dkdv_atomic_split),
-      cmocka_unit_test(test_nvrtc_deepseek_dkdv_atomic_packed),
-      cmocka_unit_test(test_nvrtc_deepseek_dkdv_det_split),
-      cmocka_unit_test(test_nvrtc_deepseek_dkdv_det_packed),
-      cmocka_unit_test(test_nvrtc_unusual_pre_dq),
-      cmocka_unit_test(test_nvrtc_unusual_dkdv_atomic_split),
-      cmocka_unit_test(test_nvrtc_unusual_dkdv_atomic_packed),
-      cmocka_unit_test(test_nvrtc_unusual_dkdv_det_split),
-      cmocka_unit_test(test_nvrtc_unusual_dkdv_det_packed),
-      cmocka_unit_test(test_nvrtc_large_pre_dq),
-      cmocka_unit_test(test_nvrtc_large_dkdv_atomic_split),
-      cmocka_unit_test(test_nvrtc_large_dkdv_atomic_packed),
-      cmocka_unit_test(test_nvrtc_large_dkdv_det_split),
-      cmocka_unit_test(test_nvrtc_large_dkdv_det_packed),
+      cmocka_unit_test(test_nvrtc_deepseek),
+      cmocka_unit_test(test_nvrtc_unusual),
+      cmocka_unit_test(test_nvrtc_large),
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_asan),
   };

@@ -444,11 +444,13 @@ static const char unusual_json[] =
     " \"qk_rope_head_dim\": 32, \"qk_nope_head_dim\": 64, \"v_head_dim\": 64,"
     " \"q_lora_rank\": 768, \"hidden_size\": 2560}";
 
-/* Every configuration of the tunable space that the template's check keeps compiles for
+/* The configurations of the tunable space that the template's check keeps compile for
  * sm_80 and sm_90a without spills or a stack frame (causal: the larger kernel), for the
- * DeepSeek-V3 head shape and the unusual one. The JIT cache ($MLAGEN_CACHE_DIR) is used:
- * a second run reads the cubins back. One cmocka test per shape (m: 0 DeepSeek-V3, 1 the
- * unusual one), so that each ctest entry stays under two minutes with a cold cache. */
+ * DeepSeek-V3 head shape and the unusual one. Every configuration is rendered (the check
+ * runs on all); a covering sample is compiled (kh_sweep_cover: every tunable value and pair
+ * of values, and the most shared memory), all of them with MLAGEN_TEST_EXHAUSTIVE=1 (ctest
+ * -C exhaustive -L exhaustive). The JIT cache ($MLAGEN_CACHE_DIR) is used: a second run
+ * reads the cubins back. One cmocka test per shape (m: 0 DeepSeek-V3, 1 the unusual one). */
 static void nvrtc_all_kept_configs(int m) {
   const char *models[] = {"deepseek-v3", NULL};
   const int block_m[] = {64, 128}, block_n[] = {32, 64, 128};
@@ -465,6 +467,8 @@ static void nvrtc_all_kept_configs(int m) {
     for (int i = 0; i < n; i++)
       if (!strcmp(specs[i].family, "attn_fwd") && specs[i].causal) found = i;
     assert_true(found >= 0);
+    mg_kernel_spec cands[2 * 3 * 2 * 2];
+    int nc = 0;
     for (int bm = 0; bm < 2; bm++)
       for (int bn = 0; bn < 3; bn++)
         for (int stages = 1; stages <= 2; stages++)
@@ -478,8 +482,9 @@ static void nvrtc_all_kept_configs(int m) {
             for (int i = 0; i < 4; i++) set(&s, a[i]);
             /* explicitly: the model's specs come with the plans' k_packed = 1 */
             set(&s, packed ? "k_packed=1" : "k_packed=0");
-            kept += kh_sweep_compile(&sw, &s, "");
+            cands[nc++] = s;
           }
+    kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   }
   print_message("  %d configurations kept, %d rejected by the template's check (%.0f s)\n", kept,
                 sw.rejected, kh_now() - sw.t0);

@@ -511,11 +511,14 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_f16)};
     return cmocka_run_group_tests(tests, NULL, report_worst);
   }
+  if (argc > 1 && !strcmp(argv[1], "deepseek")) { /* its own ctest too */
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_deepseek_heads)};
+    return cmocka_run_group_tests(tests, NULL, report_worst);
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_tuned_config),
       cmocka_unit_test(test_unusual_heads),
-      cmocka_unit_test(test_deepseek_heads),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }

@@ -42,7 +42,10 @@ static long launch_smem_static(const mg_kernel *k) {
   return (long)smem->valuedouble;
 }
 
-/* Generates every kernel of a model and compiles each for sm_80 and sm_90a. */
+/* Generates every kernel of a model and compiles each for sm_80 and sm_90a. The JIT cache
+ * ($MLAGEN_CACHE_DIR) is used: ctest gives these tests and cli_compile_v2_lite one cache
+ * and runs them one at a time, so a kernel two models share (same source, name and
+ * options: the same key) is compiled once per cold run, by the first of them. */
 static void compile_model(const char *model, int sp) {
   mg_shape shape;
   load_shape(model, &shape);
@@ -60,7 +63,7 @@ static void compile_model(const char *model, int sp) {
     mg_kernel k;
     if (mg_gen_kernel(g, &specs[i], &k, &d)) fail_msg("%s", mg_diag_msg(&d));
     for (int a = 0; a < 2; a++) {
-      mg_jit_opts o = {.arch = archs[a], .no_cache = 1, .template_hash = mg_gen_template_hash(g),
+      mg_jit_opts o = {.arch = archs[a], .template_hash = mg_gen_template_hash(g),
                        .headers = hdr, .n_headers = n_hdr};
       mg_cubin c;
       if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, &d))
@@ -86,7 +89,8 @@ static void test_kimi_k2(void **state) { (void)state; compile_model("kimi-k2", 1
 static void test_unusual(void **state) { (void)state; compile_model(NULL, 1); }
 
 /* Every configuration of the tunable space that the template's check keeps compiles for
- * sm_80 and sm_90a without spills (causal: the larger kernel). */
+ * sm_80 and sm_90a without spills (causal: the larger kernel). The JIT cache is used, as
+ * in compile_model. */
 static void test_all_kept_configs(void **state) {
   (void)state;
   const char *models[] = {"deepseek-v3", NULL};
@@ -119,8 +123,8 @@ static void test_all_kept_configs(void **state) {
         if (rc) fail_msg("%s", mg_diag_msg(&d));
         kept++;
         for (int arch = 0; arch < 2; arch++) {
-          mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .no_cache = 1, .headers = hdr,
-                           .n_headers = n_hdr};
+          mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = hdr, .n_headers = n_hdr,
+                           .template_hash = mg_gen_template_hash(g)};
           mg_cubin c;
           if (mg_jit_compile(k.source, k.source_len, k.file, k.name, &o, &c, &d))
             fail_msg("%s", mg_diag_msg(&d));

@@ -497,13 +497,16 @@ static void test_configs(void **state) {
   }
 }
 
-/* Every configuration of the two families' tunable spaces that their checks keep compiles
+/* The configurations of the two families' tunable spaces that their checks keep compile
  * for sm_80 and sm_90a without spills or a stack frame (causal), for d_c 512 / d_r 64 at
  * H = 16 and d_c 256 / d_r 32 at H = 128, and so do dkv's default with qsplit 8 and
  * attn_bwd_pre's default at d_v = d_c; the defaults' figures are printed. Uses the JIT
- * cache ($MLAGEN_CACHE_DIR). One cmocka test per shape (only: 0 or 1) and part (dkv: 1 for
- * mqa_bwd_dkv, 0 for mqa_bwd_dq and attn_bwd_pre), so that each ctest entry stays under two
- * minutes on two cores with a cold cache (the whole sweep took 189 s). */
+ * cache ($MLAGEN_CACHE_DIR). Every configuration is rendered (the templates' checks run on
+ * all); a covering sample is compiled (kh_sweep_cover: every tunable value and pair of
+ * values, and the most shared memory), all of them with MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C
+ * exhaustive -L exhaustive; the whole sweep took 189 s with a cold cache). One cmocka test
+ * per shape (only: 0 or 1) and part (dkv: 1 for mqa_bwd_dkv, 0 for mqa_bwd_dq and
+ * attn_bwd_pre). */
 static void nvrtc_all_kept_configs(size_t only, int dkv) {
   static const struct {
     int H, dc, dr;
@@ -515,8 +518,10 @@ static void nvrtc_all_kept_configs(size_t only, int dkv) {
   kh_sweep sw;
   kh_sweep_open(&sw, 62, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_QUIET_REJECTS);
   int kept = 0;
+  static mg_kernel_spec cands[3 * 3 * 3 * 2 * 2];
   for (size_t si = only; si == only; si++)
-    for (int f = dkv ? 0 : 1; f < (dkv ? 1 : 3); f++)
+    for (int f = dkv ? 0 : 1; f < (dkv ? 1 : 3); f++) {
+      int nc = 0;
       for (int ci = -2; ci < 3 * 3 * 3 * 2 * 2; ci++) { /* -1: the default; -2: dkv's, qsplit 8 */
         if ((ci == -2 && f != 0) || (ci >= 0 && f == 2)) continue; /* attn_bwd_pre: its default */
         mg_kernel_spec s = make_spec(families[f], shapes[si].H, shapes[si].dc, shapes[si].dr, 1);
@@ -528,9 +533,13 @@ static void nvrtc_all_kept_configs(size_t only, int dkv) {
             snprintf(a, sizeof a, "%s=%d", tunables[f][j], values[j][v[j]]);
             set(&s, a);
           }
+          cands[nc++] = s; /* the space: a covering sample of it below */
+          continue;
         }
         if (kh_sweep_compile(&sw, &s, ci == -1 ? "default " : "")) kept += ci != -1;
       }
+      kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
+    }
   kh_sweep_print_defaults(&sw); /* the defaults again, together */
   print_message("  %d configurations kept, %d rejected by the templates' checks (%.0f s)\n", kept,
                 sw.rejected, kh_now() - sw.t0);

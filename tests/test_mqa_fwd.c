@@ -468,10 +468,13 @@ static const char unusual_json[] =
     " \"qk_rope_head_dim\": 32, \"qk_nope_head_dim\": 64, \"v_head_dim\": 64,"
     " \"q_lora_rank\": 768, \"hidden_size\": 2560}";
 
-/* Every configuration of the tunable space that the template's check keeps compiles for
+/* The configurations of the tunable space that the template's check keeps compile for
  * sm_80 and sm_90a without spills or a stack frame (causal: the larger kernel), for the
- * DeepSeek-V3 shape (H 128, 576/512) and the unusual one (H 40, 288/256). The JIT cache
- * ($MLAGEN_CACHE_DIR) is used: a second run reads the cubins back. */
+ * DeepSeek-V3 shape (H 128, 576/512) and the unusual one (H 40, 288/256). Every
+ * configuration is rendered (the check runs on all); the default and a covering sample are
+ * compiled (kh_sweep_cover: every tunable value and pair of values, and the most shared
+ * memory), all of them with MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C exhaustive -L exhaustive).
+ * The JIT cache ($MLAGEN_CACHE_DIR) is used: a second run reads the cubins back. */
 static void test_nvrtc_all_kept_configs(void **state) {
   (void)state;
   const char *models[] = {"deepseek-v3", NULL};
@@ -484,19 +487,20 @@ static void test_nvrtc_all_kept_configs(void **state) {
     mg_shape shape;
     kh_load_shape(models[m], unusual_json, &shape);
     mg_kernel_spec base = make_spec(shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, 1);
-    /* the default first, then the space */
-    for (int i = -1; i < 16; i++) {
+    /* the default first, then a covering sample of the space */
+    mg_kernel_spec cands[16];
+    kh_sweep_compile(&sw, &base, "default ");
+    for (int i = 0; i < 16; i++) {
       mg_kernel_spec s = base;
-      if (i >= 0) {
-        char a[4][32];
-        snprintf(a[0], sizeof a[0], "block_m=%d", block_m[i & 1]);
-        snprintf(a[1], sizeof a[1], "block_n=%d", block_n[(i >> 1) & 1]);
-        snprintf(a[2], sizeof a[2], "nsplit=%d", nsplit[(i >> 2) & 1]);
-        snprintf(a[3], sizeof a[3], "stages=%d", 1 + ((i >> 3) & 1));
-        for (int j = 0; j < 4; j++) set(&s, a[j]);
-      }
-      if (kh_sweep_compile(&sw, &s, i < 0 ? "default " : "")) kept += i >= 0;
+      char a[4][32];
+      snprintf(a[0], sizeof a[0], "block_m=%d", block_m[i & 1]);
+      snprintf(a[1], sizeof a[1], "block_n=%d", block_n[(i >> 1) & 1]);
+      snprintf(a[2], sizeof a[2], "nsplit=%d", nsplit[(i >> 2) & 1]);
+      snprintf(a[3], sizeof a[3], "stages=%d", 1 + ((i >> 3) & 1));
+      for (int j = 0; j < 4; j++) set(&s, a[j]);
+      cands[i] = s;
     }
+    kept += kh_sweep_cover(&sw, cands, 16, g_test_seed, "");
   }
   print_message("  %d configurations kept, %d rejected by the template's check (%.0f s)\n", kept,
                 sw.rejected, kh_now() - sw.t0);
