@@ -193,17 +193,25 @@ def _group_of(sp_group):
     return dist.get_world_size(sp_group), dist.get_rank(sp_group)
 
 
-def _plan_for(model, form, q, causal, sp_group, head_groups, cache):
-    """The cached plan of (form, B, S, dtype, device, group, causal, head_groups)."""
+def _plan_for(model, form, tensors, causal, sp_group, head_groups, cache, fn):
+    """The cached plan of (form, B, S, dtype, device, group, causal, head_groups) for
+    tensors (q, c_kv, k_rope, w_kv_b), after checking they are tensors on one device."""
+    q = tensors[0]
+    for name, t in zip(("c_kv", "k_rope", "w_kv_b"), tensors[1:]):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} is a {type(t).__name__}, not a tensor")
+        if isinstance(q, torch.Tensor) and t.device != q.device:
+            raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}: all four "
+                             "tensors must be on one device")
     if not isinstance(q, torch.Tensor) or q.dim() < 2:
-        raise ValueError("mla_attention: q must be a tensor [B, S_l, H, d_n + d_r], got "
+        raise ValueError(f"{fn}: q must be a tensor [B, S_l, H, d_n + d_r], got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
     if q.device.type == "cpu":
         kind = _capi.DEVICE_CPU
     elif q.device.type == "cuda":
         kind = _capi.DEVICE_CUDA
     else:
-        raise ValueError(f"mla_attention: tensors on {q.device}: mlagen runs on cpu and cuda")
+        raise ValueError(f"{fn}: tensors on {q.device}: mlagen runs on cpu and cuda")
     P, rank = _group_of(sp_group)
     B, S = q.shape[0], q.shape[1] * P
     key = (form, B, S, q.dtype, q.device, id(sp_group), P, rank, bool(causal), head_groups)
@@ -228,13 +236,8 @@ def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, s
     for tensors on different devices or an unsupported device."""
     if not isinstance(model, Model):
         model = Model(model)
-    for name, t in (("c_kv", c_kv), ("k_rope", k_rope), ("w_kv_b", w_kv_b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"mla_attention: {name} is a {type(t).__name__}, not a tensor")
-        if isinstance(q, torch.Tensor) and t.device != q.device:
-            raise ValueError(f"mla_attention: {name} is on {t.device}, q on {q.device}: "
-                             "all four tensors must be on one device")
-    plan = _plan_for(model, form, q, causal, sp_group, head_groups, model.plans)
+    plan = _plan_for(model, form, (q, c_kv, k_rope, w_kv_b), causal, sp_group, head_groups,
+                     model.plans, "mla_attention")
     return _MLAFunction.apply(q, c_kv, k_rope, w_kv_b, plan)
 
 
@@ -250,11 +253,8 @@ class MLACoreAttention(torch.nn.Module):
         self._plans = {}
 
     def forward(self, q, c_kv, k_rope, w_kv_b):
-        for name, t in (("c_kv", c_kv), ("k_rope", k_rope), ("w_kv_b", w_kv_b)):
-            if t.device != q.device:
-                raise ValueError(f"MLACoreAttention: {name} is on {t.device}, q on {q.device}")
-        plan = _plan_for(self.model, self.form, q, self.causal, self.sp_group, self.head_groups,
-                         self._plans)
+        plan = _plan_for(self.model, self.form, (q, c_kv, k_rope, w_kv_b), self.causal,
+                         self.sp_group, self.head_groups, self._plans, "MLACoreAttention")
         return _MLAFunction.apply(q, c_kv, k_rope, w_kv_b, plan)
 
     def extra_repr(self):
