@@ -13,6 +13,8 @@ on the CPU device of the C API; CUDA tensors (bfloat16, float16) run the CUDA ex
 the current stream. Errors of the C API raise mlagen.MlagenError with its message.
 """
 import ctypes
+import weakref
+from typing import Tuple
 
 import torch
 import torch.distributed as dist
@@ -157,31 +159,23 @@ def _area(nbytes, device):
     return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
 
 
-class _MLAFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, c_kv, k_rope, w_kv_b, plan):
-        q, c_kv, k_rope, w_kv_b = (t.contiguous() for t in (q, c_kv, k_rope, w_kv_b))
-        dev = q.device
-        o = plan.empty("o", dev)
-        saved = _area(plan.sizes.saved_bytes, dev)
-        ws = _area(plan.sizes.workspace_bytes, dev)
-        plan.run(False, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o), ws, saved)
-        del ws
-        ctx.save_for_backward(q, c_kv, k_rope, w_kv_b, o, saved)
-        ctx.plan = plan
-        return o
+class _Owner:
+    """A model and a plan cache, which the custom ops reach by an int key (their arguments
+    are tensors and plain values)."""
 
-    @staticmethod
-    def backward(ctx, d_o):
-        q, c_kv, k_rope, w_kv_b, o, saved = ctx.saved_tensors
-        plan, dev = ctx.plan, q.device
-        d_o = d_o.contiguous().to(o.dtype)
-        grads = {f: plan.empty(f, dev) for f in ("dq", "dc_kv", "dk_rope", "dw_kv_b")}
-        ws = _area(plan.sizes.workspace_bytes, dev)
-        plan.run(True, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o, d_o=d_o,
-                            **grads), ws, saved)
-        return (grads["dq"], grads["dc_kv"], grads["dk_rope"],
-                grads["dw_kv_b"].to(w_kv_b.dtype), None)
+    def __init__(self, model, plans):
+        self.model, self.plans = model, plans
+        _OWNERS[id(self)] = self
+
+
+_OWNERS = weakref.WeakValueDictionary()
+
+
+def _owner_of(model):
+    o = getattr(model, "_torch_owner", None)
+    if o is None:
+        o = model._torch_owner = _Owner(model, model.plans)
+    return o
 
 
 def _group_of(sp_group):
@@ -193,33 +187,104 @@ def _group_of(sp_group):
     return dist.get_world_size(sp_group), dist.get_rank(sp_group)
 
 
-def _plan_for(model, form, tensors, causal, sp_group, head_groups, cache, fn):
-    """The cached plan of (form, B, S, dtype, device, group, causal, head_groups) for
-    tensors (q, c_kv, k_rope, w_kv_b), after checking they are tensors on one device."""
+def _plan(owner, form, q, causal, head_groups, group_name):
+    """The cached plan of (form, B, S, dtype, device, group, causal, head_groups)."""
+    o = _OWNERS[owner]
+    sp_group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
+    P, rank = _group_of(sp_group)
+    # plans are shape-specialized: under torch.compile's dynamic shapes int() specializes
+    B, S = int(q.shape[0]), int(q.shape[1]) * P
+    key = (form, B, S, q.dtype, q.device, group_name, P, rank, bool(causal), head_groups)
+    plan = o.plans.get(key)
+    if plan is None:
+        kind = _capi.DEVICE_CUDA if q.device.type == "cuda" else _capi.DEVICE_CPU
+        plan = _Plan(o.model, form, B, S, rank, P, causal, q.dtype, head_groups, kind, sp_group)
+        o.plans[key] = plan
+    return plan
+
+
+# The op as two torch.library custom ops (forward: o and the saved area; backward: the four
+# gradients) with fake implementations from the plan's sizes, so torch.compile keeps them
+# in its graph, and autograd joining them.
+@torch.library.custom_op("mlagen::mla_attention_fwd", mutates_args=())
+def _fwd(q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor, w_kv_b: torch.Tensor,
+         owner: int, form: str, causal: bool, head_groups: int,
+         group: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    plan = _plan(owner, form, q, causal, head_groups, group)
+    q, c_kv, k_rope, w_kv_b = (t.contiguous() for t in (q, c_kv, k_rope, w_kv_b))
+    o = plan.empty("o", q.device)
+    saved = _area(plan.sizes.saved_bytes, q.device)
+    ws = _area(plan.sizes.workspace_bytes, q.device)
+    plan.run(False, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o), ws, saved)
+    return o, saved
+
+
+@_fwd.register_fake
+def _fwd_fake(q, c_kv, k_rope, w_kv_b, owner, form, causal, head_groups, group):
+    plan = _plan(owner, form, q, causal, head_groups, group)
+    i = plan.info("o")
+    return (q.new_empty(tuple(i.dims[:i.ndim]), dtype=_TORCH_DTYPE[i.dtype]),
+            q.new_empty(max(plan.sizes.saved_bytes, 1), dtype=torch.uint8))
+
+
+@torch.library.custom_op("mlagen::mla_attention_bwd", mutates_args=())
+def _bwd(d_o: torch.Tensor, q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor,
+         w_kv_b: torch.Tensor, o: torch.Tensor, saved: torch.Tensor, owner: int, form: str,
+         causal: bool, head_groups: int,
+         group: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan = _plan(owner, form, q, causal, head_groups, group)
+    q, c_kv, k_rope, w_kv_b, o = (t.contiguous() for t in (q, c_kv, k_rope, w_kv_b, o))
+    d_o = d_o.contiguous().to(o.dtype)
+    g = {f: plan.empty(f, q.device) for f in ("dq", "dc_kv", "dk_rope", "dw_kv_b")}
+    ws = _area(plan.sizes.workspace_bytes, q.device)
+    plan.run(True, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o, d_o=d_o, **g), ws,
+             saved)
+    return g["dq"], g["dc_kv"], g["dk_rope"], g["dw_kv_b"].to(w_kv_b.dtype)
+
+
+@_bwd.register_fake
+def _bwd_fake(d_o, q, c_kv, k_rope, w_kv_b, o, saved, owner, form, causal, head_groups, group):
+    return (torch.empty_like(q), torch.empty_like(c_kv), torch.empty_like(k_rope),
+            torch.empty_like(w_kv_b))
+
+
+def _setup_context(ctx, inputs, output):
+    q, c_kv, k_rope, w_kv_b = inputs[:4]
+    ctx.save_for_backward(q, c_kv, k_rope, w_kv_b, *output)
+    ctx.args = inputs[4:]
+
+
+def _backward(ctx, d_o, d_saved):
+    q, c_kv, k_rope, w_kv_b, o, saved = ctx.saved_tensors
+    return (*_bwd(d_o, q, c_kv, k_rope, w_kv_b, o, saved, *ctx.args),
+            None, None, None, None, None)
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check(tensors, fn):
+    """The four inputs are tensors on one device, cpu or cuda, q at least 2-d."""
     q = tensors[0]
-    for name, t in zip(("c_kv", "k_rope", "w_kv_b"), tensors[1:]):
+    for name, t in zip(("q", "c_kv", "k_rope", "w_kv_b"), tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} is a {type(t).__name__}, not a tensor")
-        if isinstance(q, torch.Tensor) and t.device != q.device:
+        if t.device != q.device:
             raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}: all four "
                              "tensors must be on one device")
-    if not isinstance(q, torch.Tensor) or q.dim() < 2:
+    if q.dim() < 2:
         raise ValueError(f"{fn}: q must be a tensor [B, S_l, H, d_n + d_r], got "
-                         f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
-    if q.device.type == "cpu":
-        kind = _capi.DEVICE_CPU
-    elif q.device.type == "cuda":
-        kind = _capi.DEVICE_CUDA
-    else:
+                         f"{tuple(q.shape)}")
+    if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: tensors on {q.device}: mlagen runs on cpu and cuda")
-    P, rank = _group_of(sp_group)
-    B, S = q.shape[0], q.shape[1] * P
-    key = (form, B, S, q.dtype, q.device, id(sp_group), P, rank, bool(causal), head_groups)
-    plan = cache.get(key)
-    if plan is None:
-        plan = _Plan(model, form, B, S, rank, P, causal, q.dtype, head_groups, kind, sp_group)
-        cache[key] = plan
-    return plan
+
+
+def _apply(owner, tensors, form, causal, sp_group, head_groups, fn):
+    _check(tensors, fn)
+    if form not in _capi.FORMS:
+        raise ValueError(f"{fn}: form = {form!r}; one of {', '.join(_capi.FORMS)}")
+    group = "" if sp_group is None else sp_group.group_name
+    return _fwd(*tensors, id(owner), form, bool(causal), int(head_groups), group)[0]
 
 
 def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, sp_group=None,
@@ -233,12 +298,12 @@ def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, s
     none. Returns o [B, S_l, H, d_v]. w_kv_b's gradient is this rank's partial sum: the
     trainer's gradient reduction over the group adds the ranks' parts.
     Raises MlagenError (the C API's message) for a bad shape, dtype or group; ValueError
-    for tensors on different devices or an unsupported device."""
+    for tensors on different devices, an unsupported device or an unknown form.
+    Registered as the custom ops mlagen::mla_attention_fwd / _bwd (torch.library)."""
     if not isinstance(model, Model):
         model = Model(model)
-    plan = _plan_for(model, form, (q, c_kv, k_rope, w_kv_b), causal, sp_group, head_groups,
-                     model.plans, "mla_attention")
-    return _MLAFunction.apply(q, c_kv, k_rope, w_kv_b, plan)
+    return _apply(_owner_of(model), (q, c_kv, k_rope, w_kv_b), form, causal, sp_group,
+                  head_groups, "mla_attention")
 
 
 class MLACoreAttention(torch.nn.Module):
@@ -251,11 +316,11 @@ class MLACoreAttention(torch.nn.Module):
         self.model = config if isinstance(config, Model) else Model(config)
         self.form, self.sp_group, self.causal, self.head_groups = form, sp_group, causal, head_groups
         self._plans = {}
+        self._owner = _Owner(self.model, self._plans)
 
     def forward(self, q, c_kv, k_rope, w_kv_b):
-        plan = _plan_for(self.model, self.form, (q, c_kv, k_rope, w_kv_b), self.causal,
-                         self.sp_group, self.head_groups, self._plans, "MLACoreAttention")
-        return _MLAFunction.apply(q, c_kv, k_rope, w_kv_b, plan)
+        return _apply(self._owner, (q, c_kv, k_rope, w_kv_b), self.form, self.causal,
+                      self.sp_group, self.head_groups, "MLACoreAttention")
 
     def extra_repr(self):
         return f"form={self.form!r}, causal={self.causal}, model={self.model!r}"

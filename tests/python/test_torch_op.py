@@ -1,7 +1,8 @@
 """mlagen.torch.mla_attention on the CPU device at P = 1: gradcheck in float64 for every
 form; outputs and every gradient against the float64 reference (common.reference) in
 float64 and float32; MLACoreAttention's plan cache; bad input raises with the C API's
-message. Usage: test_torch_op.py [gradcheck|values|errors] (no argument: all)."""
+message; torch.compile keeps the op in its graph. Usage: test_torch_op.py
+[gradcheck|values|errors|compiled] (no argument: all)."""
 import sys
 
 from common import FORMS, TINY, TOL, check_close, inputs, reference, require
@@ -59,6 +60,33 @@ def values():
     print("MLACoreAttention: one plan per (B, S, dtype, device)")
 
 
+def compiled():
+    """torch.compile(fullgraph=True) keeps the op in one graph (no graph break), forward
+    and backward equal eager's bit for bit; torch.library.opcheck passes on both ops."""
+    model = mlagen.Model(TINY)
+    x = inputs(model, 2, 16, torch.float64, seed=4)
+
+    def f(q, c, k, w):
+        o = mt.mla_attention(q, c, k, w, model=model, form="laga-f")
+        return (o * o).sum()
+
+    want = f(*x)
+    want_g = torch.autograd.grad(want, x)
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+    got = cf(*x)
+    got_g = torch.autograd.grad(got, x)
+    assert torch.equal(got, want), (got, want)
+    for a, b in zip(got_g, want_g):
+        assert torch.equal(a, b)
+    print("torch.compile(fullgraph=True, aot_eager): one graph, equal to eager")
+    args = (*x, id(mt._owner_of(model)), "laga", True, 0, "")
+    torch.library.opcheck(mt._fwd, args)
+    o, saved = mt._fwd(*args)
+    d = [t.detach() for t in x]
+    torch.library.opcheck(mt._bwd, (torch.randn_like(o), *d, o.detach(), saved, *args[4:]))
+    print("torch.library.opcheck(mlagen::mla_attention_fwd, _bwd): ok")
+
+
 def expect(what, fn, exc, *needles):
     try:
         fn()
@@ -99,7 +127,7 @@ def errors():
 
 
 if __name__ == "__main__":
-    parts = {"gradcheck": gradcheck, "values": values, "errors": errors}
+    parts = {"gradcheck": gradcheck, "values": values, "errors": errors, "compiled": compiled}
     for name in sys.argv[1:] or parts:
         parts[name]()
     print("ok")
