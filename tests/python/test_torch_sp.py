@@ -2,7 +2,8 @@
 (torch.multiprocessing): for every form, each rank's output and input gradients equal the
 single-process float64 reference's shard per element, and dw_kv_b summed over the group
 equals the reference's. Then a group whose size does not divide H raises MlagenError with
-the C API's message on every rank. Usage: test_torch_sp.py P."""
+the C API's message on every rank. Usage: test_torch_sp.py P, or test_torch_sp.py dead: a
+peer that dies makes the op raise MlagenError (MLAGEN_EIO) instead of hanging."""
 import os
 import sys
 import tempfile
@@ -62,13 +63,50 @@ def worker(rank, P, store, queue):
         queue.put((rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
+def dead_peer(rank, P, store, queue):
+    """Rank 1 dies after joining the group; rank 0's op must raise MlagenError (MLAGEN_EIO,
+    naming the callback and the plan step, chained to gloo's error) instead of hanging."""
+    import mlagen
+    import mlagen.torch as mt
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=P,
+                                timeout=timedelta(seconds=30))
+        dist.barrier()  # the connections exist
+        if rank == 1:
+            queue.put((rank, None))
+            queue.close()
+            queue.join_thread()  # flushed before dying
+            os._exit(0)
+        model = mlagen.Model(TINY)
+        x = [t.detach() for t in inputs(model, 1, 8, torch.float64)]
+        try:
+            mt.mla_attention(*x, model=model, form="laga", sp_group=dist.group.WORLD)
+            raise AssertionError("no error although rank 1 died")
+        except mlagen.MlagenError as e:
+            msg = str(e)
+            assert "MLAGEN_EIO" in msg and "callback returned" in msg and "plan step" in msg, msg
+            assert e.__cause__ is not None, "not chained to the collective's exception"
+            print(f"dead peer: {msg[:300]}", flush=True)
+        queue.put((rank, None))
+        queue.close()
+        queue.join_thread()
+        os._exit(0)  # the group cannot be torn down cleanly without its peer
+    except BaseException as e:
+        import traceback
+        queue.put((rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
 def main():
-    P = int(sys.argv[1])
+    dead = sys.argv[1] == "dead"
+    P = 2 if dead else int(sys.argv[1])
     ctx = tmp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as d:
         store = os.path.join(d, "store")
-        procs = [ctx.Process(target=worker, args=(r, P, store, queue)) for r in range(P)]
+        target = dead_peer if dead else worker
+        procs = [ctx.Process(target=target, args=(r, P, store, queue)) for r in range(P)]
         for p in procs:
             p.start()
         results = []
