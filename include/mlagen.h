@@ -71,7 +71,10 @@ const char *mlagen_status_name(int status);
  * its collectives through the trainer's NCCL communicator (mlagen_plan_set_comm), NCCL
  * being loaded with dlopen at the first such call (libnccl.so.2 or $MLAGEN_LIBNCCL; not
  * linked, so the library starts without it: MLAGEN_ENONCCL then). mlagen_get_device_info
- * works with a driver.
+ * works with a driver. A plan made for the host (mlagen_plan_desc.device =
+ * MLAGEN_DEVICE_CPU; f32 and f64) runs the same passes with the CPU executor on host
+ * memory, without a driver; its sp_size > 1 collectives go through the trainer's callbacks
+ * (mlagen_plan_set_comm_ops), which a CUDA plan may use instead of an ncclComm_t too.
  *
  * Messages. Every call that takes a context, or a plan made through one, clears the
  * context's message and, when it fails, leaves a one-line message there naming the
@@ -98,7 +101,9 @@ const char *mlagen_status_name(int status);
  * aligned to its element size; the workspace and the saved buffer are device memory
  * aligned to 16 bytes (256 bytes, as cuMemAlloc gives, lets cuBLAS use all of its slice).
  * The caller owns all of them: neither mlagen nor cuBLAS allocates device memory in
- * mlagen_forward and mlagen_backward.
+ * mlagen_forward and mlagen_backward. For a CPU plan (MLAGEN_DEVICE_CPU) read "host
+ * memory" for "device memory" throughout: the same rules, and mlagen allocates nothing of
+ * tensor size either.
  */
 
 /* Element types. 0 is not a type (a zero-filled descriptor is refused). */
@@ -190,6 +195,15 @@ void mlagen_model_destroy(mlagen_model *model);
 
 /* ---- plans -------------------------------------------------------------------------- */
 
+/* Where a plan runs. 0 is the CUDA device, so a zero-filled descriptor keeps meaning what
+ * it meant before the CPU device existed. */
+typedef enum mlagen_device {
+  MLAGEN_DEVICE_CUDA = 0, /* the CUDA executor: bf16 and f16 plans, device memory, a stream */
+  MLAGEN_DEVICE_CPU = 1   /* the CPU executor: f32 and f64 plans, host memory; each call
+                           * runs its pass to completion on the calling thread (stream is
+                           * ignored), GEMMs through the BLAS mlagen was built with */
+} mlagen_device;
+
 /* One layer's attention on one rank of an SP group. */
 typedef struct mlagen_plan_desc {
   mlagen_form form;
@@ -204,6 +218,7 @@ typedef struct mlagen_plan_desc {
   int head_groups;  /* MLAGEN_FORM_LAGA_F only (0 for the other forms): the number of head
                      * groups K/V are rebuilt in, a divisor of H / P in [1, 16]; 0 picks the
                      * largest divisor of H / P not above 8 */
+  mlagen_device device; /* MLAGEN_DEVICE_CUDA (0) or MLAGEN_DEVICE_CPU */
 } mlagen_plan_desc;
 
 /* Builds the plan of desc for model. On success *plan is the new plan (free it with
@@ -216,7 +231,9 @@ typedef struct mlagen_plan_desc {
  *                  not dividing H (or above H); head_groups nonzero for a form other
  *                  than MLAGEN_FORM_LAGA_F, or not a divisor of H / P in [1, 16]; buffers
  *                  too large for the planner (over 2^56 bytes) or a memory layout whose
- *                  areas would exceed 2^63 bytes.
+ *                  areas would exceed 2^63 bytes; device not an mlagen_device.
+ *   MLAGEN_EUNSUPPORTED  device MLAGEN_DEVICE_CPU and dtype bf16 or f16 (the CPU executor
+ *                  runs f32 and f64).
  *   MLAGEN_ENOMEM */
 int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
                        const mlagen_plan_desc *desc, mlagen_plan **plan);
@@ -245,7 +262,9 @@ typedef struct mlagen_tensor_info {
  * static memory layout (the CUDA executor allocates nothing: every intermediate buffer,
  * every step's scratch and cuBLAS's workspace has a fixed offset in one of them, each
  * offset and size a multiple of 256 bytes); the peaks and the communication are the
- * planner's figures (the ones `mlagen plan` prints). */
+ * planner's figures (the ones `mlagen plan` prints). A CPU plan has the same layout in
+ * host memory, without the 32 MiB GEMM slice (its BLAS allocates its own small scratch):
+ * its workspace_bytes is the layout's alone, 0 when nothing lives there. */
 typedef struct mlagen_sizes {
   /* bytes of device memory the caller passes as the workspace of mlagen_forward and of
    * mlagen_backward (the same size serves both; its contents need not survive between
@@ -318,8 +337,10 @@ typedef struct mlagen_tensors {
  *                     workspace_bytes too small, or workspace not 16-byte aligned; the
  *                     same for saved.
  *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found, or cuInit failed).
- *   MLAGEN_EINVAL     sp_size > 1 and no communicator (mlagen_plan_set_comm).
- *   MLAGEN_EUNSUPPORTED  an f32 or f64 plan (the CPU reference runs those: `mlagen run`).
+ *   MLAGEN_EINVAL     sp_size > 1 and no communicator (mlagen_plan_set_comm, or
+ *                     mlagen_plan_set_comm_ops).
+ *   MLAGEN_EUNSUPPORTED  an f32 or f64 plan on MLAGEN_DEVICE_CUDA (make it for
+ *                     MLAGEN_DEVICE_CPU).
  *   sp_size > 1 only, the communicator, wrapped for this call's stream:
  *   MLAGEN_ENONCCL    NCCL cannot be loaded: "libnccl.so.2 not found: <dlerror> ..." (or
  *                     the $MLAGEN_LIBNCCL file's name), or the library lacks an entry
@@ -346,7 +367,17 @@ typedef struct mlagen_tensors {
  * and the call then waits for the pass to finish on stream, at most 600 s, polling
  * ncclCommGetAsyncError: an asynchronous NCCL error (a peer that died) is returned as
  * MLAGEN_EIO with NCCL's text, and a pass still running after 600 s as MLAGEN_EIO
- * "timed out ..." (a peer that never joined a collective), instead of hanging. */
+ * "timed out ..." (a peer that never joined a collective), instead of hanging.
+ * With the trainer's callbacks (mlagen_plan_set_comm_ops) instead of NCCL: a callback's
+ * nonzero return is MLAGEN_EIO "the caller's all_gather callback returned N ...", naming
+ * the plan step; the 600 s wait applies on CUDA plans.
+ *
+ * A CPU plan (MLAGEN_DEVICE_CPU): the same arguments and checks (host pointers), no driver
+ * loaded, nothing prepared; the pass runs on the calling thread and is complete when the
+ * call returns (stream is ignored). sp_size > 1 needs mlagen_plan_set_comm_ops (an NCCL
+ * communicator is refused: MLAGEN_EINVAL); the callbacks are called in plan order on this
+ * thread. Errors after the checks: MLAGEN_EUNSUPPORTED a GEMM dimension beyond int or an
+ * attention row beyond the CPU kernels' limit; a callback's MLAGEN_EIO as above. */
 int mlagen_forward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,
                    size_t workspace_bytes, void *saved, size_t saved_bytes, void *stream);
 
@@ -367,6 +398,43 @@ int mlagen_backward(mlagen_plan *plan, const mlagen_tensors *tensors, void *work
  * its context destroyed (message in mlagen_last_message(NULL)), nccl_comm NULL for a plan
  * of sp_size > 1. */
 int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm);
+
+/* A communicator of the trainer's own, as three collectives over the plan's sp_size
+ * ranks (gloo, MPI, a test double, or NCCL through the trainer's framework). Every rank
+ * of the group calls the same collectives in the same order with the same count and
+ * dtype. Buffers are host pointers for a CPU plan, device pointers for a CUDA plan;
+ * count is elements per rank; stream is the mlagen_forward/_backward call's (NULL for a
+ * CPU plan):
+ *   all_to_all     send [size][count] -> recv [size][count]: block p of send goes to
+ *                  rank p, block p of recv comes from rank p
+ *   all_gather     send [count] -> recv [size][count]: block p is rank p's send
+ *   reduce_scatter send [size][count] -> recv [count]: the sum over ranks of their block
+ *                  `rank` (f32 and f64 summed in their type; bf16/f16 best summed in f32
+ *                  and rounded once, as NCCL does)
+ * send and recv do not overlap. A callback returns 0 when recv holds the result (on a
+ * CUDA plan: when the collective is queued on stream, or done), nonzero on failure; the
+ * pass then stops with MLAGEN_EIO. A callback must return: mlagen cannot interrupt it, so
+ * a blocking implementation needs a timeout of its own (torch.distributed's group
+ * timeout, for one) for a peer that died to become an error instead of a hang. */
+typedef struct mlagen_comm_ops {
+  int size; /* ranks in the group: the plan's sp_size */
+  int rank; /* this process's rank in it: the plan's sp_rank */
+  void *user; /* passed to every callback, the caller's */
+  int (*all_to_all)(void *user, const void *send, void *recv, size_t count,
+                    mlagen_dtype dtype, void *stream);
+  int (*all_gather)(void *user, const void *send, void *recv, size_t count,
+                    mlagen_dtype dtype, void *stream);
+  int (*reduce_scatter)(void *user, const void *send, void *recv, size_t count,
+                        mlagen_dtype dtype, void *stream);
+} mlagen_comm_ops;
+
+/* Gives plan the trainer's collectives (*ops is copied; ops->user must stay valid while
+ * the plan uses it). It replaces an NCCL communicator set before (and
+ * mlagen_plan_set_comm replaces it); ops NULL clears it. Errors: MLAGEN_EINVAL plan NULL
+ * or its context destroyed (message in mlagen_last_message(NULL)); a callback NULL;
+ * ops->size or ops->rank other than the plan's sp_size and sp_rank (the message names
+ * all four); MLAGEN_ENOMEM. */
+int mlagen_plan_set_comm_ops(mlagen_plan *plan, const mlagen_comm_ops *ops);
 
 /* ---- the device --------------------------------------------------------------------- */
 

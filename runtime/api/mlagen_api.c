@@ -15,7 +15,9 @@
 #include <string.h>
 
 #include "mg_comm.h"
+#include "mg_comm_user.h"
 #include "mg_config.h"
+#include "mg_cpu_exec.h"
 #include "mg_diag.h"
 #include "mg_cuda_exec.h"
 #include "mg_driver.h"
@@ -43,6 +45,9 @@ struct mlagen_plan {
   mg_cuda_exec *exec;
   void *nccl_comm; /* mlagen_plan_set_comm: the trainer's ncclComm_t (sp_size > 1) */
   mg_comm *comm;   /* nccl_comm wrapped and checked against the plan at its first use */
+  mg_comm *user_comm; /* mlagen_plan_set_comm_ops: the trainer's callbacks (or NULL) */
+  mlagen_device device;
+  mg_plan_mem mem; /* MLAGEN_DEVICE_CPU: the layout of workspace and saved */
 };
 
 /* ---- messages ------------------------------------------------------------------------ */
@@ -254,14 +259,19 @@ static mlagen_tensor_info *slot_info(mlagen_sizes *s, size_t i) {
  * (mg_cuda_exec_mem_layout: the plan's static memory layout and cuBLAS's workspace), the
  * peaks and the communication from the planner, the tensors from the plan's buffers.
  * Errors: those of mg_plan_mem_layout (MLAGEN_EINVAL, not expected of a built plan). */
-static int plan_sizes(const mg_plan *p, mlagen_sizes *z, mg_diag *diag) {
+static int plan_sizes(const mg_plan *p, mlagen_device device, mg_plan_mem *cpu_mem,
+                      mlagen_sizes *z, mg_diag *diag) {
   mg_plan_cost c;
   mg_plan_cost_of(p, &c);
   memset(z, 0, sizeof *z);
-  mg_plan_mem mem; /* ~7 KiB */
+  mg_plan_mem gpu_mem; /* ~7 KiB */
+  mg_plan_mem *mem_ptr = device == MLAGEN_DEVICE_CPU ? cpu_mem : &gpu_mem;
   int64_t blas_offset;
-  int rc = mg_cuda_exec_mem_layout(p, &mem, &blas_offset, diag);
+  int rc = device == MLAGEN_DEVICE_CPU /* the same layout, no cuBLAS slice */
+               ? mg_plan_mem_layout(p, MG_CUDA_EXEC_ALIGN, cpu_mem, diag)
+               : mg_cuda_exec_mem_layout(p, &gpu_mem, &blas_offset, diag);
   if (rc) return rc;
+  const mg_plan_mem mem = *mem_ptr;
   z->peak_fwd_bytes = (size_t)c.peak_fwd;
   z->peak_bwd_bytes = (size_t)c.peak_bwd;
   z->workspace_bytes = (size_t)mem.workspace_bytes;
@@ -308,6 +318,13 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   if (dtype_from_api(desc->dtype, &dtype))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->dtype = %d is not an "
                        "mlagen_dtype (MLAGEN_DTYPE_BF16, _F16, _F32, _F64)", (int)desc->dtype);
+  if (desc->device != MLAGEN_DEVICE_CUDA && desc->device != MLAGEN_DEVICE_CPU)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->device = %d is not an "
+                       "mlagen_device (MLAGEN_DEVICE_CUDA, MLAGEN_DEVICE_CPU)", (int)desc->device);
+  if (desc->device == MLAGEN_DEVICE_CPU && dtype != MG_F32 && dtype != MG_F64)
+    return mg_diag_set(d, MLAGEN_EUNSUPPORTED, "mlagen_plan_create: plan_desc->dtype is %s: the "
+                       "CPU device (MLAGEN_DEVICE_CPU) runs f32 and f64 plans",
+                       mg_dtype_name(dtype));
   /* the plan's argument rules (mg_plan_args_check), in the words of mlagen_plan_desc */
   static const mg_plan_arg_names names = {
       .fn = "mlagen_plan_create", .sp = "plan_desc->sp_size", .rank = "plan_desc->sp_rank",
@@ -326,7 +343,8 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
     free(p);
     return rc;
   }
-  if ((rc = plan_sizes(&p->plan, &p->sizes, d))) {
+  p->device = desc->device;
+  if ((rc = plan_sizes(&p->plan, p->device, &p->mem, &p->sizes, d))) {
     mg_diag_prefix(d, "mlagen_plan_create");
     free(p);
     return rc;
@@ -340,6 +358,7 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
 void mlagen_plan_destroy(mlagen_plan *plan) {
   if (!plan) return;
   mg_comm_destroy(plan->comm);
+  mg_comm_destroy(plan->user_comm);
   mg_cuda_exec_destroy(plan->exec);
   mg_dev_ops_destroy(plan->ops); /* unloads the plan's modules */
   free(plan);
@@ -358,6 +377,32 @@ int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm) {
     plan->comm = NULL;
   }
   plan->nccl_comm = nccl_comm;
+  mg_comm_destroy(plan->user_comm); /* the NCCL communicator replaces the callbacks */
+  plan->user_comm = NULL;
+  return 0;
+}
+
+int mlagen_plan_set_comm_ops(mlagen_plan *plan, const mlagen_comm_ops *ops) {
+  if (!plan) return tls_fail(MLAGEN_EINVAL, "mlagen_plan_set_comm_ops: plan is NULL");
+  mlagen_context *ctx = plan_context(plan, "mlagen_plan_set_comm_ops");
+  if (!ctx) return MLAGEN_EINVAL;
+  mg_diag *d = &ctx->diag;
+  mg_diag_clear(d);
+  const mg_plan_args *a = &plan->plan.args;
+  if (ops && (ops->size != a->sp || ops->rank != a->rank))
+    return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_set_comm_ops: comm_ops has size = %d and "
+                       "rank = %d; the plan is for sp_rank = %d of sp_size = %d", ops->size,
+                       ops->rank, a->rank, a->sp);
+  mg_comm *comm = NULL;
+  if (ops && mg_comm_user_wrap(&comm, ops, d))
+    return mg_diag_prefix(d, "mlagen_plan_set_comm_ops");
+  mg_comm_destroy(plan->user_comm);
+  plan->user_comm = comm;
+  if (comm) { /* the callbacks replace an NCCL communicator */
+    mg_comm_destroy(plan->comm);
+    plan->comm = NULL;
+    plan->nccl_comm = NULL;
+  }
   return 0;
 }
 
@@ -447,17 +492,34 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
       (rc = check_buffer(saved, saved_bytes, plan->sizes.saved_bytes, "saved", fn, d)))
     return rc;
   const mg_plan *p = &plan->plan;
+  const mg_pass mpass = pass == MLAGEN_PASS_FORWARD ? MG_FWD : MG_BWD;
+  if (plan->device == MLAGEN_DEVICE_CPU) { /* the CPU executor, on this thread */
+    if (p->args.sp > 1 && !plan->user_comm)
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: the CPU plan spans sp_size = %d ranks: give it "
+                         "the trainer's collectives with mlagen_plan_set_comm_ops (an NCCL "
+                         "communicator does not serve host memory)", fn, p->args.sp);
+    mg_cpu_tensors t = {.q = tensors->q.data, .c_kv = tensors->c_kv.data,
+                        .k_rope = tensors->k_rope.data, .w_kv_b = tensors->w_kv_b.data,
+                        .d_o = tensors->d_o.data, .o = tensors->o.data, .dq = tensors->dq.data,
+                        .dc_kv = tensors->dc_kv.data, .dk_rope = tensors->dk_rope.data,
+                        .dw_kv_b = tensors->dw_kv_b.data};
+    rc = mg_cpu_run_pass(p, p->args.sp > 1 ? plan->user_comm : NULL, mpass, &t, &plan->mem,
+                         workspace, saved, d);
+    return rc ? mg_diag_prefix(d, "%s", fn) : 0;
+  }
   const mg_driver *drv;
   if ((rc = mg_driver_get(&drv, d))) return mg_diag_prefix(d, "%s", fn);
   (void)drv;
-  if (p->args.sp > 1 && !plan->nccl_comm)
+  if (p->args.sp > 1 && !plan->nccl_comm && !plan->user_comm)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: the plan spans sp_size = %d ranks: give it the "
-                       "trainer's NCCL communicator with mlagen_plan_set_comm", fn, p->args.sp);
+                       "trainer's NCCL communicator with mlagen_plan_set_comm (or its "
+                       "collectives with mlagen_plan_set_comm_ops)", fn, p->args.sp);
   if (p->args.dtype != MG_BF16 && p->args.dtype != MG_F16)
     return mg_diag_set(d, MLAGEN_EUNSUPPORTED, "%s: the CUDA executor runs bf16 and f16 plans; "
                        "the %s plan runs on the CPU with `mlagen run`", fn,
                        mg_dtype_name(p->args.dtype));
-  if (p->args.sp > 1 && !plan->comm) { /* the trainer's communicator, wrapped once */
+  if (p->args.sp > 1 && plan->user_comm) mg_comm_user_set_stream(plan->user_comm, stream);
+  if (p->args.sp > 1 && !plan->user_comm && !plan->comm) { /* NCCL, wrapped once */
     mg_comm *comm;
     if ((rc = mg_comm_nccl_wrap(&comm, plan->nccl_comm, stream, d)))
       return mg_diag_prefix(d, "%s: sp_size = %d: the NCCL communicator", fn, p->args.sp);
@@ -470,7 +532,7 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
     }
     plan->comm = comm;
   }
-  mg_comm_nccl_set_stream(plan->comm, stream); /* this call's stream */
+  if (plan->comm) mg_comm_nccl_set_stream(plan->comm, stream); /* this call's stream */
   if (!plan->exec) { /* prepare once: kernels generated, compiled (JIT cache) and loaded */
     if ((!plan->ops && (rc = mg_dev_ops_cuda(&plan->ops, d))) ||
         (rc = mg_cuda_exec_prepare(p, plan->ops, NULL, &plan->exec, d))) {
@@ -483,8 +545,8 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
                        .d_o = tensors->d_o.data, .o = tensors->o.data, .dq = tensors->dq.data,
                        .dc_kv = tensors->dc_kv.data, .dk_rope = tensors->dk_rope.data,
                        .dw_kv_b = tensors->dw_kv_b.data};
-  rc = mg_cuda_exec_run(plan->exec, pass == MLAGEN_PASS_FORWARD ? MG_FWD : MG_BWD, &t, workspace,
-                        workspace_bytes, saved, saved_bytes, plan->comm, stream, d);
+  rc = mg_cuda_exec_run(plan->exec, mpass, &t, workspace, workspace_bytes, saved, saved_bytes,
+                        plan->user_comm ? plan->user_comm : plan->comm, stream, d);
   return rc ? mg_diag_prefix(d, "%s", fn) : 0;
 }
 

@@ -54,6 +54,7 @@ typedef struct exec {
   void *buf[MG_PLAN_MAX_BUFS];         /* TEMP and OUTPUT buffers, while allocated */
   tracker tr;
   mg_cpu_stats st;
+  int lo, hi; /* the steps run: [lo, hi) (all of them, or one pass of mg_cpu_run_pass) */
 } exec;
 
 static const void *rd(const exec *x, int id) {
@@ -315,8 +316,20 @@ void mg_cpu_tensors_free(mg_cpu_tensors *t) {
   }
 }
 
+/* Whether a step in [x->lo, x->hi) reads or writes buffer b. */
+static int touched(const exec *x, int b) {
+  for (int i = x->lo; i < x->hi; i++) {
+    const mg_step *s = &x->p->steps[i];
+    for (int j = 0; j < s->n_in; j++)
+      if (s->in[j] == b) return 1;
+    for (int j = 0; j < s->n_out; j++)
+      if (s->out[j] == b) return 1;
+  }
+  return 0;
+}
+
 /* Everything decidable before running: the plan (mg_plan_check), what this executor
- * limits, the caller's inputs, communicator and captures. */
+ * limits, the caller's inputs (those the steps run read), communicator and captures. */
 static int validate(exec *x) {
   const mg_plan *p = x->p;
   mg_diag *d = x->d;
@@ -338,7 +351,7 @@ static int validate(exec *x) {
                         (long long)d_qk, (long long)d_v, MG_CPU_MAX_ROW);
   }
   for (int b = 0; b < p->n_bufs; b++)
-    if (p->bufs[b].role == MG_BUF_INPUT && !input_of(x->t, p->bufs[b].name))
+    if (p->bufs[b].role == MG_BUF_INPUT && touched(x, b) && !input_of(x->t, p->bufs[b].name))
       return mg_diag_set(d, MLAGEN_EINVAL, "input %s is NULL", p->bufs[b].name);
   if (p->args.sp > 1 && !x->comm)
     return mg_diag_set(d, MLAGEN_EINVAL, "a plan for %d ranks needs a communicator", p->args.sp);
@@ -400,6 +413,7 @@ int mg_cpu_run(const mg_plan *p, mg_comm *comm, mg_cpu_tensors *t, mg_cpu_stats 
   x->dt = p->args.dtype;
   x->es = mg_dtype_size(x->dt);
   x->P = p->args.sp;
+  x->hi = p->n_steps;
   int rc = validate(x);
   if (rc) return rc;
   for (int b = 0; b < p->n_bufs; b++)
@@ -448,4 +462,53 @@ int mg_cpu_run(const mg_plan *p, mg_comm *comm, mg_cpu_tensors *t, mg_cpu_stats 
     if (p->bufs[b].role == MG_BUF_OUTPUT) *output_slot(t, p->bufs[b].name) = x->buf[b];
   if (stats) *stats = x->st;
   return 0;
+}
+
+/* ---- one pass in the caller's memory ------------------------------------------------- */
+
+int mg_cpu_run_pass(const mg_plan *p, mg_comm *comm, mg_pass pass, const mg_cpu_tensors *t,
+                    const mg_plan_mem *mem, void *workspace, void *saved, mg_diag *d) {
+  if (!p || !t || !mem)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_cpu_run_pass: %s is NULL", !p ? "p" : !t ? "t" : "mem");
+  if (t->n_captures || t->kernel_hook)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_cpu_run_pass: captures and kernel hooks are for "
+                       "mg_cpu_run");
+  if ((!workspace && mem->workspace_bytes > 0) || (!saved && mem->saved_bytes > 0))
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_cpu_run_pass: the %s area is NULL, the layout "
+                       "needs %lld bytes", workspace ? "saved" : "workspace",
+                       (long long)(workspace ? mem->saved_bytes : mem->workspace_bytes));
+  mg_cpu_tensors io = *t; /* output slots are the caller's arrays here */
+  exec state, *x = &state;
+  memset(x, 0, sizeof *x);
+  x->p = p;
+  x->comm = comm;
+  x->t = &io;
+  x->d = d;
+  x->dt = p->args.dtype;
+  x->es = mg_dtype_size(x->dt);
+  x->P = p->args.sp;
+  x->lo = pass == MG_FWD ? 0 : p->n_fwd;
+  x->hi = pass == MG_FWD ? p->n_fwd : p->n_steps;
+  int rc = validate(x);
+  if (rc) return rc;
+  for (int b = 0; b < p->n_bufs; b++) {
+    const mg_plan_buf *pbuf = &p->bufs[b];
+    if (pbuf->role == MG_BUF_INPUT) {
+      x->input[b] = input_of(&io, pbuf->name);
+    } else if (pbuf->role == MG_BUF_OUTPUT) {
+      x->buf[b] = *output_slot(&io, pbuf->name);
+      if (!x->buf[b] && touched(x, b))
+        return mg_diag_set(d, MLAGEN_EINVAL, "output %s is NULL", pbuf->name);
+    } else {
+      x->buf[b] = (char *)(mem->where[b] == MG_MEM_SAVED ? saved : workspace) + mem->offset[b];
+    }
+  }
+  for (int i = x->lo; i < x->hi && !rc; i++) {
+    for (int b = 0; b < p->n_bufs; b++) /* as the allocator's calloc: zero before first write */
+      if (p->bufs[b].role != MG_BUF_INPUT && p->bufs[b].first == i)
+        memset(x->buf[b], 0, (size_t)mg_plan_buf_bytes(&p->bufs[b]));
+    void *ws = mem->step_ws[i] >= 0 ? (char *)workspace + mem->step_ws[i] : NULL;
+    rc = step(x, i, ws);
+  }
+  return rc;
 }

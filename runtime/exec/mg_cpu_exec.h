@@ -27,6 +27,7 @@
 #include "mg_comm.h"
 #include "mg_diag.h"
 #include "mg_plan.h"
+#include "mg_plan_mem.h"
 
 /* A request to copy a plan buffer out before the executor frees it (a TEMP buffer such
  * as "lse") or at the end (an OUTPUT). dst is caller memory of exactly the buffer's
@@ -108,6 +109,22 @@ typedef struct mg_cpu_stats {
  * On error everything the executor allocated is freed and the outputs in t are NULL. */
 int mg_cpu_run(const mg_plan *p, mg_comm *comm, mg_cpu_tensors *t, mg_cpu_stats *stats,
                mg_diag *d);
+
+/* Runs one pass of plan p (MG_FWD: steps [0, n_fwd); MG_BWD: the rest) in memory the
+ * caller provides, as the CUDA executor does (the C API's CPU device, mlagen.h): the
+ * inputs AND the outputs are the caller's arrays in t (t->o, dq, dc_kv, dk_rope, dw_kv_b
+ * are read, not set: each output the pass writes must be non-NULL; it is zero-filled
+ * before its first write); every TEMP buffer and step staging lives at mem's offsets
+ * (mg_plan_mem_layout of p) in saved (MG_MEM_SAVED buffers: written by the forward, read by
+ * the backward, kept unchanged by the caller in between) or in workspace (everything else;
+ * its contents need not survive between passes), each zero-filled before its first write.
+ * Allocates nothing of tensor size. captures and kernel_hook must be 0/NULL. comm as for
+ * mg_cpu_run. workspace and saved may be NULL when mem's sizes are 0.
+ * Errors: those of mg_cpu_run's validation (only the inputs and outputs the pass touches
+ * are checked for NULL), MLAGEN_EINVAL for mem NULL, a NULL area of nonzero size, a
+ * capture or hook given; the communicator's, prefixed with the step. */
+int mg_cpu_run_pass(const mg_plan *p, mg_comm *comm, mg_pass pass, const mg_cpu_tensors *t,
+                    const mg_plan_mem *mem, void *workspace, void *saved, mg_diag *d);
 
 /* Frees the outputs of a run and sets them to NULL; NULL t is a no-op. */
 void mg_cpu_tensors_free(mg_cpu_tensors *t);

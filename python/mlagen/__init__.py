@@ -1,0 +1,83 @@
+"""mlagen: Multi-head Latent Attention forms for sequence-parallel training, over libmlagen.so.
+
+    import mlagen, mlagen.torch
+    model = mlagen.Model("deepseek-v3")        # a path, a shipped name, a dict or a PretrainedConfig
+    o = mlagen.torch.mla_attention(q, c_kv, k_rope, w_kv_b, model=model, form="laga")
+
+See docs/torch.md.
+"""
+import ctypes
+import json
+import os
+import tempfile
+
+from . import _capi
+from ._capi import MlagenError
+
+__all__ = ["Model", "MlagenError"]
+__version__ = "0.1.0"
+
+
+class Model:
+    """An MLA attention shape (mlagen_model) and its softmax scale, from a HF config.
+
+    config: a path to a config.json (or a directory holding one), a shipped name
+    ("deepseek-v3", "deepseek-v2-lite", "kimi-k2"), a dict of config.json's keys, or a
+    transformers.PretrainedConfig. The C API reads it (mlagen_model_from_config), so the
+    softmax scale includes the yarn mscale as DeepSeek's modeling code (and `mlagen info`)
+    computes it. Raises MlagenError with the C API's message for a bad config.
+
+    Attributes: heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+    softmax_scale. Plans made for this model are cached on it (see mlagen.torch)."""
+
+    def __init__(self, config):
+        L = _capi.lib()
+        self._ctx = _capi.Context()
+        path, tmp = self._as_path(config), None
+        if path is None:
+            text = config.to_json_string() if hasattr(config, "to_json_string") else \
+                json.dumps(config)
+            fd, tmp = tempfile.mkstemp(suffix=".json", prefix="mlagen-config-")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            path = tmp
+        h = ctypes.c_void_p()
+        try:
+            _capi.check(L.mlagen_model_from_config(self._ctx.handle, path.encode(),
+                                                   ctypes.byref(h)), self._ctx.handle)
+        finally:
+            if tmp:
+                os.unlink(tmp)
+        self._handle = h
+        self._destroy = L.mlagen_model_destroy
+        d = _capi.ModelDesc()
+        _capi.check(L.mlagen_model_get_desc(h, ctypes.byref(d)), None)
+        self.heads = d.num_attention_heads
+        self.kv_lora_rank = d.kv_lora_rank
+        self.qk_rope_head_dim = d.qk_rope_head_dim
+        self.qk_nope_head_dim = d.qk_nope_head_dim
+        self.v_head_dim = d.v_head_dim
+        self.softmax_scale = d.softmax_scale
+        self.plans = {}  # key -> mlagen.torch's plan objects
+
+    @staticmethod
+    def _as_path(config):
+        if isinstance(config, os.PathLike):
+            return os.fspath(config)
+        if isinstance(config, str):
+            return config
+        if isinstance(config, dict) or hasattr(config, "to_json_string"):
+            return None
+        raise TypeError(f"mlagen.Model: config is a {type(config).__name__}; give a path, a "
+                        "shipped name, a dict or a transformers.PretrainedConfig")
+
+    def __repr__(self):
+        return (f"mlagen.Model(H={self.heads}, d_c={self.kv_lora_rank}, "
+                f"d_r={self.qk_rope_head_dim}, d_n={self.qk_nope_head_dim}, "
+                f"d_v={self.v_head_dim}, softmax_scale={self.softmax_scale:.6g})")
+
+    def __del__(self):
+        self.plans = {}
+        if getattr(self, "_handle", None):
+            self._destroy(self._handle)
+            self._handle = None

@@ -1,0 +1,326 @@
+"""mlagen's MLA attention as a differentiable PyTorch op (see docs/torch.md).
+
+    o = mla_attention(q, c_kv, k_rope, w_kv_b, model=model, form="laga", sp_group=group)
+
+Tensors are the C API's op boundary for this rank's sequence shard:
+    q       [B, S_l, H, d_n + d_r]  RoPE part last
+    c_kv    [B, S_l, d_c]           the KV latent (after kv_a_layernorm)
+    k_rope  [B, S_l, d_r]           RoPE applied, shared by the heads
+    w_kv_b  [H (d_n + d_v), d_c]    HF's kv_b_proj.weight
+    o       [B, S_l, H, d_v]        before o_proj
+S_l = S / P with P the size of sp_group (1 without one). CPU tensors (float32, float64) run
+on the CPU device of the C API; CUDA tensors (bfloat16, float16) run the CUDA executor on
+the current stream. Errors of the C API raise mlagen.MlagenError with its message.
+"""
+import ctypes
+import weakref
+from typing import Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import Model, _capi
+from ._capi import MlagenError
+
+__all__ = ["mla_attention", "MLACoreAttention", "MlagenError"]
+
+_DTYPE_CODE = {torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_F16,
+               torch.float32: _capi.DTYPE_F32, torch.float64: _capi.DTYPE_F64}
+_TORCH_DTYPE = {v: k for k, v in _DTYPE_CODE.items()}
+
+
+class _GroupComm:
+    """The C API's collective callbacks (mlagen_comm_ops) over a torch.distributed group.
+
+    Host buffers (CPU plans) are wrapped as CPU tensors, device buffers (CUDA plans) as
+    CUDA tensors on the call's stream. A collective that raises (a dead peer: gloo's and
+    NCCL's timeout is the group's) is kept in .error and reported to the C API as a
+    nonzero return, which stops the pass with MLAGEN_EIO; the op re-raises it."""
+
+    def __init__(self, group, device_kind):
+        self.group, self.cuda = group, device_kind == _capi.DEVICE_CUDA
+        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.error = None
+        self._fns = [_capi.COLLECTIVE(self._wrap(f))
+                     for f in (self._all_to_all, self._all_gather, self._reduce_scatter)]
+        self.ops = _capi.CommOps(self.size, self.rank, None, *self._fns)
+
+    def _wrap(self, fn):
+        def cb(user, send, recv, count, dtype, stream):
+            try:
+                t = _TORCH_DTYPE[dtype]
+                if self.cuda:
+                    with torch.cuda.stream(torch.cuda.ExternalStream(stream or 0)):
+                        fn(send, recv, count, t)
+                else:
+                    fn(send, recv, count, t)
+                return 0
+            except BaseException as e:  # never let an exception cross the C frames
+                self.error = e
+                return 1
+        return cb
+
+    def _view(self, ptr, n, dtype):
+        """n elements of dtype at ptr, as a tensor sharing the memory."""
+        esize = torch.empty((), dtype=dtype).element_size()
+        if self.cuda:
+            itype = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}[esize]
+            holder = type("_Cai", (), {})()
+            holder.__cuda_array_interface__ = {"shape": (n,), "typestr": itype,
+                                               "data": (ptr, False), "version": 2}
+            return torch.as_tensor(holder, device="cuda").view(dtype)
+        return torch.frombuffer((ctypes.c_char * (n * esize)).from_address(ptr), dtype=dtype)
+
+    def _all_to_all(self, send, recv, count, t):
+        n = self.size * count
+        dist.all_to_all_single(self._view(recv, n, t), self._view(send, n, t), group=self.group)
+
+    def _all_gather(self, send, recv, count, t):
+        out = self._view(recv, self.size * count, t).view(self.size, count)
+        dist.all_gather(list(out.unbind(0)), self._view(send, count, t), group=self.group)
+
+    def _reduce_scatter(self, send, recv, count, t):
+        # every rank's block for this rank, then their sum in rank order (f32 for 16-bit
+        # types, rounded once), so the result does not depend on the backend's reduction
+        src = self._view(send, self.size * count, t)
+        blocks = torch.empty_like(src)
+        dist.all_to_all_single(blocks, src, group=self.group)
+        acc = torch.float32 if t in (torch.bfloat16, torch.float16) else t
+        self._view(recv, count, t).copy_(blocks.view(self.size, count).to(acc).sum(0))
+
+
+class _Plan:
+    """One mlagen_plan (one form, B, S, dtype, device, rank of the group) and its sizes."""
+
+    def __init__(self, model, form, batch, seq, rank, size, causal, dtype, head_groups,
+                 device_kind, group):
+        L = _capi.lib()
+        self.model, self.ctx = model, model._ctx  # keep the context alive
+        if form not in _capi.FORMS:
+            raise ValueError(f"mla_attention: form = {form!r}; one of "
+                             f"{', '.join(_capi.FORMS)}")
+        desc = _capi.PlanDesc(_capi.FORMS[form], batch, seq, rank, size, int(bool(causal)),
+                              _DTYPE_CODE.get(dtype, 0), head_groups, device_kind)
+        h = ctypes.c_void_p()
+        _capi.check(L.mlagen_plan_create(self.ctx.handle, model._handle, ctypes.byref(desc),
+                                         ctypes.byref(h)), self.ctx.handle)
+        self.handle, self._destroy = h, L.mlagen_plan_destroy
+        self.sizes = _capi.Sizes()
+        _capi.check(L.mlagen_plan_sizes(h, ctypes.byref(self.sizes)), self.ctx.handle)
+        self.comm = None
+        if size > 1:
+            self.comm = _GroupComm(group, device_kind)
+            _capi.check(L.mlagen_plan_set_comm_ops(h, ctypes.byref(self.comm.ops)),
+                        self.ctx.handle)
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            self._destroy(self.handle)
+            self.handle = None
+
+    def info(self, field):
+        return getattr(self.sizes, field)
+
+    def empty(self, field, device):
+        i = self.info(field)
+        return torch.empty(tuple(i.dims[:i.ndim]), dtype=_TORCH_DTYPE[i.dtype], device=device)
+
+    def run(self, backward, tensors, workspace, saved):
+        L = _capi.lib()
+        ts = _capi.Tensors()
+        for name, t in tensors.items():
+            c = getattr(ts, name)
+            c.data = t.data_ptr() or None
+            c.dtype = _DTYPE_CODE.get(t.dtype, 0)
+            c.ndim = t.dim()
+            for k, d in enumerate(t.shape[:_capi.MAX_DIMS]):
+                c.dims[k] = d
+        stream = None
+        if workspace.is_cuda:
+            stream = torch.cuda.current_stream(workspace.device).cuda_stream
+        fn = L.mlagen_backward if backward else L.mlagen_forward
+        if self.comm:
+            self.comm.error = None
+        rc = fn(self.handle, ctypes.byref(ts), workspace.data_ptr() or None, workspace.numel(),
+                saved.data_ptr() or None, saved.numel(), stream)
+        if rc:
+            err = self.comm.error if self.comm else None
+            try:
+                _capi.check(rc, self.ctx.handle)
+            except MlagenError as e:
+                if err is not None:
+                    raise MlagenError(e.status, e.status_name,
+                                      f"{e.message}: {type(err).__name__}: {err}") from err
+                raise
+
+
+def _area(nbytes, device):
+    """A caller area of nbytes (16-byte aligned: torch's allocators align to 64 or more)."""
+    return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+
+
+class _Owner:
+    """A model and a plan cache, which the custom ops reach by an int key (their arguments
+    are tensors and plain values)."""
+
+    def __init__(self, model, plans):
+        self.model, self.plans = model, plans
+        _OWNERS[id(self)] = self
+
+
+_OWNERS = weakref.WeakValueDictionary()
+
+
+def _owner_of(model):
+    o = getattr(model, "_torch_owner", None)
+    if o is None:
+        o = model._torch_owner = _Owner(model, model.plans)
+    return o
+
+
+def _group_of(sp_group):
+    if sp_group is None:
+        return 1, 0
+    if not dist.is_initialized():
+        raise ValueError("mla_attention: sp_group given but torch.distributed is not "
+                         "initialized (init_process_group)")
+    return dist.get_world_size(sp_group), dist.get_rank(sp_group)
+
+
+def _plan(owner, form, q, causal, head_groups, group_name):
+    """The cached plan of (form, B, S, dtype, device, group, causal, head_groups)."""
+    o = _OWNERS[owner]
+    sp_group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
+    P, rank = _group_of(sp_group)
+    # plans are shape-specialized: under torch.compile's dynamic shapes int() specializes
+    B, S = int(q.shape[0]), int(q.shape[1]) * P
+    key = (form, B, S, q.dtype, q.device, group_name, P, rank, bool(causal), head_groups)
+    plan = o.plans.get(key)
+    if plan is None:
+        kind = _capi.DEVICE_CUDA if q.device.type == "cuda" else _capi.DEVICE_CPU
+        plan = _Plan(o.model, form, B, S, rank, P, causal, q.dtype, head_groups, kind, sp_group)
+        o.plans[key] = plan
+    return plan
+
+
+# The op as two torch.library custom ops (forward: o and the saved area; backward: the four
+# gradients) with fake implementations from the plan's sizes, so torch.compile keeps them
+# in its graph, and autograd joining them.
+@torch.library.custom_op("mlagen::mla_attention_fwd", mutates_args=())
+def _fwd(q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor, w_kv_b: torch.Tensor,
+         owner: int, form: str, causal: bool, head_groups: int,
+         group: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    plan = _plan(owner, form, q, causal, head_groups, group)
+    q, c_kv, k_rope, w_kv_b = (t.contiguous() for t in (q, c_kv, k_rope, w_kv_b))
+    o = plan.empty("o", q.device)
+    saved = _area(plan.sizes.saved_bytes, q.device)
+    ws = _area(plan.sizes.workspace_bytes, q.device)
+    plan.run(False, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o), ws, saved)
+    return o, saved
+
+
+@_fwd.register_fake
+def _fwd_fake(q, c_kv, k_rope, w_kv_b, owner, form, causal, head_groups, group):
+    plan = _plan(owner, form, q, causal, head_groups, group)
+    i = plan.info("o")
+    return (q.new_empty(tuple(i.dims[:i.ndim]), dtype=_TORCH_DTYPE[i.dtype]),
+            q.new_empty(max(plan.sizes.saved_bytes, 1), dtype=torch.uint8))
+
+
+@torch.library.custom_op("mlagen::mla_attention_bwd", mutates_args=())
+def _bwd(d_o: torch.Tensor, q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor,
+         w_kv_b: torch.Tensor, o: torch.Tensor, saved: torch.Tensor, owner: int, form: str,
+         causal: bool, head_groups: int,
+         group: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan = _plan(owner, form, q, causal, head_groups, group)
+    q, c_kv, k_rope, w_kv_b, o = (t.contiguous() for t in (q, c_kv, k_rope, w_kv_b, o))
+    d_o = d_o.contiguous().to(o.dtype)
+    g = {f: plan.empty(f, q.device) for f in ("dq", "dc_kv", "dk_rope", "dw_kv_b")}
+    ws = _area(plan.sizes.workspace_bytes, q.device)
+    plan.run(True, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o, d_o=d_o, **g), ws,
+             saved)
+    return g["dq"], g["dc_kv"], g["dk_rope"], g["dw_kv_b"].to(w_kv_b.dtype)
+
+
+@_bwd.register_fake
+def _bwd_fake(d_o, q, c_kv, k_rope, w_kv_b, o, saved, owner, form, causal, head_groups, group):
+    return (torch.empty_like(q), torch.empty_like(c_kv), torch.empty_like(k_rope),
+            torch.empty_like(w_kv_b))
+
+
+def _setup_context(ctx, inputs, output):
+    q, c_kv, k_rope, w_kv_b = inputs[:4]
+    ctx.save_for_backward(q, c_kv, k_rope, w_kv_b, *output)
+    ctx.args = inputs[4:]
+
+
+def _backward(ctx, d_o, d_saved):
+    q, c_kv, k_rope, w_kv_b, o, saved = ctx.saved_tensors
+    return (*_bwd(d_o, q, c_kv, k_rope, w_kv_b, o, saved, *ctx.args),
+            None, None, None, None, None)
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _check(tensors, fn):
+    """The four inputs are tensors on one device, cpu or cuda, q at least 2-d."""
+    q = tensors[0]
+    for name, t in zip(("q", "c_kv", "k_rope", "w_kv_b"), tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} is a {type(t).__name__}, not a tensor")
+        if t.device != q.device:
+            raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}: all four "
+                             "tensors must be on one device")
+    if q.dim() < 2:
+        raise ValueError(f"{fn}: q must be a tensor [B, S_l, H, d_n + d_r], got "
+                         f"{tuple(q.shape)}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: tensors on {q.device}: mlagen runs on cpu and cuda")
+
+
+def _apply(owner, tensors, form, causal, sp_group, head_groups, fn):
+    _check(tensors, fn)
+    if form not in _capi.FORMS:
+        raise ValueError(f"{fn}: form = {form!r}; one of {', '.join(_capi.FORMS)}")
+    group = "" if sp_group is None else sp_group.group_name
+    return _fwd(*tensors, id(owner), form, bool(causal), int(head_groups), group)[0]
+
+
+def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, sp_group=None,
+                  head_groups=0):
+    """MLA attention of this rank's sequence shard, differentiable in all four inputs.
+
+    model: an mlagen.Model (or anything Model accepts, read again at every call: pass a
+    Model to keep its plan cache). form: "explicit", "absorbed", "laga", "laga-r" or
+    "laga-f" (head_groups: laga-f's, 0 picks). sp_group: a torch.distributed process
+    group over which the sequence is split (gloo for CPU tensors, NCCL for CUDA), None for
+    none. Returns o [B, S_l, H, d_v]. w_kv_b's gradient is this rank's partial sum: the
+    trainer's gradient reduction over the group adds the ranks' parts.
+    Raises MlagenError (the C API's message) for a bad shape, dtype or group; ValueError
+    for tensors on different devices, an unsupported device or an unknown form.
+    Registered as the custom ops mlagen::mla_attention_fwd / _bwd (torch.library)."""
+    if not isinstance(model, Model):
+        model = Model(model)
+    return _apply(_owner_of(model), (q, c_kv, k_rope, w_kv_b), form, causal, sp_group,
+                  head_groups, "mla_attention")
+
+
+class MLACoreAttention(torch.nn.Module):
+    """The attention core of an MLA layer (after RoPE, before o_proj) as a module:
+    forward(q, c_kv, k_rope, w_kv_b) -> o, as mla_attention. config: an mlagen.Model or
+    anything it accepts. One plan is cached per (B, S, dtype, device) of the inputs."""
+
+    def __init__(self, config, form="laga", sp_group=None, causal=True, head_groups=0):
+        super().__init__()
+        self.model = config if isinstance(config, Model) else Model(config)
+        self.form, self.sp_group, self.causal, self.head_groups = form, sp_group, causal, head_groups
+        self._plans = {}
+        self._owner = _Owner(self.model, self._plans)
+
+    def forward(self, q, c_kv, k_rope, w_kv_b):
+        return _apply(self._owner, (q, c_kv, k_rope, w_kv_b), self.form, self.causal,
+                      self.sp_group, self.head_groups, "MLACoreAttention")
+
+    def extra_repr(self):
+        return f"form={self.form!r}, causal={self.causal}, model={self.model!r}"

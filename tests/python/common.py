@@ -1,0 +1,80 @@
+"""Shared pieces of the PyTorch tests: the skip rule, a small model, the float64
+reference of MLA attention (written from MLA.md, independent of mlagen) and the
+per-element comparison."""
+import os
+import sys
+
+FORMS = ["explicit", "absorbed", "laga", "laga-r", "laga-f"]
+
+# A tiny MLA shape within the kernels' rules (d_n, d_r, d_v multiples of 16, d_c of 32).
+TINY = {"model_type": "deepseek_v3", "num_attention_heads": 4, "kv_lora_rank": 32,
+        "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 32, "beta_fast": 32,
+                         "beta_slow": 1}}
+
+
+def require(*modules):
+    """Imports modules; when one is missing: exit 77 (ctest: skipped) outside CI, 1 in CI
+    (CI set and not 0/false), as tests/tool_missing.sh."""
+    import importlib
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            print(f"not found: python module {m} ({e}); scripts/setup.sh installs it",
+                  file=sys.stderr)
+            sys.exit(1 if os.environ.get("CI", "") not in ("", "0", "false") else 77)
+
+
+def reference(q, c_kv, k_rope, w_kv_b, scale, causal=True):
+    """o [B, S, H, d_v] of MLA attention, explicit, in the inputs' dtype (float64)."""
+    import torch
+    B, S, H, dqk = q.shape
+    d_r = k_rope.shape[-1]
+    d_n = dqk - d_r
+    kv = (c_kv @ w_kv_b.T).view(B, S, H, -1)
+    k = torch.cat([kv[..., :d_n], k_rope[:, :, None, :].expand(B, S, H, d_r)], -1)
+    v = kv[..., d_n:]
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v)
+
+
+def inputs(model, B, S, dtype, seed=0):
+    """Random inputs with realistic spread (scores of std ~2), requires_grad set."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    H, dc, dr, dn, dv = (model.heads, model.kv_lora_rank, model.qk_rope_head_dim,
+                         model.qk_nope_head_dim, model.v_head_dim)
+    q = torch.randn(B, S, H, dn + dr, generator=g, dtype=torch.float64) * 1.5
+    c_kv = torch.randn(B, S, dc, generator=g, dtype=torch.float64)
+    k_rope = torch.randn(B, S, dr, generator=g, dtype=torch.float64) * 1.5
+    w = torch.randn(H * (dn + dv), dc, generator=g, dtype=torch.float64) / dc ** 0.5 * 1.5
+    return [t.to(dtype).requires_grad_() for t in (q, c_kv, k_rope, w)]
+
+
+# Per-element tolerances, as a fraction of the tensor's largest reference magnitude (the
+# GEMMs' rounding scales with it, not with each element). Measured here (B=2, S=24, every
+# form and tensor): float64 errors <= 1.5e-15 max|ref|, float32 <= 3.6e-7 max|ref|.
+TOL = {"float64": 3e-15, "float32": 8e-7}
+
+
+def check_close(name, got, ref, tol):
+    """Per element |got - ref| <= tol max|ref|; raises naming the worst element. Returns
+    the largest error as a fraction of max|ref|."""
+    import torch
+    got, ref = got.detach().double(), ref.detach().double()
+    if got.shape != ref.shape:
+        raise AssertionError(f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}")
+    scale = ref.abs().max().item()
+    err = (got - ref).abs()
+    bad = err > tol * scale
+    if bad.any() or not torch.isfinite(got).all():
+        i = int(err.flatten().nan_to_num(float("inf")).argmax())
+        raise AssertionError(f"{name}: {int(bad.sum())} of {got.numel()} elements off; worst "
+                             f"at {i}: got {got.flatten()[i].item():.17g}, reference "
+                             f"{ref.flatten()[i].item():.17g} (bound {tol} x max|ref| "
+                             f"{scale:.3g})")
+    return err.max().item() / scale

@@ -1,0 +1,133 @@
+"""mlagen.torch.mla_attention on the CPU device at P = 1: gradcheck in float64 for every
+form; outputs and every gradient against the float64 reference (common.reference) in
+float64 and float32; MLACoreAttention's plan cache; bad input raises with the C API's
+message; torch.compile keeps the op in its graph. Usage: test_torch_op.py
+[gradcheck|values|errors|compiled] (no argument: all)."""
+import sys
+
+from common import FORMS, TINY, TOL, check_close, inputs, reference, require
+
+require("torch")
+import torch  # noqa: E402
+
+import mlagen  # noqa: E402
+import mlagen.torch as mt  # noqa: E402
+
+torch.manual_seed(0)
+
+
+def gradcheck():
+    small = dict(TINY, num_attention_heads=2)  # fewer weight entries to perturb
+    model = mlagen.Model(small)
+    for form in FORMS:
+        args = inputs(model, 1, 6, torch.float64, seed=1)
+        ok = torch.autograd.gradcheck(
+            lambda q, c, k, w: mt.mla_attention(q, c, k, w, model=model, form=form), args,
+            eps=1e-6, atol=1e-8, rtol=1e-6)
+        assert ok, form
+        print(f"gradcheck {form}: ok")
+
+
+def values():
+    model = mlagen.Model(TINY)
+    B, S = 2, 24
+    for dtype in (torch.float64, torch.float32):
+        for causal in (True, False):
+            ref_in = inputs(model, B, S, torch.float64, seed=2)
+            o_ref = reference(*ref_in, model.softmax_scale, causal)
+            d_o = torch.randn(o_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+            ref_g = torch.autograd.grad(o_ref, ref_in, d_o)
+            for form in FORMS:
+                x = [t.detach().to(dtype).requires_grad_() for t in ref_in]
+                o = mt.mla_attention(*x, model=model, form=form, causal=causal)
+                assert o.dtype == dtype and o.shape == o_ref.shape, (o.dtype, o.shape)
+                grads = torch.autograd.grad(o, x, d_o.to(dtype))
+                tol = TOL[str(dtype).split(".")[1]]
+                worst = [check_close(f"{form} {dtype} causal={causal} o", o, o_ref, tol)]
+                for n, g, r in zip(("dq", "dc_kv", "dk_rope", "dw_kv_b"), grads, ref_g):
+                    assert g.dtype == dtype, (n, g.dtype)
+                    worst.append(check_close(f"{form} {dtype} causal={causal} {n}", g, r, tol))
+                print(f"values {form} {dtype} causal={causal}: max err {max(worst):.1e} max|ref|")
+    # the module caches one plan per (B, S, dtype, device)
+    core = mt.MLACoreAttention(model, form="laga")
+    a = inputs(model, 1, 8, torch.float64)
+    core(*a)
+    core(*a)
+    assert len(core._plans) == 1, core._plans
+    core(*inputs(model, 1, 16, torch.float64))
+    core(*[t.detach().float() for t in a])
+    assert len(core._plans) == 3, core._plans
+    print("MLACoreAttention: one plan per (B, S, dtype, device)")
+
+
+def compiled():
+    """torch.compile(fullgraph=True) keeps the op in one graph (no graph break), forward
+    and backward equal eager's bit for bit; torch.library.opcheck passes on both ops."""
+    model = mlagen.Model(TINY)
+    x = inputs(model, 2, 16, torch.float64, seed=4)
+
+    def f(q, c, k, w):
+        o = mt.mla_attention(q, c, k, w, model=model, form="laga-f")
+        return (o * o).sum()
+
+    want = f(*x)
+    want_g = torch.autograd.grad(want, x)
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+    got = cf(*x)
+    got_g = torch.autograd.grad(got, x)
+    assert torch.equal(got, want), (got, want)
+    for a, b in zip(got_g, want_g):
+        assert torch.equal(a, b)
+    print("torch.compile(fullgraph=True, aot_eager): one graph, equal to eager")
+    args = (*x, id(mt._owner_of(model)), "laga", True, 0, "")
+    torch.library.opcheck(mt._fwd, args)
+    o, saved = mt._fwd(*args)
+    d = [t.detach() for t in x]
+    torch.library.opcheck(mt._bwd, (torch.randn_like(o), *d, o.detach(), saved, *args[4:]))
+    print("torch.library.opcheck(mlagen::mla_attention_fwd, _bwd): ok")
+
+
+def expect(what, fn, exc, *needles):
+    try:
+        fn()
+    except exc as e:
+        msg = str(e)
+        for n in needles:
+            assert n in msg, f"{what}: {n!r} not in {msg!r}"
+        print(f"errors {what}: {type(e).__name__}: {msg}")
+        return
+    raise AssertionError(f"{what}: no {exc.__name__} raised")
+
+
+def errors():
+    model = mlagen.Model(TINY)
+    q, c, k, w = (t.detach() for t in inputs(model, 1, 8, torch.float64))
+    run = lambda *a, **kw: mt.mla_attention(*a, model=model, **kw)  # noqa: E731
+    expect("wrong shape", lambda: run(q, c[:, :7], k, w), mlagen.MlagenError,
+           "MLAGEN_EINVAL", "tensors->c_kv.dims[1] = 7")
+    expect("wrong w_kv_b", lambda: run(q, c, k, w[:-1]), mlagen.MlagenError,
+           "tensors->w_kv_b.dims[0]")
+    expect("q rank", lambda: run(q[0], c, k, w), mlagen.MlagenError, "tensors->q.ndim = 3")
+    expect("wrong dtype", lambda: run(q, c.float(), k, w), mlagen.MlagenError,
+           "tensors->c_kv.dtype is f32, the plan expects f64")
+    expect("int dtype", lambda: run(q, c.long(), k, w), mlagen.MlagenError,
+           "tensors->c_kv.dtype = 0 is not an mlagen_dtype")
+    expect("bf16 on the CPU", lambda: run(*(t.bfloat16() for t in (q, c, k, w))),
+           mlagen.MlagenError, "MLAGEN_EUNSUPPORTED", "CPU device")
+    expect("wrong device", lambda: run(q, c.to("meta"), k, w), ValueError, "c_kv is on meta")
+    expect("bad form", lambda: run(q, c, k, w, form="flash"), ValueError, "form = 'flash'")
+    expect("bad head_groups", lambda: run(q, c, k, w, form="laga-f", head_groups=3),
+           mlagen.MlagenError, "plan_desc->head_groups")
+    expect("head_groups for laga", lambda: run(q, c, k, w, form="laga", head_groups=2),
+           mlagen.MlagenError, "plan_desc->head_groups")
+    expect("bad config", lambda: mlagen.Model({"num_attention_heads": 4}), mlagen.MlagenError,
+           "MLAGEN_ECONFIG", "kv_lora_rank")
+    expect("missing file", lambda: mlagen.Model("/nonexistent/config.json"), mlagen.MlagenError,
+           "MLAGEN_EIO")
+
+
+if __name__ == "__main__":
+    parts = {"gradcheck": gradcheck, "values": values, "errors": errors, "compiled": compiled}
+    for name in sys.argv[1:] or parts:
+        parts[name]()
+    print("ok")

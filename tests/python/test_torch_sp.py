@@ -1,0 +1,131 @@
+"""mlagen.torch.mla_attention over a torch.distributed gloo group of P CPU processes
+(torch.multiprocessing): for every form, each rank's output and input gradients equal the
+single-process float64 reference's shard per element, and dw_kv_b summed over the group
+equals the reference's. Then a group whose size does not divide H raises MlagenError with
+the C API's message on every rank. Usage: test_torch_sp.py P, or test_torch_sp.py dead: a
+peer that dies makes the op raise MlagenError (MLAGEN_EIO) instead of hanging."""
+import os
+import sys
+import tempfile
+
+from common import FORMS, TINY, TOL, check_close, inputs, reference, require
+
+require("torch")
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as tmp  # noqa: E402
+
+
+
+def worker(rank, P, store, queue):
+    import mlagen
+    import mlagen.torch as mt
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=P,
+                                timeout=timedelta(seconds=60))
+        model = mlagen.Model(TINY)
+        B, S = 2, 8 * P
+        Sl = S // P
+        full = inputs(model, B, S, torch.float64, seed=5)
+        o_ref = reference(*full, model.softmax_scale)
+        d_o = torch.randn(o_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+        ref_g = torch.autograd.grad(o_ref, full, d_o)
+        sl = slice(rank * Sl, (rank + 1) * Sl)
+        for form in FORMS:
+            x = [t.detach()[:, sl].clone().requires_grad_() for t in full[:3]]
+            x.append(full[3].detach().clone().requires_grad_())
+            o = mt.mla_attention(*x, model=model, form=form, sp_group=dist.group.WORLD)
+            g = list(torch.autograd.grad(o, x, d_o[:, sl]))
+            dist.all_reduce(g[3])  # the trainer's gradient reduction over the group
+            check_close(f"rank {rank} {form} o", o, o_ref[:, sl], TOL["float64"])
+            for n, got, r in zip(("dq", "dc_kv", "dk_rope"), g[:3], ref_g[:3]):
+                check_close(f"rank {rank} {form} {n}", got, r[:, sl], TOL["float64"])
+            check_close(f"rank {rank} {form} dw_kv_b (summed)", g[3], ref_g[3], TOL["float64"])
+            if rank == 0:
+                print(f"P={P} {form}: o and all gradients match the reference", flush=True)
+        # H = 2 heads cannot be split over P = 4 ranks (or 3 heads over 2)
+        bad = mlagen.Model(dict(TINY, num_attention_heads=2 if P > 2 else 3))
+        x = [t.detach() for t in inputs(bad, 1, 4, torch.float64)]
+        try:
+            mt.mla_attention(*x, model=bad, sp_group=dist.group.WORLD)
+            raise AssertionError("no error for a group that does not divide H")
+        except mlagen.MlagenError as e:
+            assert "MLAGEN_EINVAL" in str(e) and "sp_size" in str(e), str(e)
+            if rank == 0:
+                print(f"P={P} bad group: {e}", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put((rank, None))
+    except BaseException as e:  # report to the parent instead of hanging it
+        import traceback
+        queue.put((rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def dead_peer(rank, P, store, queue):
+    """Rank 1 dies after joining the group; rank 0's op must raise MlagenError (MLAGEN_EIO,
+    naming the callback and the plan step, chained to gloo's error) instead of hanging."""
+    import mlagen
+    import mlagen.torch as mt
+    from datetime import timedelta
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=P,
+                                timeout=timedelta(seconds=30))
+        dist.barrier()  # the connections exist
+        if rank == 1:
+            queue.put((rank, None))
+            queue.close()
+            queue.join_thread()  # flushed before dying
+            os._exit(0)
+        model = mlagen.Model(TINY)
+        x = [t.detach() for t in inputs(model, 1, 8, torch.float64)]
+        try:
+            mt.mla_attention(*x, model=model, form="laga", sp_group=dist.group.WORLD)
+            raise AssertionError("no error although rank 1 died")
+        except mlagen.MlagenError as e:
+            msg = str(e)
+            assert "MLAGEN_EIO" in msg and "callback returned" in msg and "plan step" in msg, msg
+            assert e.__cause__ is not None, "not chained to the collective's exception"
+            print(f"dead peer: {msg[:300]}", flush=True)
+        queue.put((rank, None))
+        queue.close()
+        queue.join_thread()
+        os._exit(0)  # the group cannot be torn down cleanly without its peer
+    except BaseException as e:
+        import traceback
+        queue.put((rank, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def main():
+    dead = sys.argv[1] == "dead"
+    P = 2 if dead else int(sys.argv[1])
+    ctx = tmp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        store = os.path.join(d, "store")
+        target = dead_peer if dead else worker
+        procs = [ctx.Process(target=target, args=(r, P, store, queue)) for r in range(P)]
+        for p in procs:
+            p.start()
+        results = []
+        try:
+            for _ in range(P):  # a rank that died without reporting: no hang, a failure
+                results.append(queue.get(timeout=120))
+        except Exception as e:
+            results.append((-1, f"no report from every rank in 120 s ({type(e).__name__})"))
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    failed = [(r, e) for r, e in results if e]
+    for r, e in failed:
+        print(f"rank {r} failed: {e}", file=sys.stderr)
+    if failed:
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
