@@ -14,7 +14,9 @@
 // shared memory, f32 accumulators; one warpgroup = 4 consecutive warps (128 threads,
 // warpgroup index = threadIdx.x / 128).
 #pragma once
+#ifndef MLA_SM90_LAYOUT_ONLY  // (tests/test_hopper_layout.cpp: the layout part only)
 #include "mla_device.cuh"
+#endif
 
 namespace mla {
 namespace sm90 {
@@ -92,6 +94,7 @@ __host__ __device__ __forceinline__ constexpr unsigned acc_col(unsigned t, unsig
   return 8u * (i / 4u) + 2u * (t % 4u) + i % 2u;
 }
 
+#ifndef MLA_SM90_LAYOUT_ONLY
 // The 32-bit .shared address of a pointer into shared memory (the host executor: its
 // offset in the dynamic shared memory buffer, which must hold it).
 __device__ __forceinline__ unsigned smem_u32(const void* p MLA90_LINE) {
@@ -682,6 +685,7 @@ __device__ __forceinline__ void setmaxnreg_dec(MLA90_LINE_ONLY) {
 #endif
 }
 
+#endif  // MLA_SM90_LAYOUT_ONLY
 #undef MLA90_LINE
 #undef MLA90_LINE_ONLY
 }  // namespace sm90
