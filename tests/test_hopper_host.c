@@ -10,8 +10,8 @@
  * mbarrier wait, the wgmma wait_group or the fence.proxy.async (string edits of the source)
  * must make the check fail for every schedule; an over-arrival, a wait on a phase that never
  * completes and a non-uniform setmaxnreg are reported; one TMA box lands with its swizzle
- * and zero fill as the header's tile_offset says. NVRTC: the kernels compile for sm_90a
- * with no spills (ptxas figures printed). */
+ * and zero fill as the header's tile_offset says, in 2D and 3D. NVRTC: the kernels compile
+ * for sm_90a with no spills (ptxas figures printed). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -355,6 +355,68 @@ static void test_tma_box(void **state) {
   free(src);
 }
 
+typedef void (*copy3_fn)(tmap_t, unsigned char *, int, int, int, unsigned);
+struct copy3_args {
+  copy3_fn fn;
+  tmap_t map;
+  unsigned char *out;
+  int c[3];
+  unsigned bytes;
+};
+static void copy3_thunk(void *p) {
+  struct copy3_args *a = p;
+  a->fn(a->map, a->out, a->c[0], a->c[1], a->c[2], a->bytes);
+}
+
+/* A 3D box (128B swizzle, 64 x 8 x 3) of a [3][20][64] bf16 tensor, out of bounds in the two
+ * outer dimensions: rows of the box are (i2 * 8 + i1), swizzled as in 2D. */
+static void test_tma_box_3d(void **state) {
+  (void)state;
+  setup_headers();
+  const mg_driver *drv = driver();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_tma_copy3", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  enum { P = 3, R = 20 };
+  uint16_t *t = malloc(P * R * D * 2);
+  for (unsigned i = 0; i < P * R * D; i++) t[i] = (uint16_t)(i + 1);
+  struct copy3_args a;
+  a.fn = (copy3_fn)mg_host_kernel_sym(k, "hopper_tma_copy3");
+  assert_non_null(a.fn);
+  cuuint64_t dims[3] = {D, R, P}, strides[2] = {D * 2, R * D * 2};
+  cuuint32_t box[3] = {64, 8, 3}, es[3] = {1, 1, 1};
+  CUresult r = drv->cuTensorMapEncodeTiled((CUtensorMap *)&a.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                           3, t, dims, strides, box, es,
+                                           CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                           CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  assert_int_equal(r, CUDA_SUCCESS);
+  a.bytes = 128 * 8 * 3;
+  a.out = malloc(a.bytes);
+  a.c[0] = 0, a.c[1] = R - 5, a.c[2] = 1; /* rows 15..22 (20.. outside), planes 1..3 (3 outside) */
+  mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+  int rc = mg_host_kernel_launch(k, grid, block, 8192, NULL, copy3_thunk, &a, msg, sizeof msg);
+  if (rc) fail_msg("%s", msg);
+  for (unsigned i2 = 0; i2 < 3; i2++)
+    for (unsigned i1 = 0; i1 < 8; i1++)
+      for (unsigned c = 0; c < 64; c++) {
+        unsigned off = (i2 * 8 + i1) * 128 + c * 2;
+        off ^= ((off >> 7) & 7u) << 4;
+        int g1 = a.c[1] + (int)i1, g2 = a.c[2] + (int)i2;
+        uint16_t want = g1 < R && g2 < P ? t[(g2 * R + g1) * D + (int)c] : 0, got;
+        memcpy(&got, a.out + off, 2);
+        if (got != want)
+          fail_msg("element (%u, %u, %u) at byte %u is %u, want %u", i2, i1, c, off, got, want);
+      }
+  free(a.out);
+  free(t);
+  mg_host_kernel_free(k);
+  free(src);
+}
+
 /* NVRTC for sm_90a: hopper_selftest.cu compiles; its qk kernels have no spills. */
 static void test_nvrtc_sm90a(void **state) {
   (void)state;
@@ -392,6 +454,7 @@ int main(void) {
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_misuse_reported),
       cmocka_unit_test(test_tma_box),
+      cmocka_unit_test(test_tma_box_3d),
       cmocka_unit_test(test_nvrtc_sm90a),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -155,3 +155,23 @@ extern "C" __global__ void hopper_tma_copy(const __grid_constant__ TensorMap map
   mbar_wait(bar, 0);
   for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
 }
+
+// The same for a 3D box of a rank-3 map at (c0, c1, c2).
+extern "C" __global__ void hopper_tma_copy3(const __grid_constant__ TensorMap map, unsigned char* out,
+                                            int c0, int c1, int c2, unsigned bytes) {
+  unsigned addr0 = smem_u32(smem);
+  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
+  unsigned char* dst = smem + pad + 1024;
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_arrive_expect_tx(bar, bytes);
+    tma_load_3d(dst, &map, bar, c0, c1, c2);
+  }
+  mbar_wait(bar, 0);
+  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
+}
