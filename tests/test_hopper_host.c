@@ -7,11 +7,12 @@
  * registers, on partial tiles, against a float64 reference per element. The tensor maps
  * come from cuTensorMapEncodeTiled through runtime/mg_driver's loader with the fake driver
  * (tests/fake_cuda.c, the host format of tests/host/mg_host_tmap.h). Then: removing the
- * mbarrier wait, the wgmma wait_group or the fence.proxy.async (string edits of the source)
- * must make the check fail for every schedule; an over-arrival, a wait on a phase that never
- * completes and a non-uniform setmaxnreg are reported; one TMA box lands with its swizzle
- * and zero fill as the header's tile_offset says, in 2D and 3D. NVRTC: the kernels compile
- * for sm_90a with no spills (ptxas figures printed). */
+ * mbarrier wait, the wgmma wait_group, the fence.proxy.async or the __syncthreads after
+ * mbarrier.init (string edits of the source) must make the check fail for every schedule;
+ * an over-arrival, a wait on a phase that never completes, a non-uniform setmaxnreg and a
+ * wgmma without wgmma.fence are reported; one TMA box lands with its swizzle and zero fill
+ * as the header's tile_offset says, in 2D and 3D. NVRTC: the kernels compile for sm_90a
+ * with no spills (ptxas figures printed). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -239,6 +240,7 @@ static void test_mutations_caught(void **state) {
       {"mbar_wait(bar, 0);", "mbarrier wait", 1, 0},
       {"wgmma_wait<0>();", "wgmma wait", 1, 0},
       {"fence_proxy_async();", "proxy fence", 1, 0},
+      {"__syncthreads();", "init barrier", 2, 1},
   };
   for (size_t i = 0; i < sizeof m / sizeof *m; i++) {
     size_t ml;
@@ -276,9 +278,9 @@ static void test_misuse_reported(void **state) {
   char msg[4096];
   mg_host_kernel *k = build(src, len, "hopper_misuse", msg, sizeof msg);
   if (!k) fail_msg("build: %s", msg);
-  static const char *const want[4] = {"over-arrival", "never completes", "not warpgroup-uniform",
-                                      NULL};
-  for (int kind = 0; kind < 4; kind++) {
+  static const char *const want[5] = {"over-arrival", "never completes", "not warpgroup-uniform",
+                                      "no wgmma.fence", NULL};
+  for (int kind = 0; kind < 5; kind++) {
     struct misuse_args a = {(misuse_fn)mg_host_kernel_sym(k, "hopper_misuse"), kind};
     mg_host_dim3 grid = {1, 1, 1}, block = {128, 1, 1};
     int rc = mg_host_kernel_launch(k, grid, block, 64, NULL, misuse_thunk, &a, msg, sizeof msg);

@@ -54,7 +54,7 @@ __device__ void qk(const TensorMap* tq, const TensorMap* tk, float* S, int sq, i
     mbar_init(bar, 1);
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // MUTATION: init barrier
   if (t == 0) {
     mbar_arrive_expect_tx(bar, (64 + N) * D * 2);
     for (unsigned b = 0; b < D / cols; ++b) {
@@ -112,8 +112,9 @@ HOPPER_QK_KERNEL(128)
 HOPPER_QK_KERNEL(192)
 HOPPER_QK_KERNEL(256)
 
-// Protocol errors the executor must report: an over-arrival, a wait that never completes
-// (wrong parity), and setmaxnreg that differs within a warpgroup. kind selects one.
+// Protocol errors the executor must report: an over-arrival (kind 0), a wait that never
+// completes (1: wrong parity), setmaxnreg that differs within a warpgroup (2), a wgmma
+// without wgmma.fence (3); kind 4 is correct.
 extern "C" __global__ void hopper_misuse(int kind) {
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
   if (threadIdx.x == 0) mbar_init(bar, 1);
@@ -128,6 +129,12 @@ extern "C" __global__ void hopper_misuse(int kind) {
   } else if (kind == 2) {
     // one line, so that the threads meet at the same call site with different operations
     if (threadIdx.x < 64) setmaxnreg_inc<240>(); else setmaxnreg_dec<240>();
+  } else if (kind == 3) {
+    float d[32];
+    for (int i = 0; i < 32; ++i) d[i] = 0.0f;
+    wgmma_ss<64, bf16_t>(d, 0, 0, 0);  // no wgmma.fence before it
+    wgmma_commit();
+    wgmma_wait<0>();
   } else {
     setmaxnreg_dec<40>();
     setmaxnreg_inc<232>();
