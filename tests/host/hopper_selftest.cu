@@ -36,9 +36,12 @@ __device__ __forceinline__ unsigned long long kstep_desc(int swz, unsigned base,
   return make_desc(base + kmajor_off(swz, rows, 0, ks * 16), 16, 8 * span, swz);
 }
 
-template <int N>
+// SPLIT: k-steps 0-1 and 2-3 go to two accumulators in two commit groups; after
+// wgmma_wait<1> the first group's (written to S_part) must be complete, after wgmma_wait<0>
+// both (S = their sum).
+template <int N, bool SPLIT = false>
 __device__ void qk(const TensorMap* tq, const TensorMap* tk, float* S, int sq, int skv, int swz,
-                   float qscale, int a_regs) {
+                   float qscale, int a_regs, float* S_part = nullptr) {
   constexpr int D = HOPPER_QK_D;
   // 1024-aligned tiles (the swizzle repeats every 1024 bytes of address)
   unsigned addr0 = smem_u32(smem);
@@ -84,15 +87,36 @@ __device__ void qk(const TensorMap* tq, const TensorMap* tk, float* S, int sq, i
   const unsigned qa = smem_u32(sQ), ka = smem_u32(sK);
   fence_operand(d);
   wgmma_fence();
-  for (unsigned ks = 0; ks < D / 16; ++ks) {
-    unsigned long long db = kstep_desc(swz, ka, N, ks);
-    if (a_regs)
-      wgmma_rs<N, bf16_t>(d, a[ks], db, ks > 0);
-    else
-      wgmma_ss<N, bf16_t>(d, kstep_desc(swz, qa, 64, ks), db, ks > 0);
+  if constexpr (SPLIT) {
+    float d2[N / 2];
+    for (int i = 0; i < N / 2; ++i) d2[i] = 0.0f;
+    fence_operand(d2);
+    wgmma_fence();
+    for (unsigned ks = 0; ks < D / 16; ++ks) {
+      wgmma_ss<N, bf16_t>(ks < 2 ? d : d2, kstep_desc(swz, qa, 64, ks), kstep_desc(swz, ka, N, ks),
+                          ks % 2);
+      if (ks % 2) wgmma_commit();
+    }
+    wgmma_wait<1>();
+    fence_operand(d);
+    for (int i = 0; i < N / 2; ++i) {
+      int row = m0 + (int)acc_row(t, i), col = n0 + (int)acc_col(t, i);
+      if (row < sq && col < skv) S_part[(long)row * skv + col] = d[i];
+    }
+    wgmma_wait<0>();
+    fence_operand(d2);
+    for (int i = 0; i < N / 2; ++i) d[i] += d2[i];
+  } else {
+    for (unsigned ks = 0; ks < D / 16; ++ks) {
+      unsigned long long db = kstep_desc(swz, ka, N, ks);
+      if (a_regs)
+        wgmma_rs<N, bf16_t>(d, a[ks], db, ks > 0);
+      else
+        wgmma_ss<N, bf16_t>(d, kstep_desc(swz, qa, 64, ks), db, ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();  // MUTATION: wgmma wait
   }
-  wgmma_commit();
-  wgmma_wait<0>();  // MUTATION: wgmma wait
   fence_operand(d);
   for (int i = 0; i < N / 2; ++i) {
     int row = m0 + (int)acc_row(t, i), col = n0 + (int)acc_col(t, i);
@@ -111,6 +135,13 @@ HOPPER_QK_KERNEL(64)
 HOPPER_QK_KERNEL(128)
 HOPPER_QK_KERNEL(192)
 HOPPER_QK_KERNEL(256)
+
+// Two commit groups and wait_group 1 (see qk's SPLIT), N 64, A from shared memory.
+extern "C" __global__ void __launch_bounds__(128)
+    hopper_qk_split64(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
+                      float* S, int sq, int skv, int swz, float qscale, float* S_part) {
+  qk<64, true>(&tq, &tk, S, sq, skv, swz, qscale, 0, S_part);
+}
 
 // Protocol errors the executor must report: an over-arrival (kind 0), a wait that never
 // completes (1: wrong parity), setmaxnreg that differs within a warpgroup (2), a wgmma
