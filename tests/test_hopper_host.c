@@ -11,8 +11,7 @@
  * mbarrier.init (string edits of the source) must make the check fail for every schedule;
  * an over-arrival, a wait on a phase that never completes, a non-uniform setmaxnreg and a
  * wgmma without wgmma.fence are reported; one TMA box lands with its swizzle and zero fill
- * as the header's tile_offset says, in 2D and 3D. NVRTC: the kernels compile for sm_90a
- * with no spills (ptxas figures printed). */
+ * as the header's tile_offset says, in 2D and 3D. (NVRTC and the SASS: test_hopper_sass.c.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,7 +27,6 @@
 #include "host/harness.h"
 #include "mg_driver.h"
 #include "mg_fs.h"
-#include "mg_jit.h"
 
 #define D 64
 
@@ -439,37 +437,6 @@ static void test_tma_box_3d(void **state) {
   free(src);
 }
 
-/* NVRTC for sm_90a: hopper_selftest.cu compiles; its qk kernels have no spills. */
-static void test_nvrtc_sm90a(void **state) {
-  (void)state;
-  setup_headers();
-  size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  mg_jit_header h[2] = {{"mla_device.cuh", g_hdr[0], g_hdr_len[0]},
-                        {"mla_device_sm90.cuh", g_hdr[1], g_hdr_len[1]}};
-  /* one compile per named kernel (each compiles the whole file): the smallest and largest */
-  static const char *const kernels[] = {"hopper_qk_n64", "hopper_qk_n256"};
-  for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) {
-    mg_jit_opts o;
-    memset(&o, 0, sizeof o);
-    o.arch = "sm_90a";
-    o.no_cache = 1;
-    o.template_hash = "";
-    o.headers = h;
-    o.n_headers = 2;
-    mg_cubin c;
-    mg_diag d = MG_DIAG_INIT;
-    int rc = mg_jit_compile(src, len, "hopper_selftest.cu", kernels[i], &o, &c, &d);
-    if (rc) fail_msg("%s: %s: %s", kernels[i], mlagen_status_name(rc), mg_diag_msg(&d));
-    print_message("  sm_90a %s: %d registers, %ld spill bytes, %ld stack bytes\n", kernels[i],
-                  c.report.registers, c.report.spill_stores + c.report.spill_loads,
-                  c.report.stack_bytes);
-    assert_int_equal(c.report.spill_stores + c.report.spill_loads, 0);
-    mg_cubin_free(&c);
-  }
-  free(src);
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_qk),
@@ -477,7 +444,6 @@ int main(void) {
       cmocka_unit_test(test_misuse_reported),
       cmocka_unit_test(test_tma_box),
       cmocka_unit_test(test_tma_box_3d),
-      cmocka_unit_test(test_nvrtc_sm90a),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
