@@ -4,7 +4,8 @@
 // shared memory with ordinary stores (so a fence.proxy.async is needed before wgmma reads
 // it), then one warpgroup runs 4 k-steps of wgmma m64nNk16 and stores its accumulators.
 // The same text runs on the host executor (tests/test_hopper_host.c, which also removes
-// the waits and the fence to see the check fail) and compiles with NVRTC for sm_90a.
+// the waits and the fence to see the check fail) and compiles with NVRTC for sm_90a
+// (tests/test_hopper_sass.c).
 //
 // Grid (ceil(sq / 64), ceil(skv / N)), 128 threads, dynamic shared memory
 // HOPPER_QK_SMEM(N) bytes. S is [sq, skv] fp32; rows/columns past sq/skv are not written
