@@ -97,6 +97,25 @@ if [ ! -x "$cuda/bin/nvdisasm" ] && ! ls "$tools"/nvidia/*/bin/nvdisasm >/dev/nu
   fi
 fi
 
+# ---- CuTe, the reference of tests/test_hopper_layout.cpp ---------------------------------
+# The CUTLASS/CuTe headers of PyPI's nvidia-cutlass (headers under
+# cutlass_library/source/include), installed like nvdisasm above with pip --target into
+# $build/tools, no dependencies. A test reference only: the generated kernels never use it.
+# Without it (offline) the build goes on; tool_missing_cute then fails in CI.
+if ! [ -f "$tools/cutlass_library/source/include/cute/tensor.hpp" ]; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "setup.sh: installing python3-pip (for nvidia-cutlass)"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-pip
+  fi
+  echo "setup.sh: installing nvidia-cutlass (CuTe headers) into $tools"
+  python3 -m pip install -q --no-deps --disable-pip-version-check --target "$tools" \
+    "nvidia-cutlass>=4.0,<5" ||
+    echo "setup.sh: warning: nvidia-cutlass could not be installed; test_hopper_layout cannot run" >&2
+fi
+
 # ---- PyTorch for the Python package's tests (--test only; python/, docs/torch.md) -----------
 # torch and transformers from PyPI into a venv, $build/venv, where tests/CMakeLists.txt finds
 # it; then the package itself (pip install ./python). PyPI's Linux torch is the CUDA build

@@ -31,6 +31,7 @@
  * cuBLAS (at the end of this file). */
 #include <cublas_api.h>
 #include <cuda.h>
+#include "host/mg_host_tmap.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -422,6 +423,19 @@ static CUresult f_get_error_name(CUresult r, const char **s) {
   return CUDA_SUCCESS;
 }
 
+/* cuTensorMapEncodeTiled: the host executor's format (tests/host/mg_host_tmap.h), which its
+ * TMA emulation reads; the same argument checks as the driver's. */
+static CUresult f_tensor_map_encode_tiled(CUtensorMap *map, CUtensorMapDataType dtype,
+                                          cuuint32_t rank, void *base, const cuuint64_t *dims,
+                                          const cuuint64_t *strides, const cuuint32_t *box,
+                                          const cuuint32_t *estrides,
+                                          CUtensorMapInterleave interleave,
+                                          CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                          CUtensorMapFloatOOBfill fill) {
+  return mg_host_tmap_encode(map, dtype, rank, base, dims, strides, box, estrides, interleave,
+                             swizzle, l2, fill);
+}
+
 /* Symbol names as cuGetProcAddress takes them (without version suffixes). */
 static const struct { const char *name; void *fn; } table[] = {
   {"cuInit", (void *)f_init},
@@ -461,6 +475,7 @@ static const struct { const char *name; void *fn; } table[] = {
   {"cuMemcpyDtoDAsync", (void *)f_memcpy_dtod_async},
   {"cuMemcpy2DAsync", (void *)f_memcpy_2d_async},
   {"cuStreamQuery", (void *)f_stream_query},
+  {"cuTensorMapEncodeTiled", (void *)f_tensor_map_encode_tiled},
 };
 
 /* cuGetProcAddress_v2 (CUDA >= 12.0). The loader asks for the ABI version of each

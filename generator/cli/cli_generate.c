@@ -10,8 +10,9 @@ static const char help[] =
     "                       [--set tunable=value]... [--templates DIR]\n"
     "\n"
     "Renders every kernel the model needs (each family, causal and non-causal) into\n"
-    "DIR/<kernel>.cu, copies the device header mla_device.cuh beside them and writes\n"
-    "DIR/manifest.json: kernel names, launch rules, parameters, spec and config.\n"
+    "DIR/<kernel>.cu, copies the device headers (mla_device.cuh, mla_device_sm90.cuh)\n"
+    "beside them and writes DIR/manifest.json: kernel names, launch rules, parameters,\n"
+    "spec and config.\n"
     "\n"
     "  --model M        config.json path or shipped name (default deepseek-v3)\n"
     "  --out DIR        output directory (default mlagen-kernels)\n"
@@ -41,7 +42,10 @@ int cli_generate(int argc, char **argv) {
   if (!rc) rc = mg_gen_write(g, &shape, o.sp, kernels, made, o.out, &d);
   if (!rc) {
     for (int i = 0; i < made; i++) printf("%s/%s\n", o.out, kernels[i].file);
-    printf("%s/%s\n%s/manifest.json\n", o.out, MG_DEVICE_HEADER, o.out);
+    int n_hdr;
+    const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
+    for (int i = 0; i < n_hdr; i++) printf("%s/%s\n", o.out, hdr[i].name);
+    printf("%s/manifest.json\n", o.out);
   } else {
     cli_error("%s", mg_diag_msg(&d));
   }

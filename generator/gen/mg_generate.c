@@ -44,7 +44,8 @@ struct mg_gen {
   mg_lua *lua;
   mg_template files[MG_MAX_TEMPLATES];
   int n_files;
-  mg_jit_header header; /* the device header, for NVRTC */
+  mg_jit_header headers[2]; /* the device headers, for NVRTC: MG_DEVICE_HEADER[, _SM90] */
+  int n_headers;
   char hash[MG_HASH_HEX]; /* the whole template set */
   char family_hash[MG_MAX_FAMILIES][MG_HASH_HEX]; /* by mg_spec_families index; "" when
                                                       the set has no such template */
@@ -97,6 +98,14 @@ static int family_of_file(const char *name) {
   return -1;
 }
 
+/* Whether the n bytes at data contain the string s. */
+static int mentions(const char *data, size_t n, const char *s) {
+  size_t k = strlen(s);
+  for (size_t i = 0; i + k <= n; i++)
+    if (memcmp(data + i, s, k) == 0) return 1;
+  return 0;
+}
+
 /* Hex SHA-256 of every file's name and bytes into hex: the whole set when family is NULL,
  * else the family's own template and every file that is no family's template ("" when
  * the set lacks the family's template). The family's name goes first, so a family hash
@@ -105,11 +114,18 @@ static int hash_files(const mg_gen *g, const char *family, char hex[MG_HASH_HEX]
   int fam = -1, found = 0;
   for (int f = 0; family && mg_spec_families[f]; f++)
     if (strcmp(mg_spec_families[f], family) == 0) fam = f;
+  /* The sm_90a header belongs to a family's hash only when its template names it, so that
+   * adding or changing it leaves the mma.sync families' tuned entries valid. */
+  int uses_sm90 = 0;
+  for (int i = 0; fam >= 0 && i < g->n_files; i++)
+    if (family_of_file(g->files[i].name) == fam)
+      uses_sm90 = mentions(g->files[i].data, g->files[i].size, MG_DEVICE_HEADER_SM90);
   mg_hash_ctx *h = mg_hash_begin();
   if (family) mg_hash_field_str(h, family);
   for (int i = 0; i < g->n_files; i++) {
     int owner = family_of_file(g->files[i].name);
     if (family && owner >= 0 && owner != fam) continue;
+    if (family && !uses_sm90 && strcmp(g->files[i].name, MG_DEVICE_HEADER_SM90) == 0) continue;
     found |= fam >= 0 && owner == fam;
     mg_hash_field_str(h, g->files[i].name);
     mg_hash_field(h, g->files[i].data, g->files[i].size);
@@ -139,9 +155,10 @@ int mg_gen_open(mg_gen **out, const char *templates_dir, mg_diag *d) {
     mg_gen_close(g);
     return rc;
   }
-  g->header.name = MG_DEVICE_HEADER;
-  g->header.data = hdr->data;
-  g->header.size = hdr->size;
+  g->headers[0] = (mg_jit_header){MG_DEVICE_HEADER, hdr->data, hdr->size};
+  g->n_headers = 1;
+  const mg_template *h90 = find_file(g, MG_DEVICE_HEADER_SM90);
+  if (h90) g->headers[g->n_headers++] = (mg_jit_header){MG_DEVICE_HEADER_SM90, h90->data, h90->size};
 
   rc = hash_files(g, NULL, g->hash);
   for (int f = 0; !rc && f < MG_MAX_FAMILIES && mg_spec_families[f]; f++)
@@ -174,8 +191,8 @@ const char *mg_gen_family_hash(const mg_gen *g, const char *family) {
 }
 
 const mg_jit_header *mg_gen_headers(const mg_gen *g, int *n) {
-  *n = 1;
-  return &g->header;
+  *n = g->n_headers;
+  return g->headers;
 }
 
 /* ---- Lua <-> C ------------------------------------------------------------------- */
@@ -400,12 +417,12 @@ static int write_file(const char *dir, const char *name, const void *data, size_
   return rc;
 }
 
-/* Removes the first n kernel files and, if header, the device header from dir. */
-static void remove_written(const char *dir, const mg_kernel *kernels, int n, int header,
-                           const char *header_name) {
+/* Removes the first n kernel files and the first `headers` device headers from dir. */
+static void remove_written(const char *dir, const mg_kernel *kernels, int n, int headers,
+                           const mg_gen *g) {
   char path[4200];
-  for (int i = 0; i < n + header; i++) {
-    snprintf(path, sizeof path, "%s/%s", dir, i < n ? kernels[i].file : header_name);
+  for (int i = 0; i < n + headers; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, i < n ? kernels[i].file : g->headers[i - n].name);
     remove(path);
   }
 }
@@ -424,9 +441,11 @@ int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kern
   for (; written < n && !rc; written++)
     rc = write_file(dir, kernels[written].file, kernels[written].source, kernels[written].source_len, d);
   if (rc) written--;
-  if (!rc) rc = write_file(dir, g->header.name, g->header.data, g->header.size, d);
-  if (rc) {
-    remove_written(dir, kernels, written, 0, g->header.name);
+  int hw = 0;
+  for (; !rc && hw < g->n_headers; hw++)
+    rc = write_file(dir, g->headers[hw].name, g->headers[hw].data, g->headers[hw].size, d);
+  if (rc) { /* the kernels written, and the headers before the one that failed */
+    remove_written(dir, kernels, written, hw ? hw - 1 : 0, g);
     return rc;
   }
 
@@ -436,13 +455,14 @@ int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kern
   cJSON *hdrs = cJSON_AddArrayToObject(root, "headers");
   if (!root || !model || !list || !hdrs) {
     cJSON_Delete(root);
-    remove_written(dir, kernels, n, 1, g->header.name);
+    remove_written(dir, kernels, n, g->n_headers, g);
     return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
   cJSON_AddStringToObject(root, "mlagen_version", MLAGEN_VERSION);
   cJSON_AddStringToObject(root, "template_hash", g->hash);
   cJSON_AddNumberToObject(root, "sp", sp);
-  cJSON_AddItemToArray(hdrs, cJSON_CreateString(g->header.name));
+  for (int i = 0; i < g->n_headers; i++)
+    cJSON_AddItemToArray(hdrs, cJSON_CreateString(g->headers[i].name));
   cJSON_AddStringToObject(model, "source", shape->source);
   cJSON_AddStringToObject(model, "model_type", shape->model_type);
   cJSON_AddNumberToObject(model, "num_attention_heads", shape->heads);
@@ -456,7 +476,7 @@ int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kern
   char *text = cJSON_Print(root);
   cJSON_Delete(root);
   if (!text) {
-    remove_written(dir, kernels, n, 1, g->header.name);
+    remove_written(dir, kernels, n, g->n_headers, g);
     return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
   size_t len = strlen(text);
@@ -467,11 +487,11 @@ int mg_gen_write(mg_gen *g, const mg_shape *shape, int sp, const mg_kernel *kern
   free(text);
   if (rc) {
     mg_buf_free(&b);
-    remove_written(dir, kernels, n, 1, g->header.name);
+    remove_written(dir, kernels, n, g->n_headers, g);
     return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
   rc = write_file(dir, "manifest.json", b.data, b.len, d);
   mg_buf_free(&b);
-  if (rc) remove_written(dir, kernels, n, 1, g->header.name);
+  if (rc) remove_written(dir, kernels, n, g->n_headers, g);
   return rc;
 }

@@ -19,6 +19,9 @@ typedef struct mg_gen mg_gen;
 
 /* The device header every generated kernel includes. */
 #define MG_DEVICE_HEADER "mla_device.cuh"
+/* The Hopper (sm_90a) primitives, a sibling header the sm_90a kernels include after it;
+ * optional in a template set (--templates DIR may lack it). */
+#define MG_DEVICE_HEADER_SM90 "mla_device_sm90.cuh"
 
 /* Opens a generator. templates_dir NULL means the embedded templates.
  * Errors: MLAGEN_EIO (a template file missing from templates_dir; the message names
@@ -31,14 +34,15 @@ const char *mg_gen_template_hash(const mg_gen *g);
 
 /* Hex SHA-256 of what renders family's kernels: the family's name, its own template
  * "<family>.cu.tpl" and every file of the set that is no family's template (the device
- * header, the Lua prelude), each file's name and bytes. Changing one family's template
+ * header, the Lua prelude; the sm_90a header only when the family's template names it),
+ * each file's name and bytes. Changing one family's template
  * changes only that family's hash; changing a shared file changes every family's. Never
  * equal to mg_gen_template_hash. NULL for a family not in mg_spec_families. Valid while g
  * is open. */
 const char *mg_gen_family_hash(const mg_gen *g, const char *family);
 
-/* The headers a generated kernel needs at compile time (the device header), for NVRTC.
- * Valid while g is open. */
+/* The headers a generated kernel may include at compile time (the device header, then
+ * the sm_90a one when the set has it), for NVRTC. Valid while g is open. */
 const mg_jit_header *mg_gen_headers(const mg_gen *g, int *n);
 
 /* One generated kernel. */

@@ -114,6 +114,11 @@ static void load(void) {
     }
     memcpy((char *)drv + entries[i].off, &fn, sizeof fn);
   }
+  { /* optional: left NULL when absent */
+    void *fn = NULL;
+    if (resolve(&gp, "cuTensorMapEncodeTiled", 12000, &fn) == CUDA_SUCCESS && fn)
+      memcpy(&drv->cuTensorMapEncodeTiled, &fn, sizeof fn);
+  }
   char words[256];
   CUresult r = drv->cuInit(0);
   if (r != CUDA_SUCCESS) {

@@ -71,6 +71,9 @@ typedef struct mg_driver {
 #define MG_DRIVER__FIELD(name, version) PFN_##name##_v##version name;
   MG_DRIVER_ENTRIES(MG_DRIVER__FIELD)
 #undef MG_DRIVER__FIELD
+  /* Optional entry points: NULL when the driver lacks them (loading does not fail).
+   * cuTensorMapEncodeTiled (CUDA 12.0): the CUtensorMap of the sm_90a kernels' TMA loads. */
+  PFN_cuTensorMapEncodeTiled_v12000 cuTensorMapEncodeTiled;
   int driver_version; /* cuDriverGetVersion: 1000 major + 10 minor, e.g. 13000 */
   char path[256];     /* the library loaded ("libcuda.so.1" or $MLAGEN_LIBCUDA) */
 } mg_driver;

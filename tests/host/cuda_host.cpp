@@ -397,7 +397,9 @@ __asm__(".pushsection .text\n"
 
 namespace {
 
-enum FiberState { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_WAIT_ACTIVE, F_DONE };
+/* F_WAIT_ASYNC: asleep in the Hopper emulation (hopper_host.cpp) on an mbarrier or a
+ * warpgroup rendezvous, whose address is Fiber::wait. */
+enum FiberState { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_WAIT_ACTIVE, F_WAIT_ASYNC, F_DONE };
 
 /* One cp.async: the source bytes, read at issue, and where they go when it lands: an
  * eager copy (half of them, drawn at issue) at a random scheduling point of its block
@@ -496,6 +498,14 @@ struct Launch {
 
 Launch *g_launch = nullptr; /* the launch running on this object, if any */
 int g_busy = 0;             /* set while a launch runs (any OS thread) */
+
+/* The Hopper emulation's hooks (hopper_host.cpp): a scheduling point of a block, a thread's
+ * exit, a block's start, a deadlock's description, the end of a launch. */
+void hopper_sched_point(Launch *L, Block *B);
+void hopper_fiber_exit(Launch *L, Fiber *f);
+void hopper_block_start(Launch *L, Block *B);
+bool hopper_describe_deadlock(Launch *L, Block *B);
+void hopper_launch_end(Launch *L);
 
 const char *op_name(int op) {
   switch (op) {
@@ -697,6 +707,7 @@ void switch_away(Launch *L, Fiber *self, unsigned period = 0) {
   Fiber *next = nullptr;
   if (!L->round_robin) {
     if (B->ncpf) cp_land_random(L, B);
+    hopper_sched_point(L, B);
     if (L->nres < 2 || rng_below(L, period ? period : L->switch_period))
       next = pick_next(L, B, self->index);
   } else {
@@ -741,6 +752,7 @@ void fiber_main() {
   L->fn(L->arg);
   f->state = F_DONE;
   f->blk->ndone++;
+  hopper_fiber_exit(L, f);
   am_try(f->blk, f->warp, nullptr);
   if (f->cp_live) { /* copies still pending when a thread exits are dropped */
     Block *B = f->blk;
@@ -790,6 +802,7 @@ Launch *current(const char *what) {
 /* A block in which no fiber can run although some have not exited (and no other resident
  * block can run either). */
 void describe_deadlock(Launch *L, Block *B) {
+  if (hopper_describe_deadlock(L, B)) return;
   unsigned nbar = 0, nwarp = 0, ndone = 0;
   const Fiber *first_bar = nullptr;
   for (unsigned i = 0; i < L->nthreads; ++i) {
@@ -1238,6 +1251,9 @@ void mg_host_cp_async_wait(int n, int line) {
     if (!f->cp[i].landed) cp_land(f, f->cp[i]);
 }
 
+/* ================================================================= Hopper == */
+#include "hopper_host.cpp"
+
 /* ================================================================ launcher == */
 namespace {
 
@@ -1279,6 +1295,7 @@ int finish(Launch *L, int rc, char *msg, size_t msg_len) {
       free(B->cpf);
       free(B->saved.buf);
     }
+  hopper_launch_end(L);
   free(L->blocks);
   free(L->order);
   smem_end_launch();
@@ -1352,6 +1369,7 @@ void start_block(Launch *L, Block *B, unsigned long long n) {
   B->bar_kind = MG_HOST_BAR_SYNC;
   B->bar_line = 0;
   B->ncpf = 0;
+  hopper_block_start(L, B);
   for (unsigned w = 0; w < L->nwarps; ++w) {
     Warp *W = &B->warps[w];
     W->arrived = 0;

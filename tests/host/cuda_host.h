@@ -60,6 +60,8 @@
  * __attribute__((__noinline__)), which must keep compiling after this header. */
 #define __noinline__
 #define __launch_bounds__(...)
+#undef __grid_constant__
+#define __grid_constant__
 #ifndef __forceinline__
 #define __forceinline__ inline __attribute__((always_inline))
 #endif
@@ -165,6 +167,9 @@ MG_HOST_HIDDEN void mg_host_cp_async_commit(int line);
 /* cp.async.wait_group n: performs this thread's copies of every committed group but the
  * newest n (copies not yet committed stay pending). */
 MG_HOST_HIDDEN void mg_host_cp_async_wait(int n, int line);
+
+/* Hopper (sm_90a) PTX: mbarrier, TMA, wgmma (templates/mla_device_sm90.cuh). */
+#include "hopper_host.h"
 
 /* ---- barriers ------------------------------------------------------------------ */
 #define __syncthreads() mg_host_syncthreads(MG_HOST_BAR_SYNC, 1, __LINE__)

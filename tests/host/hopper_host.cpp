@@ -1,0 +1,579 @@
+/* hopper_host.cpp: the host executor's emulation of the Hopper PTX of
+ * templates/mla_device_sm90.cuh (see hopper_host.h and tests/host/README.md, "Hopper").
+ * Not a translation unit of its own: cuda_host.cpp includes it after its scheduler and PTX
+ * sections, so it uses the scheduler's state (Launch, Block, Fiber) directly. */
+#include "mg_host_tmap.h"
+
+namespace {
+
+/* One TMA load in flight: the bytes of its box as they will lie in shared memory
+ * ([off, off + size) of the dynamic buffer, swizzle applied), read at issue. */
+struct TmaOp {
+  unsigned off, size;
+  unsigned long long *bar;
+  bool eager;
+  unsigned char *data;
+};
+
+/* One wgmma.mma_async of a warpgroup, with what the 128 threads gave. */
+struct WgOp {
+  int kind, n, scale_d, line;
+  bool a_regs;
+  unsigned long long da, db, group;
+  unsigned a[128][4];
+  float *d[128];
+  bool applied[128];
+  unsigned napplied;
+};
+
+/* A warpgroup rendezvous (wgmma.mma_async, setmaxnreg) in progress. */
+struct WgMeet {
+  unsigned arrived;
+  int what, line, n, kind, scale_d;
+  bool a_regs;
+  unsigned long long da, db, committed;
+  WgOp *op;
+};
+
+struct HThread {
+  unsigned long long committed; /* wgmma groups committed */
+  bool fenced;                  /* a wgmma.fence since the last wait_group that delivered */
+  int line;                     /* line of the mbarrier wait or rendezvous it sleeps at */
+};
+
+/* Per resident block slot. */
+struct HBlock {
+  TmaOp *tma;
+  unsigned ntma, cap;
+  unsigned char *view; /* the async proxy's view of the dynamic shared memory */
+  bool view_fresh;
+  WgMeet *meet;            /* per warpgroup */
+  WgOp **ops;              /* per warpgroup: issued ops, oldest first (nops[w] of them) */
+  unsigned *nops, *capops;
+  HThread *th;
+};
+
+struct HState {
+  Launch *L;
+  HBlock *b;
+};
+HState g_h;
+
+enum { W_WGMMA = 1, W_SETMAXNREG = 2 };
+
+HBlock *hblock(Launch *L, Block *B) {
+  if (g_h.L != L) {
+    g_h.L = L;
+    g_h.b = (HBlock *)calloc(L->nres, sizeof(HBlock));
+    if (!g_h.b) fail(L, MG_HOST_E_NOMEM, "out of memory for the Hopper emulation");
+  }
+  HBlock *h = &g_h.b[B - L->blocks];
+  if (!h->th) {
+    unsigned nwg = (L->nthreads + 127) / 128;
+    h->th = (HThread *)calloc(L->nthreads, sizeof(HThread));
+    h->meet = (WgMeet *)calloc(nwg, sizeof(WgMeet));
+    h->ops = (WgOp **)calloc(nwg * 64, sizeof(WgOp *));
+    h->nops = (unsigned *)calloc(nwg, sizeof(unsigned));
+    h->capops = (unsigned *)calloc(nwg, sizeof(unsigned));
+    h->view = (unsigned char *)malloc(g_smem.dyn_size ? g_smem.dyn_size : 1);
+    h->view_fresh = true;
+    if (!h->th || !h->meet || !h->ops || !h->nops || !h->view)
+      fail(L, MG_HOST_E_NOMEM, "out of memory for the Hopper emulation");
+  }
+  if (h->view_fresh) {
+    memset(h->view, L->nan_fill ? 0xff : 0, g_smem.dyn_size);
+    h->view_fresh = false;
+  }
+  return h;
+}
+
+void hb_reset(Launch *L, HBlock *h) {
+  for (unsigned i = 0; i < h->ntma; ++i) free(h->tma[i].data);
+  h->ntma = 0;
+  if (h->th) {
+    unsigned nwg = (L->nthreads + 127) / 128;
+    for (unsigned w = 0; w < nwg; ++w) {
+      for (unsigned i = 0; i < h->nops[w]; ++i) free(h->ops[w * 64 + i]);
+      h->nops[w] = 0;
+      free(h->meet[w].op);
+      memset(&h->meet[w], 0, sizeof h->meet[w]);
+    }
+    memset(h->th, 0, L->nthreads * sizeof(HThread));
+  }
+  h->view_fresh = true;
+}
+
+/* ---- hooks the scheduler calls -------------------------------------------------------- */
+void hopper_block_start(Launch *L, Block *B) {
+  if (g_h.L == L) hb_reset(L, &g_h.b[B - L->blocks]);
+}
+
+void hopper_launch_end(Launch *L) {
+  if (g_h.L != L) return;
+  for (unsigned s = 0; s < L->nres; ++s) {
+    HBlock *h = &g_h.b[s];
+    hb_reset(L, h);
+    free(h->tma), free(h->view), free(h->meet), free(h->ops), free(h->nops), free(h->capops);
+    free(h->th);
+  }
+  free(g_h.b);
+  g_h.L = nullptr;
+  g_h.b = nullptr;
+}
+
+/* Wakes the fibers of B that sleep on key (an mbarrier's or a rendezvous' address). */
+void hwake(Block *B, unsigned long long key) {
+  for (unsigned i = 0; i < g_launch->nthreads; ++i)
+    if (B->fibers[i].state == F_WAIT_ASYNC && B->fibers[i].wait == key) ready_push(B, &B->fibers[i]);
+}
+
+void hsleep(Launch *L, Fiber *f, unsigned long long key, int line) {
+  f->state = F_WAIT_ASYNC;
+  f->wait = key;
+  if (g_h.L == L) g_h.b[f->blk - L->blocks].th[f->index].line = line;
+  am_try(f->blk, f->warp, nullptr);
+  switch_away(L, f);
+}
+
+/* ---- mbarrier -------------------------------------------------------------------------- */
+struct Mbar {
+  unsigned pending, expected, phase;
+  long tx;
+};
+const unsigned long long MBAR_MAGIC = 2ull;
+
+bool mbar_read(const unsigned long long *bar, Mbar *m) {
+  unsigned long long v = *bar;
+  if (v >> 62 != MBAR_MAGIC) return false;
+  m->pending = (unsigned)(v & 0xfffff);
+  m->expected = (unsigned)((v >> 20) & 0xfffff);
+  long tx = (long)((v >> 40) & 0x1fffff);
+  m->tx = tx >= (1l << 20) ? tx - (1l << 21) : tx;
+  m->phase = (unsigned)((v >> 61) & 1);
+  return true;
+}
+
+void mbar_write(unsigned long long *bar, const Mbar &m) {
+  *bar = (unsigned long long)m.pending | ((unsigned long long)m.expected << 20) |
+         ((unsigned long long)(m.tx & 0x1fffff) << 40) | ((unsigned long long)m.phase << 61) |
+         (MBAR_MAGIC << 62);
+}
+
+Mbar mbar_get(Launch *L, Fiber *f, unsigned long long *bar, const char *what, int line) {
+  if ((uintptr_t)bar % 8 || !smem_contains(bar, 8))
+    ptx_fail(L, f, what, line, "mbarrier %p is not an 8-byte aligned shared-memory object",
+             (void *)bar);
+  Mbar m;
+  if (!mbar_read(bar, &m))
+    ptx_fail(L, f, what, line, "mbarrier %p is not initialized (mbarrier.init)", (void *)bar);
+  return m;
+}
+
+/* After an arrival or completed transfer: completes the phase when nothing is pending. */
+void mbar_settle(Block *B, unsigned long long *bar, Mbar &m) {
+  if (m.pending == 0 && m.tx == 0) {
+    m.phase ^= 1;
+    m.pending = m.expected;
+    mbar_write(bar, m);
+    hwake(B, (unsigned long long)(uintptr_t)bar);
+  } else {
+    mbar_write(bar, m);
+  }
+}
+
+void tma_land(Launch *L, Block *B, HBlock *h, unsigned i) {
+  TmaOp op = h->tma[i];
+  memmove(h->tma + i, h->tma + i + 1, (h->ntma - i - 1) * sizeof *h->tma);
+  h->ntma--;
+  memcpy(g_smem.dyn + op.off, op.data, op.size);
+  memcpy(h->view + op.off, op.data, op.size);
+  free(op.data);
+  Mbar m;
+  if (!mbar_read(op.bar, &m)) {
+    Fiber *f = L->cur;
+    ptx_fail(L, f, "cp.async.bulk.tensor", 0,
+             "the mbarrier %p of a TMA load was overwritten before the load completed",
+             (void *)op.bar);
+  }
+  m.tx -= (long)op.size;
+  if (m.tx < -((1l << 20) - 1))
+    ptx_fail(L, L->cur, "cp.async.bulk.tensor", 0, "mbarrier %p tx-count below -(2^20-1)",
+             (void *)op.bar);
+  mbar_settle(B, op.bar, m);
+}
+
+/* At a scheduling point of B (whose shared memory is live): up to two eager TMA loads land. */
+void hopper_sched_point(Launch *L, Block *B) {
+  if (g_h.L != L) return;
+  HBlock *h = &g_h.b[B - L->blocks];
+  for (unsigned k = rng_below(L, 3); k && h->ntma; --k) {
+    unsigned i = rng_below(L, h->ntma);
+    if (h->tma[i].eager) tma_land(L, B, h, i);
+  }
+}
+
+/* A thread exits: its wgmma results must have been waited for; the last thread of a block
+ * leaves no TMA load in flight. */
+void hopper_fiber_exit(Launch *L, Fiber *f) {
+  if (g_h.L != L) return;
+  HBlock *h = &g_h.b[f->blk - L->blocks];
+  if (h->th) {
+    unsigned wg = f->index / 128;
+    for (unsigned i = 0; i < h->nops[wg]; ++i)
+      if (!h->ops[wg * 64 + i]->applied[f->index % 128])
+        ptx_fail(L, f, "wgmma.mma_async", h->ops[wg * 64 + i]->line,
+                 "the thread exits with results of this wgmma never waited for "
+                 "(wgmma.wait_group)");
+  }
+  if (f->blk->ndone == L->nthreads && h->ntma)
+    ptx_fail(L, f, "cp.async.bulk.tensor", 0,
+             "the block exits with %u TMA loads in flight (never waited for on their mbarrier)",
+             h->ntma);
+}
+
+/* Threads of B asleep in the Hopper emulation: the deadlock message. */
+bool hopper_describe_deadlock(Launch *L, Block *B) {
+  if (g_h.L != L) return false;
+  HBlock *h = &g_h.b[B - L->blocks];
+  for (unsigned i = 0; i < L->nthreads; ++i) {
+    Fiber *f = &B->fibers[i];
+    if (f->state != F_WAIT_ASYNC) continue;
+    char who[96];
+    where(L, f, who, sizeof who);
+    unsigned nasync = 0, ndone = B->ndone;
+    for (unsigned j = 0; j < L->nthreads; ++j) nasync += B->fibers[j].state == F_WAIT_ASYNC;
+    L->err = MG_HOST_E_DIVERGENCE;
+    unsigned nwg = (L->nthreads + 127) / 128;
+    for (unsigned w = 0; w < nwg; ++w)
+      if (f->wait == (unsigned long long)(uintptr_t)&h->meet[w]) {
+        snprintf(L->msg, sizeof L->msg,
+                 "warpgroup divergence: %u of 128 threads of warpgroup %u wait at %s (line %d), "
+                 "e.g. %s; %u threads of the block have exited",
+                 h->meet[w].arrived, w,
+                 h->meet[w].what == W_WGMMA ? "wgmma.mma_async" : "setmaxnreg", h->meet[w].line,
+                 who, ndone);
+        return true;
+      }
+    Mbar m = {0, 0, 0, 0};
+    mbar_read((unsigned long long *)(uintptr_t)f->wait, &m);
+    snprintf(L->msg, sizeof L->msg,
+             "deadlock: %s waits at line %d on the mbarrier at %p for a phase that never "
+             "completes (current phase parity %u, %u of %u arrivals pending, tx-count %ld, no "
+             "TMA load in flight on it): a missing arrive or expect_tx, or a wrong phase "
+             "parity; %u threads wait on mbarriers or warpgroups, %u have exited",
+             who, h->th[i].line, (void *)(uintptr_t)f->wait, m.phase, m.pending, m.expected,
+             m.tx, nasync, ndone);
+    return true;
+  }
+  return false;
+}
+
+/* ---- wgmma ------------------------------------------------------------------------------ */
+float h16_to_float(int kind, uint32_t bits) {
+  return kind ? f16_bits_to_float(bits & 0xffff) : bf16_bits_to_float(bits & 0xffff);
+}
+
+/* Thread t's part of op: d[i] = (scale_d ? d[i] : 0) + sum_k A[row][k] B[col][k] (fmaf in k
+ * order), operands from the async proxy's view. */
+void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
+  size_t dyn = g_smem.dyn_size;
+  auto ld = [&](unsigned long long desc, unsigned row, unsigned k, const char *which) -> float {
+    unsigned a = mg_host_gmma_addr(desc, row, k);
+    if (a == 0xffffffffu)
+      ptx_fail(L, f, "wgmma.mma_async", op->line,
+               "matrix descriptor 0x%016llx of %s has a base offset, which is not modelled", desc,
+               which);
+    if (a + 2 > dyn)
+      ptx_fail(L, f, "wgmma.mma_async", op->line,
+               "%s element (%u, %u) at shared address %u lies outside the %zu bytes of dynamic "
+               "shared memory (descriptor 0x%016llx)",
+               which, row, k, a, dyn, desc);
+    uint16_t v;
+    memcpy(&v, h->view + a, 2);
+    return h16_to_float(op->kind, v);
+  };
+  unsigned w = t / 32, g = (t % 32) / 4;
+  float A[2][16];
+  for (unsigned hr = 0; hr < 2; ++hr) {
+    unsigned row = 16 * w + g + 8 * hr;
+    for (unsigned k = 0; k < 16; ++k) {
+      if (op->a_regs) {
+        unsigned tt, r, hh;
+        mg_host_wgmma_a_coord(row, k, &tt, &r, &hh);
+        A[hr][k] = h16_to_float(op->kind, op->a[tt][r] >> (16 * hh));
+      } else {
+        A[hr][k] = ld(op->da, row, k, "A");
+      }
+    }
+  }
+  float *d = op->d[t];
+  for (int i = 0; i < op->n / 2; ++i) {
+    unsigned row, col;
+    mg_host_wgmma_acc_coord(t, (unsigned)i, &row, &col);
+    float acc = op->scale_d ? d[i] : 0.0f;
+    for (unsigned k = 0; k < 16; ++k) acc = fmaf(A[(row % 16) / 8][k], ld(op->db, col, k, "B"), acc);
+    d[i] = acc;
+  }
+  op->applied[t] = true;
+  op->napplied++;
+}
+
+/* A warpgroup rendezvous: returns when all 128 threads of the caller's warpgroup arrived with
+ * the same operation; the last one runs `complete` first. */
+template <class Deposit, class Complete>
+void wg_meet(Launch *L, Fiber *f, HBlock *h, int what, int line, const char *name, Deposit dep,
+             Complete complete) {
+  unsigned wg = f->index / 128;
+  if ((wg + 1) * 128 > L->nthreads)
+    ptx_fail(L, f, name, line, "needs a full warpgroup (128 threads); the block has %u threads",
+             L->nthreads);
+  WgMeet &m = h->meet[wg];
+  if (m.arrived && (m.what != what || m.line != line)) {
+    ptx_fail(L, f, name, line, "warpgroup divergence: %u threads of warpgroup %u wait at %s (line %d)",
+             m.arrived, wg, m.what == W_WGMMA ? "wgmma.mma_async" : "setmaxnreg", m.line);
+  }
+  bool first = m.arrived == 0;
+  if (first) {
+    m.what = what;
+    m.line = line;
+  }
+  dep(m, first);
+  if (++m.arrived == 128) {
+    m.arrived = 0;
+    complete(m);
+    hwake(f->blk, (unsigned long long)(uintptr_t)&m);
+    yield(L, f);
+  } else {
+    hsleep(L, f, (unsigned long long)(uintptr_t)&m, line);
+  }
+}
+
+} // namespace
+
+unsigned mg_host_smem_u32(const void *p, int line) {
+  Launch *L = current("cvta.to.shared");
+  const unsigned char *a = (const unsigned char *)p;
+  if (a < g_smem.dyn || a >= g_smem.dyn + g_smem.dyn_size)
+    ptx_fail(L, L->cur, "cvta.to.shared", line,
+             "%p is not in the dynamic shared memory (%zu bytes): the host executor gives .shared "
+             "addresses (TMA destinations, wgmma descriptors) to dynamic shared memory only",
+             p, g_smem.dyn_size);
+  return (unsigned)(a - g_smem.dyn);
+}
+
+void mg_host_mbar_init(unsigned long long *bar, unsigned count, int line) {
+  Launch *L = current("mbarrier.init");
+  Fiber *f = L->cur;
+  if ((uintptr_t)bar % 8 || !smem_contains(bar, 8))
+    ptx_fail(L, f, "mbarrier.init", line, "%p is not an 8-byte aligned shared-memory object",
+             (void *)bar);
+  if (count < 1 || count > (1u << 20) - 1)
+    ptx_fail(L, f, "mbarrier.init", line, "count %u is not in [1, 2^20 - 1]", count);
+  Mbar m = {count, count, 0, 0};
+  mbar_write(bar, m);
+}
+
+void mg_host_mbar_arrive(unsigned long long *bar, unsigned tx, int line) {
+  Launch *L = current("mbarrier.arrive");
+  Fiber *f = L->cur;
+  const char *what = tx ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive";
+  Mbar m = mbar_get(L, f, bar, what, line);
+  if (m.pending == 0)
+    ptx_fail(L, f, what, line,
+             "over-arrival: the current phase (parity %u) has no pending arrival left (all %u "
+             "made, tx-count %ld outstanding)",
+             m.phase, m.expected, m.tx);
+  m.tx += (long)tx;
+  if (m.tx > (1l << 20) - 1)
+    ptx_fail(L, f, what, line, "tx-count %ld exceeds 2^20 - 1", m.tx);
+  m.pending--;
+  mbar_settle(f->blk, bar, m);
+}
+
+int mg_host_mbar_wait(unsigned long long *bar, unsigned parity, int line) {
+  Launch *L = current("mbarrier.try_wait.parity");
+  Fiber *f = L->cur;
+  if (parity > 1)
+    ptx_fail(L, f, "mbarrier.try_wait.parity", line, "phase parity %u is not 0 or 1", parity);
+  for (;;) {
+    Mbar m = mbar_get(L, f, bar, "mbarrier.try_wait.parity", line);
+    if (m.phase != parity) return 1;
+    /* the executor's choice, at the latest: the loads on bar land now */
+    HBlock *h = hblock(L, f->blk);
+    for (unsigned i = 0; i < h->ntma;)
+      if (h->tma[i].bar == bar)
+        tma_land(L, f->blk, h, i);
+      else
+        ++i;
+    m = mbar_get(L, f, bar, "mbarrier.try_wait.parity", line);
+    if (m.phase != parity) return 1;
+    hsleep(L, f, (unsigned long long)(uintptr_t)bar, line);
+  }
+}
+
+void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int rank, const int *c,
+                      int line) {
+  const char *what = "cp.async.bulk.tensor";
+  Launch *L = current(what);
+  Fiber *f = L->cur;
+  mg_host_tmap t;
+  memcpy(&t, map, sizeof t);
+  if (t.magic != MG_HOST_TMAP_MAGIC)
+    ptx_fail(L, f, what, line, "the tensor map is not one cuTensorMapEncodeTiled made (host format)");
+  if ((int)t.rank != rank)
+    ptx_fail(L, f, what, line, "a %dd load from a tensor map of rank %u", rank, t.rank);
+  unsigned off = mg_host_smem_u32(dst, line);
+  if (off % 128) ptx_fail(L, f, what, line, "destination %p is not 128-byte aligned", dst);
+  (void)mbar_get(L, f, bar, what, line);
+  unsigned box[3] = {t.box[0], rank > 1 ? t.box[1] : 1, rank > 2 ? t.box[2] : 1};
+  unsigned es = t.elem_size, inner = box[0] * es;
+  unsigned size = inner * box[1] * box[2];
+  if ((size_t)off + size > g_smem.dyn_size)
+    ptx_fail(L, f, what, line, "the %u-byte box at shared offset %u overruns the %zu bytes of "
+             "dynamic shared memory", size, off, g_smem.dyn_size);
+  int swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B  ? 1
+            : t.swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 2
+            : t.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 3 : 0;
+  unsigned bits = swz == 1 ? 7 : swz == 2 ? 3 : swz == 3 ? 1 : 0;
+  unsigned char *data = (unsigned char *)malloc(size);
+  if (!data) ptx_fail(L, f, what, line, "out of memory");
+  unsigned char fill[8];
+  memset(fill, 0, sizeof fill);
+  if (t.oob_nan) memset(fill, 0xff, sizeof fill);
+  for (unsigned i2 = 0; i2 < box[2]; ++i2)
+    for (unsigned i1 = 0; i1 < box[1]; ++i1)
+      for (unsigned i0 = 0; i0 < box[0]; ++i0) {
+        long long g0 = (long long)c[0] + i0, g1 = (long long)(rank > 1 ? c[1] : 0) + i1,
+                  g2 = (long long)(rank > 2 ? c[2] : 0) + i2;
+        bool in = g0 >= 0 && (unsigned long long)g0 < t.dim[0] &&
+                  (rank < 2 || (g1 >= 0 && (unsigned long long)g1 < t.dim[1])) &&
+                  (rank < 3 || (g2 >= 0 && (unsigned long long)g2 < t.dim[2]));
+        unsigned lin = ((i2 * box[1] + i1) * box[0] + i0) * es;
+        unsigned a = off + lin;
+        a ^= ((a >> 7) & bits) << 4;
+        const unsigned char *src = fill;
+        if (in)
+          src = (const unsigned char *)t.base + (unsigned long long)g0 * t.stride[0] +
+                (unsigned long long)g1 * t.stride[1] + (unsigned long long)g2 * t.stride[2];
+        memcpy(data + (a - off), src, es);
+      }
+  HBlock *h = hblock(L, f->blk);
+  if (h->ntma == h->cap) {
+    unsigned cap = h->cap ? 2 * h->cap : 16;
+    TmaOp *p = (TmaOp *)realloc(h->tma, cap * sizeof *p);
+    if (!p) ptx_fail(L, f, what, line, "out of memory");
+    h->tma = p;
+    h->cap = cap;
+  }
+  h->tma[h->ntma++] = TmaOp{off, size, bar, !L->round_robin && rng_below(L, 2) != 0, data};
+}
+
+void mg_host_fence_proxy_async(int line) {
+  (void)line;
+  Launch *L = current("fence.proxy.async");
+  HBlock *h = hblock(L, L->cur->blk);
+  memcpy(h->view, g_smem.dyn, g_smem.dyn_size);
+}
+
+void mg_host_wgmma_fence(int line) {
+  (void)line;
+  Launch *L = current("wgmma.fence");
+  hblock(L, L->cur->blk)->th[L->cur->index].fenced = true;
+}
+
+void mg_host_wgmma_commit(int line) {
+  (void)line;
+  Launch *L = current("wgmma.commit_group");
+  hblock(L, L->cur->blk)->th[L->cur->index].committed++;
+}
+
+void mg_host_wgmma_wait(int n, int line) {
+  Launch *L = current("wgmma.wait_group");
+  Fiber *f = L->cur;
+  HBlock *h = hblock(L, f->blk);
+  HThread &th = h->th[f->index];
+  if (n < 0 || n > 7) ptx_fail(L, f, "wgmma.wait_group", line, "N = %d is not in 0..7", n);
+  unsigned long long keep = (unsigned long long)n;
+  if (th.committed <= keep) return;
+  unsigned long long done_below = th.committed - keep;
+  unsigned wg = f->index / 128, t = f->index % 128;
+  WgOp **ops = h->ops + wg * 64;
+  bool any = false;
+  for (unsigned i = 0; i < h->nops[wg] && ops[i]->group < done_below; ++i)
+    if (!ops[i]->applied[t]) {
+      wg_apply(L, f, h, ops[i], t);
+      any = true;
+    }
+  while (h->nops[wg] && ops[0]->napplied == 128) {
+    free(ops[0]);
+    memmove(ops, ops + 1, (h->nops[wg] - 1) * sizeof *ops);
+    h->nops[wg]--;
+  }
+  if (any) th.fenced = false; /* registers were written: the next mma_async needs a fence */
+}
+
+void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long long desc_a,
+                   unsigned long long desc_b, int scale_d, int line) {
+  const char *name = "wgmma.mma_async";
+  Launch *L = current(name);
+  Fiber *f = L->cur;
+  HBlock *h = hblock(L, f->blk);
+  HThread &th = h->th[f->index];
+  if (!th.fenced)
+    ptx_fail(L, f, name, line,
+             "no wgmma.fence since the start or since the last wgmma.wait_group that delivered "
+             "results (the PTX ISA requires one before an mma_async whose registers were "
+             "accessed)");
+  unsigned t = f->index % 128, wg = f->index / 128;
+  wg_meet(
+      L, f, h, W_WGMMA, line, name,
+      [&](WgMeet &m, bool first) {
+        if (first) {
+          m.n = n, m.kind = kind, m.scale_d = scale_d, m.a_regs = a != nullptr;
+          m.da = desc_a, m.db = desc_b, m.committed = th.committed;
+          m.op = (WgOp *)calloc(1, sizeof(WgOp));
+          if (!m.op) ptx_fail(L, f, name, line, "out of memory");
+        } else if (m.n != n || m.kind != kind || (m.scale_d != 0) != (scale_d != 0) ||
+                   m.a_regs != (a != nullptr) || (!a && m.da != desc_a) || m.db != desc_b) {
+          ptx_fail(L, f, name, line,
+                   "operands differ within the warpgroup (N %d/%d, descriptors "
+                   "0x%llx/0x%llx, 0x%llx/0x%llx, scale-d %d/%d)",
+                   n, m.n, desc_a, m.da, desc_b, m.db, scale_d, m.scale_d);
+        } else if (m.committed != th.committed) {
+          ptx_fail(L, f, name, line, "threads of the warpgroup have committed different numbers "
+                   "of wgmma groups (%llu, %llu)", th.committed, m.committed);
+        }
+        if (a) memcpy(m.op->a[t], a, 16);
+        m.op->d[t] = d;
+      },
+      [&](WgMeet &m) {
+        WgOp *op = m.op;
+        m.op = nullptr;
+        op->kind = m.kind, op->n = m.n, op->scale_d = m.scale_d, op->line = line;
+        op->a_regs = m.a_regs, op->da = m.da, op->db = m.db, op->group = m.committed;
+        if (h->nops[wg] == 64) {
+          free(op);
+          ptx_fail(L, f, name, line, "more than 64 wgmma.mma_async in flight in warpgroup %u",
+                   wg);
+        }
+        h->ops[wg * 64 + h->nops[wg]++] = op;
+      });
+}
+
+void mg_host_setmaxnreg(int inc, int regs, int line) {
+  const char *name = inc ? "setmaxnreg.inc" : "setmaxnreg.dec";
+  Launch *L = current(name);
+  Fiber *f = L->cur;
+  HBlock *h = hblock(L, f->blk);
+  wg_meet(
+      L, f, h, W_SETMAXNREG, line, name,
+      [&](WgMeet &m, bool first) {
+        if (first) {
+          m.n = regs, m.kind = inc;
+        } else if (m.n != regs || m.kind != inc) {
+          ptx_fail(L, f, name, line, "not warpgroup-uniform: %s %d here, %s %d elsewhere",
+                   inc ? "inc" : "dec", regs, m.kind ? "inc" : "dec", m.n);
+        }
+      },
+      [&](WgMeet &) {});
+}

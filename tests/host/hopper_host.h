@@ -1,0 +1,91 @@
+/* hopper_host.h: the host executor's Hopper (sm_90a) PTX entry points, called by the
+ * wrappers in templates/mla_device_sm90.cuh; included by cuda_host.h, implemented in
+ * hopper_host.cpp (compiled as part of cuda_host.cpp). See tests/host/README.md, "Hopper". */
+#ifndef MG_HOPPER_HOST_H
+#define MG_HOPPER_HOST_H
+
+/* The .shared address of p: its offset in the dynamic shared-memory buffer (the only
+ * shared memory the async proxy reaches here). Reported: p outside it. */
+MG_HOST_HIDDEN unsigned mg_host_smem_u32(const void *p, int line);
+
+/* mbarrier.init: expected arrival count `count` (1 .. 2^20 - 1), phase 0, tx-count 0. The
+ * state lives in the barrier's 8 bytes of shared memory (an executor-private encoding). */
+MG_HOST_HIDDEN void mg_host_mbar_init(unsigned long long *bar, unsigned count, int line);
+/* mbarrier.arrive (tx 0) or arrive.expect_tx (tx-count += tx, then the arrival). Reported:
+ * an uninitialized barrier, an arrival when no arrival is pending (over-arrival), a tx-count
+ * out of [-(2^20-1), 2^20-1]. */
+MG_HOST_HIDDEN void mg_host_mbar_arrive(unsigned long long *bar, unsigned tx, int line);
+/* mbarrier.try_wait.parity: returns 1 once the phase of that parity has completed. The TMA
+ * loads pending on this barrier land first; if the phase is still incomplete the thread
+ * sleeps until an arrival or landing completes it (a wait that can never complete is
+ * reported as a deadlock naming the barrier and its state). */
+MG_HOST_HIDDEN int mg_host_mbar_wait(unsigned long long *bar, unsigned parity, int line);
+/* cp.async.bulk.tensor.<rank>d ... mbarrier::complete_tx::bytes: map is a CUtensorMap
+ * made by mg_host_tmap_encode (mg_host_tmap.h), c the rank coordinates. The box is read at
+ * issue (zero or NaN outside the tensor) and lands in shared memory (both proxies' views) at
+ * a scheduling point the executor picks, at the latest when a thread waits on bar; landing
+ * completes its bytes on bar. */
+MG_HOST_HIDDEN void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar,
+                                     int rank, const int *c, int line);
+/* fence.proxy.async.shared::cta: the async proxy's view of dynamic shared memory (what
+ * wgmma reads) becomes the generic view (what ordinary stores wrote). */
+MG_HOST_HIDDEN void mg_host_fence_proxy_async(int line);
+/* wgmma.fence / commit_group / wait_group n. wait_group writes the accumulators of the
+ * groups it completes (the calling thread's fragment). */
+MG_HOST_HIDDEN void mg_host_wgmma_fence(int line);
+MG_HOST_HIDDEN void mg_host_wgmma_commit(int line);
+MG_HOST_HIDDEN void mg_host_wgmma_wait(int n, int line);
+/* wgmma.mma_async m64nNk16 f32 += {bf16 (kind 0), f16 (1)}: a warpgroup rendezvous of the
+ * 128 threads (same N, descriptors, scale_d, line; each after a wgmma.fence). a: this
+ * thread's 4 A registers, or NULL for A from desc_a. d is this thread's N/2 accumulators,
+ * written at the wait_group that completes the group. */
+MG_HOST_HIDDEN void mg_host_wgmma(int kind, int n, float *d, const unsigned *a,
+                                  unsigned long long desc_a, unsigned long long desc_b,
+                                  int scale_d, int line);
+/* setmaxnreg.{inc (1), dec (0)}: a warpgroup rendezvous checking the same value. */
+MG_HOST_HIDDEN void mg_host_setmaxnreg(int inc, int regs, int line);
+
+/* The byte address wgmma reads for element (row, k) (k < 16) of a K-major 16-bit operand
+ * described by desc (PTX ISA, "Shared Memory Matrix Layout" and "Matrix Descriptor"):
+ * r0 = row % 8, r1 = row / 8, k0 = k % 8, kh = k / 8, start = (desc & 0x3fff) << 4,
+ * LBO, SBO likewise from bits 16-29, 32-45:
+ *   no swizzle (mode 0):  start + r1 SBO + kh LBO + 16 r0 + 2 k0
+ *   swizzle of span S (mode 1: 128, 2: 64, 3: 32 bytes): a = start + r1 SBO + S r0 + 16 kh + 2 k0,
+ *   then bits [4, 4+b) ^= bits [7, 7+b), b = log2(S / 16).
+ * Returns 0xffffffff for a descriptor this executor does not model (base offset != 0). */
+static inline unsigned mg_host_gmma_addr(unsigned long long desc, unsigned row, unsigned k) {
+  unsigned start = (unsigned)(desc & 0x3fffu) << 4;
+  unsigned lbo = (unsigned)((desc >> 16) & 0x3fffu) << 4;
+  unsigned sbo = (unsigned)((desc >> 32) & 0x3fffu) << 4;
+  unsigned base_off = (unsigned)((desc >> 49) & 7u);
+  unsigned mode = (unsigned)(desc >> 62);
+  if (base_off) return 0xffffffffu;
+  unsigned r0 = row % 8, r1 = row / 8, k0 = k % 8, kh = k / 8;
+  if (mode == 0) return start + r1 * sbo + kh * lbo + 16 * r0 + 2 * k0;
+  unsigned span = mode == 1 ? 128 : mode == 2 ? 64 : 32;
+  unsigned bits = mode == 1 ? 7 : mode == 2 ? 3 : 1;
+  unsigned a = start + r1 * sbo + span * r0 + 16 * kh + 2 * k0;
+  return a ^ (((a >> 7) & bits) << 4);
+}
+
+/* The accumulator element thread t (0..127 in its warpgroup) holds in d[i] of a wgmma
+ * m64nNk16 with f32 accumulators (PTX ISA, "wgmma .m64nNk16 register fragment layout for
+ * accumulator matrix D"): warp w = t / 32 owns rows 16w..16w+15; within it the mma.m16n8
+ * C layout repeats every 8 columns: row 16w + g + 8 ((i % 4) / 2), column 8 (i / 4) +
+ * 2 q + i % 2, g = (t % 32) / 4, q = t % 4. */
+static inline void mg_host_wgmma_acc_coord(unsigned t, unsigned i, unsigned *row, unsigned *col) {
+  unsigned w = t / 32, g = (t % 32) / 4, q = t % 4;
+  *row = 16 * w + g + 8 * ((i % 4) / 2);
+  *col = 8 * (i / 4) + 2 * q + i % 2;
+}
+
+/* Which thread t (0..127) and register r (0..3, half h: 0 low, 1 high) hold element (row, k)
+ * of a register A fragment (m64k16, 16-bit): the mma.m16n8k16 A layout per warp. */
+static inline void mg_host_wgmma_a_coord(unsigned row, unsigned k, unsigned *t, unsigned *r,
+                                         unsigned *h) {
+  unsigned w = row / 16, rr = row % 16, g = rr % 8;
+  *t = 32 * w + 4 * g + (k % 8) / 2;
+  *r = rr / 8 + 2 * (k / 8);
+  *h = k % 2;
+}
+#endif

@@ -1,0 +1,216 @@
+// hopper_selftest.cu: S = (qscale Q) K^T for one 64-row tile of Q and one N-row tile of K
+// (head dim D = 64, bf16) with the Hopper primitives of mla_device_sm90.cuh: thread 0
+// TMA-loads the Q and K boxes onto one mbarrier, every thread waits on it, scales Q in
+// shared memory with ordinary stores (so a fence.proxy.async is needed before wgmma reads
+// it), then one warpgroup runs 4 k-steps of wgmma m64nNk16 and stores its accumulators.
+// The same text runs on the host executor (tests/test_hopper_host.c, which also removes
+// the waits and the fence to see the check fail) and compiles with NVRTC for sm_90a
+// (tests/test_hopper_sass.c).
+//
+// Grid (ceil(sq / 64), ceil(skv / N)), 128 threads, dynamic shared memory
+// HOPPER_QK_SMEM(N) bytes. S is [sq, skv] fp32; rows/columns past sq/skv are not written
+// (the TMA boxes there are zero-filled). swz: 0 none, 1 128B, 2 64B, 3 32B. a_regs: A from
+// registers (wgmma ...rs, the fragments read from the swizzled tile with tile_offset).
+#include "mla_device.cuh"
+#include "mla_device_sm90.cuh"
+
+#define HOPPER_QK_D 64
+#define HOPPER_QK_SMEM(N) (2048 + (64 + (N)) * HOPPER_QK_D * 2)
+
+using namespace mla::sm90;
+extern __shared__ __align__(128) unsigned char smem[];
+
+namespace {
+// Byte offset in a tile of `rows` rows of element (row, k) as the TMA boxes lay it out:
+// box b = k / cols holds columns [b cols, (b+1) cols), rows x span bytes.
+__device__ __forceinline__ unsigned kmajor_off(int swz, unsigned rows, unsigned row, unsigned k) {
+  unsigned cols = swizzle_span(swz) / 2;
+  return (k / cols) * rows * swizzle_span(swz) + tile_offset(swz, row, k % cols);
+}
+
+// The descriptor of k-step ks (16 columns) of a tile of `rows` rows at shared address base.
+__device__ __forceinline__ unsigned long long kstep_desc(int swz, unsigned base, unsigned rows,
+                                                         unsigned ks) {
+  unsigned span = swizzle_span(swz);
+  if (swz == SWIZZLE_NONE)  // two 8-column boxes per k-step: LBO between them
+    return make_desc(base + 2 * ks * rows * 16, rows * 16, 8 * 16, swz);
+  return make_desc(base + kmajor_off(swz, rows, 0, ks * 16), 16, 8 * span, swz);
+}
+
+// SPLIT: k-steps 0-1 and 2-3 go to two accumulators in two commit groups; after
+// wgmma_wait<1> the first group's (written to S_part) must be complete, after wgmma_wait<0>
+// both (S = their sum).
+template <int N, bool SPLIT = false>
+__device__ void qk(const TensorMap* tq, const TensorMap* tk, float* S, int sq, int skv, int swz,
+                   float qscale, int a_regs, float* S_part = nullptr) {
+  constexpr int D = HOPPER_QK_D;
+  // 1024-aligned tiles (the swizzle repeats every 1024 bytes of address)
+  unsigned addr0 = smem_u32(smem);
+  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
+  unsigned char* sQ = smem + pad + 1024;
+  unsigned char* sK = sQ + 64 * D * 2;
+  const unsigned span = swizzle_span(swz), cols = span / 2;
+  const int m0 = blockIdx.x * 64, n0 = blockIdx.y * N;
+  const unsigned t = threadIdx.x;
+
+  if (t == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();  // MUTATION: init barrier
+  if (t == 0) {
+    mbar_arrive_expect_tx(bar, (64 + N) * D * 2);
+    for (unsigned b = 0; b < D / cols; ++b) {
+      tma_load_2d(sQ + b * 64 * span, tq, bar, b * cols, m0);
+      tma_load_2d(sK + b * N * span, tk, bar, b * cols, n0);
+    }
+  }
+  mbar_wait(bar, 0);  // MUTATION: mbarrier wait
+
+  // Q *= qscale in place, with generic stores (elementwise: the layout does not matter).
+  __nv_bfloat16* q = reinterpret_cast<__nv_bfloat16*>(sQ);
+  for (unsigned i = t; i < 64 * D; i += 128) q[i] = __float2bfloat16_rn(__bfloat162float(q[i]) * qscale);
+  fence_proxy_async();  // MUTATION: proxy fence
+  __syncthreads();
+
+  unsigned a[D / 16][4];
+  if (a_regs) {  // the A fragments of every k-step, before the wgmma.fence
+    const unsigned w = t / 32, g = (t % 32) / 4, c = t % 4;
+    for (unsigned ks = 0; ks < D / 16; ++ks)
+      for (unsigned r = 0; r < 4; ++r) {
+        unsigned row = 16 * w + g + 8 * (r & 1), k = ks * 16 + 2 * c + 8 * (r >> 1);
+        a[ks][r] = *reinterpret_cast<const unsigned*>(sQ + kmajor_off(swz, 64, row, k));
+      }
+  }
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+  const unsigned qa = smem_u32(sQ), ka = smem_u32(sK);
+  fence_operand(d);
+  wgmma_fence();
+  if constexpr (SPLIT) {
+    float d2[N / 2];
+    for (int i = 0; i < N / 2; ++i) d2[i] = 0.0f;
+    fence_operand(d2);
+    wgmma_fence();
+    for (unsigned ks = 0; ks < D / 16; ++ks) {
+      wgmma_ss<N, bf16_t>(ks < 2 ? d : d2, kstep_desc(swz, qa, 64, ks), kstep_desc(swz, ka, N, ks),
+                          ks % 2);
+      if (ks % 2) wgmma_commit();
+    }
+    wgmma_wait<1>();
+    fence_operand(d);
+    for (int i = 0; i < N / 2; ++i) {
+      int row = m0 + (int)acc_row(t, i), col = n0 + (int)acc_col(t, i);
+      if (row < sq && col < skv) S_part[(long)row * skv + col] = d[i];
+    }
+    wgmma_wait<0>();
+    fence_operand(d2);
+    for (int i = 0; i < N / 2; ++i) d[i] += d2[i];
+  } else {
+    for (unsigned ks = 0; ks < D / 16; ++ks) {
+      unsigned long long db = kstep_desc(swz, ka, N, ks);
+      if (a_regs)
+        wgmma_rs<N, bf16_t>(d, a[ks], db, ks > 0);
+      else
+        wgmma_ss<N, bf16_t>(d, kstep_desc(swz, qa, 64, ks), db, ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();  // MUTATION: wgmma wait
+  }
+  fence_operand(d);
+  for (int i = 0; i < N / 2; ++i) {
+    int row = m0 + (int)acc_row(t, i), col = n0 + (int)acc_col(t, i);
+    if (row < sq && col < skv) S[(long)row * skv + col] = d[i];
+  }
+}
+}  // namespace
+
+#define HOPPER_QK_KERNEL(N)                                                                     \
+  extern "C" __global__ void __launch_bounds__(128)                                            \
+      hopper_qk_n##N(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk, \
+                     float* S, int sq, int skv, int swz, float qscale, int a_regs) {           \
+    qk<N>(&tq, &tk, S, sq, skv, swz, qscale, a_regs);                                          \
+  }
+HOPPER_QK_KERNEL(64)
+HOPPER_QK_KERNEL(128)
+HOPPER_QK_KERNEL(192)
+HOPPER_QK_KERNEL(256)
+
+// Two commit groups and wait_group 1 (see qk's SPLIT), N 64, A from shared memory.
+extern "C" __global__ void __launch_bounds__(128)
+    hopper_qk_split64(const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,
+                      float* S, int sq, int skv, int swz, float qscale, float* S_part) {
+  qk<64, true>(&tq, &tk, S, sq, skv, swz, qscale, 0, S_part);
+}
+
+// Protocol errors the executor must report: an over-arrival (kind 0), a wait that never
+// completes (1: wrong parity), setmaxnreg that differs within a warpgroup (2), a wgmma
+// without wgmma.fence (3); kind 4 is correct.
+extern "C" __global__ void hopper_misuse(int kind) {
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
+  if (threadIdx.x == 0) mbar_init(bar, 1);
+  __syncthreads();
+  if (kind == 0) {
+    if (threadIdx.x < 2) {
+      mbar_arrive_expect_tx(bar, 16);  // the second one arrives while 16 bytes are pending
+    }
+  } else if (kind == 1) {
+    if (threadIdx.x == 0) mbar_arrive(bar);
+    mbar_wait(bar, 1);  // phase 0 completed; phase 1 never does
+  } else if (kind == 2) {
+    // one line, so that the threads meet at the same call site with different operations
+    if (threadIdx.x < 64) setmaxnreg_inc<240>(); else setmaxnreg_dec<240>();
+  } else if (kind == 3) {
+    float d[32];
+    for (int i = 0; i < 32; ++i) d[i] = 0.0f;
+    wgmma_ss<64, bf16_t>(d, 0, 0, 0);  // no wgmma.fence before it
+    wgmma_commit();
+    wgmma_wait<0>();
+  } else {
+    setmaxnreg_dec<40>();
+    setmaxnreg_inc<232>();
+  }
+}
+
+// One TMA box of `map` at (c0, c1) (partly outside the tensor when the caller says so)
+// into shared memory, then its raw bytes to out (box bytes): the swizzled layout and the
+// zero fill as they land. 32 threads.
+extern "C" __global__ void hopper_tma_copy(const __grid_constant__ TensorMap map, unsigned char* out,
+                                           int c0, int c1, unsigned bytes) {
+  unsigned addr0 = smem_u32(smem);
+  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
+  unsigned char* dst = smem + pad + 1024;
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_arrive_expect_tx(bar, bytes);
+    tma_load_2d(dst, &map, bar, c0, c1);
+  }
+  mbar_wait(bar, 0);
+  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
+}
+
+// The same for a 3D box of a rank-3 map at (c0, c1, c2).
+extern "C" __global__ void hopper_tma_copy3(const __grid_constant__ TensorMap map, unsigned char* out,
+                                            int c0, int c1, int c2, unsigned bytes) {
+  unsigned addr0 = smem_u32(smem);
+  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
+  unsigned char* dst = smem + pad + 1024;
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_arrive_expect_tx(bar, bytes);
+    tma_load_3d(dst, &map, bar, c0, c1, c2);
+  }
+  mbar_wait(bar, 0);
+  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
+}

@@ -1,0 +1,449 @@
+/* test_hopper_host.c: the Hopper primitives of templates/mla_device_sm90.cuh on the host
+ * executor (tests/host/hopper_host.cpp) and under NVRTC for sm_90a.
+ *
+ * tests/host/hopper_selftest.cu computes S = (qscale Q) K^T for 64 x N tiles (D = 64, bf16)
+ * with TMA loads on an mbarrier, a proxy fence and wgmma; here it runs for every N (64, 128,
+ * 192, 256), every swizzle (128B, 64B, 32B, none) and A from shared memory and from
+ * registers, on partial tiles, against a float64 reference per element. The tensor maps
+ * come from cuTensorMapEncodeTiled through runtime/mg_driver's loader with the fake driver
+ * (tests/fake_cuda.c, the host format of tests/host/mg_host_tmap.h). Then: removing the
+ * mbarrier wait, the wgmma wait_group, the fence.proxy.async or the __syncthreads after
+ * mbarrier.init (string edits of the source) must make the check fail for every schedule;
+ * an over-arrival, a wait on a phase that never completes, a non-uniform setmaxnreg and a
+ * wgmma without wgmma.fence are reported; one TMA box lands with its swizzle and zero fill
+ * as the header's tile_offset says, in 2D and 3D. (NVRTC and the SASS: test_hopper_sass.c.) */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_driver.h"
+#include "host/harness.h"
+#include "mg_driver.h"
+#include "mg_fs.h"
+
+#define D 64
+
+typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+typedef void (*qk_fn)(tmap_t, tmap_t, float *, int, int, int, float, int);
+typedef void (*split_fn)(tmap_t, tmap_t, float *, int, int, int, float, float *);
+typedef void (*misuse_fn)(int);
+typedef void (*copy_fn)(tmap_t, unsigned char *, int, int, unsigned);
+
+static char *read_src(const char *rel, size_t *len) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", MLAGEN_SOURCE_DIR, rel);
+  mg_diag d = MG_DIAG_INIT;
+  char *data = NULL;
+  if (mg_fs_read(path, 1 << 20, &data, len, &d)) fail_msg("%s", mg_diag_msg(&d));
+  return data;
+}
+
+static char *g_hdr[2];
+static size_t g_hdr_len[2];
+static mg_host_file g_files[2];
+
+static mg_host_kernel *build(const char *src, size_t len, const char *kernel, char *msg,
+                             size_t n) {
+  mg_host_build_opts bo;
+  memset(&bo, 0, sizeof bo);
+  bo.host_dir = MLAGEN_TESTS_DIR "/host";
+  bo.cxx = MLAGEN_CXX;
+  bo.cuda_include = MLAGEN_CUDA_INCLUDE;
+  bo.headers = g_files;
+  bo.n_headers = 2;
+  mg_host_kernel *k = NULL;
+  if (mg_host_kernel_build(src, len, "hopper_selftest.cu", kernel, &bo, &k, msg, n)) return NULL;
+  return k;
+}
+
+/* bf16 <-> float, round to nearest even */
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double urand(void) {
+  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+  return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+static double nrand(void) {
+  double u = urand() + 1e-300, v = urand();
+  return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static const mg_driver *driver(void) {
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  assert_non_null(drv->cuTensorMapEncodeTiled);
+  return drv;
+}
+
+/* A [rows, D] bf16 row-major tensor's map with box (box0, box1). */
+static tmap_t make_map(const mg_driver *drv, void *base, unsigned rows, unsigned box0,
+                       unsigned box1, int swz) {
+  static const CUtensorMapSwizzle sw[4] = {CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_SWIZZLE_32B};
+  tmap_t m;
+  cuuint64_t dims[2] = {D, rows}, strides[1] = {D * 2};
+  cuuint32_t box[2] = {box0, box1}, es[2] = {1, 1};
+  CUresult r = drv->cuTensorMapEncodeTiled((CUtensorMap *)&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                           base, dims, strides, box, es,
+                                           CU_TENSOR_MAP_INTERLEAVE_NONE, sw[swz],
+                                           CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  assert_int_equal(r, CUDA_SUCCESS);
+  return m;
+}
+
+static unsigned span_of(int swz) { return swz == 1 ? 128 : swz == 2 ? 64 : swz == 3 ? 32 : 16; }
+
+struct qk_args {
+  qk_fn fn;
+  split_fn split; /* hopper_qk_split64 instead, S_part its partial result */
+  tmap_t tq, tk;
+  float *S, *S_part;
+  int sq, skv, swz, a_regs;
+  float qscale;
+};
+static void qk_thunk(void *p) {
+  struct qk_args *a = p;
+  if (a->split)
+    a->split(a->tq, a->tk, a->S, a->sq, a->skv, a->swz, a->qscale, a->S_part);
+  else
+    a->fn(a->tq, a->tk, a->S, a->sq, a->skv, a->swz, a->qscale, a->a_regs);
+}
+
+/* One run: returns the largest |err| / tol over S (> 1: fails), or -1 when the launch
+ * failed (its message in msg). a_regs < 0: hopper_qk_split64 (n 64), whose partial result
+ * over the first 32 columns of D is checked too. */
+static double run_qk(mg_host_kernel *k, int n, int swz, int a_regs, unsigned long long seed,
+                     char *msg, size_t msg_len) {
+  const mg_driver *drv = driver();
+  const int sq = 100, skv = n + 37; /* partial tiles in both dimensions */
+  const float qscale = 1.375f;
+  uint16_t *q = malloc((size_t)sq * D * 2), *kk = malloc((size_t)skv * D * 2);
+  float *S = malloc((size_t)sq * skv * 4), *S_part = malloc((size_t)sq * skv * 4);
+  assert_true(q && kk && S && S_part);
+  /* q, k ~ N(0, 0.45): scores with std ~2 */
+  for (int i = 0; i < sq * D; i++) q[i] = f2bf((float)(0.45 * nrand()));
+  for (int i = 0; i < skv * D; i++) kk[i] = f2bf((float)(0.45 * nrand()));
+  for (int i = 0; i < sq * skv; i++) S[i] = S_part[i] = NAN;
+  unsigned cols = span_of(swz) / 2;
+  struct qk_args a;
+  char name[32];
+  snprintf(name, sizeof name, "hopper_qk_n%d", n);
+  a.fn = (qk_fn)mg_host_kernel_sym(k, name);
+  a.split = a_regs < 0 ? (split_fn)mg_host_kernel_sym(k, "hopper_qk_split64") : NULL;
+  a.S_part = S_part;
+  assert_non_null(a_regs < 0 ? (void *)a.split : (void *)a.fn);
+  a.tq = make_map(drv, q, (unsigned)sq, cols, 64, swz);
+  a.tk = make_map(drv, kk, (unsigned)skv, cols, (unsigned)n, swz);
+  a.S = S, a.sq = sq, a.skv = skv, a.swz = swz, a.a_regs = a_regs, a.qscale = qscale;
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.seed = seed;
+  mg_host_dim3 grid = {(unsigned)(sq + 63) / 64, (unsigned)(skv + n - 1) / n, 1};
+  mg_host_dim3 block = {128, 1, 1};
+  int rc = mg_host_kernel_launch(k, grid, block, 2048 + (size_t)(64 + n) * D * 2, &lo, qk_thunk,
+                                 &a, msg, msg_len);
+  double worst = -1;
+  if (rc == 0) {
+    worst = 0;
+    for (int i = 0; i < sq; i++)
+      for (int j = 0; j < skv; j++) {
+        double ref = 0, mag = 0, part = 0, part_mag = 0;
+        for (int c = 0; c < D; c++) {
+          double t = (double)bf2f(f2bf(bf2f(q[i * D + c]) * qscale)) * bf2f(kk[j * D + c]);
+          ref += t;
+          mag += fabs(t);
+          if (c == D / 2 - 1) part = ref, part_mag = mag;
+        }
+        if (a_regs < 0) {
+          double e = fabs((double)S_part[i * skv + j] - part) /
+                     (1e-30 + 5.2 * ldexp(1.0, -24) * part_mag);
+          if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+        }
+        /* fp32 accumulation of 64 products (fmaf): the measured worst error is 2.6 units
+         * of 2^-24 sum |terms| (over all 32 cases, seeds 1..32); twice that */
+        double tol = 1e-30 + 5.2 * ldexp(1.0, -24) * mag;
+        double e = fabs((double)S[i * skv + j] - ref) / tol;
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+      }
+  }
+  free(q), free(kk), free(S), free(S_part);
+  return worst;
+}
+
+static void setup_headers(void) {
+  if (g_hdr[0]) return;
+  g_hdr[0] = read_src("templates/mla_device.cuh", &g_hdr_len[0]);
+  g_hdr[1] = read_src("templates/mla_device_sm90.cuh", &g_hdr_len[1]);
+  g_files[0] = (mg_host_file){"mla_device.cuh", g_hdr[0], g_hdr_len[0]};
+  g_files[1] = (mg_host_file){"mla_device_sm90.cuh", g_hdr[1], g_hdr_len[1]};
+}
+
+static void test_qk(void **state) {
+  (void)state;
+  setup_headers();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_qk_n64", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  static const char *const swname[4] = {"none", "128B", "64B", "32B"};
+  static const int ns[4] = {64, 128, 192, 256};
+  double all = 0;
+  for (int ni = 0; ni < 4; ni++)
+    for (int swz = 0; swz < 4; swz++)
+      for (int ar = 0; ar < 2; ar++) {
+        double w = run_qk(k, ns[ni], swz, ar, 1 + (unsigned long long)(ni * 8 + swz * 2 + ar),
+                          msg, sizeof msg);
+        if (w < 0) fail_msg("N %d swizzle %s A %s: %s", ns[ni], swname[swz], ar ? "regs" : "smem", msg);
+        if (!(w <= 1.0))
+          fail_msg("N %d swizzle %s A %s: worst |err|/tol %g", ns[ni], swname[swz],
+                   ar ? "regs" : "smem", w);
+        if (w > all) all = w;
+      }
+  for (int swz = 0; swz < 4; swz++) {
+    double w = run_qk(k, 64, swz, -1, 100 + (unsigned long long)swz, msg, sizeof msg);
+    if (w < 0) fail_msg("split, swizzle %s: %s", swname[swz], msg);
+    if (!(w <= 1.0)) fail_msg("split (wait_group 1), swizzle %s: worst |err|/tol %g", swname[swz], w);
+    if (w > all) all = w;
+  }
+  print_message("  S = QK^T, N 64/128/192/256 x swizzle none/128B/64B/32B x A smem/regs, and two "
+                "commit groups with wait_group 1, 100 x (N+37): worst |err|/tol %.3f\n", all);
+  mg_host_kernel_free(k);
+  free(src);
+}
+
+/* The source with the statement marked "// MUTATION: <what>" removed; fails when absent. */
+static char *mutate(const char *src, const char *stmt, const char *what, size_t *len) {
+  char mark[256];
+  snprintf(mark, sizeof mark, "%s  // MUTATION: %s", stmt, what);
+  const char *at = strstr(src, mark);
+  if (!at) fail_msg("mutation '%s': the pattern '%s' is not in hopper_selftest.cu", what, mark);
+  size_t n = strlen(src), sl = strlen(stmt);
+  char *out = malloc(n + 1);
+  assert_non_null(out);
+  memcpy(out, src, (size_t)(at - src));
+  memcpy(out + (at - src), at + sl, n - (size_t)(at - src) - sl + 1);
+  *len = n - sl;
+  return out;
+}
+
+static void test_mutations_caught(void **state) {
+  (void)state;
+  setup_headers();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  static const struct { const char *stmt, *what; int swz, a_regs; } m[] = {
+      {"mbar_wait(bar, 0);", "mbarrier wait", 1, 0},
+      {"wgmma_wait<0>();", "wgmma wait", 1, 0},
+      {"fence_proxy_async();", "proxy fence", 1, 0},
+      {"__syncthreads();", "init barrier", 2, 1},
+  };
+  for (size_t i = 0; i < sizeof m / sizeof *m; i++) {
+    size_t ml;
+    char *bad = mutate(src, m[i].stmt, m[i].what, &ml);
+    char msg[4096];
+    mg_host_kernel *k = build(bad, ml, "hopper_qk_n64", msg, sizeof msg);
+    if (!k) fail_msg("build without the %s: %s", m[i].what, msg);
+    for (unsigned long long seed = 1; seed <= 3; seed++) {
+      double w = run_qk(k, 64, m[i].swz, m[i].a_regs, seed, msg, sizeof msg);
+      if (w >= 0 && w <= 1.0)
+        fail_msg("without the %s the check passed (seed %llu)", m[i].what, seed);
+      print_message("  without the %s, seed %llu: %s%s\n", m[i].what, seed,
+                    w < 0 ? "launch error: " : "wrong S", w < 0 ? msg : "");
+    }
+    mg_host_kernel_free(k);
+    free(bad);
+  }
+  free(src);
+}
+
+struct misuse_args {
+  misuse_fn fn;
+  int kind;
+};
+static void misuse_thunk(void *p) {
+  struct misuse_args *a = p;
+  a->fn(a->kind);
+}
+
+static void test_misuse_reported(void **state) {
+  (void)state;
+  setup_headers();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_misuse", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  static const char *const want[5] = {"over-arrival", "never completes", "not warpgroup-uniform",
+                                      "no wgmma.fence", NULL};
+  for (int kind = 0; kind < 5; kind++) {
+    struct misuse_args a = {(misuse_fn)mg_host_kernel_sym(k, "hopper_misuse"), kind};
+    mg_host_dim3 grid = {1, 1, 1}, block = {128, 1, 1};
+    int rc = mg_host_kernel_launch(k, grid, block, 64, NULL, misuse_thunk, &a, msg, sizeof msg);
+    if (!want[kind]) {
+      if (rc) fail_msg("kind %d: %s", kind, msg);
+      continue;
+    }
+    if (rc == 0 || !strstr(msg, want[kind]))
+      fail_msg("kind %d: rc %d, message '%s' lacks '%s'", kind, rc, msg, want[kind]);
+    print_message("  reported: %s\n", msg);
+  }
+  mg_host_kernel_free(k);
+  free(src);
+}
+
+struct copy_args {
+  copy_fn fn;
+  tmap_t map;
+  unsigned char *out;
+  int c0, c1;
+  unsigned bytes;
+};
+static void copy_thunk(void *p) {
+  struct copy_args *a = p;
+  a->fn(a->map, a->out, a->c0, a->c1, a->bytes);
+}
+
+/* One box per swizzle, partly past the tensor's end in both dimensions (and before its
+ * start): every byte where the header's layout (tile_offset, mirrored here) puts it, zero
+ * outside. */
+static void test_tma_box(void **state) {
+  (void)state;
+  setup_headers();
+  const mg_driver *drv = driver();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_tma_copy", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  const unsigned rows = 40;
+  uint16_t *t = malloc(rows * D * 2);
+  for (unsigned i = 0; i < rows * D; i++) t[i] = (uint16_t)(i + 1);
+  for (int swz = 0; swz < 4; swz++) {
+    unsigned span = span_of(swz), cols = span / 2, box1 = 16;
+    const int origins[2][2] = {{D - (int)cols / 2, (int)rows - 5}, {-(int)cols / 2, -3}};
+    for (int o = 0; o < 2; o++) {
+      struct copy_args a;
+      a.fn = (copy_fn)mg_host_kernel_sym(k, "hopper_tma_copy");
+      a.map = make_map(drv, t, rows, cols, box1, swz);
+      a.bytes = span * box1;
+      a.out = malloc(a.bytes);
+      a.c0 = origins[o][0], a.c1 = origins[o][1];
+      mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+      int rc = mg_host_kernel_launch(k, grid, block, 4096, NULL, copy_thunk, &a, msg, sizeof msg);
+      if (rc) fail_msg("swizzle %d: %s", swz, msg);
+      unsigned bits = swz == 1 ? 7 : swz == 2 ? 3 : swz == 3 ? 1 : 0;
+      for (unsigned r = 0; r < box1; r++)
+        for (unsigned c = 0; c < cols; c++) {
+          unsigned off = r * span + c * 2;
+          off ^= ((off >> 7) & bits) << 4; /* tile_offset (offsets from a 1024-aligned base) */
+          int gr = a.c1 + (int)r, gc = a.c0 + (int)c;
+          uint16_t want = gr >= 0 && gr < (int)rows && gc >= 0 && gc < D ? t[gr * D + gc] : 0;
+          uint16_t got;
+          memcpy(&got, a.out + off, 2);
+          if (got != want)
+            fail_msg("swizzle %d origin (%d, %d): element (%u, %u) at byte %u is %u, want %u", swz,
+                     a.c0, a.c1, r, c, off, got, want);
+        }
+      free(a.out);
+    }
+  }
+  free(t);
+  mg_host_kernel_free(k);
+  free(src);
+}
+
+typedef void (*copy3_fn)(tmap_t, unsigned char *, int, int, int, unsigned);
+struct copy3_args {
+  copy3_fn fn;
+  tmap_t map;
+  unsigned char *out;
+  int c[3];
+  unsigned bytes;
+};
+static void copy3_thunk(void *p) {
+  struct copy3_args *a = p;
+  a->fn(a->map, a->out, a->c[0], a->c[1], a->c[2], a->bytes);
+}
+
+/* A 3D box (128B swizzle, 64 x 8 x 3) of a [3][20][64] bf16 tensor, out of bounds in the two
+ * outer dimensions: rows of the box are (i2 * 8 + i1), swizzled as in 2D. */
+static void test_tma_box_3d(void **state) {
+  (void)state;
+  setup_headers();
+  const mg_driver *drv = driver();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_tma_copy3", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  enum { P = 3, R = 20 };
+  uint16_t *t = malloc(P * R * D * 2);
+  for (unsigned i = 0; i < P * R * D; i++) t[i] = (uint16_t)(i + 1);
+  struct copy3_args a;
+  a.fn = (copy3_fn)mg_host_kernel_sym(k, "hopper_tma_copy3");
+  assert_non_null(a.fn);
+  cuuint64_t dims[3] = {D, R, P}, strides[2] = {D * 2, R * D * 2};
+  cuuint32_t box[3] = {64, 8, 3}, es[3] = {1, 1, 1};
+  CUresult r = drv->cuTensorMapEncodeTiled((CUtensorMap *)&a.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                           3, t, dims, strides, box, es,
+                                           CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                           CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  assert_int_equal(r, CUDA_SUCCESS);
+  a.bytes = 128 * 8 * 3;
+  a.out = malloc(a.bytes);
+  a.c[0] = 0, a.c[1] = R - 5, a.c[2] = 1; /* rows 15..22 (20.. outside), planes 1..3 (3 outside) */
+  mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+  int rc = mg_host_kernel_launch(k, grid, block, 8192, NULL, copy3_thunk, &a, msg, sizeof msg);
+  if (rc) fail_msg("%s", msg);
+  for (unsigned i2 = 0; i2 < 3; i2++)
+    for (unsigned i1 = 0; i1 < 8; i1++)
+      for (unsigned c = 0; c < 64; c++) {
+        unsigned off = (i2 * 8 + i1) * 128 + c * 2;
+        off ^= ((off >> 7) & 7u) << 4;
+        int g1 = a.c[1] + (int)i1, g2 = a.c[2] + (int)i2;
+        uint16_t want = g1 < R && g2 < P ? t[(g2 * R + g1) * D + (int)c] : 0, got;
+        memcpy(&got, a.out + off, 2);
+        if (got != want)
+          fail_msg("element (%u, %u, %u) at byte %u is %u, want %u", i2, i1, c, off, got, want);
+      }
+  free(a.out);
+  free(t);
+  mg_host_kernel_free(k);
+  free(src);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_qk),
+      cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_misuse_reported),
+      cmocka_unit_test(test_tma_box),
+      cmocka_unit_test(test_tma_box_3d),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,116 @@
+// test_hopper_layout.cpp: the Hopper layouts of templates/mla_device_sm90.cuh (tile_offset,
+// make_desc, acc_row/acc_col) and of the host emulator (tests/host/hopper_host.h:
+// mg_host_gmma_addr, mg_host_wgmma_acc_coord, mg_host_wgmma_a_coord) against CuTe's (the
+// CUTLASS headers of PyPI's nvidia-cutlass, installed by scripts/setup.sh into
+// <build>/tools), an independent reference used by this test only.
+//   - shared memory, K-major 16-bit operands: CuTe's GMMA layout atoms (INTER, SW32, SW64,
+//     SW128; half_t: the layouts are those of every 16-bit type) tiled to (rows, 64) for rows
+//     64, 128, 192, 256, at a 1024-aligned shared-memory pointer, against the byte offsets the
+//     TMA boxes give (tile_offset per box, boxes rows x span apart) and, for every 16-column
+//     k-step, against the address the emulator decodes from the descriptor the kernels
+//     build (make_desc: start at the k-step, SBO 8 rows, LBO between 8-column halves);
+//   - registers: CuTe's CLayout_64xN (N 64, 128, 192, 256) against acc_row/acc_col and
+//     mg_host_wgmma_acc_coord, and ALayout_64x16 against mg_host_wgmma_a_coord.
+// Prints what it compared; exits 1 on the first difference.
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <cuda_runtime.h> /* __host__, __device__, __forceinline__ for a host compiler */
+#define MG_HOST_HIDDEN
+#include "host/hopper_host.h"
+// Only the header's layout part (plain arithmetic), not its PTX wrappers.
+#define MLA_SM90_LAYOUT_ONLY
+#include "../templates/mla_device_sm90.cuh"
+
+using namespace cute;
+
+#define CHECK(cond, ...)                  \
+  do {                                    \
+    if (!(cond)) {                        \
+      fprintf(stderr, __VA_ARGS__);       \
+      fputc('\n', stderr);                \
+      exit(1);                            \
+    }                                     \
+  } while (0)
+
+// CuTe applies a GMMA atom's swizzle to the address of the shared-memory pointer it is
+// given (a composed layout alone, evaluated without one, is not the hardware's pattern):
+// the tile sits at a 1024-aligned buffer and offsets are taken from element addresses.
+alignas(1024) static half_t g_buf[256 * 64];
+
+template <class Atom>
+static void check_smem(int swz, const char *name, unsigned rows) {
+  auto tensor = make_tensor(make_smem_ptr(g_buf), tile_to_shape(Atom{}, make_shape(rows, Int<64>{})));
+  auto layout = [&](unsigned r, unsigned c) {
+    return (unsigned)((const half_t *)raw_pointer_cast(&tensor(r, c)) - g_buf);
+  };
+  unsigned span = mla::sm90::swizzle_span(swz), cols = span / 2;
+  for (unsigned r = 0; r < rows; ++r)
+    for (unsigned c = 0; c < 64; ++c) {
+      unsigned cute_b = 2u * (unsigned)layout(r, c);
+      unsigned ours = (c / cols) * rows * span + mla::sm90::tile_offset(swz, r, c % cols);
+      CHECK(cute_b == ours, "%s rows %u: element (%u, %u) CuTe byte %u, tile_offset %u", name,
+            rows, r, c, cute_b, ours);
+    }
+  for (unsigned ks = 0; ks < 4; ++ks) {
+    unsigned long long desc =
+        swz == mla::sm90::SWIZZLE_NONE
+            ? mla::sm90::make_desc(2 * ks * rows * 16, rows * 16, 128, swz)
+            : mla::sm90::make_desc((ks * 16 / cols) * rows * span +
+                                       mla::sm90::tile_offset(swz, 0, ks * 16 % cols),
+                                   16, 8 * span, swz);
+    for (unsigned r = 0; r < rows; ++r)
+      for (unsigned k = 0; k < 16; ++k) {
+        unsigned cute_b = 2u * (unsigned)layout(r, ks * 16 + k);
+        unsigned emu = mg_host_gmma_addr(desc, r, k);
+        CHECK(cute_b == emu, "%s rows %u k-step %u: element (%u, %u) CuTe byte %u, descriptor "
+              "0x%016llx decodes to %u", name, rows, ks, r, k, cute_b, desc, emu);
+      }
+  }
+}
+
+template <int N>
+static void check_acc() {
+  GMMA::CLayout_64xN<N> cl;
+  for (unsigned t = 0; t < 128; ++t)
+    for (unsigned i = 0; i < N / 2; ++i) {
+      unsigned idx = (unsigned)cl(t, i), m = idx % 64, n = idx / 64;
+      unsigned er, ec;
+      mg_host_wgmma_acc_coord(t, i, &er, &ec);
+      CHECK(m == mla::sm90::acc_row(t, i) && n == mla::sm90::acc_col(t, i),
+            "N %d: thread %u d[%u]: CuTe (%u, %u), header (%u, %u)", N, t, i, m, n,
+            mla::sm90::acc_row(t, i), mla::sm90::acc_col(t, i));
+      CHECK(m == er && n == ec, "N %d: thread %u d[%u]: CuTe (%u, %u), emulator (%u, %u)", N, t,
+            i, m, n, er, ec);
+    }
+}
+
+int main() {
+  for (unsigned rows : {64u, 128u, 192u, 256u}) {
+    check_smem<GMMA::Layout_K_INTER_Atom<half_t>>(mla::sm90::SWIZZLE_NONE, "INTER", rows);
+    check_smem<GMMA::Layout_K_SW32_Atom<half_t>>(mla::sm90::SWIZZLE_32B, "SW32", rows);
+    check_smem<GMMA::Layout_K_SW64_Atom<half_t>>(mla::sm90::SWIZZLE_64B, "SW64", rows);
+    check_smem<GMMA::Layout_K_SW128_Atom<half_t>>(mla::sm90::SWIZZLE_128B, "SW128", rows);
+      }
+  printf("smem: K-major 16-bit INTER/SW32/SW64/SW128 tiles of 64/128/192/256 x 64: TMA box "
+         "offsets and the descriptors of 4 k-steps equal CuTe's\n");
+  check_acc<64>();
+  check_acc<128>();
+  check_acc<192>();
+  check_acc<256>();
+  printf("registers: wgmma m64nNk16 f32 accumulators (N 64/128/192/256), header and emulator, "
+         "equal CuTe's CLayout_64xN\n");
+  GMMA::ALayout_64x16 al;
+  for (unsigned t = 0; t < 128; ++t)
+    for (unsigned v = 0; v < 8; ++v) {
+      unsigned idx = (unsigned)al(t, v), m = idx % 64, k = idx / 64, et, er, eh;
+      mg_host_wgmma_a_coord(m, k, &et, &er, &eh);
+      CHECK(et == t && 2 * er + eh == v, "A (%u, %u): CuTe thread %u value %u, emulator thread "
+            "%u register %u half %u", m, k, t, v, et, er, eh);
+    }
+  printf("registers: wgmma A fragment (m64k16, 16-bit) equals CuTe's ALayout_64x16\n");
+  return 0;
+}
