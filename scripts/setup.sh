@@ -120,7 +120,8 @@ fi
 # torch and transformers from PyPI into a venv, $build/venv, where tests/CMakeLists.txt finds
 # it; then the package itself (pip install ./python). PyPI's Linux torch is the CUDA build
 # with NVIDIA's libraries (libtorch needs them to load, even on a CPU): measured 9 min 17 s
-# and 5.6 GiB on a 2-core machine, cold cache; a venv already holding both is kept. Without
+# and 5.6 GiB on a 2-core machine, cold cache; a venv already holding both is kept. The
+# versions are the ones the tests were written against (torch 2.15, transformers 5.24). Without
 # it (offline) the build goes on and the python tests fail in CI, skip elsewhere.
 case $build in /*) venv=$build/venv ;; *) venv=$root/$build/venv ;; esac
 if [ "$mode" = test ]; then
@@ -130,7 +131,7 @@ if [ "$mode" = test ]; then
   if [ -x "$venv/bin/python" ]; then
     if ! "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1; then
       echo "setup.sh: installing torch and transformers from PyPI into $venv (minutes)"
-      "$venv/bin/pip" install -q --disable-pip-version-check torch transformers ||
+      "$venv/bin/pip" install -q --disable-pip-version-check "torch==2.15.*" "transformers==5.24.*" ||
         echo "setup.sh: warning: torch/transformers could not be installed" >&2
     fi
     "$venv/bin/pip" install -q --disable-pip-version-check ./python ||
