@@ -374,3 +374,44 @@ void mg_plan_cost_of(const mg_plan *p, mg_plan_cost *c) {
     if (attn || s->kind == MG_STEP_GEMM) *fl += s->flops;
   }
 }
+
+/* Bytes step s must read and write at least once (mg_plan_time's convention). */
+static double step_bytes(const mg_plan *p, const mg_step *s) {
+  if (s->kind == MG_STEP_GEMM) {
+    const mg_gemm *g = &s->gemm;
+    const double ea = (double)mg_dtype_size(p->bufs[s->in[0]].dtype);
+    const double eb = (double)mg_dtype_size(p->bufs[s->in[1]].dtype);
+    const double ec = (double)mg_dtype_size(p->bufs[s->out[0]].dtype);
+    return g->batch * ((double)g->m * g->k * ea + (double)g->k * g->n * eb +
+                       (double)g->m * g->n * ec * (g->beta != 0 ? 2 : 1));
+  }
+  if (s->op == MG_OP_COPY_COLS) {
+    const mg_plan_buf *src = &p->bufs[s->in[0]];
+    const int64_t sw = s->src_w ? s->src_w : src->dims[src->ndim - 1];
+    return 2.0 * (double)(mg_plan_buf_numel(src) / sw) * (double)s->cols *
+           (double)mg_dtype_size(src->dtype);
+  }
+  double b = 0;
+  for (int j = 0; j < s->n_in; j++) b += (double)mg_plan_buf_bytes(&p->bufs[s->in[j]]);
+  for (int j = 0; j < s->n_out; j++) b += (double)mg_plan_buf_bytes(&p->bufs[s->out[j]]);
+  return b;
+}
+
+void mg_plan_time_of(const mg_plan *p, const mg_device_model *dev, mg_plan_time *t) {
+  memset(t, 0, sizeof *t);
+  for (int i = 0; i < p->n_steps; i++) {
+    const mg_step *s = &p->steps[i];
+    const int fwd = i < p->n_fwd;
+    if (s->kind == MG_STEP_GEMM || s->kind == MG_STEP_KERNEL) {
+      const double bytes = step_bytes(p, s);
+      const double tc = s->flops / (dev->tflops * 1e12), tm = bytes / (dev->hbm_gbps * 1e9);
+      *(fwd ? &t->compute_fwd_s : &t->compute_bwd_s) += tc > tm ? tc : tm;
+      *(fwd ? &t->hbm_fwd : &t->hbm_bwd) += bytes;
+      *(fwd ? &t->flops_fwd : &t->flops_bwd) += s->flops;
+    } else {
+      *(fwd ? &t->comm_fwd_s : &t->comm_bwd_s) += (double)s->sent / (dev->link_gbps * 1e9);
+    }
+  }
+  t->fwd_s = t->compute_fwd_s + t->comm_fwd_s;
+  t->bwd_s = t->compute_bwd_s + t->comm_bwd_s;
+}
