@@ -165,7 +165,8 @@ typedef struct mg_plan_arg_names {
 /* The argument rules of mg_plan_build, the one place they are written: MLAGEN_EINVAL
  * naming the argument (shape NULL, an unknown form or dtype, P < 1, rank outside [0, P),
  * batch < 1, S < 1, S not divisible by P, P > H or not dividing H (the forms shard by
- * heads), head_groups nonzero for a form other than laga-f, or for laga-f not dividing
+ * whole heads: the message names the forms, the P that divide H and S, and the planned
+ * all-gather context-parallel form), head_groups nonzero for a form other than laga-f, or for laga-f not dividing
  * H / P or above MG_PLAN_MAX_HEAD_GROUPS, sizes past 2^56 bytes per buffer), in the words
  * of names (NULL: "plan: sp = ..."). */
 int mg_plan_args_check(const mg_plan_args *args, const mg_plan_arg_names *names, mg_diag *d);
