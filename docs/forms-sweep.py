@@ -1,30 +1,73 @@
 #!/usr/bin/env python3
-"""Prints docs/forms.md's sweep table: each form's figures relative to explicit for
-DeepSeek-V3 over S and P, from `mlagen plan --json`.
+"""Prints docs/forms.md's sweep tables from `mlagen plan --json`.
 
-usage: docs/forms-sweep.py [path/to/mlagen]   (default build/mlagen)
+  docs/forms-sweep.py [path/to/mlagen]          each form's figures relative to explicit
+                                                for DeepSeek-V3 over S and P
+  docs/forms-sweep.py [path/to/mlagen] --times  predicted forward + backward time per form,
+                                                DeepSeek-V3 and Kimi K2, S 16k/32k/128k,
+                                                P 4..64 (those dividing H), NVLink-class
+                                                and InfiniBand-class links, and the fastest
+                                                form within the default memory budget
+
+(default build/mlagen). The time model and its defaults: docs/forms.md, "Predicted time".
 """
 import json
 import subprocess
 import sys
 
-mlagen = sys.argv[1] if len(sys.argv) > 1 else "build/mlagen"
+args = [a for a in sys.argv[1:] if a != "--times"]
+mlagen = args[0] if args else "build/mlagen"
 forms = ["explicit", "absorbed", "laga", "laga-r", "laga-f"]
-print("| S | P | explicit sent fwd+bwd (MiB) | explicit saved (MiB) | "
-      + " | ".join(f"{f} sent / saved / peak bwd" for f in forms[1:]) + " |")
-print("|---|---|---|---|" + "---|" * (len(forms) - 1))
-for S in (4096, 8192, 16384):
-    for P in (4, 8, 16):
-        out = subprocess.run([mlagen, "plan", "--model", "deepseek-v3", "--seq", str(S),
-                              "--sp", str(P), "--json"], check=True, capture_output=True,
-                             text=True).stdout
-        f = json.loads(out)["forms"]
-        ex = f["explicit"]
-        sent = lambda x: x["sent_fwd_bytes"] + x["sent_bwd_bytes"]
-        cells = []
-        for name in forms[1:]:
-            x = f[name]
-            cells.append(f"{sent(x) / sent(ex):.2f} / {x['saved_bytes'] / ex['saved_bytes']:.2f}"
-                         f" / {x['peak_bwd_bytes'] / ex['peak_bwd_bytes']:.2f}")
-        print(f"| {S} | {P} | {sent(ex) / 2**20:.1f} | {ex['saved_bytes'] / 2**20:.1f} | "
-              + " | ".join(cells) + " |")
+
+
+def plan(model, S, P, *extra):
+    out = subprocess.run([mlagen, "plan", "--model", model, "--seq", str(S), "--sp", str(P),
+                          "--json", *extra], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def ratios():
+    print("| S | P | explicit sent fwd+bwd (MiB) | explicit saved (MiB) | "
+          + " | ".join(f"{f} sent / saved / peak bwd" for f in forms[1:]) + " |")
+    print("|---|---|---|---|" + "---|" * (len(forms) - 1))
+    for S in (4096, 8192, 16384):
+        for P in (4, 8, 16):
+            f = plan("deepseek-v3", S, P)["forms"]
+            ex = f["explicit"]
+            sent = lambda x: x["sent_fwd_bytes"] + x["sent_bwd_bytes"]
+            cells = []
+            for name in forms[1:]:
+                x = f[name]
+                cells.append(f"{sent(x) / sent(ex):.2f} / {x['saved_bytes'] / ex['saved_bytes']:.2f}"
+                             f" / {x['peak_bwd_bytes'] / ex['peak_bwd_bytes']:.2f}")
+            print(f"| {S} | {P} | {sent(ex) / 2**20:.1f} | {ex['saved_bytes'] / 2**20:.1f} | "
+                  + " | ".join(cells) + " |")
+
+
+def times():
+    links = [("NVLink 450", 450), ("IB NDR 50", 50)]
+    models = [("deepseek-v3", "DeepSeek-V3", 128), ("kimi-k2", "Kimi K2", 64)]
+    print("| model | S | P | link (GB/s) | " + " | ".join(forms)
+          + " | explicit comm share | fastest within 131 GiB (peak GiB) |")
+    print("|---|---|---|---|" + "---|" * len(forms) + "---|---|")
+    for model, label, H in models:
+        for S in (16384, 32768, 131072):
+            for P in (4, 8, 16, 32, 64):
+                if H % P:
+                    continue
+                for lname, gbps in links:
+                    j = plan(model, S, P, "--link-gbps", str(gbps))
+                    f = j["forms"]
+                    ms = {n: (f[n]["time_fwd_s"] + f[n]["time_bwd_s"]) * 1e3 for n in forms}
+                    ex = f["explicit"]
+                    share = (ex["comm_fwd_s"] + ex["comm_bwd_s"]) / (ex["time_fwd_s"] + ex["time_bwd_s"])
+                    best = j["fastest_fitting"]
+                    peak = "" if best is None else max(f[best]["peak_fwd_bytes"],
+                                                       f[best]["peak_bwd_bytes"]) / 2**30
+                    print(f"| {label} | {S // 1024}k | {P} | {lname} | "
+                          + " | ".join(f"{ms[n]:.2f}" for n in forms)
+                          + f" | {share:.0%} | {best or 'none'}"
+                          + (f" ({peak:.2f})" if best else "") + " |")
+
+
+times() if "--times" in sys.argv[1:] else ratios()

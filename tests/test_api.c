@@ -340,6 +340,26 @@ static void test_plan_create_errors(void **state) {
     assert_null(p);
     assert_contains(mlagen_last_message(c), bad[i].says);
   }
+  /* H = 20 (GLM-4.7-Flash-like) at P = 8: no uneven head split; the message names the
+   * Ulysses forms, the degrees that work and the planned all-gather form */
+  mlagen_model *m20;
+  assert_int_equal(mlagen_model_from_config(
+                       c, MLAGEN_TEST_DATA "/configs/good_glm4_moe_lite_h20.json", &m20), 0);
+  p = (mlagen_plan *)&bad;
+  assert_int_equal(mlagen_plan_create(c, m20, &good, &p), MLAGEN_EINVAL);
+  assert_null(p);
+  assert_contains(mlagen_last_message(c),
+                  "mlagen_plan_create: plan_desc->sp_size = 8 does not divide "
+                  "num_attention_heads = 20");
+  assert_contains(mlagen_last_message(c), "(explicit, absorbed, laga, laga-r, laga-f)");
+  assert_contains(mlagen_last_message(c), "plan_desc->sp_size values dividing both H and S work (here 1, 2, 4)");
+  assert_contains(mlagen_last_message(c), "all-gather context-parallel form");
+  assert_contains(mlagen_last_message(c), "is planned");
+  mlagen_plan_desc four = good;
+  four.sp_size = 4; /* a degree the message names works */
+  assert_int_equal(mlagen_plan_create(c, m20, &four, &p), 0);
+  mlagen_plan_destroy(p);
+  mlagen_model_destroy(m20);
   assert_int_equal(mlagen_plan_create(c, NULL, &good, &p), MLAGEN_EINVAL);
   assert_contains(mlagen_last_message(c), "model is NULL");
   assert_int_equal(mlagen_plan_create(c, m, NULL, &p), MLAGEN_EINVAL);

@@ -465,6 +465,104 @@ static void test_bad_configs(void **state) {
   }
 }
 
+/* Keys a config lacks take the default of the model_type's config class in transformers,
+ * or are derived as that class derives them; each is noted. Expected values read by hand
+ * from transformers 5.24's models/<type>/configuration_<type>.py (field defaults and
+ * __post_init__), not from mg_config.c's table. */
+static void test_hf_defaults(void **state) {
+  (void)state;
+  mg_shape s;
+  mg_diag d = MG_DIAG_INIT;
+  /* MiniCPM3Config: v_head_dim = hidden_size // num_attention_heads when absent or None */
+  assert_int_equal(mg_config_load(CONFIGS "good_minicpm3_no_v.json", &s, &d), 0);
+  assert_int_equal(s.v_head_dim, 2560 / 40);
+  assert_int_equal(s.heads, 40);
+  assert_int_equal(s.kv_lora_rank, 256);
+  assert_int_equal(s.qk_rope_head_dim, 32);
+  assert_int_equal(s.qk_nope_head_dim, 64);
+  assert_int_equal(s.q_lora_rank, 768);
+  assert_int_equal(s.n_notes, 1);
+  assert_non_null(strstr(s.notes[0], "v_head_dim absent: hidden_size / num_attention_heads = "
+                                     "2560 / 40 = 64"));
+  assert_non_null(strstr(s.notes[0], "MiniCPM3Config"));
+  assert_true(fabs(s.softmax_scale - 1.0 / sqrt(96.0)) < 1e-15);
+  const char *j = "{\"model_type\": \"minicpm3\", \"hidden_size\": 1024, \"num_attention_heads\": 16,"
+                  " \"v_head_dim\": null}";
+  assert_int_equal(mg_config_parse(j, strlen(j), "inline", &s, &d), 0);
+  assert_int_equal(s.v_head_dim, 64);
+  /* everything absent: H 40, hidden 2560 (so d_v 64), d_c 256, d_q 768, d_r 32, d_n 64 */
+  j = "{\"model_type\": \"minicpm3\"}";
+  assert_int_equal(mg_config_parse(j, strlen(j), "inline", &s, &d), 0);
+  assert_int_equal(s.heads, 40);
+  assert_int_equal(s.kv_lora_rank, 256);
+  assert_int_equal(s.qk_rope_head_dim, 32);
+  assert_int_equal(s.qk_nope_head_dim, 64);
+  assert_int_equal(s.v_head_dim, 64);
+  assert_int_equal(s.q_lora_rank, 768);
+  assert_int_equal(s.hidden_size, 2560);
+  assert_int_equal(s.n_notes, 7);
+  /* an explicit v_head_dim wins */
+  j = "{\"model_type\": \"minicpm3\", \"v_head_dim\": 128}";
+  assert_int_equal(mg_config_parse(j, strlen(j), "inline", &s, &d), 0);
+  assert_int_equal(s.v_head_dim, 128);
+  /* H not dividing hidden_size: MiniCPM3Config raises; so do we, naming the key */
+  j = "{\"model_type\": \"minicpm3\", \"hidden_size\": 2560, \"num_attention_heads\": 48}";
+  assert_int_equal(mg_config_parse(j, strlen(j), "inline", &s, &d), MLAGEN_ECONFIG);
+  assert_non_null(strstr(mg_diag_msg(&d), "key 'v_head_dim'"));
+  assert_non_null(strstr(mg_diag_msg(&d), "2560 is not a multiple of 48"));
+  mg_diag_clear(&d);
+
+  /* DeepseekV3Config with nothing but model_type: its defaults, every one noted */
+  assert_int_equal(mg_config_load(CONFIGS "good_deepseek_v3_bare.json", &s, &d), 0);
+  assert_int_equal(s.heads, 128);
+  assert_int_equal(s.kv_lora_rank, 512);
+  assert_int_equal(s.qk_rope_head_dim, 64);
+  assert_int_equal(s.qk_nope_head_dim, 128);
+  assert_int_equal(s.v_head_dim, 128);
+  assert_int_equal(s.q_lora_rank, 1536);
+  assert_int_equal(s.hidden_size, 7168);
+  assert_int_equal(s.n_notes, 7);
+  assert_non_null(strstr(s.notes[0], "num_attention_heads absent: 128, the default of "
+                                     "transformers' DeepseekV3Config"));
+
+  /* One absent key per class: a few other architectures */
+  const struct { const char *type; const char *key; int H, d_c, d_r, d_n, d_v, d_q, D; } cls[] = {
+    {"deepseek_v2", "DeepseekV2Config", 32, 512, 64, 128, 128, 1536, 4096},
+    {"glm4_moe_lite", "Glm4MoeLiteConfig", 20, 512, 64, 192, 256, 768, 2048},
+    {"kimi_linear", "KimiLinearConfig", 32, 512, 64, 128, 128, 0, 2304},
+    {"longcat_flash", "LongcatFlashConfig", 64, 512, 64, 128, 128, 1536, 6144},
+    {"mistral_large4_text", "MistralLarge4TextConfig", 64, 512, 64, 64, 128, 0, 6144},
+    {"youtu", "YoutuConfig", 16, 512, 64, 128, 128, 1536, 2048},
+  };
+  for (size_t i = 0; i < sizeof cls / sizeof cls[0]; i++) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "{\"model_type\": \"%s\"}", cls[i].type);
+    assert_int_equal(mg_config_parse(buf, strlen(buf), "inline", &s, &d), 0);
+    assert_int_equal(s.heads, cls[i].H);
+    assert_int_equal(s.kv_lora_rank, cls[i].d_c);
+    assert_int_equal(s.qk_rope_head_dim, cls[i].d_r);
+    assert_int_equal(s.qk_nope_head_dim, cls[i].d_n);
+    assert_int_equal(s.v_head_dim, cls[i].d_v);
+    assert_int_equal(s.q_lora_rank, cls[i].d_q);
+    assert_int_equal(s.hidden_size, cls[i].D);
+    assert_non_null(strstr(s.notes[0], cls[i].key));
+  }
+  /* Mistral4Config fills an absent rope_parameters with yarn factor 128, mscale_all_dim 1 */
+  j = "{\"model_type\": \"mistral4\"}";
+  assert_int_equal(mg_config_parse(j, strlen(j), "inline", &s, &d), 0);
+  assert_string_equal(s.rope_type, "yarn");
+  assert_true(s.rope_factor == 128.0);
+  const double m = 0.1 * 1.0 * log(128.0) + 1.0;
+  assert_true(fabs(s.softmax_scale - m * m / sqrt(128.0)) < 1e-12);
+  assert_non_null(strstr(s.notes[s.n_notes - 1], "rope_parameters absent: yarn factor 128"));
+
+  /* No class for the type: absent keys stay errors */
+  j = "{\"model_type\": \"custom_mla\", \"kv_lora_rank\": 512}";
+  assert_int_equal(mg_config_parse(j, strlen(j), "inline", &s, &d), MLAGEN_ECONFIG);
+  assert_non_null(strstr(mg_diag_msg(&d), "missing"));
+  mg_diag_clear(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_shipped_by_name),
@@ -484,6 +582,7 @@ int main(void) {
     cmocka_unit_test(test_not_found),
     cmocka_unit_test(test_describe),
     cmocka_unit_test(test_bad_configs),
+    cmocka_unit_test(test_hf_defaults),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

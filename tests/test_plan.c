@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -382,12 +383,55 @@ static void test_checker(void **state) {
   expect_bad(cc, "columns [");
 }
 
+/* mg_plan_time_of against a hand computation of the explicit form (docs/forms.md, its steps
+ * written out from the form's math, not from the plan): DeepSeek-V2-Lite (H 16, d_c 512,
+ * d_r 64, d_n 128, d_v 128), S 4096, P 2, B 1, non-causal, bf16, on a made-up device of
+ * 100 TFLOP/s, 1000 GB/s and a 50 GB/s link, chosen so that some steps are compute-bound
+ * and some memory-bound. */
+static double roof(double flops, double bytes) {
+  const double tc = flops / 100e12, tm = bytes / 1000e9;
+  return tc > tm ? tc : tm;
+}
+
+static void test_time_by_hand(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v2-lite");
+  mg_plan_cost c;
+  build(&plan, &s, MG_FORM_EXPLICIT, 2, 1, 4096, 0, MG_BF16, &c);
+  const mg_device_model dev = {.tflops = 100, .hbm_gbps = 1000, .link_gbps = 50};
+  mg_plan_time t;
+  mg_plan_time_of(&plan, &dev, &t);
+
+  const double S = 4096, Sl = 2048, H = 16, Hl = 8, dc = 512, dr = 64, dqk = 192, dv = 128;
+  const double dkv = 256, e = 2, pairs = S * S, link = 50e9;
+  /* forward: kv GEMM, expand, 3 all-to-alls, attention, all-to-all O */
+  double fwd = roof(2 * Sl * H * dkv * dc, e * (Sl * dc + dc * H * dkv + Sl * H * dkv));
+  fwd += roof(0, e * (Sl * H * dkv + Sl * dr + Sl * H * dqk + Sl * H * dv));
+  fwd += 0.5 * e * Sl * H * (dqk + dqk + dv) / link;
+  fwd += roof(2 * Hl * pairs * (dqk + dv), e * S * Hl * (2 * dqk + 2 * dv) + 4 * Hl * S);
+  fwd += 0.5 * e * S * Hl * dv / link;
+  /* backward: all-to-all dO, attention backward, 3 all-to-alls, split, two GEMMs */
+  double bwd = 0.5 * e * S * Hl * dv / link;
+  bwd += roof(2 * Hl * pairs * (3 * dqk + 2 * dv),
+              e * S * Hl * (dqk + dqk + dv + dv + dv) + 4 * Hl * S + e * S * Hl * (2 * dqk + dv));
+  bwd += 0.5 * e * Sl * H * (2 * dqk + dv) / link;
+  bwd += roof(0, e * (Sl * H * dqk + Sl * H * dv + Sl * H * dkv + Sl * dr));
+  bwd += roof(2 * Sl * dc * H * dkv, e * (Sl * H * dkv + H * dkv * dc + Sl * dc));
+  bwd += roof(2 * H * dkv * dc * Sl, e * (H * dkv * Sl + Sl * dc) + 4 * H * dkv * dc);
+  assert_true(fabs(t.fwd_s - fwd) <= 1e-12 * fwd);
+  assert_true(fabs(t.bwd_s - bwd) <= 1e-12 * bwd);
+  const double comm_fwd = 0.5 * e * (Sl * H * (2 * dqk + dv) + S * Hl * dv) / link;
+  assert_true(fabs(t.comm_fwd_s - comm_fwd) <= 1e-12 * comm_fwd);
+  assert_true(fabs(t.fwd_s - t.compute_fwd_s - t.comm_fwd_s) <= 1e-15);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_explicit_v3_figures), cmocka_unit_test(test_forms_relations_v3),
       cmocka_unit_test(test_single_rank),         cmocka_unit_test(test_plans_well_formed),
       cmocka_unit_test(test_laga_fused_groups), cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_huge_sizes_checked), cmocka_unit_test(test_checker),
+      cmocka_unit_test(test_time_by_hand),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

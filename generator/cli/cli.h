@@ -45,6 +45,10 @@ typedef struct cli_opts {
   int n_family;
   int min_warps;              /* tune: --min-warps N (0: the default threshold) */
   int head_groups;            /* plan, run: --head-groups N (laga-f; 0: the default) */
+  const char *link_gbps;      /* plan: --link-gbps X (checked by cli_plan) */
+  const char *tflops;         /* plan: --tflops Y */
+  const char *hbm_gbps;       /* plan: --hbm-gbps Z */
+  const char *mem_gib;        /* plan: --mem-gib M */
 } cli_opts;
 
 /* Parses the options of a subcommand (argv[2..argc)) into o. allowed is a space-separated

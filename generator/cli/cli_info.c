@@ -2,20 +2,30 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "mg_config.h"
+#include "mg_diag.h"
 
 static const char help[] =
     "usage: mlagen info [--model M]\n"
     "\n"
     "Reads a HuggingFace config.json (a path, or a shipped name: deepseek-v3 (default),\n"
     "deepseek-v2-lite, kimi-k2), validates it and prints the MLA shape and the softmax\n"
-    "scale mscale^2 / sqrt(d_n + d_r).\n";
+    "scale mscale^2 / sqrt(d_n + d_r). A key the config lacks takes the default of the\n"
+    "model_type's config class in transformers, or is derived as that class derives it\n"
+    "(MiniCPM3: v_head_dim = hidden_size / num_attention_heads); each such key is listed\n"
+    "under 'derived' with its value and where it came from.\n";
 
 int cli_info(int argc, char **argv) {
   cli_opts o;
   int rc = cli_parse(argc, argv, "model", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   mg_shape s;
-  if ((rc = cli_load_model(&o, &s))) return rc;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_config_load(o.model, &s, &d)) { /* notes go to stdout below, not stderr */
+    cli_error("%s", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return CLI_FAIL;
+  }
   printf("model             %s (%s)\n", s.source, s.model_type[0] ? s.model_type : "no model_type");
   printf("heads H           %d\n", s.heads);
   printf("kv_lora_rank d_c  %d\n", s.kv_lora_rank);
@@ -28,5 +38,6 @@ int cli_info(int argc, char **argv) {
   if (s.rope_type[0]) printf(" factor %g mscale_all_dim %g", s.rope_factor, s.mscale_all_dim);
   printf("\nmscale            %.6f\n", s.mscale);
   printf("softmax scale     %.6f\n", s.softmax_scale);
+  for (int i = 0; i < s.n_notes; i++) printf("derived           %s\n", s.notes[i]);
   return CLI_OK;
 }

@@ -1,5 +1,7 @@
 /* cli_plan.c: `mlagen plan`: what each form sends, keeps and computes, side by side. */
 #include <cJSON.h>
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 static const char help[] =
     "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype T]\n"
     "                   [--causal | --no-causal] [--head-groups N] [--json] [--steps]\n"
+    "                   [--link-gbps X] [--tflops Y] [--hbm-gbps Z] [--mem-gib M]\n"
     "                   [--explain [--arch ARCH] [--device NAME] [--templates DIR]]\n"
     "\n"
     "Builds the plan of every form (explicit, absorbed, laga, laga-r, laga-f) for one rank of a\n"
@@ -21,15 +24,28 @@ static const char help[] =
     "peak of the forward and of the backward, and FLOPs (attention by FlashMLA's\n"
     "convention, projection GEMMs with any recompute), each with its ratio to explicit.\n"
     "The executors allocate and send exactly these figures (docs/forms.md).\n"
+    "It then predicts each form's forward and backward time on a device and link, and\n"
+    "names the fastest form whose peak fits a memory budget: every GEMM or kernel takes\n"
+    "max(FLOPs / tflops, bytes it reads and writes / hbm), every collective bytes sent /\n"
+    "link, one after another (no overlap, no latency): an ideal-device lower bound.\n"
     "\n"
     "  --seq S      global sequence length (required); each rank holds S / P tokens\n"
-    "  --sp P       sequence-parallel degree (default 1); P must divide S and H\n"
+    "  --sp P       sequence-parallel degree (default 1); P must divide S and H (the\n"
+    "               forms split heads evenly; docs/forms.md, \"P and H\")\n"
     "  --batch B    batch size (default 1)\n"
     "  --dtype T    activation dtype: bf16 (default), fp16, f32 or f64 (what\n"
     "               `mlagen run` executes on the CPU)\n"
     "  --no-causal  full attention (causal is the default)\n"
     "  --head-groups N  laga-f rebuilds K/V for H / P / N heads at a time (N divides\n"
     "               H / P, at most 16; default the largest divisor of H / P up to 8)\n"
+    "  --link-gbps X  GB/s one rank sends to its peers, one direction (default 450: H200\n"
+    "               NVLink, 900 GB/s both ways; InfiniBand NDR 400 Gb/s is 50)\n"
+    "  --tflops Y   dense matmul TFLOP/s of the dtype (default 989: H200 BF16, dense)\n"
+    "  --hbm-gbps Z memory bandwidth in GB/s (default 4800: H200 HBM3e, 4.8 TB/s)\n"
+    "  --mem-gib M  budget in GiB for a form's per-layer peak (default 131: H200's\n"
+    "               141 GB; give what is left after weights, optimizer state and the\n"
+    "               other layers' saved activations)\n"
+    "               (GB = 1e9 bytes, GiB = 2^30 bytes; all four must be > 0)\n"
     "  --json       machine-readable output\n"
     "  --steps      also list each form's steps\n"
     "  --explain    also print, per kernel family and causal flag, the configuration the\n"
@@ -138,10 +154,47 @@ static void print_steps(const mg_plan *p) {
   }
 }
 
+/* A rate option: a finite number in (0, 1e9]; def when not given. */
+static int parse_rate(const char *opt, const char *v, double def, const char *unit, double *out) {
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  char *end = NULL;
+  errno = 0;
+  const double x = strtod(v, &end);
+  if (errno || end == v || *end || !isfinite(x) || !(x > 0) || x > 1e9) {
+    cli_error("--%s %s: expected a number > 0 and at most 1e9 (%s)", opt, v, unit);
+    return CLI_USAGE;
+  }
+  *out = x;
+  return 0;
+}
+
+/* The fastest form (forward + backward) whose larger peak fits mem bytes, or -1. */
+static int fastest_fitting(const mg_plan_cost *cost, const mg_plan_time *t, double mem) {
+  int best = -1;
+  for (int f = 0; f < MG_FORM_COUNT; f++) {
+    const double peak = (double)(cost[f].peak_fwd > cost[f].peak_bwd ? cost[f].peak_fwd
+                                                                    : cost[f].peak_bwd);
+    if (peak <= mem && (best < 0 || t[f].fwd_s + t[f].bwd_s < t[best].fwd_s + t[best].bwd_s))
+      best = f;
+  }
+  return best;
+}
+
 int cli_plan(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal head-groups json steps explain arch device templates", help, &o);
+  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal head-groups json steps explain arch device templates link-gbps tflops hbm-gbps mem-gib", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
+  mg_device_model dev;
+  double mem_gib;
+  if (parse_rate("link-gbps", o.link_gbps, MG_H200_LINK_GBPS, "GB/s", &dev.link_gbps) ||
+      parse_rate("tflops", o.tflops, MG_H200_TFLOPS, "TFLOP/s", &dev.tflops) ||
+      parse_rate("hbm-gbps", o.hbm_gbps, MG_H200_HBM_GBPS, "GB/s", &dev.hbm_gbps) ||
+      parse_rate("mem-gib", o.mem_gib, MG_H200_MEM_GIB, "GiB", &mem_gib))
+    return CLI_USAGE;
+  const double mem = mem_gib * (double)(1 << 30);
   if (!o.dtype) o.dtype = "bf16";
   mg_dtype dtype = MG_BF16;
   if (mg_dtype_parse(o.dtype, &dtype)) {
@@ -157,6 +210,7 @@ int cli_plan(int argc, char **argv) {
 
   static mg_plan plans[MG_FORM_COUNT];
   mg_plan_cost cost[MG_FORM_COUNT];
+  mg_plan_time tm[MG_FORM_COUNT];
   mg_diag d = MG_DIAG_INIT;
   for (int f = 0; f < MG_FORM_COUNT; f++) {
     mg_plan_args a = {.shape = &shape, .form = (mg_form)f, .sp = o.sp, .rank = 0,
@@ -168,7 +222,9 @@ int cli_plan(int argc, char **argv) {
       return CLI_USAGE;
     }
     mg_plan_cost_of(&plans[f], &cost[f]);
+    mg_plan_time_of(&plans[f], &dev, &tm[f]);
   }
+  const int best = fastest_fitting(cost, tm, mem);
 
   if (o.json && o.explain) {
     cli_error("plan: --explain prints text; it does not combine with --json");
@@ -182,11 +238,26 @@ int cli_plan(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "batch", o.batch);
     cJSON_AddStringToObject(root, "dtype", o.dtype);
     cJSON_AddBoolToObject(root, "causal", o.causal);
+    cJSON *dj = cJSON_AddObjectToObject(root, "device");
+    cJSON_AddNumberToObject(dj, "tflops", dev.tflops);
+    cJSON_AddNumberToObject(dj, "hbm_gbps", dev.hbm_gbps);
+    cJSON_AddNumberToObject(dj, "link_gbps", dev.link_gbps);
+    cJSON_AddNumberToObject(dj, "mem_gib", mem_gib);
+    if (best >= 0) cJSON_AddStringToObject(root, "fastest_fitting", mg_form_name((mg_form)best));
+    else cJSON_AddNullToObject(root, "fastest_fitting");
     cJSON *forms = cJSON_AddObjectToObject(root, "forms");
     for (int f = 0; f < MG_FORM_COUNT; f++) {
       cJSON *x = cJSON_AddObjectToObject(forms, mg_form_name((mg_form)f));
       for (int i = 0; i < N_ROWS; i++) cJSON_AddNumberToObject(x, json_keys[i], field(&cost[f], i));
       if (f == MG_FORM_LAGA_F) cJSON_AddNumberToObject(x, "head_groups", plans[f].args.head_groups);
+      cJSON_AddNumberToObject(x, "hbm_bytes_fwd", tm[f].hbm_fwd);
+      cJSON_AddNumberToObject(x, "hbm_bytes_bwd", tm[f].hbm_bwd);
+      cJSON_AddNumberToObject(x, "compute_fwd_s", tm[f].compute_fwd_s);
+      cJSON_AddNumberToObject(x, "compute_bwd_s", tm[f].compute_bwd_s);
+      cJSON_AddNumberToObject(x, "comm_fwd_s", tm[f].comm_fwd_s);
+      cJSON_AddNumberToObject(x, "comm_bwd_s", tm[f].comm_bwd_s);
+      cJSON_AddNumberToObject(x, "time_fwd_s", tm[f].fwd_s);
+      cJSON_AddNumberToObject(x, "time_bwd_s", tm[f].bwd_s);
     }
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
@@ -219,6 +290,34 @@ int cli_plan(int argc, char **argv) {
     }
     printf("\n");
   }
+  /* predicted time, in the table's layout */
+  const struct { const char *name; double scale; } trow[] = {
+      {"HBM moved fwd (MiB)", 1.0 / (1 << 20)}, {"HBM moved bwd (MiB)", 1.0 / (1 << 20)},
+      {"time fwd (ms)", 1e3}, {"  of it comm (ms)", 1e3},
+      {"time bwd (ms)", 1e3}, {"  of it comm (ms)", 1e3}, {"time fwd+bwd (ms)", 1e3}};
+  for (int i = 0; i < (int)(sizeof trow / sizeof trow[0]); i++) {
+    printf("%-22s", trow[i].name);
+    double base = 0;
+    for (int f = 0; f < MG_FORM_COUNT; f++) {
+      const mg_plan_time *t = &tm[f];
+      const double v[] = {t->hbm_fwd, t->hbm_bwd, t->fwd_s, t->comm_fwd_s, t->bwd_s, t->comm_bwd_s,
+                          t->fwd_s + t->bwd_s};
+      if (f == 0) base = v[i];
+      if (f == 0 || base == 0)
+        printf(" %18.*f", i < 2 ? 1 : 3, v[i] * trow[i].scale);
+      else
+        printf(" %10.*f (%4.2fx)", i < 2 ? 1 : 3, v[i] * trow[i].scale, v[i] / base);
+    }
+    printf("\n");
+  }
+  printf("time: per step max(FLOPs / %g TFLOP/s, bytes / %g GB/s), collectives sent / %g GB/s,\n"
+         "      no overlap (docs/forms.md, \"Predicted time\")\n", dev.tflops, dev.hbm_gbps,
+         dev.link_gbps);
+  if (best >= 0)
+    printf("fastest form within %g GiB: %s (%.3f ms forward + backward)\n", mem_gib,
+           mg_form_name((mg_form)best), (tm[best].fwd_s + tm[best].bwd_s) * 1e3);
+  else
+    printf("no form's peak fits %g GiB\n", mem_gib);
   if (o.steps)
     for (int f = 0; f < MG_FORM_COUNT; f++) print_steps(&plans[f]);
   if (o.explain) return explain(&o, &shape);

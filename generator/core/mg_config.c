@@ -191,6 +191,56 @@ static int read_rope(const pctx *c, const cJSON *cfg, const char *key, rope *r, 
   return 0;
 }
 
+/* What transformers' config class of a model_type gives an absent attention key: the
+ * class's field default (transformers 5.24, models/<type>/configuration_<type>.py, read
+ * field by field), in the order H, d_c, d_r, d_n, d_v (as dims[] below), then d_q (0: None,
+ * no query compression) and D. v_head_dim -1: MiniCPM3Config.__post_init__ derives it as
+ * hidden_size // num_attention_heads. rope_factor > 0: the class fills an absent
+ * rope_parameters with yarn of that factor and mscale_all_dim (Mistral4Config: 128, 1;
+ * MistralLarge4TextConfig: 2048, none, so mscale 1). Checked against transformers 5.24
+ * by instantiating each class with no arguments (every value equal). Types
+ * whose defaults our kernels cannot run (glm5_next_text: qk_rope_head_dim 0) are left
+ * out, so their absent keys stay errors. kimi_k2 (Kimi K2's config.json, written for
+ * remote code) has no class of its own: KimiK25Config reads a kimi_k2 text_config as
+ * deepseek_v3, and so do we. DeepSeek-V4 (head_dim, no kv_lora_rank) is not MLA in this
+ * sense and is not read. */
+typedef struct hf_defaults {
+  const char *model_type;
+  const char *cls; /* the config class, for notes */
+  int dim[5];      /* H, d_c, d_r, d_n, d_v */
+  int q_lora_rank, hidden_size;
+  double rope_factor, mscale_all_dim;
+} hf_defaults;
+
+static const hf_defaults hf_classes[] = {
+  {"axk1", "AXK1Config", {64, 512, 64, 128, 128}, 1536, 7168, 0, 0},
+  {"axk2", "AXK2Config", {32, 128, 32, 64, 64}, 384, 2048, 0, 0},
+  {"bailing_hybrid", "BailingHybridConfig", {32, 512, 64, 128, 128}, 0, 2560, 0, 0},
+  {"deepseek_v2", "DeepseekV2Config", {32, 512, 64, 128, 128}, 1536, 4096, 0, 0},
+  {"deepseek_v3", "DeepseekV3Config", {128, 512, 64, 128, 128}, 1536, 7168, 0, 0},
+  {"deepseek_v32", "DeepseekV32Config", {128, 512, 64, 128, 128}, 1536, 7168, 0, 0},
+  {"dots3_note_text", "Dots3NoteTextConfig", {128, 512, 64, 128, 128}, 1024, 5120, 0, 0},
+  {"glm4_moe_lite", "Glm4MoeLiteConfig", {20, 512, 64, 192, 256}, 768, 2048, 0, 0},
+  {"glm_moe_dsa", "GlmMoeDsaConfig", {64, 512, 64, 192, 256}, 2048, 6144, 0, 0},
+  {"hy_v4", "HYV4Config", {32, 512, 64, 192, 256}, 1536, 2816, 0, 0},
+  {"hy_v4_vl_text", "HYV4VLTextConfig", {64, 512, 64, 192, 256}, 2048, 6144, 0, 0},
+  {"kimi_k2", "DeepseekV3Config", {128, 512, 64, 128, 128}, 1536, 7168, 0, 0},
+  {"kimi_linear", "KimiLinearConfig", {32, 512, 64, 128, 128}, 0, 2304, 0, 0},
+  {"longcat_flash", "LongcatFlashConfig", {64, 512, 64, 128, 128}, 1536, 6144, 0, 0},
+  {"minicpm3", "MiniCPM3Config", {40, 256, 32, 64, -1}, 768, 2560, 0, 0},
+  {"mistral4", "Mistral4Config", {32, 256, 64, 64, 128}, 1024, 4096, 128, 1},
+  {"mistral_large4_text", "MistralLarge4TextConfig", {64, 512, 64, 64, 128}, 0, 6144, 2048, 0},
+  {"sarvam_mla", "SarvamMLAConfig", {64, 512, 64, 128, 128}, 0, 4096, 0, 0},
+  {"youtu", "YoutuConfig", {16, 512, 64, 128, 128}, 1536, 2048, 0, 0},
+};
+
+/* The defaults of model_type mt, NULL when transformers has no MLA class by that name. */
+static const hf_defaults *hf_class(const char *mt) {
+  for (size_t i = 0; mt && i < sizeof hf_classes / sizeof hf_classes[0]; i++)
+    if (strcmp(hf_classes[i].model_type, mt) == 0) return &hf_classes[i];
+  return NULL;
+}
+
 /* The five MLA dims, in the order they are checked. */
 static const struct dim {
   const char *key;
@@ -206,10 +256,13 @@ static const struct dim {
 #define N_DIMS (sizeof dims / sizeof dims[0])
 
 /* "not an MLA model" when cfg has no usable kv_lora_rank and none of the other MLA head
- * dims (a config that has those is an MLA config with kv_lora_rank missing). */
-static int check_is_mla(const pctx *c, const cJSON *cfg, const cJSON *root) {
+ * dims (a config that has those is an MLA config with kv_lora_rank missing), unless its
+ * model_type is an MLA class of transformers (def) and kv_lora_rank is absent. */
+static int check_is_mla(const pctx *c, const cJSON *cfg, const cJSON *root,
+                        const hf_defaults *def) {
   const cJSON *kv = member(cfg, "kv_lora_rank");
   if (kv && !cJSON_IsNull(kv)) return 0;
+  if (!kv && def) return 0; /* an MLA class: an absent kv_lora_rank takes its default */
   for (size_t i = 2; i < N_DIMS; i++)
     if (member(cfg, dims[i].key)) return 0;
   if (kv)
@@ -326,8 +379,6 @@ static int read_shape(const pctx *c0, const cJSON *root, mg_shape *s) {
     cfg = member(root, "text_config");
     c.prefix = "text_config.";
   }
-  if ((rc = check_is_mla(&c, cfg, root))) return rc;
-
   /* model_type: the language model's, else the wrapper's. */
   pctx cm = c;
   const cJSON *mt = member(cfg, "model_type");
@@ -340,21 +391,42 @@ static int read_shape(const pctx *c0, const cJSON *root, mg_shape *s) {
     }
     snprintf(s->model_type, sizeof s->model_type, "%s", mt->valuestring);
   }
+  const hf_defaults *def = hf_class(s->model_type[0] ? s->model_type : NULL);
+  if ((rc = check_is_mla(&c, cfg, root, def))) return rc;
 
+  /* An absent key takes the class default, as transformers' config class gives it. */
+  int derive_v = 0; /* MiniCPM3: v_head_dim = hidden_size // num_attention_heads */
   for (size_t i = 0; i < N_DIMS; i++) {
     const cJSON *v = member(cfg, dims[i].key);
+    int *dst = (int *)((char *)s + dims[i].off);
+    if (def && def->dim[i] < 0 && (!v || cJSON_IsNull(v))) {
+      derive_v = 1;
+      continue;
+    }
+    if (!v && def) {
+      *dst = def->dim[i];
+      add_note(s, "%s%s absent: %d, the default of transformers' %s", c.prefix, dims[i].key,
+               *dst, def->cls);
+      continue;
+    }
     if (!v)
       return key_error(&c, MLAGEN_ECONFIG, dims[i].key, "missing (%s, is required for MLA)",
                        dims[i].what);
-    if ((rc = read_pos_int(&c, v, dims[i].key, "a positive integer",
-                           (int *)((char *)s + dims[i].off))))
-      return rc;
+    if ((rc = read_pos_int(&c, v, dims[i].key, "a positive integer", dst))) return rc;
   }
 
   /* q_lora_rank: null means no query compression (HF's modeling code: `if
    * config.q_lora_rank is None: q_proj`). */
   const cJSON *q = member(cfg, "q_lora_rank");
-  if (!q)
+  if (!q && def) {
+    s->q_lora_rank = def->q_lora_rank;
+    if (def->q_lora_rank)
+      add_note(s, "%sq_lora_rank absent: %d, the default of transformers' %s", c.prefix,
+               def->q_lora_rank, def->cls);
+    else
+      add_note(s, "%sq_lora_rank absent: None (no query compression), the default of "
+               "transformers' %s", c.prefix, def->cls);
+  } else if (!q)
     add_note(s, "%sq_lora_rank absent: read as null, no query compression (d_q = 0)", c.prefix);
   else if (!cJSON_IsNull(q) &&
            (rc = read_pos_int(&c, q, "q_lora_rank", "a positive integer or null", &s->q_lora_rank)))
@@ -362,6 +434,24 @@ static int read_shape(const pctx *c0, const cJSON *root, mg_shape *s) {
   const cJSON *h = member(cfg, "hidden_size");
   if (h && (rc = read_pos_int(&c, h, "hidden_size", "a positive integer", &s->hidden_size)))
     return rc;
+  if (!h && def) {
+    s->hidden_size = def->hidden_size;
+    add_note(s, "%shidden_size absent: %d, the default of transformers' %s", c.prefix,
+             s->hidden_size, def->cls);
+  }
+  if (derive_v) {
+    /* MiniCPM3Config.__post_init__: `if self.v_head_dim is None: self.v_head_dim =
+     * hidden_size // num_attention_heads`; its validate_architecture raises unless H
+     * divides hidden_size. */
+    if (s->hidden_size % s->heads)
+      return key_error(&c, MLAGEN_ECONFIG, "v_head_dim",
+                       "absent, and %s derives it as hidden_size / num_attention_heads, but "
+                       "%d is not a multiple of %d", def->cls, s->hidden_size, s->heads);
+    s->v_head_dim = s->hidden_size / s->heads;
+    add_note(s, "%sv_head_dim absent: hidden_size / num_attention_heads = %d / %d = %d, as "
+             "transformers' %s derives it", c.prefix, s->hidden_size, s->heads, s->v_head_dim,
+             def->cls);
+  }
 
   if (s->qk_rope_head_dim % 2)
     return key_error(&c, MLAGEN_ECONFIG, "qk_rope_head_dim",
@@ -379,6 +469,15 @@ static int read_shape(const pctx *c0, const cJSON *root, mg_shape *s) {
                      "disagrees with rope_scaling (%s factor %g mscale_all_dim %g vs %s factor %g "
                      "mscale_all_dim %g); give one of them", rp.type, rp.factor,
                      rp.mscale_all_dim, rs.type, rs.factor, rs.mscale_all_dim);
+  if (!rp.present && !rs.present && def && def->rope_factor > 0) {
+    /* Mistral4Config.__post_init__ fills an absent rope_parameters with yarn */
+    rp.present = 1;
+    snprintf(rp.type, sizeof rp.type, "yarn");
+    rp.factor = def->rope_factor;
+    rp.mscale_all_dim = def->mscale_all_dim;
+    add_note(s, "%srope_parameters absent: yarn factor %g mscale_all_dim %g, the default of "
+             "transformers' %s", c.prefix, rp.factor, rp.mscale_all_dim, def->cls);
+  }
   const rope *r = rp.present ? &rp : &rs;
   snprintf(s->rope_type, sizeof s->rope_type, "%s", r->type);
   s->rope_factor = r->factor;

@@ -1,8 +1,15 @@
 /* mg_config.h: an MLA model's attention shape, read from a HuggingFace config.json.
  *
- * Accepted: model_type deepseek_v2, deepseek_v3, kimi_k2, and any config that carries
- * kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim and num_attention_heads
- * (at the top level or under "text_config", as multimodal wrappers store it).
+ * Accepted: any config that carries kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim,
+ * v_head_dim and num_attention_heads (at the top level or under "text_config", as
+ * multimodal wrappers store it). For a model_type that transformers (5.24) ships an MLA
+ * config class for (deepseek_v2, deepseek_v3, deepseek_v32, minicpm3, glm4_moe_lite,
+ * glm_moe_dsa, kimi_linear, longcat_flash, mistral4, mistral_large4_text, sarvam_mla,
+ * youtu, axk1, axk2, bailing_hybrid, dots3_note_text, hy_v4, hy_v4_vl_text; kimi_k2 is
+ * read as deepseek_v3, as KimiK25Config does), an absent key takes that class's default,
+ * or is derived as the class derives it (MiniCPM3: v_head_dim = hidden_size /
+ * num_attention_heads; Mistral4: an absent rope_parameters is yarn factor 128,
+ * mscale_all_dim 1); each such value is listed in notes.
  * Notation follows DeepSeek-V2 (arXiv 2405.04434): H, d_c, d_r, d_n, d_v, d_q. */
 #ifndef MG_CONFIG_H
 #define MG_CONFIG_H
@@ -10,7 +17,7 @@
 
 #include "mg_diag.h"
 
-#define MG_SHAPE_MAX_NOTES 4
+#define MG_SHAPE_MAX_NOTES 10
 
 /* Kernel limits: the dims the generated kernels can handle, each with its reason.
  * The _WHY strings are printed in the error when a config exceeds a limit; this is the
@@ -49,7 +56,8 @@ typedef struct mg_shape {
   double mscale;
   /* mscale^2 / sqrt(d_n + d_r): the softmax scale of the attention scores. */
   double softmax_scale;
-  int n_notes;           /* values derived the way HF's code derives them */
+  int n_notes;           /* values defaulted or derived the way HF's code does, one line each
+                          * ("<key> absent: <value>, <from what>") */
   char notes[MG_SHAPE_MAX_NOTES][160];
 } mg_shape;
 
@@ -64,7 +72,10 @@ typedef struct mg_shape {
  *   MLAGEN_ECONFIG  not valid JSON ("not valid JSON near line L: ..."); arrays and objects
  *                   nested deeper than cJSON's CJSON_NESTING_LIMIT (1000; "nested deeper
  *                   than 1000 levels"); top level not an
- *                   object; not an MLA model (no kv_lora_rank); a dim missing, not an
+ *                   object; not an MLA model (no kv_lora_rank, and model_type not an
+ *                   MLA class above); a dim missing where no class default applies, a
+ *                   MiniCPM3 v_head_dim to derive from a hidden_size that
+ *                   num_attention_heads does not divide; a dim not an
  *                   integer (string, bool, null, 128.5), <= 0 or beyond int; an odd
  *                   qk_rope_head_dim; q_lora_rank / hidden_size present but not a
  *                   positive integer (q_lora_rank may be null); rope_scaling /

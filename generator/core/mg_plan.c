@@ -248,6 +248,30 @@ static const mg_plan_arg_names plan_names = {
     .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",
     .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)"};
 
+/* Every form shards attention by heads (Ulysses: H / P heads per rank), so P must divide
+ * H; there is no uneven head split. The message says so, names the forms, the degrees
+ * that work for this H and S, and the planned alternative (docs/forms.md, "P and H"). */
+static int head_split_error(const mg_plan_args *a, const mg_plan_arg_names *n, mg_diag *d) {
+  const int H = a->shape->heads;
+  char forms[128] = "", ok[160] = "";
+  for (int f = 0; f < MG_FORM_COUNT; f++) {
+    size_t at = strlen(forms);
+    snprintf(forms + at, sizeof forms - at, "%s%s", f ? ", " : "", mg_form_name((mg_form)f));
+  }
+  for (int p = 1, k = 0; p <= H && k < 16; p++) /* the degrees dividing both H and S */
+    if (H % p == 0 && a->seq % p == 0) {
+      size_t at = strlen(ok);
+      snprintf(ok + at, sizeof ok - at, "%s%d", k++ ? ", " : "", p);
+    }
+  return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d %s num_attention_heads = %d: the Ulysses "
+                     "forms (%s) give each rank H / P whole heads, so P must divide H (no "
+                     "uneven head split); %s values dividing both H and S work (here %s); an "
+                     "all-gather context-parallel form over the latent, which keeps all H heads "
+                     "on every rank and takes any P, is planned (issue 17) but does not exist yet",
+                     n->fn, n->sp, a->sp, a->sp > H ? "exceeds" : "does not divide", H, forms,
+                     n->sp, ok);
+}
+
 int mg_plan_args_check(const mg_plan_args *a, const mg_plan_arg_names *n, mg_diag *d) {
   if (!n) n = &plan_names;
   if (!a || !a->shape) return mg_diag_set(d, MLAGEN_EINVAL, "%s: shape is NULL", n->fn);
@@ -269,13 +293,7 @@ int mg_plan_args_check(const mg_plan_args *a, const mg_plan_arg_names *n, mg_dia
   if (a->seq % a->sp != 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %lld is not divisible by %s = %d (each rank "
                        "holds S / P tokens)", n->fn, n->seq, (long long)a->seq, n->sp, a->sp);
-  if (a->sp > H)
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d exceeds num_attention_heads = %d: the %s "
-                       "form shards attention by heads (Ulysses), so P <= H", n->fn, n->sp,
-                       a->sp, H, mg_form_name(a->form));
-  if (H % a->sp != 0)
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d does not divide num_attention_heads = %d "
-                       "(each rank attends with H / P heads)", n->fn, n->sp, a->sp, H);
+  if (a->sp > H || H % a->sp != 0) return head_split_error(a, n, d);
   if (a->form != MG_FORM_LAGA_F && a->head_groups != 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d: only %s has head groups (0 for the "
                        "other forms)", n->fn, n->head_groups, a->head_groups, n->laga_f);
@@ -355,4 +373,45 @@ void mg_plan_cost_of(const mg_plan *p, mg_plan_cost *c) {
                                          : (fwd ? &c->attn_flops_fwd : &c->attn_flops_bwd);
     if (attn || s->kind == MG_STEP_GEMM) *fl += s->flops;
   }
+}
+
+/* Bytes step s must read and write at least once (mg_plan_time's convention). */
+static double step_bytes(const mg_plan *p, const mg_step *s) {
+  if (s->kind == MG_STEP_GEMM) {
+    const mg_gemm *g = &s->gemm;
+    const double ea = (double)mg_dtype_size(p->bufs[s->in[0]].dtype);
+    const double eb = (double)mg_dtype_size(p->bufs[s->in[1]].dtype);
+    const double ec = (double)mg_dtype_size(p->bufs[s->out[0]].dtype);
+    return g->batch * ((double)g->m * g->k * ea + (double)g->k * g->n * eb +
+                       (double)g->m * g->n * ec * (g->beta != 0 ? 2 : 1));
+  }
+  if (s->op == MG_OP_COPY_COLS) {
+    const mg_plan_buf *src = &p->bufs[s->in[0]];
+    const int64_t sw = s->src_w ? s->src_w : src->dims[src->ndim - 1];
+    return 2.0 * (double)(mg_plan_buf_numel(src) / sw) * (double)s->cols *
+           (double)mg_dtype_size(src->dtype);
+  }
+  double b = 0;
+  for (int j = 0; j < s->n_in; j++) b += (double)mg_plan_buf_bytes(&p->bufs[s->in[j]]);
+  for (int j = 0; j < s->n_out; j++) b += (double)mg_plan_buf_bytes(&p->bufs[s->out[j]]);
+  return b;
+}
+
+void mg_plan_time_of(const mg_plan *p, const mg_device_model *dev, mg_plan_time *t) {
+  memset(t, 0, sizeof *t);
+  for (int i = 0; i < p->n_steps; i++) {
+    const mg_step *s = &p->steps[i];
+    const int fwd = i < p->n_fwd;
+    if (s->kind == MG_STEP_GEMM || s->kind == MG_STEP_KERNEL) {
+      const double bytes = step_bytes(p, s);
+      const double tc = s->flops / (dev->tflops * 1e12), tm = bytes / (dev->hbm_gbps * 1e9);
+      *(fwd ? &t->compute_fwd_s : &t->compute_bwd_s) += tc > tm ? tc : tm;
+      *(fwd ? &t->hbm_fwd : &t->hbm_bwd) += bytes;
+      *(fwd ? &t->flops_fwd : &t->flops_bwd) += s->flops;
+    } else {
+      *(fwd ? &t->comm_fwd_s : &t->comm_bwd_s) += (double)s->sent / (dev->link_gbps * 1e9);
+    }
+  }
+  t->fwd_s = t->compute_fwd_s + t->comm_fwd_s;
+  t->bwd_s = t->compute_bwd_s + t->comm_bwd_s;
 }

@@ -165,7 +165,8 @@ typedef struct mg_plan_arg_names {
 /* The argument rules of mg_plan_build, the one place they are written: MLAGEN_EINVAL
  * naming the argument (shape NULL, an unknown form or dtype, P < 1, rank outside [0, P),
  * batch < 1, S < 1, S not divisible by P, P > H or not dividing H (the forms shard by
- * heads), head_groups nonzero for a form other than laga-f, or for laga-f not dividing
+ * whole heads: the message names the forms, the P that divide H and S, and the planned
+ * all-gather context-parallel form), head_groups nonzero for a form other than laga-f, or for laga-f not dividing
  * H / P or above MG_PLAN_MAX_HEAD_GROUPS, sizes past 2^56 bytes per buffer), in the words
  * of names (NULL: "plan: sp = ..."). */
 int mg_plan_args_check(const mg_plan_args *args, const mg_plan_arg_names *names, mg_diag *d);
@@ -185,6 +186,40 @@ typedef struct mg_plan_cost {
 } mg_plan_cost;
 
 void mg_plan_cost_of(const mg_plan *p, mg_plan_cost *c);
+
+/* A device and link for predicting time, in decimal units (1 GB/s = 1e9 bytes per second,
+ * not gigabits). Defaults (mlagen plan): MG_H200_* below. */
+typedef struct mg_device_model {
+  double tflops;    /* dense matmul rate of the plan's dtype, 1e12 FLOP/s, > 0 */
+  double hbm_gbps;  /* memory bandwidth, GB/s, > 0 */
+  double link_gbps; /* what one rank can send to its peers, one direction, GB/s, > 0 */
+} mg_device_model;
+/* NVIDIA H200 SXM datasheet: 989 dense BF16/FP16 Tensor TFLOPS (1,979 is with sparsity),
+ * 4.8 TB/s HBM3e, NVLink 900 GB/s (both directions together: 450 GB/s each way), 141 GB. */
+#define MG_H200_TFLOPS 989.0
+#define MG_H200_HBM_GBPS 4800.0
+#define MG_H200_LINK_GBPS 450.0
+#define MG_H200_MEM_GIB 131.0 /* 141e9 bytes = 131.3 GiB, rounded down */
+/* An InfiniBand-class link: NDR 400 Gb/s per GPU = 50 GB/s each way. */
+#define MG_NDR_LINK_GBPS 50.0
+
+/* A plan's predicted time per rank and layer, a roofline with communication on the
+ * critical path: each compute step (GEMM, kernel) takes max(flops / tflops, bytes /
+ * hbm) where bytes are what it must read and write once (a GEMM batch x (m k + k n + m n)
+ * elements, plus m n more when it accumulates into C; a column copy its columns read and
+ * written; any other kernel its input and output buffers, whole); each collective takes
+ * sent / link (no latency term); steps run one after another, since every collective
+ * feeds the next step (no overlap of communication and compute). An ideal-device lower
+ * bound: kernels at peak rate and minimal traffic. */
+typedef struct mg_plan_time {
+  double fwd_s, bwd_s;                 /* predicted seconds, forward and backward */
+  double compute_fwd_s, compute_bwd_s; /* compute steps: sum of max(flops, bytes) times */
+  double comm_fwd_s, comm_bwd_s;       /* collectives: sent / link */
+  double flops_fwd, flops_bwd;         /* all steps' FLOPs (attention + GEMMs) */
+  double hbm_fwd, hbm_bwd;             /* bytes the compute steps read and write */
+} mg_plan_time;
+/* Fills *t for plan p on device dev (every rate > 0; the caller checks). */
+void mg_plan_time_of(const mg_plan *p, const mg_device_model *dev, mg_plan_time *t);
 
 /* laga-f's head groups when the caller gives none: the largest divisor of heads_local
  * (H / P) not above 8 (1 when H / P is 1 or has no divisor in [2, 8]). Each group's K/V
