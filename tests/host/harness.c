@@ -230,6 +230,54 @@ int mg_host_process_has_asan(void) {
   return has;
 }
 
+/* cuda_host.h precompiled (the header every kernel build force-includes: it pulls in the
+ * CUDA headers, most of a small kernel's compile time) with the kernels' own compiler and
+ * flags, once per executor key, into <root>/h-<key>/ beside a copy of the header, which
+ * never changes once written (clang checks it). dir gets that directory; -1 with msg when
+ * the header does not precompile. MG_HOST_PCH=0 leaves dir empty (plain -include). */
+static int precompiled_header(const char *cxx, const char *flags, const char *host_dir,
+                              hash128 key, char *dir, size_t dir_len, char *msg, size_t n) {
+  dir[0] = '\0';
+  const char *e = getenv("MG_HOST_PCH");
+  if (e && !strcmp(e, "0")) return 0;
+  char d[1200], hdr[1300], pch[1300], tmp[1400], log[1400], cmd[6144];
+  snprintf(d, sizeof d, "%s/h-%016llx%016llx", g_root, (unsigned long long)key.a,
+           (unsigned long long)key.b);
+  snprintf(hdr, sizeof hdr, "%s/cuda_host.h", d);
+  snprintf(pch, sizeof pch, "%s/cuda_host.h.%s", d, is_clang(cxx) ? "pch" : "gch");
+  if (!is_file(pch)) {
+    if (mkdir(d, 0755) != 0 && errno != EEXIST) {
+      say(msg, n, "mkdir %s: %s", d, strerror(errno));
+      return -1;
+    }
+    if (!is_file(hdr)) { /* link() never replaces: a concurrent writer's copy stays */
+      size_t hl = 0;
+      char src[1300];
+      snprintf(src, sizeof src, "%s/cuda_host.h", host_dir);
+      char *text = read_file(src, &hl);
+      snprintf(tmp, sizeof tmp, "%s.%ld", hdr, (long)getpid());
+      int bad = !text || write_file(tmp, text, hl) || (link(tmp, hdr) != 0 && errno != EEXIST);
+      free(text);
+      unlink(tmp);
+      if (bad) {
+        say(msg, n, "cannot copy %s into %s", src, d);
+        return -1;
+      }
+    }
+    snprintf(tmp, sizeof tmp, "%s.%ld", pch, (long)getpid());
+    snprintf(log, sizeof log, "%s.log", pch);
+    snprintf(cmd, sizeof cmd, "'%s' %s%s -x c++-header '%s' -o '%s'", cxx, flags,
+             is_clang(cxx) ? " -fpch-validate-input-files-content" : "", hdr, tmp);
+    if (run_logged(cmd, log, "precompiling cuda_host.h", msg, n)) return -1;
+    if (rename(tmp, pch) != 0) {
+      say(msg, n, "rename %s: %s", tmp, strerror(errno));
+      return -1;
+    }
+  }
+  snprintf(dir, dir_len, "%s", d);
+  return 0;
+}
+
 int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
                          const char *kernel_name, const mg_host_build_opts *o,
                          mg_host_kernel **out, char *msg, size_t n) {
@@ -307,6 +355,12 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
     }
   }
 
+  char pch_dir[1200], include[1400] = "cuda_host.h";
+  if (precompiled_header(cxx, flags, host_dir, rk, pch_dir, sizeof pch_dir, msg, n)) return -1;
+  if (pch_dir[0])
+    snprintf(include, sizeof include, "'%s/cuda_host.h'%s", pch_dir,
+             is_clang(cxx) ? " -fpch-validate-input-files-content" : "");
+
   hash128 kk = rk;
   hash_bytes(&kk, source, len);
   hash_str(&kk, file_name);
@@ -340,8 +394,8 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
     snprintf(tmp, sizeof tmp, "%s/k.%ld.so", dir, (long)getpid());
     snprintf(log, sizeof log, "%s/build.log", dir);
     if (FMT(cmd, sizeof cmd,
-            "'%s' %s -I'%s' -include cuda_host.h -shared -x c++ '%s/%s' -x none '%s' -o '%s'",
-            cxx, flags, dir, dir, file_name, rt_obj, tmp)) {
+            "'%s' %s -I'%s' -include %s -shared -x c++ '%s/%s' -x none '%s' -o '%s'", cxx,
+            flags, dir, include, dir, file_name, rt_obj, tmp)) {
       say(msg, n, "command line too long");
       return -1;
     }
