@@ -393,13 +393,18 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
     char tmp[1400], log[1400];
     snprintf(tmp, sizeof tmp, "%s/k.%ld.so", dir, (long)getpid());
     snprintf(log, sizeof log, "%s/build.log", dir);
-    if (FMT(cmd, sizeof cmd,
-            "'%s' %s -I'%s' -include %s -shared -x c++ '%s/%s' -x none '%s' -o '%s'", cxx,
-            flags, dir, include, dir, file_name, rt_obj, tmp)) {
-      say(msg, n, "command line too long");
-      return -1;
+    /* A build that fails with the precompiled header is repeated without it, so that
+     * one the compiler refuses (another version of it) only costs time. */
+    for (int plain = !pch_dir[0];; plain = 1) {
+      if (FMT(cmd, sizeof cmd,
+              "'%s' %s -I'%s' -include %s -shared -x c++ '%s/%s' -x none '%s' -o '%s'", cxx,
+              flags, dir, plain ? "cuda_host.h" : include, dir, file_name, rt_obj, tmp)) {
+        say(msg, n, "command line too long");
+        return -1;
+      }
+      if (!run_logged(cmd, log, "building the kernel", msg, n)) break;
+      if (plain) return -1;
     }
-    if (run_logged(cmd, log, "building the kernel", msg, n)) return -1;
     if (rename(tmp, so) != 0) {
       say(msg, n, "rename %s: %s", tmp, strerror(errno));
       return -1;
