@@ -180,6 +180,18 @@ static const char *compiler_of(const mg_host_build_opts *o, int asan) {
   return on_path("clang++") ? "clang++" : cxx;
 }
 
+/* " -mfma -ffp-contract=off" on an x86-64 CPU with FMA: fmaf (the mma emulation's inner
+ * loop, __fmaf_rn, __hfma) becomes one instruction instead of a call into libm, which
+ * computes the same correctly rounded result; contraction stays off, as it is without
+ * -mfma, so every other expression rounds as before. MG_HOST_FMA=0: never. */
+static const char *fma_flags(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const char *e = getenv("MG_HOST_FMA");
+  if (!(e && !strcmp(e, "0")) && __builtin_cpu_supports("fma")) return " -mfma -ffp-contract=off";
+#endif
+  return "";
+}
+
 static int is_clang(const char *cxx) {
   const char *base = strrchr(cxx, '/');
   return strstr(base ? base + 1 : cxx, "clang") != NULL;
@@ -326,8 +338,8 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
   int opt = o && o->opt_level > 0 ? o->opt_level : (asan ? 1 : 2);
   char flags[2048];
   snprintf(flags, sizeof flags,
-           "-std=c++17 -O%d -fPIC -w -I'%s' -I'%s'%s%s%s%s%s", opt, cuda, host_dir,
-           (asan || (o && o->debug)) ? " -g" : "",
+           "-std=c++17 -O%d -fPIC -w -I'%s' -I'%s'%s%s%s%s%s%s", opt, cuda, host_dir,
+           fma_flags(), (asan || (o && o->debug)) ? " -g" : "",
            asan ? " -fsanitize=address -fno-omit-frame-pointer" : "",
            is_clang(cxx) ? " -femulated-tls" : "", o && o->extra_flags ? " " : "",
            o && o->extra_flags ? o->extra_flags : "");
