@@ -245,8 +245,10 @@ int mg_host_process_has_asan(void) {
 /* cuda_host.h precompiled (the header every kernel build force-includes: it pulls in the
  * CUDA headers, most of a small kernel's compile time) with the kernels' own compiler and
  * flags, once per executor key, into <root>/h-<key>/ beside a copy of the header, which
- * never changes once written (clang checks it). dir gets that directory; -1 with msg when
- * the header does not precompile. MG_HOST_PCH=0 leaves dir empty (plain -include). */
+ * never changes once written (clang checks it). dir gets that directory, or stays empty
+ * (plain -include) under MG_HOST_PCH=0 or when the compiler cannot precompile it (its
+ * log, cuda_host.h.{gch,pch}.failed, then stops later builds from trying again; a header
+ * that does not compile fails the kernel build). -1 with msg: the cache is unwritable. */
 static int precompiled_header(const char *cxx, const char *flags, const char *host_dir,
                               hash128 key, char *dir, size_t dir_len, char *msg, size_t n) {
   dir[0] = '\0';
@@ -257,6 +259,8 @@ static int precompiled_header(const char *cxx, const char *flags, const char *ho
            (unsigned long long)key.b);
   snprintf(hdr, sizeof hdr, "%s/cuda_host.h", d);
   snprintf(pch, sizeof pch, "%s/cuda_host.h.%s", d, is_clang(cxx) ? "pch" : "gch");
+  snprintf(log, sizeof log, "%s.failed", pch);
+  if (is_file(log)) return 0;
   if (!is_file(pch)) {
     if (mkdir(d, 0755) != 0 && errno != EEXIST) {
       say(msg, n, "mkdir %s: %s", d, strerror(errno));
@@ -276,11 +280,16 @@ static int precompiled_header(const char *cxx, const char *flags, const char *ho
         return -1;
       }
     }
+    char tmp_log[1500];
     snprintf(tmp, sizeof tmp, "%s.%ld", pch, (long)getpid());
-    snprintf(log, sizeof log, "%s.log", pch);
-    snprintf(cmd, sizeof cmd, "'%s' %s%s -x c++-header '%s' -o '%s'", cxx, flags,
-             is_clang(cxx) ? " -fpch-validate-input-files-content" : "", hdr, tmp);
-    if (run_logged(cmd, log, "precompiling cuda_host.h", msg, n)) return -1;
+    snprintf(tmp_log, sizeof tmp_log, "%s.%ld", log, (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s' %s%s -x c++-header '%s' -o '%s' > '%s' 2>&1", cxx, flags,
+             is_clang(cxx) ? " -fpch-validate-input-files-content" : "", hdr, tmp, tmp_log);
+    if (system(cmd) != 0) {
+      rename(tmp_log, log);
+      return 0;
+    }
+    unlink(tmp_log);
     if (rename(tmp, pch) != 0) {
       say(msg, n, "rename %s: %s", tmp, strerror(errno));
       return -1;
