@@ -180,6 +180,18 @@ static const char *compiler_of(const mg_host_build_opts *o, int asan) {
   return on_path("clang++") ? "clang++" : cxx;
 }
 
+/* " -mfma -ffp-contract=off" on an x86-64 CPU with FMA: fmaf (the mma emulation's inner
+ * loop, __fmaf_rn, __hfma) becomes one instruction instead of a call into libm, which
+ * computes the same correctly rounded result; contraction stays off, as it is without
+ * -mfma, so every other expression rounds as before. MG_HOST_FMA=0: never. */
+static const char *fma_flags(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const char *e = getenv("MG_HOST_FMA");
+  if (!(e && !strcmp(e, "0")) && __builtin_cpu_supports("fma")) return " -mfma -ffp-contract=off";
+#endif
+  return "";
+}
+
 static int is_clang(const char *cxx) {
   const char *base = strrchr(cxx, '/');
   return strstr(base ? base + 1 : cxx, "clang") != NULL;
@@ -228,6 +240,63 @@ int mg_host_process_has_asan(void) {
   int has = self && dlsym(self, "__asan_init") != NULL;
   if (self) dlclose(self);
   return has;
+}
+
+/* cuda_host.h precompiled (the header every kernel build force-includes: it pulls in the
+ * CUDA headers, most of a small kernel's compile time) with the kernels' own compiler and
+ * flags, once per executor key, into <root>/h-<key>/ beside a copy of the header, which
+ * never changes once written (clang checks it). dir gets that directory, or stays empty
+ * (plain -include) under MG_HOST_PCH=0 or when the compiler cannot precompile it (its
+ * log, cuda_host.h.{gch,pch}.failed, then stops later builds from trying again; a header
+ * that does not compile fails the kernel build). -1 with msg: the cache is unwritable. */
+static int precompiled_header(const char *cxx, const char *flags, const char *host_dir,
+                              hash128 key, char *dir, size_t dir_len, char *msg, size_t n) {
+  dir[0] = '\0';
+  const char *e = getenv("MG_HOST_PCH");
+  if (e && !strcmp(e, "0")) return 0;
+  char d[1200], hdr[1300], pch[1300], tmp[1400], log[1400], cmd[6144];
+  snprintf(d, sizeof d, "%s/h-%016llx%016llx", g_root, (unsigned long long)key.a,
+           (unsigned long long)key.b);
+  snprintf(hdr, sizeof hdr, "%s/cuda_host.h", d);
+  snprintf(pch, sizeof pch, "%s/cuda_host.h.%s", d, is_clang(cxx) ? "pch" : "gch");
+  snprintf(log, sizeof log, "%s.failed", pch);
+  if (is_file(log)) return 0;
+  if (!is_file(pch)) {
+    if (mkdir(d, 0755) != 0 && errno != EEXIST) {
+      say(msg, n, "mkdir %s: %s", d, strerror(errno));
+      return -1;
+    }
+    if (!is_file(hdr)) { /* link() never replaces: a concurrent writer's copy stays */
+      size_t hl = 0;
+      char src[1300];
+      snprintf(src, sizeof src, "%s/cuda_host.h", host_dir);
+      char *text = read_file(src, &hl);
+      snprintf(tmp, sizeof tmp, "%s.%ld", hdr, (long)getpid());
+      int bad = !text || write_file(tmp, text, hl) || (link(tmp, hdr) != 0 && errno != EEXIST);
+      free(text);
+      unlink(tmp);
+      if (bad) {
+        say(msg, n, "cannot copy %s into %s", src, d);
+        return -1;
+      }
+    }
+    char tmp_log[1500];
+    snprintf(tmp, sizeof tmp, "%s.%ld", pch, (long)getpid());
+    snprintf(tmp_log, sizeof tmp_log, "%s.%ld", log, (long)getpid());
+    snprintf(cmd, sizeof cmd, "'%s' %s%s -x c++-header '%s' -o '%s' > '%s' 2>&1", cxx, flags,
+             is_clang(cxx) ? " -fpch-validate-input-files-content" : "", hdr, tmp, tmp_log);
+    if (system(cmd) != 0) {
+      rename(tmp_log, log);
+      return 0;
+    }
+    unlink(tmp_log);
+    if (rename(tmp, pch) != 0) {
+      say(msg, n, "rename %s: %s", tmp, strerror(errno));
+      return -1;
+    }
+  }
+  snprintf(dir, dir_len, "%s", d);
+  return 0;
 }
 
 int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
@@ -289,8 +358,8 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
   int opt = o && o->opt_level > 0 ? o->opt_level : (asan ? 1 : 2);
   char flags[2048];
   snprintf(flags, sizeof flags,
-           "-std=c++17 -O%d -fPIC -w -I'%s' -I'%s'%s%s%s%s%s", opt, cuda, host_dir,
-           (asan || (o && o->debug)) ? " -g" : "",
+           "-std=c++17 -O%d -fPIC -w -I'%s' -I'%s'%s%s%s%s%s%s", opt, cuda, host_dir,
+           fma_flags(), (asan || (o && o->debug)) ? " -g" : "",
            asan ? " -fsanitize=address -fno-omit-frame-pointer" : "",
            is_clang(cxx) ? " -femulated-tls" : "", o && o->extra_flags ? " " : "",
            o && o->extra_flags ? o->extra_flags : "");
@@ -318,6 +387,12 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
       return -1;
     }
   }
+
+  char pch_dir[1200], include[1400] = "cuda_host.h";
+  if (precompiled_header(cxx, flags, host_dir, rk, pch_dir, sizeof pch_dir, msg, n)) return -1;
+  if (pch_dir[0])
+    snprintf(include, sizeof include, "'%s/cuda_host.h'%s", pch_dir,
+             is_clang(cxx) ? " -fpch-validate-input-files-content" : "");
 
   hash128 kk = rk;
   hash_bytes(&kk, source, len);
@@ -351,13 +426,18 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
     char tmp[1400], log[1400];
     snprintf(tmp, sizeof tmp, "%s/k.%ld.so", dir, (long)getpid());
     snprintf(log, sizeof log, "%s/build.log", dir);
-    if (FMT(cmd, sizeof cmd,
-            "'%s' %s -I'%s' -include cuda_host.h -shared -x c++ '%s/%s' -x none '%s' -o '%s'",
-            cxx, flags, dir, dir, file_name, rt_obj, tmp)) {
-      say(msg, n, "command line too long");
-      return -1;
+    /* A build that fails with the precompiled header is repeated without it, so that
+     * one the compiler refuses (another version of it) only costs time. */
+    for (int plain = !pch_dir[0];; plain = 1) {
+      if (FMT(cmd, sizeof cmd,
+              "'%s' %s -I'%s' -include %s -shared -x c++ '%s/%s' -x none '%s' -o '%s'", cxx,
+              flags, dir, plain ? "cuda_host.h" : include, dir, file_name, rt_obj, tmp)) {
+        say(msg, n, "command line too long");
+        return -1;
+      }
+      if (!run_logged(cmd, log, "building the kernel", msg, n)) break;
+      if (plain) return -1;
     }
-    if (run_logged(cmd, log, "building the kernel", msg, n)) return -1;
     if (rename(tmp, so) != 0) {
       say(msg, n, "rename %s: %s", tmp, strerror(errno));
       return -1;

@@ -16,7 +16,8 @@
  * own files); an object already built there is loaded without compiling again. The
  * directory lives under a temporary directory made on first use and removed at exit,
  * or under $MG_HOST_CACHE_DIR (kept) when that is set. The executor itself
- * (cuda_host.cpp) is compiled once per compiler and flags. */
+ * (cuda_host.cpp) is compiled, and cuda_host.h precompiled (MG_HOST_PCH=0: not), once
+ * per compiler and flags. */
 #ifndef MG_HOST_HARNESS_H
 #define MG_HOST_HARNESS_H
 
