@@ -13,7 +13,7 @@ const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_b
                                         "attn_bwd_dq",   "dq_convert",   "a2a_pack",     "a2a_unpack",
                                         "expand_kv",     "split_dkv",    "concat_latent", "split_latent",
                                         "copy_cols",     "mqa_fwd",      "mqa_bwd_dkv",  "mqa_bwd_dq",
-                                        NULL};
+                                        "attn_fwd_sm90", NULL};
 
 const mg_op_kernels mg_op_kernel_table[] = {
     {MG_OP_ATTN_FWD, {"attn_fwd"}, {"k_packed=1"}},
