@@ -12,10 +12,11 @@
 @ -- which one thread issues every TMA load:
 @ --   Q            once, onto q_full: d_qk / W_q boxes {W_q, 1, block_m} (W = 64, 32 or 16
 @ --                columns: the widest that divides the dimension; swizzle 128B/64B/32B).
-@ --   K_j, V_j     into stage j % stages of a ring: full[st] (expect_tx of the tile's bytes,
-@ --                completed by the TMA loads) and empty[st] (every consumer thread arrives
-@ --                when it is done with the stage; the producer waits on it, parity
-@ --                flipped, before reusing the stage). K_nope boxes {W_n, 1, block_n} per
+@ --   K_j, V_j     into stage j % stages of a ring: full_k[st] and full_v[st] (expect_tx of
+@ --                the K and the V tile's bytes, completed by the TMA loads: S = Q K^T need
+@ --                not wait for V) and empty[st] (every consumer thread arrives when it is
+@ --                done with the stage; the producer waits on it, parity flipped, before
+@ --                reusing the stage). K_nope boxes {W_n, 1, block_n} per
 @ --                head; split keys: the shared k_rope [B*S_k, d_r] as 2D boxes {W_r,
 @ --                block_n} (never a per-head copy); V boxes {W_v, 1, block_n}.
 @ -- Consumers, per key tile: S = Q K^T with wgmma m64n{block_n}k16, A (Q) and B (K) from
@@ -23,10 +24,11 @@
 @ -- of the keys or the warpgroup's diagonal), online softmax in fp32 with exp2; P packed to
 @ -- 16 bits in registers (the accumulator layout of two n8 column blocks is the A register
 @ -- fragment of one k16 step) and O += P V with wgmma m64n{d_v}k16 rs, V as an MN-major B
-@ -- operand (d_v contiguous, as TMA lands [key][d_v] rows). Each GEMM is waited for before
-@ -- the next step (no intra-warpgroup overlap, no ping-pong between consumer warpgroups:
-@ -- those are the next tunables). With two consumers the producer gives registers away
-@ -- (setmaxnreg 24 / 240). O and LSE leave from the registers.
+@ -- operand (d_v contiguous, as TMA lands [key][d_v] rows). overlap = 1: FA3's
+@ -- intra-warpgroup pipelining, S_j = Q K_j^T issued together with O += P_j-1 V_j-1 and the
+@ -- softmax of S_j computed while the latter runs; overlap = 0: each GEMM waited for before
+@ -- the next step. No ping-pong between consumer warpgroups yet. With two consumers the
+@ -- producer gives registers away (setmaxnreg 24 / 240). O and LSE leave from the registers.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local ESIZE = elem_size(spec.dtype)
@@ -70,6 +72,7 @@
 @     consumers = { values = { 1, 2 },      doc = "consumer warpgroups (64 query rows each): block_m = 64 x consumers" },
 @     block_n   = { values = { 64, 128 },   doc = "keys per K/V tile (the N of S = Q K^T's wgmma)" },
 @     stages    = { values = { 2, 3, 4 },   doc = "K/V tiles in the TMA ring" },
+@     overlap   = { values = { 0, 1 },      doc = "1: S_j = Q K_j^T in flight with O += P_j-1 V_j-1, the softmax of S_j overlapping the latter (FA3's intra-warpgroup pipelining); 0: one GEMM at a time" },
 @     k_packed  = { values = { 0, 1 },      doc = "0: k_nope [B,S_k,H,d_n] + shared k_rope [B,S_k,d_r]; 1: one per-head K [B,S_k,H,d_n+d_r] in k_nope" },
 @   },
 @   check = function(s, c)
@@ -85,15 +88,15 @@
 @   end,
 @   default = function(s)
 @     for _, p in ipairs({ { 2, 128, 2 }, { 2, 64, 3 }, { 2, 64, 2 }, { 1, 64, 2 } }) do
-@       local c = { consumers = p[1], block_n = p[2], stages = p[3], k_packed = 0 }
+@       local c = { consumers = p[1], block_n = p[2], stages = p[3], k_packed = 0, overlap = 1 }
 @       if accumulators(c) <= ACC_LIMIT and smem_bytes(c) <= SMEM_LIMIT then return c end
 @     end
-@     return { consumers = 1, block_n = 64, stages = 2, k_packed = 0 }
+@     return { consumers = 1, block_n = 64, stages = 2, k_packed = 0, overlap = 1 }
 @   end,
 @   name = function(s, c)
-@     return string.format("mla_attn_fwd_sm90_h%d_dn%d_dr%d_dv%d_%s_%s_bm%d_bn%d_st%d%s", H, DN, DR, DV,
+@     return string.format("mla_attn_fwd_sm90_h%d_dn%d_dr%d_dv%d_%s_%s_bm%d_bn%d_st%d%s%s", H, DN, DR, DV,
 @                          s.dtype, s.causal and "causal" or "full", 64 * c.consumers, c.block_n, c.stages,
-@                          c.k_packed == 1 and "_kpacked" or "")
+@                          c.overlap == 1 and "_ov" or "", c.k_packed == 1 and "_kpacked" or "")
 @   end,
 @   launch = function(s, c)
 @     return {
@@ -146,7 +149,7 @@ constexpr unsigned OFF_Q = 1024;
 constexpr unsigned OFF_RING = OFF_Q + Q_BYTES;
 static_assert(DN % 16 == 0 && DR % 16 == 0 && BLOCK_N % 16 == 0, "tile shape");
 static_assert(Q_BYTES % 1024 == 0 && KN_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "swizzle alignment");
-static_assert(2 + 2 * STAGES <= 128, "mbarriers fit in 1024 bytes");
+static_assert(1 + 3 * STAGES <= 128, "mbarriers fit in 1024 bytes");
 
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   elem2_t v = ${PACK2}(lo, hi);
@@ -170,8 +173,9 @@ ${K.name}(
   const unsigned raw_addr = smem_u32(smem);
   unsigned char* const sbase = smem + (((raw_addr + 1023u) & ~1023u) - raw_addr);
   unsigned long long* const q_full = reinterpret_cast<unsigned long long*>(sbase);
-  unsigned long long* const full = q_full + 1;        // [STAGES]
-  unsigned long long* const empty = full + STAGES;    // [STAGES]
+  unsigned long long* const full_k = q_full + 1;        // [STAGES]: K tile landed
+  unsigned long long* const full_v = full_k + STAGES;   // [STAGES]: V tile landed
+  unsigned long long* const empty = full_v + STAGES;    // [STAGES]: consumers done with it
   unsigned char* const sQ = sbase + OFF_Q;
   unsigned char* const ring = sbase + OFF_RING;
 
@@ -188,7 +192,8 @@ ${K.name}(
   if (tid == 0) {
     mbar_init(q_full, 1);
     for (int st = 0; st < STAGES; ++st) {
-      mbar_init(&full[st], 1);
+      mbar_init(&full_k[st], 1);
+      mbar_init(&full_v[st], 1);
       mbar_init(&empty[st], 128 * NC);
     }
     mbar_init_fence();
@@ -213,18 +218,19 @@ ${K.name}(
       unsigned char* const sK = ring + st * STAGE_BYTES;
       unsigned char* const sV = sK + K_BYTES;
       const int row = b * seqlen_k + j * BLOCK_N;
-      mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
+      mbar_arrive_expect_tx(&full_k[st], K_BYTES);
       for (int c = 0; c < DN / WN; ++c)
-        tma_load_3d(sK + c * BLOCK_N * 2 * WN, &tmaps[1], &full[st], c * WN, h, row);
+        tma_load_3d(sK + c * BLOCK_N * 2 * WN, &tmaps[1], &full_k[st], c * WN, h, row);
       for (int c = 0; c < DR / WR; ++c) {
         unsigned char* dst = sK + KN_BYTES + c * BLOCK_N * 2 * WR;
         if (K_PACKED)
-          tma_load_3d(dst, &tmaps[2], &full[st], DN + c * WR, h, row);
+          tma_load_3d(dst, &tmaps[2], &full_k[st], DN + c * WR, h, row);
         else
-          tma_load_2d(dst, &tmaps[2], &full[st], c * WR, row);
+          tma_load_2d(dst, &tmaps[2], &full_k[st], c * WR, row);
       }
+      mbar_arrive_expect_tx(&full_v[st], V_BYTES);
       for (int c = 0; c < DV / WV; ++c)
-        tma_load_3d(sV + c * BLOCK_N * 2 * WV, &tmaps[3], &full[st], c * WV, h, row);
+        tma_load_3d(sV + c * BLOCK_N * 2 * WV, &tmaps[3], &full_v[st], c * WV, h, row);
     }
     return;
   }
@@ -249,91 +255,160 @@ ${K.name}(
   float m_i[2] = {mla::neg_inf(), mla::neg_inf()};  // running max of the base-2 scores
   float l_i[2] = {0.f, 0.f};                        // this thread's part of the running sum
 
-  if (n_tiles > 0) mbar_wait(q_full, 0);
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % STAGES;
-    const int n0 = j * BLOCK_N;
-    mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait
-    // A warpgroup works on a tile only if one of its rows sees one of its keys.
-    if (i0 < seqlen_q && (!CAUSAL || n0 <= q_pos0 + i0 + 63)) {
-      const unsigned k_addr = ring_addr + st * STAGE_BYTES;
-      const unsigned v_addr = k_addr + K_BYTES;
-      // S = Q K^T
-      fence_operand(s);
-      wgmma_fence();
+  // Tiles this warpgroup computes: a prefix of the CTA's (causal: a tile whose first key
+  // is past the warpgroup's last row is hidden from all of its rows); none when its rows
+  // are past seqlen_q.
+  const int wg_tiles = i0 >= seqlen_q ? 0
+                       : CAUSAL ? min(n_tiles, max(0, (q_pos0 + i0 + 63) / BLOCK_N + 1))
+                                : n_tiles;
+  float corr[2];  // the last softmax's rescaling of O
+
+  // S = Q K^T for the K tile in stage st (issued, not waited for).
+  auto issue_s = [&](int st) {
+    const unsigned k_addr = ring_addr + st * STAGE_BYTES;
+    fence_operand(s);
+    wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < DQK / 16; ++ks) {
-        const unsigned long long db = ks * 16 < DN
-            ? kdesc(k_addr, BLOCK_N, WN, SWN, ks)
-            : kdesc(k_addr + KN_BYTES, BLOCK_N, WR, SWR, ks - DN / 16);
-        wgmma_ss<BLOCK_N, tag_t>(s, kdesc(q_addr, BLOCK_M, WQ, SWQ, ks), db, ks > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();  // MUTATION: S wait
-      fence_operand(s);
-      // Scale to base 2; element masks only where the tile crosses the end of the keys or
-      // the diagonal of this warpgroup's rows.
-      const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > q_pos0 + i0);
+    for (int ks = 0; ks < DQK / 16; ++ks) {
+      const unsigned long long db = ks * 16 < DN
+          ? kdesc(k_addr, BLOCK_N, WN, SWN, ks)
+          : kdesc(k_addr + KN_BYTES, BLOCK_N, WR, SWR, ks - DN / 16);
+      wgmma_ss<BLOCK_N, tag_t>(s, kdesc(q_addr, BLOCK_M, WQ, SWQ, ks), db, ks > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V for the V tile in stage st (issued, not waited for): V [key][d_v] as an
+  // MN-major B operand (d_v contiguous): boxes of WV columns BLOCK_N rows apart (LBO),
+  // 8 keys = 8 swizzle rows (SBO).
+  auto issue_pv = [&](int st, const unsigned (&p)[BLOCK_N / 16][4]) {
+    const unsigned v_addr = ring_addr + st * STAGE_BYTES + K_BYTES;
+    fence_operand(acc_o);
+    wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < BLOCK_N / 2; ++i) {
-        float x = s[i] * scale_log2;
-        if (edge) {
-          const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
-          const int row = r0 + 8 * ((i % 4) / 2);
-          if (key >= seqlen_k || (CAUSAL && key > q_pos0 + row)) x = mla::neg_inf();
-        }
-        s[i] = x;
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+      wgmma_rs_tb<DV, tag_t>(acc_o, p[kk],
+                             make_desc(v_addr + kk * 16 * 2 * WV, BLOCK_N * 2 * WV, 8 * 2 * WV, SWV), 1);
+    wgmma_commit();
+  };
+  // Scale S (tile at key n0) to base 2, mask it (only when the tile crosses the end of the
+  // keys or this warpgroup's diagonal), and the online softmax: S becomes P (fp32), the
+  // running max and sum are updated and corr is how O must be rescaled (not done here: O
+  // may be in flight). Rows r0 (i % 4 < 2) and r0 + 8, each spread over a quad.
+  auto softmax = [&](int n0) {
+    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > q_pos0 + i0);
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) {
+      float x = s[i] * scale_log2;
+      if (edge) {
+        const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
+        const int row = r0 + 8 * ((i % 4) / 2);
+        if (key >= seqlen_k || (CAUSAL && key > q_pos0 + row)) x = mla::neg_inf();
       }
-      // Online softmax (base 2): rows r0 (i % 4 < 2) and r0 + 8; a row is spread over the
-      // 4 threads of a quad.
+      s[i] = x;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m_i[r];
+#pragma unroll
+      for (int n = 0; n < BLOCK_N / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 2));
+      // A row with no visible key so far keeps max -inf: subtract 0 so exp2 gives 0.
+      const float base = mx == mla::neg_inf() ? 0.f : mx;
+      corr[r] = exp2f(m_i[r] - base);
+      m_i[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BLOCK_N / 8; ++n) {
+        s[4 * n + 2 * r] = exp2f(s[4 * n + 2 * r] - base);
+        s[4 * n + 2 * r + 1] = exp2f(s[4 * n + 2 * r + 1] - base);
+        sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+      }
+      l_i[r] = l_i[r] * corr[r] + sum;
+    }
+  };
+  auto rescale_o = [&]() {
+#pragma unroll
+    for (int n = 0; n < DV / 8; ++n)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = m_i[r];
-#pragma unroll
-        for (int n = 0; n < BLOCK_N / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 2));
-        // A row with no visible key so far keeps max -inf: subtract 0 so exp2 gives 0.
-        const float base = mx == mla::neg_inf() ? 0.f : mx;
-        const float corr = exp2f(m_i[r] - base);
-        m_i[r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < BLOCK_N / 8; ++n) {
-          s[4 * n + 2 * r] = exp2f(s[4 * n + 2 * r] - base);
-          s[4 * n + 2 * r + 1] = exp2f(s[4 * n + 2 * r + 1] - base);
-          sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
-        }
-        l_i[r] = l_i[r] * corr + sum;
-#pragma unroll
-        for (int n = 0; n < DV / 8; ++n) {
-          acc_o[4 * n + 2 * r] *= corr;
-          acc_o[4 * n + 2 * r + 1] *= corr;
-        }
+        acc_o[4 * n + 2 * r] *= corr[r];
+        acc_o[4 * n + 2 * r + 1] *= corr[r];
       }
-      // P to 16 bits: the accumulators of column blocks 2kk, 2kk+1 are the A fragment of
-      // k-step kk.
-      unsigned p[BLOCK_N / 16][4];
+  };
+  // P to 16 bits: the accumulators of column blocks 2kk, 2kk+1 are the A fragment of k-step kk.
+  unsigned p[BLOCK_N / 16][4];
+  auto pack_p = [&]() {
 #pragma unroll
-      for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-        p[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);  // row r0,     keys 2qd, 2qd+1
-        p[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);  // row r0 + 8
-        p[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);  // row r0,     keys 2qd+8, 2qd+9
-        p[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);  // row r0 + 8
-      }
-      // O += P V: V [key][d_v] as an MN-major B operand (d_v contiguous): boxes of WV
-      // columns BLOCK_N rows apart (LBO), 8 keys = 8 swizzle rows (SBO).
-      fence_operand(acc_o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-        wgmma_rs_tb<DV, tag_t>(acc_o, p[kk],
-                               make_desc(v_addr + kk * 16 * 2 * WV, BLOCK_N * 2 * WV, 8 * 2 * WV, SWV), 1);
-      wgmma_commit();
-      wgmma_wait<0>();  // MUTATION: PV wait
-      fence_operand(acc_o);
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+      p[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);  // row r0,     keys 2qd, 2qd+1
+      p[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);  // row r0 + 8
+      p[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);  // row r0,     keys 2qd+8, 2qd+9
+      p[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);  // row r0 + 8
     }
+  };
+  auto parity = [](int j) { return (unsigned)(j / STAGES) & 1u; };
+
+  if (wg_tiles > 0) mbar_wait(q_full, 0);
+@ if C.overlap == 0 then
+  // One tile at a time: S_j, its softmax, P_j V_j, each GEMM waited for before the next step.
+  for (int j = 0; j < wg_tiles; ++j) {
+    const int st = j % STAGES;
+    mbar_wait(&full_k[st], parity(j));  // MUTATION: K full wait
+    issue_s(st);
+    wgmma_wait<0>();  // MUTATION: S wait
+    fence_operand(s);
+    softmax(j * BLOCK_N);
+    rescale_o();
+    pack_p();
+    mbar_wait(&full_v[st], parity(j));  // MUTATION: V full wait
+    issue_pv(st, p);
+    wgmma_wait<0>();  // MUTATION: PV wait
+    fence_operand(acc_o);
     mbar_arrive(&empty[st]);  // MUTATION: empty release
+  }
+@ else
+  // FlashAttention-3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_j-1 V_j-1 are in
+  // flight together; the softmax of S_j runs while P_j-1 V_j-1 is still computing, and O
+  // is rescaled once that is done.
+  if (wg_tiles > 0) {
+    mbar_wait(&full_k[0], 0);
+    issue_s(0);
+    wgmma_wait<0>();
+    fence_operand(s);
+    softmax(0);  // O is 0: nothing to rescale
+    pack_p();
+  }
+  for (int j = 1; j < wg_tiles; ++j) {
+    const int st = j % STAGES, pst = (j - 1) % STAGES;
+    mbar_wait(&full_k[st], parity(j));  // MUTATION: K full wait
+    issue_s(st);
+    mbar_wait(&full_v[pst], parity(j - 1));  // MUTATION: V full wait
+    issue_pv(pst, p);
+    wgmma_wait<1>();  // MUTATION: S wait
+    fence_operand(s);
+    softmax(j * BLOCK_N);
+    wgmma_wait<0>();  // MUTATION: PV wait
+    fence_operand(acc_o);
+    mbar_arrive(&empty[pst]);  // MUTATION: empty release
+    rescale_o();
+    pack_p();
+  }
+  if (wg_tiles > 0) {
+    const int st = (wg_tiles - 1) % STAGES;
+    mbar_wait(&full_v[st], parity(wg_tiles - 1));
+    issue_pv(st, p);
+    wgmma_wait<0>();
+    fence_operand(acc_o);
+    mbar_arrive(&empty[st]);
+  }
+@ end
+  // The tiles hidden from this warpgroup's rows (the other consumer needs them): released
+  // once loaded (the wait keeps each arrival in its own phase of the empty barrier).
+  for (int j = wg_tiles; j < n_tiles; ++j) {
+    const int st = j % STAGES;
+    mbar_wait(&full_v[st], parity(j));
+    mbar_arrive(&empty[st]);
   }
 
   // Epilogue: O = acc / l straight from the registers, LSE = (m + log2 l) ln 2.
