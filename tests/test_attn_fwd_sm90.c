@@ -323,33 +323,35 @@ static void test_mutations_caught(void **state) {
 }
 
 /* Every configuration the template's check keeps compiles for sm_90a (NVRTC) with no spill,
- * no stack frame and no static shared memory, for DeepSeek-V3 heads and the unusual shape. */
-static void test_nvrtc_kept_configs(void **state) {
-  (void)state;
+ * no stack frame and no static shared memory (causal: the larger kernel); sh 0: DeepSeek-V3
+ * heads at H 128, 1: the unusual shape at H 40. All of them, not a covering sample (about
+ * 20 per shape). */
+static void nvrtc_kept_configs(int sh) {
   kh_sweep sw;
   kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
   const int shapes[2][3] = {{128, 64, 128}, {64, 32, 64}};
   int kept = 0;
-  for (int sh = 0; sh < 2; sh++)
-    for (int nc = 1; nc <= 2; nc++)
-      for (int bn = 64; bn <= 128; bn *= 2)
-        for (int st = 2; st <= 4; st++)
-          for (int ov = 0; ov <= 1; ov++) {
-            mg_kernel_spec s = make_spec(sh ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
-            char a[4][32];
-            snprintf(a[0], sizeof a[0], "consumers=%d", nc);
-            snprintf(a[1], sizeof a[1], "block_n=%d", bn);
-            snprintf(a[2], sizeof a[2], "stages=%d", st);
-            snprintf(a[3], sizeof a[3], "overlap=%d", ov);
-            for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
-            kept += kh_sweep_compile(&sw, &s, "");
-          }
+  for (int nc = 1; nc <= 2; nc++)
+    for (int bn = 64; bn <= 128; bn *= 2)
+      for (int st = 2; st <= 4; st++)
+        for (int ov = 0; ov <= 1; ov++) {
+          mg_kernel_spec s = make_spec(sh ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
+          char a[4][32];
+          snprintf(a[0], sizeof a[0], "consumers=%d", nc);
+          snprintf(a[1], sizeof a[1], "block_n=%d", bn);
+          snprintf(a[2], sizeof a[2], "stages=%d", st);
+          snprintf(a[3], sizeof a[3], "overlap=%d", ov);
+          for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
+          kept += kh_sweep_compile(&sw, &s, "");
+        }
   print_message("  %d configurations kept and compiled, %d rejected (%.0f s)\n", kept, sw.rejected,
                 kh_now() - sw.t0);
-  assert_true(kept >= 24);
+  assert_true(kept >= 16);
   kh_sweep_close(&sw);
 }
+static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
+static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }
 
 int main(int argc, char **argv) {
   kt_seed_init();
@@ -360,7 +362,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_deepseek_one_consumer),
       cmocka_unit_test(test_unusual_heads),
       cmocka_unit_test(test_mutations_caught),
-      cmocka_unit_test(test_nvrtc_kept_configs),
+      cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
+      cmocka_unit_test(test_nvrtc_kept_configs_unusual),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -212,6 +212,18 @@ void hopper_sched_point(Launch *L, Block *B) {
   }
 }
 
+/* A block none of whose threads can run (B's shared memory live): its TMA loads in flight
+ * land now, waking the threads that wait on their mbarriers (the hardware completes every
+ * load; the executor only chooses when, and a load issued after its waiter went to sleep
+ * may not have landed at a scheduling point). Returns true when any landed. */
+bool hopper_land_stuck(Launch *L, Block *B) {
+  if (g_h.L != L) return false;
+  HBlock *h = &g_h.b[B - L->blocks];
+  if (!h->ntma) return false;
+  while (h->ntma) tma_land(L, B, h, 0);
+  return true;
+}
+
 /* A thread exits: its wgmma results must have been waited for; the last thread of a block
  * leaves no TMA load in flight. */
 void hopper_fiber_exit(Launch *L, Fiber *f) {
