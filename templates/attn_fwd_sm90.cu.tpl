@@ -7,9 +7,9 @@
 @ -- Not used by the planner or the executors yet (their plans run attn_fwd): rendered only
 @ -- on request (`mlagen generate --family attn_fwd_sm90`, or a spec naming the family).
 @ --
-@ -- One CTA owns block_m = 64 x consumers query rows of one head of one batch item. Warpgroups
-@ -- 0 .. consumers-1 are consumers (64 rows each); the last warpgroup is the producer, of
-@ -- which one thread issues every TMA load:
+@ -- One CTA owns block_m (64 or 128) query rows of one head of one batch item. Warpgroups
+@ -- 0 .. block_m/64 - 1 are consumers (64 rows each); the last warpgroup is the producer,
+@ -- of which one thread issues every TMA load:
 @ --   Q            once, onto q_full: d_qk / W_q boxes {W_q, 1, block_m} (W = 64, 32 or 16
 @ --                columns: the widest that divides the dimension; swizzle 128B/64B/32B).
 @ --   K_j, V_j     into stage j % stages of a ring: full_k[st] and full_v[st] (expect_tx of
@@ -42,7 +42,7 @@
 @ -- Columns per TMA box of a dimension: 64 (128-byte swizzle), 32 (64B) or 16 (32B).
 @ local function box_w(d) return d % 64 == 0 and 64 or d % 32 == 0 and 32 or 16 end
 @ local function smem_bytes(c)
-@   local bm = 64 * c.consumers
+@   local bm = c.block_m
 @   return 2048 + ESIZE * (bm * DQK + c.stages * c.block_n * (DQK + DV))
 @ end
 @ local function accumulators(c) return DV // 2 + c.block_n // 2 end
@@ -72,7 +72,7 @@
 @             "[2] split: k_rope dims {d_r, B*S_k} box {W(d_r), block_n}, packed: K dims {d_qk, H, B*S_k} box {W(d_r), 1, block_n}; [3] v dims {d_v, H, B*S_k} box {W(d_v), 1, block_n}" },
 @   },
 @   tunables = {
-@     consumers = { values = { 1, 2 },      doc = "consumer warpgroups (64 query rows each): block_m = 64 x consumers" },
+@     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
 @     block_n   = { values = { 64, 128 },   doc = "keys per K/V tile (the N of S = Q K^T's wgmma)" },
 @     stages    = { values = { 2, 3, 4 },   doc = "K/V tiles in the TMA ring" },
 @     overlap   = { values = { 0, 1 },      doc = "1: S_j = Q K_j^T in flight with O += P_j-1 V_j-1, the softmax of S_j overlapping the latter (FA3's intra-warpgroup pipelining); 0: one GEMM at a time" },
@@ -91,20 +91,20 @@
 @   end,
 @   default = function(s)
 @     for _, p in ipairs({ { 2, 128, 2 }, { 2, 64, 3 }, { 2, 64, 2 }, { 1, 64, 2 } }) do
-@       local c = { consumers = p[1], block_n = p[2], stages = p[3], k_packed = 0, overlap = 1 }
+@       local c = { block_m = 64 * p[1], block_n = p[2], stages = p[3], k_packed = 0, overlap = 1 }
 @       if accumulators(c) <= ACC_LIMIT and smem_bytes(c) <= SMEM_LIMIT then return c end
 @     end
-@     return { consumers = 1, block_n = 64, stages = 2, k_packed = 0, overlap = 1 }
+@     return { block_m = 64, block_n = 64, stages = 2, k_packed = 0, overlap = 1 }
 @   end,
 @   name = function(s, c)
 @     return string.format("mla_attn_fwd_sm90_h%d_dn%d_dr%d_dv%d_%s_%s_bm%d_bn%d_st%d%s%s", H, DN, DR, DV,
-@                          s.dtype, s.causal and "causal" or "full", 64 * c.consumers, c.block_n, c.stages,
+@                          s.dtype, s.causal and "causal" or "full", c.block_m, c.block_n, c.stages,
 @                          c.overlap == 1 and "_ov" or "", c.k_packed == 1 and "_kpacked" or "")
 @   end,
 @   launch = function(s, c)
 @     return {
-@       grid = { { arg = "seqlen_q", div = 64 * c.consumers }, { value = H }, { arg = "batch" } },
-@       block = { 128 * (c.consumers + 1), 1, 1 },
+@       grid = { { arg = "seqlen_q", div = c.block_m }, { value = H }, { arg = "batch" } },
+@       block = { 128 * (c.block_m // 64 + 1), 1, 1 },
 @       smem = smem_bytes(c),   -- dynamic; over 48 KiB needs cudaFuncAttributeMaxDynamicSharedMemorySize
 @       smem_static = 0,
 @     }
@@ -132,7 +132,7 @@ constexpr int DQK = DN + DR;
 constexpr int DV = ${DV};
 constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
 constexpr bool K_PACKED = ${PACKED and "true" or "false"};
-constexpr int NC = ${C.consumers};          // consumer warpgroups
+constexpr int NC = ${C.block_m // 64};       // consumer warpgroups
 constexpr int NUM_THREADS = 128 * (NC + 1);  // + the producer warpgroup
 constexpr int BLOCK_M = 64 * NC;
 constexpr int BLOCK_N = ${C.block_n};
@@ -205,7 +205,7 @@ ${K.name}(
 
   if (wg == NC) {
     // ---- producer warpgroup: one thread issues the TMA loads ------------------------------
-@ if C.consumers == 2 then
+@ if C.block_m == 128 then
     setmaxnreg_dec<24>();
 @ end
     if (tid != 128 * NC) return;
@@ -239,7 +239,7 @@ ${K.name}(
   }
 
   // ---- consumer warpgroup wg: query rows m0 + 64 wg .. + 63 ---------------------------------
-@ if C.consumers == 2 then
+@ if C.block_m == 128 then
   setmaxnreg_inc<240>();
 @ end
   const int t = tid % 128;

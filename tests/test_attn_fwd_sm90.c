@@ -76,10 +76,10 @@ static int apply_edit(char *src, void *ctx) {
 
 static void build_edit(const mg_kernel_spec *spec, const edit *e, built_kernel *out) {
   assert_true(kh_build_edited(NULL, spec, 0, e ? apply_edit : NULL, (void *)e, &out->kh));
-  out->block_m = 64 * kh_config_int(&out->kh, "consumers");
+  out->block_m = kh_config_int(&out->kh, "block_m");
   out->block_n = kh_config_int(&out->kh, "block_n");
   out->packed = kh_config_int(&out->kh, "k_packed");
-  assert_int_equal(out->kh.threads, 128 * (kh_config_int(&out->kh, "consumers") + 1));
+  assert_int_equal(out->kh.threads, 128 * (out->block_m / 64 + 1));
   assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
   *(void **)&out->fn = out->kh.fn;
 }
@@ -251,8 +251,8 @@ static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_s
   print_message("  worst err/bound so far: O %.2f LSE %.2f\n", g_worst_o, g_worst_lse);
 }
 
-/* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (2 consumers, block_n 128, 2 stages,
- * overlap). */
+/* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (block_m 128: 2 consumers, block_n
+ * 128, 2 stages, overlap). */
 static void test_deepseek_heads(void **state) {
   (void)state;
   check_shape(128, 64, 128, NULL, 0);
@@ -261,9 +261,9 @@ static void test_deepseek_heads(void **state) {
  * packed keys with overlap. */
 static void test_deepseek_one_consumer(void **state) {
   (void)state;
-  const char *a[] = {"consumers=1", "block_n=64", "stages=3", "overlap=0"};
+  const char *a[] = {"block_m=64", "block_n=64", "stages=3", "overlap=0"};
   check_shape(128, 64, 128, a, 4);
-  const char *b[] = {"consumers=1", "block_n=64", "stages=2", "k_packed=1"};
+  const char *b[] = {"block_m=64", "block_n=64", "stages=2", "k_packed=1"};
   check_shape(128, 64, 128, b, 4);
 }
 /* An unusual MLA shape (d_n 64, d_r 32, d_v 64: 64B-swizzled k_rope boxes, 3 Q boxes of
@@ -299,7 +299,7 @@ static void test_mutations_caught(void **state) {
   };
   for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
     mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
-    kh_set(&s, "consumers=1"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+    kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
     kh_set(&s, m < 6 ? "overlap=1" : "overlap=0");
     built_kernel bk;
     build_edit(&s, &muts[m], &bk);
@@ -338,7 +338,7 @@ static void nvrtc_kept_configs(int sh) {
         for (int ov = 0; ov <= 1; ov++) {
           mg_kernel_spec s = make_spec(sh ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
           char a[4][32];
-          snprintf(a[0], sizeof a[0], "consumers=%d", nc);
+          snprintf(a[0], sizeof a[0], "block_m=%d", 64 * nc);
           snprintf(a[1], sizeof a[1], "block_n=%d", bn);
           snprintf(a[2], sizeof a[2], "stages=%d", st);
           snprintf(a[3], sizeof a[3], "overlap=%d", ov);
