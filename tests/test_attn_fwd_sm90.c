@@ -279,6 +279,13 @@ static void test_unusual_heads(void **state) {
   kh_free(&bk.kh);
 }
 
+/* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256: d_n 192, d_r 64): O += P V
+ * is m64n256k16; the default configuration. */
+static void test_wide_heads(void **state) {
+  (void)state;
+  check_shape(192, 64, 256, NULL, 0);
+}
+
 /* Each mutation of the rendered source must make the check fail or the launch be reported
  * (a deadlock, a wgmma protocol error). */
 static void test_mutations_caught(void **state) {
@@ -324,19 +331,19 @@ static void test_mutations_caught(void **state) {
 
 /* Every configuration the template's check keeps compiles for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory (causal: the larger kernel); sh 0: DeepSeek-V3
- * heads at H 128, 1: the unusual shape at H 40. All of them, not a covering sample (about
- * 20 per shape). */
+ * heads at H 128, 1: the unusual shape at H 40, 2: the wide 256/256 heads. All of them, not
+ * a covering sample (about 20 per shape; fewer for the wide heads). */
 static void nvrtc_kept_configs(int sh) {
   kh_sweep sw;
   kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
-  const int shapes[2][3] = {{128, 64, 128}, {64, 32, 64}};
+  const int shapes[3][3] = {{128, 64, 128}, {64, 32, 64}, {192, 64, 256}};
   int kept = 0;
   for (int nc = 1; nc <= 2; nc++)
     for (int bn = 64; bn <= 128; bn *= 2)
       for (int st = 2; st <= 4; st++)
         for (int ov = 0; ov <= 1; ov++) {
-          mg_kernel_spec s = make_spec(sh ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
+          mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
           char a[4][32];
           snprintf(a[0], sizeof a[0], "block_m=%d", 64 * nc);
           snprintf(a[1], sizeof a[1], "block_n=%d", bn);
@@ -347,11 +354,12 @@ static void nvrtc_kept_configs(int sh) {
         }
   print_message("  %d configurations kept and compiled, %d rejected (%.0f s)\n", kept, sw.rejected,
                 kh_now() - sw.t0);
-  assert_true(kept >= 16);
+  assert_true(kept >= (sh == 2 ? 4 : 16));
   kh_sweep_close(&sw);
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
 static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }
+static void test_nvrtc_kept_configs_wide(void **state) { (void)state; nvrtc_kept_configs(2); }
 
 int main(int argc, char **argv) {
   kt_seed_init();
@@ -361,9 +369,11 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_deepseek_heads),
       cmocka_unit_test(test_deepseek_one_consumer),
       cmocka_unit_test(test_unusual_heads),
+      cmocka_unit_test(test_wide_heads),
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
       cmocka_unit_test(test_nvrtc_kept_configs_unusual),
+      cmocka_unit_test(test_nvrtc_kept_configs_wide),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
 }
