@@ -249,7 +249,7 @@ int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix) 
     if (!cJSON_IsNumber(v)) fail_msg("%s: launch.smem is not a number", k.name);
     smem = (long)v->valuedouble;
   }
-  for (int arch = 0; arch < 2; arch++) {
+  for (int arch = (sw->flags & KH_SWEEP_SM90_ONLY) ? 1 : 0; arch < 2; arch++) {
     mg_jit_opts o = {.arch = arch ? "sm_90a" : "sm_80", .headers = sw->hdr,
                      .n_headers = sw->n_hdr, .template_hash = mg_gen_template_hash(sw->g)};
     mg_cubin cb;

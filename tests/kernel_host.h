@@ -96,6 +96,7 @@ enum {
   KH_SWEEP_SMEM = 1,          /* print the manifest's dynamic shared memory */
   KH_SWEEP_REJECTS = 2,       /* a configuration the template's check rejects is counted */
   KH_SWEEP_QUIET_REJECTS = 4, /* ... and not printed */
+  KH_SWEEP_SM90_ONLY = 8,     /* compile for sm_90a only (kernels using sm_90a instructions) */
 };
 typedef struct kh_sweep {
   mg_gen *g;

@@ -9,6 +9,7 @@
 //     TMA boxes give (tile_offset per box, boxes rows x span apart) and, for every 16-column
 //     k-step, against the address the emulator decodes from the descriptor the kernels
 //     build (make_desc: start at the k-step, SBO 8 rows, LBO between 8-column halves);
+//   - shared memory, MN-major 16-bit B operands (check_smem_mn);
 //   - registers: CuTe's CLayout_64xN (N 64, 128, 192, 256) against acc_row/acc_col and
 //     mg_host_wgmma_acc_coord, and ALayout_64x16 against mg_host_wgmma_a_coord.
 // Prints what it compared; exits 1 on the first difference.
@@ -72,6 +73,45 @@ static void check_smem(int swz, const char *name, unsigned rows) {
   }
 }
 
+// MN-major 16-bit B operands (wgmma imm-trans-b 1): CuTe's MN-major atoms tiled to (n, k)
+// = (cols, rows) with the k mode outermost (Step<_2,_1>), which is how TMA boxes of a
+// row-major [k][n] tensor (V [keys][d_v]) land: box b = n / (span / 2) holds every k row of
+// its span-wide column block, boxes rows x span bytes apart (no swizzle: 8-column boxes of
+// 16-byte rows). Checked: the box offsets, and for every 16-row k-step the address the
+// emulator decodes (mg_host_gmma_addr_mn) from the descriptor attn_fwd_sm90 builds:
+// swizzled, start at the k-step (16 span bytes per step), LBO = rows x span (the next
+// column block), SBO = 8 span (the next 8 k rows); no swizzle, start 256 bytes per step,
+// SBO = rows x 16 (the next 8 columns), LBO = 128 (the next 8 k rows).
+template <class Atom>
+static void check_smem_mn(int swz, const char *name, unsigned cols_n, unsigned rows) {
+  auto tensor = make_tensor(make_smem_ptr(g_buf),
+                            tile_to_shape(Atom{}, make_shape(cols_n, rows), Step<_2, _1>{}));
+  auto layout = [&](unsigned n, unsigned k) {
+    return (unsigned)((const half_t *)raw_pointer_cast(&tensor(n, k)) - g_buf);
+  };
+  unsigned span = mla::sm90::swizzle_span(swz), cols = span / 2;
+  for (unsigned n = 0; n < cols_n; ++n)
+    for (unsigned k = 0; k < rows; ++k) {
+      unsigned cute_b = 2u * layout(n, k);
+      unsigned ours = (n / cols) * rows * span + mla::sm90::tile_offset(swz, k, n % cols);
+      CHECK(cute_b == ours, "MN %s %ux%u: element (n %u, k %u) CuTe byte %u, TMA box %u", name,
+            cols_n, rows, n, k, cute_b, ours);
+    }
+  for (unsigned ks = 0; ks < rows / 16; ++ks) {
+    unsigned long long desc =
+        swz == mla::sm90::SWIZZLE_NONE
+            ? mla::sm90::make_desc(ks * 16 * 16, 128, rows * 16, swz)
+            : mla::sm90::make_desc(ks * 16 * span, rows * span, 8 * span, swz);
+    for (unsigned n = 0; n < cols_n; ++n)
+      for (unsigned k = 0; k < 16; ++k) {
+        unsigned cute_b = 2u * layout(n, ks * 16 + k);
+        unsigned emu = mg_host_gmma_addr_mn(desc, n, k);
+        CHECK(cute_b == emu, "MN %s %ux%u k-step %u: element (n %u, k %u) CuTe byte %u, "
+              "descriptor 0x%016llx decodes to %u", name, cols_n, rows, ks, n, k, cute_b, desc, emu);
+      }
+  }
+}
+
 template <int N>
 static void check_acc() {
   GMMA::CLayout_64xN<N> cl;
@@ -97,6 +137,15 @@ int main() {
       }
   printf("smem: K-major 16-bit INTER/SW32/SW64/SW128 tiles of 64/128/192/256 x 64: TMA box "
          "offsets and the descriptors of 4 k-steps equal CuTe's\n");
+  const unsigned mn_shapes[4][2] = {{64, 64}, {128, 64}, {128, 128}, {256, 64}};
+  for (const auto &sh : mn_shapes) {
+    check_smem_mn<GMMA::Layout_MN_INTER_Atom<half_t>>(mla::sm90::SWIZZLE_NONE, "INTER", sh[0], sh[1]);
+    check_smem_mn<GMMA::Layout_MN_SW32_Atom<half_t>>(mla::sm90::SWIZZLE_32B, "SW32", sh[0], sh[1]);
+    check_smem_mn<GMMA::Layout_MN_SW64_Atom<half_t>>(mla::sm90::SWIZZLE_64B, "SW64", sh[0], sh[1]);
+    check_smem_mn<GMMA::Layout_MN_SW128_Atom<half_t>>(mla::sm90::SWIZZLE_128B, "SW128", sh[0], sh[1]);
+  }
+  printf("smem: MN-major 16-bit INTER/SW32/SW64/SW128 tiles (n x k 64x64, 128x64, 128x128, "
+         "256x64): TMA box offsets and the k-step descriptors equal CuTe's\n");
   check_acc<64>();
   check_acc<128>();
   check_acc<192>();

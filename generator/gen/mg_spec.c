@@ -13,7 +13,11 @@ const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_b
                                         "attn_bwd_dq",   "dq_convert",   "a2a_pack",     "a2a_unpack",
                                         "expand_kv",     "split_dkv",    "concat_latent", "split_latent",
                                         "copy_cols",     "mqa_fwd",      "mqa_bwd_dkv",  "mqa_bwd_dq",
-                                        NULL};
+                                        "attn_fwd_sm90", NULL};
+
+int mg_spec_family_on_request(const char *family) {
+  return strcmp(family, "attn_fwd_sm90") == 0;
+}
 
 const mg_op_kernels mg_op_kernel_table[] = {
     {MG_OP_ATTN_FWD, {"attn_fwd"}, {"k_packed=1"}},
@@ -73,6 +77,7 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
   const int n_fam = (int)(sizeof mg_spec_families / sizeof *mg_spec_families) - 1;
   const int n_extra = G == Hl ? 1 : 5;
   for (int i = 0; i < n_fam + n_extra; i++) {
+    if (i < n_fam && mg_spec_family_on_request(mg_spec_families[i])) continue;
     for (int causal = 1; causal >= 0; causal--) {
       if (*n >= max) return mg_diag_set(d, MLAGEN_EINVAL, "more than %d kernel specs", max);
       mg_kernel_spec *s = &specs[(*n)++];

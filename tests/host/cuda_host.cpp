@@ -505,6 +505,7 @@ void hopper_sched_point(Launch *L, Block *B);
 void hopper_fiber_exit(Launch *L, Fiber *f);
 void hopper_block_start(Launch *L, Block *B);
 bool hopper_describe_deadlock(Launch *L, Block *B);
+bool hopper_land_stuck(Launch *L, Block *B);
 void hopper_launch_end(Launch *L);
 
 const char *op_name(int op) {
@@ -1440,7 +1441,7 @@ int run_grid(Launch *L) {
     if (R->ndone == L->nthreads) {
       R->live = false;
       if (L->owner == R) L->owner = nullptr; /* its shared memory need not be kept */
-    } else if (!R->nready) {
+    } else if (!R->nready && !(make_live(L, R) && hopper_land_stuck(L, R))) {
       describe_deadlock(L, R);
       return L->err;
     }

@@ -212,6 +212,18 @@ void hopper_sched_point(Launch *L, Block *B) {
   }
 }
 
+/* A block none of whose threads can run (B's shared memory live): its TMA loads in flight
+ * land now, waking the threads that wait on their mbarriers (the hardware completes every
+ * load; the executor only chooses when, and a load issued after its waiter went to sleep
+ * may not have landed at a scheduling point). Returns true when any landed. */
+bool hopper_land_stuck(Launch *L, Block *B) {
+  if (g_h.L != L) return false;
+  HBlock *h = &g_h.b[B - L->blocks];
+  if (!h->ntma) return false;
+  while (h->ntma) tma_land(L, B, h, 0);
+  return true;
+}
+
 /* A thread exits: its wgmma results must have been waited for; the last thread of a block
  * leaves no TMA load in flight. */
 void hopper_fiber_exit(Launch *L, Fiber *f) {
@@ -270,15 +282,16 @@ bool hopper_describe_deadlock(Launch *L, Block *B) {
 
 /* ---- wgmma ------------------------------------------------------------------------------ */
 float h16_to_float(int kind, uint32_t bits) {
-  return kind ? f16_bits_to_float(bits & 0xffff) : bf16_bits_to_float(bits & 0xffff);
+  return (kind & 1) ? f16_bits_to_float(bits & 0xffff) : bf16_bits_to_float(bits & 0xffff);
 }
 
 /* Thread t's part of op: d[i] = (scale_d ? d[i] : 0) + sum_k A[row][k] B[col][k] (fmaf in k
- * order), operands from the async proxy's view. */
+ * order), operands from the async proxy's view; B MN-major when kind has bit 1. */
 void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
   size_t dyn = g_smem.dyn_size;
   auto ld = [&](unsigned long long desc, unsigned row, unsigned k, const char *which) -> float {
-    unsigned a = mg_host_gmma_addr(desc, row, k);
+    unsigned a = which[0] == 'B' && (op->kind & 2) ? mg_host_gmma_addr_mn(desc, row, k)
+                                                   : mg_host_gmma_addr(desc, row, k);
     if (a == 0xffffffffu)
       ptx_fail(L, f, "wgmma.mma_async", op->line,
                "matrix descriptor 0x%016llx of %s has a base offset, which is not modelled", desc,

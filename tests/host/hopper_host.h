@@ -35,7 +35,8 @@ MG_HOST_HIDDEN void mg_host_fence_proxy_async(int line);
 MG_HOST_HIDDEN void mg_host_wgmma_fence(int line);
 MG_HOST_HIDDEN void mg_host_wgmma_commit(int line);
 MG_HOST_HIDDEN void mg_host_wgmma_wait(int n, int line);
-/* wgmma.mma_async m64nNk16 f32 += {bf16 (kind 0), f16 (1)}: a warpgroup rendezvous of the
+/* wgmma.mma_async m64nNk16 f32 += {bf16 (kind bit 0 clear), f16 (set)}, B K-major (kind bit 1
+ * clear) or MN-major (set: imm-trans-b 1, mg_host_gmma_addr_mn): a warpgroup rendezvous of the
  * 128 threads (same N, descriptors, scale_d, line; each after a wgmma.fence). a: this
  * thread's 4 A registers, or NULL for A from desc_a. d is this thread's N/2 accumulators,
  * written at the wait_group that completes the group. */
@@ -65,6 +66,30 @@ static inline unsigned mg_host_gmma_addr(unsigned long long desc, unsigned row, 
   unsigned span = mode == 1 ? 128 : mode == 2 ? 64 : 32;
   unsigned bits = mode == 1 ? 7 : mode == 2 ? 3 : 1;
   unsigned a = start + r1 * sbo + span * r0 + 16 * kh + 2 * k0;
+  return a ^ (((a >> 7) & bits) << 4);
+}
+
+/* The byte address wgmma reads for element (n, k) (k < 16, n the M or N index) of an
+ * MN-major ("transposed") 16-bit operand described by desc (PTX ISA, "Shared Memory Matrix
+ * Layout", MN-major canonical layouts, in 16-byte units T): n0 = n % 8, k0 = k % 8,
+ * k1 = k / 8, start, LBO, SBO as above:
+ *   no swizzle (mode 0), ((T,1,m),(8,k)) : ((1,T,SBO),(1T,LBO)):
+ *     start + (n / 8) SBO + k1 LBO + 16 k0 + 2 n0
+ *   swizzle of span S (W = S / 16 chunks), ((T,W,m),(8,k)) : ((1,T,LBO),(WT,SBO)):
+ *     a = start + (n / (8W)) LBO + k1 SBO + S k0 + 16 ((n / 8) % W) + 2 n0, then the swizzle.
+ * Returns 0xffffffff for a descriptor with a base offset (not modelled). */
+static inline unsigned mg_host_gmma_addr_mn(unsigned long long desc, unsigned n, unsigned k) {
+  unsigned start = (unsigned)(desc & 0x3fffu) << 4;
+  unsigned lbo = (unsigned)((desc >> 16) & 0x3fffu) << 4;
+  unsigned sbo = (unsigned)((desc >> 32) & 0x3fffu) << 4;
+  unsigned base_off = (unsigned)((desc >> 49) & 7u);
+  unsigned mode = (unsigned)(desc >> 62);
+  if (base_off) return 0xffffffffu;
+  unsigned n0 = n % 8, k0 = k % 8, k1 = k / 8;
+  if (mode == 0) return start + (n / 8) * sbo + k1 * lbo + 16 * k0 + 2 * n0;
+  unsigned span = mode == 1 ? 128 : mode == 2 ? 64 : 32;
+  unsigned bits = mode == 1 ? 7 : mode == 2 ? 3 : 1, w = span / 16;
+  unsigned a = start + (n / (8 * w)) * lbo + k1 * sbo + span * k0 + 16 * ((n / 8) % w) + 2 * n0;
   return a ^ (((a >> 7) & bits) << 4);
 }
 

@@ -1,0 +1,438 @@
+@ -- attn_fwd_sm90: explicit-form MLA attention forward for Hopper (sm_90a), in the manner of
+@ -- FlashAttention-3 (arXiv 2407.08608): TMA, mbarriers, wgmma, warp specialization.
+@ --
+@ -- Same semantics as attn_fwd (O [B, S_q, H, d_v], natural-log LSE [B, H, S_q], causal
+@ -- with q_pos0, split or packed keys) and the same parameters, plus `tmaps`: the four
+@ -- CUtensorMaps TMA reads the inputs through (see the param's doc for their boxes).
+@ -- Not used by the planner or the executors yet (their plans run attn_fwd): rendered only
+@ -- on request (`mlagen generate --family attn_fwd_sm90`, or a spec naming the family).
+@ --
+@ -- One CTA owns block_m (64 or 128) query rows of one head of one batch item. Warpgroups
+@ -- 0 .. block_m/64 - 1 are consumers (64 rows each); the last warpgroup is the producer,
+@ -- of which one thread issues every TMA load:
+@ --   Q            once, onto q_full: d_qk / W_q boxes {W_q, 1, block_m} (W = 64, 32 or 16
+@ --                columns: the widest that divides the dimension; swizzle 128B/64B/32B).
+@ --   K_j, V_j     into stage j % stages of a ring: full_k[st] and full_v[st] (expect_tx of
+@ --                the K and the V tile's bytes, completed by the TMA loads: S = Q K^T need
+@ --                not wait for V) and empty[st] (every consumer thread arrives when it is
+@ --                done with the stage; the producer waits on it, parity flipped, before
+@ --                reusing the stage). K_nope boxes {W_n, 1, block_n} per head; split
+@ --                keys: the shared k_rope [B*S_k, d_r] as 2D boxes {W_r, block_n} (never
+@ --                a per-head copy); V boxes {W_v, 1, block_n}. The maps' rows are B*S
+@ --                tokens: a tile's rows past its batch item's end read the next item's
+@ --                (or zeros past the last): masked keys, and query rows never stored.
+@ -- Consumers, per key tile: S = Q K^T with wgmma m64n{block_n}k16, A (Q) and B (K) from
+@ -- shared memory (K-major descriptors); scale to base 2, mask (only tiles crossing the end
+@ -- of the keys or the warpgroup's diagonal), online softmax in fp32 with exp2; P packed to
+@ -- 16 bits in registers (the accumulator layout of two n8 column blocks is the A register
+@ -- fragment of one k16 step) and O += P V with wgmma m64n{d_v}k16 rs, V as an MN-major B
+@ -- operand (d_v contiguous, as TMA lands [key][d_v] rows). overlap = 1: FA3's
+@ -- intra-warpgroup pipelining, S_j = Q K_j^T issued together with O += P_j-1 V_j-1 and the
+@ -- softmax of S_j computed while the latter runs; overlap = 0: each GEMM waited for before
+@ -- the next step. No ping-pong between consumer warpgroups yet. With two consumers the
+@ -- producer gives registers away (setmaxnreg 24 / 240). O and LSE leave from the registers.
+@ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
+@ local DQK = DN + DR
+@ local ESIZE = elem_size(spec.dtype)
+@ local SMEM_LIMIT = 227 * 1024       -- sm_90's opt-in dynamic shared memory per block
+@ -- fp32 accumulators per consumer thread: S (block_n / 2) + O (d_v / 2), plus block_n / 4
+@ -- registers of P. Every kept configuration of the tested shapes compiles with no spill
+@ -- (NVRTC, sm_90a: at most 209 registers, one consumer, block_n 128, d_v 128, overlap).
+@ local ACC_LIMIT = 160
+@ -- Columns per TMA box of a dimension: 64 (128-byte swizzle), 32 (64B) or 16 (32B).
+@ local function box_w(d) return d % 64 == 0 and 64 or d % 32 == 0 and 32 or 16 end
+@ local function smem_bytes(c)
+@   local bm = c.block_m
+@   return 2048 + ESIZE * (bm * DQK + c.stages * c.block_n * (DQK + DV))
+@ end
+@ local function accumulators(c) return DV // 2 + c.block_n // 2 end
+@ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
+@
+@ local K = kernel {
+@   family = "attn_fwd_sm90", pass = "fwd", causal = true, interface = { "k_packed" }, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
+@   doc = "explicit-form attention forward for sm_90a (FlashAttention-3 manner: TMA ring, mbarriers, wgmma): O and LSE from Q, K, V",
+@   params = {
+@     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last (read through tmaps[0])" },
+@     PACKED and
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope] (read through tmaps[1], tmaps[2])" } or
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]",       doc = "per-head no-RoPE keys, W_UK c_kv (read through tmaps[1])" },
+@     PACKED and
+@     { name = "k_rope", type = "const elem_t*", shape = "unused",                 doc = "k_packed = 1: unused (may be null)" } or
+@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads (read through tmaps[2])" },
+@     { name = "v",      type = "const elem_t*", shape = "[B, S_k, H, d_v]",       doc = "per-head values, W_UV c_kv (read through tmaps[3])" },
+@     { name = "o",      type = "elem_t*",       shape = "[B, S_q, H, d_v]",       doc = "attention output; 0 for a row without keys" },
+@     { name = "lse",    type = "float*",        shape = "[B, H, S_q]",            doc = "natural-log logsumexp of the scaled scores; -inf for a row without keys" },
+@     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
+@     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query 0 (keys start at 0); causal keeps key j for query i iff j <= q_pos0 + i" },
+@     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
+@     { name = "tmaps", type = "const mla::sm90::TensorMap*", shape = "[4, 64]",
+@       doc = "4 CUtensorMaps (128 bytes each: the shape counts them in 16-bit units; 64-byte aligned) in device memory, made with cuTensorMapEncodeTiled over the tensors above (16-bit elements, no interleave, zero OOB fill), box inner width W(d) = 64/32/16 columns for d % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
+@             "[0] q dims {d_qk, H, B*S_q} box {W(d_qk), 1, block_m}; [1] k_nope dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}; " ..
+@             "[2] split: k_rope dims {d_r, B*S_k} box {W(d_r), block_n}, packed: K dims {d_qk, H, B*S_k} box {W(d_r), 1, block_n}; [3] v dims {d_v, H, B*S_k} box {W(d_v), 1, block_n}" },
+@   },
+@   tunables = {
+@     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
+@     block_n   = { values = { 64, 128 },   doc = "keys per K/V tile (the N of S = Q K^T's wgmma)" },
+@     stages    = { values = { 2, 3, 4 },   doc = "K/V tiles in the TMA ring" },
+@     overlap   = { values = { 0, 1 },      doc = "1: S_j = Q K_j^T in flight with O += P_j-1 V_j-1, the softmax of S_j overlapping the latter (FA3's intra-warpgroup pipelining); 0: one GEMM at a time" },
+@     k_packed  = { values = { 0, 1 },      doc = "0: k_nope [B,S_k,H,d_n] + shared k_rope [B,S_k,d_r]; 1: one per-head K [B,S_k,H,d_n+d_r] in k_nope" },
+@   },
+@   check = function(s, c)
+@     if DN % 16 ~= 0 or DR % 16 ~= 0 then return "d_n and d_r must be multiples of 16 (the wgmma k step)" end
+@     if DV ~= 64 and DV ~= 128 and DV ~= 192 and DV ~= 256 then return "d_v must be 64, 128, 192 or 256 (the N of O += P V's wgmma)" end
+@     if accumulators(c) > ACC_LIMIT then
+@       return string.format("d_v/2 + block_n/2 = %d fp32 accumulators per thread, over %d (registers would spill)",
+@                            accumulators(c), ACC_LIMIT)
+@     end
+@     if smem_bytes(c) > SMEM_LIMIT then
+@       return string.format("needs %d bytes of shared memory, over the %d-byte limit", smem_bytes(c), SMEM_LIMIT)
+@     end
+@   end,
+@   default = function(s)
+@     for _, p in ipairs({ { 2, 128, 2 }, { 2, 64, 3 }, { 2, 64, 2 }, { 1, 64, 2 } }) do
+@       local c = { block_m = 64 * p[1], block_n = p[2], stages = p[3], k_packed = 0, overlap = 1 }
+@       if accumulators(c) <= ACC_LIMIT and smem_bytes(c) <= SMEM_LIMIT then return c end
+@     end
+@     return { block_m = 64, block_n = 64, stages = 2, k_packed = 0, overlap = 1 }
+@   end,
+@   name = function(s, c)
+@     return string.format("mla_attn_fwd_sm90_h%d_dn%d_dr%d_dv%d_%s_%s_bm%d_bn%d_st%d%s%s", H, DN, DR, DV,
+@                          s.dtype, s.causal and "causal" or "full", c.block_m, c.block_n, c.stages,
+@                          c.overlap == 1 and "_ov" or "", c.k_packed == 1 and "_kpacked" or "")
+@   end,
+@   launch = function(s, c)
+@     return {
+@       grid = { { arg = "seqlen_q", div = c.block_m }, { value = H }, { arg = "batch" } },
+@       block = { 128 * (c.block_m // 64 + 1), 1, 1 },
+@       smem = smem_bytes(c),   -- dynamic; over 48 KiB needs cudaFuncAttributeMaxDynamicSharedMemorySize
+@       smem_static = 0,
+@     }
+@   end,
+@ }
+@ assert(PACKED == (K.config.k_packed == 1))
+@ local C = K.config
+@ local TAG = spec.dtype == "bf16" and "mla::sm90::bf16_t" or "mla::sm90::f16_t"
+@ local PACK2 = spec.dtype == "bf16" and "__floats2bfloat162_rn" or "__floats2half2_rn"
+// Generated by mlagen from templates/attn_fwd_sm90.cu.tpl: do not edit.
+// Explicit-form MLA attention forward for sm_90a (TMA + mbarrier ring, wgmma), H=${H}
+// d_n=${DN} d_r=${DR} d_v=${DV}, ${spec.dtype}, ${spec.causal and "causal" or "non-causal"}, keys ${PACKED and "packed per head" or "split (shared k_rope)"}.
+// Dynamic shared memory: ${smem_bytes(C)} bytes.
+#include "mla_device_sm90.cuh"
+
+namespace {
+using namespace mla::sm90;
+typedef ${elem_type(spec.dtype)} elem_t;
+typedef ${elem_type(spec.dtype)}2 elem2_t;
+typedef ${TAG} tag_t;
+constexpr int H = ${H};
+constexpr int DN = ${DN};
+constexpr int DR = ${DR};
+constexpr int DQK = DN + DR;
+constexpr int DV = ${DV};
+constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr bool K_PACKED = ${PACKED and "true" or "false"};
+constexpr int NC = ${C.block_m // 64};       // consumer warpgroups
+constexpr int NUM_THREADS = 128 * (NC + 1);  // + the producer warpgroup
+constexpr int BLOCK_M = 64 * NC;
+constexpr int BLOCK_N = ${C.block_n};
+constexpr int STAGES = ${C.stages};
+// TMA box widths (columns) and their swizzles, per tensor.
+__host__ __device__ constexpr int box_w(int d) { return d % 64 == 0 ? 64 : d % 32 == 0 ? 32 : 16; }
+__host__ __device__ constexpr int swz_of(int w) { return w == 64 ? SWIZZLE_128B : w == 32 ? SWIZZLE_64B : SWIZZLE_32B; }
+constexpr int WQ = box_w(DQK), WN = box_w(DN), WR = box_w(DR), WV = box_w(DV);
+constexpr int SWQ = swz_of(WQ), SWN = swz_of(WN), SWR = swz_of(WR), SWV = swz_of(WV);
+// Shared memory (offsets from a 1024-aligned base): mbarriers, Q, then the ring.
+constexpr unsigned Q_BYTES = BLOCK_M * DQK * 2;
+constexpr unsigned KN_BYTES = BLOCK_N * DN * 2;   // the K_nope part of a K tile
+constexpr unsigned K_BYTES = BLOCK_N * DQK * 2;
+constexpr unsigned V_BYTES = BLOCK_N * DV * 2;
+constexpr unsigned STAGE_BYTES = K_BYTES + V_BYTES;
+constexpr unsigned OFF_Q = 1024;
+constexpr unsigned OFF_RING = OFF_Q + Q_BYTES;
+static_assert(DN % 16 == 0 && DR % 16 == 0 && BLOCK_N % 16 == 0, "tile shape");
+static_assert(Q_BYTES % 1024 == 0 && KN_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "swizzle alignment");
+static_assert(1 + 3 * STAGES <= 128, "mbarriers fit in 1024 bytes");
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  elem2_t v = ${PACK2}(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+
+// K-major descriptor of k-step ks (16 columns) of a tile made of w-column TMA boxes of
+// `rows` rows at shared address base: box ks*16 / w, column ks*16 % w within it.
+__device__ __forceinline__ unsigned long long kdesc(unsigned base, unsigned rows, int w, int swz,
+                                                    int ks) {
+  const unsigned span = 2u * w;
+  return make_desc(base + (ks * 16 / w) * rows * span + (ks * 16 % w) * 2, 16, 8 * span, swz);
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+${K.name}(
+    ${param_list(K.params)}) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  // 1024-aligned base (the swizzle pattern repeats every 1024 bytes of address)
+  const unsigned raw_addr = smem_u32(smem);
+  unsigned char* const sbase = smem + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  unsigned long long* const q_full = reinterpret_cast<unsigned long long*>(sbase);
+  unsigned long long* const full_k = q_full + 1;        // [STAGES]: K tile landed
+  unsigned long long* const full_v = full_k + STAGES;   // [STAGES]: V tile landed
+  unsigned long long* const empty = full_v + STAGES;    // [STAGES]: consumers done with it
+  unsigned char* const sQ = sbase + OFF_Q;
+  unsigned char* const ring = sbase + OFF_RING;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  // Keys this CTA can see: with causal masking, none past its last query's position.
+  const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
+  const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
+  const int n_tiles = n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(&full_k[st], 1);
+      mbar_init(&full_v[st], 1);
+      mbar_init(&empty[st], 128 * NC);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == NC) {
+    // ---- producer warpgroup: one thread issues the TMA loads ------------------------------
+@ if C.block_m == 128 then
+    setmaxnreg_dec<24>();
+@ end
+    if (tid != 128 * NC) return;
+    if (n_tiles > 0) {
+      mbar_arrive_expect_tx(q_full, Q_BYTES);
+      for (int c = 0; c < DQK / WQ; ++c)
+        tma_load_3d(sQ + c * BLOCK_M * 2 * WQ, &tmaps[0], q_full, c * WQ, h, b * seqlen_q + m0);
+    }
+    for (int j = 0; j < n_tiles; ++j) {
+      const int st = j % STAGES;
+      const unsigned ph = (unsigned)(j / STAGES) & 1u;
+      mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
+      unsigned char* const sK = ring + st * STAGE_BYTES;
+      unsigned char* const sV = sK + K_BYTES;
+      const int row = b * seqlen_k + j * BLOCK_N;
+      mbar_arrive_expect_tx(&full_k[st], K_BYTES);
+      for (int c = 0; c < DN / WN; ++c)
+        tma_load_3d(sK + c * BLOCK_N * 2 * WN, &tmaps[1], &full_k[st], c * WN, h, row);
+      for (int c = 0; c < DR / WR; ++c) {
+        unsigned char* dst = sK + KN_BYTES + c * BLOCK_N * 2 * WR;
+        if (K_PACKED)
+          tma_load_3d(dst, &tmaps[2], &full_k[st], DN + c * WR, h, row);
+        else
+          tma_load_2d(dst, &tmaps[2], &full_k[st], c * WR, row);
+      }
+      mbar_arrive_expect_tx(&full_v[st], V_BYTES);
+      for (int c = 0; c < DV / WV; ++c)
+        tma_load_3d(sV + c * BLOCK_N * 2 * WV, &tmaps[3], &full_v[st], c * WV, h, row);
+    }
+    return;
+  }
+
+  // ---- consumer warpgroup wg: query rows m0 + 64 wg .. + 63 ---------------------------------
+@ if C.block_m == 128 then
+  setmaxnreg_inc<240>();
+@ end
+  const int t = tid % 128;
+  const int g = (t % 32) / 4;  // fragment row (and row + 8) within the warp's 16
+  const int qd = t % 4;        // fragment column pair
+  const int i0 = m0 + 64 * wg;             // the warpgroup's first query row
+  const int r0 = i0 + 16 * (t / 32) + g;   // this thread's rows r0, r0 + 8
+  const float scale_log2 = softmax_scale * mla::LOG2E;
+  const unsigned q_addr = smem_u32(sQ) + 64 * wg * 2 * WQ;  // this warpgroup's rows of each Q box
+  const unsigned ring_addr = smem_u32(ring);
+
+  float acc_o[DV / 2];
+#pragma unroll
+  for (int i = 0; i < DV / 2; ++i) acc_o[i] = 0.f;
+  float s[BLOCK_N / 2];
+  float m_i[2] = {mla::neg_inf(), mla::neg_inf()};  // running max of the base-2 scores
+  float l_i[2] = {0.f, 0.f};                        // this thread's part of the running sum
+
+  // Tiles this warpgroup computes: a prefix of the CTA's (causal: a tile whose first key
+  // is past the warpgroup's last row is hidden from all of its rows); none when its rows
+  // are past seqlen_q.
+  const int wg_tiles = i0 >= seqlen_q ? 0
+                       : CAUSAL ? min(n_tiles, max(0, (q_pos0 + i0 + 63) / BLOCK_N + 1))
+                                : n_tiles;
+  float corr[2];  // the last softmax's rescaling of O
+
+  // S = Q K^T for the K tile in stage st (issued, not waited for).
+  auto issue_s = [&](int st) {
+    const unsigned k_addr = ring_addr + st * STAGE_BYTES;
+    fence_operand(s);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < DQK / 16; ++ks) {
+      const unsigned long long db = ks * 16 < DN
+          ? kdesc(k_addr, BLOCK_N, WN, SWN, ks)
+          : kdesc(k_addr + KN_BYTES, BLOCK_N, WR, SWR, ks - DN / 16);
+      wgmma_ss<BLOCK_N, tag_t>(s, kdesc(q_addr, BLOCK_M, WQ, SWQ, ks), db, ks > 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V for the V tile in stage st (issued, not waited for): V [key][d_v] as an
+  // MN-major B operand (d_v contiguous): boxes of WV columns BLOCK_N rows apart (LBO),
+  // 8 keys = 8 swizzle rows (SBO).
+  auto issue_pv = [&](int st, const unsigned (&p)[BLOCK_N / 16][4]) {
+    const unsigned v_addr = ring_addr + st * STAGE_BYTES + K_BYTES;
+    fence_operand(acc_o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+      wgmma_rs_tb<DV, tag_t>(acc_o, p[kk],
+                             make_desc(v_addr + kk * 16 * 2 * WV, BLOCK_N * 2 * WV, 8 * 2 * WV, SWV), 1);
+    wgmma_commit();
+  };
+  // Scale S (tile at key n0) to base 2, mask it (only when the tile crosses the end of the
+  // keys or this warpgroup's diagonal), and the online softmax: S becomes P (fp32), the
+  // running max and sum are updated and corr is how O must be rescaled (not done here: O
+  // may be in flight). Rows r0 (i % 4 < 2) and r0 + 8, each spread over a quad.
+  auto softmax = [&](int n0) {
+    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > q_pos0 + i0);
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) {
+      float x = s[i] * scale_log2;
+      if (edge) {
+        const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
+        const int row = r0 + 8 * ((i % 4) / 2);
+        if (key >= seqlen_k || (CAUSAL && key > q_pos0 + row)) x = mla::neg_inf();
+      }
+      s[i] = x;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m_i[r];
+#pragma unroll
+      for (int n = 0; n < BLOCK_N / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 2));
+      // A row with no visible key so far keeps max -inf: subtract 0 so exp2 gives 0.
+      const float base = mx == mla::neg_inf() ? 0.f : mx;
+      corr[r] = exp2f(m_i[r] - base);
+      m_i[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < BLOCK_N / 8; ++n) {
+        s[4 * n + 2 * r] = exp2f(s[4 * n + 2 * r] - base);
+        s[4 * n + 2 * r + 1] = exp2f(s[4 * n + 2 * r + 1] - base);
+        sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+      }
+      l_i[r] = l_i[r] * corr[r] + sum;
+    }
+  };
+  auto rescale_o = [&]() {
+#pragma unroll
+    for (int n = 0; n < DV / 8; ++n)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        acc_o[4 * n + 2 * r] *= corr[r];
+        acc_o[4 * n + 2 * r + 1] *= corr[r];
+      }
+  };
+  // P to 16 bits: the accumulators of column blocks 2kk, 2kk+1 are the A fragment of k-step kk.
+  unsigned p[BLOCK_N / 16][4];
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+      p[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);  // row r0,     keys 2qd, 2qd+1
+      p[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);  // row r0 + 8
+      p[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);  // row r0,     keys 2qd+8, 2qd+9
+      p[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);  // row r0 + 8
+    }
+  };
+  auto parity = [](int j) { return (unsigned)(j / STAGES) & 1u; };
+
+  if (wg_tiles > 0) mbar_wait(q_full, 0);
+@ if C.overlap == 0 then
+  // One tile at a time: S_j, its softmax, P_j V_j, each GEMM waited for before the next step.
+  for (int j = 0; j < wg_tiles; ++j) {
+    const int st = j % STAGES;
+    mbar_wait(&full_k[st], parity(j));  // MUTATION: K full wait
+    issue_s(st);
+    wgmma_wait<0>();  // MUTATION: S wait
+    fence_operand(s);
+    softmax(j * BLOCK_N);
+    rescale_o();
+    pack_p();
+    mbar_wait(&full_v[st], parity(j));  // MUTATION: V full wait
+    issue_pv(st, p);
+    wgmma_wait<0>();  // MUTATION: PV wait
+    fence_operand(acc_o);
+    mbar_arrive(&empty[st]);  // MUTATION: empty release
+  }
+@ else
+  // FlashAttention-3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_j-1 V_j-1 are in
+  // flight together; the softmax of S_j runs while P_j-1 V_j-1 is still computing, and O
+  // is rescaled once that is done.
+  if (wg_tiles > 0) {
+    mbar_wait(&full_k[0], 0);
+    issue_s(0);
+    wgmma_wait<0>();
+    fence_operand(s);
+    softmax(0);  // O is 0: nothing to rescale
+    pack_p();
+  }
+  for (int j = 1; j < wg_tiles; ++j) {
+    const int st = j % STAGES, pst = (j - 1) % STAGES;
+    mbar_wait(&full_k[st], parity(j));  // MUTATION: K full wait
+    issue_s(st);
+    mbar_wait(&full_v[pst], parity(j - 1));  // MUTATION: V full wait
+    issue_pv(pst, p);
+    wgmma_wait<1>();  // MUTATION: S wait
+    fence_operand(s);
+    softmax(j * BLOCK_N);
+    wgmma_wait<0>();  // MUTATION: PV wait
+    fence_operand(acc_o);
+    mbar_arrive(&empty[pst]);  // MUTATION: empty release
+    rescale_o();
+    pack_p();
+  }
+  if (wg_tiles > 0) {
+    const int st = (wg_tiles - 1) % STAGES;
+    mbar_wait(&full_v[st], parity(wg_tiles - 1));
+    issue_pv(st, p);
+    wgmma_wait<0>();
+    fence_operand(acc_o);
+    mbar_arrive(&empty[st]);
+  }
+@ end
+  // The tiles hidden from this warpgroup's rows (the other consumer needs them): released
+  // once loaded (the wait keeps each arrival in its own phase of the empty barrier).
+  for (int j = wg_tiles; j < n_tiles; ++j) {
+    const int st = j % STAGES;
+    mbar_wait(&full_v[st], parity(j));
+    mbar_arrive(&empty[st]);
+  }
+
+  // Epilogue: O = acc / l straight from the registers, LSE = (m + log2 l) ln 2.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_i[r] += __shfl_xor_sync(mla::FULL_MASK, l_i[r], 1);
+    l_i[r] += __shfl_xor_sync(mla::FULL_MASK, l_i[r], 2);
+  }
+  const float inv[2] = {l_i[0] > 0.f ? 1.f / l_i[0] : 0.f, l_i[1] > 0.f ? 1.f / l_i[1] : 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = r0 + 8 * r;
+    if (i < seqlen_q) {
+      elem_t* const orow = o + (((size_t)b * seqlen_q + i) * H + h) * DV;
+#pragma unroll
+      for (int n = 0; n < DV / 8; ++n)
+        *reinterpret_cast<unsigned*>(orow + 8 * n + 2 * qd) =
+            pack2(acc_o[4 * n + 2 * r] * inv[r], acc_o[4 * n + 2 * r + 1] * inv[r]);
+      if (qd == 0)
+        lse[((size_t)b * H + h) * seqlen_q + i] =
+            l_i[r] > 0.f ? (m_i[r] + log2f(l_i[r])) * mla::LN2 : mla::neg_inf();
+    }
+  }
+}

@@ -1,0 +1,379 @@
+/* test_attn_fwd_sm90.c: the Hopper attention forward (templates/attn_fwd_sm90.cu.tpl: TMA
+ * ring on mbarriers, wgmma, a producer warpgroup) run unchanged on the CPU through the host
+ * executor's sm_90a emulation (tests/host/hopper_host.cpp), against the float64 reference
+ * of tests/attn_ref.h per element with test_attn_fwd.c's tolerances; every kept
+ * configuration compiled by NVRTC for sm_90a without spills; and bugs injected into the
+ * rendered source (the waits on the K and V full barriers, the consumer's release of the
+ * empty barrier, the producer's wait on it, each wgmma wait; with and without overlap) must
+ * fail the check or be reported. The kernel writes no shared memory with ordinary stores,
+ * so it has no fence.proxy.async to remove (test_hopper_host.c covers that fence).
+ *
+ * The tensor maps come from cuTensorMapEncodeTiled through runtime/mg_driver's loader with
+ * the fake driver (tests/fake_cuda.c), as the kernel's `tmaps` parameter documents them.
+ * Inputs: random bf16 (fp16 in one case), scores with standard deviation 2 under DeepSeek's
+ * YaRN softmax scale (the seed is printed, MLAGEN_TEST_SEED overrides it). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_ref.h"
+#include "fake_driver.h"
+#include "kernel_host.h"
+#include "kernel_test_util.h"
+#include "mg_driver.h"
+#include "mlagen.h"
+
+typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
+                       float *lse, int seqlen_q, int seqlen_k, int q_pos0, float softmax_scale,
+                       const tmap_t *tmaps);
+
+typedef struct launch_args {
+  fwd_fn fn;
+  const e16 *q, *kn, *kr, *v;
+  e16 *o;
+  float *lse;
+  int sq, sk, q_pos0;
+  float scale;
+  const tmap_t *tmaps;
+} launch_args;
+
+static void thunk(void *p) {
+  launch_args *a = p;
+  a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale, a->tmaps);
+}
+
+typedef struct built_kernel {
+  kh_kernel kh;
+  fwd_fn fn;
+  int block_m, block_n, packed;
+} built_kernel;
+
+static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
+
+/* A source edit: replaces the first occurrence of `from` (which must exist: else the test
+ * fails, so a renamed pattern cannot make a mutation test pass) by `to` padded with spaces. */
+typedef struct edit {
+  const char *from, *to;
+} edit;
+static int apply_edit(char *src, void *ctx) {
+  const edit *e = ctx;
+  char *at = strstr(src, e->from);
+  if (!at) fail_msg("mutation pattern '%s' not in the rendered source", e->from);
+  size_t nf = strlen(e->from), nt = strlen(e->to);
+  assert_true(nt <= nf);
+  memcpy(at, e->to, nt);
+  memset(at + nt, ' ', nf - nt);
+  return 1;
+}
+
+static void build_edit(const mg_kernel_spec *spec, const edit *e, built_kernel *out) {
+  assert_true(kh_build_edited(NULL, spec, 0, e ? apply_edit : NULL, (void *)e, &out->kh));
+  out->block_m = kh_config_int(&out->kh, "block_m");
+  out->block_n = kh_config_int(&out->kh, "block_n");
+  out->packed = kh_config_int(&out->kh, "k_packed");
+  assert_int_equal(out->kh.threads, 128 * (out->block_m / 64 + 1));
+  assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
+  *(void **)&out->fn = out->kh.fn;
+}
+
+static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "attn_fwd_sm90");
+  s.heads = H, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = 512, s.causal = causal;
+  snprintf(s.dtype, sizeof s.dtype, "bf16");
+  return s;
+}
+
+typedef struct fwd_case {
+  int B, sq, sk, q_pos0;
+  float scale;
+  e16 *q, *kn, *kr, *v, *o;
+  float *lse;
+  size_t no, nl;
+  tmap_t *tmaps; /* [4] */
+} fwd_case;
+
+static int box_w(int d) { return d % 64 == 0 ? 64 : d % 32 == 0 ? 32 : 16; }
+
+/* The map of a 16-bit tensor of rank 2 or 3 (dims innermost first, row-major), box `box`. */
+static void encode(tmap_t *m, int fp16, const void *base, int rank, const cuuint64_t *dims,
+                   const cuuint32_t *box) {
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  cuuint64_t strides[2] = {dims[0] * 2, dims[0] * dims[1] * 2};
+  cuuint32_t es[3] = {1, 1, 1};
+  const int w = (int)box[0];
+  CUresult r = drv->cuTensorMapEncodeTiled(
+      (CUtensorMap *)m, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      (cuuint32_t)rank, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      w == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : w == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
+      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  assert_int_equal(r, CUDA_SUCCESS);
+}
+
+static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr, f16 = is_fp16(s);
+  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
+  c->scale = (float)kt_softmax_scale(dqk);
+  c->q = kt_rand_e16_sd(f16, (size_t)B * sq * H * dqk, kt_q_sd(c->scale, dqk));
+  if (bk->packed) {
+    c->kn = kt_rand_e16_sd(f16, (size_t)B * sk * H * dqk, 1);
+    c->kr = NULL;
+  } else {
+    c->kn = kt_rand_e16_sd(f16, (size_t)B * sk * H * dn, 1);
+    c->kr = kt_rand_e16_sd(f16, (size_t)B * sk * dr, 1);
+  }
+  c->v = kt_rand_e16_sd(f16, (size_t)B * sk * H * dv, 1);
+  c->no = (size_t)B * sq * H * dv;
+  c->nl = (size_t)B * H * sq;
+  c->o = malloc((c->no ? c->no : 1) * sizeof *c->o);
+  c->lse = malloc((c->nl ? c->nl : 1) * sizeof *c->lse);
+  c->tmaps = aligned_alloc(64, 4 * sizeof(tmap_t));
+  memset(c->tmaps, 0, 4 * sizeof(tmap_t));
+  /* rows of a map: B * S (at least 1, as cuTensorMapEncodeTiled requires) */
+  const cuuint64_t rq = (cuuint64_t)(B * sq > 0 ? B * sq : 1), rk = (cuuint64_t)(B * sk > 0 ? B * sk : 1);
+  const cuuint32_t bm = (cuuint32_t)bk->block_m, bn = (cuuint32_t)bk->block_n;
+  encode(&c->tmaps[0], f16, c->q, 3, (cuuint64_t[]){dqk, H, rq}, (cuuint32_t[]){box_w(dqk), 1, bm});
+  encode(&c->tmaps[1], f16, c->kn, 3, (cuuint64_t[]){bk->packed ? dqk : dn, H, rk},
+         (cuuint32_t[]){box_w(dn), 1, bn});
+  if (bk->packed)
+    encode(&c->tmaps[2], f16, c->kn, 3, (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){box_w(dr), 1, bn});
+  else
+    encode(&c->tmaps[2], f16, c->kr, 2, (cuuint64_t[]){dr, rk}, (cuuint32_t[]){box_w(dr), bn});
+  encode(&c->tmaps[3], f16, c->v, 3, (cuuint64_t[]){dv, H, rk}, (cuuint32_t[]){box_w(dv), 1, bn});
+}
+
+static void case_free(fwd_case *c) {
+  free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse), free(c->tmaps);
+}
+
+static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
+  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale};
+  const size_t nk = (size_t)c->B * c->sk * H;
+  double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
+  double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
+  double *k = malloc((nk ? nk : 1) * dqk * sizeof *k);
+  for (size_t t = 0; t < nk; t++)
+    for (int e = 0; e < dqk; e++)
+      k[t * dqk + e] = bk->packed ? e16_to_float(f16, c->kn[t * dqk + e])
+                       : e < dn   ? e16_to_float(f16, c->kn[t * dn + e])
+                                  : e16_to_float(f16, c->kr[t / H * dr + e - dn]);
+  attn_ref_fwd(&d, q, k, v, o, lse);
+  free(q), free(k), free(v);
+}
+
+/* Launches (outputs NaN first) on the executor's default (shuffled) schedule with sm_90's
+ * shared-memory limit; returns the launch's message in msg (0: it ran). */
+static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n) {
+  for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff;
+  for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
+  launch_args a = {bk->fn, c->q, c->kn, c->kr, c->v, c->o, c->lse, c->sq, c->sk, c->q_pos0,
+                   c->scale, c->tmaps};
+  mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
+  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.arch = 90;
+  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+}
+
+/* test_attn_fwd.c's tolerances: O |err| <= 2 NOISE_O rms(O) + 2u |ref|, LSE 1e-5 (1 + |ref|). */
+#define NOISE_O 6e-3
+static kt_tol tol_o(const mg_kernel_spec *s) {
+  return (kt_tol){2 * NOISE_O, 2 * kt_unit_roundoff(is_fp16(s) ? KT_F16 : KT_BF16)};
+}
+static const kt_tol tol_lse = {1e-5, 1e-5};
+
+/* Compares with the reference; returns NaN outputs, worst err/bound in *oe, *le, the first
+ * failure in msg (msg[0] 0 when both pass). */
+static size_t compare(const built_kernel *bk, const fwd_case *c, double *oe, double *le,
+                      char *msg, size_t n) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
+  reference(bk, c, ro, rl);
+  size_t nans = kt_check_fwd("attn_fwd_sm90", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro, c->no,
+                             (size_t)s->d_v, c->lse, rl, c->nl, tol_o(s), tol_lse, oe, le, msg, n);
+  free(ro), free(rl);
+  return nans;
+}
+
+static double g_worst_o, g_worst_lse;
+
+static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  fwd_case c;
+  case_init(bk, &c, B, sq, sk, q_pos0);
+  char msg[1024];
+  double t0 = kh_now();
+  if (launch_case(bk, &c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  double oe, le;
+  size_t nans = compare(bk, &c, &oe, &le, msg, sizeof msg);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound O %.2f LSE %.2f (%.2f s)\n",
+                bk->kh.name + strlen("mla_attn_fwd_sm90_"), B, sq, sk, q_pos0, oe, le, kh_now() - t0);
+  if (nans) fail_msg("%zu NaN outputs", nans);
+  if (msg[0]) fail_msg("%s", msg);
+  if (oe > g_worst_o) g_worst_o = oe;
+  if (le > g_worst_lse) g_worst_lse = le;
+  case_free(&c);
+}
+
+/* A shape with one configuration, causal and not: S = 1, S = 77 with batch 2 (no tile
+ * divides it, and TMA rows past a batch item's end read the next one: masked), a query
+ * shard at 60 of 100 keys, one at 130 of 200 (the diagonal inside a tile), every tile full
+ * with more tiles than stages (the ring wraps), no keys. */
+static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_sets) {
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, dn, dr, dv, causal);
+    for (int i = 0; i < n_sets; i++) kh_set(&s, sets[i]);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 1, 1, 1, 0);
+    run_case(&bk, 2, 77, 77, 0);
+    run_case(&bk, 1, 40, 100, 60);
+    run_case(&bk, 1, 70, 200, 130);
+    run_case(&bk, 1, 128, 256, 128);
+    run_case(&bk, 1, 5, 0, 0);
+    kh_free(&bk.kh);
+  }
+  print_message("  worst err/bound so far: O %.2f LSE %.2f\n", g_worst_o, g_worst_lse);
+}
+
+/* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (block_m 128: 2 consumers, block_n
+ * 128, 2 stages, overlap). */
+static void test_deepseek_heads(void **state) {
+  (void)state;
+  check_shape(128, 64, 128, NULL, 0);
+}
+/* One consumer warpgroup, block_n 64, 3 stages, one GEMM at a time (overlap 0); and
+ * packed keys with overlap. */
+static void test_deepseek_one_consumer(void **state) {
+  (void)state;
+  const char *a[] = {"block_m=64", "block_n=64", "stages=3", "overlap=0"};
+  check_shape(128, 64, 128, a, 4);
+  const char *b[] = {"block_m=64", "block_n=64", "stages=2", "k_packed=1"};
+  check_shape(128, 64, 128, b, 4);
+}
+/* An unusual MLA shape (d_n 64, d_r 32, d_v 64: 64B-swizzled k_rope boxes, 3 Q boxes of
+ * 32 columns), and fp16. */
+static void test_unusual_heads(void **state) {
+  (void)state;
+  check_shape(64, 32, 64, NULL, 0);
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  snprintf(s.dtype, sizeof s.dtype, "fp16");
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 77, 150, 73);
+  kh_free(&bk.kh);
+}
+
+/* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256: d_n 192, d_r 64): O += P V
+ * is m64n256k16; the default configuration. */
+static void test_wide_heads(void **state) {
+  (void)state;
+  check_shape(192, 64, 256, NULL, 0);
+}
+
+/* Each mutation of the rendered source must make the check fail or the launch be reported
+ * (a deadlock, a wgmma protocol error). */
+static void test_mutations_caught(void **state) {
+  (void)state;
+  static const edit muts[] = {
+      {"mbar_wait(&full_k[st], parity(j));", ""},
+      {"mbar_wait(&full_v[pst], parity(j - 1));", ""},
+      {"mbar_arrive(&empty[pst]);", ""},
+      {"mbar_wait(&empty[st], ph ^ 1u);", ""},
+      {"wgmma_wait<1>();  // MUTATION: S wait", ""},
+      {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
+      /* overlap = 0 (the edits name that path's lines) */
+      {"mbar_wait(&full_k[st], parity(j));", ""},
+      {"mbar_wait(&full_v[st], parity(j));  // MUTATION: V full wait", ""},
+      {"mbar_arrive(&empty[st]);  // MUTATION: empty release", ""},
+      {"wgmma_wait<0>();  // MUTATION: S wait", ""},
+      {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
+  };
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
+    mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+    kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+    kh_set(&s, m < 6 ? "overlap=1" : "overlap=0");
+    built_kernel bk;
+    build_edit(&s, &muts[m], &bk);
+    fwd_case c;
+    case_init(&bk, &c, 1, 128, 512, 384); /* 8 key tiles through a 2-stage ring */
+    char msg[1024];
+    int rc = launch_case(&bk, &c, msg, sizeof msg);
+    const char *how = "launch reported";
+    if (!rc) {
+      double oe, le;
+      kt_noise_quiet = 1;
+      size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
+      kt_noise_quiet = 0;
+      if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", muts[m].from);
+      how = "check failed";
+    }
+    print_message("  overlap %d without '%s': %s: %.150s\n", m < 6, muts[m].from, how, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+}
+
+/* Every configuration the template's check keeps compiles for sm_90a (NVRTC) with no spill,
+ * no stack frame and no static shared memory (causal: the larger kernel); sh 0: DeepSeek-V3
+ * heads at H 128, 1: the unusual shape at H 40, 2: the wide 256/256 heads. All of them, not
+ * a covering sample (about 20 per shape; fewer for the wide heads). */
+static void nvrtc_kept_configs(int sh) {
+  kh_sweep sw;
+  kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  sw.max_smem = 227 * 1024;
+  const int shapes[3][3] = {{128, 64, 128}, {64, 32, 64}, {192, 64, 256}};
+  int kept = 0;
+  for (int nc = 1; nc <= 2; nc++)
+    for (int bn = 64; bn <= 128; bn *= 2)
+      for (int st = 2; st <= 4; st++)
+        for (int ov = 0; ov <= 1; ov++) {
+          mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
+          char a[4][32];
+          snprintf(a[0], sizeof a[0], "block_m=%d", 64 * nc);
+          snprintf(a[1], sizeof a[1], "block_n=%d", bn);
+          snprintf(a[2], sizeof a[2], "stages=%d", st);
+          snprintf(a[3], sizeof a[3], "overlap=%d", ov);
+          for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
+          kept += kh_sweep_compile(&sw, &s, "");
+        }
+  print_message("  %d configurations kept and compiled, %d rejected (%.0f s)\n", kept, sw.rejected,
+                kh_now() - sw.t0);
+  assert_true(kept >= (sh == 2 ? 4 : 16));
+  kh_sweep_close(&sw);
+}
+static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
+static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }
+static void test_nvrtc_kept_configs_wide(void **state) { (void)state; nvrtc_kept_configs(2); }
+
+int main(int argc, char **argv) {
+  kt_seed_init();
+  int rc = kh_test_main(argc, argv, NULL);
+  if (rc >= 0) return rc;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_deepseek_heads),
+      cmocka_unit_test(test_deepseek_one_consumer),
+      cmocka_unit_test(test_unusual_heads),
+      cmocka_unit_test(test_wide_heads),
+      cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
+      cmocka_unit_test(test_nvrtc_kept_configs_unusual),
+      cmocka_unit_test(test_nvrtc_kept_configs_wide),
+  };
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
+}
