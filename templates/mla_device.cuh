@@ -297,6 +297,14 @@ __device__ __forceinline__ int ldm_a_col(int lane) { return (lane >> 4) * 8; }
 __device__ __forceinline__ int ldm_b_row(int lane) { return (lane & 7) + (lane >> 4) * 8; }
 __device__ __forceinline__ int ldm_b_col(int lane) { return ((lane >> 3) & 1) * 8; }
 
+// Key tiles of BLOCK_N keys that queries up to position q_last (0 = the first query of the
+// call, at global position q_pos0) can see: with causal masking, none past its position.
+template <bool CAUSAL, int BLOCK_N>
+__device__ __forceinline__ int visible_key_tiles(int seqlen_k, int q_pos0, int q_last) {
+  const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
+  return n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+}
+
 // A row's natural-log LSE in base 2 for P = exp2(s log2(e) scale - lse2): +inf for a row
 // without keys (LSE -inf), so its P is 0.
 __device__ __forceinline__ float lse_log2(float lse) { return lse == neg_inf() ? pos_inf() : lse * LOG2E; }

@@ -158,8 +158,7 @@ ${thread_prologue()}
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   const int q_last = (min(m0 + BLOCK_M, nrows) - 1) / H;  // the CTA's last query position
-  const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
-  const int n_tiles = n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, q_pos0, q_last);
 
   // Q and dO rows (zero past the last row).
   auto load_q = [&]() {

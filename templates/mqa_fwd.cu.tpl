@@ -185,8 +185,7 @@ ${thread_prologue()}
 
   // Keys this CTA can see: with causal masking, none past its last row's position.
   const int q_last = (min(m0 + BLOCK_M, rows) - 1) / H;
-  const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
-  const int n_tiles = n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, q_pos0, q_last);
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   // Tile copies (mla::cp_async_tile): TPR threads per row.
