@@ -75,12 +75,13 @@ ${K.name}(
   for (unsigned i = threadIdx.x; i < (unsigned)sp * vblk; i += NUM_THREADS) {
     const unsigned p = i / vblk, r = i - p * vblk;
     // The tensor side: [B, S_l, H, w] (tokens sharded) or [B, S, H/P, w] (heads sharded).
-    const bool tokens_sharded = direction == ${UNPACK and 1 or 0};
-    const size_t t = tokens_sharded ? tok * ((size_t)sp * vblk) + i
-                                    : ((size_t)b * seqlen_local * sp + (size_t)p * seqlen_local + l) * vblk + r;
 @ if UNPACK then
+    const size_t t = direction == 0 ? ((size_t)b * seqlen_local * sp + (size_t)p * seqlen_local + l) * vblk + r
+                                    : tok * ((size_t)sp * vblk) + i;
     d4[t] = s4[p * blk + tok * vblk + r];
 @ else
+    const size_t t = direction == 0 ? tok * ((size_t)sp * vblk) + i
+                                    : ((size_t)b * seqlen_local * sp + (size_t)p * seqlen_local + l) * vblk + r;
     d4[p * blk + tok * vblk + r] = s4[t];
 @ end
   }
