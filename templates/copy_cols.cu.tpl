@@ -1,5 +1,5 @@
 @ -- copy_cols (MG_OP_COPY_COLS): a column block from one row-major buffer to another,
-@ -- exactly as runtime/mg_cpu_ops.c's mg_cpu_copy_cols:
+@ -- exactly as runtime/exec/mg_cpu_ops.c's mg_cpu_copy_cols:
 @ --   dst[r * dst_w + dst_col + j] = src[r * src_w + src_col + j]      (r < rows, j < cols)
 @ -- with rows = numel(src) / src_w. Everything but the dtype is a run-time argument. Moves
 @ -- 16 bytes at a time when src_w, dst_w, src_col, dst_col and cols are all multiples of 8

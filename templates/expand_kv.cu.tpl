@@ -1,5 +1,5 @@
 @ -- expand_kv (MG_OP_EXPAND_KV): the explicit form's key/value expansion, exactly as
-@ -- runtime/mg_cpu_ops.c's mg_cpu_expand_kv:
+@ -- runtime/exec/mg_cpu_ops.c's mg_cpu_expand_kv:
 @ --   k[r, h, :d_n] = kv[r, h, :d_n];  k[r, h, d_n:] = rope[r * rope_w + rope_col + (0 .. d_r)]
 @ --   v[r, h, :]    = kv[r, h, d_n:]
 @ -- for r < rows (= B * S tokens) and h < H (spec.heads: the heads the kernel sees). The rope

@@ -13,7 +13,7 @@
 @ local DQK = DN + DR
 @ local ESIZE = elem_size(spec.dtype)
 @ local BLOCK_N = 32
-@ local SMEM_LIMIT = 48 * 1024   -- static __shared__ is capped at 48 KiB per CTA
+@ local SMEM_LIMIT = SMEM_STATIC_LIMIT   -- static __shared__ is capped at 48 KiB per CTA
 @
 @ local function smem_bytes(c)
 @   return ESIZE * (c.block_m * DQK + BLOCK_N * (DQK + 2) + BLOCK_N * (DV + 2))

@@ -186,4 +186,270 @@ __device__ __forceinline__ void cp_async_wait(
 }
 #undef MLA_HOST_LINE
 
+// ---- the tensor-core kernels' building blocks ---------------------------------------
+// Shared by attn_fwd, attn_bwd_dq, attn_bwd_dkdv, mqa_fwd, mqa_bwd_dq, mqa_bwd_dkv: every
+// one is a forced inline of what the kernels wrote out before, so the code is the same.
+// Fragment conventions are mma.m16n8k16's (see mma_m16n8k16_bf16_f32): a thread holds
+// rows g = lane >> 2 and g + 8 of an m16n8 accumulator tile, columns 2t, 2t + 1
+// (t = lane & 3); element e of a tile's float[4] is row g + 8 (e >> 1), column 2t + (e & 1).
+
+// +inf without <math.h>: a base-2 LSE that makes every P = exp2(s - lse) of its row 0.
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+
+// Two floats as the packed pair of a 32-bit mma operand register of element type T (lo
+// in the low half), rounded to nearest.
+template <class T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+
+// The A fragment of one m16n8k16 step from the C fragments of two adjacent m16n8 tiles
+// (columns 0-7 and 8-15 of the step's k): the C layout of the pair is the A layout.
+template <class T>
+__device__ __forceinline__ void c_to_a(unsigned a[4], const float c0[4], const float c1[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);  // row g,     k 2t, 2t+1
+  a[1] = pack2<T>(c0[2], c0[3]);  // row g + 8
+  a[2] = pack2<T>(c1[0], c1[1]);  // row g,     k 2t+8, 2t+9
+  a[3] = pack2<T>(c1[2], c1[3]);  // row g + 8
+}
+
+// mma.m16n8k16 with fp32 accumulators for element type T (bf16 or fp16): D = A B + C.
+template <class T>
+__device__ __forceinline__ void mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]);
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float d[4], const unsigned a[4], const unsigned b[2],
+                                                   const float c[4]) {
+  mma_m16n8k16_bf16_f32(d, a, b, c);
+}
+template <>
+__device__ __forceinline__ void mma<__half>(float d[4], const unsigned a[4], const unsigned b[2],
+                                            const float c[4]) {
+  mma_m16n8k16_f16_f32(d, a, b, c);
+}
+
+// One warp's C = A B^T, C [16][N] (N / 8 m16n8 tiles, a multiple of 8), from two shared
+// tiles read by ldmatrix: A [16][K] row-major at a, B [N][K] row-major (B^T column-major, as
+// mma's .col wants) at b, row stride BS; a and b already at this lane's ldm_a / ldm_b
+// offsets. The k loop (K / 16 steps) is unrolled KUNROLL times; an N with an odd number of
+// n8 tiles takes its last one by ldmatrix.x2.
+template <class T, int K, int N, int BS, int KUNROLL>
+__device__ __forceinline__ void warp_gemm_abt(float (&c)[N / 8][4], const T* a, const T* b) {
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[n][e] = 0.f;
+#pragma unroll KUNROLL
+  for (int kk = 0; kk < K / 16; ++kk) {
+    unsigned af[4];
+    ldmatrix_x4(af, a + kk * 16);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      unsigned bf[4];
+      ldmatrix_x4(bf, b + np * 16 * BS + kk * 16);
+      mma<T>(c[2 * np], af, bf, c[2 * np]);
+      mma<T>(c[2 * np + 1], af, bf + 2, c[2 * np + 1]);
+    }
+    if (N % 16 != 0) {
+      unsigned bf[2];
+      ldmatrix_x2(bf, b + (N / 16) * 16 * BS + kk * 16);
+      mma<T>(c[N / 8 - 1], af, bf, c[N / 8 - 1]);
+    }
+  }
+}
+
+// One warp's C += A B, C [16][N]: A [16][K] in registers (K / 16 A fragments, e.g. P from
+// c_to_a), B [K][N] row-major in shared at b (this lane's ldm_a offset, row stride BS),
+// read by ldmatrix.x4.trans; the n loop outside, the k loop inside.
+template <class T, int K, int N, int BS>
+__device__ __forceinline__ void warp_gemm_rs(float (&c)[N / 8][4], const unsigned (&a)[K / 16][4], const T* b) {
+#pragma unroll
+  for (int dp = 0; dp < N / 16; ++dp)
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+      unsigned bf[4];
+      ldmatrix_x4_trans(bf, b + kk * 16 * BS + dp * 16);
+      mma<T>(c[2 * dp], a[kk], bf, c[2 * dp]);
+      mma<T>(c[2 * dp + 1], a[kk], bf + 2, c[2 * dp + 1]);
+    }
+}
+
+// Reductions over the 4 lanes of a quad (the threads that share a fragment row).
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
+  return fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(FULL_MASK, v, 1);
+  return v + __shfl_xor_sync(FULL_MASK, v, 2);
+}
+
+// ldmatrix.x4 lane row/column offsets within a 16x16 block: `a` for an A operand from a
+// [row][k] tile (matrices rows 0-7 / 8-15 at k + 0, then the same at k + 8), and for a
+// B operand by .trans from a [k][n] tile; `b` for a B operand from an [n][k] tile (n 0-7
+// at k + 0 / + 8, then n 8-15: the B fragments of two adjacent n8 tiles).
+__device__ __forceinline__ int ldm_a_row(int lane) { return (lane & 7) + ((lane >> 3) & 1) * 8; }
+__device__ __forceinline__ int ldm_a_col(int lane) { return (lane >> 4) * 8; }
+__device__ __forceinline__ int ldm_b_row(int lane) { return (lane & 7) + (lane >> 4) * 8; }
+__device__ __forceinline__ int ldm_b_col(int lane) { return ((lane >> 3) & 1) * 8; }
+
+// Key tiles of BLOCK_N keys that queries up to position q_last (0 = the first query of the
+// call, at global position q_pos0) can see: with causal masking, none past its position.
+template <bool CAUSAL, int BLOCK_N>
+__device__ __forceinline__ int visible_key_tiles(int seqlen_k, int q_pos0, int q_last) {
+  const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
+  return n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+}
+
+// A row's natural-log LSE in base 2 for P = exp2(s log2(e) scale - lse2): +inf for a row
+// without keys (LSE -inf), so its P is 0.
+__device__ __forceinline__ float lse_log2(float lse) { return lse == neg_inf() ? pos_inf() : lse * LOG2E; }
+
+// Masking: key `key` is hidden from the query at position `pos` (0 = the first of the
+// call, q_pos0 its global position) when it is past the keys or, causal, after the query.
+template <bool CAUSAL>
+__device__ __forceinline__ bool key_hidden(int key, int pos, int seqlen_k, int q_pos0) {
+  return key >= seqlen_k || (CAUSAL && key > q_pos0 + pos);
+}
+
+// ---- tile copies, global -> shared by cp.async ----
+// A tile of ROWS rows is copied by NTHREADS threads, TPR per row: thread (tr, tc) =
+// (tid / TPR, tid % TPR) copies the 16-byte chunks tc, tc + TPR, ... of rows tr,
+// tr + NTHREADS / TPR, ... A thread's chunk columns are then compile-time offsets from
+// one row pointer (few live registers between tiles).
+constexpr int CHUNK = 8;  // 16-bit elements per 16-byte copy
+
+// Threads per row for a row of `chunks` 16-byte chunks: the largest of 8, 4, 2 dividing it.
+__host__ __device__ constexpr int copy_tpr(int chunks) {
+  return chunks % 8 == 0 ? 8 : chunks % 4 == 0 ? 4 : 2;
+}
+
+// Calls row(r) for each row r of [0, ROWS) that thread row tr copies.
+template <int ROWS, int TPR, int NTHREADS, class F>
+__device__ __forceinline__ void for_copy_rows(int tr, F&& row) {
+  constexpr int RPP = NTHREADS / TPR;  // rows per pass
+#pragma unroll
+  for (int rp = 0; rp < (ROWS + RPP - 1) / RPP; ++rp) {
+    const int r = rp * RPP + tr;
+    if (ROWS % RPP == 0 || r < ROWS) row(r);
+  }
+}
+
+// This thread's chunks of one row of COLS elements: dst and src point at its chunk tc;
+// with ok false the chunks are zero-filled (src must still be a valid address to form).
+template <int COLS, int TPR, class T>
+__device__ __forceinline__ void cp_async_row(T* dst, const T* src, bool ok) {
+#pragma unroll
+  for (int ci = 0; ci < COLS / CHUNK / TPR; ++ci)
+    cp_async_16_zfill(dst + ci * TPR * CHUNK, src + ci * TPR * CHUNK, ok);
+}
+
+// Rows [row0, row0 + ROWS) of a tensor with `rows` rows of COLS elements into a shared
+// tile of row stride STRIDE; rows past `rows` are zero. src_row(i) is row i's first
+// element (called with 0 for a row past the end).
+template <int ROWS, int COLS, int STRIDE, int TPR, int NTHREADS, class T, class F>
+__device__ __forceinline__ void cp_async_tile(T* dst, int tr, int tc, int row0, int rows,
+                                              F&& src_row) {
+  for_copy_rows<ROWS, TPR, NTHREADS>(tr, [&](int r) {
+    const bool ok = row0 + r < rows;
+    cp_async_row<COLS, TPR>(dst + r * STRIDE + tc * CHUNK, src_row(ok ? row0 + r : 0) + tc * CHUNK,
+                            ok);
+  });
+}
+
+// The same with the tile's chunks dealt out in turn (for rows of more chunks than TPR
+// threads copy well): thread tid copies chunks tid, tid + NTHREADS, ... of the ROWS x
+// COLS / 8 chunks, in a loop unrolled UNROLL times (a count past the trip count unrolls it
+// fully).
+template <int ROWS, int COLS, int STRIDE, int NTHREADS, int UNROLL, class T, class F>
+__device__ __forceinline__ void cp_async_tile_dealt(T* dst, int tid, int row0, int rows, F&& src_row) {
+  constexpr int CH = COLS / CHUNK;
+#pragma unroll UNROLL
+  for (int it = 0; it < (ROWS * CH + NTHREADS - 1) / NTHREADS; ++it) {
+    const int idx = it * NTHREADS + tid;
+    if ((ROWS * CH) % NTHREADS == 0 || idx < ROWS * CH) {
+      const int r = idx / CH, ch = idx % CH;
+      const bool ok = row0 + r < rows;
+      cp_async_16_zfill(dst + r * STRIDE + ch * CHUNK, src_row(ok ? row0 + r : 0) + ch * CHUNK, ok);
+    }
+  }
+}
+
+// A tile of the explicit form's keys K = [K_nope ; k_rope] of head h: rows [n0, n0 + ROWS)
+// of batch item b, row stride STRIDE, zero past seqlen_k. Split (PACKED false): k_nope
+// [B, S_k, H, DN] per head and k_rope [B, S_k, DR] shared by the heads. Packed: one per-head
+// K [B, S_k, H, DN + DR] in k_nope, the RoPE part at +DN of the same row (k_rope unused).
+// TPR must divide DN / 8 and DR / 8, so each chunk's part is known at compile time.
+template <int ROWS, int DN, int DR, int H, bool PACKED, int STRIDE, int TPR, int NTHREADS, class T>
+__device__ __forceinline__ void cp_async_k_tile(T* dst, int tr, int tc, int n0, int seqlen_k, int b,
+                                                int h, const T* k_nope, const T* k_rope) {
+  constexpr int DQK = DN + DR;
+  constexpr int KN_TOK = PACKED ? H * DQK : H * DN, KN_HEAD = PACKED ? DQK : DN;
+  constexpr int KR_TOK = PACKED ? H * DQK : DR, KR_HEAD = PACKED ? DQK : 0;
+  static_assert((DN / CHUNK) % TPR == 0 && (DR / CHUNK) % TPR == 0, "a chunk column on one side of DN");
+  for_copy_rows<ROWS, TPR, NTHREADS>(tr, [&](int j) {
+    const bool ok = n0 + j < seqlen_k;
+    const size_t tok = (size_t)b * seqlen_k + (ok ? n0 + j : 0);
+    const T* src_n = k_nope + tok * KN_TOK + h * KN_HEAD + tc * CHUNK;
+    const T* src_r = (PACKED ? k_nope + DN : k_rope) + tok * KR_TOK + h * KR_HEAD + tc * CHUNK;
+    T* d = dst + j * STRIDE + tc * CHUNK;
+#pragma unroll
+    for (int ci = 0; ci < DQK / CHUNK / TPR; ++ci) {
+      const int c = ci * TPR * CHUNK;  // + tc * CHUNK: on the same side of DN
+      cp_async_16_zfill(d + c, c < DN ? src_n + c : src_r + (c - DN), ok);
+    }
+  });
+}
+
+// ---- online softmax (FlashAttention-2), in base 2, on accumulator fragments ----
+// A thread's two rows (g, g + 8) of a warp's 16: m the running max of the scaled scores,
+// l this thread's part of the running sum of exp2(score - m) (its quad holds the rest).
+template <int NT_S>  // m16n8 tiles of S per thread
+struct OnlineSoftmax {
+  float m[2] = {neg_inf(), neg_inf()};
+  float l[2] = {0.f, 0.f};
+
+  // The max of row r over the tile's scores s and init.
+  __device__ __forceinline__ static float row_max(const float (&s)[NT_S][4], int r, float init) {
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n) init = fmaxf(init, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    return init;
+  }
+
+  // Row r with the tile's scores s (base 2) and mx, the row's max over m[r] and every
+  // score of it in the tile (over all its threads): s becomes P = exp2(s - mx), l and
+  // row r of the O accumulators o are rescaled by exp2(m_old - mx) and P's sum is added.
+  template <int NT_O>
+  __device__ __forceinline__ void update(float (&s)[NT_S][4], float (&o)[NT_O][4], int r, float mx) {
+    // A row with no visible key so far keeps max -inf: subtract 0 so exp2 gives 0, not NaN.
+    const float base = mx == neg_inf() ? 0.f : mx;
+    const float corr = exp2f(m[r] - base);
+    m[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n) {
+      s[n][2 * r] = exp2f(s[n][2 * r] - base);
+      s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
+      sum += s[n][2 * r] + s[n][2 * r + 1];
+    }
+    l[r] = l[r] * corr + sum;
+#pragma unroll
+    for (int d = 0; d < NT_O; ++d) {
+      o[d][2 * r] *= corr;
+      o[d][2 * r + 1] *= corr;
+    }
+  }
+
+  // The row's natural-log LSE, ln(sum exp(scaled score)) = (m + log2 l) ln 2, given its
+  // total sum l_row (-inf for a row without keys); and 1 / l_row, 0 for such a row.
+  __device__ __forceinline__ float lse(int r, float l_row) const {
+    return l_row > 0.f ? (m[r] + log2f(l_row)) * LN2 : neg_inf();
+  }
+  __device__ __forceinline__ static float inv(float l_row) { return l_row > 0.f ? 1.f / l_row : 0.f; }
+};
+
 }  // namespace mla

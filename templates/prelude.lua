@@ -17,7 +17,7 @@
 --             div = n, mul = m}: ceil(arg * m / n), m 1 when absent (mul counts rows
 --             that pack several heads per token, as the absorbed MQA kernels do)
 -- and the family's facts (each optional) the executors, the autotuner and the benchmark
--- read from the manifest (generator/mg_manifest.h):
+-- read from the manifest (generator/gen/mg_manifest.h):
 --   pass      "fwd" (default) or "bwd": the training pass the kernel belongs to
 --   causal    true when the code depends on spec.causal (else the executor generates the
 --             kernel non-causal for every plan)
@@ -128,4 +128,40 @@ function param_list(params, indent)
     out[i] = t .. " " .. p.name
   end
   return table.concat(out, ",\n" .. (indent or "    "))
+end
+
+-- Shared memory per block, bytes: the opt-in dynamic maximum of each architecture (CUDA
+-- C++ Programming Guide, technical specifications per compute capability), and the cap on
+-- static __shared__ arrays, the same on every one.
+local smem_optin = {
+  sm_70 = 96 * 1024, sm_75 = 64 * 1024, sm_80 = 163 * 1024, sm_86 = 99 * 1024,
+  sm_87 = 163 * 1024, sm_89 = 99 * 1024, sm_90 = 227 * 1024, sm_90a = 227 * 1024,
+}
+SMEM_STATIC_LIMIT = 48 * 1024
+
+-- The dynamic shared memory a kernel may use on arch (a name such as "sm_90a"). A kernel is
+-- rendered once and compiled for every target (sm_80 and sm_90a), so by default it must fit
+-- the smallest of them: sm_80's 163 KiB.
+function smem_limit(arch)
+  arch = arch or "sm_80"
+  return smem_optin[arch] or error("no shared-memory limit for arch '" .. tostring(arch) .. "'", 2)
+end
+
+-- The opening of a kernel: its signature, from the kernel{} record (threads: the C
+-- expression of its block size, for __launch_bounds__), and the dynamic shared memory
+-- array. Emit it as ${kernel_open(K, "NUM_THREADS")}.
+function kernel_open(K, threads)
+  return 'extern "C" __global__ void __launch_bounds__(' .. threads .. ', 1)\n' ..
+         K.name .. '(\n    ' .. param_list(K.params) .. ') {\n' ..
+         '  extern __shared__ __align__(16) unsigned char smem[];'
+end
+
+-- The thread prologue of the tensor-core kernels: a thread's index, lane and warp, and its
+-- fragment row g (and g + 8) and column pair t (see mla_device.cuh).
+function thread_prologue()
+  return '  const int tid = threadIdx.x;\n' ..
+         '  const int lane = tid & 31;\n' ..
+         '  const int warp = tid >> 5;\n' ..
+         '  const int g = lane >> 2;  // fragment row (and row + 8)\n' ..
+         '  const int t = lane & 3;   // fragment column pair'
 end

@@ -1,5 +1,5 @@
 @ -- split_dkv (MG_OP_SPLIT_DKV): the explicit form's key/value gradient split, exactly as
-@ -- runtime/mg_cpu_ops.c's mg_cpu_split_dkv:
+@ -- runtime/exec/mg_cpu_ops.c's mg_cpu_split_dkv:
 @ --   dkv[r, h, :d_n] = dk[r, h, :d_n];  dkv[r, h, d_n:] = dv[r, h, :]
 @ --   drope[r * rope_w + rope_col + j] (+)= sum over h of dk[r, h, d_n + j]   (j < d_r)
 @ -- for r < rows (= B * S tokens), h < H (spec.heads). The rope key is shared by all heads, so

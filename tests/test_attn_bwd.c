@@ -676,17 +676,17 @@ static void test_nvrtc_large(void **state) { (void)state; nvrtc_kept_configs(2);
  * check_shape except S_k = 1 (one key: dS = 0, so dK = 0 and no mask can change). */
 static kt_mutation g_bwd_mutations[] = {
     {"dV: a row near the end of the seen keys dropped",
-     "pack2(dvacc[d][2 * r], dvacc[d][2 * r + 1])", "M_(dvacc[d][2 * r], dvacc[d][2 * r + 1])",
+     "mla::pack2<elem_t>(dvacc[d][2 * r], dvacc[d][2 * r + 1])", "M_(dvacc[d][2 * r], dvacc[d][2 * r + 1])",
      "#define LASTK_ ((CAUSAL ? min(seqlen_k, q_pos0 + seqlen_q) : seqlen_k) - 5)\n"
-     "#define M_(a, b) pack2(key == LASTK_ ? 0.f : (a), key == LASTK_ ? 0.f : (b))",
+     "#define M_(a, b) mla::pack2<elem_t>(key == LASTK_ ? 0.f : (a), key == LASTK_ ? 0.f : (b))",
      ""},
     {"dK: 1% high on its first half of the columns",
      "const float x0 = softmax_scale * DK(d, 2 * r), x1 = softmax_scale * DK(d, 2 * r + 1);",
      "const float x0 = M_(DK(d, 2 * r)), x1 = M_(DK(d, 2 * r + 1));",
      "#define M_(x) (softmax_scale * (x) * (c < DQK / 2 ? 1.01f : 1.f))", ""},
     {"causal mask off by one in the last partial query tile",
-     "(CAUSAL && key > q_pos0 + qi)) p = 0.f;", "(CAUSAL && key > M_)) p = 0.f;",
-     "#define M_ (q_pos0 + qi + (m0 + BLOCK_M > seqlen_q))", ""},
+     "qi, seqlen_k, q_pos0) || qi >= seqlen_q) p = 0.f;", "M_, seqlen_k, q_pos0) || qi >= seqlen_q) p = 0.f;",
+     "#define M_ (qi + (m0 + BLOCK_M > seqlen_q))", ""},
 };
 
 static void test_mutations_caught(void **state) {

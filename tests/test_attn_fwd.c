@@ -388,10 +388,10 @@ static void test_missing_barrier_caught(void **state) {
  * Both key layouts. */
 static kt_mutation g_fwd_mutations[] = {
     {"causal mask off by one in the last partial query tile",
-     "(CAUSAL && key > q_pos0 + row)) x = mla::neg_inf();", "(CAUSAL && key > M_)) x = mla::neg_inf();",
-     "#define M_ (q_pos0 + row + (m0 + BLOCK_M > seqlen_q))", ""},
-    {"the k_rope part of the scores dropped", "for (int kk = 0; kk < DQK / 16; ++kk) {",
-     "for (int kk = 0; kk < DN / 16; ++kk) {", NULL, ""},
+     "i0 + g + (e >> 1) * 8, seqlen_k, q_pos0))", "M_, seqlen_k, q_pos0))",
+     "#define M_ (i0 + g + (e >> 1) * 8 + (m0 + BLOCK_M > seqlen_q))", ""},
+    {"the k_rope part of the scores dropped", "mla::warp_gemm_abt<elem_t, DQK, BLOCK_N,",
+     "mla::warp_gemm_abt<elem_t, DN, BLOCK_N,", NULL, ""},
 };
 
 static void test_mutations_caught(void **state) {

@@ -1,5 +1,5 @@
-/* test_layout.c: the Ulysses all-to-all layout kernels (templates/a2a_pack.cu.tpl,
- * a2a_unpack.cu.tpl) and the fast backward's dQ conversion (templates/dq_convert.cu.tpl),
+/* test_layout.c: the Ulysses all-to-all layout kernels (templates/a2a.cu.tpl:
+ * a2a_pack and a2a_unpack) and the fast backward's dQ conversion (templates/dq_convert.cu.tpl),
  * run unchanged on the CPU through the host executor (tests/host/); and every configuration
  * the templates keep, compiled by NVRTC for sm_80 and sm_90a without spills.
  *

@@ -559,7 +559,7 @@ static void test_nvrtc_288_dq_pre(void **state) { (void)state; nvrtc_all_kept_co
 static void test_mutations_caught(void **state) {
   (void)state;
   static kt_mutation m = {"dc: the k_rope part dropped",
-                          "pack2(dracc[m][d][2 * r], dracc[m][d][2 * r + 1])", "pack2(0.f, 0.f)",
+                          "mla::pack2<elem_t>(dracc[m][d][2 * r], dracc[m][d][2 * r + 1])", "mla::pack2<elem_t>(0.f, 0.f)",
                           NULL, ""};
   static const int shapes[][4] = {{2, 37, 37, 0}, {1, 20, 50, 30}, {1, 8, 70, 0}};
   kt_noise_quiet = 1; /* not noise: kt_noise_report leaves these out */

@@ -1,5 +1,5 @@
 /* test_plan_ops.c: the plan's layout kernels besides the GEMMs and the attention
- * (templates/expand_kv, split_dkv, concat_latent, split_latent, copy_cols .cu.tpl), run
+ * (templates/expand_kv, split_dkv, latent (concat_latent, split_latent), copy_cols .cu.tpl), run
  * unchanged on the CPU through the host executor (tests/host/), each compared with the CPU
  * executor's op (runtime/exec/mg_cpu_ops.h, f32) applied to the same bf16 values: bit-exactly
  * for the copies; split_dkv's head sum (fp32 in the kernel, double in the CPU op) must round

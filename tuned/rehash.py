@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Moves tuned entries onto new family template hashes when the change compiles to the same code.
 
-usage: tuned/rehash.py STORE TEST_TUNE OLD_MLAGEN OLD_TEMPLATES NEW_MLAGEN NEW_TEMPLATES
+usage: tuned/rehash.py STORE OLD_BUILD OLD_TEMPLATES NEW_BUILD NEW_TEMPLATES
 
 STORE          a schema-3 store (e.g. tuned/sm_90a/NVIDIA_H200.json), rewritten in place
-TEST_TUNE      the test_tune binary: `TEST_TUNE --family-hashes DIR` prints each family's hash
-OLD_MLAGEN     an mlagen binary built from the commit whose templates are OLD_TEMPLATES
-OLD_TEMPLATES  e.g. from `git archive <commit> templates | tar -x -C /tmp/old` -> /tmp/old/templates
-NEW_MLAGEN     the mlagen binary of the tree whose templates are NEW_TEMPLATES
+OLD_BUILD      a build tree of the commit whose templates are OLD_TEMPLATES (its mlagen and
+               tests/test_tune: `test_tune --family-hashes DIR` prints each family's hash as
+               that commit's generator computes it)
+OLD_TEMPLATES  that commit's templates, e.g. a worktree's templates/ or
+               `git archive <commit> templates | tar -x -C /tmp/old` -> /tmp/old/templates
+NEW_BUILD      the build tree of the tree whose templates are NEW_TEMPLATES
 NEW_TEMPLATES  the templates the entries move to (the working tree's templates/)
 
 A template change voids its family's entries (docs/tuning.md), which is right when the kernel
@@ -19,7 +21,13 @@ configuration) with both binaries and compares:
   2. else the SASS: both compiled by `nvcc -cubin -arch=<the store's arch>` and disassembled by
      nvdisasm (the toolkit's, or $NVDISASM), comments, addresses and the kernel's symbol
      normalized away: equal instruction streams -> moved ("sass");
-  3. else the entry keeps its old hash (plans report "template changed" until it is swept again).
+  3. else equivalent code -> moved ("sass-equivalent"): the same number of every instruction
+     that moves data or does the kernel's arithmetic work (tensor-core MMAs, shared and global
+     loads and stores, cp.async, atomics and reductions, MUFU, shuffles, barriers), the whole
+     instruction count within 1% and the registers per thread within 3 (ptxas -v). What may
+     differ is scheduling, register names and the form of integer compares and address
+     arithmetic, which do not decide which tile configuration wins;
+  4. else the entry keeps its old hash (plans report "template changed" until it is swept again).
 Only the template_hash lines of moved entries change; every measured figure keeps its bytes,
 which the json module checks. Prints one line per entry.
 """
@@ -81,10 +89,19 @@ def nvdisasm():
     sys.exit("rehash.py: no nvdisasm (set NVDISASM, or run scripts/setup.sh, which installs one)")
 
 
+# Opcode prefixes of the instructions whose counts must match for "sass-equivalent".
+WORK_OPS = ("HMMA", "HGMMA", "IMMA", "LDSM", "STSM", "LDS", "STS", "LDG", "STG", "LDGSTS",
+            "UTMALDG", "UTMASTG", "RED", "ATOM", "ATOMS", "MUFU", "SHFL", "BAR", "DEPBAR",
+            "SYNCS", "WARPGROUP")
+
+
 def sass(src_dir, file, arch, tmp):
+    """(normalized instruction lines, registers per thread) of file compiled for arch."""
     cubin = os.path.join(tmp, file + ".cubin")
-    subprocess.run(["nvcc", "-cubin", "-arch=" + arch, "-I", src_dir, "-o", cubin,
-                    os.path.join(src_dir, file)], check=True, capture_output=True)
+    r = subprocess.run(["nvcc", "-cubin", "-arch=" + arch, "-Xptxas", "-v", "-I", src_dir, "-o",
+                        cubin, os.path.join(src_dir, file)], check=True, capture_output=True,
+                       text=True)
+    regs = re.search(r"Used (\d+) registers", r.stdout + r.stderr)
     text = subprocess.run([nvdisasm(), "-c", cubin], check=True, capture_output=True,
                           text=True).stdout
     lines = []
@@ -92,13 +109,30 @@ def sass(src_dir, file, arch, tmp):
         line = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line)      # instruction addresses
         line = re.sub(r"/\*.*?\*/", "", line).strip()        # encodings and comments
         line = re.sub(r"mla_\w+", "KERNEL", line)            # the kernel's symbol
-        if line and not line.startswith("."):
+        line = line.strip("{} ;")
+        if line and not line.startswith(".") and not line.endswith(":"):
             lines.append(line)
-    return lines
+    return lines, int(regs.group(1)) if regs else -1
 
 
-def main(store, test_tune, old_bin, old_tpl, new_bin, new_tpl):
-    old_h, new_h = family_hashes(test_tune, old_tpl), family_hashes(test_tune, new_tpl)
+def opcode(line):
+    words = line.split()
+    return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+
+
+def equivalent(a, b):
+    """Whether two (lines, registers) compile results do the same work (rule 3 above)."""
+    (la, ra), (lb, rb) = a, b
+    if abs(ra - rb) > 3 or abs(len(la) - len(lb)) > 0.01 * max(len(la), 1):
+        return False
+    count = lambda ls: sorted(o for o in map(opcode, ls) if o.split(".")[0] in WORK_OPS)
+    return count(la) == count(lb)
+
+
+def main(store, old_build, old_tpl, new_build, new_tpl):
+    tt = lambda b: os.path.join(b, "tests", "test_tune")
+    old_bin, new_bin = os.path.join(old_build, "mlagen"), os.path.join(new_build, "mlagen")
+    old_h, new_h = family_hashes(tt(old_build), old_tpl), family_hashes(tt(new_build), new_tpl)
     text = open(store, encoding="utf-8").read()
     data = json.loads(text)
     if data["schema"] != 3:
@@ -124,13 +158,18 @@ def main(store, test_tune, old_bin, old_tpl, new_bin, new_tpl):
             same = lambda a, b: open(a, "rb").read() == open(b, "rb").read()
             if of == nf and ohs == nhs and same(os.path.join(od, of), os.path.join(nd, nf)) and \
                     all(same(os.path.join(od, x), os.path.join(nd, x)) for x in ohs):
-                moved[i] = "source"
-            elif sass(od, of, data["arch"], tmp) == sass(nd, nf, data["arch"], tmp):
-                moved[i] = "sass"
+                moved[i] = "source identical"
             else:
+                so, sn = sass(od, of, data["arch"], tmp), sass(nd, nf, data["arch"], tmp)
+                if so[0] == sn[0]:
+                    moved[i] = "SASS identical"
+                elif equivalent(so, sn):
+                    moved[i] = "sass-equivalent: %d -> %d instructions, %d -> %d registers" % (
+                        len(so[0]), len(sn[0]), so[1], sn[1])
+            if i not in moved:
                 print("%s: the compiled code differs: kept (sweep it again)" % tag)
                 continue
-            print("%s: moved (%s identical)" % (tag, moved[i]))
+            print("%s: moved (%s)" % (tag, moved[i]))
     if not moved:
         return
     lines, out, i = text.split("\n"), [], 0
@@ -158,6 +197,6 @@ def main(store, test_tune, old_bin, old_tpl, new_bin, new_tpl):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 7:
+    if len(sys.argv) != 6:
         sys.exit(__doc__)
     main(*sys.argv[1:])

@@ -86,16 +86,32 @@ static int load_templates(mg_gen *g, const char *dir, mg_diag *d) {
   return 0;
 }
 
-/* The family whose template file is name ("<family>.cu.tpl"), or -1 when name is no
- * family's template (the device header, the prelude: files every rendering uses). */
-static int family_of_file(const char *name) {
-  static const char ext[] = ".cu.tpl";
-  size_t n = strlen(name), e = sizeof ext - 1;
-  if (n <= e || strcmp(name + n - e, ext) != 0) return -1;
-  for (int f = 0; mg_spec_families[f]; f++)
-    if (strlen(mg_spec_families[f]) == n - e && strncmp(name, mg_spec_families[f], n - e) == 0)
-      return f;
-  return -1;
+/* Families rendered from one template with a direction switch (the template reads
+ * spec.family): family -> that template. Every other family's is "<family>.cu.tpl". */
+static const char *const shared_templates[][2] = {
+    {"a2a_pack", "a2a.cu.tpl"},           {"a2a_unpack", "a2a.cu.tpl"},
+    {"concat_latent", "latent.cu.tpl"}, {"split_latent", "latent.cu.tpl"},
+};
+
+/* The template file of family into out (64 bytes). */
+static void template_of(const char *family, char out[64]) {
+  for (size_t i = 0; i < sizeof shared_templates / sizeof shared_templates[0]; i++)
+    if (strcmp(family, shared_templates[i][0]) == 0) {
+      snprintf(out, 64, "%s", shared_templates[i][1]);
+      return;
+    }
+  snprintf(out, 64, "%s.cu.tpl", family);
+}
+
+/* Whether name is some family's template (not the device header or the prelude: files
+ * every rendering uses). */
+static int is_family_template(const char *name) {
+  char t[64];
+  for (int f = 0; mg_spec_families[f]; f++) {
+    template_of(mg_spec_families[f], t);
+    if (strcmp(name, t) == 0) return 1;
+  }
+  return 0;
 }
 
 /* Whether the n bytes at data contain the string s. */
@@ -111,22 +127,23 @@ static int mentions(const char *data, size_t n, const char *s) {
  * the set lacks the family's template). The family's name goes first, so a family hash
  * never equals the set's. Returns 0 or MLAGEN_ENOMEM. */
 static int hash_files(const mg_gen *g, const char *family, char hex[MG_HASH_HEX]) {
-  int fam = -1, found = 0;
+  int found = 0;
+  char own[64] = ""; /* the family's template; none for an unknown family */
   for (int f = 0; family && mg_spec_families[f]; f++)
-    if (strcmp(mg_spec_families[f], family) == 0) fam = f;
+    if (strcmp(mg_spec_families[f], family) == 0) template_of(family, own);
   /* The sm_90a header belongs to a family's hash only when its template names it, so that
    * adding or changing it leaves the mma.sync families' tuned entries valid. */
   int uses_sm90 = 0;
-  for (int i = 0; fam >= 0 && i < g->n_files; i++)
-    if (family_of_file(g->files[i].name) == fam)
+  for (int i = 0; own[0] && i < g->n_files; i++)
+    if (strcmp(g->files[i].name, own) == 0)
       uses_sm90 = mentions(g->files[i].data, g->files[i].size, MG_DEVICE_HEADER_SM90);
   mg_hash_ctx *h = mg_hash_begin();
   if (family) mg_hash_field_str(h, family);
   for (int i = 0; i < g->n_files; i++) {
-    int owner = family_of_file(g->files[i].name);
-    if (family && owner >= 0 && owner != fam) continue;
+    int mine = family && strcmp(g->files[i].name, own) == 0;
+    if (family && !mine && is_family_template(g->files[i].name)) continue;
     if (family && !uses_sm90 && strcmp(g->files[i].name, MG_DEVICE_HEADER_SM90) == 0) continue;
-    found |= fam >= 0 && owner == fam;
+    found |= mine;
     mg_hash_field_str(h, g->files[i].name);
     mg_hash_field(h, g->files[i].data, g->files[i].size);
   }
@@ -299,7 +316,7 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   if (!family_known(s->family))
     return mg_diag_set(d, MLAGEN_EINVAL, "unknown kernel family '%s'", s->family);
   char tname[64];
-  snprintf(tname, sizeof tname, "%s.cu.tpl", s->family);
+  template_of(s->family, tname);
   const mg_template *tpl = find_file(g, tname), *prelude = find_file(g, "prelude.lua");
   if (!tpl || !prelude)
     return mg_diag_set(d, MLAGEN_EIO, "template set has no %s", tpl ? "prelude.lua" : tname);
