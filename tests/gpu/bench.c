@@ -66,6 +66,14 @@
  * layout_rows), each with rotating buffer sets; memory-bound, so their rows carry no
  * FLOPs and report bytes moved and GB/s.
  *
+ * --sm90 (sm_90a devices only; run.sh's sm90 step): nothing but the explicit forwards,
+ * attn_fwd (mma.sync) beside attn_fwd_sm90 (TMA, wgmma; issue 14), each causal and not, split
+ * keys: checked as above (O and LSE per element, H 2 at S 256 and each H at S 200, two runs
+ * bit for bit; the non-causal reference over every key), then timed at --heads x --seqs
+ * (rows attn_fwd, attn_fwd_sm90, attn_fwd_full, attn_fwd_sm90_full; non-causal FLOPs over
+ * S^2 pairs; the table's causal column). attn_fwd_sm90's four tensor maps come from the
+ * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), copied to device memory.
+ *
  * Launch rules: a grid dim is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
  * mul = m, div = n} (mul and div optional, default 1): ceil(arg * m / n).
  *
