@@ -153,7 +153,8 @@ static void test_errors(void **state) {
   odd.d_r = 8;
   expect_error(drv, &odd, &k, &t, MLAGEN_EINVAL, "multiples of 16");
   mg_kernel_info wide = info(128, 512, 0); /* box 512 > 256: the driver rejects it */
-  expect_error(drv, &s, &wide, &t, MLAGEN_EINVAL, "cuTensorMapEncodeTiled(attn_fwd_sm90 map [1] k_nope");
+  expect_error(drv, &s, &wide, &t, MLAGEN_EINVAL,
+               "cuTensorMapEncodeTiled(attn_fwd_sm90 map [1] k_nope: dims {128, 16, 256} box {64, 1, 512}): CUDA_ERROR_INVALID_VALUE");
 }
 
 int main(void) {

@@ -35,12 +35,14 @@ static int encode(const mg_driver *drv, CUtensorMap *map, const char *what, CUte
       CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_of(box[0]), CU_TENSOR_MAP_L2_PROMOTION_NONE,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) return 0;
-  char call[192];
-  snprintf(call, sizeof call,
-           "cuTensorMapEncodeTiled(attn_fwd_sm90 map %s: dims {%llu, %llu%s%llu%s} box {%u, %u%s%u%s})",
-           what, (unsigned long long)dims[0], (unsigned long long)dims[1], rank > 2 ? ", " : "",
-           rank > 2 ? (unsigned long long)dims[2] : 0ULL, rank > 2 ? "" : "", box[0], box[1],
-           rank > 2 ? ", " : "", rank > 2 ? box[2] : 0U, rank > 2 ? "" : "");
+  char call[256]; /* at most ~150 characters */
+  int n = snprintf(call, sizeof call, "cuTensorMapEncodeTiled(attn_fwd_sm90 map %s: dims {", what);
+  for (int i = 0; i < rank; i++)
+    n += snprintf(call + n, sizeof call - (size_t)n, "%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
+  n += snprintf(call + n, sizeof call - (size_t)n, "} box {");
+  for (int i = 0; i < rank; i++)
+    n += snprintf(call + n, sizeof call - (size_t)n, "%s%u", i ? ", " : "", box[i]);
+  snprintf(call + n, sizeof call - (size_t)n, "})");
   return mg_driver_check(drv, r, MLAGEN_EINVAL, call, d);
 }
 
