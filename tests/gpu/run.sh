@@ -7,7 +7,8 @@
 #   sm90      (not in the default; sm_90a only) mlagen_bench --sm90 into OUT/sm90:
 #             attn_fwd_sm90 and attn_fwd checked vs float64 (H 2 at S 256, each H at
 #             S 200: partial tiles; causal and not), then timed side by side at
-#             H 16,128 x S 1024..16384, causal and not (SM90_ARGS added)                cap 240
+#             H 16,128 x S 1024..16384, causal and not, rows of at most ~3 s
+#             (--row-budget-ms 3000: 32 rows fit the cap; SM90_ARGS added)              cap 240
 #   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn --ops fwd
 #             into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90                   cap 150
 #   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
@@ -153,7 +154,7 @@ fi
 if want sm90; then
   if [ -x "$BENCH" ]; then
     # shellcheck disable=SC2086
-    step sm90 240 sm90.stdout "$BENCH" "$OUT/sm90" --sm90 --jobs 16 ${SM90_ARGS:-}
+    step sm90 240 sm90.stdout "$BENCH" "$OUT/sm90" --sm90 --jobs 16 --row-budget-ms 3000 ${SM90_ARGS:-}
     finish sm90 "$(grep -m1 -E '^check passed|correctness misses' "$OUT/sm90.stdout" 2>/dev/null)" sm90.stdout
   else T0=$(date +%s); result sm90 FAILED "$T0" "no $BENCH"; fi
 fi
