@@ -8,8 +8,9 @@
  * fail the check or be reported. The kernel writes no shared memory with ordinary stores,
  * so it has no fence.proxy.async to remove (test_hopper_host.c covers that fence).
  *
- * The tensor maps come from cuTensorMapEncodeTiled through runtime/mg_driver's loader with
- * the fake driver (tests/fake_cuda.c), as the kernel's `tmaps` parameter documents them.
+ * The tensor maps come from the runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h, the
+ * maps the CUDA executor and the GPU benchmark launch with): cuTensorMapEncodeTiled through
+ * runtime/mg_driver's loader with the fake driver (tests/fake_cuda.c).
  * Inputs: random bf16 (fp16 in one case), scores with standard deviation 2 under DeepSeek's
  * YaRN softmax scale (the seed is printed, MLAGEN_TEST_SEED overrides it). */
 #include <setjmp.h>
@@ -28,6 +29,8 @@
 #include "kernel_host.h"
 #include "kernel_test_util.h"
 #include "mg_driver.h"
+#include "mg_manifest.h"
+#include "mg_sm90_tmap.h"
 #include "mlagen.h"
 
 typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
@@ -102,24 +105,21 @@ typedef struct fwd_case {
   tmap_t *tmaps; /* [4] */
 } fwd_case;
 
-static int box_w(int d) { return d % 64 == 0 ? 64 : d % 32 == 0 ? 32 : 16; }
-
-/* The map of a 16-bit tensor of rank 2 or 3 (dims innermost first, row-major), box `box`. */
-static void encode(tmap_t *m, int fp16, const void *base, int rank, const cuuint64_t *dims,
-                   const cuuint32_t *box) {
+/* The maps of c's tensors for bk, made by the runtime's helper (runtime/exec/mg_sm90_tmap.h)
+ * through the fake driver's cuTensorMapEncodeTiled: the executor's and the benchmark's maps.
+ * The host executor's device addresses are host addresses. */
+static void encode_maps(const built_kernel *bk, fwd_case *c) {
   fake_driver_use(MLAGEN_FAKE_CUDA);
   const mg_driver *drv = NULL;
   mg_diag d = MG_DIAG_INIT;
   if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
-  cuuint64_t strides[2] = {dims[0] * 2, dims[0] * dims[1] * 2};
-  cuuint32_t es[3] = {1, 1, 1};
-  const int w = (int)box[0];
-  CUresult r = drv->cuTensorMapEncodeTiled(
-      (CUtensorMap *)m, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-      (cuuint32_t)rank, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      w == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : w == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B,
-      CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  assert_int_equal(r, CUDA_SUCCESS);
+  mg_kernel_info info;
+  if (mg_manifest_parse(bk->kh.manifest, &info, &d)) fail_msg("manifest: %s", mg_diag_msg(&d));
+  const mg_sm90_fwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q, (CUdeviceptr)(uintptr_t)c->kn,
+                                 (CUdeviceptr)(uintptr_t)c->kr, (CUdeviceptr)(uintptr_t)c->v,
+                                 c->B, c->sq, c->sk};
+  if (mg_sm90_fwd_tmaps(drv, &bk->kh.spec, &info, &t, (CUtensorMap *)c->tmaps, &d))
+    fail_msg("mg_sm90_fwd_tmaps: %s", mg_diag_msg(&d));
 }
 
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
@@ -142,17 +142,7 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
   c->lse = malloc((c->nl ? c->nl : 1) * sizeof *c->lse);
   c->tmaps = aligned_alloc(64, 4 * sizeof(tmap_t));
   memset(c->tmaps, 0, 4 * sizeof(tmap_t));
-  /* rows of a map: B * S (at least 1, as cuTensorMapEncodeTiled requires) */
-  const cuuint64_t rq = (cuuint64_t)(B * sq > 0 ? B * sq : 1), rk = (cuuint64_t)(B * sk > 0 ? B * sk : 1);
-  const cuuint32_t bm = (cuuint32_t)bk->block_m, bn = (cuuint32_t)bk->block_n;
-  encode(&c->tmaps[0], f16, c->q, 3, (cuuint64_t[]){dqk, H, rq}, (cuuint32_t[]){box_w(dqk), 1, bm});
-  encode(&c->tmaps[1], f16, c->kn, 3, (cuuint64_t[]){bk->packed ? dqk : dn, H, rk},
-         (cuuint32_t[]){box_w(dn), 1, bn});
-  if (bk->packed)
-    encode(&c->tmaps[2], f16, c->kn, 3, (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){box_w(dr), 1, bn});
-  else
-    encode(&c->tmaps[2], f16, c->kr, 2, (cuuint64_t[]){dr, rk}, (cuuint32_t[]){box_w(dr), bn});
-  encode(&c->tmaps[3], f16, c->v, 3, (cuuint64_t[]){dv, H, rk}, (cuuint32_t[]){box_w(dv), 1, bn});
+  encode_maps(bk, c);
 }
 
 static void case_free(fwd_case *c) {

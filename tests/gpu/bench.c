@@ -66,6 +66,14 @@
  * layout_rows), each with rotating buffer sets; memory-bound, so their rows carry no
  * FLOPs and report bytes moved and GB/s.
  *
+ * --sm90 (sm_90a devices only; run.sh's sm90 step): nothing but the explicit forwards,
+ * attn_fwd (mma.sync) beside attn_fwd_sm90 (TMA, wgmma; issue 14), each causal and not, split
+ * keys: checked as above (O and LSE per element, H 2 at S 256 and each H at S 200, two runs
+ * bit for bit; the non-causal reference over every key), then timed at --heads x --seqs
+ * (rows attn_fwd, attn_fwd_sm90, attn_fwd_full, attn_fwd_sm90_full; non-causal FLOPs over
+ * S^2 pairs; the table's causal column). attn_fwd_sm90's four tensor maps come from the
+ * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), copied to device memory.
+ *
  * Launch rules: a grid dim is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
  * mul = m, div = n} (mul and div optional, default 1): ceil(arg * m / n).
  *
@@ -88,6 +96,7 @@
 #include "mg_fs.h"
 #include "mg_generate.h"
 #include "mg_jit.h"
+#include "mg_sm90_tmap.h"
 #include "mg_spec.h"
 #include "mlagen.h"
 
@@ -137,20 +146,23 @@ enum {
   K_FWD, K_FWD_KP, K_PRE, K_DKDV, K_DKDV_DET, K_DQ,  /* explicit attention */
   K_MQA_FWD, K_MQA_PRE, K_MQA_DKV, K_MQA_DQ,         /* absorbed: NATTN checked kernels */
   K_A2A_PACK, K_A2A_UNPACK, K_DQ_CONVERT, K_EXPAND_KV, K_SPLIT_DKV, K_CONCAT_LATENT,
-  K_SPLIT_LATENT, K_COPY_COLS, NK
+  K_SPLIT_LATENT, K_COPY_COLS,
+  /* --sm90 only (sm_90a): the explicit forwards, causal (K_FWD, K_FWD_SM90) and not */
+  K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, NK
 };
 #define NATTN (K_MQA_DQ + 1)
 static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
                                         "bwd_dkdv", "bwd_dkdv_det", "bwd_dq",
                                         "mqa_fwd", "mqa_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
                                         "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
-                                        "split_dkv", "concat_latent", "split_latent", "copy_cols"};
+                                        "split_dkv", "concat_latent", "split_latent", "copy_cols",
+                                        "attn_fwd_sm90", "attn_fwd_full", "attn_fwd_sm90_full"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
                                          "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                          "split_dkv", "concat_latent", "split_latent",
-                                         "copy_cols"};
+                                         "copy_cols", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90"};
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
                                          {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL}};
 /* The parameter lists the launches below pass, checked against each manifest. */
@@ -176,7 +188,17 @@ static const char *const k_params[NK][16] = {
     {"c_kv", "k_rope", "c", "rows"},
     {"dc", "dc_kv", "dk_rope", "rows"},
     {"src", "dst", "rows", "src_w", "src_col", "dst_w", "dst_col", "cols"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
+     "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
+     "tmaps"},
 };
+static int is_sm90(int which) { return which == K_FWD_SM90 || which == K_FWD_SM90_FULL; }
+static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_SM90_FULL; }
+/* --sm90: only the explicit forwards, mma.sync (attn_fwd) beside sm_90a (attn_fwd_sm90),
+ * causal and not, checked and timed (the issue 14 step of run.sh: STEPS=sm90). */
+static int g_sm90;
 
 typedef struct gk {
   int heads, which;
@@ -196,11 +218,18 @@ typedef struct kset {
   gk k[NK];
 } kset;
 
+/* The kernels built for ks: --sm90, the four forwards; else the checked attention kernels,
+ * and the layout ones for a timed H. */
+static int wanted(const kset *ks, int which) {
+  if (g_sm90) return which == K_FWD || which >= K_FWD_SM90;
+  return which < NATTN || (ks->timed && which < K_FWD_SM90);
+}
+
 static mg_kernel_spec make_spec(int which, int H) {
   mg_kernel_spec s;
   memset(&s, 0, sizeof s);
   snprintf(s.family, sizeof s.family, "%s", k_family[which]);
-  s.heads = H, s.d_n = DN, s.d_r = DR, s.d_v = DV, s.d_c = DC, s.causal = 1;
+  s.heads = H, s.d_n = DN, s.d_r = DR, s.d_v = DV, s.d_c = DC, s.causal = is_causal(which);
   if (which == K_MQA_PRE) s.d_n = s.d_v = DC; /* delta over the latent output [.., d_c] */
   snprintf(s.dtype, sizeof s.dtype, "bf16");
   for (int i = 0; i < 2 && k_set[which][i]; i++) {
@@ -282,7 +311,8 @@ static int build_all(mg_gen *gen, kset *sets, int n_sets, int max_optin_smem) {
   gk *all[MAX_HEADS * NK];
   int n = 0;
   for (int s = 0; s < n_sets; s++)
-    for (int w = 0; w < (sets[s].timed ? NK : NATTN); w++) {
+    for (int w = 0; w < NK; w++) {
+      if (!wanted(&sets[s], w)) continue;
       gk *g = &sets[s].k[w];
       memset(g, 0, sizeof *g);
       g->heads = sets[s].heads, g->which = w;
@@ -378,6 +408,35 @@ static int run_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr
   void *args[] = {(void *)&t->q, &kn, &kr, (void *)&t->v, &o, &lse, &S, &S, &q_pos0, &scale};
   return launch(g, 1, S, S, args);
 }
+/* attn_fwd_sm90 (split keys) with its 4 tensor maps at tmaps (device memory, sm90_maps). */
+static int run_fwd_sm90(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
+                        float scale, CUdeviceptr tmaps) {
+  int q_pos0 = 0;
+  void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, (void *)&t->v, &o, &lse,
+                  &S,           &S,            &q_pos0,       &scale,        &tmaps};
+  return launch(g, 1, S, S, args);
+}
+/* Any explicit forward of the --sm90 step: attn_fwd (split keys) or attn_fwd_sm90. */
+static int run_any_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
+                       float scale, CUdeviceptr tmaps) {
+  return is_sm90(g->which) ? run_fwd_sm90(g, t, o, lse, S, scale, tmaps)
+                           : run_fwd(g, t, o, lse, S, scale);
+}
+/* attn_fwd_sm90's tensor maps over t (B = 1, S tokens), encoded by the runtime's helper
+ * (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does) and copied into a new device
+ * buffer *maps. */
+static int sm90_maps(const gk *g, const dev_tensors *t, int S, CUdeviceptr *maps) {
+  const mg_kernel_spec spec = make_spec(g->which, g->heads);
+  const mg_sm90_fwd_tensors tt = {t->q, t->kn, t->kr, t->v, 1, S, S};
+  CUtensorMap host[MG_SM90_FWD_TMAPS];
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, host, &d)) {
+    say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return -1;
+  }
+  return dalloc(maps, sizeof host) || CU(drv->cuMemcpyHtoD(*maps, host, sizeof host)) ? -1 : 0;
+}
 static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int S) {
   void *args[] = {(void *)&t->o, (void *)&t->dout, (void *)&t->delta, &dq_accum, &S};
   return launch(g, 1, S, S, args);
@@ -453,7 +512,7 @@ static e16 *rand_bf16(size_t n) {
 
 /* Inputs and the float64 forward and backward (B = 1, causal, split keys); the packed K
  * [S, H, d_qk] is [k_nope[s,h] ; k_rope[s]]. Same math as tests/test_attn_bwd.c. */
-static void case_init(host_case *c, int H, int S) {
+static void case_init(host_case *c, int H, int S, int causal) {
   memset(c, 0, sizeof *c);
   c->H = H, c->S = S;
   c->nq = (size_t)S * H * DQK, c->nkn = (size_t)S * H * DN, c->nkr = (size_t)S * DR;
@@ -482,7 +541,7 @@ static void case_init(host_case *c, int H, int S) {
       const size_t row = (size_t)i * H + h;
       for (int d = 0; d < DQK; d++) qf[d] = bf16_to_float(c->q[row * DQK + d]);
       for (int d = 0; d < DV; d++) dof[d] = bf16_to_float(c->dout[row * DV + d]);
-      const int nk = i + 1;
+      const int nk = causal ? i + 1 : S;
       double mx = -INFINITY;
       for (int j = 0; j < nk; j++) {
         double dot = 0;
@@ -608,7 +667,7 @@ static int check_set(const kset *ks, int S) {
   const int H = ks->heads;
   double t0 = wall_s();
   host_case c;
-  case_init(&c, H, S);
+  case_init(&c, H, S, 1);
   say("check H=%d S=%d B=1 causal (float64 reference %.1f s)\n", H, S, wall_s() - t0);
   int fails = 0, rc = -1;
   const float scale = softmax_scale();
@@ -691,6 +750,61 @@ done:
   while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
   free(o), free(dq), free(dkn), free(dv), free(lse), free(dq_accum), free(dkr);
   free(o2), free(dq2), free(dkn2), free(dv2), free(lse2), free(dkr2);
+  case_free(&c);
+  return rc;
+}
+
+/* --sm90: checks attn_fwd and attn_fwd_sm90 of ks at (H = ks->heads, S), causal and not,
+ * each run twice (the second compared bit for bit), O and LSE per element against the
+ * float64 reference (gpu_tol.h). Returns -1 on a CUDA error, else the number of misses. */
+static int check_sm90(const kset *ks, int S) {
+  const int H = ks->heads;
+  int fails = 0, rc = -1;
+  const float scale = softmax_scale();
+  const int base = g_n_allocs;
+  host_case c;
+  memset(&c, 0, sizeof c);
+  e16 *o = NULL, *o2 = NULL;
+  float *lse = NULL, *lse2 = NULL;
+  for (int causal = 1; causal >= 0; causal--) {
+    double t0 = wall_s();
+    case_free(&c);
+    case_init(&c, H, S, causal);
+    say("check H=%d S=%d B=1 %s (float64 reference %.1f s)\n", H, S,
+        causal ? "causal" : "non-causal", wall_s() - t0);
+    free(o), free(o2), free(lse), free(lse2);
+    o = xcalloc(c.no, sizeof *o), o2 = xcalloc(c.no, sizeof *o2);
+    lse = xcalloc(c.nl, sizeof *lse), lse2 = xcalloc(c.nl, sizeof *lse2);
+    dev_tensors t;
+    CUdeviceptr out_o, out_lse;
+    memset(&t, 0, sizeof t);
+    if (upload(&t.q, c.q, c.nq * 2) || upload(&t.kn, c.kn, c.nkn * 2) ||
+        upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.v, c.v, c.nv * 2) ||
+        alloc_nan(&out_o, c.no * 2) || alloc_nan(&out_lse, c.nl * 4))
+      goto done;
+    const int ws[2] = {causal ? K_FWD : K_FWD_FULL, causal ? K_FWD_SM90 : K_FWD_SM90_FULL};
+    for (int i = 0; i < 2; i++) {
+      const gk *g = &ks->k[ws[i]];
+      CUdeviceptr maps = 0;
+      if (is_sm90(g->which) && sm90_maps(g, &t, S, &maps)) goto done;
+      for (int run = 0; run < 2; run++) {
+        if (CU(drv->cuMemsetD8(out_o, 0xff, c.no * 2)) || CU(drv->cuMemsetD8(out_lse, 0xff, c.nl * 4)))
+          goto done;
+        if (run_any_fwd(g, &t, out_o, out_lse, S, scale, maps) || sync_stream(g->name)) goto done;
+        if (download(run ? o2 : o, out_o, c.no * 2) || download(run ? lse2 : lse, out_lse, c.nl * 4))
+          goto done;
+      }
+      say("  %s\n", g->name);
+      check_elems("O", o, 0, c.r_o, (size_t)S, (int)(c.no / S), 0, (int)(c.no / S), TOL_O, &fails);
+      check_elems("LSE", lse, 1, c.r_lse, (size_t)H, S, 0, S, TOL_LSE, &fails);
+      same_bits("O", o, o2, c.no, 2, &fails);
+      same_bits("LSE", lse, lse2, c.nl, 4, &fails);
+    }
+  }
+  rc = fails;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free(o), free(o2), free(lse), free(lse2);
   case_free(&c);
   return rc;
 }
@@ -786,6 +900,7 @@ typedef struct row {
   int dqk, dv; /* the attention's widths: 192/128 (explicit), 576/512 (absorbed, mqa_*) */
   double ms, flops, bytes;
   int iters;
+  int causal; /* 1 but for --sm90's non-causal forwards */
 } row;
 #define MAX_ROWS 512
 static row g_rows[MAX_ROWS];
@@ -936,14 +1051,14 @@ static void add_row(const char *kernel, const char *op, int H, int S, double ms,
   snprintf(r->kernel, sizeof r->kernel, "%s", kernel);
   snprintf(r->op, sizeof r->op, "%s", op);
   r->H = H, r->S = S, r->ms = ms, r->flops = flops, r->bytes = bytes, r->iters = iters;
-  r->dqk = DQK, r->dv = DV;
+  r->dqk = DQK, r->dv = DV, r->causal = 1;
 }
 
 static void print_row(const row *r) {
   char tf[16] = "-";
   if (r->flops > 0) snprintf(tf, sizeof tf, "%.1f", r->flops / (r->ms * 1e-3) / 1e12);
   say("%-18s %4d %6d %5d/%-3d %6s %10.3f %8s %10.1f %8.0f %5d\n", r->kernel, r->H, r->S, r->dqk, r->dv,
-      "yes", r->ms, tf, r->bytes / 1e6, r->bytes / (r->ms * 1e-3) / 1e9, r->iters);
+      r->causal ? "yes" : "no", r->ms, tf, r->bytes / 1e6, r->bytes / (r->ms * 1e-3) / 1e9, r->iters);
 }
 
 static void print_header(void) {
@@ -1033,6 +1148,67 @@ static int time_shape(const kset *ks, int S) {
   add_row("fwd+bwd_det", "fwd_bwd", H, S, ms_fwd + ms_bwd[1], f_fwd + f_bwd,
           b_fb_in + b_fb_out + b_q, it_fwd < it_bwd[1] ? it_fwd : it_bwd[1]);
   print_row(&g_rows[g_n_rows - 1]);
+  rc = 0;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  return rc;
+}
+
+/* --sm90: times attn_fwd and attn_fwd_sm90 at (H = ks->heads, S), causal and not, the input
+ * sets rotated as time_shape's. Returns -1 on a CUDA error. */
+typedef struct sctx {
+  const kset *ks;
+  int S, which;
+  float scale;
+  dev_tensors t[8];
+  CUdeviceptr maps[8][2]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's */
+} sctx;
+
+static int slaunch(void *p, int set) {
+  sctx *x = p;
+  const dev_tensors *t = &x->t[set];
+  return run_any_fwd(&x->ks->k[x->which], t, t->o, t->lse, x->S, x->scale,
+                     x->maps[set][x->which == K_FWD_SM90_FULL]);
+}
+
+static int time_sm90(const kset *ks, int S) {
+  const int H = ks->heads;
+  const size_t nq = (size_t)S * H * DQK, nkn = (size_t)S * H * DN, nkr = (size_t)S * DR;
+  const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
+  const double set_bytes = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl;
+  size_t free_b = 0, total_b = 0;
+  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
+  const int n_sets = sets_that_fit("", H, S, set_bytes, 0, 0, g_max_sets, free_b);
+  if (!n_sets) return 0;
+  const int base = g_n_allocs;
+  sctx x;
+  memset(&x, 0, sizeof x);
+  x.ks = ks, x.S = S, x.scale = softmax_scale();
+  int rc = -1;
+  for (int s = 0; s < n_sets; s++) {
+    dev_tensors *t = &x.t[s];
+    size_t seed = (size_t)s * 16;
+    if (dalloc(&t->q, nq * 2) || fill_random(t->q, nq, seed + 1) || dalloc(&t->kn, nkn * 2) ||
+        fill_random(t->kn, nkn, seed + 2) || dalloc(&t->kr, nkr * 2) ||
+        fill_random(t->kr, nkr, seed + 3) || dalloc(&t->v, nv * 2) ||
+        fill_random(t->v, nv, seed + 5) || alloc_nan(&t->o, no * 2) || alloc_nan(&t->lse, nl * 4) ||
+        sm90_maps(&ks->k[K_FWD_SM90], t, S, &x.maps[s][0]) ||
+        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, &x.maps[s][1]))
+      goto done;
+  }
+  const double b = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl;
+  const int order[4] = {K_FWD, K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL};
+  for (int i = 0; i < 4; i++) {
+    x.which = order[i];
+    const int causal = is_causal(x.which);
+    const double pairs = causal ? (double)S * (S + 1) / 2 : (double)S * S;
+    double ms;
+    int iters;
+    if (time_row(k_label[x.which], slaunch, &x, n_sets, &ms, &iters)) goto done;
+    add_row(k_label[x.which], "fwd", H, S, ms, 2.0 * H * pairs * (DQK + DV), b, iters);
+    g_rows[g_n_rows - 1].causal = causal;
+    print_row(&g_rows[g_n_rows - 1]);
+  }
   rc = 0;
 done:
   while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
@@ -1295,8 +1471,8 @@ static int write_csv(const char *path) {
   fprintf(f, "tool,kernel,op,H,S,d_qk,d_v,causal,ms,tflops,bytes,gbps,iters\n");
   for (int i = 0; i < g_n_rows; i++) {
     const row *r = &g_rows[i];
-    fprintf(f, "mlagen,%s,%s,%d,%d,%d,%d,1,%.4f,", r->kernel, r->op, r->H, r->S, r->dqk, r->dv,
-            r->ms);
+    fprintf(f, "mlagen,%s,%s,%d,%d,%d,%d,%d,%.4f,", r->kernel, r->op, r->H, r->S, r->dqk, r->dv,
+            r->causal, r->ms);
     if (r->flops > 0) fprintf(f, "%.2f", r->flops / (r->ms * 1e-3) / 1e12);
     fprintf(f, ",%.0f,%.1f,%d\n", r->bytes, r->bytes / (r->ms * 1e-3) / 1e9, r->iters);
   }
@@ -1323,6 +1499,8 @@ static int usage(void) {
           "                    [--sets N] [--seed N] [--check-only] [--row-budget-ms MS]\n"
           "                    [--no-check (timing without the check: the fake-driver test)]\n"
           "                    [--no-mqa (without the absorbed kernels)] [--jobs N (NVRTC threads)]\n"
+          "                    [--sm90 (sm_90a only: attn_fwd beside attn_fwd_sm90, causal and not,\n"
+          "                     checked then timed; nothing else)]\n"
           "  defaults: --seqs 1024,4096,8192,16384 --heads 16,128 --iters 20 --warmup 3 --sets 4\n");
   return 2;
 }
@@ -1339,6 +1517,7 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--check-only")) { check_only = 1; continue; }
     if (!strcmp(a, "--no-check")) { no_check = 1; continue; }
     if (!strcmp(a, "--no-mqa")) { no_mqa = 1; continue; }
+    if (!strcmp(a, "--sm90")) { g_sm90 = 1; continue; }
     if (!v) return usage();
     i++;
     if (!strcmp(a, "--seqs")) { if ((n_seqs = parse_list(v, seqs, MAX_LIST)) < 1) return usage(); }
@@ -1390,6 +1569,10 @@ int main(int argc, char **argv) {
   if (major == 9 && minor == 0) snprintf(arch, sizeof arch, "sm_90a");
   else snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
   g_arch = arch;
+  if (g_sm90 && strcmp(arch, "sm_90a")) {
+    say("bench: --sm90 needs an sm_90a device (compute capability 9.0); this one is %s\n", arch);
+    goto out;
+  }
   int nv_major, nv_minor;
   mg_jit_nvrtc_version(&nv_major, &nv_minor);
   say("device: %s, compute capability %d.%d, %d SMs, %d bytes opt-in smem per block; driver %d; "
@@ -1414,10 +1597,10 @@ int main(int argc, char **argv) {
   /* the check: H = 2 at S = 256, then every timed H at S = 200 */
   int misses = 0;
   for (int s = 0; s < n_sets && !no_check; s++) {
-    int r = check_set(&sets[s], s == 0 ? 256 : 200);
+    int r = g_sm90 ? check_sm90(&sets[s], s == 0 ? 256 : 200) : check_set(&sets[s], s == 0 ? 256 : 200);
     if (r < 0) goto out;
     misses += r;
-    if (!no_mqa) {
+    if (!no_mqa && !g_sm90) {
       if ((r = check_mqa(&sets[s], mqa_check_seq(sets[s].heads, s == 0))) < 0) goto out;
       misses += r;
     }
@@ -1439,15 +1622,20 @@ int main(int argc, char **argv) {
       "mqa_* (absorbed, d_qk %d d_v %d): mqa_fwd and the pipeline mqa_bwd); "
       "layout kernels: bytes moved and GB/s\n",
       DN, DR, DV, g_warmup, g_iters, MQK, MV);
+  if (g_sm90)
+    say("--sm90: the explicit forwards only, attn_fwd (mma.sync) beside attn_fwd_sm90 (TMA, "
+        "wgmma), causal (pairs S(S+1)/2) and not (S^2), split keys\n");
   print_header();
   for (int h = 0; h < n_heads; h++) {
     const kset *ks = NULL;
     for (int s = 0; s < n_sets; s++)
       if (sets[s].heads == heads[h]) ks = &sets[s];
-    for (int i = 0; i < n_seqs; i++)
-      if (time_shape(ks, seqs[i]) || (!no_mqa && time_mqa(ks, seqs[i])) ||
-          time_layout(ks, seqs[i], h == 0))
+    for (int i = 0; i < n_seqs; i++) {
+      if (g_sm90 ? time_sm90(ks, seqs[i])
+                 : time_shape(ks, seqs[i]) || (!no_mqa && time_mqa(ks, seqs[i])) ||
+                       time_layout(ks, seqs[i], h == 0))
         goto out;
+    }
   }
   say("\n");
   print_header();

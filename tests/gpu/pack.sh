@@ -33,3 +33,5 @@ rel=${DEST#"$SRC"/}
 echo "run (carry $rel), in two device calls:"
 echo "  LD_LIBRARY_PATH=\$PWD/$rel/lib NO_BUILD=1 STEPS=\"smi bench forms forms16k nocausal f16\" bash tests/gpu/run.sh \$OUT/r $rel/build"
 echo "  LD_LIBRARY_PATH=\$PWD/$rel/lib NO_BUILD=1 ${wheel}STEPS=\"sp2 sanitizer peers compare\" bash tests/gpu/run.sh \$OUT/r $rel/build"
+echo "issue 14's sm_90a forward (attn_fwd_sm90 checked, timed beside attn_fwd and cuDNN), one call under 8 minutes:"
+echo "  LD_LIBRARY_PATH=\$PWD/$rel/lib NO_BUILD=1 STEPS=\"smi sm90 sm90peers\" BUDGET_S=460 bash tests/gpu/run.sh \$OUT/r $rel/build"

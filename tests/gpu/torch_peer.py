@@ -6,7 +6,10 @@ L2-hot).
     python3 tests/gpu/torch_peer.py OUTDIR [--seqs 1024,4096,8192,16384] [--heads 16,128]
                                     [--iters 20] [--warmup 3] [--sets 4] [--row-budget-ms 4000]
 
-Shapes: B = 1, bf16, causal, q and k [B, H, S, 192], v [B, H, S, 128] (DeepSeek-V3:
+    --causal 1,0 (both masks; default 1) --peers sdpa_cudnn (comma list; default all)
+    --ops fwd (default fwd,fwd_bwd): the explicit-form rows (run.sh's sm90 step)
+
+Shapes: B = 1, bf16, causal (and with --causal 0 not: pairs S^2), q and k [B, H, S, 192], v [B, H, S, 128] (DeepSeek-V3:
 d_qk = d_n + d_r = 128 + 64, d_v = 128), softmax scale 0.13523 (V3's, mscale^2/sqrt(192)).
 Peers, each when it works on this shape (a failure is a row with its message, never an
 exit):
@@ -70,6 +73,9 @@ def main():
     ap.add_argument("--row-budget-ms", type=float, default=4000.0)
     ap.add_argument("--mqa-seqs", default="1024,4096", help="absorbed-form peers' S ('' for none)")
     ap.add_argument("--mqa-heads", default=None, help="absorbed-form peers' H (default: --heads)")
+    ap.add_argument("--causal", default="1", help="explicit-form masks: 1 causal, 0 none, 1,0 both")
+    ap.add_argument("--peers", default="", help="explicit-form peers to time (comma list; '' all)")
+    ap.add_argument("--ops", default="fwd,fwd_bwd", help="explicit-form ops: fwd, fwd_bwd")
     a = ap.parse_args()
     os.makedirs(a.outdir, exist_ok=True)
     LOG = open(os.path.join(a.outdir, "torch.log"), "w")
@@ -96,26 +102,26 @@ def main():
         say(f"torch.nn.attention.sdpa_kernel unavailable ({e}): default SDPA only")
         backends = []
 
-    def sdpa_default(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE)
+    def sdpa_default(q, k, v, causal):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=SCALE)
 
     peers.append(("sdpa_default", "bhsd", sdpa_default))
     for name, be in backends:
-        def fn(q, k, v, be=be):
+        def fn(q, k, v, causal, be=be):
             with sdpa_kernel([be]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=SCALE)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=SCALE)
         peers.append((name, "bhsd", fn))
     try:
         import flash_attn
         from flash_attn import flash_attn_func as fa2
         say(f"flash_attn {getattr(flash_attn, '__version__', '?')}")
 
-        def fa2_fn(q, k, v):
-            return fa2(q, k, v, causal=True, softmax_scale=SCALE)
+        def fa2_fn(q, k, v, causal):
+            return fa2(q, k, v, causal=causal, softmax_scale=SCALE)
 
-        def fa2_vpad(q, k, v):
+        def fa2_vpad(q, k, v, causal):
             vp = F.pad(v, (0, DQK - DV))
-            return fa2(q, k, vp, causal=True, softmax_scale=SCALE)[..., :DV]
+            return fa2(q, k, vp, causal=causal, softmax_scale=SCALE)[..., :DV]
         peers.append(("flash_attn", "bshd", fa2_fn))
         peers.append(("flash_attn_vpad", "bshd", fa2_vpad))
     except Exception as e:  # noqa: BLE001
@@ -123,14 +129,19 @@ def main():
     try:
         from flash_attn_interface import flash_attn_func as fa3
 
-        def fa3_fn(q, k, v):
-            o = fa3(q, k, v, causal=True, softmax_scale=SCALE)
+        def fa3_fn(q, k, v, causal):
+            o = fa3(q, k, v, causal=causal, softmax_scale=SCALE)
             return o[0] if isinstance(o, tuple) else o
         peers.append(("flash_attn3", "bshd", fa3_fn))
         say("flash_attn_interface (FlashAttention-3) importable")
     except Exception as e:  # noqa: BLE001
         say(f"flash_attn_interface not importable ({type(e).__name__}): skipped")
 
+    if a.peers:
+        keep = a.peers.split(",")
+        peers = [p for p in peers if p[0] in keep]
+    ops = [o for o in a.ops.split(",") if o]
+    masks = [bool(int(c)) for c in a.causal.split(",") if c]
     rows = []
     start = [torch.cuda.Event(enable_timing=True) for _ in range(257)]
 
@@ -157,15 +168,12 @@ def main():
         med = t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
         return med, n
 
-    say(f"B=1 bf16 causal d_qk={DQK} d_v={DV} scale={SCALE:.5f}; warm-up {a.warmup}, "
+    say(f"B=1 bf16 {'causal' if masks == [True] else 'causal ' + a.causal} d_qk={DQK} d_v={DV} scale={SCALE:.5f}; warm-up {a.warmup}, "
         f"median of {a.iters}, {a.sets} input sets")
-    hdr = f"{'impl':<16} {'op':<8} {'H':>4} {'S':>6} {'ms(median)':>10} {'TFLOP/s':>8} {'iters':>5}  note"
+    hdr = f"{'impl':<16} {'op':<8} {'H':>4} {'S':>6} {'causal':>6} {'ms(median)':>10} {'TFLOP/s':>8} {'iters':>5}  note"
     say(hdr)
     for H in parse_list(a.heads):
         for S in parse_list(a.seqs):
-            pairs = S * (S + 1) / 2
-            f_fwd = 2 * H * pairs * (DQK + DV)
-            f_bwd = 2 * H * pairs * (3 * DQK + 2 * DV)
             per_set = 2 * (2 * H * S * DQK + 2 * H * S * DV)
             free, _ = torch.cuda.mem_get_info()
             n_sets = a.sets
@@ -182,23 +190,26 @@ def main():
                     sets = base
                 else:  # [B, S, H, D], contiguous
                     sets = [tuple(x.transpose(1, 2).contiguous() for x in s) for s in base]
-                for op in ("fwd", "fwd_bwd"):
+                for causal, op in [(c, o) for c in masks for o in ops]:
+                    pairs = S * (S + 1) / 2 if causal else S * S
+                    f_fwd = 2 * H * pairs * (DQK + DV)
+                    f_bwd = 2 * H * pairs * (3 * DQK + 2 * DV)
                     note = ""
                     try:
                         if op == "fwd":
-                            def call(i, sets=sets, fwd=fwd):
+                            def call(i, sets=sets, fwd=fwd, causal=causal):
                                 q, k, v, _ = sets[i]
                                 with torch.no_grad():
-                                    fwd(q, k, v)
+                                    fwd(q, k, v, causal)
                         else:
                             leaf = [tuple(x.detach().requires_grad_(j < 3) for j, x in enumerate(s))
                                     for s in sets]
 
-                            def call(i, leaf=leaf, fwd=fwd):
+                            def call(i, leaf=leaf, fwd=fwd, causal=causal):
                                 q, k, v, do = leaf[i]
-                                o = fwd(q, k, v)
+                                o = fwd(q, k, v, causal)
                                 torch.autograd.grad(o, (q, k, v), do)
-                        ms, iters = time_row(f"{name} {op} H={H} S={S}", call, n_sets)
+                        ms, iters = time_row(f"{name} {op} H={H} S={S} causal={int(causal)}", call, n_sets)
                         flops = f_fwd if op == "fwd" else f_fwd + f_bwd
                         tf = flops / (ms * 1e-3) / 1e12
                     except Exception as e:  # noqa: BLE001
@@ -207,14 +218,14 @@ def main():
                         torch.cuda.synchronize()
                     if name == "flash_attn_vpad":
                         note = (note + " " if note else "") + "v padded to 192 (extra work)"
-                    rows.append([name, op, H, S, ms, tf, iters, note])
-                    say(f"{name:<16} {op:<8} {H:>4} {S:>6} {ms:>10.3f} {tf:>8.1f} {iters:>5}  {note}")
+                    rows.append([name, op, H, S, ms, tf, iters, note, int(causal)])
+                    say(f"{name:<16} {op:<8} {H:>4} {S:>6} {int(causal):>6} {ms:>10.3f} {tf:>8.1f} {iters:>5}  {note}")
                 if layout != "bhsd":
                     del sets
             del base
             torch.cuda.empty_cache()
     for r in rows:
-        r.extend([DQK, DV])
+        r[8:8] = [DQK, DV]  # ..., note, d_qk, d_v, causal
 
     # the absorbed form: MQA over the latent, one shared head as keys and values
     mqa_rows = []
@@ -289,8 +300,8 @@ def main():
                                 continue
                             ms, iters, tf = float("nan"), 0, float("nan")
                             note = f"unsupported: {msg}" + (f" (with enable_gqa: {first})" if first and first != msg else "")
-                    mqa_rows.append([name, op, H, S, ms, tf, iters, note, MQK, MV])
-                    say(f"{name:<16} {op:<8} {H:>4} {S:>6} {ms:>10.3f} {tf:>8.1f} {iters:>5}  {note}")
+                    mqa_rows.append([name, op, H, S, ms, tf, iters, note, MQK, MV, 1])
+                    say(f"{name:<16} {op:<8} {H:>4} {S:>6} {1:>6} {ms:>10.3f} {tf:>8.1f} {iters:>5}  {note}")
             del sets
             torch.cuda.empty_cache()
     rows.extend(mqa_rows)
@@ -298,10 +309,10 @@ def main():
     path = os.path.join(a.outdir, "torch.csv")
     with open(path, "w") as f:
         f.write("tool,impl,op,H,S,d_qk,d_v,causal,ms,tflops,iters,note\n")
-        for name, op, H, S, ms, tf, iters, note, dqk, dv in rows:
+        for name, op, H, S, ms, tf, iters, note, dqk, dv, causal in rows:
             ms_s = "" if math.isnan(ms) else f"{ms:.4f}"
             tf_s = "" if math.isnan(tf) else f"{tf:.2f}"
-            f.write(f"torch,{name},{op},{H},{S},{dqk},{dv},1,{ms_s},{tf_s},{iters},\"{note.replace(chr(34), chr(39))}\"\n")
+            f.write(f"torch,{name},{op},{H},{S},{dqk},{dv},{causal},{ms_s},{tf_s},{iters},\"{note.replace(chr(34), chr(39))}\"\n")
     say(f"wrote {path}")
     return 0
 

@@ -1,0 +1,100 @@
+/* mg_sm90_tmap.c: attn_fwd_sm90's tensor maps. See mg_sm90_tmap.h. */
+#include "mg_sm90_tmap.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mlagen.h"
+
+/* Columns per box and the swizzle spanning them: the widest of 64/32/16 dividing d. */
+static unsigned box_w(int d) { return d % 64 == 0 ? 64 : d % 32 == 0 ? 32 : 16; }
+static CUtensorMapSwizzle swizzle_of(unsigned w) {
+  return w == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : w == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                        : CU_TENSOR_MAP_SWIZZLE_32B;
+}
+
+static int config_of(const mg_kernel_info *k, const char *name, long *v, mg_diag *d) {
+  for (int i = 0; i < k->n_config; i++)
+    if (!strcmp(k->config[i].name, name)) return *v = k->config[i].value, 0;
+  return mg_diag_set(d, MLAGEN_EINVAL, "attn_fwd_sm90 tensor maps: %s has no tunable %s",
+                     k->name, name);
+}
+
+/* One map of a row-major 16-bit tensor of rank 2 or 3 at base: dims innermost first. */
+static int encode(const mg_driver *drv, CUtensorMap *map, const char *what, CUtensorMapDataType dt,
+                  int rank, CUdeviceptr base, const cuuint64_t *dims, const cuuint32_t *box,
+                  mg_diag *d) {
+  if (!base || (base & 15))
+    return mg_diag_set(d, MLAGEN_EINVAL, "attn_fwd_sm90 tensor map %s: address 0x%llx is %s", what,
+                       (unsigned long long)base, base ? "not 16-byte aligned" : "null");
+  const cuuint64_t strides[2] = {dims[0] * 2, dims[0] * dims[1] * 2}; /* bytes, dims 1.. */
+  const cuuint32_t estrides[3] = {1, 1, 1};
+  CUresult r = drv->cuTensorMapEncodeTiled(
+      map, dt, (cuuint32_t)rank, (void *)(uintptr_t)base, dims, strides, box, estrides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_of(box[0]), CU_TENSOR_MAP_L2_PROMOTION_NONE,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) return 0;
+  char call[256]; /* at most ~150 characters */
+  int n = snprintf(call, sizeof call, "cuTensorMapEncodeTiled(attn_fwd_sm90 map %s: dims {", what);
+  for (int i = 0; i < rank; i++)
+    n += snprintf(call + n, sizeof call - (size_t)n, "%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
+  n += snprintf(call + n, sizeof call - (size_t)n, "} box {");
+  for (int i = 0; i < rank; i++)
+    n += snprintf(call + n, sizeof call - (size_t)n, "%s%u", i ? ", " : "", box[i]);
+  snprintf(call + n, sizeof call - (size_t)n, "})");
+  return mg_driver_check(drv, r, MLAGEN_EINVAL, call, d);
+}
+
+int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_fwd_tensors *t, CUtensorMap maps[MG_SM90_FWD_TMAPS],
+                      mg_diag *d) {
+  if (!drv || !s || !k || !t || !maps)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_fwd_tmaps: a NULL argument");
+  memset(maps, 0, MG_SM90_FWD_TMAP_BYTES);
+  if (strcmp(k->family, "attn_fwd_sm90") || strcmp(s->family, k->family))
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "mg_sm90_fwd_tmaps: kernel %s (family %s, spec family %s) is not attn_fwd_sm90",
+                       k->name, k->family, s->family);
+  if (!drv->cuTensorMapEncodeTiled)
+    return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
+                       "attn_fwd_sm90 needs cuTensorMapEncodeTiled, which the CUDA driver %s "
+                       "(version %d) lacks (a driver of CUDA 12.0 or newer has it); the mma.sync "
+                       "attn_fwd runs without it",
+                       drv->path, drv->driver_version);
+  long bm = 0, bn = 0, packed = 0;
+  int rc;
+  if ((rc = config_of(k, "block_m", &bm, d)) || (rc = config_of(k, "block_n", &bn, d)) ||
+      (rc = config_of(k, "k_packed", &packed, d)))
+    return rc;
+  const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
+  if (H < 1 || dn < 16 || dr < 16 || dv < 16 || dn % 16 || dr % 16 || dv % 16)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "attn_fwd_sm90 tensor maps: heads %d, d_n %d, d_r %d, d_v %d (heads >= 1, "
+                       "dims positive multiples of 16)", H, dn, dr, dv);
+  if (t->batch < 0 || t->seqlen_q < 0 || t->seqlen_k < 0)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "attn_fwd_sm90 tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)",
+                       t->batch, t->seqlen_q, t->seqlen_k);
+  CUtensorMapDataType dt;
+  if (!strcmp(s->dtype, "bf16")) dt = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  else if (!strcmp(s->dtype, "fp16")) dt = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  else return mg_diag_set(d, MLAGEN_EINVAL, "attn_fwd_sm90 tensor maps: dtype %s (bf16 or fp16)", s->dtype);
+  const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
+  const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
+  const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
+  if ((rc = encode(drv, &maps[0], "[0] q", dt, 3, t->q, (cuuint64_t[]){dqk, H, rq},
+                   (cuuint32_t[]){box_w(dqk), 1, BM}, d)) ||
+      (rc = encode(drv, &maps[1], "[1] k_nope", dt, 3, t->k_nope,
+                   (cuuint64_t[]){packed ? dqk : dn, H, rk}, (cuuint32_t[]){box_w(dn), 1, BN}, d)) ||
+      (rc = packed ? encode(drv, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
+                            (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){box_w(dr), 1, BN}, d)
+                   : encode(drv, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk},
+                            (cuuint32_t[]){box_w(dr), BN, 1}, d)) ||
+      (rc = encode(drv, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
+                   (cuuint32_t[]){box_w(dv), 1, BN}, d))) {
+    memset(maps, 0, MG_SM90_FWD_TMAP_BYTES);
+    return rc;
+  }
+  return 0;
+}

@@ -1,0 +1,58 @@
+/* mg_sm90_tmap.h: the four CUtensorMaps of attn_fwd_sm90's `tmaps` parameter.
+ *
+ * attn_fwd_sm90 (templates/attn_fwd_sm90.cu.tpl) reads Q, K_nope (or the packed per-head
+ * K), k_rope and V through TMA: its last parameter points at 4 CUtensorMaps in device
+ * memory. This module is the one place above the template that knows their dims, strides,
+ * boxes and swizzles (the template's `tmaps` doc states the same contract); the CUDA
+ * executor and the GPU benchmark (tests/gpu/bench.c) both call it. Maps are encoded with
+ * cuTensorMapEncodeTiled, the driver loader's optional entry (runtime/exec/mg_driver.h),
+ * on the host; the caller copies the 512 bytes to device memory (cuMemcpyHtoD) before the
+ * launch and keeps the tensors alive while the kernel runs (a map holds their addresses).
+ *
+ * Per map (dims innermost first; 16-bit elements; rows are B * S tokens; no interleave,
+ * L2 promotion none, zero out-of-bounds fill; W(d) = 64, 32 or 16 columns for d a multiple
+ * of 64, 32, 16, with swizzle 128B, 64B, 32B):
+ *   [0] q       dims {d_qk, H, B*S_q}              box {W(d_qk), 1, block_m}
+ *   [1] k_nope  dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}
+ *   [2] split:  k_rope dims {d_r, B*S_k}           box {W(d_r), block_n}
+ *       packed: K      dims {d_qk, H, B*S_k}       box {W(d_r), 1, block_n}
+ *   [3] v       dims {d_v, H, B*S_k}               box {W(d_v), 1, block_n}
+ * A token count of 0 is encoded as 1 row (the driver needs dims >= 1; the kernel then
+ * launches no CTA or masks every key). */
+#ifndef MG_SM90_TMAP_H
+#define MG_SM90_TMAP_H
+#include "mg_diag.h"
+#include "mg_driver.h"
+#include "mg_manifest.h"
+
+/* Maps per attn_fwd_sm90 launch, and their bytes in device memory (each CUtensorMap is 128
+ * bytes, 64-byte aligned: a cuMemAlloc'd buffer is). */
+#define MG_SM90_FWD_TMAPS 4
+#define MG_SM90_FWD_TMAP_BYTES (MG_SM90_FWD_TMAPS * sizeof(CUtensorMap))
+
+/* The tensors one attn_fwd_sm90 launch reads (device addresses, 16-byte aligned) and the
+ * run-time sizes: q [B, S_q, H, d_qk]; k_nope [B, S_k, H, d_n] (k_packed = 1:
+ * [B, S_k, H, d_qk], and k_rope is unused, may be 0); k_rope [B, S_k, d_r];
+ * v [B, S_k, H, d_v]. */
+typedef struct mg_sm90_fwd_tensors {
+  CUdeviceptr q, k_nope, k_rope, v;
+  long batch, seqlen_q, seqlen_k; /* >= 0 */
+} mg_sm90_fwd_tensors;
+
+/* Encodes the 4 maps of kernel k (an attn_fwd_sm90 manifest entry: its configuration gives
+ * block_m, block_n, k_packed) for spec s (heads, d_n, d_r, d_v, dtype "bf16" or "fp16") and
+ * the tensors t into maps[0..4) (host memory). Returns 0, or:
+ *   MLAGEN_EINVAL       a NULL argument; k not of family attn_fwd_sm90 or s's family
+ *                       differing; block_m, block_n or k_packed missing from k's
+ *                       configuration; a dim not a positive multiple of 16; a negative size;
+ *                       an unknown dtype; a tensor address not 16-byte aligned (or 0 when
+ *                       read); cuTensorMapEncodeTiled rejecting a map (the message names
+ *                       the map, its dims and box, and the CUDA error).
+ *   MLAGEN_EUNSUPPORTED the loaded driver has no cuTensorMapEncodeTiled (a driver older
+ *                       than CUDA 12.0): attn_fwd_sm90 cannot run; the mma.sync attn_fwd
+ *                       can.
+ * maps is zeroed first, so it never holds a partial set on error. */
+int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_fwd_tensors *t, CUtensorMap maps[MG_SM90_FWD_TMAPS],
+                      mg_diag *d);
+#endif

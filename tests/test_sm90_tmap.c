@@ -1,0 +1,167 @@
+/* test_sm90_tmap.c: runtime/exec/mg_sm90_tmap.c, attn_fwd_sm90's four CUtensorMaps, through
+ * the fake driver (tests/fake_cuda.c), whose cuTensorMapEncodeTiled stores its arguments in
+ * the host executor's format (tests/host/mg_host_tmap.h): per map, the rank, dims, byte
+ * strides, box, swizzle, element size and base are read back and compared with the
+ * template's `tmaps` contract written out here by hand (split and packed keys, bf16 and
+ * fp16, widths 64/32/16). Errors: a driver without the entry, a wrong family, a missing
+ * tunable, a misaligned or null tensor. End to end (the maps driving the kernel on the host
+ * executor against float64): test_attn_fwd_sm90. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "fake_driver.h"
+#include "host/mg_host_tmap.h"
+#include "mg_driver.h"
+#include "mg_sm90_tmap.h"
+#include "mlagen.h"
+
+static const mg_driver *driver(void) {
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  assert_non_null(drv->cuTensorMapEncodeTiled);
+  return drv;
+}
+
+static mg_kernel_spec spec(int H, int dn, int dr, int dv, const char *dtype) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "attn_fwd_sm90");
+  s.heads = H, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = 512, s.causal = 1;
+  snprintf(s.dtype, sizeof s.dtype, "%s", dtype);
+  return s;
+}
+
+/* A manifest entry's configuration (names sorted, as mg_manifest_parse leaves them). */
+static mg_kernel_info info(long bm, long bn, long packed) {
+  mg_kernel_info k;
+  memset(&k, 0, sizeof k);
+  snprintf(k.name, sizeof k.name, "mla_attn_fwd_sm90_test");
+  snprintf(k.family, sizeof k.family, "attn_fwd_sm90");
+  const char *names[] = {"block_m", "block_n", "k_packed", "overlap", "stages"};
+  const long values[] = {bm, bn, packed, 1, 2};
+  for (int i = 0; i < 5; i++) {
+    snprintf(k.config[i].name, sizeof k.config[i].name, "%s", names[i]);
+    k.config[i].value = values[i];
+  }
+  k.n_config = 5;
+  return k;
+}
+
+static void expect_map(const CUtensorMap *m, unsigned es, unsigned rank, uintptr_t base,
+                       const unsigned long long *dims, const unsigned *box, unsigned swz) {
+  mg_host_tmap t;
+  memcpy(&t, m, sizeof t);
+  assert_int_equal(t.magic, MG_HOST_TMAP_MAGIC);
+  assert_int_equal(t.rank, rank);
+  assert_int_equal(t.elem_size, es);
+  assert_int_equal(t.swizzle, swz);
+  assert_int_equal(t.oob_nan, 0);
+  assert_ptr_equal(t.base, (const void *)base);
+  unsigned long long stride = es;
+  for (unsigned i = 0; i < rank; i++) {
+    assert_int_equal(t.dim[i], dims[i]);
+    assert_int_equal(t.box[i], box[i]);
+    assert_int_equal(t.stride[i], stride); /* row-major: bytes per step of dim i */
+    stride *= dims[i];
+  }
+}
+
+enum { SW32 = CU_TENSOR_MAP_SWIZZLE_32B, SW64 = CU_TENSOR_MAP_SWIZZLE_64B, SW128 = CU_TENSOR_MAP_SWIZZLE_128B };
+/* Distinct 16-byte aligned addresses: never dereferenced by the encode. */
+#define QA ((CUdeviceptr)0x100000)
+#define KNA ((CUdeviceptr)0x200000)
+#define KRA ((CUdeviceptr)0x300000)
+#define VA ((CUdeviceptr)0x400000)
+
+/* DeepSeek-V3 heads (192 = 128 + 64, d_v 128), split keys: W 64, swizzle 128B everywhere
+ * but d_qk 192 (64 divides it). */
+static void test_split_deepseek(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(16, 128, 64, 128, "bf16");
+  mg_kernel_info k = info(128, 64, 0);
+  CUtensorMap maps[4];
+  mg_diag d = MG_DIAG_INIT;
+  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500};
+  if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){192, 16, 600}, (unsigned[]){64, 1, 128}, SW128);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){128, 16, 1000}, (unsigned[]){64, 1, 64}, SW128);
+  expect_map(&maps[2], 2, 2, KRA, (unsigned long long[]){64, 1000}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){128, 16, 1000}, (unsigned[]){64, 1, 64}, SW128);
+}
+
+/* An unusual shape, packed keys, fp16: d_n 96 (W 32, 64B), d_r 16 (W 16, 32B), d_qk 112
+ * (W 16), d_v 64; map [2] is the packed K (its RoPE columns are read at offset d_n);
+ * seqlen_k 0 encodes one row. */
+static void test_packed_unusual_fp16(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(3, 96, 16, 64, "fp16");
+  mg_kernel_info k = info(64, 128, 1);
+  CUtensorMap maps[4];
+  mg_diag d = MG_DIAG_INIT;
+  const mg_sm90_fwd_tensors t = {QA, KNA, 0, VA, 1, 7, 0};
+  if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){112, 3, 7}, (unsigned[]){16, 1, 64}, SW32);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){112, 3, 1}, (unsigned[]){32, 1, 128}, SW64);
+  expect_map(&maps[2], 2, 3, KNA, (unsigned long long[]){112, 3, 1}, (unsigned[]){16, 1, 128}, SW32);
+  expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){64, 3, 1}, (unsigned[]){64, 1, 128}, SW128);
+}
+
+static void expect_error(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                         const mg_sm90_fwd_tensors *t, int status, const char *words) {
+  CUtensorMap maps[4];
+  memset(maps, 0x5a, sizeof maps);
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_sm90_fwd_tmaps(drv, s, k, t, maps, &d), status);
+  if (!strstr(mg_diag_msg(&d), words)) fail_msg("message '%s' lacks '%s'", mg_diag_msg(&d), words);
+  static const CUtensorMap zero;
+  for (int i = 0; i < 4; i++) assert_memory_equal(&maps[i], &zero, sizeof zero); /* no partial set */
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(16, 128, 64, 128, "bf16");
+  mg_kernel_info k = info(128, 64, 0);
+  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 1, 256, 256};
+  mg_driver old = *drv; /* a driver older than CUDA 12.0: the optional entry is NULL */
+  old.cuTensorMapEncodeTiled = NULL;
+  expect_error(&old, &s, &k, &t, MLAGEN_EUNSUPPORTED, "lacks");
+  mg_kernel_info other = k;
+  snprintf(other.family, sizeof other.family, "attn_fwd");
+  expect_error(drv, &s, &other, &t, MLAGEN_EINVAL, "is not attn_fwd_sm90");
+  mg_kernel_info nobn = k;
+  nobn.config[1] = nobn.config[4], nobn.n_config = 4;
+  expect_error(drv, &s, &nobn, &t, MLAGEN_EINVAL, "no tunable block_n");
+  mg_sm90_fwd_tensors bad = t;
+  bad.v = VA + 8;
+  expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "map [3] v: address");
+  bad = t, bad.k_rope = 0;
+  expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "null");
+  bad = t, bad.seqlen_q = -1;
+  expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "seqlen_q -1");
+  mg_kernel_spec odd = s;
+  odd.d_r = 8;
+  expect_error(drv, &odd, &k, &t, MLAGEN_EINVAL, "multiples of 16");
+  mg_kernel_info wide = info(128, 512, 0); /* box 512 > 256: the driver rejects it */
+  expect_error(drv, &s, &wide, &t, MLAGEN_EINVAL,
+               "cuTensorMapEncodeTiled(attn_fwd_sm90 map [1] k_nope: dims {128, 16, 256} box {64, 1, 512}): CUDA_ERROR_INVALID_VALUE");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_split_deepseek),
+      cmocka_unit_test(test_packed_unusual_fp16),
+      cmocka_unit_test(test_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
