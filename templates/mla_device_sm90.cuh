@@ -87,6 +87,21 @@ __host__ __device__ __forceinline__ constexpr unsigned long long make_desc(unsig
          ((unsigned long long)(swz & 3) << 62);
 }
 
+// The descriptor of k-step ks (K rows [16 ks, 16 ks + 16)) of an MN-major 16-bit operand (A's
+// M or B's N index contiguous: imm-trans-a / imm-trans-b 1) of `krows` K rows at shared
+// address base (aligned as for tile_offset), stored as TMA boxes of a row-major [k][mn] tensor
+// land: box b holds MN columns [b span/2, (b+1) span/2) of every K row, boxes krows x span
+// bytes apart (no swizzle: 8-column boxes of 16-byte rows). PTX ISA MN-major canonical
+// layouts: swizzled, LBO = krows x span (the next column block), SBO = 8 span (the next 8 K
+// rows); no swizzle, LBO = 128 (the next 8 K rows), SBO = krows x 16 (the next 8 columns).
+__host__ __device__ __forceinline__ constexpr unsigned long long make_desc_mn_kstep(
+    int swz, unsigned base, unsigned krows, unsigned ks) {
+  return swz == SWIZZLE_NONE
+             ? make_desc(base + 16u * ks * 16u, 8u * 16u, krows * 16u, swz)
+             : make_desc(base + 16u * ks * swizzle_span(swz), krows * swizzle_span(swz),
+                         8u * swizzle_span(swz), swz);
+}
+
 // The wgmma m64nNk16 f32 accumulator fragment (PTX ISA, "Register Fragments ... wgmma
 // .m64nNk16", matrix D): thread t of the warpgroup (0..127) holds d[i], i < N/2, at
 // row 16 (t / 32) + (t % 32) / 4 + 8 ((i % 4) / 2), column 8 (i / 4) + 2 (t % 4) + i % 2.

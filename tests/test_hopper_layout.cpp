@@ -9,7 +9,11 @@
 //     TMA boxes give (tile_offset per box, boxes rows x span apart) and, for every 16-column
 //     k-step, against the address the emulator decodes from the descriptor the kernels
 //     build (make_desc: start at the k-step, SBO 8 rows, LBO between 8-column halves);
-//   - shared memory, MN-major 16-bit B operands (check_smem_mn);
+//   - shared memory, MN-major 16-bit operands (check_smem_mn): B (imm-trans-b, V in the forward,
+//     dO and Q in the backward) and A (imm-trans-a, P and dS for P^T dO and dS^T Q: M = 64,
+//     the 64-column shapes; the emulator decodes A's and B's MN-major descriptors alike, as
+//     the ISA's canonical layouts are per majorness, not per operand), with the header's
+//     make_desc_mn_kstep;
 //   - registers: CuTe's CLayout_64xN (N 64, 128, 192, 256) against acc_row/acc_col and
 //     mg_host_wgmma_acc_coord, and ALayout_64x16 against mg_host_wgmma_a_coord.
 // Prints what it compared; exits 1 on the first difference.
@@ -73,12 +77,14 @@ static void check_smem(int swz, const char *name, unsigned rows) {
   }
 }
 
-// MN-major 16-bit B operands (wgmma imm-trans-b 1): CuTe's MN-major atoms tiled to (n, k)
+// MN-major 16-bit operands (wgmma imm-trans-a or imm-trans-b 1; the n index is A's M or B's
+// N): CuTe's MN-major atoms tiled to (n, k)
 // = (cols, rows) with the k mode outermost (Step<_2,_1>), which is how TMA boxes of a
 // row-major [k][n] tensor (V [keys][d_v]) land: box b = n / (span / 2) holds every k row of
 // its span-wide column block, boxes rows x span bytes apart (no swizzle: 8-column boxes of
 // 16-byte rows). Checked: the box offsets, and for every 16-row k-step the address the
-// emulator decodes (mg_host_gmma_addr_mn) from the descriptor attn_fwd_sm90 builds:
+// emulator decodes (mg_host_gmma_addr_mn) from the descriptor attn_fwd_sm90 builds (equal to
+// the header's make_desc_mn_kstep, which the backward's primitives use):
 // swizzled, start at the k-step (16 span bytes per step), LBO = rows x span (the next
 // column block), SBO = 8 span (the next 8 k rows); no swizzle, start 256 bytes per step,
 // SBO = rows x 16 (the next 8 columns), LBO = 128 (the next 8 k rows).
@@ -102,6 +108,9 @@ static void check_smem_mn(int swz, const char *name, unsigned cols_n, unsigned r
         swz == mla::sm90::SWIZZLE_NONE
             ? mla::sm90::make_desc(ks * 16 * 16, 128, rows * 16, swz)
             : mla::sm90::make_desc(ks * 16 * span, rows * span, 8 * span, swz);
+    CHECK(desc == mla::sm90::make_desc_mn_kstep(swz, 0, rows, ks),
+          "MN %s %ux%u k-step %u: make_desc_mn_kstep differs from 0x%016llx", name, cols_n, rows,
+          ks, desc);
     for (unsigned n = 0; n < cols_n; ++n)
       for (unsigned k = 0; k < 16; ++k) {
         unsigned cute_b = 2u * layout(n, ks * 16 + k);
@@ -144,8 +153,9 @@ int main() {
     check_smem_mn<GMMA::Layout_MN_SW64_Atom<half_t>>(mla::sm90::SWIZZLE_64B, "SW64", sh[0], sh[1]);
     check_smem_mn<GMMA::Layout_MN_SW128_Atom<half_t>>(mla::sm90::SWIZZLE_128B, "SW128", sh[0], sh[1]);
   }
-  printf("smem: MN-major 16-bit INTER/SW32/SW64/SW128 tiles (n x k 64x64, 128x64, 128x128, "
-         "256x64): TMA box offsets and the k-step descriptors equal CuTe's\n");
+  printf("smem: MN-major 16-bit INTER/SW32/SW64/SW128 tiles (mn x k 64x64 (A's M = 64), 128x64, "
+         "128x128, 256x64): TMA box offsets and the k-step descriptors (make_desc_mn_kstep) "
+         "equal CuTe's\n");
   check_acc<64>();
   check_acc<128>();
   check_acc<192>();

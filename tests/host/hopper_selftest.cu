@@ -222,16 +222,6 @@ extern "C" __global__ void hopper_tma_copy3(const __grid_constant__ TensorMap ma
 // HOPPER_QK_SMEM(N) bytes; maps: A {64, 64}, B {N, 64} (TB 1) or {64, N} (TB 0), boxes of one
 // swizzle span (8 elements without swizzle) by 64 rows.
 namespace {
-// Descriptor of k-step ks of an MN-major tile of `krows` K rows stored as TMA boxes of
-// span-wide column blocks (each krows x span bytes; 16-byte, 8-column blocks without swizzle).
-__device__ __forceinline__ unsigned long long mn_desc(int swz, unsigned base, unsigned krows,
-                                                      unsigned ks) {
-  unsigned span = swizzle_span(swz);
-  if (swz == SWIZZLE_NONE)  // LBO: the two 8-row halves of K; SBO: 8-column groups of MN
-    return make_desc(base + 16 * ks * 16, 8 * 16, krows * 16, swz);
-  return make_desc(base + 16 * ks * span, krows * span, 8 * span, swz);  // LBO: column blocks
-}
-
 template <int N, int TB>
 __device__ void tt(const TensorMap* ta, const TensorMap* tb, float* C, int swz) {
   unsigned addr0 = smem_u32(smem);
@@ -258,8 +248,9 @@ __device__ void tt(const TensorMap* ta, const TensorMap* tb, float* C, int swz) 
   fence_operand(d);
   wgmma_fence();
   for (unsigned ks = 0; ks < 4; ++ks)
-    wgmma_ss_t<N, bf16_t, 1, TB>(d, mn_desc(swz, aa, 64, ks),
-                                 TB ? mn_desc(swz, ba, 64, ks) : kstep_desc(swz, ba, N, ks), ks > 0);
+    wgmma_ss_t<N, bf16_t, 1, TB>(
+        d, make_desc_mn_kstep(swz, aa, 64, ks),
+        TB ? make_desc_mn_kstep(swz, ba, 64, ks) : kstep_desc(swz, ba, N, ks), ks > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_operand(d);
