@@ -1083,6 +1083,35 @@ __device__ __forceinline__ void wgmma_ss_t(float (&d)[N / 2], unsigned long long
 }
 #endif
 
+// ---- stmatrix ---------------------------------------------------------------------------------
+// stmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (sm_90; one warp, all lanes): the inverse of
+// ldmatrix_x4[_trans]. smem_row: this lane's row of 8 16-bit elements, 16-byte aligned, in
+// shared memory; lanes 8m..8m+7 give rows 0..7 of matrix m. Lane i holds in r[m] row i/4,
+// elements 2(i%4) (low half) and 2(i%4)+1 of matrix m; .trans stores each matrix transposed
+// (stored row j = column j of the fragment matrix). Writes a bf16 accumulator tile (P, dS) to
+// shared memory for a later wgmma or TMA store (then fence_proxy_async).
+__device__ __forceinline__ void stmatrix_x4(const unsigned (&r)[4], void* smem_row MLA90_LINE) {
+#ifdef MG_HOST_EMULATION
+  mg_host_stmatrix(0, r, smem_row, mg_line);
+#else
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                   smem_u32(smem_row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void stmatrix_x4_trans(const unsigned (&r)[4],
+                                                  void* smem_row MLA90_LINE) {
+#ifdef MG_HOST_EMULATION
+  mg_host_stmatrix(1, r, smem_row, mg_line);
+#else
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                   smem_u32(smem_row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#endif
+}
+
 // ---- named barriers -----------------------------------------------------------------------
 // bar.sync id, count / bar.arrive id, count: CTA barrier `id` (1..15; 0 is __syncthreads's)
 // for `count` threads (a multiple of 32; whole warps arrive). bar_sync arrives and waits until

@@ -711,6 +711,55 @@ static void test_tma_store_reduce(void **state) {
   free(src);
 }
 
+typedef void (*stsm_fn)(unsigned short *, int);
+struct stsm_args {
+  stsm_fn fn;
+  unsigned short *out;
+  int trans;
+};
+static void stsm_thunk(void *p) {
+  struct stsm_args *a = p;
+  a->fn(a->out, a->trans);
+}
+
+/* stmatrix.x4 and .x4.trans: every stored 16-bit value where the PTX ISA's fragment layout
+ * puts it (element (row, col) of matrix m: lane 4 row + col / 2, register m, half col % 2;
+ * transposed with .trans), rows from the lanes' addresses (80 bytes apart), nothing else
+ * written. Exact. */
+static void test_stmatrix(void **state) {
+  (void)state;
+  setup_headers();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_stmatrix", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  for (int trans = 0; trans < 2; trans++) {
+    unsigned short out[320];
+    memset(out, 0, sizeof out);
+    struct stsm_args a = {(stsm_fn)mg_host_kernel_sym(k, "hopper_stmatrix"), out, trans};
+    assert_non_null(a.fn);
+    mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+    if (mg_host_kernel_launch(k, grid, block, 1024, NULL, stsm_thunk, &a, msg, sizeof msg))
+      fail_msg("trans %d: %s", trans, msg);
+    for (unsigned i = 0; i < 320; i++) {
+      unsigned row = i / 40, m = (i % 40) / 8, col = i % 8;
+      unsigned want = 0xffff;
+      if (i % 40 < 32) {
+        unsigned fr = trans ? col : row, fc = trans ? row : col;
+        want = 2 * (4 * (4 * fr + fc / 2) + m) + fc % 2;
+      }
+      if (out[i] != want)
+        fail_msg("trans %d: row %u matrix %u column %u holds %u, want %u", trans, row, m, col,
+                 out[i], want);
+    }
+  }
+  print_message("  stmatrix.x4 and .x4.trans: 4 x 8 x 8 values each where the ISA's fragment "
+                "layout puts them, padding untouched\n");
+  mg_host_kernel_free(k);
+  free(src);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_qk),
@@ -721,6 +770,7 @@ int main(void) {
       cmocka_unit_test(test_wgmma_trans_a),
       cmocka_unit_test(test_named_barriers),
       cmocka_unit_test(test_tma_store_reduce),
+      cmocka_unit_test(test_stmatrix),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

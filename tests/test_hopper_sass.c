@@ -43,14 +43,15 @@ static int g_skipped;
  * HGMMA of its shape, TMA -> UTMALDG, mbarrier -> SYNCS, the proxy fence -> FENCE.VIEW.ASYNC,
  * wait_group -> WARPGROUP.DEPBAR; for the backward: an MN-major A -> HGMMA ... gdesc[..].tnspA,
  * TMA store / reduction -> UTMASTG / UTMAREDG.ADD, bulk wait_group -> DEPBAR.LE SB0, named
- * barriers -> BAR.SYNC.DEFER_BLOCKING id, count / BAR.ARV. */
+ * barriers -> BAR.SYNC.DEFER_BLOCKING id, count / BAR.ARV, stmatrix -> STSM.16.M(T)88.4. */
 static const char *const g_sass[] = {
     "HGMMA.64x64x16.F32.BF16 ", "HGMMA.64x128x16.F32.BF16 ", "HGMMA.64x192x16.F32.BF16 ",
     "HGMMA.64x256x16.F32.BF16 ", "UTMALDG.2D ", "UTMALDG.3D ", "SYNCS.EXCH.64 ",
     "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK.TRANS64", "FENCE.VIEW.ASYNC.S", "WARPGROUP.ARRIVE",
     "WARPGROUP.DEPBAR.LE",
     ".tnspA,", ".tnspA.tnspB,", "UTMASTG.2D ", "UTMAREDG.2D.ADD ", "UTMACMDFLUSH", "DEPBAR.LE SB0",
-    "BAR.SYNC.DEFER_BLOCKING 0x2, 0x100", "BAR.ARV 0x1, 0x100"};
+    "BAR.SYNC.DEFER_BLOCKING 0x2, 0x100", "BAR.ARV 0x1, 0x100", "STSM.16.M88.4 ",
+    "STSM.16.MT88.4 "};
 
 /* The cubin's SASS must hold g_sass (nvdisasm: MLAGEN_NVDISASM, as test_device_header).
  * Without nvdisasm: fails in CI, else skipped (the program exits 77 when nothing failed). */
@@ -80,7 +81,8 @@ static void check_sass(const mg_cubin *c) {
     if (!strstr(sass, g_sass[i])) fail_msg("no '%s' in the sm_90a SASS", g_sass[i]);
   print_message("  SASS (%s): HGMMA.64x{64,128,192,256}x16.F32.BF16, UTMALDG.2D/.3D, SYNCS "
                 "(mbarrier), FENCE.VIEW.ASYNC.S, WARPGROUP.ARRIVE/DEPBAR.LE, HGMMA .tnspA(.tnspB), "
-                "UTMASTG.2D, UTMAREDG.2D.ADD, DEPBAR.LE SB0, BAR.SYNC/BAR.ARV id, count\n", tool);
+                "UTMASTG.2D, UTMAREDG.2D.ADD, DEPBAR.LE SB0, BAR.SYNC/BAR.ARV id, count, "
+                "STSM.16.M88.4/MT88.4\n", tool);
   free(sass);
 }
 
@@ -97,7 +99,8 @@ static void test_nvrtc_sm90a(void **state) {
    * and the backward's primitives (MN-major A with B MN-major at d_v 128 and B K-major, the
    * named-barrier ping-pong, the TMA reductions and store) */
   static const char *const kernels[] = {"hopper_qk_n64",  "hopper_qk_n256",  "hopper_tt_n128",
-                                        "hopper_tk_n64",  "hopper_pingpong", "hopper_bulk"};
+                                        "hopper_tk_n64",  "hopper_pingpong", "hopper_bulk",
+                                        "hopper_stmatrix"};
   for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) {
     mg_jit_opts o;
     memset(&o, 0, sizeof o);

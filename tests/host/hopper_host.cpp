@@ -811,3 +811,28 @@ void mg_host_bulk_wait(int n, int read, int line) {
     }
   }
 }
+
+void mg_host_stmatrix(int trans, const unsigned *r, void *p, int line) {
+  int op = trans ? MG_HOST_STSM_X4_T : MG_HOST_STSM_X4;
+  Launch *L = current(op_name(op));
+  Fiber *f = L->cur;
+  need_full_warp(L, f, op, line);
+  if ((uintptr_t)p % 16)
+    ptx_fail(L, f, op_name(op), line, "row address %p is not 16-byte aligned", p);
+  if (!smem_contains(p, 16))
+    ptx_fail(L, f, op_name(op), line, "row address %p is not in shared memory", p);
+  uint32_t in[4];
+  memcpy(in, r, 16);
+  unsigned bank = warp_arrive(L, f, op, 0, line, in, 4);
+  const uint32_t(*w)[WIDE_IN] = f->blk->warps[f->warp].win[bank];
+  unsigned m = f->lane / 8, row = f->lane % 8;
+  uint16_t out[8];
+  for (unsigned c = 0; c < 8; ++c) {
+    /* element (row, c) of the stored matrix: fragment element (row, c), or (c, row) with trans,
+     * held by lane 4 r' + c' / 2 in register m, half c' % 2 */
+    unsigned fr = trans ? c : row, fc = trans ? row : c;
+    out[c] = (uint16_t)(w[4 * fr + fc / 2][m] >> (16 * (fc % 2)));
+  }
+  asan_check_write(p, 16);
+  memcpy(p, out, 16); /* this lane's row, written by this lane */
+}

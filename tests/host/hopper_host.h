@@ -63,6 +63,12 @@ MG_HOST_HIDDEN void mg_host_tma_store(int reduce, const void *map, const void *s
  * read 0: complete, global written). */
 MG_HOST_HIDDEN void mg_host_bulk_commit(int line);
 MG_HOST_HIDDEN void mg_host_bulk_wait(int n, int read, int line);
+/* stmatrix.sync.aligned.m8n8.x4{,.trans}.shared.b16 [p], r: a warp collective (sm_90), the
+ * inverse of ldmatrix. Lane 8m + i gives the 16-byte aligned shared address of row i of matrix
+ * m; lane l holds in r[m] row l/4, elements 2(l%4) (low half) and 2(l%4)+1 of matrix m (with
+ * trans, of its transpose: the stored row i holds column i of that fragment matrix). Once all
+ * 32 lanes arrived, each lane writes its own row. */
+MG_HOST_HIDDEN void mg_host_stmatrix(int trans, const unsigned *r, void *p, int line);
 /* setmaxnreg.{inc (1), dec (0)}: a warpgroup rendezvous checking the same value. */
 MG_HOST_HIDDEN void mg_host_setmaxnreg(int inc, int regs, int line);
 

@@ -351,3 +351,23 @@ extern "C" __global__ void __launch_bounds__(128)
       }
   }
 }
+
+// stmatrix_x4 (trans 0) or stmatrix_x4_trans (1), one warp (32 threads, 1024 bytes): lane l
+// holds the 16-bit values 2 (4 l + m) + h in r[m] (h: low 0, high 1), rows of matrix m at byte
+// 80 row + 16 m (rows 80 bytes apart); the 640 bytes go to out (320 values, 0xffff where
+// nothing was stored).
+extern "C" __global__ void hopper_stmatrix(unsigned short* out, int trans) {
+  unsigned short* s = reinterpret_cast<unsigned short*>(smem);
+  const unsigned l = threadIdx.x;
+  for (unsigned i = l; i < 320; i += 32) s[i] = 0xffff;
+  __syncwarp();
+  unsigned r[4];
+  for (unsigned m = 0; m < 4; ++m) r[m] = (2 * (4 * l + m)) | (2 * (4 * l + m) + 1) << 16;
+  void* row = smem + 80 * (l % 8) + 16 * (l / 8);
+  if (trans)
+    stmatrix_x4_trans(r, row);
+  else
+    stmatrix_x4(r, row);
+  __syncwarp();
+  for (unsigned i = l; i < 320; i += 32) out[i] = s[i];
+}
