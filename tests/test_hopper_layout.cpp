@@ -14,9 +14,12 @@
 //     the 64-column shapes; the emulator decodes A's and B's MN-major descriptors alike, as
 //     the ISA's canonical layouts are per majorness, not per operand), with the header's
 //     make_desc_mn_kstep;
+//   - stmatrix.x4 and .x4.trans: CuTe's Copy_Traits<SM90_U32x4_STSM_N> and <SM90_U16x8_STSM_T>
+//     source layouts (thread, register bit) -> stored bit against mg_host_stsm_src;
 //   - registers: CuTe's CLayout_64xN (N 64, 128, 192, 256) against acc_row/acc_col and
 //     mg_host_wgmma_acc_coord, and ALayout_64x16 against mg_host_wgmma_a_coord.
 // Prints what it compared; exits 1 on the first difference.
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
@@ -121,6 +124,25 @@ static void check_smem_mn(int swz, const char *name, unsigned cols_n, unsigned r
   }
 }
 
+// stmatrix: CuTe's SrcLayout maps (lane, bit v of the lane's 4 registers: register v / 32) to
+// a bit of the stored rows, row q (lane q's address: matrix q / 8, row q % 8) holding bits
+// [128 q, 128 q + 128), element c at bits [16 c, 16 c + 16).
+template <class Op>
+static void check_stsm(int trans, const char *name) {
+  typename Copy_Traits<Op>::SrcLayout src;
+  for (unsigned t = 0; t < 32; ++t)
+    for (unsigned v = 0; v < 128; v += 16) {
+      unsigned bit = (unsigned)src(t, v), q = bit / 128, c = (bit % 128) / 16, lane, half;
+      CHECK(bit % 16 == 0 && (unsigned)src(t, v + 15) == bit + 15, "%s: lane %u bit %u: CuTe "
+            "bit %u is not a whole 16-bit element", name, t, v, bit);
+      mg_host_stsm_src(trans, q % 8, c, &lane, &half);
+      CHECK(lane == t && half == (v % 32) / 16 && q / 8 == v / 32,
+            "%s: lane %u register %u half %u: CuTe stores it at matrix %u row %u element %u, "
+            "the emulator takes lane %u half %u there", name, t, v / 32, (v % 32) / 16, q / 8,
+            q % 8, c, lane, half);
+    }
+}
+
 template <int N>
 static void check_acc() {
   GMMA::CLayout_64xN<N> cl;
@@ -171,5 +193,9 @@ int main() {
             "%u register %u half %u", m, k, t, v, et, er, eh);
     }
   printf("registers: wgmma A fragment (m64k16, 16-bit) equals CuTe's ALayout_64x16\n");
+  check_stsm<SM90_U32x4_STSM_N>(0, "stmatrix.x4");
+  check_stsm<SM90_U16x8_STSM_T>(1, "stmatrix.x4.trans");
+  printf("stmatrix.x4 and .x4.trans: the emulator's fragment-to-row map equals CuTe's "
+         "SM90_U32x4_STSM_N / SM90_U16x8_STSM_T\n");
   return 0;
 }

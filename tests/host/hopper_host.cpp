@@ -828,10 +828,9 @@ void mg_host_stmatrix(int trans, const unsigned *r, void *p, int line) {
   unsigned m = f->lane / 8, row = f->lane % 8;
   uint16_t out[8];
   for (unsigned c = 0; c < 8; ++c) {
-    /* element (row, c) of the stored matrix: fragment element (row, c), or (c, row) with trans,
-     * held by lane 4 r' + c' / 2 in register m, half c' % 2 */
-    unsigned fr = trans ? c : row, fc = trans ? row : c;
-    out[c] = (uint16_t)(w[4 * fr + fc / 2][m] >> (16 * (fc % 2)));
+    unsigned lane, half;
+    mg_host_stsm_src(trans, row, c, &lane, &half);
+    out[c] = (uint16_t)(w[lane][m] >> (16 * half));
   }
   asan_check_write(p, 16);
   memcpy(p, out, 16); /* this lane's row, written by this lane */

@@ -139,4 +139,15 @@ static inline void mg_host_wgmma_a_coord(unsigned row, unsigned k, unsigned *t, 
   *r = rr / 8 + 2 * (k / 8);
   *h = k % 2;
 }
+
+/* stmatrix.x4{,.trans}: the lane and half (0 low, 1 high) of register r[m] whose value is
+ * stored as element c (0..7) of the row that lane 8m + row gives the address of (PTX ISA
+ * "stmatrix": lane l holds row l/4, elements 2(l%4), 2(l%4)+1 of matrix m; .trans stores the
+ * transpose). */
+static inline void mg_host_stsm_src(int trans, unsigned row, unsigned c, unsigned *lane,
+                                    unsigned *half) {
+  unsigned fr = trans ? c : row, fc = trans ? row : c;
+  *lane = 4 * fr + fc / 2;
+  *half = fc % 2;
+}
 #endif
