@@ -574,8 +574,9 @@ static int run_pp(mg_host_kernel *k, int kind, unsigned long long seed, char *ms
   return 0;
 }
 
-/* Named barriers: the ping-pong order holds for every schedule; removing either wait breaks
- * it; a differing count, a participant that never arrives and a count not a multiple of 32 are
+/* Named barriers: the ping-pong order holds for every schedule; warpgroup 1 arriving instead of
+ * waiting (counts balanced) gives a wrong result; removing either wait is caught; a differing
+ * count, a participant that never arrives and a count not a multiple of 32 are
  * reported. */
 static void test_named_barriers(void **state) {
   (void)state;
@@ -596,6 +597,12 @@ static void test_named_barriers(void **state) {
     if (r >= 0 || !strstr(msg, want[kind]))
       fail_msg("kind %d: rc %d, message '%s' lacks '%s'", kind, r, r < 0 ? msg : "", want[kind]);
     print_message("  reported: %s\n", msg);
+  }
+  for (unsigned long long seed = 1; seed <= 3; seed++) {
+    int r = run_pp(k, 4, seed, msg, sizeof msg);
+    if (r == 0) fail_msg("warpgroup 1 arriving without waiting: the check passed (seed %llu)", seed);
+    print_message("  warpgroup 1 arrives without waiting, seed %llu: %s%s\n", seed,
+                  r < 0 ? "launch error: " : "wrong order", r < 0 ? msg : "");
   }
   mg_host_kernel_free(k);
   static const char *const mut[2][2] = {{"if (r > 0) bar_sync(1, 256);", "pingpong wait 0"},

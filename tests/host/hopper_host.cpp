@@ -249,6 +249,22 @@ bool hopper_land_stuck(Launch *L, Block *B) {
   return true;
 }
 
+/* ---- TMA box geometry (loads and stores) ---------------------------------------------- */
+/* The swizzle's XOR mask width: 16-byte chunk bits [4, 4+b) ^= address bits [7, 7+b). */
+unsigned tmap_swizzle_mask(const mg_host_tmap &t) {
+  return t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B  ? 7
+         : t.swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 3
+         : t.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 1 : 0;
+}
+
+/* Whether element (g0, g1, g2) lies inside the tensor of t (dimensions beyond its rank
+ * ignored). */
+bool tmap_inside(const mg_host_tmap &t, long long g0, long long g1, long long g2) {
+  return g0 >= 0 && (unsigned long long)g0 < t.dim[0] &&
+         (t.rank < 2 || (g1 >= 0 && (unsigned long long)g1 < t.dim[1])) &&
+         (t.rank < 3 || (g2 >= 0 && (unsigned long long)g2 < t.dim[2]));
+}
+
 /* ---- TMA stores and reductions ---------------------------------------------------------- */
 /* The source box of op is read from the async proxy's view of shared memory (once). */
 void bulk_read(HBlock *h, BulkOp &op, Launch *L, Fiber *f) {
@@ -267,20 +283,13 @@ void bulk_complete(Launch *L, Fiber *f, HBlock *h, unsigned i) {
   h->nbulk--;
   const mg_host_tmap &t = op.t;
   unsigned box[3] = {t.box[0], t.rank > 1 ? t.box[1] : 1, t.rank > 2 ? t.box[2] : 1};
-  unsigned es = t.elem_size;
-  int swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B  ? 1
-            : t.swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 2
-            : t.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 3 : 0;
-  unsigned bits = swz == 1 ? 7 : swz == 2 ? 3 : swz == 3 ? 1 : 0;
+  unsigned es = t.elem_size, bits = tmap_swizzle_mask(t);
   for (unsigned i2 = 0; i2 < box[2]; ++i2)
     for (unsigned i1 = 0; i1 < box[1]; ++i1)
       for (unsigned i0 = 0; i0 < box[0]; ++i0) {
         long long g0 = (long long)op.c[0] + i0, g1 = (long long)op.c[1] + i1,
                   g2 = (long long)op.c[2] + i2;
-        bool in = g0 >= 0 && (unsigned long long)g0 < t.dim[0] &&
-                  (t.rank < 2 || (g1 >= 0 && (unsigned long long)g1 < t.dim[1])) &&
-                  (t.rank < 3 || (g2 >= 0 && (unsigned long long)g2 < t.dim[2]));
-        if (!in) continue;
+        if (!tmap_inside(t, g0, g1, g2)) continue;
         unsigned a = op.off + ((i2 * box[1] + i1) * box[0] + i0) * es;
         a ^= ((a >> 7) & bits) << 4;
         unsigned char *dst = (unsigned char *)t.base + (unsigned long long)g0 * t.stride[0] +
@@ -561,10 +570,7 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
   if ((size_t)off + size > g_smem.dyn_size)
     ptx_fail(L, f, what, line, "the %u-byte box at shared offset %u overruns the %zu bytes of "
              "dynamic shared memory", size, off, g_smem.dyn_size);
-  int swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B  ? 1
-            : t.swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 2
-            : t.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 3 : 0;
-  unsigned bits = swz == 1 ? 7 : swz == 2 ? 3 : swz == 3 ? 1 : 0;
+  unsigned bits = tmap_swizzle_mask(t);
   unsigned char *data = (unsigned char *)malloc(size);
   if (!data) ptx_fail(L, f, what, line, "out of memory");
   unsigned char fill[8];
@@ -575,9 +581,7 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
       for (unsigned i0 = 0; i0 < box[0]; ++i0) {
         long long g0 = (long long)c[0] + i0, g1 = (long long)(rank > 1 ? c[1] : 0) + i1,
                   g2 = (long long)(rank > 2 ? c[2] : 0) + i2;
-        bool in = g0 >= 0 && (unsigned long long)g0 < t.dim[0] &&
-                  (rank < 2 || (g1 >= 0 && (unsigned long long)g1 < t.dim[1])) &&
-                  (rank < 3 || (g2 >= 0 && (unsigned long long)g2 < t.dim[2]));
+        bool in = tmap_inside(t, g0, g1, g2);
         unsigned lin = ((i2 * box[1] + i1) * box[0] + i0) * es;
         unsigned a = off + lin;
         a ^= ((a >> 7) & bits) << 4;
