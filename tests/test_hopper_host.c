@@ -568,15 +568,19 @@ static int run_pp(mg_host_kernel *k, int kind, unsigned long long seed, char *ms
   if (mg_host_kernel_launch(k, grid, block, 512, &lo, pp_thunk, &a, msg, n)) return -1;
   for (int i = 0; i < 128; i++) {
     float x = (float)i;
-    for (int r = 0; r < 4; r++) x = 3.0f * (2.0f * x + (float)r) - (float)r;
+    if (kind >= 4)
+      x = 2.0f * x + 1.0f;
+    else
+      for (int r = 0; r < 4; r++) x = 3.0f * (2.0f * x + (float)r) - (float)r;
     if (out[i] != x) return 1;
   }
   return 0;
 }
 
-/* Named barriers: the ping-pong order holds for every schedule; warpgroup 1 arriving instead of
- * waiting (counts balanced) gives a wrong result; removing either wait is caught; a differing
- * count, a participant that never arrives and a count not a multiple of 32 are
+/* Named barriers: the ping-pong order and a one-way hand-off hold for every schedule; in the
+ * hand-off, the reader arriving instead of waiting (counts balanced, nothing to report) gives
+ * wrong values; removing either ping-pong wait is caught (a deadlock: the counts no longer
+ * balance); a differing count, a participant that never arrives and a count not a multiple of 32 are
  * reported. */
 static void test_named_barriers(void **state) {
   (void)state;
@@ -589,6 +593,8 @@ static void test_named_barriers(void **state) {
   for (unsigned long long seed = 1; seed <= 8; seed++) {
     int r = run_pp(k, 0, seed, msg, sizeof msg);
     if (r) fail_msg("ping-pong, seed %llu: %s", seed, r < 0 ? msg : "wrong order");
+    r = run_pp(k, 4, seed, msg, sizeof msg);
+    if (r) fail_msg("hand-off, seed %llu: %s", seed, r < 0 ? msg : "wrong value");
   }
   static const char *const want[4] = {NULL, "arrived at with count", "never completes",
                                       "not a positive multiple of 32"};
@@ -599,10 +605,11 @@ static void test_named_barriers(void **state) {
     print_message("  reported: %s\n", msg);
   }
   for (unsigned long long seed = 1; seed <= 3; seed++) {
-    int r = run_pp(k, 4, seed, msg, sizeof msg);
-    if (r == 0) fail_msg("warpgroup 1 arriving without waiting: the check passed (seed %llu)", seed);
-    print_message("  warpgroup 1 arrives without waiting, seed %llu: %s%s\n", seed,
-                  r < 0 ? "launch error: " : "wrong order", r < 0 ? msg : "");
+    int r = run_pp(k, 5, seed, msg, sizeof msg);
+    if (r == 0) fail_msg("hand-off, warpgroup 1 arriving without waiting: the check passed (seed "
+                         "%llu)", seed);
+    print_message("  hand-off, warpgroup 1 arrives without waiting, seed %llu: %s%s\n", seed,
+                  r < 0 ? "launch error: " : "wrong values", r < 0 ? msg : "");
   }
   mg_host_kernel_free(k);
   static const char *const mut[2][2] = {{"if (r > 0) bar_sync(1, 256);", "pingpong wait 0"},

@@ -278,8 +278,9 @@ extern "C" __global__ void __launch_bounds__(128)
 // element i of a shared row goes x = i, then per round r < 4 warpgroup 0 does x = 2x + r and
 // warpgroup 1 x = 3x - r, strictly alternating (the ordered dQ accumulation's pattern); out[i]
 // = x. kind 1: counts differ within an instance; 2: a bar.sync whose other participants never
-// arrive; 3: a count not a multiple of 32 (all reported); 4: warpgroup 1 arrives instead of
-// waiting (no error to report: the result is wrong).
+// arrive; 3: a count not a multiple of 32 (all reported). kind 4: one hand-off, warpgroup 0
+// writes x = 2i + 1, then warpgroup 1 copies it to out after bar.sync 3; kind 5: the same with
+// warpgroup 1 arriving instead of waiting (the counts balance, nothing to report, out wrong).
 extern "C" __global__ void hopper_pingpong(float* out, int kind) {
   float* acc = reinterpret_cast<float*>(smem);
   const unsigned t = threadIdx.x, wg = t / 128, i = t % 128;
@@ -295,6 +296,16 @@ extern "C" __global__ void hopper_pingpong(float* out, int kind) {
     bar_sync(1, 100);
     return;
   }
+  if (kind >= 4) {
+    if (wg == 0) {
+      acc[i] = 2.0f * (float)i + 1.0f;
+      bar_arrive(3, 256);
+    } else {
+      if (kind == 5) bar_arrive(3, 256); else bar_sync(3, 256);
+      out[i] = acc[i];
+    }
+    return;
+  }
   if (wg == 0) acc[i] = (float)i;
   for (int r = 0; r < 4; ++r) {
     if (wg == 0) {
@@ -302,11 +313,7 @@ extern "C" __global__ void hopper_pingpong(float* out, int kind) {
       acc[i] = 2.0f * acc[i] + (float)r;
       bar_arrive(2, 256);
     } else {
-      if (kind == 4) {
-        bar_arrive(2, 256);  // arrives without waiting: the counts balance, the order is lost
-      } else {
-        bar_sync(2, 256);  // MUTATION: pingpong wait 1
-      }
+      bar_sync(2, 256);  // MUTATION: pingpong wait 1
       acc[i] = 3.0f * acc[i] - (float)r;
       if (r < 3) bar_arrive(1, 256);
     }
