@@ -14,7 +14,7 @@
 #define MG_HOST_TMAP_MAGIC 0x4d54686dU /* "mhTM" */
 #define MG_HOST_TMAP_MAX_RANK 3
 
-/* What the 128 bytes hold (88 of them used). */
+/* What the 128 bytes hold (the first 96 of them). */
 typedef struct mg_host_tmap {
   uint32_t magic;
   uint32_t rank;       /* 1..3 */
@@ -27,6 +27,11 @@ typedef struct mg_host_tmap {
   uint64_t stride[MG_HOST_TMAP_MAX_RANK]; /* bytes between index steps; stride[0] = elem_size */
   const void *base;
 } mg_host_tmap;
+#ifdef __cplusplus
+static_assert(sizeof(mg_host_tmap) <= sizeof(CUtensorMap), "mg_host_tmap must fit a CUtensorMap");
+#else
+_Static_assert(sizeof(mg_host_tmap) <= sizeof(CUtensorMap), "mg_host_tmap must fit a CUtensorMap");
+#endif
 
 /* cuTensorMapEncodeTiled's arguments and checks (CUDA driver API, "Tensor Map Object
  * Managment"): base 16-byte aligned; 1 <= rank <= 3 here (the driver allows 5); dims in
