@@ -26,6 +26,7 @@
 #include "fake_driver.h"
 #include "host/harness.h"
 #include "mg_driver.h"
+#include "mg_dtype.h"
 #include "mg_fs.h"
 
 #define D 64
@@ -471,25 +472,31 @@ static void tt_thunk(void *p) {
 
 /* C = A^T B (A [64 k][64 m], B [64 k][n] when tb, else [n][64 k]) on the host executor
  * against float64 per element: the worst |err| / tol (> 1 fails), -1 on a launch error. */
-static double run_tt(mg_host_kernel *k, int n, int tb, int swz, unsigned long long seed, char *msg,
-                     size_t msg_len) {
+static double run_tt(mg_host_kernel *k, int n, int tb, int f16, int swz, unsigned long long seed,
+                     char *msg, size_t msg_len) {
   const mg_driver *drv = driver();
   uint16_t *A = malloc(64 * 64 * 2), *B = malloc((size_t)64 * n * 2);
   float *C = malloc((size_t)64 * n * 4);
   assert_true(A && B && C);
-  for (int i = 0; i < 64 * 64; i++) A[i] = f2bf((float)(0.45 * nrand()));
-  for (int i = 0; i < 64 * n; i++) B[i] = f2bf((float)(0.45 * nrand()));
+  for (int i = 0; i < 64 * 64; i++) {
+    float v = (float)(0.45 * nrand());
+    A[i] = f16 ? mg_f32_to_f16(v) : f2bf(v);
+  }
+  for (int i = 0; i < 64 * n; i++) {
+    float v = (float)(0.45 * nrand());
+    B[i] = f16 ? mg_f32_to_f16(v) : f2bf(v);
+  }
   for (int i = 0; i < 64 * n; i++) C[i] = NAN;
+  const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   unsigned cols = span_of(swz) / 2;
   struct tt_args a;
   char name[32];
-  snprintf(name, sizeof name, tb ? "hopper_tt_n%d" : "hopper_tk_n%d", n);
+  snprintf(name, sizeof name, f16 ? "hopper_tt_f16_n%d" : tb ? "hopper_tt_n%d" : "hopper_tk_n%d", n);
   a.fn = (tt_fn)mg_host_kernel_sym(k, name);
   assert_non_null(a.fn);
-  a.ta = make_map2(drv, A, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, 64, 64, cols, 64, swz);
-  a.tb = tb ? make_map2(drv, B, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (unsigned)n, 64, cols, 64, swz)
-            : make_map2(drv, B, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, 64, (unsigned)n, cols,
-                        (unsigned)n, swz);
+  a.ta = make_map2(drv, A, dt, 2, 64, 64, cols, 64, swz);
+  a.tb = tb ? make_map2(drv, B, dt, 2, (unsigned)n, 64, cols, 64, swz)
+            : make_map2(drv, B, dt, 2, 64, (unsigned)n, cols, (unsigned)n, swz);
   a.C = C, a.swz = swz;
   mg_host_launch_opts lo;
   memset(&lo, 0, sizeof lo);
@@ -504,7 +511,8 @@ static double run_tt(mg_host_kernel *k, int n, int tb, int swz, unsigned long lo
       for (int j = 0; j < n; j++) {
         double ref = 0, mag = 0;
         for (int kk = 0; kk < 64; kk++) {
-          double t = (double)bf2f(A[kk * 64 + m]) * bf2f(tb ? B[kk * n + j] : B[j * 64 + kk]);
+          uint16_t x = A[kk * 64 + m], y = tb ? B[kk * n + j] : B[j * 64 + kk];
+          double t = f16 ? (double)mg_f16_to_f32(x) * mg_f16_to_f32(y) : (double)bf2f(x) * bf2f(y);
           ref += t, mag += fabs(t);
         }
         double e = fabs((double)C[m * n + j] - ref) / (1e-30 + 5.2 * ldexp(1.0, -24) * mag);
@@ -526,21 +534,21 @@ static void test_wgmma_trans_a(void **state) {
   mg_host_kernel *k = build(src, len, "hopper_tt_n64", msg, sizeof msg);
   if (!k) fail_msg("build: %s", msg);
   static const char *const swname[4] = {"none", "128B", "64B", "32B"};
-  static const int cases[3][2] = {{64, 1}, {128, 1}, {64, 0}};
+  static const int cases[4][3] = {{64, 1, 0}, {128, 1, 0}, {64, 0, 0}, {64, 1, 1}};
   double all = 0;
-  for (int c = 0; c < 3; c++)
+  for (int c = 0; c < 4; c++)
     for (int swz = 0; swz < 4; swz++) {
-      double w = run_tt(k, cases[c][0], cases[c][1], swz, 200 + (unsigned long long)(c * 4 + swz),
-                        msg, sizeof msg);
-      if (w < 0) fail_msg("N %d B %s swizzle %s: %s", cases[c][0], cases[c][1] ? "MN" : "K",
-                          swname[swz], msg);
+      double w = run_tt(k, cases[c][0], cases[c][1], cases[c][2], swz,
+                        200 + (unsigned long long)(c * 4 + swz), msg, sizeof msg);
+      if (w < 0) fail_msg("N %d B %s %s swizzle %s: %s", cases[c][0], cases[c][1] ? "MN" : "K",
+                          cases[c][2] ? "f16" : "bf16", swname[swz], msg);
       if (!(w <= 1.0))
-        fail_msg("N %d B %s swizzle %s: worst |err|/tol %g", cases[c][0],
-                 cases[c][1] ? "MN" : "K", swname[swz], w);
+        fail_msg("N %d B %s %s swizzle %s: worst |err|/tol %g", cases[c][0],
+                 cases[c][1] ? "MN" : "K", cases[c][2] ? "f16" : "bf16", swname[swz], w);
       if (w > all) all = w;
     }
-  print_message("  C = A^T B, A MN-major; B MN-major (N 64, 128) or K-major (N 64) x swizzle "
-                "none/128B/64B/32B: worst |err|/tol %.3f\n", all);
+  print_message("  C = A^T B, A MN-major; B MN-major (N 64, 128; bf16, and f16 at N 64) or "
+                "K-major (N 64) x swizzle none/128B/64B/32B: worst |err|/tol %.3f\n", all);
   mg_host_kernel_free(k);
   free(src);
 }

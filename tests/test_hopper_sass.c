@@ -49,7 +49,8 @@ static const char *const g_sass[] = {
     "HGMMA.64x256x16.F32.BF16 ", "UTMALDG.2D ", "UTMALDG.3D ", "SYNCS.EXCH.64 ",
     "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK.TRANS64", "FENCE.VIEW.ASYNC.S", "WARPGROUP.ARRIVE",
     "WARPGROUP.DEPBAR.LE",
-    ".tnspA,", ".tnspA.tnspB,", "UTMASTG.2D ", "UTMAREDG.2D.ADD ", "UTMACMDFLUSH", "DEPBAR.LE SB0",
+    ".tnspA,", ".tnspA.tnspB,", "HGMMA.64x64x16.F32 R" /* f16 */, "UTMASTG.2D ",
+    "UTMAREDG.2D.ADD ", "UTMACMDFLUSH", "DEPBAR.LE SB0",
     "BAR.SYNC.DEFER_BLOCKING 0x2, 0x100", "BAR.ARV 0x1, 0x100", "STSM.16.M88.4 ",
     "STSM.16.MT88.4 "};
 
@@ -80,7 +81,7 @@ static void check_sass(const mg_cubin *c) {
   for (size_t i = 0; i < sizeof g_sass / sizeof *g_sass; i++)
     if (!strstr(sass, g_sass[i])) fail_msg("no '%s' in the sm_90a SASS", g_sass[i]);
   print_message("  SASS (%s): HGMMA.64x{64,128,192,256}x16.F32.BF16, UTMALDG.2D/.3D, SYNCS "
-                "(mbarrier), FENCE.VIEW.ASYNC.S, WARPGROUP.ARRIVE/DEPBAR.LE, HGMMA .tnspA(.tnspB), "
+                "(mbarrier), FENCE.VIEW.ASYNC.S, WARPGROUP.ARRIVE/DEPBAR.LE, HGMMA .tnspA(.tnspB) (bf16, f16), "
                 "UTMASTG.2D, UTMAREDG.2D.ADD, DEPBAR.LE SB0, BAR.SYNC/BAR.ARV id, count, "
                 "STSM.16.M88.4/MT88.4\n", tool);
   free(sass);

@@ -218,11 +218,12 @@ extern "C" __global__ void hopper_tma_copy3(const __grid_constant__ TensorMap ma
 // ---- the backward's primitives ---------------------------------------------------------------
 // C (64 x N, fp32) = A^T B with A stored [64 k][64 m] (M contiguous: an MN-major A, as P or
 // dS [q][key] is read for P^T dO, dS^T Q) and B stored [64 k][N n] (TB = 1: MN-major, as dO or
-// Q [q][d]) or [N n][64 k] (TB = 0: K-major): wgmma_ss_t, 4 k-steps. One block of 128 threads,
+// Q [q][d]) or [N n][64 k] (TB = 0: K-major): wgmma_ss_t, 4 k-steps; bf16 (hopper_tt_f16_n64:
+// f16). One block of 128 threads,
 // HOPPER_QK_SMEM(N) bytes; maps: A {64, 64}, B {N, 64} (TB 1) or {64, N} (TB 0), boxes of one
 // swizzle span (8 elements without swizzle) by 64 rows.
 namespace {
-template <int N, int TB>
+template <int N, int TB, class T = bf16_t>
 __device__ void tt(const TensorMap* ta, const TensorMap* tb, float* C, int swz) {
   unsigned addr0 = smem_u32(smem);
   unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
@@ -248,7 +249,7 @@ __device__ void tt(const TensorMap* ta, const TensorMap* tb, float* C, int swz) 
   fence_operand(d);
   wgmma_fence();
   for (unsigned ks = 0; ks < 4; ++ks)
-    wgmma_ss_t<N, bf16_t, 1, TB>(
+    wgmma_ss_t<N, T, 1, TB>(
         d, make_desc_mn_kstep(swz, aa, 64, ks),
         TB ? make_desc_mn_kstep(swz, ba, 64, ks) : kstep_desc(swz, ba, N, ks), ks > 0);
   wgmma_commit();
@@ -267,6 +268,11 @@ extern "C" __global__ void __launch_bounds__(128)
     hopper_tt_n128(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
                    float* C, int swz) {
   tt<128, 1>(&ta, &tb, C, swz);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    hopper_tt_f16_n64(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
+                      float* C, int swz) {
+  tt<64, 1, f16_t>(&ta, &tb, C, swz);
 }
 extern "C" __global__ void __launch_bounds__(128)
     hopper_tk_n64(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
