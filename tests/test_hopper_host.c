@@ -26,6 +26,7 @@
 #include "fake_driver.h"
 #include "host/harness.h"
 #include "mg_driver.h"
+#include "mg_dtype.h"
 #include "mg_fs.h"
 
 #define D 64
@@ -437,6 +438,350 @@ static void test_tma_box_3d(void **state) {
   free(src);
 }
 
+/* ---- the backward's primitives (hopper_selftest.cu's tt, pingpong and bulk kernels) ---- */
+typedef void (*tt_fn)(tmap_t, tmap_t, float *, int);
+typedef void (*pp_fn)(float *, int);
+typedef void (*bulk_fn)(tmap_t, tmap_t, const float *, const float *, float *, int, int, int);
+
+/* A [rows, inner] row-major tensor's map (dtype, box (box0, box1), swizzle index as swz). */
+static tmap_t make_map2(const mg_driver *drv, void *base, CUtensorMapDataType dt, unsigned es,
+                        unsigned inner, unsigned rows, unsigned box0, unsigned box1, int swz) {
+  static const CUtensorMapSwizzle sw[4] = {CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_SWIZZLE_32B};
+  tmap_t m;
+  cuuint64_t dims[2] = {inner, rows}, strides[1] = {(cuuint64_t)inner * es};
+  cuuint32_t box[2] = {box0, box1}, est[2] = {1, 1};
+  CUresult r = drv->cuTensorMapEncodeTiled((CUtensorMap *)&m, dt, 2, base, dims, strides, box, est,
+                                           CU_TENSOR_MAP_INTERLEAVE_NONE, sw[swz],
+                                           CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  assert_int_equal(r, CUDA_SUCCESS);
+  return m;
+}
+
+struct tt_args {
+  tt_fn fn;
+  tmap_t ta, tb;
+  float *C;
+  int swz;
+};
+static void tt_thunk(void *p) {
+  struct tt_args *a = p;
+  a->fn(a->ta, a->tb, a->C, a->swz);
+}
+
+/* C = A^T B (A [64 k][64 m], B [64 k][n] when tb, else [n][64 k]) on the host executor
+ * against float64 per element: the worst |err| / tol (> 1 fails), -1 on a launch error. */
+static double run_tt(mg_host_kernel *k, int n, int tb, int f16, int swz, unsigned long long seed,
+                     char *msg, size_t msg_len) {
+  const mg_driver *drv = driver();
+  uint16_t *A = malloc(64 * 64 * 2), *B = malloc((size_t)64 * n * 2);
+  float *C = malloc((size_t)64 * n * 4);
+  assert_true(A && B && C);
+  for (int i = 0; i < 64 * 64; i++) {
+    float v = (float)(0.45 * nrand());
+    A[i] = f16 ? mg_f32_to_f16(v) : f2bf(v);
+  }
+  for (int i = 0; i < 64 * n; i++) {
+    float v = (float)(0.45 * nrand());
+    B[i] = f16 ? mg_f32_to_f16(v) : f2bf(v);
+  }
+  for (int i = 0; i < 64 * n; i++) C[i] = NAN;
+  const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  unsigned cols = span_of(swz) / 2;
+  struct tt_args a;
+  char name[32];
+  snprintf(name, sizeof name, f16 ? "hopper_tt_f16_n%d" : tb ? "hopper_tt_n%d" : "hopper_tk_n%d", n);
+  a.fn = (tt_fn)mg_host_kernel_sym(k, name);
+  assert_non_null(a.fn);
+  a.ta = make_map2(drv, A, dt, 2, 64, 64, cols, 64, swz);
+  a.tb = tb ? make_map2(drv, B, dt, 2, (unsigned)n, 64, cols, 64, swz)
+            : make_map2(drv, B, dt, 2, 64, (unsigned)n, cols, (unsigned)n, swz);
+  a.C = C, a.swz = swz;
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.seed = seed;
+  mg_host_dim3 grid = {1, 1, 1}, block = {128, 1, 1};
+  int rc = mg_host_kernel_launch(k, grid, block, 2048 + (size_t)(64 + n) * 64 * 2, &lo, tt_thunk,
+                                 &a, msg, msg_len);
+  double worst = -1;
+  if (rc == 0) {
+    worst = 0;
+    for (int m = 0; m < 64; m++)
+      for (int j = 0; j < n; j++) {
+        double ref = 0, mag = 0;
+        for (int kk = 0; kk < 64; kk++) {
+          uint16_t x = A[kk * 64 + m], y = tb ? B[kk * n + j] : B[j * 64 + kk];
+          double t = f16 ? (double)mg_f16_to_f32(x) * mg_f16_to_f32(y) : (double)bf2f(x) * bf2f(y);
+          ref += t, mag += fabs(t);
+        }
+        double e = fabs((double)C[m * n + j] - ref) / (1e-30 + 5.2 * ldexp(1.0, -24) * mag);
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+      }
+  }
+  free(A), free(B), free(C);
+  return worst;
+}
+
+/* wgmma with an MN-major A from shared memory (imm-trans-a), B MN-major or K-major, every
+ * swizzle, N 64 and 128 (d_v), against float64. */
+static void test_wgmma_trans_a(void **state) {
+  (void)state;
+  setup_headers();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_tt_n64", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  static const char *const swname[4] = {"none", "128B", "64B", "32B"};
+  static const int cases[4][3] = {{64, 1, 0}, {128, 1, 0}, {64, 0, 0}, {64, 1, 1}};
+  double all = 0;
+  for (int c = 0; c < 4; c++)
+    for (int swz = 0; swz < 4; swz++) {
+      double w = run_tt(k, cases[c][0], cases[c][1], cases[c][2], swz,
+                        200 + (unsigned long long)(c * 4 + swz), msg, sizeof msg);
+      if (w < 0) fail_msg("N %d B %s %s swizzle %s: %s", cases[c][0], cases[c][1] ? "MN" : "K",
+                          cases[c][2] ? "f16" : "bf16", swname[swz], msg);
+      if (!(w <= 1.0))
+        fail_msg("N %d B %s %s swizzle %s: worst |err|/tol %g", cases[c][0],
+                 cases[c][1] ? "MN" : "K", cases[c][2] ? "f16" : "bf16", swname[swz], w);
+      if (w > all) all = w;
+    }
+  print_message("  C = A^T B, A MN-major; B MN-major (N 64, 128; bf16, and f16 at N 64) or "
+                "K-major (N 64) x swizzle none/128B/64B/32B: worst |err|/tol %.3f\n", all);
+  mg_host_kernel_free(k);
+  free(src);
+}
+
+struct pp_args {
+  pp_fn fn;
+  float *out;
+  int kind;
+};
+static void pp_thunk(void *p) {
+  struct pp_args *a = p;
+  a->fn(a->out, a->kind);
+}
+
+/* hopper_pingpong: 0 when out is exact, 1 when wrong, -1 on a launch error (msg). */
+static int run_pp(mg_host_kernel *k, int kind, unsigned long long seed, char *msg, size_t n) {
+  float out[128];
+  for (int i = 0; i < 128; i++) out[i] = NAN;
+  struct pp_args a = {(pp_fn)mg_host_kernel_sym(k, "hopper_pingpong"), out, kind};
+  assert_non_null(a.fn);
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.seed = seed;
+  mg_host_dim3 grid = {1, 1, 1}, block = {256, 1, 1};
+  if (mg_host_kernel_launch(k, grid, block, 512, &lo, pp_thunk, &a, msg, n)) return -1;
+  for (int i = 0; i < 128; i++) {
+    float x = (float)i;
+    if (kind >= 4)
+      x = 2.0f * x + 1.0f;
+    else
+      for (int r = 0; r < 4; r++) x = 3.0f * (2.0f * x + (float)r) - (float)r;
+    if (out[i] != x) return 1;
+  }
+  return 0;
+}
+
+/* Named barriers: the ping-pong order and a one-way hand-off hold for every schedule; in the
+ * hand-off, the reader arriving instead of waiting (counts balanced, nothing to report) gives
+ * wrong values; removing either ping-pong wait is caught (a deadlock: the counts no longer
+ * balance); a differing count, a participant that never arrives and a count not a multiple of 32 are
+ * reported. */
+static void test_named_barriers(void **state) {
+  (void)state;
+  setup_headers();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_pingpong", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  for (unsigned long long seed = 1; seed <= 8; seed++) {
+    int r = run_pp(k, 0, seed, msg, sizeof msg);
+    if (r) fail_msg("ping-pong, seed %llu: %s", seed, r < 0 ? msg : "wrong order");
+    r = run_pp(k, 4, seed, msg, sizeof msg);
+    if (r) fail_msg("hand-off, seed %llu: %s", seed, r < 0 ? msg : "wrong value");
+  }
+  static const char *const want[4] = {NULL, "arrived at with count", "never completes",
+                                      "not a positive multiple of 32"};
+  for (int kind = 1; kind < 4; kind++) {
+    int r = run_pp(k, kind, 1, msg, sizeof msg);
+    if (r >= 0 || !strstr(msg, want[kind]))
+      fail_msg("kind %d: rc %d, message '%s' lacks '%s'", kind, r, r < 0 ? msg : "", want[kind]);
+    print_message("  reported: %s\n", msg);
+  }
+  for (unsigned long long seed = 1; seed <= 3; seed++) {
+    int r = run_pp(k, 5, seed, msg, sizeof msg);
+    if (r == 0) fail_msg("hand-off, warpgroup 1 arriving without waiting: the check passed (seed "
+                         "%llu)", seed);
+    print_message("  hand-off, warpgroup 1 arrives without waiting, seed %llu: %s%s\n", seed,
+                  r < 0 ? "launch error: " : "wrong values", r < 0 ? msg : "");
+  }
+  mg_host_kernel_free(k);
+  static const char *const mut[2][2] = {{"if (r > 0) bar_sync(1, 256);", "pingpong wait 0"},
+                                        {"bar_sync(2, 256);", "pingpong wait 1"}};
+  for (int i = 0; i < 2; i++) {
+    size_t ml;
+    char *bad = mutate(src, mut[i][0], mut[i][1], &ml);
+    k = build(bad, ml, "hopper_pingpong", msg, sizeof msg);
+    if (!k) fail_msg("build without the %s: %s", mut[i][1], msg);
+    for (unsigned long long seed = 1; seed <= 3; seed++) {
+      int r = run_pp(k, 0, seed, msg, sizeof msg);
+      if (r == 0) fail_msg("without the %s the check passed (seed %llu)", mut[i][1], seed);
+      print_message("  without the %s, seed %llu: %s%s\n", mut[i][1], seed,
+                    r < 0 ? "launch error: " : "wrong order", r < 0 ? msg : "");
+    }
+    mg_host_kernel_free(k);
+    free(bad);
+  }
+  free(src);
+}
+
+struct bulk_args {
+  bulk_fn fn;
+  tmap_t tacc, tout;
+  float *acc, *out, *peek;
+  int c1, rows, rounds;
+};
+static void bulk_thunk(void *p) {
+  struct bulk_args *a = p;
+  a->fn(a->tacc, a->tout, a->acc, a->out, a->peek, a->c1, a->rows, a->rounds);
+}
+
+/* The kernel's bulk_val, mirrored. */
+static float bulk_val(unsigned r, unsigned row, unsigned col) {
+  unsigned h = (r * 131u + row) * 977u + col * 7919u;
+  h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+  return (float)((int)(h % 2001u) - 1000) / 256.0f;
+}
+
+/* hopper_bulk on rows [c1, c1 + 64) of [rows, 32] f32 tensors (128 rows allocated): 0 when acc,
+ * out, peek and the untouched rows are exactly as expected, 1 when not, -1 on a launch error. */
+static int run_bulk(mg_host_kernel *k, int c1, int rows, unsigned long long seed, char *msg,
+                    size_t n) {
+  const mg_driver *drv = driver();
+  const int rounds = 3;
+  float *acc = aligned_alloc(64, 128 * 32 * 4), *out = aligned_alloc(64, 128 * 32 * 4),
+        *init = malloc(128 * 32 * 4), *peek = malloc(4096 * 4);
+  assert_true(acc && out && init && peek);
+  for (int i = 0; i < 128 * 32; i++) init[i] = acc[i] = (float)(2.0 * nrand()), out[i] = -7.0f;
+  for (int i = 0; i < 4096; i++) peek[i] = NAN;
+  struct bulk_args a;
+  memset(&a, 0, sizeof a);
+  a.fn = (bulk_fn)mg_host_kernel_sym(k, "hopper_bulk");
+  assert_non_null(a.fn);
+  a.tacc = make_map2(drv, acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 32, (unsigned)rows, 32, 64, 1);
+  a.tout = make_map2(drv, out, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 32, (unsigned)rows, 32, 64, 1);
+  a.acc = acc, a.out = out, a.peek = peek, a.c1 = c1, a.rows = rows, a.rounds = rounds;
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.seed = seed;
+  mg_host_dim3 grid = {1, 1, 1}, block = {128, 1, 1};
+  int rc = mg_host_kernel_launch(k, grid, block, 1024 + 8192 + 1024, &lo, bulk_thunk, &a, msg, n);
+  int bad = rc ? -1 : 0;
+  for (int i = 0; i < 128 * 32 && !rc; i++) {
+    int row = i / 32, col = i % 32, in = row >= c1 && row < c1 + 64 && row < rows;
+    float want = init[i], want_out = -7.0f;
+    if (in) {
+      for (int r = 0; r < rounds; r++) want += bulk_val((unsigned)r, (unsigned)(row - c1), (unsigned)col);
+      want_out = bulk_val(rounds - 1, (unsigned)(row - c1), (unsigned)col);
+      int e = (row - c1) * 32 + col;
+      if (peek[e] != want || peek[2048 + e] != want_out) bad = 1;
+    }
+    if (acc[i] != want || out[i] != want_out) bad = 1;
+  }
+  free(acc), free(out), free(init), free(peek);
+  return bad;
+}
+
+/* TMA reductions (.add, f32) and a store, a full and a partial tile (rows past the tensor not
+ * written), exact; removing the proxy fence, the wait_group.read or the wait_group fails. */
+static void test_tma_store_reduce(void **state) {
+  (void)state;
+  setup_headers();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_bulk", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  for (unsigned long long seed = 1; seed <= 4; seed++) {
+    int r = run_bulk(k, 0, 128, seed, msg, sizeof msg);
+    if (r) fail_msg("full tile, seed %llu: %s", seed, r < 0 ? msg : "wrong values");
+    r = run_bulk(k, 64, 100, seed, msg, sizeof msg);
+    if (r) fail_msg("partial tile, seed %llu: %s", seed, r < 0 ? msg : "wrong values");
+  }
+  mg_host_kernel_free(k);
+  static const char *const mut[3][2] = {{"fence_proxy_async();", "store fence"},
+                                        {"bulk_wait_read<0>();", "bulk read wait"},
+                                        {"bulk_wait<0>();", "bulk wait"}};
+  for (int i = 0; i < 3; i++) {
+    size_t ml;
+    char *bad = mutate(src, mut[i][0], mut[i][1], &ml);
+    k = build(bad, ml, "hopper_bulk", msg, sizeof msg);
+    if (!k) fail_msg("build without the %s: %s", mut[i][1], msg);
+    for (unsigned long long seed = 1; seed <= 3; seed++) {
+      int r = run_bulk(k, 0, 128, seed, msg, sizeof msg);
+      if (r == 0) fail_msg("without the %s the check passed (seed %llu)", mut[i][1], seed);
+      print_message("  without the %s, seed %llu: %s%s\n", mut[i][1], seed,
+                    r < 0 ? "launch error: " : "wrong values", r < 0 ? msg : "");
+    }
+    mg_host_kernel_free(k);
+    free(bad);
+  }
+  free(src);
+}
+
+typedef void (*stsm_fn)(unsigned short *, int);
+struct stsm_args {
+  stsm_fn fn;
+  unsigned short *out;
+  int trans;
+};
+static void stsm_thunk(void *p) {
+  struct stsm_args *a = p;
+  a->fn(a->out, a->trans);
+}
+
+/* stmatrix.x4 and .x4.trans: every stored 16-bit value where the PTX ISA's fragment layout
+ * puts it (element (row, col) of matrix m: lane 4 row + col / 2, register m, half col % 2;
+ * transposed with .trans), rows from the lanes' addresses (80 bytes apart), nothing else
+ * written. Exact. */
+static void test_stmatrix(void **state) {
+  (void)state;
+  setup_headers();
+  size_t len;
+  char *src = read_src("tests/host/hopper_selftest.cu", &len);
+  char msg[4096];
+  mg_host_kernel *k = build(src, len, "hopper_stmatrix", msg, sizeof msg);
+  if (!k) fail_msg("build: %s", msg);
+  for (int trans = 0; trans < 2; trans++) {
+    unsigned short out[320];
+    memset(out, 0, sizeof out);
+    struct stsm_args a = {(stsm_fn)mg_host_kernel_sym(k, "hopper_stmatrix"), out, trans};
+    assert_non_null(a.fn);
+    mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+    if (mg_host_kernel_launch(k, grid, block, 1024, NULL, stsm_thunk, &a, msg, sizeof msg))
+      fail_msg("trans %d: %s", trans, msg);
+    for (unsigned i = 0; i < 320; i++) {
+      unsigned row = i / 40, m = (i % 40) / 8, col = i % 8;
+      unsigned want = 0xffff;
+      if (i % 40 < 32) {
+        unsigned fr = trans ? col : row, fc = trans ? row : col;
+        want = 2 * (4 * (4 * fr + fc / 2) + m) + fc % 2;
+      }
+      if (out[i] != want)
+        fail_msg("trans %d: row %u matrix %u column %u holds %u, want %u", trans, row, m, col,
+                 out[i], want);
+    }
+  }
+  print_message("  stmatrix.x4 and .x4.trans: 4 x 8 x 8 values each where the ISA's fragment "
+                "layout puts them, padding untouched\n");
+  mg_host_kernel_free(k);
+  free(src);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_qk),
@@ -444,6 +789,10 @@ int main(void) {
       cmocka_unit_test(test_misuse_reported),
       cmocka_unit_test(test_tma_box),
       cmocka_unit_test(test_tma_box_3d),
+      cmocka_unit_test(test_wgmma_trans_a),
+      cmocka_unit_test(test_named_barriers),
+      cmocka_unit_test(test_tma_store_reduce),
+      cmocka_unit_test(test_stmatrix),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

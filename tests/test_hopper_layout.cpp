@@ -9,10 +9,17 @@
 //     TMA boxes give (tile_offset per box, boxes rows x span apart) and, for every 16-column
 //     k-step, against the address the emulator decodes from the descriptor the kernels
 //     build (make_desc: start at the k-step, SBO 8 rows, LBO between 8-column halves);
-//   - shared memory, MN-major 16-bit B operands (check_smem_mn);
+//   - shared memory, MN-major 16-bit operands (check_smem_mn): B (imm-trans-b, V in the forward,
+//     dO and Q in the backward) and A (imm-trans-a, P and dS for P^T dO and dS^T Q: M = 64,
+//     the 64-column shapes; the emulator decodes A's and B's MN-major descriptors alike, as
+//     the ISA's canonical layouts are per majorness, not per operand), with the header's
+//     make_desc_mn_kstep;
+//   - stmatrix.x4 and .x4.trans: CuTe's Copy_Traits<SM90_U32x4_STSM_N> and <SM90_U16x8_STSM_T>
+//     source layouts (thread, register bit) -> stored bit against mg_host_stsm_src;
 //   - registers: CuTe's CLayout_64xN (N 64, 128, 192, 256) against acc_row/acc_col and
 //     mg_host_wgmma_acc_coord, and ALayout_64x16 against mg_host_wgmma_a_coord.
 // Prints what it compared; exits 1 on the first difference.
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
@@ -73,12 +80,14 @@ static void check_smem(int swz, const char *name, unsigned rows) {
   }
 }
 
-// MN-major 16-bit B operands (wgmma imm-trans-b 1): CuTe's MN-major atoms tiled to (n, k)
+// MN-major 16-bit operands (wgmma imm-trans-a or imm-trans-b 1; the n index is A's M or B's
+// N): CuTe's MN-major atoms tiled to (n, k)
 // = (cols, rows) with the k mode outermost (Step<_2,_1>), which is how TMA boxes of a
 // row-major [k][n] tensor (V [keys][d_v]) land: box b = n / (span / 2) holds every k row of
 // its span-wide column block, boxes rows x span bytes apart (no swizzle: 8-column boxes of
 // 16-byte rows). Checked: the box offsets, and for every 16-row k-step the address the
-// emulator decodes (mg_host_gmma_addr_mn) from the descriptor attn_fwd_sm90 builds:
+// emulator decodes (mg_host_gmma_addr_mn) from the descriptor attn_fwd_sm90 builds (equal to
+// the header's make_desc_mn_kstep, which the backward's primitives use):
 // swizzled, start at the k-step (16 span bytes per step), LBO = rows x span (the next
 // column block), SBO = 8 span (the next 8 k rows); no swizzle, start 256 bytes per step,
 // SBO = rows x 16 (the next 8 columns), LBO = 128 (the next 8 k rows).
@@ -102,6 +111,9 @@ static void check_smem_mn(int swz, const char *name, unsigned cols_n, unsigned r
         swz == mla::sm90::SWIZZLE_NONE
             ? mla::sm90::make_desc(ks * 16 * 16, 128, rows * 16, swz)
             : mla::sm90::make_desc(ks * 16 * span, rows * span, 8 * span, swz);
+    CHECK(desc == mla::sm90::make_desc_mn_kstep(swz, 0, rows, ks),
+          "MN %s %ux%u k-step %u: make_desc_mn_kstep differs from 0x%016llx", name, cols_n, rows,
+          ks, desc);
     for (unsigned n = 0; n < cols_n; ++n)
       for (unsigned k = 0; k < 16; ++k) {
         unsigned cute_b = 2u * layout(n, ks * 16 + k);
@@ -110,6 +122,25 @@ static void check_smem_mn(int swz, const char *name, unsigned cols_n, unsigned r
               "descriptor 0x%016llx decodes to %u", name, cols_n, rows, ks, n, k, cute_b, desc, emu);
       }
   }
+}
+
+// stmatrix: CuTe's SrcLayout maps (lane, bit v of the lane's 4 registers: register v / 32) to
+// a bit of the stored rows, row q (lane q's address: matrix q / 8, row q % 8) holding bits
+// [128 q, 128 q + 128), element c at bits [16 c, 16 c + 16).
+template <class Op>
+static void check_stsm(int trans, const char *name) {
+  typename Copy_Traits<Op>::SrcLayout src;
+  for (unsigned t = 0; t < 32; ++t)
+    for (unsigned v = 0; v < 128; v += 16) {
+      unsigned bit = (unsigned)src(t, v), q = bit / 128, c = (bit % 128) / 16, lane, half;
+      CHECK(bit % 16 == 0 && (unsigned)src(t, v + 15) == bit + 15, "%s: lane %u bit %u: CuTe "
+            "bit %u is not a whole 16-bit element", name, t, v, bit);
+      mg_host_stsm_src(trans, q % 8, c, &lane, &half);
+      CHECK(lane == t && half == (v % 32) / 16 && q / 8 == v / 32,
+            "%s: lane %u register %u half %u: CuTe stores it at matrix %u row %u element %u, "
+            "the emulator takes lane %u half %u there", name, t, v / 32, (v % 32) / 16, q / 8,
+            q % 8, c, lane, half);
+    }
 }
 
 template <int N>
@@ -144,8 +175,9 @@ int main() {
     check_smem_mn<GMMA::Layout_MN_SW64_Atom<half_t>>(mla::sm90::SWIZZLE_64B, "SW64", sh[0], sh[1]);
     check_smem_mn<GMMA::Layout_MN_SW128_Atom<half_t>>(mla::sm90::SWIZZLE_128B, "SW128", sh[0], sh[1]);
   }
-  printf("smem: MN-major 16-bit INTER/SW32/SW64/SW128 tiles (n x k 64x64, 128x64, 128x128, "
-         "256x64): TMA box offsets and the k-step descriptors equal CuTe's\n");
+  printf("smem: MN-major 16-bit INTER/SW32/SW64/SW128 tiles (mn x k 64x64 (A's M = 64), 128x64, "
+         "128x128, 256x64): TMA box offsets and the k-step descriptors (make_desc_mn_kstep) "
+         "equal CuTe's\n");
   check_acc<64>();
   check_acc<128>();
   check_acc<192>();
@@ -161,5 +193,9 @@ int main() {
             "%u register %u half %u", m, k, t, v, et, er, eh);
     }
   printf("registers: wgmma A fragment (m64k16, 16-bit) equals CuTe's ALayout_64x16\n");
+  check_stsm<SM90_U32x4_STSM_N>(0, "stmatrix.x4");
+  check_stsm<SM90_U16x8_STSM_T>(1, "stmatrix.x4.trans");
+  printf("stmatrix.x4 and .x4.trans: the emulator's fragment-to-row map equals CuTe's "
+         "SM90_U32x4_STSM_N / SM90_U16x8_STSM_T\n");
   return 0;
 }

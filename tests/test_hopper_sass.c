@@ -41,12 +41,18 @@ static int g_skipped;
 
 /* The instructions the wrappers must become (nvdisasm of the sm_90a cubin): wgmma ->
  * HGMMA of its shape, TMA -> UTMALDG, mbarrier -> SYNCS, the proxy fence -> FENCE.VIEW.ASYNC,
- * wait_group -> WARPGROUP.DEPBAR. */
+ * wait_group -> WARPGROUP.DEPBAR; for the backward: an MN-major A -> HGMMA ... gdesc[..].tnspA,
+ * TMA store / reduction -> UTMASTG / UTMAREDG.ADD, bulk wait_group -> DEPBAR.LE SB0, named
+ * barriers -> BAR.SYNC.DEFER_BLOCKING id, count / BAR.ARV, stmatrix -> STSM.16.M(T)88.4. */
 static const char *const g_sass[] = {
     "HGMMA.64x64x16.F32.BF16 ", "HGMMA.64x128x16.F32.BF16 ", "HGMMA.64x192x16.F32.BF16 ",
     "HGMMA.64x256x16.F32.BF16 ", "UTMALDG.2D ", "UTMALDG.3D ", "SYNCS.EXCH.64 ",
     "SYNCS.ARRIVE.TRANS64", "SYNCS.PHASECHK.TRANS64", "FENCE.VIEW.ASYNC.S", "WARPGROUP.ARRIVE",
-    "WARPGROUP.DEPBAR.LE"};
+    "WARPGROUP.DEPBAR.LE",
+    ".tnspA,", ".tnspA.tnspB,", "HGMMA.64x64x16.F32 R" /* f16 */, "UTMASTG.2D ",
+    "UTMAREDG.2D.ADD ", "UTMACMDFLUSH", "DEPBAR.LE SB0",
+    "BAR.SYNC.DEFER_BLOCKING 0x2, 0x100", "BAR.ARV 0x1, 0x100", "STSM.16.M88.4 ",
+    "STSM.16.MT88.4 "};
 
 /* The cubin's SASS must hold g_sass (nvdisasm: MLAGEN_NVDISASM, as test_device_header).
  * Without nvdisasm: fails in CI, else skipped (the program exits 77 when nothing failed). */
@@ -75,11 +81,13 @@ static void check_sass(const mg_cubin *c) {
   for (size_t i = 0; i < sizeof g_sass / sizeof *g_sass; i++)
     if (!strstr(sass, g_sass[i])) fail_msg("no '%s' in the sm_90a SASS", g_sass[i]);
   print_message("  SASS (%s): HGMMA.64x{64,128,192,256}x16.F32.BF16, UTMALDG.2D/.3D, SYNCS "
-                "(mbarrier), FENCE.VIEW.ASYNC.S, WARPGROUP.ARRIVE/DEPBAR.LE\n", tool);
+                "(mbarrier), FENCE.VIEW.ASYNC.S, WARPGROUP.ARRIVE/DEPBAR.LE, HGMMA .tnspA(.tnspB) (bf16, f16), "
+                "UTMASTG.2D, UTMAREDG.2D.ADD, DEPBAR.LE SB0, BAR.SYNC/BAR.ARV id, count, "
+                "STSM.16.M88.4/MT88.4\n", tool);
   free(sass);
 }
 
-/* NVRTC for sm_90a: hopper_selftest.cu compiles; its qk kernels have no spills; the SASS
+/* NVRTC for sm_90a: hopper_selftest.cu compiles; the listed kernels have no spills; the SASS
  * holds the Hopper instructions. */
 static void test_nvrtc_sm90a(void **state) {
   (void)state;
@@ -88,8 +96,12 @@ static void test_nvrtc_sm90a(void **state) {
   char *h0 = read_src("templates/mla_device.cuh", &l0);
   char *h1 = read_src("templates/mla_device_sm90.cuh", &l1);
   mg_jit_header h[2] = {{"mla_device.cuh", h0, l0}, {"mla_device_sm90.cuh", h1, l1}};
-  /* one compile per named kernel (each compiles the whole file): the smallest and largest */
-  static const char *const kernels[] = {"hopper_qk_n64", "hopper_qk_n256"};
+  /* one compile per named kernel (each compiles the whole file): the smallest and largest qk,
+   * and the backward's primitives (MN-major A with B MN-major at d_v 128 and B K-major, the
+   * named-barrier ping-pong, the TMA reductions and store) */
+  static const char *const kernels[] = {"hopper_qk_n64",  "hopper_qk_n256",  "hopper_tt_n128",
+                                        "hopper_tk_n64",  "hopper_pingpong", "hopper_bulk",
+                                        "hopper_stmatrix"};
   for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) {
     mg_jit_opts o;
     memset(&o, 0, sizeof o);

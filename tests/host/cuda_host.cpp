@@ -526,6 +526,8 @@ const char *op_name(int op) {
   case MG_HOST_LDSM_X4_T: return "ldmatrix.x4.trans";
   case MG_HOST_MMA_BF16: return "mma.m16n8k16.bf16";
   case MG_HOST_MMA_F16: return "mma.m16n8k16.f16";
+  case MG_HOST_STSM_X4: return "stmatrix.x4";
+  case MG_HOST_STSM_X4_T: return "stmatrix.x4.trans";
   }
   return "?";
 }
@@ -903,7 +905,7 @@ unsigned warp_arrive(Launch *L, Fiber *f, int op, unsigned long long v, int line
       unsigned b = 0;
       for (unsigned l = 0; l < W->nlanes; ++l) b |= (W->slot[bank][l] != 0 ? 1u : 0u) << l;
       W->vote[bank] = b;
-    } else if (op >= MG_HOST_LDSM_X1) {
+    } else if (op >= MG_HOST_LDSM_X1 && op <= MG_HOST_MMA_F16) {
       complete_wide(W, op, bank);
     }
     W->arrived = 0;

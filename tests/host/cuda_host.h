@@ -129,7 +129,10 @@ enum {
   MG_HOST_LDSM_X2_T = 12,
   MG_HOST_LDSM_X4_T = 13,
   MG_HOST_MMA_BF16 = 14,
-  MG_HOST_MMA_F16 = 15
+  MG_HOST_MMA_F16 = 15,
+  /* stmatrix (sm_90, hopper_host.h's mg_host_stmatrix) */
+  MG_HOST_STSM_X4 = 16,
+  MG_HOST_STSM_X4_T = 17
 };
 enum { MG_HOST_BAR_SYNC = 0, MG_HOST_BAR_COUNT = 1, MG_HOST_BAR_AND = 2, MG_HOST_BAR_OR = 3 };
 

@@ -35,8 +35,27 @@ struct WgMeet {
   WgOp *op;
 };
 
+/* One TMA store or reduction in flight (cp.async.bulk.tensor / cp.reduce.async.bulk.tensor):
+ * its map, box coordinates and shared source; data is the box as read from the async view
+ * (NULL until read). group: the issuing thread's bulk commit count at issue. */
+struct BulkOp {
+  mg_host_tmap t;
+  int c[3], reduce, line;
+  unsigned off, size, thread;
+  unsigned long long group;
+  unsigned char *data;
+};
+
+/* A named barrier (bar.sync / bar.arrive id): the current instance's arrivals and count. */
+struct NamedBar {
+  unsigned arrived, count;
+  int line;
+  unsigned long long gen;
+};
+
 struct HThread {
   unsigned long long committed; /* wgmma groups committed */
+  unsigned long long bulk_committed; /* bulk groups committed */
   bool fenced;                  /* a wgmma.fence since the last wait_group that delivered */
   int line;                     /* line of the mbarrier wait or rendezvous it sleeps at */
 };
@@ -51,6 +70,9 @@ struct HBlock {
   WgOp **ops;              /* per warpgroup: issued ops, oldest first (nops[w] of them) */
   unsigned *nops, *capops;
   HThread *th;
+  BulkOp *bulk;
+  unsigned nbulk, bulkcap;
+  NamedBar nb[16];
 };
 
 struct HState {
@@ -90,6 +112,9 @@ HBlock *hblock(Launch *L, Block *B) {
 void hb_reset(Launch *L, HBlock *h) {
   for (unsigned i = 0; i < h->ntma; ++i) free(h->tma[i].data);
   h->ntma = 0;
+  for (unsigned i = 0; i < h->nbulk; ++i) free(h->bulk[i].data);
+  h->nbulk = 0;
+  memset(h->nb, 0, sizeof h->nb);
   if (h->th) {
     unsigned nwg = (L->nthreads + 127) / 128;
     for (unsigned w = 0; w < nwg; ++w) {
@@ -113,7 +138,7 @@ void hopper_launch_end(Launch *L) {
   for (unsigned s = 0; s < L->nres; ++s) {
     HBlock *h = &g_h.b[s];
     hb_reset(L, h);
-    free(h->tma), free(h->view), free(h->meet), free(h->ops), free(h->nops), free(h->capops);
+    free(h->tma), free(h->bulk), free(h->view), free(h->meet), free(h->ops), free(h->nops), free(h->capops);
     free(h->th);
   }
   free(g_h.b);
@@ -224,6 +249,86 @@ bool hopper_land_stuck(Launch *L, Block *B) {
   return true;
 }
 
+/* ---- TMA box geometry (loads and stores) ---------------------------------------------- */
+/* The swizzle's XOR mask width: 16-byte chunk bits [4, 4+b) ^= address bits [7, 7+b). */
+unsigned tmap_swizzle_mask(const mg_host_tmap &t) {
+  return t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B  ? 7
+         : t.swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 3
+         : t.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 1 : 0;
+}
+
+/* Whether element (g0, g1, g2) lies inside the tensor of t (dimensions beyond its rank
+ * ignored). */
+bool tmap_inside(const mg_host_tmap &t, long long g0, long long g1, long long g2) {
+  return g0 >= 0 && (unsigned long long)g0 < t.dim[0] &&
+         (t.rank < 2 || (g1 >= 0 && (unsigned long long)g1 < t.dim[1])) &&
+         (t.rank < 3 || (g2 >= 0 && (unsigned long long)g2 < t.dim[2]));
+}
+
+/* ---- TMA stores and reductions ---------------------------------------------------------- */
+/* The source box of op is read from the async proxy's view of shared memory (once). */
+void bulk_read(HBlock *h, BulkOp &op, Launch *L, Fiber *f) {
+  if (op.data) return;
+  op.data = (unsigned char *)malloc(op.size);
+  if (!op.data) ptx_fail(L, f, "cp.async.bulk.tensor", op.line, "out of memory");
+  memcpy(op.data, h->view + op.off, op.size);
+}
+
+/* The global writes of op (read first if it was not): the box's in-bounds elements are stored
+ * or, for a reduction, added (f32), in element order. Removes op (index i) from h. */
+void bulk_complete(Launch *L, Fiber *f, HBlock *h, unsigned i) {
+  bulk_read(h, h->bulk[i], L, f);
+  BulkOp op = h->bulk[i];
+  memmove(h->bulk + i, h->bulk + i + 1, (h->nbulk - i - 1) * sizeof *h->bulk);
+  h->nbulk--;
+  const mg_host_tmap &t = op.t;
+  unsigned box[3] = {t.box[0], t.rank > 1 ? t.box[1] : 1, t.rank > 2 ? t.box[2] : 1};
+  unsigned es = t.elem_size, bits = tmap_swizzle_mask(t);
+  for (unsigned i2 = 0; i2 < box[2]; ++i2)
+    for (unsigned i1 = 0; i1 < box[1]; ++i1)
+      for (unsigned i0 = 0; i0 < box[0]; ++i0) {
+        long long g0 = (long long)op.c[0] + i0, g1 = (long long)op.c[1] + i1,
+                  g2 = (long long)op.c[2] + i2;
+        if (!tmap_inside(t, g0, g1, g2)) continue;
+        unsigned a = op.off + ((i2 * box[1] + i1) * box[0] + i0) * es;
+        a ^= ((a >> 7) & bits) << 4;
+        unsigned char *dst = (unsigned char *)t.base + (unsigned long long)g0 * t.stride[0] +
+                             (unsigned long long)g1 * t.stride[1] +
+                             (unsigned long long)g2 * t.stride[2];
+        const unsigned char *src = op.data + (a - op.off);
+        if (op.reduce) {
+          float x, y;
+          memcpy(&x, dst, 4), memcpy(&y, src, 4);
+          x += y;
+          memcpy(dst, &x, 4);
+        } else {
+          memcpy(dst, src, es);
+        }
+      }
+  free(op.data);
+}
+
+/* A thread exits: its bulk operations must be committed and their sources read (waited for
+ * with wait_group.read); their global writes happen now (the hardware completes them). */
+void bulk_exit(Launch *L, Fiber *f, HBlock *h) {
+  for (unsigned i = 0; i < h->nbulk;) {
+    BulkOp &op = h->bulk[i];
+    if (op.thread != f->index) {
+      ++i;
+      continue;
+    }
+    if (op.group == h->th[f->index].bulk_committed)
+      ptx_fail(L, f, "cp.async.bulk.tensor", op.line,
+               "the thread exits with a TMA store/reduction never committed "
+               "(cp.async.bulk.commit_group)");
+    if (!op.data)
+      ptx_fail(L, f, "cp.async.bulk.tensor", op.line,
+               "the thread exits while a TMA store/reduction may still read its shared-memory "
+               "source (no cp.async.bulk.wait_group.read covering it)");
+    bulk_complete(L, f, h, i);
+  }
+}
+
 /* A thread exits: its wgmma results must have been waited for; the last thread of a block
  * leaves no TMA load in flight. */
 void hopper_fiber_exit(Launch *L, Fiber *f) {
@@ -241,6 +346,14 @@ void hopper_fiber_exit(Launch *L, Fiber *f) {
     ptx_fail(L, f, "cp.async.bulk.tensor", 0,
              "the block exits with %u TMA loads in flight (never waited for on their mbarrier)",
              h->ntma);
+  bulk_exit(L, f, h);
+  if (f->blk->ndone == L->nthreads)
+    for (unsigned id = 1; id < 16; ++id)
+      if (h->nb[id].arrived)
+        ptx_fail(L, f, "bar.arrive", h->nb[id].line,
+                 "named barrier %u: the block exits with %u of %u arrivals made at an instance "
+                 "that never completes (a count too large, or threads that never arrive)",
+                 id, h->nb[id].arrived, h->nb[id].count);
 }
 
 /* Threads of B asleep in the Hopper emulation: the deadlock message. */
@@ -266,6 +379,18 @@ bool hopper_describe_deadlock(Launch *L, Block *B) {
                  who, ndone);
         return true;
       }
+    bool named = false;
+    for (unsigned id = 1; id < 16 && !named; ++id)
+      if (f->wait == (unsigned long long)(uintptr_t)&h->nb[id]) {
+        named = true;
+        snprintf(L->msg, sizeof L->msg,
+                 "deadlock: %s waits at bar.sync %u (line %d) for an instance that never "
+                 "completes: %u of %u threads arrived (a participant that never arrives, or a "
+                 "count too large); %u threads wait on barriers, mbarriers or warpgroups, %u have "
+                 "exited",
+                 who, id, h->th[i].line, h->nb[id].arrived, h->nb[id].count, nasync, ndone);
+      }
+    if (named) return true;
     Mbar m = {0, 0, 0, 0};
     mbar_read((unsigned long long *)(uintptr_t)f->wait, &m);
     snprintf(L->msg, sizeof L->msg,
@@ -286,12 +411,13 @@ float h16_to_float(int kind, uint32_t bits) {
 }
 
 /* Thread t's part of op: d[i] = (scale_d ? d[i] : 0) + sum_k A[row][k] B[col][k] (fmaf in k
- * order), operands from the async proxy's view; B MN-major when kind has bit 1. */
+ * order), operands from the async proxy's view; B MN-major when kind has bit 1, A (from shared
+ * memory) when it has bit 2. */
 void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
   size_t dyn = g_smem.dyn_size;
   auto ld = [&](unsigned long long desc, unsigned row, unsigned k, const char *which) -> float {
-    unsigned a = which[0] == 'B' && (op->kind & 2) ? mg_host_gmma_addr_mn(desc, row, k)
-                                                   : mg_host_gmma_addr(desc, row, k);
+    bool mn = which[0] == 'B' ? (op->kind & 2) != 0 : (op->kind & 4) != 0;
+    unsigned a = mn ? mg_host_gmma_addr_mn(desc, row, k) : mg_host_gmma_addr(desc, row, k);
     if (a == 0xffffffffu)
       ptx_fail(L, f, "wgmma.mma_async", op->line,
                "matrix descriptor 0x%016llx of %s has a base offset, which is not modelled", desc,
@@ -444,10 +570,7 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
   if ((size_t)off + size > g_smem.dyn_size)
     ptx_fail(L, f, what, line, "the %u-byte box at shared offset %u overruns the %zu bytes of "
              "dynamic shared memory", size, off, g_smem.dyn_size);
-  int swz = t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B  ? 1
-            : t.swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 2
-            : t.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 3 : 0;
-  unsigned bits = swz == 1 ? 7 : swz == 2 ? 3 : swz == 3 ? 1 : 0;
+  unsigned bits = tmap_swizzle_mask(t);
   unsigned char *data = (unsigned char *)malloc(size);
   if (!data) ptx_fail(L, f, what, line, "out of memory");
   unsigned char fill[8];
@@ -458,9 +581,7 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
       for (unsigned i0 = 0; i0 < box[0]; ++i0) {
         long long g0 = (long long)c[0] + i0, g1 = (long long)(rank > 1 ? c[1] : 0) + i1,
                   g2 = (long long)(rank > 2 ? c[2] : 0) + i2;
-        bool in = g0 >= 0 && (unsigned long long)g0 < t.dim[0] &&
-                  (rank < 2 || (g1 >= 0 && (unsigned long long)g1 < t.dim[1])) &&
-                  (rank < 3 || (g2 >= 0 && (unsigned long long)g2 < t.dim[2]));
+        bool in = tmap_inside(t, g0, g1, g2);
         unsigned lin = ((i2 * box[1] + i1) * box[0] + i0) * es;
         unsigned a = off + lin;
         a ^= ((a >> 7) & bits) << 4;
@@ -589,4 +710,132 @@ void mg_host_setmaxnreg(int inc, int regs, int line) {
         }
       },
       [&](WgMeet &) {});
+}
+
+void mg_host_named_bar(int sync, unsigned id, unsigned count, int line) {
+  const char *name = sync ? "bar.sync" : "bar.arrive";
+  Launch *L = current(name);
+  Fiber *f = L->cur;
+  unsigned warps_threads = (L->nthreads + 31) / 32 * 32;
+  if (id < 1 || id > 15)
+    ptx_fail(L, f, name, line, "barrier id %u is not in 1..15 (0 is __syncthreads's)", id);
+  if (count == 0 || count % 32 || count > warps_threads)
+    ptx_fail(L, f, name, line,
+             "thread count %u of barrier %u is not a positive multiple of 32 up to the block's "
+             "%u threads (in warps)", count, id, warps_threads);
+  HBlock *h = hblock(L, f->blk);
+  NamedBar &b = h->nb[id];
+  if (b.arrived == 0) {
+    b.count = count;
+    b.line = line;
+  } else if (b.count != count) {
+    ptx_fail(L, f, name, line,
+             "barrier %u arrived at with count %u while its current instance counts %u (first "
+             "arrival at line %d, %u arrived)", id, count, b.count, b.line, b.arrived);
+  }
+  unsigned long long gen = b.gen;
+  unsigned long long key = (unsigned long long)(uintptr_t)&b;
+  if (++b.arrived == b.count) {
+    b.arrived = 0;
+    b.gen++;
+    hwake(f->blk, key);
+    yield(L, f, BARRIER_SWITCH);
+    return;
+  }
+  if (!sync) {
+    yield(L, f); /* a scheduling point: the consumer may run first */
+    return;
+  }
+  while (b.gen == gen) hsleep(L, f, key, line);
+}
+
+void mg_host_tma_store(int reduce, const void *map, const void *src, int rank, const int *c,
+                       int line) {
+  const char *what = reduce ? "cp.reduce.async.bulk.tensor" : "cp.async.bulk.tensor (store)";
+  Launch *L = current(what);
+  Fiber *f = L->cur;
+  mg_host_tmap t;
+  memcpy(&t, map, sizeof t);
+  if (t.magic != MG_HOST_TMAP_MAGIC)
+    ptx_fail(L, f, what, line, "the tensor map is not one cuTensorMapEncodeTiled made (host format)");
+  if ((int)t.rank != rank)
+    ptx_fail(L, f, what, line, "a %dd operation on a tensor map of rank %u", rank, t.rank);
+  if (reduce && t.dtype != CU_TENSOR_MAP_DATA_TYPE_FLOAT32)
+    ptx_fail(L, f, what, line, "the .add reduction is modelled for f32 maps only (dtype %u)",
+             t.dtype);
+  unsigned off = mg_host_smem_u32(src, line);
+  if (off % 128) ptx_fail(L, f, what, line, "source %p is not 128-byte aligned", src);
+  unsigned size = t.box[0] * t.elem_size * (rank > 1 ? t.box[1] : 1) * (rank > 2 ? t.box[2] : 1);
+  if ((size_t)off + size > g_smem.dyn_size)
+    ptx_fail(L, f, what, line, "the %u-byte box at shared offset %u overruns the %zu bytes of "
+             "dynamic shared memory", size, off, g_smem.dyn_size);
+  HBlock *h = hblock(L, f->blk);
+  if (h->nbulk == h->bulkcap) {
+    unsigned cap = h->bulkcap ? 2 * h->bulkcap : 16;
+    BulkOp *p = (BulkOp *)realloc(h->bulk, cap * sizeof *p);
+    if (!p) ptx_fail(L, f, what, line, "out of memory");
+    h->bulk = p;
+    h->bulkcap = cap;
+  }
+  BulkOp &op = h->bulk[h->nbulk++];
+  op.t = t;
+  op.c[0] = c[0], op.c[1] = rank > 1 ? c[1] : 0, op.c[2] = rank > 2 ? c[2] : 0;
+  op.reduce = reduce, op.line = line, op.off = off, op.size = size, op.thread = f->index;
+  op.group = h->th[f->index].bulk_committed;
+  op.data = nullptr;
+  /* the executor's choice: the source is read now (one in four) or at the latest point, the
+   * wait_group.read (or wait_group) that covers it */
+  if (!L->round_robin && rng_below(L, 4) == 0) bulk_read(h, op, L, f);
+}
+
+void mg_host_bulk_commit(int line) {
+  (void)line;
+  Launch *L = current("cp.async.bulk.commit_group");
+  hblock(L, L->cur->blk)->th[L->cur->index].bulk_committed++;
+}
+
+void mg_host_bulk_wait(int n, int read, int line) {
+  const char *what = read ? "cp.async.bulk.wait_group.read" : "cp.async.bulk.wait_group";
+  Launch *L = current(what);
+  Fiber *f = L->cur;
+  if (n < 0 || n > 63) ptx_fail(L, f, what, line, "N = %d is not in 0..63", n);
+  HBlock *h = hblock(L, f->blk);
+  unsigned long long committed = h->th[f->index].bulk_committed;
+  if (committed <= (unsigned long long)n) return;
+  unsigned long long done_below = committed - (unsigned long long)n;
+  for (unsigned i = 0; i < h->nbulk;) {
+    BulkOp &op = h->bulk[i];
+    if (op.thread != f->index || op.group >= done_below) {
+      ++i;
+    } else if (read) {
+      bulk_read(h, op, L, f);
+      ++i;
+    } else {
+      bulk_complete(L, f, h, i);
+    }
+  }
+}
+
+void mg_host_stmatrix(int trans, const unsigned *r, void *p, int line) {
+  int op = trans ? MG_HOST_STSM_X4_T : MG_HOST_STSM_X4;
+  Launch *L = current(op_name(op));
+  Fiber *f = L->cur;
+  need_full_warp(L, f, op, line);
+  if ((uintptr_t)p % 16)
+    ptx_fail(L, f, op_name(op), line, "row address %p is not 16-byte aligned", p);
+  if (!smem_contains(p, 16))
+    ptx_fail(L, f, op_name(op), line, "row address %p is not in shared memory", p);
+  uint32_t in[4];
+  memcpy(in, r, 16);
+  unsigned bank = warp_arrive(L, f, op, 0, line, in, 4);
+  const uint32_t(*w)[WIDE_IN] = f->blk->warps[f->warp].win[bank];
+  unsigned m = f->lane / 8, row = f->lane % 8;
+  uint16_t out[8];
+  for (unsigned c = 0; c < 8; ++c) {
+    unsigned lane, half;
+    mg_host_stsm_src(trans, row, c, &lane, &half);
+    out[c] = (uint16_t)(w[lane][m] >> (16 * half));
+  }
+  asan_check_write(p, 16);
+  memcpy(p, out, 16); /* this lane's row, written by this lane */
 }

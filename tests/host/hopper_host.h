@@ -36,13 +36,39 @@ MG_HOST_HIDDEN void mg_host_wgmma_fence(int line);
 MG_HOST_HIDDEN void mg_host_wgmma_commit(int line);
 MG_HOST_HIDDEN void mg_host_wgmma_wait(int n, int line);
 /* wgmma.mma_async m64nNk16 f32 += {bf16 (kind bit 0 clear), f16 (set)}, B K-major (kind bit 1
- * clear) or MN-major (set: imm-trans-b 1, mg_host_gmma_addr_mn): a warpgroup rendezvous of the
+ * clear) or MN-major (set: imm-trans-b 1, mg_host_gmma_addr_mn), A from desc_a K-major (bit 2
+ * clear) or MN-major (set: imm-trans-a 1, mg_host_gmma_addr_mn with the M index): a warpgroup rendezvous of the
  * 128 threads (same N, descriptors, scale_d, line; each after a wgmma.fence). a: this
  * thread's 4 A registers, or NULL for A from desc_a. d is this thread's N/2 accumulators,
  * written at the wait_group that completes the group. */
 MG_HOST_HIDDEN void mg_host_wgmma(int kind, int n, float *d, const unsigned *a,
                                   unsigned long long desc_a, unsigned long long desc_b,
                                   int scale_d, int line);
+/* bar.sync (sync 1) / bar.arrive (sync 0) id, count. Reported: id not in 1..15, count not a
+ * multiple of 32 or above the block's threads rounded up to warps, a count that differs from
+ * the one the current instance's first arrival gave, a wait that never completes (deadlock,
+ * naming the barrier), arrivals of an incomplete instance when the block has exited. */
+MG_HOST_HIDDEN void mg_host_named_bar(int sync, unsigned id, unsigned count, int line);
+/* cp.async.bulk.tensor.<rank>d.global.shared::cta.bulk_group (reduce 0) or
+ * cp.reduce.async.bulk.tensor ... .add (reduce 1, f32 maps only) from shared memory at src. The
+ * box is read from the async proxy's view of shared memory (stale without fence.proxy.async
+ * after ordinary stores) at a point the executor picks between the issue and the
+ * wait_group.read that covers it; the global writes happen at the wait_group (not .read) that
+ * covers it, or when the issuing thread exits. Reported: a bad map, rank, alignment or
+ * overrun, a reduction on a non-f32 map, a thread exiting with bulk operations uncommitted or
+ * never waited for with .read. */
+MG_HOST_HIDDEN void mg_host_tma_store(int reduce, const void *map, const void *src, int rank,
+                                      const int *c, int line);
+/* cp.async.bulk.commit_group and cp.async.bulk.wait_group{.read} n (read 1: sources read;
+ * read 0: complete, global written). */
+MG_HOST_HIDDEN void mg_host_bulk_commit(int line);
+MG_HOST_HIDDEN void mg_host_bulk_wait(int n, int read, int line);
+/* stmatrix.sync.aligned.m8n8.x4{,.trans}.shared.b16 [p], r: a warp collective (sm_90), the
+ * inverse of ldmatrix. Lane 8m + i gives the 16-byte aligned shared address of row i of matrix
+ * m; lane l holds in r[m] row l/4, elements 2(l%4) (low half) and 2(l%4)+1 of matrix m (with
+ * trans, of its transpose: the stored row i holds column i of that fragment matrix). Once all
+ * 32 lanes arrived, each lane writes its own row. */
+MG_HOST_HIDDEN void mg_host_stmatrix(int trans, const unsigned *r, void *p, int line);
 /* setmaxnreg.{inc (1), dec (0)}: a warpgroup rendezvous checking the same value. */
 MG_HOST_HIDDEN void mg_host_setmaxnreg(int inc, int regs, int line);
 
@@ -112,5 +138,16 @@ static inline void mg_host_wgmma_a_coord(unsigned row, unsigned k, unsigned *t, 
   *t = 32 * w + 4 * g + (k % 8) / 2;
   *r = rr / 8 + 2 * (k / 8);
   *h = k % 2;
+}
+
+/* stmatrix.x4{,.trans}: the lane and half (0 low, 1 high) of register r[m] whose value is
+ * stored as element c (0..7) of the row that lane 8m + row gives the address of (PTX ISA
+ * "stmatrix": lane l holds row l/4, elements 2(l%4), 2(l%4)+1 of matrix m; .trans stores the
+ * transpose). */
+static inline void mg_host_stsm_src(int trans, unsigned row, unsigned c, unsigned *lane,
+                                    unsigned *half) {
+  unsigned fr = trans ? c : row, fc = trans ? row : c;
+  *lane = 4 * fr + fc / 2;
+  *half = fc % 2;
 }
 #endif

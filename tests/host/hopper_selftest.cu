@@ -214,3 +214,178 @@ extern "C" __global__ void hopper_tma_copy3(const __grid_constant__ TensorMap ma
   mbar_wait(bar, 0);
   for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
 }
+
+// ---- the backward's primitives ---------------------------------------------------------------
+// C (64 x N, fp32) = A^T B with A stored [64 k][64 m] (M contiguous: an MN-major A, as P or
+// dS [q][key] is read for P^T dO, dS^T Q) and B stored [64 k][N n] (TB = 1: MN-major, as dO or
+// Q [q][d]) or [N n][64 k] (TB = 0: K-major): wgmma_ss_t, 4 k-steps; bf16 (hopper_tt_f16_n64:
+// f16). One block of 128 threads,
+// HOPPER_QK_SMEM(N) bytes; maps: A {64, 64}, B {N, 64} (TB 1) or {64, N} (TB 0), boxes of one
+// swizzle span (8 elements without swizzle) by 64 rows.
+namespace {
+template <int N, int TB, class T = bf16_t>
+__device__ void tt(const TensorMap* ta, const TensorMap* tb, float* C, int swz) {
+  unsigned addr0 = smem_u32(smem);
+  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
+  unsigned char* sA = smem + pad + 1024;
+  unsigned char* sB = sA + 64 * 64 * 2;
+  const unsigned span = swizzle_span(swz), cols = span / 2, t = threadIdx.x;
+  if (t == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (t == 0) {
+    mbar_arrive_expect_tx(bar, (64 + N) * 64 * 2);
+    for (unsigned b = 0; b < 64 / cols; ++b) tma_load_2d(sA + b * 64 * span, ta, bar, b * cols, 0);
+    for (unsigned b = 0; b < (TB ? N : 64) / cols; ++b)
+      tma_load_2d(sB + b * (TB ? 64 : N) * span, tb, bar, b * cols, 0);
+  }
+  mbar_wait(bar, 0);
+  float d[N / 2];
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.0f;
+  const unsigned aa = smem_u32(sA), ba = smem_u32(sB);
+  fence_operand(d);
+  wgmma_fence();
+  for (unsigned ks = 0; ks < 4; ++ks)
+    wgmma_ss_t<N, T, 1, TB>(
+        d, make_desc_mn_kstep(swz, aa, 64, ks),
+        TB ? make_desc_mn_kstep(swz, ba, 64, ks) : kstep_desc(swz, ba, N, ks), ks > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operand(d);
+  for (int i = 0; i < N / 2; ++i) C[acc_row(t, i) * N + acc_col(t, i)] = d[i];
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128)
+    hopper_tt_n64(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
+                  float* C, int swz) {
+  tt<64, 1>(&ta, &tb, C, swz);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    hopper_tt_n128(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
+                   float* C, int swz) {
+  tt<128, 1>(&ta, &tb, C, swz);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    hopper_tt_f16_n64(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
+                      float* C, int swz) {
+  tt<64, 1, f16_t>(&ta, &tb, C, swz);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    hopper_tk_n64(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,
+                  float* C, int swz) {
+  tt<64, 0>(&ta, &tb, C, swz);
+}
+
+// Warpgroup ping-pong on two named barriers (256 threads, 512 bytes of dynamic shared memory):
+// element i of a shared row goes x = i, then per round r < 4 warpgroup 0 does x = 2x + r and
+// warpgroup 1 x = 3x - r, strictly alternating (the ordered dQ accumulation's pattern); out[i]
+// = x. kind 1: counts differ within an instance; 2: a bar.sync whose other participants never
+// arrive; 3: a count not a multiple of 32 (all reported). kind 4: one hand-off, warpgroup 0
+// writes x = 2i + 1, then warpgroup 1 copies it to out after bar.sync 3; kind 5: the same with
+// warpgroup 1 arriving instead of waiting (the counts balance, nothing to report, out wrong).
+extern "C" __global__ void hopper_pingpong(float* out, int kind) {
+  float* acc = reinterpret_cast<float*>(smem);
+  const unsigned t = threadIdx.x, wg = t / 128, i = t % 128;
+  if (kind == 1) {
+    if (wg == 0) bar_arrive(1, 256); else bar_sync(1, 128);
+    return;
+  }
+  if (kind == 2) {
+    if (wg == 1) bar_sync(1, 256);
+    return;
+  }
+  if (kind == 3) {
+    bar_sync(1, 100);
+    return;
+  }
+  if (kind >= 4) {
+    if (wg == 0) {
+      acc[i] = 2.0f * (float)i + 1.0f;
+      bar_arrive(3, 256);
+    } else {
+      if (kind == 5) bar_arrive(3, 256); else bar_sync(3, 256);
+      out[i] = acc[i];
+    }
+    return;
+  }
+  if (wg == 0) acc[i] = (float)i;
+  for (int r = 0; r < 4; ++r) {
+    if (wg == 0) {
+      if (r > 0) bar_sync(1, 256);  // MUTATION: pingpong wait 0
+      acc[i] = 2.0f * acc[i] + (float)r;
+      bar_arrive(2, 256);
+    } else {
+      bar_sync(2, 256);  // MUTATION: pingpong wait 1
+      acc[i] = 3.0f * acc[i] - (float)r;
+      if (r < 3) bar_arrive(1, 256);
+    }
+  }
+  if (wg == 1) out[i] = acc[i];
+}
+
+// TMA reductions and a store from shared memory (128 threads, 1024 + 8192 + 1024 bytes): a
+// 64-row x 32-column f32 tile (128B swizzle) at rows [c1, c1 + 64) of the [rows, 32] tensors
+// behind tacc and tout. Per round r < rounds the block writes the tile (bulk_val) with ordinary
+// stores, fences the proxy, and thread 0 adds it to acc (cp.reduce .add) and waits for the read;
+// then thread 0 stores the last tile to out, waits for completion and copies what acc and out
+// hold (rows in the tensor) into peek[0 .. 2048) and peek[2048 .. 4096).
+__device__ __forceinline__ float bulk_val(unsigned r, unsigned row, unsigned col) {
+  unsigned h = (r * 131u + row) * 977u + col * 7919u;
+  h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+  return (float)((int)(h % 2001u) - 1000) / 256.0f;
+}
+extern "C" __global__ void __launch_bounds__(128)
+    hopper_bulk(const __grid_constant__ TensorMap tacc, const __grid_constant__ TensorMap tout,
+                const float* acc, const float* out, float* peek, int c1, int rows, int rounds) {
+  unsigned addr0 = smem_u32(smem);
+  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
+  unsigned char* tile = smem + pad;
+  const unsigned t = threadIdx.x;
+  for (int r = 0; r < rounds; ++r) {
+    for (unsigned e = t; e < 64 * 32; e += 128)
+      *reinterpret_cast<float*>(tile + swizzle_addr(SWIZZLE_128B, (e / 32) * 128 + (e % 32) * 4)) =
+          bulk_val(r, e / 32, e % 32);
+    fence_proxy_async();  // MUTATION: store fence
+    __syncthreads();
+    if (t == 0) {
+      tma_reduce_add_2d(&tacc, tile, 0, c1);
+      bulk_commit();
+      bulk_wait_read<0>();  // MUTATION: bulk read wait
+    }
+    __syncthreads();
+  }
+  if (t == 0) {
+    tma_store_2d(&tout, tile, 0, c1);
+    bulk_commit();
+    bulk_wait<0>();  // MUTATION: bulk wait
+    for (unsigned e = 0; e < 64 * 32; ++e)
+      if (c1 + (int)(e / 32) < rows) {
+        peek[e] = acc[(c1 + e / 32) * 32 + e % 32];
+        peek[2048 + e] = out[(c1 + e / 32) * 32 + e % 32];
+      }
+  }
+}
+
+// stmatrix_x4 (trans 0) or stmatrix_x4_trans (1), one warp (32 threads, 1024 bytes): lane l
+// holds the 16-bit values 2 (4 l + m) + h in r[m] (h: low 0, high 1), rows of matrix m at byte
+// 80 row + 16 m (rows 80 bytes apart); the 640 bytes go to out (320 values, 0xffff where
+// nothing was stored).
+extern "C" __global__ void hopper_stmatrix(unsigned short* out, int trans) {
+  unsigned short* s = reinterpret_cast<unsigned short*>(smem);
+  const unsigned l = threadIdx.x;
+  for (unsigned i = l; i < 320; i += 32) s[i] = 0xffff;
+  __syncwarp();
+  unsigned r[4];
+  for (unsigned m = 0; m < 4; ++m) r[m] = (2 * (4 * l + m)) | (2 * (4 * l + m) + 1) << 16;
+  void* row = smem + 80 * (l % 8) + 16 * (l / 8);
+  if (trans)
+    stmatrix_x4_trans(r, row);
+  else
+    stmatrix_x4(r, row);
+  __syncwarp();
+  for (unsigned i = l; i < 320; i += 32) out[i] = s[i];
+}

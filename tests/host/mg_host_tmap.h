@@ -14,18 +14,24 @@
 #define MG_HOST_TMAP_MAGIC 0x4d54686dU /* "mhTM" */
 #define MG_HOST_TMAP_MAX_RANK 3
 
-/* What the 128 bytes hold (88 of them used). */
+/* What the 128 bytes hold (the first 96 of them). */
 typedef struct mg_host_tmap {
   uint32_t magic;
   uint32_t rank;       /* 1..3 */
   uint32_t elem_size;  /* bytes: 1, 2, 4 or 8 */
   uint32_t swizzle;    /* CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3 128B */
   uint32_t oob_nan;    /* CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA: fill NaN */
+  uint32_t dtype;      /* CUtensorMapDataType (TMA reductions need it) */
   uint64_t dim[MG_HOST_TMAP_MAX_RANK];    /* elements per dimension, innermost first */
   uint32_t box[MG_HOST_TMAP_MAX_RANK];    /* box elements per dimension */
   uint64_t stride[MG_HOST_TMAP_MAX_RANK]; /* bytes between index steps; stride[0] = elem_size */
   const void *base;
 } mg_host_tmap;
+#ifdef __cplusplus
+static_assert(sizeof(mg_host_tmap) <= sizeof(CUtensorMap), "mg_host_tmap must fit a CUtensorMap");
+#else
+_Static_assert(sizeof(mg_host_tmap) <= sizeof(CUtensorMap), "mg_host_tmap must fit a CUtensorMap");
+#endif
 
 /* cuTensorMapEncodeTiled's arguments and checks (CUDA driver API, "Tensor Map Object
  * Managment"): base 16-byte aligned; 1 <= rank <= 3 here (the driver allows 5); dims in
@@ -65,6 +71,7 @@ static inline CUresult mg_host_tmap_encode(CUtensorMap *map, CUtensorMapDataType
   t.elem_size = es;
   t.swizzle = (uint32_t)swizzle;
   t.oob_nan = fill == CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA;
+  t.dtype = (uint32_t)dtype;
   t.base = base;
   t.stride[0] = es;
   for (cuuint32_t i = 0; i < rank; i++) {
