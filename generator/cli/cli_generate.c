@@ -38,6 +38,9 @@ enum { N_ON_REQUEST = sizeof on_request / sizeof on_request[0] };
  * Returns 0, or CLI_USAGE (an unknown F, a rejected override) after printing why. */
 static int add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n) {
   for (int f = 0; f < o->n_family; f++) {
+    int dup = 0; /* --family F given twice renders F once */
+    for (int g = 0; g < f; g++) dup |= strcmp(o->family[g], o->family[f]) == 0;
+    if (dup) continue;
     int r = 0;
     while (r < N_ON_REQUEST && strcmp(on_request[r].family, o->family[f]) != 0) r++;
     if (r == N_ON_REQUEST) {

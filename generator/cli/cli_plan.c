@@ -45,7 +45,7 @@ static const char help[] =
     "  --mem-gib M  budget in GiB for a form's per-layer peak (default 131: H200's\n"
     "               141 GB; give what is left after weights, optimizer state and the\n"
     "               other layers' saved activations)\n"
-    "               (GB = 1e9 bytes, GiB = 2^30 bytes; all four must be > 0)\n"
+    "               (GB = 1e9 bytes, GiB = 2^30 bytes; each from 0.001 to 1e9)\n"
     "  --json       machine-readable output\n"
     "  --steps      also list each form's steps\n"
     "  --explain    also print, per kernel family and causal flag, the configuration the\n"
@@ -154,7 +154,9 @@ static void print_steps(const mg_plan *p) {
   }
 }
 
-/* A rate option: a finite number in (0, 1e9]; def when not given. */
+/* A rate option: a decimal number in [1e-3, 1e9] (a smaller rate predicts no time that
+ * means anything: 1e-300 TFLOP/s gives 300-digit milliseconds, 1e-308 infinity); def when
+ * not given. */
 static int parse_rate(const char *opt, const char *v, double def, const char *unit, double *out) {
   if (!v) {
     *out = def;
@@ -163,8 +165,9 @@ static int parse_rate(const char *opt, const char *v, double def, const char *un
   char *end = NULL;
   errno = 0;
   const double x = strtod(v, &end);
-  if (errno || end == v || *end || !isfinite(x) || !(x > 0) || x > 1e9) {
-    cli_error("--%s %s: expected a number > 0 and at most 1e9 (%s)", opt, v, unit);
+  if (errno || end == v || *end || v[strspn(v, "0123456789.eE+-")] || !isfinite(x) ||
+      !(x >= 1e-3) || x > 1e9) {
+    cli_error("--%s %s: expected a decimal number from 0.001 to 1e9 (%s)", opt, v, unit);
     return CLI_USAGE;
   }
   *out = x;
