@@ -891,11 +891,15 @@ static void test_committed_store(void **state) {
     char *why = NULL;
     int src = mg_tune_lookup(dir, "sm_90a", "NVIDIA H200", now, mg_gen_template_hash(g), &s,
                              e->form[0] ? e->form : NULL, e->seq_bucket, &cfg, &why);
-    if (strcmp(e->family, "attn_bwd_dkdv") == 0) {
-      char want[160];
+    /* stale: attn_bwd_dkdv's three (changed after the sweep), and attn_bwd_dq at H 2, whose
+     * code the device library changed beyond tuned/rehash.py's equivalence (tuned/README.md) */
+    if (strcmp(e->family, "attn_bwd_dkdv") == 0 ||
+        (strcmp(e->family, "attn_bwd_dq") == 0 && e->heads == 2)) {
+      char want[160], head[96];
       snprintf(want, sizeof want, "entry hash %.12s, now %.12s)", e->template_hash, now);
-      if (src != MG_TUNE_DEFAULT || !strstr(why, want) ||
-          !strstr(why, "default: the attn_bwd_dkdv template changed since it was tuned ("))
+      snprintf(head, sizeof head, "default: the %s template changed since it was tuned (",
+               e->family);
+      if (src != MG_TUNE_DEFAULT || !strstr(why, want) || !strstr(why, head))
         fail_msg("entry %d: %s", i, why);
       changed++;
     } else {
@@ -906,8 +910,8 @@ static void test_committed_store(void **state) {
     }
     free(why);
   }
-  assert_int_equal(tuned, 11);
-  assert_int_equal(changed, 3);
+  assert_int_equal(tuned, 10);
+  assert_int_equal(changed, 4);
   mg_tune_store_free(&st);
 
   /* what the executor and `plan --explain` get: attn_fwd's winner (bm64 bn128 st1) ... */

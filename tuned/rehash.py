@@ -21,12 +21,16 @@ configuration) with both binaries and compares:
   2. else the SASS: both compiled by `nvcc -cubin -arch=<the store's arch>` and disassembled by
      nvdisasm (the toolkit's, or $NVDISASM), comments, addresses and the kernel's symbol
      normalized away: equal instruction streams -> moved ("sass");
-  3. else equivalent code -> moved ("sass-equivalent"): the same number of every instruction
-     that moves data or does the kernel's arithmetic work (tensor-core MMAs, shared and global
-     loads and stores, cp.async, atomics and reductions, MUFU, shuffles, barriers), the whole
-     instruction count within 1% and the registers per thread within 3 (ptxas -v). What may
-     differ is scheduling, register names and the form of integer compares and address
-     arithmetic, which do not decide which tile configuration wins;
+  3. else equivalent code -> moved ("sass-equivalent"): the same launch (block, dynamic
+     shared memory: the manifests' launch rules equal) and the same multiset of every
+     instruction that moves data or does the kernel's arithmetic work (tensor-core MMAs,
+     shared and global loads and stores with their offsets, cp.async, atomics and reductions,
+     MUFU, shuffles, barriers), compared with register numbers erased but every immediate
+     and address offset kept; the whole instruction count within 1% and the registers per
+     thread within 3 (ptxas -v). What may differ is scheduling, register allocation and
+     the integer compares and address arithmetic around the same work. This is static: a
+     change of a loop's trip count that keeps the loop body would pass, so the rule is for
+     refactors that are meant to change nothing, reviewed as such;
   4. else the entry keeps its old hash (plans report "template changed" until it is swept again).
 Only the template_hash lines of moved entries change; every measured figure keeps its bytes,
 which the json module checks. Prints one line per entry.
@@ -76,7 +80,7 @@ def render(mlagen, out, cfg, sp, entry):
             and all(k["config"].get(t) == v for t, v in entry["config"].items())]
     if len(hits) != 1:
         raise RuntimeError("%d kernels of %s match the entry in %s" % (len(hits), entry["family"], out))
-    return hits[0]["file"], man["headers"]
+    return hits[0]["file"], man["headers"], hits[0]["launch"]
 
 
 def nvdisasm():
@@ -125,8 +129,9 @@ def equivalent(a, b):
     (la, ra), (lb, rb) = a, b
     if abs(ra - rb) > 3 or abs(len(la) - len(lb)) > 0.01 * max(len(la), 1):
         return False
-    count = lambda ls: sorted(o for o in map(opcode, ls) if o.split(".")[0] in WORK_OPS)
-    return count(la) == count(lb)
+    erase = lambda l: re.sub(r"\b(U?R|U?P)\d+\b", r"\1", l)  # register numbers only
+    work = lambda ls: sorted(erase(l) for l in ls if opcode(l).split(".")[0] in WORK_OPS)
+    return work(la) == work(lb)
 
 
 def main(store, old_build, old_tpl, new_build, new_tpl):
@@ -153,8 +158,8 @@ def main(store, old_build, old_tpl, new_build, new_tpl):
                 print("%s: no shipped model has this shape: kept" % tag)
                 continue
             od, nd = os.path.join(tmp, "old%d" % i), os.path.join(tmp, "new%d" % i)
-            of, ohs = render(old_bin, od, m[0], m[1], e)
-            nf, nhs = render(new_bin, nd, m[0], m[1], e)
+            of, ohs, olaunch = render(old_bin, od, m[0], m[1], e)
+            nf, nhs, nlaunch = render(new_bin, nd, m[0], m[1], e)
             same = lambda a, b: open(a, "rb").read() == open(b, "rb").read()
             if of == nf and ohs == nhs and same(os.path.join(od, of), os.path.join(nd, nf)) and \
                     all(same(os.path.join(od, x), os.path.join(nd, x)) for x in ohs):
@@ -163,7 +168,7 @@ def main(store, old_build, old_tpl, new_build, new_tpl):
                 so, sn = sass(od, of, data["arch"], tmp), sass(nd, nf, data["arch"], tmp)
                 if so[0] == sn[0]:
                     moved[i] = "SASS identical"
-                elif equivalent(so, sn):
+                elif olaunch == nlaunch and equivalent(so, sn):
                     moved[i] = "sass-equivalent: %d -> %d instructions, %d -> %d registers" % (
                         len(so[0]), len(sn[0]), so[1], sn[1])
             if i not in moved:
