@@ -1,39 +1,29 @@
 /* mg_dtype.c: bf16 and f16 <-> f32 by bit pattern (see mg_dtype.h). */
 #include "mg_dtype.h"
 
-static float f32_of_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static uint32_t bits_of_f32(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
 
-float mg_bf16_to_f32(uint16_t h) { return f32_of_bits((uint32_t)h << 16); }
+float mg_bf16_to_f32(uint16_t h) { return mg_f32_of_bits((uint32_t)h << 16); }
 
 float mg_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in float */
     float v = (float)man * 5.9604644775390625e-08f;
-    return f32_of_bits(bits_of_f32(v) | sign);
+    return mg_f32_of_bits(mg_bits_of_f32(v) | sign);
   }
-  if (exp == 31) return f32_of_bits(sign | 0x7f800000u | man << 13); /* inf, NaN */
-  return f32_of_bits(sign | (exp + 112) << 23 | man << 13);
+  if (exp == 31) return mg_f32_of_bits(sign | 0x7f800000u | man << 13); /* inf, NaN */
+  return mg_f32_of_bits(sign | (exp + 112) << 23 | man << 13);
 }
 
 uint16_t mg_f32_to_bf16(float x) {
-  uint32_t u = bits_of_f32(x);
+  uint32_t u = mg_bits_of_f32(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(u >> 16 | 0x40); /* quiet NaN */
   u += 0x7fffu + ((u >> 16) & 1);
   return (uint16_t)(u >> 16);
 }
 
 uint16_t mg_f32_to_f16(float x) {
-  uint32_t u = bits_of_f32(x);
+  uint32_t u = mg_bits_of_f32(x);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00 | ((a >> 13) & 0x3ff)); /* NaN */

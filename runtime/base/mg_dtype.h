@@ -55,6 +55,18 @@ static inline mg_dtype mg_dtype_of_spec(const char *s) {
 
 /* Element conversions by bit pattern (the safetensors reader and writer, the communicators'
  * reductions, the kernels' checks): exact where the target can hold the value. */
+/* A float's bit pattern and back (memcpy: no aliasing rules broken). */
+static inline float mg_f32_of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint32_t mg_bits_of_f32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
 float mg_bf16_to_f32(uint16_t h);  /* exact */
 float mg_f16_to_f32(uint16_t h);   /* exact, subnormals, inf and NaN included */
 uint16_t mg_f32_to_bf16(float x);  /* round to nearest even; NaN stays a quiet NaN */

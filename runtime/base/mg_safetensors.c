@@ -46,16 +46,6 @@ static void st32(unsigned char *p, uint32_t v) {
 static void st64(unsigned char *p, uint64_t v) {
   for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
-static float f32_of_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static uint32_t bits_of_f32(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
 static double f64_of_bits(uint64_t u) {
   double x;
   memcpy(&x, &u, 8);
@@ -518,7 +508,7 @@ static int lookup(const mg_st_file *f, const char *name, int ndim, const int64_t
 static void to_f32(const unsigned char *s, mg_dtype t, size_t n, float *o) {
   switch (t) {
     case MG_F32:
-      for (size_t i = 0; i < n; i++) o[i] = f32_of_bits(ld32(s + 4 * i));
+      for (size_t i = 0; i < n; i++) o[i] = mg_f32_of_bits(ld32(s + 4 * i));
       break;
     case MG_F64:
       for (size_t i = 0; i < n; i++) o[i] = (float)f64_of_bits(ld64(s + 8 * i));
@@ -535,7 +525,7 @@ static void to_f32(const unsigned char *s, mg_dtype t, size_t n, float *o) {
 static void to_f64(const unsigned char *s, mg_dtype t, size_t n, double *o) {
   switch (t) {
     case MG_F32:
-      for (size_t i = 0; i < n; i++) o[i] = (double)f32_of_bits(ld32(s + 4 * i));
+      for (size_t i = 0; i < n; i++) o[i] = (double)mg_f32_of_bits(ld32(s + 4 * i));
       break;
     case MG_F64:
       for (size_t i = 0; i < n; i++) o[i] = f64_of_bits(ld64(s + 8 * i));
@@ -714,7 +704,7 @@ static int writer_add(mg_st_writer *w, const char *name, mg_dtype dtype, int ndi
   for (size_t i = 0; i < numel; i++) {
     switch (dtype) {
       case MG_F64: st64(o + 8 * i, bits_of_f64(src_f64 ? sd[i] : (double)sf[i])); break;
-      case MG_F32: st32(o + 4 * i, bits_of_f32(sf[i])); break;
+      case MG_F32: st32(o + 4 * i, mg_bits_of_f32(sf[i])); break;
       case MG_BF16: st16(o + 2 * i, mg_f32_to_bf16(sf[i])); break;
       case MG_F16: st16(o + 2 * i, mg_f32_to_f16(sf[i])); break;
     }
