@@ -1,7 +1,6 @@
 /* mg_dtype.c: bf16 and f16 <-> f32 by bit pattern (see mg_dtype.h). */
 #include "mg_dtype.h"
 
-
 float mg_bf16_to_f32(uint16_t h) { return mg_f32_of_bits((uint32_t)h << 16); }
 
 float mg_f16_to_f32(uint16_t h) {
