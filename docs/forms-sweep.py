@@ -11,12 +11,22 @@
 
 (default build/mlagen). The time model and its defaults: docs/forms.md, "Predicted time".
 """
+import argparse
 import json
 import subprocess
-import sys
 
-args = [a for a in sys.argv[1:] if a != "--times"]
-mlagen = args[0] if args else "build/mlagen"
+parser = argparse.ArgumentParser(
+    description="Prints docs/forms.md's sweep tables from `mlagen plan --json`.",
+    epilog='The time model and its defaults: docs/forms.md, "Predicted time".')
+parser.add_argument("mlagen", nargs="?", default="build/mlagen",
+                    help="the mlagen binary (default build/mlagen)")
+parser.add_argument("--times", action="store_true",
+                    help="predicted forward + backward time per form, DeepSeek-V3 and Kimi K2, "
+                         "S 16k/32k/128k, P 4..64, NVLink- and InfiniBand-class links, and the "
+                         "fastest form within the default memory budget (default: each form's "
+                         "figures relative to explicit for DeepSeek-V3 over S and P)")
+opts = parser.parse_args()
+mlagen = opts.mlagen
 forms = ["explicit", "absorbed", "laga", "laga-r", "laga-f"]
 
 
@@ -70,4 +80,4 @@ def times():
                           + (f" ({peak:.2f})" if best else "") + " |")
 
 
-times() if "--times" in sys.argv[1:] else ratios()
+times() if opts.times else ratios()

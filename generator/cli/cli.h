@@ -41,7 +41,7 @@ typedef struct cli_opts {
   const char *device;         /* plan --explain: --device NAME */
   int explain;                /* plan: --explain */
   int dry_run;                /* tune: --dry-run */
-  const char *family[CLI_MAX_SET]; /* tune: --family F (repeatable) */
+  const char *family[CLI_MAX_SET]; /* tune, generate, compile: --family F (repeatable) */
   int n_family;
   int min_warps;              /* tune: --min-warps N (0: the default threshold) */
   int head_groups;            /* plan, run: --head-groups N (laga-f; 0: the default) */
@@ -70,6 +70,13 @@ int cli_load_model(const cli_opts *o, mg_shape *shape);
  * CLI_FAIL or CLI_USAGE. On success the caller closes *g. */
 int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
                 mg_gen **g);
+
+/* Appends to specs[0..*n) (at most max) a spec of each o->family F (`--family`, rendered
+ * only on request: attn_fwd_sm90) for each spec of its companion family (heads, dims,
+ * dtype, causal and k_packed as there; the --set overrides applied again); F given twice
+ * is added once. Returns 0, or CLI_USAGE (an unknown F, a rejected override, more than
+ * max kernels) after printing why. */
+int cli_add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n);
 
 /* Prints "mlagen: <msg>" to stderr (the message may hold several lines). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -9,7 +9,7 @@
 
 static const char help[] =
     "usage: mlagen compile [--model M] [--arch LIST] [--sp P] [--dtype bf16|fp16]\n"
-    "                      [--set tunable=value]... [--templates DIR]\n"
+    "                      [--set tunable=value]... [--family F]... [--templates DIR]\n"
     "                      [--cache-dir DIR] [--no-cache]\n"
     "\n"
     "Generates the model's kernels (as `mlagen generate` does), compiles each with NVRTC\n"
@@ -22,6 +22,7 @@ static const char help[] =
     "  --arch LIST      comma-separated real targets (default sm_80,sm_90a)\n"
     "  --cache-dir DIR  JIT cache (default $MLAGEN_CACHE_DIR or ~/.cache/mlagen)\n"
     "  --no-cache       neither read nor write the cache\n"
+    "  --family F       also compile attn_fwd_sm90 (see `mlagen generate --help`)\n"
     "  other options as for `mlagen generate`\n";
 
 #define MAX_ARCH 8
@@ -37,7 +38,7 @@ static int arch_ok(const char *a) {
 
 int cli_compile(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, "model sp dtype set templates arch cache-dir no-cache", help, &o);
+  int rc = cli_parse(argc, argv, "model sp dtype set family templates arch cache-dir no-cache", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   if ((rc = cli_kernel_dtype(&o))) return rc;
   const char *list = o.arch ? o.arch : "sm_80,sm_90a";
@@ -67,6 +68,10 @@ int cli_compile(int argc, char **argv) {
   int n = 0;
   mg_gen *g;
   if ((rc = cli_prepare(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
+  if ((rc = cli_add_requested(&o, specs, MG_SPEC_MAX_KERNELS, &n))) {
+    mg_gen_close(g);
+    return rc;
+  }
 
   mg_diag d = MG_DIAG_INIT;
   int n_hdr = 0;

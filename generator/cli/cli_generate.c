@@ -27,52 +27,6 @@ static const char help[] =
     "                   (family.k=v ones are safest); repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 
-/* Families rendered only on request (--family), each beside one existing family's kernels. */
-static const struct {
-  const char *family, *beside;
-} on_request[] = {{"attn_fwd_sm90", "attn_fwd"}};
-enum { N_ON_REQUEST = sizeof on_request / sizeof on_request[0] };
-
-/* Appends to specs[0..*n) a spec of each --family F for each spec of its companion family
- * (heads, dims, dtype, causal and k_packed as there; the --set overrides applied again).
- * Returns 0, or CLI_USAGE (an unknown F, a rejected override) after printing why. */
-static int add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n) {
-  for (int f = 0; f < o->n_family; f++) {
-    int dup = 0; /* --family F given twice renders F once */
-    for (int g = 0; g < f; g++) dup |= strcmp(o->family[g], o->family[f]) == 0;
-    if (dup) continue;
-    int r = 0;
-    while (r < N_ON_REQUEST && strcmp(on_request[r].family, o->family[f]) != 0) r++;
-    if (r == N_ON_REQUEST) {
-      cli_error("--family %s: generate renders on request only attn_fwd_sm90 (every other "
-                "family is rendered anyway)", o->family[f]);
-      return CLI_USAGE;
-    }
-    const int n0 = *n;
-    for (int i = 0; i < n0; i++) {
-      if (strcmp(specs[i].family, on_request[r].beside) != 0) continue;
-      if (*n == max) {
-        cli_error("more than %d kernels", max);
-        return CLI_USAGE;
-      }
-      mg_kernel_spec s = specs[i];
-      snprintf(s.family, sizeof s.family, "%s", on_request[r].family);
-      s.n_config = 0;
-      for (int c = 0; c < specs[i].n_config; c++)
-        if (strcmp(specs[i].config[c].name, "k_packed") == 0) s.config[s.n_config++] = specs[i].config[c];
-      mg_diag d = MG_DIAG_INIT;
-      for (int j = 0; j < o->n_set; j++)
-        if (mg_spec_set(&s, o->set[j], &d)) {
-          cli_error("%s", mg_diag_msg(&d));
-          mg_diag_clear(&d);
-          return CLI_USAGE;
-        }
-      specs[(*n)++] = s;
-    }
-  }
-  return 0;
-}
-
 int cli_generate(int argc, char **argv) {
   cli_opts o;
   int rc = cli_parse(argc, argv, "model out sp dtype set family templates", help, &o);
@@ -84,7 +38,7 @@ int cli_generate(int argc, char **argv) {
   int n = 0;
   mg_gen *g;
   if ((rc = cli_prepare(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
-  if ((rc = add_requested(&o, specs, MG_SPEC_MAX_KERNELS, &n))) {
+  if ((rc = cli_add_requested(&o, specs, MG_SPEC_MAX_KERNELS, &n))) {
     mg_gen_close(g);
     return rc;
   }

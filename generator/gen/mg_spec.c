@@ -50,10 +50,17 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
                      mg_kernel_spec *specs, int max, int *n, mg_diag *d) {
   *n = 0;
   if (sp < 1) return mg_diag_set(d, MLAGEN_EINVAL, "sequence-parallel degree %d: must be >= 1", sp);
-  if (shape->heads % sp != 0)
+  if (shape->heads % sp != 0) {
+    char ok[256] = "";  /* the degrees that do divide H, for the message */
+    size_t len = 0;
+    for (int p = 1; p <= shape->heads && len + 16 < sizeof ok; p++)
+      if (shape->heads % p == 0)
+        len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", p);
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "sequence-parallel degree %d does not divide num_attention_heads %d "
-                       "(Ulysses SP gives each rank H / P heads)", sp, shape->heads);
+                       "(Ulysses SP gives each rank H / P heads; degrees that divide it: %s)",
+                       sp, shape->heads, ok);
+  }
   mg_dtype t16;
   if (mg_dtype_spec_parse(dtype, &t16))
     return mg_diag_set(d, MLAGEN_EINVAL, "dtype '%s': expected bf16 or fp16", dtype);

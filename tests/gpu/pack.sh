@@ -27,11 +27,17 @@ if [ -n "${SANITIZER_WHEEL:-}" ]; then cp "$SANITIZER_WHEEL" "$DEST/"; fi
 size=$(du -sbL "$DEST" | cut -f1)
 echo "$DEST: $((size / 1048576)) MiB ($(ls "$DEST/lib" | tr '\n' ' '))"
 [ "$size" -gt $((64 * 1048576)) ] && echo "WARNING: over the 64 MiB the device tool carries"
+# DEST inside the repository is carried and named from the repository root on the device
+# (\$PWD/rel); any other absolute DEST is named as it is.
+case $DEST in
+  "$SRC"/*) rel=${DEST#"$SRC"/}; at="\$PWD/$rel" ;;
+  /*) rel=$DEST; at=$DEST ;;
+  *) rel=$DEST; at="\$PWD/$DEST" ;;
+esac
 wheel=""
-[ -n "${SANITIZER_WHEEL:-}" ] && wheel="SANITIZER_WHEEL=\$PWD/${DEST#"$SRC"/}/$(basename "$SANITIZER_WHEEL") "
-rel=${DEST#"$SRC"/}
+[ -n "${SANITIZER_WHEEL:-}" ] && wheel="SANITIZER_WHEEL=$at/$(basename "$SANITIZER_WHEEL") "
 echo "run (carry $rel), in two device calls:"
-echo "  LD_LIBRARY_PATH=\$PWD/$rel/lib NO_BUILD=1 STEPS=\"smi bench forms forms16k nocausal f16\" bash tests/gpu/run.sh \$OUT/r $rel/build"
-echo "  LD_LIBRARY_PATH=\$PWD/$rel/lib NO_BUILD=1 ${wheel}STEPS=\"sp2 sanitizer peers compare\" bash tests/gpu/run.sh \$OUT/r $rel/build"
+echo "  LD_LIBRARY_PATH=$at/lib NO_BUILD=1 STEPS=\"smi bench forms forms16k nocausal f16\" bash tests/gpu/run.sh \$OUT/r $rel/build"
+echo "  LD_LIBRARY_PATH=$at/lib NO_BUILD=1 ${wheel}STEPS=\"sp2 sanitizer peers compare\" bash tests/gpu/run.sh \$OUT/r $rel/build"
 echo "issue 14's sm_90a forward (attn_fwd_sm90 checked, timed beside attn_fwd and cuDNN), one call under 8 minutes:"
-echo "  LD_LIBRARY_PATH=\$PWD/$rel/lib NO_BUILD=1 STEPS=\"smi sm90 sm90peers\" BUDGET_S=460 bash tests/gpu/run.sh \$OUT/r $rel/build"
+echo "  LD_LIBRARY_PATH=$at/lib NO_BUILD=1 STEPS=\"smi sm90 sm90peers\" BUDGET_S=460 bash tests/gpu/run.sh \$OUT/r $rel/build"

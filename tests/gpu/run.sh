@@ -172,8 +172,8 @@ forms_step() {
   if [ ! -x "$FORMS" ]; then T0=$(date +%s); result "$name" FAILED "$T0" "no $FORMS"; return; fi
   # shellcheck disable=SC2086
   step "$name" "$cap" "$sub.stdout" "$FORMS" "$OUT/$sub" "$@" ${FORMS_ARGS:-}
-  if [ "$RC" = 4 ]; then result "$name" REFUSED "$T0" "refused by the API: $(grep -m1 'refused by the API' "$OUT/$sub.stdout")"
-  else finish "$name" "$(grep -m1 '^forms: ' "$OUT/$sub.stdout")" "$sub.stdout"; fi
+  if [ "$RC" = 4 ]; then result "$name" REFUSED "$T0" "refused by the API: $(grep -s -m1 'refused by the API' "$OUT/$sub.stdout")"
+  else finish "$name" "$(grep -s -m1 '^forms: ' "$OUT/$sub.stdout")" "$sub.stdout"; fi
 }
 want forms && forms_step forms 120 forms --seq 4096
 want forms16k && forms_step forms16k 90 forms16k --seq 16384 --ref-rows 512 --iters 0
