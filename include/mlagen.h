@@ -238,7 +238,10 @@ typedef struct mlagen_plan_desc {
 int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
                        const mlagen_plan_desc *desc, mlagen_plan **plan);
 
-/* Frees a plan; NULL is a no-op. Works after the plan's context was destroyed. */
+/* Frees a plan; NULL is a no-op. Works after the plan's context was destroyed. Called
+ * from a collective callback of the plan's own running pass, it frees the plan when that
+ * mlagen_forward/_backward returns (the callback must not call back otherwise: see
+ * mlagen_comm_ops). */
 void mlagen_plan_destroy(mlagen_plan *plan);
 
 /* Which calls use a tensor (mlagen_tensor_info.passes). */
@@ -335,7 +338,8 @@ typedef struct mlagen_tensors {
  *                     to its element size ("tensors->q.dims[1] = 7, the plan expects
  *                     S / P = 8"); workspace NULL (when workspace_bytes is needed),
  *                     workspace_bytes too small, or workspace not 16-byte aligned; the
- *                     same for saved.
+ *                     same for saved; a pass of the plan already running (called from
+ *                     one of its collective callbacks: mlagen_comm_ops).
  *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found, or cuInit failed).
  *   MLAGEN_EINVAL     sp_size > 1 and no communicator (mlagen_plan_set_comm, or
  *                     mlagen_plan_set_comm_ops).
@@ -396,7 +400,7 @@ int mlagen_backward(mlagen_plan *plan, const mlagen_tensors *tensors, void *work
  * communicator's size and rank checked against the plan's sp_size and sp_rank, by
  * mlagen_forward and mlagen_backward (their errors). Errors: MLAGEN_EINVAL plan NULL or
  * its context destroyed (message in mlagen_last_message(NULL)), nccl_comm NULL for a plan
- * of sp_size > 1. */
+ * of sp_size > 1, a pass of the plan running (a callback calling back: mlagen_comm_ops). */
 int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm);
 
 /* A communicator of the trainer's own, as three collectives over the plan's sp_size
@@ -415,7 +419,11 @@ int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm);
  * CUDA plan: when the collective is queued on stream, or done), nonzero on failure; the
  * pass then stops with MLAGEN_EIO. A callback must return: mlagen cannot interrupt it, so
  * a blocking implementation needs a timeout of its own (torch.distributed's group
- * timeout, for one) for a peer that died to become an error instead of a hang. */
+ * timeout, for one) for a peer that died to become an error instead of a hang.
+ * A callback must not call back into the API for the plan whose pass called it:
+ * mlagen_plan_set_comm_ops, mlagen_plan_set_comm, mlagen_forward and mlagen_backward on it
+ * are refused (MLAGEN_EINVAL "the plan is running a pass ...": they would free the
+ * communicator in use), and mlagen_plan_destroy is deferred to the pass's return. */
 typedef struct mlagen_comm_ops {
   int size; /* ranks in the group: the plan's sp_size */
   int rank; /* this process's rank in it: the plan's sp_rank */
@@ -433,7 +441,8 @@ typedef struct mlagen_comm_ops {
  * mlagen_plan_set_comm replaces it); ops NULL clears it. Errors: MLAGEN_EINVAL plan NULL
  * or its context destroyed (message in mlagen_last_message(NULL)); a callback NULL;
  * ops->size or ops->rank other than the plan's sp_size and sp_rank (the message names
- * all four); MLAGEN_ENOMEM. */
+ * all four); a pass of the plan running (a callback calling back: mlagen_comm_ops);
+ * MLAGEN_ENOMEM. */
 int mlagen_plan_set_comm_ops(mlagen_plan *plan, const mlagen_comm_ops *ops);
 
 /* ---- the device --------------------------------------------------------------------- */

@@ -6,6 +6,13 @@
  *     sizes: the static layout without the 32 MiB cuBLAS slice;
  *   - a P = 2 plan: without callbacks MLAGEN_EINVAL; a callback that fails gives MLAGEN_EIO
  *     naming the callback, its return value and the plan step; set_comm_ops's refusals;
+ *   - a callback that calls back into the API for its own plan: set_comm_ops, set_comm and
+ *     forward are refused (MLAGEN_EINVAL), destroy is deferred to the pass's return
+ *     (test_api_cpu_valgrind runs this under valgrind: no use-after-free, no leak);
+ *   - P = 2 with callbacks that work (two threads exchanging through shared memory): every
+ *     form, f64, causal or not: each rank's o, dq, dc_kv, dk_rope equal its shard of the
+ *     P = 1 run and the ranks' dw_kv_b sum to its dw_kv_b, per element within 1e-14
+ *     relative;
  *   - plan_create's refusals for the CPU device (bf16, an unknown device).
  * The numerics against an independent reference and P = 2, 4 over real collectives are
  * tests/python/ (gloo). */
@@ -16,6 +23,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +199,307 @@ static void test_comm_ops(void **state) {
   mlagen_context_destroy(ctx);
 }
 
+/* ---- a callback that calls back into the API for its own plan ---------------------------- */
+
+typedef struct reentry {
+  mlagen_plan *plan;
+  mlagen_context *ctx;
+  const mlagen_tensors *t;
+  void *ws, *saved;
+  size_t ws_bytes, saved_bytes;
+  int destroy; /* 1: the callback destroys the plan; 0: it tries the refused calls */
+  int rc_ops, rc_comm, rc_fwd;
+  char msg_ops[512];
+} reentry;
+
+static int reentrant(void *user, const void *send, void *recv, size_t count,
+                     mlagen_dtype dtype, void *stream) {
+  (void)send, (void)recv, (void)count, (void)dtype, (void)stream;
+  reentry *r = user;
+  if (r->destroy) {
+    mlagen_plan_destroy(r->plan);
+    return -5;
+  }
+  r->rc_ops = mlagen_plan_set_comm_ops(r->plan, NULL);
+  snprintf(r->msg_ops, sizeof r->msg_ops, "%s", mlagen_last_message(r->ctx));
+  static int fake_nccl;
+  r->rc_comm = mlagen_plan_set_comm(r->plan, &fake_nccl);
+  r->rc_fwd = mlagen_forward(r->plan, r->t, r->ws, r->ws_bytes, r->saved, r->saved_bytes, NULL);
+  return -5; /* stop the pass */
+}
+
+static void test_comm_reentry(void **state) {
+  (void)state;
+  mlagen_context *ctx = NULL;
+  assert_int_equal(mlagen_context_create(&ctx), 0);
+  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
+  mlagen_model *m = make_model(ctx, &s);
+  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_size = 2,
+                         .sp_rank = 0, .causal = 1, .dtype = MLAGEN_DTYPE_F64,
+                         .device = MLAGEN_DEVICE_CPU};
+  mlagen_plan *plan = NULL;
+  assert_int_equal(mlagen_plan_create(ctx, m, &pd, &plan), 0);
+  mlagen_sizes z;
+  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  void *q = filled(z.q.bytes, MLAGEN_DTYPE_F64, 1, 1.5),
+       *ckv = filled(z.c_kv.bytes, MLAGEN_DTYPE_F64, 2, 1.0),
+       *kr = filled(z.k_rope.bytes, MLAGEN_DTYPE_F64, 3, 1.5),
+       *w = filled(z.w_kv_b.bytes, MLAGEN_DTYPE_F64, 4, 0.25), *o = calloc(1, z.o.bytes);
+  void *ws = aligned_alloc(256, z.workspace_bytes + 256),
+       *saved = aligned_alloc(256, z.saved_bytes + 256);
+  mlagen_tensors t = {.q = tensor_of(q, &z.q), .c_kv = tensor_of(ckv, &z.c_kv),
+                      .k_rope = tensor_of(kr, &z.k_rope), .w_kv_b = tensor_of(w, &z.w_kv_b),
+                      .o = tensor_of(o, &z.o)};
+  reentry r = {.plan = plan, .ctx = ctx, .t = &t, .ws = ws, .saved = saved,
+               .ws_bytes = z.workspace_bytes, .saved_bytes = z.saved_bytes};
+  mlagen_comm_ops ops = {.size = 2, .rank = 0, .user = &r, .all_to_all = reentrant,
+                         .all_gather = reentrant, .reduce_scatter = reentrant};
+  assert_int_equal(mlagen_plan_set_comm_ops(plan, &ops), 0);
+  int rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
+  expect_msg(ctx, rc, MLAGEN_EIO, "callback returned -5 (rank 0 of 2");
+  assert_int_equal(r.rc_ops, MLAGEN_EINVAL);
+  if (!strstr(r.msg_ops, "mlagen_plan_set_comm_ops: the plan is running a pass"))
+    fail_msg("set_comm_ops from a callback: message '%s'", r.msg_ops);
+  assert_int_equal(r.rc_comm, MLAGEN_EINVAL);
+  assert_int_equal(r.rc_fwd, MLAGEN_EINVAL);
+  /* the plan still works after the pass: the callbacks are still set, so the same again */
+  rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
+  expect_msg(ctx, rc, MLAGEN_EIO, "callback returned -5");
+  assert_int_equal(mlagen_plan_set_comm_ops(plan, NULL), 0); /* outside a pass: allowed */
+  assert_int_equal(mlagen_plan_set_comm_ops(plan, &ops), 0);
+  /* destroy from a callback: deferred to the end of the pass (valgrind: no leak, no UAF) */
+  r.destroy = 1;
+  rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
+  expect_msg(ctx, rc, MLAGEN_EIO, "callback returned -5");
+  free(q), free(ckv), free(kr), free(w), free(o), free(ws), free(saved);
+  mlagen_model_destroy(m);
+  mlagen_context_destroy(ctx);
+}
+
+/* ---- P = 2 over working callbacks, in one process ---------------------------------------- */
+
+/* Two ranks on two threads: each callback publishes its send buffer, waits for the other,
+ * reads what it needs, and waits again before either may reuse its buffer. */
+typedef struct xchg {
+  pthread_barrier_t bar;
+  const void *send[2];
+} xchg;
+
+typedef struct rank_run {
+  xchg *x;
+  int rank;
+  mlagen_plan *plan;
+  mlagen_context *ctx;
+  mlagen_tensors t;
+  void *ws, *saved;
+  mlagen_sizes z;
+  int rc;
+  char msg[512];
+} rank_run;
+
+static size_t dtype_bytes(mlagen_dtype t) { return t == MLAGEN_DTYPE_F64 ? 8 : 4; }
+
+enum { A2A, GATHER, RSCATTER };
+
+static int exchange(int kind, void *user, const void *send, void *recv, size_t count,
+                    mlagen_dtype dtype) {
+  rank_run *u = user;
+  const size_t es = dtype_bytes(dtype), blk = count * es;
+  u->x->send[u->rank] = send;
+  pthread_barrier_wait(&u->x->bar);
+  for (int p = 0; p < 2; p++) {
+    const char *src = u->x->send[p];
+    if (kind == A2A) memcpy((char *)recv + p * blk, src + u->rank * blk, blk);
+    if (kind == GATHER) memcpy((char *)recv + p * blk, src, blk);
+  }
+  if (kind == RSCATTER)
+    for (size_t i = 0; i < count; i++) { /* rank order, in the type */
+      if (dtype == MLAGEN_DTYPE_F64) {
+        double acc = 0;
+        for (int p = 0; p < 2; p++) acc += ((const double *)u->x->send[p])[u->rank * count + i];
+        ((double *)recv)[i] = acc;
+      } else {
+        float acc = 0;
+        for (int p = 0; p < 2; p++) acc += ((const float *)u->x->send[p])[u->rank * count + i];
+        ((float *)recv)[i] = acc;
+      }
+    }
+  pthread_barrier_wait(&u->x->bar);
+  return 0;
+}
+
+static int x_a2a(void *user, const void *send, void *recv, size_t count, mlagen_dtype dtype,
+                 void *stream) {
+  (void)stream;
+  return exchange(A2A, user, send, recv, count, dtype);
+}
+static int x_gather(void *user, const void *send, void *recv, size_t count, mlagen_dtype dtype,
+                    void *stream) {
+  (void)stream;
+  return exchange(GATHER, user, send, recv, count, dtype);
+}
+static int x_rscatter(void *user, const void *send, void *recv, size_t count,
+                      mlagen_dtype dtype, void *stream) {
+  (void)stream;
+  return exchange(RSCATTER, user, send, recv, count, dtype);
+}
+
+static void *rank_main(void *arg) {
+  rank_run *r = arg;
+  r->rc = mlagen_forward(r->plan, &r->t, r->ws, r->z.workspace_bytes, r->saved,
+                         r->z.saved_bytes, NULL);
+  if (!r->rc)
+    r->rc = mlagen_backward(r->plan, &r->t, r->ws, r->z.workspace_bytes, r->saved,
+                            r->z.saved_bytes, NULL);
+  if (r->rc) snprintf(r->msg, sizeof r->msg, "%s", mlagen_last_message(r->ctx));
+  /* a failed rank leaves its peer at a barrier: the test fails (times out) either way */
+  return NULL;
+}
+
+/* Rank `rank`'s sequence shard of a [B, S, ...] tensor of `bytes` bytes (P = 2). */
+static void *shard(const void *g, size_t bytes, int B, int64_t S, int rank) {
+  const size_t row = bytes / ((size_t)B * (size_t)S), half = row * (size_t)(S / 2);
+  char *p = aligned_alloc(64, bytes / 2 + 64);
+  for (int b = 0; b < B; b++)
+    memcpy(p + b * half, (const char *)g + (size_t)b * row * (size_t)S + rank * half, half);
+  return p;
+}
+
+/* |got - want| <= 1e-14 (|want| + max|want|) per element (measured: below 8e-16 of
+ * max|want|); returns the worst error over max|want|. */
+static double close_f64(const double *got, const double *want, size_t n, const char *what) {
+  double scale = 0, worst = 0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
+  for (size_t i = 0; i < n; i++) {
+    const double e = fabs(got[i] - want[i]);
+    if (!(e <= 1e-14 * (fabs(want[i]) + scale)))
+      fail_msg("%s[%zu] = %.17g, P = 1 gives %.17g", what, i, got[i], want[i]);
+    worst = fmax(worst, e / scale);
+  }
+  return worst;
+}
+
+static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int causal) {
+  const int B = 2;
+  const int64_t S = 16;
+  const mlagen_dtype dt = MLAGEN_DTYPE_F64;
+  mlagen_context *ctx = NULL;
+  assert_int_equal(mlagen_context_create(&ctx), 0);
+  mlagen_model *m = make_model(ctx, s);
+  /* P = 1: the global problem */
+  mlagen_plan_desc pd = {.form = form, .batch = B, .seq = S, .sp_size = 1, .causal = causal,
+                         .dtype = dt, .device = MLAGEN_DEVICE_CPU};
+  mlagen_plan *g = NULL;
+  if (mlagen_plan_create(ctx, m, &pd, &g)) fail_msg("plan_create: %s", mlagen_last_message(ctx));
+  mlagen_sizes z;
+  assert_int_equal(mlagen_plan_sizes(g, &z), 0);
+  const double wspread = 1.5 / sqrt((double)s->kv_lora_rank);
+  void *in[5] = {filled(z.q.bytes, dt, 1, 1.5), filled(z.c_kv.bytes, dt, 2, 1.0),
+                 filled(z.k_rope.bytes, dt, 3, 1.5), filled(z.w_kv_b.bytes, dt, 4, wspread),
+                 filled(z.d_o.bytes, dt, 5, 1.0)};
+  const mlagen_tensor_info *outs[] = {&z.o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
+  void *gout[5];
+  for (int k = 0; k < 5; k++) gout[k] = aligned_alloc(64, outs[k]->bytes + 64);
+  mlagen_tensors t = {.q = tensor_of(in[0], &z.q), .c_kv = tensor_of(in[1], &z.c_kv),
+                      .k_rope = tensor_of(in[2], &z.k_rope), .w_kv_b = tensor_of(in[3], &z.w_kv_b),
+                      .d_o = tensor_of(in[4], &z.d_o), .o = tensor_of(gout[0], &z.o),
+                      .dq = tensor_of(gout[1], &z.dq), .dc_kv = tensor_of(gout[2], &z.dc_kv),
+                      .dk_rope = tensor_of(gout[3], &z.dk_rope),
+                      .dw_kv_b = tensor_of(gout[4], &z.dw_kv_b)};
+  void *ws = aligned_alloc(256, z.workspace_bytes + 256),
+       *saved = aligned_alloc(256, z.saved_bytes + 256);
+  if (mlagen_forward(g, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL) ||
+      mlagen_backward(g, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL))
+    fail_msg("P = 1: %s", mlagen_last_message(ctx));
+  free(ws), free(saved);
+
+  /* P = 2: two plans, two contexts, two threads */
+  xchg x;
+  assert_int_equal(pthread_barrier_init(&x.bar, NULL, 2), 0);
+  rank_run rr[2];
+  for (int r = 0; r < 2; r++) {
+    rank_run *u = &rr[r];
+    memset(u, 0, sizeof *u);
+    u->x = &x, u->rank = r;
+    assert_int_equal(mlagen_context_create(&u->ctx), 0);
+    pd.sp_size = 2, pd.sp_rank = r;
+    if (mlagen_plan_create(u->ctx, m, &pd, &u->plan))
+      fail_msg("plan_create P = 2: %s", mlagen_last_message(u->ctx));
+    assert_int_equal(mlagen_plan_sizes(u->plan, &u->z), 0);
+    mlagen_comm_ops ops = {.size = 2, .rank = r, .user = u, .all_to_all = x_a2a,
+                           .all_gather = x_gather, .reduce_scatter = x_rscatter};
+    assert_int_equal(mlagen_plan_set_comm_ops(u->plan, &ops), 0);
+    mlagen_sizes *lz = &u->z;
+    u->t = (mlagen_tensors){
+        .q = tensor_of(shard(in[0], z.q.bytes, B, S, r), &lz->q),
+        .c_kv = tensor_of(shard(in[1], z.c_kv.bytes, B, S, r), &lz->c_kv),
+        .k_rope = tensor_of(shard(in[2], z.k_rope.bytes, B, S, r), &lz->k_rope),
+        .w_kv_b = tensor_of(in[3], &lz->w_kv_b),
+        .d_o = tensor_of(shard(in[4], z.d_o.bytes, B, S, r), &lz->d_o)};
+    mlagen_tensor *slots[] = {&u->t.o, &u->t.dq, &u->t.dc_kv, &u->t.dk_rope, &u->t.dw_kv_b};
+    const mlagen_tensor_info *lo[] = {&lz->o, &lz->dq, &lz->dc_kv, &lz->dk_rope, &lz->dw_kv_b};
+    for (int k = 0; k < 5; k++) {
+      void *p = aligned_alloc(64, lo[k]->bytes + 64);
+      memset(p, 0xA5, lo[k]->bytes);
+      *slots[k] = tensor_of(p, lo[k]);
+    }
+    u->ws = aligned_alloc(256, u->z.workspace_bytes + 256);
+    u->saved = aligned_alloc(256, u->z.saved_bytes + 256);
+  }
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &rr[r]), 0);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++)
+    if (rr[r].rc) fail_msg("%s causal %d rank %d: %s", name, causal, r, rr[r].msg);
+
+  /* each rank's shard of o, dq, dc_kv, dk_rope; dw_kv_b summed over the ranks */
+  char what[96];
+  double worst = 0;
+  const mlagen_tensor_info *gi[] = {&z.o, &z.dq, &z.dc_kv, &z.dk_rope};
+  for (int r = 0; r < 2; r++) {
+    const mlagen_tensor *got[] = {&rr[r].t.o, &rr[r].t.dq, &rr[r].t.dc_kv, &rr[r].t.dk_rope};
+    for (int k = 0; k < 4; k++) {
+      void *want = shard(gout[k], gi[k]->bytes, B, S, r);
+      snprintf(what, sizeof what, "%s causal %d rank %d %s", name, causal, r, gi[k]->name);
+      worst = fmax(worst, close_f64(got[k]->data, want, gi[k]->bytes / 2 / 8, what));
+      free(want);
+    }
+  }
+  const size_t nw = z.dw_kv_b.bytes / 8;
+  double *sum = malloc(z.dw_kv_b.bytes);
+  for (size_t i = 0; i < nw; i++)
+    sum[i] = ((double *)rr[0].t.dw_kv_b.data)[i] + ((double *)rr[1].t.dw_kv_b.data)[i];
+  snprintf(what, sizeof what, "%s causal %d dw_kv_b (sum of the ranks)", name, causal);
+  worst = fmax(worst, close_f64(sum, gout[4], nw, what));
+  printf("P = 2 %s causal %d: worst error %.1e max|ref|\n", name, causal, worst);
+  free(sum);
+
+  for (int r = 0; r < 2; r++) {
+    rank_run *u = &rr[r];
+    void *own[] = {u->t.q.data, u->t.c_kv.data, u->t.k_rope.data, u->t.d_o.data, u->t.o.data,
+                   u->t.dq.data, u->t.dc_kv.data, u->t.dk_rope.data, u->t.dw_kv_b.data,
+                   u->ws, u->saved};
+    for (size_t k = 0; k < sizeof own / sizeof own[0]; k++) free(own[k]);
+    mlagen_plan_destroy(u->plan);
+    mlagen_context_destroy(u->ctx);
+  }
+  pthread_barrier_destroy(&x.bar);
+  for (int k = 0; k < 5; k++) free(in[k]), free(gout[k]);
+  mlagen_plan_destroy(g);
+  mlagen_model_destroy(m);
+  mlagen_context_destroy(ctx);
+}
+
+static void test_p2_callbacks_equal_p1(void **state) {
+  (void)state;
+  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
+  const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
+                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
+  const char *names[] = {"explicit", "absorbed", "laga", "laga-r", "laga-f"};
+  for (int f = 0; f < 5; f++)
+    for (int causal = 0; causal < 2; causal++) p2_case(&s, forms[f], names[f], causal);
+}
+
 static void test_cpu_plan_refusals(void **state) {
   (void)state;
   mlagen_context *ctx = NULL;
@@ -215,7 +524,11 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_passes_equal_executor),
       cmocka_unit_test(test_comm_ops),
+      cmocka_unit_test(test_comm_reentry),
+      cmocka_unit_test(test_p2_callbacks_equal_p1),
       cmocka_unit_test(test_cpu_plan_refusals),
   };
+  const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: one test */
+  if (filter) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

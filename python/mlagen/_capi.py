@@ -64,6 +64,15 @@ class CommOps(ctypes.Structure):
                 ("reduce_scatter", COLLECTIVE)]
 
 
+INT_MIN, INT_MAX = -2**31, 2**31 - 1
+
+
+def check_c_int(what, v):
+    """Raises ValueError when v does not fit a C int (ctypes would silently truncate it)."""
+    if not INT_MIN <= v <= INT_MAX:
+        raise ValueError(f"{what} = {v} does not fit a C int [{INT_MIN}, {INT_MAX}]")
+
+
 class MlagenError(RuntimeError):
     """A failed C API call: .status (the negative MLAGEN_E* code), .status_name
     ("MLAGEN_EINVAL") and the C API's message (mlagen_last_message) as str(e)."""

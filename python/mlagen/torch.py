@@ -13,6 +13,7 @@ on the CPU device of the C API; CUDA tensors (bfloat16, float16) run the CUDA ex
 the current stream. Errors of the C API raise mlagen.MlagenError with its message.
 """
 import ctypes
+import itertools
 import weakref
 from typing import Tuple
 
@@ -99,6 +100,9 @@ class _Plan:
         if form not in _capi.FORMS:
             raise ValueError(f"mla_attention: form = {form!r}; one of "
                              f"{', '.join(_capi.FORMS)}")
+        for name, v in (("batch", batch), ("sp_rank", rank), ("sp_size", size),
+                        ("head_groups", head_groups)):
+            _capi.check_c_int(f"mla_attention: {name}", v)
         desc = _capi.PlanDesc(_capi.FORMS[form], batch, seq, rank, size, int(bool(causal)),
                               _DTYPE_CODE.get(dtype, 0), head_groups, device_kind)
         h = ctypes.c_void_p()
@@ -161,14 +165,18 @@ def _area(nbytes, device):
 
 class _Owner:
     """A model and a plan cache, which the custom ops reach by an int key (their arguments
-    are tensors and plain values)."""
+    are tensors and plain values). Keys come from a counter, never reused (an id() could
+    name a later owner once this one is freed); the autograd node of a forward holds its
+    owner (_setup_context), so backward finds it even when nothing else does."""
 
     def __init__(self, model, plans):
         self.model, self.plans = model, plans
-        _OWNERS[id(self)] = self
+        self.key = next(_KEYS)
+        _OWNERS[self.key] = self
 
 
 _OWNERS = weakref.WeakValueDictionary()
+_KEYS = itertools.count(1)
 
 
 def _owner_of(model):
@@ -252,6 +260,7 @@ def _setup_context(ctx, inputs, output):
     q, c_kv, k_rope, w_kv_b = inputs[:4]
     ctx.save_for_backward(q, c_kv, k_rope, w_kv_b, *output)
     ctx.args = inputs[4:]
+    ctx.owner = _OWNERS[inputs[4]]  # keeps the model and its plans alive until backward
 
 
 def _backward(ctx, d_o, d_saved):
@@ -283,8 +292,9 @@ def _apply(owner, tensors, form, causal, sp_group, head_groups, fn):
     _check(tensors, fn)
     if form not in _capi.FORMS:
         raise ValueError(f"{fn}: form = {form!r}; one of {', '.join(_capi.FORMS)}")
+    _capi.check_c_int(f"{fn}: head_groups", int(head_groups))
     group = "" if sp_group is None else sp_group.group_name
-    return _fwd(*tensors, id(owner), form, bool(causal), int(head_groups), group)[0]
+    return _fwd(*tensors, owner.key, form, bool(causal), int(head_groups), group)[0]
 
 
 def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, sp_group=None,
@@ -298,7 +308,8 @@ def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, s
     none. Returns o [B, S_l, H, d_v]. w_kv_b's gradient is this rank's partial sum: the
     trainer's gradient reduction over the group adds the ranks' parts.
     Raises MlagenError (the C API's message) for a bad shape, dtype or group; ValueError
-    for tensors on different devices, an unsupported device or an unknown form.
+    for tensors on different devices, an unsupported device, an unknown form, or a batch
+    or head_groups beyond a C int.
     Registered as the custom ops mlagen::mla_attention_fwd / _bwd (torch.library)."""
     if not isinstance(model, Model):
         model = Model(model)

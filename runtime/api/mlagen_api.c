@@ -48,7 +48,17 @@ struct mlagen_plan {
   mg_comm *user_comm; /* mlagen_plan_set_comm_ops: the trainer's callbacks (or NULL) */
   mlagen_device device;
   mg_plan_mem mem; /* MLAGEN_DEVICE_CPU: the layout of workspace and saved */
+  /* a pass (mlagen_forward/_backward) is running: a callback that calls back into the API
+   * for this plan is refused (set_comm, set_comm_ops), or deferred (destroy) to its end */
+  int busy, destroy_pending;
 };
+
+/* The refusal of a call that would change plan's communicator under a running pass. */
+static int refuse_busy(mlagen_context *ctx, const char *fn) {
+  return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "%s: the plan is running a pass "
+                     "(mlagen_forward/_backward): a collective callback must not call back "
+                     "into the API for its own plan", fn);
+}
 
 /* ---- messages ------------------------------------------------------------------------ */
 
@@ -357,6 +367,10 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
 
 void mlagen_plan_destroy(mlagen_plan *plan) {
   if (!plan) return;
+  if (plan->busy) { /* called from a callback of the running pass: done when it returns */
+    plan->destroy_pending = 1;
+    return;
+  }
   mg_comm_destroy(plan->comm);
   mg_comm_destroy(plan->user_comm);
   mg_cuda_exec_destroy(plan->exec);
@@ -369,6 +383,7 @@ int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm) {
   mlagen_context *ctx = plan_context(plan, "mlagen_plan_set_comm");
   if (!ctx) return MLAGEN_EINVAL;
   mg_diag_clear(&ctx->diag);
+  if (plan->busy) return refuse_busy(ctx, "mlagen_plan_set_comm");
   if (!nccl_comm && plan->plan.args.sp > 1)
     return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_plan_set_comm: nccl_comm is NULL and "
                        "the plan spans sp_size = %d ranks", plan->plan.args.sp);
@@ -388,6 +403,7 @@ int mlagen_plan_set_comm_ops(mlagen_plan *plan, const mlagen_comm_ops *ops) {
   if (!ctx) return MLAGEN_EINVAL;
   mg_diag *d = &ctx->diag;
   mg_diag_clear(d);
+  if (plan->busy) return refuse_busy(ctx, "mlagen_plan_set_comm_ops");
   const mg_plan_args *a = &plan->plan.args;
   if (ops && (ops->size != a->sp || ops->rank != a->rank))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_set_comm_ops: comm_ops has size = %d and "
@@ -471,14 +487,10 @@ static int check_buffer(const void *buf, size_t bytes, size_t need, const char *
   return 0;
 }
 
-static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors *tensors,
-               void *workspace, size_t workspace_bytes, void *saved, size_t saved_bytes,
-               void *stream) {
-  if (!plan) return tls_fail(MLAGEN_EINVAL, "%s: plan is NULL", fn);
-  mlagen_context *ctx = plan_context(plan, fn);
-  if (!ctx) return MLAGEN_EINVAL;
+static int run_pass(mlagen_plan *plan, mlagen_context *ctx, int pass, const char *fn,
+                    const mlagen_tensors *tensors, void *workspace, size_t workspace_bytes,
+                    void *saved, size_t saved_bytes, void *stream) {
   mg_diag *d = &ctx->diag;
-  mg_diag_clear(d);
   if (!tensors) return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors is NULL", fn);
   int rc;
   for (size_t i = 0; i < N_SLOTS; i++) {
@@ -548,6 +560,27 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
   rc = mg_cuda_exec_run(plan->exec, mpass, &t, workspace, workspace_bytes, saved, saved_bytes,
                         plan->user_comm ? plan->user_comm : plan->comm, stream, d);
   return rc ? mg_diag_prefix(d, "%s", fn) : 0;
+}
+
+/* run_pass with the plan marked busy: a callback that calls back into the API for this plan
+ * cannot free the communicator the pass is using (mlagen.h). */
+static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors *tensors,
+               void *workspace, size_t workspace_bytes, void *saved, size_t saved_bytes,
+               void *stream) {
+  if (!plan) return tls_fail(MLAGEN_EINVAL, "%s: plan is NULL", fn);
+  mlagen_context *ctx = plan_context(plan, fn);
+  if (!ctx) return MLAGEN_EINVAL;
+  mg_diag_clear(&ctx->diag);
+  if (plan->busy)
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "%s: the plan is already running a pass: a "
+                       "collective callback must not call back into the API for its own "
+                       "plan", fn);
+  plan->busy = 1;
+  int rc = run_pass(plan, ctx, pass, fn, tensors, workspace, workspace_bytes, saved,
+                    saved_bytes, stream);
+  plan->busy = 0;
+  if (plan->destroy_pending) mlagen_plan_destroy(plan);
+  return rc;
 }
 
 int mlagen_forward(mlagen_plan *plan, const mlagen_tensors *tensors, void *workspace,

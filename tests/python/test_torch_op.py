@@ -58,6 +58,19 @@ def values():
     core(*[t.detach().float() for t in a])
     assert len(core._plans) == 3, core._plans
     print("MLACoreAttention: one plan per (B, S, dtype, device)")
+    # a model given as a dict lives only in the autograd graph: a collection between the
+    # passes must not free it (backward used to raise KeyError), and the gradients stay right
+    import gc
+    x = [t.detach().requires_grad_() for t in inputs(model, 1, 8, torch.float64, seed=5)]
+    want = torch.autograd.grad(mt.mla_attention(*x, model=model, form="laga").sum(), x)
+    o = mt.mla_attention(*x, model=dict(TINY), form="laga")
+    gc.collect()
+    mt.mla_attention(*x, model=dict(TINY), form="laga")  # a new owner, maybe at the same address
+    gc.collect()
+    got = torch.autograd.grad(o.sum(), x)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    print("a temporary model survives gc.collect() between forward and backward")
 
 
 def compiled():
@@ -79,7 +92,7 @@ def compiled():
     for a, b in zip(got_g, want_g):
         assert torch.equal(a, b)
     print("torch.compile(fullgraph=True, aot_eager): one graph, equal to eager")
-    args = (*x, id(mt._owner_of(model)), "laga", True, 0, "")
+    args = (*x, mt._owner_of(model).key, "laga", True, 0, "")
     torch.library.opcheck(mt._fwd, args)
     o, saved = mt._fwd(*args)
     d = [t.detach() for t in x]
@@ -120,6 +133,12 @@ def errors():
            mlagen.MlagenError, "plan_desc->head_groups")
     expect("head_groups for laga", lambda: run(q, c, k, w, form="laga", head_groups=2),
            mlagen.MlagenError, "plan_desc->head_groups")
+    # ints beyond a C int used to be truncated by ctypes (2**32 + 2 ran as 2)
+    expect("head_groups beyond int", lambda: run(q, c, k, w, form="laga-f", head_groups=2**32 + 2),
+           ValueError, "head_groups = 4294967298 does not fit a C int")
+    huge = q[:1].expand(2**32 + 2, *q.shape[1:])  # a view: nothing allocated
+    expect("batch beyond int", lambda: run(huge, c, k, w), ValueError,
+           "batch = 4294967298 does not fit a C int")
     expect("bad config", lambda: mlagen.Model({"num_attention_heads": 4}), mlagen.MlagenError,
            "MLAGEN_ECONFIG", "kv_lora_rank")
     expect("missing file", lambda: mlagen.Model("/nonexistent/config.json"), mlagen.MlagenError,
