@@ -24,7 +24,7 @@ library only: no numpy).
       Runs LAUNCH (e.g. mpirun -np P mlagen run --sp P --form F) with --model MODEL
       --inputs INPUTS --dump DUMP --dtype DTYPE appended, reads DUMP back and compares
       every output (o, lse, dq, dc_kv, dk_rope, dw_kv_b) per element with a float64
-      reference computed here from MODEL and INPUTS (MLA.md's semantics, K and V
+      reference computed here from MODEL and INPUTS (docs/forms.md's semantics, K and V
       materialized): |err| <= atol * rms(ref) + rtol * |ref|. The dump must hold DTYPE
       (F32 for f32 runs, F64 for f64 runs). Exit status 0 when every element passes.
 """

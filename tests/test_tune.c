@@ -228,7 +228,7 @@ static void test_bucket(void **state) {
   assert_true(mg_tune_percentile(x, 5, 20) > 1.79 && mg_tune_percentile(x, 5, 20) < 1.81);
 }
 
-/* The pass and FLOPs each family's kernel{} declares (MLA.md): the explicit kernels count
+/* The pass and FLOPs each family's kernel{} declares (docs/forms.md): the explicit kernels count
  * d_qk = d_n + d_r = 192, d_v = 128; the absorbed form's MQA kernels the latent,
  * d_qk = d_c + d_r = 576, d_v = d_c = 512 (spec_of: H 16, d_n 128, d_r 64, d_v 128, d_c 512),
  * causal halving the pairs; attn_bwd_pre one rowsum per query row; none for the

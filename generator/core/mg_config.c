@@ -489,7 +489,7 @@ static int read_shape(const pctx *c0, const cJSON *root, mg_shape *s) {
    * rope_scaling.get("mscale_all_dim", 0); if mscale_all_dim: scale *= mscale * mscale,
    * mscale = yarn_get_mscale(factor, mscale_all_dim) = 1 if factor <= 1 else
    * 0.1 * mscale_all_dim * ln(factor) + 1. That code does not look at the rope type;
-   * we apply it for yarn only (MLA.md), the one type whose configs carry mscale_all_dim. */
+   * we apply it for yarn only (docs/forms.md), the one type whose configs carry mscale_all_dim. */
   s->mscale = 1;
   if (strcmp(s->rope_type, "yarn") == 0 && s->rope_factor > 1 && s->mscale_all_dim != 0)
     s->mscale = 0.1 * s->mscale_all_dim * log(s->rope_factor) + 1;

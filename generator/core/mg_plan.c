@@ -131,7 +131,7 @@ static void io(mg_step *s, int in, int out) {
   s->out[s->n_out++] = out;
 }
 
-/* Collectives: bytes sent per rank and the send/receive workspace (MLA.md conventions).
+/* Collectives: bytes sent per rank and the send/receive workspace (docs/forms.md, Conventions).
  * At P = 1 a collective is a copy: nothing sent, no workspace. */
 static void collective(mg_plan *p, mg_step_kind kind, int src, int dst) {
   const char *what = kind == MG_STEP_ALL_GATHER       ? "all-gather"
@@ -179,7 +179,7 @@ void mg_plan_gemm(mg_plan *p, const char *label, int a, int b, int c, mg_gemm g)
   s->flops = 2.0 * (double)g.m * (double)g.n * (double)g.k * g.batch;
 }
 
-/* Attention FLOPs by MLA.md's (FlashMLA's) convention: forward 2 H pairs (d_qk + d_v),
+/* Attention FLOPs by docs/forms.md's (FlashMLA's) convention: forward 2 H pairs (d_qk + d_v),
  * backward 2 H pairs (3 d_qk + 2 d_v); pairs = S (S + 1) / 2 when causal. */
 static double attn_flops(const mg_plan *p, mg_kernel_op op) {
   const double S = (double)p->args.seq, B = p->args.batch, H = p->heads_local;

@@ -14,7 +14,7 @@
  * allocated by the plan and handed to the caller: they count toward the peak of their
  * pass and are not freed. Steps may also need a workspace (the send and receive buffers
  * of a collective) for their duration. Communication counts the bytes each rank sends
- * (MLA.md conventions). The forms are in generator/core/forms/ (built through
+ * (docs/forms.md, Conventions). The forms are in generator/core/forms/ (built through
  * mg_plan_builder.h); the math in docs/forms.md. */
 #ifndef MG_PLAN_H
 #define MG_PLAN_H
@@ -121,7 +121,7 @@ typedef struct mg_step {
   int64_t workspace;         /* bytes the step needs for its duration: a collective's
                               * staging at P > 1; MG_OP_ATTN_BWD / MG_OP_MQA_BWD: the
                               * delta the CUDA executor computes, f32 [B, H, S] */
-  double flops;              /* GEMMs and attention kernels (MLA.md convention) */
+  double flops;              /* GEMMs and attention kernels (docs/forms.md, Conventions) */
 } mg_step;
 
 typedef struct mg_plan_args {

@@ -53,7 +53,7 @@ typedef struct mg_cpu_capture {
 typedef int (*mg_cpu_kernel_hook)(const mg_step *step, const mg_plan *p, const void *const *in,
                                   void *const *out, void *ctx);
 
-/* In and out of one run. H, S/P = seq_local, d_* as in MLA.md; every array is in the plan's
+/* In and out of one run. H, S/P = seq_local, d_* as in docs/forms.md; every array is in the plan's
  * dtype, row-major, this rank's sequence shard (global tokens [rank S/P, (rank+1) S/P)).
  * Inputs are the caller's and only read; they must hold the shapes of the plan's input
  * buffers: */

@@ -1,4 +1,4 @@
-/* mla_ref64.h: a float64 reference of one MLA layer (MLA.md's semantics) for the GPU forms
+/* mla_ref64.h: a float64 reference of one MLA layer (docs/forms.md's semantics) for the GPU forms
  * check, fast enough for the tuned buckets' sequence lengths (GEMMs through CBLAS dgemm,
  * attention in row blocks of 128 with the scores recomputed, never an S x S matrix).
  *

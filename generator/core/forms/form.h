@@ -5,7 +5,7 @@
 #include "forms.h"
 #include "mg_plan_builder.h"
 
-/* The dimensions every form uses, from the plan (MLA.md notation). */
+/* The dimensions every form uses, from the plan (docs/forms.md notation). */
 #define FORM_DIMS(p)                                                                    \
   const int64_t B = (p)->args.batch, S = (p)->args.seq, Sl = (p)->seq_local;           \
   const int64_t H = (p)->shape.heads, Hl = (p)->heads_local;                            \
@@ -21,7 +21,7 @@
 #define ARGS(...) ((const int[]){__VA_ARGS__, -1})
 #define NONE ((const int[]){-1})
 
-/* The op's inputs, outputs and weight gradient, the same in every form (MLA.md). */
+/* The op's inputs, outputs and weight gradient, the same in every form (docs/forms.md). */
 typedef struct form_io {
   int q, c_kv, k_rope, w; /* forward inputs */
   int o;                  /* forward output */
