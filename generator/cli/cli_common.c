@@ -227,7 +227,7 @@ static const struct {
 } on_request[] = {{"attn_fwd_sm90", "attn_fwd"}};
 enum { N_ON_REQUEST = sizeof on_request / sizeof on_request[0] };
 
-int cli_add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n) {
+static int add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n) {
   for (int f = 0; f < o->n_family; f++) {
     int dup = 0; /* --family F given twice renders F once */
     for (int g = 0; g < f; g++) dup |= strcmp(o->family[g], o->family[f]) == 0;
@@ -261,4 +261,14 @@ int cli_add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n)
     }
   }
   return 0;
+}
+
+int cli_prepare_rendered(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max,
+                         int *n, mg_gen **g) {
+  int rc = cli_prepare(o, shape, specs, max, n, g);
+  if (!rc && (rc = add_requested(o, specs, max, n))) {
+    mg_gen_close(*g);
+    *g = NULL;
+  }
+  return rc;
 }
