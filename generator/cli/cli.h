@@ -71,12 +71,14 @@ int cli_load_model(const cli_opts *o, mg_shape *shape);
 int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
                 mg_gen **g);
 
-/* Appends to specs[0..*n) (at most max) a spec of each o->family F (`--family`, rendered
- * only on request: attn_fwd_sm90) for each spec of its companion family (heads, dims,
- * dtype, causal and k_packed as there; the --set overrides applied again); F given twice
- * is added once. Returns 0, or CLI_USAGE (an unknown F, a rejected override, more than
- * max kernels) after printing why. */
-int cli_add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n);
+/* cli_prepare (generate and compile), then a spec of each o->family F (`--family`,
+ * rendered only on request: attn_fwd_sm90) appended for each spec of its companion family
+ * (heads, dims, dtype, causal and k_packed as there; the --set overrides applied again); F
+ * given twice is added once. Returns cli_prepare's status, or CLI_USAGE (an unknown F, a
+ * rejected override, more than max kernels) after printing why; on failure *g is closed
+ * and NULL. */
+int cli_prepare_rendered(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max,
+                         int *n, mg_gen **g);
 
 /* Prints "mlagen: <msg>" to stderr (the message may hold several lines). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

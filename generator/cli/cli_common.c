@@ -196,6 +196,13 @@ int cli_load_model(const cli_opts *o, mg_shape *shape) {
   return 0;
 }
 
+/* Applies the --set overrides, in order, to s; stops at the first one s rejects. */
+static int apply_sets(const cli_opts *o, mg_kernel_spec *s, mg_diag *d) {
+  int rc = 0;
+  for (int j = 0; !rc && j < o->n_set; j++) rc = mg_spec_set(s, o->set[j], d);
+  return rc;
+}
+
 int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
                 mg_gen **g) {
   *g = NULL;
@@ -203,8 +210,7 @@ int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int m
   if (rc) return rc;
   mg_diag d = MG_DIAG_INIT;
   rc = mg_spec_for_model(shape, o->sp, o->dtype, specs, max, n, &d);
-  for (int i = 0; !rc && i < *n; i++)
-    for (int j = 0; !rc && j < o->n_set; j++) rc = mg_spec_set(&specs[i], o->set[j], &d);
+  for (int i = 0; !rc && i < *n; i++) rc = apply_sets(o, &specs[i], &d);
   int status = rc == MLAGEN_EINVAL ? CLI_USAGE : CLI_FAIL;
   if (!rc) rc = mg_gen_open(g, o->templates, &d);
   if (rc) {
@@ -221,7 +227,7 @@ static const struct {
 } on_request[] = {{"attn_fwd_sm90", "attn_fwd"}};
 enum { N_ON_REQUEST = sizeof on_request / sizeof on_request[0] };
 
-int cli_add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n) {
+static int add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n) {
   for (int f = 0; f < o->n_family; f++) {
     int dup = 0; /* --family F given twice renders F once */
     for (int g = 0; g < f; g++) dup |= strcmp(o->family[g], o->family[f]) == 0;
@@ -246,14 +252,23 @@ int cli_add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n)
       for (int c = 0; c < specs[i].n_config; c++)
         if (strcmp(specs[i].config[c].name, "k_packed") == 0) s.config[s.n_config++] = specs[i].config[c];
       mg_diag d = MG_DIAG_INIT;
-      for (int j = 0; j < o->n_set; j++)
-        if (mg_spec_set(&s, o->set[j], &d)) {
-          cli_error("%s", mg_diag_msg(&d));
-          mg_diag_clear(&d);
-          return CLI_USAGE;
-        }
+      if (apply_sets(o, &s, &d)) {
+        cli_error("%s", mg_diag_msg(&d));
+        mg_diag_clear(&d);
+        return CLI_USAGE;
+      }
       specs[(*n)++] = s;
     }
   }
   return 0;
+}
+
+int cli_prepare_rendered(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max,
+                         int *n, mg_gen **g) {
+  int rc = cli_prepare(o, shape, specs, max, n, g);
+  if (!rc && (rc = add_requested(o, specs, max, n))) {
+    mg_gen_close(*g);
+    *g = NULL;
+  }
+  return rc;
 }

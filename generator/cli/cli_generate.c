@@ -37,11 +37,7 @@ int cli_generate(int argc, char **argv) {
   mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n = 0;
   mg_gen *g;
-  if ((rc = cli_prepare(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
-  if ((rc = cli_add_requested(&o, specs, MG_SPEC_MAX_KERNELS, &n))) {
-    mg_gen_close(g);
-    return rc;
-  }
+  if ((rc = cli_prepare_rendered(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
 
   mg_diag d = MG_DIAG_INIT;
   mg_kernel kernels[MG_SPEC_MAX_KERNELS];

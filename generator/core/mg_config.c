@@ -224,7 +224,6 @@ static const hf_defaults hf_classes[] = {
   {"glm_moe_dsa", "GlmMoeDsaConfig", {64, 512, 64, 192, 256}, 2048, 6144, 0, 0},
   {"hy_v4", "HYV4Config", {32, 512, 64, 192, 256}, 1536, 2816, 0, 0},
   {"hy_v4_vl_text", "HYV4VLTextConfig", {64, 512, 64, 192, 256}, 2048, 6144, 0, 0},
-  {"kimi_k2", "DeepseekV3Config", {128, 512, 64, 128, 128}, 1536, 7168, 0, 0},
   {"kimi_linear", "KimiLinearConfig", {32, 512, 64, 128, 128}, 0, 2304, 0, 0},
   {"longcat_flash", "LongcatFlashConfig", {64, 512, 64, 128, 128}, 1536, 6144, 0, 0},
   {"minicpm3", "MiniCPM3Config", {40, 256, 32, 64, -1}, 768, 2560, 0, 0},
@@ -234,8 +233,10 @@ static const hf_defaults hf_classes[] = {
   {"youtu", "YoutuConfig", {16, 512, 64, 128, 128}, 1536, 2048, 0, 0},
 };
 
-/* The defaults of model_type mt, NULL when transformers has no MLA class by that name. */
+/* The defaults of model_type mt, NULL when transformers has no MLA class by that name
+ * (kimi_k2 is read as deepseek_v3, as KimiK25Config reads it). */
 static const hf_defaults *hf_class(const char *mt) {
+  if (mt && strcmp(mt, "kimi_k2") == 0) mt = "deepseek_v3";
   for (size_t i = 0; mt && i < sizeof hf_classes / sizeof hf_classes[0]; i++)
     if (strcmp(hf_classes[i].model_type, mt) == 0) return &hf_classes[i];
   return NULL;

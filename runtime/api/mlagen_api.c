@@ -221,28 +221,10 @@ static int dtype_from_api(mlagen_dtype t, mg_dtype *out) {
   return -1;
 }
 
-static mlagen_dtype dtype_to_api(mg_dtype t) {
-  switch (t) {
-    case MG_BF16: return MLAGEN_DTYPE_BF16;
-    case MG_F16: return MLAGEN_DTYPE_F16;
-    case MG_F32: return MLAGEN_DTYPE_F32;
-    case MG_F64: return MLAGEN_DTYPE_F64;
-  }
-  return (mlagen_dtype)0;
-}
-
+/* mg_dtype_name of t; NULL when t is not an mlagen_dtype. */
 static const char *api_dtype_name(mlagen_dtype t) {
-  switch (t) {
-    case MLAGEN_DTYPE_BF16: return "bf16";
-    case MLAGEN_DTYPE_F16: return "f16";
-    case MLAGEN_DTYPE_F32: return "f32";
-    case MLAGEN_DTYPE_F64: return "f64";
-  }
-  return NULL;
-}
-
-static size_t api_dtype_size(mlagen_dtype t) {
-  return t == MLAGEN_DTYPE_F64 ? 8 : t == MLAGEN_DTYPE_F32 ? 4 : 2;
+  mg_dtype m;
+  return dtype_from_api(t, &m) ? NULL : mg_dtype_name(m);
 }
 
 /* The op boundary: the plan's buffer name, the field of mlagen_tensors and of
@@ -294,7 +276,7 @@ static int plan_sizes(const mg_plan *p, mlagen_device device, mg_plan_mem *cpu_m
     int b = mg_plan_find(p, slots[i].name);
     if (b < 0) continue; /* not at this form's boundary: passes 0 */
     const mg_plan_buf *pb = &p->bufs[b];
-    t->dtype = dtype_to_api(pb->dtype);
+    t->dtype = mg_dtype_to_api(pb->dtype);
     t->ndim = pb->ndim;
     for (int d = 0; d < pb->ndim; d++) t->dims[d] = pb->dims[d];
     t->bytes = (size_t)mg_plan_buf_bytes(pb);
@@ -446,7 +428,9 @@ static int check_tensor(const mlagen_tensor *t, const mlagen_tensor_info *want, 
                         const char *fn, mg_diag *d) {
   char shape[96];
   shape_words(want, shape, sizeof shape);
-  const char *want_t = api_dtype_name(want->dtype);
+  mg_dtype want_dt = MG_BF16;
+  dtype_from_api(want->dtype, &want_dt); /* the plan's: always an mlagen_dtype */
+  const char *want_t = mg_dtype_name(want_dt);
   if (!t->data)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.data is NULL (%s %s %s)", fn, field,
                        want->name, want_t, shape);
@@ -466,7 +450,7 @@ static int check_tensor(const mlagen_tensor *t, const mlagen_tensor_info *want, 
       return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.dims[%d] = %lld, the plan expects "
                          "%lld (%s %s)", fn, field, i, (long long)t->dims[i],
                          (long long)want->dims[i], want->name, shape);
-  size_t el = api_dtype_size(want->dtype);
+  size_t el = mg_dtype_size(want_dt);
   if ((uintptr_t)t->data % el)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->%s.data = %p is not aligned to its "
                        "element size, %zu bytes", fn, field, t->data, el);

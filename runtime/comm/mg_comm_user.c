@@ -9,7 +9,7 @@ typedef struct user_comm {
   void *stream;
 } user_comm;
 
-static mlagen_dtype api_dtype(mg_dtype t) {
+mlagen_dtype mg_dtype_to_api(mg_dtype t) {
   switch (t) {
     case MG_F32: return MLAGEN_DTYPE_F32;
     case MG_F64: return MLAGEN_DTYPE_F64;
@@ -25,7 +25,7 @@ typedef int (*user_fn)(void *user, const void *send, void *recv, size_t count,
 static int call(mg_comm *c, user_fn fn, const char *what, const void *send, void *recv,
                 size_t count, mg_dtype t, mg_diag *d) {
   user_comm *u = (user_comm *)c;
-  int r = fn(u->ops.user, send, recv, count, api_dtype(t), u->stream);
+  int r = fn(u->ops.user, send, recv, count, mg_dtype_to_api(t), u->stream);
   if (r)
     return mg_diag_set(d, MLAGEN_EIO, "the caller's %s callback returned %d (rank %d of %d, "
                        "%zu elements of %s)", what, r, c->rank, c->size, count, mg_dtype_name(t));

@@ -14,6 +14,9 @@
  * size < 1, rank outside [0, size); MLAGEN_ENOMEM. */
 int mg_comm_user_wrap(mg_comm **out, const mlagen_comm_ops *ops, mg_diag *d);
 
+/* The public mlagen_dtype of t (also what the API's plans report in mlagen_tensor_info). */
+mlagen_dtype mg_dtype_to_api(mg_dtype t);
+
 /* The stream later collectives pass to the callbacks (c from mg_comm_user_wrap). */
 void mg_comm_user_set_stream(mg_comm *c, void *stream);
 #endif

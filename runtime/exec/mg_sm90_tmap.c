@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "mg_dtype.h"
 #include "mlagen.h"
 
 /* Columns per box and the swizzle spanning them: the widest of 64/32/16 dividing d. */
@@ -76,10 +77,11 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "attn_fwd_sm90 tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)",
                        t->batch, t->seqlen_q, t->seqlen_k);
-  CUtensorMapDataType dt;
-  if (!strcmp(s->dtype, "bf16")) dt = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  else if (!strcmp(s->dtype, "fp16")) dt = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  else return mg_diag_set(d, MLAGEN_EINVAL, "attn_fwd_sm90 tensor maps: dtype %s (bf16 or fp16)", s->dtype);
+  mg_dtype t16;
+  if (mg_dtype_spec_parse(s->dtype, &t16))
+    return mg_diag_set(d, MLAGEN_EINVAL, "attn_fwd_sm90 tensor maps: dtype %s (bf16 or fp16)", s->dtype);
+  const CUtensorMapDataType dt =
+      t16 == MG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
   const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
   const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
