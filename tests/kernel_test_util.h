@@ -71,6 +71,22 @@ static inline double *kt_e16_to_d(int fp16, const e16 *p, size_t n) {
   return d;
 }
 
+/* The attention forward's K as doubles [n, d_n + d_r] (malloc'd, at least one row), n = tokens *
+ * heads rows (row t: token t / heads, its head t % heads), from 16-bit storage: `packed`: kn is
+ * that [n, d_n + d_r] already; split: row t is kn [t, :d_n] then the token's shared
+ * kr [t / heads, :d_r]. */
+static inline double *kt_k_to_d(int fp16, int packed, const e16 *kn, const e16 *kr, size_t n,
+                                int heads, int dn, int dr) {
+  const int dqk = dn + dr;
+  double *k = malloc((n ? n : 1) * dqk * sizeof *k);
+  for (size_t t = 0; t < n; t++)
+    for (int e = 0; e < dqk; e++)
+      k[t * dqk + e] = packed   ? e16_to_float(fp16, kn[t * dqk + e])
+                       : e < dn ? e16_to_float(fp16, kn[t * dn + e])
+                                : e16_to_float(fp16, kr[t / heads * dr + e - dn]);
+  return k;
+}
+
 /* DeepSeek-V2/V3's YaRN attention scale (rope_scaling factor 40, mscale_all_dim 1):
  * mscale = 0.1 ln(40) + 1; the softmax scale is mscale^2 / sqrt(d_qk). */
 #define KT_YARN_MSCALE 1.3689

@@ -150,27 +150,60 @@ static void expect_msg(mlagen_context *ctx, int rc, int want, const char *says) 
     fail_msg("message '%s' lacks '%s'", mlagen_last_message(ctx), says);
 }
 
+/* A CPU LAGA plan (f64, causal, B = 1, S = 8, sp_size = 2 at rank `rank`) with its tensors,
+ * workspace and saved buffers; inputs zero (`fill` = 0) or random (`fill` = 1). */
+typedef struct sp_fixture {
+  mlagen_context *ctx;
+  mlagen_model *m;
+  mlagen_plan *plan;
+  mlagen_sizes z;
+  void *in[4], *o, *ws, *saved;
+  mlagen_tensors t;
+} sp_fixture;
+
+static void sp_fixture_init(sp_fixture *f, int rank, int fill) {
+  f->ctx = NULL;
+  assert_int_equal(mlagen_context_create(&f->ctx), 0);
+  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
+  f->m = make_model(f->ctx, &s);
+  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_size = 2,
+                         .sp_rank = rank, .causal = 1, .dtype = MLAGEN_DTYPE_F64,
+                         .device = MLAGEN_DEVICE_CPU};
+  f->plan = NULL;
+  assert_int_equal(mlagen_plan_create(f->ctx, f->m, &pd, &f->plan), 0);
+  mlagen_sizes *z = &f->z;
+  assert_int_equal(mlagen_plan_sizes(f->plan, z), 0);
+  const mlagen_tensor_info *in[] = {&z->q, &z->c_kv, &z->k_rope, &z->w_kv_b};
+  const double spread[] = {1.5, 1.0, 1.5, 0.25};
+  for (int k = 0; k < 4; k++)
+    f->in[k] = fill ? filled(in[k]->bytes, MLAGEN_DTYPE_F64, (uint64_t)k + 1, spread[k])
+                    : calloc(1, in[k]->bytes);
+  f->o = calloc(1, z->o.bytes);
+  f->ws = aligned_alloc(256, z->workspace_bytes + 256);
+  f->saved = aligned_alloc(256, z->saved_bytes + 256);
+  f->t = (mlagen_tensors){.q = tensor_of(f->in[0], &z->q), .c_kv = tensor_of(f->in[1], &z->c_kv),
+                          .k_rope = tensor_of(f->in[2], &z->k_rope),
+                          .w_kv_b = tensor_of(f->in[3], &z->w_kv_b), .o = tensor_of(f->o, &z->o)};
+}
+
+/* Frees the buffers, the model and the context; the plan too unless it is already gone. */
+static void sp_fixture_free(sp_fixture *f, int destroy_plan) {
+  for (int k = 0; k < 4; k++) free(f->in[k]);
+  free(f->o), free(f->ws), free(f->saved);
+  if (destroy_plan) mlagen_plan_destroy(f->plan);
+  mlagen_model_destroy(f->m);
+  mlagen_context_destroy(f->ctx);
+}
+
 static void test_comm_ops(void **state) {
   (void)state;
-  mlagen_context *ctx = NULL;
-  assert_int_equal(mlagen_context_create(&ctx), 0);
-  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
-  mlagen_model *m = make_model(ctx, &s);
-  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_size = 2,
-                         .sp_rank = 1, .causal = 1, .dtype = MLAGEN_DTYPE_F64,
-                         .device = MLAGEN_DEVICE_CPU};
-  mlagen_plan *plan = NULL;
-  assert_int_equal(mlagen_plan_create(ctx, m, &pd, &plan), 0);
-  mlagen_sizes z;
-  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
-  void *buf[4];
-  const mlagen_tensor_info *in[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b};
-  for (int k = 0; k < 4; k++) buf[k] = calloc(1, in[k]->bytes);
-  void *o = calloc(1, z.o.bytes), *ws = aligned_alloc(256, z.workspace_bytes + 256),
-       *saved = aligned_alloc(256, z.saved_bytes + 256);
-  mlagen_tensors t = {.q = tensor_of(buf[0], &z.q), .c_kv = tensor_of(buf[1], &z.c_kv),
-                      .k_rope = tensor_of(buf[2], &z.k_rope), .w_kv_b = tensor_of(buf[3], &z.w_kv_b),
-                      .o = tensor_of(o, &z.o)};
+  sp_fixture f;
+  sp_fixture_init(&f, 1, 0);
+  mlagen_context *ctx = f.ctx;
+  mlagen_plan *plan = f.plan;
+  const mlagen_sizes z = f.z;
+  void *ws = f.ws, *saved = f.saved;
+  const mlagen_tensors t = f.t;
   int rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
   expect_msg(ctx, rc, MLAGEN_EINVAL, "mlagen_plan_set_comm_ops");
 
@@ -192,11 +225,7 @@ static void test_comm_ops(void **state) {
   rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
   expect_msg(ctx, rc, MLAGEN_EINVAL, "mlagen_plan_set_comm_ops");
   assert_int_equal(mlagen_plan_set_comm_ops(NULL, &ops), MLAGEN_EINVAL);
-  for (int k = 0; k < 4; k++) free(buf[k]);
-  free(o), free(ws), free(saved);
-  mlagen_plan_destroy(plan);
-  mlagen_model_destroy(m);
-  mlagen_context_destroy(ctx);
+  sp_fixture_free(&f, 1);
 }
 
 /* ---- a callback that calls back into the API for its own plan ---------------------------- */
@@ -230,26 +259,13 @@ static int reentrant(void *user, const void *send, void *recv, size_t count,
 
 static void test_comm_reentry(void **state) {
   (void)state;
-  mlagen_context *ctx = NULL;
-  assert_int_equal(mlagen_context_create(&ctx), 0);
-  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
-  mlagen_model *m = make_model(ctx, &s);
-  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_size = 2,
-                         .sp_rank = 0, .causal = 1, .dtype = MLAGEN_DTYPE_F64,
-                         .device = MLAGEN_DEVICE_CPU};
-  mlagen_plan *plan = NULL;
-  assert_int_equal(mlagen_plan_create(ctx, m, &pd, &plan), 0);
-  mlagen_sizes z;
-  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
-  void *q = filled(z.q.bytes, MLAGEN_DTYPE_F64, 1, 1.5),
-       *ckv = filled(z.c_kv.bytes, MLAGEN_DTYPE_F64, 2, 1.0),
-       *kr = filled(z.k_rope.bytes, MLAGEN_DTYPE_F64, 3, 1.5),
-       *w = filled(z.w_kv_b.bytes, MLAGEN_DTYPE_F64, 4, 0.25), *o = calloc(1, z.o.bytes);
-  void *ws = aligned_alloc(256, z.workspace_bytes + 256),
-       *saved = aligned_alloc(256, z.saved_bytes + 256);
-  mlagen_tensors t = {.q = tensor_of(q, &z.q), .c_kv = tensor_of(ckv, &z.c_kv),
-                      .k_rope = tensor_of(kr, &z.k_rope), .w_kv_b = tensor_of(w, &z.w_kv_b),
-                      .o = tensor_of(o, &z.o)};
+  sp_fixture f;
+  sp_fixture_init(&f, 0, 1);
+  mlagen_context *ctx = f.ctx;
+  mlagen_plan *plan = f.plan;
+  const mlagen_sizes z = f.z;
+  void *ws = f.ws, *saved = f.saved;
+  const mlagen_tensors t = f.t;
   reentry r = {.plan = plan, .ctx = ctx, .t = &t, .ws = ws, .saved = saved,
                .ws_bytes = z.workspace_bytes, .saved_bytes = z.saved_bytes};
   mlagen_comm_ops ops = {.size = 2, .rank = 0, .user = &r, .all_to_all = reentrant,
@@ -271,9 +287,7 @@ static void test_comm_reentry(void **state) {
   r.destroy = 1;
   rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
   expect_msg(ctx, rc, MLAGEN_EIO, "callback returned -5");
-  free(q), free(ckv), free(kr), free(w), free(o), free(ws), free(saved);
-  mlagen_model_destroy(m);
-  mlagen_context_destroy(ctx);
+  sp_fixture_free(&f, 0); /* the callback destroyed the plan */
 }
 
 /* ---- P = 2 over working callbacks, in one process ---------------------------------------- */

@@ -56,7 +56,6 @@ typedef struct built_kernel {
 } built_kernel;
 
 static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
-static float e_to_float(const mg_kernel_spec *s, e16 x) { return e16_to_float(is_fp16(s), x); }
 
 /* Generates the kernel for spec and builds it with the host executor (once per test run:
  * the harness keys its objects by content). drop >= 0: without that barrier (returns 0
@@ -137,12 +136,7 @@ static void reference(const built_kernel *bk, const fwd_case *c, double *o, doub
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
   double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
-  double *k = malloc((nk ? nk : 1) * dqk * sizeof *k);
-  for (size_t t = 0; t < nk; t++) /* t = token * H + head */
-    for (int e = 0; e < dqk; e++)
-      k[t * dqk + e] = bk->packed ? e_to_float(s, c->kn[t * dqk + e])
-                       : e < dn   ? e_to_float(s, c->kn[t * dn + e])
-                                  : e_to_float(s, c->kr[t / H * dr + e - dn]);
+  double *k = kt_k_to_d(f16, bk->packed, c->kn, c->kr, nk, H, dn, dr);
   attn_ref_fwd(&d, q, k, v, o, lse);
   free(q), free(k), free(v);
 }

@@ -156,12 +156,7 @@ static void reference(const built_kernel *bk, const fwd_case *c, double *o, doub
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
   double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
-  double *k = malloc((nk ? nk : 1) * dqk * sizeof *k);
-  for (size_t t = 0; t < nk; t++)
-    for (int e = 0; e < dqk; e++)
-      k[t * dqk + e] = bk->packed ? e16_to_float(f16, c->kn[t * dqk + e])
-                       : e < dn   ? e16_to_float(f16, c->kn[t * dn + e])
-                                  : e16_to_float(f16, c->kr[t / H * dr + e - dn]);
+  double *k = kt_k_to_d(f16, bk->packed, c->kn, c->kr, nk, H, dn, dr);
   attn_ref_fwd(&d, q, k, v, o, lse);
   free(q), free(k), free(v);
 }

@@ -201,14 +201,22 @@ static void setup_headers(void) {
   g_files[1] = (mg_host_file){"mla_device_sm90.cuh", g_hdr[1], g_hdr_len[1]};
 }
 
+/* Reads tests/host/hopper_selftest.cu into *src (the caller frees it) and builds `kernel` from
+ * it; a build failure fails the test with the compiler's message. */
+static mg_host_kernel *build_selftest(const char *kernel, char **src, size_t *len, char *msg,
+                                      size_t n) {
+  setup_headers();
+  *src = read_src("tests/host/hopper_selftest.cu", len);
+  mg_host_kernel *k = build(*src, *len, kernel, msg, n);
+  if (!k) fail_msg("build: %s", msg);
+  return k;
+}
+
 static void test_qk(void **state) {
   (void)state;
-  setup_headers();
   size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  char msg[4096];
-  mg_host_kernel *k = build(src, len, "hopper_qk_n64", msg, sizeof msg);
-  if (!k) fail_msg("build: %s", msg);
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_qk_n64", &src, &len, msg, sizeof msg);
   static const char *const swname[4] = {"none", "128B", "64B", "32B"};
   static const int ns[4] = {64, 128, 192, 256};
   double all = 0;
@@ -291,12 +299,9 @@ static void misuse_thunk(void *p) {
 
 static void test_misuse_reported(void **state) {
   (void)state;
-  setup_headers();
   size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  char msg[4096];
-  mg_host_kernel *k = build(src, len, "hopper_misuse", msg, sizeof msg);
-  if (!k) fail_msg("build: %s", msg);
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_misuse", &src, &len, msg, sizeof msg);
   static const char *const want[5] = {"over-arrival", "never completes", "not warpgroup-uniform",
                                       "no wgmma.fence", NULL};
   for (int kind = 0; kind < 5; kind++) {
@@ -332,13 +337,10 @@ static void copy_thunk(void *p) {
  * outside. */
 static void test_tma_box(void **state) {
   (void)state;
-  setup_headers();
   const mg_driver *drv = driver();
   size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  char msg[4096];
-  mg_host_kernel *k = build(src, len, "hopper_tma_copy", msg, sizeof msg);
-  if (!k) fail_msg("build: %s", msg);
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_tma_copy", &src, &len, msg, sizeof msg);
   const unsigned rows = 40;
   uint16_t *t = malloc(rows * D * 2);
   for (unsigned i = 0; i < rows * D; i++) t[i] = (uint16_t)(i + 1);
@@ -393,13 +395,10 @@ static void copy3_thunk(void *p) {
  * outer dimensions: rows of the box are (i2 * 8 + i1), swizzled as in 2D. */
 static void test_tma_box_3d(void **state) {
   (void)state;
-  setup_headers();
   const mg_driver *drv = driver();
   size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  char msg[4096];
-  mg_host_kernel *k = build(src, len, "hopper_tma_copy3", msg, sizeof msg);
-  if (!k) fail_msg("build: %s", msg);
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_tma_copy3", &src, &len, msg, sizeof msg);
   enum { P = 3, R = 20 };
   uint16_t *t = malloc(P * R * D * 2);
   for (unsigned i = 0; i < P * R * D; i++) t[i] = (uint16_t)(i + 1);
@@ -527,12 +526,9 @@ static double run_tt(mg_host_kernel *k, int n, int tb, int f16, int swz, unsigne
  * swizzle, N 64 and 128 (d_v), against float64. */
 static void test_wgmma_trans_a(void **state) {
   (void)state;
-  setup_headers();
   size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  char msg[4096];
-  mg_host_kernel *k = build(src, len, "hopper_tt_n64", msg, sizeof msg);
-  if (!k) fail_msg("build: %s", msg);
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_tt_n64", &src, &len, msg, sizeof msg);
   static const char *const swname[4] = {"none", "128B", "64B", "32B"};
   static const int cases[4][3] = {{64, 1, 0}, {128, 1, 0}, {64, 0, 0}, {64, 1, 1}};
   double all = 0;
@@ -592,12 +588,9 @@ static int run_pp(mg_host_kernel *k, int kind, unsigned long long seed, char *ms
  * reported. */
 static void test_named_barriers(void **state) {
   (void)state;
-  setup_headers();
   size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  char msg[4096];
-  mg_host_kernel *k = build(src, len, "hopper_pingpong", msg, sizeof msg);
-  if (!k) fail_msg("build: %s", msg);
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_pingpong", &src, &len, msg, sizeof msg);
   for (unsigned long long seed = 1; seed <= 8; seed++) {
     int r = run_pp(k, 0, seed, msg, sizeof msg);
     if (r) fail_msg("ping-pong, seed %llu: %s", seed, r < 0 ? msg : "wrong order");
@@ -700,12 +693,9 @@ static int run_bulk(mg_host_kernel *k, int c1, int rows, unsigned long long seed
  * written), exact; removing the proxy fence, the wait_group.read or the wait_group fails. */
 static void test_tma_store_reduce(void **state) {
   (void)state;
-  setup_headers();
   size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  char msg[4096];
-  mg_host_kernel *k = build(src, len, "hopper_bulk", msg, sizeof msg);
-  if (!k) fail_msg("build: %s", msg);
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_bulk", &src, &len, msg, sizeof msg);
   for (unsigned long long seed = 1; seed <= 4; seed++) {
     int r = run_bulk(k, 0, 128, seed, msg, sizeof msg);
     if (r) fail_msg("full tile, seed %llu: %s", seed, r < 0 ? msg : "wrong values");
@@ -750,12 +740,9 @@ static void stsm_thunk(void *p) {
  * written. Exact. */
 static void test_stmatrix(void **state) {
   (void)state;
-  setup_headers();
   size_t len;
-  char *src = read_src("tests/host/hopper_selftest.cu", &len);
-  char msg[4096];
-  mg_host_kernel *k = build(src, len, "hopper_stmatrix", msg, sizeof msg);
-  if (!k) fail_msg("build: %s", msg);
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_stmatrix", &src, &len, msg, sizeof msg);
   for (int trans = 0; trans < 2; trans++) {
     unsigned short out[320];
     memset(out, 0, sizeof out);

@@ -1066,6 +1066,22 @@ static void print_header(void) {
       "ms(median)", "TFLOP/s", "MB moved", "GB/s", "iters");
 }
 
+/* Allocates set `s` of the attention tensors at (H, S): q, kn, kr, v random (and kp, dout too
+ * when `bwd`), o, lse (and delta when `bwd`) NaN-filled. Returns nonzero on a CUDA error. */
+static int alloc_set(dev_tensors *t, int s, int H, int S, int bwd) {
+  const size_t nq = (size_t)S * H * DQK, nkn = (size_t)S * H * DN, nkr = (size_t)S * DR;
+  const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
+  const size_t seed = (size_t)s * 16;
+  return dalloc(&t->q, nq * 2) || fill_random(t->q, nq, seed + 1) || dalloc(&t->kn, nkn * 2) ||
+         fill_random(t->kn, nkn, seed + 2) || dalloc(&t->kr, nkr * 2) ||
+         fill_random(t->kr, nkr, seed + 3) ||
+         (bwd && (dalloc(&t->kp, nq * 2) || fill_random(t->kp, nq, seed + 4))) ||
+         dalloc(&t->v, nv * 2) || fill_random(t->v, nv, seed + 5) ||
+         (bwd && (dalloc(&t->dout, no * 2) || fill_random(t->dout, no, seed + 6))) ||
+         alloc_nan(&t->o, no * 2) || alloc_nan(&t->lse, nl * 4) ||
+         (bwd && alloc_nan(&t->delta, nl * 4));
+}
+
 /* Times every row at (H = ks->heads, S). Returns -1 on a CUDA error. */
 static int time_shape(const kset *ks, int S) {
   const int H = ks->heads;
@@ -1083,18 +1099,8 @@ static int time_shape(const kset *ks, int S) {
   memset(&x, 0, sizeof x);
   x.ks = ks, x.S = S, x.scale = softmax_scale();
   int rc = -1;
-  for (int s = 0; s < n_sets; s++) {
-    dev_tensors *t = &x.t[s];
-    size_t seed = (size_t)s * 16;
-    if (dalloc(&t->q, nq * 2) || fill_random(t->q, nq, seed + 1) || dalloc(&t->kn, nkn * 2) ||
-        fill_random(t->kn, nkn, seed + 2) || dalloc(&t->kr, nkr * 2) ||
-        fill_random(t->kr, nkr, seed + 3) || dalloc(&t->kp, nq * 2) ||
-        fill_random(t->kp, nq, seed + 4) || dalloc(&t->v, nv * 2) ||
-        fill_random(t->v, nv, seed + 5) || dalloc(&t->dout, no * 2) ||
-        fill_random(t->dout, no, seed + 6) || alloc_nan(&t->o, no * 2) ||
-        alloc_nan(&t->lse, nl * 4) || alloc_nan(&t->delta, nl * 4))
-      goto done;
-  }
+  for (int s = 0; s < n_sets; s++)
+    if (alloc_set(&x.t[s], s, H, S, 1)) goto done;
   if (alloc_nan(&x.out.dq_accum, nq * 4) || alloc_nan(&x.out.dq, nq * 2) ||
       alloc_nan(&x.out.dkn, nkn * 2) || dalloc(&x.out.dkr, nkr * 4) ||
       CU(drv->cuMemsetD8(x.out.dkr, 0, nkr * 4)) || alloc_nan(&x.out.dv, nv * 2))
@@ -1187,12 +1193,7 @@ static int time_sm90(const kset *ks, int S) {
   int rc = -1;
   for (int s = 0; s < n_sets; s++) {
     dev_tensors *t = &x.t[s];
-    size_t seed = (size_t)s * 16;
-    if (dalloc(&t->q, nq * 2) || fill_random(t->q, nq, seed + 1) || dalloc(&t->kn, nkn * 2) ||
-        fill_random(t->kn, nkn, seed + 2) || dalloc(&t->kr, nkr * 2) ||
-        fill_random(t->kr, nkr, seed + 3) || dalloc(&t->v, nv * 2) ||
-        fill_random(t->v, nv, seed + 5) || alloc_nan(&t->o, no * 2) || alloc_nan(&t->lse, nl * 4) ||
-        sm90_maps(&ks->k[K_FWD_SM90], t, S, &x.maps[s][0]) ||
+    if (alloc_set(t, s, H, S, 0) || sm90_maps(&ks->k[K_FWD_SM90], t, S, &x.maps[s][0]) ||
         sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, &x.maps[s][1]))
       goto done;
   }
