@@ -116,6 +116,12 @@ typedef struct mg_step {
   int64_t rope_col, rope_w, src_col, dst_col, cols; /* kernel column arguments */
   int64_t src_w, dst_w;      /* MG_OP_COPY_COLS row widths; 0: the buffer's last dim */
   int accumulate;            /* MG_OP_SPLIT_DKV: add the RoPE sum into drope */
+  /* MG_OP_ATTN_FWD / MG_OP_ATTN_BWD: the global position of query row i (of the q buffer's
+   * S_q rows per batch item) is q_pos0 + i for i < q_split, else q_pos1 + (i - q_split);
+   * keys sit at positions 0 .. S_k - 1 (S_k from the k buffer). Causal keeps key j for
+   * query i iff j <= pos(i). All zero (every form but laga-cp): pos(i) = i. The attention
+   * kernels take the same three numbers as arguments q_pos0, q_split, q_pos1. */
+  int64_t q_pos0, q_split, q_pos1;
   mg_gemm gemm;              /* MG_STEP_GEMM (in[0] = A, in[1] = B, out[0] = C) */
   int64_t sent;              /* collectives: bytes this rank sends */
   int64_t workspace;         /* bytes the step needs for its duration: a collective's
