@@ -55,4 +55,30 @@ typedef struct mg_sm90_fwd_tensors {
 int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
                       const mg_sm90_fwd_tensors *t, CUtensorMap maps[MG_SM90_FWD_TMAPS],
                       mg_diag *d);
+
+/* The five CUtensorMaps of the sm_90a attention backward's `tmaps` parameter
+ * (templates/attn_bwd_dkdv_sm90.cu.tpl, attn_bwd_dq_sm90.cu.tpl), per map (as above; W_K =
+ * the smaller of W(d_n), W(d_r), so that K_nope's and k_rope's boxes are alike and the K
+ * tile is one run of W_K-column boxes):
+ *   [0] q       dims {d_qk, H, B*S_q}              box {W(d_qk), 1, block_m}
+ *   [1] k_nope  dims {d_n (packed: d_qk), H, B*S_k} box {W_K, 1, block_n}
+ *   [2] split:  k_rope dims {d_r, B*S_k}           box {W_K, block_n}
+ *       packed: K      dims {d_qk, H, B*S_k}       box {W_K, 1, block_n}
+ *   [3] v       dims {d_v, H, B*S_k}               box {W(d_v), 1, block_n}
+ *   [4] dout    dims {d_v, H, B*S_q}               box {W(d_v), 1, block_m} */
+#define MG_SM90_BWD_TMAPS 5
+#define MG_SM90_BWD_TMAP_BYTES (MG_SM90_BWD_TMAPS * sizeof(CUtensorMap))
+
+/* The tensors of one backward launch: mg_sm90_fwd_tensors's, plus dout [B, S_q, H, d_v]. */
+typedef struct mg_sm90_bwd_tensors {
+  CUdeviceptr q, k_nope, k_rope, v, dout;
+  long batch, seqlen_q, seqlen_k; /* >= 0 */
+} mg_sm90_bwd_tensors;
+
+/* Encodes the 5 maps of kernel k (an attn_bwd_dkdv_sm90 or attn_bwd_dq_sm90 manifest entry:
+ * its configuration gives block_m, block_n, k_packed) for spec s into maps[0..5). Returns 0,
+ * or the errors of mg_sm90_fwd_tmaps (the family checked being one of those two). */
+int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_bwd_tensors *t, CUtensorMap maps[MG_SM90_BWD_TMAPS],
+                      mg_diag *d);
 #endif

@@ -1,0 +1,414 @@
+/* test_attn_bwd_sm90.c: the Hopper attention backward's dK/dV kernel
+ * (templates/attn_bwd_dkdv_sm90.cu.tpl: a TMA ring on mbarriers, wgmma, a producer
+ * warpgroup) run unchanged on the CPU through the host executor's sm_90a emulation
+ * (tests/host/hopper_host.cpp), against the float64 reference of tests/attn_ref.h per element
+ * with test_attn_bwd.c's tolerances (dk_nope / packed dk, dk_rope, dv: the same bounds,
+ * flipped 16-bit roundings of P and dS included); every kept configuration compiled by NVRTC
+ * for sm_90a without spills; and bugs injected into the rendered source (each mbarrier wait
+ * and arrival, each wgmma wait) must fail the check or be reported by the executor.
+ *
+ * The tensor maps come from the runtime's mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h)
+ * through the fake driver (tests/fake_cuda.c); delta = rowsum(dO * O) is computed here (in
+ * double, stored as fp32, as attn_bwd_pre's). Inputs: random bf16 (fp16 in one case), scores
+ * with standard deviation 2 under DeepSeek's YaRN softmax scale (the seed is printed,
+ * MLAGEN_TEST_SEED overrides it). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn_ref.h"
+#include "fake_driver.h"
+#include "kernel_host.h"
+#include "kernel_test_util.h"
+#include "mg_driver.h"
+#include "mg_manifest.h"
+#include "mg_sm90_tmap.h"
+#include "mlagen.h"
+
+typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+typedef void (*dkdv_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
+                        const e16 *dout, const float *lse, const float *delta, float *dq_accum,
+                        e16 *dk_nope, float *dk_rope, e16 *dv, int seqlen_q, int seqlen_k,
+                        int q_pos0, int q_split, int q_pos1, float softmax_scale,
+                        const tmap_t *tmaps);
+
+typedef struct built_kernel {
+  kh_kernel kh;
+  dkdv_fn fn;
+  int packed;
+} built_kernel;
+
+static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
+static float e_to_float(const mg_kernel_spec *s, e16 x) { return e16_to_float(is_fp16(s), x); }
+static e16 float_to_e(const mg_kernel_spec *s, float x) { return float_to_e16(is_fp16(s), x); }
+
+/* A source edit: replaces the first occurrence of `from` (which must exist, so a renamed
+ * pattern cannot make a mutation test pass) by spaces. */
+static int blank_edit(char *src, void *ctx) {
+  const char *from = ctx;
+  char *at = strstr(src, from);
+  if (!at) fail_msg("mutation pattern '%s' not in the rendered source", from);
+  memset(at, ' ', strlen(from));
+  return 1;
+}
+
+static void build_edit(const mg_kernel_spec *spec, const char *blank, built_kernel *out) {
+  memset(out, 0, sizeof *out);
+  assert_true(kh_build_edited(NULL, spec, 0, blank ? blank_edit : NULL, (void *)blank, &out->kh));
+  out->packed = kh_config_int(&out->kh, "k_packed");
+  assert_int_equal(out->kh.threads, 128 * (kh_config_int(&out->kh, "block_n") / 64 + 1));
+  assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
+  *(void **)&out->fn = out->kh.fn;
+}
+
+static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "attn_bwd_dkdv_sm90");
+  s.heads = H, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = 512, s.causal = causal;
+  snprintf(s.dtype, sizeof s.dtype, "bf16");
+  return s;
+}
+
+/* One case: inputs, the reference gradients and their flip bounds, the kernel's outputs.
+ * Query rows sit at q_pos0 + i (q_split = S_q) or, with split1, at q_pos0 + i too but
+ * passed to the kernel as the second chunk (q_split 0, q_pos1 = q_pos0). */
+typedef struct bwd_case {
+  int B, sq, sk, q_pos0, split1;
+  float scale;
+  e16 *q, *kn, *kr, *v, *dout, *o16;
+  float *lse32, *delta;
+  size_t nq, nkn, nkr, nv, no, nl;
+  double *r_dkn, *r_dkr, *r_dv, *f_dkn, *f_dkr, *f_dv;
+  e16 *dkn, *dv;
+  float *dkr;
+  tmap_t *tmaps; /* [5] */
+} bwd_case;
+
+static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
+
+#define FLIP_EPS 3e-5 /* test_attn_bwd.c's: the kernels' own fp32 error in P or dS */
+static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
+static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
+
+/* test_attn_bwd.c's reference: the float64 forward (o rounded to 16 bits, lse to fp32),
+ * then the gradients with P and dS rounded to 16 bits and their flip bounds (attn_ref.h);
+ * split keys: dk_rope is dK's RoPE columns summed over the heads. Also delta. */
+static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
+  const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
+  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale};
+  const size_t nk = (size_t)c->B * c->sk * H;
+  double *q = kt_e16_to_d(f16, c->q, c->nq), *v = kt_e16_to_d(f16, c->v, c->nv);
+  double *dout = kt_e16_to_d(f16, c->dout, c->no);
+  double *k = kt_k_to_d(f16, packed, c->kn, c->kr, nk, H, dn, dr);
+  double *dk = xcalloc(nk * dqk, sizeof *dk), *fdk = xcalloc(nk * dqk, sizeof *fdk);
+  double *dq = xcalloc(c->nq, sizeof *dq), *fdq = xcalloc(c->nq, sizeof *fdq);
+  double *o = xcalloc(c->no, sizeof *o), *lse = xcalloc(c->nl, sizeof *lse);
+  attn_ref_fwd(&d, q, k, v, o, lse);
+  for (size_t i = 0; i < c->no; i++) c->o16[i] = float_to_e(s, (float)o[i]);
+  for (size_t i = 0; i < c->nl; i++) c->lse32[i] = (float)lse[i];
+  for (size_t i = 0; i < c->no; i++) o[i] = e_to_float(s, c->o16[i]);
+  for (size_t i = 0; i < c->nl; i++) lse[i] = c->lse32[i];
+  for (int b = 0; b < c->B; b++)
+    for (int i = 0; i < c->sq; i++)
+      for (int h = 0; h < H; h++) {
+        const size_t row = ((size_t)b * c->sq + i) * H + h;
+        double acc = 0;
+        for (int e = 0; e < s->d_v; e++)
+          acc += o[row * s->d_v + e] * e_to_float(s, c->dout[row * s->d_v + e]);
+        c->delta[((size_t)b * H + h) * c->sq + i] = (float)acc;
+      }
+  const attn_ref_mixed mx = {o, lse, f16 ? round_f16 : round_bf16, FLIP_EPS, fdq, fdk, c->f_dv};
+  attn_ref_bwd(&d, q, k, v, dout, dq, dk, c->r_dv, NULL, NULL, &mx);
+  for (size_t t = 0; t < nk; t++)
+    for (int e = 0; e < dqk; e++)
+      if (packed) {
+        c->r_dkn[t * dqk + e] = dk[t * dqk + e];
+        c->f_dkn[t * dqk + e] = fdk[t * dqk + e];
+      } else if (e < dn) {
+        c->r_dkn[t * dn + e] = dk[t * dqk + e];
+        c->f_dkn[t * dn + e] = fdk[t * dqk + e];
+      } else {
+        c->r_dkr[t / H * dr + e - dn] += dk[t * dqk + e];
+        c->f_dkr[t / H * dr + e - dn] += fdk[t * dqk + e];
+      }
+  free(q), free(v), free(dout), free(k), free(dk), free(fdk), free(dq), free(fdq), free(o), free(lse);
+}
+
+static void encode_maps(const built_kernel *bk, bwd_case *c) {
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  mg_kernel_info info;
+  if (mg_manifest_parse(bk->kh.manifest, &info, &d)) fail_msg("manifest: %s", mg_diag_msg(&d));
+  const mg_sm90_bwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q,  (CUdeviceptr)(uintptr_t)c->kn,
+                                 (CUdeviceptr)(uintptr_t)c->kr, (CUdeviceptr)(uintptr_t)c->v,
+                                 (CUdeviceptr)(uintptr_t)c->dout, c->B, c->sq, c->sk};
+  if (mg_sm90_bwd_tmaps(drv, &bk->kh.spec, &info, &t, (CUtensorMap *)c->tmaps, &d))
+    fail_msg("mg_sm90_bwd_tmaps: %s", mg_diag_msg(&d));
+}
+
+static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk, int q_pos0,
+                      int split1) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, dqk = s->d_n + s->d_r, f16 = is_fp16(s), packed = bk->packed;
+  memset(c, 0, sizeof *c);
+  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0, c->split1 = split1;
+  c->scale = (float)kt_softmax_scale(dqk);
+  c->nq = (size_t)B * sq * H * dqk;
+  c->nkn = (size_t)B * sk * H * (packed ? dqk : s->d_n);
+  c->nkr = packed ? 0 : (size_t)B * sk * s->d_r;
+  c->nv = (size_t)B * sk * H * s->d_v;
+  c->no = (size_t)B * sq * H * s->d_v;
+  c->nl = (size_t)B * H * sq;
+  c->q = kt_rand_e16_sd(f16, c->nq, kt_q_sd(c->scale, dqk));
+  c->kn = kt_rand_e16_sd(f16, c->nkn, 1);
+  c->kr = packed ? NULL : kt_rand_e16_sd(f16, c->nkr, 1);
+  c->v = kt_rand_e16_sd(f16, c->nv, 1);
+  c->dout = kt_rand_e16_sd(f16, c->no, 1);
+  c->o16 = xcalloc(c->no, sizeof *c->o16);
+  c->lse32 = xcalloc(c->nl, sizeof *c->lse32);
+  c->delta = xcalloc(c->nl, sizeof *c->delta);
+  c->r_dkn = xcalloc(c->nkn, sizeof(double)), c->f_dkn = xcalloc(c->nkn, sizeof(double));
+  c->r_dkr = xcalloc(c->nkr, sizeof(double)), c->f_dkr = xcalloc(c->nkr, sizeof(double));
+  c->r_dv = xcalloc(c->nv, sizeof(double)), c->f_dv = xcalloc(c->nv, sizeof(double));
+  c->dkn = xcalloc(c->nkn, sizeof(e16));
+  c->dkr = xcalloc(c->nkr, sizeof(float));
+  c->dv = xcalloc(c->nv, sizeof(e16));
+  c->tmaps = aligned_alloc(64, 5 * sizeof(tmap_t));
+  memset(c->tmaps, 0, 5 * sizeof(tmap_t));
+  reference(s, c, packed);
+  encode_maps(bk, c);
+}
+
+static void case_free(bwd_case *c) {
+  free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->dout), free(c->o16), free(c->lse32);
+  free(c->delta), free(c->r_dkn), free(c->f_dkn), free(c->r_dkr), free(c->f_dkr), free(c->r_dv);
+  free(c->f_dv), free(c->dkn), free(c->dkr), free(c->dv), free(c->tmaps);
+}
+
+typedef struct launch_args {
+  const built_kernel *bk;
+  bwd_case *c;
+} launch_args;
+
+static void thunk(void *p) {
+  launch_args *a = p;
+  bwd_case *c = a->c;
+  a->bk->fn(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, NULL, c->dkn, c->kr ? c->dkr : NULL,
+            c->dv, c->sq, c->sk, c->split1 ? -1000 : c->q_pos0, c->split1 ? 0 : c->sq,
+            c->split1 ? c->q_pos0 : -1000, c->scale, c->tmaps);
+}
+
+/* Launches (outputs NaN first) on the executor's default (shuffled) schedule with sm_90's
+ * shared-memory limit; returns the launch's message in msg (0: it ran). */
+static int launch_case(const built_kernel *bk, bwd_case *c, char *msg, size_t n) {
+  for (size_t i = 0; i < c->nkn; i++) c->dkn[i] = 0x7fff;
+  for (size_t i = 0; i < c->nkr; i++) c->dkr[i] = NAN;
+  for (size_t i = 0; i < c->nv; i++) c->dv[i] = 0x7fff;
+  mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
+  if (grid.x == 0) return 0;
+  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.arch = 90;
+  launch_args a = {bk, c};
+  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+}
+
+/* test_attn_bwd.c's tolerances: |err| <= 2 NOISE rms + rtol |ref| + flip (rtol: the
+ * storage's unit roundoff; fp32 for dk_rope). */
+#define NOISE_DK 6.2e-6
+#define NOISE_DKR 3.3e-6
+#define NOISE_DV 1e-6
+
+/* Compares dk (nope or packed), dk_rope and dv per element; ratio[i]: the worst err/bound.
+ * Returns NaN outputs; the first failure's message in msg (msg[0] 0 when all pass). */
+static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[3], char *msg,
+                      size_t n) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, dqk = s->d_n + s->d_r, k16 = is_fp16(s) ? KT_F16 : KT_BF16;
+  const double r16 = kt_unit_roundoff(k16), r32 = kt_unit_roundoff(KT_F32);
+  const size_t krows = (size_t)c->B * c->sk * H, wk = (size_t)(bk->packed ? dqk : s->d_n);
+  kt_checked k[3];
+  k[0] = kt_check_slack(bk->packed ? "dkdv_sm90 dk" : "dkdv_sm90 dk_nope", k16, c->dkn, c->r_dkn,
+                        c->f_dkn, krows, wk, 0, wk, (kt_tol){2 * NOISE_DK, r16}, 0);
+  k[1] = kt_check_slack("dkdv_sm90 dk_rope", KT_F32, c->dkr, c->r_dkr, c->f_dkr,
+                        (size_t)c->B * c->sk, s->d_r, 0, bk->packed ? 0 : s->d_r,
+                        (kt_tol){2 * NOISE_DKR, r32}, 0);
+  k[2] = kt_check_slack("dkdv_sm90 dv", k16, c->dv, c->r_dv, c->f_dv, krows, s->d_v, 0, s->d_v,
+                        (kt_tol){2 * NOISE_DV, r16}, 0);
+  size_t nans = 0;
+  msg[0] = 0;
+  for (int i = 0; i < 3; i++) {
+    ratio[i] = k[i].r.n ? k[i].r.worst_ratio : 0;
+    nans += (size_t)(k[i].r.worst_ratio == INFINITY);
+    if (!msg[0] && k[i].r.n && !cc_ok(&k[i].r)) snprintf(msg, n, "%s", k[i].msg);
+  }
+  return nans;
+}
+
+static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0, int split1) {
+  bwd_case c;
+  case_init(bk, &c, B, sq, sk, q_pos0, split1);
+  char msg[1024];
+  double t0 = kh_now();
+  if (launch_case(bk, &c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  double r[3];
+  size_t nans = compare(bk, &c, r, msg, sizeof msg);
+  print_message("  %s B=%d S_q=%d S_k=%d pos %d%s: err/bound dk %.2f dk_rope %.2f dv %.2f (%.2f s)\n",
+                bk->kh.name + strlen("mla_attn_bwd_dkdv_sm90_"), B, sq, sk, q_pos0,
+                split1 ? " (as chunk 1)" : "", r[0], r[1], r[2], kh_now() - t0);
+  if (nans) fail_msg("%zu NaN outputs", nans);
+  if (msg[0]) fail_msg("%s", msg);
+  case_free(&c);
+}
+
+/* A shape with one configuration, causal and not: S = 1, S = 77 with batch 2 (no tile
+ * divides it; TMA rows past a batch item's end read the next one's: masked), a query shard
+ * at 60 of 100 keys (passed as the second chunk of the position contract), one at 130 of
+ * 200 (the diagonal inside a tile), more query tiles than stages (the ring wraps). */
+static void check_shape(int H, int dn, int dr, int dv, const char *const *sets, int n_sets) {
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(H, dn, dr, dv, causal);
+    for (int i = 0; i < n_sets; i++) kh_set(&s, sets[i]);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 1, 1, 1, 0, 0);
+    run_case(&bk, 2, 77, 77, 0, 0);
+    run_case(&bk, 1, 40, 100, 60, 1);
+    run_case(&bk, 1, 70, 200, 130, 0);
+    run_case(&bk, 1, 256, 128, 0, 0);
+    kh_free(&bk.kh);
+  }
+}
+
+/* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (2 consumers, split keys: the head
+ * loop), and packed keys with one consumer and 3 stages. */
+static void test_deepseek_heads(void **state) {
+  (void)state;
+  check_shape(2, 128, 64, 128, NULL, 0);
+  const char *b[] = {"block_n=64", "stages=3", "k_packed=1"};
+  check_shape(2, 128, 64, 128, b, 3);
+}
+/* An unusual MLA shape (d_n 96, d_r 32, d_v 64: 64B-swizzled K boxes of 32 columns,
+ * d_v < d_qk), one stage, two passes; and fp16. */
+static void test_unusual_heads(void **state) {
+  (void)state;
+  const char *a[] = {"stages=1", "two_pass=1"};
+  check_shape(3, 96, 32, 64, a, 2);
+  mg_kernel_spec s = make_spec(2, 96, 32, 64, 1);
+  snprintf(s.dtype, sizeof s.dtype, "fp16");
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 77, 150, 73, 0);
+  kh_free(&bk.kh);
+}
+/* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256): the default (two passes). */
+static void test_wide_heads(void **state) {
+  (void)state;
+  check_shape(2, 192, 64, 256, NULL, 0);
+}
+
+/* Each mutation of the rendered source must make the check fail or the launch be reported
+ * (a deadlock, a wgmma protocol error). */
+static void test_mutations_caught(void **state) {
+  (void)state;
+  static const char *const muts[] = {
+      "mbar_wait(&full[st], parity(j));",
+      "mbar_arrive(&empty[st]);",
+      "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait",
+      "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: LSE empty wait",
+      "mbar_arrive(&full[st]);",
+      "mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);",
+      "mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);",
+      "mbar_arrive(kv_empty);",
+      "wgmma_wait<1>();  // MUTATION: S wait",
+      "wgmma_wait<0>();  // MUTATION: dP wait",
+      "wgmma_wait<0>();  // MUTATION: dV dK wait",
+      /* two_pass = 1 (the dV pass's S wait) */
+      "wgmma_wait<0>();  // MUTATION: S wait (dV pass)",
+  };
+  const int n = (int)(sizeof muts / sizeof muts[0]);
+  for (int m = 0; m < n; m++) {
+    mg_kernel_spec s = make_spec(2, 64, 64, 64, 1);
+    kh_set(&s, "block_n=128"), kh_set(&s, "stages=2");
+    if (m == n - 1) kh_set(&s, "two_pass=1");
+    built_kernel bk;
+    build_edit(&s, muts[m], &bk);
+    bwd_case c;
+    case_init(&bk, &c, 1, 512, 256, 0, 0); /* 8 query tiles through a 2-stage ring, 2 heads */
+    char msg[1024];
+    int rc = launch_case(&bk, &c, msg, sizeof msg);
+    const char *how = "launch reported";
+    if (!rc) {
+      double r[3];
+      kt_noise_quiet = 1;
+      size_t nans = compare(&bk, &c, r, msg, sizeof msg);
+      kt_noise_quiet = 0;
+      if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", muts[m]);
+      how = "check failed";
+    }
+    print_message("  without '%s': %s: %.150s\n", muts[m], how, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+}
+
+/* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
+ * no stack frame and no static shared memory (causal). sh 0: DeepSeek-V3 heads at H 128,
+ * 1: the unusual shape at H 40, 2: the wide 256/256 heads. A covering sample is compiled
+ * (every kept configuration with MLAGEN_TEST_EXHAUSTIVE=1). */
+static void nvrtc_kept_configs(int sh) {
+  kh_sweep sw;
+  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  sw.max_smem = 227 * 1024;
+  const int shapes[3][3] = {{128, 64, 128}, {96, 32, 64}, {192, 64, 256}};
+  mg_kernel_spec cands[2 * 3 * 2 * 2];
+  int nc = 0;
+  for (int bn = 64; bn <= 128; bn *= 2)
+    for (int st = 1; st <= 3; st++)
+      for (int tp = 0; tp <= 1; tp++)
+        for (int kp = 0; kp <= 1; kp++) {
+          mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
+          char a[4][32];
+          snprintf(a[0], sizeof a[0], "block_n=%d", bn);
+          snprintf(a[1], sizeof a[1], "stages=%d", st);
+          snprintf(a[2], sizeof a[2], "two_pass=%d", tp);
+          snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
+          for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
+          cands[nc++] = s;
+        }
+  const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
+  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
+                kh_now() - sw.t0);
+  assert_true(kept >= (sh == 2 ? 2 : 8));
+  kh_sweep_close(&sw);
+}
+static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
+static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }
+static void test_nvrtc_kept_configs_wide(void **state) { (void)state; nvrtc_kept_configs(2); }
+
+int main(int argc, char **argv) {
+  kt_seed_init();
+  int rc = kh_test_main(argc, argv, NULL);
+  if (rc >= 0) return rc;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_deepseek_heads),
+      cmocka_unit_test(test_unusual_heads),
+      cmocka_unit_test(test_wide_heads),
+      cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
+      cmocka_unit_test(test_nvrtc_kept_configs_unusual),
+      cmocka_unit_test(test_nvrtc_kept_configs_wide),
+  };
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
+}
