@@ -36,9 +36,12 @@
 @ local SMEM_LIMIT = 227 * 1024       -- sm_90's opt-in dynamic shared memory per block
 @ local BM = 64
 @ -- fp32 accumulators per consumer thread: dK (d_qk/2) + dV (d_v/2) + S^T + dP^T (32 each);
-@ -- two_pass: the larger of the passes. Kept configurations compile without spills on
-@ -- sm_90a (tests/test_attn_bwd_sm90.c).
-@ local ACC_LIMIT = 224
+@ -- two_pass: the larger of the passes. One consumer has 255 registers per thread; with two
+@ -- (384 threads) ptxas allocates the whole kernel within 168 (setmaxnreg does not raise its
+@ -- budget), so fewer fit. The kept configurations compile without spills on sm_90a
+@ -- (tests/test_attn_bwd_sm90.c). DeepSeek's heads in one pass (224 accumulators) need 255
+@ -- registers and spill a little (k_packed): they run two passes.
+@ local function acc_limit(c) return c.block_n == 64 and 192 or 128 end
 @ local function box_w(d) return d % 64 == 0 and 64 or d % 32 == 0 and 32 or 16 end
 @ local function accumulators(c)
 @   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2, DQK // 2 + BM) end
@@ -93,9 +96,9 @@
 @     if DN % 16 ~= 0 or DR % 16 ~= 0 then return "d_n and d_r must be multiples of 16 (the wgmma k step)" end
 @     if DQK ~= 64 and DQK ~= 128 and DQK ~= 192 and DQK ~= 256 then return "d_n + d_r must be 64, 128, 192 or 256 (the N of dK += dS^T Q's wgmma)" end
 @     if DV ~= 64 and DV ~= 128 and DV ~= 192 and DV ~= 256 then return "d_v must be 64, 128, 192 or 256 (the N of dV += P^T dO's wgmma)" end
-@     if accumulators(c) > ACC_LIMIT then
+@     if accumulators(c) > acc_limit(c) then
 @       return string.format("%d fp32 accumulators per thread, over %d (registers would spill; two_pass = 1 needs fewer)",
-@                            accumulators(c), ACC_LIMIT)
+@                            accumulators(c), acc_limit(c))
 @     end
 @     if smem_bytes(c) > SMEM_LIMIT then
 @       return string.format("needs %d bytes of shared memory, over the %d-byte limit", smem_bytes(c), SMEM_LIMIT)
@@ -105,7 +108,7 @@
 @     for _, tp in ipairs({ 0, 1 }) do
 @       for _, p in ipairs({ { 128, 2 }, { 64, 2 }, { 64, 1 } }) do
 @         local c = { block_n = p[1], block_m = BM, stages = p[2], two_pass = tp, deterministic = 1, k_packed = 0 }
-@         if accumulators(c) <= ACC_LIMIT and smem_bytes(c) <= SMEM_LIMIT then return c end
+@         if accumulators(c) <= acc_limit(c) and smem_bytes(c) <= SMEM_LIMIT then return c end
 @       end
 @     end
 @     return { block_n = 64, block_m = BM, stages = 1, two_pass = 1, deterministic = 1, k_packed = 0 }
@@ -178,6 +181,16 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   return *reinterpret_cast<unsigned*>(&v);
 }
 
+// x, unknown to the compiler from here on: keeps the loop-invariant descriptors of K and V
+// from being hoisted out of the query-tile loop into registers (each is 64 bits; recomputing
+// them costs a few integer instructions per tile).
+__device__ __forceinline__ unsigned opaque(unsigned x) {
+#ifndef MG_HOST_EMULATION
+  asm volatile("" : "+r"(x));
+#endif
+  return x;
+}
+
 // K-major descriptor of k-step ks (16 columns) of a tile made of w-column TMA boxes of
 // `rows` rows at shared address base.
 __device__ __forceinline__ unsigned long long kdesc(unsigned base, unsigned rows, int w, int swz,
@@ -246,7 +259,9 @@ ${K.name}(
     for (int h = h_begin; h < h_end && n_vis > 0; ++h) {
       const int hi = h - h_begin;
       if (pt == 0) {
-        if (hi > 0) mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);  // MUTATION: kv empty wait
+        if (hi > 0) {
+          mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);  // MUTATION: kv empty wait
+        }
         const int row = b * seqlen_k + n0;
         mbar_arrive_expect_tx(kv_full, K_BYTES + V_BYTES);
         for (int c = 0; c < DN / WK; ++c)
@@ -306,8 +321,8 @@ ${K.name}(
   const int k0 = n0 + 64 * wg;                       // the warpgroup's first key
   const int kr0 = k0 + 16 * (t / 32) + (t % 32) / 4;  // this thread's keys kr0, kr0 + 8
   const float scale_log2 = softmax_scale * mla::LOG2E;
-  const unsigned k_addr = smem_u32(sK) + 64 * wg * 2 * WK;  // this warpgroup's rows of each box
-  const unsigned v_addr = smem_u32(sV) + 64 * wg * 2 * WV;
+  const unsigned k_base = smem_u32(sK) + 64 * wg * 2 * WK;  // this warpgroup's rows of each box
+  const unsigned v_base = smem_u32(sV) + 64 * wg * 2 * WV;
   const unsigned ring_addr = smem_u32(ring);
 
   float dk[DQK / 2];
@@ -319,7 +334,8 @@ ${K.name}(
 
   // S^T = K Q^T (stage st), issued, committed.
   auto issue_s = [&](int st) {
-    const unsigned q_addr = ring_addr + st * STAGE_BYTES;
+    const unsigned q_addr = opaque(ring_addr + st * STAGE_BYTES);
+    const unsigned k_addr = opaque(k_base);
     fence_operand(s);
     wgmma_fence();
 #pragma unroll
@@ -329,7 +345,8 @@ ${K.name}(
   };
   // dP^T = V dO^T (stage st), issued, committed.
   auto issue_dp = [&](int st) {
-    const unsigned o_addr = ring_addr + st * STAGE_BYTES + Q_BYTES;
+    const unsigned o_addr = opaque(ring_addr + st * STAGE_BYTES + Q_BYTES);
+    const unsigned v_addr = opaque(v_base);
     fence_operand(dp);
     wgmma_fence();
 #pragma unroll
@@ -356,19 +373,9 @@ ${K.name}(
       s[i] = p;
     }
   };
-  // A 64 x 16 k-step kk of a 64 x BM accumulator as the A register fragment of wgmma rs.
-  auto pack_a = [&](unsigned (&a)[BM / 16][4], const float (&x)[BM / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      a[kk][0] = pack2(x[8 * kk + 0], x[8 * kk + 1]);
-      a[kk][1] = pack2(x[8 * kk + 2], x[8 * kk + 3]);
-      a[kk][2] = pack2(x[8 * kk + 4], x[8 * kk + 5]);
-      a[kk][3] = pack2(x[8 * kk + 6], x[8 * kk + 7]);
-    }
-  };
   // dV += P^T dO: dO [query][d_v] as an MN-major B operand (boxes of WV columns BM rows apart).
   auto issue_dv = [&](int st, const unsigned (&a)[BM / 16][4]) {
-    const unsigned o_addr = ring_addr + st * STAGE_BYTES + Q_BYTES;
+    const unsigned o_addr = opaque(ring_addr + st * STAGE_BYTES + Q_BYTES);
     fence_operand(dv_acc);
     wgmma_fence();
 #pragma unroll
@@ -378,7 +385,7 @@ ${K.name}(
   };
   // dK += dS^T Q: Q [query][d_qk] as an MN-major B operand.
   auto issue_dk = [&](int st, const unsigned (&a)[BM / 16][4]) {
-    const unsigned q_addr = ring_addr + st * STAGE_BYTES;
+    const unsigned q_addr = opaque(ring_addr + st * STAGE_BYTES);
     fence_operand(dk);
     wgmma_fence();
 #pragma unroll
@@ -393,27 +400,35 @@ ${K.name}(
     const float* const ld = sLD + st * 2 * BM;
     mbar_wait(&full[st], parity(j));  // MUTATION: full wait
     issue_s(st);
-    if (do_dk) issue_dp(st);
-    if (do_dk)
+    if (do_dk) {
+      issue_dp(st);
       wgmma_wait<1>();  // MUTATION: S wait
-    else
+    } else {
       wgmma_wait<0>();  // MUTATION: S wait (dV pass)
+    }
     fence_operand(s);
     softmax(mt * BM, ld);
-    unsigned pa[BM / 16][4];
-    if (do_dv) {
-      pack_a(pa, s);
-      issue_dv(st, pa);
-    }
     if (do_dk) {
       wgmma_wait<0>();  // MUTATION: dP wait
       fence_operand(dp);
-#pragma unroll
-      for (int i = 0; i < BM / 2; ++i) dp[i] = s[i] * (dp[i] - ld[BM + 8 * (i / 4) + 2 * qd + (i % 2)]);
-      unsigned da[BM / 16][4];
-      pack_a(da, dp);
-      issue_dk(st, da);
     }
+    // P^T and dS^T = P^T (dP^T - delta) packed to 16 bits, element by element, so that S^T
+    // and dP^T die as the fragments fill (the peak is dK + dV + S^T + dP^T).
+    unsigned pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 8 * kk + 2 * e;  // elements i, i + 1: columns c, c + 1
+        if (do_dv) pa[kk][e] = pack2(s[i], s[i + 1]);
+        if (do_dk) {
+          const float dl = ld[BM + 8 * (i / 4) + 2 * qd];
+          const float dl1 = ld[BM + 8 * (i / 4) + 2 * qd + 1];
+          da[kk][e] = pack2(s[i] * (dp[i] - dl), s[i + 1] * (dp[i + 1] - dl1));
+        }
+      }
+    if (do_dv) issue_dv(st, pa);
+    if (do_dk) issue_dk(st, da);
     wgmma_wait<0>();  // MUTATION: dV dK wait
     if (do_dv) fence_operand(dv_acc);
     if (do_dk) fence_operand(dk);
@@ -460,7 +475,9 @@ ${K.name}(
       if (i < DN / 2 || !HEAD_LOOP) dk[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < DV / 2; ++i) dv_acc[i] = 0.f;
-    if (n_vis > 0) mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);  // MUTATION: kv full wait
+    if (n_vis > 0) {
+      mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);  // MUTATION: kv full wait
+    }
     if (TWO_PASS) {
       for (int mt = 0; mt < m_tiles; ++mt)
         if (visible(mt)) tile(j++, mt, true, false);
@@ -472,7 +489,9 @@ ${K.name}(
         if (visible(mt)) tile(j++, mt, true, true);
       store_dv(h);
     }
-    if (n_vis > 0) mbar_arrive(kv_empty);  // MUTATION: kv empty release
+    if (n_vis > 0) {
+      mbar_arrive(kv_empty);  // MUTATION: kv empty release
+    }
     store_dk(h);
   }
 }

@@ -1,8 +1,8 @@
-/* test_attn_bwd_sm90.c: the Hopper attention backward's dK/dV kernel
- * (templates/attn_bwd_dkdv_sm90.cu.tpl: a TMA ring on mbarriers, wgmma, a producer
- * warpgroup) run unchanged on the CPU through the host executor's sm_90a emulation
+/* test_attn_bwd_sm90.c: the Hopper attention backward (templates/attn_bwd_dkdv_sm90.cu.tpl,
+ * dK and dV, and attn_bwd_dq_sm90.cu.tpl, the deterministic dQ: TMA rings on mbarriers,
+ * wgmma, a producer warpgroup) run unchanged on the CPU through the host executor's sm_90a emulation
  * (tests/host/hopper_host.cpp), against the float64 reference of tests/attn_ref.h per element
- * with test_attn_bwd.c's tolerances (dk_nope / packed dk, dk_rope, dv: the same bounds,
+ * with test_attn_bwd.c's tolerances (dq, dk_nope / packed dk, dk_rope, dv: the same bounds,
  * flipped 16-bit roundings of P and dS included); every kept configuration compiled by NVRTC
  * for sm_90a without spills; and bugs injected into the rendered source (each mbarrier wait
  * and arrival, each wgmma wait) must fail the check or be reported by the executor.
@@ -38,10 +38,14 @@ typedef void (*dkdv_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, cons
                         e16 *dk_nope, float *dk_rope, e16 *dv, int seqlen_q, int seqlen_k,
                         int q_pos0, int q_split, int q_pos1, float softmax_scale,
                         const tmap_t *tmaps);
+typedef void (*dq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
+                      const e16 *dout, const float *lse, const float *delta, e16 *dq,
+                      int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                      float softmax_scale, const tmap_t *tmaps);
 
 typedef struct built_kernel {
   kh_kernel kh;
-  dkdv_fn fn;
+  int is_dq; /* attn_bwd_dq_sm90, else attn_bwd_dkdv_sm90 */
   int packed;
 } built_kernel;
 
@@ -63,15 +67,17 @@ static void build_edit(const mg_kernel_spec *spec, const char *blank, built_kern
   memset(out, 0, sizeof *out);
   assert_true(kh_build_edited(NULL, spec, 0, blank ? blank_edit : NULL, (void *)blank, &out->kh));
   out->packed = kh_config_int(&out->kh, "k_packed");
-  assert_int_equal(out->kh.threads, 128 * (kh_config_int(&out->kh, "block_n") / 64 + 1));
+  out->is_dq = !strcmp(spec->family, "attn_bwd_dq_sm90");
+  const int rows = kh_config_int(&out->kh, out->is_dq ? "block_m" : "block_n");
+  assert_int_equal(out->kh.threads, 128 * (rows / 64 + 1));
   assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
-  *(void **)&out->fn = out->kh.fn;
 }
 
-static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
+static const char *const FAMS[2] = {"attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90"};
+static mg_kernel_spec make_spec(int dq, int H, int dn, int dr, int dv, int causal) {
   mg_kernel_spec s;
   memset(&s, 0, sizeof s);
-  snprintf(s.family, sizeof s.family, "attn_bwd_dkdv_sm90");
+  snprintf(s.family, sizeof s.family, "%s", FAMS[dq]);
   s.heads = H, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = 512, s.causal = causal;
   snprintf(s.dtype, sizeof s.dtype, "bf16");
   return s;
@@ -86,8 +92,8 @@ typedef struct bwd_case {
   e16 *q, *kn, *kr, *v, *dout, *o16;
   float *lse32, *delta;
   size_t nq, nkn, nkr, nv, no, nl;
-  double *r_dkn, *r_dkr, *r_dv, *f_dkn, *f_dkr, *f_dv;
-  e16 *dkn, *dv;
+  double *r_dq, *r_dkn, *r_dkr, *r_dv, *f_dq, *f_dkn, *f_dkr, *f_dv;
+  e16 *dq, *dkn, *dv;
   float *dkr;
   tmap_t *tmaps; /* [5] */
 } bwd_case;
@@ -109,7 +115,6 @@ static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
   double *dout = kt_e16_to_d(f16, c->dout, c->no);
   double *k = kt_k_to_d(f16, packed, c->kn, c->kr, nk, H, dn, dr);
   double *dk = xcalloc(nk * dqk, sizeof *dk), *fdk = xcalloc(nk * dqk, sizeof *fdk);
-  double *dq = xcalloc(c->nq, sizeof *dq), *fdq = xcalloc(c->nq, sizeof *fdq);
   double *o = xcalloc(c->no, sizeof *o), *lse = xcalloc(c->nl, sizeof *lse);
   attn_ref_fwd(&d, q, k, v, o, lse);
   for (size_t i = 0; i < c->no; i++) c->o16[i] = float_to_e(s, (float)o[i]);
@@ -125,8 +130,8 @@ static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
           acc += o[row * s->d_v + e] * e_to_float(s, c->dout[row * s->d_v + e]);
         c->delta[((size_t)b * H + h) * c->sq + i] = (float)acc;
       }
-  const attn_ref_mixed mx = {o, lse, f16 ? round_f16 : round_bf16, FLIP_EPS, fdq, fdk, c->f_dv};
-  attn_ref_bwd(&d, q, k, v, dout, dq, dk, c->r_dv, NULL, NULL, &mx);
+  const attn_ref_mixed mx = {o, lse, f16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, fdk, c->f_dv};
+  attn_ref_bwd(&d, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
   for (size_t t = 0; t < nk; t++)
     for (int e = 0; e < dqk; e++)
       if (packed) {
@@ -139,7 +144,7 @@ static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
         c->r_dkr[t / H * dr + e - dn] += dk[t * dqk + e];
         c->f_dkr[t / H * dr + e - dn] += fdk[t * dqk + e];
       }
-  free(q), free(v), free(dout), free(k), free(dk), free(fdk), free(dq), free(fdq), free(o), free(lse);
+  free(q), free(v), free(dout), free(k), free(dk), free(fdk), free(o), free(lse);
 }
 
 static void encode_maps(const built_kernel *bk, bwd_case *c) {
@@ -177,6 +182,8 @@ static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk
   c->o16 = xcalloc(c->no, sizeof *c->o16);
   c->lse32 = xcalloc(c->nl, sizeof *c->lse32);
   c->delta = xcalloc(c->nl, sizeof *c->delta);
+  c->r_dq = xcalloc(c->nq, sizeof(double)), c->f_dq = xcalloc(c->nq, sizeof(double));
+  c->dq = xcalloc(c->nq, sizeof(e16));
   c->r_dkn = xcalloc(c->nkn, sizeof(double)), c->f_dkn = xcalloc(c->nkn, sizeof(double));
   c->r_dkr = xcalloc(c->nkr, sizeof(double)), c->f_dkr = xcalloc(c->nkr, sizeof(double));
   c->r_dv = xcalloc(c->nv, sizeof(double)), c->f_dv = xcalloc(c->nv, sizeof(double));
@@ -192,7 +199,7 @@ static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk
 static void case_free(bwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->dout), free(c->o16), free(c->lse32);
   free(c->delta), free(c->r_dkn), free(c->f_dkn), free(c->r_dkr), free(c->f_dkr), free(c->r_dv);
-  free(c->f_dv), free(c->dkn), free(c->dkr), free(c->dv), free(c->tmaps);
+  free(c->f_dv), free(c->r_dq), free(c->f_dq), free(c->dq), free(c->dkn), free(c->dkr), free(c->dv), free(c->tmaps);
 }
 
 typedef struct launch_args {
@@ -203,9 +210,15 @@ typedef struct launch_args {
 static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
-  a->bk->fn(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, NULL, c->dkn, c->kr ? c->dkr : NULL,
-            c->dv, c->sq, c->sk, c->split1 ? -1000 : c->q_pos0, c->split1 ? 0 : c->sq,
-            c->split1 ? c->q_pos0 : -1000, c->scale, c->tmaps);
+  const int p0 = c->split1 ? -1000 : c->q_pos0, split = c->split1 ? 0 : c->sq;
+  const int p1 = c->split1 ? c->q_pos0 : -1000;
+  if (a->bk->is_dq)
+    ((dq_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq, c->sq,
+                          c->sk, p0, split, p1, c->scale, c->tmaps);
+  else
+    ((dkdv_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, NULL, c->dkn,
+                            c->kr ? c->dkr : NULL, c->dv, c->sq, c->sk, p0, split, p1, c->scale,
+                            c->tmaps);
 }
 
 /* Launches (outputs NaN first) on the executor's default (shuffled) schedule with sm_90's
@@ -214,6 +227,7 @@ static int launch_case(const built_kernel *bk, bwd_case *c, char *msg, size_t n)
   for (size_t i = 0; i < c->nkn; i++) c->dkn[i] = 0x7fff;
   for (size_t i = 0; i < c->nkr; i++) c->dkr[i] = NAN;
   for (size_t i = 0; i < c->nv; i++) c->dv[i] = 0x7fff;
+  for (size_t i = 0; i < c->nq; i++) c->dq[i] = 0x7fff;
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
   if (grid.x == 0) return 0;
   mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
@@ -226,12 +240,14 @@ static int launch_case(const built_kernel *bk, bwd_case *c, char *msg, size_t n)
 
 /* test_attn_bwd.c's tolerances: |err| <= 2 NOISE rms + rtol |ref| + flip (rtol: the
  * storage's unit roundoff; fp32 for dk_rope). */
+#define NOISE_DQ 1e-6
 #define NOISE_DK 6.2e-6
 #define NOISE_DKR 3.3e-6
 #define NOISE_DV 1e-6
 
-/* Compares dk (nope or packed), dk_rope and dv per element; ratio[i]: the worst err/bound.
- * Returns NaN outputs; the first failure's message in msg (msg[0] 0 when all pass). */
+/* Compares dk (nope or packed), dk_rope and dv per element (dq: dq, in ratio[0]); ratio[i]:
+ * the worst err/bound. Returns NaN outputs; the first failure's message in msg (msg[0] 0
+ * when all pass). */
 static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[3], char *msg,
                       size_t n) {
   const mg_kernel_spec *s = &bk->kh.spec;
@@ -239,6 +255,15 @@ static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[3]
   const double r16 = kt_unit_roundoff(k16), r32 = kt_unit_roundoff(KT_F32);
   const size_t krows = (size_t)c->B * c->sk * H, wk = (size_t)(bk->packed ? dqk : s->d_n);
   kt_checked k[3];
+  msg[0] = 0;
+  if (bk->is_dq) {
+    const size_t qrows = (size_t)c->B * c->sq * H;
+    k[0] = kt_check_slack("dq_sm90 dq", k16, c->dq, c->r_dq, c->f_dq, qrows, dqk, 0, dqk,
+                          (kt_tol){2 * NOISE_DQ, r16}, 0);
+    ratio[0] = k[0].r.n ? k[0].r.worst_ratio : 0, ratio[1] = ratio[2] = 0;
+    if (k[0].r.n && !cc_ok(&k[0].r)) snprintf(msg, n, "%s", k[0].msg);
+    return (size_t)(k[0].r.worst_ratio == INFINITY);
+  }
   k[0] = kt_check_slack(bk->packed ? "dkdv_sm90 dk" : "dkdv_sm90 dk_nope", k16, c->dkn, c->r_dkn,
                         c->f_dkn, krows, wk, 0, wk, (kt_tol){2 * NOISE_DK, r16}, 0);
   k[1] = kt_check_slack("dkdv_sm90 dk_rope", KT_F32, c->dkr, c->r_dkr, c->f_dkr,
@@ -264,21 +289,27 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0, 
   if (launch_case(bk, &c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
   double r[3];
   size_t nans = compare(bk, &c, r, msg, sizeof msg);
-  print_message("  %s B=%d S_q=%d S_k=%d pos %d%s: err/bound dk %.2f dk_rope %.2f dv %.2f (%.2f s)\n",
-                bk->kh.name + strlen("mla_attn_bwd_dkdv_sm90_"), B, sq, sk, q_pos0,
-                split1 ? " (as chunk 1)" : "", r[0], r[1], r[2], kh_now() - t0);
+  if (bk->is_dq)
+    print_message("  %s B=%d S_q=%d S_k=%d pos %d%s: err/bound dq %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_attn_bwd_dq_sm90_"), B, sq, sk, q_pos0,
+                  split1 ? " (as chunk 1)" : "", r[0], kh_now() - t0);
+  else
+    print_message("  %s B=%d S_q=%d S_k=%d pos %d%s: err/bound dk %.2f dk_rope %.2f dv %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_attn_bwd_dkdv_sm90_"), B, sq, sk, q_pos0,
+                  split1 ? " (as chunk 1)" : "", r[0], r[1], r[2], kh_now() - t0);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
   case_free(&c);
 }
 
-/* A shape with one configuration, causal and not: S = 1, S = 77 with batch 2 (no tile
- * divides it; TMA rows past a batch item's end read the next one's: masked), a query shard
- * at 60 of 100 keys (passed as the second chunk of the position contract), one at 130 of
- * 200 (the diagonal inside a tile), more query tiles than stages (the ring wraps). */
-static void check_shape(int H, int dn, int dr, int dv, const char *const *sets, int n_sets) {
+/* A shape with one configuration of family dq (0: dkdv, 1: dq), causal and not: S = 1,
+ * S = 77 with batch 2 (no tile divides it; TMA rows past a batch item's end read the next
+ * one's: masked), a query shard at 60 of 100 keys (passed as the second chunk of the
+ * position contract), one at 130 of 200 (the diagonal inside a tile), more query and key
+ * tiles than stages (the rings wrap). */
+static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const *sets, int n_sets) {
   for (int causal = 1; causal >= 0; causal--) {
-    mg_kernel_spec s = make_spec(H, dn, dr, dv, causal);
+    mg_kernel_spec s = make_spec(dq, H, dn, dr, dv, causal);
     for (int i = 0; i < n_sets; i++) kh_set(&s, sets[i]);
     built_kernel bk;
     build_edit(&s, NULL, &bk);
@@ -286,66 +317,91 @@ static void check_shape(int H, int dn, int dr, int dv, const char *const *sets, 
     run_case(&bk, 2, 77, 77, 0, 0);
     run_case(&bk, 1, 40, 100, 60, 1);
     run_case(&bk, 1, 70, 200, 130, 0);
-    run_case(&bk, 1, 256, 128, 0, 0);
+    run_case(&bk, 1, dq ? 128 : 256, dq ? 256 : 128, 0, 0);
     kh_free(&bk.kh);
   }
 }
 
-/* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (2 consumers, split keys: the head
- * loop), and packed keys with one consumer and 3 stages. */
+/* DeepSeek-V3 heads (d_qk 192, d_v 128): the defaults (one consumer warpgroup; split keys:
+ * dK/dV's head loop), and packed keys with 3 stages (dK/dV) or block_n 128 (dQ). */
 static void test_deepseek_heads(void **state) {
   (void)state;
-  check_shape(2, 128, 64, 128, NULL, 0);
+  check_shape(0, 2, 128, 64, 128, NULL, 0);
   const char *b[] = {"block_n=64", "stages=3", "k_packed=1"};
-  check_shape(2, 128, 64, 128, b, 3);
+  check_shape(0, 2, 128, 64, 128, b, 3);
+}
+static void test_deepseek_heads_dq(void **state) {
+  (void)state;
+  check_shape(1, 2, 128, 64, 128, NULL, 0);
+  const char *b[] = {"block_n=128", "stages=2", "k_packed=1"};
+  check_shape(1, 2, 128, 64, 128, b, 3);
 }
 /* An unusual MLA shape (d_n 96, d_r 32, d_v 64: 64B-swizzled K boxes of 32 columns,
- * d_v < d_qk), one stage, two passes; and fp16. */
+ * d_v < d_qk), two consumer warpgroups (dK/dV with one stage and two passes), and fp16. */
 static void test_unusual_heads(void **state) {
   (void)state;
-  const char *a[] = {"stages=1", "two_pass=1"};
-  check_shape(3, 96, 32, 64, a, 2);
-  mg_kernel_spec s = make_spec(2, 96, 32, 64, 1);
-  snprintf(s.dtype, sizeof s.dtype, "fp16");
-  built_kernel bk;
-  build_edit(&s, NULL, &bk);
-  run_case(&bk, 2, 77, 150, 73, 0);
-  kh_free(&bk.kh);
+  const char *a[] = {"block_n=128", "stages=1", "two_pass=1"};
+  check_shape(0, 3, 96, 32, 64, a, 3);
+  const char *b[] = {"block_m=128"};
+  check_shape(1, 3, 96, 32, 64, b, 1);
+  for (int dq = 0; dq < 2; dq++) {
+    mg_kernel_spec s = make_spec(dq, 2, 96, 32, 64, 1);
+    snprintf(s.dtype, sizeof s.dtype, "fp16");
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 2, 77, 150, 73, 0);
+    kh_free(&bk.kh);
+  }
 }
-/* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256): the default (two passes). */
+/* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256): the defaults (dK/dV: two
+ * passes). */
 static void test_wide_heads(void **state) {
   (void)state;
-  check_shape(2, 192, 64, 256, NULL, 0);
+  check_shape(0, 2, 192, 64, 256, NULL, 0);
+  check_shape(1, 2, 192, 64, 256, NULL, 0);
 }
 
 /* Each mutation of the rendered source must make the check fail or the launch be reported
- * (a deadlock, a wgmma protocol error). */
+ * (a deadlock, a wgmma or mbarrier protocol error). */
+typedef struct mutation {
+  int dq, two_pass;
+  const char *blank;
+} mutation;
 static void test_mutations_caught(void **state) {
   (void)state;
-  static const char *const muts[] = {
-      "mbar_wait(&full[st], parity(j));",
-      "mbar_arrive(&empty[st]);",
-      "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait",
-      "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: LSE empty wait",
-      "mbar_arrive(&full[st]);",
-      "mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);",
-      "mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);",
-      "mbar_arrive(kv_empty);",
-      "wgmma_wait<1>();  // MUTATION: S wait",
-      "wgmma_wait<0>();  // MUTATION: dP wait",
-      "wgmma_wait<0>();  // MUTATION: dV dK wait",
-      /* two_pass = 1 (the dV pass's S wait) */
-      "wgmma_wait<0>();  // MUTATION: S wait (dV pass)",
+  static const mutation muts[] = {
+      {0, 0, "mbar_wait(&full[st], parity(j));"},
+      {0, 0, "mbar_arrive(&empty[st]);"},
+      {0, 0, "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait"},
+      {0, 0, "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: LSE empty wait"},
+      {0, 0, "mbar_arrive(&full[st]);"},
+      {0, 0, "mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);"},
+      {0, 0, "mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);"},
+      {0, 0, "mbar_arrive(kv_empty);"},
+      {0, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
+      {0, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
+      {0, 0, "wgmma_wait<0>();  // MUTATION: dV dK wait"},
+      {0, 1, "wgmma_wait<0>();  // MUTATION: S wait (dV pass)"},
+      {1, 0, "mbar_wait(q_full, 0);"},
+      {1, 0, "mbar_wait(&full[st], parity(j));  // MUTATION: full wait"},
+      {1, 0, "mbar_wait(&empty[st], ph ^ 1u);"},
+      {1, 0, "mbar_arrive(&empty[st]);  // MUTATION: empty release"},
+      {1, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
+      {1, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
+      {1, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
   };
-  const int n = (int)(sizeof muts / sizeof muts[0]);
-  for (int m = 0; m < n; m++) {
-    mg_kernel_spec s = make_spec(2, 64, 64, 64, 1);
-    kh_set(&s, "block_n=128"), kh_set(&s, "stages=2");
-    if (m == n - 1) kh_set(&s, "two_pass=1");
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
+    const mutation *mu = &muts[m];
+    mg_kernel_spec s = make_spec(mu->dq, 2, 64, 64, 64, 1);
+    /* dK/dV: one consumer in one pass, two in two passes; dQ: two consumers */
+    kh_set(&s, mu->dq ? "block_m=128" : mu->two_pass ? "block_n=128" : "block_n=64");
+    kh_set(&s, "stages=2");
+    if (mu->two_pass) kh_set(&s, "two_pass=1");
     built_kernel bk;
-    build_edit(&s, muts[m], &bk);
+    build_edit(&s, mu->blank, &bk);
     bwd_case c;
-    case_init(&bk, &c, 1, 512, 256, 0, 0); /* 8 query tiles through a 2-stage ring, 2 heads */
+    /* dK/dV: 8 query tiles through a 2-stage ring, 2 heads; dQ: 4 key tiles */
+    case_init(&bk, &c, 1, mu->dq ? 256 : 512, 256, 0, 0);
     char msg[1024];
     int rc = launch_case(&bk, &c, msg, sizeof msg);
     const char *how = "launch reported";
@@ -354,16 +410,16 @@ static void test_mutations_caught(void **state) {
       kt_noise_quiet = 1;
       size_t nans = compare(&bk, &c, r, msg, sizeof msg);
       kt_noise_quiet = 0;
-      if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", muts[m]);
+      if (!nans && !msg[0]) fail_msg("%s: removing '%s' was not caught", FAMS[mu->dq], mu->blank);
       how = "check failed";
     }
-    print_message("  without '%s': %s: %.150s\n", muts[m], how, msg);
+    print_message("  %s without '%s': %s: %.120s\n", FAMS[mu->dq], mu->blank, how, msg);
     case_free(&c);
     kh_free(&bk.kh);
   }
 }
 
-/* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
+/* The configurations the templates' checks keep compile for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory (causal). sh 0: DeepSeek-V3 heads at H 128,
  * 1: the unusual shape at H 40, 2: the wide 256/256 heads. A covering sample is compiled
  * (every kept configuration with MLAGEN_TEST_EXHAUSTIVE=1). */
@@ -372,13 +428,14 @@ static void nvrtc_kept_configs(int sh) {
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
   const int shapes[3][3] = {{128, 64, 128}, {96, 32, 64}, {192, 64, 256}};
-  mg_kernel_spec cands[2 * 3 * 2 * 2];
+  mg_kernel_spec cands[2 * 3 * 2 * 2 + 2 * 2 * 2 * 2];
   int nc = 0;
+  const int H = sh == 1 ? 40 : 128, dn = shapes[sh][0], dr = shapes[sh][1], dv = shapes[sh][2];
   for (int bn = 64; bn <= 128; bn *= 2)
     for (int st = 1; st <= 3; st++)
       for (int tp = 0; tp <= 1; tp++)
         for (int kp = 0; kp <= 1; kp++) {
-          mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
+          mg_kernel_spec s = make_spec(0, H, dn, dr, dv, 1);
           char a[4][32];
           snprintf(a[0], sizeof a[0], "block_n=%d", bn);
           snprintf(a[1], sizeof a[1], "stages=%d", st);
@@ -387,10 +444,23 @@ static void nvrtc_kept_configs(int sh) {
           for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
           cands[nc++] = s;
         }
+  for (int bm = 64; bm <= 128; bm *= 2)
+    for (int bn = 64; bn <= 128; bn *= 2)
+      for (int st = 2; st <= 3; st++)
+        for (int kp = 0; kp <= 1; kp++) {
+          mg_kernel_spec s = make_spec(1, H, dn, dr, dv, 1);
+          char a[4][32];
+          snprintf(a[0], sizeof a[0], "block_m=%d", bm);
+          snprintf(a[1], sizeof a[1], "block_n=%d", bn);
+          snprintf(a[2], sizeof a[2], "stages=%d", st);
+          snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
+          for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
+          cands[nc++] = s;
+        }
   const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
                 kh_now() - sw.t0);
-  assert_true(kept >= (sh == 2 ? 2 : 8));
+  assert_true(kept >= (sh == 2 ? 4 : 12));
   kh_sweep_close(&sw);
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
@@ -403,6 +473,7 @@ int main(int argc, char **argv) {
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek_heads),
+      cmocka_unit_test(test_deepseek_heads_dq),
       cmocka_unit_test(test_unusual_heads),
       cmocka_unit_test(test_wide_heads),
       cmocka_unit_test(test_mutations_caught),

@@ -22,8 +22,10 @@ static const char help[] =
     "  --set k=v        override a tunable of every family (e.g. block_m=64), or of one\n"
     "                   family with family.k=v (e.g. explicit_fwd.block_m=16); repeatable\n"
     "  --family F       also render a family no plan runs yet: attn_fwd_sm90 (the sm_90a\n"
-    "                   TMA/wgmma forward), one per attn_fwd kernel, with its default\n"
-    "                   tunables, k_packed as attn_fwd's, and the --set overrides\n"
+    "                   TMA/wgmma forward), one per attn_fwd kernel; attn_bwd_dkdv_sm90\n"
+    "                   and attn_bwd_dq_sm90 (its backward), one per attn_bwd_dkdv /\n"
+    "                   attn_bwd_dq kernel; each with its default\n"
+    "                   tunables, k_packed as its companion's, and the --set overrides\n"
     "                   (family.k=v ones are safest); repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 
