@@ -37,14 +37,17 @@
 @ local BM = 64
 @ -- fp32 accumulators per consumer thread: dK (d_qk/2) + dV (d_v/2) + S^T + dP^T (32 each);
 @ -- two_pass: the larger of the passes. One consumer has 255 registers per thread; with two
-@ -- (384 threads) ptxas allocates the whole kernel within 168 (setmaxnreg does not raise its
-@ -- budget), so fewer fit. The kept configurations compile without spills on sm_90a
+@ -- (block_n 128: 384 threads) ptxas allocated the whole kernel within 168 and spilled even
+@ -- the smallest heads tried (d_qk 64, d_v 64, 96 accumulators, two passes), so block_n 128
+@ -- is not offered (the code keeps the consumer count general). The kept configurations compile without spills on sm_90a
 @ -- (tests/test_attn_bwd_sm90.c). DeepSeek's heads in one pass (224 accumulators) need 255
 @ -- registers and spill a little (k_packed): they run two passes.
-@ local function acc_limit(c) return c.block_n == 64 and 192 or 128 end
+@ local function acc_limit(c) return c.block_n == 64 and 192 or 0 end
 @ local function box_w(d) return d % 64 == 0 and 64 or d % 32 == 0 and 32 or 16 end
 @ local function accumulators(c)
-@   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2, DQK // 2 + BM) end
+@   -- (the first pass: dV, S^T, P^T packed, and with split keys dK's RoPE columns summed
+@   -- over the heads; the second: dK, S^T, dP^T)
+@   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2 + BM // 4 + (c.k_packed == 1 and 0 or DR // 2), DQK // 2 + BM) end
 @   return DQK // 2 + DV // 2 + BM
 @ end
 @ local function smem_bytes(c)
@@ -85,7 +88,7 @@
 @       doc = "5 CUtensorMaps (128 bytes each; 64-byte aligned) in device memory, made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
 @   },
 @   tunables = {
-@     block_n   = { values = { 64, 128 },   doc = "keys per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
+@     block_n   = { values = { 64 },        doc = "keys per CTA: 64 per consumer warpgroup (128, two consumers, spills: see the register note)" },
 @     block_m   = { values = { 64 },        doc = "query rows per streamed tile (the N of S^T = K Q^T's wgmma)" },
 @     stages    = { values = { 1, 2, 3 },   doc = "query tiles (Q, dO, LSE, delta) in the TMA ring" },
 @     two_pass  = { values = { 0, 1 },      doc = "1: dV in a first pass over the query tiles, dK in a second (wide heads: dK and dV do not fit in registers together)" },
@@ -106,7 +109,7 @@
 @   end,
 @   default = function(s)
 @     for _, tp in ipairs({ 0, 1 }) do
-@       for _, p in ipairs({ { 128, 2 }, { 64, 2 }, { 64, 1 } }) do
+@       for _, p in ipairs({ { 64, 2 }, { 64, 1 } }) do
 @         local c = { block_n = p[1], block_m = BM, stages = p[2], two_pass = tp, deterministic = 1, k_packed = 0 }
 @         if accumulators(c) <= acc_limit(c) and smem_bytes(c) <= SMEM_LIMIT then return c end
 @       end
@@ -467,14 +470,21 @@ ${K.name}(
     }
   };
 
-  int j = 0;
-  for (int h = h_begin; h < h_end; ++h) {
-    // dK_nope and dV are per head; dK's RoPE columns sum over the head loop.
+  // dK_nope and dV are per head; dK's RoPE columns sum over the head loop. dK's per-head
+  // part is zeroed just before its pass, so that with two passes it is not live in the first.
+  // (The zero comes through opaque(): the compiler cannot hoist the stores of a constant
+  // into the first pass, where dV fills the registers: with wide heads, both would spill.)
+  auto zero_dk = [&]() {
+    const float z = __uint_as_float(opaque(0u));
 #pragma unroll
     for (int i = 0; i < DQK / 2; ++i)
-      if (i < DN / 2 || !HEAD_LOOP) dk[i] = 0.f;
+      if (i < DN / 2 || !HEAD_LOOP) dk[i] = z;
+  };
+  int j = 0;
+  for (int h = h_begin; h < h_end; ++h) {
+    const float z = __uint_as_float(opaque(0u));  // (as zero_dk's: not hoisted into the last head)
 #pragma unroll
-    for (int i = 0; i < DV / 2; ++i) dv_acc[i] = 0.f;
+    for (int i = 0; i < DV / 2; ++i) dv_acc[i] = z;
     if (n_vis > 0) {
       mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);  // MUTATION: kv full wait
     }
@@ -482,9 +492,11 @@ ${K.name}(
       for (int mt = 0; mt < m_tiles; ++mt)
         if (visible(mt)) tile(j++, mt, true, false);
       store_dv(h);
+      zero_dk();
       for (int mt = 0; mt < m_tiles; ++mt)
         if (visible(mt)) tile(j++, mt, false, true);
     } else {
+      zero_dk();
       for (int mt = 0; mt < m_tiles; ++mt)
         if (visible(mt)) tile(j++, mt, true, true);
       store_dv(h);

@@ -337,12 +337,14 @@ static void test_deepseek_heads_dq(void **state) {
   check_shape(1, 2, 128, 64, 128, b, 3);
 }
 /* An unusual MLA shape (d_n 96, d_r 32, d_v 64: 64B-swizzled K boxes of 32 columns,
- * d_v < d_qk), two consumer warpgroups (dK/dV with one stage and two passes), and fp16. */
+ * d_v < d_qk; dK/dV with one stage and two passes, dQ with block_n 128), and fp16; and
+ * dQ with two consumer warpgroups on small heads (d_n 32, d_r 32, d_v 64), which only heads
+ * this small fit in registers. */
 static void test_unusual_heads(void **state) {
   (void)state;
-  const char *a[] = {"block_n=128", "stages=1", "two_pass=1"};
-  check_shape(0, 3, 96, 32, 64, a, 3);
-  const char *b[] = {"block_m=128"};
+  const char *a[] = {"stages=1", "two_pass=1"};
+  check_shape(0, 3, 96, 32, 64, a, 2);
+  const char *b[] = {"block_n=128"};
   check_shape(1, 3, 96, 32, 64, b, 1);
   for (int dq = 0; dq < 2; dq++) {
     mg_kernel_spec s = make_spec(dq, 2, 96, 32, 64, 1);
@@ -352,12 +354,16 @@ static void test_unusual_heads(void **state) {
     run_case(&bk, 2, 77, 150, 73, 0);
     kh_free(&bk.kh);
   }
+  const char *d[] = {"block_m=128"};
+  check_shape(1, 2, 32, 32, 64, d, 1);
 }
 /* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256): the defaults (dK/dV: two
- * passes). */
+ * passes), dK/dV with packed keys (split keys keep dK's RoPE columns in registers across
+ * the heads: with them, the first pass does not fit). */
 static void test_wide_heads(void **state) {
   (void)state;
-  check_shape(0, 2, 192, 64, 256, NULL, 0);
+  const char *a[] = {"k_packed=1"};
+  check_shape(0, 2, 192, 64, 256, a, 1);
   check_shape(1, 2, 192, 64, 256, NULL, 0);
 }
 
@@ -392,9 +398,9 @@ static void test_mutations_caught(void **state) {
   };
   for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
     const mutation *mu = &muts[m];
-    mg_kernel_spec s = make_spec(mu->dq, 2, 64, 64, 64, 1);
-    /* dK/dV: one consumer in one pass, two in two passes; dQ: two consumers */
-    kh_set(&s, mu->dq ? "block_m=128" : mu->two_pass ? "block_n=128" : "block_n=64");
+    mg_kernel_spec s = make_spec(mu->dq, 2, 32, 32, 64, 1);
+    /* dQ: two consumers */
+    if (mu->dq) kh_set(&s, "block_m=128");
     kh_set(&s, "stages=2");
     if (mu->two_pass) kh_set(&s, "two_pass=1");
     built_kernel bk;
@@ -421,23 +427,27 @@ static void test_mutations_caught(void **state) {
 
 /* The configurations the templates' checks keep compile for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory (causal). sh 0: DeepSeek-V3 heads at H 128,
- * 1: the unusual shape at H 40, 2: the wide 256/256 heads. A covering sample is compiled
+ * 1: the unusual shape at H 40 (and 3, the small heads, at H 16), 2: the wide 256/256 heads. A covering sample is compiled
  * (every kept configuration with MLAGEN_TEST_EXHAUSTIVE=1). */
+static void nvrtc_shape(int sh);
 static void nvrtc_kept_configs(int sh) {
+  if (sh == 1) nvrtc_shape(3); /* the small heads of the two-consumer and mutation tests */
+  nvrtc_shape(sh);
+}
+static void nvrtc_shape(int sh) {
   kh_sweep sw;
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
-  const int shapes[3][3] = {{128, 64, 128}, {96, 32, 64}, {192, 64, 256}};
-  mg_kernel_spec cands[2 * 3 * 2 * 2 + 2 * 2 * 2 * 2];
+  const int shapes[4][3] = {{128, 64, 128}, {96, 32, 64}, {192, 64, 256}, {32, 32, 64}};
+  mg_kernel_spec cands[3 * 2 * 2 + 2 * 2 * 2 * 2];
   int nc = 0;
-  const int H = sh == 1 ? 40 : 128, dn = shapes[sh][0], dr = shapes[sh][1], dv = shapes[sh][2];
-  for (int bn = 64; bn <= 128; bn *= 2)
-    for (int st = 1; st <= 3; st++)
-      for (int tp = 0; tp <= 1; tp++)
-        for (int kp = 0; kp <= 1; kp++) {
+  const int H = sh == 1 ? 40 : sh == 3 ? 16 : 128, dn = shapes[sh][0], dr = shapes[sh][1], dv = shapes[sh][2];
+  for (int st = 1; st <= 3; st++)
+    for (int tp = 0; tp <= 1; tp++)
+      for (int kp = 0; kp <= 1; kp++) {
           mg_kernel_spec s = make_spec(0, H, dn, dr, dv, 1);
           char a[4][32];
-          snprintf(a[0], sizeof a[0], "block_n=%d", bn);
+          snprintf(a[0], sizeof a[0], "block_n=%d", 64);
           snprintf(a[1], sizeof a[1], "stages=%d", st);
           snprintf(a[2], sizeof a[2], "two_pass=%d", tp);
           snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
@@ -460,7 +470,7 @@ static void nvrtc_kept_configs(int sh) {
   const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
                 kh_now() - sw.t0);
-  assert_true(kept >= (sh == 2 ? 4 : 12));
+  assert_true(kept >= (sh == 2 ? 3 : 6));
   kh_sweep_close(&sw);
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }

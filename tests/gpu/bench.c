@@ -1332,7 +1332,9 @@ done:
  * mma.sync kernels (bwd_dkdv_det, bwd_dq) beside the sm_90a ones (bwd_dkdv_sm90,
  * bwd_dq_sm90), each alone, then the pipelines bwd_det (attn_bwd_pre + attn_bwd_dkdv
  * deterministic + attn_bwd_dq) and bwd_det_sm90 (attn_bwd_pre + the two sm_90a kernels),
- * which carry the backward's FLOPs (MLA.md: 2 H pairs (3 d_qk + 2 d_v)). Inputs as
+ * which carry the backward's FLOPs (MLA.md: 2 H pairs (3 d_qk + 2 d_v)), and fwd+bwd_det /
+ * fwd+bwd_sm90 (op fwd_bwd: attn_fwd's / attn_fwd_sm90's causal median from time_sm90
+ * plus the pipeline's). Inputs as
  * time_shape's (O and LSE from attn_fwd, delta from attn_bwd_pre). Returns -1 on a CUDA
  * error. */
 typedef struct bctx {
@@ -1405,6 +1407,8 @@ static int time_sm90_bwd(const kset *ks, int S) {
       {-1, "bwd_det", "bwd", f_bwd, b_pipe},
       {-2, "bwd_det_sm90", "bwd", f_bwd, b_pipe},
   };
+  double ms_bwd[2] = {0, 0};
+  int it_bwd[2] = {0, 0};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     x.which = rows[i].which;
     double ms;
@@ -1412,7 +1416,21 @@ static int time_sm90_bwd(const kset *ks, int S) {
     if (time_row(rows[i].label, blaunch, &x, n_sets, &ms, &iters)) goto done;
     add_row(rows[i].label, rows[i].op, H, S, ms, rows[i].flops, rows[i].bytes, iters);
     print_row(&g_rows[g_n_rows - 1]);
+    if (x.which < 0) ms_bwd[-x.which - 1] = ms, it_bwd[-x.which - 1] = iters;
   }
+  /* forward + backward (op fwd_bwd, beside the peers' fwd_bwd rows): the causal forward's
+   * median from time_sm90's row at (H, S) plus the pipeline's */
+  const char *const fwd[2] = {"attn_fwd", "attn_fwd_sm90"}, *const fb[2] = {"fwd+bwd_det", "fwd+bwd_sm90"};
+  const double f_fwd = 2.0 * H * pairs * (DQK + DV);
+  for (int k = 0; k < 2; k++)
+    for (int r = 0; r < g_n_rows; r++) {
+      const row *f = &g_rows[r];
+      if (strcmp(f->kernel, fwd[k]) || f->H != H || f->S != S || !f->causal) continue;
+      add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[k], f_fwd + f_bwd,
+              (b_q + b_kn + b_kr + b_v + b_o) + (b_o + b_l) + b_pipe, f->iters < it_bwd[k] ? f->iters : it_bwd[k]);
+      print_row(&g_rows[g_n_rows - 1]);
+      break;
+    }
   rc = 0;
 done:
   while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
