@@ -302,28 +302,30 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0, 
   case_free(&c);
 }
 
-/* A shape with one configuration of family dq (0: dkdv, 1: dq), causal and not: S = 1,
- * S = 77 with batch 2 (no tile divides it; TMA rows past a batch item's end read the next
- * one's: masked), a query shard at 60 of 100 keys (passed as the second chunk of the
- * position contract), one at 130 of 200 (the diagonal inside a tile), more query and key
- * tiles than stages (the rings wrap). */
+/* A shape with one configuration of family dq (0: dkdv, 1: dq), causal: S = 1, S = 77 with
+ * batch 2 (no tile divides it; TMA rows past a batch item's end read the next one's:
+ * masked), a query shard at 60 of 100 keys (passed as the second chunk of the position
+ * contract), one at 130 of 200 (the diagonal inside a tile), more query and key tiles than
+ * stages (the rings wrap); non-causal (no mask but the ends): S = 77 with batch 2 and the
+ * shard at 130 of 200. */
 static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const *sets, int n_sets) {
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(dq, H, dn, dr, dv, causal);
     for (int i = 0; i < n_sets; i++) kh_set(&s, sets[i]);
     built_kernel bk;
     build_edit(&s, NULL, &bk);
-    run_case(&bk, 1, 1, 1, 0, 0);
+    if (causal) run_case(&bk, 1, 1, 1, 0, 0);
     run_case(&bk, 2, 77, 77, 0, 0);
-    run_case(&bk, 1, 40, 100, 60, 1);
+    if (causal) run_case(&bk, 1, 40, 100, 60, 1);
     run_case(&bk, 1, 70, 200, 130, 0);
-    run_case(&bk, 1, dq ? 128 : 256, dq ? 256 : 128, 0, 0);
+    if (causal) run_case(&bk, 1, dq ? 128 : 256, dq ? 256 : 128, 0, 0);
     kh_free(&bk.kh);
   }
 }
 
-/* DeepSeek-V3 heads (d_qk 192, d_v 128): the defaults (one consumer warpgroup; split keys:
- * dK/dV's head loop), and packed keys with 3 stages (dK/dV) or block_n 128 (dQ). */
+/* DeepSeek-V3 heads (d_qk 192, d_v 128): the defaults (two consumer warpgroups; split keys:
+ * dK/dV's head loop; dK/dV in two passes), and packed keys with one consumer and 3 stages
+ * (dK/dV) or block_n 128 (dQ). */
 static void test_deepseek_heads(void **state) {
   (void)state;
   check_shape(0, 2, 128, 64, 128, NULL, 0);
@@ -333,19 +335,19 @@ static void test_deepseek_heads(void **state) {
 static void test_deepseek_heads_dq(void **state) {
   (void)state;
   check_shape(1, 2, 128, 64, 128, NULL, 0);
-  const char *b[] = {"block_n=128", "stages=2", "k_packed=1"};
+  const char *b[] = {"block_m=64", "block_n=128", "k_packed=1"};
   check_shape(1, 2, 128, 64, 128, b, 3);
 }
 /* An unusual MLA shape (d_n 96, d_r 32, d_v 64: 64B-swizzled K boxes of 32 columns,
- * d_v < d_qk; dK/dV with one stage and two passes, dQ with block_n 128), and fp16; and
- * dQ with two consumer warpgroups on small heads (d_n 32, d_r 32, d_v 64), which only heads
- * this small fit in registers. */
+ * d_v < d_qk; one consumer warpgroup: dK/dV with one stage and two passes, dQ with
+ * block_n 128), and fp16 (the defaults: two consumers, dK/dV in one pass); and small heads
+ * (d_n 32, d_r 32, d_v 64; the defaults). */
 static void test_unusual_heads(void **state) {
   (void)state;
-  const char *a[] = {"stages=1", "two_pass=1"};
-  check_shape(0, 3, 96, 32, 64, a, 2);
-  const char *b[] = {"block_n=128"};
-  check_shape(1, 3, 96, 32, 64, b, 1);
+  const char *a[] = {"block_n=64", "stages=1", "two_pass=1"};
+  check_shape(0, 3, 96, 32, 64, a, 3);
+  const char *b[] = {"block_m=64", "block_n=128"};
+  check_shape(1, 3, 96, 32, 64, b, 2);
   for (int dq = 0; dq < 2; dq++) {
     mg_kernel_spec s = make_spec(dq, 2, 96, 32, 64, 1);
     snprintf(s.dtype, sizeof s.dtype, "fp16");
@@ -354,8 +356,13 @@ static void test_unusual_heads(void **state) {
     run_case(&bk, 2, 77, 150, 73, 0);
     kh_free(&bk.kh);
   }
-  const char *d[] = {"block_m=128"};
-  check_shape(1, 2, 32, 32, 64, d, 1);
+  for (int dq = 0; dq < 2; dq++) {
+    mg_kernel_spec s = make_spec(dq, 2, 32, 32, 64, 1);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 2, 77, 150, 73, 0);
+    kh_free(&bk.kh);
+  }
 }
 /* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256): the defaults (dK/dV: two
  * passes), dK/dV with packed keys (split keys keep dK's RoPE columns in registers across
@@ -399,15 +406,13 @@ static void test_mutations_caught(void **state) {
   for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
     const mutation *mu = &muts[m];
     mg_kernel_spec s = make_spec(mu->dq, 2, 32, 32, 64, 1);
-    /* dQ: two consumers */
-    if (mu->dq) kh_set(&s, "block_m=128");
     kh_set(&s, "stages=2");
     if (mu->two_pass) kh_set(&s, "two_pass=1");
     built_kernel bk;
     build_edit(&s, mu->blank, &bk);
     bwd_case c;
-    /* dK/dV: 8 query tiles through a 2-stage ring, 2 heads; dQ: 4 key tiles */
-    case_init(&bk, &c, 1, mu->dq ? 256 : 512, 256, 0, 0);
+    /* dK/dV: 4 query tiles through a 2-stage ring, 2 heads; dQ: 4 key tiles */
+    case_init(&bk, &c, 1, mu->dq ? 128 : 256, mu->dq ? 256 : 128, 0, 0);
     char msg[1024];
     int rc = launch_case(&bk, &c, msg, sizeof msg);
     const char *how = "launch reported";
@@ -439,15 +444,16 @@ static void nvrtc_shape(int sh) {
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
   const int shapes[4][3] = {{128, 64, 128}, {96, 32, 64}, {192, 64, 256}, {32, 32, 64}};
-  mg_kernel_spec cands[3 * 2 * 2 + 2 * 2 * 2 * 2];
+  mg_kernel_spec cands[2 * 3 * 2 * 2 + 2 * 2 * 2 * 2];
   int nc = 0;
   const int H = sh == 1 ? 40 : sh == 3 ? 16 : 128, dn = shapes[sh][0], dr = shapes[sh][1], dv = shapes[sh][2];
-  for (int st = 1; st <= 3; st++)
-    for (int tp = 0; tp <= 1; tp++)
-      for (int kp = 0; kp <= 1; kp++) {
+  for (int bn = 64; bn <= 128; bn *= 2)
+    for (int st = 1; st <= 3; st++)
+      for (int tp = 0; tp <= 1; tp++)
+        for (int kp = 0; kp <= 1; kp++) {
           mg_kernel_spec s = make_spec(0, H, dn, dr, dv, 1);
           char a[4][32];
-          snprintf(a[0], sizeof a[0], "block_n=%d", 64);
+          snprintf(a[0], sizeof a[0], "block_n=%d", bn);
           snprintf(a[1], sizeof a[1], "stages=%d", st);
           snprintf(a[2], sizeof a[2], "two_pass=%d", tp);
           snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
