@@ -84,10 +84,10 @@ static mg_kernel_spec make_spec(int dq, int H, int dn, int dr, int dv, int causa
 }
 
 /* One case: inputs, the reference gradients and their flip bounds, the kernel's outputs.
- * Query rows sit at q_pos0 + i (q_split = S_q) or, with split1, at q_pos0 + i too but
- * passed to the kernel as the second chunk (q_split 0, q_pos1 = q_pos0). */
+ * Query row i sits at q_pos0 + i for i < q_split, else at q_pos1 + (i - q_split) (the
+ * position contract of COMMON.md / mg_plan.h). */
 typedef struct bwd_case {
-  int B, sq, sk, q_pos0, split1;
+  int B, sq, sk, q_pos0, q_split, q_pos1;
   float scale;
   e16 *q, *kn, *kr, *v, *dout, *o16;
   float *lse32, *delta;
@@ -107,7 +107,7 @@ static double round_f16(double x) { return half_to_float(float_to_half((float)x)
 /* test_attn_bwd.c's reference: the float64 forward (o rounded to 16 bits, lse to fp32),
  * then the gradients with P and dS rounded to 16 bits and their flip bounds (attn_ref.h);
  * split keys: dk_rope is dK's RoPE columns summed over the heads. Also delta. */
-static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
+static void reference_one(const mg_kernel_spec *s, bwd_case *c, int packed) {
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
   const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale};
   const size_t nk = (size_t)c->B * c->sk * H;
@@ -147,6 +147,54 @@ static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
   free(q), free(v), free(dout), free(k), free(dk), free(fdk), free(o), free(lse);
 }
 
+/* The reference of a two-chunk case: each chunk's rows are an independent query set (their
+ * own positions), so o, lse, delta and dq come from the chunk's reference, and dk, dk_rope,
+ * dv (and their flip bounds) are the sums of the chunks'. */
+static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
+  const int split = c->q_split < 0 ? 0 : c->q_split > c->sq ? c->sq : c->q_split;
+  if (split == c->sq || split == 0) {
+    const int keep = c->q_pos0;
+    if (split == 0) c->q_pos0 = c->q_pos1;
+    reference_one(s, c, packed);
+    c->q_pos0 = keep;
+    return;
+  }
+  const int H = s->heads, dqk = s->d_n + s->d_r, dv = s->d_v;
+  for (int ch = 0; ch < 2; ch++) {
+    const int r0 = ch ? split : 0, n = ch ? c->sq - split : split;
+    bwd_case u = *c;
+    u.sq = n, u.q_pos0 = ch ? c->q_pos1 : c->q_pos0, u.q_split = n;
+    u.nq = (size_t)c->B * n * H * dqk, u.no = (size_t)c->B * n * H * dv, u.nl = (size_t)c->B * H * n;
+    u.q = xcalloc(u.nq, sizeof(e16)), u.dout = xcalloc(u.no, sizeof(e16));
+    for (int b = 0; b < c->B; b++) {
+      memcpy(u.q + (size_t)b * n * H * dqk, c->q + ((size_t)b * c->sq + r0) * H * dqk, (size_t)n * H * dqk * sizeof(e16));
+      memcpy(u.dout + (size_t)b * n * H * dv, c->dout + ((size_t)b * c->sq + r0) * H * dv, (size_t)n * H * dv * sizeof(e16));
+    }
+    u.o16 = xcalloc(u.no, sizeof(e16)), u.lse32 = xcalloc(u.nl, sizeof(float)), u.delta = xcalloc(u.nl, sizeof(float));
+    u.r_dq = xcalloc(u.nq, sizeof(double)), u.f_dq = xcalloc(u.nq, sizeof(double));
+    u.r_dkn = xcalloc(c->nkn, sizeof(double)), u.f_dkn = xcalloc(c->nkn, sizeof(double));
+    u.r_dkr = xcalloc(c->nkr, sizeof(double)), u.f_dkr = xcalloc(c->nkr, sizeof(double));
+    u.r_dv = xcalloc(c->nv, sizeof(double)), u.f_dv = xcalloc(c->nv, sizeof(double));
+    reference_one(s, &u, packed);
+    for (int b = 0; b < c->B; b++) {
+      const size_t src = (size_t)b * n * H, dst = ((size_t)b * c->sq + r0) * H;
+      memcpy(c->o16 + dst * dv, u.o16 + src * dv, (size_t)n * H * dv * sizeof(e16));
+      memcpy(c->r_dq + dst * dqk, u.r_dq + src * dqk, (size_t)n * H * dqk * sizeof(double));
+      memcpy(c->f_dq + dst * dqk, u.f_dq + src * dqk, (size_t)n * H * dqk * sizeof(double));
+      for (int h = 0; h < H; h++) {
+        const size_t ls = ((size_t)b * H + h) * n, ld = ((size_t)b * H + h) * c->sq + r0;
+        memcpy(c->lse32 + ld, u.lse32 + ls, (size_t)n * sizeof(float));
+        memcpy(c->delta + ld, u.delta + ls, (size_t)n * sizeof(float));
+      }
+    }
+    for (size_t i = 0; i < c->nkn; i++) c->r_dkn[i] += u.r_dkn[i], c->f_dkn[i] += u.f_dkn[i];
+    for (size_t i = 0; i < c->nkr; i++) c->r_dkr[i] += u.r_dkr[i], c->f_dkr[i] += u.f_dkr[i];
+    for (size_t i = 0; i < c->nv; i++) c->r_dv[i] += u.r_dv[i], c->f_dv[i] += u.f_dv[i];
+    free(u.q), free(u.dout), free(u.o16), free(u.lse32), free(u.delta), free(u.r_dq), free(u.f_dq);
+    free(u.r_dkn), free(u.f_dkn), free(u.r_dkr), free(u.f_dkr), free(u.r_dv), free(u.f_dv);
+  }
+}
+
 static void encode_maps(const built_kernel *bk, bwd_case *c) {
   fake_driver_use(MLAGEN_FAKE_CUDA);
   const mg_driver *drv = NULL;
@@ -162,11 +210,11 @@ static void encode_maps(const built_kernel *bk, bwd_case *c) {
 }
 
 static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk, int q_pos0,
-                      int split1) {
+                      int q_split, int q_pos1) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, f16 = is_fp16(s), packed = bk->packed;
   memset(c, 0, sizeof *c);
-  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0, c->split1 = split1;
+  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0, c->q_split = q_split, c->q_pos1 = q_pos1;
   c->scale = (float)kt_softmax_scale(dqk);
   c->nq = (size_t)B * sq * H * dqk;
   c->nkn = (size_t)B * sk * H * (packed ? dqk : s->d_n);
@@ -210,8 +258,7 @@ typedef struct launch_args {
 static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
-  const int p0 = c->split1 ? -1000 : c->q_pos0, split = c->split1 ? 0 : c->sq;
-  const int p1 = c->split1 ? c->q_pos0 : -1000;
+  const int p0 = c->q_pos0, split = c->q_split, p1 = c->q_pos1;
   if (a->bk->is_dq)
     ((dq_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq, c->sq,
                           c->sk, p0, split, p1, c->scale, c->tmaps);
@@ -281,32 +328,48 @@ static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[3]
   return nans;
 }
 
-static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0, int split1) {
+/* One case: rows [0, q_split) at q_pos0 + i, the rest at q_pos1 + (i - q_split). */
+static void run_case2(const built_kernel *bk, int B, int sq, int sk, int q_pos0, int q_split,
+                      int q_pos1) {
   bwd_case c;
-  case_init(bk, &c, B, sq, sk, q_pos0, split1);
+  case_init(bk, &c, B, sq, sk, q_pos0, q_split, q_pos1);
+  char pos[64];
+  if (q_split >= sq)
+    snprintf(pos, sizeof pos, "pos %d", q_pos0);
+  else if (q_split <= 0)
+    snprintf(pos, sizeof pos, "pos %d (as chunk 1)", q_pos1);
+  else
+    snprintf(pos, sizeof pos, "pos %d, rows from %d at %d", q_pos0, q_split, q_pos1);
   char msg[1024];
   double t0 = kh_now();
   if (launch_case(bk, &c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
   double r[3];
   size_t nans = compare(bk, &c, r, msg, sizeof msg);
   if (bk->is_dq)
-    print_message("  %s B=%d S_q=%d S_k=%d pos %d%s: err/bound dq %.2f (%.2f s)\n",
-                  bk->kh.name + strlen("mla_attn_bwd_dq_sm90_"), B, sq, sk, q_pos0,
-                  split1 ? " (as chunk 1)" : "", r[0], kh_now() - t0);
+    print_message("  %s B=%d S_q=%d S_k=%d %s: err/bound dq %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_attn_bwd_dq_sm90_"), B, sq, sk, pos, r[0], kh_now() - t0);
   else
-    print_message("  %s B=%d S_q=%d S_k=%d pos %d%s: err/bound dk %.2f dk_rope %.2f dv %.2f (%.2f s)\n",
-                  bk->kh.name + strlen("mla_attn_bwd_dkdv_sm90_"), B, sq, sk, q_pos0,
-                  split1 ? " (as chunk 1)" : "", r[0], r[1], r[2], kh_now() - t0);
+    print_message("  %s B=%d S_q=%d S_k=%d %s: err/bound dk %.2f dk_rope %.2f dv %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_attn_bwd_dkdv_sm90_"), B, sq, sk, pos, r[0], r[1], r[2],
+                  kh_now() - t0);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
   case_free(&c);
 }
 
+/* One case with every row at q_pos0 + i (split1: passed as the contract's second chunk). */
+static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0, int split1) {
+  if (split1)
+    run_case2(bk, B, sq, sk, -1000, 0, q_pos0);
+  else
+    run_case2(bk, B, sq, sk, q_pos0, sq, -1000);
+}
+
 /* A shape with one configuration of family dq (0: dkdv, 1: dq), causal: S = 1, S = 77 with
  * batch 2 (no tile divides it; TMA rows past a batch item's end read the next one's:
  * masked), a query shard at 60 of 100 keys (passed as the second chunk of the position
- * contract), one at 130 of 200 (the diagonal inside a tile), more query and key tiles than
- * stages (the rings wrap); non-causal (no mask but the ends): S = 77 with batch 2 and the
+ * contract), one at 130 of 200 (the diagonal inside a tile), two chunks of 35 rows at 0 and
+ * 165 of 200 keys, more query and key tiles than stages (the rings wrap); non-causal (no mask but the ends): S = 77 with batch 2 and the
  * shard at 130 of 200. */
 static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const *sets, int n_sets) {
   for (int causal = 1; causal >= 0; causal--) {
@@ -317,6 +380,8 @@ static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const
     if (causal) run_case(&bk, 1, 1, 1, 0, 0);
     run_case(&bk, 2, 77, 77, 0, 0);
     if (causal) run_case(&bk, 1, 40, 100, 60, 1);
+    /* two chunks (the all-gather CP form's zigzag): rows 0..34 at 0.., 35..69 at 165.. */
+    if (causal) run_case2(&bk, 1, 70, 200, 0, 35, 165);
     run_case(&bk, 1, 70, 200, 130, 0);
     if (causal) run_case(&bk, 1, dq ? 128 : 256, dq ? 256 : 128, 0, 0);
     kh_free(&bk.kh);
@@ -412,7 +477,7 @@ static void test_mutations_caught(void **state) {
     build_edit(&s, mu->blank, &bk);
     bwd_case c;
     /* dK/dV: 4 query tiles through a 2-stage ring, 2 heads; dQ: 4 key tiles */
-    case_init(&bk, &c, 1, mu->dq ? 128 : 256, mu->dq ? 256 : 128, 0, 0);
+    case_init(&bk, &c, 1, mu->dq ? 128 : 256, mu->dq ? 256 : 128, 0, mu->dq ? 128 : 256, 0);
     char msg[1024];
     int rc = launch_case(&bk, &c, msg, sizeof msg);
     const char *how = "launch reported";
