@@ -1,7 +1,8 @@
 @ -- attn_bwd_dkdv_sm90: explicit-form MLA attention backward for Hopper (sm_90a), dK and dV, in
 @ -- the manner of FlashAttention-3's backward (arXiv 2407.08608): TMA, mbarriers, wgmma, warp
-@ -- specialization. A drop-in for attn_bwd_dkdv with deterministic = 1 (same parameters and
-@ -- layouts, plus `tmaps`); dQ comes from attn_bwd_dq_sm90 (or attn_bwd_dq).
+@ -- specialization. A drop-in for attn_bwd_dkdv (same parameters and layouts, plus `tmaps`):
+@ -- deterministic = 1, dQ from attn_bwd_dq_sm90 (or attn_bwd_dq); deterministic = 0, dQ here
+@ -- into the fp32 dq_accum by atomics (then dq_convert).
 @ -- Rendered only on request (`mlagen generate --family attn_bwd_dkdv_sm90`).
 @ --
 @ -- One CTA owns block_n keys (64 per consumer warpgroup, 1 or 2 consumers) of one head
@@ -28,7 +29,10 @@
 @ -- two_pass = 1 streams the query tiles twice, dV in the first pass and dK in the second
 @ -- (S^T computed twice, 25% more tensor work): dK and dV never live together in registers,
 @ -- which wide heads (d_qk 256, d_v 256) need. Outputs leave from the registers, dK scaled.
-@ -- Not yet: the atomic dQ variant (deterministic = 0), overlap of one tile's GEMMs with the
+@ -- deterministic = 0 (one head per CTA): each consumer also writes its dS^T to shared memory
+@ -- and computes dQ += scale dS K for the query tile in 64-column chunks (wgmma ss, both
+@ -- operands MN-major), added to dq_accum with fp32 atomics (dq_convert rounds it); split
+@ -- keys add dk_rope atomically. Not yet: overlap of one tile's GEMMs with the
 @ -- next's, block_m 128.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
@@ -43,6 +47,7 @@
 @ -- registers and spill a little (k_packed): they run two passes.
 @ local function acc_limit(c) return c.block_n == 64 and 192 or 160 end
 @ local function box_w(d) return d % 64 == 0 and 64 or d % 32 == 0 and 32 or 16 end
+@ local function WKc(dn, dr) return math.min(box_w(dn), box_w(dr)) end
 @ local function accumulators(c)
 @   -- (the first pass: dV, S^T, P^T packed, and with split keys dK's RoPE columns summed
 @   -- over the heads; the second: dK, S^T, dP^T)
@@ -50,7 +55,9 @@
 @   return DQK // 2 + DV // 2 + BM
 @ end
 @ local function smem_bytes(c)
-@   return 1024 + ESIZE * (c.block_n * (DQK + DV) + c.stages * BM * (DQK + DV)) + c.stages * BM * 8
+@   -- deterministic = 0: each consumer's dS^T tile [64 keys][BM queries] for dQ
+@   return 1024 + ESIZE * (c.block_n * (DQK + DV) + c.stages * BM * (DQK + DV)) + c.stages * BM * 8 +
+@          (c.deterministic == 0 and ESIZE * c.block_n * BM or 0)
 @ end
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
 @
@@ -69,13 +76,13 @@
 @     { name = "dout",   type = "const elem_t*", shape = "[B, S_q, H, d_v]",       doc = "gradient of the output (read through tmaps[4])" },
 @     { name = "lse",    type = "const float*",  shape = "[B, H, S_q]",            doc = "the forward's natural-log LSE" },
 @     { name = "delta",  type = "const float*",  shape = "[B, H, S_q]",            doc = "rowsum(dO * O) from attn_bwd_pre" },
-@     { name = "dq_accum", type = "float*",      shape = "unused",                 doc = "unused (may be null): dQ comes from attn_bwd_dq_sm90" },
+@     { name = "dq_accum", type = "float*",      shape = "[B, S_q, H, d_n + d_r]", doc = "deterministic = 0: dQ (scale applied) added atomically, must be zeroed first; deterministic = 1: unused (may be null), dQ comes from attn_bwd_dq_sm90" },
 @     PACKED and
 @     { name = "dk_nope", type = "elem_t*",      shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head dK" } or
 @     { name = "dk_nope", type = "elem_t*",      shape = "[B, S_k, H, d_n]",       doc = "per-head dK_nope" },
 @     PACKED and
 @     { name = "dk_rope", type = "float*",       shape = "unused",                 doc = "k_packed = 1: unused (may be null)" } or
-@     { name = "dk_rope", type = "float*",       shape = "[B, S_k, d_r]",          doc = "dK's RoPE part summed over the heads (fp32), written once" },
+@     { name = "dk_rope", type = "float*",       shape = "[B, S_k, d_r]",          doc = "dK's RoPE part summed over the heads (fp32): deterministic = 1 written once; 0 added atomically, must be zeroed first" },
 @     { name = "dv",     type = "elem_t*",       shape = "[B, S_k, H, d_v]",       doc = "gradient of V" },
 @     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
@@ -91,13 +98,16 @@
 @     block_m   = { values = { 64 },        doc = "query rows per streamed tile (the N of S^T = K Q^T's wgmma)" },
 @     stages    = { values = { 1, 2, 3 },   doc = "query tiles (Q, dO, LSE, delta) in the TMA ring" },
 @     two_pass  = { values = { 0, 1 },      doc = "1: dV in a first pass over the query tiles, dK in a second (wide heads: dK and dV do not fit in registers together)" },
-@     deterministic = { values = { 1 },     doc = "1: no dQ here (attn_bwd_dq_sm90), dk_rope by the head loop; 0 (atomic dQ) not implemented" },
+@     deterministic = { values = { 0, 1 },  doc = "0: dQ (through shared memory, wgmma, fp32 atomics into dq_accum) and split keys' dk_rope by fp32 atomics, one head per CTA; 1: no dQ here (attn_bwd_dq_sm90), dk_rope by the head loop" },
 @     k_packed  = { values = { 0, 1 },      doc = "0: k_nope + shared k_rope (dK_nope per head, dk_rope summed); 1: per-head K and dK [.., d_n + d_r]" },
 @   },
 @   check = function(s, c)
 @     if DN % 16 ~= 0 or DR % 16 ~= 0 then return "d_n and d_r must be multiples of 16 (the wgmma k step)" end
 @     if DQK ~= 64 and DQK ~= 128 and DQK ~= 192 and DQK ~= 256 then return "d_n + d_r must be 64, 128, 192 or 256 (the N of dK += dS^T Q's wgmma)" end
 @     if DV ~= 64 and DV ~= 128 and DV ~= 192 and DV ~= 256 then return "d_v must be 64, 128, 192 or 256 (the N of dV += P^T dO's wgmma)" end
+@     if c.deterministic == 0 and (WKc(DN, DR) ~= 64 or DQK % 64 ~= 0) then
+@       return "deterministic = 0 needs d_n and d_r multiples of 64 (dQ += dS K reads K in 64-column chunks of 128B-swizzled boxes)"
+@     end
 @     if accumulators(c) > acc_limit(c) then
 @       return string.format("%d fp32 accumulators per thread, over %d (registers would spill; two_pass = 1 needs fewer)",
 @                            accumulators(c), acc_limit(c))
@@ -122,7 +132,7 @@
 @   end,
 @   launch = function(s, c)
 @     return {
-@       grid = { { arg = "seqlen_k", div = c.block_n }, { value = c.k_packed == 1 and H or 1 }, { arg = "batch" } },
+@       grid = { { arg = "seqlen_k", div = c.block_n }, { value = (c.k_packed == 1 or c.deterministic == 0) and H or 1 }, { arg = "batch" } },
 @       block = { 128 * (c.block_n // 64 + 1), 1, 1 },
 @       smem = smem_bytes(c),   -- dynamic; over 48 KiB needs cudaFuncAttributeMaxDynamicSharedMemorySize
 @       smem_static = 0,
@@ -151,7 +161,8 @@ constexpr int DQK = DN + DR;
 constexpr int DV = ${DV};
 constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
 constexpr bool K_PACKED = ${PACKED and "true" or "false"};
-constexpr bool HEAD_LOOP = !K_PACKED;        // one CTA, every head in order (dk_rope summed)
+constexpr bool ATOMIC = ${C.deterministic == 0 and "true" or "false"};  // dQ (and dk_rope) by atomics
+constexpr bool HEAD_LOOP = !K_PACKED && !ATOMIC;  // one CTA, every head in order (dk_rope summed)
 constexpr bool TWO_PASS = ${C.two_pass == 1 and "true" or "false"};
 constexpr int NC = ${C.block_n // 64};       // consumer warpgroups
 constexpr int NUM_THREADS = 128 * (NC + 1);  // + the producer warpgroup
@@ -173,7 +184,9 @@ constexpr unsigned STAGE_BYTES = Q_BYTES + O_BYTES;
 constexpr unsigned OFF_K = 1024;
 constexpr unsigned OFF_V = OFF_K + K_BYTES;
 constexpr unsigned OFF_RING = OFF_V + V_BYTES;
-constexpr unsigned OFF_LD = OFF_RING + STAGES * STAGE_BYTES;  // STAGES x [LSE[BM], delta[BM]]
+constexpr unsigned OFF_DS = OFF_RING + STAGES * STAGE_BYTES;  // ATOMIC: NC x dS^T [64][BM]
+constexpr unsigned DS_BYTES = ATOMIC ? 64 * BM * 2 : 0;
+constexpr unsigned OFF_LD = OFF_DS + NC * DS_BYTES;  // STAGES x [LSE[BM], delta[BM]]
 static_assert(DN % WK == 0 && DR % WK == 0 && DQK % 16 == 0, "tile shape");
 static_assert(K_BYTES % 1024 == 0 && V_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0 && O_BYTES % 1024 == 0, "swizzle alignment");
 static_assert(2 + 2 * STAGES <= 128, "mbarriers fit in 1024 bytes");
@@ -216,8 +229,7 @@ ${K.name}(
   unsigned char* const sV = sbase + OFF_V;
   unsigned char* const ring = sbase + OFF_RING;
   float* const sLD = reinterpret_cast<float*>(sbase + OFF_LD);
-
-  (void)dq_accum;
+  unsigned char* const sDS = sbase + OFF_DS;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int n0 = blockIdx.x * BLOCK_N;
@@ -396,6 +408,35 @@ ${K.name}(
     wgmma_commit();
   };
   auto parity = [](int j) { return (unsigned)(j / STAGES) & 1u; };
+  // ATOMIC: dQ[m0 .. m0 + BM) += scale dS K over this warpgroup's 64 keys, in 64-column
+  // chunks: wgmma ss with A = dS (queries x keys) read MN-major from the dS^T tile and
+  // B = K [key][d_qk] MN-major (128B-swizzled 64-column boxes of BLOCK_N rows); each chunk
+  // added to dq_accum with fp32 atomics from the accumulator fragment.
+  auto dq_tile = [&](int st, int m0) {
+    (void)st;
+    const unsigned ds_addr = smem_u32(sDS) + wg * DS_BYTES;
+#pragma unroll 1
+    for (int cb = 0; cb < DQK / 64; ++cb) {
+      float acc[32];
+      fence_operand(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss_t<64, tag_t, 1, 1>(acc, make_desc_mn_kstep(SWIZZLE_128B, ds_addr, 64, ks),
+                                    make_desc(k_base + cb * BLOCK_N * 128 + ks * 16 * 128, BLOCK_N * 128, 8 * 128, SWIZZLE_128B),
+                                    ks > 0);
+      wgmma_commit();
+      wgmma_wait<0>();  // MUTATION: dQ wait
+      fence_operand(acc);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int qi = m0 + (int)acc_row(t, i);
+        if (qi < seqlen_q)
+          atomicAdd(dq_accum + (((size_t)b * seqlen_q + qi) * H + (int)blockIdx.y) * DQK + cb * 64 + acc_col(t, i),
+                    softmax_scale * acc[i]);
+      }
+    }
+  };
   // One query tile (ring position j, tile mt): dV and/or dK.
   auto tile = [&](int j, int mt, bool do_dv, bool do_dk) {
     const int st = j % STAGES;
@@ -429,11 +470,28 @@ ${K.name}(
           da[kk][e] = pack2(s[i] * (dp[i] - dl), s[i + 1] * (dp[i + 1] - dl1));
         }
       }
+    if (ATOMIC && do_dk) {
+      // dS^T into this warpgroup's shared tile [64 keys][BM queries] (128B swizzle: 64
+      // queries of 16 bits per row), for dQ += dS K below, once every warp's wgmma of the
+      // last tile's dQ has read it (the ISA does not order the warps of a warpgroup for us).
+      bar_sync(1 + wg, 128);
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const unsigned row = 16 * (t / 32) + (t % 32) / 4 + 8 * (e & 1);
+          const unsigned col = 16 * kk + 8 * (e >> 1) + 2 * qd;
+          *reinterpret_cast<unsigned*>(sDS + wg * DS_BYTES + tile_offset(SWIZZLE_128B, row, col)) = da[kk][e];
+        }
+      fence_proxy_async();    // MUTATION: dS proxy fence
+      bar_sync(1 + wg, 128);  // every warp's dS^T written and fenced before the wgmma reads it
+    }
     if (do_dv) issue_dv(st, pa);
     if (do_dk) issue_dk(st, da);
     wgmma_wait<0>();  // MUTATION: dV dK wait
     if (do_dv) fence_operand(dv_acc);
     if (do_dk) fence_operand(dk);
+    if (ATOMIC && do_dk) dq_tile(st, mt * BM);
     mbar_arrive(&empty[st]);  // MUTATION: empty release
   };
   auto store_dv = [&](int h) {
@@ -462,7 +520,10 @@ ${K.name}(
             *reinterpret_cast<unsigned*>(dk_nope + (tok * H + h) * DQK + c) = pack2(x0, x1);
           else if (c < DN)
             *reinterpret_cast<unsigned*>(dk_nope + (tok * H + h) * DN + c) = pack2(x0, x1);
-          else if (h == h_end - 1)
+          else if (ATOMIC) {
+            atomicAdd(dk_rope + tok * DR + (c - DN), x0);
+            atomicAdd(dk_rope + tok * DR + (c - DN) + 1, x1);
+          } else if (h == h_end - 1)
             *reinterpret_cast<float2*>(dk_rope + tok * DR + (c - DN)) = make_float2(x0, x1);
         }
       }

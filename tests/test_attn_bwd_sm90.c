@@ -47,6 +47,7 @@ typedef struct built_kernel {
   kh_kernel kh;
   int is_dq; /* attn_bwd_dq_sm90, else attn_bwd_dkdv_sm90 */
   int packed;
+  int atomic; /* attn_bwd_dkdv_sm90 with deterministic = 0: dQ into dq_accum, dk_rope added */
 } built_kernel;
 
 static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
@@ -68,6 +69,7 @@ static void build_edit(const mg_kernel_spec *spec, const char *blank, built_kern
   assert_true(kh_build_edited(NULL, spec, 0, blank ? blank_edit : NULL, (void *)blank, &out->kh));
   out->packed = kh_config_int(&out->kh, "k_packed");
   out->is_dq = !strcmp(spec->family, "attn_bwd_dq_sm90");
+  out->atomic = !out->is_dq && kh_config_int(&out->kh, "deterministic") == 0;
   const int rows = kh_config_int(&out->kh, out->is_dq ? "block_m" : "block_n");
   assert_int_equal(out->kh.threads, 128 * (rows / 64 + 1));
   assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
@@ -94,7 +96,7 @@ typedef struct bwd_case {
   size_t nq, nkn, nkr, nv, no, nl;
   double *r_dq, *r_dkn, *r_dkr, *r_dv, *f_dq, *f_dkn, *f_dkr, *f_dv;
   e16 *dq, *dkn, *dv;
-  float *dkr;
+  float *dkr, *dq_accum;
   tmap_t *tmaps; /* [5] */
 } bwd_case;
 
@@ -232,6 +234,7 @@ static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   c->r_dq = xcalloc(c->nq, sizeof(double)), c->f_dq = xcalloc(c->nq, sizeof(double));
   c->dq = xcalloc(c->nq, sizeof(e16));
+  c->dq_accum = xcalloc(c->nq, sizeof(float));
   c->r_dkn = xcalloc(c->nkn, sizeof(double)), c->f_dkn = xcalloc(c->nkn, sizeof(double));
   c->r_dkr = xcalloc(c->nkr, sizeof(double)), c->f_dkr = xcalloc(c->nkr, sizeof(double));
   c->r_dv = xcalloc(c->nv, sizeof(double)), c->f_dv = xcalloc(c->nv, sizeof(double));
@@ -247,7 +250,7 @@ static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk
 static void case_free(bwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->dout), free(c->o16), free(c->lse32);
   free(c->delta), free(c->r_dkn), free(c->f_dkn), free(c->r_dkr), free(c->f_dkr), free(c->r_dv);
-  free(c->f_dv), free(c->r_dq), free(c->f_dq), free(c->dq), free(c->dkn), free(c->dkr), free(c->dv), free(c->tmaps);
+  free(c->f_dv), free(c->r_dq), free(c->f_dq), free(c->dq), free(c->dq_accum), free(c->dkn), free(c->dkr), free(c->dv), free(c->tmaps);
 }
 
 typedef struct launch_args {
@@ -263,7 +266,8 @@ static void thunk(void *p) {
     ((dq_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq, c->sq,
                           c->sk, p0, split, p1, c->scale, c->tmaps);
   else
-    ((dkdv_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, NULL, c->dkn,
+    ((dkdv_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta,
+                            a->bk->atomic ? c->dq_accum : NULL, c->dkn,
                             c->kr ? c->dkr : NULL, c->dv, c->sq, c->sk, p0, split, p1, c->scale,
                             c->tmaps);
 }
@@ -272,7 +276,9 @@ static void thunk(void *p) {
  * shared-memory limit; returns the launch's message in msg (0: it ran). */
 static int launch_case(const built_kernel *bk, bwd_case *c, char *msg, size_t n) {
   for (size_t i = 0; i < c->nkn; i++) c->dkn[i] = 0x7fff;
-  for (size_t i = 0; i < c->nkr; i++) c->dkr[i] = NAN;
+  /* the atomic mode adds into zeroed dq_accum and dk_rope */
+  for (size_t i = 0; i < c->nkr; i++) c->dkr[i] = bk->atomic ? 0.f : NAN;
+  for (size_t i = 0; i < c->nq; i++) c->dq_accum[i] = bk->atomic ? 0.f : NAN;
   for (size_t i = 0; i < c->nv; i++) c->dv[i] = 0x7fff;
   for (size_t i = 0; i < c->nq; i++) c->dq[i] = 0x7fff;
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
@@ -288,14 +294,15 @@ static int launch_case(const built_kernel *bk, bwd_case *c, char *msg, size_t n)
 /* test_attn_bwd.c's tolerances: |err| <= 2 NOISE rms + rtol |ref| + flip (rtol: the
  * storage's unit roundoff; fp32 for dk_rope). */
 #define NOISE_DQ 1e-6
+#define NOISE_DQ_ACCUM 3e-6
 #define NOISE_DK 6.2e-6
 #define NOISE_DKR 3.3e-6
 #define NOISE_DV 1e-6
 
-/* Compares dk (nope or packed), dk_rope and dv per element (dq: dq, in ratio[0]); ratio[i]:
- * the worst err/bound. Returns NaN outputs; the first failure's message in msg (msg[0] 0
- * when all pass). */
-static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[3], char *msg,
+/* Compares dk (nope or packed), dk_rope and dv per element (dq: dq, in ratio[0]; the
+ * atomic dK/dV kernel: dq_accum too, in ratio[3]); ratio[i]: the worst err/bound. Returns
+ * NaN outputs; the first failure's message in msg (msg[0] 0 when all pass). */
+static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[4], char *msg,
                       size_t n) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, k16 = is_fp16(s) ? KT_F16 : KT_BF16;
@@ -307,7 +314,7 @@ static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[3]
     const size_t qrows = (size_t)c->B * c->sq * H;
     k[0] = kt_check_slack("dq_sm90 dq", k16, c->dq, c->r_dq, c->f_dq, qrows, dqk, 0, dqk,
                           (kt_tol){2 * NOISE_DQ, r16}, 0);
-    ratio[0] = k[0].r.n ? k[0].r.worst_ratio : 0, ratio[1] = ratio[2] = 0;
+    ratio[0] = k[0].r.n ? k[0].r.worst_ratio : 0, ratio[1] = ratio[2] = ratio[3] = 0;
     if (k[0].r.n && !cc_ok(&k[0].r)) snprintf(msg, n, "%s", k[0].msg);
     return (size_t)(k[0].r.worst_ratio == INFINITY);
   }
@@ -319,11 +326,19 @@ static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[3]
   k[2] = kt_check_slack("dkdv_sm90 dv", k16, c->dv, c->r_dv, c->f_dv, krows, s->d_v, 0, s->d_v,
                         (kt_tol){2 * NOISE_DV, r16}, 0);
   size_t nans = 0;
-  msg[0] = 0;
+  ratio[3] = 0;
   for (int i = 0; i < 3; i++) {
     ratio[i] = k[i].r.n ? k[i].r.worst_ratio : 0;
     nans += (size_t)(k[i].r.worst_ratio == INFINITY);
     if (!msg[0] && k[i].r.n && !cc_ok(&k[i].r)) snprintf(msg, n, "%s", k[i].msg);
+  }
+  if (bk->atomic) {
+    const size_t qrows = (size_t)c->B * c->sq * H;
+    kt_checked a = kt_check_slack("dkdv_sm90 dq_accum", KT_F32, c->dq_accum, c->r_dq, c->f_dq, qrows,
+                                  dqk, 0, dqk, (kt_tol){2 * NOISE_DQ_ACCUM, r32}, 0);
+    ratio[3] = a.r.n ? a.r.worst_ratio : 0;
+    nans += (size_t)(a.r.worst_ratio == INFINITY);
+    if (!msg[0] && a.r.n && !cc_ok(&a.r)) snprintf(msg, n, "%s", a.msg);
   }
   return nans;
 }
@@ -343,14 +358,16 @@ static void run_case2(const built_kernel *bk, int B, int sq, int sk, int q_pos0,
   char msg[1024];
   double t0 = kh_now();
   if (launch_case(bk, &c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
-  double r[3];
+  double r[4];
+  char extra[32];
   size_t nans = compare(bk, &c, r, msg, sizeof msg);
   if (bk->is_dq)
     print_message("  %s B=%d S_q=%d S_k=%d %s: err/bound dq %.2f (%.2f s)\n",
                   bk->kh.name + strlen("mla_attn_bwd_dq_sm90_"), B, sq, sk, pos, r[0], kh_now() - t0);
   else
-    print_message("  %s B=%d S_q=%d S_k=%d %s: err/bound dk %.2f dk_rope %.2f dv %.2f (%.2f s)\n",
+    print_message("  %s B=%d S_q=%d S_k=%d %s: err/bound dk %.2f dk_rope %.2f dv %.2f%s (%.2f s)\n",
                   bk->kh.name + strlen("mla_attn_bwd_dkdv_sm90_"), B, sq, sk, pos, r[0], r[1], r[2],
+                  bk->atomic ? (snprintf(extra, sizeof extra, " dq_accum %.2f", r[3]), extra) : "",
                   kh_now() - t0);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
@@ -403,6 +420,18 @@ static void test_deepseek_heads_dq(void **state) {
   const char *b[] = {"block_m=64", "block_n=128", "k_packed=1"};
   check_shape(1, 2, 128, 64, 128, b, 3);
 }
+/* The atomic dK/dV kernel (deterministic = 0: dQ into dq_accum through shared memory and
+ * wgmma, split keys' dk_rope added, one head per CTA) on DeepSeek-V3 heads: the default
+ * tiles (two consumers, two passes), and packed keys with one consumer in one pass on
+ * 64/64 heads. */
+static void test_atomic(void **state) {
+  (void)state;
+  const char *a[] = {"deterministic=0"};
+  check_shape(0, 2, 128, 64, 128, a, 1);
+  const char *b[] = {"deterministic=0", "block_n=64", "k_packed=1"};
+  check_shape(0, 2, 64, 64, 64, b, 3);
+}
+
 /* An unusual MLA shape (d_n 96, d_r 32, d_v 64: 64B-swizzled K boxes of 32 columns,
  * d_v < d_qk; one consumer warpgroup: dK/dV with one stage and two passes, dQ with
  * block_n 128), and fp16 (the defaults: two consumers, dK/dV in one pass); and small heads
@@ -440,9 +469,16 @@ static void test_wide_heads(void **state) {
 }
 
 /* Each mutation of the rendered source must make the check fail or the launch be reported
- * (a deadlock, a wgmma or mbarrier protocol error). */
+ * (a deadlock, a wgmma or mbarrier protocol error). Not among them: the atomic kernel's two
+ * named barriers around its dS^T tile (after the warpgroup's writes and proxy fences, before
+ * the dQ wgmma reads them; before the next tile rewrites it). The executor runs a wgmma when
+ * all four warps of the warpgroup have issued it (a rendezvous), which already orders every
+ * warp's earlier writes and later rewrites around it there, so removing either cannot fail
+ * here; the ISA promises no such ordering between the warps, so the kernel keeps both (as
+ * FlashAttention-3 syncs its warpgroup after writing P or dS for a wgmma). Each thread's
+ * proxy fence is needed in the executor too, and its removal is caught. */
 typedef struct mutation {
-  int dq, two_pass;
+  int dq, two_pass; /* dq: 2 for the atomic dK/dV kernel (64/64/64 heads) */
   const char *blank;
 } mutation;
 static void test_mutations_caught(void **state) {
@@ -460,6 +496,8 @@ static void test_mutations_caught(void **state) {
       {0, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
       {0, 0, "wgmma_wait<0>();  // MUTATION: dV dK wait"},
       {0, 1, "wgmma_wait<0>();  // MUTATION: S wait (dV pass)"},
+      {2, 0, "fence_proxy_async();    // MUTATION: dS proxy fence"},
+      {2, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
       {1, 0, "mbar_wait(q_full, 0);"},
       {1, 0, "mbar_wait(&full[st], parity(j));  // MUTATION: full wait"},
       {1, 0, "mbar_wait(&empty[st], ph ^ 1u);"},
@@ -470,26 +508,30 @@ static void test_mutations_caught(void **state) {
   };
   for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
     const mutation *mu = &muts[m];
-    mg_kernel_spec s = make_spec(mu->dq, 2, 32, 32, 64, 1);
+    mg_kernel_spec s = mu->dq == 2 ? make_spec(0, 2, 64, 64, 64, 1) : make_spec(mu->dq, 2, 32, 32, 64, 1);
+    if (mu->dq == 2) kh_set(&s, "deterministic=0");
     kh_set(&s, "stages=2");
     if (mu->two_pass) kh_set(&s, "two_pass=1");
     built_kernel bk;
     build_edit(&s, mu->blank, &bk);
     bwd_case c;
-    /* dK/dV: 4 query tiles through a 2-stage ring, 2 heads; dQ: 4 key tiles */
-    case_init(&bk, &c, 1, mu->dq ? 128 : 256, mu->dq ? 256 : 128, 0, mu->dq ? 128 : 256, 0);
+    /* dK/dV: 8 query tiles through a 2-stage ring, 2 heads (with 4 query tiles and 2 key
+     * tiles the missing kv_full wait went unnoticed); dQ: 4 key tiles */
+    const int dq = mu->dq == 1;
+    case_init(&bk, &c, 1, dq ? 128 : 512, 256, 0, dq ? 128 : 512, 0);
     char msg[1024];
     int rc = launch_case(&bk, &c, msg, sizeof msg);
     const char *how = "launch reported";
     if (!rc) {
-      double r[3];
+      double r[4];
       kt_noise_quiet = 1;
       size_t nans = compare(&bk, &c, r, msg, sizeof msg);
       kt_noise_quiet = 0;
-      if (!nans && !msg[0]) fail_msg("%s: removing '%s' was not caught", FAMS[mu->dq], mu->blank);
+      if (!nans && !msg[0]) fail_msg("%s: removing '%s' was not caught", FAMS[dq], mu->blank);
       how = "check failed";
     }
-    print_message("  %s without '%s': %s: %.120s\n", FAMS[mu->dq], mu->blank, how, msg);
+    print_message("  %s%s without '%s': %s: %.120s\n", FAMS[dq], mu->dq == 2 ? " (atomic)" : "",
+                  mu->blank, how, msg);
     case_free(&c);
     kh_free(&bk.kh);
   }
@@ -509,22 +551,24 @@ static void nvrtc_shape(int sh) {
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
   const int shapes[4][3] = {{128, 64, 128}, {96, 32, 64}, {192, 64, 256}, {32, 32, 64}};
-  mg_kernel_spec cands[2 * 3 * 2 * 2 + 2 * 2 * 2 * 2];
+  mg_kernel_spec cands[2 * 3 * 2 * 2 * 2 + 2 * 2 * 2 * 2];
   int nc = 0;
   const int H = sh == 1 ? 40 : sh == 3 ? 16 : 128, dn = shapes[sh][0], dr = shapes[sh][1], dv = shapes[sh][2];
   for (int bn = 64; bn <= 128; bn *= 2)
     for (int st = 1; st <= 3; st++)
       for (int tp = 0; tp <= 1; tp++)
-        for (int kp = 0; kp <= 1; kp++) {
-          mg_kernel_spec s = make_spec(0, H, dn, dr, dv, 1);
-          char a[4][32];
-          snprintf(a[0], sizeof a[0], "block_n=%d", bn);
-          snprintf(a[1], sizeof a[1], "stages=%d", st);
-          snprintf(a[2], sizeof a[2], "two_pass=%d", tp);
-          snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
-          for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
-          cands[nc++] = s;
-        }
+        for (int kp = 0; kp <= 1; kp++)
+          for (int det = 0; det <= 1; det++) {
+            mg_kernel_spec s = make_spec(0, H, dn, dr, dv, 1);
+            char a[5][32];
+            snprintf(a[0], sizeof a[0], "block_n=%d", bn);
+            snprintf(a[1], sizeof a[1], "stages=%d", st);
+            snprintf(a[2], sizeof a[2], "two_pass=%d", tp);
+            snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
+            snprintf(a[4], sizeof a[4], "deterministic=%d", det);
+            for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
+            cands[nc++] = s;
+          }
   for (int bm = 64; bm <= 128; bm *= 2)
     for (int bn = 64; bn <= 128; bn *= 2)
       for (int st = 2; st <= 3; st++)
@@ -555,6 +599,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek_heads),
       cmocka_unit_test(test_deepseek_heads_dq),
+      cmocka_unit_test(test_atomic),
       cmocka_unit_test(test_unusual_heads),
       cmocka_unit_test(test_wide_heads),
       cmocka_unit_test(test_mutations_caught),
