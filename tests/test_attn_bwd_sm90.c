@@ -516,9 +516,10 @@ static void test_mutations_caught(void **state) {
     build_edit(&s, mu->blank, &bk);
     bwd_case c;
     /* dK/dV: 8 query tiles through a 2-stage ring, 2 heads (with 4 query tiles and 2 key
-     * tiles the missing kv_full wait went unnoticed); dQ: 4 key tiles */
+     * tiles the missing kv_full wait went unnoticed); dQ: 2 CTAs, 4 key tiles each (with one
+     * CTA the producer's missing empty wait went unnoticed) */
     const int dq = mu->dq == 1;
-    case_init(&bk, &c, 1, dq ? 128 : 512, 256, 0, dq ? 128 : 512, 0);
+    case_init(&bk, &c, 1, dq ? 256 : 512, 256, 0, dq ? 256 : 512, 0);
     char msg[1024];
     int rc = launch_case(&bk, &c, msg, sizeof msg);
     const char *how = "launch reported";
@@ -607,5 +608,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nvrtc_kept_configs_unusual),
       cmocka_unit_test(test_nvrtc_kept_configs_wide),
   };
-  return kh_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
+  const int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  kt_noise_report();
+  return kh_exit_code(failed);
 }

@@ -72,7 +72,11 @@
  * bit for bit; the non-causal reference over every key), then timed at --heads x --seqs
  * (rows attn_fwd, attn_fwd_sm90, attn_fwd_full, attn_fwd_sm90_full; non-causal FLOPs over
  * S^2 pairs; the table's causal column). attn_fwd_sm90's four tensor maps come from the
- * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), copied to device memory.
+ * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), copied to device memory. Then
+ * the explicit backward, causal, mma.sync beside sm_90a (attn_bwd_dkdv_sm90,
+ * attn_bwd_dq_sm90; their five maps from mg_sm90_bwd_tmaps): checked (check_sm90_bwd) and
+ * timed (time_sm90_bwd: each kernel, the pipelines bwd_det, bwd_det_sm90, bwd_atomic,
+ * bwd_atomic_sm90, and fwd+bwd_det, fwd+bwd_sm90 beside the peers' fwd_bwd rows).
  *
  * Launch rules: a grid dim is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
  * mul = m, div = n} (mul and div optional, default 1): ceil(arg * m / n).
@@ -149,7 +153,7 @@ enum {
   K_SPLIT_LATENT, K_COPY_COLS,
   /* --sm90 only (sm_90a): the explicit forwards, causal (K_FWD, K_FWD_SM90) and not; the
    * sm_90a deterministic backward (beside K_PRE, K_DKDV_DET, K_DQ), causal */
-  K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, NK
+  K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT, NK
 };
 #define NATTN (K_MQA_DQ + 1)
 static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
@@ -158,16 +162,17 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                         "split_dkv", "concat_latent", "split_latent", "copy_cols",
                                         "attn_fwd_sm90", "attn_fwd_full", "attn_fwd_sm90_full",
-                                        "bwd_dkdv_sm90", "bwd_dq_sm90"};
+                                        "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
                                          "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                          "split_dkv", "concat_latent", "split_latent",
                                          "copy_cols", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90",
-                                         "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90"};
+                                         "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90"};
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
-                                         {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL}};
+                                         {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL},
+                                         [K_DKDV_SM90_AT] = {"deterministic=0", NULL}};
 /* The parameter lists the launches below pass, checked against each manifest. */
 #define MAX_PARAMS 20
 static const char *const k_params[NK][MAX_PARAMS] = {
@@ -201,6 +206,8 @@ static const char *const k_params[NK][MAX_PARAMS] = {
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
 };
 static int is_sm90(int which) { return which == K_FWD_SM90 || which == K_FWD_SM90_FULL; }
 static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_SM90_FULL; }
@@ -232,8 +239,8 @@ typedef struct kset {
  * and the layout ones for a timed H. */
 static int wanted(const kset *ks, int which) {
   if (g_sm90)
-    return which == K_FWD || which >= K_FWD_SM90 || which == K_PRE || which == K_DKDV_DET ||
-           which == K_DQ;
+    return which == K_FWD || which >= K_FWD_SM90 || which == K_PRE || which == K_DKDV ||
+           which == K_DKDV_DET || which == K_DQ;
   return which < NATTN || (ks->timed && which < K_FWD_SM90);
 }
 
@@ -471,11 +478,11 @@ static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int
 
 /* The sm_90a backward's kernels (split keys, q_split = S: every query at q_pos0 + i) with
  * their 5 tensor maps at tmaps (device memory, sm90_bwd_maps). */
-static int run_dkdv_sm90(const gk *g, const dev_tensors *t, const dev_outputs *out, int S,
-                         float scale, CUdeviceptr tmaps) {
+static int run_dkdv_sm90(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum,
+                         const dev_outputs *out, int S, float scale, CUdeviceptr tmaps) {
   int q_pos0 = 0, q_split = S, q_pos1 = 0;
   void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
-                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&NULLP,
+                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
                   (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
                   &q_split, &q_pos1, &scale, &tmaps};
   return launch(g, 1, S, S, args);
@@ -859,7 +866,8 @@ done:
  * given the reference O (bf16) and LSE (fp32): attn_bwd_pre + attn_bwd_dkdv (deterministic)
  * + attn_bwd_dq, then attn_bwd_pre + attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90, each twice (the
  * second compared bit for bit), dq, dk_nope, dk_rope and dv per element against the float64
- * reference (gpu_tol.h). Returns -1 on a CUDA error, else the number of misses. */
+ * reference (gpu_tol.h); then the atomic attn_bwd_pre + attn_bwd_dkdv_sm90 (deterministic =
+ * 0) once, dq_accum in place of dq. Returns -1 on a CUDA error, else the number of misses. */
 static int check_sm90_bwd(const kset *ks, int S) {
   const int H = ks->heads;
   double t0 = wall_s();
@@ -874,7 +882,7 @@ static int check_sm90_bwd(const kset *ks, int S) {
   memset(&t, 0, sizeof t), memset(&out, 0, sizeof out);
   e16 *dq[2] = {xcalloc(c.nq, 2), xcalloc(c.nq, 2)}, *dkn[2] = {xcalloc(c.nkn, 2), xcalloc(c.nkn, 2)};
   e16 *dv[2] = {xcalloc(c.nv, 2), xcalloc(c.nv, 2)};
-  float *dkr[2] = {xcalloc(c.nkr, 4), xcalloc(c.nkr, 4)};
+  float *dkr[2] = {xcalloc(c.nkr, 4), xcalloc(c.nkr, 4)}, *dqa = xcalloc(c.nq, 4);
   CUdeviceptr maps[2] = {0, 0};
   if (upload(&t.q, c.q, c.nq * 2) || upload(&t.kn, c.kn, c.nkn * 2) ||
       upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.v, c.v, c.nv * 2) ||
@@ -893,7 +901,7 @@ static int check_sm90_bwd(const kset *ks, int S) {
           CU(drv->cuMemsetD8(t.delta, 0xff, c.nl * 4)))
         goto done;
       if (run_pre(&ks->k[K_PRE], &t, NULLP, S) || sync_stream(ks->k[K_PRE].name)) goto done;
-      if ((sm90 ? run_dkdv_sm90(kd, &t, &out, S, scale, maps[0]) : run_dkdv(kd, &t, NULLP, &out, S, scale)) ||
+      if ((sm90 ? run_dkdv_sm90(kd, &t, NULLP, &out, S, scale, maps[0]) : run_dkdv(kd, &t, NULLP, &out, S, scale)) ||
           sync_stream(kd->name))
         goto done;
       if ((sm90 ? run_dq_sm90(kq, &t, &out, S, scale, maps[1]) : run_dq(kq, &t, &out, S, scale)) ||
@@ -913,10 +921,31 @@ static int check_sm90_bwd(const kset *ks, int S) {
     same_bits("dk_rope", dkr[0], dkr[1], c.nkr, 4, &fails);
     same_bits("dv", dv[0], dv[1], c.nv, 2, &fails);
   }
+  /* the atomic sm_90a backward: pre (zeroes dq_accum) + attn_bwd_dkdv_sm90 deterministic = 0
+   * (dk_rope zeroed first; atomics: not compared bit for bit) */
+  {
+    const gk *ka = &ks->k[K_DKDV_SM90_AT];
+    CUdeviceptr dq_accum = 0, amaps = 0;
+    if (alloc_nan(&dq_accum, c.nq * 4) || sm90_bwd_maps(ka, &t, S, &amaps) ||
+        CU(drv->cuMemsetD8(out.dkr, 0, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
+        CU(drv->cuMemsetD8(out.dv, 0xff, c.nv * 2)) || CU(drv->cuMemsetD8(t.delta, 0xff, c.nl * 4)))
+      goto done;
+    if (run_pre(&ks->k[K_PRE], &t, dq_accum, S) || sync_stream(ks->k[K_PRE].name)) goto done;
+    if (run_dkdv_sm90(ka, &t, dq_accum, &out, S, scale, amaps) || sync_stream(ka->name)) goto done;
+    if (download(dqa, dq_accum, c.nq * 4) || download(dkn[0], out.dkn, c.nkn * 2) ||
+        download(dkr[0], out.dkr, c.nkr * 4) || download(dv[0], out.dv, c.nv * 2))
+      goto done;
+    say("  %s + %s\n", ks->k[K_PRE].name, ka->name);
+    check_elems("dq (fp32 dq_accum)", dqa, 1, c.r_dq, (size_t)S, (int)(c.nq / S), 0, (int)(c.nq / S), TOL_GRAD, &fails);
+    check_elems("dk_nope", dkn[0], 0, c.r_dkn, (size_t)S, (int)(c.nkn / S), 0, (int)(c.nkn / S), TOL_GRAD, &fails);
+    check_elems("dk_rope", dkr[0], 1, c.r_dkr, (size_t)S, (int)(c.nkr / S), 0, (int)(c.nkr / S), TOL_GRAD, &fails);
+    check_elems("dv", dv[0], 0, c.r_dv, (size_t)S, (int)(c.nv / S), 0, (int)(c.nv / S), TOL_GRAD, &fails);
+  }
   rc = fails;
 done:
   while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
   for (int i = 0; i < 2; i++) free(dq[i]), free(dkn[i]), free(dv[i]), free(dkr[i]);
+  free(dqa);
   case_free(&c);
   return rc;
 }
@@ -1332,18 +1361,21 @@ done:
  * mma.sync kernels (bwd_dkdv_det, bwd_dq) beside the sm_90a ones (bwd_dkdv_sm90,
  * bwd_dq_sm90), each alone, then the pipelines bwd_det (attn_bwd_pre + attn_bwd_dkdv
  * deterministic + attn_bwd_dq) and bwd_det_sm90 (attn_bwd_pre + the two sm_90a kernels),
- * which carry the backward's FLOPs (MLA.md: 2 H pairs (3 d_qk + 2 d_v)), and fwd+bwd_det /
+ * which carry the backward's FLOPs (MLA.md: 2 H pairs (3 d_qk + 2 d_v)); the atomic ones
+ * (bwd_dkdv: attn_bwd_dkdv deterministic = 0, bwd_dkdv_sm90_at: attn_bwd_dkdv_sm90
+ * deterministic = 0, each with dQ, alone and after attn_bwd_pre as bwd_atomic /
+ * bwd_atomic_sm90; dq_convert not included, as time_shape's bwd_atomic); and fwd+bwd_det /
  * fwd+bwd_sm90 (op fwd_bwd: attn_fwd's / attn_fwd_sm90's causal median from time_sm90
  * plus the pipeline's). Inputs as
  * time_shape's (O and LSE from attn_fwd, delta from attn_bwd_pre). Returns -1 on a CUDA
  * error. */
 typedef struct bctx {
   const kset *ks;
-  int S, which; /* a kernel, or -1: bwd_det, -2: bwd_det_sm90 */
+  int S, which; /* a kernel, or -1: bwd_det, -2: bwd_det_sm90, -3: bwd_atomic, -4: bwd_atomic_sm90 */
   float scale;
   dev_tensors t[8];
   dev_outputs out;
-  CUdeviceptr maps[8][2]; /* per set: K_DKDV_SM90's, K_DQ_SM90's */
+  CUdeviceptr maps[8][3]; /* per set: K_DKDV_SM90's, K_DQ_SM90's, K_DKDV_SM90_AT's */
 } bctx;
 
 static int blaunch(void *p, int set) {
@@ -1354,7 +1386,16 @@ static int blaunch(void *p, int set) {
   switch (x->which) {
     case K_DKDV_DET: return run_dkdv(&k[K_DKDV_DET], t, NULLP, &x->out, x->S, x->scale);
     case K_DQ: return run_dq(&k[K_DQ], t, &x->out, x->S, x->scale);
-    case K_DKDV_SM90: return run_dkdv_sm90(&k[K_DKDV_SM90], t, &x->out, x->S, x->scale, m[0]);
+    case K_DKDV_SM90: return run_dkdv_sm90(&k[K_DKDV_SM90], t, NULLP, &x->out, x->S, x->scale, m[0]);
+    case K_DKDV: return run_dkdv(&k[K_DKDV], t, x->out.dq_accum, &x->out, x->S, x->scale);
+    case K_DKDV_SM90_AT:
+      return run_dkdv_sm90(&k[K_DKDV_SM90_AT], t, x->out.dq_accum, &x->out, x->S, x->scale, m[2]);
+    case -3:
+      return run_pre(&k[K_PRE], t, x->out.dq_accum, x->S) ||
+             run_dkdv(&k[K_DKDV], t, x->out.dq_accum, &x->out, x->S, x->scale);
+    case -4:
+      return run_pre(&k[K_PRE], t, x->out.dq_accum, x->S) ||
+             run_dkdv_sm90(&k[K_DKDV_SM90_AT], t, x->out.dq_accum, &x->out, x->S, x->scale, m[2]);
     case K_DQ_SM90: return run_dq_sm90(&k[K_DQ_SM90], t, &x->out, x->S, x->scale, m[1]);
     case -1:
       return run_pre(&k[K_PRE], t, NULLP, x->S) ||
@@ -1362,7 +1403,7 @@ static int blaunch(void *p, int set) {
              run_dq(&k[K_DQ], t, &x->out, x->S, x->scale);
     default:
       return run_pre(&k[K_PRE], t, NULLP, x->S) ||
-             run_dkdv_sm90(&k[K_DKDV_SM90], t, &x->out, x->S, x->scale, m[0]) ||
+             run_dkdv_sm90(&k[K_DKDV_SM90], t, NULLP, &x->out, x->S, x->scale, m[0]) ||
              run_dq_sm90(&k[K_DQ_SM90], t, &x->out, x->S, x->scale, m[1]);
   }
 }
@@ -1384,10 +1425,11 @@ static int time_sm90_bwd(const kset *ks, int S) {
   int rc = -1;
   for (int s = 0; s < n_sets; s++)
     if (alloc_set(&x.t[s], s, H, S, 1) || sm90_bwd_maps(&ks->k[K_DKDV_SM90], &x.t[s], S, &x.maps[s][0]) ||
-        sm90_bwd_maps(&ks->k[K_DQ_SM90], &x.t[s], S, &x.maps[s][1]))
+        sm90_bwd_maps(&ks->k[K_DQ_SM90], &x.t[s], S, &x.maps[s][1]) ||
+        sm90_bwd_maps(&ks->k[K_DKDV_SM90_AT], &x.t[s], S, &x.maps[s][2]))
       goto done;
-  if (alloc_nan(&x.out.dq, nq * 2) || alloc_nan(&x.out.dkn, nkn * 2) ||
-      alloc_nan(&x.out.dkr, nkr * 4) || alloc_nan(&x.out.dv, nv * 2))
+  if (alloc_nan(&x.out.dq, nq * 2) || alloc_nan(&x.out.dkn, nkn * 2) || alloc_nan(&x.out.dq_accum, nq * 4) ||
+      dalloc(&x.out.dkr, nkr * 4) || CU(drv->cuMemsetD8(x.out.dkr, 0, nkr * 4)) || alloc_nan(&x.out.dv, nv * 2))
     goto done;
   for (int s = 0; s < n_sets; s++)
     if (run_fwd(&ks->k[K_FWD], &x.t[s], x.t[s].o, x.t[s].lse, S, x.scale) ||
@@ -1406,9 +1448,13 @@ static int time_sm90_bwd(const kset *ks, int S) {
       {K_DQ_SM90, "bwd_dq_sm90", "", 0, b_bin + b_q},
       {-1, "bwd_det", "bwd", f_bwd, b_pipe},
       {-2, "bwd_det_sm90", "bwd", f_bwd, b_pipe},
+      {K_DKDV, "bwd_dkdv", "", f_bwd, b_bin + 4.0 * nq + b_bout},
+      {K_DKDV_SM90_AT, "bwd_dkdv_sm90_at", "", f_bwd, b_bin + 4.0 * nq + b_bout},
+      {-3, "bwd_atomic", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq},
+      {-4, "bwd_atomic_sm90", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq},
   };
-  double ms_bwd[2] = {0, 0};
-  int it_bwd[2] = {0, 0};
+  double ms_bwd[4] = {0, 0, 0, 0};
+  int it_bwd[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     x.which = rows[i].which;
     double ms;
@@ -1722,7 +1768,8 @@ static int usage(void) {
           "                    [--no-check (timing without the check: the fake-driver test)]\n"
           "                    [--no-mqa (without the absorbed kernels)] [--jobs N (NVRTC threads)]\n"
           "                    [--sm90 (sm_90a only: attn_fwd beside attn_fwd_sm90, causal and not,\n"
-          "                     checked then timed; nothing else)]\n"
+          "                     and the backward beside attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90,\n"
+          "                     causal; checked then timed; nothing else)]\n"
           "  defaults: --seqs 1024,4096,8192,16384 --heads 16,128 --iters 20 --warmup 3 --sets 4\n");
   return 2;
 }
@@ -1850,8 +1897,9 @@ int main(int argc, char **argv) {
       DN, DR, DV, g_warmup, g_iters, MQK, MV);
   if (g_sm90)
     say("--sm90: the explicit attention only, mma.sync beside sm_90a (TMA, wgmma): the forwards "
-        "attn_fwd, attn_fwd_sm90 causal (pairs S(S+1)/2) and not (S^2); the deterministic "
-        "backwards (bwd_det, bwd_det_sm90: pre + dkdv + dq) causal; split keys\n");
+        "attn_fwd, attn_fwd_sm90 causal (pairs S(S+1)/2) and not (S^2); the backwards causal "
+        "(bwd_det, bwd_det_sm90: pre + dkdv + dq; bwd_atomic, bwd_atomic_sm90: pre + dkdv with "
+        "atomic dQ); split keys\n");
   print_header();
   for (int h = 0; h < n_heads; h++) {
     const kset *ks = NULL;
