@@ -51,7 +51,10 @@
 @ local function accumulators(c)
 @   -- (the first pass: dV, S^T, P^T packed, and with split keys dK's RoPE columns summed
 @   -- over the heads; the second: dK, S^T, dP^T)
-@   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2 + BM // 4 + (c.k_packed == 1 and 0 or DR // 2), DQK // 2 + BM) end
+@   -- deterministic = 0: dQ's 64-column chunk (32 accumulators) beside dK, counted
+@   -- with the second pass (measured: wide heads spilled without it)
+@   local dq = c.deterministic == 0 and 32 or 0
+@   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2 + BM // 4 + (c.k_packed == 1 and 0 or DR // 2), DQK // 2 + BM + dq) end
 @   return DQK // 2 + DV // 2 + BM
 @ end
 @ local function smem_bytes(c)
@@ -117,18 +120,22 @@
 @     end
 @   end,
 @   default = function(s)
+@     -- the interface tunables as set (the plan's), for the register and memory checks
+@     local det = s.config ~= nil and s.config.deterministic or 1
+@     local kp = s.config ~= nil and s.config.k_packed or 0
 @     for _, tp in ipairs({ 0, 1 }) do
 @       for _, p in ipairs({ { 128, 2 }, { 64, 2 }, { 64, 1 } }) do
-@         local c = { block_n = p[1], block_m = BM, stages = p[2], two_pass = tp, deterministic = 1, k_packed = 0 }
+@         local c = { block_n = p[1], block_m = BM, stages = p[2], two_pass = tp, deterministic = det, k_packed = kp }
 @         if accumulators(c) <= acc_limit(c) and smem_bytes(c) <= SMEM_LIMIT then return c end
 @       end
 @     end
-@     return { block_n = 64, block_m = BM, stages = 1, two_pass = 1, deterministic = 1, k_packed = 0 }
+@     return { block_n = 64, block_m = BM, stages = 1, two_pass = 1, deterministic = det, k_packed = kp }
 @   end,
 @   name = function(s, c)
 @     return string.format("mla_attn_bwd_dkdv_sm90_h%d_dn%d_dr%d_dv%d_%s_%s_bn%d_bm%d_st%d%s%s", H, DN, DR, DV,
 @                          s.dtype, s.causal and "causal" or "full", c.block_n, c.block_m, c.stages,
 @                          c.two_pass == 1 and "_2pass" or "", c.k_packed == 1 and "_kpacked" or "")
+@                          .. (c.deterministic == 0 and "_atomic" or "")
 @   end,
 @   launch = function(s, c)
 @     return {
