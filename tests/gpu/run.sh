@@ -9,7 +9,7 @@
 #             S 200: partial tiles; causal and not), the deterministic backward (pre +
 #             dkdv + dq, mma.sync and sm_90a) likewise (causal), then timed side by side
 #             at H 16,128 x S 1024..16384, the forwards causal and not, the backwards
-#             causal, rows of at most ~1.5 s (--row-budget-ms 1500: 80 rows fit the
+#             causal, rows of at most ~1.5 s (--row-budget-ms 1500: 112 rows fit the
 #             cap; SM90_ARGS added)                                                     cap 300
 #   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn
 #             --ops fwd,fwd_bwd into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90 cap 150
