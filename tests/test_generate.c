@@ -317,7 +317,11 @@ static void test_kernel_facts(void **state) {
       assert_string_equal(i->params[p].name, cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring);
       const char *type = cJSON_GetObjectItemCaseSensitive(e, "type")->valuestring;
       const mg_param_kind want = strchr(type, '*') ? (strncmp(type, "const", 5) ? MG_PARAM_OUT : MG_PARAM_IN)
-                                 : strcmp(type, "int") == 0 ? MG_PARAM_INT : MG_PARAM_FLOAT;
+                                 : strcmp(type, "int") == 0   ? MG_PARAM_INT
+                                 : strcmp(type, "float") == 0 ? MG_PARAM_FLOAT
+                                 : strcmp(type, "const __grid_constant__ mla::sm90::TensorMaps<4>") == 0
+                                     ? MG_PARAM_TMAPS
+                                     : (mg_param_kind)-1;
       assert_int_equal(i->params[p].kind, want);
     }
     const cJSON *block = cJSON_GetObjectItemCaseSensitive(

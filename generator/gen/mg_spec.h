@@ -34,8 +34,9 @@ typedef struct mg_kernel_spec {
  * renders for a model, and those it renders only on request (mg_spec_family_on_request). */
 extern const char *const mg_spec_families[];
 
-/* 1 when family is rendered only on request (`mlagen generate --family F`), not for every
- * model: attn_fwd_sm90, which no plan runs yet; else 0. */
+/* 1 when family is not one of the portable families mg_spec_for_model lists for every model:
+ * an architecture's own family (mg_arch_kernel_table: attn_fwd_sm90), rendered for its
+ * architecture (mg_spec_to_arch) or on request (`mlagen generate --family F`); else 0. */
 int mg_spec_family_on_request(const char *family);
 
 /* Fills specs[0..*n) with every kernel a model needs at sequence-parallel degree sp, each
@@ -77,9 +78,39 @@ extern const mg_op_kernels mg_op_kernel_table[]; /* ends with family[0] NULL */
  * table does not list. */
 const char *mg_op_family(int op, int i);
 
+/* Per-architecture families, the one table of which family implements an op on which
+ * architecture: a row replaces mg_op_kernel_table's families of op on arch (same launch
+ * order, same parameters by name, plus the tensor maps an sm_90a family takes: runtime/exec/
+ * mg_sm90_tmap.h), with its own fixed settings. Ops and architectures without a row run
+ * the portable (mma.sync, sm_80 and up) families: sm_80, sm_86, sm_89 always. Rows:
+ * sm_90a MG_OP_ATTN_FWD attn_fwd_sm90 (k_packed = 1). Read by mg_op_family_arch,
+ * mg_spec_to_arch, mg_spec_plan_tunables; so by the CUDA executor, `mlagen generate`,
+ * `compile`, `tune` and `plan --explain`. */
+typedef struct mg_arch_kernels {
+  const char *arch;                         /* "sm_90a" */
+  mg_op_kernels k;                          /* the op and its families on arch */
+} mg_arch_kernels;
+extern const mg_arch_kernels mg_arch_kernel_table[]; /* ends with arch NULL */
+
+/* The i-th family op runs on arch: the arch's row (mg_arch_kernel_table) when there is one,
+ * else mg_op_family(op, i). arch NULL or "" (no device known): mg_op_family. */
+const char *mg_op_family_arch(int op, int i, const char *arch);
+
+/* The portable family an architecture's family stands in for (attn_fwd_sm90 -> attn_fwd:
+ * the same position of the same op in mg_op_kernel_table), or family itself when it is
+ * portable or unknown. */
+const char *mg_family_portable(const char *family);
+
+/* s for arch: when a row of mg_arch_kernel_table replaces s->family (a portable family)
+ * on arch, *out is s with that family, its configuration cleared but for the row's fixed
+ * settings (mg_spec_plan_tunables), and 1 is returned; else *out = *s and 0. The caller
+ * applies its overrides again. out may be s. */
+int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *out);
+
 /* Sets the tunables the plans' executors (runtime/exec/mg_cuda_exec.h) fix for s's family (the
  * table's fixed settings: attn_fwd and attn_bwd_dq k_packed = 1, the plans' K is per head,
- * packed; attn_bwd_dkdv k_packed = 1, deterministic = 1, no fp32 dQ accumulator;
+ * packed (attn_fwd_sm90 too, mg_arch_kernel_table); attn_bwd_dkdv k_packed = 1,
+ * deterministic = 1, no fp32 dQ accumulator;
  * mqa_bwd_dkv qsplit = 1, dc written once, no fp32 accumulator). Other families are left
  * alone. mg_spec_for_model applies it, so `mlagen generate` emits, and `mlagen tune`
  * sweeps, the kernels the executors run. */
