@@ -26,7 +26,9 @@
  * MLAGEN_EDRIVER naming cuBLAS; then with MLAGEN_LIBCUBLAS = the fake driver, which is a
  * fake cuBLAS too, a LAGA plan's forward and backward run through the API (NVRTC compiles
  * its kernels; the fakes compute nothing) and every GEMM used cuBLAS's 32 MiB slice of the
- * caller's workspace (cublasSetWorkspace after cublasSetStream), never cuBLAS's own.
+ * caller's workspace (cublasSetWorkspace after cublasSetStream), never cuBLAS's own, and
+ * the forward ran attn_fwd_sm90 (the fake device is an sm_90a one) with 4 tensor maps the
+ * fake's cuTensorMapEncodeTiled accepted.
  * Every pass also checks cuBLAS's slice: the workspace is the layout's plus exactly
  * 32 MiB, the GEMMs get the 256-byte aligned slice after the layout's, and no step writes
  * there. MLAGEN_TEST_SEED overrides the seed; MLAGEN_TEST_FILTER (a cmocka pattern) runs
@@ -548,6 +550,7 @@ static void test_fake_cublas(void **state) {
       void *used;
       size_t bytes;
       stats(&gemms0, &own, &used, &bytes);
+      const int maps0 = g_fake.count("cuTensorMapEncodeTiled");
       int rc = pass ? mlagen_backward(plan, &t, w, z.workspace_bytes, saved, z.saved_bytes, NULL)
                     : mlagen_forward(plan, &t, w, z.workspace_bytes, saved, z.saved_bytes, NULL);
       if (rc) fail_msg("%s: %s: %s", pass ? "backward" : "forward", mlagen_status_name(rc),
@@ -561,6 +564,9 @@ static void test_fake_cublas(void **state) {
       assert_int_equal(bytes, slice - lead);
       assert_int_equal((uintptr_t)used % 256, 0);
       assert_ptr_equal((char *)used + bytes, w + z.workspace_bytes); /* the caller's end */
+      /* the fake device is an sm_90a one: the forward ran attn_fwd_sm90, its 4 tensor maps
+       * encoded (and accepted: the fake checks them as the driver does) for the launch */
+      assert_int_equal(g_fake.count("cuTensorMapEncodeTiled") - maps0, pass ? 0 : 4);
     }
   }
   for (int k = 0; k < nb; k++) free(bufs[k]);

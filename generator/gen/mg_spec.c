@@ -72,6 +72,14 @@ const char *mg_family_portable(const char *family) {
   return family;
 }
 
+int mg_family_runs_on(const char *family, const char *arch) {
+  if (!strcmp(mg_family_portable(family), family)) return 1;
+  for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch; a++)
+    for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i]; i++)
+      if (arch && !strcmp(a->arch, arch) && !strcmp(a->k.family[i], family)) return 1;
+  return 0;
+}
+
 int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *out) {
   const char *to = NULL;
   for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0] && !to; t++)

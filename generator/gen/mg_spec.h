@@ -101,6 +101,10 @@ const char *mg_op_family_arch(int op, int i, const char *arch);
  * portable or unknown. */
 const char *mg_family_portable(const char *family);
 
+/* 1 when family's kernels run on arch: a portable family, or one of arch's rows; else 0
+ * (another architecture's family: attn_fwd_sm90 on sm_80). */
+int mg_family_runs_on(const char *family, const char *arch);
+
 /* s for arch: when a row of mg_arch_kernel_table replaces s->family (a portable family)
  * on arch, *out is s with that family, its configuration cleared but for the row's fixed
  * settings (mg_spec_plan_tunables), and 1 is returned; else *out = *s and 0. The caller
