@@ -818,6 +818,14 @@ int main(int argc, char **argv) {
       "B 1, S %d, %s, %s, sp %d; seed %llu; timing: %s\n", name, drv->driver_version,
       dn == 128 && dr == 64 && dv == 128 && dc == 512 ? "DeepSeek-V3" : "test", dn, dr, dv, dc, H, S, causal ? "causal" : "non-causal", mg_dtype_name(g_dt), sp,
       (unsigned long long)seed, g_iters > 0 && sp == 1 ? "warm-up and median of --iters" : "none");
+  {
+    const char *mma = getenv("MLAGEN_MMA_SYNC");
+    say("forward family: %s (the CUDA executor's choice for this device: mg_arch_kernel_table; "
+        "MLAGEN_MMA_SYNC=%s)\n",
+        mma && !strcmp(mma, "1") ? "attn_fwd (mma.sync)"
+                                 : "attn_fwd_sm90 on sm_90a (compute capability 9.0), else attn_fwd",
+        mma ? mma : "unset");
+  }
   if (g_no_check) {
     say("--no-check: no reference; outputs only required to be finite (not checked)\n");
   } else {
