@@ -89,6 +89,7 @@ int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *o
         if (f && strcmp(f, s->family) != 0) to = f;
       }
   if (out != s) *out = *s;
+  snprintf(out->arch, sizeof out->arch, "%s", arch ? arch : "");
   if (!to) return 0;
   snprintf(out->family, sizeof out->family, "%s", to);
   out->n_config = 0;

@@ -22,6 +22,9 @@ typedef struct mg_kernel_spec {
   int d_c;            /* kv_lora_rank */
   char dtype[8];      /* "bf16" or "fp16": element type of the tensors */
   int causal;         /* 1: causal masking by global position */
+  char arch[16];      /* the GPU the kernel is rendered for ("sm_86", "sm_90a"; "": any from
+                         sm_80 up): its shared-memory limit bounds the configurations the
+                         templates accept (prelude.lua smem_limit) */
   int n_config;       /* tunable overrides; the template's default for the rest */
   mg_tunable_value config[MG_SPEC_MAX_CONFIG];
 } mg_kernel_spec;
@@ -105,10 +108,10 @@ const char *mg_family_portable(const char *family);
  * (another architecture's family: attn_fwd_sm90 on sm_80). */
 int mg_family_runs_on(const char *family, const char *arch);
 
-/* s for arch: when a row of mg_arch_kernel_table replaces s->family (a portable family)
- * on arch, *out is s with that family, its configuration cleared but for the row's fixed
- * settings (mg_spec_plan_tunables), and 1 is returned; else *out = *s and 0. The caller
- * applies its overrides again. out may be s. */
+/* s for arch: *out is s rendered for arch (out->arch = arch, "" for NULL), and, when a row
+ * of mg_arch_kernel_table replaces s->family (a portable family) on arch, with that family,
+ * its configuration cleared but for the row's fixed settings (mg_spec_plan_tunables): 1 is
+ * returned then, else 0. The caller applies its overrides again. out may be s. */
 int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *out);
 
 /* Sets the tunables the plans' executors (runtime/exec/mg_cuda_exec.h) fix for s's family (the

@@ -163,6 +163,7 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   s.heads = heads, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = dc;
   snprintf(s.dtype, sizeof s.dtype, "%s", spec_dtype(r->p));
   s.causal = r->p->args.causal;
+  snprintf(s.arch, sizeof s.arch, "%s", x->ops->arch); /* the device's shared-memory limit */
   /* the interface the steps below are written for, and a tuned configuration for this
    * device, shape and sequence bucket when the ops know their device and the store has
    * one (docs/tuning.md); else the template's default. A kernel whose code does not
