@@ -546,6 +546,8 @@ static void test_arch_families(void **state) {
   assert_string_equal(t.config[0].name, "k_packed");
   assert_int_equal(t.config[0].value, 1);
   assert_int_equal(mg_spec_to_arch(&s, "sm_80", &t), 0);
+  assert_string_equal(t.arch, "sm_80"); /* only the target set */
+  memset(t.arch, 0, sizeof t.arch);
   assert_memory_equal(&s, &t, sizeof s);
   snprintf(s.family, sizeof s.family, "attn_bwd_dq");
   assert_int_equal(mg_spec_to_arch(&s, "sm_90a", &t), 0);
@@ -556,6 +558,37 @@ static void test_arch_families(void **state) {
   int n = 0;
   assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
   for (int i = 0; i < n; i++) assert_string_not_equal(specs[i].family, "attn_fwd_sm90");
+  /* the shared-memory limit of the target: every kernel rendered for sm_86 and sm_89 fits
+   * their 99 KiB (at sm_80's defaults several need 109-152 KiB); sm_80 and sm_90a render
+   * the portable families exactly as a spec for no arch does (their limit is sm_80's),
+   * attn_fwd_sm90 takes sm_90a's 227 KiB */
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  static const char *const archs[] = {"sm_86", "sm_89", "sm_80", "sm_90a"};
+  int over_80 = 0;
+  for (int i = 0; i < n; i++) {
+    mg_kernel base;
+    if (mg_gen_kernel(g, &specs[i], &base, &d)) fail_msg("%s: %s", specs[i].family, mg_diag_msg(&d));
+    over_80 += base.info.launch.smem > 99 * 1024;
+    for (int a = 0; a < 4; a++) {
+      mg_kernel_spec as;
+      mg_spec_to_arch(&specs[i], archs[a], &as);
+      assert_string_equal(as.arch, archs[a]);
+      mg_kernel k;
+      if (mg_gen_kernel(g, &as, &k, &d)) fail_msg("%s %s: %s", archs[a], as.family, mg_diag_msg(&d));
+      const long limit = a < 2 ? 99 * 1024 : !strcmp(as.family, "attn_fwd_sm90") ? 227 * 1024 : 163 * 1024;
+      if ((long)k.info.launch.smem > limit)
+        fail_msg("%s %s: %zu bytes of shared memory, over %ld", archs[a], k.name, k.info.launch.smem, limit);
+      if (a >= 2 && !strcmp(as.family, specs[i].family)) {
+        assert_string_equal(k.name, base.name);
+        assert_true(k.source_len == base.source_len && !memcmp(k.source, base.source, k.source_len));
+      }
+      mg_kernel_free(&k);
+    }
+    mg_kernel_free(&base);
+  }
+  assert_true(over_80 > 0); /* the check above is not vacuous */
+  mg_gen_close(g);
 }
 
 int main(void) {
