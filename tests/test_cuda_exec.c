@@ -359,7 +359,8 @@ static int report_worst(void **state) {
  * plans run attn_fwd_sm90 (the TMA/wgmma forward, on the host executor's sm_90a emulation)
  * with the tensor maps the executor encodes at each launch from the pass's addresses, and
  * match the CPU executor per element as the mma.sync runs do; MLAGEN_MMA_SYNC=1 (and the
- * mma_sync option) give the mma.sync attn_fwd back, and ops without a driver keep it. */
+ * mma_sync option) give the mma.sync attn_fwd back, ops without a driver keep it, and so
+ * does a shape attn_fwd_sm90 refuses (d_v 48). */
 static void test_sm90_family(void **state) {
   (void)state;
   mg_diag d = MG_DIAG_INIT;
@@ -398,6 +399,28 @@ static void test_sm90_family(void **state) {
     }
     assert_int_equal(sm90, v == 0);
     assert_int_equal(mma, v != 0);
+    mg_cuda_exec_destroy(x);
+  }
+  /* a shape attn_fwd_sm90 refuses (d_v 48: not an N of its O += P V wgmma): attn_fwd runs,
+   * and its why says so */
+  mg_shape odd = tu_shape(2, 64, 32, 48, 256);
+  a.shape = &odd;
+  assert_int_equal(mg_plan_build(plan, &a, &d), 0);
+  {
+    mg_cuda_exec_opts eo = {.gen = g, .tune_dir = dir};
+    mg_cuda_exec *x = NULL;
+    if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));
+    int fwd = 0;
+    for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+      const char *name, *why;
+      mg_cuda_exec_kernel_info(x, i, &name, &why);
+      if (strncmp(name, "mla_attn_fwd_", 13)) continue;
+      print_message("  %s: %s\n", name, why);
+      assert_int_equal(strncmp(name, "mla_attn_fwd_h", 14), 0);
+      assert_non_null(strstr(why, "attn_fwd_sm90 refused the shape"));
+      fwd++;
+    }
+    assert_int_equal(fwd, 1);
     mg_cuda_exec_destroy(x);
   }
   free(plan);
