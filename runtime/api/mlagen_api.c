@@ -207,6 +207,7 @@ static int form_from_api(mlagen_form f, mg_form *out) {
     case MLAGEN_FORM_LAGA: *out = MG_FORM_LAGA; return 0;
     case MLAGEN_FORM_LAGA_R: *out = MG_FORM_LAGA_R; return 0;
     case MLAGEN_FORM_LAGA_F: *out = MG_FORM_LAGA_F; return 0;
+    case MLAGEN_FORM_LAGA_CP: *out = MG_FORM_LAGA_CP; return 0;
   }
   return -1;
 }
@@ -305,7 +306,8 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   mg_dtype dtype;
   if (form_from_api(desc->form, &form))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->form = %d is not an "
-                       "mlagen_form (MLAGEN_FORM_EXPLICIT, _ABSORBED, _LAGA, _LAGA_R, _LAGA_F)",
+                       "mlagen_form (MLAGEN_FORM_EXPLICIT, _ABSORBED, _LAGA, _LAGA_R, _LAGA_F, "
+                       "_LAGA_CP)",
                        (int)desc->form);
   if (dtype_from_api(desc->dtype, &dtype))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->dtype = %d is not an "
@@ -321,7 +323,7 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   static const mg_plan_arg_names names = {
       .fn = "mlagen_plan_create", .sp = "plan_desc->sp_size", .rank = "plan_desc->sp_rank",
       .batch = "plan_desc->batch", .seq = "plan_desc->seq", .head_groups = "plan_desc->head_groups",
-      .laga_f = "MLAGEN_FORM_LAGA_F"};
+      .laga_f = "MLAGEN_FORM_LAGA_F", .laga_cp = "MLAGEN_FORM_LAGA_CP"};
   mg_plan_args a = {.shape = &model->shape, .form = form, .sp = desc->sp_size,
                     .rank = desc->sp_rank, .batch = desc->batch, .seq = desc->seq,
                     .causal = desc->causal != 0, .dtype = dtype, .head_groups = desc->head_groups};
