@@ -179,7 +179,7 @@ static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in
   int bad = 0;
   double e[TU_N_OUT];
   for (int k = 0; k < TU_N_OUT; k++) {
-    const int64_t n = tu_local_numel(c, k, g_size);
+    const int64_t n = tu_local_numel(c, k, f, g_size);
     double *local = malloc((size_t)n * sizeof *local), *want = malloc((size_t)n * sizeof *want);
     assert_true(local && want);
     for (int64_t i = 0; i < n; i++)
@@ -188,7 +188,7 @@ static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in
                               : e16_to_f32(dt, ((const e16 *)b.out[k])[i]);
     if (k == TU_DW) /* each rank holds its heads' rows: the gradient is the sum */
       MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    tu_ref_local(c, k, ref[k], g_size, g_rank, want);
+    tu_ref_local(c, k, f, ref[k], g_size, g_rank, want);
     char what[512];
     snprintf(what, sizeof what, "%s %s %s P %d rank %d: %s", mg_form_name(f), mg_dtype_name(dt),
              c->causal ? "causal" : "non-causal", g_size, g_rank, tu_out_names[k]);
