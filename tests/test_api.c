@@ -226,10 +226,10 @@ static void check_sizes(mlagen_context *c, const char *model, mlagen_plan_desc d
   mg_shape shape;
   assert_int_equal(mg_config_load(model, &shape, NULL), 0);
   const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
-                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
+                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F, MLAGEN_FORM_LAGA_CP};
   const mg_form mg_forms[] = {MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R,
-                              MG_FORM_LAGA_F};
-  for (int f = 0; f < 5; f++) {
+                              MG_FORM_LAGA_F, MG_FORM_LAGA_CP};
+  for (int f = 0; f < 6; f++) {
     desc.form = forms[f];
     mlagen_plan *p;
     if (mlagen_plan_create(c, m, &desc, &p)) fail_msg("%s", mlagen_last_message(c));
@@ -341,7 +341,7 @@ static void test_plan_create_errors(void **state) {
     assert_contains(mlagen_last_message(c), bad[i].says);
   }
   /* H = 20 (GLM-4.7-Flash-like) at P = 8: no uneven head split; the message names the
-   * Ulysses forms, the degrees that work and the planned all-gather form */
+   * Ulysses forms, the degrees that work and laga-cp, which plans there */
   mlagen_model *m20;
   assert_int_equal(mlagen_model_from_config(
                        c, MLAGEN_TEST_DATA "/configs/good_glm4_moe_lite_h20.json", &m20), 0);
@@ -353,8 +353,15 @@ static void test_plan_create_errors(void **state) {
                   "num_attention_heads = 20");
   assert_contains(mlagen_last_message(c), "(explicit, absorbed, laga, laga-r, laga-f)");
   assert_contains(mlagen_last_message(c), "plan_desc->sp_size values dividing both H and S work (here 1, 2, 4)");
-  assert_contains(mlagen_last_message(c), "all-gather context-parallel form");
-  assert_contains(mlagen_last_message(c), "is planned");
+  assert_contains(mlagen_last_message(c), "the all-gather context-parallel form "
+                  "MLAGEN_FORM_LAGA_CP keeps all H heads on every rank and takes any P dividing S");
+  mlagen_plan_desc cp8 = good; /* which plans at P = 8 */
+  cp8.form = MLAGEN_FORM_LAGA_CP;
+  assert_int_equal(mlagen_plan_create(c, m20, &cp8, &p), 0);
+  mlagen_plan_destroy(p);
+  cp8.head_groups = 3; /* laga-cp's groups divide H = 20 */
+  assert_int_equal(mlagen_plan_create(c, m20, &cp8, &p), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(c), "plan_desc->head_groups = 3 must divide H = 20");
   mlagen_plan_desc four = good;
   four.sp_size = 4; /* a degree the message names works */
   assert_int_equal(mlagen_plan_create(c, m20, &four, &p), 0);

@@ -15,7 +15,8 @@
  * f16: the LAGA and absorbed forms' f16 plans (causal) the same way at tu_tol_f16. The workspace, the saved area and the
  * outputs are filled with NaN before the forward (the workspace before the backward too),
  * so a buffer read before it is written, or dw_kv_b rows left unzeroed, show. Shape: H 4,
- * d_n 64, d_r 32, d_v 64, d_c 256, B 2, S 16, causal and not, every form.
+ * d_n 64, d_r 32, d_v 64, d_c 256, B 2, S 16, causal and not, every form but laga-cp (whose
+ * attention launches do not take its query positions yet).
  *
  * Kernels are built by the host executor's compiler; with MG_HOST_CACHE_DIR set (ctest
  * sets it) rank 0 prepares first and the other ranks load what it built.
@@ -232,7 +233,10 @@ static void test_forms_match_single_rank(void **state) {
     tu_case c = small_case(causal);
     double *in[TU_N_IN] = {0};
     inputs(&c, g_seed + (uint64_t)causal, MG_BF16, in);
-    for (int f = 0; f < MG_FORM_COUNT; f++) bad += check_form(&c, (mg_form)f, MG_BF16, in);
+    /* laga-cp waits for the attention launches to take its S_k and query positions
+     * (docs/forms.md, laga-cp; its chunk order runs at P = 1 in test_cuda_exec) */
+    for (int f = 0; f < MG_FORM_COUNT; f++)
+      if (f != MG_FORM_LAGA_CP) bad += check_form(&c, (mg_form)f, MG_BF16, in);
     tu_free(in, TU_N_IN);
   }
   print_message("  %d kernels built, %ld launches, %ld GEMMs, %ld copies on rank %d\n",
