@@ -252,6 +252,15 @@ typedef struct mlagen_plan_desc {
 int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
                        const mlagen_plan_desc *desc, mlagen_plan **plan);
 
+/* The global sequence position of row i (0 <= i < seq / sp_size) of rank sp_rank's token
+ * shard under desc's form, into *pos: sp_rank seq / sp_size + i, or under
+ * MLAGEN_FORM_LAGA_CP its two chunks (see mlagen_plan_desc.sp_rank). Reads form, seq,
+ * sp_rank and sp_size only; needs no model and no driver.
+ * Errors (message in mlagen_last_message(NULL)): MLAGEN_EINVAL desc or pos NULL; form not
+ * an mlagen_form; sp_size < 1; sp_rank outside [0, sp_size); seq < 1 or not divisible by
+ * sp_size; i outside [0, seq / sp_size). */
+int mlagen_token_position(const mlagen_plan_desc *desc, int64_t i, int64_t *pos);
+
 /* Frees a plan; NULL is a no-op. Works after the plan's context was destroyed. Called
  * from a collective callback of the plan's own running pass, it frees the plan when that
  * mlagen_forward/_backward returns (the callback must not call back otherwise: see

@@ -618,6 +618,43 @@ static void test_fake_cuinit_fails(void **state) {
   assert_contains(mlagen_last_message(f->ctx), "cuInit failed: CUDA_ERROR_NO_DEVICE");
 }
 
+/* mlagen_token_position: a caller's shard, contiguous for the Ulysses forms and two chunks
+ * under MLAGEN_FORM_LAGA_CP (rank 1 of 4, S 16: chunks 1 and 6 of 8; S 12: a = 2, b = 1),
+ * and its refusals. */
+static void test_token_position(void **state) {
+  (void)state;
+  mlagen_plan_desc d = {.form = MLAGEN_FORM_LAGA_CP, .seq = 16, .sp_rank = 1, .sp_size = 4};
+  const int64_t want16[] = {2, 3, 12, 13}, want12[] = {2, 3, 9};
+  int64_t pos = -1;
+  for (int64_t i = 0; i < 4; i++) {
+    assert_int_equal(mlagen_token_position(&d, i, &pos), 0);
+    assert_int_equal(pos, want16[i]);
+  }
+  d.seq = 12;
+  for (int64_t i = 0; i < 3; i++) {
+    assert_int_equal(mlagen_token_position(&d, i, &pos), 0);
+    assert_int_equal(pos, want12[i]);
+  }
+  d.form = MLAGEN_FORM_LAGA;
+  for (int64_t i = 0; i < 3; i++) {
+    assert_int_equal(mlagen_token_position(&d, i, &pos), 0);
+    assert_int_equal(pos, 3 + i);
+  }
+  assert_int_equal(mlagen_token_position(&d, 3, &pos), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "row 3 is outside [0, seq / sp_size = 3)");
+  d.seq = 10;
+  assert_int_equal(mlagen_token_position(&d, 0, &pos), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "seq = 10 is not a positive multiple of sp_size = 4");
+  d.seq = 12, d.sp_rank = 4;
+  assert_int_equal(mlagen_token_position(&d, 0, &pos), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "sp_rank = 4, sp_size = 4");
+  d.sp_rank = 0, d.form = (mlagen_form)0;
+  assert_int_equal(mlagen_token_position(&d, 0, &pos), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "form = 0 is not an mlagen_form");
+  assert_int_equal(mlagen_token_position(NULL, 0, &pos), MLAGEN_EINVAL);
+  assert_int_equal(mlagen_token_position(&d, 0, NULL), MLAGEN_EINVAL);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "nodriver";
   if (strcmp(mode, "nodriver") == 0) {
@@ -629,6 +666,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_model_from_desc),
       cmocka_unit_test(test_sizes_equal_planner),
       cmocka_unit_test(test_plan_create_errors),
+      cmocka_unit_test(test_token_position),
       cmocka_unit_test_setup_teardown(test_nodriver, setup_laga, teardown_fx),
       cmocka_unit_test_setup_teardown(test_bad_arguments, setup_laga, teardown_fx),
       cmocka_unit_test_setup_teardown(test_plan_after_context, setup_laga, teardown_fx),

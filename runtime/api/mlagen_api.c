@@ -212,6 +212,27 @@ static int form_from_api(mlagen_form f, mg_form *out) {
   return -1;
 }
 
+int mlagen_token_position(const mlagen_plan_desc *desc, int64_t i, int64_t *pos) {
+  mg_form f;
+  if (!desc || !pos)
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: %s is NULL", desc ? "pos" : "plan_desc");
+  if (form_from_api(desc->form, &f))
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: plan_desc->form = %d is not an "
+                    "mlagen_form", (int)desc->form);
+  if (desc->sp_size < 1 || desc->sp_rank < 0 || desc->sp_rank >= desc->sp_size)
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: plan_desc->sp_rank = %d, sp_size = "
+                    "%d: need 0 <= sp_rank < sp_size", desc->sp_rank, desc->sp_size);
+  if (desc->seq < 1 || desc->seq % desc->sp_size)
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: plan_desc->seq = %lld is not a "
+                    "positive multiple of sp_size = %d", (long long)desc->seq, desc->sp_size);
+  const int64_t Sl = desc->seq / desc->sp_size;
+  if (i < 0 || i >= Sl)
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: row %lld is outside [0, seq / "
+                    "sp_size = %lld)", (long long)i, (long long)Sl);
+  *pos = mg_form_token_pos(f, desc->sp_size, Sl, desc->sp_rank, i);
+  return 0;
+}
+
 static int dtype_from_api(mlagen_dtype t, mg_dtype *out) {
   switch (t) {
     case MLAGEN_DTYPE_BF16: *out = MG_BF16; return 0;
