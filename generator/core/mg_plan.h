@@ -92,8 +92,10 @@ typedef enum mg_kernel_op {
   /* dkv [.., d_n + d_v] = [dk[.., :d_n] ; dv]; drope[b, s, :] (columns rope_col.. of a
    * [B, S, rope_w] buffer) = sum over heads of dk[.., d_n:]. args: dk, dv -> dkv, drope */
   MG_OP_SPLIT_DKV,
-  /* explicit attention forward. args: q [B, S, Hl, d_qk], k [B, S, Hl, d_qk],
-   * v [B, S, Hl, d_v] -> o [B, S, Hl, d_v], lse [B, Hl, S] (natural log, mg_plan_acc_dtype) */
+  /* explicit attention forward. args: q [B, S_q, Hl, d_qk], k [B, S, Hl, d_qk],
+   * v [B, S, Hl, d_v] -> o [B, S_q, Hl, d_v], lse [B, Hl, S_q] (natural log,
+   * mg_plan_acc_dtype). S_q = S, or laga-cp's S / P rows at the step's query positions
+   * (q_pos0, q_split, q_pos1 below) */
   MG_OP_ATTN_FWD,
   /* explicit attention backward. args: q, k, v, o, lse, do -> dq, dk, dv */
   MG_OP_ATTN_BWD,
