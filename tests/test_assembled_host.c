@@ -316,8 +316,8 @@ static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], h
   run_plan(c, f, in, h, &asm_);
   const double secs = kh_now() - t0;
   if (h->failed) fail_msg("%s", h->msg);
-  /* one attention step per pass; laga-f one per head group */
-  const int steps = f == MG_FORM_LAGA_F ? asm_.plan.args.head_groups : 1;
+  /* one attention step per pass; laga-f and laga-cp one per head group */
+  const int steps = f == MG_FORM_LAGA_F || f == MG_FORM_LAGA_CP ? asm_.plan.args.head_groups : 1;
   assert_int_equal(h->n_fwd, steps);
   assert_int_equal(h->n_bwd, steps);
   /* the executor's accounting: the same with and without the hook, and the planner's */

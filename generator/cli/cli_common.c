@@ -144,6 +144,8 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     }
     else if (OPT("head-groups")) {
       if (parse_int("head-groups", v, &o->head_groups)) return CLI_USAGE;
+    } else if (OPT("cp-head-groups")) {
+      if (parse_int("cp-head-groups", v, &o->cp_head_groups)) return CLI_USAGE;
     } else if (OPT("sp")) {
       if (parse_int("sp", v, &o->sp)) return CLI_USAGE;
     } else if (OPT("batch")) {

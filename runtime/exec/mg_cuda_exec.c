@@ -458,6 +458,20 @@ static int kernel_step(prep *r, int i) {
       ai(&a, "rows", rows);
       return launch(r, i, k0, &a, 1, layout_grid(rows));
     }
+    case MG_OP_CHUNK_ORDER: { /* two strided copies per rank: its chunks, every batch item */
+      const mg_plan_buf *src = IN(0);
+      const int64_t P = s->ranks, S = src->dims[1], Sl = S / P, a = (Sl + 1) / 2;
+      const int64_t e = src->dims[2] * (int64_t)es(t), pitch = S * e;
+      for (int64_t q = 0; q < P; q++)
+        for (int64_t c = 0; c < 2; c++) {
+          const int64_t ranked = q * Sl + c * a, n = c ? Sl - a : a;
+          const int64_t global = mg_cp_pos(P, Sl, q, c * a);
+          const int64_t from = s->inverse ? global : ranked, to = s->inverse ? ranked : global;
+          TRY(emit_copy2d(r, i, bref(s->out[0], to * e), pitch, bref(s->in[0], from * e), pitch,
+                          n * e, src->dims[0]));
+        }
+      return 0;
+    }
     case MG_OP_COPY_COLS: {
       const mg_plan_buf *src = IN(0), *dst = OUT(0);
       const int64_t sw = s->src_w ? s->src_w : last_dim(src), dw = s->dst_w ? s->dst_w : last_dim(dst);
