@@ -1,4 +1,4 @@
-/* mg_sm90_tmap.c: attn_fwd_sm90's tensor maps. See mg_sm90_tmap.h. */
+/* mg_sm90_tmap.c: attn_fwd_sm90's (and mqa_fwd_sm90's) tensor maps. See mg_sm90_tmap.h. */
 #include "mg_sm90_tmap.h"
 
 #include <stdint.h>
@@ -96,6 +96,51 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
       (rc = encode(drv, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
                    (cuuint32_t[]){box_w(dv), 1, BN}, d))) {
     memset(maps, 0, MG_SM90_FWD_TMAP_BYTES);
+    return rc;
+  }
+  return 0;
+}
+
+int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_mqa_tensors *t, CUtensorMap maps[MG_SM90_MQA_TMAPS],
+                      mg_diag *d) {
+  if (!drv || !s || !k || !t || !maps)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_mqa_tmaps: a NULL argument");
+  memset(maps, 0, MG_SM90_MQA_TMAP_BYTES);
+  if (strcmp(k->family, "mqa_fwd_sm90") || strcmp(s->family, k->family))
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "mg_sm90_mqa_tmaps: kernel %s (family %s, spec family %s) is not mqa_fwd_sm90",
+                       k->name, k->family, s->family);
+  if (!drv->cuTensorMapEncodeTiled)
+    return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
+                       "mqa_fwd_sm90 needs cuTensorMapEncodeTiled, which the CUDA driver %s "
+                       "(version %d) lacks (a driver of CUDA 12.0 or newer has it); the mma.sync "
+                       "mqa_fwd runs without it",
+                       drv->path, drv->driver_version);
+  long bn = 0;
+  int rc;
+  if ((rc = config_of(k, "block_n", &bn, d))) return rc;
+  const int H = s->heads, dc = s->d_c, dr = s->d_r, dqk = dc + dr;
+  if (H < 1 || dc < 16 || dr < 16 || dc % 16 || dr % 16)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "mqa_fwd_sm90 tensor maps: heads %d, d_c %d, d_r %d (heads >= 1, dims "
+                       "positive multiples of 16)", H, dc, dr);
+  if (t->batch < 0 || t->seqlen_q < 0 || t->seqlen_k < 0)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "mqa_fwd_sm90 tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)",
+                       t->batch, t->seqlen_q, t->seqlen_k);
+  mg_dtype t16;
+  if (mg_dtype_spec_parse(s->dtype, &t16))
+    return mg_diag_set(d, MLAGEN_EINVAL, "mqa_fwd_sm90 tensor maps: dtype %s (bf16 or fp16)", s->dtype);
+  const CUtensorMapDataType dt =
+      t16 == MG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const long nq = t->batch * t->seqlen_q * H, nk = t->batch * t->seqlen_k;
+  const cuuint64_t rq = nq > 0 ? (cuuint64_t)nq : 1, rk = nk > 0 ? (cuuint64_t)nk : 1;
+  if ((rc = encode(drv, &maps[0], "[0] q", dt, 2, t->q, (cuuint64_t[]){dqk, rq},
+                   (cuuint32_t[]){box_w(dqk), 64, 1}, d)) ||
+      (rc = encode(drv, &maps[1], "[1] c", dt, 2, t->c, (cuuint64_t[]){dqk, rk},
+                   (cuuint32_t[]){box_w(dqk), (cuuint32_t)bn, 1}, d))) {
+    memset(maps, 0, MG_SM90_MQA_TMAP_BYTES);
     return rc;
   }
   return 0;
