@@ -355,10 +355,10 @@ ${K.name}(
     const unsigned p_addr = smem_u32(sP);
     for (int j = 0; j < n_tiles; ++j) {
       const int st = j % STAGES;
-      // (consumer 0 waited for this tile before it signalled P, but this warpgroup reads the
-      // tile through its own wgmma: it observes the TMA's completion itself)
-      mbar_wait(&full[st], parity(j));
       bar_sync(BAR_P_FULL, 256);  // MUTATION: P full wait
+      // (consumer 0 waited for this tile before it signalled P, but this warpgroup reads the
+      // tile through its own wgmma: it observes the TMA's completion itself; complete by now)
+      mbar_wait(&full[st], parity(j));
       const float c0 = s_scale[rl], c1 = s_scale[rl + 8];
 #pragma unroll
       for (int n = 0; n < DH / 8; ++n) {
