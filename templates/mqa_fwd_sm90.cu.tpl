@@ -28,6 +28,9 @@
 @ -- from shared memory (wgmma ss), then signals p_free (named barrier), which consumer 0
 @ -- waits for before it stores the next P. So S_j+1 and its softmax (consumer 0) overlap
 @ -- P_j V_j (consumer 1), and the tensor cores do each product once: S once, P V once.
+@ -- overlap = 1 (FA3's intra-warpgroup pipelining in consumer 0): S_j+1 is issued together
+@ -- with its own P_j V_j, and the softmax of S_j+1 runs while the latter computes; overlap =
+@ -- 0: each GEMM waited for before the next step.
 @ -- Epilogue: consumer 0 writes the row sums to shared memory (named barrier l_ready) and LSE;
 @ -- both write their O columns straight from the registers.
 @ local H, DC, DR = spec.heads, spec.d_c, spec.d_r
@@ -67,6 +70,7 @@
 @   tunables = {
 @     block_n = { values = { 64, 128 },  doc = "keys per latent tile (the N of S = Q C^T's wgmma; the K of O += P V)" },
 @     stages  = { values = { 2, 3, 4 },  doc = "latent tiles in the TMA ring" },
+@     overlap = { values = { 0, 1 },     doc = "1: consumer 0 issues S_j+1 = Q C_j+1^T with its O += P_j V_j, the softmax of S_j+1 overlapping the latter (FA3's intra-warpgroup pipelining); 0: one GEMM at a time" },
 @   },
 @   check = function(s, c)
 @     if DC % 16 ~= 0 or DR % 16 ~= 0 then return "d_c and d_r must be multiples of 16 (the wgmma k step)" end
@@ -86,14 +90,15 @@
 @   end,
 @   default = function(s)
 @     for _, p in ipairs({ { 64, 4 }, { 64, 3 }, { 64, 2 }, { 128, 2 } }) do
-@       local c = { block_n = p[1], stages = p[2] }
+@       local c = { block_n = p[1], stages = p[2], overlap = 1 }
 @       if accumulators(c) <= ACC_LIMIT and smem_bytes(c) <= SMEM_LIMIT then return c end
 @     end
-@     return { block_n = 64, stages = 2 }
+@     return { block_n = 64, stages = 2, overlap = 1 }
 @   end,
 @   name = function(s, c)
-@     return string.format("mla_mqa_fwd_sm90_h%d_dc%d_dr%d_%s_%s_bn%d_st%d", H, DC, DR,
-@                          s.dtype, s.causal and "causal" or "full", c.block_n, c.stages)
+@     return string.format("mla_mqa_fwd_sm90_h%d_dc%d_dr%d_%s_%s_bn%d_st%d%s", H, DC, DR,
+@                          s.dtype, s.causal and "causal" or "full", c.block_n, c.stages,
+@                          c.overlap == 1 and "_ov" or "")
 @   end,
 @   launch = function(s, c)
 @     return {
@@ -246,24 +251,32 @@ ${K.name}(
     unsigned p[BLOCK_N / 16][4];
     float m_i[2] = {mla::neg_inf(), mla::neg_inf()};  // running max of the base-2 scores
     float l_i[2] = {0.f, 0.f};                        // this thread's part of the running sum
+    float corr[2];                                    // the last softmax's rescaling of O
     const float scale_log2 = softmax_scale * mla::LOG2E;
     const int pos_first = q_pos0 + m0 / H;  // the CTA's first row's position
-    if (n_tiles > 0) mbar_wait(q_full, 0);
-    for (int j = 0; j < n_tiles; ++j) {
-      const int st = j % STAGES;
+    // S = Q C^T over all d_c + d_r columns of the tile in stage st (issued, not waited for).
+    auto issue_s = [&](int st) {
       const unsigned c_addr = ring_addr + st * STAGE_BYTES;
-      mbar_wait(&full[st], parity(j));  // MUTATION: full wait
-      // S = Q C_j^T over all d_c + d_r columns.
       fence_operand(s);
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < DQK / 16; ++ks)
         wgmma_ss<BLOCK_N, tag_t>(s, kdesc(q_addr, BLOCK_M, W, SW, ks), kdesc(c_addr, BLOCK_N, W, SW, ks), ks > 0);
       wgmma_commit();
-      wgmma_wait<0>();  // MUTATION: S wait
-      fence_operand(s);
-      // Scale to base 2; mask only tiles crossing the end of the keys or the diagonal.
-      const int n0 = j * BLOCK_N;
+    };
+    // O[:, 0 : DH] += P V for the tile in stage st, P from the registers (issued, not waited for).
+    auto issue_pv = [&](int st) {
+      fence_operand(acc_o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs_tb<DH, tag_t>(acc_o, p[kk], vdesc(st, kk), 1);
+      wgmma_commit();
+    };
+    // Scale S (tile at key n0) to base 2, mask it (only tiles crossing the end of the keys or
+    // the diagonal of the CTA's first row), and the online softmax: S becomes P (fp32), the
+    // running max and sum are updated and corr is how O must be rescaled (not done here: O
+    // may be in flight). Rows rl (i % 4 < 2) and rl + 8, each spread over a quad.
+    auto softmax = [&](int n0) {
       const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > pos_first);
 #pragma unroll
       for (int i = 0; i < BLOCK_N / 2; ++i) {
@@ -275,8 +288,6 @@ ${K.name}(
         }
         s[i] = x;
       }
-      // Online softmax: rows rl (i % 4 < 2) and rl + 8, each spread over a quad.
-      float corr[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float mx = m_i[r];
@@ -297,6 +308,8 @@ ${K.name}(
         }
         l_i[r] = l_i[r] * corr[r] + sum;
       }
+    };
+    auto rescale_o = [&]() {
 #pragma unroll
       for (int n = 0; n < DH / 8; ++n)
 #pragma unroll
@@ -304,13 +317,17 @@ ${K.name}(
           acc_o[4 * n + 2 * r] *= corr[r];
           acc_o[4 * n + 2 * r + 1] *= corr[r];
         }
-      // P to 16 bits: the accumulators of column blocks 2kk, 2kk+1 are the A fragment of
-      // k-step kk (rows rl, rl + 8; keys 16kk + 2qd.., 16kk + 8 + 2qd..).
+    };
+    // P to 16 bits: the accumulators of column blocks 2kk, 2kk+1 are the A fragment of
+    // k-step kk (rows rl, rl + 8; keys 16kk + 2qd.., 16kk + 8 + 2qd..).
+    auto pack_p = [&]() {
 #pragma unroll
       for (int kk = 0; kk < BLOCK_N / 16; ++kk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) p[kk][e] = pack2(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-      // P and the rescale factors for consumer 1, once it is done with the previous ones.
+    };
+    // P_j and the rescale factors for consumer 1, once it is done with the previous ones.
+    auto publish_p = [&](int j) {
       if (j > 0) bar_sync(BAR_P_FREE, 256);  // MUTATION: P free wait
 #pragma unroll
       for (int kk = 0; kk < BLOCK_N / 16; ++kk)
@@ -323,16 +340,62 @@ ${K.name}(
       if (qd == 0) s_scale[rl] = corr[0], s_scale[rl + 8] = corr[1];
       fence_proxy_async();  // MUTATION: P fence
       bar_arrive(BAR_P_FULL, 256);  // MUTATION: P full arrive
-      // O[:, 0 : DH] += P V_j, P from the registers.
-      fence_operand(acc_o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs_tb<DH, tag_t>(acc_o, p[kk], vdesc(st, kk), 1);
-      wgmma_commit();
+    };
+
+    if (n_tiles > 0) mbar_wait(q_full, 0);
+@ if C.overlap == 0 then
+    // One tile at a time: S_j, its softmax, P_j published, P_j V_j, each GEMM waited for.
+    for (int j = 0; j < n_tiles; ++j) {
+      const int st = j % STAGES;
+      mbar_wait(&full[st], parity(j));  // MUTATION: full wait
+      issue_s(st);
+      wgmma_wait<0>();  // MUTATION: S wait
+      fence_operand(s);
+      softmax(j * BLOCK_N);
+      rescale_o();
+      pack_p();
+      publish_p(j);
+      issue_pv(st);
       wgmma_wait<0>();  // MUTATION: PV0 wait
       fence_operand(acc_o);
       mbar_arrive(&empty[st]);  // MUTATION: empty release 0
     }
+@ else
+    // FlashAttention-3's intra-warpgroup overlap: S_j = Q C_j^T and O += P_j-1 V_j-1 are in
+    // flight together; the softmax of S_j runs while P_j-1 V_j-1 is still computing, and O
+    // is rescaled once that is done.
+    if (n_tiles > 0) {
+      mbar_wait(&full[0], 0);
+      issue_s(0);
+      wgmma_wait<0>();
+      fence_operand(s);
+      softmax(0);  // O is 0: nothing to rescale
+      pack_p();
+      publish_p(0);
+    }
+    for (int j = 1; j < n_tiles; ++j) {
+      const int st = j % STAGES, pst = (j - 1) % STAGES;
+      mbar_wait(&full[st], parity(j));  // MUTATION: full wait
+      issue_s(st);
+      issue_pv(pst);
+      wgmma_wait<1>();  // MUTATION: S wait
+      fence_operand(s);
+      softmax(j * BLOCK_N);
+      wgmma_wait<0>();  // MUTATION: PV0 wait
+      fence_operand(acc_o);
+      mbar_arrive(&empty[pst]);  // MUTATION: empty release 0
+      rescale_o();
+      pack_p();
+      publish_p(j);
+    }
+    if (n_tiles > 0) {
+      const int st = (n_tiles - 1) % STAGES;
+      issue_pv(st);
+      wgmma_wait<0>();
+      fence_operand(acc_o);
+      mbar_arrive(&empty[st]);
+    }
+@ end
     // The row sums for consumer 1, and LSE = (m + log2 l) ln 2.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

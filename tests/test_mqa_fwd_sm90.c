@@ -201,7 +201,7 @@ static void build_set(mg_kernel_spec *s, const char *const *sets, int n, built_k
 }
 
 /* DeepSeek's latent (d_c 512, d_r 64: 576/512), the default configuration (block_n 64,
- * 2 stages), causal and not. H 2: S = 1; S = 37 with batch 2 (74 rows: a partial row tile;
+ * 2 stages, overlap), causal and not; and one GEMM at a time (overlap 0). H 2: S = 1; S = 37 with batch 2 (74 rows: a partial row tile;
  * 37 keys: a partial key tile; TMA rows past a batch item's end read the next one's, masked
  * or never stored); a query shard at 30 of 50 keys; no keys (o = 0, lse = -inf). H 16:
  * 4 tokens per 64-row CTA (the diagonal differs per token within a tile). H 128 (DeepSeek-V3
@@ -229,13 +229,18 @@ static void test_deepseek(void **state) {
   run_case(&bk, 1, 1, 33, 32);
   run_case(&bk, 1, 3, 133, 130);
   kh_free(&bk.kh);
+  const char *a[] = {"overlap=0"};
+  s = make_spec(2, 512, 64, 1);
+  build_set(&s, a, 1, &bk);
+  run_case(&bk, 1, 37, 200, 163);
+  kh_free(&bk.kh);
 }
 
 /* d_c 256, d_r 32 (288/256: 64B-swizzled boxes of 32 columns; each consumer's O += P V is
- * m64n128), the default configuration (block_n 64, 4 stages) causal and not: H 2 at S = 1,
- * S 37 batch 2, a shard at 50 of 70 keys, 200 keys past 4 stages (the ring wraps); H 1
- * (one row per token); H 5 (tokens straddle row tiles). Then block_n 128 with 2 stages and
- * fp16. */
+ * m64n128), the default configuration (block_n 64, 4 stages, overlap) causal and not: H 2 at
+ * S = 1, S 37 batch 2, a shard at 50 of 70 keys, 330 keys past 4 stages (the ring wraps);
+ * H 1 (one row per token); H 5 (tokens straddle row tiles). Then block_n 128 with 2 stages
+ * (overlap 0 when not causal) and fp16. */
 static void test_dc256(void **state) {
   (void)state;
   for (int causal = 1; causal >= 0; causal--) {
@@ -259,9 +264,9 @@ static void test_dc256(void **state) {
   run_case(&bk, 1, 13, 20, 7);
   kh_free(&bk.kh);
   for (int causal = 1; causal >= 0; causal--) {
-    const char *a[] = {"block_n=128", "stages=2"};
+    const char *a[] = {"block_n=128", "stages=2", causal ? "overlap=1" : "overlap=0"};
     s = make_spec(2, 256, 32, causal);
-    build_set(&s, a, 2, &bk);
+    build_set(&s, a, 3, &bk);
     run_case(&bk, 2, 37, 37, 0);
     run_case(&bk, 1, 40, 300, 260);
     kh_free(&bk.kh);
@@ -274,13 +279,13 @@ static void test_dc256(void **state) {
 }
 
 /* Each removal of a barrier, wait or fence from the rendered source (288/256, H 2, causal,
- * block_n 64, 2 stages: 8 key tiles through the ring) must make the check fail or the launch
+ * block_n 64, 2 stages: 4 key tiles, twice around the ring) must make the check fail or the launch
  * be reported (a deadlock, a wgmma or named-barrier protocol error), each on its own
  * schedule seed. The patterns are the kernel's synchronization, one by one; consumer 1's own
  * wait on the full barrier is left out: consumer 0 waited on it before signalling P, so on
  * the host executor (and by the memory model's cumulativity) it is redundant, kept in the
  * kernel as cheap insurance. Consumer 0's wait on P_FREE is caught by the executor's report
- * of a named barrier left with unmatched arrivals at exit (7 arrivals of consumer 1 here: an
+ * of a named barrier left with unmatched arrivals at exit (3 arrivals of consumer 1 here: an
  * odd number of tiles after the first), not by the overwrite of P it guards against: on the
  * host schedule consumer 1 (4 wgmma per tile) always finishes with P before consumer 0
  * (36 for S, then the softmax) stores the next one. One numeric mutation too: the diagonal
@@ -288,15 +293,16 @@ static void test_dc256(void **state) {
 static void test_mutations_caught(void **state) {
   (void)state;
   static const edit muts[] = {
+      /* overlap = 1 (the default) */
       {"mbar_wait(&empty[st], ph ^ 1u);", ""},
       {"mbar_wait(q_full, 0);", ""},
       {"mbar_wait(&full[st], parity(j));  // MUTATION: full wait", ""},
-      {"wgmma_wait<0>();  // MUTATION: S wait", ""},
+      {"wgmma_wait<1>();  // MUTATION: S wait", ""},
       {"if (j > 0) bar_sync(BAR_P_FREE, 256);", ""},
       {"fence_proxy_async();", ""},
       {"bar_arrive(BAR_P_FULL, 256);", ""},
       {"wgmma_wait<0>();  // MUTATION: PV0 wait", ""},
-      {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
+      {"mbar_arrive(&empty[pst]);  // MUTATION: empty release 0", ""},
       {"bar_sync(BAR_P_FULL, 256);", ""},
       {"wgmma_wait<0>();  // MUTATION: PV1 wait", ""},
       {"if (j + 1 < n_tiles) bar_arrive(BAR_P_FREE, 256);", ""},
@@ -304,14 +310,21 @@ static void test_mutations_caught(void **state) {
       {"bar_arrive(BAR_L_READY, 256);", ""},
       {"bar_sync(BAR_L_READY, 256);", ""},
       {"(CAUSAL && n0 + BLOCK_N - 1 > pos_first)", "false"},
+      /* overlap = 0: consumer 0's own waits and release (the rest is the same code) */
+      {"mbar_wait(&full[st], parity(j));  // MUTATION: full wait", ""},
+      {"wgmma_wait<0>();  // MUTATION: S wait", ""},
+      {"wgmma_wait<0>();  // MUTATION: PV0 wait", ""},
+      {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
   };
+  const size_t n_ov = 16; /* the first n_ov on overlap 1 */
   for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
     mg_kernel_spec s = make_spec(2, 256, 32, 1);
     kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+    kh_set(&s, m < n_ov ? "overlap=1" : "overlap=0");
     built_kernel bk;
     build_edit(&s, &muts[m], &bk);
     fwd_case c;
-    case_init(&bk, &c, 1, 40, 512, 472);
+    case_init(&bk, &c, 1, 40, 256, 216);
     for (unsigned long long seed = m + 1; seed <= m + 1; seed++) {
       char msg[1024];
       int rc = launch_case(&bk, &c, seed, msg, sizeof msg);
@@ -325,7 +338,8 @@ static void test_mutations_caught(void **state) {
           fail_msg("removing '%s' was not caught (schedule seed %llu)", muts[m].from, seed);
         how = nans ? "NaN outputs" : "check failed";
       }
-      print_message("  without '%s' (seed %llu): %s: %.120s\n", muts[m].from, seed, how, msg);
+      print_message("  overlap %d without '%s' (seed %llu): %s: %.120s\n", m < n_ov, muts[m].from,
+                    seed, how, msg);
     }
     case_free(&c);
     kh_free(&bk.kh);
@@ -345,22 +359,24 @@ static void test_nvrtc_kept_configs(void **state) {
   sw.max_smem = 227 * 1024;
   int kept = 0;
   for (int sh = 0; sh < 2; sh++) {
-    mg_kernel_spec cands[2 * 3];
+    mg_kernel_spec cands[2 * 3 * 2];
     int nc = 0;
     for (int bn = 64; bn <= 128; bn *= 2)
-      for (int st = 2; st <= 4; st++) {
-        mg_kernel_spec s = sh == 0 ? make_spec(128, 512, 64, 1) : make_spec(40, 256, 32, 1);
-        char a[2][32];
-        snprintf(a[0], sizeof a[0], "block_n=%d", bn);
-        snprintf(a[1], sizeof a[1], "stages=%d", st);
-        kh_set(&s, a[0]), kh_set(&s, a[1]);
-        cands[nc++] = s;
-      }
+      for (int st = 2; st <= 4; st++)
+        for (int ov = 0; ov <= 1; ov++) {
+          mg_kernel_spec s = sh == 0 ? make_spec(128, 512, 64, 1) : make_spec(40, 256, 32, 1);
+          char a[3][32];
+          snprintf(a[0], sizeof a[0], "block_n=%d", bn);
+          snprintf(a[1], sizeof a[1], "stages=%d", st);
+          snprintf(a[2], sizeof a[2], "overlap=%d", ov);
+          kh_set(&s, a[0]), kh_set(&s, a[1]), kh_set(&s, a[2]);
+          cands[nc++] = s;
+        }
     kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   }
   print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
                 kh_now() - sw.t0);
-  assert_true(kept >= 5);
+  assert_true(kept >= 10);
   kh_sweep_close(&sw);
 }
 
