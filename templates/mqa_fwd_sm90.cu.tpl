@@ -32,7 +32,8 @@
 @ -- with its own P_j V_j, and the softmax of S_j+1 runs while the latter computes; overlap =
 @ -- 0: each GEMM waited for before the next step.
 @ -- Epilogue: consumer 0 writes the row sums to shared memory (named barrier l_ready) and LSE;
-@ -- both write their O columns straight from the registers.
+@ -- both write their O columns straight from the registers. Causal kernels take the row
+@ -- tiles in reverse order (longest first).
 @ local H, DC, DR = spec.heads, spec.d_c, spec.d_r
 @ local DQK = DC + DR
 @ local ESIZE = elem_size(spec.dtype)
@@ -187,7 +188,9 @@ ${K.name}(
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int rows = seqlen_q * H;  // flattened rows of a batch item
-  const int m0 = blockIdx.x * BLOCK_M;
+  // Causal: the row tiles in reverse, so the CTAs with the most key tiles start first (the
+  // longest-first order shortens the tail of the grid).
+  const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BLOCK_M;
   const int b = blockIdx.z;
   // Keys this CTA can see: with causal masking, none past its last row's position.
   const int q_last = (min(m0 + BLOCK_M, rows) - 1) / H;

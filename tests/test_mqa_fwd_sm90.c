@@ -288,8 +288,8 @@ static void test_dc256(void **state) {
  * of a named barrier left with unmatched arrivals at exit (3 arrivals of consumer 1 here: an
  * odd number of tiles after the first), not by the overwrite of P it guards against: on the
  * host schedule consumer 1 (4 wgmma per tile) always finishes with P before consumer 0
- * (36 for S, then the softmax) stores the next one. One numeric mutation too: the diagonal
- * tiles left unmasked. */
+ * (36 for S, then the softmax) stores the next one. Two numeric mutations too: the diagonal
+ * tiles left unmasked, and the diagonal taken per packed row instead of per token. */
 static void test_mutations_caught(void **state) {
   (void)state;
   static const edit muts[] = {
@@ -310,13 +310,14 @@ static void test_mutations_caught(void **state) {
       {"bar_arrive(BAR_L_READY, 256);", ""},
       {"bar_sync(BAR_L_READY, 256);", ""},
       {"(CAUSAL && n0 + BLOCK_N - 1 > pos_first)", "false"},
+      {"(m0 + rl + 8 * ((i % 4) / 2)) / H;", "(m0 + rl + 8 * ((i % 4) / 2));"},
       /* overlap = 0: consumer 0's own waits and release (the rest is the same code) */
       {"mbar_wait(&full[st], parity(j));  // MUTATION: full wait", ""},
       {"wgmma_wait<0>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV0 wait", ""},
       {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
   };
-  const size_t n_ov = 16; /* the first n_ov on overlap 1 */
+  const size_t n_ov = 17; /* the first n_ov on overlap 1 */
   for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
     mg_kernel_spec s = make_spec(2, 256, 32, 1);
     kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
