@@ -2,10 +2,10 @@
  * on mbarriers, wgmma, a producer warpgroup, O split over two consumer warpgroups sharing P
  * through shared memory) run unchanged on the CPU through the host executor's sm_90a
  * emulation, against the float64 reference of tests/mqa_ref.h per element with
- * test_mqa_fwd.c's tolerances; every kept configuration (a covering sample; all with
- * MLAGEN_TEST_EXHAUSTIVE=1) compiled by NVRTC for sm_90a without spills; and every barrier,
- * wait and fence of the kernel removed from the rendered source, each removal failing the
- * check or being reported (a deadlock, a wgmma protocol error).
+ * test_mqa_fwd.c's tolerances; the same bits on every schedule; every kept configuration (a
+ * covering sample; all with MLAGEN_TEST_EXHAUSTIVE=1) compiled by NVRTC for sm_90a without
+ * spills; and every barrier, wait and fence of the kernel removed from the rendered source,
+ * each removal failing the check or being reported (a deadlock, a wgmma protocol error).
  *
  * The tensor maps come from the runtime's mg_sm90_mqa_tmaps (runtime/exec/mg_sm90_tmap.h,
  * the maps the GPU benchmark launches with): cuTensorMapEncodeTiled through runtime/mg_driver's
@@ -157,8 +157,11 @@ static int launch_case(const built_kernel *bk, fwd_case *c, unsigned long long s
 }
 
 /* test_mqa_fwd.c's tolerances (the same rounding of P before P V, the same fp32 softmax):
- * O |err| <= 2 NOISE_O rms(O) + 2u |ref|, LSE 1e-5 (1 + |ref|). */
-#define NOISE_O 5.2e-3
+ * O |err| <= 2 NOISE_O rms(O) + 2u |ref|, LSE 1e-5 (1 + |ref|). NOISE_O: the largest noise
+ * figure kt_noise_report printed over this file's numeric cases (MLAGEN_TEST_SEED 21, 22
+ * and three random seeds) was 5.43e-3 (test_mqa_fwd.c measured 5.12e-3 for mqa_fwd); LSE's
+ * worst was 0.06 of its bound. */
+#define NOISE_O 5.5e-3
 static kt_tol tol_o(const mg_kernel_spec *s) {
   return (kt_tol){2 * NOISE_O, 2 * kt_unit_roundoff(is_fp16(s) ? KT_F16 : KT_BF16)};
 }
@@ -275,6 +278,45 @@ static void test_dc256(void **state) {
   snprintf(s.dtype, sizeof s.dtype, "fp16");
   build_edit(&s, NULL, &bk);
   run_case(&bk, 2, 37, 77, 40);
+  kh_free(&bk.kh);
+}
+
+/* The kernel is deterministic: round robin and two shuffled schedules give the same bits
+ * (288/256, H 2, causal, batch 2, 6 key tiles through the 4-stage ring). */
+static void test_schedules_bit_identical(void **state) {
+  (void)state;
+  mg_kernel_spec s = make_spec(2, 256, 32, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  fwd_case c;
+  case_init(&bk, &c, 2, 37, 350, 313);
+  e16 *o0 = malloc(c.no * sizeof *o0);
+  float *l0 = malloc(c.nl * sizeof *l0);
+  char msg[1024];
+  for (int k = 0; k < 3; k++) {
+    mg_host_launch_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.arch = 90;
+    lo.round_robin = k == 0;
+    lo.seed = (unsigned long long)k * 7;
+    for (size_t i = 0; i < c.no; i++) c.o[i] = 0x7fff;
+    for (size_t i = 0; i < c.nl; i++) c.lse[i] = NAN;
+    launch_args a = {bk.fn, c.q, c.c, c.o, c.lse, c.sq, c.sk, c.q_pos0, c.scale, c.tmaps};
+    mg_host_dim3 block = {384, 1, 1};
+    if (mg_host_kernel_launch(bk.kh.k, kh_grid(&bk.kh, c.sq, c.sk, c.B), block, bk.kh.smem, &lo,
+                              thunk, &a, msg, sizeof msg))
+      fail_msg("launch: %s", msg);
+    if (k == 0) {
+      double oe, le;
+      if (compare(&bk, &c, &oe, &le, msg, sizeof msg) || msg[0]) fail_msg("round robin: %s", msg);
+      memcpy(o0, c.o, c.no * sizeof *o0), memcpy(l0, c.lse, c.nl * sizeof *l0);
+    } else if (memcmp(o0, c.o, c.no * sizeof *o0) || memcmp(l0, c.lse, c.nl * sizeof *l0)) {
+      fail_msg("schedule seed %d gives other bits than round robin", k * 7);
+    }
+  }
+  print_message("  %s: round robin and seeds 7, 14: O and LSE bit-identical\n", bk.kh.name);
+  free(o0), free(l0);
+  case_free(&c);
   kh_free(&bk.kh);
 }
 
@@ -415,6 +457,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek),
       cmocka_unit_test(test_dc256),
+      cmocka_unit_test(test_schedules_bit_identical),
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_check_rejects),
       cmocka_unit_test(test_nvrtc_kept_configs),
