@@ -24,7 +24,8 @@ static const char help[] =
     "  --family F       also render a family no plan runs yet: attn_fwd_sm90 (the sm_90a\n"
     "                   TMA/wgmma forward), one per attn_fwd kernel, with its default\n"
     "                   tunables, k_packed as attn_fwd's, and the --set overrides\n"
-    "                   (family.k=v ones are safest); repeatable\n"
+    "                   (family.k=v ones are safest); mqa_fwd_sm90 (the sm_90a absorbed\n"
+    "                   forward), one per mqa_fwd kernel; repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 
 int cli_generate(int argc, char **argv) {

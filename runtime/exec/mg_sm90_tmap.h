@@ -55,4 +55,28 @@ typedef struct mg_sm90_fwd_tensors {
 int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
                       const mg_sm90_fwd_tensors *t, CUtensorMap maps[MG_SM90_FWD_TMAPS],
                       mg_diag *d);
+
+/* mqa_fwd_sm90 (templates/mqa_fwd_sm90.cu.tpl, the absorbed forward) reads q and the latent
+ * c through 2 maps of its `tmaps` parameter (2D, rows innermost-first as above; W = W(d_c +
+ * d_r) with its swizzle):
+ *   [0] q  dims {d_c + d_r, B*S_q*H}  box {W, 64}        (the packed rows r = i H + h)
+ *   [1] c  dims {d_c + d_r, B*S_k}    box {W, block_n}
+ * q [B, S_q, H, d_c + d_r] and c [B, S_k, d_c + d_r]: device addresses, 16-byte aligned. */
+#define MG_SM90_MQA_TMAPS 2
+#define MG_SM90_MQA_TMAP_BYTES (MG_SM90_MQA_TMAPS * sizeof(CUtensorMap))
+typedef struct mg_sm90_mqa_tensors {
+  CUdeviceptr q, c;
+  long batch, seqlen_q, seqlen_k; /* >= 0 */
+} mg_sm90_mqa_tensors;
+
+/* Encodes the 2 maps of kernel k (an mqa_fwd_sm90 manifest entry: its configuration gives
+ * block_n) for spec s (heads, d_c, d_r, dtype) and the tensors t into maps[0..2) (host
+ * memory; zeroed first). Returns 0, or MLAGEN_EINVAL (a NULL argument; k not of family
+ * mqa_fwd_sm90 or s's family differing; block_n missing; d_c or d_r not a positive multiple
+ * of 16; a negative size; an unknown dtype; an address null or not 16-byte aligned;
+ * cuTensorMapEncodeTiled rejecting a map, named) or MLAGEN_EUNSUPPORTED (no
+ * cuTensorMapEncodeTiled in the driver: the mma.sync mqa_fwd runs without it). */
+int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_mqa_tensors *t, CUtensorMap maps[MG_SM90_MQA_TMAPS],
+                      mg_diag *d);
 #endif
