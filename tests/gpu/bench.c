@@ -173,16 +173,19 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
                                          {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL}};
 /* The parameter lists the launches below pass, checked against each manifest. */
-static const char *const k_params[NK][16] = {
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+#define K_MAX_PARAMS 20
+static const char *const k_params[NK][K_MAX_PARAMS] = {
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale"},
     {"o", "dout", "delta", "dq_accum", "seqlen_q"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
-     "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
-     "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
-     "softmax_scale"},
+     "q_split", "q_pos1", "softmax_scale"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
     {"o", "dout", "delta", "dq_accum", "seqlen_q"},
     {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
@@ -195,11 +198,12 @@ static const char *const k_params[NK][16] = {
     {"c_kv", "k_rope", "c", "rows"},
     {"dc", "dc_kv", "dk_rope", "rows"},
     {"src", "dst", "rows", "src_w", "src_col", "dst_w", "dst_col", "cols"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
-     "tmaps"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
-     "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale", "tmaps"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "tmaps"},
 };
 static int is_sm90(int which) { return which == K_FWD_SM90 || which == K_FWD_SM90_FULL; }
@@ -259,14 +263,14 @@ static int read_manifest(gk *g) {
   const mg_kernel_info *m = &g->k.info;
   int n = 0;
   for (; n < m->n_params; n++) {
-    const char *want = n < 16 ? k_params[g->which][n] : NULL;
+    const char *want = n < K_MAX_PARAMS ? k_params[g->which][n] : NULL;
     if (!want || strcmp(m->params[n].name, want) != 0) {
       say("bench: %s: parameter %d is '%s', the launch passes '%s'\n", g->name, n,
           m->params[n].name, want ? want : "(nothing)");
       return -1;
     }
   }
-  if (n == 0 || (n < 16 && k_params[g->which][n])) {
+  if (n == 0 || (n < K_MAX_PARAMS && k_params[g->which][n])) {
     say("bench: %s: %d parameters in the manifest, the launch passes more\n", g->name, n);
     return -1;
   }
@@ -414,17 +418,19 @@ static const CUdeviceptr NULLP = 0;
 /* The kernels' argument lists. */
 static int run_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
                    float scale) {
-  int packed = g->which == K_FWD_KP, q_pos0 = 0;
+  int packed = g->which == K_FWD_KP, q_pos0 = 0, q_split = 0, q_pos1 = 0;
   CUdeviceptr kn = packed ? t->kp : t->kn, kr = packed ? NULLP : t->kr;
-  void *args[] = {(void *)&t->q, &kn, &kr, (void *)&t->v, &o, &lse, &S, &S, &q_pos0, &scale};
+  void *args[] = {(void *)&t->q, &kn,     &kr,      (void *)&t->v, &o,    &lse,
+                  &S,            &S,      &q_pos0,  &q_split,      &q_pos1, &scale};
   return launch(g, 1, S, S, args);
 }
 /* attn_fwd_sm90 (split keys) with its 4 tensor maps at tmaps (device memory, sm90_maps). */
 static int run_fwd_sm90(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
                         float scale, CUdeviceptr tmaps) {
-  int q_pos0 = 0;
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
   void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, (void *)&t->v, &o, &lse,
-                  &S,           &S,            &q_pos0,       &scale,        &tmaps};
+                  &S,           &S,            &q_pos0,       &q_split,      &q_pos1,
+                  &scale,       &tmaps};
   return launch(g, 1, S, S, args);
 }
 /* Any explicit forward of the --sm90 step: attn_fwd (split keys) or attn_fwd_sm90. */
@@ -454,17 +460,18 @@ static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int 
 }
 static int run_dkdv(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, const dev_outputs *out,
                     int S, float scale) {
-  int q_pos0 = 0;
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
   void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
-                  (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0, &scale};
+                  (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
+                  &q_split, &q_pos1, &scale};
   return launch(g, 1, S, S, args);
 }
 static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int S, float scale) {
-  int q_pos0 = 0;
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
   void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
-                  &S, &S, &q_pos0, &scale};
+                  &S, &S, &q_pos0, &q_split, &q_pos1, &scale};
   return launch(g, 1, S, S, args);
 }
 
