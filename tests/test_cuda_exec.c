@@ -325,26 +325,23 @@ static void test_refusals(void **state) {
   assert_non_null(strstr(mg_diag_msg(&d), "is NULL")); /* the first caller tensor read */
   mg_cuda_exec_destroy(x);
   x = NULL;
-  /* query positions (mg_step): decreasing ones are refused; two chunks only for the explicit
-   * kernels (the absorbed ones take q_pos0) */
+  /* query positions (mg_step): only laga-cp's explicit attention has them, increasing
+   * (mg_plan_check, run again by prepare) */
   int fwd = -1;
   for (int i = 0; i < plan->n_steps; i++)
     if (plan->steps[i].op == MG_OP_ATTN_FWD) fwd = i;
   assert_true(fwd >= 0);
-  plan->steps[fwd].q_split = 2, plan->steps[fwd].q_pos1 = 1;
+  plan->steps[fwd].q_split = 2, plan->steps[fwd].q_pos1 = 3;
   assert_int_equal(mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d), MLAGEN_EINVAL);
-  assert_non_null(strstr(mg_diag_msg(&d), "increasing positions"));
+  assert_non_null(strstr(mg_diag_msg(&d), "only laga-cp"));
   assert_null(x);
-  plan->steps[fwd].q_pos1 = 3; /* rows 0, 1 at 0, 1; rows 2, 3 at 3, 4 */
-  assert_int_equal(mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d), 0);
-  mg_cuda_exec_destroy(x);
-  x = NULL;
-  a.form = MG_FORM_ABSORBED;
+  a.form = MG_FORM_LAGA_CP;
   assert_int_equal(mg_plan_build(plan, &a, &d), 0);
   for (int i = 0; i < plan->n_steps; i++)
-    if (plan->steps[i].op == MG_OP_MQA_FWD) plan->steps[i].q_split = 2, plan->steps[i].q_pos1 = 3;
-  assert_int_equal(mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d), MLAGEN_EUNSUPPORTED);
-  assert_non_null(strstr(mg_diag_msg(&d), "two-chunk query positions"));
+    if (plan->steps[i].op == MG_OP_ATTN_FWD) fwd = i;
+  plan->steps[fwd].q_split = 2, plan->steps[fwd].q_pos1 = 1; /* rows 2, 3 before row 1 */
+  assert_int_equal(mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "increasing positions"));
   assert_null(x);
   free(ws), free(saved), free(plan);
   mg_dev_ops_destroy(&h->base);

@@ -15,8 +15,8 @@
  * f16: the LAGA and absorbed forms' f16 plans (causal) the same way at tu_tol_f16. The workspace, the saved area and the
  * outputs are filled with NaN before the forward (the workspace before the backward too),
  * so a buffer read before it is written, or dw_kv_b rows left unzeroed, show. Shape: H 4,
- * d_n 64, d_r 32, d_v 64, d_c 256, B 2, S 16, causal and not, every form but laga-cp (whose
- * attention launches do not take its query positions yet).
+ * d_n 64, d_r 32, d_v 64, d_c 256, B 2, S 16, causal and not, every form (laga-cp with its
+ * two-chunk shards: the attention launches take S_k and the query positions).
  *
  * Kernels are built by the host executor's compiler; with MG_HOST_CACHE_DIR set (ctest
  * sets it) rank 0 prepares first and the other ranks load what it built.
@@ -234,10 +234,7 @@ static void test_forms_match_single_rank(void **state) {
     tu_case c = small_case(causal);
     double *in[TU_N_IN] = {0};
     inputs(&c, g_seed + (uint64_t)causal, MG_BF16, in);
-    /* laga-cp waits for the attention launches to take its S_k and query positions
-     * (docs/forms.md, laga-cp; its chunk order runs at P = 1 in test_cuda_exec) */
-    for (int f = 0; f < MG_FORM_COUNT; f++)
-      if (f != MG_FORM_LAGA_CP) bad += check_form(&c, (mg_form)f, MG_BF16, in);
+    for (int f = 0; f < MG_FORM_COUNT; f++) bad += check_form(&c, (mg_form)f, MG_BF16, in);
     tu_free(in, TU_N_IN);
   }
   print_message("  %d kernels built, %ld launches, %ld GEMMs, %ld copies on rank %d\n",
@@ -367,9 +364,7 @@ static int report_worst(void **state) {
  * copies (MG_OP_CHUNK_ORDER as 2P strided copies) leave the saved latent c [B, S, d_c + d_r]
  * in global order, equal bit for bit to the global [c_kv ; k_rope] (bf16, copies only; S / P = 5:
  * chunks of 3 and 2),
- * from each rank's two-chunk shard. (Its outputs wait for
- * the attention launches to take S_k and the query positions: test_forms_match_single_rank
- * skips laga-cp.) */
+ * from each rank's two-chunk shard (its outputs: test_forms_match_single_rank). */
 static void test_laga_cp_latent_order(void **state) {
   (void)state;
   mg_diag d = MG_DIAG_INIT;

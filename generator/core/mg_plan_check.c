@@ -164,11 +164,12 @@ static int attention(const chk *c, const mg_shape *sh) {
   if (positions) {
     const int64_t Sl = c->p->seq_local;
     NEED(!mqa && c->p->args.form == MG_FORM_LAGA_CP && Sq == Sl && s->q_split >= 0 &&
-             s->q_split <= Sq && s->q_pos0 >= 0 && s->q_pos1 >= 0 &&
+             s->q_split <= Sq && s->q_pos0 >= 0 && s->q_pos1 >= s->q_pos0 + s->q_split &&
              (s->q_split == 0 || s->q_pos0 + s->q_split <= S) &&
              (s->q_split == Sq || s->q_pos1 + (Sq - s->q_split) <= S),
          "query positions (q_pos0 %lld, q_split %lld, q_pos1 %lld) of %s's %lld rows: only "
-         "laga-cp's explicit attention places S / P rows inside [0, S = %lld)",
+         "laga-cp's explicit attention places S / P rows at increasing positions inside "
+         "[0, S = %lld)",
          (long long)s->q_pos0, (long long)s->q_split, (long long)s->q_pos1, q->name, (long long)Sq,
          (long long)S);
   } else {

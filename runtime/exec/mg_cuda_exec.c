@@ -402,23 +402,13 @@ static int kernel_step(prep *r, int i) {
       const mg_plan_buf *q = IN(0);
       const int64_t B = q->dims[0], S = q->dims[1], Sk = IN(1)->dims[1];
       const int h = (int)q->dims[2];
-      if (s->q_split < 0 || s->q_pos0 < 0 || s->q_pos1 < s->q_pos0 + s->q_split)
-        return step_error(p, r->d, i, MLAGEN_EINVAL,
-                          "query positions q_pos0 %lld, q_split %lld, q_pos1 %lld: need q_pos0, "
-                          "q_split >= 0 and q_pos1 >= q_pos0 + q_split (increasing positions)",
-                          (long long)s->q_pos0, (long long)s->q_split, (long long)s->q_pos1);
-      /* the absorbed kernels take one chunk: row i at q_pos0 + i */
-      if (mqa && s->q_split > 0 && s->q_split < S)
-        return step_error(p, r->d, i, MLAGEN_EUNSUPPORTED,
-                          "two-chunk query positions (q_split %lld of %lld rows) need the explicit "
-                          "attention kernels; the absorbed (mqa_*) ones take q_pos0 only",
-                          (long long)s->q_split, (long long)S);
-      const int64_t mqa_pos0 = s->q_split > 0 ? s->q_pos0 : s->q_pos1;
+      /* positions checked by mg_plan_check (increasing; only laga-cp's explicit attention
+       * has any: the absorbed kernels get q_pos0 = 0) */
       if (mqa && fwd) {
         TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "c", BI(1)), ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
-        ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), ai(&a, "q_pos0", mqa_pos0);
+        ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), ai(&a, "q_pos0", s->q_pos0);
         af(&a, "softmax_scale", scale);
         return launch_qk(r, i, k0, &a, B, S, Sk);
       }
@@ -445,7 +435,7 @@ static int kernel_step(prep *r, int i) {
       kargs a = {0};
       ap(&a, "q", BI(0)), ap(&a, "dout", dout), ap(&a, "lse", lb), ap(&a, "delta", delta);
       ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), af(&a, "softmax_scale", scale);
-      ai(&a, "q_pos0", mqa ? mqa_pos0 : s->q_pos0);
+      ai(&a, "q_pos0", s->q_pos0);
       if (!mqa) ai(&a, "q_split", s->q_split), ai(&a, "q_pos1", s->q_pos1);
       if (mqa) {
         ap(&a, "c", BI(1)), ap(&a, "dc", BO(1)), ap(&a, "dc_accum", rnull), ap(&a, "dq", BO(0));

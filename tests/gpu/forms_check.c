@@ -713,9 +713,7 @@ int main(int argc, char **argv) {
 #endif
   if (argc < 2 || argv[1][0] == '-') RETURN(usage());
   const char *outdir = argv[1];
-  /* laga-cp only on request (--forms laga-cp) until the attention launches take its query
-   * positions and S_k (docs/forms.md, laga-cp) */
-  int H = 16, S = 256, causal = 1, want[MG_FORM_COUNT] = {1, 1, 1, 1, 1, 0}, sp = 1;
+  int H = 16, S = 256, causal = 1, want[MG_FORM_COUNT] = {1, 1, 1, 1, 1, 1}, sp = 1;
   int64_t ref_rows = 0;
   int dn = 128, dr = 64, dv = 128, dc = 512;
   uint64_t seed = 20250712;

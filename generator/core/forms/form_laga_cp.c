@@ -67,7 +67,7 @@ static void cp_rebuild(mg_plan *p, int c, int w, int64_t hg, int64_t G, int kv, 
 static void cp_positions(mg_plan *p, mg_step *s) {
   FORM_DIMS(p);
   const int64_t P = p->args.sp, r = p->args.rank, a = (Sl + 1) / 2;
-  mg_plan_attn_positions(p, s, mg_cp_pos(P, Sl, r, 0), a, Sl > a ? mg_cp_pos(P, Sl, r, a) : 0);
+  mg_plan_attn_positions(p, s, mg_cp_pos(P, Sl, r, 0), a, mg_cp_pos(P, Sl, r, a));
 }
 
 static int cp_order(mg_plan *p, const char *label, int src, int dst, int inverse) {
