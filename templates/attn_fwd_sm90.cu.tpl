@@ -2,8 +2,9 @@
 @ -- FlashAttention-3 (arXiv 2407.08608): TMA, mbarriers, wgmma, warp specialization.
 @ --
 @ -- Same semantics as attn_fwd (O [B, S_q, H, d_v], natural-log LSE [B, H, S_q], causal
-@ -- with q_pos0, split or packed keys) and the same parameters, plus `tmaps`: the four
-@ -- CUtensorMaps TMA reads the inputs through, by value (see the param's doc for their boxes).
+@ -- at the rows' global positions q_pos0 / q_split / q_pos1 (mla::QueryPos), split or packed
+@ -- keys) and the same parameters, plus `tmaps`: the four CUtensorMaps TMA reads the inputs
+@ -- through, by value (see the param's doc for their boxes).
 @ -- The family of MG_OP_ATTN_FWD on sm_90a (generator/gen/mg_spec.c mg_arch_kernel_table):
 @ -- the CUDA executor, generate/compile/tune --arch sm_90a run it in place of attn_fwd.
 @ --
@@ -64,7 +65,9 @@
 @     { name = "lse",    type = "float*",        shape = "[B, H, S_q]",            doc = "natural-log logsumexp of the scaled scores; -inf for a row without keys" },
 @     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
-@     { name = "q_pos0",   type = "int", doc = "global position of query 0 (keys start at 0); causal keeps key j for query i iff j <= q_pos0 + i" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query row 0 (keys start at 0); rows i < q_split are at q_pos0 + i; causal keeps key j for row i iff j <= pos(i)" },
+@     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
+@     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<4>", shape = "[4]",
 @       doc = "4 CUtensorMaps passed by value (kernel parameter space; the host passes 4 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over the tensors above (16-bit elements, no interleave, zero OOB fill), box inner width W(d) = 64/32/16 columns for d % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
@@ -187,10 +190,10 @@ ${K.name}(
   const int m0 = blockIdx.x * BLOCK_M;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
+  const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
   // Keys this CTA can see: with causal masking, none past its last query's position.
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
-  const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
-  const int n_tiles = n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
+  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, 0, qpos(q_last));
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -262,7 +265,7 @@ ${K.name}(
   // is past the warpgroup's last row is hidden from all of its rows); none when its rows
   // are past seqlen_q.
   const int wg_tiles = i0 >= seqlen_q ? 0
-                       : CAUSAL ? min(n_tiles, max(0, (q_pos0 + i0 + 63) / BLOCK_N + 1))
+                       : CAUSAL ? min(n_tiles, max(0, qpos(i0 + 63) / BLOCK_N + 1))
                                 : n_tiles;
   float corr[2];  // the last softmax's rescaling of O
 
@@ -298,14 +301,14 @@ ${K.name}(
   // running max and sum are updated and corr is how O must be rescaled (not done here: O
   // may be in flight). Rows r0 (i % 4 < 2) and r0 + 8, each spread over a quad.
   auto softmax = [&](int n0) {
-    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > q_pos0 + i0);
+    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > qpos(i0));
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; ++i) {
       float x = s[i] * scale_log2;
       if (edge) {
         const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
         const int row = r0 + 8 * ((i % 4) / 2);
-        if (key >= seqlen_k || (CAUSAL && key > q_pos0 + row)) x = mla::neg_inf();
+        if (mla::key_hidden<CAUSAL>(key, qpos(row), seqlen_k, 0)) x = mla::neg_inf();
       }
       s[i] = x;
     }

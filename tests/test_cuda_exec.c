@@ -19,7 +19,7 @@
  *
  * Modes (argv[1]): none, the above; "f16": every form's f16 plan (S 33 and 1, causal) at
  * tu_tol_f16; "sm90": host ops claiming an sm_90a device with the fake driver's tensor-map
- * encoder run attn_fwd_sm90 in the explicit (causal and not) and laga plans, at the same
+ * encoder run attn_fwd_sm90 in the explicit (causal and not), laga and laga-cp plans, at the same
  * tolerances, and the mma.sync attn_fwd when forced (test_sm90_family); "nodriver": mg_dev_ops_cuda without a driver is
  * MLAGEN_ENODRIVER; "fake": with the fake driver (tests/fake_cuda.c, tests/fake_driver.h) and
  * MLAGEN_LIBCUBLAS pointing nowhere, mg_dev_ops_cuda and mlagen_forward fail cleanly with
@@ -339,6 +339,25 @@ static void test_refusals(void **state) {
                    MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "is NULL")); /* the first caller tensor read */
   mg_cuda_exec_destroy(x);
+  x = NULL;
+  /* query positions (mg_step): only laga-cp's explicit attention has them, increasing
+   * (mg_plan_check, run again by prepare) */
+  int fwd = -1;
+  for (int i = 0; i < plan->n_steps; i++)
+    if (plan->steps[i].op == MG_OP_ATTN_FWD) fwd = i;
+  assert_true(fwd >= 0);
+  plan->steps[fwd].q_split = 2, plan->steps[fwd].q_pos1 = 3;
+  assert_int_equal(mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "only laga-cp"));
+  assert_null(x);
+  a.form = MG_FORM_LAGA_CP;
+  assert_int_equal(mg_plan_build(plan, &a, &d), 0);
+  for (int i = 0; i < plan->n_steps; i++)
+    if (plan->steps[i].op == MG_OP_ATTN_FWD) fwd = i;
+  plan->steps[fwd].q_split = 2, plan->steps[fwd].q_pos1 = 1; /* rows 2, 3 before row 1 */
+  assert_int_equal(mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "increasing positions"));
+  assert_null(x);
   free(ws), free(saved), free(plan);
   mg_dev_ops_destroy(&h->base);
   mg_gen_close(g);
@@ -355,8 +374,8 @@ static int report_worst(void **state) {
 }
 
 /* Host ops claiming an sm_90a device, with the fake driver's cuTensorMapEncodeTiled (the host
- * executor's map format, tests/host/mg_host_tmap.h) as their driver: the explicit and laga
- * plans run attn_fwd_sm90 (the TMA/wgmma forward, on the host executor's sm_90a emulation)
+ * executor's map format, tests/host/mg_host_tmap.h) as their driver: the explicit, laga and
+ * laga-cp plans run attn_fwd_sm90 (the TMA/wgmma forward, on the host executor's sm_90a emulation)
  * with the tensor maps the executor encodes at each launch from the pass's addresses, and
  * match the CPU executor per element as the mma.sync runs do; MLAGEN_MMA_SYNC=1 (and the
  * mma_sync option) give the mma.sync attn_fwd back, ops without a driver keep it, and so
@@ -424,7 +443,8 @@ static void test_sm90_family(void **state) {
     mg_cuda_exec_destroy(x);
   }
   free(plan);
-  /* the runs: attn_fwd_sm90 in the explicit and laga forwards, against the CPU executor */
+  /* the runs: attn_fwd_sm90 in the explicit, laga and laga-cp forwards, against the CPU
+   * executor */
   h->base.drv = drv;
   g_want_kernel = "mla_attn_fwd_sm90_";
   for (int causal = 1; causal >= 0; causal--) {
@@ -434,6 +454,9 @@ static void test_sm90_family(void **state) {
     round_inputs(&c, MG_BF16, in);
     check_form_tuned(&c, MG_FORM_EXPLICIT, MG_BF16, in, h, g, dir, NULL);
     if (causal) check_form_tuned(&c, MG_FORM_LAGA, MG_BF16, in, h, g, dir, NULL);
+    /* laga-cp: its forward step carries two-chunk positions (q_split, q_pos1: at P 1 the
+     * rank's two chunks, adjacent), passed to attn_fwd_sm90 as to attn_fwd */
+    if (causal) check_form_tuned(&c, MG_FORM_LAGA_CP, MG_BF16, in, h, g, dir, NULL);
     tu_free(in, TU_N_IN);
   }
   g_want_kernel = NULL;

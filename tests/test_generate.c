@@ -533,6 +533,13 @@ static void test_arch_families(void **state) {
   assert_true(mg_family_runs_on("attn_fwd", "sm_90a"));
   assert_true(mg_spec_family_on_request("attn_fwd_sm90"));
   assert_false(mg_spec_family_on_request("attn_fwd"));
+  /* mqa_fwd_sm90's row is on request: the absorbed forward stays mqa_fwd on sm_90a, the
+   * family is sm_90a's and rendered on request beside mqa_fwd */
+  assert_string_equal(mg_op_family_arch(MG_OP_MQA_FWD, 0, "sm_90a"), "mqa_fwd");
+  assert_string_equal(mg_family_portable("mqa_fwd_sm90"), "mqa_fwd");
+  assert_true(mg_family_runs_on("mqa_fwd_sm90", "sm_90a"));
+  assert_false(mg_family_runs_on("mqa_fwd_sm90", "sm_80"));
+  assert_true(mg_spec_family_on_request("mqa_fwd_sm90"));
   /* a plan spec of attn_fwd (k_packed = 1, plus an override) becomes attn_fwd_sm90 with the
    * row's fixed k_packed = 1 and nothing else; other families and archs are unchanged */
   mg_kernel_spec s = v3_spec(1), t;
@@ -558,6 +565,7 @@ static void test_arch_families(void **state) {
   int n = 0;
   assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
   for (int i = 0; i < n; i++) assert_string_not_equal(specs[i].family, "attn_fwd_sm90");
+  for (int i = 0; i < n; i++) assert_string_not_equal(specs[i].family, "mqa_fwd_sm90");
   /* the shared-memory limit of the target: every kernel rendered for sm_86 and sm_89 fits
    * their 99 KiB (at sm_80's defaults several need 109-152 KiB); sm_80 and sm_90a render
    * the portable families exactly as a spec for no arch does (their limit is sm_80's),

@@ -124,6 +124,8 @@ static void test_args(void **state) {
   assert_int_equal(arg(&a, "lse")->count, (size_t)(2 * S));
   assert_int_equal(arg(&a, "seqlen_k")->ival, S);
   assert_int_equal(arg(&a, "q_pos0")->ival, 0);
+  assert_int_equal(arg(&a, "q_split")->ival, 0);
+  assert_int_equal(arg(&a, "q_pos1")->ival, 0);
   assert_int_equal(arg(&a, "softmax_scale")->kind, MG_KARG_FLOAT);
   assert_true(fabsf(arg(&a, "softmax_scale")->fval - (float)(1 / sqrt(192.0))) < 1e-6f);
   unmake(&t);

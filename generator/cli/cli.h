@@ -45,6 +45,7 @@ typedef struct cli_opts {
   int n_family;
   int min_warps;              /* tune: --min-warps N (0: the default threshold) */
   int head_groups;            /* plan, run: --head-groups N (laga-f; 0: the default) */
+  int cp_head_groups;         /* plan, run: --cp-head-groups N (laga-cp; 0: the default) */
   const char *link_gbps;      /* plan: --link-gbps X (checked by cli_plan) */
   const char *tflops;         /* plan: --tflops Y */
   const char *hbm_gbps;       /* plan: --hbm-gbps Z */

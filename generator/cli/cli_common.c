@@ -144,6 +144,8 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     }
     else if (OPT("head-groups")) {
       if (parse_int("head-groups", v, &o->head_groups)) return CLI_USAGE;
+    } else if (OPT("cp-head-groups")) {
+      if (parse_int("cp-head-groups", v, &o->cp_head_groups)) return CLI_USAGE;
     } else if (OPT("sp")) {
       if (parse_int("sp", v, &o->sp)) return CLI_USAGE;
     } else if (OPT("batch")) {
@@ -222,10 +224,10 @@ int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int m
 }
 
 /* --family F: F beside each spec of its counterpart, the family it stands in for or that
- * stands in for it on this arch (mg_spec.c's tables: attn_fwd_sm90 beside attn_fwd, or, once
- * --arch sm_90a made attn_fwd attn_fwd_sm90, attn_fwd beside it). strict: an F that is
- * neither an architecture's family nor a portable family one stands in for is a usage error
- * (generate, compile), else skipped (tune's --family selects). */
+ * stands in for it on this arch (mg_spec.c's tables: attn_fwd_sm90 beside attn_fwd,
+ * mqa_fwd_sm90 beside mqa_fwd, or, once --arch sm_90a made attn_fwd attn_fwd_sm90, attn_fwd
+ * beside it). strict: an F that is neither an architecture's family nor a portable family one
+ * stands in for is a usage error (generate, compile), else skipped (tune's --family selects). */
 static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, int max, int *n) {
   for (int f = 0; f < o->n_family; f++) {
     const char *F = o->family[f];
@@ -257,12 +259,12 @@ static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, i
     }
     int paired = arch_family; /* F is an arch's family, or a portable one some arch replaces */
     for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch && !paired; a++)
-      for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i]; i++)
+      for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i] && !a->on_request; i++)
         paired |= strcmp(a->k.family[i], F) != 0 && strcmp(mg_family_portable(a->k.family[i]), F) == 0;
     if (strict && !paired) {
       cli_error("--family %s: generate and compile render on request only an architecture's "
-                "family beside the portable one it stands in for (attn_fwd_sm90; with --arch "
-                "sm_90a, attn_fwd); every other family is rendered anyway", F);
+                "family beside the portable one it stands in for (attn_fwd_sm90, mqa_fwd_sm90; "
+                "with --arch sm_90a, attn_fwd); every other family is rendered anyway", F);
       return CLI_USAGE;
     }
   }

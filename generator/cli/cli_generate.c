@@ -28,8 +28,10 @@ static const char help[] =
     "  --set k=v        override a tunable of every family (e.g. block_m=64), or of one\n"
     "                   family with family.k=v (e.g. explicit_fwd.block_m=16); repeatable\n"
     "  --family F       also render F beside the family it stands in for: attn_fwd_sm90\n"
-    "                   beside each attn_fwd kernel, or with --arch sm_90a attn_fwd beside\n"
-    "                   each attn_fwd_sm90 one (the mma.sync fallback), with its default\n"
+    "                   (the sm_90a TMA/wgmma forward) beside each attn_fwd kernel,\n"
+    "                   mqa_fwd_sm90 (the sm_90a absorbed forward, no plan runs yet) beside\n"
+    "                   each mqa_fwd one, or with --arch sm_90a attn_fwd beside each\n"
+    "                   attn_fwd_sm90 one (the mma.sync fallback), with its default\n"
     "                   tunables, the plans' k_packed, and the --set overrides\n"
     "                   (family.k=v ones are safest); repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";

@@ -143,7 +143,8 @@ static long long expr_value(const char *text, const sym *syms, int n_syms) {
  * value for: the run-time sizes the attention kernels share. */
 static const char *bench_default(const char *name) {
   static const char *const conv[][2] = {{"seqlen_q", "S"}, {"seqlen_k", "S"}, {"rows", "S"},
-                                        {"batch", "B"},    {"q_pos0", "0"},   {"accumulate", "0"}};
+                                        {"batch", "B"},    {"q_pos0", "0"},   {"q_split", "0"},
+                                        {"q_pos1", "0"},   {"accumulate", "0"}};
   for (size_t i = 0; i < sizeof conv / sizeof conv[0]; i++)
     if (strcmp(name, conv[i][0]) == 0) return conv[i][1];
   return NULL;

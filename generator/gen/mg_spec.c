@@ -13,7 +13,7 @@ const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_b
                                         "attn_bwd_dq",   "dq_convert",   "a2a_pack",     "a2a_unpack",
                                         "expand_kv",     "split_dkv",    "concat_latent", "split_latent",
                                         "copy_cols",     "mqa_fwd",      "mqa_bwd_dkv",  "mqa_bwd_dq",
-                                        "attn_fwd_sm90", NULL};
+                                        "attn_fwd_sm90", "mqa_fwd_sm90", NULL};
 
 int mg_spec_family_on_request(const char *family) {
   for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch; a++)
@@ -38,11 +38,14 @@ const mg_op_kernels mg_op_kernel_table[] = {
     {0, {NULL}, {NULL}},
 };
 
-/* helper C's sm_90a backward (attn_bwd_dkdv_sm90, attn_bwd_dq_sm90) and helper E's absorbed
- * forward join as rows here once the executor binds their tensor maps (mg_sm90_tmap.c) */
+/* helper C's sm_90a backward (attn_bwd_dkdv_sm90, attn_bwd_dq_sm90) joins as rows here once
+ * the executor binds its tensor maps (mg_sm90_launch_tmaps). mqa_fwd_sm90's maps are bound,
+ * but its row stays on_request until the executor's absorbed forward is checked with it on a
+ * device (its own test, test_mqa_fwd_sm90, runs it standalone, not through a plan). */
 const mg_arch_kernels mg_arch_kernel_table[] = {
-    {"sm_90a", {MG_OP_ATTN_FWD, {"attn_fwd_sm90"}, {"k_packed=1"}}},
-    {NULL, {0, {NULL}, {NULL}}},
+    {"sm_90a", {MG_OP_ATTN_FWD, {"attn_fwd_sm90"}, {"k_packed=1"}}, 0},
+    {"sm_90a", {MG_OP_MQA_FWD, {"mqa_fwd_sm90"}, {NULL}}, 1},
+    {NULL, {0, {NULL}, {NULL}}, 0},
 };
 
 const char *mg_op_family(int op, int i) {
@@ -55,7 +58,7 @@ const char *mg_op_family(int op, int i) {
 static const mg_op_kernels *arch_row(int op, const char *arch) {
   if (!arch || !*arch) return NULL;
   for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch; a++)
-    if (a->k.op == op && strcmp(a->arch, arch) == 0) return &a->k;
+    if (a->k.op == op && !a->on_request && strcmp(a->arch, arch) == 0) return &a->k;
   return NULL;
 }
 

@@ -278,11 +278,14 @@ static void af(kargs *a, const char *name, float v) {
 /* Appends a launch of kernel kidx for step i: the arguments a bound to the manifest's
  * parameters by name (once, here), the grid of its rule for batch and seqlen. An empty
  * grid launches nothing. */
-static int launch(prep *r, int i, int kidx, const kargs *a, int64_t batch, int64_t seqlen) {
+/* A launch whose grid rule sees seqlen_q and seqlen_k (the attention kernels: the q and the
+ * k buffers' tokens per batch item). */
+static int launch_qk(prep *r, int i, int kidx, const kargs *a, int64_t batch, int64_t seqlen_q,
+                     int64_t seqlen_k) {
   const kern *k = &r->x->kerns[kidx];
-  if (batch > LONG_MAX || seqlen > LONG_MAX)
+  if (batch > LONG_MAX || seqlen_q > LONG_MAX || seqlen_k > LONG_MAX)
     return step_error(r->p, r->d, i, MLAGEN_ELIMIT, "kernel %s: launch sizes too large", k->name);
-  mg_launch_dims dims = {.batch = (long)batch, .seqlen_q = (long)seqlen, .seqlen_k = (long)seqlen};
+  mg_launch_dims dims = {.batch = (long)batch, .seqlen_q = (long)seqlen_q, .seqlen_k = (long)seqlen_k};
   unsigned grid[3];
   int rc = mg_launch_grid(&k->rule, &dims, grid, r->d);
   if (rc) return step_error(r->p, r->d, i, rc, "kernel %s: %s", k->name, mg_diag_msg(r->d));
@@ -317,6 +320,11 @@ static int launch(prep *r, int i, int kidx, const kargs *a, int64_t batch, int64
     }
   }
   return 0;
+}
+
+/* A launch whose grid rule sees seqlen_q = seqlen_k = seqlen. */
+static int launch(prep *r, int i, int kidx, const kargs *a, int64_t batch, int64_t seqlen) {
+  return launch_qk(r, i, kidx, a, batch, seqlen, seqlen);
 }
 
 /* The grid size of the layout kernels, which stride over their rows: one CTA per row, up
@@ -436,23 +444,29 @@ static int kernel_step(prep *r, int i) {
     case MG_OP_MQA_BWD: {
       const int fwd = s->op == MG_OP_ATTN_FWD || s->op == MG_OP_MQA_FWD;
       const int mqa = s->op == MG_OP_MQA_FWD || s->op == MG_OP_MQA_BWD;
+      /* queries [B, S_q, h, ..] at the step's positions (mg_step: q_pos0, q_split, q_pos1)
+       * over the keys [B, S_k, ..] (k_nope, or the absorbed form's c) */
       const mg_plan_buf *q = IN(0);
-      const int64_t B = q->dims[0], S = q->dims[1];
+      const int64_t B = q->dims[0], S = q->dims[1], Sk = IN(1)->dims[1];
       const int h = (int)q->dims[2];
+      /* positions checked by mg_plan_check (increasing; only laga-cp's explicit attention
+       * has any: the absorbed kernels get q_pos0 = 0) */
       if (mqa && fwd) {
         TRY(want_kernel(r, i, op_family(r, s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "c", BI(1)), ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
-        ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
-        return launch(r, i, k0, &a, B, S);
+        ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), ai(&a, "q_pos0", s->q_pos0);
+        af(&a, "softmax_scale", scale);
+        return launch_qk(r, i, k0, &a, B, S, Sk);
       }
       if (!mqa && fwd) {
         TRY(want_kernel(r, i, op_family(r, s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
-        ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
-        return launch(r, i, k0, &a, B, S);
+        ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), ai(&a, "q_pos0", s->q_pos0);
+        ai(&a, "q_split", s->q_split), ai(&a, "q_pos1", s->q_pos1), af(&a, "softmax_scale", scale);
+        return launch_qk(r, i, k0, &a, B, S, Sk);
       }
       /* backward: delta in the step's scratch, by attn_bwd_pre */
       /* the delta over o_lat (d_c wide) for the absorbed form */
@@ -467,7 +481,9 @@ static int kernel_step(prep *r, int i) {
       TRY(launch(r, i, k0, &pre, B, S));
       kargs a = {0};
       ap(&a, "q", BI(0)), ap(&a, "dout", dout), ap(&a, "lse", lb), ap(&a, "delta", delta);
-      ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", S), ai(&a, "q_pos0", 0), af(&a, "softmax_scale", scale);
+      ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), af(&a, "softmax_scale", scale);
+      ai(&a, "q_pos0", s->q_pos0);
+      if (!mqa) ai(&a, "q_split", s->q_split), ai(&a, "q_pos1", s->q_pos1);
       if (mqa) {
         ap(&a, "c", BI(1)), ap(&a, "dc", BO(1)), ap(&a, "dc_accum", rnull), ap(&a, "dq", BO(0));
       } else {
@@ -475,8 +491,8 @@ static int kernel_step(prep *r, int i) {
         ap(&a, "dq_accum", rnull), ap(&a, "dk_nope", BO(1)), ap(&a, "dk_rope", rnull);
         ap(&a, "dv", BO(2)), ap(&a, "dq", BO(0));
       }
-      TRY(launch(r, i, k1, &a, B, S));
-      return launch(r, i, k2, &a, B, S);
+      TRY(launch_qk(r, i, k1, &a, B, S, Sk));
+      return launch_qk(r, i, k2, &a, B, S, Sk);
     }
     case MG_OP_EXPAND_KV:
     case MG_OP_SPLIT_DKV: {
@@ -504,6 +520,20 @@ static int kernel_step(prep *r, int i) {
       else ap(&a, "dc", BI(0)), ap(&a, "dc_kv", BO(0)), ap(&a, "dk_rope", BO(1));
       ai(&a, "rows", rows);
       return launch(r, i, k0, &a, 1, layout_grid(rows));
+    }
+    case MG_OP_CHUNK_ORDER: { /* two strided copies per rank: its chunks, every batch item */
+      const mg_plan_buf *src = IN(0);
+      const int64_t P = s->ranks, S = src->dims[1], Sl = S / P, a = (Sl + 1) / 2;
+      const int64_t e = src->dims[2] * (int64_t)es(t), pitch = S * e;
+      for (int64_t q = 0; q < P; q++)
+        for (int64_t c = 0; c < 2; c++) {
+          const int64_t ranked = q * Sl + c * a, n = c ? Sl - a : a;
+          const int64_t global = mg_cp_pos(P, Sl, q, c * a);
+          const int64_t from = s->inverse ? global : ranked, to = s->inverse ? ranked : global;
+          TRY(emit_copy2d(r, i, bref(s->out[0], to * e), pitch, bref(s->in[0], from * e), pitch,
+                          n * e, src->dims[0]));
+        }
+      return 0;
     }
     case MG_OP_COPY_COLS: {
       const mg_plan_buf *src = IN(0), *dst = OUT(0);

@@ -51,8 +51,11 @@
  *     generated for the plan's causal flag; the others do not depend on it and are
  *     generated non-causal. Heads of a kernel are the heads of the step's tensors (laga-f's
  *     groups use fewer);
- *     q_pos0 = 0 and seqlen_q = seqlen_k = S (head-sharded queries and keys cover all S
- *     tokens); the softmax scale is the plan's.
+ *     seqlen_q = S_q of the q buffer, seqlen_k = S_k of the k buffer (k_nope, or c) and
+ *     the step's query positions q_pos0, q_split, q_pos1 (mg_step); the absorbed kernels
+ *     take one chunk (q_pos0 = the step's q_pos0 if q_split > 0, else q_pos1): two chunks
+ *     there are MLAGEN_EUNSUPPORTED, and positions that do not increase (q_pos1 <
+ *     q_pos0 + q_split) MLAGEN_EINVAL, both at preparation. The softmax scale is the plan's.
  *   At P > 1 the OUTPUT dw_kv_b is zeroed before its first write (only this rank's heads'
  *   rows are written: it is this rank's partial sum).
  *

@@ -1,9 +1,10 @@
-/* mg_sm90_tmap.h: the four CUtensorMaps of attn_fwd_sm90's `tmaps` parameter.
+/* mg_sm90_tmap.h: the CUtensorMaps of the sm_90a families' `tmaps` parameters (attn_fwd_sm90's
+ * four, mqa_fwd_sm90's two).
  *
  * attn_fwd_sm90 (templates/attn_fwd_sm90.cu.tpl) reads Q, K_nope (or the packed per-head
- * K), k_rope and V through TMA: its last parameter points at 4 CUtensorMaps in device
- * memory. This module is the one place above the template that knows their dims, strides,
- * boxes and swizzles (the template's `tmaps` doc states the same contract); the CUDA
+ * K), k_rope and V through TMA: its last parameter holds 4 CUtensorMaps by value. This
+ * module is the one place above the template that knows their dims, strides, boxes and
+ * swizzles (the template's `tmaps` doc states the same contract); the CUDA
  * executor and the GPU benchmark (tests/gpu/bench.c) both call it. Maps are encoded with
  * cuTensorMapEncodeTiled, the driver loader's optional entry (runtime/exec/mg_driver.h),
  * on the host, for each launch, and passed by value: the kernel parameter is `const
@@ -66,6 +67,31 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
                       const mg_sm90_fwd_tensors *t, CUtensorMap maps[MG_SM90_FWD_TMAPS],
                       mg_diag *d);
 
+/* mqa_fwd_sm90 (templates/mqa_fwd_sm90.cu.tpl, the absorbed forward) reads q and the latent
+ * c through the 2 maps of its `tmaps` parameter, `const __grid_constant__
+ * mla::sm90::TensorMaps<2>`, by value as attn_fwd_sm90's (2D, rows innermost-first as above;
+ * W = W(d_c + d_r) with its swizzle):
+ *   [0] q  dims {d_c + d_r, B*S_q*H}  box {W, 64}        (the packed rows r = i H + h)
+ *   [1] c  dims {d_c + d_r, B*S_k}    box {W, block_n}
+ * q [B, S_q, H, d_c + d_r] and c [B, S_k, d_c + d_r]: device addresses, 16-byte aligned. */
+#define MG_SM90_MQA_TMAPS 2
+#define MG_SM90_MQA_TMAP_BYTES (MG_SM90_MQA_TMAPS * sizeof(CUtensorMap))
+typedef struct mg_sm90_mqa_tensors {
+  CUdeviceptr q, c;
+  long batch, seqlen_q, seqlen_k; /* >= 0 */
+} mg_sm90_mqa_tensors;
+
+/* Encodes the 2 maps of kernel k (an mqa_fwd_sm90 manifest entry: its configuration gives
+ * block_n) for spec s (heads, d_c, d_r, dtype) and the tensors t into maps[0..2) (host
+ * memory; zeroed first). Returns 0, or MLAGEN_EINVAL (a NULL argument; k not of family
+ * mqa_fwd_sm90 or s's family differing; block_n missing; d_c or d_r not a positive multiple
+ * of 16; a negative size; an unknown dtype; an address null or not 16-byte aligned;
+ * cuTensorMapEncodeTiled rejecting a map, named) or MLAGEN_EUNSUPPORTED (no
+ * cuTensorMapEncodeTiled in the driver: the mma.sync mqa_fwd runs without it). */
+int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_mqa_tensors *t, CUtensorMap maps[MG_SM90_MQA_TMAPS],
+                      mg_diag *d);
+
 /* The most maps one MG_PARAM_TMAPS parameter holds. */
 #define MG_SM90_MAX_TMAPS 8
 
@@ -74,8 +100,9 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
  * pointer parameter: at its device address, 8 bytes; the MG_PARAM_TMAPS one is not read)
  * and dims are the launch's sizes (batch, seqlen_q, seqlen_k). The one place that knows
  * which tensors each sm_90a family maps: attn_fwd_sm90 (mg_sm90_fwd_tmaps over its params
- * q, k_nope, k_rope, v). Writes *n maps into maps[0 .. max). Returns 0, or mg_sm90_fwd_tmaps'
- * errors, or MLAGEN_EINVAL (a NULL argument; k has no MG_PARAM_TMAPS parameter, or a family
+ * q, k_nope, k_rope, v), mqa_fwd_sm90 (mg_sm90_mqa_tmaps over q, c). Writes *n maps into
+ * maps[0 .. max). Returns 0, or mg_sm90_fwd_tmaps' / mg_sm90_mqa_tmaps' errors, or
+ * MLAGEN_EINVAL (a NULL argument; k has no MG_PARAM_TMAPS parameter, or a family
  * without an encoder here; max too small). */
 int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
                          void *const *args, const mg_launch_dims *dims, CUtensorMap *maps, int max,

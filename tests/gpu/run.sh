@@ -8,7 +8,9 @@
 #             attn_fwd_sm90 and attn_fwd checked vs float64 (H 2 at S 256, each H at
 #             S 200: partial tiles; causal and not), then timed side by side at
 #             H 16,128 x S 1024..16384, causal and not, rows of at most ~3 s
-#             (--row-budget-ms 3000: 32 rows fit the cap; SM90_ARGS added)              cap 240
+#             (--row-budget-ms 3000; SM90_ARGS added); and mqa_fwd_sm90 beside mqa_fwd
+#             (576/512, causal) checked vs tests/mqa_ref.h, timed at the same H x S
+#             (48 rows in all)                                                        cap 240
 #   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn --ops fwd
 #             into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90                   cap 150
 #   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
