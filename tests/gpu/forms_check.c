@@ -10,9 +10,8 @@
  *
  * For a DeepSeek-V3 head shape with --heads heads (d_c 512, d_r 64, d_n 128, d_v 128, or
  * --dims; softmax scale mscale^2 / sqrt(d_n + d_r), mscale 1.3689), B = 1, S = --seq, causal (or not),
- * --dtype, and each form of --forms (default explicit, absorbed, laga, laga-r, laga-f;
- * laga-cp on request, its shards two chunks per rank, until the attention launches take its
- * S_k and query positions):
+ * --dtype, and each form of --forms (default all six: explicit, absorbed, laga, laga-r,
+ * laga-f, laga-cp, the last with its shards two chunks per rank):
  *   - inputs: q, c_kv, k_rope N(0, 1) on a grid of 1/16, w_kv_b N(0, 1) / sqrt(d_c) on a
  *     grid of 2^-10, d_o N(0, 1) / 2 on a grid of 1/64 (scores std about 2; every value
  *     exact in bf16 and f16, and the forms' K_n = W_UK c_kv, V and q_lat = W_UK^T q_n
