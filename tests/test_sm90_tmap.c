@@ -5,7 +5,8 @@
  * strides, box, swizzle, element size and base are read back and compared with the
  * template's `tmaps` contract written out here by hand (split and packed keys, bf16 and
  * fp16, widths 64/32/16). Errors: a driver without the entry, a wrong family, a missing
- * tunable, a misaligned or null tensor. End to end (the maps driving the kernel on the host
+ * tunable, a misaligned or null tensor. mg_sm90_launch_tmaps (the per-launch entry of the
+ * executor and the tuner): the same maps from launch arguments, and its refusals. End to end (the maps driving the kernel on the host
  * executor against float64): test_attn_fwd_sm90. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -158,6 +159,49 @@ static void test_errors(void **state) {
                "cuTensorMapEncodeTiled(attn_fwd_sm90 map [1] k_nope: dims {128, 16, 256} box {64, 1, 512}): CUDA_ERROR_INVALID_VALUE");
 }
 
+/* mg_sm90_launch_tmaps, what the CUDA executor and the tuner call at each launch: the
+ * tensors read by parameter name from cuLaunchKernel-style arguments, the sizes from the
+ * launch dims; the same maps as mg_sm90_fwd_tmaps. Refused: a kernel without a tensor-map
+ * parameter, a family without an encoder, too little room. */
+static void test_launch_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(16, 128, 64, 128, "bf16");
+  mg_kernel_info k = info(128, 64, 0);
+  static const char *const names[] = {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
+                                 MG_PARAM_OUT, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 8;
+  for (int i = 0; i < 8; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, 0x500000, 0x600000};
+  int sq = 300;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[4];
+  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
+  const mg_launch_dims dims = {2, 300, 500};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, 4);
+  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500};
+  if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 3, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 3 maps"));
+  mg_kernel_info other = k;
+  snprintf(other.family, sizeof other.family, "attn_bwd_dq_sm90");
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map encoder for family attn_bwd_dq_sm90"));
+  other = k, other.n_params = 7;
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map parameter"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
 /* mqa_fwd_sm90's maps: q as [B S_q H, d_qk] rows (box {W, 64}), c as [B S_k, d_qk] (box
  * {W, block_n}); DeepSeek's 576 (W 64, 128B) and 288 in fp16 (W 32, 64B), seqlen_k 0 as one
  * row. */
@@ -237,11 +281,48 @@ static void test_mqa_errors(void **state) {
                    "cuTensorMapEncodeTiled(mqa_fwd_sm90 map [1] c: dims {576, 256} box {64, 512}): CUDA_ERROR_INVALID_VALUE");
 }
 
+/* mg_sm90_launch_tmaps for mqa_fwd_sm90 (the kernel's q, c by name; sizes from the launch
+ * dims): the same 2 maps as mg_sm90_mqa_tmaps; too little room refused. */
+static void test_launch_mqa_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = mqa_spec(16, 512, 64, "bf16");
+  mg_kernel_info k = mqa_info(64);
+  static const char *const names[] = {"q", "c", "o", "lse", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_OUT,
+                                 MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 6;
+  for (int i = 0; i < 6; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[4] = {QA, KNA, 0x500000, 0x600000};
+  int sq = 300;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[2];
+  void *args[6] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &sq, maps};
+  const mg_launch_dims dims = {2, 300, 500};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, 2);
+  const mg_sm90_mqa_tensors t = {QA, KNA, 2, 300, 500};
+  if (mg_sm90_mqa_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 1000}, (unsigned[]){64, 64}, SW128);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 1, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 1 maps"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split_deepseek),
       cmocka_unit_test(test_packed_unusual_fp16),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_launch_tmaps),
+      cmocka_unit_test(test_launch_mqa_tmaps),
       cmocka_unit_test(test_mqa_maps),
       cmocka_unit_test(test_mqa_errors),
   };

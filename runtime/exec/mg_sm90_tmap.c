@@ -148,3 +148,51 @@ int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
   }
   return 0;
 }
+
+/* The device address parameter `name` of k has in args (0 when k has no such parameter). */
+static CUdeviceptr arg_ptr(const mg_kernel_info *k, void *const *args, const char *name) {
+  for (int i = 0; i < k->n_params; i++)
+    if (!strcmp(k->params[i].name, name) &&
+        (k->params[i].kind == MG_PARAM_IN || k->params[i].kind == MG_PARAM_OUT)) {
+      CUdeviceptr p = 0;
+      memcpy(&p, args[i], sizeof p);
+      return p;
+    }
+  return 0;
+}
+
+int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                         void *const *args, const mg_launch_dims *dims, CUtensorMap *maps, int max,
+                         int *n, mg_diag *d) {
+  if (n) *n = 0;
+  if (!drv || !s || !k || !args || !dims || !maps || !n)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: a NULL argument");
+  int has = 0;
+  for (int i = 0; i < k->n_params; i++) has |= k->params[i].kind == MG_PARAM_TMAPS;
+  if (!has)
+    return mg_diag_set(d, MLAGEN_EINVAL, "kernel %s has no tensor-map parameter", k->name);
+  if (!strcmp(k->family, "attn_fwd_sm90")) {
+    if (max < MG_SM90_FWD_TMAPS)
+      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
+                         max, k->name, MG_SM90_FWD_TMAPS);
+    const mg_sm90_fwd_tensors t = {arg_ptr(k, args, "q"),     arg_ptr(k, args, "k_nope"),
+                                   arg_ptr(k, args, "k_rope"), arg_ptr(k, args, "v"),
+                                   dims->batch,               dims->seqlen_q,
+                                   dims->seqlen_k};
+    int rc = mg_sm90_fwd_tmaps(drv, s, k, &t, maps, d);
+    if (!rc) *n = MG_SM90_FWD_TMAPS;
+    return rc;
+  }
+  if (!strcmp(k->family, "mqa_fwd_sm90")) {
+    if (max < MG_SM90_MQA_TMAPS)
+      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
+                         max, k->name, MG_SM90_MQA_TMAPS);
+    const mg_sm90_mqa_tensors t = {arg_ptr(k, args, "q"), arg_ptr(k, args, "c"), dims->batch,
+                                   dims->seqlen_q, dims->seqlen_k};
+    int rc = mg_sm90_mqa_tmaps(drv, s, k, &t, maps, d);
+    if (!rc) *n = MG_SM90_MQA_TMAPS;
+    return rc;
+  }
+  return mg_diag_set(d, MLAGEN_EINVAL, "kernel %s: no tensor-map encoder for family %s "
+                     "(runtime/exec/mg_sm90_tmap.c)", k->name, k->family);
+}

@@ -72,11 +72,11 @@
  * bit for bit; the non-causal reference over every key), then timed at --heads x --seqs
  * (rows attn_fwd, attn_fwd_sm90, attn_fwd_full, attn_fwd_sm90_full; non-causal FLOPs over
  * S^2 pairs; the table's causal column). attn_fwd_sm90's four tensor maps come from the
- * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), copied to device memory.
+ * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), passed by value.
  * Unless --no-mqa, the absorbed forward too: mqa_fwd (mma.sync) beside mqa_fwd_sm90 (TMA,
  * wgmma; issue 15), causal, checked as check_mqa checks mqa_fwd (check_mqa_sm90; two runs
  * bit for bit), then timed at --heads x --seqs (rows mqa_fwd, mqa_fwd_sm90, 576/512; its
- * two tensor maps from mg_sm90_mqa_tmaps).
+ * two tensor maps from mg_sm90_mqa_tmaps, passed by value).
  *
  * Launch rules: a grid dim is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
  * mul = m, div = n} (mul and div optional, default 1): ceil(arg * m / n).
@@ -424,35 +424,35 @@ static int run_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr
                   &S,            &S,      &q_pos0,  &q_split,      &q_pos1, &scale};
   return launch(g, 1, S, S, args);
 }
-/* attn_fwd_sm90 (split keys) with its 4 tensor maps at tmaps (device memory, sm90_maps). */
+/* attn_fwd_sm90's 4 tensor maps (sm90_maps), passed by value: the launch copies them. */
+typedef CUtensorMap fwd_maps[MG_SM90_FWD_TMAPS];
+/* attn_fwd_sm90 (split keys) with its 4 tensor maps tmaps. */
 static int run_fwd_sm90(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
-                        float scale, CUdeviceptr tmaps) {
+                        float scale, const CUtensorMap *tmaps) {
   int q_pos0 = 0, q_split = 0, q_pos1 = 0;
   void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, (void *)&t->v, &o, &lse,
                   &S,           &S,            &q_pos0,       &q_split,      &q_pos1,
-                  &scale,       &tmaps};
+                  &scale,       (void *)tmaps};
   return launch(g, 1, S, S, args);
 }
 /* Any explicit forward of the --sm90 step: attn_fwd (split keys) or attn_fwd_sm90. */
 static int run_any_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
-                       float scale, CUdeviceptr tmaps) {
+                       float scale, const CUtensorMap *tmaps) {
   return is_sm90(g->which) ? run_fwd_sm90(g, t, o, lse, S, scale, tmaps)
                            : run_fwd(g, t, o, lse, S, scale);
 }
-/* attn_fwd_sm90's tensor maps over t (B = 1, S tokens), encoded by the runtime's helper
- * (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does) and copied into a new device
- * buffer *maps. */
-static int sm90_maps(const gk *g, const dev_tensors *t, int S, CUdeviceptr *maps) {
+/* attn_fwd_sm90's tensor maps over t (B = 1, S tokens) into maps, encoded by the runtime's
+ * helper (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does). */
+static int sm90_maps(const gk *g, const dev_tensors *t, int S, fwd_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
   const mg_sm90_fwd_tensors tt = {t->q, t->kn, t->kr, t->v, 1, S, S};
-  CUtensorMap host[MG_SM90_FWD_TMAPS];
   mg_diag d = MG_DIAG_INIT;
-  if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, host, &d)) {
+  if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
     mg_diag_clear(&d);
     return -1;
   }
-  return dalloc(maps, sizeof host) || CU(drv->cuMemcpyHtoD(*maps, host, sizeof host)) ? -1 : 0;
+  return 0;
 }
 static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int S) {
   void *args[] = {(void *)&t->o, (void *)&t->dout, (void *)&t->delta, &dq_accum, &S};
@@ -490,32 +490,33 @@ static int run_mqa_fwd(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdevic
   void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale};
   return launch(g, 1, S, S, args);
 }
-/* mqa_fwd_sm90 with its 2 tensor maps at tmaps (device memory, sm90_mqa_maps). */
+/* mqa_fwd_sm90's 2 tensor maps (sm90_mqa_maps), passed by value: the launch copies them. */
+typedef CUtensorMap mqa_maps[MG_SM90_MQA_TMAPS];
+/* mqa_fwd_sm90 with its 2 tensor maps tmaps. */
 static int run_mqa_fwd_sm90(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdeviceptr lse,
-                            int S, float scale, CUdeviceptr tmaps) {
+                            int S, float scale, const CUtensorMap *tmaps) {
   int q_pos0 = 0;
-  void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale, &tmaps};
+  void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale, (void *)tmaps};
   return launch(g, 1, S, S, args);
 }
 /* mqa_fwd or mqa_fwd_sm90 (tmaps: its maps). */
 static int run_any_mqa_fwd(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdeviceptr lse,
-                           int S, float scale, CUdeviceptr tmaps) {
+                           int S, float scale, const CUtensorMap *tmaps) {
   return g->which == K_MQA_FWD_SM90 ? run_mqa_fwd_sm90(g, t, o, lse, S, scale, tmaps)
                                     : run_mqa_fwd(g, t, o, lse, S, scale);
 }
-/* mqa_fwd_sm90's tensor maps over t (B = 1, S tokens), encoded by the runtime's helper
- * (runtime/exec/mg_sm90_tmap.h) and copied into a new device buffer *maps. */
-static int sm90_mqa_maps(const gk *g, const mqa_tensors *t, int S, CUdeviceptr *maps) {
+/* mqa_fwd_sm90's tensor maps over t (B = 1, S tokens) into maps, encoded by the runtime's
+ * helper (runtime/exec/mg_sm90_tmap.h). */
+static int sm90_mqa_maps(const gk *g, const mqa_tensors *t, int S, mqa_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
   const mg_sm90_mqa_tensors tt = {t->q, t->c, 1, S, S};
-  CUtensorMap host[MG_SM90_MQA_TMAPS];
   mg_diag d = MG_DIAG_INIT;
-  if (mg_sm90_mqa_tmaps(drv, &spec, &g->k.info, &tt, host, &d)) {
+  if (mg_sm90_mqa_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
     mg_diag_clear(&d);
     return -1;
   }
-  return dalloc(maps, sizeof host) || CU(drv->cuMemcpyHtoD(*maps, host, sizeof host)) ? -1 : 0;
+  return 0;
 }
 static int run_mqa_pre(const gk *g, const mqa_tensors *t, int S) {
   CUdeviceptr none = NULLP; /* no dq_accum: the MQA backward writes dq itself */
@@ -830,8 +831,9 @@ static int check_sm90(const kset *ks, int S) {
     const int ws[2] = {causal ? K_FWD : K_FWD_FULL, causal ? K_FWD_SM90 : K_FWD_SM90_FULL};
     for (int i = 0; i < 2; i++) {
       const gk *g = &ks->k[ws[i]];
-      CUdeviceptr maps = 0;
-      if (is_sm90(g->which) && sm90_maps(g, &t, S, &maps)) goto done;
+      fwd_maps maps;
+      memset(maps, 0, sizeof maps);
+      if (is_sm90(g->which) && sm90_maps(g, &t, S, maps)) goto done;
       for (int run = 0; run < 2; run++) {
         if (CU(drv->cuMemsetD8(out_o, 0xff, c.no * 2)) || CU(drv->cuMemsetD8(out_lse, 0xff, c.nl * 4)))
           goto done;
@@ -969,8 +971,9 @@ static int check_mqa_sm90(const kset *ks, int S) {
   const int ws[2] = {K_MQA_FWD, K_MQA_FWD_SM90};
   for (int i = 0; i < 2; i++) {
     const gk *g = &ks->k[ws[i]];
-    CUdeviceptr maps = 0;
-    if (g->which == K_MQA_FWD_SM90 && sm90_mqa_maps(g, &t, S, &maps)) goto done;
+    mqa_maps maps;
+    memset(maps, 0, sizeof maps);
+    if (g->which == K_MQA_FWD_SM90 && sm90_mqa_maps(g, &t, S, maps)) goto done;
     for (int run = 0; run < 2; run++) {
       if (CU(drv->cuMemsetD8(d_o, 0xff, no * 2)) || CU(drv->cuMemsetD8(d_lse, 0xff, nl * 4))) goto done;
       if (run_any_mqa_fwd(g, &t, d_o, d_lse, S, (float)scale, maps) || sync_stream(g->name)) goto done;
@@ -1263,7 +1266,7 @@ typedef struct sctx {
   int S, which;
   float scale;
   dev_tensors t[8];
-  CUdeviceptr maps[8][2]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's */
+  fwd_maps maps[8][2]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's */
 } sctx;
 
 static int slaunch(void *p, int set) {
@@ -1289,8 +1292,8 @@ static int time_sm90(const kset *ks, int S) {
   int rc = -1;
   for (int s = 0; s < n_sets; s++) {
     dev_tensors *t = &x.t[s];
-    if (alloc_set(t, s, H, S, 0) || sm90_maps(&ks->k[K_FWD_SM90], t, S, &x.maps[s][0]) ||
-        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, &x.maps[s][1]))
+    if (alloc_set(t, s, H, S, 0) || sm90_maps(&ks->k[K_FWD_SM90], t, S, x.maps[s][0]) ||
+        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, x.maps[s][1]))
       goto done;
   }
   const double b = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl;
@@ -1321,7 +1324,7 @@ typedef struct mqactx {
   int S, which;
   float scale;
   mqa_tensors t[8];
-  CUdeviceptr maps[8]; /* per set: mqa_fwd_sm90's */
+  mqa_maps maps[8]; /* per set: mqa_fwd_sm90's */
 } mqactx;
 
 static int mqa_slaunch(void *p, int set) {
@@ -1348,7 +1351,7 @@ static int time_mqa_sm90(const kset *ks, int S) {
     mqa_tensors *t = &x.t[s];
     if (dalloc(&t->q, nq * 2) || dalloc(&t->c, nc * 2) || alloc_nan(&t->o, no * 2) ||
         alloc_nan(&t->lse, nl * 4) || fill_random(t->q, nq, 101 + 2 * s) ||
-        fill_random(t->c, nc, 102 + 2 * s) || sm90_mqa_maps(&ks->k[K_MQA_FWD_SM90], t, S, &x.maps[s]))
+        fill_random(t->c, nc, 102 + 2 * s) || sm90_mqa_maps(&ks->k[K_MQA_FWD_SM90], t, S, x.maps[s]))
       goto done;
   }
   const double pairs = (double)S * (S + 1) / 2;
