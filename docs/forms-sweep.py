@@ -27,7 +27,7 @@ parser.add_argument("--times", action="store_true",
                          "figures relative to explicit for DeepSeek-V3 over S and P)")
 opts = parser.parse_args()
 mlagen = opts.mlagen
-forms = ["explicit", "absorbed", "laga", "laga-r", "laga-f"]
+forms = ["explicit", "absorbed", "laga", "laga-r", "laga-f", "laga-cp"]
 
 
 def plan(model, S, P, *extra):

@@ -114,14 +114,20 @@ typedef enum mlagen_dtype {
   MLAGEN_DTYPE_F64 = 4   /* 8 bytes */
 } mlagen_dtype;
 
-/* The forms of MLA attention under Ulysses-style SP (docs/forms.md). 0 is not a form. */
+/* The forms of MLA attention under SP (docs/forms.md): five Ulysses-style (head-sharded
+ * attention) and one context-parallel. 0 is not a form. */
 typedef enum mlagen_form {
   MLAGEN_FORM_EXPLICIT = 1, /* up-project K/V locally, all-to-all Q, K, V (Megatron-Core) */
   MLAGEN_FORM_ABSORBED = 2, /* all-gather the latent, attend over it (keeps H/P x d_c) */
   MLAGEN_FORM_LAGA = 3,     /* all-gather the latent, rebuild this rank's K/V, explicit attention */
   MLAGEN_FORM_LAGA_R = 4,   /* LAGA keeping only the latent; K/V recomputed in the backward */
-  MLAGEN_FORM_LAGA_F = 5    /* LAGA with fused expansion: K/V rebuilt per head group in a
+  MLAGEN_FORM_LAGA_F = 5,   /* LAGA with fused expansion: K/V rebuilt per head group in a
                              * workspace of H / P / head_groups heads, forward and backward */
+  MLAGEN_FORM_LAGA_CP = 6   /* all-gather context parallelism over the latent: every rank
+                             * keeps all H heads and its own queries, all-gathers only
+                             * [c_kv ; k_rope], rebuilds K/V for all heads per head group and
+                             * attends its queries over all keys; any P dividing S (P > H
+                             * too). Its token shard is two chunks (see sp_rank) */
 } mlagen_form;
 
 #define MLAGEN_MAX_DIMS 4
@@ -210,14 +216,20 @@ typedef struct mlagen_plan_desc {
   int batch;        /* B >= 1 */
   int64_t seq;      /* S >= 1, the global sequence length; sp_size divides it */
   int sp_rank;      /* this rank, 0 <= sp_rank < sp_size; it holds tokens
-                     * [sp_rank S/P, (sp_rank + 1) S/P) */
-  int sp_size;      /* P >= 1; divides H (each rank attends with H / P heads) */
+                     * [sp_rank S/P, (sp_rank + 1) S/P), except under MLAGEN_FORM_LAGA_CP:
+                     * with S_l = S/P, a = ceil(S_l / 2), b = S_l - a, its row i is the
+                     * token at global position r a + i for i < a, else
+                     * P a + (P - 1 - r) b + (i - a) (r = sp_rank; for even S_l chunks r
+                     * and 2P - 1 - r of 2P equal chunks), so that causal work is even */
+  int sp_size;      /* P >= 1; divides H (each rank attends with H / P heads), except under
+                     * MLAGEN_FORM_LAGA_CP (any P dividing S) */
   int causal;       /* nonzero: causal attention over global positions */
   mlagen_dtype dtype; /* activations and communication; accumulators (lse, dw_kv_b) are
                        * f32, or f64 when dtype is f64 */
-  int head_groups;  /* MLAGEN_FORM_LAGA_F only (0 for the other forms): the number of head
-                     * groups K/V are rebuilt in, a divisor of H / P in [1, 16]; 0 picks the
-                     * largest divisor of H / P not above 8 */
+  int head_groups;  /* MLAGEN_FORM_LAGA_F and _LAGA_CP only (0 for the other forms): the
+                     * number of head groups K/V are rebuilt in, a divisor of H / P (laga-cp:
+                     * of H) in [1, 16]; 0 picks the largest divisor of H / P (of H) not
+                     * above 8 */
   mlagen_device device; /* MLAGEN_DEVICE_CUDA (0) or MLAGEN_DEVICE_CPU */
 } mlagen_plan_desc;
 
@@ -228,8 +240,10 @@ typedef struct mlagen_plan_desc {
  *   MLAGEN_EINVAL  ctx (message in mlagen_last_message(NULL)), model, desc or plan NULL;
  *                  form or dtype not one of the enums; batch < 1; seq < 1; sp_size < 1;
  *                  sp_rank outside [0, sp_size); seq not divisible by sp_size; sp_size
- *                  not dividing H (or above H); head_groups nonzero for a form other
- *                  than MLAGEN_FORM_LAGA_F, or not a divisor of H / P in [1, 16]; buffers
+ *                  not dividing H (or above H), except for MLAGEN_FORM_LAGA_CP (the
+ *                  message names it); head_groups nonzero for a form other than
+ *                  MLAGEN_FORM_LAGA_F and _LAGA_CP, or not a divisor of H / P (laga-cp:
+ *                  H) in [1, 16]; buffers
  *                  too large for the planner (over 2^56 bytes) or a memory layout whose
  *                  areas would exceed 2^63 bytes; device not an mlagen_device.
  *   MLAGEN_EUNSUPPORTED  device MLAGEN_DEVICE_CPU and dtype bf16 or f16 (the CPU executor
@@ -237,6 +251,15 @@ typedef struct mlagen_plan_desc {
  *   MLAGEN_ENOMEM */
 int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
                        const mlagen_plan_desc *desc, mlagen_plan **plan);
+
+/* The global sequence position of row i (0 <= i < seq / sp_size) of rank sp_rank's token
+ * shard under desc's form, into *pos: sp_rank seq / sp_size + i, or under
+ * MLAGEN_FORM_LAGA_CP its two chunks (see mlagen_plan_desc.sp_rank). Reads form, seq,
+ * sp_rank and sp_size only; needs no model and no driver.
+ * Errors (message in mlagen_last_message(NULL)): MLAGEN_EINVAL desc or pos NULL; form not
+ * an mlagen_form; sp_size < 1; sp_rank outside [0, sp_size); seq < 1 or not divisible by
+ * sp_size; i outside [0, seq / sp_size). */
+int mlagen_token_position(const mlagen_plan_desc *desc, int64_t i, int64_t *pos);
 
 /* Frees a plan; NULL is a no-op. Works after the plan's context was destroyed. Called
  * from a collective callback of the plan's own running pass, it frees the plan when that
@@ -290,7 +313,8 @@ typedef struct mlagen_sizes {
   size_t peak_bwd_bytes;    /* the planner's peak of the backward (from the saved buffers) */
   size_t sent_fwd_bytes;    /* bytes this rank sends in the forward's collectives */
   size_t sent_bwd_bytes;    /* ... and in the backward's */
-  /* The op boundary, this rank's sequence shard (S_l = S / P tokens):
+  /* The op boundary, this rank's sequence shard (S_l = S / P tokens; which tokens:
+   * mlagen_plan_desc.sp_rank):
    * inputs   q [B, S_l, H, d_n + d_r] (RoPE part last), c_kv [B, S_l, d_c],
    *          k_rope [B, S_l, d_r], w_kv_b [H (d_n + d_v), d_c] (HF kv_b_proj.weight);
    *          do [B, S_l, H, d_v] (the backward's);

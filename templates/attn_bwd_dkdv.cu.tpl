@@ -4,7 +4,8 @@
 @ -- One CTA owns block_n keys of one head of one batch item; each warp owns 16 of those keys
 @ -- and keeps their dK (d_n + d_r) and dV (d_v) rows in fp32 accumulator fragments. The K
 @ -- and V tiles are copied into shared memory once; the CTA loops over query tiles of
-@ -- block_m rows (causal: only tiles with a row at or after the key tile), which stream
+@ -- block_m rows (causal: only tiles with a row whose position, mla::QueryPos as attn_fwd's,
+@ -- is at or after the key tile's first key: the rows from QueryPos::first_row_at), which stream
 @ -- through shared memory with their dO rows, LSE and delta (cp.async, one or two stages).
 @ -- Per query tile, with mma.sync.m16n8k16 (16-bit inputs, fp32 accumulation):
 @ --   S^T  = K Q^T             A: K rows (ldmatrix.x4), B: Q rows (ldmatrix.x4: Q row-major
@@ -74,7 +75,9 @@
 @     { name = "dv",     type = "elem_t*",       shape = "[B, S_k, H, d_v]",       doc = "gradient of V" },
 @     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
-@     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query row 0 (keys start at 0); rows i < q_split are at q_pos0 + i; causal keeps key j for row i iff j <= pos(i)" },
+@     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
+@     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
 @   },
 @   tunables = {
@@ -191,8 +194,10 @@ ${thread_prologue()}
   const int k0 = n0 + wrow;    // its global key index
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
-  // Query tiles that see a key of this tile: causal, from the one holding row n0 - q_pos0.
-  const int m_first = CAUSAL ? max(0, n0 - q_pos0) / BLOCK_M : 0;
+  const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
+  // Query tiles that see a key of this tile: causal, from the one holding the first row at
+  // position n0 or later (the positions increase, so every later row sees it too).
+  const int m_first = CAUSAL ? qpos.first_row_at(n0) / BLOCK_M : 0;
   const int m_tiles = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const int n_iter = m_tiles - m_first;
 
@@ -306,13 +311,13 @@ ${thread_prologue()}
       const float* const tl = sLse + st * BLOCK_M;
       const float* const td = sDelta + st * BLOCK_M;
       // A warp computes only if one of its keys is in range and visible to a row of the tile.
-      const bool active = k0 < seqlen_k && (!CAUSAL || k0 <= q_pos0 + m0 + BLOCK_M - 1);
+      const bool active = k0 < seqlen_k && (!CAUSAL || k0 <= qpos(m0 + BLOCK_M - 1));
       if (active) {
         float s[NT_M][4];
         mla::warp_gemm_abt<elem_t, DQK, BLOCK_M, QS, 4>(s, sK + ka_off, tq + qb_off);
         // P^T: rows are keys k0 + g (+8), columns queries m0 + n*8 + 2t (+1).
         const bool edge = k0 + 15 >= seqlen_k || m0 + BLOCK_M > seqlen_q ||
-                          (CAUSAL && k0 + 15 > q_pos0 + m0);
+                          (CAUSAL && k0 + 15 > qpos(m0));
 #pragma unroll
         for (int n = 0; n < NT_M; ++n)
 #pragma unroll
@@ -321,7 +326,7 @@ ${thread_prologue()}
             float p = exp2f(s[n][e] * scale_log2 - tl[c]);
             if (edge) {
               const int qi = m0 + c;
-              if (mla::key_hidden<CAUSAL>(k0 + g + (e >> 1) * 8, qi, seqlen_k, q_pos0) || qi >= seqlen_q) p = 0.f;
+              if (mla::key_hidden<CAUSAL>(k0 + g + (e >> 1) * 8, qpos(qi), seqlen_k, 0) || qi >= seqlen_q) p = 0.f;
             }
             s[n][e] = p;
           }

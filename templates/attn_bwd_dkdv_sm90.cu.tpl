@@ -37,7 +37,7 @@
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local ESIZE = elem_size(spec.dtype)
-@ local SMEM_LIMIT = 227 * 1024       -- sm_90's opt-in dynamic shared memory per block
+@ local SMEM_LIMIT = smem_limit("sm_90a")   -- sm_90's opt-in dynamic shared memory per block (prelude.lua)
 @ local BM = 64
 @ -- fp32 accumulators per consumer thread: dK (d_qk/2) + dV (d_v/2) + S^T + dP^T (32 each);
 @ -- two_pass: the larger of the passes. One consumer has 255 registers per thread; two
@@ -89,12 +89,12 @@
 @     { name = "dv",     type = "elem_t*",       shape = "[B, S_k, H, d_v]",       doc = "gradient of V" },
 @     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
-@     { name = "q_pos0",   type = "int", doc = "global position of query 0: row i < q_split is at q_pos0 + i" },
-@     { name = "q_split",  type = "int", bench = "S", doc = "rows from q_split on are at q_pos1 + (i - q_split); causal keeps key j iff j <= pos(i)" },
-@     { name = "q_pos1",   type = "int", bench = "0", doc = "global position of query row q_split" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query row 0 (keys start at 0); rows i < q_split are at q_pos0 + i; causal keeps key j for row i iff j <= pos(i)" },
+@     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
+@     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
-@     { name = "tmaps", type = "const mla::sm90::TensorMap*", shape = "[5, 64]",
-@       doc = "5 CUtensorMaps (128 bytes each; 64-byte aligned) in device memory, made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
+@     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<5>", shape = "[5]",
+@       doc = "5 CUtensorMaps passed by value (kernel parameter space; the host passes 5 contiguous 64-byte aligned CUtensorMaps), made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
 @   },
 @   tunables = {
 @     block_n   = { values = { 64, 128 },   doc = "keys per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
@@ -243,7 +243,7 @@ ${K.name}(
   const int b = blockIdx.z;
   const int h_begin = HEAD_LOOP ? 0 : blockIdx.y;
   const int h_end = HEAD_LOOP ? H : blockIdx.y + 1;
-  auto pos = [&](int i) { return i < q_split ? q_pos0 + i : q_pos1 + (i - q_split); };
+  const mla::QueryPos pos{q_pos0, q_split, q_pos1};  // rows' global positions
   // Causal: query tile mt has a row that sees a key of this CTA (its largest position >= n0).
   const int m_tiles = (seqlen_q + BM - 1) / BM;
   auto visible = [&](int mt) {
@@ -286,16 +286,16 @@ ${K.name}(
         const int row = b * seqlen_k + n0;
         mbar_arrive_expect_tx(kv_full, K_BYTES + V_BYTES);
         for (int c = 0; c < DN / WK; ++c)
-          tma_load_3d(sK + c * BLOCK_N * 2 * WK, &tmaps[1], kv_full, c * WK, h, row);
+          tma_load_3d(sK + c * BLOCK_N * 2 * WK, &tmaps.m[1], kv_full, c * WK, h, row);
         for (int c = 0; c < DR / WK; ++c) {
           unsigned char* dst = sK + KN_BYTES + c * BLOCK_N * 2 * WK;
           if (K_PACKED)
-            tma_load_3d(dst, &tmaps[2], kv_full, DN + c * WK, h, row);
+            tma_load_3d(dst, &tmaps.m[2], kv_full, DN + c * WK, h, row);
           else
-            tma_load_2d(dst, &tmaps[2], kv_full, c * WK, row);
+            tma_load_2d(dst, &tmaps.m[2], kv_full, c * WK, row);
         }
         for (int c = 0; c < DV / WV; ++c)
-          tma_load_3d(sV + c * BLOCK_N * 2 * WV, &tmaps[3], kv_full, c * WV, h, row);
+          tma_load_3d(sV + c * BLOCK_N * 2 * WV, &tmaps.m[3], kv_full, c * WV, h, row);
       }
       for (int pass = 0; pass < PASSES; ++pass)
         for (int mt = 0; mt < m_tiles; ++mt) {
@@ -309,9 +309,9 @@ ${K.name}(
             unsigned char* const sQ = ring + st * STAGE_BYTES;
             mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
             for (int c = 0; c < DQK / WQ; ++c)
-              tma_load_3d(sQ + c * BM * 2 * WQ, &tmaps[0], &full[st], c * WQ, h, b * seqlen_q + m0);
+              tma_load_3d(sQ + c * BM * 2 * WQ, &tmaps.m[0], &full[st], c * WQ, h, b * seqlen_q + m0);
             for (int c = 0; c < DV / WV; ++c)
-              tma_load_3d(sQ + Q_BYTES + c * BM * 2 * WV, &tmaps[4], &full[st], c * WV, h, b * seqlen_q + m0);
+              tma_load_3d(sQ + Q_BYTES + c * BM * 2 * WV, &tmaps.m[4], &full[st], c * WV, h, b * seqlen_q + m0);
           } else {
             mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: LSE empty wait
             float* const ld = sLD + st * 2 * BM;

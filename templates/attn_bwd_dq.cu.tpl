@@ -5,7 +5,8 @@
 @ -- One CTA owns block_m query rows of one head of one batch item; each warp owns 16 rows
 @ -- and keeps their dQ (d_n + d_r) in fp32 fragments. Q and dO are copied into shared
 @ -- memory once; K and V stream through in tiles of block_n keys (cp.async, 1 or 2 stages;
-@ -- causal: only the tiles up to the CTA's last row). Per key tile, with mma.sync:
+@ -- causal: only the tiles up to the position of the CTA's last row; positions as attn_fwd's,
+@ -- mla::QueryPos). Per key tile, with mma.sync:
 @ --   S  = Q K^T       (as attn_fwd)          P = exp2(S scale log2 e - LSE log2 e)
 @ --   dP = dO V^T      A: dO rows, B: V rows (V row-major is V^T column-major)
 @ --   dS = P (dP - delta)
@@ -43,7 +44,9 @@
 @     { name = "dq",     type = "elem_t*",       shape = "[B, S_q, H, d_n + d_r]", doc = "gradient of Q (16-bit, scale applied)" },
 @     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
-@     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query row 0 (keys start at 0); rows i < q_split are at q_pos0 + i; causal keeps key j for row i iff j <= pos(i)" },
+@     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
+@     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
 @   },
 @   tunables = {
@@ -139,9 +142,10 @@ ${thread_prologue()}
   const int b = blockIdx.z;
   const int wrow = warp * 16;
   const int i0 = m0 + wrow;
+  const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
 
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
-  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, q_pos0, q_last);
+  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, 0, qpos(q_last));
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   const int tr_q = tid / TPR_Q, tc_q = tid % TPR_Q;
@@ -204,14 +208,14 @@ ${thread_prologue()}
     const elem_t* const tv = sV + st * V_ELEMS;
     float s[NT_S][4];
     mla::warp_gemm_abt<elem_t, DQK, BLOCK_N, KS, 4>(s, sQ + qa_off, tk + kb_off);
-    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > q_pos0 + i0);
+    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > qpos(i0));
 #pragma unroll
     for (int n = 0; n < NT_S; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float p = exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
         if (edge) {
-          if (mla::key_hidden<CAUSAL>(n0 + n * 8 + 2 * t + (e & 1), i0 + g + (e >> 1) * 8, seqlen_k, q_pos0)) p = 0.f;
+          if (mla::key_hidden<CAUSAL>(n0 + n * 8 + 2 * t + (e & 1), qpos(i0 + g + (e >> 1) * 8), seqlen_k, 0)) p = 0.f;
         }
         s[n][e] = p;
       }
@@ -232,7 +236,7 @@ ${thread_prologue()}
   };
 
   auto warp_active = [&](int tile) {
-    return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= q_pos0 + i0 + 15);
+    return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= qpos(i0 + 15));
   };
 
   if (n_tiles > 0) load_kv(0, 0);

@@ -19,7 +19,7 @@
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local ESIZE = elem_size(spec.dtype)
-@ local SMEM_LIMIT = 227 * 1024
+@ local SMEM_LIMIT = smem_limit("sm_90a")   -- sm_90's opt-in dynamic shared memory per block (prelude.lua)
 @ -- fp32 accumulators per consumer thread: dQ (d_qk/2) + S + dP (block_n/2 each); the limit
 @ -- 224 with one consumer (255 registers), 160 with two (240 after setmaxnreg). The kept
 @ -- configurations compile without spills on sm_90a (tests/test_attn_bwd_sm90.c).
@@ -48,12 +48,12 @@
 @     { name = "dq",     type = "elem_t*",       shape = "[B, S_q, H, d_n + d_r]", doc = "gradient of Q (16-bit, scale applied)" },
 @     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
-@     { name = "q_pos0",   type = "int", doc = "global position of query 0: row i < q_split is at q_pos0 + i" },
-@     { name = "q_split",  type = "int", bench = "S", doc = "rows from q_split on are at q_pos1 + (i - q_split); causal keeps key j iff j <= pos(i)" },
-@     { name = "q_pos1",   type = "int", bench = "0", doc = "global position of query row q_split" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query row 0 (keys start at 0); rows i < q_split are at q_pos0 + i; causal keeps key j for row i iff j <= pos(i)" },
+@     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
+@     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
-@     { name = "tmaps", type = "const mla::sm90::TensorMap*", shape = "[5, 64]",
-@       doc = "5 CUtensorMaps (128 bytes each; 64-byte aligned) in device memory, made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
+@     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<5>", shape = "[5]",
+@       doc = "5 CUtensorMaps passed by value (kernel parameter space; the host passes 5 contiguous 64-byte aligned CUtensorMaps), made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
 @   },
 @   tunables = {
 @     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
@@ -178,7 +178,7 @@ ${K.name}(
   const int m0 = blockIdx.x * BLOCK_M;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
-  auto pos = [&](int i) { return i < q_split ? q_pos0 + i : q_pos1 + (i - q_split); };
+  const mla::QueryPos pos{q_pos0, q_split, q_pos1};  // rows' global positions
   // The largest and smallest positions of rows [a, e) (e > a).
   auto max_pos = [&](int a, int e) {
     int mx = -2147483647;
@@ -215,9 +215,9 @@ ${K.name}(
     if (n_tiles > 0) {
       mbar_arrive_expect_tx(q_full, Q_BYTES + O_BYTES);
       for (int c = 0; c < DQK / WQ; ++c)
-        tma_load_3d(sQ + c * BLOCK_M * 2 * WQ, &tmaps[0], q_full, c * WQ, h, b * seqlen_q + m0);
+        tma_load_3d(sQ + c * BLOCK_M * 2 * WQ, &tmaps.m[0], q_full, c * WQ, h, b * seqlen_q + m0);
       for (int c = 0; c < DV / WV; ++c)
-        tma_load_3d(sO + c * BLOCK_M * 2 * WV, &tmaps[4], q_full, c * WV, h, b * seqlen_q + m0);
+        tma_load_3d(sO + c * BLOCK_M * 2 * WV, &tmaps.m[4], q_full, c * WV, h, b * seqlen_q + m0);
     }
     for (int j = 0; j < n_tiles; ++j) {
       const int st = j % STAGES;
@@ -227,16 +227,16 @@ ${K.name}(
       const int row = b * seqlen_k + j * BLOCK_N;
       mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
       for (int c = 0; c < DN / WK; ++c)
-        tma_load_3d(sK + c * BLOCK_N * 2 * WK, &tmaps[1], &full[st], c * WK, h, row);
+        tma_load_3d(sK + c * BLOCK_N * 2 * WK, &tmaps.m[1], &full[st], c * WK, h, row);
       for (int c = 0; c < DR / WK; ++c) {
         unsigned char* dst = sK + KN_BYTES + c * BLOCK_N * 2 * WK;
         if (K_PACKED)
-          tma_load_3d(dst, &tmaps[2], &full[st], DN + c * WK, h, row);
+          tma_load_3d(dst, &tmaps.m[2], &full[st], DN + c * WK, h, row);
         else
-          tma_load_2d(dst, &tmaps[2], &full[st], c * WK, row);
+          tma_load_2d(dst, &tmaps.m[2], &full[st], c * WK, row);
       }
       for (int c = 0; c < DV / WV; ++c)
-        tma_load_3d(sK + K_BYTES + c * BLOCK_N * 2 * WV, &tmaps[3], &full[st], c * WV, h, row);
+        tma_load_3d(sK + K_BYTES + c * BLOCK_N * 2 * WV, &tmaps.m[3], &full[st], c * WV, h, row);
     }
     return;
   }

@@ -16,9 +16,11 @@
 @ --   O += P V       P's C fragments become A fragments in registers (the C layout of two
 @ --                  adjacent m16n8 tiles is the A layout of one m16n8k16 step); V's B
 @ --                  fragments by ldmatrix.x4.trans from row-major V.
-@ -- Masking: keys past seqlen_k, and (causal) key j for query i when j > q_pos0 + i. Key
-@ -- tiles entirely past a CTA's last query are never loaded; a warp skips the tiles
-@ -- entirely past its own last row; only tiles that cross the diagonal or the end of the
+@ -- Masking: keys past seqlen_k, and (causal) key j for query row i when j > pos(i), the
+@ -- row's global position (mla::QueryPos: q_pos0 + i, or q_pos1 + i - q_split from row
+@ -- q_split on, the second chunk of the all-gather context-parallel form). Key tiles
+@ -- entirely past the position of a CTA's last row are never loaded; a warp skips the tiles
+@ -- entirely past its own last row's; only tiles that cross the diagonal or the end of the
 @ -- keys are masked element by element. Shared-memory rows are padded by 16 bytes (an odd
 @ -- number of 16-byte units per row), so the 8 rows of an ldmatrix hit 8 distinct bank
 @ -- groups. O leaves through shared memory (the Q area) as 16-byte stores.
@@ -68,7 +70,9 @@
 @     { name = "lse",    type = "float*",        shape = "[B, H, S_q]",            doc = "natural-log logsumexp of the scaled scores; -inf for a row without keys" },
 @     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
-@     { name = "q_pos0",   type = "int", doc = "global position of query 0 (keys start at 0); causal keeps key j for query i iff j <= q_pos0 + i" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query row 0 (keys start at 0); rows i < q_split are at q_pos0 + i; causal keeps key j for row i iff j <= pos(i)" },
+@     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
+@     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
 @   },
 @   tunables = {
@@ -167,11 +171,12 @@ ${thread_prologue()}
   const int h = blockIdx.y;
   const int b = blockIdx.z;
   const int wrow = warp * 16;   // the warp's first row in the tile
-  const int i0 = m0 + wrow;     // its global query index (minus q_pos0)
+  const int i0 = m0 + wrow;     // its first query row
+  const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
 
   // Keys this CTA can see: with causal masking, none past its last query's position.
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
-  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, q_pos0, q_last);
+  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, 0, qpos(q_last));
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   // Tile copies (mla::cp_async_tile): for K, TPR divides d_n / 8, so whether a chunk is in
@@ -220,14 +225,14 @@ ${thread_prologue()}
     mla::warp_gemm_abt<elem_t, DQK, BLOCK_N, KS, 4>(s, sQ + q_off, sK + st * K_ELEMS + k_off);
     // Element-wise masks only where the tile crosses the end of the keys or the diagonal
     // of this warp's rows (warp-uniform test).
-    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > q_pos0 + i0);
+    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > qpos(i0));
 #pragma unroll
     for (int n = 0; n < NT_S; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[n][e] * scale_log2;
         if (edge) {
-          if (mla::key_hidden<CAUSAL>(n0 + n * 8 + 2 * t + (e & 1), i0 + g + (e >> 1) * 8, seqlen_k, q_pos0))
+          if (mla::key_hidden<CAUSAL>(n0 + n * 8 + 2 * t + (e & 1), qpos(i0 + g + (e >> 1) * 8), seqlen_k, 0))
             x = mla::neg_inf();
         }
         s[n][e] = x;
@@ -251,7 +256,7 @@ ${thread_prologue()}
 
   // A warp works on a tile only if it has a row in range that sees one of its keys.
   auto warp_active = [&](int tile) {
-    return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= q_pos0 + i0 + 15);
+    return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= qpos(i0 + 15));
   };
 
 @ if C.stages == 1 then

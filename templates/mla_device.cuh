@@ -297,8 +297,25 @@ __device__ __forceinline__ int ldm_a_col(int lane) { return (lane >> 4) * 8; }
 __device__ __forceinline__ int ldm_b_row(int lane) { return (lane & 7) + (lane >> 4) * 8; }
 __device__ __forceinline__ int ldm_b_col(int lane) { return ((lane >> 3) & 1) * 8; }
 
+// The global positions of an attention call's query rows (the kernels' q_pos0, q_split,
+// q_pos1 arguments; generator/core/mg_plan.h, mg_step): row i is at pos0 + i for i < split,
+// else at pos1 + (i - split); keys sit at 0 .. seqlen_k - 1. Two chunks are how the
+// all-gather context-parallel form (laga-cp) hands a rank its chunks r and 2P - 1 - r; all
+// zero is pos(i) = i, and one offset chunk is split = 0, pos1 = its position (or split >=
+// seqlen_q). Callers guarantee pos1 >= pos0 + split, so the map is strictly increasing and
+// the rows that see key j (causal) are a suffix: first_row_at inverts the map.
+struct QueryPos {
+  int pos0, split, pos1;
+  __device__ __forceinline__ int operator()(int i) const { return i < split ? pos0 + i : pos1 + (i - split); }
+  // The first row whose position is >= p (monotone map: every later row's is too).
+  __device__ __forceinline__ int first_row_at(int p) const {
+    return p - pos0 < split ? max(p - pos0, 0) : split + max(p - pos1, 0);
+  }
+};
+
 // Key tiles of BLOCK_N keys that queries up to position q_last (0 = the first query of the
 // call, at global position q_pos0) can see: with causal masking, none past its position.
+// Kernels with two-chunk positions pass q_pos0 = 0 and the last row's global position.
 template <bool CAUSAL, int BLOCK_N>
 __device__ __forceinline__ int visible_key_tiles(int seqlen_k, int q_pos0, int q_last) {
   const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
@@ -311,6 +328,7 @@ __device__ __forceinline__ float lse_log2(float lse) { return lse == neg_inf() ?
 
 // Masking: key `key` is hidden from the query at position `pos` (0 = the first of the
 // call, q_pos0 its global position) when it is past the keys or, causal, after the query.
+// Kernels with two-chunk positions pass the row's global position and q_pos0 = 0.
 template <bool CAUSAL>
 __device__ __forceinline__ bool key_hidden(int key, int pos, int seqlen_k, int q_pos0) {
   return key >= seqlen_k || (CAUSAL && key > q_pos0 + pos);

@@ -7,7 +7,11 @@
  *   q    [B, S_q, H, d_qk]      k [B, S_k, H, d_qk]      v [B, S_k, H, d_v]
  *   o    [B, S_q, H, d_v]       o[i, h] = sum_j softmax_j(scale q[i, h] . k[j, h]) v[j, h]
  *   lse  [B, H, S_q]            natural-log logsumexp of the scaled scores (-inf: no key)
- * Causal: key j is visible to query i iff j <= q_pos0 + i. The backward, from dout
+ * Causal: key j (keys at positions 0 .. S_k - 1) is visible to query row i iff j <= pos(i),
+ * the row's global position (attn_ref_pos): q_pos0 + i, or with two chunks (q_split > 0, the
+ * all-gather context-parallel form's queries) q_pos1 + i - q_split from row q_split on. The
+ * kernels' own convention differs only for q_split = 0 (there: one chunk at q_pos1), so
+ * the tests pass them (q_pos0, 0, q_pos0) for one chunk. The backward, from dout
  * [B, S_q, H, d_v]: dP = dO V^T, dS = P (dP - rowsum(dO o)), dq = scale dS K,
  * dk = scale dS^T q, dv = P^T dO (dq, dk, dv in q's, k's and v's layouts).
  * Everything in double; straightforward loops (no blocking, no online softmax), so it
@@ -34,7 +38,13 @@
 typedef struct attn_ref_dims {
   int B, S_q, S_k, H, d_qk, d_v, causal, q_pos0;
   double scale;
+  int q_split, q_pos1; /* two chunks when q_split > 0 (attn_ref_pos) */
 } attn_ref_dims;
+
+/* The global position of query row i. */
+static inline long attn_ref_pos(const attn_ref_dims *d, int i) {
+  return d->q_split > 0 && i >= d->q_split ? (long)d->q_pos1 + (i - d->q_split) : (long)d->q_pos0 + i;
+}
 
 /* Softmax probabilities p[0..S_k) of query row (b, i, h) (0 where masked); returns the
  * logsumexp (-INFINITY when no key is visible, then every p is 0). */
@@ -43,7 +53,7 @@ static inline double attn_ref_row(const attn_ref_dims *d, int b, int i, int h, c
   const double *qi = q + (((size_t)b * d->S_q + i) * d->H + h) * d->d_qk;
   double mx = -INFINITY;
   for (int j = 0; j < d->S_k; j++) {
-    if (d->causal && (long)j > (long)d->q_pos0 + i) {
+    if (d->causal && (long)j > attn_ref_pos(d, i)) {
       p[j] = -INFINITY;
       continue;
     }

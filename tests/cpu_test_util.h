@@ -150,6 +150,111 @@ static inline double tu_score_std(const tu_case *c, double *const in[TU_N_IN]) {
   return sqrt(fmax(sum2 / n - mean * mean, 0));
 }
 
+/* MLA.md's reference semantics, one (batch, head) at a time, with everything
+ * materialized: K_n = W_UK c_kv, V = W_UV c_kv, K = [K_n ; k_rope], the score matrix, its
+ * softmax, o; the gradients by the chain rule through each of those (the softmax
+ * Jacobian as dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)). out[] are zeroed global arrays.
+ * The independent check of every form (test_cpu_exec, test_cpu_mpi). 0, or -1 when out
+ * of memory. */
+static inline int tu_reference(const tu_case *c, double *const in[TU_N_IN], double *out[TU_N_OUT]) {
+  const mg_shape *sh = &c->shape;
+  const int64_t B = c->B, S = c->S, H = sh->heads, dn = sh->qk_nope_head_dim,
+                dr = sh->qk_rope_head_dim, dv = sh->v_head_dim, dc = sh->kv_lora_rank,
+                dqk = dn + dr, dkv = dn + dv;
+  const double scale = sh->softmax_scale;
+  const double *q = in[TU_Q], *ckv = in[TU_CKV], *kr = in[TU_KROPE], *w = in[TU_W], *dO = in[TU_DO];
+  double *K = calloc((size_t)(S * dqk), sizeof(double)), *V = calloc((size_t)(S * dv), sizeof(double));
+  double *P = calloc((size_t)(S * S), sizeof(double)), *dP = calloc((size_t)(S * S), sizeof(double));
+  double *dK = calloc((size_t)(S * dqk), sizeof(double)), *dV = calloc((size_t)(S * dv), sizeof(double));
+  if (!K || !V || !P || !dP || !dK || !dV) {
+    free(K), free(V), free(P), free(dP), free(dK), free(dV);
+    return -1;
+  }
+#define Q(b, i, h, x) q[(((b) * S + (i)) * H + (h)) * dqk + (x)]
+#define DO(b, i, h, x) dO[(((b) * S + (i)) * H + (h)) * dv + (x)]
+#define WUK(h, r, x) w[((h) * dkv + (r)) * dc + (x)]
+#define WUV(h, r, x) w[((h) * dkv + dn + (r)) * dc + (x)]
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      for (int64_t j = 0; j < S; j++) { /* up-projection */
+        const double *cj = &ckv[(b * S + j) * dc];
+        for (int64_t r = 0; r < dn; r++) {
+          double s = 0;
+          for (int64_t x = 0; x < dc; x++) s += WUK(h, r, x) * cj[x];
+          K[j * dqk + r] = s;
+        }
+        for (int64_t r = 0; r < dr; r++) K[j * dqk + dn + r] = kr[(b * S + j) * dr + r];
+        for (int64_t r = 0; r < dv; r++) {
+          double s = 0;
+          for (int64_t x = 0; x < dc; x++) s += WUV(h, r, x) * cj[x];
+          V[j * dv + r] = s;
+        }
+      }
+      for (int64_t i = 0; i < S; i++) { /* scores, softmax, lse, o */
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < S; j++) {
+          if (c->causal && j > i) {
+            P[i * S + j] = -INFINITY;
+            continue;
+          }
+          double s = 0;
+          for (int64_t x = 0; x < dqk; x++) s += Q(b, i, h, x) * K[j * dqk + x];
+          P[i * S + j] = scale * s;
+          mx = fmax(mx, scale * s);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < S; j++) sum += exp(P[i * S + j] - mx);
+        out[TU_LSE][(b * H + h) * S + i] = mx + log(sum);
+        for (int64_t j = 0; j < S; j++) P[i * S + j] = exp(P[i * S + j] - mx) / sum;
+        for (int64_t x = 0; x < dv; x++) {
+          double s = 0;
+          for (int64_t j = 0; j < S; j++) s += P[i * S + j] * V[j * dv + x];
+          out[TU_O][((b * S + i) * H + h) * dv + x] = s;
+        }
+      }
+      memset(dK, 0, (size_t)(S * dqk) * sizeof(double));
+      memset(dV, 0, (size_t)(S * dv) * sizeof(double));
+      for (int64_t i = 0; i < S; i++) { /* o -> P, V;  P -> scores;  scores -> q, K */
+        double pdp = 0;
+        for (int64_t j = 0; j < S; j++) {
+          double s = 0;
+          for (int64_t x = 0; x < dv; x++) s += DO(b, i, h, x) * V[j * dv + x];
+          dP[i * S + j] = s;
+          pdp += P[i * S + j] * s;
+          for (int64_t x = 0; x < dv; x++) dV[j * dv + x] += P[i * S + j] * DO(b, i, h, x);
+        }
+        for (int64_t j = 0; j < S; j++) {
+          const double ds = P[i * S + j] * (dP[i * S + j] - pdp);
+          for (int64_t x = 0; x < dqk; x++) {
+            out[TU_DQ][((b * S + i) * H + h) * dqk + x] += scale * ds * K[j * dqk + x];
+            dK[j * dqk + x] += scale * ds * Q(b, i, h, x);
+          }
+        }
+      }
+      for (int64_t j = 0; j < S; j++) { /* K, V -> c_kv, k_rope, w_kv_b */
+        const double *cj = &ckv[(b * S + j) * dc];
+        double *dcj = &out[TU_DCKV][(b * S + j) * dc];
+        for (int64_t r = 0; r < dn; r++)
+          for (int64_t x = 0; x < dc; x++) {
+            dcj[x] += WUK(h, r, x) * dK[j * dqk + r];
+            out[TU_DW][(h * dkv + r) * dc + x] += dK[j * dqk + r] * cj[x];
+          }
+        for (int64_t r = 0; r < dr; r++) out[TU_DKROPE][(b * S + j) * dr + r] += dK[j * dqk + dn + r];
+        for (int64_t r = 0; r < dv; r++)
+          for (int64_t x = 0; x < dc; x++) {
+            dcj[x] += WUV(h, r, x) * dV[j * dv + r];
+            out[TU_DW][(h * dkv + dn + r) * dc + x] += dV[j * dv + r] * cj[x];
+          }
+      }
+    }
+#undef Q
+#undef DO
+#undef WUK
+#undef WUV
+  free(K), free(V), free(P), free(dP), free(dK), free(dV);
+  return 0;
+}
+
 static inline void tu_free(double **v, int n) {
   for (int k = 0; k < n; k++) {
     free(v[k]);
@@ -157,16 +262,17 @@ static inline void tu_free(double **v, int n) {
   }
 }
 
-/* Tokens [r S/P, (r+1) S/P) of a global [B, S, w] double array, converted to dt. */
-static inline void *tu_shard(const double *g, int64_t B, int64_t S, int64_t w, int r, int P,
-                             mg_dtype dt) {
+/* Rank r's S / P tokens of a global [B, S, w] double array under form f's layout
+ * (mg_form_token_pos: [r S/P, (r+1) S/P), laga-cp's two chunks), converted to dt. */
+static inline void *tu_shard_form(const double *g, int64_t B, int64_t S, int64_t w, mg_form f,
+                                  int r, int P, mg_dtype dt) {
   const int64_t Sl = S / P;
   void *out = malloc((size_t)(B * Sl * w) * mg_dtype_size(dt));
   if (!out) return NULL;
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < Sl; s++)
       for (int64_t i = 0; i < w; i++) {
-        double x = g[(b * S + r * Sl + s) * w + i];
+        double x = g[(b * S + mg_form_token_pos(f, P, Sl, r, s)) * w + i];
         int64_t j = (b * Sl + s) * w + i;
         if (dt == MG_F64)
           ((double *)out)[j] = x;
@@ -176,11 +282,18 @@ static inline void *tu_shard(const double *g, int64_t B, int64_t S, int64_t w, i
   return out;
 }
 
+/* Tokens [r S/P, (r+1) S/P) of a global [B, S, w] double array, converted to dt. */
+static inline void *tu_shard(const double *g, int64_t B, int64_t S, int64_t w, int r, int P,
+                             mg_dtype dt) {
+  return tu_shard_form(g, B, S, w, MG_FORM_EXPLICIT, r, P, dt);
+}
+
 static inline double tu_get(mg_dtype t, const void *p, int64_t i) {
   return t == MG_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
 }
 
-/* What one rank's run returns: outputs in its dtype, lse [B, H/P, S] captured. */
+/* What one rank's run returns: outputs in its dtype, lse [B, H/P, S] captured (laga-cp:
+ * [B, H, S/P], its own queries). */
 typedef struct tu_run {
   mg_plan plan;
   mg_cpu_tensors t;
@@ -211,7 +324,7 @@ static inline int tu_run_form_hooked(const tu_case *c, mg_form f, int P, int r, 
   for (int k = 0; k < TU_N_IN; k++) {
     int64_t B, S, w;
     tu_in_dims(c, k, &B, &S, &w);
-    out->in[k] = k == TU_W ? tu_shard(in[k], 1, S, w, 0, 1, dt) : tu_shard(in[k], B, S, w, r, P, dt);
+    out->in[k] = k == TU_W ? tu_shard(in[k], 1, S, w, 0, 1, dt) : tu_shard_form(in[k], B, S, w, f, r, P, dt);
     if (!out->in[k]) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
   const int lse_id = mg_plan_find(&out->plan, "lse");
@@ -230,7 +343,7 @@ static inline int tu_run_form_hooked(const tu_case *c, mg_form f, int P, int r, 
 }
 
 /* Builds the plan of form f for rank r of P and runs it on that rank's shard of the
- * global inputs. Returns the status; the message in d. */
+ * global inputs (tu_shard_form). Returns the status; the message in d. */
 static inline int tu_run_form(const tu_case *c, mg_form f, int P, int r, mg_comm *comm,
                               mg_dtype dt, double *const in[TU_N_IN], tu_run *out, mg_diag *d) {
   return tu_run_form_hooked(c, f, P, r, comm, dt, in, NULL, NULL, out, d);
@@ -332,20 +445,26 @@ static inline cc_result tu_check(const char *what, const double *got, const doub
   return r;
 }
 
-/* The part of global reference output k that rank r of P holds, in its layout: its tokens
- * ([B, S, w] tensors), its heads (lse [B, H, S]) or everything (dw_kv_b, summed over the
+/* The part of global reference output k that rank r of P holds under form f, in its
+ * layout: its tokens ([B, S, w] tensors, mg_form_token_pos), its heads (lse [B, H, S]; for
+ * laga-cp all heads of its tokens, [B, H, S/P]) or everything (dw_kv_b, summed over the
  * ranks). Returns the element count written to out (tu_local_numel). */
-static inline int64_t tu_local_numel(const tu_case *c, int k, int P) {
-  return k == TU_LSE ? (int64_t)c->B * c->S * (c->shape.heads / P)
-         : k == TU_DW ? tu_out_numel(c, k)
-                      : tu_out_numel(c, k) / P;
+static inline int64_t tu_local_numel(const tu_case *c, int k, mg_form f, int P) {
+  return k == TU_LSE && f != MG_FORM_LAGA_CP ? (int64_t)c->B * c->S * (c->shape.heads / P)
+         : k == TU_DW                        ? tu_out_numel(c, k)
+                                             : tu_out_numel(c, k) / P;
 }
 
-static inline int64_t tu_ref_local(const tu_case *c, int k, const double *ref, int P, int r,
-                                   double *out) {
+static inline int64_t tu_ref_local(const tu_case *c, int k, mg_form f, const double *ref, int P,
+                                   int r, double *out) {
   const int64_t B = c->B, S = c->S, Sl = S / P, H = c->shape.heads, Hl = H / P;
   if (k == TU_DW) {
     memcpy(out, ref, (size_t)tu_out_numel(c, k) * sizeof(double));
+  } else if (k == TU_LSE && f == MG_FORM_LAGA_CP) {
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < Sl; i++)
+          out[(b * H + h) * Sl + i] = ref[(b * H + h) * S + mg_cp_pos(P, Sl, r, i)];
   } else if (k == TU_LSE) {
     for (int64_t b = 0; b < B; b++)
       for (int64_t h = 0; h < Hl; h++)
@@ -354,9 +473,10 @@ static inline int64_t tu_ref_local(const tu_case *c, int k, const double *ref, i
     const int64_t w = tu_out_numel(c, k) / (B * S);
     for (int64_t b = 0; b < B; b++)
       for (int64_t i = 0; i < Sl; i++)
-        memcpy(&out[(b * Sl + i) * w], &ref[(b * S + r * Sl + i) * w], (size_t)w * sizeof(double));
+        memcpy(&out[(b * Sl + i) * w], &ref[(b * S + mg_form_token_pos(f, P, Sl, r, i)) * w],
+               (size_t)w * sizeof(double));
   }
-  return tu_local_numel(c, k, P);
+  return tu_local_numel(c, k, f, P);
 }
 
 /* Columns of output k (for [row, col] in messages): its per-token width, S for lse. */

@@ -94,6 +94,39 @@ static inline double kt_softmax_scale(int d_qk) {
   return KT_YARN_MSCALE * KT_YARN_MSCALE / sqrt((double)d_qk);
 }
 
+/* Query positions of an attention case (attn_ref.h's convention): row i at q_pos0 + i, or
+ * with two chunks (q_split > 0) at q_pos1 + i - q_split from row q_split on. */
+typedef struct kt_qpos {
+  int q_pos0, q_split, q_pos1;
+} kt_qpos;
+
+/* The kernels' arguments for p (mla::QueryPos; q_split = 0 there means one chunk at
+ * q_pos1): one chunk at q_pos0 is (q_pos0, 0, q_pos0). */
+static inline kt_qpos kt_qpos_kernel(const kt_qpos *p) {
+  return p->q_split > 0 ? *p : (kt_qpos){p->q_pos0, 0, p->q_pos0};
+}
+
+/* The queries of rank r of the all-gather context-parallel form (laga-cp) at P ranks: the
+ * S = P (a + b) tokens in P chunks of a then P chunks of b; rank r holds chunk r (a rows at
+ * r a) and chunk 2P - 1 - r (b rows at P a + (P - 1 - r) b), S_q = a + b rows. */
+static inline kt_qpos kt_qpos_lagacp(int P, int r, int a, int b) {
+  return (kt_qpos){r * a, a, P * a + (P - 1 - r) * b};
+}
+
+/* The two-chunk cases the attention kernel tests run: rank r of P with chunks of a and b
+ * rows (S_q = a + b queries over S_k = P (a + b) keys). a and b are not multiples of any
+ * block_m, so a CTA (and a warp) straddles the chunks: P = 2 ranks 0 and 1 (rank 1's
+ * chunks are adjacent, q_pos1 = q_pos0 + q_split), P = 3 rank 1. *out: the table; returns
+ * its length. */
+typedef struct kt_two_chunk {
+  int P, r, a, b;
+} kt_two_chunk;
+static inline int kt_two_chunk_cases(const kt_two_chunk **out) {
+  static const kt_two_chunk cases[] = {{2, 0, 37, 45}, {2, 1, 37, 45}, {3, 1, 29, 40}};
+  *out = cases;
+  return (int)(sizeof cases / sizeof cases[0]);
+}
+
 /* The standard deviation of q for scores with standard deviation 2 (a trained model's
  * spread, peaked softmax rows): scale * q . k over w dimensions with k ~ N(0, 1). */
 static inline double kt_q_sd(double scale, int w) { return 2.0 / (scale * sqrt((double)w)); }

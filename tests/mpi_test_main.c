@@ -49,6 +49,8 @@ int mpi_test_group(const char *prog, const struct CMUnitTest *tests, size_t n,
   }
   char name[96];
   snprintf(name, sizeof name, "%s rank %d of %d", prog, g_rank, g_size);
+  const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: a subset */
+  if (filter && *filter) cmocka_set_test_filter(filter);
   const int failed = _cmocka_run_group_tests(name, tests, n, setup, teardown);
   if (capture) {
     fflush(stdout);

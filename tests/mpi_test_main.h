@@ -12,7 +12,8 @@
  * prints cmocka's report; the other ranks capture theirs and print it, each line prefixed
  * "[rank r] ", only when they fail. The exit status is non-zero when any rank fails. A
  * failed assertion on one rank leaves the others in a collective: each test runs all its
- * collectives first and asserts last. */
+ * collectives first and asserts last. MLAGEN_TEST_FILTER (a cmocka pattern) runs the tests
+ * it matches. */
 #ifndef MLAGEN_TESTS_MPI_TEST_MAIN_H
 #define MLAGEN_TESTS_MPI_TEST_MAIN_H
 

@@ -226,10 +226,10 @@ static void check_sizes(mlagen_context *c, const char *model, mlagen_plan_desc d
   mg_shape shape;
   assert_int_equal(mg_config_load(model, &shape, NULL), 0);
   const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
-                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
+                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F, MLAGEN_FORM_LAGA_CP};
   const mg_form mg_forms[] = {MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R,
-                              MG_FORM_LAGA_F};
-  for (int f = 0; f < 5; f++) {
+                              MG_FORM_LAGA_F, MG_FORM_LAGA_CP};
+  for (int f = 0; f < 6; f++) {
     desc.form = forms[f];
     mlagen_plan *p;
     if (mlagen_plan_create(c, m, &desc, &p)) fail_msg("%s", mlagen_last_message(c));
@@ -341,7 +341,7 @@ static void test_plan_create_errors(void **state) {
     assert_contains(mlagen_last_message(c), bad[i].says);
   }
   /* H = 20 (GLM-4.7-Flash-like) at P = 8: no uneven head split; the message names the
-   * Ulysses forms, the degrees that work and the planned all-gather form */
+   * Ulysses forms, the degrees that work and laga-cp, which plans there */
   mlagen_model *m20;
   assert_int_equal(mlagen_model_from_config(
                        c, MLAGEN_TEST_DATA "/configs/good_glm4_moe_lite_h20.json", &m20), 0);
@@ -353,8 +353,15 @@ static void test_plan_create_errors(void **state) {
                   "num_attention_heads = 20");
   assert_contains(mlagen_last_message(c), "(explicit, absorbed, laga, laga-r, laga-f)");
   assert_contains(mlagen_last_message(c), "plan_desc->sp_size values dividing both H and S work (here 1, 2, 4)");
-  assert_contains(mlagen_last_message(c), "all-gather context-parallel form");
-  assert_contains(mlagen_last_message(c), "is planned");
+  assert_contains(mlagen_last_message(c), "the all-gather context-parallel form "
+                  "MLAGEN_FORM_LAGA_CP keeps all H heads on every rank and takes any P dividing S");
+  mlagen_plan_desc cp8 = good; /* which plans at P = 8 */
+  cp8.form = MLAGEN_FORM_LAGA_CP;
+  assert_int_equal(mlagen_plan_create(c, m20, &cp8, &p), 0);
+  mlagen_plan_destroy(p);
+  cp8.head_groups = 3; /* laga-cp's groups divide H = 20 */
+  assert_int_equal(mlagen_plan_create(c, m20, &cp8, &p), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(c), "plan_desc->head_groups = 3 must divide H = 20");
   mlagen_plan_desc four = good;
   four.sp_size = 4; /* a degree the message names works */
   assert_int_equal(mlagen_plan_create(c, m20, &four, &p), 0);
@@ -611,6 +618,43 @@ static void test_fake_cuinit_fails(void **state) {
   assert_contains(mlagen_last_message(f->ctx), "cuInit failed: CUDA_ERROR_NO_DEVICE");
 }
 
+/* mlagen_token_position: a caller's shard, contiguous for the Ulysses forms and two chunks
+ * under MLAGEN_FORM_LAGA_CP (rank 1 of 4, S 16: chunks 1 and 6 of 8; S 12: a = 2, b = 1),
+ * and its refusals. */
+static void test_token_position(void **state) {
+  (void)state;
+  mlagen_plan_desc d = {.form = MLAGEN_FORM_LAGA_CP, .seq = 16, .sp_rank = 1, .sp_size = 4};
+  const int64_t want16[] = {2, 3, 12, 13}, want12[] = {2, 3, 10}; /* S 12: 8 .. 11 are ranks 3 .. 0 */
+  int64_t pos = -1;
+  for (int64_t i = 0; i < 4; i++) {
+    assert_int_equal(mlagen_token_position(&d, i, &pos), 0);
+    assert_int_equal(pos, want16[i]);
+  }
+  d.seq = 12;
+  for (int64_t i = 0; i < 3; i++) {
+    assert_int_equal(mlagen_token_position(&d, i, &pos), 0);
+    assert_int_equal(pos, want12[i]);
+  }
+  d.form = MLAGEN_FORM_LAGA;
+  for (int64_t i = 0; i < 3; i++) {
+    assert_int_equal(mlagen_token_position(&d, i, &pos), 0);
+    assert_int_equal(pos, 3 + i);
+  }
+  assert_int_equal(mlagen_token_position(&d, 3, &pos), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "row 3 is outside [0, seq / sp_size = 3)");
+  d.seq = 10;
+  assert_int_equal(mlagen_token_position(&d, 0, &pos), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "seq = 10 is not a positive multiple of sp_size = 4");
+  d.seq = 12, d.sp_rank = 4;
+  assert_int_equal(mlagen_token_position(&d, 0, &pos), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "sp_rank = 4, sp_size = 4");
+  d.sp_rank = 0, d.form = (mlagen_form)0;
+  assert_int_equal(mlagen_token_position(&d, 0, &pos), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "form = 0 is not an mlagen_form");
+  assert_int_equal(mlagen_token_position(NULL, 0, &pos), MLAGEN_EINVAL);
+  assert_int_equal(mlagen_token_position(&d, 0, NULL), MLAGEN_EINVAL);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "nodriver";
   if (strcmp(mode, "nodriver") == 0) {
@@ -622,6 +666,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_model_from_desc),
       cmocka_unit_test(test_sizes_equal_planner),
       cmocka_unit_test(test_plan_create_errors),
+      cmocka_unit_test(test_token_position),
       cmocka_unit_test_setup_teardown(test_nodriver, setup_laga, teardown_fx),
       cmocka_unit_test_setup_teardown(test_bad_arguments, setup_laga, teardown_fx),
       cmocka_unit_test_setup_teardown(test_plan_after_context, setup_laga, teardown_fx),

@@ -125,10 +125,10 @@ static void test_cpu_passes_equal_executor(void **state) {
   assert_int_equal(mlagen_context_create(&ctx), 0);
   const mg_shape s = tu_shape(4, 16, 16, 16, 32);
   const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
-                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
+                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F, MLAGEN_FORM_LAGA_CP};
   const mg_form mforms[] = {MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R,
-                            MG_FORM_LAGA_F};
-  for (int f = 0; f < 5; f++)
+                            MG_FORM_LAGA_F, MG_FORM_LAGA_CP};
+  for (int f = 0; f < 6; f++)
     for (int causal = 0; causal < 2; causal++) {
       one_case(ctx, &s, forms[f], mforms[f], MLAGEN_DTYPE_F64, causal);
       one_case(ctx, &s, forms[f], mforms[f], MLAGEN_DTYPE_F32, causal);

@@ -47,16 +47,18 @@ static uint64_t g_seed = 20260517;
 /* ---- the generated kernels ------------------------------------------------------------- */
 
 typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
-                       float *lse, int seqlen_q, int seqlen_k, int q_pos0, float softmax_scale);
+                       float *lse, int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                       float softmax_scale);
 typedef void (*pre_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_accum,
                        int seqlen_q);
 typedef void (*dkdv_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                         const e16 *dout, const float *lse, const float *delta, float *dq_accum,
                         e16 *dk_nope, float *dk_rope, e16 *dv, int seqlen_q, int seqlen_k,
-                        int q_pos0, float softmax_scale);
+                        int q_pos0, int q_split, int q_pos1, float softmax_scale);
 typedef void (*dq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                       const e16 *dout, const float *lse, const float *delta, e16 *dq,
-                      int seqlen_q, int seqlen_k, int q_pos0, float softmax_scale);
+                      int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                      float softmax_scale);
 typedef void (*mqa_fwd_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
                            int seqlen_k, int q_pos0, float softmax_scale);
 /* mqa_bwd_dkv (out: dc) and mqa_bwd_dq (out: dq) */
@@ -140,17 +142,18 @@ static void thunk(void *p) {
   launch_args *a = p;
   switch (a->which) {
     case K_FWD:
-      ((fwd_fn)a->bk->fn)(a->q, a->k, NULL, a->v, a->o_out, a->lse_out, a->S, a->S, 0, a->scale);
+      ((fwd_fn)a->bk->fn)(a->q, a->k, NULL, a->v, a->o_out, a->lse_out, a->S, a->S, 0, 0, 0,
+                          a->scale);
       break;
     case K_PRE:
     case K_MPRE: ((pre_fn)a->bk->fn)(a->o, a->dout, a->delta, NULL, a->S); break;
     case K_DKDV:
       ((dkdv_fn)a->bk->fn)(a->q, a->k, NULL, a->v, a->dout, a->lse, a->delta, NULL, a->dk, NULL,
-                           a->dv, a->S, a->S, 0, a->scale);
+                           a->dv, a->S, a->S, 0, 0, 0, a->scale);
       break;
     case K_DQ:
-      ((dq_fn)a->bk->fn)(a->q, a->k, NULL, a->v, a->dout, a->lse, a->delta, a->dq, a->S, a->S, 0,
-                         a->scale);
+      ((dq_fn)a->bk->fn)(a->q, a->k, NULL, a->v, a->dout, a->lse, a->delta, a->dq, a->S, a->S, 0, 0,
+                         0, a->scale);
       break;
     case K_MFWD:
       ((mqa_fwd_fn)a->bk->fn)(a->q, a->k, a->o_out, a->lse_out, a->S, a->S, 0, a->scale);
@@ -316,8 +319,8 @@ static void check_form(const tu_case *c, mg_form f, double *const in[TU_N_IN], h
   run_plan(c, f, in, h, &asm_);
   const double secs = kh_now() - t0;
   if (h->failed) fail_msg("%s", h->msg);
-  /* one attention step per pass; laga-f one per head group */
-  const int steps = f == MG_FORM_LAGA_F ? asm_.plan.args.head_groups : 1;
+  /* one attention step per pass; laga-f and laga-cp one per head group */
+  const int steps = f == MG_FORM_LAGA_F || f == MG_FORM_LAGA_CP ? asm_.plan.args.head_groups : 1;
   assert_int_equal(h->n_fwd, steps);
   assert_int_equal(h->n_bwd, steps);
   /* the executor's accounting: the same with and without the hook, and the planner's */

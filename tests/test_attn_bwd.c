@@ -36,10 +36,11 @@ typedef void (*pre_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_ac
 typedef void (*dkdv_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                         const e16 *dout, const float *lse, const float *delta, float *dq_accum,
                         e16 *dk_nope, float *dk_rope, e16 *dv, int seqlen_q, int seqlen_k,
-                        int q_pos0, float softmax_scale);
+                        int q_pos0, int q_split, int q_pos1, float softmax_scale);
 typedef void (*dq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                       const e16 *dout, const float *lse, const float *delta, e16 *dq,
-                      int seqlen_q, int seqlen_k, int q_pos0, float softmax_scale);
+                      int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                      float softmax_scale);
 
 enum { FAM_PRE, FAM_DKDV, FAM_DQ };
 
@@ -98,9 +99,11 @@ static void build(const mg_kernel_spec *spec, built_kernel *out) { build_src(spe
 static void unload(built_kernel *bk) { kh_free(&bk->kh); }
 
 /* One case: inputs, the float64 forward (o, lse) and reference gradients, kernel outputs.
- * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r]; packed: kn [B, S_k, H, d_n + d_r]. */
+ * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r]; packed: kn [B, S_k, H, d_n + d_r].
+ * Query row i at q_pos0 + i, or with two chunks (q_split > 0) at q_pos1 + i - q_split from
+ * row q_split on (attn_ref_pos). */
 typedef struct bwd_case {
-  int B, sq, sk, q_pos0, packed;
+  int B, sq, sk, q_pos0, q_split, q_pos1, packed;
   float scale;
   e16 *q, *kn, *kr, *v, *dout, *o16;
   float *lse32;
@@ -126,7 +129,8 @@ static double round_f16(double x) { return half_to_float(float_to_half((float)x)
  * columns summed over the heads). The kernels get o rounded to 16 bits and lse to fp32. */
 static void reference(const mg_kernel_spec *s, bwd_case *c) {
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale};
+  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
+                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
   const size_t nk = (size_t)c->B * c->sk * H; /* key rows: token * H + head */
   double *q = kt_e16_to_d(f16, c->q, c->nq), *v = kt_e16_to_d(f16, c->v, c->nv);
   double *dout = kt_e16_to_d(f16, c->dout, c->no);
@@ -163,11 +167,12 @@ static void reference(const mg_kernel_spec *s, bwd_case *c) {
   free(q), free(v), free(dout), free(k), free(dk), free(fdk), free(o), free(lse);
 }
 
-static void case_init(const mg_kernel_spec *s, bwd_case *c, int packed, int B, int sq, int sk,
-                      int q_pos0) {
+static void case_init_pos(const mg_kernel_spec *s, bwd_case *c, int packed, int B, int sq,
+                          int sk, const kt_qpos *pos) {
   const int H = s->heads, dqk = s->d_n + s->d_r;
   memset(c, 0, sizeof *c);
-  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0, c->packed = packed;
+  c->B = B, c->sq = sq, c->sk = sk, c->packed = packed;
+  c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
   c->nq = (size_t)B * sq * H * dqk;
   c->nkn = (size_t)B * sk * H * (packed ? dqk : s->d_n);
@@ -200,6 +205,12 @@ static void case_init(const mg_kernel_spec *s, bwd_case *c, int packed, int B, i
   reference(s, c);
 }
 
+/* One chunk: row i at q_pos0 + i. */
+static void case_init(const mg_kernel_spec *s, bwd_case *c, int packed, int B, int sq, int sk,
+                      int q_pos0) {
+  case_init_pos(s, c, packed, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
+}
+
 static void case_free(bwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->dout), free(c->o16), free(c->lse32);
   free(c->r_dq), free(c->r_dkn), free(c->r_dkr), free(c->r_dv);
@@ -215,6 +226,7 @@ typedef struct launch_args {
 static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
+  const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
   switch (a->bk->fam) {
     case FAM_PRE:
       ((pre_fn)a->bk->kh.fn)(c->o16, c->dout, c->delta, c->dq_accum, c->sq);
@@ -222,11 +234,11 @@ static void thunk(void *p) {
     case FAM_DKDV:
       ((dkdv_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta,
                            a->bk->det ? NULL : c->dq_accum, c->dkn, c->packed ? NULL : c->dkr,
-                           c->dv, c->sq, c->sk, c->q_pos0, c->scale);
+                           c->dv, c->sq, c->sk, kp.q_pos0, kp.q_split, kp.q_pos1, c->scale);
       break;
     default:
       ((dq_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq, c->sq,
-                         c->sk, c->q_pos0, c->scale);
+                         c->sk, kp.q_pos0, kp.q_split, kp.q_pos1, c->scale);
   }
 }
 
@@ -249,19 +261,30 @@ typedef struct bwd_set {
   int det, packed;
 } bwd_set;
 
-static void set_build(bwd_set *bs, int H, int dn, int dr, int dv, int causal, int packed, int det) {
+/* dkdv_block_m > 0: that block_m for attn_bwd_dkdv (else its default). */
+static void set_build_bm(bwd_set *bs, int H, int dn, int dr, int dv, int causal, int packed,
+                         int det, int dkdv_block_m) {
   bs->det = det, bs->packed = packed;
   mg_kernel_spec s = make_spec("attn_bwd_pre", H, dn, dr, dv, causal);
   build(&s, &bs->pre);
   s = make_spec("attn_bwd_dkdv", H, dn, dr, dv, causal);
   if (packed) set(&s, "k_packed=1");
   if (det) set(&s, "deterministic=1");
+  if (dkdv_block_m > 0) {
+    char bm[32];
+    snprintf(bm, sizeof bm, "block_m=%d", dkdv_block_m);
+    set(&s, bm);
+  }
   build(&s, &bs->dkdv);
   if (det) {
     s = make_spec("attn_bwd_dq", H, dn, dr, dv, causal);
     if (packed) set(&s, "k_packed=1");
     build(&s, &bs->dq);
   }
+}
+
+static void set_build(bwd_set *bs, int H, int dn, int dr, int dv, int causal, int packed, int det) {
+  set_build_bm(bs, H, dn, dr, dv, causal, packed, det, 0);
 }
 
 static void set_unload(bwd_set *bs) {
@@ -358,18 +381,22 @@ static void check(const bwd_set *bs, bwd_case *c, double secs) {
   double r[4];
   char msg[400];
   compare(bs, c, r, msg, sizeof msg);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dq %.2f dk%s %.2f dk_rope %.2f dv %.2f"
-                " (%.2f s)\n", bs->dkdv.kh.name + strlen("mla_attn_bwd_dkdv_"), c->B, c->sq, c->sk,
-                c->q_pos0, r[0], c->packed ? "" : "_nope", r[1], r[2], r[3], secs);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d q_split=%d q_pos1=%d: err/bound dq %.2f dk%s "
+                "%.2f dk_rope %.2f dv %.2f (%.2f s)\n", bs->dkdv.kh.name + strlen("mla_attn_bwd_dkdv_"),
+                c->B, c->sq, c->sk, c->q_pos0, c->q_split, c->q_pos1, r[0], c->packed ? "" : "_nope",
+                r[1], r[2], r[3], secs);
   if (msg[0]) fail_msg("%s", msg);
 }
 
-static void run_case(const bwd_set *bs, int B, int sq, int sk, int q_pos0) {
+static void run_case_pos(const bwd_set *bs, int B, int sq, int sk, const kt_qpos *pos) {
   bwd_case c;
-  case_init(&bs->dkdv.kh.spec, &c, bs->packed, B, sq, sk, q_pos0);
+  case_init_pos(&bs->dkdv.kh.spec, &c, bs->packed, B, sq, sk, pos);
   double secs = run_pipeline(bs, &c, NULL);
   check(bs, &c, secs);
   case_free(&c);
+}
+static void run_case(const bwd_set *bs, int B, int sq, int sk, int q_pos0) {
+  run_case_pos(bs, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
 }
 
 /* Both modes, both key layouts, causal and not, on: S = 1 (one key), S = 77 with batch 2
@@ -685,7 +712,7 @@ static kt_mutation g_bwd_mutations[] = {
      "const float x0 = M_(DK(d, 2 * r)), x1 = M_(DK(d, 2 * r + 1));",
      "#define M_(x) (softmax_scale * (x) * (c < DQK / 2 ? 1.01f : 1.f))", ""},
     {"causal mask off by one in the last partial query tile",
-     "qi, seqlen_k, q_pos0) || qi >= seqlen_q) p = 0.f;", "M_, seqlen_k, q_pos0) || qi >= seqlen_q) p = 0.f;",
+     "qpos(qi), seqlen_k, 0) || qi >= seqlen_q) p = 0.f;", "qpos(M_), seqlen_k, 0) || qi >= seqlen_q) p = 0.f;",
      "#define M_ (qi + (m0 + BLOCK_M > seqlen_q))", ""},
 };
 
@@ -720,6 +747,66 @@ static void test_mutations_caught(void **state) {
   kt_noise_quiet = 0;
 }
 
+/* The two-chunk queries of the all-gather context-parallel form (laga-cp; the cases of
+ * kt_two_chunk_cases, a query tile straddling the chunks), DeepSeek heads: the atomic mode
+ * causal and not, the deterministic one (attn_bwd_dq) causal, and dkdv with block_m 16
+ * (causal: the query tiles before the first row that sees a key tile are skipped,
+ * mla::QueryPos::first_row_at). */
+static void test_two_chunk_positions(void **state) {
+  (void)state;
+  const kt_two_chunk *tc;
+  const int n = kt_two_chunk_cases(&tc);
+  static const int sets[][3] = {{0, 1, 0}, {0, 0, 0}, {1, 1, 0}, {0, 1, 16}}; /* det, causal, bm */
+  for (size_t v = 0; v < sizeof sets / sizeof sets[0]; v++) {
+    bwd_set bs;
+    set_build_bm(&bs, 2, 128, 64, 128, sets[v][1], 0, sets[v][0], sets[v][2]);
+    for (int i = 0; i < n; i++) {
+      const kt_qpos pos = kt_qpos_lagacp(tc[i].P, tc[i].r, tc[i].a, tc[i].b);
+      run_case_pos(&bs, 1, tc[i].a + tc[i].b, tc[i].P * (tc[i].a + tc[i].b), &pos);
+    }
+    set_unload(&bs);
+  }
+}
+
+/* attn_bwd_dkdv (atomic mode: it computes dQ too) ignoring the second chunk (every row at
+ * q_pos0 + i) fails the check on the two-chunk cases with a gap between the chunks (the
+ * last rank's are adjacent, where that kernel is right). */
+static void test_two_chunk_mutation_caught(void **state) {
+  (void)state;
+  kt_mutation m = {"second chunk ignored", "qpos{q_pos0, q_split, q_pos1}",
+                   "qpos{q_pos0, BIG_, q_pos1}", "#define BIG_ 0x40000000", ""};
+  kt_noise_quiet = 1;
+  bwd_set bs;
+  memset(&bs, 0, sizeof bs);
+  mg_kernel_spec s = make_spec("attn_bwd_pre", 2, 64, 32, 64, 1);
+  build(&s, &bs.pre);
+  s = make_spec("attn_bwd_dkdv", 2, 64, 32, 64, 1);
+  set(&s, "block_m=16");
+  if (!build_edit(&s, kt_mutate_edit, &m, &bs.dkdv)) fail_msg("%s", m.error);
+  const kt_two_chunk *tc;
+  const int n = kt_two_chunk_cases(&tc);
+  int runs = 0;
+  for (int i = 0; i < n; i++) {
+    const kt_qpos pos = kt_qpos_lagacp(tc[i].P, tc[i].r, tc[i].a, tc[i].b);
+    if (pos.q_pos1 == pos.q_pos0 + pos.q_split) continue;
+    runs++;
+    bwd_case c;
+    case_init_pos(&s, &c, 0, 1, tc[i].a + tc[i].b, tc[i].P * (tc[i].a + tc[i].b), &pos);
+    run_pipeline(&bs, &c, NULL);
+    double r[4];
+    char msg[400];
+    const size_t nans = compare(&bs, &c, r, msg, sizeof msg);
+    print_message("  [%s] P=%d r=%d a=%d b=%d: %s\n", m.name, tc[i].P, tc[i].r, tc[i].a, tc[i].b,
+                  msg[0] ? msg : "NOT CAUGHT");
+    if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m.name);
+    if (!msg[0]) fail_msg("%s: passes the per-element check", m.name);
+    case_free(&c);
+  }
+  assert_int_equal(runs, 2);
+  set_unload(&bs);
+  kt_noise_quiet = 0;
+}
+
 /* The reference itself: its gradients are those of L = sum(dout * o) by central finite
  * differences (every element of q, k and v, a small causal case with a query shard and a
  * row without keys, and a non-causal one), and its lse is log sum exp of the scores. */
@@ -727,7 +814,7 @@ static void test_reference_finite_differences(void **state) {
   (void)state;
   for (int causal = 1; causal >= 0; causal--) {
     /* causal: q_pos0 -1, so row 0 sees no key */
-    const attn_ref_dims d = {2, 3, 4, 2, 5, 3, causal, causal ? -1 : 0, 0.7};
+    const attn_ref_dims d = {2, 3, 4, 2, 5, 3, causal, causal ? -1 : 0, 0.7, 0, 0};
     const size_t nq = (size_t)d.B * d.S_q * d.H * d.d_qk, nk = (size_t)d.B * d.S_k * d.H * d.d_qk;
     const size_t nv = (size_t)d.B * d.S_k * d.H * d.d_v, no = (size_t)d.B * d.S_q * d.H * d.d_v;
     const size_t nl = (size_t)d.B * d.H * d.S_q;
@@ -817,6 +904,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nvrtc_unusual),
       cmocka_unit_test(test_nvrtc_large),
       cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_two_chunk_positions),
+      cmocka_unit_test(test_two_chunk_mutation_caught),
       cmocka_unit_test(test_asan),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));

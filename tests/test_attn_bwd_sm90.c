@@ -35,15 +35,17 @@
 #include "mlagen.h"
 
 typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+/* the kernels' `const __grid_constant__ mla::sm90::TensorMaps<5> tmaps`, passed by value */
+typedef struct { tmap_t m[5]; } tmaps5_t;
 typedef void (*dkdv_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                         const e16 *dout, const float *lse, const float *delta, float *dq_accum,
                         e16 *dk_nope, float *dk_rope, e16 *dv, int seqlen_q, int seqlen_k,
                         int q_pos0, int q_split, int q_pos1, float softmax_scale,
-                        const tmap_t *tmaps);
+                        tmaps5_t tmaps);
 typedef void (*dq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                       const e16 *dout, const float *lse, const float *delta, e16 *dq,
                       int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
-                      float softmax_scale, const tmap_t *tmaps);
+                      float softmax_scale, tmaps5_t tmaps);
 
 typedef struct built_kernel {
   kh_kernel kh;
@@ -113,7 +115,7 @@ static double round_f16(double x) { return half_to_float(float_to_half((float)x)
  * split keys: dk_rope is dK's RoPE columns summed over the heads. Also delta. */
 static void reference_one(const mg_kernel_spec *s, bwd_case *c, int packed) {
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale};
+  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale, 0, 0};
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, c->nq), *v = kt_e16_to_d(f16, c->v, c->nv);
   double *dout = kt_e16_to_d(f16, c->dout, c->no);
@@ -266,12 +268,12 @@ static void thunk(void *p) {
   const int p0 = c->q_pos0, split = c->q_split, p1 = c->q_pos1;
   if (a->bk->is_dq)
     ((dq_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq, c->sq,
-                          c->sk, p0, split, p1, c->scale, c->tmaps);
+                          c->sk, p0, split, p1, c->scale, *(const tmaps5_t *)c->tmaps);
   else
     ((dkdv_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta,
                             a->bk->atomic ? c->dq_accum : NULL, c->dkn,
                             c->kr ? c->dkr : NULL, c->dv, c->sq, c->sk, p0, split, p1, c->scale,
-                            c->tmaps);
+                            *(const tmaps5_t *)c->tmaps);
 }
 
 /* Launches (outputs NaN first) on the executor's default (shuffled) schedule with sm_90's

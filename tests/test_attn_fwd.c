@@ -33,20 +33,21 @@
 
 typedef void (*attn_fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                             e16 *o, float *lse, int seqlen_q, int seqlen_k, int q_pos0,
-                            float softmax_scale);
+                            int q_split, int q_pos1, float softmax_scale);
 
 typedef struct launch_args {
   attn_fwd_fn fn;
   const e16 *q, *kn, *kr, *v;
   e16 *o;
   float *lse;
-  int sq, sk, q_pos0;
+  int sq, sk, q_pos0, q_split, q_pos1;
   float scale;
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
-  a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale);
+  a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
+        a->scale);
 }
 
 typedef struct built_kernel {
@@ -93,19 +94,22 @@ static void unload(built_kernel *bk) { kh_free(&bk->kh); }
 
 /* One case's tensors: random inputs, outputs NaN until the kernel writes them.
  * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r]. Packed: kn [B, S_k, H, d_n + d_r]
- * (a RoPE part per head), kr NULL. */
+ * (a RoPE part per head), kr NULL. Query row i at q_pos0 + i, or with two chunks
+ * (q_split > 0) at q_pos1 + i - q_split from row q_split on (attn_ref_pos). */
 typedef struct fwd_case {
-  int B, sq, sk, q_pos0;
+  int B, sq, sk, q_pos0, q_split, q_pos1;
   float scale;
   e16 *q, *kn, *kr, *v, *o;
   float *lse;
   size_t no, nl;
 } fwd_case;
 
-static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
+static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, int sk,
+                          const kt_qpos *pos) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, f16 = is_fp16(s);
-  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
+  c->B = B, c->sq = sq, c->sk = sk;
+  c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
   c->q = kt_rand_e16_sd(f16, (size_t)B * sq * H * dqk, kt_q_sd(c->scale, dqk)); /* scores sd 2 */
   if (bk->packed) {
@@ -122,6 +126,11 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
   c->lse = malloc((c->nl ? c->nl : 1) * sizeof *c->lse);
 }
 
+/* One chunk: row i at q_pos0 + i. */
+static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
+  case_init_pos(bk, c, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
+}
+
 static void case_free(fwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse);
 }
@@ -132,7 +141,8 @@ static void case_free(fwd_case *c) {
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale};
+  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
+                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
   double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
@@ -146,8 +156,9 @@ static void reference(const built_kernel *bk, const fwd_case *c, double *o, doub
 static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_launch_opts *lo) {
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
-  launch_args a = {bk->fn, c->q, c->kn, c->kr, c->v, c->o, c->lse,
-                   c->sq, c->sk, c->q_pos0, c->scale};
+  const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
+  launch_args a = {bk->fn, c->q, c->kn, c->kr, c->v, c->o, c->lse, c->sq, c->sk,
+                   kp.q_pos0, kp.q_split, kp.q_pos1, c->scale};
   mg_host_dim3 grid = {(unsigned)((c->sq + bk->block_m - 1) / bk->block_m),
                        (unsigned)bk->kh.spec.heads, (unsigned)c->B};
   return kh_launch(&bk->kh, grid, lo, thunk, &a);
@@ -195,21 +206,24 @@ static void check_case(const built_kernel *bk, const fwd_case *c, double secs) {
   double o_err, lse_err;
   char msg[400];
   size_t nans = case_compare(bk, c, &o_err, &lse_err, msg, sizeof msg);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound O %.2f LSE %.2f (%.2f s)\n",
-                bk->kh.name + strlen("mla_attn_fwd_"), c->B, c->sq, c->sk, c->q_pos0, o_err, lse_err,
-                secs);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d q_split=%d q_pos1=%d: err/bound O %.2f LSE %.2f "
+                "(%.2f s)\n", bk->kh.name + strlen("mla_attn_fwd_"), c->B, c->sq, c->sk, c->q_pos0,
+                c->q_split, c->q_pos1, o_err, lse_err, secs);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
 }
 
 /* Runs one case with the default schedule and checks it. */
-static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+static double run_case_pos(const built_kernel *bk, int B, int sq, int sk, const kt_qpos *pos) {
   fwd_case c;
-  case_init(bk, &c, B, sq, sk, q_pos0);
+  case_init_pos(bk, &c, B, sq, sk, pos);
   double secs = launch_case(bk, &c, NULL);
   check_case(bk, &c, secs);
   case_free(&c);
   return secs;
+}
+static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  return run_case_pos(bk, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
 }
 
 static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
@@ -382,7 +396,7 @@ static void test_missing_barrier_caught(void **state) {
  * Both key layouts. */
 static kt_mutation g_fwd_mutations[] = {
     {"causal mask off by one in the last partial query tile",
-     "i0 + g + (e >> 1) * 8, seqlen_k, q_pos0))", "M_, seqlen_k, q_pos0))",
+     "qpos(i0 + g + (e >> 1) * 8), seqlen_k, 0))", "qpos(M_), seqlen_k, 0))",
      "#define M_ (i0 + g + (e >> 1) * 8 + (m0 + BLOCK_M > seqlen_q))", ""},
     {"the k_rope part of the scores dropped", "mla::warp_gemm_abt<elem_t, DQK, BLOCK_N,",
      "mla::warp_gemm_abt<elem_t, DN, BLOCK_N,", NULL, ""},
@@ -414,6 +428,71 @@ static void test_mutations_caught(void **state) {
       }
       unload(&bk);
     }
+  kt_noise_quiet = 0;
+}
+
+/* The two-chunk queries of the all-gather context-parallel form (laga-cp): rank r of P
+ * holds a rows at r a and b rows at P a + (P - 1 - r) b (kt_qpos_lagacp) over all S =
+ * P (a + b) keys; the cases of kt_two_chunk_cases (a CTA straddles the chunks). */
+static void run_two_chunk(const built_kernel *bk, int B) {
+  const kt_two_chunk *tc;
+  const int n = kt_two_chunk_cases(&tc);
+  for (int i = 0; i < n; i++) {
+    const kt_qpos pos = kt_qpos_lagacp(tc[i].P, tc[i].r, tc[i].a, tc[i].b);
+    run_case_pos(bk, B, tc[i].a + tc[i].b, tc[i].P * (tc[i].a + tc[i].b), &pos);
+  }
+}
+
+/* The DeepSeek heads, causal and not: the default configuration with both key layouts, and
+ * block_m 128 (one CTA holds both chunks of a rank) with block_n 32. */
+static void test_two_chunk_positions(void **state) {
+  (void)state;
+  for (int causal = 1; causal >= 0; causal--)
+    for (int v = 0; v < 3; v++) {
+      mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
+      if (v == 1) set(&s, "k_packed=1");
+      if (v == 2) set(&s, "block_m=128"), set(&s, "num_warps=8"), set(&s, "block_n=32");
+      built_kernel bk;
+      build(&s, &bk);
+      run_two_chunk(&bk, v == 0 ? 2 : 1);
+      unload(&bk);
+    }
+}
+
+/* A kernel that ignores the second chunk (every row at q_pos0 + i) fails the check on every
+ * two-chunk case with a gap between the chunks (causal: only the mask depends on the
+ * positions). The last rank's chunks are adjacent (P = 2, r = 1: q_pos1 = q_pos0 +
+ * q_split), where that kernel is right: not run. */
+static void test_two_chunk_mutation_caught(void **state) {
+  (void)state;
+  kt_mutation m = {"second chunk ignored", "qpos{q_pos0, q_split, q_pos1}",
+                   "qpos{q_pos0, BIG_, q_pos1}", "#define BIG_ 0x40000000", ""};
+  kt_noise_quiet = 1;
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  built_kernel bk;
+  if (!build_edit(&s, 0, kt_mutate_edit, &m, &bk)) fail_msg("%s", m.error);
+  const kt_two_chunk *tc;
+  const int n = kt_two_chunk_cases(&tc);
+  int runs = 0;
+  for (int i = 0; i < n; i++) {
+    const int P = tc[i].P, a = tc[i].a, b = tc[i].b;
+    fwd_case c;
+    const kt_qpos pos = kt_qpos_lagacp(P, tc[i].r, a, b);
+    if (pos.q_pos1 == pos.q_pos0 + pos.q_split) continue;
+    runs++;
+    case_init_pos(&bk, &c, 1, a + b, P * (a + b), &pos);
+    launch_case(&bk, &c, NULL);
+    double o_err, lse_err;
+    char msg[400];
+    const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+    print_message("  [%s] P=%d r=%d a=%d b=%d: %s\n", m.name, P, tc[i].r, a, b,
+                  msg[0] ? msg : "NOT CAUGHT");
+    if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m.name);
+    if (!msg[0]) fail_msg("%s: passes the per-element check", m.name);
+    case_free(&c);
+  }
+  assert_int_equal(runs, 2);
+  unload(&bk);
   kt_noise_quiet = 0;
 }
 
@@ -560,6 +639,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nvrtc_kept_configs_unusual),
       cmocka_unit_test(test_asan),
       cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_two_chunk_positions),
+      cmocka_unit_test(test_two_chunk_mutation_caught),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
 }

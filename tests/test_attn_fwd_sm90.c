@@ -34,23 +34,26 @@
 #include "mlagen.h"
 
 typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+/* the kernel's `const __grid_constant__ mla::sm90::TensorMaps<4> tmaps`, passed by value */
+typedef struct { tmap_t m[4]; } tmaps4_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
-                       float *lse, int seqlen_q, int seqlen_k, int q_pos0, float softmax_scale,
-                       const tmap_t *tmaps);
+                       float *lse, int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                       float softmax_scale, tmaps4_t tmaps);
 
 typedef struct launch_args {
   fwd_fn fn;
   const e16 *q, *kn, *kr, *v;
   e16 *o;
   float *lse;
-  int sq, sk, q_pos0;
+  int sq, sk, q_pos0, q_split, q_pos1;
   float scale;
   const tmap_t *tmaps;
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
-  a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale, a->tmaps);
+  a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
+        a->scale, *(const tmaps4_t *)a->tmaps);
 }
 
 typedef struct built_kernel {
@@ -96,8 +99,10 @@ static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
   return s;
 }
 
+/* Query row i at q_pos0 + i, or with two chunks (q_split > 0) at q_pos1 + i - q_split from
+ * row q_split on (attn_ref_pos). */
 typedef struct fwd_case {
-  int B, sq, sk, q_pos0;
+  int B, sq, sk, q_pos0, q_split, q_pos1;
   float scale;
   e16 *q, *kn, *kr, *v, *o;
   float *lse;
@@ -122,10 +127,12 @@ static void encode_maps(const built_kernel *bk, fwd_case *c) {
     fail_msg("mg_sm90_fwd_tmaps: %s", mg_diag_msg(&d));
 }
 
-static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
+static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, int sk,
+                          const kt_qpos *pos) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr, f16 = is_fp16(s);
-  c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
+  c->B = B, c->sq = sq, c->sk = sk;
+  c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->scale = (float)kt_softmax_scale(dqk);
   c->q = kt_rand_e16_sd(f16, (size_t)B * sq * H * dqk, kt_q_sd(c->scale, dqk));
   if (bk->packed) {
@@ -144,6 +151,9 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
   memset(c->tmaps, 0, 4 * sizeof(tmap_t));
   encode_maps(bk, c);
 }
+static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
+  case_init_pos(bk, c, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
+}
 
 static void case_free(fwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse), free(c->tmaps);
@@ -152,7 +162,8 @@ static void case_free(fwd_case *c) {
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale};
+  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
+                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
   double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
@@ -166,8 +177,9 @@ static void reference(const built_kernel *bk, const fwd_case *c, double *o, doub
 static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n) {
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff;
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
-  launch_args a = {bk->fn, c->q, c->kn, c->kr, c->v, c->o, c->lse, c->sq, c->sk, c->q_pos0,
-                   c->scale, c->tmaps};
+  const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
+  launch_args a = {bk->fn, c->q,   c->kn, c->kr,        c->v,         c->o,         c->lse,
+                   c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps};
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
   mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
   mg_host_launch_opts lo;
@@ -198,21 +210,25 @@ static size_t compare(const built_kernel *bk, const fwd_case *c, double *oe, dou
 
 static double g_worst_o, g_worst_lse;
 
-static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+static void run_case_pos(const built_kernel *bk, int B, int sq, int sk, const kt_qpos *pos) {
   fwd_case c;
-  case_init(bk, &c, B, sq, sk, q_pos0);
+  case_init_pos(bk, &c, B, sq, sk, pos);
   char msg[1024];
   double t0 = kh_now();
   if (launch_case(bk, &c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
   double oe, le;
   size_t nans = compare(bk, &c, &oe, &le, msg, sizeof msg);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound O %.2f LSE %.2f (%.2f s)\n",
-                bk->kh.name + strlen("mla_attn_fwd_sm90_"), B, sq, sk, q_pos0, oe, le, kh_now() - t0);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d q_split=%d q_pos1=%d: err/bound O %.2f LSE "
+                "%.2f (%.2f s)\n", bk->kh.name + strlen("mla_attn_fwd_sm90_"), B, sq, sk, c.q_pos0,
+                c.q_split, c.q_pos1, oe, le, kh_now() - t0);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
   if (oe > g_worst_o) g_worst_o = oe;
   if (le > g_worst_lse) g_worst_lse = le;
   case_free(&c);
+}
+static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  run_case_pos(bk, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
 }
 
 /* A shape with one configuration, causal and not: S = 1, S = 77 with batch 2 (no tile
@@ -314,6 +330,55 @@ static void test_mutations_caught(void **state) {
   }
 }
 
+/* The two-chunk queries of the all-gather context-parallel form (laga-cp; the cases of
+ * kt_two_chunk_cases: a warpgroup's 64 rows straddle the chunks), DeepSeek heads, causal
+ * and not: the default (block_m 128, 2 consumers) and block_m 64 with block_n 64. And the
+ * kernel ignoring the second chunk (every row at q_pos0 + i) fails the causal check on the
+ * cases with a gap between the chunks (the last rank's are adjacent: not run there). */
+static void test_two_chunk_positions(void **state) {
+  (void)state;
+  const kt_two_chunk *tc;
+  const int n = kt_two_chunk_cases(&tc);
+  for (int causal = 1; causal >= 0; causal--)
+    for (int v = 0; v < 2; v++) {
+      mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
+      if (v) kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64");
+      built_kernel bk;
+      build_edit(&s, NULL, &bk);
+      for (int i = 0; i < n; i++) {
+        const kt_qpos pos = kt_qpos_lagacp(tc[i].P, tc[i].r, tc[i].a, tc[i].b);
+        run_case_pos(&bk, 1, tc[i].a + tc[i].b, tc[i].P * (tc[i].a + tc[i].b), &pos);
+      }
+      kh_free(&bk.kh);
+    }
+  const edit mut = {"qpos{q_pos0, q_split, q_pos1}", "qpos{q_pos0, 1 << 30, q_pos1}"};
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64");
+  built_kernel bk;
+  build_edit(&s, &mut, &bk);
+  int runs = 0;
+  for (int i = 0; i < n; i++) {
+    const kt_qpos pos = kt_qpos_lagacp(tc[i].P, tc[i].r, tc[i].a, tc[i].b);
+    if (pos.q_pos1 == pos.q_pos0 + pos.q_split) continue;
+    runs++;
+    fwd_case c;
+    case_init_pos(&bk, &c, 1, tc[i].a + tc[i].b, tc[i].P * (tc[i].a + tc[i].b), &pos);
+    char msg[1024];
+    if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+    double oe, le;
+    kt_noise_quiet = 1;
+    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
+    kt_noise_quiet = 0;
+    print_message("  [second chunk ignored] P=%d r=%d a=%d b=%d: %.150s\n", tc[i].P, tc[i].r,
+                  tc[i].a, tc[i].b, msg[0] ? msg : "NOT CAUGHT");
+    if (nans) fail_msg("second chunk ignored: NaN outputs, not a numerical failure");
+    if (!msg[0]) fail_msg("second chunk ignored: passes the per-element check");
+    case_free(&c);
+  }
+  assert_int_equal(runs, 2);
+  kh_free(&bk.kh);
+}
+
 /* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory (causal: the larger kernel); sh 0: DeepSeek-V3
  * heads at H 128, 1: the unusual shape at H 40, 2: the wide 256/256 heads. Every
@@ -361,6 +426,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_unusual_heads),
       cmocka_unit_test(test_wide_heads),
       cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_two_chunk_positions),
       cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
       cmocka_unit_test(test_nvrtc_kept_configs_unusual),
       cmocka_unit_test(test_nvrtc_kept_configs_wide),

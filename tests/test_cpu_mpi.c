@@ -1,12 +1,15 @@
-/* test_cpu_mpi.c: the CPU executor on P = 1, 2, 4 MPI processes (run it under mpirun).
+/* test_cpu_mpi.c: the CPU executor on P = 1, 2, 3, 4, 8 MPI processes (run it under
+ * mpirun).
  *
  * Every rank draws the same global inputs from one seed (MLAGEN_TEST_SEED, else the time
  * on rank 0, broadcast), computes the single-rank explicit reference on the full inputs
- * with the local communicator, then runs every form at P = np on its shard and compares
- * its o, lse (its heads), dq, dc_kv, dk_rope and the sum over ranks of dw_kv_b with the
- * reference per element (f32, tu_tol_f32; shapes with DeepSeek-V3's YaRN softmax scale,
- * scores with std about 2: tu_shape, tu_inputs), and its measured memory and traffic
- * with the planner's. Rank 0 prints cmocka's report; other ranks print theirs only when
+ * with the local communicator, then runs every form at P = np on its shard (the Ulysses
+ * forms where P divides H; laga-cp always, on its two-chunk shard) and compares its o,
+ * lse (its heads; laga-cp: its queries), dq, dc_kv, dk_rope and the sum over ranks of
+ * dw_kv_b with the reference per element (f32, tu_tol_f32; shapes with DeepSeek-V3's YaRN
+ * softmax scale, scores with std about 2: tu_shape, tu_inputs), and its measured memory
+ * and traffic with the planner's. test_laga_cp_reference holds laga-cp in f64 against the
+ * independent float64 reference (tu_reference) at H = 1, 3, 4, 20, P > H included. Rank 0 prints cmocka's report; other ranks print theirs only when
  * they fail (tests/mpi_test_main.h). Each test runs all its collectives first and asserts
  * last, so a failing rank never leaves the others waiting. */
 #include <setjmp.h>
@@ -50,6 +53,7 @@ static void test_forms_match_single_rank(void **state) {
       }
       tu_run_free(&r1);
       for (int f = 0; f < MG_FORM_COUNT; f++) {
+        if (f != MG_FORM_LAGA_CP && c.shape.heads % g_size) continue; /* Ulysses: P | H */
         tu_run r;
         rc = tu_run_form(&c, (mg_form)f, g_size, g_rank, comm, MG_F32, in, &r, &d);
         if (rc) {
@@ -69,9 +73,7 @@ static void test_forms_match_single_rank(void **state) {
         }
         if (g_size > 1 && r.st.sent_fwd == 0) bad++; /* P > 1 communicates */
         for (int k = 0; k < TU_N_OUT; k++) {
-          const int64_t n = k == TU_LSE ? (int64_t)c.B * c.S * (c.shape.heads / g_size)
-                            : k == TU_DW ? tu_out_numel(&c, k)
-                                         : tu_out_numel(&c, k) / g_size;
+          const int64_t n = tu_local_numel(&c, k, (mg_form)f, g_size);
           double *local = malloc((size_t)n * sizeof(double));
           if (!local) MPI_Abort(MPI_COMM_WORLD, 1);
           for (int64_t i = 0; i < n; i++) local[i] = tu_get(MG_F32, tu_out_ptr(&r, k), i);
@@ -79,7 +81,7 @@ static void test_forms_match_single_rank(void **state) {
             MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
           double *want = malloc((size_t)n * sizeof(double));
           if (!want) MPI_Abort(MPI_COMM_WORLD, 1);
-          tu_ref_local(&c, k, ref[k], g_size, g_rank, want);
+          tu_ref_local(&c, k, (mg_form)f, ref[k], g_size, g_rank, want);
           char what[512];
           snprintf(what, sizeof what, "%s %s causal %d P %d rank %d: %s vs single-rank explicit",
                    mg_form_name((mg_form)f), c.shape.source, causal, g_size, g_rank, tu_out_names[k]);
@@ -103,6 +105,103 @@ static void test_forms_match_single_rank(void **state) {
   assert_int_equal(bad, 0);
 }
 
+/* laga-cp in f64 against the independent float64 reference (tu_reference): H = 1, 3, 4
+ * and 20 heads (P > H at P = 2, 3, 4, 8 for some), causal and not, batch 2, S / P = 5
+ * tokens per rank (uneven chunks: 3 and 2) with one and with the default head groups
+ * (tiny dims: d_n 16, d_r 16, d_v 32, d_c 32). Per element at tol_f64, about twice the
+ * largest atol (rms units, rtol 1e-14) measured over 3 seeds at each P of 2, 3, 4, 8
+ * (printed as "needed f64"): o 1.2e-15, lse 8.9e-18, dq 1.1e-14, dc_kv 6.2e-15,
+ * dk_rope 4.0e-15, dw_kv_b 5.0e-15. The bytes each rank
+ * sends equal the planner's, and the forward sends only the latent:
+ * B (S / P) (d_c + d_r)(P - 1) elements. */
+static const tu_tol tol_f64[TU_N_OUT] = {{2.5e-15, 1e-14}, {2e-17, 1e-14}, {2.2e-14, 1e-14},
+                                         {1.3e-14, 1e-14}, {8e-15, 1e-14}, {1e-14, 1e-14}};
+static double g_need_f64[TU_N_OUT];
+
+static void test_laga_cp_reference(void **state) {
+  mg_comm *comm = *state;
+  const int heads[] = {1, 3, 4, 20};
+  int bad = 0;
+  for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++)
+    for (int causal = 0; causal < 2; causal++)
+      for (int grouped = 0; grouped < 2; grouped++) {
+        tu_case c = {tu_shape(heads[hi], 16, 16, 32, 32), 2, 5 * (int64_t)g_size, causal};
+        double *in[TU_N_IN] = {0}, *ref[TU_N_OUT] = {0};
+        for (int k = 0; k < TU_N_OUT; k++) ref[k] = calloc((size_t)tu_out_numel(&c, k), sizeof(double));
+        if (tu_inputs(&c, g_seed + 100 + hi * 4 + (uint64_t)causal, in) || !ref[TU_N_OUT - 1] ||
+            tu_reference(&c, in, ref)) {
+          print_error("out of memory\n");
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        mg_diag d = MG_DIAG_INIT;
+        tu_run r;
+        memset(&r, 0, sizeof r);
+        mg_plan_args a = {.shape = &c.shape, .form = MG_FORM_LAGA_CP, .sp = g_size, .rank = g_rank,
+                          .batch = c.B, .seq = c.S, .causal = causal, .dtype = MG_F64,
+                          .head_groups = grouped ? 0 : 1};
+        /* tu_run_form with laga-cp's head groups: one group, or the default */
+        int rc = mg_plan_build(&r.plan, &a, &d);
+        for (int k = 0; !rc && k < TU_N_IN; k++) {
+          int64_t B, S, w;
+          tu_in_dims(&c, k, &B, &S, &w);
+          r.in[k] = k == TU_W ? tu_shard(in[k], 1, S, w, 0, 1, MG_F64)
+                              : tu_shard_form(in[k], B, S, w, MG_FORM_LAGA_CP, g_rank, g_size, MG_F64);
+          if (!r.in[k]) rc = mg_diag_set(&d, MLAGEN_ENOMEM, "out of memory");
+        }
+        const int lse_id = rc ? -1 : mg_plan_find(&r.plan, "lse");
+        const size_t lse_bytes = lse_id < 0 ? 0 : (size_t)mg_plan_buf_bytes(&r.plan.bufs[lse_id]);
+        if (!rc && !(r.lse = malloc(lse_bytes))) rc = mg_diag_set(&d, MLAGEN_ENOMEM, "out of memory");
+        mg_cpu_capture cap = {"lse", r.lse, lse_bytes};
+        r.t = (mg_cpu_tensors){.q = r.in[TU_Q], .c_kv = r.in[TU_CKV], .k_rope = r.in[TU_KROPE],
+                               .w_kv_b = r.in[TU_W], .d_o = r.in[TU_DO], .captures = &cap,
+                               .n_captures = 1};
+        if (!rc) rc = mg_cpu_run(&r.plan, comm, &r.t, &r.st, &d);
+        if (rc) {
+          print_error("laga-cp H %d P %d: %s\n", heads[hi], g_size, mg_diag_msg(&d));
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        mg_plan_cost_of(&r.plan, &r.cost);
+        const int64_t Sl = c.S / g_size, wc = c.shape.kv_lora_rank + c.shape.qk_rope_head_dim;
+        if (r.st.sent_fwd != r.cost.sent_fwd || r.st.sent_bwd != r.cost.sent_bwd ||
+            r.cost.sent_fwd != c.B * Sl * wc * (g_size - 1) * 8 || r.st.saved != r.cost.saved ||
+            r.st.peak_fwd != r.cost.peak_fwd || r.st.peak_bwd != r.cost.peak_bwd) {
+          print_error("laga-cp H %d P %d rank %d: sent %lld/%lld (plan %lld/%lld), saved %lld "
+                      "(%lld)\n", heads[hi], g_size, g_rank, (long long)r.st.sent_fwd,
+                      (long long)r.st.sent_bwd, (long long)r.cost.sent_fwd,
+                      (long long)r.cost.sent_bwd, (long long)r.st.saved, (long long)r.cost.saved);
+          bad++;
+        }
+        for (int k = 0; k < TU_N_OUT; k++) {
+          const int64_t n = tu_local_numel(&c, k, MG_FORM_LAGA_CP, g_size);
+          double *local = malloc((size_t)n * sizeof(double)), *want = malloc((size_t)n * sizeof(double));
+          if (!local || !want) MPI_Abort(MPI_COMM_WORLD, 1);
+          for (int64_t i = 0; i < n; i++) local[i] = tu_get(MG_F64, tu_out_ptr(&r, k), i);
+          if (k == TU_DW) /* this rank's partial sum: the gradient is the sum over the group */
+            MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+          tu_ref_local(&c, k, MG_FORM_LAGA_CP, ref[k], g_size, g_rank, want);
+          char what[512];
+          snprintf(what, sizeof what, "laga-cp f64 H %d causal %d groups %d P %d rank %d: %s vs "
+                   "the float64 reference", heads[hi], causal, r.plan.args.head_groups, g_size,
+                   g_rank, tu_out_names[k]);
+          cc_result cr = tu_check(what, local, want, n, tu_rms(ref[k], tu_out_numel(&c, k)),
+                                  tol_f64[k], tu_out_cols(&c, k));
+          double need = cr.min_atol;
+          int ok = cc_ok(&cr), all_ok;
+          MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+          MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+          if (need > g_need_f64[k]) g_need_f64[k] = need;
+          bad += !all_ok;
+          free(want);
+          free(local);
+        }
+        tu_run_free(&r);
+        mg_diag_clear(&d);
+        tu_free(ref, TU_N_OUT);
+        tu_free(in, TU_N_IN);
+      }
+  assert_int_equal(bad, 0);
+}
+
 /* S not divisible by P, and P > H: refused by the plan, the same on every rank. */
 static void test_bad_input(void **state) {
   (void)state;
@@ -114,13 +213,18 @@ static void test_bad_input(void **state) {
                     .seq = 4 * g_size + 1, .causal = 1, .dtype = MG_F32};
   assert_int_equal(mg_plan_build(&p, &a, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "not divisible by sp"));
-  mg_shape few = tu_shape(g_size / 2, 64, 32, 64, 256); /* H = P / 2 < P */
+  mg_shape few = tu_shape((g_size + 1) / 2, 64, 32, 64, 256); /* H = P / 2 < P */
   a.shape = &few;
   a.seq = 4 * g_size;
   for (int f = 0; f < MG_FORM_COUNT; f++) {
     a.form = (mg_form)f;
+    if (f == MG_FORM_LAGA_CP) { /* any P */
+      assert_int_equal(mg_plan_build(&p, &a, &d), 0);
+      continue;
+    }
     assert_int_equal(mg_plan_build(&p, &a, &d), MLAGEN_EINVAL);
     assert_non_null(strstr(mg_diag_msg(&d), "exceeds num_attention_heads"));
+    assert_non_null(strstr(mg_diag_msg(&d), "laga-cp"));
   }
   mg_diag_clear(&d);
 }
@@ -128,12 +232,15 @@ static void test_bad_input(void **state) {
 int main(int argc, char **argv) {
   mpi_test_begin(&argc, &argv, "test_cpu_mpi", &g_rank, &g_size, &g_seed);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
+                                     cmocka_unit_test(test_laga_cp_reference),
                                      cmocka_unit_test(test_bad_input)};
   int failed =
       MPI_TEST_GROUP("test_cpu_mpi", tests, mpi_test_comm_setup, mpi_test_comm_teardown);
   if (g_rank == 0) {
     printf("needed atol (rms units) at P = %d:", g_size);
     for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need[k]);
+    printf("\nneeded f64 (laga-cp vs the float64 reference):");
+    for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need_f64[k]);
     printf("\n");
   }
   return mpi_test_end("test_cpu_mpi", failed);

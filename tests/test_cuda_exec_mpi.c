@@ -15,7 +15,8 @@
  * f16: the LAGA and absorbed forms' f16 plans (causal) the same way at tu_tol_f16. The workspace, the saved area and the
  * outputs are filled with NaN before the forward (the workspace before the backward too),
  * so a buffer read before it is written, or dw_kv_b rows left unzeroed, show. Shape: H 4,
- * d_n 64, d_r 32, d_v 64, d_c 256, B 2, S 16, causal and not, every form.
+ * d_n 64, d_r 32, d_v 64, d_c 256, B 2, S 16, causal and not, every form (laga-cp with its
+ * two-chunk shards: the attention launches take S_k and the query positions).
  *
  * Kernels are built by the host executor's compiler; with MG_HOST_CACHE_DIR set (ctest
  * sets it) rank 0 prepares first and the other ranks load what it built.
@@ -103,20 +104,21 @@ typedef struct bufs {
   mg_cuda_tensors t;
 } bufs;
 
-static void bufs_make(bufs *b, const tu_case *c, const mg_cuda_exec *x, mg_dtype dt,
+static void bufs_make(bufs *b, const tu_case *c, const mg_cuda_exec *x, mg_form f, mg_dtype dt,
                       double *const in[TU_N_IN]) {
   memset(b, 0, sizeof *b);
   const int P = g_size, r = g_rank;
   for (int k = 0; k < TU_N_IN; k++) {
     int64_t B, S, w;
     tu_in_dims(c, k, &B, &S, &w);
-    const int64_t Sl = k == TU_W ? S : S / P, s0 = k == TU_W ? 0 : r * Sl;
+    const int64_t Sl = k == TU_W ? S : S / P;
     b->in[k] = malloc((size_t)(B * Sl * w) * sizeof(e16));
     assert_non_null(b->in[k]);
     for (int64_t bi = 0; bi < B; bi++)
       for (int64_t s = 0; s < Sl; s++)
         for (int64_t i = 0; i < w; i++)
-          b->in[k][(bi * Sl + s) * w + i] = f32_to_e16(dt, (float)in[k][(bi * S + s0 + s) * w + i]);
+          b->in[k][(bi * Sl + s) * w + i] = f32_to_e16(
+              dt, (float)in[k][(bi * S + (k == TU_W ? s : mg_form_token_pos(f, P, Sl, r, s))) * w + i]);
   }
   for (int k = 0; k < TU_N_OUT; k++) {
     if (k == TU_LSE) continue;
@@ -164,7 +166,7 @@ static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in
   mg_cuda_exec *x = prepare_all(plan, 0);
   const double t_prep = now() - t0;
   bufs b;
-  bufs_make(&b, c, x, dt, in);
+  bufs_make(&b, c, x, f, dt, in);
   t0 = now();
   const long l0 = g_ops->launches;
   if (mg_cuda_exec_run(x, MG_FWD, &b.t, b.ws, b.ws_b, b.saved, b.sv_b, g_comm, NULL, &d))
@@ -179,7 +181,7 @@ static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in
   int bad = 0;
   double e[TU_N_OUT];
   for (int k = 0; k < TU_N_OUT; k++) {
-    const int64_t n = tu_local_numel(c, k, g_size);
+    const int64_t n = tu_local_numel(c, k, f, g_size);
     double *local = malloc((size_t)n * sizeof *local), *want = malloc((size_t)n * sizeof *want);
     assert_true(local && want);
     for (int64_t i = 0; i < n; i++)
@@ -188,7 +190,7 @@ static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in
                               : e16_to_f32(dt, ((const e16 *)b.out[k])[i]);
     if (k == TU_DW) /* each rank holds its heads' rows: the gradient is the sum */
       MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    tu_ref_local(c, k, ref[k], g_size, g_rank, want);
+    tu_ref_local(c, k, f, ref[k], g_size, g_rank, want);
     char what[512];
     snprintf(what, sizeof what, "%s %s %s P %d rank %d: %s", mg_form_name(f), mg_dtype_name(dt),
              c->causal ? "causal" : "non-causal", g_size, g_rank, tu_out_names[k]);
@@ -299,7 +301,7 @@ static void test_wait_polls(void **state) {
                   .inner = g_comm};
   mg_cuda_exec *x = prepare_all(plan, 0);
   bufs b;
-  bufs_make(&b, &c, x, MG_BF16, in);
+  bufs_make(&b, &c, x, MG_FORM_LAGA, MG_BF16, in);
 
   /* busy for 5 queries: 5 polls, then done */
   g_ops->busy = 5;
@@ -358,9 +360,54 @@ static int report_worst(void **state) {
   return teardown(state);
 }
 
+/* laga-cp's forward on the CUDA executor at P = np: the all-gather and the chunk-order
+ * copies (MG_OP_CHUNK_ORDER as 2P strided copies) leave the saved latent c [B, S, d_c + d_r]
+ * in global order, equal bit for bit to the global [c_kv ; k_rope] (bf16, copies only; S / P = 5:
+ * chunks of 3 and 2),
+ * from each rank's two-chunk shard (its outputs: test_forms_match_single_rank). */
+static void test_laga_cp_latent_order(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  tu_case c = {.shape = tu_shape(4, 64, 32, 64, 256), .B = 2, .S = 5 * (int64_t)g_size, .causal = 1};
+  double *in[TU_N_IN] = {0};
+  inputs(&c, g_seed + 11, MG_BF16, in);
+  mg_plan *plan = calloc(1, sizeof *plan);
+  assert_non_null(plan);
+  mg_plan_args a = {.shape = &c.shape, .form = MG_FORM_LAGA_CP, .sp = g_size, .rank = g_rank,
+                    .batch = c.B, .seq = c.S, .causal = 1, .dtype = MG_BF16};
+  if (mg_plan_build(plan, &a, &d)) die("plan", &d);
+  mg_cuda_exec *x = prepare_all(plan, 0);
+  bufs b;
+  bufs_make(&b, &c, x, MG_FORM_LAGA_CP, MG_BF16, in);
+  if (mg_cuda_exec_run(x, MG_FWD, &b.t, b.ws, b.ws_b, b.saved, b.sv_b, g_comm, NULL, &d))
+    die("forward", &d);
+  const e16 *lat = mg_cuda_exec_buffer(x, "c", b.ws, b.saved);
+  assert_non_null(lat);
+  const int64_t dc = c.shape.kv_lora_rank, dr = c.shape.qk_rope_head_dim, wc = dc + dr;
+  int64_t wrong = 0;
+  for (int64_t bi = 0; bi < c.B; bi++)
+    for (int64_t s = 0; s < c.S; s++)
+      for (int64_t j = 0; j < wc; j++) {
+        const double want = j < dc ? in[TU_CKV][(bi * c.S + s) * dc + j]
+                                   : in[TU_KROPE][(bi * c.S + s) * dr + j - dc];
+        wrong += f32_to_e16(MG_BF16, (float)want) != lat[(bi * c.S + s) * wc + j];
+      }
+  int64_t all_wrong = 0;
+  MPI_Allreduce(&wrong, &all_wrong, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (g_rank == 0) print_message("  laga-cp P %d: gathered latent in global order, %lld of %lld "
+                                 "values wrong (worst rank)\n", g_size, (long long)all_wrong,
+                                 (long long)(c.B * c.S * wc));
+  mg_cuda_exec_destroy(x);
+  bufs_free(&b);
+  free(plan);
+  tu_free(in, TU_N_IN);
+  assert_int_equal(all_wrong, 0);
+}
+
 int main(int argc, char **argv) {
   mpi_test_begin(&argc, &argv, "test_cuda_exec_mpi", &g_rank, &g_size, &g_seed);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
+                                     cmocka_unit_test(test_laga_cp_latent_order),
                                      cmocka_unit_test(test_f16),
                                      cmocka_unit_test(test_wait_polls)};
   int failed = MPI_TEST_GROUP("test_cuda_exec_mpi", tests, setup, report_worst);

@@ -77,7 +77,7 @@ static void reference(const mg_kernel_spec *s, int B, int sq, int sk, int q_pos0
                       const bf16 *q, const bf16 *kn, const bf16 *kr, const bf16 *v, double *o,
                       double *lse) {
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr;
-  const attn_ref_dims d = {B, sq, sk, H, dqk, s->d_v, s->causal, q_pos0, scale};
+  const attn_ref_dims d = {B, sq, sk, H, dqk, s->d_v, s->causal, q_pos0, scale, 0, 0};
   const size_t nk = (size_t)B * sk * H; /* key rows: token * H + head */
   double *qd = kt_e16_to_d(0, q, (size_t)B * sq * H * dqk), *vd = kt_e16_to_d(0, v, nk * s->d_v);
   double *k = malloc((nk ? nk : 1) * dqk * sizeof *k);

@@ -1,4 +1,4 @@
-/* test_plan.c: the plans of the five forms, the planner's figures and the plan checker.
+/* test_plan.c: the plans of the six forms, the planner's figures and the plan checker.
  *
  * The explicit form's bytes are checked against sums written out here from MLA.md's
  * conventions; the other forms against the relations the LAGA paper (arXiv 2607.17644)
@@ -76,8 +76,8 @@ static void test_forms_relations_v3(void **state) {
   double r = (double)la->saved / (double)ex->saved;
   assert_true(r > 0.99 && r < 1.01);
   assert_true(lr->saved < ex->saved);
-  /* LAGA and absorbed send about half of what explicit sends */
-  for (int f = MG_FORM_ABSORBED; f < MG_FORM_COUNT; f++) {
+  /* LAGA and absorbed send about half of what explicit sends (laga-cp: test_laga_cp) */
+  for (int f = MG_FORM_ABSORBED; f <= MG_FORM_LAGA_F; f++) {
     double sent = (double)(c[f].sent_fwd + c[f].sent_bwd) / (double)(ex->sent_fwd + ex->sent_bwd);
     print_message("  %-8s sent %.3f x explicit, saved %.3f x\n", mg_form_name((mg_form)f), sent,
                   (double)c[f].saved / (double)ex->saved);
@@ -135,7 +135,7 @@ static void test_plans_well_formed(void **state) {
     assert_true(plan.n_fwd > 0 && plan.n_fwd < plan.n_steps);
     for (int i = 0; i < plan.n_steps; i++)
       assert_int_equal(plan.steps[i].pass, i < plan.n_fwd ? MG_FWD : MG_BWD);
-    const struct { const char *name; mg_buf_role role; int ndim; int64_t dims[4]; } io[] = {
+    struct { const char *name; mg_buf_role role; int ndim; int64_t dims[4]; } io[] = {
         {"q", MG_BUF_INPUT, 4, {B, Sl, 64, 192}},     {"c_kv", MG_BUF_INPUT, 3, {B, Sl, 512}},
         {"k_rope", MG_BUF_INPUT, 3, {B, Sl, 64}},     {"w_kv_b", MG_BUF_INPUT, 2, {64 * 256, 512}},
         {"do", MG_BUF_INPUT, 4, {B, Sl, 64, 128}},    {"o", MG_BUF_OUTPUT, 4, {B, Sl, 64, 128}},
@@ -143,6 +143,8 @@ static void test_plans_well_formed(void **state) {
         {"dk_rope", MG_BUF_OUTPUT, 3, {B, Sl, 64}},   {"dw_kv_b", MG_BUF_OUTPUT, 2, {64 * 256, 512}},
         {"lse", MG_BUF_TEMP, 3, {B, 16, S}},
     };
+    if (f == MG_FORM_LAGA_CP) /* all heads, this rank's queries */
+      io[sizeof io / sizeof io[0] - 1].dims[1] = 64, io[sizeof io / sizeof io[0] - 1].dims[2] = Sl;
     for (size_t i = 0; i < sizeof io / sizeof io[0]; i++) {
       int b = mg_plan_find(&plan, io[i].name);
       if (b < 0) fail_msg("%s: no buffer %s", mg_form_name((mg_form)f), io[i].name);
@@ -212,7 +214,7 @@ static void test_laga_fused_groups(void **state) {
       {MG_FORM_LAGA_F, 3, "head_groups = 3 must divide H / P = 128"},
       {MG_FORM_LAGA_F, 32, "head_groups = 32 must divide"},
       {MG_FORM_LAGA_F, -1, "head_groups = -1 must divide"},
-      {MG_FORM_LAGA, 2, "head_groups = 2: only the fused LAGA form (laga-f) has head groups"},
+      {MG_FORM_LAGA, 2, "head_groups = 2: only the fused LAGA form (laga-f) and laga-cp have head groups"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     a.form = bad[i].f, a.head_groups = bad[i].groups;
@@ -248,6 +250,8 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(f, MG_FORM_LAGA_R);
   assert_int_equal(mg_form_parse("laga-f", &f), 0);
   assert_int_equal(f, MG_FORM_LAGA_F);
+  assert_int_equal(mg_form_parse("laga-cp", &f), 0);
+  assert_int_equal(f, MG_FORM_LAGA_CP);
   assert_int_equal(mg_form_parse("flash", &f), -1);
 }
 
@@ -343,7 +347,7 @@ static void test_checker(void **state) {
   expect_bad(fwd, "lse is bf16, the step needs f32");
   bad = plan; /* an attention operand of another shape: v where k goes */
   bad.steps[fwd].in[1] = plan.steps[fwd].in[2];
-  expect_bad(fwd, "differ in shape");
+  expect_bad(fwd, "v_h must be [B, S, H, d_qk]");
   bad = plan; /* column arguments */
   bad.steps[ekv].rope_col = 1;
   expect_bad(ekv, "rope columns");
@@ -381,6 +385,111 @@ static void test_checker(void **state) {
   bad = plan;
   bad.steps[cc].cols = 1 << 20;
   expect_bad(cc, "columns [");
+  /* query positions: only laga-cp's, inside [0, S) */
+  bad = plan;
+  const int lf = find_step(&plan, MG_STEP_KERNEL, MG_OP_ATTN_FWD);
+  bad.steps[lf].q_split = 1;
+  expect_bad(lf, "only laga-cp's explicit attention places S / P rows");
+
+  build(&plan, &s, MG_FORM_LAGA_CP, 4, 2, 64, 1, MG_BF16, &c);
+  const int cf = find_step(&plan, MG_STEP_KERNEL, MG_OP_ATTN_FWD);
+  const int co = find_step(&plan, MG_STEP_KERNEL, MG_OP_CHUNK_ORDER);
+  bad = plan;
+  bad.steps[cf].q_pos1 = 64 - 1; /* the second chunk's 8 rows would pass S */
+  expect_bad(cf, "query positions");
+  bad = plan;
+  bad.steps[cf].q_pos0 = bad.steps[cf].q_split = bad.steps[cf].q_pos1 = 0;
+  expect_bad(cf, "covers 16 tokens, the attention needs all S = 64");
+  bad = plan;
+  bad.steps[co].ranks = 3;
+  expect_bad(co, "ranks 3 must divide the 64 tokens");
+  bad = plan;
+  bad.bufs[mg_plan_find(&bad, "c")].dims[1] = 32;
+  expect_bad(co, "must be [B, S, w] alike");
+}
+
+/* laga-cp at DeepSeek-V3, S 16384, P 8, from first principles: the latent's all-gather
+ * and reduce-scatter, the kept latent, O and LSE, the exact causal pairs of each rank's
+ * two chunks (equal on every rank), the P-fold K/V rebuild; its layout covers every
+ * position once for any S_l (odd too) and P > H; its head groups and argument rules. */
+static void test_laga_cp(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v3");
+  const int64_t P = 8, S = 16384, Sl = S / P, H = 128, dqk = 192, dv = 128, dc = 512, wc = 576,
+                dkv = 256, e = 2;
+  double attn_sum = 0;
+  for (int r = 0; r < P; r++) {
+    mg_plan_args a = {.shape = &s, .form = MG_FORM_LAGA_CP, .sp = (int)P, .rank = r, .batch = 1,
+                      .seq = S, .causal = 1, .dtype = MG_BF16};
+    mg_diag d = MG_DIAG_INIT;
+    assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+    mg_plan_cost c;
+    mg_plan_cost_of(&plan, &c);
+    assert_int_equal(plan.args.head_groups, 8);
+    assert_int_equal(c.sent_fwd, Sl * wc * e * (P - 1));
+    assert_int_equal(c.sent_bwd, Sl * wc * e * (P - 1));
+    assert_int_equal(c.sent_fwd, 16515072); /* 15.75 MiB */
+    assert_int_equal(c.saved, S * wc * e + H * Sl * 4 + Sl * H * dv * e);
+    /* the pairs: rows r*1024 + i and (15 - r)*1024 + i, i < 1024, see pos + 1 keys */
+    double pairs = 0;
+    for (int64_t i = 0; i < Sl; i++) pairs += (double)(i < Sl / 2 ? r * (Sl / 2) + i : (2 * P - 1 - r) * (Sl / 2) + i - Sl / 2) + 1;
+    assert_true(c.attn_flops_fwd == 2.0 * H * pairs * (dqk + dv));
+    assert_true(c.attn_flops_bwd == 2.0 * H * pairs * (3 * dqk + 2 * dv));
+    assert_true(pairs == 1024.0 * 1024 * 15 + 1024.0 * 1025); /* the same on every rank */
+    attn_sum += c.attn_flops_fwd;
+    /* rebuild of all H heads over all S keys: forward once, backward once plus dC, dW */
+    assert_true(c.gemm_flops_fwd == 2.0 * S * H * dkv * dc);
+    assert_true(c.gemm_flops_bwd == 3 * c.gemm_flops_fwd);
+    mg_diag_clear(&d);
+  }
+  /* the ranks together attend every causal pair once */
+  assert_true(attn_sum == 2.0 * H * ((double)S * (S + 1) / 2) * (dqk + dv));
+
+  /* the layout: a permutation of [0, S) for even and odd S_l, P > H included */
+  const int64_t cases[][2] = {{2, 8}, {3, 9}, {4, 4}, {8, 40}, {32, 96}, {5, 5}, {1, 7}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    const int64_t Pk = cases[k][0], Sk = cases[k][1], Slk = Sk / Pk;
+    char seen[128] = {0};
+    for (int64_t r = 0; r < Pk; r++)
+      for (int64_t i = 0; i < Slk; i++) {
+        const int64_t pos = mg_form_token_pos(MG_FORM_LAGA_CP, Pk, Slk, r, i);
+        assert_true(pos >= 0 && pos < Sk && !seen[pos]);
+        seen[pos] = 1;
+        assert_int_equal(mg_form_token_pos(MG_FORM_LAGA, Pk, Slk, r, i), r * Slk + i);
+      }
+  }
+  assert_int_equal(mg_cp_pos(4, 4, 1, 0), 2);  /* chunks 1 and 6 of 8 */
+  assert_int_equal(mg_cp_pos(4, 4, 1, 2), 12);
+  assert_int_equal(mg_cp_pos(3, 3, 0, 2), 8);  /* a = 2, b = 1: 0, 1 | 8 */
+
+  /* P > H (V2-Lite, H 16, P 32) builds; the Ulysses forms are refused naming laga-cp */
+  mg_shape lite = load("deepseek-v2-lite");
+  mg_diag d = MG_DIAG_INIT;
+  mg_plan_args a = {.shape = &lite, .form = MG_FORM_LAGA_CP, .sp = 32, .rank = 31, .batch = 2,
+                    .seq = 96, .causal = 1, .dtype = MG_F32};
+  assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+  assert_int_equal(plan.heads_local, 16);
+  a.form = MG_FORM_EXPLICIT;
+  assert_int_equal(mg_plan_build(&plan, &a, &d), MLAGEN_EINVAL);
+  if (!strstr(mg_diag_msg(&d), "sp = 32 exceeds num_attention_heads = 16") ||
+      !strstr(mg_diag_msg(&d), "the all-gather context-parallel form laga-cp keeps all H heads") ||
+      !strstr(mg_diag_msg(&d), "(explicit, absorbed, laga, laga-r, laga-f)"))
+    fail_msg("%s", mg_diag_msg(&d));
+  /* head groups: a divisor of H, at most 16 */
+  a.form = MG_FORM_LAGA_CP, a.sp = 3, a.rank = 0;
+  const struct { int groups, ok; } hg[] = {{1, 1}, {4, 1}, {16, 1}, {3, 0}, {32, 0}, {-2, 0}};
+  for (size_t k = 0; k < sizeof hg / sizeof hg[0]; k++) {
+    a.head_groups = hg[k].groups;
+    const int rc = mg_plan_build(&plan, &a, &d);
+    assert_int_equal(rc, hg[k].ok ? 0 : MLAGEN_EINVAL);
+    if (!hg[k].ok && !strstr(mg_diag_msg(&d), "must divide H = 16"))
+      fail_msg("%d: %s", hg[k].groups, mg_diag_msg(&d));
+    int n_attn = 0;
+    for (int i = 0; hg[k].ok && i < plan.n_steps; i++)
+      n_attn += plan.steps[i].kind == MG_STEP_KERNEL && plan.steps[i].op == MG_OP_ATTN_BWD;
+    if (hg[k].ok) assert_int_equal(n_attn, hg[k].groups);
+  }
+  mg_diag_clear(&d);
 }
 
 /* mg_plan_time_of against a hand computation of the explicit form (docs/forms.md, its steps
@@ -431,7 +540,7 @@ int main(void) {
       cmocka_unit_test(test_single_rank),         cmocka_unit_test(test_plans_well_formed),
       cmocka_unit_test(test_laga_fused_groups), cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_huge_sizes_checked), cmocka_unit_test(test_checker),
-      cmocka_unit_test(test_time_by_hand),
+      cmocka_unit_test(test_time_by_hand),        cmocka_unit_test(test_laga_cp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,12 +1,13 @@
-/* test_sm90_tmap.c: runtime/exec/mg_sm90_tmap.c, attn_fwd_sm90's four CUtensorMaps, through
+/* test_sm90_tmap.c: runtime/exec/mg_sm90_tmap.c, attn_fwd_sm90's four CUtensorMaps (and
+ * mqa_fwd_sm90's two: test_mqa_maps, test_mqa_errors), through
  * the fake driver (tests/fake_cuda.c), whose cuTensorMapEncodeTiled stores its arguments in
  * the host executor's format (tests/host/mg_host_tmap.h): per map, the rank, dims, byte
  * strides, box, swizzle, element size and base are read back and compared with the
  * template's `tmaps` contract written out here by hand (split and packed keys, bf16 and
  * fp16, widths 64/32/16). Errors: a driver without the entry, a wrong family, a missing
- * tunable, a misaligned or null tensor. The backward's five (mg_sm90_bwd_tmaps) likewise.
- * End to end (the maps driving the kernels on the host executor against float64):
- * test_attn_fwd_sm90, test_attn_bwd_sm90. */
+ * tunable, a misaligned or null tensor. mg_sm90_launch_tmaps (the per-launch entry of the
+ * executor and the tuner): the same maps from launch arguments, and its refusals (the backward's: test_launch_bwd_tmaps). End to end (the maps driving
+ * the kernels on the host executor against float64): test_attn_fwd_sm90, test_attn_bwd_sm90. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -196,12 +197,212 @@ static void test_bwd(void **state) {
   mg_diag_clear(&d);
 }
 
+/* mg_sm90_launch_tmaps for the backward (attn_bwd_dq_sm90's q, k_nope, k_rope, v, dout by
+ * name; sizes from the launch dims): the same 5 maps as mg_sm90_bwd_tmaps; too little room
+ * refused. */
+static void test_launch_bwd_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(3, 96, 32, 64, "bf16");
+  snprintf(s.family, sizeof s.family, "attn_bwd_dq_sm90");
+  mg_kernel_info k = info(64, 128, 0);
+  snprintf(k.family, sizeof k.family, "attn_bwd_dq_sm90");
+  static const char *const names[] = {"q", "k_nope", "k_rope", "v", "dout", "dq", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
+                                 MG_PARAM_IN,  MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 8;
+  for (int i = 0; i < 8; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, DOA, 0x600000};
+  int sq = 70;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[MG_SM90_BWD_TMAPS];
+  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
+  const mg_launch_dims dims = {2, 70, 100};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, MG_SM90_BWD_TMAPS);
+  const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100};
+  if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 4, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 4 maps"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
+/* mg_sm90_launch_tmaps, what the CUDA executor and the tuner call at each launch: the
+ * tensors read by parameter name from cuLaunchKernel-style arguments, the sizes from the
+ * launch dims; the same maps as mg_sm90_fwd_tmaps. Refused: a kernel without a tensor-map
+ * parameter, a family without an encoder, too little room. */
+static void test_launch_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(16, 128, 64, 128, "bf16");
+  mg_kernel_info k = info(128, 64, 0);
+  static const char *const names[] = {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
+                                 MG_PARAM_OUT, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 8;
+  for (int i = 0; i < 8; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, 0x500000, 0x600000};
+  int sq = 300;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[4];
+  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
+  const mg_launch_dims dims = {2, 300, 500};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, 4);
+  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500};
+  if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 3, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 3 maps"));
+  mg_kernel_info other = k;
+  snprintf(other.family, sizeof other.family, "attn_fwd");
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map encoder for family attn_fwd"));
+  other = k, other.n_params = 7;
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map parameter"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
+/* mqa_fwd_sm90's maps: q as [B S_q H, d_qk] rows (box {W, 64}), c as [B S_k, d_qk] (box
+ * {W, block_n}); DeepSeek's 576 (W 64, 128B) and 288 in fp16 (W 32, 64B), seqlen_k 0 as one
+ * row. */
+static mg_kernel_info mqa_info(long bn) {
+  mg_kernel_info k;
+  memset(&k, 0, sizeof k);
+  snprintf(k.name, sizeof k.name, "mla_mqa_fwd_sm90_test");
+  snprintf(k.family, sizeof k.family, "mqa_fwd_sm90");
+  snprintf(k.config[0].name, sizeof k.config[0].name, "block_n");
+  k.config[0].value = bn;
+  snprintf(k.config[1].name, sizeof k.config[1].name, "stages");
+  k.config[1].value = 2;
+  k.n_config = 2;
+  return k;
+}
+static mg_kernel_spec mqa_spec(int H, int dc, int dr, const char *dtype) {
+  mg_kernel_spec s = spec(H, 128, dr, 128, dtype);
+  snprintf(s.family, sizeof s.family, "mqa_fwd_sm90");
+  s.d_c = dc;
+  return s;
+}
+
+static void test_mqa_maps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_diag d = MG_DIAG_INIT;
+  CUtensorMap maps[2];
+  mg_kernel_spec s = mqa_spec(16, 512, 64, "bf16");
+  mg_kernel_info k = mqa_info(64);
+  const mg_sm90_mqa_tensors t = {QA, KNA, 2, 300, 500};
+  if (mg_sm90_mqa_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){576, 9600}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 1000}, (unsigned[]){64, 64}, SW128);
+  s = mqa_spec(5, 256, 32, "fp16");
+  k = mqa_info(128);
+  const mg_sm90_mqa_tensors t2 = {QA, KNA, 1, 7, 0};
+  if (mg_sm90_mqa_tmaps(drv, &s, &k, &t2, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){288, 35}, (unsigned[]){32, 64}, SW64);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){288, 1}, (unsigned[]){32, 128}, SW64);
+}
+
+static void expect_mqa_error(const mg_driver *drv, const mg_kernel_spec *s,
+                             const mg_kernel_info *k, const mg_sm90_mqa_tensors *t, int status,
+                             const char *words) {
+  CUtensorMap maps[2];
+  memset(maps, 0x5a, sizeof maps);
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_sm90_mqa_tmaps(drv, s, k, t, maps, &d), status);
+  if (!strstr(mg_diag_msg(&d), words)) fail_msg("message '%s' lacks '%s'", mg_diag_msg(&d), words);
+  static const CUtensorMap zero;
+  for (int i = 0; i < 2; i++) assert_memory_equal(&maps[i], &zero, sizeof zero);
+}
+
+static void test_mqa_errors(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = mqa_spec(16, 512, 64, "bf16");
+  mg_kernel_info k = mqa_info(64);
+  const mg_sm90_mqa_tensors t = {QA, KNA, 1, 256, 256};
+  mg_driver old = *drv;
+  old.cuTensorMapEncodeTiled = NULL;
+  expect_mqa_error(&old, &s, &k, &t, MLAGEN_EUNSUPPORTED, "lacks");
+  mg_kernel_info other = k;
+  snprintf(other.family, sizeof other.family, "mqa_fwd");
+  expect_mqa_error(drv, &s, &other, &t, MLAGEN_EINVAL, "is not mqa_fwd_sm90");
+  mg_kernel_info nobn = k;
+  nobn.config[0] = nobn.config[1], nobn.n_config = 1;
+  expect_mqa_error(drv, &s, &nobn, &t, MLAGEN_EINVAL, "no tunable block_n");
+  mg_sm90_mqa_tensors bad = t;
+  bad.c = 0;
+  expect_mqa_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "mqa_fwd_sm90 tensor map [1] c: address 0x0 is null");
+  mg_kernel_spec odd = s;
+  odd.d_c = 520;
+  expect_mqa_error(drv, &odd, &k, &t, MLAGEN_EINVAL, "multiples of 16");
+  mg_kernel_info wide = mqa_info(512); /* box 512 > 256: the driver rejects it */
+  expect_mqa_error(drv, &s, &wide, &t, MLAGEN_EINVAL,
+                   "cuTensorMapEncodeTiled(mqa_fwd_sm90 map [1] c: dims {576, 256} box {64, 512}): CUDA_ERROR_INVALID_VALUE");
+}
+
+/* mg_sm90_launch_tmaps for mqa_fwd_sm90 (the kernel's q, c by name; sizes from the launch
+ * dims): the same 2 maps as mg_sm90_mqa_tmaps; too little room refused. */
+static void test_launch_mqa_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = mqa_spec(16, 512, 64, "bf16");
+  mg_kernel_info k = mqa_info(64);
+  static const char *const names[] = {"q", "c", "o", "lse", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_OUT,
+                                 MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 6;
+  for (int i = 0; i < 6; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[4] = {QA, KNA, 0x500000, 0x600000};
+  int sq = 300;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[2];
+  void *args[6] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &sq, maps};
+  const mg_launch_dims dims = {2, 300, 500};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, 2);
+  const mg_sm90_mqa_tensors t = {QA, KNA, 2, 300, 500};
+  if (mg_sm90_mqa_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 1000}, (unsigned[]){64, 64}, SW128);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 1, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 1 maps"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split_deepseek),
       cmocka_unit_test(test_packed_unusual_fp16),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_bwd),
+      cmocka_unit_test(test_launch_bwd_tmaps),
+      cmocka_unit_test(test_launch_tmaps),
+      cmocka_unit_test(test_launch_mqa_tmaps),
+      cmocka_unit_test(test_mqa_maps),
+      cmocka_unit_test(test_mqa_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,8 +18,8 @@ static const char help[] =
     "                   [--link-gbps X] [--tflops Y] [--hbm-gbps Z] [--mem-gib M]\n"
     "                   [--explain [--arch ARCH] [--device NAME] [--templates DIR]]\n"
     "\n"
-    "Builds the plan of every form (explicit, absorbed, laga, laga-r, laga-f) for one rank of a\n"
-    "sequence-parallel group of P ranks and prints, per rank and layer: bytes sent by the\n"
+    "Builds the plan of every form (explicit, absorbed, laga, laga-r, laga-f, laga-cp) for one\n"
+    "rank of a sequence-parallel group of P ranks and prints, per rank and layer: bytes sent by the\n"
     "collectives (forward, backward), bytes kept from forward to backward, the transient\n"
     "peak of the forward and of the backward, and FLOPs (attention by FlashMLA's\n"
     "convention, projection GEMMs with any recompute), each with its ratio to explicit.\n"
@@ -30,14 +30,17 @@ static const char help[] =
     "link, one after another (no overlap, no latency): an ideal-device lower bound.\n"
     "\n"
     "  --seq S      global sequence length (required); each rank holds S / P tokens\n"
-    "  --sp P       sequence-parallel degree (default 1); P must divide S and H (the\n"
-    "               forms split heads evenly; docs/forms.md, \"P and H\")\n"
+    "  --sp P       sequence-parallel degree (default 1); P must divide S, and H for every\n"
+    "               form but laga-cp (they split heads evenly; docs/forms.md, \"P and H\"):\n"
+    "               where it does not, those forms print n/a\n"
     "  --batch B    batch size (default 1)\n"
     "  --dtype T    activation dtype: bf16 (default), fp16, f32 or f64 (what\n"
     "               `mlagen run` executes on the CPU)\n"
     "  --no-causal  full attention (causal is the default)\n"
     "  --head-groups N  laga-f rebuilds K/V for H / P / N heads at a time (N divides\n"
     "               H / P, at most 16; default the largest divisor of H / P up to 8)\n"
+    "  --cp-head-groups N  laga-cp rebuilds K/V for H / N heads at a time (N divides H,\n"
+    "               at most 16; default the largest divisor of H up to 8)\n"
     "  --link-gbps X  GB/s one rank sends to its peers, one direction (default 450: H200\n"
     "               NVLink, 900 GB/s both ways; InfiniBand NDR 400 Gb/s is 50)\n"
     "  --tflops Y   dense matmul TFLOP/s of the dtype (default 989: H200 BF16, dense)\n"
@@ -53,7 +56,8 @@ static const char help[] =
     "               $MLAGEN_TUNED_DIR (default ./tuned)/<arch>/<device>.json tuned\n"
     "               with the family's templates as they are, or the template's\n"
     "               default (docs/tuning.md)\n"
-    "  --arch ARCH  with --explain: the GPU architecture (default sm_90a)\n"
+    "  --arch ARCH  with --explain: the GPU architecture (default sm_90a), whose\n"
+    "               families are shown (sm_90a: attn_fwd_sm90 for attn_fwd)\n"
     "  --device N   with --explain: the device name as the driver reports it\n"
     "               (default \"unknown\": no GPU is queried)\n";
 
@@ -72,6 +76,8 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
     return CLI_USAGE;
   }
   int rc = mg_spec_for_plan(shape, o->sp, o->head_groups, kdtype, specs, MG_SPEC_MAX_KERNELS, &n, &d);
+  for (int i = 0; !rc && i < n; i++) /* the families arch's executor runs (mg_arch_kernel_table) */
+    mg_spec_to_arch(&specs[i], arch, &specs[i]);
   if (!rc) rc = mg_gen_open(&g, o->templates, &d);
   if (rc) {
     cli_error("%s", mg_diag_msg(&d));
@@ -174,21 +180,34 @@ static int parse_rate(const char *opt, const char *v, double def, const char *un
   return 0;
 }
 
-/* The fastest form (forward + backward) whose larger peak fits mem bytes, or -1. */
-static int fastest_fitting(const mg_plan_cost *cost, const mg_plan_time *t, double mem) {
+/* The fastest built form (forward + backward) whose larger peak fits mem bytes, or -1. */
+static int fastest_fitting(const int *ok, const mg_plan_cost *cost, const mg_plan_time *t,
+                           double mem) {
   int best = -1;
   for (int f = 0; f < MG_FORM_COUNT; f++) {
     const double peak = (double)(cost[f].peak_fwd > cost[f].peak_bwd ? cost[f].peak_fwd
                                                                     : cost[f].peak_bwd);
-    if (peak <= mem && (best < 0 || t[f].fwd_s + t[f].bwd_s < t[best].fwd_s + t[best].bwd_s))
+    if (ok[f] && peak <= mem &&
+        (best < 0 || t[f].fwd_s + t[f].bwd_s < t[best].fwd_s + t[best].bwd_s))
       best = f;
   }
   return best;
 }
 
+/* One table cell: the value, with its ratio to explicit when explicit was built and is
+ * nonzero; "n/a" for a form not built at this P. */
+static void cell(int ok, int f, double v, double base, int base_ok, int prec) {
+  if (!ok)
+    printf(" %18s", "n/a");
+  else if (f == 0 || !base_ok || base == 0)
+    printf(" %18.*f", prec, v);
+  else
+    printf(" %10.*f (%4.2fx)", prec, v, v / base);
+}
+
 int cli_plan(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal head-groups json steps explain arch device templates link-gbps tflops hbm-gbps mem-gib", help, &o);
+  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal head-groups cp-head-groups json steps explain arch device templates link-gbps tflops hbm-gbps mem-gib", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   mg_device_model dev;
   double mem_gib;
@@ -214,20 +233,35 @@ int cli_plan(int argc, char **argv) {
   static mg_plan plans[MG_FORM_COUNT];
   mg_plan_cost cost[MG_FORM_COUNT];
   mg_plan_time tm[MG_FORM_COUNT];
+  int ok[MG_FORM_COUNT];
+  char why_na[1024] = ""; /* the Ulysses forms' refusal when P does not divide H */
   mg_diag d = MG_DIAG_INIT;
-  for (int f = 0; f < MG_FORM_COUNT; f++) {
+  memset(cost, 0, sizeof cost);
+  memset(tm, 0, sizeof tm);
+  /* laga-cp first: it takes any P dividing S, so its refusal is the arguments' own */
+  for (int k = 0; k < MG_FORM_COUNT; k++) {
+    const int f = (k + MG_FORM_LAGA_CP) % MG_FORM_COUNT; /* laga-cp, then the others */
     mg_plan_args a = {.shape = &shape, .form = (mg_form)f, .sp = o.sp, .rank = 0,
                       .batch = o.batch, .seq = o.seq, .causal = o.causal, .dtype = dtype,
-                      .head_groups = f == MG_FORM_LAGA_F ? o.head_groups : 0};
-    if (mg_plan_build(&plans[f], &a, &d)) {
-      cli_error("%s", mg_diag_msg(&d));
+                      .head_groups = f == MG_FORM_LAGA_F    ? o.head_groups
+                                     : f == MG_FORM_LAGA_CP ? o.cp_head_groups
+                                                            : 0};
+    const int headless = f != MG_FORM_LAGA_CP && (shape.heads % o.sp != 0);
+    ok[f] = mg_plan_build(&plans[f], &a, &d) == 0;
+    if (!ok[f] && !headless) {
+      cli_error("%s", mg_diag_msg(&d)); /* not the head split: refused for every form */
       mg_diag_clear(&d);
       return CLI_USAGE;
+    }
+    if (!ok[f]) {
+      if (!why_na[0]) snprintf(why_na, sizeof why_na, "%s", mg_diag_msg(&d));
+      continue;
     }
     mg_plan_cost_of(&plans[f], &cost[f]);
     mg_plan_time_of(&plans[f], &dev, &tm[f]);
   }
-  const int best = fastest_fitting(cost, tm, mem);
+  mg_diag_clear(&d);
+  const int best = fastest_fitting(ok, cost, tm, mem);
 
   if (o.json && o.explain) {
     cli_error("plan: --explain prints text; it does not combine with --json");
@@ -250,9 +284,14 @@ int cli_plan(int argc, char **argv) {
     else cJSON_AddNullToObject(root, "fastest_fitting");
     cJSON *forms = cJSON_AddObjectToObject(root, "forms");
     for (int f = 0; f < MG_FORM_COUNT; f++) {
+      if (!ok[f]) { /* P does not divide H: a Ulysses form is not built */
+        cJSON_AddNullToObject(forms, mg_form_name((mg_form)f));
+        continue;
+      }
       cJSON *x = cJSON_AddObjectToObject(forms, mg_form_name((mg_form)f));
       for (int i = 0; i < N_ROWS; i++) cJSON_AddNumberToObject(x, json_keys[i], field(&cost[f], i));
-      if (f == MG_FORM_LAGA_F) cJSON_AddNumberToObject(x, "head_groups", plans[f].args.head_groups);
+      if (f == MG_FORM_LAGA_F || f == MG_FORM_LAGA_CP)
+        cJSON_AddNumberToObject(x, "head_groups", plans[f].args.head_groups);
       cJSON_AddNumberToObject(x, "hbm_bytes_fwd", tm[f].hbm_fwd);
       cJSON_AddNumberToObject(x, "hbm_bytes_bwd", tm[f].hbm_bwd);
       cJSON_AddNumberToObject(x, "compute_fwd_s", tm[f].compute_fwd_s);
@@ -273,9 +312,13 @@ int cli_plan(int argc, char **argv) {
   printf("%s: H=%d d_c=%d d_r=%d d_n=%d d_v=%d; S=%lld P=%d B=%d %s %s\n", shape.source,
          shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim,
          shape.v_head_dim, o.seq, o.sp, o.batch, o.dtype, o.causal ? "causal" : "non-causal");
-  printf("per rank, per layer (ratio to explicit); laga-f in %d head groups of %d heads\n",
-         plans[MG_FORM_LAGA_F].args.head_groups,
-         plans[MG_FORM_LAGA_F].heads_local / plans[MG_FORM_LAGA_F].args.head_groups);
+  printf("per rank, per layer (ratio to explicit)");
+  if (ok[MG_FORM_LAGA_F])
+    printf("; laga-f in %d head groups of %d heads", plans[MG_FORM_LAGA_F].args.head_groups,
+           plans[MG_FORM_LAGA_F].heads_local / plans[MG_FORM_LAGA_F].args.head_groups);
+  printf("; laga-cp in %d head groups of %d heads\n", plans[MG_FORM_LAGA_CP].args.head_groups,
+         plans[MG_FORM_LAGA_CP].heads_local / plans[MG_FORM_LAGA_CP].args.head_groups);
+  if (why_na[0]) printf("n/a: %s\n", why_na);
   printf("%-22s", "");
   for (int f = 0; f < MG_FORM_COUNT; f++) printf(" %18s", mg_form_name((mg_form)f));
   printf("\n");
@@ -284,13 +327,8 @@ int cli_plan(int argc, char **argv) {
     snprintf(name, sizeof name, "%s (%s)", rows[i].name, rows[i].unit);
     printf("%-22s", name);
     const double base = field(&cost[0], i);
-    for (int f = 0; f < MG_FORM_COUNT; f++) {
-      const double v = field(&cost[f], i);
-      if (f == 0 || base == 0)
-        printf(" %18.1f", v * rows[i].scale);
-      else
-        printf(" %10.1f (%4.2fx)", v * rows[i].scale, v / base);
-    }
+    for (int f = 0; f < MG_FORM_COUNT; f++)
+      cell(ok[f], f, field(&cost[f], i) * rows[i].scale, base * rows[i].scale, ok[0], 1);
     printf("\n");
   }
   /* predicted time, in the table's layout */
@@ -306,10 +344,7 @@ int cli_plan(int argc, char **argv) {
       const double v[] = {t->hbm_fwd, t->hbm_bwd, t->fwd_s, t->comm_fwd_s, t->bwd_s, t->comm_bwd_s,
                           t->fwd_s + t->bwd_s};
       if (f == 0) base = v[i];
-      if (f == 0 || base == 0)
-        printf(" %18.*f", i < 2 ? 1 : 3, v[i] * trow[i].scale);
-      else
-        printf(" %10.*f (%4.2fx)", i < 2 ? 1 : 3, v[i] * trow[i].scale, v[i] / base);
+      cell(ok[f], f, v[i] * trow[i].scale, base * trow[i].scale, ok[0], i < 2 ? 1 : 3);
     }
     printf("\n");
   }
@@ -322,7 +357,8 @@ int cli_plan(int argc, char **argv) {
   else
     printf("no form's peak fits %g GiB\n", mem_gib);
   if (o.steps)
-    for (int f = 0; f < MG_FORM_COUNT; f++) print_steps(&plans[f]);
+    for (int f = 0; f < MG_FORM_COUNT; f++)
+      if (ok[f]) print_steps(&plans[f]);
   if (o.explain) return explain(&o, &shape);
   return CLI_OK;
 }

@@ -22,7 +22,8 @@
 
 static const char help[] =
     "usage: mlagen run --seq S [--backend cpu] [--model M] [--sp P] [--batch B] [--form F]\n"
-    "                  [--dtype f32|f64] [--causal | --no-causal] [--head-groups N] [--seed N]\n"
+    "                  [--dtype f32|f64] [--causal | --no-causal] [--head-groups N]\n"
+    "                  [--cp-head-groups N] [--seed N]\n"
     "                  [--inputs FILE] [--dump FILE] [--check]\n"
     "\n"
     "Runs one MLA attention layer, forward then backward, with the CPU executor: the\n"
@@ -32,14 +33,16 @@ static const char help[] =
     "and the bytes sent, measured by the executor's allocator, next to the planner's.\n"
     "\n"
     "  --backend cpu  the executor (only cpu for now)\n"
-    "  --form F       explicit (default), absorbed, laga, laga-r, laga-f\n"
+    "  --form F       explicit (default), absorbed, laga, laga-r, laga-f, laga-cp\n"
     "  --seq S        global sequence length; each rank holds S / P tokens (required\n"
     "                 without --inputs, else taken from q)\n"
-    "  --sp P         sequence-parallel degree (default 1) = the number of MPI ranks\n"
+    "  --sp P         sequence-parallel degree (default 1) = the number of MPI ranks; it\n"
+    "                 must divide S, and H for every form but laga-cp\n"
     "  --batch B      batch size (default 1; with --inputs taken from q)\n"
     "  --dtype T      f32 (default) or f64\n"
     "  --no-causal    full attention (causal, by global position, is the default)\n"
     "  --head-groups N  laga-f: head groups K/V are rebuilt in (default: see mlagen plan)\n"
+    "  --cp-head-groups N  laga-cp: the same (N divides H; default: see mlagen plan)\n"
     "  --seed N       inputs drawn from N (default 1), identical on every rank: element i\n"
     "                 (row-major index in the global tensor) of tensor n (q 1, c_kv 2,\n"
     "                 k_rope 3, w_kv_b 4, do 5) is scale * N(0,1) by Box-Muller from\n"
@@ -47,18 +50,22 @@ static const char help[] =
     "  --inputs FILE  read the inputs from a safetensors file (each rank takes its\n"
     "                 shard): q [B,S,H,d_n+d_r], c_kv [B,S,d_c], k_rope [B,S,d_r],\n"
     "                 w_kv_b [H*(d_n+d_v),d_c], do [B,S,H,d_v]; bf16, f16, f32 or f64\n"
+    "                 (a rank's shard: tokens [r S/P, (r+1) S/P); under laga-cp two chunks,\n"
+    "                 a = ceil(S_l/2) tokens from r a, then S_l - a from\n"
+    "                 P a + (P-1-r)(S_l - a), S_l = S/P: chunks r and 2P-1-r of 2P)\n"
     "  --dump FILE    write the global results as safetensors in the run's dtype (F32\n"
     "                 or F64; rank 0, atomic):\n"
     "                 o [B,S,H,d_v], lse [B,H,S], dq, dc_kv, dk_rope, dw_kv_b (summed\n"
     "                 over ranks)\n"
-    "  --check        run all five forms on the same inputs and print each one's max\n"
+    "  --check        run every form on the same inputs (P must divide H) and print each\n"
+    "                 one's max\n"
     "                 relative error (max|a-b| / max|b|) against explicit; fails above\n"
     "                 1e-4 (f32) or 1e-10 (f64)\n";
 
 /* Parses and checks the options of `mlagen run`. */
 static int parse(int argc, char **argv, cli_opts *o) {
   int rc = cli_parse(argc, argv,
-                     "backend model form dtype inputs dump seq sp batch seed causal no-causal head-groups check",
+                     "backend model form dtype inputs dump seq sp batch seed causal no-causal head-groups cp-head-groups check",
                      help, o);
   if (rc) return rc;
   if (!o->dtype) o->dtype = "f32";
@@ -68,11 +75,15 @@ static int parse(int argc, char **argv, cli_opts *o) {
   }
   mg_form f;
   if (mg_form_parse(o->form, &f)) {
-    cli_error("--form %s: expected explicit, absorbed, laga, laga-r or laga-f", o->form);
+    cli_error("--form %s: expected explicit, absorbed, laga, laga-r, laga-f or laga-cp", o->form);
     return CLI_USAGE;
   }
   if (o->head_groups && f != MG_FORM_LAGA_F && !o->check) {
     cli_error("--head-groups applies to --form laga-f (or --check, which runs it)");
+    return CLI_USAGE;
+  }
+  if (o->cp_head_groups && f != MG_FORM_LAGA_CP && !o->check) {
+    cli_error("--cp-head-groups applies to --form laga-cp (or --check, which runs it)");
     return CLI_USAGE;
   }
   if (strcmp(o->dtype, "f32") && strcmp(o->dtype, "f64")) {
@@ -201,8 +212,10 @@ static int64_t numel_of(const int64_t *dims, int ndim) {
   return n;
 }
 
-/* This rank's shard of input spec in: dims[1] / P tokens from token rank * dims[1] / P. */
-static void draw_shard(const input_spec *in, uint64_t seed, int rank, int P, mg_dtype t, void *out) {
+/* This rank's shard of input spec in under form f: its dims[1] / P tokens
+ * (mg_form_token_pos: from token rank * dims[1] / P, or laga-cp's two chunks). */
+static void draw_shard(const input_spec *in, uint64_t seed, mg_form f, int rank, int P, mg_dtype t,
+                       void *out) {
   if (in->ndim == 2) {
     for (int64_t i = 0; i < numel_of(in->dims, 2); i++)
       put(t, out, i, in->scale * draw(seed, (uint64_t)in->n, (uint64_t)i));
@@ -212,9 +225,36 @@ static void draw_shard(const input_spec *in, uint64_t seed, int rank, int P, mg_
   for (int64_t b = 0; b < B; b++)
     for (int64_t s = 0; s < Sl; s++)
       for (int64_t c = 0; c < w; c++) {
-        const int64_t g = (b * S + (int64_t)rank * Sl + s) * w + c;
+        const int64_t g = (b * S + mg_form_token_pos(f, P, Sl, rank, s)) * w + c;
         put(t, out, (b * Sl + s) * w + c, in->scale * draw(seed, (uint64_t)in->n, (uint64_t)g));
       }
+}
+
+/* This rank's shard of input spec in from file under form f's layout: one slice of
+ * dims[1] / P tokens, or laga-cp's two chunks (each read, then placed per batch item). */
+static int read_shard(const mg_st_file *file, const input_spec *in, mg_form f, int rank, int P,
+                      mg_dtype t, void *out, mg_diag *d) {
+  if (in->ndim == 2)
+    return t == MG_F64 ? mg_st_read_f64(file, in->name, 2, in->dims, out, d)
+                       : mg_st_read_f32(file, in->name, 2, in->dims, out, d);
+  const int64_t B = in->dims[0], Sl = in->dims[1] / P, a = (Sl + 1) / 2,
+                w = numel_of(in->dims + 2, in->ndim - 2);
+  const size_t es = mg_dtype_size(t);
+  const int two = f == MG_FORM_LAGA_CP && Sl > a;
+  for (int c = 0; c < 1 + two; c++) {
+    const int64_t first = two ? c * a : 0, n = two ? (c ? Sl - a : a) : Sl;
+    const int64_t start = mg_form_token_pos(f, P, Sl, rank, first);
+    void *part = two ? malloc((size_t)(B * n * w) * es) : out;
+    if (!part) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+    int rc = t == MG_F64 ? mg_st_read_f64_rows(file, in->name, in->ndim, in->dims, 1, start, n, part, d)
+                         : mg_st_read_f32_rows(file, in->name, in->ndim, in->dims, 1, start, n, part, d);
+    for (int64_t b = 0; two && !rc && b < B; b++)
+      memcpy((char *)out + (size_t)((b * Sl + first) * w) * es,
+             (const char *)part + (size_t)(b * n * w) * es, (size_t)(n * w) * es);
+    if (two) free(part);
+    if (rc) return rc;
+  }
+  return 0;
 }
 
 /* ---- results, gathered to every rank ----------------------------------------------------- */
@@ -237,8 +277,9 @@ static void result_free(result *r) {
 }
 
 /* all_gather of a local [A, n_s, n_h, w] block into global [A, P n_s, n_h, w] when
- * seq != 0, or [A, n_s, P n_h, w] (heads) otherwise, converted to double. */
-static int gather(const group *g, mg_dtype t, const void *local, int64_t A, int64_t n_s,
+ * along_seq != 0 (rank p's row s at global row mg_form_token_pos(f, P, n_s, p, s)), or
+ * [A, n_s, P n_h, w] (heads) otherwise, converted to double. */
+static int gather(const group *g, mg_form f, mg_dtype t, const void *local, int64_t A, int64_t n_s,
                   int64_t n_h, int64_t w, int along_seq, double *out, mg_diag *d) {
   const int P = g->size;
   const size_t count = (size_t)(A * n_s * n_h * w), es = mg_dtype_size(t);
@@ -251,7 +292,7 @@ static int gather(const group *g, mg_dtype t, const void *local, int64_t A, int6
         for (int64_t h = 0; h < n_h; h++)
           for (int64_t c = 0; c < w; c++) {
             const int64_t src = (int64_t)p * (int64_t)count + ((a * n_s + s) * n_h + h) * w + c;
-            const int64_t dst = along_seq ? ((a * n_s * P + p * n_s + s) * n_h + h) * w + c
+            const int64_t dst = along_seq ? ((a * n_s * P + mg_form_token_pos(f, P, n_s, p, s)) * n_h + h) * w + c
                                           : ((a * n_s + s) * n_h * P + p * n_h + h) * w + c;
             out[dst] = get(t, all, src);
           }
@@ -290,15 +331,19 @@ static int run_form(const group *g, const mg_plan *p, const void *const *in, res
     if (!(r->v[k] = malloc((size_t)numel_of(shapes[k], nd[k]) * sizeof(double))))
       rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
-  if (!rc) rc = gather(g, t, ts.o, B, Sl, H, dv, 1, r->v[R_O], d);
-  if (!rc) rc = gather(g, t, lse, B, 1, Hl, S, 0, r->v[R_LSE], d);
-  if (!rc) rc = gather(g, t, ts.dq, B, Sl, H, dn + dr, 1, r->v[R_DQ], d);
-  if (!rc) rc = gather(g, t, ts.dc_kv, B, Sl, 1, dc, 1, r->v[R_DC_KV], d);
-  if (!rc) rc = gather(g, t, ts.dk_rope, B, Sl, 1, dr, 1, r->v[R_DK_ROPE], d);
+  const mg_form f = p->args.form;
+  if (!rc) rc = gather(g, f, t, ts.o, B, Sl, H, dv, 1, r->v[R_O], d);
+  if (!rc && f == MG_FORM_LAGA_CP) /* lse [B, H, S_l] of this rank's queries */
+    rc = gather(g, f, mg_plan_acc_dtype(p), lse, B * H, Sl, 1, 1, 1, r->v[R_LSE], d);
+  else if (!rc) /* lse [B, H/P, S] of this rank's heads */
+    rc = gather(g, f, mg_plan_acc_dtype(p), lse, B, 1, Hl, S, 0, r->v[R_LSE], d);
+  if (!rc) rc = gather(g, f, t, ts.dq, B, Sl, H, dn + dr, 1, r->v[R_DQ], d);
+  if (!rc) rc = gather(g, f, t, ts.dc_kv, B, Sl, 1, dc, 1, r->v[R_DC_KV], d);
+  if (!rc) rc = gather(g, f, t, ts.dk_rope, B, Sl, 1, dr, 1, r->v[R_DK_ROPE], d);
   if (!rc) { /* dw_kv_b: the sum of the ranks' partial gradients */
     double *parts = malloc((size_t)(W * dc) * (size_t)g->size * sizeof(double));
     if (!parts) rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
-    if (!rc) rc = gather(g, t, ts.dw_kv_b, 1, W * dc, 1, 1, 0, parts, d); /* [W dc, P] */
+    if (!rc) rc = gather(g, f, mg_plan_acc_dtype(p), ts.dw_kv_b, 1, W * dc, 1, 1, 0, parts, d); /* [W dc, P] */
     for (int64_t i = 0; !rc && i < W * dc; i++) {
       double sum = 0;
       for (int q = 0; q < g->size; q++) sum += parts[i * g->size + q];
@@ -410,7 +455,7 @@ static int run(const cli_opts *o, group *g) {
   mg_diag d = MG_DIAG_INIT;
   mg_shape shape;
   mg_st_file *file = NULL;
-  void *in[N_INPUTS] = {0};
+  void *in[2][N_INPUTS] = {{0}}; /* this rank's inputs: [0] token slice, [1] laga-cp's chunks */
   static mg_plan plans[MG_FORM_COUNT];
   result res[MG_FORM_COUNT];
   memset(res, 0, sizeof res);
@@ -453,14 +498,16 @@ static int run(const cli_opts *o, group *g) {
 
   /* the plans */
   int forms[MG_FORM_COUNT], n_forms = 0;
-  if (o->check)
+  if (o->check) /* every form against explicit: P must divide H */
     for (int f = 0; f < MG_FORM_COUNT; f++) forms[n_forms++] = f;
   else
     forms[n_forms++] = (int)form;
   for (int k = 0; k < n_forms; k++) {
     mg_plan_args a = {.shape = &shape, .form = (mg_form)forms[k], .sp = o->sp,
                       .rank = g->rank < o->sp ? g->rank : 0, .batch = (int)B, .seq = S, .causal = o->causal, .dtype = dt,
-                      .head_groups = forms[k] == MG_FORM_LAGA_F ? o->head_groups : 0};
+                      .head_groups = forms[k] == MG_FORM_LAGA_F    ? o->head_groups
+                                     : forms[k] == MG_FORM_LAGA_CP ? o->cp_head_groups
+                                                                   : 0};
     rc = mg_plan_build(&plans[forms[k]], &a, &d);
     if (rc) break;
   }
@@ -500,8 +547,9 @@ static int run(const cli_opts *o, group *g) {
     int64_t peak = c.peak_fwd > c.peak_bwd ? c.peak_fwd : c.peak_bwd;
     if (peak > need) need = peak;
   }
-  for (int b = 0; b < plans[form].n_bufs; b++)
-    if (plans[form].bufs[b].role == MG_BUF_INPUT) need += mg_plan_buf_bytes(&plans[form].bufs[b]);
+  for (int b = 0; b < plans[forms[0]].n_bufs; b++) /* the inputs: once per layout */
+    if (plans[forms[0]].bufs[b].role == MG_BUF_INPUT)
+      need += mg_plan_buf_bytes(&plans[forms[0]].bufs[b]) * (o->check ? 2 : 1);
   const int64_t avail = mem_available();
   const int too_big = avail > 0 && need > avail / g->size;
   if (too_big)
@@ -510,29 +558,22 @@ static int run(const cli_opts *o, group *g) {
                 g->size == 1 ? "" : "s", (double)avail / (1 << 30));
   FAIL_IF(too_big, CLI_FAIL);
 
-  /* the inputs, this rank's shard */
+  /* the inputs, this rank's shard in each layout the forms run take */
   input_spec specs[N_INPUTS];
   input_specs(&shape, B, S, specs);
-  for (int k = 0; k < N_INPUTS && !rc; k++) {
-    const input_spec *is = &specs[k];
-    const int64_t local = numel_of(is->dims, is->ndim) / (is->ndim == 2 ? 1 : o->sp);
-    if (!(in[k] = malloc((size_t)local * mg_dtype_size(dt)))) {
-      rc = mg_diag_set(&d, MLAGEN_ENOMEM, "out of memory");
-      break;
+  for (int k = 0; k < n_forms && !rc; k++) {
+    const int lay = forms[k] == MG_FORM_LAGA_CP;
+    const mg_form lf = lay ? MG_FORM_LAGA_CP : MG_FORM_EXPLICIT;
+    for (int j = 0; j < N_INPUTS && !rc && !in[lay][j]; j++) {
+      const input_spec *is = &specs[j];
+      const int64_t local = numel_of(is->dims, is->ndim) / (is->ndim == 2 ? 1 : o->sp);
+      if (!(in[lay][j] = malloc((size_t)local * mg_dtype_size(dt))))
+        rc = mg_diag_set(&d, MLAGEN_ENOMEM, "out of memory");
+      else if (!file)
+        draw_shard(is, o->seed, lf, g->rank, o->sp, dt, in[lay][j]);
+      else
+        rc = read_shard(file, is, lf, g->rank, o->sp, dt, in[lay][j], &d);
     }
-    if (!file) {
-      draw_shard(is, o->seed, g->rank, o->sp, dt, in[k]);
-      continue;
-    }
-    const int64_t Sl = S / o->sp;
-    if (is->ndim == 2)
-      rc = dt == MG_F64 ? mg_st_read_f64(file, is->name, 2, is->dims, in[k], &d)
-                        : mg_st_read_f32(file, is->name, 2, is->dims, in[k], &d);
-    else
-      rc = dt == MG_F64 ? mg_st_read_f64_rows(file, is->name, is->ndim, is->dims, 1,
-                                              g->rank * Sl, Sl, in[k], &d)
-                        : mg_st_read_f32_rows(file, is->name, is->ndim, is->dims, 1,
-                                              g->rank * Sl, Sl, in[k], &d);
   }
   FAIL_IF(rc != 0, CLI_FAIL);
   mg_st_close(file);
@@ -554,7 +595,7 @@ static int run(const cli_opts *o, group *g) {
   }
   for (int k = 0; k < n_forms; k++) {
     const mg_plan *p = &plans[forms[k]];
-    rc = run_form(g, p, (const void *const *)in, &res[forms[k]], &d);
+    rc = run_form(g, p, (const void *const *)in[forms[k] == MG_FORM_LAGA_CP], &res[forms[k]], &d);
     if (rc) { /* a rank may be stuck in a collective: stop every rank */
       cli_error("rank %d: %s", g->rank, mg_diag_msg(&d));
       abort_group(g);
@@ -618,7 +659,7 @@ static int run(const cli_opts *o, group *g) {
 
 out:
   mg_st_close(file);
-  for (int k = 0; k < N_INPUTS; k++) free(in[k]);
+  for (int k = 0; k < N_INPUTS; k++) free(in[0][k]), free(in[1][k]);
   for (int f = 0; f < MG_FORM_COUNT; f++) result_free(&res[f]);
   mg_diag_clear(&d);
   return ret;

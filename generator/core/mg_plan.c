@@ -10,7 +10,8 @@
 #include "mg_plan_check.h"
 #include "mlagen.h"
 
-static const char *const form_names[MG_FORM_COUNT] = {"explicit", "absorbed", "laga", "laga-r", "laga-f"};
+static const char *const form_names[MG_FORM_COUNT] = {"explicit", "absorbed", "laga", "laga-r", "laga-f",
+                                                             "laga-cp"};
 
 const char *mg_form_name(mg_form f) {
   return (unsigned)f < MG_FORM_COUNT ? form_names[f] : "unknown";
@@ -219,6 +220,27 @@ mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const in
   return s;
 }
 
+/* Keys visible to n query rows at positions p0 .. p0 + n - 1: causal sum (p0 + i + 1),
+ * else n S_k. */
+static double pairs_of(int causal, int64_t p0, int64_t n, int64_t Sk) {
+  if (!causal) return (double)n * (double)Sk;
+  return (double)n * (double)p0 + (double)n * (double)(n + 1) / 2;
+}
+
+void mg_plan_attn_positions(mg_plan *p, mg_step *s, int64_t q_pos0, int64_t q_split,
+                            int64_t q_pos1) {
+  s->q_pos0 = q_pos0, s->q_split = q_split, s->q_pos1 = q_pos1;
+  if (p->error || s->n_in < 2) return;
+  const mg_plan_buf *q = &p->bufs[s->in[0]], *k = &p->bufs[s->in[1]];
+  const int64_t Sq = q->dims[1], Sk = k->dims[1];
+  const double pairs = pairs_of(p->args.causal, q_pos0, q_split, Sk) +
+                       pairs_of(p->args.causal, q_pos1, Sq - q_split, Sk);
+  const mg_shape *m = &p->shape;
+  const double dqk = m->qk_nope_head_dim + m->qk_rope_head_dim, dv = m->v_head_dim;
+  s->flops = 2.0 * (double)q->dims[0] * (double)q->dims[2] * pairs *
+             (s->op == MG_OP_ATTN_FWD ? dqk + dv : 3 * dqk + 2 * dv);
+}
+
 /* ---- finalize and build ------------------------------------------------------------- */
 
 /* Reports a builder failure, sets every buffer's first/last steps, then checks the plan
@@ -246,17 +268,19 @@ static int finalize(mg_plan *p, mg_diag *d) {
 
 static const mg_plan_arg_names plan_names = {
     .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",
-    .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)"};
+    .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)",
+    .laga_cp = "laga-cp"};
 
-/* Every form shards attention by heads (Ulysses: H / P heads per rank), so P must divide
- * H; there is no uneven head split. The message says so, names the forms, the degrees
- * that work for this H and S, and the planned alternative (docs/forms.md, "P and H"). */
+/* The Ulysses forms shard attention by heads (H / P heads per rank), so P must divide H;
+ * there is no uneven head split. The message says so, names those forms, the degrees
+ * that work for this H and S, and laga-cp, which takes any P (docs/forms.md, "P and H"). */
 static int head_split_error(const mg_plan_args *a, const mg_plan_arg_names *n, mg_diag *d) {
   const int H = a->shape->heads;
   char forms[128] = "", ok[160] = "";
-  for (int f = 0; f < MG_FORM_COUNT; f++) {
+  for (int f = 0, k = 0; f < MG_FORM_COUNT; f++) {
+    if (f == MG_FORM_LAGA_CP) continue;
     size_t at = strlen(forms);
-    snprintf(forms + at, sizeof forms - at, "%s%s", f ? ", " : "", mg_form_name((mg_form)f));
+    snprintf(forms + at, sizeof forms - at, "%s%s", k++ ? ", " : "", mg_form_name((mg_form)f));
   }
   for (int p = 1, k = 0; p <= H && k < 16; p++) /* the degrees dividing both H and S */
     if (H % p == 0 && a->seq % p == 0) {
@@ -265,11 +289,10 @@ static int head_split_error(const mg_plan_args *a, const mg_plan_arg_names *n, m
     }
   return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d %s num_attention_heads = %d: the Ulysses "
                      "forms (%s) give each rank H / P whole heads, so P must divide H (no "
-                     "uneven head split); %s values dividing both H and S work (here %s); an "
-                     "all-gather context-parallel form over the latent, which keeps all H heads "
-                     "on every rank and takes any P, is planned (issue 17) but does not exist yet",
-                     n->fn, n->sp, a->sp, a->sp > H ? "exceeds" : "does not divide", H, forms,
-                     n->sp, ok);
+                     "uneven head split); %s values dividing both H and S work (here %s); the "
+                     "all-gather context-parallel form %s keeps all H heads on every rank and "
+                     "takes any P dividing S", n->fn, n->sp, a->sp,
+                     a->sp > H ? "exceeds" : "does not divide", H, forms, n->sp, ok, n->laga_cp);
 }
 
 int mg_plan_args_check(const mg_plan_args *a, const mg_plan_arg_names *n, mg_diag *d) {
@@ -293,16 +316,18 @@ int mg_plan_args_check(const mg_plan_args *a, const mg_plan_arg_names *n, mg_dia
   if (a->seq % a->sp != 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %lld is not divisible by %s = %d (each rank "
                        "holds S / P tokens)", n->fn, n->seq, (long long)a->seq, n->sp, a->sp);
-  if (a->sp > H || H % a->sp != 0) return head_split_error(a, n, d);
-  if (a->form != MG_FORM_LAGA_F && a->head_groups != 0)
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d: only %s has head groups (0 for the "
-                       "other forms)", n->fn, n->head_groups, a->head_groups, n->laga_f);
-  const int Hl = H / a->sp;
-  if (a->form == MG_FORM_LAGA_F && a->head_groups != 0 &&
+  const int cp = a->form == MG_FORM_LAGA_CP;
+  if (!cp && (a->sp > H || H % a->sp != 0)) return head_split_error(a, n, d);
+  if (a->form != MG_FORM_LAGA_F && !cp && a->head_groups != 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d: only %s and %s have head groups (0 for "
+                       "the other forms)", n->fn, n->head_groups, a->head_groups, n->laga_f,
+                       n->laga_cp);
+  const int Hl = cp ? H : H / a->sp;
+  if ((a->form == MG_FORM_LAGA_F || cp) && a->head_groups != 0 &&
       (a->head_groups < 1 || a->head_groups > MG_PLAN_MAX_HEAD_GROUPS || Hl % a->head_groups != 0))
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d must divide H / P = %d and be in [1, %d] "
-                       "(or 0 for the default)", n->fn, n->head_groups, a->head_groups, Hl,
-                       MG_PLAN_MAX_HEAD_GROUPS);
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d must divide %s = %d and be in [1, %d] "
+                       "(or 0 for the default)", n->fn, n->head_groups, a->head_groups,
+                       cp ? "H" : "H / P", Hl, MG_PLAN_MAX_HEAD_GROUPS);
   if (!dims_fit(a))
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s %d x %s %lld x %d heads x the model's widths "
                        "would exceed 2^56 bytes per buffer: batch, sequence length and model "
@@ -315,9 +340,10 @@ int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
   memset(p, 0, sizeof *p);
   int rc = mg_plan_args_check(a, NULL, d);
   if (rc) return rc;
-  const int Hl = a->shape->heads / a->sp;
+  const int Hl = a->form == MG_FORM_LAGA_CP ? a->shape->heads : a->shape->heads / a->sp;
   p->args = *a;
-  if (a->form == MG_FORM_LAGA_F && a->head_groups == 0) p->args.head_groups = mg_plan_default_head_groups(Hl);
+  if ((a->form == MG_FORM_LAGA_F || a->form == MG_FORM_LAGA_CP) && a->head_groups == 0)
+    p->args.head_groups = mg_plan_default_head_groups(Hl);
   p->shape = *a->shape;
   p->args.shape = &p->shape;
   p->heads_local = Hl;
@@ -328,6 +354,7 @@ int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
     case MG_FORM_LAGA: mg_form_laga(p, 0); break;
     case MG_FORM_LAGA_R: mg_form_laga(p, 1); break;
     case MG_FORM_LAGA_F: mg_form_laga_fused(p); break;
+    case MG_FORM_LAGA_CP: mg_form_laga_cp(p); break;
   }
   return finalize(p, d);
 }

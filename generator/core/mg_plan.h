@@ -29,14 +29,34 @@
 #define MG_PLAN_MAX_DIMS 4
 #define MG_STEP_MAX_ARGS 8
 
-typedef enum mg_form { MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R, MG_FORM_LAGA_F } mg_form;
-#define MG_FORM_COUNT 5
+typedef enum mg_form {
+  MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R, MG_FORM_LAGA_F,
+  MG_FORM_LAGA_CP /* all-gather context parallelism over the latent (form_laga_cp.c) */
+} mg_form;
+#define MG_FORM_COUNT 6
 
-/* The most head groups of the fused LAGA form (laga-f): each group adds 17 steps and 17
- * buffers. */
+/* The most head groups of the fused LAGA form (laga-f) and of laga-cp: each group adds 17
+ * steps and 17 buffers. */
 #define MG_PLAN_MAX_HEAD_GROUPS 16
 
-/* "explicit", "absorbed", "laga", "laga-r", "laga-f". */
+/* laga-cp's token layout, for any S_l = S / P: rank r's shard holds two chunks of the
+ * sequence, a = ceil(S_l / 2) tokens then b = S_l - a; its row i (0 <= i < S_l) is the
+ * token at global position r a + i when i < a, else P a + (P - 1 - r) b + (i - a). For
+ * even S_l these are chunks r and 2P - 1 - r of 2P equal chunks, so under a causal mask
+ * every rank attends the same number of (query, key) pairs. At P = 1 the map is the
+ * identity. Every other form's rank r holds positions r S_l + i. */
+static inline int64_t mg_cp_pos(int64_t P, int64_t Sl, int64_t r, int64_t i) {
+  const int64_t a = (Sl + 1) / 2, b = Sl - a;
+  return i < a ? r * a + i : P * a + (P - 1 - r) * b + (i - a);
+}
+
+/* The global position of row i of rank `rank`'s token shard under form f (P ranks, S_l
+ * tokens each): mg_cp_pos for MG_FORM_LAGA_CP, rank S_l + i for every other form. */
+static inline int64_t mg_form_token_pos(mg_form f, int64_t P, int64_t Sl, int64_t rank, int64_t i) {
+  return f == MG_FORM_LAGA_CP ? mg_cp_pos(P, Sl, rank, i) : rank * Sl + i;
+}
+
+/* "explicit", "absorbed", "laga", "laga-r", "laga-f", "laga-cp". */
 const char *mg_form_name(mg_form f);
 /* Parses a form name; returns 0 or -1. */
 int mg_form_parse(const char *name, mg_form *out);
@@ -72,8 +92,10 @@ typedef enum mg_kernel_op {
   /* dkv [.., d_n + d_v] = [dk[.., :d_n] ; dv]; drope[b, s, :] (columns rope_col.. of a
    * [B, S, rope_w] buffer) = sum over heads of dk[.., d_n:]. args: dk, dv -> dkv, drope */
   MG_OP_SPLIT_DKV,
-  /* explicit attention forward. args: q [B, S, Hl, d_qk], k [B, S, Hl, d_qk],
-   * v [B, S, Hl, d_v] -> o [B, S, Hl, d_v], lse [B, Hl, S] (natural log, mg_plan_acc_dtype) */
+  /* explicit attention forward. args: q [B, S_q, Hl, d_qk], k [B, S, Hl, d_qk],
+   * v [B, S, Hl, d_v] -> o [B, S_q, Hl, d_v], lse [B, Hl, S_q] (natural log,
+   * mg_plan_acc_dtype). S_q = S, or laga-cp's S / P rows at the step's query positions
+   * (q_pos0, q_split, q_pos1 below) */
   MG_OP_ATTN_FWD,
   /* explicit attention backward. args: q, k, v, o, lse, do -> dq, dk, dv */
   MG_OP_ATTN_BWD,
@@ -87,6 +109,12 @@ typedef enum mg_kernel_op {
   MG_OP_CONCAT_LATENT,
   /* [dc_kv ; dk_rope] = dc. args: dc -> dc_kv, dk_rope */
   MG_OP_SPLIT_LATENT,
+  /* laga-cp's token order: src and dst [B, S, w] over the step's `ranks` = P shards of
+   * S_l = S / P rows. Forward (inverse 0), from rank order (the all-gather's: row
+   * q S_l + i is rank q's row i) to global order: dst[b, mg_cp_pos(P, S_l, q, i)] =
+   * src[b, q S_l + i]; inverse 1: dst[b, q S_l + i] = src[b, mg_cp_pos(P, S_l, q, i)].
+   * args: src -> dst */
+  MG_OP_CHUNK_ORDER,
   /* dst[r, dst_col + j] = src[r, src_col + j] for j < cols over all rows of width
    * src_w / dst_w (the step's, or each buffer's last dim when 0). args: src -> dst */
   MG_OP_COPY_COLS,
@@ -116,6 +144,8 @@ typedef struct mg_step {
   int64_t rope_col, rope_w, src_col, dst_col, cols; /* kernel column arguments */
   int64_t src_w, dst_w;      /* MG_OP_COPY_COLS row widths; 0: the buffer's last dim */
   int accumulate;            /* MG_OP_SPLIT_DKV: add the RoPE sum into drope */
+  int64_t ranks;             /* MG_OP_CHUNK_ORDER: the shards P (the plan's sp) */
+  int inverse;               /* MG_OP_CHUNK_ORDER: global order -> rank order */
   /* MG_OP_ATTN_FWD / MG_OP_ATTN_BWD: the global position of query row i (of the q buffer's
    * S_q rows per batch item) is q_pos0 + i for i < q_split, else q_pos1 + (i - q_split);
    * keys sit at positions 0 .. S_k - 1 (S_k from the k buffer). Causal keeps key j for
@@ -139,15 +169,17 @@ typedef struct mg_plan_args {
   int64_t seq;     /* S, global sequence length; S_l = S / P */
   int causal;
   mg_dtype dtype;  /* activations and communication (f32 on the CPU reference) */
-  int head_groups; /* laga-f only: K/V are rebuilt for H/P / head_groups heads at a time
-                      (a divisor of H/P, at most MG_PLAN_MAX_HEAD_GROUPS); 0 picks
-                      mg_plan_default_head_groups. Other forms require 0. */
+  int head_groups; /* laga-f: K/V are rebuilt for H/P / head_groups heads at a time (a
+                      divisor of H/P, at most MG_PLAN_MAX_HEAD_GROUPS); laga-cp: for
+                      H / head_groups heads at a time (a divisor of H, at most
+                      MG_PLAN_MAX_HEAD_GROUPS); 0 picks mg_plan_default_head_groups (of
+                      H/P, of H). Other forms require 0. */
 } mg_plan_args;
 
 typedef struct mg_plan {
   mg_plan_args args;
   mg_shape shape;        /* copy of *args.shape */
-  int heads_local;       /* H / P */
+  int heads_local;       /* H / P (laga-cp: H, every rank attends with all heads) */
   int64_t seq_local;     /* S / P */
   mg_plan_buf bufs[MG_PLAN_MAX_BUFS];
   int n_bufs;
@@ -165,16 +197,17 @@ typedef struct mg_plan {
 /* How a caller's messages name mg_plan_args' fields: the message prefix (fn) and each
  * field's spelling ("sp" or "plan_desc->sp_size"), and how to name the laga-f form. */
 typedef struct mg_plan_arg_names {
-  const char *fn, *sp, *rank, *batch, *seq, *head_groups, *laga_f;
+  const char *fn, *sp, *rank, *batch, *seq, *head_groups, *laga_f, *laga_cp;
 } mg_plan_arg_names;
 
 /* The argument rules of mg_plan_build, the one place they are written: MLAGEN_EINVAL
  * naming the argument (shape NULL, an unknown form or dtype, P < 1, rank outside [0, P),
- * batch < 1, S < 1, S not divisible by P, P > H or not dividing H (the forms shard by
- * whole heads: the message names the forms, the P that divide H and S, and the planned
- * all-gather context-parallel form), head_groups nonzero for a form other than laga-f, or for laga-f not dividing
- * H / P or above MG_PLAN_MAX_HEAD_GROUPS, sizes past 2^56 bytes per buffer), in the words
- * of names (NULL: "plan: sp = ..."). */
+ * batch < 1, S < 1, S not divisible by P, for every form but laga-cp P > H or not
+ * dividing H (the Ulysses forms shard by whole heads: the message names the forms, the P
+ * that divide H and S, and laga-cp, which takes any P), head_groups nonzero for a form
+ * other than laga-f and laga-cp, or not dividing H / P (laga-f) or H (laga-cp) or above
+ * MG_PLAN_MAX_HEAD_GROUPS, sizes past 2^56 bytes per buffer), in the words of names
+ * (NULL: "plan: sp = ..."). */
 int mg_plan_args_check(const mg_plan_args *args, const mg_plan_arg_names *names, mg_diag *d);
 
 /* Builds the plan of args->form for one rank (args checked by mg_plan_args_check), sets
@@ -227,10 +260,11 @@ typedef struct mg_plan_time {
 /* Fills *t for plan p on device dev (every rate > 0; the caller checks). */
 void mg_plan_time_of(const mg_plan *p, const mg_device_model *dev, mg_plan_time *t);
 
-/* laga-f's head groups when the caller gives none: the largest divisor of heads_local
- * (H / P) not above 8 (1 when H / P is 1 or has no divisor in [2, 8]). Each group's K/V
- * workspace is then at most half of the materialized one while the attention launches
- * keep H / (8 P) or more heads of CTAs (DeepSeek-V3 at P = 8: 8 groups of 2 heads). */
+/* laga-f's and laga-cp's head groups when the caller gives none: the largest divisor of
+ * heads_local (laga-f H / P, laga-cp H) not above 8 (1 when it is 1 or has no divisor in
+ * [2, 8]). Each group's K/V workspace is then at most half of the materialized one while
+ * the attention launches keep heads_local / 8 or more heads of CTAs (DeepSeek-V3 at
+ * P = 8: laga-f 8 groups of 2 heads, laga-cp 8 groups of 16). */
 int mg_plan_default_head_groups(int heads_local);
 
 /* The dtype of the plan's accumulators (the LSE, the weight gradient dw_kv_b): MG_F64 when

@@ -21,5 +21,10 @@ void mg_plan_gemm(mg_plan *p, const char *label, int a, int b, int c, mg_gemm g)
 /* A kernel step; ins and outs end with -1. Returns the step to set column arguments. */
 mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const int *ins,
                         const int *outs);
+/* Sets attention step s's query positions (mg_step.q_pos0/q_split/q_pos1) and its FLOPs
+ * from them: the (query, key) pairs its rows see, counted exactly (causal: pos(i) + 1 keys
+ * for row i; else all S_k keys), times its q buffer's batch and heads. */
+void mg_plan_attn_positions(mg_plan *p, mg_step *s, int64_t q_pos0, int64_t q_split,
+                            int64_t q_pos1);
 
 #endif

@@ -143,10 +143,12 @@ static int gemm(const chk *c) {
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
-/* MG_OP_ATTN_* and MG_OP_MQA_*: q [B, S, H, d_qk] over all S tokens (causality is by global
- * position); explicit: k like q, v and o [B, S, H, d_v]; absorbed: c [B, S, d_c + d_r], o
- * [B, S, H, d_c]; lse [B, H, S] in the accumulators' dtype; the backward's gradients
- * shaped as their inputs and its delta (f32 [B, H, S]) in the workspace. */
+/* MG_OP_ATTN_* and MG_OP_MQA_*: keys over all S tokens (causality is by global position);
+ * q [B, S_q, H, d_qk] with S_q = S, or (laga-cp) S_q = S / P with the query positions of
+ * mg_step inside [0, S); explicit: k [B, S, H, d_qk], v [B, S, H, d_v], o [B, S_q, H, d_v];
+ * absorbed: c [B, S, d_c + d_r], o [B, S_q, H, d_c]; lse [B, H, S_q] in the accumulators'
+ * dtype; the backward's gradients shaped as their inputs and its delta (f32 [B, H, S_q])
+ * in the workspace. */
 static int attention(const chk *c, const mg_shape *sh) {
   const mg_step *s = c->s;
   const mg_dtype t = c->p->args.dtype;
@@ -157,13 +159,27 @@ static int attention(const chk *c, const mg_shape *sh) {
   const int64_t dqk = mqa ? dc + dr : dn + dr, dv = mqa ? dc : sh->v_head_dim;
   const mg_plan_buf *q = in(c, 0);
   NEED(q->ndim == 4, "%s must be [B, S, H, d]", q->name);
-  const int64_t B = q->dims[0], S = q->dims[1], H = q->dims[2];
-  NEED(S == c->p->args.seq, "%s covers %lld tokens, the attention needs all S = %lld", q->name,
-       (long long)S, (long long)c->p->args.seq);
+  const int64_t B = q->dims[0], Sq = q->dims[1], H = q->dims[2], S = c->p->args.seq;
+  const int positions = s->q_pos0 || s->q_split || s->q_pos1;
+  if (positions) {
+    const int64_t Sl = c->p->seq_local;
+    NEED(!mqa && c->p->args.form == MG_FORM_LAGA_CP && Sq == Sl && s->q_split >= 0 &&
+             s->q_split <= Sq && s->q_pos0 >= 0 && s->q_pos1 >= s->q_pos0 + s->q_split &&
+             (s->q_split == 0 || s->q_pos0 + s->q_split <= S) &&
+             (s->q_split == Sq || s->q_pos1 + (Sq - s->q_split) <= S),
+         "query positions (q_pos0 %lld, q_split %lld, q_pos1 %lld) of %s's %lld rows: only "
+         "laga-cp's explicit attention places S / P rows at increasing positions inside "
+         "[0, S = %lld)",
+         (long long)s->q_pos0, (long long)s->q_split, (long long)s->q_pos1, q->name, (long long)Sq,
+         (long long)S);
+  } else {
+    NEED(Sq == S, "%s covers %lld tokens, the attention needs all S = %lld (or query "
+         "positions)", q->name, (long long)Sq, (long long)S);
+  }
   NEED(q->dims[3] == dqk, "%s rows are %lld wide, the kernels take %lld", q->name,
        (long long)q->dims[3], (long long)dqk);
   NEED(H <= INT_MAX, "%s has %lld heads", q->name, (long long)H);
-  const int64_t nv = B * S * H * dv, nl = B * H * S;
+  const int64_t nv = B * S * H * dv, no = B * Sq * H * dv, nl = B * H * Sq;
   const mg_plan_buf *o = mqa ? (fwd ? out(c, 0) : in(c, 2)) : (fwd ? out(c, 0) : in(c, 3));
   const mg_plan_buf *lse = mqa ? (fwd ? out(c, 1) : in(c, 3)) : (fwd ? out(c, 1) : in(c, 4));
   TRY(dtype_is(c, q, t));
@@ -172,7 +188,10 @@ static int attention(const chk *c, const mg_shape *sh) {
     TRY(numel_is(c, in(c, 1), B * S * dqk));
     TRY(dtype_is(c, in(c, 1), t));
   } else {
-    NEED(same_dims(in(c, 1), q), "%s and %s differ in shape", in(c, 1)->name, q->name);
+    const mg_plan_buf *k = in(c, 1);
+    NEED(k->ndim == 4 && k->dims[0] == B && k->dims[1] == S && k->dims[2] == H && k->dims[3] == dqk,
+         "%s must be [B, S, H, d_qk] = [%lld, %lld, %lld, %lld]", k->name, (long long)B,
+         (long long)S, (long long)H, (long long)dqk);
     NEED(last_dim(in(c, 2)) == dv, "%s rows are %lld wide, d_v is %lld", in(c, 2)->name,
          (long long)last_dim(in(c, 2)), (long long)dv);
     TRY(numel_is(c, in(c, 2), nv));
@@ -181,13 +200,13 @@ static int attention(const chk *c, const mg_shape *sh) {
   }
   NEED(last_dim(o) == dv, "%s rows are %lld wide, the values are %lld", o->name,
        (long long)last_dim(o), (long long)dv);
-  TRY(numel_is(c, o, nv));
+  TRY(numel_is(c, o, no));
   TRY(dtype_is(c, o, t));
   TRY(numel_is(c, lse, nl));
   TRY(dtype_is(c, lse, mg_plan_acc_dtype(c->p)));
   if (fwd) return 0;
   const mg_plan_buf *dout = in(c, mqa ? 4 : 5);
-  TRY(numel_is(c, dout, nv));
+  TRY(numel_is(c, dout, no));
   TRY(dtype_is(c, dout, t));
   for (int k = 0; k < s->n_out; k++) {
     TRY(numel_is(c, out(c, k), mg_plan_buf_numel(in(c, k))));
@@ -251,6 +270,17 @@ static int kernel(const chk *c) {
       TRY(dtype_is(c, ckv, t));
       TRY(dtype_is(c, kr, t));
       return dtype_is(c, lat, t);
+    }
+    case MG_OP_CHUNK_ORDER: {
+      TRY(arity(c, 1, 1));
+      const mg_plan_buf *src = in(c, 0), *dst = out(c, 0);
+      NEED(src->ndim == 3 && same_dims(src, dst), "%s and %s must be [B, S, w] alike", src->name,
+           dst->name);
+      NEED(s->ranks >= 1 && src->dims[1] % s->ranks == 0 && (s->inverse == 0 || s->inverse == 1),
+           "ranks %lld must divide the %lld tokens of %s (inverse %d: 0 or 1)",
+           (long long)s->ranks, (long long)src->dims[1], src->name, s->inverse);
+      TRY(dtype_is(c, src, t));
+      return dtype_is(c, dst, t);
     }
     case MG_OP_COPY_COLS: {
       TRY(arity(c, 1, 1));

@@ -14,8 +14,31 @@ import tempfile
 from . import _capi
 from ._capi import MlagenError
 
-__all__ = ["Model", "MlagenError"]
+__all__ = ["Model", "MlagenError", "token_positions"]
 __version__ = "0.1.0"
+
+
+def token_positions(form, seq, sp_size, sp_rank):
+    """The global sequence positions of rank sp_rank's seq / sp_size tokens under form, in
+    row order: the rank's token shard (what q, c_kv, k_rope and do hold, and o, dq, dc_kv,
+    dk_rope return). Contiguous for the Ulysses forms; under "laga-cp" two chunks so that
+    causal work is even (chunks r and 2P - 1 - r of 2P for even seq / sp_size; see
+    mlagen_plan_desc.sp_rank in include/mlagen.h). Shard a global [B, S, ...] tensor x with
+    x[:, token_positions(...)]. Raises ValueError for an unknown form, MlagenError (the C
+    API's message, mlagen_token_position) for a bad seq, sp_size or sp_rank."""
+    if form not in _capi.FORMS:
+        raise ValueError(f"token_positions: form = {form!r}; one of {', '.join(_capi.FORMS)}")
+    for what, v in (("seq", seq), ("sp_size", sp_size), ("sp_rank", sp_rank)):
+        if what != "seq":
+            _capi.check_c_int(f"token_positions: {what}", int(v))
+    L = _capi.lib()
+    desc = _capi.PlanDesc(_capi.FORMS[form], 1, int(seq), int(sp_rank), int(sp_size), 0, 0, 0, 0)
+    n = int(seq) // int(sp_size) if int(sp_size) > 0 else 0
+    out, pos = [], ctypes.c_int64()
+    for i in range(max(n, 1)):
+        _capi.check(L.mlagen_token_position(ctypes.byref(desc), i, ctypes.byref(pos)), None)
+        out.append(pos.value)
+    return out
 
 
 class Model:

@@ -12,7 +12,7 @@ import threading
 MAX_DIMS = 4
 
 DTYPE_BF16, DTYPE_F16, DTYPE_F32, DTYPE_F64 = 1, 2, 3, 4
-FORMS = {"explicit": 1, "absorbed": 2, "laga": 3, "laga-r": 4, "laga-f": 5}
+FORMS = {"explicit": 1, "absorbed": 2, "laga": 3, "laga-r": 4, "laga-f": 5, "laga-cp": 6}
 DEVICE_CUDA, DEVICE_CPU = 0, 1
 PASS_FORWARD, PASS_BACKWARD = 1, 2
 
@@ -122,6 +122,8 @@ def lib():
                 "mlagen_plan_create": (I, [P, P, ctypes.POINTER(PlanDesc), ctypes.POINTER(P)]),
                 "mlagen_plan_destroy": (None, [P]),
                 "mlagen_plan_sizes": (I, [P, ctypes.POINTER(Sizes)]),
+                "mlagen_token_position": (I, [ctypes.POINTER(PlanDesc), ctypes.c_int64,
+                                              ctypes.POINTER(ctypes.c_int64)]),
                 "mlagen_plan_set_comm_ops": (I, [P, ctypes.POINTER(CommOps)]),
                 "mlagen_forward": (I, [P, ctypes.POINTER(Tensors), P, ctypes.c_size_t, P,
                                        ctypes.c_size_t, P]),

@@ -302,8 +302,9 @@ def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, s
     """MLA attention of this rank's sequence shard, differentiable in all four inputs.
 
     model: an mlagen.Model (or anything Model accepts, read again at every call: pass a
-    Model to keep its plan cache). form: "explicit", "absorbed", "laga", "laga-r" or
-    "laga-f" (head_groups: laga-f's, 0 picks). sp_group: a torch.distributed process
+    Model to keep its plan cache). form: "explicit", "absorbed", "laga", "laga-r", "laga-f"
+    or "laga-cp" (head_groups: laga-f's and laga-cp's, 0 picks; laga-cp's token shard is
+    two chunks: mlagen.token_positions). sp_group: a torch.distributed process
     group over which the sequence is split (gloo for CPU tensors, NCCL for CUDA), None for
     none. Returns o [B, S_l, H, d_v]. w_kv_b's gradient is this rank's partial sum: the
     trainer's gradient reduction over the group adds the ranks' parts.

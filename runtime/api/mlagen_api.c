@@ -207,8 +207,30 @@ static int form_from_api(mlagen_form f, mg_form *out) {
     case MLAGEN_FORM_LAGA: *out = MG_FORM_LAGA; return 0;
     case MLAGEN_FORM_LAGA_R: *out = MG_FORM_LAGA_R; return 0;
     case MLAGEN_FORM_LAGA_F: *out = MG_FORM_LAGA_F; return 0;
+    case MLAGEN_FORM_LAGA_CP: *out = MG_FORM_LAGA_CP; return 0;
   }
   return -1;
+}
+
+int mlagen_token_position(const mlagen_plan_desc *desc, int64_t i, int64_t *pos) {
+  mg_form f;
+  if (!desc || !pos)
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: %s is NULL", desc ? "pos" : "plan_desc");
+  if (form_from_api(desc->form, &f))
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: plan_desc->form = %d is not an "
+                    "mlagen_form", (int)desc->form);
+  if (desc->sp_size < 1 || desc->sp_rank < 0 || desc->sp_rank >= desc->sp_size)
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: plan_desc->sp_rank = %d, sp_size = "
+                    "%d: need 0 <= sp_rank < sp_size", desc->sp_rank, desc->sp_size);
+  if (desc->seq < 1 || desc->seq % desc->sp_size)
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: plan_desc->seq = %lld is not a "
+                    "positive multiple of sp_size = %d", (long long)desc->seq, desc->sp_size);
+  const int64_t Sl = desc->seq / desc->sp_size;
+  if (i < 0 || i >= Sl)
+    return tls_fail(MLAGEN_EINVAL, "mlagen_token_position: row %lld is outside [0, seq / "
+                    "sp_size = %lld)", (long long)i, (long long)Sl);
+  *pos = mg_form_token_pos(f, desc->sp_size, Sl, desc->sp_rank, i);
+  return 0;
 }
 
 static int dtype_from_api(mlagen_dtype t, mg_dtype *out) {
@@ -305,7 +327,8 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   mg_dtype dtype;
   if (form_from_api(desc->form, &form))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->form = %d is not an "
-                       "mlagen_form (MLAGEN_FORM_EXPLICIT, _ABSORBED, _LAGA, _LAGA_R, _LAGA_F)",
+                       "mlagen_form (MLAGEN_FORM_EXPLICIT, _ABSORBED, _LAGA, _LAGA_R, _LAGA_F, "
+                       "_LAGA_CP)",
                        (int)desc->form);
   if (dtype_from_api(desc->dtype, &dtype))
     return mg_diag_set(d, MLAGEN_EINVAL, "mlagen_plan_create: plan_desc->dtype = %d is not an "
@@ -321,7 +344,7 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
   static const mg_plan_arg_names names = {
       .fn = "mlagen_plan_create", .sp = "plan_desc->sp_size", .rank = "plan_desc->sp_rank",
       .batch = "plan_desc->batch", .seq = "plan_desc->seq", .head_groups = "plan_desc->head_groups",
-      .laga_f = "MLAGEN_FORM_LAGA_F"};
+      .laga_f = "MLAGEN_FORM_LAGA_F", .laga_cp = "MLAGEN_FORM_LAGA_CP"};
   mg_plan_args a = {.shape = &model->shape, .form = form, .sp = desc->sp_size,
                     .rank = desc->sp_rank, .batch = desc->batch, .seq = desc->seq,
                     .causal = desc->causal != 0, .dtype = dtype, .head_groups = desc->head_groups};

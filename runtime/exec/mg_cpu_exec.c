@@ -202,11 +202,14 @@ static int gemm(exec *x, int i) {
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
-/* The attention geometry of q [B, S, H, d_qk] and values of width d_v. */
-static mg_cpu_attn attn_geom(const exec *x, const mg_plan_buf *q, int64_t d_v) {
-  return (mg_cpu_attn){.t = x->dt, .B = q->dims[0], .S = q->dims[1], .H = q->dims[2],
-                       .d_qk = q->dims[3], .d_v = d_v, .scale = x->p->shape.softmax_scale,
-                       .causal = x->p->args.causal};
+/* The attention geometry of step s: q [B, S_q, H, d_qk], keys k (or the latent c)
+ * [B, S_k, ...], values of width d_v, the step's query positions. */
+static mg_cpu_attn attn_geom(const exec *x, const mg_step *s, const mg_plan_buf *q,
+                             const mg_plan_buf *k, int64_t d_v) {
+  return (mg_cpu_attn){.t = x->dt, .B = q->dims[0], .S_q = q->dims[1], .S_k = k->dims[1],
+                       .H = q->dims[2], .q_pos0 = s->q_pos0, .q_split = s->q_split,
+                       .q_pos1 = s->q_pos1, .d_qk = q->dims[3], .d_v = d_v,
+                       .scale = x->p->shape.softmax_scale, .causal = x->p->args.causal};
 }
 
 /* The test seam (mg_cpu_exec.h): 1 when the hook ran the step instead. */
@@ -240,7 +243,7 @@ static void kernel(exec *x, const mg_step *s) {
     }
     case MG_OP_ATTN_FWD:
     case MG_OP_ATTN_BWD: {
-      const mg_cpu_attn a = attn_geom(x, IN(0), last_dim(IN(2)));
+      const mg_cpu_attn a = attn_geom(x, s, IN(0), IN(1), last_dim(IN(2)));
       if (hooked(x, s)) return;
       if (s->op == MG_OP_ATTN_FWD) mg_cpu_attn_fwd(&a, BI(0), BI(1), BI(2), BO(0), BO(1));
       else mg_cpu_attn_bwd(&a, BI(0), BI(1), BI(2), BI(3), BI(4), BI(5), BO(0), BO(1), BO(2));
@@ -249,7 +252,7 @@ static void kernel(exec *x, const mg_step *s) {
     case MG_OP_MQA_FWD:
     case MG_OP_MQA_BWD: {
       const int fwd = s->op == MG_OP_MQA_FWD;
-      const mg_cpu_attn a = attn_geom(x, IN(0), last_dim(fwd ? OUT(0) : IN(2)));
+      const mg_cpu_attn a = attn_geom(x, s, IN(0), IN(1), last_dim(fwd ? OUT(0) : IN(2)));
       if (hooked(x, s)) return;
       if (fwd) mg_cpu_mqa_fwd(&a, BI(0), BI(1), BO(0), BO(1));
       else mg_cpu_mqa_bwd(&a, BI(0), BI(1), BI(2), BI(3), BI(4), BO(0), BO(1));
@@ -264,6 +267,10 @@ static void kernel(exec *x, const mg_step *s) {
       else mg_cpu_split_latent(t, rows, dc, w, BI(0), BO(0), BO(1));
       return;
     }
+    case MG_OP_CHUNK_ORDER:
+      mg_cpu_chunk_order(t, IN(0)->dims[0], s->ranks, IN(0)->dims[1] / s->ranks, IN(0)->dims[2],
+                         BI(0), BO(0), s->inverse);
+      return;
     case MG_OP_COPY_COLS: {
       const int64_t sw = s->src_w ? s->src_w : last_dim(IN(0)), dw = s->dst_w ? s->dst_w : last_dim(OUT(0));
       mg_cpu_copy_cols(t, mg_plan_buf_numel(IN(0)) / sw, BI(0), sw, s->src_col, BO(0), dw, s->dst_col,

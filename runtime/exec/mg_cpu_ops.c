@@ -7,6 +7,8 @@
 #include "mg_cpu_ops.h"
 
 #include <math.h>
+
+#include "mg_plan.h"
 #include <string.h>
 
 /* ---- row helpers ------------------------------------------------------------------ */
@@ -115,6 +117,19 @@ void mg_cpu_copy_cols(mg_dtype t, int64_t rows, const void *src, int64_t src_w, 
     copy(t, at(t, dst, r * dst_w + dst_col), at_c(t, src, r * src_w + src_col), cols);
 }
 
+void mg_cpu_chunk_order(mg_dtype t, int64_t B, int64_t P, int64_t rows_per_rank, int64_t w,
+                        const void *src, void *dst, int inverse) {
+  const int64_t S = P * rows_per_rank;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t q = 0; q < P; q++)
+      for (int64_t i = 0; i < rows_per_rank; i++) {
+        const int64_t ranked = b * S + q * rows_per_rank + i,
+                      global = b * S + mg_cp_pos(P, rows_per_rank, q, i);
+        copy(t, at(t, dst, (inverse ? ranked : global) * w),
+             at_c(t, src, (inverse ? global : ranked) * w), w);
+      }
+}
+
 /* ---- attention ---------------------------------------------------------------------- */
 
 /* One attention core for both forms. Query head h reads key/value head h * Hk / H:
@@ -130,22 +145,29 @@ typedef struct geom {
 
 static int64_t kv_head(const geom *g, int64_t h) { return h * g->Hk / g->a->H; }
 static int64_t iq(const geom *g, int64_t b, int64_t i, int64_t h) {
-  return ((b * g->a->S + i) * g->a->H + h) * g->a->d_qk;
+  return ((b * g->a->S_q + i) * g->a->H + h) * g->a->d_qk;
 }
 static int64_t io(const geom *g, int64_t b, int64_t i, int64_t h) {
-  return ((b * g->a->S + i) * g->a->H + h) * g->a->d_v;
+  return ((b * g->a->S_q + i) * g->a->H + h) * g->a->d_v;
 }
 static int64_t ik(const geom *g, int64_t b, int64_t j, int64_t hk) {
-  return ((b * g->a->S + j) * g->Hk + hk) * g->a->d_qk;
+  return ((b * g->a->S_k + j) * g->Hk + hk) * g->a->d_qk;
 }
 static int64_t iv(const geom *g, int64_t b, int64_t j, int64_t hk) {
-  return ((b * g->a->S + j) * g->Hk + hk) * g->v_w;
+  return ((b * g->a->S_k + j) * g->Hk + hk) * g->v_w;
 }
 static int64_t ilse(const geom *g, int64_t b, int64_t h, int64_t i) {
-  return (b * g->a->H + h) * g->a->S + i;
+  return (b * g->a->H + h) * g->a->S_q + i;
 }
-/* Keys visible to query i: [0, i] causal, else all. */
-static int64_t keys_end(const geom *g, int64_t i) { return g->a->causal ? i + 1 : g->a->S; }
+/* The global position of query row i (mg_cpu_attn). */
+static int64_t qpos(const geom *g, int64_t i) {
+  const mg_cpu_attn *a = g->a;
+  return i < a->q_split ? a->q_pos0 + i : a->q_pos1 + (i - a->q_split);
+}
+/* Keys visible to query i: [0, pos(i)] causal, else all. */
+static int64_t keys_end(const geom *g, int64_t i) {
+  return g->a->causal ? qpos(g, i) + 1 : g->a->S_k;
+}
 
 /* Online softmax: one pass over the keys, rescaling the running sum and output row when
  * the running max grows. lse = max + log(sum exp(s - max)). */
@@ -156,7 +178,7 @@ static void attn_fwd(const geom *g, const void *q, const void *k, const void *v,
   double acc[MG_CPU_MAX_ROW];
   for (int64_t b = 0; b < a->B; b++)
     for (int64_t h = 0; h < a->H; h++)
-      for (int64_t i = 0; i < a->S; i++) {
+      for (int64_t i = 0; i < a->S_q; i++) {
         const int64_t hk = kv_head(g, h);
         const void *qi = at_c(t, q, iq(g, b, i, h));
         double m = -INFINITY, l = 0;
@@ -204,7 +226,7 @@ static void attn_bwd(const geom *g, const void *q, const void *k, const void *v,
   /* dQ_i = scale sum_j dS_ij K_j */
   for (int64_t b = 0; b < a->B; b++)
     for (int64_t h = 0; h < a->H; h++)
-      for (int64_t i = 0; i < a->S; i++) {
+      for (int64_t i = 0; i < a->S_q; i++) {
         for (int64_t c = 0; c < a->d_qk; c++) acc_q[c] = 0;
         for (int64_t j = 0; j < keys_end(g, i); j++) {
           double p, ds;
@@ -217,12 +239,13 @@ static void attn_bwd(const geom *g, const void *q, const void *k, const void *v,
   /* dK_j = scale sum_{h, i} dS_ij Q_i,   dV_j = sum_{h, i} P_ij dO_i */
   for (int64_t b = 0; b < a->B; b++)
     for (int64_t hk = 0; hk < g->Hk; hk++)
-      for (int64_t j = 0; j < a->S; j++) {
+      for (int64_t j = 0; j < a->S_k; j++) {
         for (int64_t c = 0; c < a->d_qk; c++) acc_k[c] = 0;
         for (int64_t c = 0; c < a->d_v; c++) acc_v[c] = 0;
         for (int64_t h = 0; h < a->H; h++) {
           if (kv_head(g, h) != hk) continue;
-          for (int64_t i = a->causal ? j : 0; i < a->S; i++) {
+          for (int64_t i = 0; i < a->S_q; i++) {
+            if (a->causal && j > qpos(g, i)) continue;
             double p, ds;
             prob_and_ds(g, q, k, v, o, lse, d_o, b, h, i, j, &p, &ds);
             axpy(t, acc_k, ds, at_c(t, q, iq(g, b, i, h)), a->d_qk);

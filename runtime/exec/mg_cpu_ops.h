@@ -33,31 +33,35 @@ void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t d
                       const void *dk, const void *dvin, void *dkv, void *drope, int64_t rope_col,
                       int64_t rope_w, int accumulate);
 
-/* Attention geometry: B batches of S tokens (queries and keys cover the same S tokens,
- * positions 0..S-1 global), H query heads, causal: key j visible to query i iff j <= i. */
+/* Attention geometry: B batches of S_q query rows and S_k keys, H query heads. Keys sit
+ * at global positions 0 .. S_k - 1; query row i at pos(i) = q_pos0 + i for i < q_split,
+ * else q_pos1 + (i - q_split) (mg_step's contract; all zero: pos(i) = i, the queries
+ * cover the same tokens as the keys). causal: key j visible to query i iff j <= pos(i). */
 typedef struct mg_cpu_attn {
   mg_dtype t;
-  int64_t B, S, H;
+  int64_t B, S_q, S_k, H;
+  int64_t q_pos0, q_split, q_pos1; /* positions inside [0, S_k) */
   int64_t d_qk, d_v;  /* 1 <= d_qk, d_v <= MG_CPU_MAX_ROW */
   double scale;       /* softmax scale */
   int causal;
 } mg_cpu_attn;
 
-/* MG_OP_ATTN_FWD: q, k [B, S, H, d_qk], v [B, S, H, d_v] -> o [B, S, H, d_v],
- * lse [B, H, S] (natural log of the softmax denominator, scores scaled). */
+/* MG_OP_ATTN_FWD: q [B, S_q, H, d_qk], k [B, S_k, H, d_qk], v [B, S_k, H, d_v] ->
+ * o [B, S_q, H, d_v], lse [B, H, S_q] (natural log of the softmax denominator, scores
+ * scaled). */
 void mg_cpu_attn_fwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v, void *o,
                      void *lse);
 
 /* MG_OP_ATTN_BWD: FlashAttention's backward. D_i = dO_i . O_i, P = exp(scale q.k - lse),
  * dP = dO V^T, dS = P (dP - D), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
- * Shapes as the forward; dq [B, S, H, d_qk], dk [B, S, H, d_qk], dv [B, S, H, d_v]. */
+ * Shapes as the forward; dq like q, dk like k, dv like v. */
 void mg_cpu_attn_bwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v,
                      const void *o, const void *lse, const void *d_o, void *dq, void *dk,
                      void *dv);
 
-/* MG_OP_MQA_FWD: one latent head shared by all H query heads. q_abs [B, S, H, d_qk],
- * c [B, S, d_qk] the keys, its first d_v columns the values (d_v <= d_qk) ->
- * o_lat [B, S, H, d_v], lse [B, H, S]. */
+/* MG_OP_MQA_FWD: one latent head shared by all H query heads. q_abs [B, S_q, H, d_qk],
+ * c [B, S_k, d_qk] the keys, its first d_v columns the values (d_v <= d_qk) ->
+ * o_lat [B, S_q, H, d_v], lse [B, H, S_q]. */
 void mg_cpu_mqa_fwd(const mg_cpu_attn *a, const void *q_abs, const void *c, void *o_lat,
                     void *lse);
 
@@ -75,6 +79,12 @@ void mg_cpu_concat_latent(mg_dtype t, int64_t rows, int64_t dc, int64_t dr, cons
 /* MG_OP_SPLIT_LATENT: [dc_kv[r] ; dk_rope[r]] = dc[r]. The inverse of concat. */
 void mg_cpu_split_latent(mg_dtype t, int64_t rows, int64_t dc, int64_t dr, const void *dcin,
                          void *dc_kv, void *dk_rope);
+
+/* MG_OP_CHUNK_ORDER: src and dst [B, P S_l, w] (S_l = rows_per_rank); inverse 0:
+ * dst[b, pos(q, i)] = src[b, q S_l + i], inverse 1: dst[b, q S_l + i] = src[b, pos(q, i)],
+ * pos = mg_cp_pos (laga-cp's token layout, mg_plan.h). */
+void mg_cpu_chunk_order(mg_dtype t, int64_t B, int64_t P, int64_t rows_per_rank, int64_t w,
+                        const void *src, void *dst, int inverse);
 
 /* MG_OP_COPY_COLS: dst[r, dst_col + j] = src[r, src_col + j] for j < cols, r < rows;
  * src [rows, src_w], dst [rows, dst_w]. */

@@ -1,4 +1,5 @@
-/* mg_sm90_tmap.c: the tensor maps of the sm_90a attention kernels. See mg_sm90_tmap.h. */
+/* mg_sm90_tmap.c: the sm_90a kernels' tensor maps (attn_fwd_sm90, mqa_fwd_sm90, the
+ * backward attn_bwd_dkdv_sm90 / attn_bwd_dq_sm90). See mg_sm90_tmap.h. */
 #include "mg_sm90_tmap.h"
 
 #include <stdint.h>
@@ -22,11 +23,11 @@ static int config_of(const mg_kernel_info *k, const char *name, long *v, mg_diag
                      k->name, name);
 }
 
-/* One map of a row-major 16-bit tensor of rank 2 or 3 at base: dims innermost first. */
+/* One map of a row-major 16-bit tensor of rank 2 or 3 at base: dims innermost first; fam
+ * names the kernel family in messages. */
 static int encode(const mg_driver *drv, const char *fam, CUtensorMap *map, const char *what,
-                  CUtensorMapDataType dt,
-                  int rank, CUdeviceptr base, const cuuint64_t *dims, const cuuint32_t *box,
-                  mg_diag *d) {
+                  CUtensorMapDataType dt, int rank, CUdeviceptr base, const cuuint64_t *dims,
+                  const cuuint32_t *box, mg_diag *d) {
   if (!base || (base & 15))
     return mg_diag_set(d, MLAGEN_EINVAL, "%s tensor map %s: address 0x%llx is %s", fam, what,
                        (unsigned long long)base, base ? "not 16-byte aligned" : "null");
@@ -153,21 +154,128 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
     return mg_diag_set(d, MLAGEN_EINVAL, "attn_fwd_sm90 tensor maps: dtype %s (bf16 or fp16)", s->dtype);
   const CUtensorMapDataType dt =
       t16 == MG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  static const char F[] = "attn_fwd_sm90";
   const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
   const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
   const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
-  if ((rc = encode(drv, k->family, &maps[0], "[0] q", dt, 3, t->q, (cuuint64_t[]){dqk, H, rq},
+  if ((rc = encode(drv, F, &maps[0], "[0] q", dt, 3, t->q, (cuuint64_t[]){dqk, H, rq},
                    (cuuint32_t[]){box_w(dqk), 1, BM}, d)) ||
-      (rc = encode(drv, k->family, &maps[1], "[1] k_nope", dt, 3, t->k_nope,
+      (rc = encode(drv, F, &maps[1], "[1] k_nope", dt, 3, t->k_nope,
                    (cuuint64_t[]){packed ? dqk : dn, H, rk}, (cuuint32_t[]){box_w(dn), 1, BN}, d)) ||
-      (rc = packed ? encode(drv, k->family, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
+      (rc = packed ? encode(drv, F, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
                             (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){box_w(dr), 1, BN}, d)
-                   : encode(drv, k->family, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk},
+                   : encode(drv, F, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk},
                             (cuuint32_t[]){box_w(dr), BN, 1}, d)) ||
-      (rc = encode(drv, k->family, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
+      (rc = encode(drv, F, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
                    (cuuint32_t[]){box_w(dv), 1, BN}, d))) {
     memset(maps, 0, MG_SM90_FWD_TMAP_BYTES);
     return rc;
   }
   return 0;
+}
+
+int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_mqa_tensors *t, CUtensorMap maps[MG_SM90_MQA_TMAPS],
+                      mg_diag *d) {
+  if (!drv || !s || !k || !t || !maps)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_mqa_tmaps: a NULL argument");
+  memset(maps, 0, MG_SM90_MQA_TMAP_BYTES);
+  if (strcmp(k->family, "mqa_fwd_sm90") || strcmp(s->family, k->family))
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "mg_sm90_mqa_tmaps: kernel %s (family %s, spec family %s) is not mqa_fwd_sm90",
+                       k->name, k->family, s->family);
+  if (!drv->cuTensorMapEncodeTiled)
+    return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
+                       "mqa_fwd_sm90 needs cuTensorMapEncodeTiled, which the CUDA driver %s "
+                       "(version %d) lacks (a driver of CUDA 12.0 or newer has it); the mma.sync "
+                       "mqa_fwd runs without it",
+                       drv->path, drv->driver_version);
+  long bn = 0;
+  int rc;
+  if ((rc = config_of(k, "block_n", &bn, d))) return rc;
+  const int H = s->heads, dc = s->d_c, dr = s->d_r, dqk = dc + dr;
+  if (H < 1 || dc < 16 || dr < 16 || dc % 16 || dr % 16)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "mqa_fwd_sm90 tensor maps: heads %d, d_c %d, d_r %d (heads >= 1, dims "
+                       "positive multiples of 16)", H, dc, dr);
+  if (t->batch < 0 || t->seqlen_q < 0 || t->seqlen_k < 0)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "mqa_fwd_sm90 tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)",
+                       t->batch, t->seqlen_q, t->seqlen_k);
+  mg_dtype t16;
+  if (mg_dtype_spec_parse(s->dtype, &t16))
+    return mg_diag_set(d, MLAGEN_EINVAL, "mqa_fwd_sm90 tensor maps: dtype %s (bf16 or fp16)", s->dtype);
+  const CUtensorMapDataType dt =
+      t16 == MG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  static const char F[] = "mqa_fwd_sm90";
+  const long nq = t->batch * t->seqlen_q * H, nk = t->batch * t->seqlen_k;
+  const cuuint64_t rq = nq > 0 ? (cuuint64_t)nq : 1, rk = nk > 0 ? (cuuint64_t)nk : 1;
+  if ((rc = encode(drv, F, &maps[0], "[0] q", dt, 2, t->q, (cuuint64_t[]){dqk, rq},
+                   (cuuint32_t[]){box_w(dqk), 64, 1}, d)) ||
+      (rc = encode(drv, F, &maps[1], "[1] c", dt, 2, t->c, (cuuint64_t[]){dqk, rk},
+                   (cuuint32_t[]){box_w(dqk), (cuuint32_t)bn, 1}, d))) {
+    memset(maps, 0, MG_SM90_MQA_TMAP_BYTES);
+    return rc;
+  }
+  return 0;
+}
+
+/* The device address parameter `name` of k has in args (0 when k has no such parameter). */
+static CUdeviceptr arg_ptr(const mg_kernel_info *k, void *const *args, const char *name) {
+  for (int i = 0; i < k->n_params; i++)
+    if (!strcmp(k->params[i].name, name) &&
+        (k->params[i].kind == MG_PARAM_IN || k->params[i].kind == MG_PARAM_OUT)) {
+      CUdeviceptr p = 0;
+      memcpy(&p, args[i], sizeof p);
+      return p;
+    }
+  return 0;
+}
+
+int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                         void *const *args, const mg_launch_dims *dims, CUtensorMap *maps, int max,
+                         int *n, mg_diag *d) {
+  if (n) *n = 0;
+  if (!drv || !s || !k || !args || !dims || !maps || !n)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: a NULL argument");
+  int has = 0;
+  for (int i = 0; i < k->n_params; i++) has |= k->params[i].kind == MG_PARAM_TMAPS;
+  if (!has)
+    return mg_diag_set(d, MLAGEN_EINVAL, "kernel %s has no tensor-map parameter", k->name);
+  if (!strcmp(k->family, "attn_fwd_sm90")) {
+    if (max < MG_SM90_FWD_TMAPS)
+      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
+                         max, k->name, MG_SM90_FWD_TMAPS);
+    const mg_sm90_fwd_tensors t = {arg_ptr(k, args, "q"),     arg_ptr(k, args, "k_nope"),
+                                   arg_ptr(k, args, "k_rope"), arg_ptr(k, args, "v"),
+                                   dims->batch,               dims->seqlen_q,
+                                   dims->seqlen_k};
+    int rc = mg_sm90_fwd_tmaps(drv, s, k, &t, maps, d);
+    if (!rc) *n = MG_SM90_FWD_TMAPS;
+    return rc;
+  }
+  if (!strcmp(k->family, "mqa_fwd_sm90")) {
+    if (max < MG_SM90_MQA_TMAPS)
+      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
+                         max, k->name, MG_SM90_MQA_TMAPS);
+    const mg_sm90_mqa_tensors t = {arg_ptr(k, args, "q"), arg_ptr(k, args, "c"), dims->batch,
+                                   dims->seqlen_q, dims->seqlen_k};
+    int rc = mg_sm90_mqa_tmaps(drv, s, k, &t, maps, d);
+    if (!rc) *n = MG_SM90_MQA_TMAPS;
+    return rc;
+  }
+  if (!strcmp(k->family, "attn_bwd_dkdv_sm90") || !strcmp(k->family, "attn_bwd_dq_sm90")) {
+    if (max < MG_SM90_BWD_TMAPS)
+      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
+                         max, k->name, MG_SM90_BWD_TMAPS);
+    const mg_sm90_bwd_tensors t = {arg_ptr(k, args, "q"),      arg_ptr(k, args, "k_nope"),
+                                   arg_ptr(k, args, "k_rope"), arg_ptr(k, args, "v"),
+                                   arg_ptr(k, args, "dout"),   dims->batch,
+                                   dims->seqlen_q,             dims->seqlen_k};
+    int rc = mg_sm90_bwd_tmaps(drv, s, k, &t, maps, d);
+    if (!rc) *n = MG_SM90_BWD_TMAPS;
+    return rc;
+  }
+  return mg_diag_set(d, MLAGEN_EINVAL, "kernel %s: no tensor-map encoder for family %s "
+                     "(runtime/exec/mg_sm90_tmap.c)", k->name, k->family);
 }

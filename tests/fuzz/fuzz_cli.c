@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cli_opts o;
     cli_parse(argc, argv, "model templates dtype sp set out arch cache-dir no-cache backend form "
               "inputs dump check seed batch seq causal no-causal json steps explain device "
-              "dry-run family min-warps head-groups", "help\n", &o);
+              "dry-run family min-warps head-groups cp-head-groups", "help\n", &o);
   } else if (which == 1) {
     cli_plan(argc, argv);
   } else {

@@ -72,11 +72,16 @@
  * bit for bit; the non-causal reference over every key), then timed at --heads x --seqs
  * (rows attn_fwd, attn_fwd_sm90, attn_fwd_full, attn_fwd_sm90_full; non-causal FLOPs over
  * S^2 pairs; the table's causal column). attn_fwd_sm90's four tensor maps come from the
- * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), copied to device memory. Then
+ * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), passed by value. Then
  * the explicit backward, causal, mma.sync beside sm_90a (attn_bwd_dkdv_sm90,
- * attn_bwd_dq_sm90; their five maps from mg_sm90_bwd_tmaps): checked (check_sm90_bwd) and
- * timed (time_sm90_bwd: each kernel, the pipelines bwd_det, bwd_det_sm90, bwd_atomic,
- * bwd_atomic_sm90, and fwd+bwd_det, fwd+bwd_sm90 beside the peers' fwd_bwd rows).
+ * attn_bwd_dq_sm90; their five maps from mg_sm90_bwd_tmaps, by value): checked
+ * (check_sm90_bwd) and timed (time_sm90_bwd: each kernel, the pipelines bwd_det,
+ * bwd_det_sm90, bwd_atomic, bwd_atomic_sm90, and fwd+bwd_det, fwd+bwd_sm90 beside the
+ * peers' fwd_bwd rows).
+ * Unless --no-mqa, the absorbed forward too: mqa_fwd (mma.sync) beside mqa_fwd_sm90 (TMA,
+ * wgmma; issue 15), causal, checked as check_mqa checks mqa_fwd (check_mqa_sm90; two runs
+ * bit for bit), then timed at --heads x --seqs (rows mqa_fwd, mqa_fwd_sm90, 576/512; its
+ * two tensor maps from mg_sm90_mqa_tmaps, passed by value).
  *
  * Launch rules: a grid dim is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
  * mul = m, div = n} (mul and div optional, default 1): ceil(arg * m / n).
@@ -152,8 +157,10 @@ enum {
   K_A2A_PACK, K_A2A_UNPACK, K_DQ_CONVERT, K_EXPAND_KV, K_SPLIT_DKV, K_CONCAT_LATENT,
   K_SPLIT_LATENT, K_COPY_COLS,
   /* --sm90 only (sm_90a): the explicit forwards, causal (K_FWD, K_FWD_SM90) and not; the
-   * sm_90a deterministic backward (beside K_PRE, K_DKDV_DET, K_DQ), causal */
-  K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT, NK
+   * sm_90a deterministic backward (beside K_PRE, K_DKDV_DET, K_DQ), causal; the absorbed
+   * forward's sm_90a kernel (beside K_MQA_FWD), causal */
+  K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT,
+  K_MQA_FWD_SM90, NK
 };
 #define NATTN (K_MQA_DQ + 1)
 static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
@@ -162,29 +169,33 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                         "split_dkv", "concat_latent", "split_latent", "copy_cols",
                                         "attn_fwd_sm90", "attn_fwd_full", "attn_fwd_sm90_full",
-                                        "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at"};
+                                        "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at",
+                                        "mqa_fwd_sm90"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
                                          "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                          "split_dkv", "concat_latent", "split_latent",
                                          "copy_cols", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90",
-                                         "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90"};
+                                         "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90",
+                                         "mqa_fwd_sm90"};
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
                                          {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL},
                                          [K_DKDV_SM90_AT] = {"deterministic=0", NULL}};
 /* The parameter lists the launches below pass, checked against each manifest. */
-#define MAX_PARAMS 20
-static const char *const k_params[NK][MAX_PARAMS] = {
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+#define K_MAX_PARAMS 20
+static const char *const k_params[NK][K_MAX_PARAMS] = {
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale"},
     {"o", "dout", "delta", "dq_accum", "seqlen_q"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
-     "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
-     "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
-     "softmax_scale"},
+     "q_split", "q_pos1", "softmax_scale"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
     {"o", "dout", "delta", "dq_accum", "seqlen_q"},
     {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
@@ -197,25 +208,28 @@ static const char *const k_params[NK][MAX_PARAMS] = {
     {"c_kv", "k_rope", "c", "rows"},
     {"dc", "dc_kv", "dk_rope", "rows"},
     {"src", "dst", "rows", "src_w", "src_col", "dst_w", "dst_col", "cols"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
-     "tmaps"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
-     "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale", "tmaps"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "tmaps"},
 };
 static int is_sm90(int which) { return which == K_FWD_SM90 || which == K_FWD_SM90_FULL; }
 static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_SM90_FULL; }
-/* --sm90: only the explicit attention, mma.sync beside sm_90a: the forwards (attn_fwd,
- * attn_fwd_sm90) causal and not, the deterministic backwards (attn_bwd_pre + attn_bwd_dkdv
- * deterministic + attn_bwd_dq beside attn_bwd_pre + attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90)
- * causal, checked and timed (the issue 14 step of run.sh: STEPS=sm90). */
-static int g_sm90;
+/* --sm90: mma.sync beside sm_90a: the explicit forwards (attn_fwd, attn_fwd_sm90) causal
+ * and not, the deterministic backwards (attn_bwd_pre + attn_bwd_dkdv deterministic +
+ * attn_bwd_dq beside attn_bwd_pre + attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90) causal, and
+ * (unless --no-mqa) the absorbed forward mqa_fwd beside mqa_fwd_sm90, causal, checked and
+ * timed (the issue 14 and 15 step of run.sh: STEPS=sm90). */
+static int g_sm90, g_no_mqa;
 
 typedef struct gk {
   int heads, which;
@@ -239,8 +253,9 @@ typedef struct kset {
  * and the layout ones for a timed H. */
 static int wanted(const kset *ks, int which) {
   if (g_sm90)
-    return which == K_FWD || which >= K_FWD_SM90 || which == K_PRE || which == K_DKDV ||
-           which == K_DKDV_DET || which == K_DQ;
+    return which == K_FWD || which == K_PRE || which == K_DKDV || which == K_DKDV_DET ||
+           which == K_DQ || (which >= K_FWD_SM90 && which < K_MQA_FWD_SM90) ||
+           (!g_no_mqa && (which == K_MQA_FWD || which == K_MQA_FWD_SM90));
   return which < NATTN || (ks->timed && which < K_FWD_SM90);
 }
 
@@ -267,14 +282,14 @@ static int read_manifest(gk *g) {
   const mg_kernel_info *m = &g->k.info;
   int n = 0;
   for (; n < m->n_params; n++) {
-    const char *want = n < MAX_PARAMS ? k_params[g->which][n] : NULL;
+    const char *want = n < K_MAX_PARAMS ? k_params[g->which][n] : NULL;
     if (!want || strcmp(m->params[n].name, want) != 0) {
       say("bench: %s: parameter %d is '%s', the launch passes '%s'\n", g->name, n,
           m->params[n].name, want ? want : "(nothing)");
       return -1;
     }
   }
-  if (n == 0 || (n < MAX_PARAMS && k_params[g->which][n])) {
+  if (n == 0 || (n < K_MAX_PARAMS && k_params[g->which][n])) {
     say("bench: %s: %d parameters in the manifest, the launch passes more\n", g->name, n);
     return -1;
   }
@@ -422,39 +437,41 @@ static const CUdeviceptr NULLP = 0;
 /* The kernels' argument lists. */
 static int run_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
                    float scale) {
-  int packed = g->which == K_FWD_KP, q_pos0 = 0;
+  int packed = g->which == K_FWD_KP, q_pos0 = 0, q_split = 0, q_pos1 = 0;
   CUdeviceptr kn = packed ? t->kp : t->kn, kr = packed ? NULLP : t->kr;
-  void *args[] = {(void *)&t->q, &kn, &kr, (void *)&t->v, &o, &lse, &S, &S, &q_pos0, &scale};
+  void *args[] = {(void *)&t->q, &kn,     &kr,      (void *)&t->v, &o,    &lse,
+                  &S,            &S,      &q_pos0,  &q_split,      &q_pos1, &scale};
   return launch(g, 1, S, S, args);
 }
-/* attn_fwd_sm90 (split keys) with its 4 tensor maps at tmaps (device memory, sm90_maps). */
+/* attn_fwd_sm90's 4 tensor maps (sm90_maps), passed by value: the launch copies them. */
+typedef CUtensorMap fwd_maps[MG_SM90_FWD_TMAPS];
+/* attn_fwd_sm90 (split keys) with its 4 tensor maps tmaps. */
 static int run_fwd_sm90(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
-                        float scale, CUdeviceptr tmaps) {
-  int q_pos0 = 0;
+                        float scale, const CUtensorMap *tmaps) {
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
   void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, (void *)&t->v, &o, &lse,
-                  &S,           &S,            &q_pos0,       &scale,        &tmaps};
+                  &S,           &S,            &q_pos0,       &q_split,      &q_pos1,
+                  &scale,       (void *)tmaps};
   return launch(g, 1, S, S, args);
 }
 /* Any explicit forward of the --sm90 step: attn_fwd (split keys) or attn_fwd_sm90. */
 static int run_any_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
-                       float scale, CUdeviceptr tmaps) {
+                       float scale, const CUtensorMap *tmaps) {
   return is_sm90(g->which) ? run_fwd_sm90(g, t, o, lse, S, scale, tmaps)
                            : run_fwd(g, t, o, lse, S, scale);
 }
-/* attn_fwd_sm90's tensor maps over t (B = 1, S tokens), encoded by the runtime's helper
- * (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does) and copied into a new device
- * buffer *maps. */
-static int sm90_maps(const gk *g, const dev_tensors *t, int S, CUdeviceptr *maps) {
+/* attn_fwd_sm90's tensor maps over t (B = 1, S tokens) into maps, encoded by the runtime's
+ * helper (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does). */
+static int sm90_maps(const gk *g, const dev_tensors *t, int S, fwd_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
   const mg_sm90_fwd_tensors tt = {t->q, t->kn, t->kr, t->v, 1, S, S};
-  CUtensorMap host[MG_SM90_FWD_TMAPS];
   mg_diag d = MG_DIAG_INIT;
-  if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, host, &d)) {
+  if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
     mg_diag_clear(&d);
     return -1;
   }
-  return dalloc(maps, sizeof host) || CU(drv->cuMemcpyHtoD(*maps, host, sizeof host)) ? -1 : 0;
+  return 0;
 }
 static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int S) {
   void *args[] = {(void *)&t->o, (void *)&t->dout, (void *)&t->delta, &dq_accum, &S};
@@ -462,52 +479,54 @@ static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int 
 }
 static int run_dkdv(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, const dev_outputs *out,
                     int S, float scale) {
-  int q_pos0 = 0;
-  void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
-                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
-                  (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0, &scale};
-  return launch(g, 1, S, S, args);
-}
-static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int S, float scale) {
-  int q_pos0 = 0;
-  void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr,    (void *)&t->v,
-                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
-                  &S, &S, &q_pos0, &scale};
-  return launch(g, 1, S, S, args);
-}
-
-/* The sm_90a backward's kernels (split keys, q_split = S: every query at q_pos0 + i) with
- * their 5 tensor maps at tmaps (device memory, sm90_bwd_maps). */
-static int run_dkdv_sm90(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum,
-                         const dev_outputs *out, int S, float scale, CUdeviceptr tmaps) {
-  int q_pos0 = 0, q_split = S, q_pos1 = 0;
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
   void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
                   (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
-                  &q_split, &q_pos1, &scale, &tmaps};
+                  &q_split, &q_pos1, &scale};
+  return launch(g, 1, S, S, args);
+}
+static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int S, float scale) {
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
+  void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr,    (void *)&t->v,
+                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
+                  &S, &S, &q_pos0, &q_split, &q_pos1, &scale};
+  return launch(g, 1, S, S, args);
+}
+
+/* The sm_90a backward's 5 tensor maps (sm90_bwd_maps), passed by value: the launch copies
+ * them. */
+typedef CUtensorMap bwd_maps[MG_SM90_BWD_TMAPS];
+/* The sm_90a backward's kernels (split keys) with their 5 tensor maps tmaps. */
+static int run_dkdv_sm90(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum,
+                         const dev_outputs *out, int S, float scale, const CUtensorMap *tmaps) {
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
+  void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
+                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
+                  (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
+                  &q_split, &q_pos1, &scale, (void *)tmaps};
   return launch(g, 1, S, S, args);
 }
 static int run_dq_sm90(const gk *g, const dev_tensors *t, const dev_outputs *out, int S,
-                       float scale, CUdeviceptr tmaps) {
-  int q_pos0 = 0, q_split = S, q_pos1 = 0;
+                       float scale, const CUtensorMap *tmaps) {
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
   void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
-                  &S, &S, &q_pos0, &q_split, &q_pos1, &scale, &tmaps};
+                  &S, &S, &q_pos0, &q_split, &q_pos1, &scale, (void *)tmaps};
   return launch(g, 1, S, S, args);
 }
-/* The backward kernel g's tensor maps over t (B = 1, S tokens; runtime/exec/mg_sm90_tmap.h's
- * mg_sm90_bwd_tmaps) copied into a new device buffer *maps. */
-static int sm90_bwd_maps(const gk *g, const dev_tensors *t, int S, CUdeviceptr *maps) {
+/* The backward kernel g's tensor maps over t (B = 1, S tokens) into maps, encoded by the
+ * runtime's helper (runtime/exec/mg_sm90_tmap.h's mg_sm90_bwd_tmaps). */
+static int sm90_bwd_maps(const gk *g, const dev_tensors *t, int S, bwd_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
   const mg_sm90_bwd_tensors tt = {t->q, t->kn, t->kr, t->v, t->dout, 1, S, S};
-  CUtensorMap host[MG_SM90_BWD_TMAPS];
   mg_diag d = MG_DIAG_INIT;
-  if (mg_sm90_bwd_tmaps(drv, &spec, &g->k.info, &tt, host, &d)) {
+  if (mg_sm90_bwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
     mg_diag_clear(&d);
     return -1;
   }
-  return dalloc(maps, sizeof host) || CU(drv->cuMemcpyHtoD(*maps, host, sizeof host)) ? -1 : 0;
+  return 0;
 }
 
 static float softmax_scale(void) { return (float)(1.0 / sqrt((double)DQK) * 1.3689 * 1.3689); }
@@ -524,6 +543,34 @@ static int run_mqa_fwd(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdevic
   int q_pos0 = 0;
   void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale};
   return launch(g, 1, S, S, args);
+}
+/* mqa_fwd_sm90's 2 tensor maps (sm90_mqa_maps), passed by value: the launch copies them. */
+typedef CUtensorMap mqa_maps[MG_SM90_MQA_TMAPS];
+/* mqa_fwd_sm90 with its 2 tensor maps tmaps. */
+static int run_mqa_fwd_sm90(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdeviceptr lse,
+                            int S, float scale, const CUtensorMap *tmaps) {
+  int q_pos0 = 0;
+  void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale, (void *)tmaps};
+  return launch(g, 1, S, S, args);
+}
+/* mqa_fwd or mqa_fwd_sm90 (tmaps: its maps). */
+static int run_any_mqa_fwd(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdeviceptr lse,
+                           int S, float scale, const CUtensorMap *tmaps) {
+  return g->which == K_MQA_FWD_SM90 ? run_mqa_fwd_sm90(g, t, o, lse, S, scale, tmaps)
+                                    : run_mqa_fwd(g, t, o, lse, S, scale);
+}
+/* mqa_fwd_sm90's tensor maps over t (B = 1, S tokens) into maps, encoded by the runtime's
+ * helper (runtime/exec/mg_sm90_tmap.h). */
+static int sm90_mqa_maps(const gk *g, const mqa_tensors *t, int S, mqa_maps maps) {
+  const mg_kernel_spec spec = make_spec(g->which, g->heads);
+  const mg_sm90_mqa_tensors tt = {t->q, t->c, 1, S, S};
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_sm90_mqa_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
+    say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return -1;
+  }
+  return 0;
 }
 static int run_mqa_pre(const gk *g, const mqa_tensors *t, int S) {
   CUdeviceptr none = NULLP; /* no dq_accum: the MQA backward writes dq itself */
@@ -838,8 +885,9 @@ static int check_sm90(const kset *ks, int S) {
     const int ws[2] = {causal ? K_FWD : K_FWD_FULL, causal ? K_FWD_SM90 : K_FWD_SM90_FULL};
     for (int i = 0; i < 2; i++) {
       const gk *g = &ks->k[ws[i]];
-      CUdeviceptr maps = 0;
-      if (is_sm90(g->which) && sm90_maps(g, &t, S, &maps)) goto done;
+      fwd_maps maps;
+      memset(maps, 0, sizeof maps);
+      if (is_sm90(g->which) && sm90_maps(g, &t, S, maps)) goto done;
       for (int run = 0; run < 2; run++) {
         if (CU(drv->cuMemsetD8(out_o, 0xff, c.no * 2)) || CU(drv->cuMemsetD8(out_lse, 0xff, c.nl * 4)))
           goto done;
@@ -883,15 +931,15 @@ static int check_sm90_bwd(const kset *ks, int S) {
   e16 *dq[2] = {xcalloc(c.nq, 2), xcalloc(c.nq, 2)}, *dkn[2] = {xcalloc(c.nkn, 2), xcalloc(c.nkn, 2)};
   e16 *dv[2] = {xcalloc(c.nv, 2), xcalloc(c.nv, 2)};
   float *dkr[2] = {xcalloc(c.nkr, 4), xcalloc(c.nkr, 4)}, *dqa = xcalloc(c.nq, 4);
-  CUdeviceptr maps[2] = {0, 0};
+  bwd_maps maps[2];
   if (upload(&t.q, c.q, c.nq * 2) || upload(&t.kn, c.kn, c.nkn * 2) ||
       upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.v, c.v, c.nv * 2) ||
       upload(&t.dout, c.dout, c.no * 2) || upload(&t.o, c.o16, c.no * 2) ||
       upload(&t.lse, c.lse32, c.nl * 4) || alloc_nan(&t.delta, c.nl * 4) ||
       alloc_nan(&out.dq, c.nq * 2) || alloc_nan(&out.dkn, c.nkn * 2) ||
       alloc_nan(&out.dkr, c.nkr * 4) || alloc_nan(&out.dv, c.nv * 2) ||
-      sm90_bwd_maps(&ks->k[K_DKDV_SM90], &t, S, &maps[0]) ||
-      sm90_bwd_maps(&ks->k[K_DQ_SM90], &t, S, &maps[1]))
+      sm90_bwd_maps(&ks->k[K_DKDV_SM90], &t, S, maps[0]) ||
+      sm90_bwd_maps(&ks->k[K_DQ_SM90], &t, S, maps[1]))
     goto done;
   for (int sm90 = 0; sm90 < 2; sm90++) {
     const gk *kd = &ks->k[sm90 ? K_DKDV_SM90 : K_DKDV_DET], *kq = &ks->k[sm90 ? K_DQ_SM90 : K_DQ];
@@ -925,8 +973,9 @@ static int check_sm90_bwd(const kset *ks, int S) {
    * (dk_rope zeroed first; atomics: not compared bit for bit) */
   {
     const gk *ka = &ks->k[K_DKDV_SM90_AT];
-    CUdeviceptr dq_accum = 0, amaps = 0;
-    if (alloc_nan(&dq_accum, c.nq * 4) || sm90_bwd_maps(ka, &t, S, &amaps) ||
+    CUdeviceptr dq_accum = 0;
+    bwd_maps amaps;
+    if (alloc_nan(&dq_accum, c.nq * 4) || sm90_bwd_maps(ka, &t, S, amaps) ||
         CU(drv->cuMemsetD8(out.dkr, 0, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
         CU(drv->cuMemsetD8(out.dv, 0xff, c.nv * 2)) || CU(drv->cuMemsetD8(t.delta, 0xff, c.nl * 4)))
       goto done;
@@ -1031,6 +1080,58 @@ done:
   free(q), free(c), free(dout), free(qd), free(cd), free(dod), free(r_o), free(r_lse), free(r_dq);
   free(r_dc), free(o16), free(lse32), free(o), free(dq), free(dc), free(lse);
   free(o2), free(dq2), free(dc2), free(lse2);
+  return rc;
+}
+
+/* --sm90: checks mqa_fwd and mqa_fwd_sm90 of ks at (H = ks->heads, S), causal, B = 1, each
+ * run twice (the second compared bit for bit), O (latent) and LSE per element against
+ * tests/mqa_ref.h (check_mqa's tolerances). Returns -1 on a CUDA error, else the number of
+ * misses. */
+static int check_mqa_sm90(const kset *ks, int S) {
+  const int H = ks->heads;
+  const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
+  const size_t nl = (size_t)H * S;
+  const double scale = softmax_scale();
+  double t0 = wall_s();
+  e16 *q = rand_bf16(nq), *c = rand_bf16(nc);
+  double *qd = xcalloc(nq, sizeof *qd), *cd = xcalloc(nc, sizeof *cd);
+  for (size_t i = 0; i < nq; i++) qd[i] = bf16_to_float(q[i]);
+  for (size_t i = 0; i < nc; i++) cd[i] = bf16_to_float(c[i]);
+  double *r_o = xcalloc(no, sizeof *r_o), *r_lse = xcalloc(nl, sizeof *r_lse);
+  mqa_ref_fwd(1, S, S, H, DC, DR, 1, 0, scale, qd, cd, r_o, r_lse);
+  say("check mqa H=%d S=%d B=1 causal, d_qk %d d_v %d (float64 reference %.1f s)\n", H, S, MQK, MV,
+      wall_s() - t0);
+  e16 *o = xcalloc(no, sizeof *o), *o2 = xcalloc(no, sizeof *o2);
+  float *lse = xcalloc(nl, sizeof *lse), *lse2 = xcalloc(nl, sizeof *lse2);
+  int fails = 0, rc = -1;
+  const int base = g_n_allocs;
+  mqa_tensors t;
+  CUdeviceptr d_o, d_lse;
+  memset(&t, 0, sizeof t);
+  if (upload(&t.q, q, nq * 2) || upload(&t.c, c, nc * 2) || alloc_nan(&d_o, no * 2) ||
+      alloc_nan(&d_lse, nl * 4))
+    goto done;
+  const int ws[2] = {K_MQA_FWD, K_MQA_FWD_SM90};
+  for (int i = 0; i < 2; i++) {
+    const gk *g = &ks->k[ws[i]];
+    mqa_maps maps;
+    memset(maps, 0, sizeof maps);
+    if (g->which == K_MQA_FWD_SM90 && sm90_mqa_maps(g, &t, S, maps)) goto done;
+    for (int run = 0; run < 2; run++) {
+      if (CU(drv->cuMemsetD8(d_o, 0xff, no * 2)) || CU(drv->cuMemsetD8(d_lse, 0xff, nl * 4))) goto done;
+      if (run_any_mqa_fwd(g, &t, d_o, d_lse, S, (float)scale, maps) || sync_stream(g->name)) goto done;
+      if (download(run ? o2 : o, d_o, no * 2) || download(run ? lse2 : lse, d_lse, nl * 4)) goto done;
+    }
+    say("  %s\n", g->name);
+    check_elems("O (latent)", o, 0, r_o, (size_t)S, (int)(no / S), 0, (int)(no / S), TOL_ABS_O, &fails);
+    check_elems("LSE", lse, 1, r_lse, (size_t)H, S, 0, S, TOL_LSE, &fails);
+    same_bits("O (latent)", o, o2, no, 2, &fails);
+    same_bits("LSE", lse, lse2, nl, 4, &fails);
+  }
+  rc = fails;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free(q), free(c), free(qd), free(cd), free(r_o), free(r_lse), free(o), free(o2), free(lse), free(lse2);
   return rc;
 }
 
@@ -1308,7 +1409,7 @@ typedef struct sctx {
   int S, which;
   float scale;
   dev_tensors t[8];
-  CUdeviceptr maps[8][2]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's */
+  fwd_maps maps[8][2]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's */
 } sctx;
 
 static int slaunch(void *p, int set) {
@@ -1334,8 +1435,8 @@ static int time_sm90(const kset *ks, int S) {
   int rc = -1;
   for (int s = 0; s < n_sets; s++) {
     dev_tensors *t = &x.t[s];
-    if (alloc_set(t, s, H, S, 0) || sm90_maps(&ks->k[K_FWD_SM90], t, S, &x.maps[s][0]) ||
-        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, &x.maps[s][1]))
+    if (alloc_set(t, s, H, S, 0) || sm90_maps(&ks->k[K_FWD_SM90], t, S, x.maps[s][0]) ||
+        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, x.maps[s][1]))
       goto done;
   }
   const double b = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl;
@@ -1375,14 +1476,14 @@ typedef struct bctx {
   float scale;
   dev_tensors t[8];
   dev_outputs out;
-  CUdeviceptr maps[8][3]; /* per set: K_DKDV_SM90's, K_DQ_SM90's, K_DKDV_SM90_AT's */
+  bwd_maps maps[8][3]; /* per set: K_DKDV_SM90's, K_DQ_SM90's, K_DKDV_SM90_AT's */
 } bctx;
 
 static int blaunch(void *p, int set) {
   bctx *x = p;
   const dev_tensors *t = &x->t[set];
   const gk *k = x->ks->k;
-  const CUdeviceptr *m = x->maps[set];
+  bwd_maps *const m = x->maps[set];
   switch (x->which) {
     case K_DKDV_DET: return run_dkdv(&k[K_DKDV_DET], t, NULLP, &x->out, x->S, x->scale);
     case K_DQ: return run_dq(&k[K_DQ], t, &x->out, x->S, x->scale);
@@ -1424,9 +1525,9 @@ static int time_sm90_bwd(const kset *ks, int S) {
   x.ks = ks, x.S = S, x.scale = softmax_scale();
   int rc = -1;
   for (int s = 0; s < n_sets; s++)
-    if (alloc_set(&x.t[s], s, H, S, 1) || sm90_bwd_maps(&ks->k[K_DKDV_SM90], &x.t[s], S, &x.maps[s][0]) ||
-        sm90_bwd_maps(&ks->k[K_DQ_SM90], &x.t[s], S, &x.maps[s][1]) ||
-        sm90_bwd_maps(&ks->k[K_DKDV_SM90_AT], &x.t[s], S, &x.maps[s][2]))
+    if (alloc_set(&x.t[s], s, H, S, 1) || sm90_bwd_maps(&ks->k[K_DKDV_SM90], &x.t[s], S, x.maps[s][0]) ||
+        sm90_bwd_maps(&ks->k[K_DQ_SM90], &x.t[s], S, x.maps[s][1]) ||
+        sm90_bwd_maps(&ks->k[K_DKDV_SM90_AT], &x.t[s], S, x.maps[s][2]))
       goto done;
   if (alloc_nan(&x.out.dq, nq * 2) || alloc_nan(&x.out.dkn, nkn * 2) || alloc_nan(&x.out.dq_accum, nq * 4) ||
       dalloc(&x.out.dkr, nkr * 4) || CU(drv->cuMemsetD8(x.out.dkr, 0, nkr * 4)) || alloc_nan(&x.out.dv, nv * 2))
@@ -1477,6 +1578,63 @@ static int time_sm90_bwd(const kset *ks, int S) {
       print_row(&g_rows[g_n_rows - 1]);
       break;
     }
+  rc = 0;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  return rc;
+}
+
+/* --sm90: times mqa_fwd and mqa_fwd_sm90 at (H = ks->heads, S), causal, B = 1 (rows mqa_fwd
+ * and mqa_fwd_sm90, d_qk/d_v 576/512; FLOPs and bytes as time_mqa's mqa_fwd row); input
+ * sets (q, c random, o and lse outputs) rotated, as many as make 200 MB, 2 to --sets.
+ * Returns -1 on a CUDA error. */
+typedef struct mqactx {
+  const kset *ks;
+  int S, which;
+  float scale;
+  mqa_tensors t[8];
+  mqa_maps maps[8]; /* per set: mqa_fwd_sm90's */
+} mqactx;
+
+static int mqa_slaunch(void *p, int set) {
+  mqactx *x = p;
+  const mqa_tensors *t = &x->t[set];
+  return run_any_mqa_fwd(&x->ks->k[x->which], t, t->o, t->lse, x->S, x->scale, x->maps[set]);
+}
+
+static int time_mqa_sm90(const kset *ks, int S) {
+  const int H = ks->heads;
+  const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
+  const size_t nl = (size_t)H * S;
+  const double set_bytes = 2.0 * (nq + nc + no) + 4.0 * nl;
+  size_t free_b = 0, total_b = 0;
+  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
+  const int n_sets = sets_that_fit("mqa", H, S, set_bytes, 0, 200e6, g_max_sets, free_b);
+  if (!n_sets) return 0;
+  const int base = g_n_allocs;
+  mqactx x;
+  memset(&x, 0, sizeof x);
+  x.ks = ks, x.S = S, x.scale = softmax_scale();
+  int rc = -1;
+  for (int s = 0; s < n_sets; s++) {
+    mqa_tensors *t = &x.t[s];
+    if (dalloc(&t->q, nq * 2) || dalloc(&t->c, nc * 2) || alloc_nan(&t->o, no * 2) ||
+        alloc_nan(&t->lse, nl * 4) || fill_random(t->q, nq, 101 + 2 * s) ||
+        fill_random(t->c, nc, 102 + 2 * s) || sm90_mqa_maps(&ks->k[K_MQA_FWD_SM90], t, S, x.maps[s]))
+      goto done;
+  }
+  const double pairs = (double)S * (S + 1) / 2;
+  const int order[2] = {K_MQA_FWD, K_MQA_FWD_SM90};
+  for (int i = 0; i < 2; i++) {
+    x.which = order[i];
+    double ms;
+    int iters;
+    if (time_row(k_label[x.which], mqa_slaunch, &x, n_sets, &ms, &iters)) goto done;
+    add_row(k_label[x.which], "fwd", H, S, ms, 2.0 * H * pairs * (MQK + MV),
+            2.0 * (nq + nc + no) + 4.0 * nl, iters);
+    g_rows[g_n_rows - 1].dqk = MQK, g_rows[g_n_rows - 1].dv = MV;
+    print_row(&g_rows[g_n_rows - 1]);
+  }
   rc = 0;
 done:
   while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
@@ -1768,8 +1926,8 @@ static int usage(void) {
           "                    [--no-check (timing without the check: the fake-driver test)]\n"
           "                    [--no-mqa (without the absorbed kernels)] [--jobs N (NVRTC threads)]\n"
           "                    [--sm90 (sm_90a only: attn_fwd beside attn_fwd_sm90, causal and not,\n"
-          "                     and the backward beside attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90,\n"
-          "                     causal; checked then timed; nothing else)]\n"
+          "                     the backward beside attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90, causal,\n"
+          "                     and mqa_fwd beside mqa_fwd_sm90, causal: checked then timed)]\n"
           "  defaults: --seqs 1024,4096,8192,16384 --heads 16,128 --iters 20 --warmup 3 --sets 4\n");
   return 2;
 }
@@ -1785,7 +1943,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--check-only")) { check_only = 1; continue; }
     if (!strcmp(a, "--no-check")) { no_check = 1; continue; }
-    if (!strcmp(a, "--no-mqa")) { no_mqa = 1; continue; }
+    if (!strcmp(a, "--no-mqa")) { no_mqa = g_no_mqa = 1; continue; }
     if (!strcmp(a, "--sm90")) { g_sm90 = 1; continue; }
     if (!v) return usage();
     i++;
@@ -1873,8 +2031,9 @@ int main(int argc, char **argv) {
       if ((r = check_sm90_bwd(&sets[s], s == 0 ? 256 : 200)) < 0) goto out;
       misses += r;
     }
-    if (!no_mqa && !g_sm90) {
-      if ((r = check_mqa(&sets[s], mqa_check_seq(sets[s].heads, s == 0))) < 0) goto out;
+    if (!no_mqa) {
+      const int sq = mqa_check_seq(sets[s].heads, s == 0);
+      if ((r = g_sm90 ? check_mqa_sm90(&sets[s], sq) : check_mqa(&sets[s], sq)) < 0) goto out;
       misses += r;
     }
   }
@@ -1896,17 +2055,18 @@ int main(int argc, char **argv) {
       "layout kernels: bytes moved and GB/s\n",
       DN, DR, DV, g_warmup, g_iters, MQK, MV);
   if (g_sm90)
-    say("--sm90: the explicit attention only, mma.sync beside sm_90a (TMA, wgmma): the forwards "
-        "attn_fwd, attn_fwd_sm90 causal (pairs S(S+1)/2) and not (S^2); the backwards causal "
-        "(bwd_det, bwd_det_sm90: pre + dkdv + dq; bwd_atomic, bwd_atomic_sm90: pre + dkdv with "
-        "atomic dQ); split keys\n");
+    say("--sm90: mma.sync beside sm_90a (TMA, wgmma): the forwards attn_fwd, attn_fwd_sm90 "
+        "causal (pairs S(S+1)/2) and not (S^2); the backwards causal (bwd_det, bwd_det_sm90: "
+        "pre + dkdv + dq; bwd_atomic, bwd_atomic_sm90: pre + dkdv with atomic dQ); split keys; "
+        "mqa_fwd beside mqa_fwd_sm90 (576/512), causal\n");
   print_header();
   for (int h = 0; h < n_heads; h++) {
     const kset *ks = NULL;
     for (int s = 0; s < n_sets; s++)
       if (sets[s].heads == heads[h]) ks = &sets[s];
     for (int i = 0; i < n_seqs; i++) {
-      if (g_sm90 ? time_sm90(ks, seqs[i]) || time_sm90_bwd(ks, seqs[i])
+      if (g_sm90 ? time_sm90(ks, seqs[i]) || time_sm90_bwd(ks, seqs[i]) ||
+                       (!no_mqa && time_mqa_sm90(ks, seqs[i]))
                  : time_shape(ks, seqs[i]) || (!no_mqa && time_mqa(ks, seqs[i])) ||
                        time_layout(ks, seqs[i], h == 0))
         goto out;

@@ -10,7 +10,8 @@
  *
  * For a DeepSeek-V3 head shape with --heads heads (d_c 512, d_r 64, d_n 128, d_v 128, or
  * --dims; softmax scale mscale^2 / sqrt(d_n + d_r), mscale 1.3689), B = 1, S = --seq, causal (or not),
- * --dtype, and each form of --forms (default explicit, absorbed, laga, laga-r, laga-f):
+ * --dtype, and each form of --forms (default all six: explicit, absorbed, laga, laga-r,
+ * laga-f, laga-cp, the last with its shards two chunks per rank):
  *   - inputs: q, c_kv, k_rope N(0, 1) on a grid of 1/16, w_kv_b N(0, 1) / sqrt(d_c) on a
  *     grid of 2^-10, d_o N(0, 1) / 2 on a grid of 1/64 (scores std about 2; every value
  *     exact in bf16 and f16, and the forms' K_n = W_UK c_kv, V and q_lat = W_UK^T q_n
@@ -92,7 +93,7 @@ static int g_iters = 20, g_warmup = 3;
 
 static const mlagen_form k_forms[MG_FORM_COUNT] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED,
                                                    MLAGEN_FORM_LAGA, MLAGEN_FORM_LAGA_R,
-                                                   MLAGEN_FORM_LAGA_F};
+                                                   MLAGEN_FORM_LAGA_F, MLAGEN_FORM_LAGA_CP};
 
 /* The tensors in mlagen_tensors order, with the cpu_test_util input / output index. */
 enum { T_Q, T_CKV, T_KROPE, T_W, T_O, T_DO, T_DQ, T_DCKV, T_DKROPE, T_DW, T_N };
@@ -558,7 +559,9 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
   }
   /* local tensor sizes (elements): inputs are this rank's tokens, w_kv_b whole */
   const int64_t nin[TU_N_IN] = {Sl * H * (dn + dr), Sl * dc, Sl * dr, H * (dn + dv) * dc, Sl * H * dv};
-  const int64_t nout[C_N] = {Sl * H * dv, Hl * S, Sl * H * (dn + dr), Sl * dc, Sl * dr, H * (dn + dv) * dc};
+  const int cp = fi == MG_FORM_LAGA_CP; /* all heads, this rank's two chunks of tokens */
+  const int64_t nout[C_N] = {Sl * H * dv, cp ? H * Sl : Hl * S, Sl * H * (dn + dr), Sl * dc, Sl * dr,
+                             H * (dn + dv) * dc};
   CUdeviceptr din[TU_N_IN] = {0}, dout[C_N] = {0}, ws = 0, sv = 0;
   const int64_t ws_b = x ? mg_cuda_exec_workspace_bytes(x) : 0, sv_b = x ? mg_cuda_exec_saved_bytes(x) : 0;
   const size_t wsz = (size_t)(ws_b ? ws_b : 256), svz = (size_t)(sv_b ? sv_b : 256);
@@ -571,11 +574,11 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
   for (int k = 0; !bad && k < TU_N_IN; k++) {
     int64_t B_, S_, w;
     tu_in_dims(&g_case, k, &B_, &S_, &w);
-    const int64_t off = k == TU_W ? 0 : rk * Sl * w;
     e16 *h = malloc((size_t)nin[k] * 2);
     bad |= !h || CU(drv->cuMemAlloc(&din[k], (size_t)nin[k] * 2));
     if (!bad) {
-      for (int64_t i = 0; i < nin[k]; i++) h[i] = to16(in[k][off + i]);
+      for (int64_t i = 0; i < nin[k]; i++) /* this rank's rows: mg_form_token_pos */
+        h[i] = to16(in[k][k == TU_W ? i : mg_form_token_pos((mg_form)fi, P, Sl, rk, i / w) * w + i % w]);
       bad |= CU(drv->cuMemcpyHtoD(din[k], h, (size_t)nin[k] * 2));
     }
     free(h);
@@ -634,7 +637,10 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
     for (int64_t i = 0; i < n; i++) {
       const double v = !lse_dev && k == C_LSE ? NAN
                        : es == 4 ? ((const float *)raw[0][k])[i] : from16(((const e16 *)raw[0][k])[i]);
-      const int64_t gi = k == C_DW ? i : k == C_LSE ? (rk * Hl + i / S) * S + i % S : (rk * Sl + i / w) * w + i % w;
+      const int64_t gi = k == C_DW                ? i
+                         : k == C_LSE && cp       ? i / Sl * S + mg_cp_pos(P, Sl, rk, i % Sl)
+                         : k == C_LSE             ? (rk * Hl + i / S) * S + i % S
+                                                  : mg_form_token_pos((mg_form)fi, P, Sl, rk, i / w) * w + i % w;
       got.v[k][gi] = v;
     }
     MPI_Reduce(g_rank ? got.v[k] : MPI_IN_PLACE, got.v[k], (int)c_numel(k), MPI_DOUBLE, MPI_SUM, 0,
@@ -706,7 +712,7 @@ int main(int argc, char **argv) {
 #endif
   if (argc < 2 || argv[1][0] == '-') RETURN(usage());
   const char *outdir = argv[1];
-  int H = 16, S = 256, causal = 1, want[MG_FORM_COUNT] = {1, 1, 1, 1, 1}, sp = 1;
+  int H = 16, S = 256, causal = 1, want[MG_FORM_COUNT] = {1, 1, 1, 1, 1, 1}, sp = 1;
   int64_t ref_rows = 0;
   int dn = 128, dr = 64, dv = 128, dc = 512;
   uint64_t seed = 20250712;
@@ -818,6 +824,14 @@ int main(int argc, char **argv) {
       "B 1, S %d, %s, %s, sp %d; seed %llu; timing: %s\n", name, drv->driver_version,
       dn == 128 && dr == 64 && dv == 128 && dc == 512 ? "DeepSeek-V3" : "test", dn, dr, dv, dc, H, S, causal ? "causal" : "non-causal", mg_dtype_name(g_dt), sp,
       (unsigned long long)seed, g_iters > 0 && sp == 1 ? "warm-up and median of --iters" : "none");
+  {
+    const char *mma = getenv("MLAGEN_MMA_SYNC");
+    say("forward family: %s (the CUDA executor's choice for this device: mg_arch_kernel_table; "
+        "MLAGEN_MMA_SYNC=%s)\n",
+        mma && !strcmp(mma, "1") ? "attn_fwd (mma.sync)"
+                                 : "attn_fwd_sm90 on sm_90a (compute capability 9.0), else attn_fwd",
+        mma ? mma : "unset");
+  }
   if (g_no_check) {
     say("--no-check: no reference; outputs only required to be finite (not checked)\n");
   } else {

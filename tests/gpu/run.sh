@@ -9,12 +9,17 @@
 #             S 200: partial tiles; causal and not), the deterministic backward (pre +
 #             dkdv + dq, mma.sync and sm_90a) likewise (causal), then timed side by side
 #             at H 16,128 x S 1024..16384, the forwards causal and not, the backwards
-#             causal, rows of at most ~1.5 s (--row-budget-ms 1500: 112 rows fit the
-#             cap; SM90_ARGS added)                                                     cap 300
+#             causal; and mqa_fwd_sm90 beside mqa_fwd (576/512, causal) checked vs
+#             tests/mqa_ref.h, timed at the same H x S; rows of at most ~1.5 s
+#             (--row-budget-ms 1500: 128 rows fit the cap; SM90_ARGS added)            cap 300
 #   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn
 #             --ops fwd,fwd_bwd into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90 cap 150
 #   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
-#             full float64 reference, two runs bit for bit, timed                    cap 120
+#             full float64 reference, two runs bit for bit, timed; the executor runs
+#             what it chooses for the device (sm_90a: attn_fwd_sm90 for the explicit
+#             and LAGA forwards, generator/gen/mg_spec.c mg_arch_kernel_table)      cap 120
+#   formsmma  (not in the default) the same with MLAGEN_MMA_SYNC=1 (the mma.sync
+#             attn_fwd) into OUT/forms-mma: the whole layer's A/B against forms   cap 120
 #   forms16k  the same at S 16384 (bucket 16384), reference on rows [0,128) and the
 #             last 512 (--ref-rows 512), not timed                                   cap  90
 #   nocausal  S 4096 non-causal, full reference, not timed                           cap  90
@@ -178,6 +183,11 @@ forms_step() {
   else finish "$name" "$(grep -s -m1 '^forms: ' "$OUT/$sub.stdout")" "$sub.stdout"; fi
 }
 want forms && forms_step forms 120 forms --seq 4096
+if want formsmma; then
+  export MLAGEN_MMA_SYNC=1
+  forms_step formsmma 120 forms-mma --seq 4096
+  unset MLAGEN_MMA_SYNC
+fi
 want forms16k && forms_step forms16k 90 forms16k --seq 16384 --ref-rows 512 --iters 0
 want nocausal && forms_step nocausal 90 forms-nocausal --seq 4096 --no-causal --iters 0
 want f16 && forms_step f16 45 forms-f16 --seq 1024 --dtype f16 --iters 0

@@ -4,7 +4,7 @@ per-element comparison."""
 import os
 import sys
 
-FORMS = ["explicit", "absorbed", "laga", "laga-r", "laga-f"]
+FORMS = ["explicit", "absorbed", "laga", "laga-r", "laga-f", "laga-cp"]
 
 # A tiny MLA shape within the kernels' rules (d_n, d_r, d_v multiples of 16, d_c of 32).
 TINY = {"model_type": "deepseek_v3", "num_attention_heads": 4, "kv_lora_rank": 32,

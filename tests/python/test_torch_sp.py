@@ -32,8 +32,9 @@ def worker(rank, P, store, queue):
         o_ref = reference(*full, model.softmax_scale)
         d_o = torch.randn(o_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
         ref_g = torch.autograd.grad(o_ref, full, d_o)
-        sl = slice(rank * Sl, (rank + 1) * Sl)
         for form in FORMS:
+            sl = mlagen.token_positions(form, S, P, rank)  # laga-cp: two chunks
+            assert len(sl) == Sl
             x = [t.detach()[:, sl].clone().requires_grad_() for t in full[:3]]
             x.append(full[3].detach().clone().requires_grad_())
             o = mt.mla_attention(*x, model=model, form=form, sp_group=dist.group.WORLD)

@@ -9,4 +9,5 @@ void mg_form_explicit(mg_plan *p);
 void mg_form_absorbed(mg_plan *p);
 void mg_form_laga(mg_plan *p, int recompute);
 void mg_form_laga_fused(mg_plan *p);
+void mg_form_laga_cp(mg_plan *p);
 #endif
