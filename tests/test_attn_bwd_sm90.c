@@ -551,19 +551,28 @@ static void test_mutations_caught(void **state) {
 
 /* The configurations the templates' checks keep compile for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory (causal). sh 0: DeepSeek-V3 heads at H 128,
- * 1: the unusual shape at H 40 (and 3, the small heads, at H 16), 2: the wide 256/256 heads. A covering sample is compiled
- * (every kept configuration with MLAGEN_TEST_EXHAUSTIVE=1). */
-static void nvrtc_shape(int sh);
+ * 1: the unusual shape at H 40 and the small heads (d_n 32, d_r 32, d_v 64: the
+ * two-consumer and mutation tests') at H 16 in one sweep (the cover pairs each shape with
+ * every tunable value), 2: the wide 256/256 heads. A covering sample is compiled (every kept
+ * configuration with MLAGEN_TEST_EXHAUSTIVE=1). */
+enum { NC_SHAPE = 2 * 3 * 2 * 2 * 2 + 2 * 2 * 2 * 2 }; /* candidates per shape */
+static int nvrtc_cands(int sh, mg_kernel_spec *cands);
 static void nvrtc_kept_configs(int sh) {
-  if (sh == 1) nvrtc_shape(3); /* the small heads of the two-consumer and mutation tests */
-  nvrtc_shape(sh);
-}
-static void nvrtc_shape(int sh) {
   kh_sweep sw;
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
+  mg_kernel_spec cands[2 * NC_SHAPE];
+  int nc = nvrtc_cands(sh, cands);
+  if (sh == 1) nc += nvrtc_cands(3, cands + nc);
+  const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
+  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
+                kh_now() - sw.t0);
+  assert_true(kept >= (sh == 2 ? 3 : 6));
+  kh_sweep_close(&sw);
+}
+/* Shape sh's candidates (both families) into cands; returns their count (NC_SHAPE). */
+static int nvrtc_cands(int sh, mg_kernel_spec *cands) {
   const int shapes[4][3] = {{128, 64, 128}, {96, 32, 64}, {192, 64, 256}, {32, 32, 64}};
-  mg_kernel_spec cands[2 * 3 * 2 * 2 * 2 + 2 * 2 * 2 * 2];
   int nc = 0;
   const int H = sh == 1 ? 40 : sh == 3 ? 16 : 128, dn = shapes[sh][0], dr = shapes[sh][1], dv = shapes[sh][2];
   for (int bn = 64; bn <= 128; bn *= 2)
@@ -594,11 +603,7 @@ static void nvrtc_shape(int sh) {
           for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
           cands[nc++] = s;
         }
-  const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
-  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
-                kh_now() - sw.t0);
-  assert_true(kept >= (sh == 2 ? 3 : 6));
-  kh_sweep_close(&sw);
+  return nc;
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
 static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }
