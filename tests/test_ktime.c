@@ -366,6 +366,20 @@ static void test_time_attn_fwd_sm90(void **state) {
   pair_free(&p);
 }
 
+/* The sm_90a backward's dQ kernel likewise: its 5 maps (mg_sm90_launch_tmaps' backward case:
+ * q, k_nope, k_rope, v, dout) at every launch. */
+static void test_time_attn_bwd_dq_sm90(void **state) {
+  (void)state;
+  pair p;
+  pair_make(&p, "attn_bwd_dq_sm90", 2, "k_packed=1", "stages=3");
+  assert_string_not_equal(p.cand.k.name, p.ref.k.name);
+  const int launches = fake.count("cuLaunchKernel"), maps = fake.count("cuTensorMapEncodeTiled");
+  expect_verdict(&p, MG_TUNE_KEPT, NULL);
+  assert_int_equal(fake.count("cuLaunchKernel") - launches, 2 + MG_KTIME_WARMUP + N);
+  assert_int_equal(fake.count("cuTensorMapEncodeTiled") - maps, 5 * (2 + MG_KTIME_WARMUP + N));
+  pair_free(&p);
+}
+
 static void test_failed_launch(void **state) {
   (void)state;
   pair p;
@@ -536,7 +550,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_reference_spec),
       cmocka_unit_test(test_describe),      cmocka_unit_test(test_store_verdicts),
       cmocka_unit_test(test_time_copy_cols),
-      cmocka_unit_test(test_time_attn_fwd), cmocka_unit_test(test_time_attn_fwd_sm90),
+      cmocka_unit_test(test_time_attn_fwd), cmocka_unit_test(test_time_attn_fwd_sm90), cmocka_unit_test(test_time_attn_bwd_dq_sm90),
       cmocka_unit_test(test_failed_launch),
       cmocka_unit_test(test_wrong_result),  cmocka_unit_test(test_fault),
   };

@@ -6,8 +6,8 @@
  * template's `tmaps` contract written out here by hand (split and packed keys, bf16 and
  * fp16, widths 64/32/16). Errors: a driver without the entry, a wrong family, a missing
  * tunable, a misaligned or null tensor. mg_sm90_launch_tmaps (the per-launch entry of the
- * executor and the tuner): the same maps from launch arguments, and its refusals. End to end (the maps driving the kernel on the host
- * executor against float64): test_attn_fwd_sm90. */
+ * executor and the tuner): the same maps from launch arguments, and its refusals (the backward's: test_launch_bwd_tmaps). End to end (the maps driving
+ * the kernels on the host executor against float64): test_attn_fwd_sm90, test_attn_bwd_sm90. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -159,6 +159,82 @@ static void test_errors(void **state) {
                "cuTensorMapEncodeTiled(attn_fwd_sm90 map [1] k_nope: dims {128, 16, 256} box {64, 1, 512}): CUDA_ERROR_INVALID_VALUE");
 }
 
+/* The backward's five maps (mg_sm90_bwd_tmaps): d_n 96, d_r 32 (K boxes W_K = 32 for both
+ * parts, 64B), d_qk 128 and d_v 64 (W 64, 128B); dout like v over the query rows; split keys,
+ * then packed; a forward kernel and a null dout refused. */
+#define DOA ((CUdeviceptr)0x500000)
+static void test_bwd(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(3, 96, 32, 64, "bf16");
+  snprintf(s.family, sizeof s.family, "attn_bwd_dkdv_sm90");
+  mg_kernel_info k = info(64, 128, 0);
+  snprintf(k.family, sizeof k.family, "attn_bwd_dkdv_sm90");
+  CUtensorMap maps[MG_SM90_BWD_TMAPS];
+  mg_diag d = MG_DIAG_INIT;
+  const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100};
+  if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){128, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){96, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
+  expect_map(&maps[2], 2, 2, KRA, (unsigned long long[]){32, 200}, (unsigned[]){32, 128}, SW64);
+  expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){64, 3, 200}, (unsigned[]){64, 1, 128}, SW128);
+  expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  mg_kernel_info kp = info(64, 128, 1);
+  snprintf(kp.family, sizeof kp.family, "attn_bwd_dkdv_sm90");
+  if (mg_sm90_bwd_tmaps(drv, &s, &kp, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){128, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
+  expect_map(&maps[2], 2, 3, KNA, (unsigned long long[]){128, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
+  mg_kernel_info fwd = info(64, 128, 0);
+  assert_int_equal(mg_sm90_bwd_tmaps(drv, &s, &fwd, &t, maps, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "is not attn_bwd_dkdv_sm90 or attn_bwd_dq_sm90"));
+  mg_diag_clear(&d);
+  mg_sm90_bwd_tensors bad = t;
+  bad.dout = 0;
+  assert_int_equal(mg_sm90_bwd_tmaps(drv, &s, &k, &bad, maps, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "attn_bwd_dkdv_sm90 tensor map [4] dout: address 0x0 is null"));
+  static const CUtensorMap zero;
+  for (int i = 0; i < MG_SM90_BWD_TMAPS; i++) assert_memory_equal(&maps[i], &zero, sizeof zero);
+  mg_diag_clear(&d);
+}
+
+/* mg_sm90_launch_tmaps for the backward (attn_bwd_dq_sm90's q, k_nope, k_rope, v, dout by
+ * name; sizes from the launch dims): the same 5 maps as mg_sm90_bwd_tmaps; too little room
+ * refused. */
+static void test_launch_bwd_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(3, 96, 32, 64, "bf16");
+  snprintf(s.family, sizeof s.family, "attn_bwd_dq_sm90");
+  mg_kernel_info k = info(64, 128, 0);
+  snprintf(k.family, sizeof k.family, "attn_bwd_dq_sm90");
+  static const char *const names[] = {"q", "k_nope", "k_rope", "v", "dout", "dq", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
+                                 MG_PARAM_IN,  MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 8;
+  for (int i = 0; i < 8; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, DOA, 0x600000};
+  int sq = 70;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[MG_SM90_BWD_TMAPS];
+  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
+  const mg_launch_dims dims = {2, 70, 100};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, MG_SM90_BWD_TMAPS);
+  const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100};
+  if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 4, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 4 maps"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
 /* mg_sm90_launch_tmaps, what the CUDA executor and the tuner call at each launch: the
  * tensors read by parameter name from cuLaunchKernel-style arguments, the sizes from the
  * launch dims; the same maps as mg_sm90_fwd_tmaps. Refused: a kernel without a tensor-map
@@ -192,9 +268,9 @@ static void test_launch_tmaps(void **state) {
   assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 3, &n, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "room for 3 maps"));
   mg_kernel_info other = k;
-  snprintf(other.family, sizeof other.family, "attn_bwd_dq_sm90");
+  snprintf(other.family, sizeof other.family, "attn_fwd");
   assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
-  assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map encoder for family attn_bwd_dq_sm90"));
+  assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map encoder for family attn_fwd"));
   other = k, other.n_params = 7;
   assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map parameter"));
@@ -321,6 +397,8 @@ int main(void) {
       cmocka_unit_test(test_split_deepseek),
       cmocka_unit_test(test_packed_unusual_fp16),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_bwd),
+      cmocka_unit_test(test_launch_bwd_tmaps),
       cmocka_unit_test(test_launch_tmaps),
       cmocka_unit_test(test_launch_mqa_tmaps),
       cmocka_unit_test(test_mqa_maps),

@@ -30,9 +30,11 @@ static const char help[] =
     "  --family F       also render F beside the family it stands in for: attn_fwd_sm90\n"
     "                   (the sm_90a TMA/wgmma forward) beside each attn_fwd kernel,\n"
     "                   mqa_fwd_sm90 (the sm_90a absorbed forward, no plan runs yet) beside\n"
-    "                   each mqa_fwd one, or with --arch sm_90a attn_fwd beside each\n"
-    "                   attn_fwd_sm90 one (the mma.sync fallback), with its default\n"
-    "                   tunables, the plans' k_packed, and the --set overrides\n"
+    "                   each mqa_fwd one, attn_bwd_dkdv_sm90 and attn_bwd_dq_sm90 (the\n"
+    "                   sm_90a deterministic backward, no plan runs yet) beside each\n"
+    "                   attn_bwd_dkdv / attn_bwd_dq one, or with --arch sm_90a attn_fwd\n"
+    "                   beside each attn_fwd_sm90 one (the mma.sync fallback), with its\n"
+    "                   default tunables, the plans' k_packed, and the --set overrides\n"
     "                   (family.k=v ones are safest); repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 

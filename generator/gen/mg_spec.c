@@ -13,7 +13,8 @@ const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_b
                                         "attn_bwd_dq",   "dq_convert",   "a2a_pack",     "a2a_unpack",
                                         "expand_kv",     "split_dkv",    "concat_latent", "split_latent",
                                         "copy_cols",     "mqa_fwd",      "mqa_bwd_dkv",  "mqa_bwd_dq",
-                                        "attn_fwd_sm90", "mqa_fwd_sm90", NULL};
+                                        "attn_fwd_sm90", "mqa_fwd_sm90", "attn_bwd_dkdv_sm90",
+                                        "attn_bwd_dq_sm90", NULL};
 
 int mg_spec_family_on_request(const char *family) {
   for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch; a++)
@@ -38,16 +39,24 @@ const mg_op_kernels mg_op_kernel_table[] = {
     {0, {NULL}, {NULL}},
 };
 
-/* helper C's sm_90a backward (attn_bwd_dkdv_sm90, attn_bwd_dq_sm90) joins as rows here once
- * the executor binds its tensor maps (mg_sm90_launch_tmaps). mqa_fwd_sm90's maps are bound
+/* mqa_fwd_sm90's maps are bound
  * and, with this row's on_request set to 0, test_cuda_exec sm90's absorbed plan (causal and
  * not) matched the CPU executor through it on the host emulation, at the tolerances
  * attn_fwd_sm90's runs meet (needed atol o 9.8e-3 / 1.8e-2); it stays on request until it
  * has run on a device and been timed against the tuned mqa_fwd (the H200 store's mqa_fwd
- * entries would go unused). */
+ * entries would go unused). The deterministic sm_90a backward (attn_bwd_dkdv_sm90 +
+ * attn_bwd_dq_sm90 after the portable attn_bwd_pre, the plans' settings as the mma.sync
+ * pair's) is on request for the same reason: its maps are bound (mg_sm90_launch_tmaps) and
+ * tests/test_attn_bwd_sm90.c checks it on the host emulation, but it has never run on a
+ * device nor been timed against the tuned attn_bwd_dkdv / attn_bwd_dq (bench --sm90 does
+ * both); turning the row on is that decision. */
 const mg_arch_kernels mg_arch_kernel_table[] = {
     {"sm_90a", {MG_OP_ATTN_FWD, {"attn_fwd_sm90"}, {"k_packed=1"}}, 0},
     {"sm_90a", {MG_OP_MQA_FWD, {"mqa_fwd_sm90"}, {NULL}}, 1},
+    {"sm_90a",
+     {MG_OP_ATTN_BWD, {"attn_bwd_pre", "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90"},
+      {NULL, "k_packed=1 deterministic=1", "k_packed=1"}},
+     1},
     {NULL, {0, {NULL}, {NULL}}, 0},
 };
 

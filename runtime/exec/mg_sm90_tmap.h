@@ -20,6 +20,9 @@
  * rewritten in global memory may otherwise be read stale from the descriptor cache). As
  * kernel parameters (what CUTLASS and FlashAttention-3 do) none of that exists.
  *
+ * The backward's kernels (attn_bwd_dkdv_sm90, attn_bwd_dq_sm90) take 5 maps likewise
+ * (`TensorMaps<5>`, mg_sm90_bwd_tmaps below).
+ *
  * Per map (dims innermost first; 16-bit elements; rows are B * S tokens; no interleave,
  * L2 promotion none, zero out-of-bounds fill; W(d) = 64, 32 or 16 columns for d a multiple
  * of 64, 32, 16, with swizzle 128B, 64B, 32B):
@@ -67,6 +70,33 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
                       const mg_sm90_fwd_tensors *t, CUtensorMap maps[MG_SM90_FWD_TMAPS],
                       mg_diag *d);
 
+/* The five CUtensorMaps of the sm_90a attention backward's `tmaps` parameter
+ * (templates/attn_bwd_dkdv_sm90.cu.tpl, attn_bwd_dq_sm90.cu.tpl; `const __grid_constant__
+ * mla::sm90::TensorMaps<5>`, by value as attn_fwd_sm90's), per map (as above; W_K =
+ * the smaller of W(d_n), W(d_r), so that K_nope's and k_rope's boxes are alike and the K
+ * tile is one run of W_K-column boxes):
+ *   [0] q       dims {d_qk, H, B*S_q}              box {W(d_qk), 1, block_m}
+ *   [1] k_nope  dims {d_n (packed: d_qk), H, B*S_k} box {W_K, 1, block_n}
+ *   [2] split:  k_rope dims {d_r, B*S_k}           box {W_K, block_n}
+ *       packed: K      dims {d_qk, H, B*S_k}       box {W_K, 1, block_n}
+ *   [3] v       dims {d_v, H, B*S_k}               box {W(d_v), 1, block_n}
+ *   [4] dout    dims {d_v, H, B*S_q}               box {W(d_v), 1, block_m} */
+#define MG_SM90_BWD_TMAPS 5
+#define MG_SM90_BWD_TMAP_BYTES (MG_SM90_BWD_TMAPS * sizeof(CUtensorMap))
+
+/* The tensors of one backward launch: mg_sm90_fwd_tensors's, plus dout [B, S_q, H, d_v]. */
+typedef struct mg_sm90_bwd_tensors {
+  CUdeviceptr q, k_nope, k_rope, v, dout;
+  long batch, seqlen_q, seqlen_k; /* >= 0 */
+} mg_sm90_bwd_tensors;
+
+/* Encodes the 5 maps of kernel k (an attn_bwd_dkdv_sm90 or attn_bwd_dq_sm90 manifest entry:
+ * its configuration gives block_m, block_n, k_packed) for spec s into maps[0..5). Returns 0,
+ * or the errors of mg_sm90_fwd_tmaps (the family checked being one of those two). */
+int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_bwd_tensors *t, CUtensorMap maps[MG_SM90_BWD_TMAPS],
+                      mg_diag *d);
+
 /* mqa_fwd_sm90 (templates/mqa_fwd_sm90.cu.tpl, the absorbed forward) reads q and the latent
  * c through the 2 maps of its `tmaps` parameter, `const __grid_constant__
  * mla::sm90::TensorMaps<2>`, by value as attn_fwd_sm90's (2D, rows innermost-first as above;
@@ -100,8 +130,9 @@ int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
  * pointer parameter: at its device address, 8 bytes; the MG_PARAM_TMAPS one is not read)
  * and dims are the launch's sizes (batch, seqlen_q, seqlen_k). The one place that knows
  * which tensors each sm_90a family maps: attn_fwd_sm90 (mg_sm90_fwd_tmaps over its params
- * q, k_nope, k_rope, v), mqa_fwd_sm90 (mg_sm90_mqa_tmaps over q, c). Writes *n maps into
- * maps[0 .. max). Returns 0, or mg_sm90_fwd_tmaps' / mg_sm90_mqa_tmaps' errors, or
+ * q, k_nope, k_rope, v), mqa_fwd_sm90 (mg_sm90_mqa_tmaps over q, c), attn_bwd_dkdv_sm90 and
+ * attn_bwd_dq_sm90 (mg_sm90_bwd_tmaps over q, k_nope, k_rope, v, dout). Writes *n maps into
+ * maps[0 .. max). Returns 0, or the encoders' errors, or
  * MLAGEN_EINVAL (a NULL argument; k has no MG_PARAM_TMAPS parameter, or a family
  * without an encoder here; max too small). */
 int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
