@@ -209,7 +209,8 @@ static void test_spec_errors(void **state) {
   int n;
   mg_diag d = MG_DIAG_INIT;
   assert_int_equal(mg_spec_for_model(&shape, 3, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), MLAGEN_EINVAL);
-  assert_non_null(strstr(mg_diag_msg(&d), "does not divide num_attention_heads 16"));
+  assert_non_null(strstr(mg_diag_msg(&d), "sp = 3 does not divide num_attention_heads = 16"));
+  assert_non_null(strstr(mg_diag_msg(&d), "laga-cp"));
   assert_int_equal(mg_spec_for_model(&shape, 1, "fp8", specs, MG_SPEC_MAX_KERNELS, &n, &d), MLAGEN_EINVAL);
   assert_int_equal(mg_spec_for_model(&shape, 16, "fp16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
   assert_int_equal(specs[0].heads, 1);

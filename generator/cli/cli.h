@@ -4,6 +4,7 @@
 #define MG_CLI_H
 #include "mg_config.h"
 #include "mg_generate.h"
+#include "mg_plan.h"
 #include "mg_spec.h"
 
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2, CLI_HELP = -1 };
@@ -66,11 +67,23 @@ int cli_kernel_dtype(cli_opts *o);
  * CLI_FAIL on failure. */
 int cli_load_model(const cli_opts *o, mg_shape *shape);
 
-/* Loads the model, builds its kernel specs (all families, causal and not, with the --set
- * overrides) and opens a generator on o->templates. Prints any error; returns 0,
- * CLI_FAIL or CLI_USAGE. On success the caller closes *g. */
+/* The kernel specs of shape at o->sp: mg_spec_for_plan(shape, o->sp, head_groups, dtype).
+ * At a --sp that does not divide H (or exceeds it), where laga-cp is the only form, they
+ * are laga-cp's kernels (which do not depend on P), after a note on stderr that says so in
+ * mg_plan_args_check's words. Returns 0 or mg_spec_for_plan's error (d says why). */
+int cli_model_specs(const cli_opts *o, const mg_shape *shape, int head_groups, const char *dtype,
+                    mg_kernel_spec *specs, int max, int *n, mg_diag *d);
+
+/* Loads the model, builds its kernel specs (cli_model_specs: all families, causal and not,
+ * with the --set overrides) and opens a generator on o->templates. Prints any error;
+ * returns 0, CLI_FAIL or CLI_USAGE. On success the caller closes *g. */
 int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
                 mg_gen **g);
+
+/* mg_plan_build of a (plan and run), its argument errors (mg_plan_args_check) naming the
+ * command's options: --head-groups, or --cp-head-groups for laga-cp. Returns
+ * mg_plan_build's status; d says why. */
+int cli_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d);
 
 /* The specs of specs[0..*n) (cli_prepare's, max their capacity) for arch: each portable
  * family an architecture's family replaces on arch (mg_spec_to_arch: attn_fwd ->

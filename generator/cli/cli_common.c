@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "mg_dtype.h"
+#include "mg_plan.h"
 #include "mlagen.h"
 
 void cli_error(const char *fmt, ...) {
@@ -205,13 +206,72 @@ static int apply_sets(const cli_opts *o, mg_kernel_spec *s, mg_diag *d) {
   return rc;
 }
 
+int cli_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
+  const mg_plan_arg_names names = {
+      .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",
+      .head_groups = a->form == MG_FORM_LAGA_CP ? "--cp-head-groups" : "--head-groups",
+      .laga_f = "the fused LAGA form (laga-f)", .laga_cp = "laga-cp"};
+  int rc = mg_plan_args_check(a, &names, d);
+  return rc ? rc : mg_plan_build(p, a, d);
+}
+
+/* At a P that does not divide H (or exceeds it) the Ulysses forms do not run
+ * (mg_plan_args_check) and laga-cp is the only form; its kernels do not depend on P (every
+ * rank attends with all H heads, in head groups of H / N). Prints a note saying so, in
+ * mg_plan_args_check's words, then cuts specs[0..*n) (mg_spec_for_model's at P = 1) to the
+ * kernels laga-cp's plan at P launches: the families of its kernel steps, the attention
+ * families at its head-group width. */
+static int cp_only_specs(const cli_opts *o, const mg_shape *shape, mg_kernel_spec *specs, int *n,
+                         mg_diag *d) {
+  if (o->sp < 1) return mg_diag_set(d, MLAGEN_EINVAL, "--sp %d: must be >= 1", o->sp);
+  mg_plan *p = malloc(sizeof *p);
+  if (!p) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  /* S = H P: every degree dividing H divides S, so the message lists them all */
+  mg_plan_args a = {.shape = shape, .form = MG_FORM_EXPLICIT, .sp = o->sp, .batch = 1,
+                    .seq = (int64_t)shape->heads * o->sp, .causal = 1, .dtype = MG_BF16};
+  mg_diag why = MG_DIAG_INIT;
+  mg_plan_args_check(&a, NULL, &why);
+  a.form = MG_FORM_LAGA_CP;
+  int rc = mg_plan_build(p, &a, d);
+  if (!rc) {
+    fprintf(stderr, "mlagen: note: %s. At --sp %d only laga-cp runs: rendering its kernels (the "
+            "same at any P: all %d heads, %d head groups of %d)\n", mg_diag_msg(&why), o->sp,
+            shape->heads, p->args.head_groups, p->heads_local / p->args.head_groups);
+    int m = 0;
+    for (int i = 0; i < *n; i++) {
+      int keep = 0;
+      for (int j = 0; j < p->n_steps && !keep; j++) {
+        const mg_step *s = &p->steps[j];
+        const int attn = s->op == MG_OP_ATTN_FWD || s->op == MG_OP_ATTN_BWD;
+        for (int k = 0; s->kind == MG_STEP_KERNEL && k < MG_SPEC_OP_FAMILIES && mg_op_family(s->op, k); k++)
+          keep |= !strcmp(mg_op_family(s->op, k), specs[i].family) &&
+                  (!attn || (specs[i].heads == p->bufs[s->in[0]].dims[2] &&
+                             specs[i].d_n == shape->qk_nope_head_dim));
+      }
+      if (keep) specs[m++] = specs[i];
+    }
+    *n = m;
+  }
+  mg_diag_clear(&why);
+  free(p);
+  return rc;
+}
+
+int cli_model_specs(const cli_opts *o, const mg_shape *shape, int head_groups, const char *dtype,
+                    mg_kernel_spec *specs, int max, int *n, mg_diag *d) {
+  const int cp_only = o->sp > shape->heads || o->sp < 1 || shape->heads % o->sp != 0;
+  int rc = mg_spec_for_plan(shape, cp_only ? 1 : o->sp, cp_only ? 0 : head_groups, dtype, specs,
+                            max, n, d);
+  return !rc && cp_only ? cp_only_specs(o, shape, specs, n, d) : rc;
+}
+
 int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
                 mg_gen **g) {
   *g = NULL;
   int rc = cli_load_model(o, shape);
   if (rc) return rc;
   mg_diag d = MG_DIAG_INIT;
-  rc = mg_spec_for_model(shape, o->sp, o->dtype, specs, max, n, &d);
+  rc = cli_model_specs(o, shape, 0, o->dtype, specs, max, n, &d);
   for (int i = 0; !rc && i < *n; i++) rc = apply_sets(o, &specs[i], &d);
   int status = rc == MLAGEN_EINVAL ? CLI_USAGE : CLI_FAIL;
   if (!rc) rc = mg_gen_open(g, o->templates, &d);
@@ -285,6 +345,16 @@ int cli_arch_specs(const cli_opts *o, const char *arch, int strict, mg_kernel_sp
     }
   int rc = add_requested(o, strict, specs, max, n);
   if (rc) return rc;
+  for (int f = 0; arch && f < o->n_family; f++) { /* an arch family asked for elsewhere: say so */
+    const char *F = o->family[f], *on = NULL;
+    int dup = 0;
+    for (int g = 0; g < f; g++) dup |= strcmp(o->family[g], F) == 0;
+    for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch && !on; a++)
+      for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i]; i++)
+        if (!strcmp(a->k.family[i], F)) on = a->arch;
+    if (!dup && on && !mg_family_runs_on(F, arch))
+      fprintf(stderr, "mlagen: note: --family %s runs on %s only: not rendered for %s\n", F, on, arch);
+  }
   int m = 0; /* drop another arch's families, and duplicates */
   for (int i = 0; i < *n; i++) {
     int keep = !arch || mg_family_runs_on(specs[i].family, arch);

@@ -14,7 +14,8 @@
 
 static const char help[] =
     "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype T]\n"
-    "                   [--causal | --no-causal] [--head-groups N] [--json] [--steps]\n"
+    "                   [--causal | --no-causal] [--head-groups N] [--cp-head-groups N]\n"
+    "                   [--json] [--steps]\n"
     "                   [--link-gbps X] [--tflops Y] [--hbm-gbps Z] [--mem-gib M]\n"
     "                   [--explain [--arch ARCH] [--device NAME] [--templates DIR]]\n"
     "\n"
@@ -75,7 +76,7 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
     mg_diag_clear(&d);
     return CLI_USAGE;
   }
-  int rc = mg_spec_for_plan(shape, o->sp, o->head_groups, kdtype, specs, MG_SPEC_MAX_KERNELS, &n, &d);
+  int rc = cli_model_specs(o, shape, o->head_groups, kdtype, specs, MG_SPEC_MAX_KERNELS, &n, &d);
   for (int i = 0; !rc && i < n; i++) /* the families arch's executor runs (mg_arch_kernel_table) */
     mg_spec_to_arch(&specs[i], arch, &specs[i]);
   if (!rc) rc = mg_gen_open(&g, o->templates, &d);
@@ -247,7 +248,7 @@ int cli_plan(int argc, char **argv) {
                                      : f == MG_FORM_LAGA_CP ? o.cp_head_groups
                                                             : 0};
     const int headless = f != MG_FORM_LAGA_CP && (shape.heads % o.sp != 0);
-    ok[f] = mg_plan_build(&plans[f], &a, &d) == 0;
+    ok[f] = cli_plan_build(&plans[f], &a, &d) == 0;
     if (!ok[f] && !headless) {
       cli_error("%s", mg_diag_msg(&d)); /* not the head split: refused for every form */
       mg_diag_clear(&d);

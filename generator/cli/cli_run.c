@@ -57,10 +57,11 @@ static const char help[] =
     "                 or F64; rank 0, atomic):\n"
     "                 o [B,S,H,d_v], lse [B,H,S], dq, dc_kv, dk_rope, dw_kv_b (summed\n"
     "                 over ranks)\n"
-    "  --check        run every form on the same inputs (P must divide H) and print each\n"
-    "                 one's max\n"
-    "                 relative error (max|a-b| / max|b|) against explicit; fails above\n"
-    "                 1e-4 (f32) or 1e-10 (f64)\n";
+    "  --check        run every form that runs at P on the same inputs and print each\n"
+    "                 one's max relative error (max|a-b| / max|b|) against explicit; fails\n"
+    "                 above 1e-4 (f32) or 1e-10 (f64). Where P does not divide H (only\n"
+    "                 laga-cp runs) the reference is explicit at P = 1 on rank 0, over the\n"
+    "                 same global inputs\n";
 
 /* Parses and checks the options of `mlagen run`. */
 static int parse(int argc, char **argv, cli_opts *o) {
@@ -455,10 +456,13 @@ static int run(const cli_opts *o, group *g) {
   mg_diag d = MG_DIAG_INIT;
   mg_shape shape;
   mg_st_file *file = NULL;
-  void *in[2][N_INPUTS] = {{0}}; /* this rank's inputs: [0] token slice, [1] laga-cp's chunks */
-  static mg_plan plans[MG_FORM_COUNT];
-  result res[MG_FORM_COUNT];
+  /* this rank's inputs: [0] token slice, [1] laga-cp's chunks, [2] all tokens (the P = 1
+   * reference, rank 0) */
+  void *in[3][N_INPUTS] = {{0}};
+  static mg_plan plans[MG_FORM_COUNT], ref_plan;
+  result res[MG_FORM_COUNT], ref_res;
   memset(res, 0, sizeof res);
+  memset(&ref_res, 0, sizeof ref_res);
   mg_form form;
   mg_form_parse(o->form, &form); /* checked by parse */
   mg_dtype dt = strcmp(o->dtype, "f64") == 0 ? MG_F64 : MG_F32;
@@ -497,19 +501,27 @@ static int run(const cli_opts *o, group *g) {
   FAIL_IF(rc != 0, CLI_FAIL);
 
   /* the plans */
+  /* --check: every form that runs at P against explicit. The Ulysses forms need P | H
+   * (mg_plan_args_check); at any other P only laga-cp runs (--form another: its build names
+   * why) and the reference is explicit at P = 1 on rank 0 (ref_single). */
+  const int ulysses = o->sp <= shape.heads && shape.heads % o->sp == 0;
+  const int ref_single = o->check && !ulysses;
   int forms[MG_FORM_COUNT], n_forms = 0;
-  if (o->check) /* every form against explicit: P must divide H */
-    for (int f = 0; f < MG_FORM_COUNT; f++) forms[n_forms++] = f;
-  else
-    forms[n_forms++] = (int)form;
+  for (int f = 0; f < MG_FORM_COUNT; f++)
+    if (f == (int)form || (o->check && (ulysses || f == MG_FORM_LAGA_CP))) forms[n_forms++] = f;
   for (int k = 0; k < n_forms; k++) {
     mg_plan_args a = {.shape = &shape, .form = (mg_form)forms[k], .sp = o->sp,
                       .rank = g->rank < o->sp ? g->rank : 0, .batch = (int)B, .seq = S, .causal = o->causal, .dtype = dt,
                       .head_groups = forms[k] == MG_FORM_LAGA_F    ? o->head_groups
                                      : forms[k] == MG_FORM_LAGA_CP ? o->cp_head_groups
                                                                    : 0};
-    rc = mg_plan_build(&plans[forms[k]], &a, &d);
+    rc = cli_plan_build(&plans[forms[k]], &a, &d);
     if (rc) break;
+  }
+  if (!rc && ref_single) {
+    mg_plan_args a = {.shape = &shape, .form = MG_FORM_EXPLICIT, .sp = 1, .batch = (int)B,
+                      .seq = S, .causal = o->causal, .dtype = dt};
+    rc = cli_plan_build(&ref_plan, &a, &d);
   }
   FAIL_IF(rc != 0, CLI_USAGE);
 
@@ -550,6 +562,13 @@ static int run(const cli_opts *o, group *g) {
   for (int b = 0; b < plans[forms[0]].n_bufs; b++) /* the inputs: once per layout */
     if (plans[forms[0]].bufs[b].role == MG_BUF_INPUT)
       need += mg_plan_buf_bytes(&plans[forms[0]].bufs[b]) * (o->check ? 2 : 1);
+  if (ref_single) { /* rank 0 also runs the whole problem, on all the tokens */
+    mg_plan_cost c;
+    mg_plan_cost_of(&ref_plan, &c);
+    need += c.peak_fwd > c.peak_bwd ? c.peak_fwd : c.peak_bwd;
+    for (int b = 0; b < ref_plan.n_bufs; b++)
+      if (ref_plan.bufs[b].role == MG_BUF_INPUT) need += mg_plan_buf_bytes(&ref_plan.bufs[b]);
+  }
   const int64_t avail = mem_available();
   const int too_big = avail > 0 && need > avail / g->size;
   if (too_big)
@@ -561,18 +580,20 @@ static int run(const cli_opts *o, group *g) {
   /* the inputs, this rank's shard in each layout the forms run take */
   input_spec specs[N_INPUTS];
   input_specs(&shape, B, S, specs);
-  for (int k = 0; k < n_forms && !rc; k++) {
-    const int lay = forms[k] == MG_FORM_LAGA_CP;
-    const mg_form lf = lay ? MG_FORM_LAGA_CP : MG_FORM_EXPLICIT;
+  const int ref_here = ref_single && g->rank == 0;
+  for (int k = 0; k < n_forms + ref_here && !rc; k++) {
+    const int lay = k == n_forms ? 2 : forms[k] == MG_FORM_LAGA_CP;
+    const mg_form lf = lay == 1 ? MG_FORM_LAGA_CP : MG_FORM_EXPLICIT;
+    const int P = lay == 2 ? 1 : o->sp, rank = lay == 2 ? 0 : g->rank;
     for (int j = 0; j < N_INPUTS && !rc && !in[lay][j]; j++) {
       const input_spec *is = &specs[j];
-      const int64_t local = numel_of(is->dims, is->ndim) / (is->ndim == 2 ? 1 : o->sp);
+      const int64_t local = numel_of(is->dims, is->ndim) / (is->ndim == 2 ? 1 : P);
       if (!(in[lay][j] = malloc((size_t)local * mg_dtype_size(dt))))
         rc = mg_diag_set(&d, MLAGEN_ENOMEM, "out of memory");
       else if (!file)
-        draw_shard(is, o->seed, lf, g->rank, o->sp, dt, in[lay][j]);
+        draw_shard(is, o->seed, lf, rank, P, dt, in[lay][j]);
       else
-        rc = read_shard(file, is, lf, g->rank, o->sp, dt, in[lay][j], &d);
+        rc = read_shard(file, is, lf, rank, P, dt, in[lay][j], &d);
     }
   }
   FAIL_IF(rc != 0, CLI_FAIL);
@@ -616,6 +637,24 @@ static int run(const cli_opts *o, group *g) {
     }
   }
 
+  if (ref_here) { /* the reference: explicit at P = 1, on this rank alone */
+    group one = {NULL, 0, 1, 0};
+    rc = mg_comm_local_new(&one.comm, &d);
+    if (!rc) rc = run_form(&one, &ref_plan, (const void *const *)in[2], &ref_res, &d);
+    mg_comm_destroy(one.comm);
+    if (!rc) {
+      printf("explicit at P = 1 on rank 0 (the reference: the Ulysses forms need P | H = %d):\n",
+             shape.heads);
+      print_stats("explicit", &ref_res);
+    }
+    if (!rc && !ref_res.matches_plan)
+      rc = mg_diag_set(&d, MLAGEN_EINVAL, "the reference's measured memory differs from its plan");
+    if (rc) {
+      cli_error("rank 0: %s", mg_diag_msg(&d));
+      ret = CLI_FAIL;
+      goto out;
+    }
+  }
   if (g->rank == 0) {
     const int64_t nf = non_finite(&res[form]);
     if (nf > 0)
@@ -626,14 +665,17 @@ static int run(const cli_opts *o, group *g) {
   if (g->rank == 0 && o->check) {
     const double tol = dt == MG_F64 ? 1e-10 : 1e-4;
     int bad = 0;
-    printf("\ncheck: max |a - b| / max |b| against explicit over the global tensors (limit %g)\n%-9s",
-           tol, "form");
+    const result *ref = ref_single ? &ref_res : &res[MG_FORM_EXPLICIT];
+    printf("\ncheck: max |a - b| / max |b| against explicit%s over the global tensors (limit "
+           "%g)\n%-9s", ref_single ? " at P = 1" : "", tol, "form");
     for (int k = 0; k < N_RESULTS; k++) printf(" %-10s", result_names[k]);
     printf("\n");
-    for (int f = 1; f < MG_FORM_COUNT; f++) {
+    for (int i = 0; i < n_forms; i++) {
+      const int f = forms[i];
+      if (f == MG_FORM_EXPLICIT) continue;
       printf("%-9s", mg_form_name((mg_form)f));
       for (int k = 0; k < N_RESULTS; k++) {
-        double e = rel_err(&res[f], &res[MG_FORM_EXPLICIT], k);
+        double e = rel_err(&res[f], ref, k);
         bad += !(e <= tol);
         printf(" %-10.2e", e);
       }
@@ -644,7 +686,8 @@ static int run(const cli_opts *o, group *g) {
                 "or hold NaN or infinite values", bad, tol);
       ret = CLI_FAIL;
     } else {
-      printf("check passed: every form equals explicit within %g\n", tol);
+      printf("check passed: every form %sequals explicit%s within %g\n",
+             ref_single ? "that runs at this P " : "", ref_single ? " at P = 1" : "", tol);
     }
   }
   if (g->rank == 0 && o->dump && ret == CLI_OK) {
@@ -659,8 +702,9 @@ static int run(const cli_opts *o, group *g) {
 
 out:
   mg_st_close(file);
-  for (int k = 0; k < N_INPUTS; k++) free(in[0][k]), free(in[1][k]);
+  for (int k = 0; k < N_INPUTS; k++) free(in[0][k]), free(in[1][k]), free(in[2][k]);
   for (int f = 0; f < MG_FORM_COUNT; f++) result_free(&res[f]);
+  result_free(&ref_res);
   mg_diag_clear(&d);
   return ret;
 }

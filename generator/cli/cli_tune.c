@@ -364,6 +364,15 @@ int cli_tune(int argc, char **argv) {
          n_all, by[MG_TUNE_KEPT], by[MG_TUNE_REJECTED], by[MG_TUNE_PRUNED], by[MG_TUNE_FAILED],
          by[MG_TUNE_KEPT] + by[MG_TUNE_PRUNED], hits, elapsed, lim.min_warps, lim.smem_per_block,
          arch);
+  /* the portable families' templates cap themselves at sm_80's limit on every arch
+   * (prelude.lua, smem_limit): their rejections name that figure, not arch's */
+  mg_tune_limits l80;
+  int portable = 0;
+  for (int i = 0; i < n_all; i++) portable |= !strcmp(mg_family_portable(all[i].spec.family), all[i].spec.family);
+  if (portable && !mg_tune_arch_limits("sm_80", &l80, NULL) && l80.smem_per_block < lim.smem_per_block)
+    printf("portable families: their templates cap shared memory at sm_80's %ld bytes on every "
+           "arch (the limit their rejections name); only an architecture's own family, such as "
+           "attn_fwd_sm90, may use %s's %ld\n", l80.smem_per_block, arch, lim.smem_per_block);
 
   int status = by[MG_TUNE_FAILED] ? CLI_FAIL : CLI_OK;
   if (!o.dry_run) {

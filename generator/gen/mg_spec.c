@@ -120,17 +120,13 @@ int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kerne
 int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char *dtype,
                      mg_kernel_spec *specs, int max, int *n, mg_diag *d) {
   *n = 0;
-  if (sp < 1) return mg_diag_set(d, MLAGEN_EINVAL, "sequence-parallel degree %d: must be >= 1", sp);
-  if (shape->heads % sp != 0) {
-    char ok[256] = "";  /* the degrees that do divide H, for the message */
-    size_t len = 0;
-    for (int p = 1; p <= shape->heads && len + 16 < sizeof ok; p++)
-      if (shape->heads % p == 0)
-        len += (size_t)snprintf(ok + len, sizeof ok - len, "%s%d", len ? ", " : "", p);
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "sequence-parallel degree %d does not divide num_attention_heads %d "
-                       "(Ulysses SP gives each rank H / P heads; degrees that divide it: %s)",
-                       sp, shape->heads, ok);
+  if (sp < 1 || sp > shape->heads || shape->heads % sp != 0) {
+    /* the Ulysses forms' refusal, in mg_plan_args_check's words (S = H P: every degree
+     * dividing H divides S, so its list of degrees is H's divisors) */
+    const mg_plan_args a = {.shape = shape, .form = MG_FORM_EXPLICIT, .sp = sp, .batch = 1,
+                            .seq = (int64_t)shape->heads * (sp > 0 ? sp : 1), .dtype = MG_BF16};
+    const int rc = mg_plan_args_check(&a, NULL, d);
+    return rc ? rc : mg_diag_set(d, MLAGEN_EINVAL, "sequence-parallel degree %d", sp);
   }
   mg_dtype t16;
   if (mg_dtype_spec_parse(dtype, &t16))

@@ -52,7 +52,9 @@ int mg_spec_family_on_request(const char *family);
  * attn_bwd_dkdv and attn_bwd_dq at the group's head count (an extra equal to a spec
  * already listed is left out). Each spec carries mg_spec_plan_tunables. max is the
  * capacity of specs.
- * Errors: MLAGEN_EINVAL (sp < 1, H not divisible by sp, unknown dtype, max too small). */
+ * Errors: MLAGEN_EINVAL (sp < 1, sp above H or not dividing it: mg_plan_args_check's message
+ * for the Ulysses forms, which names laga-cp, whose kernels do not depend on P: those of
+ * sp = 1; unknown dtype, max too small). */
 int mg_spec_for_model(const mg_shape *shape, int sp, const char *dtype, mg_kernel_spec *specs,
                       int max, int *n, mg_diag *d);
 
