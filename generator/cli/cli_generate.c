@@ -25,7 +25,9 @@ static const char help[] =
     "                   TMA/wgmma forward), one per attn_fwd kernel, with its default\n"
     "                   tunables, k_packed as attn_fwd's, and the --set overrides\n"
     "                   (family.k=v ones are safest); mqa_fwd_sm90 (the sm_90a absorbed\n"
-    "                   forward), one per mqa_fwd kernel; repeatable\n"
+    "                   forward), one per mqa_fwd kernel; mqa_bwd_dkv_sm90 (the sm_90a\n"
+    "                   absorbed backward's key side), one per mqa_bwd_dkv kernel;\n"
+    "                   repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 
 int cli_generate(int argc, char **argv) {

@@ -1,0 +1,482 @@
+/* test_mqa_bwd_sm90.c: the sm_90a absorbed backward's key side (templates/mqa_bwd_dkv_sm90.cu.tpl:
+ * a CTA owns 64 latent keys, a TMA ring of query tiles on mbarriers, wgmma, a producer
+ * warpgroup, the d_c + d_r wide dc accumulator split over two consumer warpgroups) run
+ * unchanged on the CPU through the host executor's sm_90a emulation, against the float64
+ * reference of tests/mqa_ref.h per element with test_mqa_bwd.c's tolerances; the same bits on
+ * every schedule; every kept configuration compiled by NVRTC for sm_90a without spills; and
+ * every barrier, wait and fence of the kernel removed from the rendered source, each removal
+ * failing the check or being reported (a deadlock, a wgmma or named-barrier protocol error).
+ *
+ * The three tensor maps (q, c, dout: the template's `tmaps` doc) are encoded here with the
+ * fake driver's cuTensorMapEncodeTiled (tests/fake_cuda.c) through runtime/mg_driver's loader;
+ * no runtime helper makes them yet (no plan runs this kernel). delta = rowsum(dO o) is
+ * computed on the host in float64 from the stored 16-bit o and rounded to fp32 (what
+ * attn_bwd_pre stores up to its fp32 summation order). Inputs: random bf16 (fp16 in one
+ * case), scores with standard deviation 2 under DeepSeek's YaRN softmax scale (the seed is
+ * printed, MLAGEN_TEST_SEED overrides it). The host executor is slow on 576-wide heads: the
+ * shapes are few and small, each chosen for a property (named at its case). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_driver.h"
+#include "kernel_host.h"
+#include "kernel_test_util.h"
+#include "mg_driver.h"
+#include "mlagen.h"
+#include "mqa_ref.h"
+
+typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+typedef void (*dkv_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
+                       const float *delta, e16 *dc, int seqlen_q, int seqlen_k, int q_pos0,
+                       float softmax_scale, const tmap_t *tmaps);
+
+static int g_fp16;
+
+typedef struct built_kernel {
+  kh_kernel kh;
+  dkv_fn fn;
+} built_kernel;
+
+/* A source edit: replaces the first occurrence of `from` (which must exist: else the test
+ * fails, so a renamed pattern cannot make a mutation test pass) by `to` padded with spaces. */
+typedef struct edit {
+  const char *from, *to;
+} edit;
+static int apply_edit(char *src, void *ctx) {
+  const edit *e = ctx;
+  char *at = strstr(src, e->from);
+  if (!at) fail_msg("mutation pattern '%s' not in the rendered source", e->from);
+  size_t nf = strlen(e->from), nt = strlen(e->to);
+  assert_true(nt <= nf);
+  memcpy(at, e->to, nt);
+  memset(at + nt, ' ', nf - nt);
+  return 1;
+}
+
+static void build_edit(const mg_kernel_spec *spec, const edit *e, built_kernel *out) {
+  assert_true(kh_build_edited(NULL, spec, 0, e ? apply_edit : NULL, (void *)e, &out->kh));
+  assert_int_equal(out->kh.threads, 384);
+  assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
+  *(void **)&out->fn = out->kh.fn;
+}
+
+/* d_n and d_v are the explicit form's: the template ignores them. */
+static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "mqa_bwd_dkv_sm90");
+  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
+  snprintf(s.dtype, sizeof s.dtype, "%s", g_fp16 ? "fp16" : "bf16");
+  return s;
+}
+
+/* One case: 16-bit inputs, the forward's stored o (16-bit) and lse (fp32), delta, the
+ * float64 reference dc (P and scale dS rounded to 16 bits as the kernel's wgmma operands)
+ * with mqa_ref.h's bound of ambiguous roundings, the kernel's dc, the maps. */
+typedef struct bwd_case {
+  int B, sq, sk, H, dc, dr, causal, q_pos0;
+  float scale;
+  e16 *q, *c, *dout, *out;
+  float *lse, *delta;
+  size_t nq, nc, no, nl;
+  double *r_dc, *f_dc;
+  tmap_t *tmaps; /* [3] */
+} bwd_case;
+
+#define FLIP_EPS 3e-5 /* as test_mqa_bwd.c: the kernel's own fp32 error in a P or dS element */
+static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
+static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
+
+static void *xcalloc(size_t n, size_t sz) {
+  void *p = calloc(n ? n : 1, sz);
+  assert_non_null(p);
+  return p;
+}
+static e16 *rand_e16(size_t n, double sd, double *as_double) {
+  e16 *p = kt_rand_e16_sd(g_fp16, n, sd);
+  for (size_t i = 0; i < n; i++) as_double[i] = e16_to_float(g_fp16, p[i]);
+  return p;
+}
+
+/* The kernel's 3 maps over c's tensors (dims innermost first, 16-bit, zero OOB fill; the
+ * host executor's device addresses are host addresses): the template's `tmaps` contract. */
+static void encode_maps(bwd_case *c) {
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  assert_non_null(drv->cuTensorMapEncodeTiled);
+  const int dqk = c->dc + c->dr;
+  const unsigned w = dqk % 64 == 0 ? 64 : dqk % 32 == 0 ? 32 : 16;
+  const CUtensorMapSwizzle sw = w == 64 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                : w == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                          : CU_TENSOR_MAP_SWIZZLE_32B;
+  const long nq = (long)c->B * c->sq * c->H, nk = (long)c->B * c->sk;
+  const struct {
+    const void *base;
+    cuuint64_t cols, rows;
+  } m[3] = {{c->q, (cuuint64_t)dqk, (cuuint64_t)(nq > 0 ? nq : 1)},
+            {c->c, (cuuint64_t)dqk, (cuuint64_t)(nk > 0 ? nk : 1)},
+            {c->dout, (cuuint64_t)c->dc, (cuuint64_t)(nq > 0 ? nq : 1)}};
+  for (int i = 0; i < 3; i++) {
+    const cuuint64_t dims[2] = {m[i].cols, m[i].rows}, strides[1] = {m[i].cols * 2};
+    const cuuint32_t box[2] = {w, 64}, es[2] = {1, 1};
+    CUresult r = drv->cuTensorMapEncodeTiled(
+        (CUtensorMap *)&c->tmaps[i],
+        g_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+        (void *)m[i].base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) fail_msg("cuTensorMapEncodeTiled map %d: %d", i, (int)r);
+  }
+}
+
+static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int sk, int q_pos0) {
+  const int H = s->heads, dc = s->d_c, dr = s->d_r, w = dc + dr;
+  memset(c, 0, sizeof *c);
+  c->B = B, c->sq = sq, c->sk = sk, c->H = H, c->dc = dc, c->dr = dr, c->causal = s->causal;
+  c->q_pos0 = q_pos0;
+  c->scale = (float)kt_softmax_scale(w / 3); /* as test_mqa_bwd.c */
+  c->nq = (size_t)B * sq * H * w;
+  c->nc = (size_t)B * sk * w;
+  c->no = (size_t)B * sq * H * dc;
+  c->nl = (size_t)B * H * sq;
+  double *qd = xcalloc(c->nq, sizeof *qd), *cd = xcalloc(c->nc, sizeof *cd);
+  double *dod = xcalloc(c->no, sizeof *dod), *od = xcalloc(c->no, sizeof *od);
+  double *lsed = xcalloc(c->nl, sizeof *lsed), *dq = xcalloc(c->nq, sizeof *dq);
+  /* 64-byte aligned: the maps' base addresses must be 16-byte aligned */
+  c->q = rand_e16(c->nq, kt_q_sd(c->scale, w), qd); /* scores with sd 2 */
+  c->c = rand_e16(c->nc, 1, cd);
+  c->dout = rand_e16(c->no, 1, dod);
+  mqa_ref_fwd(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, od, lsed);
+  c->lse = xcalloc(c->nl, sizeof *c->lse);
+  c->delta = xcalloc(c->nl, sizeof *c->delta);
+  for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, float_to_e16(g_fp16, (float)od[i]));
+  for (size_t i = 0; i < c->nl; i++) lsed[i] = c->lse[i] = (float)lsed[i];
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < sq; i++)
+      for (int h = 0; h < H; h++) {
+        const size_t row = ((size_t)b * sq + i) * H + h;
+        double acc = 0;
+        for (int k = 0; k < dc; k++) acc += dod[row * dc + k] * od[row * dc + k];
+        c->delta[((size_t)b * H + h) * sq + i] = (float)acc;
+      }
+  c->r_dc = xcalloc(c->nc, sizeof *c->r_dc);
+  c->f_dc = xcalloc(c->nc, sizeof *c->f_dc);
+  mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
+                    g_fp16 ? round_f16 : round_bf16, FLIP_EPS, NULL, c->f_dc, dq, c->r_dc);
+  c->out = xcalloc(c->nc, sizeof *c->out);
+  c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
+  memset(c->tmaps, 0, 3 * sizeof(tmap_t));
+  encode_maps(c);
+  free(qd), free(cd), free(dod), free(od), free(lsed), free(dq);
+}
+
+static void case_free(bwd_case *c) {
+  free(c->q), free(c->c), free(c->dout), free(c->out), free(c->lse), free(c->delta);
+  free(c->r_dc), free(c->f_dc), free(c->tmaps);
+}
+
+typedef struct launch_args {
+  const built_kernel *bk;
+  bwd_case *c;
+} launch_args;
+static void thunk(void *p) {
+  launch_args *a = p;
+  bwd_case *c = a->c;
+  a->bk->fn(c->q, c->c, c->dout, c->lse, c->delta, c->out, c->sq, c->sk, c->q_pos0, c->scale,
+            c->tmaps);
+}
+
+/* Launches (dc NaN first) on the executor's default (shuffled) schedule, or seed when not 0
+ * (round robin when rr), with sm_90's shared-memory limit; returns the launch's message in
+ * msg (0: it ran). */
+static int launch_case(const built_kernel *bk, bwd_case *c, unsigned long long seed, int rr,
+                       char *msg, size_t n) {
+  for (size_t i = 0; i < c->nc; i++) c->out[i] = 0x7fff; /* NaN in bf16 and fp16 */
+  mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
+  assert_int_equal(grid.x, ((unsigned)c->sk + 63) / 64);
+  if (grid.x == 0) return 0;
+  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.arch = 90;
+  lo.seed = seed;
+  lo.round_robin = rr;
+  launch_args a = {bk, c};
+  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+}
+
+/* test_mqa_bwd.c's tolerances, per element: |err| <= 2 NOISE_* rms(part) + u |ref| + flip
+ * (mqa_ref.h's bound for P and scale dS elements near a 16-bit rounding boundary). NOISE_*:
+ * the largest noise figure kt_noise_report printed over this file's numeric cases
+ * (MLAGEN_TEST_SEED 21, 22 and random seeds): fp32 accumulation order only (measured below
+ * 1e-7), so at least 1e-6 as in test_mqa_bwd.c. */
+#define NOISE_DC 1e-6
+#define NOISE_DKR 1e-6
+
+/* Compares dc[:, :d_c] and dc[:, d_c:] per element; ratio[i]: their worst err / bound.
+ * Returns the number of NaN outputs; the first failure's message goes to msg. */
+static size_t compare(const bwd_case *c, double ratio[2], char *msg, size_t n) {
+  const size_t w = (size_t)(c->dc + c->dr), krows = (size_t)c->B * c->sk, dc = (size_t)c->dc;
+  const int kind = g_fp16 ? KT_F16 : KT_BF16;
+  const double rtol = kt_unit_roundoff(kind);
+  kt_checked k[2];
+  k[0] = kt_check_slack("mqa_bwd_dkv_sm90 dc_kv", kind, c->out, c->r_dc, c->f_dc, krows, w, 0,
+                        dc, (kt_tol){2 * NOISE_DC, rtol}, 0);
+  k[1] = kt_check_slack("mqa_bwd_dkv_sm90 dk_rope", kind, c->out, c->r_dc, c->f_dc, krows, w,
+                        dc, w, (kt_tol){2 * NOISE_DKR, rtol}, 0);
+  size_t nans = 0;
+  msg[0] = 0;
+  for (int i = 0; i < 2; i++) {
+    ratio[i] = k[i].r.n ? k[i].r.worst_ratio : 0;
+    nans += (size_t)(k[i].r.worst_ratio == INFINITY);
+    if (!msg[0] && k[i].r.n && !cc_ok(&k[i].r)) snprintf(msg, n, "%s", k[i].msg);
+  }
+  return nans;
+}
+
+static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  bwd_case c;
+  case_init(&c, &bk->kh.spec, B, sq, sk, q_pos0);
+  char msg[1024];
+  double t0 = kh_now();
+  if (launch_case(bk, &c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  double r[2];
+  size_t nans = compare(&c, r, msg, sizeof msg);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dc_kv %.2f dk_rope %.2f (%.2f s)\n",
+                bk->kh.name + strlen("mla_mqa_bwd_dkv_sm90_"), B, sq, sk, q_pos0, r[0], r[1],
+                kh_now() - t0);
+  if (nans) fail_msg("%zu NaN outputs", nans);
+  if (msg[0]) fail_msg("%s", msg);
+  case_free(&c);
+}
+
+/* DeepSeek's latent (d_c 512, d_r 64: 576/512; the default, 1 stage: 2 do not fit), causal
+ * and not. H 2: S = 1; S = 37 with batch 2 (74 rows: a partial query tile, TMA rows past a
+ * batch item's end read the next one's, masked; 37 keys: a partial key tile); a query shard
+ * at 30 of 50 keys; 70 keys for 5 queries at 0 (causal: the second key tile sees no query,
+ * dc = 0). H 16: 4 tokens per 64-row tile (the diagonal differs per token). H 128 (V3
+ * without sequence parallelism): 3 queries at 62.. of 65 keys, 6 query tiles through the
+ * one-stage ring. */
+static void test_deepseek(void **state) {
+  (void)state;
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 512, 64, causal);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 1, 1, 1, 0);
+    run_case(&bk, 2, 37, 37, 0);
+    run_case(&bk, 1, 20, 50, 30);
+    if (causal) run_case(&bk, 1, 5, 70, 0);
+    kh_free(&bk.kh);
+    s = make_spec(16, 512, 64, causal);
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 1, 13, 13, 0);
+    kh_free(&bk.kh);
+  }
+  mg_kernel_spec s = make_spec(128, 512, 64, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 1, 3, 65, 62);
+  kh_free(&bk.kh);
+}
+
+/* d_c 256, d_r 32 (288/256: 64B-swizzled 32-column boxes; the dK_rope chunk overlaps dC's
+ * last 32 columns), the default (2 stages) causal and not: H 2 at S = 1, S 37 batch 2, a
+ * shard at 50 of 70 keys, 130 keys for 70 queries at 60 (3 key tiles, 3 query tiles around
+ * the ring); H 1 (one row per token); H 5 (tokens straddle query tiles). Then 1 stage, and
+ * fp16. */
+static void test_dc256(void **state) {
+  (void)state;
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 256, 32, causal);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 1, 1, 1, 0);
+    run_case(&bk, 2, 37, 37, 0);
+    run_case(&bk, 1, 20, 70, 50);
+    run_case(&bk, 1, 70, 130, 60);
+    kh_free(&bk.kh);
+  }
+  mg_kernel_spec s = make_spec(1, 256, 32, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 77, 77, 0);
+  kh_free(&bk.kh);
+  s = make_spec(5, 256, 32, 1);
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 29, 29, 0);
+  run_case(&bk, 1, 13, 20, 7);
+  kh_free(&bk.kh);
+  s = make_spec(2, 256, 32, 1);
+  kh_set(&s, "stages=1");
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 37, 100, 63);
+  kh_free(&bk.kh);
+  g_fp16 = 1;
+  s = make_spec(2, 256, 32, 1);
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 37, 77, 40);
+  kh_free(&bk.kh);
+  g_fp16 = 0;
+}
+
+/* Deterministic by construction: round robin and two shuffled schedules give the same bits
+ * (288/256, H 2, causal, batch 2, 3 query tiles through the 2-stage ring). */
+static void test_schedules_bit_identical(void **state) {
+  (void)state;
+  mg_kernel_spec s = make_spec(2, 256, 32, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  bwd_case c;
+  case_init(&c, &s, 2, 80, 100, 20);
+  e16 *d0 = malloc(c.nc * sizeof *d0);
+  char msg[1024];
+  for (int k = 0; k < 3; k++) {
+    if (launch_case(&bk, &c, (unsigned long long)k * 7, k == 0, msg, sizeof msg))
+      fail_msg("launch: %s", msg);
+    if (k == 0) {
+      double r[2];
+      if (compare(&c, r, msg, sizeof msg) || msg[0]) fail_msg("round robin: %s", msg);
+      memcpy(d0, c.out, c.nc * sizeof *d0);
+    } else if (memcmp(d0, c.out, c.nc * sizeof *d0)) {
+      fail_msg("schedule seed %d gives other bits than round robin", k * 7);
+    }
+  }
+  print_message("  %s: round robin and seeds 7, 14: dc bit-identical\n", bk.kh.name);
+  free(d0);
+  case_free(&c);
+  kh_free(&bk.kh);
+}
+
+/* Each removal of a barrier, wait or fence from the rendered source (288/256, H 2, causal,
+ * 2 stages; 96 queries at 32 of 128 keys: 2 key tiles, 3 query tiles around the ring) must
+ * make the check fail or the launch be reported (a deadlock, a wgmma or named-barrier
+ * protocol error), each on its own schedule seed; the producer's empty wait on 1 stage (where
+ * every tile reuses the stage). Two numeric mutations too: the causal mask dropped, and the
+ * diagonal taken per packed row instead of per token. */
+static void test_mutations_caught(void **state) {
+  (void)state;
+  static const edit muts[] = {
+      {"mbar_wait(&empty[st], ph ^ 1u);", ""},
+      {"if (n_iter > 0) mbar_wait(c_full, 0);", ""},
+      {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);", ""},
+      {"wgmma_wait<0>();  // MUTATION: S wait", ""},
+      {"if (j > 0) bar_sync(BAR_FREE, 256);", ""},
+      {"bar_arrive(BAR_P, 256);", ""},
+      {"bar_sync(BAR_DS, 256);", ""},
+      {"wgmma_wait<0>();  // MUTATION: dP wait", ""},
+      {"bar_sync(BAR_P, 256);", ""},
+      {"bar_sync(BAR_READ, 128);", ""},
+      {"fence_proxy_async();", ""},
+      {"bar_arrive(BAR_DS, 256);", ""},
+      {"if (FIRST != 0) bar_sync(BAR_OWN, 128);", ""},
+      {"wgmma_wait<0>();  // MUTATION: B wait", ""},
+      {"if (FIRST != 0 && j + 1 < n_iter) bar_arrive(BAR_FREE, 256);", ""},
+      {"mbar_arrive(&empty[st]);", ""},
+      {"!(CAUSAL && key > q_pos0 + row / H)", "true"},
+      {"key > q_pos0 + row / H", "key > q_pos0 + row    "},
+      {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
+  };
+  const size_t n = sizeof muts / sizeof muts[0];
+  for (size_t m = 0; m < n; m++) {
+    mg_kernel_spec s = make_spec(2, 256, 32, 1);
+    kh_set(&s, m + 1 < n ? "stages=2" : "stages=1");
+    built_kernel bk;
+    build_edit(&s, &muts[m], &bk);
+    bwd_case c;
+    case_init(&c, &s, 1, 96, 128, 32);
+    const unsigned long long seed = m + 1;
+    char msg[1024];
+    int rc = launch_case(&bk, &c, seed, 0, msg, sizeof msg);
+    const char *how = "launch reported";
+    if (!rc) {
+      double r[2];
+      kt_noise_quiet = 1;
+      size_t nans = compare(&c, r, msg, sizeof msg);
+      kt_noise_quiet = 0;
+      if (!nans && !msg[0])
+        fail_msg("removing '%s' was not caught (schedule seed %llu)", muts[m].from, seed);
+      how = nans ? "NaN outputs" : "check failed";
+    }
+    print_message("  without '%s' (seed %llu): %s: %.120s\n", muts[m].from, seed, how, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+}
+
+/* Every configuration the template's check keeps compiles for sm_90a (NVRTC) with no spill,
+ * no stack frame and no static shared memory, for DeepSeek-V3 (H 128, 576/512), the d_c 256
+ * shape (H 40, 288/256), causal and not, bf16 and fp16; registers and shared memory printed. */
+static void test_nvrtc_kept_configs(void **state) {
+  (void)state;
+  kh_sweep sw;
+  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  sw.max_smem = 227 * 1024;
+  int kept = 0;
+  for (int sh = 0; sh < 2; sh++)
+    for (int f16 = 0; f16 < 2; f16++)
+      for (int causal = 0; causal < 2; causal++) {
+        mg_kernel_spec cands[2];
+        g_fp16 = f16;
+        for (int st = 1; st <= 2; st++) {
+          cands[st - 1] = sh == 0 ? make_spec(128, 512, 64, causal) : make_spec(40, 256, 32, causal);
+          kh_set(&cands[st - 1], st == 1 ? "stages=1" : "stages=2");
+        }
+        kept += kh_sweep_cover(&sw, cands, 2, g_test_seed, "");
+      }
+  g_fp16 = 0;
+  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
+                kh_now() - sw.t0);
+  assert_true(kept >= 6);
+  kh_sweep_close(&sw);
+}
+
+/* Rejections: 2 stages at 576/512 (shared memory); d_c not a multiple of 64. */
+static void test_check_rejects(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel k;
+  mg_kernel_spec s = make_spec(128, 512, 64, 1);
+  kh_set(&s, "stages=2");
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "bytes of shared memory"));
+  print_message("  %s\n", mg_diag_msg(&d));
+  s = make_spec(16, 160, 32, 1);
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "d_c must be a multiple of 64"));
+  print_message("  %s\n", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
+static int report_worst(void **state) {
+  (void)state;
+  kt_noise_report();
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  kt_seed_init();
+  int rc = kh_test_main(argc, argv, NULL);
+  if (rc >= 0) return rc;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_deepseek),
+      cmocka_unit_test(test_dc256),
+      cmocka_unit_test(test_schedules_bit_identical),
+      cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_check_rejects),
+      cmocka_unit_test(test_nvrtc_kept_configs),
+  };
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+}
