@@ -138,7 +138,6 @@ constexpr unsigned BAR_DS = 2;    // dS^T is in shared memory
 constexpr unsigned BAR_FREE = 3;  // consumer 1 is done with P^T and dS^T
 // (128 threads: consumer 1 alone)
 constexpr unsigned BAR_READ = 4;  // all of consumer 0's fp32 P^T read
-constexpr unsigned BAR_OWN = 5;   // all of P^T and dS^T stored
 // Shared memory (offsets from a 1024-aligned base): mbarriers, C, the ring (Q then dO per
 // stage), P^T, dS^T (each [64 keys][64 rows], one 128B-swizzled box).
 constexpr unsigned C_BYTES = BLOCK_N * DQK * 2;
@@ -290,7 +289,7 @@ ${K.name}(
 #pragma unroll
         for (int i = 0; i < 32; ++i) sPf[i * 128 + t] = s[i];
         bar_arrive(BAR_P, 256);  // MUTATION: P arrive
-        bar_sync(BAR_DS, 256);  // MUTATION: DS wait
+        bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0
       } else {
         // dP^T = V dO^T, V = C's first d_c columns.
         fence_operand(s);
@@ -321,11 +320,10 @@ ${K.name}(
           *reinterpret_cast<unsigned*>(sDS + frag_off(i)) = pack2(s[i], s[i + 1]);
         }
         fence_proxy_async();  // MUTATION: P fence
-        bar_arrive(BAR_DS, 256);  // MUTATION: DS arrive
+        // Both consumers wait here: consumer 1's wgmma below reads every thread's stores too.
+        bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1
       }
       // Phase B: this warpgroup's chunks += P^T dO[:, chunk] (dC chunks) + dS^T Q[:, chunk].
-      // consumer 1 reached here after its own barrier on the stores, consumer 0 after BAR_DS.
-      if (FIRST != 0) bar_sync(BAR_OWN, 128);  // MUTATION: own wait (every thread's P^T, dS^T stored)
 #pragma unroll
       for (int c = 0; c < NC; ++c) fence_operand(acc[c]);
       wgmma_fence();
