@@ -9,31 +9,45 @@
 @ -- item (one wgmma M), loaded once by TMA, and walks the packed query rows r = i H + h (q[b]
 @ -- as a [S_q H, d_c + d_r] matrix, dO[b] as [S_q H, d_c]) that see one of its keys (causal:
 @ -- per token, from row (n0 - q_pos0) H), 64 rows per tile through a ring of `stages` stages
-@ -- (Q and dO of the tile, one mbarrier each way). Warpgroups (384 threads): 0 and 1
+@ -- (Q and dO of the tile, one mbarrier each way; C lands on the first tile's). Warpgroups (384 threads): 0 and 1
 @ -- consumers, 2 the producer (one thread issues every TMA load; setmaxnreg 24 / 240).
 @ -- Per query tile:
-@ --   consumer 0: S^T = C Q^T (m64n64, K = d_c + d_r), P^T = exp2(S^T scale log2 e - LSE
-@ --               log2 e) masked, stored 16-bit into shared memory (K-major for the A operand
-@ --               of phase B, 128B-swizzled)                          -- named barrier P --
-@ --   consumer 1: dP^T = V dO^T (m64n64, K = d_c; V = C's first d_c columns), reads P^T
-@ --               back, dS^T = scale P^T (dP^T - delta) stored likewise -- named barrier DS --
+@ --   consumer 0: S^T = C Q^T (m64n64, K = d_c + d_r, both operands K-major from shared
+@ --               memory), P^T = exp2(S^T scale log2 e - LSE log2 e) masked (per token),
+@ --               handed to consumer 1 in fp32 through shared memory    -- named barrier P --
+@ --   consumer 1: dP^T = V dO^T (m64n64, K = d_c; V = C's first d_c columns), then
+@ --               dS^T = scale P^T (dP^T - delta) from the fp32 P^T (as mqa_bwd_dkv: P is
+@ --               rounded to 16 bits only as an MMA operand); once all of its threads have
+@ --               read the fp32 P^T (named barrier READ, 128 threads) it stores P^T and dS^T
+@ --               16-bit over the same bytes (K-major [key][row] boxes, 128B-swizzled: the A
+@ --               operands of phase B), proxy-fenced                 -- named barrier DS --
+@ --               (both consumers sync on DS: consumer 1's own wgmma reads every thread's
+@ --               stores too)
 @ --   phase B, both: the output columns are cut into 64-wide chunks, d_c / 64 of dC and
 @ --               ceil(d_r / 64) of dK_rope (the last one ending at d_c + d_r: with d_r 32 it
 @ --               overlaps dC's last 32 columns, which it computes and discards); consumer 0
 @ --               owns the first ceil(n / 2) chunks, consumer 1 the rest:
 @ --                 dC chunk      += P^T dO[:, chunk] + dS^T Q[:, chunk]   (wgmma ss, B MN-major)
 @ --                 dK_rope chunk += dS^T Q[:, chunk]
-@ --               then each releases the ring stage; consumer 1 also signals the P / dS^T
-@ --               buffers free (named barrier FREE) for consumer 0's next P^T.
+@ --               then each releases the ring stage; consumer 1 also signals the P^T / dS^T
+@ --               bytes free (named barrier FREE) for consumer 0's next fp32 P^T.
 @ -- dc = [dK_lat + dV ; dK_rope] is the sum of both products in one accumulator, written once,
 @ -- 16-bit, from the registers: every element is one thread's fp32 sum over the query tiles
 @ -- in order, so the bits do not depend on the schedule (deterministic, no atomics).
-@ -- Registers: each consumer holds ceil(n / 2) chunks of 64 x 64 fp32 accumulators, 32 per
-@ -- chunk per thread, plus phase A's S^T or dP^T (32): 576/512 has n = 8 + 1 = 9 chunks, so
-@ -- 5 x 32 + 32 = 192 live fp32 values under the 240 registers setmaxnreg gives (288/256:
-@ -- n = 5, 3 x 32 + 32 = 128). LSE and delta are read from global memory (L2) by the
-@ -- consumer threads, at the fragment columns they need (the [B, H, S_q] layout is strided in
-@ -- the packed rows: no TMA box covers a tile of them for every H).
+@ -- Registers (the crux: a 64-key tile's dC is 64 x 576 fp32, 288 per thread of one
+@ -- warpgroup): each consumer holds 32 fp32 per chunk per thread, plus phase A's S^T or dP^T
+@ -- (32) and, in consumer 1, P^T's 16-bit pairs (16). 576/512 has n = 8 + 1 = 9 chunks:
+@ -- consumer 0 5 x 32 + 32 = 192, consumer 1 4 x 32 + 32 + 16 = 176 live values under the
+@ -- 240 registers setmaxnreg gives (288/256: n = 4 + 1, 3 x 32 + 32 = 128). ptxas: 0 spill.
+@ -- Shared memory: C 64 x 576 x 2 = 72 KiB + Q and dO per stage 64 x 1088 x 2 = 136 KiB +
+@ -- P^T / dS^T 16 KiB (the fp32 P^T shares them) + 2 KiB = 231424 bytes of 232448 at 576/512:
+@ -- one stage only (the next query tile loads after both consumers released the stage);
+@ -- 288/256 fits two. LSE and delta are read from global memory (L2) by the consumer threads
+@ -- at the fragment columns they need (the [B, H, S_q] layout is strided in the packed rows:
+@ -- no TMA box covers a tile of them for every H).
+@ -- The tensor maps are `tmaps` in device memory (main's convention); the kernel reads them
+@ -- only through tmap(i), so passing them by value as a __grid_constant__ TensorMaps<3>
+@ -- changes the parameter's type and that one line.
 @ local H, DC, DR = spec.heads, spec.d_c, spec.d_r
 @ local DQK = DC + DR
 @ local ESIZE = elem_size(spec.dtype)
@@ -44,7 +58,8 @@
 @ local NCC, NCR = DC // 64, (DR + 63) // 64
 @ local NCH = NCC + NCR
 @ local NMAX = (NCH + 1) // 2
-@ -- fp32 accumulators per consumer thread: its chunks and phase A's S^T or dP^T.
+@ -- fp32 values live per consumer thread: consumer 0's chunks and S^T (consumer 1 holds one
+@ -- chunk fewer and 16 more). 192 (576/512) compiles with no spill (NVRTC, sm_90a).
 @ local ACC_LIMIT = 192
 @ local function accumulators() return 32 * NMAX + 32 end
 @ -- 2048: the 1024-byte alignment slack and the mbarriers; then C (64 keys), the ring (Q and
@@ -150,9 +165,7 @@ constexpr unsigned OFF_P = OFF_RING + STAGES * STAGE_BYTES;
 constexpr unsigned OFF_DS = OFF_P + P_BYTES;
 static_assert(DC % 64 == 0 && DR % 16 == 0 && DQK % W == 0, "head dims");
 static_assert(C_BYTES % 1024 == 0 && Q_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "swizzle alignment");
-static_assert(8 * (1 + 2 * STAGES) <= OFF_C, "barrier area");
-
-template <int V> struct Int { static constexpr int value = V; };
+static_assert(8 * 2 * STAGES <= OFF_C, "barrier area");
 
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   elem2_t v = ${PACK2}(lo, hi);
@@ -178,8 +191,7 @@ ${K.name}(
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned raw_addr = smem_u32(smem);
   unsigned char* const sbase = smem + (((raw_addr + 1023u) & ~1023u) - raw_addr);
-  unsigned long long* const c_full = reinterpret_cast<unsigned long long*>(sbase);
-  unsigned long long* const full = c_full + 1;      // [STAGES]: query tile landed
+  unsigned long long* const full = reinterpret_cast<unsigned long long*>(sbase);  // [STAGES]: query tile (and C) landed
   unsigned long long* const empty = full + STAGES;  // [STAGES]: both consumers done with it
   unsigned char* const sC = sbase + OFF_C;
   unsigned char* const ring = sbase + OFF_RING;
@@ -197,7 +209,6 @@ ${K.name}(
   const int n_iter = max(0, m_tiles - m_first);
 
   if (tid == 0) {
-    mbar_init(c_full, 1);
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(&full[st], 1);
       mbar_init(&empty[st], 256);
@@ -210,18 +221,18 @@ ${K.name}(
     // ---- producer warpgroup: one thread issues the TMA loads ------------------------------
     setmaxnreg_dec<24>();
     if (tid != 256) return;
-    if (n_iter > 0) {
-      mbar_arrive_expect_tx(c_full, C_BYTES);
-      for (int c = 0; c < DQK / W; ++c)
-        tma_load_2d(sC + c * BLOCK_N * 2 * W, tmap(1), c_full, c * W, b * seqlen_k + n0);
-    }
     for (int j = 0; j < n_iter; ++j) {
       const int st = j % STAGES;
       const unsigned ph = (unsigned)(j / STAGES) & 1u;
       mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
       unsigned char* const sQ = ring + st * STAGE_BYTES;
       const int row = b * nrows + (m_first + j) * BLOCK_M;
-      mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
+      // The key tile C lands with the first query tile (one barrier for the consumers to
+      // wait on: no wait of theirs that another's could stand in for).
+      mbar_arrive_expect_tx(&full[st], STAGE_BYTES + (j == 0 ? C_BYTES : 0));
+      if (j == 0)
+        for (int c = 0; c < DQK / W; ++c)
+          tma_load_2d(sC + c * BLOCK_N * 2 * W, tmap(1), &full[0], c * W, b * seqlen_k + n0);
       for (int c = 0; c < DQK / W; ++c) tma_load_2d(sQ + c * BLOCK_M * 2 * W, tmap(0), &full[st], c * W, row);
       for (int c = 0; c < DC / W; ++c)
         tma_load_2d(sQ + Q_BYTES + c * BLOCK_M * 2 * W, tmap(2), &full[st], c * W, row);
@@ -245,22 +256,25 @@ ${K.name}(
     return make_desc_mn_kstep(SW, base + (col / W) * BLOCK_M * 2 * W, BLOCK_M, kk);
   };
 
-  auto consumer = [&](auto first_c, auto count_c) {
-    constexpr int FIRST = decltype(first_c)::value, NC = decltype(count_c)::value;
+  // The consumer's code, rendered once per warpgroup (its chunk count is a compile-time
+  // array size; NVRTC takes no generic lambda). MUTATION comments name the warpgroup.
+@ for ci, cw in ipairs({ { 0, NMAX }, { NMAX, NCH - NMAX } }) do
+@   local WGN = ci - 1
+  if (wg == ${WGN}) {
+    constexpr int FIRST = ${cw[1]}, NC = ${cw[2]};
     float acc[NC][32];
 #pragma unroll
     for (int c = 0; c < NC; ++c)
 #pragma unroll
       for (int i = 0; i < 32; ++i) acc[c][i] = 0.f;
 
-    if (n_iter > 0) mbar_wait(c_full, 0);  // MUTATION: C wait
     for (int j = 0; j < n_iter; ++j) {
       const int st = j % STAGES;
       const int m0 = (m_first + j) * BLOCK_M;
       const unsigned q_addr = ring_addr + st * STAGE_BYTES, o_addr = q_addr + Q_BYTES;
-      mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait
+      mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait ${WGN}
       float s[32];  // consumer 0: S^T, then P^T; consumer 1: dP^T, then dS^T
-      if (FIRST == 0) {
+@     if WGN == 0 then
         // S^T = C Q^T over all d_c + d_r columns.
         fence_operand(s);
         wgmma_fence();
@@ -290,7 +304,7 @@ ${K.name}(
         for (int i = 0; i < 32; ++i) sPf[i * 128 + t] = s[i];
         bar_arrive(BAR_P, 256);  // MUTATION: P arrive
         bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0
-      } else {
+@     else
         // dP^T = V dO^T, V = C's first d_c columns.
         fence_operand(s);
         wgmma_fence();
@@ -322,7 +336,7 @@ ${K.name}(
         fence_proxy_async();  // MUTATION: P fence
         // Both consumers wait here: consumer 1's wgmma below reads every thread's stores too.
         bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1
-      }
+@     end
       // Phase B: this warpgroup's chunks += P^T dO[:, chunk] (dC chunks) + dS^T Q[:, chunk].
 #pragma unroll
       for (int c = 0; c < NC; ++c) fence_operand(acc[c]);
@@ -339,11 +353,13 @@ ${K.name}(
         }
       }
       wgmma_commit();
-      wgmma_wait<0>();  // MUTATION: B wait
+      wgmma_wait<0>();  // MUTATION: B wait ${WGN}
 #pragma unroll
       for (int c = 0; c < NC; ++c) fence_operand(acc[c]);
-      if (FIRST != 0 && j + 1 < n_iter) bar_arrive(BAR_FREE, 256);  // MUTATION: free arrive
-      mbar_arrive(&empty[st]);  // MUTATION: empty release
+@     if WGN == 1 then
+      if (j + 1 < n_iter) bar_arrive(BAR_FREE, 256);  // MUTATION: free arrive
+@     end
+      mbar_arrive(&empty[st]);  // MUTATION: empty release ${WGN}
     }
 
     // dc = the accumulators (scale is in dS^T): chunk ch's columns from its own first one on
@@ -364,9 +380,6 @@ ${K.name}(
         }
       }
     }
-  };
-  if (wg == 0)
-    consumer(Int<0>(), Int<NMAX>());
-  else
-    consumer(Int<NMAX>(), Int<NCH - NMAX>());
+  }
+@ end
 }

@@ -39,6 +39,7 @@ typedef void (*dkv_fn)(const e16 *q, const e16 *c, const e16 *dout, const float 
                        float softmax_scale, const tmap_t *tmaps);
 
 static int g_fp16;
+static int g_dq; /* the kernels built next: mqa_bwd_dq_sm90 (1) or mqa_bwd_dkv_sm90 (0) */
 
 typedef struct built_kernel {
   kh_kernel kh;
@@ -72,7 +73,7 @@ static void build_edit(const mg_kernel_spec *spec, const edit *e, built_kernel *
 static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
   mg_kernel_spec s;
   memset(&s, 0, sizeof s);
-  snprintf(s.family, sizeof s.family, "mqa_bwd_dkv_sm90");
+  snprintf(s.family, sizeof s.family, "%s", g_dq ? "mqa_bwd_dq_sm90" : "mqa_bwd_dkv_sm90");
   s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
   snprintf(s.dtype, sizeof s.dtype, "%s", g_fp16 ? "fp16" : "bf16");
   return s;
@@ -82,12 +83,12 @@ static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
  * float64 reference dc (P and scale dS rounded to 16 bits as the kernel's wgmma operands)
  * with mqa_ref.h's bound of ambiguous roundings, the kernel's dc, the maps. */
 typedef struct bwd_case {
-  int B, sq, sk, H, dc, dr, causal, q_pos0;
+  int B, sq, sk, H, dc, dr, causal, q_pos0, dq; /* dq: the kernel's output is dq */
   float scale;
   e16 *q, *c, *dout, *out;
   float *lse, *delta;
   size_t nq, nc, no, nl;
-  double *r_dc, *f_dc;
+  double *r_dc, *f_dc, *r_dq, *f_dq;
   tmap_t *tmaps; /* [3] */
 } bwd_case;
 
@@ -143,6 +144,7 @@ static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int s
   memset(c, 0, sizeof *c);
   c->B = B, c->sq = sq, c->sk = sk, c->H = H, c->dc = dc, c->dr = dr, c->causal = s->causal;
   c->q_pos0 = q_pos0;
+  c->dq = !strcmp(s->family, "mqa_bwd_dq_sm90");
   c->scale = (float)kt_softmax_scale(w / 3); /* as test_mqa_bwd.c */
   c->nq = (size_t)B * sq * H * w;
   c->nc = (size_t)B * sk * w;
@@ -150,7 +152,7 @@ static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int s
   c->nl = (size_t)B * H * sq;
   double *qd = xcalloc(c->nq, sizeof *qd), *cd = xcalloc(c->nc, sizeof *cd);
   double *dod = xcalloc(c->no, sizeof *dod), *od = xcalloc(c->no, sizeof *od);
-  double *lsed = xcalloc(c->nl, sizeof *lsed), *dq = xcalloc(c->nq, sizeof *dq);
+  double *lsed = xcalloc(c->nl, sizeof *lsed);
   /* 64-byte aligned: the maps' base addresses must be 16-byte aligned */
   c->q = rand_e16(c->nq, kt_q_sd(c->scale, w), qd); /* scores with sd 2 */
   c->c = rand_e16(c->nc, 1, cd);
@@ -170,18 +172,21 @@ static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int s
       }
   c->r_dc = xcalloc(c->nc, sizeof *c->r_dc);
   c->f_dc = xcalloc(c->nc, sizeof *c->f_dc);
+  c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
+  c->f_dq = xcalloc(c->nq, sizeof *c->f_dq);
   mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
-                    g_fp16 ? round_f16 : round_bf16, FLIP_EPS, NULL, c->f_dc, dq, c->r_dc);
-  c->out = xcalloc(c->nc, sizeof *c->out);
+                    g_fp16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
+                    c->r_dc);
+  c->out = xcalloc(c->dq ? c->nq : c->nc, sizeof *c->out);
   c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
   memset(c->tmaps, 0, 3 * sizeof(tmap_t));
   encode_maps(c);
-  free(qd), free(cd), free(dod), free(od), free(lsed), free(dq);
+  free(qd), free(cd), free(dod), free(od), free(lsed);
 }
 
 static void case_free(bwd_case *c) {
   free(c->q), free(c->c), free(c->dout), free(c->out), free(c->lse), free(c->delta);
-  free(c->r_dc), free(c->f_dc), free(c->tmaps);
+  free(c->r_dc), free(c->f_dc), free(c->r_dq), free(c->f_dq), free(c->tmaps);
 }
 
 typedef struct launch_args {
@@ -200,9 +205,10 @@ static void thunk(void *p) {
  * msg (0: it ran). */
 static int launch_case(const built_kernel *bk, bwd_case *c, unsigned long long seed, int rr,
                        char *msg, size_t n) {
-  for (size_t i = 0; i < c->nc; i++) c->out[i] = 0x7fff; /* NaN in bf16 and fp16 */
+  const size_t nout = c->dq ? c->nq : c->nc;
+  for (size_t i = 0; i < nout; i++) c->out[i] = 0x7fff; /* NaN in bf16 and fp16 */
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
-  assert_int_equal(grid.x, ((unsigned)c->sk + 63) / 64);
+  assert_int_equal(grid.x, c->dq ? ((unsigned)c->sq * (unsigned)c->H + 63) / 64 : ((unsigned)c->sk + 63) / 64);
   if (grid.x == 0) return 0;
   mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
   mg_host_launch_opts lo;
@@ -219,6 +225,7 @@ static int launch_case(const built_kernel *bk, bwd_case *c, unsigned long long s
  * the largest noise figure kt_noise_report printed over this file's numeric cases
  * (MLAGEN_TEST_SEED 21, 22 and random seeds): fp32 accumulation order only (measured below
  * 1e-7), so at least 1e-6 as in test_mqa_bwd.c. */
+#define NOISE_DQ 1e-6
 #define NOISE_DC 1e-6
 #define NOISE_DKR 1e-6
 
@@ -226,9 +233,18 @@ static int launch_case(const built_kernel *bk, bwd_case *c, unsigned long long s
  * Returns the number of NaN outputs; the first failure's message goes to msg. */
 static size_t compare(const bwd_case *c, double ratio[2], char *msg, size_t n) {
   const size_t w = (size_t)(c->dc + c->dr), krows = (size_t)c->B * c->sk, dc = (size_t)c->dc;
+  const size_t qrows = (size_t)c->B * c->sq * c->H;
   const int kind = g_fp16 ? KT_F16 : KT_BF16;
   const double rtol = kt_unit_roundoff(kind);
   kt_checked k[2];
+  msg[0] = 0;
+  if (c->dq) { /* dq: one part (ratio[1] 0) */
+    k[0] = kt_check_slack("mqa_bwd_dq_sm90 dq", kind, c->out, c->r_dq, c->f_dq, qrows, w, 0, w,
+                          (kt_tol){2 * NOISE_DQ, rtol}, 0);
+    ratio[0] = k[0].r.n ? k[0].r.worst_ratio : 0, ratio[1] = 0;
+    if (k[0].r.n && !cc_ok(&k[0].r)) snprintf(msg, n, "%s", k[0].msg);
+    return (size_t)(k[0].r.worst_ratio == INFINITY);
+  }
   k[0] = kt_check_slack("mqa_bwd_dkv_sm90 dc_kv", kind, c->out, c->r_dc, c->f_dc, krows, w, 0,
                         dc, (kt_tol){2 * NOISE_DC, rtol}, 0);
   k[1] = kt_check_slack("mqa_bwd_dkv_sm90 dk_rope", kind, c->out, c->r_dc, c->f_dc, krows, w,
@@ -251,9 +267,13 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) 
   if (launch_case(bk, &c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
   double r[2];
   size_t nans = compare(&c, r, msg, sizeof msg);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dc_kv %.2f dk_rope %.2f (%.2f s)\n",
-                bk->kh.name + strlen("mla_mqa_bwd_dkv_sm90_"), B, sq, sk, q_pos0, r[0], r[1],
-                kh_now() - t0);
+  if (c.dq)
+    print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dq %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_mqa_bwd_"), B, sq, sk, q_pos0, r[0], kh_now() - t0);
+  else
+    print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dc_kv %.2f dk_rope %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_mqa_bwd_"), B, sq, sk, q_pos0, r[0], r[1],
+                  kh_now() - t0);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
   case_free(&c);
@@ -266,8 +286,7 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) 
  * dc = 0). H 16: 4 tokens per 64-row tile (the diagonal differs per token). H 128 (V3
  * without sequence parallelism): 3 queries at 62.. of 65 keys, 6 query tiles through the
  * one-stage ring. */
-static void test_deepseek(void **state) {
-  (void)state;
+static void deepseek(void) {
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(2, 512, 64, causal);
     built_kernel bk;
@@ -294,8 +313,7 @@ static void test_deepseek(void **state) {
  * shard at 50 of 70 keys, 130 keys for 70 queries at 60 (3 key tiles, 3 query tiles around
  * the ring); H 1 (one row per token); H 5 (tokens straddle query tiles). Then 1 stage, and
  * fp16. */
-static void test_dc256(void **state) {
-  (void)state;
+static void dc256(void) {
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(2, 256, 32, causal);
     built_kernel bk;
@@ -331,14 +349,14 @@ static void test_dc256(void **state) {
 
 /* Deterministic by construction: round robin and two shuffled schedules give the same bits
  * (288/256, H 2, causal, batch 2, 3 query tiles through the 2-stage ring). */
-static void test_schedules_bit_identical(void **state) {
-  (void)state;
+static void schedules_bit_identical(void) {
   mg_kernel_spec s = make_spec(2, 256, 32, 1);
   built_kernel bk;
   build_edit(&s, NULL, &bk);
   bwd_case c;
   case_init(&c, &s, 2, 80, 100, 20);
-  e16 *d0 = malloc(c.nc * sizeof *d0);
+  const size_t nout = c.dq ? c.nq : c.nc;
+  e16 *d0 = malloc(nout * sizeof *d0);
   char msg[1024];
   for (int k = 0; k < 3; k++) {
     if (launch_case(&bk, &c, (unsigned long long)k * 7, k == 0, msg, sizeof msg))
@@ -346,96 +364,157 @@ static void test_schedules_bit_identical(void **state) {
     if (k == 0) {
       double r[2];
       if (compare(&c, r, msg, sizeof msg) || msg[0]) fail_msg("round robin: %s", msg);
-      memcpy(d0, c.out, c.nc * sizeof *d0);
-    } else if (memcmp(d0, c.out, c.nc * sizeof *d0)) {
+      memcpy(d0, c.out, nout * sizeof *d0);
+    } else if (memcmp(d0, c.out, nout * sizeof *d0)) {
       fail_msg("schedule seed %d gives other bits than round robin", k * 7);
     }
   }
-  print_message("  %s: round robin and seeds 7, 14: dc bit-identical\n", bk.kh.name);
+  print_message("  %s: round robin and seeds 7, 14: %s bit-identical\n", bk.kh.name, c.dq ? "dq" : "dc");
   free(d0);
   case_free(&c);
   kh_free(&bk.kh);
 }
 
-/* Each removal of a barrier, wait or fence from the rendered source (288/256, H 2, causal,
- * 2 stages; 96 queries at 32 of 128 keys: 2 key tiles, 3 query tiles around the ring) must
- * make the check fail or the launch be reported (a deadlock, a wgmma or named-barrier
- * protocol error), each on its own schedule seed; the producer's empty wait on 1 stage (where
- * every tile reuses the stage). Two numeric mutations too: the causal mask dropped, and the
- * diagonal taken per packed row instead of per token. */
-static void test_mutations_caught(void **state) {
-  (void)state;
-  static const edit muts[] = {
-      {"mbar_wait(&empty[st], ph ^ 1u);", ""},
-      {"if (n_iter > 0) mbar_wait(c_full, 0);", ""},
-      {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);", ""},
-      {"wgmma_wait<0>();  // MUTATION: S wait", ""},
-      {"if (j > 0) bar_sync(BAR_FREE, 256);", ""},
-      {"bar_arrive(BAR_P, 256);", ""},
-      {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0", ""},
-      {"wgmma_wait<0>();  // MUTATION: dP wait", ""},
-      {"bar_sync(BAR_P, 256);", ""},
-      {"bar_sync(BAR_READ, 128);", ""},
-      {"fence_proxy_async();", ""},
-      {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1", ""},
-      {"wgmma_wait<0>();  // MUTATION: B wait", ""},
-      {"if (FIRST != 0 && j + 1 < n_iter) bar_arrive(BAR_FREE, 256);", ""},
-      {"mbar_arrive(&empty[st]);", ""},
-      {"!(CAUSAL && key > q_pos0 + row / H)", "true"},
-      {"key > q_pos0 + row / H", "key > q_pos0 + row    "},
-      {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
-  };
-  const size_t n = sizeof muts / sizeof muts[0];
+static const edit muts_dkv[] = {
+    {"mbar_wait(&empty[st], ph ^ 1u);", ""},
+    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""},
+    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""},
+    {"wgmma_wait<0>();  // MUTATION: S wait", ""},
+    {"if (j > 0) bar_sync(BAR_FREE, 256);", ""},
+    {"bar_arrive(BAR_P, 256);", ""},
+    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0", ""},
+    {"wgmma_wait<0>();  // MUTATION: dP wait", ""},
+    {"bar_sync(BAR_P, 256);", ""},
+    {"bar_sync(BAR_READ, 128);", ""},
+    {"fence_proxy_async();", ""},
+    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1", ""},
+    {"wgmma_wait<0>();  // MUTATION: B wait 0", ""},
+    {"wgmma_wait<0>();  // MUTATION: B wait 1", ""},
+    {"if (j + 1 < n_iter) bar_arrive(BAR_FREE, 256);", ""},
+    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
+    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""},
+    {"!(CAUSAL && key > q_pos0 + row / H)", "true"},
+    {"key > q_pos0 + row / H", "key > q_pos0 + row    "},
+    {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
+};
+
+static const edit muts_dq[] = {
+    {"mbar_wait(&empty[st], ph ^ 1u);", ""},
+    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""},
+    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""},
+    {"wgmma_wait<0>();  // MUTATION: S wait", ""},
+    {"if (j > 0) bar_sync(BAR_FREE, 256);", ""},
+    {"bar_arrive(BAR_P, 256);", ""},
+    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0", ""},
+    {"wgmma_wait<0>();  // MUTATION: dP wait", ""},
+    {"bar_sync(BAR_P, 256);", ""},
+    {"bar_sync(BAR_READ, 128);", ""},
+    {"fence_proxy_async();", ""},
+    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1", ""},
+    {"wgmma_wait<0>();  // MUTATION: B wait 0", ""},
+    {"wgmma_wait<0>();  // MUTATION: B wait 1", ""},
+    {"if (j + 1 < n_tiles) bar_arrive(BAR_FREE, 256);", ""},
+    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
+    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""},
+    {"(CAUSAL && key > q_pos0 + row / H)", "false"},
+    {"key > q_pos0 + row / H", "key > q_pos0 + row    "},
+    {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
+};
+
+static void mutations(const edit *muts, size_t n, int sq, int sk, int q_pos0) {
   for (size_t m = 0; m < n; m++) {
     mg_kernel_spec s = make_spec(2, 256, 32, 1);
     kh_set(&s, m + 1 < n ? "stages=2" : "stages=1");
     built_kernel bk;
     build_edit(&s, &muts[m], &bk);
     bwd_case c;
-    case_init(&c, &s, 1, 96, 128, 32);
-    const unsigned long long seed = m + 1;
+    case_init(&c, &s, 1, sq, sk, q_pos0);
+    /* schedules m + 1, ... until one catches it (at most 8) */
     char msg[1024];
-    int rc = launch_case(&bk, &c, seed, 0, msg, sizeof msg);
-    const char *how = "launch reported";
-    if (!rc) {
-      double r[2];
-      kt_noise_quiet = 1;
-      size_t nans = compare(&c, r, msg, sizeof msg);
-      kt_noise_quiet = 0;
-      if (!nans && !msg[0])
-        fail_msg("removing '%s' was not caught (schedule seed %llu)", muts[m].from, seed);
-      how = nans ? "NaN outputs" : "check failed";
+    const char *how = NULL;
+    unsigned long long seed = 0;
+    for (int k = 0; k < 8 && !how; k++) {
+      seed = m + 1 + 100ull * (unsigned long long)k;
+      if (launch_case(&bk, &c, seed, 0, msg, sizeof msg)) {
+        how = "launch reported";
+      } else {
+        double r[2];
+        kt_noise_quiet = 1;
+        size_t nans = compare(&c, r, msg, sizeof msg);
+        kt_noise_quiet = 0;
+        if (nans || msg[0]) how = nans ? "NaN outputs" : "check failed";
+      }
     }
+    if (!how) fail_msg("removing '%s' was not caught on 8 schedules", muts[m].from);
     print_message("  without '%s' (seed %llu): %s: %.120s\n", muts[m].from, seed, how, msg);
     case_free(&c);
     kh_free(&bk.kh);
   }
 }
 
+
+/* Each removal of a barrier, wait or fence from the rendered source (288/256, H 2, causal,
+ * 2 stages; 96 queries at 32 of 128 keys: 2 key tiles, 3 query tiles around the ring) must
+ * make the check fail or the launch be reported (a deadlock, a wgmma or named-barrier
+ * protocol error) on one of at most 8 schedule seeds (m + 1 + 100 k: a race shows on some
+ * schedules only); the producer's empty wait on 1 stage too (every tile reuses the stage). Two numeric mutations too: the causal mask dropped, and the
+ * diagonal taken per packed row instead of per token. */
+static void test_mutations_caught(void **state) {
+  (void)state;
+  mutations(muts_dkv, sizeof muts_dkv / sizeof muts_dkv[0], 96, 128, 32);
+}
+/* The same for mqa_bwd_dq_sm90 (96 queries at 104 of 200 keys: 3 row tiles, 4 key tiles
+ * around the 2-stage ring). */
+static void test_dq_mutations_caught(void **state) {
+  (void)state;
+  g_dq = 1;
+  mutations(muts_dq, sizeof muts_dq / sizeof muts_dq[0], 96, 200, 104);
+  g_dq = 0;
+}
+
+static void test_deepseek(void **state) { (void)state; deepseek(); }
+static void test_dc256(void **state) { (void)state; dc256(); }
+static void test_schedules_bit_identical(void **state) { (void)state; schedules_bit_identical(); }
+/* mqa_bwd_dq_sm90 on the same cases (its grid: 64 packed query rows per CTA). */
+static void test_dq_deepseek(void **state) { (void)state; g_dq = 1; deepseek(); g_dq = 0; }
+static void test_dq_dc256(void **state) { (void)state; g_dq = 1; dc256(); g_dq = 0; }
+static void test_dq_schedules_bit_identical(void **state) {
+  (void)state;
+  g_dq = 1;
+  schedules_bit_identical();
+  g_dq = 0;
+}
+
 /* Every configuration the template's check keeps compiles for sm_90a (NVRTC) with no spill,
- * no stack frame and no static shared memory, for DeepSeek-V3 (H 128, 576/512), the d_c 256
- * shape (H 40, 288/256), causal and not, bf16 and fp16; registers and shared memory printed. */
+ * no stack frame and no static shared memory, both kernels, for DeepSeek-V3 (H 128, 576/512),
+ * the d_c 256 shape (H 40, 288/256), causal and not, bf16 and fp16; registers and shared
+ * memory printed. */
 static void test_nvrtc_kept_configs(void **state) {
   (void)state;
   kh_sweep sw;
   kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
   int kept = 0;
-  for (int sh = 0; sh < 2; sh++)
-    for (int f16 = 0; f16 < 2; f16++)
-      for (int causal = 0; causal < 2; causal++) {
-        mg_kernel_spec cands[2];
-        g_fp16 = f16;
-        for (int st = 1; st <= 2; st++) {
-          cands[st - 1] = sh == 0 ? make_spec(128, 512, 64, causal) : make_spec(40, 256, 32, causal);
-          kh_set(&cands[st - 1], st == 1 ? "stages=1" : "stages=2");
+  for (int fam = 0; fam < 2; fam++)
+    for (int sh = 0; sh < 2; sh++)
+      for (int f16 = 0; f16 < 2; f16++)
+        for (int causal = 0; causal < 2; causal++) {
+          mg_kernel_spec cands[3];
+          const int n_st = fam ? 3 : 2; /* dq: stages {1, 2, 3}; dkv: {1, 2} */
+          g_fp16 = f16, g_dq = fam;
+          for (int st = 1; st <= n_st; st++) {
+            char a[16];
+            snprintf(a, sizeof a, "stages=%d", st);
+            cands[st - 1] = sh == 0 ? make_spec(128, 512, 64, causal) : make_spec(40, 256, 32, causal);
+            kh_set(&cands[st - 1], a);
+          }
+          kept += kh_sweep_cover(&sw, cands, n_st, g_test_seed, "");
         }
-        kept += kh_sweep_cover(&sw, cands, 2, g_test_seed, "");
-      }
+  g_dq = 0;
   g_fp16 = 0;
   print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
                 kh_now() - sw.t0);
-  assert_true(kept >= 6);
+  assert_true(kept >= 14);
   kh_sweep_close(&sw);
 }
 
@@ -474,6 +553,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_dc256),
       cmocka_unit_test(test_schedules_bit_identical),
       cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_dq_deepseek),
+      cmocka_unit_test(test_dq_dc256),
+      cmocka_unit_test(test_dq_schedules_bit_identical),
+      cmocka_unit_test(test_dq_mutations_caught),
       cmocka_unit_test(test_check_rejects),
       cmocka_unit_test(test_nvrtc_kept_configs),
   };

@@ -227,7 +227,8 @@ int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int m
 static const struct {
   const char *family, *beside;
 } on_request[] = {{"attn_fwd_sm90", "attn_fwd"}, {"mqa_fwd_sm90", "mqa_fwd"},
-                   {"mqa_bwd_dkv_sm90", "mqa_bwd_dkv"}};
+                   {"mqa_bwd_dkv_sm90", "mqa_bwd_dkv"},
+                   {"mqa_bwd_dq_sm90", "mqa_bwd_dq"}};
 enum { N_ON_REQUEST = sizeof on_request / sizeof on_request[0] };
 
 static int add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n) {
@@ -238,7 +239,7 @@ static int add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int 
     int r = 0;
     while (r < N_ON_REQUEST && strcmp(on_request[r].family, o->family[f]) != 0) r++;
     if (r == N_ON_REQUEST) {
-      cli_error("--family %s: generate and compile render on request only attn_fwd_sm90, mqa_fwd_sm90 and mqa_bwd_dkv_sm90 (every other "
+      cli_error("--family %s: generate and compile render on request only attn_fwd_sm90, mqa_fwd_sm90, mqa_bwd_dkv_sm90 and mqa_bwd_dq_sm90 (every other "
                 "family is rendered anyway)", o->family[f]);
       return CLI_USAGE;
     }

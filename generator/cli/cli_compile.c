@@ -22,7 +22,8 @@ static const char help[] =
     "  --arch LIST      comma-separated real targets (default sm_80,sm_90a)\n"
     "  --cache-dir DIR  JIT cache (default $MLAGEN_CACHE_DIR or ~/.cache/mlagen)\n"
     "  --no-cache       neither read nor write the cache\n"
-    "  --family F       also compile attn_fwd_sm90, mqa_fwd_sm90 or mqa_bwd_dkv_sm90 (see `mlagen generate --help`)\n"
+    "  --family F       also compile attn_fwd_sm90, mqa_fwd_sm90, mqa_bwd_dkv_sm90 or\n"
+    "                   mqa_bwd_dq_sm90 (see `mlagen generate --help`)\n"
     "  other options as for `mlagen generate`\n";
 
 #define MAX_ARCH 8

@@ -27,6 +27,7 @@ static const char help[] =
     "                   (family.k=v ones are safest); mqa_fwd_sm90 (the sm_90a absorbed\n"
     "                   forward), one per mqa_fwd kernel; mqa_bwd_dkv_sm90 (the sm_90a\n"
     "                   absorbed backward's key side), one per mqa_bwd_dkv kernel;\n"
+    "                   mqa_bwd_dq_sm90 (its query side), one per mqa_bwd_dq kernel;\n"
     "                   repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 

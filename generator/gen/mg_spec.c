@@ -13,11 +13,12 @@ const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_b
                                         "attn_bwd_dq",   "dq_convert",   "a2a_pack",     "a2a_unpack",
                                         "expand_kv",     "split_dkv",    "concat_latent", "split_latent",
                                         "copy_cols",     "mqa_fwd",      "mqa_bwd_dkv",  "mqa_bwd_dq",
-                                        "attn_fwd_sm90", "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", NULL};
+                                        "attn_fwd_sm90", "mqa_fwd_sm90", "mqa_bwd_dkv_sm90",
+                                        "mqa_bwd_dq_sm90", NULL};
 
 int mg_spec_family_on_request(const char *family) {
   return strcmp(family, "attn_fwd_sm90") == 0 || strcmp(family, "mqa_fwd_sm90") == 0 ||
-         strcmp(family, "mqa_bwd_dkv_sm90") == 0;
+         strcmp(family, "mqa_bwd_dkv_sm90") == 0 || strcmp(family, "mqa_bwd_dq_sm90") == 0;
 }
 
 const mg_op_kernels mg_op_kernel_table[] = {

@@ -35,7 +35,8 @@ typedef struct mg_kernel_spec {
 extern const char *const mg_spec_families[];
 
 /* 1 when family is rendered only on request (`mlagen generate --family F`), not for every
- * model: attn_fwd_sm90, mqa_fwd_sm90 and mqa_bwd_dkv_sm90, which no plan runs yet; else 0. */
+ * model: attn_fwd_sm90, mqa_fwd_sm90, mqa_bwd_dkv_sm90 and mqa_bwd_dq_sm90, which no plan
+ * runs yet; else 0. */
 int mg_spec_family_on_request(const char *family);
 
 /* Fills specs[0..*n) with every kernel a model needs at sequence-parallel degree sp, each
