@@ -1,6 +1,8 @@
-/* test_mqa_bwd_sm90.c: the sm_90a absorbed backward's key side (templates/mqa_bwd_dkv_sm90.cu.tpl:
+/* test_mqa_bwd_sm90.c: the sm_90a absorbed backward, its key side (templates/mqa_bwd_dkv_sm90.cu.tpl:
  * a CTA owns 64 latent keys, a TMA ring of query tiles on mbarriers, wgmma, a producer
- * warpgroup, the d_c + d_r wide dc accumulator split over two consumer warpgroups) run
+ * warpgroup, the d_c + d_r wide dc accumulator split over two consumer warpgroups) and its
+ * query side (mqa_bwd_dq_sm90.cu.tpl: the mirror, 64 packed query rows per CTA; the test_dq_*
+ * cases run the same shapes on it, comparing dq), each run
  * unchanged on the CPU through the host executor's sm_90a emulation, against the float64
  * reference of tests/mqa_ref.h per element with test_mqa_bwd.c's tolerances; the same bits on
  * every schedule; every kept configuration compiled by NVRTC for sm_90a without spills; and
