@@ -3,10 +3,10 @@
 @ --
 @ -- Same semantics as attn_fwd (O [B, S_q, H, d_v], natural-log LSE [B, H, S_q], causal
 @ -- at the rows' global positions q_pos0 / q_split / q_pos1 (mla::QueryPos), split or packed
-@ -- keys) and the same parameters, plus `tmaps`: the four
-@ -- CUtensorMaps TMA reads the inputs through (see the param's doc for their boxes).
-@ -- Not used by the planner or the executors yet (their plans run attn_fwd): rendered only
-@ -- on request (`mlagen generate --family attn_fwd_sm90`, or a spec naming the family).
+@ -- keys) and the same parameters, plus `tmaps`: the four CUtensorMaps TMA reads the inputs
+@ -- through, by value (see the param's doc for their boxes).
+@ -- The family of MG_OP_ATTN_FWD on sm_90a (generator/gen/mg_spec.c mg_arch_kernel_table):
+@ -- the CUDA executor, generate/compile/tune --arch sm_90a run it in place of attn_fwd.
 @ --
 @ -- One CTA owns block_m (64 or 128) query rows of one head of one batch item. Warpgroups
 @ -- 0 .. block_m/64 - 1 are consumers (64 rows each); the last warpgroup is the producer,
@@ -35,7 +35,7 @@
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local ESIZE = elem_size(spec.dtype)
-@ local SMEM_LIMIT = 227 * 1024       -- sm_90's opt-in dynamic shared memory per block
+@ local SMEM_LIMIT = smem_limit("sm_90a")   -- sm_90's opt-in dynamic shared memory per block (prelude.lua)
 @ -- fp32 accumulators per consumer thread: S (block_n / 2) + O (d_v / 2), plus block_n / 4
 @ -- registers of P. Every kept configuration of the tested shapes compiles with no spill
 @ -- (NVRTC, sm_90a: at most 209 registers, one consumer, block_n 128, d_v 128, overlap).
@@ -69,8 +69,8 @@
 @     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
 @     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
-@     { name = "tmaps", type = "const mla::sm90::TensorMap*", shape = "[4, 64]",
-@       doc = "4 CUtensorMaps (128 bytes each: the shape counts them in 16-bit units; 64-byte aligned) in device memory, made with cuTensorMapEncodeTiled over the tensors above (16-bit elements, no interleave, zero OOB fill), box inner width W(d) = 64/32/16 columns for d % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
+@     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<4>", shape = "[4]",
+@       doc = "4 CUtensorMaps passed by value (kernel parameter space; the host passes 4 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over the tensors above (16-bit elements, no interleave, zero OOB fill), box inner width W(d) = 64/32/16 columns for d % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
 @             "[0] q dims {d_qk, H, B*S_q} box {W(d_qk), 1, block_m}; [1] k_nope dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}; " ..
 @             "[2] split: k_rope dims {d_r, B*S_k} box {W(d_r), block_n}, packed: K dims {d_qk, H, B*S_k} box {W(d_r), 1, block_n}; [3] v dims {d_v, H, B*S_k} box {W(d_v), 1, block_n}" },
 @   },
@@ -215,7 +215,7 @@ ${K.name}(
     if (n_tiles > 0) {
       mbar_arrive_expect_tx(q_full, Q_BYTES);
       for (int c = 0; c < DQK / WQ; ++c)
-        tma_load_3d(sQ + c * BLOCK_M * 2 * WQ, &tmaps[0], q_full, c * WQ, h, b * seqlen_q + m0);
+        tma_load_3d(sQ + c * BLOCK_M * 2 * WQ, &tmaps.m[0], q_full, c * WQ, h, b * seqlen_q + m0);
     }
     for (int j = 0; j < n_tiles; ++j) {
       const int st = j % STAGES;
@@ -226,17 +226,17 @@ ${K.name}(
       const int row = b * seqlen_k + j * BLOCK_N;
       mbar_arrive_expect_tx(&full_k[st], K_BYTES);
       for (int c = 0; c < DN / WN; ++c)
-        tma_load_3d(sK + c * BLOCK_N * 2 * WN, &tmaps[1], &full_k[st], c * WN, h, row);
+        tma_load_3d(sK + c * BLOCK_N * 2 * WN, &tmaps.m[1], &full_k[st], c * WN, h, row);
       for (int c = 0; c < DR / WR; ++c) {
         unsigned char* dst = sK + KN_BYTES + c * BLOCK_N * 2 * WR;
         if (K_PACKED)
-          tma_load_3d(dst, &tmaps[2], &full_k[st], DN + c * WR, h, row);
+          tma_load_3d(dst, &tmaps.m[2], &full_k[st], DN + c * WR, h, row);
         else
-          tma_load_2d(dst, &tmaps[2], &full_k[st], c * WR, row);
+          tma_load_2d(dst, &tmaps.m[2], &full_k[st], c * WR, row);
       }
       mbar_arrive_expect_tx(&full_v[st], V_BYTES);
       for (int c = 0; c < DV / WV; ++c)
-        tma_load_3d(sV + c * BLOCK_N * 2 * WV, &tmaps[3], &full_v[st], c * WV, h, row);
+        tma_load_3d(sV + c * BLOCK_N * 2 * WV, &tmaps.m[3], &full_v[st], c * WV, h, row);
     }
     return;
   }

@@ -42,6 +42,14 @@ struct f16_t {};
 struct __align__(64) TensorMap {
   unsigned long long opaque[16];
 };
+// N of them as one kernel parameter, `const __grid_constant__ TensorMaps<N> tmaps` (the host
+// passes N contiguous CUtensorMaps; the kernel takes &tmaps.m[i]). By value, not in device
+// memory: the launch copies them, so no proxy fence, no device buffer and no upload are
+// needed, and a map rewritten for the next launch cannot be seen stale.
+template <int N>
+struct TensorMaps {
+  TensorMap m[N];
+};
 
 // ---- layouts (plain arithmetic: the same in both builds) ---------------------------------
 // Swizzle modes, numbered as the wgmma descriptor's bits 62-63 number them.

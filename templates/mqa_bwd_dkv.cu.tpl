@@ -92,11 +92,11 @@
 @     end
 @   end,
 @   default = function(s)
-@     for _, p in ipairs({ { 64, 2, 32, 2 }, { 64, 2, 32, 1 }, { 32, 2, 32, 1 }, { 32, 1, 16, 1 } }) do
+@     for _, p in ipairs({ { 64, 2, 32, 2 }, { 64, 2, 32, 1 }, { 32, 2, 32, 1 }, { 32, 1, 16, 1 }, { 16, 2, 32, 1 } }) do  -- the last fits sm_86/89's 99 KiB at d_c 512
 @       for _, mt in ipairs({ 2, 1 }) do
 @         local c = { block_n = p[1], nsplit = p[2], block_m = p[3], stages = p[4], mtiles = mt, qsplit = 1 }
 @         local ncs = c.nsplit * mt
-@         if DC % (8 * ncs) == 0 and DR % (8 * ncs) == 0 and accumulators(c) <= ACC_LIMIT and
+@         if DC % (8 * ncs) == 0 and DR % (8 * ncs) == 0 and c.block_n % (16 * mt) == 0 and accumulators(c) <= ACC_LIMIT and
 @            smem_bytes(c) <= SMEM_LIMIT then return c end
 @       end
 @     end

@@ -45,9 +45,8 @@
 @ -- 288/256 fits two. LSE and delta are read from global memory (L2) by the consumer threads
 @ -- at the fragment columns they need (the [B, H, S_q] layout is strided in the packed rows:
 @ -- no TMA box covers a tile of them for every H).
-@ -- The tensor maps are `tmaps` in device memory (main's convention); the kernel reads them
-@ -- only through tmap(i), so passing them by value as a __grid_constant__ TensorMaps<3>
-@ -- changes the parameter's type and that one line.
+@ -- The tensor maps are `tmaps`, passed by value as a __grid_constant__ TensorMaps<3> (kernel
+@ -- parameter space, as mqa_fwd_sm90's); the kernel reads them only through tmap(i).
 @ local H, DC, DR = spec.heads, spec.d_c, spec.d_r
 @ local DQK = DC + DR
 @ local ESIZE = elem_size(spec.dtype)
@@ -82,8 +81,8 @@
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
 @     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_qk of the explicit form)" },
-@     { name = "tmaps", type = "const mla::sm90::TensorMap*", shape = "[3, 64]",
-@       doc = "3 CUtensorMaps (128 bytes each: the shape counts them in 16-bit units; 64-byte aligned) in device memory, made with cuTensorMapEncodeTiled (16-bit elements, no interleave, zero OOB fill), box inner width W = 64/32/16 columns for d_c + d_r % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
+@     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<3>", shape = "[3]",
+@       doc = "3 CUtensorMaps passed by value (kernel parameter space; the host passes 3 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h: mg_sm90_mqa_bwd_tmaps), made with cuTensorMapEncodeTiled (16-bit elements, no interleave, zero OOB fill), box inner width W = 64/32/16 columns for d_c + d_r % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
 @             "[0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, 64}; [2] dout dims {d_c, B*S_q*H} box {W, 64}" },
 @   },
 @   tunables = {
@@ -187,7 +186,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 ${K.name}(
     ${param_list(K.params)}) {
   // The tensor maps, the one place that knows how they are passed.
-  auto tmap = [&](int i) { return &tmaps[i]; };
+  auto tmap = [&](int i) { return &tmaps.m[i]; };
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned raw_addr = smem_u32(smem);
   unsigned char* const sbase = smem + (((raw_addr + 1023u) & ~1023u) - raw_addr);

@@ -77,7 +77,7 @@
 @     end
 @   end,
 @   default = function(s)
-@     for _, p in ipairs({ { 64, 2, 32, 2 }, { 32, 2, 32, 2 }, { 32, 2, 32, 1 }, { 16, 1, 16, 1 } }) do
+@     for _, p in ipairs({ { 64, 2, 32, 2 }, { 32, 2, 32, 2 }, { 32, 2, 32, 1 }, { 16, 1, 16, 1 }, { 16, 2, 32, 1 } }) do  -- the last fits sm_86/89's 99 KiB at d_c 512
 @       for _, mt in ipairs({ 2, 1 }) do
 @         local c = { block_m = p[1], nsplit = p[2], block_n = p[3], stages = p[4], mtiles = mt }
 @         if DQK % (8 * c.nsplit * mt) == 0 and c.block_m % (16 * mt) == 0 and

@@ -58,8 +58,8 @@
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
 @     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_qk of the explicit form)" },
-@     { name = "tmaps", type = "const mla::sm90::TensorMap*", shape = "[3, 64]",
-@       doc = "3 CUtensorMaps in device memory (as mqa_bwd_dkv_sm90's): [0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, 64}; [2] dout dims {d_c, B*S_q*H} box {W, 64}; W = 64/32/16 for d_c + d_r % 64/32/16 = 0, swizzle 128B/64B/32B, 16-bit, zero OOB fill" },
+@     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<3>", shape = "[3]",
+@       doc = "3 CUtensorMaps passed by value (kernel parameter space, as mqa_bwd_dkv_sm90's; runtime/exec/mg_sm90_tmap.h: mg_sm90_mqa_bwd_tmaps): [0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, 64}; [2] dout dims {d_c, B*S_q*H} box {W, 64}; W = 64/32/16 for d_c + d_r % 64/32/16 = 0, swizzle 128B/64B/32B, 16-bit, zero OOB fill" },
 @   },
 @   tunables = {
 @     stages = { values = { 1, 2, 3 }, doc = "latent tiles in the TMA ring" },
@@ -160,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 ${K.name}(
     ${param_list(K.params)}) {
   // The tensor maps, the one place that knows how they are passed.
-  auto tmap = [&](int i) { return &tmaps[i]; };
+  auto tmap = [&](int i) { return &tmaps.m[i]; };
   extern __shared__ __align__(1024) unsigned char smem[];
   const unsigned raw_addr = smem_u32(smem);
   unsigned char* const sbase = smem + (((raw_addr + 1023u) & ~1023u) - raw_addr);

@@ -64,8 +64,8 @@
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
 @     { name = "q_pos0",   type = "int", doc = "global position of query 0 (keys start at 0); causal keeps key j for query i iff j <= q_pos0 + i" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r) (the explicit form's scale)" },
-@     { name = "tmaps", type = "const mla::sm90::TensorMap*", shape = "[2, 64]",
-@       doc = "2 CUtensorMaps (128 bytes each: the shape counts them in 16-bit units; 64-byte aligned) in device memory, made with cuTensorMapEncodeTiled over q and c (16-bit elements, no interleave, zero OOB fill), box inner width W = 64/32/16 columns for d_c + d_r % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
+@     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<2>", shape = "[2]",
+@       doc = "2 CUtensorMaps passed by value (kernel parameter space; the host passes 2 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over q and c (16-bit elements, no interleave, zero OOB fill), box inner width W = 64/32/16 columns for d_c + d_r % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
 @             "[0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, block_n}" },
 @   },
 @   tunables = {
@@ -214,7 +214,7 @@ ${K.name}(
     if (n_tiles > 0) {
       mbar_arrive_expect_tx(q_full, Q_BYTES);
       for (int c = 0; c < DQK / W; ++c)
-        tma_load_2d(sQ + c * BLOCK_M * 2 * W, &tmaps[0], q_full, c * W, b * rows + m0);
+        tma_load_2d(sQ + c * BLOCK_M * 2 * W, &tmaps.m[0], q_full, c * W, b * rows + m0);
     }
     for (int j = 0; j < n_tiles; ++j) {
       const int st = j % STAGES;
@@ -223,7 +223,7 @@ ${K.name}(
       unsigned char* const sC = ring + st * STAGE_BYTES;
       mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
       for (int c = 0; c < DQK / W; ++c)
-        tma_load_2d(sC + c * BLOCK_N * 2 * W, &tmaps[1], &full[st], c * W, b * seqlen_k + j * BLOCK_N);
+        tma_load_2d(sC + c * BLOCK_N * 2 * W, &tmaps.m[1], &full[st], c * W, b * seqlen_k + j * BLOCK_N);
     }
     return;
   }

@@ -44,7 +44,9 @@ static const char *const counted[] = {"cuModuleLoadData", "cuModuleUnload", "cuM
                                       /* timing (generator/cli/mg_ktime.c) */
                                       "cuMemAlloc", "cuMemFree", "cuMemsetD8Async",
                                       "cuStreamSynchronize", "cuEventRecord", "cuEventSynchronize",
-                                      "cuEventElapsedTime", "cuMemcpyDtoH"};
+                                      "cuEventElapsedTime", "cuMemcpyDtoH",
+                                      /* the sm_90a kernels' tensor maps */
+                                      "cuTensorMapEncodeTiled"};
 #define N_COUNTED (int)(sizeof counted / sizeof counted[0])
 static int g_count[N_COUNTED];
 static int g_live_modules;
@@ -432,6 +434,8 @@ static CUresult f_tensor_map_encode_tiled(CUtensorMap *map, CUtensorMapDataType 
                                           CUtensorMapInterleave interleave,
                                           CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
                                           CUtensorMapFloatOOBfill fill) {
+  CUresult r = called("cuTensorMapEncodeTiled");
+  if (r != CUDA_SUCCESS) return r;
   return mg_host_tmap_encode(map, dtype, rank, base, dims, strides, box, estrides, interleave,
                              swizzle, l2, fill);
 }

@@ -34,9 +34,11 @@
 #include "mlagen.h"
 
 typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+/* the kernel's `const __grid_constant__ mla::sm90::TensorMaps<4> tmaps`, passed by value */
+typedef struct { tmap_t m[4]; } tmaps4_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
                        float *lse, int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
-                       float softmax_scale, const tmap_t *tmaps);
+                       float softmax_scale, tmaps4_t tmaps);
 
 typedef struct launch_args {
   fwd_fn fn;
@@ -51,7 +53,7 @@ typedef struct launch_args {
 static void thunk(void *p) {
   launch_args *a = p;
   a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
-        a->scale, a->tmaps);
+        a->scale, *(const tmaps4_t *)a->tmaps);
 }
 
 typedef struct built_kernel {

@@ -108,14 +108,17 @@ static void test_forms_match_single_rank(void **state) {
 /* laga-cp in f64 against the independent float64 reference (tu_reference): H = 1, 3, 4
  * and 20 heads (P > H at P = 2, 3, 4, 8 for some), causal and not, batch 2, S / P = 5
  * tokens per rank (uneven chunks: 3 and 2) with one and with the default head groups
- * (tiny dims: d_n 16, d_r 16, d_v 32, d_c 32). Per element at tol_f64, about twice the
- * largest atol (rms units, rtol 1e-14) measured over 3 seeds at each P of 2, 3, 4, 8
- * (printed as "needed f64"): o 1.2e-15, lse 8.9e-18, dq 1.1e-14, dc_kv 6.2e-15,
- * dk_rope 4.0e-15, dw_kv_b 5.0e-15. The bytes each rank
+ * (tiny dims: d_n 16, d_r 16, d_v 32, d_c 32). Per element at tol_f64 (atol in rms units,
+ * rtol 1e-14). The f64 noise is a few ulp and depends on the seed: the largest atol measured
+ * (printed as "needed f64") over 11 seeds at P = 2 and 3 more at each P of 3, 4, 8 was
+ * o 1.2e-15, lse 2.9e-16 (0 for most seeds; 2.9e-16 in one CI run), dq
+ * 1.5e-14, dc_kv 6.2e-15, dk_rope 7.6e-15, dw_kv_b 5.0e-15; tol_f64 is about twice that
+ * (lse: 3.5x). A laga-cp error (a wrong position, a missed chunk, a lost
+ * group) is 1e-3 or more. The bytes each rank
  * sends equal the planner's, and the forward sends only the latent:
  * B (S / P) (d_c + d_r)(P - 1) elements. */
-static const tu_tol tol_f64[TU_N_OUT] = {{2.5e-15, 1e-14}, {2e-17, 1e-14}, {2.2e-14, 1e-14},
-                                         {1.3e-14, 1e-14}, {8e-15, 1e-14}, {1e-14, 1e-14}};
+static const tu_tol tol_f64[TU_N_OUT] = {{2.5e-15, 1e-14}, {1e-15, 1e-14}, {3e-14, 1e-14},
+                                         {1.3e-14, 1e-14}, {1.6e-14, 1e-14}, {1e-14, 1e-14}};
 static double g_need_f64[TU_N_OUT];
 
 static void test_laga_cp_reference(void **state) {

@@ -18,13 +18,17 @@
  * not; every form (laga-f in its default 2 groups of 1 head).
  *
  * Modes (argv[1]): none, the above; "f16": every form's f16 plan (S 33 and 1, causal) at
- * tu_tol_f16; "nodriver": mg_dev_ops_cuda without a driver is
+ * tu_tol_f16; "sm90": host ops claiming an sm_90a device with the fake driver's tensor-map
+ * encoder run attn_fwd_sm90 in the explicit (causal and not), laga and laga-cp plans, at the same
+ * tolerances, and the mma.sync attn_fwd when forced (test_sm90_family); "nodriver": mg_dev_ops_cuda without a driver is
  * MLAGEN_ENODRIVER; "fake": with the fake driver (tests/fake_cuda.c, tests/fake_driver.h) and
  * MLAGEN_LIBCUBLAS pointing nowhere, mg_dev_ops_cuda and mlagen_forward fail cleanly with
  * MLAGEN_EDRIVER naming cuBLAS; then with MLAGEN_LIBCUBLAS = the fake driver, which is a
  * fake cuBLAS too, a LAGA plan's forward and backward run through the API (NVRTC compiles
  * its kernels; the fakes compute nothing) and every GEMM used cuBLAS's 32 MiB slice of the
- * caller's workspace (cublasSetWorkspace after cublasSetStream), never cuBLAS's own.
+ * caller's workspace (cublasSetWorkspace after cublasSetStream), never cuBLAS's own, and
+ * the forward ran attn_fwd_sm90 (the fake device is an sm_90a one) with 4 tensor maps the
+ * fake's cuTensorMapEncodeTiled accepted.
  * Every pass also checks cuBLAS's slice: the workspace is the layout's plus exactly
  * 32 MiB, the GEMMs get the 256-byte aligned slice after the layout's, and no step writes
  * there. MLAGEN_TEST_SEED overrides the seed; MLAGEN_TEST_FILTER (a cmocka pattern) runs
@@ -53,6 +57,8 @@
 
 static uint64_t g_seed = 20260529;
 static fake_cuda g_fake; /* the fake driver's hooks (mode "fake") */
+/* mode "sm90": a fragment every plan's kernel list must have (the sm_90a family) */
+static const char *g_want_kernel;
 
 /* ---- one form on one case ---------------------------------------------------------------- */
 
@@ -116,6 +122,15 @@ static void check_form_tuned(const tu_case *c, mg_form f, mg_dtype dt, double *c
       }
     }
     if (!found) fail_msg("%s: no kernel named *%s*", mg_form_name(f), tuned);
+  }
+  if (g_want_kernel) { /* the family the ops' arch runs, and why */
+    int found = 0;
+    for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+      const char *name, *why;
+      mg_cuda_exec_kernel_info(x, i, &name, &why);
+      if (strstr(name, g_want_kernel)) found = 1, print_message("  %s: %s\n", name, why);
+    }
+    if (!found) fail_msg("%s: no kernel named *%s*", mg_form_name(f), g_want_kernel);
   }
 
   const size_t ws_b = (size_t)mg_cuda_exec_workspace_bytes(x), sv_b = (size_t)mg_cuda_exec_saved_bytes(x);
@@ -358,6 +373,99 @@ static int report_worst(void **state) {
   return 0;
 }
 
+/* Host ops claiming an sm_90a device, with the fake driver's cuTensorMapEncodeTiled (the host
+ * executor's map format, tests/host/mg_host_tmap.h) as their driver: the explicit, laga and
+ * laga-cp plans run attn_fwd_sm90 (the TMA/wgmma forward, on the host executor's sm_90a emulation)
+ * with the tensor maps the executor encodes at each launch from the pass's addresses, and
+ * match the CPU executor per element as the mma.sync runs do; MLAGEN_MMA_SYNC=1 (and the
+ * mma_sync option) give the mma.sync attn_fwd back, ops without a driver keep it, and so
+ * does a shape attn_fwd_sm90 refuses (d_v 48). */
+static void test_sm90_family(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  if (mg_driver_get(&drv, &d)) fail_msg("fake driver: %s", mg_diag_msg(&d));
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  host_ops *h = host_ops_new(g);
+  snprintf(h->base.arch, sizeof h->base.arch, "sm_90a");
+  snprintf(h->base.device, sizeof h->base.device, "Host Test GPU");
+  char dir[] = "/tmp/mlagen-tuned-XXXXXX"; /* an empty store: every kernel its default */
+  assert_non_null(mkdtemp(dir));
+  /* the family choice: sm90 with a driver; mma.sync when forced or without one */
+  mg_shape sh = tu_shape(2, 64, 32, 64, 256);
+  mg_plan *plan = calloc(1, sizeof *plan);
+  assert_non_null(plan);
+  mg_plan_args a = {.shape = &sh, .form = MG_FORM_EXPLICIT, .sp = 1, .batch = 2, .seq = 33,
+                    .causal = 1, .dtype = MG_BF16};
+  assert_int_equal(mg_plan_build(plan, &a, &d), 0);
+  for (int v = 0; v < 4; v++) { /* drv; none; MLAGEN_MMA_SYNC=1; the mma_sync option */
+    h->base.drv = v == 1 ? NULL : drv;
+    if (v == 2) setenv("MLAGEN_MMA_SYNC", "1", 1);
+    mg_cuda_exec_opts eo = {.gen = g, .tune_dir = dir, .mma_sync = v == 3};
+    mg_cuda_exec *x = NULL;
+    if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));
+    unsetenv("MLAGEN_MMA_SYNC");
+    int sm90 = 0, mma = 0;
+    for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+      const char *name, *why;
+      mg_cuda_exec_kernel_info(x, i, &name, &why);
+      sm90 += strstr(name, "mla_attn_fwd_sm90_") != NULL;
+      mma += strncmp(name, "mla_attn_fwd_h", 14) == 0;
+      if (v && strstr(name, "attn_fwd")) print_message("  %s: %s\n", name, why);
+      if (v && strstr(name, "attn_fwd") && !strstr(why, "the mma.sync families")) fail_msg("%s: %s", name, why);
+    }
+    assert_int_equal(sm90, v == 0);
+    assert_int_equal(mma, v != 0);
+    mg_cuda_exec_destroy(x);
+  }
+  /* a shape attn_fwd_sm90 refuses (d_v 48: not an N of its O += P V wgmma): attn_fwd runs,
+   * and its why says so */
+  mg_shape odd = tu_shape(2, 64, 32, 48, 256);
+  a.shape = &odd;
+  assert_int_equal(mg_plan_build(plan, &a, &d), 0);
+  {
+    mg_cuda_exec_opts eo = {.gen = g, .tune_dir = dir};
+    mg_cuda_exec *x = NULL;
+    if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));
+    int fwd = 0;
+    for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+      const char *name, *why;
+      mg_cuda_exec_kernel_info(x, i, &name, &why);
+      if (strncmp(name, "mla_attn_fwd_", 13)) continue;
+      print_message("  %s: %s\n", name, why);
+      assert_int_equal(strncmp(name, "mla_attn_fwd_h", 14), 0);
+      assert_non_null(strstr(why, "attn_fwd_sm90 refused the shape"));
+      fwd++;
+    }
+    assert_int_equal(fwd, 1);
+    mg_cuda_exec_destroy(x);
+  }
+  free(plan);
+  /* the runs: attn_fwd_sm90 in the explicit, laga and laga-cp forwards, against the CPU
+   * executor */
+  h->base.drv = drv;
+  g_want_kernel = "mla_attn_fwd_sm90_";
+  for (int causal = 1; causal >= 0; causal--) {
+    tu_case c = {.shape = sh, .B = 2, .S = 33, .causal = causal};
+    double *in[TU_N_IN] = {0};
+    assert_int_equal(tu_inputs(&c, g_seed + (uint64_t)causal, in), 0);
+    round_inputs(&c, MG_BF16, in);
+    check_form_tuned(&c, MG_FORM_EXPLICIT, MG_BF16, in, h, g, dir, NULL);
+    if (causal) check_form_tuned(&c, MG_FORM_LAGA, MG_BF16, in, h, g, dir, NULL);
+    /* laga-cp: its forward step carries two-chunk positions (q_split, q_pos1: at P 1 the
+     * rank's two chunks, adjacent), passed to attn_fwd_sm90 as to attn_fwd */
+    if (causal) check_form_tuned(&c, MG_FORM_LAGA_CP, MG_BF16, in, h, g, dir, NULL);
+    tu_free(in, TU_N_IN);
+  }
+  g_want_kernel = NULL;
+  rmdir(dir);
+  mg_dev_ops_destroy(&h->base);
+  mg_gen_close(g);
+  mg_diag_clear(&d);
+}
+
 /* ---- the GPU ops without a driver, and with the fake one --------------------------------- */
 
 static void test_nodriver(void **state) {
@@ -488,6 +596,7 @@ static void test_fake_cublas(void **state) {
       void *used;
       size_t bytes;
       stats(&gemms0, &own, &used, &bytes);
+      const int maps0 = g_fake.count("cuTensorMapEncodeTiled");
       int rc = pass ? mlagen_backward(plan, &t, w, z.workspace_bytes, saved, z.saved_bytes, NULL)
                     : mlagen_forward(plan, &t, w, z.workspace_bytes, saved, z.saved_bytes, NULL);
       if (rc) fail_msg("%s: %s: %s", pass ? "backward" : "forward", mlagen_status_name(rc),
@@ -501,6 +610,9 @@ static void test_fake_cublas(void **state) {
       assert_int_equal(bytes, slice - lead);
       assert_int_equal((uintptr_t)used % 256, 0);
       assert_ptr_equal((char *)used + bytes, w + z.workspace_bytes); /* the caller's end */
+      /* the fake device is an sm_90a one: the forward ran attn_fwd_sm90, its 4 tensor maps
+       * encoded (and accepted: the fake checks them as the driver does) for the launch */
+      assert_int_equal(g_fake.count("cuTensorMapEncodeTiled") - maps0, pass ? 0 : 4);
     }
   }
   for (int k = 0; k < nb; k++) free(bufs[k]);
@@ -528,6 +640,10 @@ int main(int argc, char **argv) {
   if (filter && *filter) cmocka_set_test_filter(filter);
   if (argc > 1 && !strcmp(argv[1], "f16")) { /* its own ctest: the suite's time per test */
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_f16)};
+    return cmocka_run_group_tests(tests, NULL, report_worst);
+  }
+  if (argc > 1 && !strcmp(argv[1], "sm90")) { /* its own ctest: the sm_90a family */
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_sm90_family)};
     return cmocka_run_group_tests(tests, NULL, report_worst);
   }
   if (argc > 1 && !strcmp(argv[1], "deepseek")) { /* its own ctest too */

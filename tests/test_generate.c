@@ -18,6 +18,7 @@
 #include "mg_embed.h"
 #include "mg_fs.h"
 #include "mg_generate.h"
+#include "mg_plan.h" /* mg_kernel_op */
 #include "mg_jit.h"
 #include "mg_spec.h"
 #include "mlagen.h"
@@ -317,7 +318,11 @@ static void test_kernel_facts(void **state) {
       assert_string_equal(i->params[p].name, cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring);
       const char *type = cJSON_GetObjectItemCaseSensitive(e, "type")->valuestring;
       const mg_param_kind want = strchr(type, '*') ? (strncmp(type, "const", 5) ? MG_PARAM_OUT : MG_PARAM_IN)
-                                 : strcmp(type, "int") == 0 ? MG_PARAM_INT : MG_PARAM_FLOAT;
+                                 : strcmp(type, "int") == 0   ? MG_PARAM_INT
+                                 : strcmp(type, "float") == 0 ? MG_PARAM_FLOAT
+                                 : strncmp(type, "const __grid_constant__ mla::sm90::TensorMaps<", 46) == 0
+                                     ? MG_PARAM_TMAPS /* <4> attn_fwd_sm90, <2> mqa_fwd_sm90, <5> the backward */
+                                     : (mg_param_kind)-1;
       assert_int_equal(i->params[p].kind, want);
     }
     const cJSON *block = cJSON_GetObjectItemCaseSensitive(
@@ -504,6 +509,96 @@ static void test_specs_unique(void **state) {
   mg_diag_clear(&d);
 }
 
+/* The per-arch family table (mg_arch_kernel_table) and what reads it: sm_90a runs
+ * attn_fwd_sm90 for the forward and the portable families for everything else; sm_80, sm_86,
+ * sm_89 and no arch run the portable ones; the plan tunables of attn_fwd_sm90 (k_packed = 1)
+ * come from its row; mg_spec_for_model lists no arch family. */
+static void test_arch_families(void **state) {
+  (void)state;
+  static const char *const portable_archs[] = {NULL, "", "sm_80", "sm_86", "sm_89"};
+  for (size_t a = 0; a < sizeof portable_archs / sizeof *portable_archs; a++)
+    for (int op = MG_SPEC_OP_A2A; op <= MG_OP_COPY_COLS; op++)
+      for (int i = 0; i < MG_SPEC_OP_FAMILIES; i++) {
+        const char *f = mg_op_family_arch(op, i, portable_archs[a]), *p = mg_op_family(op, i);
+        assert_true(f == p || (f && p && !strcmp(f, p)));
+      }
+  assert_string_equal(mg_op_family_arch(MG_OP_ATTN_FWD, 0, "sm_90a"), "attn_fwd_sm90");
+  assert_null(mg_op_family_arch(MG_OP_ATTN_FWD, 1, "sm_90a"));
+  for (int i = 0; i < 3; i++) /* the backward stays mma.sync until its rows are added */
+    assert_string_equal(mg_op_family_arch(MG_OP_ATTN_BWD, i, "sm_90a"), mg_op_family(MG_OP_ATTN_BWD, i));
+  assert_string_equal(mg_family_portable("attn_fwd_sm90"), "attn_fwd");
+  assert_string_equal(mg_family_portable("attn_fwd"), "attn_fwd");
+  assert_true(mg_family_runs_on("attn_fwd_sm90", "sm_90a"));
+  assert_false(mg_family_runs_on("attn_fwd_sm90", "sm_80"));
+  assert_true(mg_family_runs_on("attn_fwd", "sm_90a"));
+  assert_true(mg_spec_family_on_request("attn_fwd_sm90"));
+  assert_false(mg_spec_family_on_request("attn_fwd"));
+  /* mqa_fwd_sm90's row is on request: the absorbed forward stays mqa_fwd on sm_90a, the
+   * family is sm_90a's and rendered on request beside mqa_fwd */
+  assert_string_equal(mg_op_family_arch(MG_OP_MQA_FWD, 0, "sm_90a"), "mqa_fwd");
+  assert_string_equal(mg_family_portable("mqa_fwd_sm90"), "mqa_fwd");
+  assert_true(mg_family_runs_on("mqa_fwd_sm90", "sm_90a"));
+  assert_false(mg_family_runs_on("mqa_fwd_sm90", "sm_80"));
+  assert_true(mg_spec_family_on_request("mqa_fwd_sm90"));
+  /* a plan spec of attn_fwd (k_packed = 1, plus an override) becomes attn_fwd_sm90 with the
+   * row's fixed k_packed = 1 and nothing else; other families and archs are unchanged */
+  mg_kernel_spec s = v3_spec(1), t;
+  snprintf(s.family, sizeof s.family, "attn_fwd");
+  mg_spec_plan_tunables(&s);
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_spec_set(&s, "block_m=128", &d), 0);
+  assert_int_equal(mg_spec_to_arch(&s, "sm_90a", &t), 1);
+  assert_string_equal(t.family, "attn_fwd_sm90");
+  assert_int_equal(t.n_config, 1);
+  assert_string_equal(t.config[0].name, "k_packed");
+  assert_int_equal(t.config[0].value, 1);
+  assert_int_equal(mg_spec_to_arch(&s, "sm_80", &t), 0);
+  assert_string_equal(t.arch, "sm_80"); /* only the target set */
+  memset(t.arch, 0, sizeof t.arch);
+  assert_memory_equal(&s, &t, sizeof s);
+  snprintf(s.family, sizeof s.family, "attn_bwd_dq");
+  assert_int_equal(mg_spec_to_arch(&s, "sm_90a", &t), 0);
+  assert_string_equal(t.family, "attn_bwd_dq");
+  mg_shape shape;
+  load_shape("deepseek-v3", &shape);
+  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
+  int n = 0;
+  assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
+  for (int i = 0; i < n; i++) assert_string_not_equal(specs[i].family, "attn_fwd_sm90");
+  for (int i = 0; i < n; i++) assert_string_not_equal(specs[i].family, "mqa_fwd_sm90");
+  /* the shared-memory limit of the target: every kernel rendered for sm_86 and sm_89 fits
+   * their 99 KiB (at sm_80's defaults several need 109-152 KiB); sm_80 and sm_90a render
+   * the portable families exactly as a spec for no arch does (their limit is sm_80's),
+   * attn_fwd_sm90 takes sm_90a's 227 KiB */
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  static const char *const archs[] = {"sm_86", "sm_89", "sm_80", "sm_90a"};
+  int over_80 = 0;
+  for (int i = 0; i < n; i++) {
+    mg_kernel base;
+    if (mg_gen_kernel(g, &specs[i], &base, &d)) fail_msg("%s: %s", specs[i].family, mg_diag_msg(&d));
+    over_80 += base.info.launch.smem > 99 * 1024;
+    for (int a = 0; a < 4; a++) {
+      mg_kernel_spec as;
+      mg_spec_to_arch(&specs[i], archs[a], &as);
+      assert_string_equal(as.arch, archs[a]);
+      mg_kernel k;
+      if (mg_gen_kernel(g, &as, &k, &d)) fail_msg("%s %s: %s", archs[a], as.family, mg_diag_msg(&d));
+      const long limit = a < 2 ? 99 * 1024 : !strcmp(as.family, "attn_fwd_sm90") ? 227 * 1024 : 163 * 1024;
+      if ((long)k.info.launch.smem > limit)
+        fail_msg("%s %s: %zu bytes of shared memory, over %ld", archs[a], k.name, k.info.launch.smem, limit);
+      if (a >= 2 && !strcmp(as.family, specs[i].family)) {
+        assert_string_equal(k.name, base.name);
+        assert_true(k.source_len == base.source_len && !memcmp(k.source, base.source, k.source_len));
+      }
+      mg_kernel_free(&k);
+    }
+    mg_kernel_free(&base);
+  }
+  assert_true(over_80 > 0); /* the check above is not vacuous */
+  mg_gen_close(g);
+}
+
 int main(void) {
   const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: one ctest entry */
   if (filter) cmocka_set_test_filter(filter);
@@ -521,6 +616,7 @@ int main(void) {
       cmocka_unit_test(test_kimi_k2),
       cmocka_unit_test(test_unusual),
       cmocka_unit_test(test_all_kept_configs),
+      cmocka_unit_test(test_arch_families),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,8 @@
  * argument; each sets MLAGEN_LIBCUDA before any call:
  *   fake      (default) argument sizes from the manifests (copy_cols, attn_fwd both key
  *             layouts, a2a_pack), reference specs, the device description; copy_cols and
- *             attn_fwd (a small shape) timed: samples, percentiles, every buffer, event,
+ *             attn_fwd (a small shape) timed, and attn_fwd_sm90 with its tensor maps
+ *             encoded per launch: samples, percentiles, every buffer, event,
  *             stream and module released; a launch failure -> failed-launch; outputs
  *             changed through the test seam -> wrong-result (a difference, a NaN); last, a
  *             fault at execution -> failed-launch, then every call MG_EDRIVER.
@@ -347,6 +348,38 @@ static void test_time_attn_fwd(void **state) {
   pair_free(&p);
 }
 
+/* attn_fwd_sm90 (an sm_90a family taking its tensor maps by value): every launch, the
+ * check's two and the timed ones, gets its 4 maps encoded over the launch's own buffer set
+ * (the fake's cuTensorMapEncodeTiled checks them as the driver does); maps the driver
+ * refuses make the candidate failed-launch, nothing leaked. */
+static void test_time_attn_fwd_sm90(void **state) {
+  (void)state;
+  pair p;
+  pair_make(&p, "attn_fwd_sm90", 2, "k_packed=1", "block_n=64");
+  assert_string_not_equal(p.cand.k.name, p.ref.k.name);
+  const int launches = fake.count("cuLaunchKernel"), maps = fake.count("cuTensorMapEncodeTiled");
+  expect_verdict(&p, MG_TUNE_KEPT, NULL);
+  assert_int_equal(fake.count("cuLaunchKernel") - launches, 2 + MG_KTIME_WARMUP + N);
+  assert_int_equal(fake.count("cuTensorMapEncodeTiled") - maps, 4 * (2 + MG_KTIME_WARMUP + N));
+  fake.inject("cuTensorMapEncodeTiled", CUDA_ERROR_INVALID_VALUE);
+  expect_verdict(&p, MG_TUNE_FAILED_LAUNCH, "cuTensorMapEncodeTiled");
+  pair_free(&p);
+}
+
+/* The sm_90a backward's dQ kernel likewise: its 5 maps (mg_sm90_launch_tmaps' backward case:
+ * q, k_nope, k_rope, v, dout) at every launch. */
+static void test_time_attn_bwd_dq_sm90(void **state) {
+  (void)state;
+  pair p;
+  pair_make(&p, "attn_bwd_dq_sm90", 2, "k_packed=1", "stages=3");
+  assert_string_not_equal(p.cand.k.name, p.ref.k.name);
+  const int launches = fake.count("cuLaunchKernel"), maps = fake.count("cuTensorMapEncodeTiled");
+  expect_verdict(&p, MG_TUNE_KEPT, NULL);
+  assert_int_equal(fake.count("cuLaunchKernel") - launches, 2 + MG_KTIME_WARMUP + N);
+  assert_int_equal(fake.count("cuTensorMapEncodeTiled") - maps, 5 * (2 + MG_KTIME_WARMUP + N));
+  pair_free(&p);
+}
+
 static void test_failed_launch(void **state) {
   (void)state;
   pair p;
@@ -517,7 +550,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_reference_spec),
       cmocka_unit_test(test_describe),      cmocka_unit_test(test_store_verdicts),
       cmocka_unit_test(test_time_copy_cols),
-      cmocka_unit_test(test_time_attn_fwd), cmocka_unit_test(test_failed_launch),
+      cmocka_unit_test(test_time_attn_fwd), cmocka_unit_test(test_time_attn_fwd_sm90), cmocka_unit_test(test_time_attn_bwd_dq_sm90),
+      cmocka_unit_test(test_failed_launch),
       cmocka_unit_test(test_wrong_result),  cmocka_unit_test(test_fault),
   };
   return cmocka_run_group_tests(tests, setup_gen, teardown_gen);

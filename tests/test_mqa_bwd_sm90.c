@@ -9,9 +9,10 @@
  * every barrier, wait and fence of the kernel removed from the rendered source, each removal
  * failing the check or being reported (a deadlock, a wgmma or named-barrier protocol error).
  *
- * The three tensor maps (q, c, dout: the template's `tmaps` doc) are encoded here with the
- * fake driver's cuTensorMapEncodeTiled (tests/fake_cuda.c) through runtime/mg_driver's loader;
- * no runtime helper makes them yet (no plan runs this kernel). delta = rowsum(dO o) is
+ * The three tensor maps (q, c, dout: the template's `tmaps` doc) come from the runtime's
+ * mg_sm90_mqa_bwd_tmaps (runtime/exec/mg_sm90_tmap.h), passed by value as the kernel's
+ * TensorMaps<3>: cuTensorMapEncodeTiled through runtime/mg_driver's loader with the fake
+ * driver (tests/fake_cuda.c). delta = rowsum(dO o) is
  * computed on the host in float64 from the stored 16-bit o and rounded to fp32 (what
  * attn_bwd_pre stores up to its fp32 summation order). Inputs: random bf16 (fp16 in one
  * case), scores with standard deviation 2 under DeepSeek's YaRN softmax scale (the seed is
@@ -32,13 +33,17 @@
 #include "kernel_host.h"
 #include "kernel_test_util.h"
 #include "mg_driver.h"
+#include "mg_manifest.h"
+#include "mg_sm90_tmap.h"
 #include "mlagen.h"
 #include "mqa_ref.h"
 
 typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+/* the kernel's `const __grid_constant__ mla::sm90::TensorMaps<3> tmaps`, passed by value */
+typedef struct { tmap_t m[3]; } tmaps3_t;
 typedef void (*dkv_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
                        const float *delta, e16 *dc, int seqlen_q, int seqlen_k, int q_pos0,
-                       float softmax_scale, const tmap_t *tmaps);
+                       float softmax_scale, tmaps3_t tmaps);
 
 static int g_fp16;
 static int g_dq; /* the kernels built next: mqa_bwd_dq_sm90 (1) or mqa_bwd_dkv_sm90 (0) */
@@ -109,36 +114,22 @@ static e16 *rand_e16(size_t n, double sd, double *as_double) {
   return p;
 }
 
-/* The kernel's 3 maps over c's tensors (dims innermost first, 16-bit, zero OOB fill; the
- * host executor's device addresses are host addresses): the template's `tmaps` contract. */
-static void encode_maps(bwd_case *c) {
+/* The kernel's 3 maps over c's tensors, made by the runtime's mg_sm90_mqa_bwd_tmaps (what
+ * mg_sm90_launch_tmaps passes the executor) through the fake driver's cuTensorMapEncodeTiled
+ * (the host executor's device addresses are host addresses). It reads only the family. */
+static void encode_maps(bwd_case *c, const mg_kernel_spec *s) {
   fake_driver_use(MLAGEN_FAKE_CUDA);
   const mg_driver *drv = NULL;
   mg_diag d = MG_DIAG_INIT;
   if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
-  assert_non_null(drv->cuTensorMapEncodeTiled);
-  const int dqk = c->dc + c->dr;
-  const unsigned w = dqk % 64 == 0 ? 64 : dqk % 32 == 0 ? 32 : 16;
-  const CUtensorMapSwizzle sw = w == 64 ? CU_TENSOR_MAP_SWIZZLE_128B
-                                : w == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                          : CU_TENSOR_MAP_SWIZZLE_32B;
-  const long nq = (long)c->B * c->sq * c->H, nk = (long)c->B * c->sk;
-  const struct {
-    const void *base;
-    cuuint64_t cols, rows;
-  } m[3] = {{c->q, (cuuint64_t)dqk, (cuuint64_t)(nq > 0 ? nq : 1)},
-            {c->c, (cuuint64_t)dqk, (cuuint64_t)(nk > 0 ? nk : 1)},
-            {c->dout, (cuuint64_t)c->dc, (cuuint64_t)(nq > 0 ? nq : 1)}};
-  for (int i = 0; i < 3; i++) {
-    const cuuint64_t dims[2] = {m[i].cols, m[i].rows}, strides[1] = {m[i].cols * 2};
-    const cuuint32_t box[2] = {w, 64}, es[2] = {1, 1};
-    CUresult r = drv->cuTensorMapEncodeTiled(
-        (CUtensorMap *)&c->tmaps[i],
-        g_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-        (void *)m[i].base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
-        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) fail_msg("cuTensorMapEncodeTiled map %d: %d", i, (int)r);
-  }
+  mg_kernel_info info;
+  memset(&info, 0, sizeof info);
+  snprintf(info.name, sizeof info.name, "mla_%s_test", s->family);
+  snprintf(info.family, sizeof info.family, "%s", s->family);
+  const mg_sm90_mqa_bwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q, (CUdeviceptr)(uintptr_t)c->c,
+                                     (CUdeviceptr)(uintptr_t)c->dout, c->B, c->sq, c->sk};
+  if (mg_sm90_mqa_bwd_tmaps(drv, s, &info, &t, (CUtensorMap *)c->tmaps, &d))
+    fail_msg("mg_sm90_mqa_bwd_tmaps: %s", mg_diag_msg(&d));
 }
 
 static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int sk, int q_pos0) {
@@ -182,7 +173,7 @@ static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int s
   c->out = xcalloc(c->dq ? c->nq : c->nc, sizeof *c->out);
   c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
   memset(c->tmaps, 0, 3 * sizeof(tmap_t));
-  encode_maps(c);
+  encode_maps(c, s);
   free(qd), free(cd), free(dod), free(od), free(lsed);
 }
 
@@ -199,7 +190,7 @@ static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
   a->bk->fn(c->q, c->c, c->dout, c->lse, c->delta, c->out, c->sq, c->sk, c->q_pos0, c->scale,
-            c->tmaps);
+            *(const tmaps3_t *)c->tmaps);
 }
 
 /* Launches (dc NaN first) on the executor's default (shuffled) schedule, or seed when not 0

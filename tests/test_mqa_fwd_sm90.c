@@ -8,7 +8,7 @@
  * each removal failing the check or being reported (a deadlock, a wgmma protocol error).
  *
  * The tensor maps come from the runtime's mg_sm90_mqa_tmaps (runtime/exec/mg_sm90_tmap.h,
- * the maps the GPU benchmark launches with): cuTensorMapEncodeTiled through runtime/mg_driver's
+ * the maps the GPU benchmark launches with), passed by value as the kernel's TensorMaps<2>: cuTensorMapEncodeTiled through runtime/mg_driver's
  * loader with the fake driver (tests/fake_cuda.c). Inputs: random bf16 (fp16 in one case),
  * scores with standard deviation 2 under DeepSeek's YaRN softmax scale (the seed is printed,
  * MLAGEN_TEST_SEED overrides it). The host executor is slow on 576-wide heads: the shapes are
@@ -34,8 +34,10 @@
 #include "mqa_ref.h"
 
 typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+/* the kernel's `const __grid_constant__ mla::sm90::TensorMaps<2> tmaps`, passed by value */
+typedef struct { tmap_t m[2]; } tmaps2_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
-                       int seqlen_k, int q_pos0, float softmax_scale, const tmap_t *tmaps);
+                       int seqlen_k, int q_pos0, float softmax_scale, tmaps2_t tmaps);
 
 typedef struct launch_args {
   fwd_fn fn;
@@ -49,7 +51,7 @@ typedef struct launch_args {
 
 static void thunk(void *p) {
   launch_args *a = p;
-  a->fn(a->q, a->c, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale, a->tmaps);
+  a->fn(a->q, a->c, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale, *(const tmaps2_t *)a->tmaps);
 }
 
 typedef struct built_kernel {

@@ -1,12 +1,13 @@
 /* test_sm90_tmap.c: runtime/exec/mg_sm90_tmap.c, attn_fwd_sm90's four CUtensorMaps (and
- * mqa_fwd_sm90's two: test_mqa_maps, test_mqa_errors), through
+ * mqa_fwd_sm90's two: test_mqa_maps, test_mqa_errors; the absorbed backward's three: test_mqa_bwd), through
  * the fake driver (tests/fake_cuda.c), whose cuTensorMapEncodeTiled stores its arguments in
  * the host executor's format (tests/host/mg_host_tmap.h): per map, the rank, dims, byte
  * strides, box, swizzle, element size and base are read back and compared with the
  * template's `tmaps` contract written out here by hand (split and packed keys, bf16 and
  * fp16, widths 64/32/16). Errors: a driver without the entry, a wrong family, a missing
- * tunable, a misaligned or null tensor. End to end (the maps driving the kernel on the host
- * executor against float64): test_attn_fwd_sm90. */
+ * tunable, a misaligned or null tensor. mg_sm90_launch_tmaps (the per-launch entry of the
+ * executor and the tuner): the same maps from launch arguments, and its refusals (the backward's: test_launch_bwd_tmaps). End to end (the maps driving
+ * the kernels on the host executor against float64): test_attn_fwd_sm90, test_attn_bwd_sm90. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -158,6 +159,125 @@ static void test_errors(void **state) {
                "cuTensorMapEncodeTiled(attn_fwd_sm90 map [1] k_nope: dims {128, 16, 256} box {64, 1, 512}): CUDA_ERROR_INVALID_VALUE");
 }
 
+/* The backward's five maps (mg_sm90_bwd_tmaps): d_n 96, d_r 32 (K boxes W_K = 32 for both
+ * parts, 64B), d_qk 128 and d_v 64 (W 64, 128B); dout like v over the query rows; split keys,
+ * then packed; a forward kernel and a null dout refused. */
+#define DOA ((CUdeviceptr)0x500000)
+static void test_bwd(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(3, 96, 32, 64, "bf16");
+  snprintf(s.family, sizeof s.family, "attn_bwd_dkdv_sm90");
+  mg_kernel_info k = info(64, 128, 0);
+  snprintf(k.family, sizeof k.family, "attn_bwd_dkdv_sm90");
+  CUtensorMap maps[MG_SM90_BWD_TMAPS];
+  mg_diag d = MG_DIAG_INIT;
+  const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100};
+  if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){128, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){96, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
+  expect_map(&maps[2], 2, 2, KRA, (unsigned long long[]){32, 200}, (unsigned[]){32, 128}, SW64);
+  expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){64, 3, 200}, (unsigned[]){64, 1, 128}, SW128);
+  expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  mg_kernel_info kp = info(64, 128, 1);
+  snprintf(kp.family, sizeof kp.family, "attn_bwd_dkdv_sm90");
+  if (mg_sm90_bwd_tmaps(drv, &s, &kp, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){128, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
+  expect_map(&maps[2], 2, 3, KNA, (unsigned long long[]){128, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
+  mg_kernel_info fwd = info(64, 128, 0);
+  assert_int_equal(mg_sm90_bwd_tmaps(drv, &s, &fwd, &t, maps, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "is not attn_bwd_dkdv_sm90 or attn_bwd_dq_sm90"));
+  mg_diag_clear(&d);
+  mg_sm90_bwd_tensors bad = t;
+  bad.dout = 0;
+  assert_int_equal(mg_sm90_bwd_tmaps(drv, &s, &k, &bad, maps, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "attn_bwd_dkdv_sm90 tensor map [4] dout: address 0x0 is null"));
+  static const CUtensorMap zero;
+  for (int i = 0; i < MG_SM90_BWD_TMAPS; i++) assert_memory_equal(&maps[i], &zero, sizeof zero);
+  mg_diag_clear(&d);
+}
+
+/* mg_sm90_launch_tmaps for the backward (attn_bwd_dq_sm90's q, k_nope, k_rope, v, dout by
+ * name; sizes from the launch dims): the same 5 maps as mg_sm90_bwd_tmaps; too little room
+ * refused. */
+static void test_launch_bwd_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(3, 96, 32, 64, "bf16");
+  snprintf(s.family, sizeof s.family, "attn_bwd_dq_sm90");
+  mg_kernel_info k = info(64, 128, 0);
+  snprintf(k.family, sizeof k.family, "attn_bwd_dq_sm90");
+  static const char *const names[] = {"q", "k_nope", "k_rope", "v", "dout", "dq", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
+                                 MG_PARAM_IN,  MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 8;
+  for (int i = 0; i < 8; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, DOA, 0x600000};
+  int sq = 70;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[MG_SM90_BWD_TMAPS];
+  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
+  const mg_launch_dims dims = {2, 70, 100};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, MG_SM90_BWD_TMAPS);
+  const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100};
+  if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 4, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 4 maps"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
+/* mg_sm90_launch_tmaps, what the CUDA executor and the tuner call at each launch: the
+ * tensors read by parameter name from cuLaunchKernel-style arguments, the sizes from the
+ * launch dims; the same maps as mg_sm90_fwd_tmaps. Refused: a kernel without a tensor-map
+ * parameter, a family without an encoder, too little room. */
+static void test_launch_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = spec(16, 128, 64, 128, "bf16");
+  mg_kernel_info k = info(128, 64, 0);
+  static const char *const names[] = {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
+                                 MG_PARAM_OUT, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 8;
+  for (int i = 0; i < 8; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, 0x500000, 0x600000};
+  int sq = 300;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[4];
+  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
+  const mg_launch_dims dims = {2, 300, 500};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, 4);
+  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500};
+  if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 3, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 3 maps"));
+  mg_kernel_info other = k;
+  snprintf(other.family, sizeof other.family, "attn_fwd");
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map encoder for family attn_fwd"));
+  other = k, other.n_params = 7;
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map parameter"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
 /* mqa_fwd_sm90's maps: q as [B S_q H, d_qk] rows (box {W, 64}), c as [B S_k, d_qk] (box
  * {W, block_n}); DeepSeek's 576 (W 64, 128B) and 288 in fp16 (W 32, 64B), seqlen_k 0 as one
  * row. */
@@ -237,13 +357,119 @@ static void test_mqa_errors(void **state) {
                    "cuTensorMapEncodeTiled(mqa_fwd_sm90 map [1] c: dims {576, 256} box {64, 512}): CUDA_ERROR_INVALID_VALUE");
 }
 
+/* mg_sm90_launch_tmaps for mqa_fwd_sm90 (the kernel's q, c by name; sizes from the launch
+ * dims): the same 2 maps as mg_sm90_mqa_tmaps; too little room refused. */
+static void test_launch_mqa_tmaps(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = mqa_spec(16, 512, 64, "bf16");
+  mg_kernel_info k = mqa_info(64);
+  static const char *const names[] = {"q", "c", "o", "lse", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_OUT,
+                                 MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 6;
+  for (int i = 0; i < 6; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[4] = {QA, KNA, 0x500000, 0x600000};
+  int sq = 300;
+  CUtensorMap maps[MG_SM90_MAX_TMAPS], want[2];
+  void *args[6] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &sq, maps};
+  const mg_launch_dims dims = {2, 300, 500};
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, 2);
+  const mg_sm90_mqa_tensors t = {QA, KNA, 2, 300, 500};
+  if (mg_sm90_mqa_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(maps, want, sizeof want);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 1000}, (unsigned[]){64, 64}, SW128);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 1, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 1 maps"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
+/* The absorbed backward's three maps (mg_sm90_mqa_bwd_tmaps): q and dout over the packed
+ * rows B S_q H, c over B S_k, all boxes {W(d_c + d_r), 64} (576: 64, 128B; 288: 32, 64B;
+ * dout's rows d_c wide); no keys encoded as 1 row; both families accepted, mqa_fwd_sm90 and
+ * a null dout refused (maps zeroed); through mg_sm90_launch_tmaps (q, c, dout by name) the
+ * same maps. */
+static void test_mqa_bwd(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = mqa_spec(16, 512, 64, "bf16");
+  snprintf(s.family, sizeof s.family, "mqa_bwd_dkv_sm90");
+  mg_kernel_info k = mqa_info(64);
+  k.n_config = 0; /* no tunable read */
+  snprintf(k.family, sizeof k.family, "mqa_bwd_dkv_sm90");
+  CUtensorMap maps[MG_SM90_MQA_BWD_TMAPS];
+  mg_diag d = MG_DIAG_INIT;
+  const mg_sm90_mqa_bwd_tensors t = {QA, KNA, DOA, 2, 30, 50};
+  if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){576, 960}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 100}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[2], 2, 2, DOA, (unsigned long long[]){512, 960}, (unsigned[]){64, 64}, SW128);
+  s = mqa_spec(5, 256, 32, "fp16");
+  snprintf(s.family, sizeof s.family, "mqa_bwd_dq_sm90");
+  snprintf(k.family, sizeof k.family, "mqa_bwd_dq_sm90");
+  const mg_sm90_mqa_bwd_tensors t2 = {QA, KNA, DOA, 1, 7, 0};
+  if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t2, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){288, 35}, (unsigned[]){32, 64}, SW64);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){288, 1}, (unsigned[]){32, 64}, SW64);
+  expect_map(&maps[2], 2, 2, DOA, (unsigned long long[]){256, 35}, (unsigned[]){32, 64}, SW64);
+  mg_kernel_info fwd = mqa_info(64);
+  mg_kernel_spec sf = mqa_spec(5, 256, 32, "fp16");
+  assert_int_equal(mg_sm90_mqa_bwd_tmaps(drv, &sf, &fwd, &t2, maps, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "is not mqa_bwd_dkv_sm90 or mqa_bwd_dq_sm90"));
+  mg_diag_clear(&d);
+  mg_sm90_mqa_bwd_tensors bad = t2;
+  bad.dout = 0;
+  assert_int_equal(mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &bad, maps, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "mqa_bwd_dq_sm90 tensor map [2] dout: address 0x0 is null"));
+  static const CUtensorMap zero;
+  for (int i = 0; i < MG_SM90_MQA_BWD_TMAPS; i++) assert_memory_equal(&maps[i], &zero, sizeof zero);
+  mg_diag_clear(&d);
+  /* through the launch path */
+  static const char *const names[] = {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN, MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN,
+                                 MG_PARAM_IN, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 8;
+  for (int i = 0; i < 8; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[6] = {QA, KNA, DOA, 0x600000, 0x700000, 0x800000};
+  int sq = 7;
+  CUtensorMap lmaps[MG_SM90_MAX_TMAPS];
+  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, lmaps};
+  const mg_launch_dims dims = {1, 7, 0};
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, lmaps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, MG_SM90_MQA_BWD_TMAPS);
+  if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t2, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(lmaps, maps, sizeof maps);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, lmaps, 2, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 2 maps"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split_deepseek),
       cmocka_unit_test(test_packed_unusual_fp16),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_bwd),
+      cmocka_unit_test(test_launch_bwd_tmaps),
+      cmocka_unit_test(test_launch_tmaps),
+      cmocka_unit_test(test_launch_mqa_tmaps),
       cmocka_unit_test(test_mqa_maps),
       cmocka_unit_test(test_mqa_errors),
+      cmocka_unit_test(test_mqa_bwd),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,8 +20,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <lua.h>
+
+#include "mg_arch.h"
 #include "mg_fs.h"
 #include "mg_generate.h"
+#include "mg_lua.h"
 #include "mg_tune.h"
 #include "mlagen.h"
 
@@ -114,6 +118,45 @@ static void test_arch_limits(void **state) {
   assert_int_equal(mg_tune_arch_limits("compute_90", &l, &d), MLAGEN_EINVAL);
   assert_int_equal(mg_tune_arch_limits("sm_90x", &l, &d), MLAGEN_EINVAL);
   mg_diag_clear(&d);
+}
+
+/* The templates' shared-memory limits (prelude.lua's smem_limit, which every template's
+ * check uses) are generator/gen/mg_arch.h's, the table the tuner and the host executor
+ * read: for every arch the prelude knows, with and without the a suffix, and at least
+ * sm_80, sm_86, sm_89, sm_90a. (The prelude keeps its own copy: moving it into the
+ * generator changes the prelude and so every family's template hash, voiding every tuned
+ * entry until tuned/rehash.py moves them; this test keeps the two from drifting.) */
+static void test_prelude_smem_limits(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  char *src = NULL;
+  size_t len = 0;
+  if (mg_fs_read(MLAGEN_SOURCE_DIR "/templates/prelude.lua", 1 << 20, &src, &len, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  mg_lua *L;
+  assert_int_equal(mg_lua_open(&L, NULL, &d), 0);
+  if (mg_lua_run(L, src, len, "@prelude.lua", 0, &d)) fail_msg("%s", mg_diag_msg(&d));
+  int known = 0, core = 0;
+  for (int i = 0; i < MG_ARCH_COUNT; i++)
+    for (int a = 0; a < 2; a++) {
+      char chunk[64];
+      snprintf(chunk, sizeof chunk, "return smem_limit('sm_%d%s')", mg_arch_table[i].sm, a ? "a" : "");
+      if (mg_lua_run(L, chunk, strlen(chunk), "=check", 1, &d)) { /* not in the prelude */
+        mg_diag_clear(&d);
+        continue;
+      }
+      const long v = (long)lua_tointeger(mg_lua_state(L), -1);
+      lua_pop(mg_lua_state(L), 1);
+      if (v != mg_arch_table[i].smem)
+        fail_msg("%s: prelude.lua %ld bytes, mg_arch.h %ld", chunk, v, mg_arch_table[i].smem);
+      known++;
+      const int sm = mg_arch_table[i].sm;
+      core += (sm == 80 && !a) || (sm == 86 && !a) || (sm == 89 && !a) || (sm == 90 && a);
+    }
+  assert_int_equal(core, 4);
+  print_message("  %d prelude limits equal mg_arch.h's\n", known);
+  mg_lua_close(L);
+  free(src);
 }
 
 static void test_prune(void **state) {
@@ -967,6 +1010,7 @@ int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--family-hashes") == 0) return print_family_hashes(argv[2]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_arch_limits),
+      cmocka_unit_test(test_prelude_smem_limits),
       cmocka_unit_test(test_prune),
       cmocka_unit_test(test_space),
       cmocka_unit_test(test_bucket),

@@ -22,7 +22,7 @@ typedef struct cli_opts {
   int n_set;
   const char *out;            /* generate: --out DIR (trailing slashes removed) */
   char outbuf[4096];
-  const char *arch;           /* compile: --arch list */
+  const char *arch;           /* compile: --arch list; generate, tune, plan: --arch ARCH */
   const char *cache_dir;      /* compile: --cache-dir DIR */
   int no_cache;               /* compile: --no-cache */
   const char *backend;        /* run: --backend */
@@ -72,14 +72,28 @@ int cli_load_model(const cli_opts *o, mg_shape *shape);
 int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
                 mg_gen **g);
 
-/* cli_prepare (generate and compile), then a spec of each o->family F (`--family`,
- * rendered only on request: attn_fwd_sm90) appended for each spec of its companion family
- * (heads, dims, dtype, causal and k_packed as there; the --set overrides applied again); F
- * given twice is added once. Returns cli_prepare's status, or CLI_USAGE (an unknown F, a
- * rejected override, more than max kernels) after printing why; on failure *g is closed
- * and NULL. */
-int cli_prepare_rendered(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max,
-                         int *n, mg_gen **g);
+/* The specs of specs[0..*n) (cli_prepare's, max their capacity) for arch: each portable
+ * family an architecture's family replaces on arch (mg_spec_to_arch: attn_fwd ->
+ * attn_fwd_sm90 on sm_90a) replaced, the --set overrides applied again; then, for each
+ * o->family F, F beside each spec of its counterpart (attn_fwd_sm90 beside attn_fwd; with
+ * attn_fwd replaced, attn_fwd beside attn_fwd_sm90), F given twice added once; then another
+ * architecture's families and duplicates dropped. arch NULL: no replacement (the portable
+ * families, the kernels of every arch from sm_80 up) and nothing dropped. strict: an F with
+ * nothing to add beside is a usage error (printed), else skipped. Returns 0 or CLI_USAGE (a
+ * rejected override, more than max kernels, a strict F) after printing why. */
+int cli_arch_specs(const cli_opts *o, const char *arch, int strict, mg_kernel_spec *specs, int max,
+                   int *n);
+
+/* cli_prepare, then cli_arch_specs(o, arch, strict) (generate and compile). Returns
+ * cli_prepare's status or cli_arch_specs'; on failure *g is closed and NULL. */
+int cli_prepare_rendered(const cli_opts *o, const char *arch, mg_shape *shape,
+                         mg_kernel_spec *specs, int max, int *n, mg_gen **g);
+
+/* mg_gen_kernel of *s, except that an architecture's family whose template refuses the shape
+ * (MLAGEN_EINVAL) falls back, with a note on stderr, to the portable family it stands in for
+ * (its plan tunables and the --set overrides applied): *s is then that spec, as the CUDA
+ * executor falls back. Returns mg_gen_kernel's status (d says why). */
+int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg_diag *d);
 
 /* Prints "mlagen: <msg>" to stderr (the message may hold several lines). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

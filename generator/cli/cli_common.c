@@ -223,38 +223,33 @@ int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int m
   return 0;
 }
 
-/* Families rendered only on request (--family), each beside one existing family's kernels. */
-static const struct {
-  const char *family, *beside;
-} on_request[] = {{"attn_fwd_sm90", "attn_fwd"}, {"mqa_fwd_sm90", "mqa_fwd"},
-                   {"mqa_bwd_dkv_sm90", "mqa_bwd_dkv"},
-                   {"mqa_bwd_dq_sm90", "mqa_bwd_dq"}};
-enum { N_ON_REQUEST = sizeof on_request / sizeof on_request[0] };
-
-static int add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int *n) {
+/* --family F: F beside each spec of its counterpart, the family it stands in for or that
+ * stands in for it on this arch (mg_spec.c's tables: attn_fwd_sm90 beside attn_fwd,
+ * mqa_fwd_sm90 beside mqa_fwd, attn_bwd_dkdv_sm90 / attn_bwd_dq_sm90 beside attn_bwd_dkdv /
+ * attn_bwd_dq, mqa_bwd_dkv_sm90 / mqa_bwd_dq_sm90 beside mqa_bwd_dkv / mqa_bwd_dq, or, once --arch sm_90a made attn_fwd attn_fwd_sm90, attn_fwd
+ * beside it). strict: an F that is neither an architecture's family nor a portable family one
+ * stands in for is a usage error (generate, compile), else skipped (tune's --family selects). */
+static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, int max, int *n) {
   for (int f = 0; f < o->n_family; f++) {
+    const char *F = o->family[f];
     int dup = 0; /* --family F given twice renders F once */
-    for (int g = 0; g < f; g++) dup |= strcmp(o->family[g], o->family[f]) == 0;
+    for (int g = 0; g < f; g++) dup |= strcmp(o->family[g], F) == 0;
     if (dup) continue;
-    int r = 0;
-    while (r < N_ON_REQUEST && strcmp(on_request[r].family, o->family[f]) != 0) r++;
-    if (r == N_ON_REQUEST) {
-      cli_error("--family %s: generate and compile render on request only attn_fwd_sm90, mqa_fwd_sm90, mqa_bwd_dkv_sm90 and mqa_bwd_dq_sm90 (every other "
-                "family is rendered anyway)", o->family[f]);
-      return CLI_USAGE;
-    }
+    const int arch_family = strcmp(mg_family_portable(F), F) != 0;
     const int n0 = *n;
     for (int i = 0; i < n0; i++) {
-      if (strcmp(specs[i].family, on_request[r].beside) != 0) continue;
+      const char *fam = specs[i].family;
+      const int counterpart = arch_family ? strcmp(fam, mg_family_portable(F)) == 0
+                                          : strcmp(fam, F) != 0 && strcmp(mg_family_portable(fam), F) == 0;
+      if (!counterpart) continue;
       if (*n == max) {
         cli_error("more than %d kernels", max);
         return CLI_USAGE;
       }
       mg_kernel_spec s = specs[i];
-      snprintf(s.family, sizeof s.family, "%s", on_request[r].family);
+      snprintf(s.family, sizeof s.family, "%s", F);
       s.n_config = 0;
-      for (int c = 0; c < specs[i].n_config; c++)
-        if (strcmp(specs[i].config[c].name, "k_packed") == 0) s.config[s.n_config++] = specs[i].config[c];
+      mg_spec_plan_tunables(&s);
       mg_diag d = MG_DIAG_INIT;
       if (apply_sets(o, &s, &d)) {
         cli_error("%s", mg_diag_msg(&d));
@@ -263,16 +258,64 @@ static int add_requested(const cli_opts *o, mg_kernel_spec *specs, int max, int 
       }
       specs[(*n)++] = s;
     }
+    int paired = arch_family; /* F is an arch's family, or a portable one some arch replaces */
+    for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch && !paired; a++)
+      for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i] && !a->on_request; i++)
+        paired |= strcmp(a->k.family[i], F) != 0 && strcmp(mg_family_portable(a->k.family[i]), F) == 0;
+    if (strict && !paired) {
+      cli_error("--family %s: generate and compile render on request only an architecture's "
+                "family beside the portable one it stands in for (attn_fwd_sm90, mqa_fwd_sm90, "
+                "attn_bwd_dkdv_sm90, attn_bwd_dq_sm90; with --arch sm_90a, attn_fwd); every other family is rendered anyway", F);
+      return CLI_USAGE;
+    }
   }
   return 0;
 }
 
-int cli_prepare_rendered(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max,
-                         int *n, mg_gen **g) {
+int cli_arch_specs(const cli_opts *o, const char *arch, int strict, mg_kernel_spec *specs, int max,
+                   int *n) {
+  for (int i = 0; arch && i < *n; i++)
+    if (mg_spec_to_arch(&specs[i], arch, &specs[i])) {
+      mg_diag d = MG_DIAG_INIT;
+      if (apply_sets(o, &specs[i], &d)) {
+        cli_error("%s", mg_diag_msg(&d));
+        mg_diag_clear(&d);
+        return CLI_USAGE;
+      }
+    }
+  int rc = add_requested(o, strict, specs, max, n);
+  if (rc) return rc;
+  int m = 0; /* drop another arch's families, and duplicates */
+  for (int i = 0; i < *n; i++) {
+    int keep = !arch || mg_family_runs_on(specs[i].family, arch);
+    for (int j = 0; j < m && keep; j++) keep = memcmp(&specs[j], &specs[i], sizeof specs[i]) != 0;
+    if (keep) specs[m++] = specs[i];
+  }
+  *n = m;
+  return 0;
+}
+
+int cli_prepare_rendered(const cli_opts *o, const char *arch, mg_shape *shape,
+                         mg_kernel_spec *specs, int max, int *n, mg_gen **g) {
   int rc = cli_prepare(o, shape, specs, max, n, g);
-  if (!rc && (rc = add_requested(o, specs, max, n))) {
+  if (!rc && (rc = cli_arch_specs(o, arch, 1, specs, max, n))) {
     mg_gen_close(*g);
     *g = NULL;
   }
   return rc;
+}
+
+int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg_diag *d) {
+  int rc = mg_gen_kernel(g, s, k, d);
+  const char *portable = mg_family_portable(s->family);
+  if (rc != MLAGEN_EINVAL || !strcmp(portable, s->family)) return rc;
+  /* an architecture's family that refuses this shape: the portable one, as the executor does */
+  fprintf(stderr, "mlagen: note: %s (%s heads %d): %s; %s instead\n", s->family,
+          s->causal ? "causal" : "non-causal", s->heads, mg_diag_msg(d), portable);
+  mg_diag_clear(d);
+  snprintf(s->family, sizeof s->family, "%s", portable);
+  s->n_config = 0;
+  mg_spec_plan_tunables(s);
+  if ((rc = apply_sets(o, s, d))) return rc;
+  return mg_gen_kernel(g, s, k, d);
 }

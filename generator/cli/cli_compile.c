@@ -12,8 +12,9 @@ static const char help[] =
     "                      [--set tunable=value]... [--family F]... [--templates DIR]\n"
     "                      [--cache-dir DIR] [--no-cache]\n"
     "\n"
-    "Generates the model's kernels (as `mlagen generate` does), compiles each with NVRTC\n"
-    "to a cubin for each architecture, and prints one row per kernel and arch: registers\n"
+    "Generates the model's kernels (as `mlagen generate --arch` does for each\n"
+    "architecture: on sm_90a attn_fwd_sm90 in place of attn_fwd), compiles each with\n"
+    "NVRTC to a cubin for its architecture, and prints one row per kernel and arch: registers\n"
     "per thread, spill bytes (stores + loads), static and dynamic shared memory per CTA\n"
     "(bytes; the dynamic size is the launch's, from the template), the wall time of\n"
     "the call (NVRTC on a miss, the cache read on a hit) and whether the cubin came\n"
@@ -22,8 +23,11 @@ static const char help[] =
     "  --arch LIST      comma-separated real targets (default sm_80,sm_90a)\n"
     "  --cache-dir DIR  JIT cache (default $MLAGEN_CACHE_DIR or ~/.cache/mlagen)\n"
     "  --no-cache       neither read nor write the cache\n"
-    "  --family F       also compile attn_fwd_sm90, mqa_fwd_sm90, mqa_bwd_dkv_sm90 or\n"
-    "                   mqa_bwd_dq_sm90 (see `mlagen generate --help`)\n"
+    "  --family F       also compile F beside the family it stands in for on each arch\n"
+    "                   (attn_fwd_sm90, mqa_fwd_sm90, attn_bwd_dkdv_sm90, attn_bwd_dq_sm90,\n"
+    "                   mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90 on sm_90a only; attn_fwd beside\n"
+    "                   attn_fwd_sm90 there: see\n"
+    "                   `mlagen generate --help`)\n"
     "  other options as for `mlagen generate`\n";
 
 #define MAX_ARCH 8
@@ -65,10 +69,10 @@ int cli_compile(int argc, char **argv) {
   }
 
   mg_shape shape;
-  mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
-  int n = 0;
+  mg_kernel_spec all[MG_SPEC_MAX_KERNELS];
+  int n_all = 0;
   mg_gen *g;
-  if ((rc = cli_prepare_rendered(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
+  if ((rc = cli_prepare(&o, &shape, all, MG_SPEC_MAX_KERNELS, &n_all, &g))) return rc;
 
   mg_diag d = MG_DIAG_INIT;
   int n_hdr = 0;
@@ -76,17 +80,25 @@ int cli_compile(int argc, char **argv) {
   int failed = 0, compiled = 0, hits = 0, usage = 0;
   printf("%-62s %-7s %5s %6s %7s %7s %8s %s\n", "kernel", "arch", "regs", "spill", "smem",
          "dynsmem", "ms", "cache");
-  /* An invalid argument (a rejected tunable, an unknown arch) would fail every kernel
-   * alike: report it once and stop. */
-  for (int i = 0; i < n && !usage; i++) {
-    mg_kernel k;
-    if ((rc = mg_gen_kernel(g, &specs[i], &k, &d))) {
-      cli_error("%s", mg_diag_msg(&d));
-      failed++;
-      usage = rc == MLAGEN_EINVAL;
-      continue;
+  /* per arch, the families its executor runs (cli_arch_specs); an invalid argument (a
+   * rejected tunable, an unknown arch) would fail every kernel alike: reported once, then
+   * stop */
+  for (int a = 0; a < n_arch && !usage; a++) {
+    mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
+    int n = n_all;
+    memcpy(specs, all, sizeof specs);
+    if ((rc = cli_arch_specs(&o, archs[a], 1, specs, MG_SPEC_MAX_KERNELS, &n))) {
+      mg_gen_close(g);
+      return rc;
     }
-    for (int a = 0; a < n_arch && !usage; a++) {
+    for (int i = 0; i < n && !usage; i++) {
+      mg_kernel k;
+      if ((rc = cli_render(&o, g, &specs[i], &k, &d))) {
+        cli_error("%s", mg_diag_msg(&d));
+        failed++;
+        usage = rc == MLAGEN_EINVAL;
+        continue;
+      }
       mg_jit_opts jo = {.arch = archs[a], .cache_dir = o.cache_dir, .no_cache = o.no_cache,
                         .template_hash = mg_gen_template_hash(g), .headers = hdr,
                         .n_headers = n_hdr};
@@ -95,19 +107,18 @@ int cli_compile(int argc, char **argv) {
         cli_error("%s", mg_diag_msg(&d));
         failed++;
         usage = rc == MLAGEN_EINVAL;
-        continue;
+      } else {
+        const mg_jit_report *r = &c.report;
+        printf("%-62s %-7s %5d %6ld %7ld %7ld %8.1f %s\n", k.name, archs[a], r->registers,
+               r->spill_stores + r->spill_loads, r->smem_bytes, (long)k.info.launch.smem,
+               r->elapsed_ms, r->cache_hit ? "hit" : "miss");
+        if (c.warning) fprintf(stderr, "mlagen: warning: %s\n", c.warning);
+        compiled++;
+        hits += r->cache_hit;
+        mg_cubin_free(&c);
       }
-      const mg_jit_report *r = &c.report;
-      printf("%-62s %-7s %5d %6ld %7ld %7ld %8.1f %s\n", k.name, archs[a], r->registers,
-             r->spill_stores + r->spill_loads, r->smem_bytes,
-             (long)k.info.launch.smem, r->elapsed_ms,
-             r->cache_hit ? "hit" : "miss");
-      if (c.warning) fprintf(stderr, "mlagen: warning: %s\n", c.warning);
-      compiled++;
-      hits += r->cache_hit;
-      mg_cubin_free(&c);
+      mg_kernel_free(&k);
     }
-    mg_kernel_free(&k);
   }
   printf("%d compiled (%d from cache), %d failed\n", compiled, hits, failed);
   mg_gen_close(g);

@@ -4,11 +4,13 @@
 
 #include "cli.h"
 #include "mg_generate.h"
+#include "mg_tune.h"
 #include "mlagen.h"
 
 static const char help[] =
     "usage: mlagen generate [--model M] [--out DIR] [--sp P] [--dtype bf16|fp16]\n"
-    "                       [--set tunable=value]... [--family F]... [--templates DIR]\n"
+    "                       [--arch ARCH] [--set tunable=value]... [--family F]...\n"
+    "                       [--templates DIR]\n"
     "\n"
     "Renders every kernel the model needs (each family, causal and non-causal) into\n"
     "DIR/<kernel>.cu, copies the device headers (mla_device.cuh, mla_device_sm90.cuh)\n"
@@ -19,21 +21,28 @@ static const char help[] =
     "  --out DIR        output directory (default mlagen-kernels)\n"
     "  --sp P           sequence-parallel degree: kernels see H / P heads (default 1)\n"
     "  --dtype T        element type of the tensors (default bf16)\n"
+    "  --arch ARCH      the families ARCH's CUDA executor runs (sm_90a: attn_fwd_sm90,\n"
+    "                   the TMA/wgmma forward, in place of attn_fwd; an arch family that\n"
+    "                   refuses the shape falls back to the portable one, with a note);\n"
+    "                   default: the portable mma.sync families (sm_80 and up)\n"
     "  --set k=v        override a tunable of every family (e.g. block_m=64), or of one\n"
     "                   family with family.k=v (e.g. explicit_fwd.block_m=16); repeatable\n"
-    "  --family F       also render a family no plan runs yet: attn_fwd_sm90 (the sm_90a\n"
-    "                   TMA/wgmma forward), one per attn_fwd kernel, with its default\n"
-    "                   tunables, k_packed as attn_fwd's, and the --set overrides\n"
-    "                   (family.k=v ones are safest); mqa_fwd_sm90 (the sm_90a absorbed\n"
-    "                   forward), one per mqa_fwd kernel; mqa_bwd_dkv_sm90 (the sm_90a\n"
-    "                   absorbed backward's key side), one per mqa_bwd_dkv kernel;\n"
-    "                   mqa_bwd_dq_sm90 (its query side), one per mqa_bwd_dq kernel;\n"
-    "                   repeatable\n"
+    "  --family F       also render F beside the family it stands in for: attn_fwd_sm90\n"
+    "                   (the sm_90a TMA/wgmma forward) beside each attn_fwd kernel,\n"
+    "                   mqa_fwd_sm90 (the sm_90a absorbed forward, no plan runs yet) beside\n"
+    "                   each mqa_fwd one, attn_bwd_dkdv_sm90 and attn_bwd_dq_sm90 (the\n"
+    "                   sm_90a deterministic backward, no plan runs yet) beside each\n"
+    "                   attn_bwd_dkdv / attn_bwd_dq one, mqa_bwd_dkv_sm90 and\n"
+    "                   mqa_bwd_dq_sm90 (the sm_90a absorbed backward, no plan runs yet)\n"
+    "                   beside each mqa_bwd_dkv / mqa_bwd_dq one, or with --arch sm_90a attn_fwd\n"
+    "                   beside each attn_fwd_sm90 one (the mma.sync fallback), with its\n"
+    "                   default tunables, the plans' k_packed, and the --set overrides\n"
+    "                   (family.k=v ones are safest); repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 
 int cli_generate(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, "model out sp dtype set family templates", help, &o);
+  int rc = cli_parse(argc, argv, "model out sp dtype arch set family templates", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   if ((rc = cli_kernel_dtype(&o))) return rc;
   if (!o.out) o.out = "mlagen-kernels";
@@ -41,12 +50,19 @@ int cli_generate(int argc, char **argv) {
   mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n = 0;
   mg_gen *g;
-  if ((rc = cli_prepare_rendered(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
+  mg_tune_limits lim;
+  mg_diag ad = MG_DIAG_INIT;
+  if (o.arch && mg_tune_arch_limits(o.arch, &lim, &ad)) { /* one known architecture */
+    cli_error("--arch: %s", mg_diag_msg(&ad));
+    mg_diag_clear(&ad);
+    return CLI_USAGE;
+  }
+  if ((rc = cli_prepare_rendered(&o, o.arch, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
 
   mg_diag d = MG_DIAG_INIT;
   mg_kernel kernels[MG_SPEC_MAX_KERNELS];
   int made = 0;
-  for (; !rc && made < n; made++) rc = mg_gen_kernel(g, &specs[made], &kernels[made], &d);
+  for (; !rc && made < n; made++) rc = cli_render(&o, g, &specs[made], &kernels[made], &d);
   if (rc) made--; /* the failed one holds nothing */
   if (!rc) rc = mg_gen_write(g, &shape, o.sp, kernels, made, o.out, &d);
   if (!rc) {

@@ -56,7 +56,8 @@ static const char help[] =
     "               $MLAGEN_TUNED_DIR (default ./tuned)/<arch>/<device>.json tuned\n"
     "               with the family's templates as they are, or the template's\n"
     "               default (docs/tuning.md)\n"
-    "  --arch ARCH  with --explain: the GPU architecture (default sm_90a)\n"
+    "  --arch ARCH  with --explain: the GPU architecture (default sm_90a), whose\n"
+    "               families are shown (sm_90a: attn_fwd_sm90 for attn_fwd)\n"
     "  --device N   with --explain: the device name as the driver reports it\n"
     "               (default \"unknown\": no GPU is queried)\n";
 
@@ -75,6 +76,8 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
     return CLI_USAGE;
   }
   int rc = mg_spec_for_plan(shape, o->sp, o->head_groups, kdtype, specs, MG_SPEC_MAX_KERNELS, &n, &d);
+  for (int i = 0; !rc && i < n; i++) /* the families arch's executor runs (mg_arch_kernel_table) */
+    mg_spec_to_arch(&specs[i], arch, &specs[i]);
   if (!rc) rc = mg_gen_open(&g, o->templates, &d);
   if (rc) {
     cli_error("%s", mg_diag_msg(&d));

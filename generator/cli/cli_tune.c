@@ -20,7 +20,9 @@ static const char help[] =
     "                   [--min-warps N] [--templates DIR] [--cache-dir DIR] [--no-cache]\n"
     "\n"
     "Enumerates every combination of each kernel family's declared tunables for the\n"
-    "model's shape (causal and non-causal unless one is given), drops what the\n"
+    "model's shape (causal and non-causal unless one is given; the families ARCH's\n"
+    "executor runs: on sm_90a attn_fwd_sm90 in place of attn_fwd, which --family attn_fwd\n"
+    "brings back for A/B), drops what the\n"
     "template's check rejects, compiles the rest with NVRTC (JIT cache on) and prunes\n"
     "by the ptxas report: any spill, shared memory over the arch's per-block limit, or\n"
     "registers that allow fewer than N resident warps per SM (docs/tuning.md). The\n"
@@ -285,6 +287,12 @@ int cli_tune(int argc, char **argv) {
   int n_specs = 0;
   mg_gen *g;
   if ((rc = cli_prepare(&o, &shape, specs, MG_SPEC_MAX_KERNELS, &n_specs, &g))) return rc;
+  /* the families arch's executor runs (sm_90a: attn_fwd_sm90 for attn_fwd), and a portable
+   * family they replace when --family names it (the mma.sync fallback) */
+  if ((rc = cli_arch_specs(&o, arch, 0, specs, MG_SPEC_MAX_KERNELS, &n_specs))) {
+    mg_gen_close(g);
+    return rc;
+  }
 
   /* the space: every selected spec's combinations, one array */
   mg_tune_candidate *all = NULL;

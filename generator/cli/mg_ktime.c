@@ -12,6 +12,7 @@
 
 #include "mg_driver.h"
 #include "mg_dtype.h" /* mg_f32_to_bf16 ... */
+#include "mg_sm90_tmap.h"
 #include "mlagen.h"
 
 void (*mg_ktime_output_hook)(const char *kernel, const char *param, void *host,
@@ -190,6 +191,8 @@ int mg_ktime_args(const mg_kernel_info *k, const mg_kernel_spec *s, long long se
                            "evaluate to an int >= 0", kname, a->name, text);
       a->ival = (int)v;
       syms[ns++] = (sym){p->name, v};
+    } else if (p->kind == MG_PARAM_TMAPS) {
+      a->kind = MG_KARG_TMAPS; /* made per launch from the buffers (build_args) */
     } else {
       a->kind = MG_KARG_FLOAT;
       if (strcmp(a->name, "softmax_scale") != 0)
@@ -370,18 +373,26 @@ static double elem_at(const mg_karg *a, const char *dtype, const void *p, size_t
   return mg_dtype_of_spec(dtype) == MG_F16 ? mg_f16_to_f32(h) : mg_bf16_to_f32(h);
 }
 
-/* The kernel parameters of set `set` into argv (values in the storage arrays). */
-static void build_args(const run *r, const mg_kargs *ka, int set, CUdeviceptr *pv, int *iv,
-                       float *fv, void **argv) {
+/* The kernel parameters of kernel k (spec s) for set `set` into argv (values in the storage
+ * arrays; an sm_90a family's tensor maps encoded into maps over the set's buffers, as the
+ * CUDA executor encodes them). Returns 0, or mg_sm90_launch_tmaps' status. */
+static int build_args(const run *r, const mg_kernel_info *k, const mg_kernel_spec *s,
+                      const mg_kargs *ka, int set, CUdeviceptr *pv, int *iv, float *fv,
+                      CUtensorMap *maps, void **argv, mg_diag *d) {
+  int tmaps = 0;
   for (int i = 0; i < ka->n; i++) {
     const mg_karg *a = &ka->a[i];
     switch (a->kind) {
       case MG_KARG_INT: iv[i] = a->ival, argv[i] = &iv[i]; break;
       case MG_KARG_FLOAT: fv[i] = a->fval, argv[i] = &fv[i]; break;
       case MG_KARG_NULL: pv[i] = 0, argv[i] = &pv[i]; break;
+      case MG_KARG_TMAPS: argv[i] = maps, tmaps = 1; break;
       default: pv[i] = r->buf[set][i], argv[i] = &pv[i]; break;
     }
   }
+  int n = 0;
+  return tmaps ? mg_sm90_launch_tmaps(r->drv, s, k, argv, &ka->dims, maps, MG_SM90_MAX_TMAPS, &n, d)
+               : 0;
 }
 
 /* Zeroes the outputs of set 0 on the stream. */
@@ -457,8 +468,8 @@ static void set_verdict(mg_ktime_result *res, int verdict, const char *msg) {
 /* Loads and launches kernel k once on set 0 with zeroed outputs, synchronizes and copies the
  * outputs into host. Returns 0, or a status with d set; *launch_failed says the failure
  * was the kernel's own (load, launch, execution) rather than the harness's. */
-static int run_once(run *r, const mg_kernel *k, const mg_cubin *c, const mg_kargs *ka,
-                    void **host, int *launch_failed, mg_diag *d) {
+static int run_once(run *r, const mg_kernel *k, const mg_cubin *c, const mg_kernel_spec *s,
+                    const mg_kargs *ka, void **host, int *launch_failed, mg_diag *d) {
   *launch_failed = 0;
   const mg_module_kernel *mk = NULL;
   int rc = mg_registry_load_kernel(r->reg, &k->info, c->data, c->size, &mk, d);
@@ -471,7 +482,11 @@ static int run_once(run *r, const mg_kernel *k, const mg_cubin *c, const mg_karg
   int iv[MG_KTIME_MAX_PARAMS];
   float fv[MG_KTIME_MAX_PARAMS];
   void *argv[MG_KTIME_MAX_PARAMS];
-  build_args(r, ka, 0, pv, iv, fv, argv);
+  CUtensorMap maps[MG_SM90_MAX_TMAPS];
+  if ((rc = build_args(r, &k->info, s, ka, 0, pv, iv, fv, maps, argv, d))) {
+    *launch_failed = rc != MLAGEN_ENOMEM; /* maps the driver refuses: the candidate's */
+    return rc;
+  }
   if ((rc = mg_registry_launch(r->reg, mk, &ka->dims, r->stream, argv, d))) {
     *launch_failed = rc != MLAGEN_ENOMEM;
     return rc;
@@ -546,10 +561,10 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
   if (!c->data || c->size == 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: empty cubin", k->name);
   mg_kargs ka, kr;
+  mg_kernel_spec rs;
   int rc = mg_ktime_args(&k->info, s, seq, &ka, d);
   if (rc) return rc;
   if (ref_k) {
-    mg_kernel_spec rs;
     mg_ktime_reference_spec(s, &k->info, &rs);
     if ((rc = mg_ktime_args(&ref_k->info, &rs, seq, &kr, d))) return rc;
     if (!same_params(&ka, &kr))
@@ -628,7 +643,7 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
   /* the check: the candidate, then the reference, on set 0 */
   int failed = 0;
   mg_diag kd = MG_DIAG_INIT;
-  rc = run_once(&r, k, c, &ka, r.got, &failed, &kd);
+  rc = run_once(&r, k, c, s, &ka, r.got, &failed, &kd);
   if (rc && failed) {
     set_verdict(res, MG_TUNE_FAILED_LAUNCH, mg_diag_msg(&kd));
     mg_diag_clear(&kd);
@@ -643,7 +658,7 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
     if (ka.a[i].kind == MG_KARG_OUT)
       mg_ktime_output_hook(k->name, ka.a[i].name, r.got[i], ka.a[i].count * ka.a[i].elem_bytes);
   if (ref_k && strcmp(ref_k->name, k->name) != 0) { /* the same kernel agrees with itself */
-    if ((rc = run_once(&r, ref_k, ref_c, &kr, r.ref, &failed, &kd))) {
+    if ((rc = run_once(&r, ref_k, ref_c, &rs, &kr, r.ref, &failed, &kd))) {
       rc = mg_diag_set(d, rc == MLAGEN_ENOMEM ? rc : MG_EDRIVER, "the reference %s for %s: %s",
                        ref_k->name, k->name, mg_diag_msg(&kd));
       mg_diag_clear(&kd);
@@ -672,9 +687,11 @@ int mg_ktime_run(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k,
   int iv[MG_KTIME_MAX_PARAMS];
   float fv[MG_KTIME_MAX_PARAMS];
   void *argv[MG_KTIME_MAX_PARAMS];
+  CUtensorMap maps[MG_SM90_MAX_TMAPS]; /* by value: the launch copies them */
   for (int i = 0; i < MG_KTIME_WARMUP + n_samples; i++) {
     const int t = i - MG_KTIME_WARMUP; /* the sample, < 0 during the warm-up */
-    build_args(&r, &ka, i % n_sets, pv, iv, fv, argv);
+    if ((rc = build_args(&r, &k->info, s, &ka, i % n_sets, pv, iv, fv, maps, argv, d)))
+      return run_free(&r, rc, d);
     if (t >= 0 && r.flush &&
         (cr = drv->cuMemsetD8Async(r.flush, (unsigned char)t, flush_bytes, r.stream)) != CUDA_SUCCESS)
       return run_free(&r, mg_driver_fail(drv, cr, "cuMemsetD8Async (L2 flush)", d), d);

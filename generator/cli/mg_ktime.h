@@ -60,7 +60,9 @@ typedef enum mg_karg_kind {
   MG_KARG_OUT,    /* a non-const pointer: an output (zeroed before the check), compared */
   MG_KARG_NULL,   /* a pointer the configuration does not use (shape "unused"): NULL */
   MG_KARG_INT,    /* an int argument */
-  MG_KARG_FLOAT   /* a float argument */
+  MG_KARG_FLOAT,  /* a float argument */
+  MG_KARG_TMAPS   /* CUtensorMaps by value (an sm_90a family's `tmaps`): encoded for each
+                     launch over that launch's buffers (mg_sm90_launch_tmaps) */
 } mg_karg_kind;
 
 /* One kernel parameter as the timer passes it. */
@@ -86,7 +88,9 @@ typedef struct mg_kargs {
  * an expression over B = 1, S = S_q = S_k = seq, P = MG_KTIME_SP(seq), H, d_n, d_r, d_v, d_c
  * from s and the int arguments before it), or, when it declares none, the convention for
  * the sizes the attention kernels share (seqlen_q, seqlen_k, rows = S; batch = B; q_pos0,
- * q_split, q_pos1, accumulate = 0: query row i at position i); softmax_scale = 1 / sqrt(d_n + d_r); a pointer's element count is its
+ * q_split, q_pos1, accumulate = 0: query row i at position i); softmax_scale = 1 / sqrt(d_n +
+ * d_r); tensor maps by value (MG_PARAM_TMAPS) are MG_KARG_TMAPS, made at each launch; a
+ * pointer's element count is its
  * declared shape ("[B, S_q, H, d_n + d_r]"; "direction 0: [...]; direction 1: [...]" picks by
  * the direction argument; "unused" is NULL) over the same names and every int argument.
  * The grid's seqlen_q is the seqlen_q argument, else the seqlen_local argument, else seq.

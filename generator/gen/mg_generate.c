@@ -228,6 +228,8 @@ static void push_spec(lua_State *L, const mg_kernel_spec *s) {
   lua_setfield(L, -2, "dtype");
   lua_pushboolean(L, s->causal);
   lua_setfield(L, -2, "causal");
+  lua_pushstring(L, s->arch);
+  lua_setfield(L, -2, "arch");
   lua_newtable(L);
   for (int i = 0; i < s->n_config; i++) {
     lua_pushinteger(L, s->config[i].value);
@@ -390,6 +392,7 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   cJSON_AddNumberToObject(spec, "d_c", s->d_c);
   cJSON_AddStringToObject(spec, "dtype", s->dtype);
   cJSON_AddBoolToObject(spec, "causal", s->causal);
+  if (s->arch[0]) cJSON_AddStringToObject(spec, "arch", s->arch);
   cJSON_AddItemToObject(m, "spec", spec);
   cJSON_AddStringToObject(m, "file", out->file);
   cJSON_AddStringToObject(m, "template", tname);

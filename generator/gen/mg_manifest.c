@@ -174,11 +174,13 @@ static int params_of(const cJSON *params, mg_kernel_info *k, mg_diag *d) {
       p->is_f32 = strstr(type, "float") != NULL;
     } else if (strcmp(type, "int") == 0) {
       p->kind = MG_PARAM_INT;
+    } else if (strstr(type, "TensorMap")) {
+      p->kind = MG_PARAM_TMAPS;
     } else if (strcmp(type, "float") == 0) {
       p->kind = MG_PARAM_FLOAT;
     } else {
-      return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %s has type '%s' (a pointer, int or "
-                         "float)", k->name, p->name, type);
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %s has type '%s' (a pointer, int, "
+                         "float or TensorMaps)", k->name, p->name, type);
     }
     if (cJSON_GetObjectItemCaseSensitive(it, "shape") && !str_into(it, "shape", p->shape, sizeof p->shape))
       return mg_diag_set(d, MLAGEN_EINVAL, "%s: parameter %s: shape not a string under %zu "

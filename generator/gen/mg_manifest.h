@@ -68,7 +68,11 @@ typedef enum mg_param_kind {
   MG_PARAM_IN = 0, /* a const pointer: an input */
   MG_PARAM_OUT,    /* a non-const pointer: an output */
   MG_PARAM_INT,    /* int */
-  MG_PARAM_FLOAT   /* float */
+  MG_PARAM_FLOAT,  /* float */
+  MG_PARAM_TMAPS   /* CUtensorMaps by value (a type naming TensorMap, no pointer: the sm_90a
+                      families' `const __grid_constant__ mla::sm90::TensorMaps<N>`): the
+                      launcher passes a pointer to N contiguous CUtensorMaps made for the
+                      launch (runtime/exec/mg_sm90_tmap.h mg_sm90_launch_tmaps) */
 } mg_param_kind;
 
 /* One kernel parameter, in the kernel's order (kernel{} params). */
@@ -112,7 +116,8 @@ typedef struct mg_kernel_info {
 
 /* Parses one manifest entry (an element of manifest.json's "kernels", as mg_gen_kernel
  * builds it) into *out: "name", "launch" (mg_launch_rule_parse), "family", "params" (each
- * with a string "name" and a "type" of a pointer, "int" or "float"; optional "shape",
+ * with a string "name" and a "type" of a pointer, "int", "float" or tensor maps by value
+ * (a type naming TensorMap); optional "shape",
  * "bench"), and the optional "config" and "tunables" (integers), "pass", "causal",
  * "interface", "flops".
  * Errors: MLAGEN_EINVAL (entry NULL, a field missing or mistyped, more than

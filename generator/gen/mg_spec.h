@@ -22,6 +22,9 @@ typedef struct mg_kernel_spec {
   int d_c;            /* kv_lora_rank */
   char dtype[8];      /* "bf16" or "fp16": element type of the tensors */
   int causal;         /* 1: causal masking by global position */
+  char arch[16];      /* the GPU the kernel is rendered for ("sm_86", "sm_90a"; "": any from
+                         sm_80 up): its shared-memory limit bounds the configurations the
+                         templates accept (prelude.lua smem_limit) */
   int n_config;       /* tunable overrides; the template's default for the rest */
   mg_tunable_value config[MG_SPEC_MAX_CONFIG];
 } mg_kernel_spec;
@@ -34,9 +37,11 @@ typedef struct mg_kernel_spec {
  * renders for a model, and those it renders only on request (mg_spec_family_on_request). */
 extern const char *const mg_spec_families[];
 
-/* 1 when family is rendered only on request (`mlagen generate --family F`), not for every
- * model: attn_fwd_sm90, mqa_fwd_sm90, mqa_bwd_dkv_sm90 and mqa_bwd_dq_sm90, which no plan
- * runs yet; else 0. */
+/* 1 when family is not one of the portable families mg_spec_for_model lists for every model:
+ * an architecture's own family (mg_arch_kernel_table: attn_fwd_sm90, mqa_fwd_sm90,
+ * attn_bwd_dkdv_sm90, attn_bwd_dq_sm90, mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90), rendered
+ * for its architecture (mg_spec_to_arch, rows not marked on_request) or on request (`mlagen
+ * generate --family F`); else 0. */
 int mg_spec_family_on_request(const char *family);
 
 /* Fills specs[0..*n) with every kernel a model needs at sequence-parallel degree sp, each
@@ -78,9 +83,50 @@ extern const mg_op_kernels mg_op_kernel_table[]; /* ends with family[0] NULL */
  * table does not list. */
 const char *mg_op_family(int op, int i);
 
+/* Per-architecture families, the one table of which family implements an op on which
+ * architecture: a row replaces mg_op_kernel_table's families of op on arch (same launch
+ * order, same parameters by name, plus the tensor maps an sm_90a family takes: runtime/exec/
+ * mg_sm90_tmap.h), with its own fixed settings. Ops and architectures without a row run
+ * the portable (mma.sync, sm_80 and up) families: sm_80, sm_86, sm_89 always. Rows:
+ * sm_90a MG_OP_ATTN_FWD attn_fwd_sm90 (k_packed = 1); sm_90a MG_OP_MQA_FWD mqa_fwd_sm90 and
+ * sm_90a MG_OP_ATTN_BWD attn_bwd_pre, attn_bwd_dkdv_sm90, attn_bwd_dq_sm90 and sm_90a
+ * MG_OP_MQA_BWD attn_bwd_pre, mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90, all three
+ * on_request (a row that replaces nothing: mg_op_family_arch and mg_spec_to_arch skip it;
+ * mg_family_portable, mg_family_runs_on and `--family` read it). Read by mg_op_family_arch,
+ * mg_spec_to_arch, mg_spec_plan_tunables; so by the CUDA executor, `mlagen generate`,
+ * `compile`, `tune` and `plan --explain`. */
+typedef struct mg_arch_kernels {
+  const char *arch;                         /* "sm_90a" */
+  mg_op_kernels k;                          /* the op and its families on arch */
+  int on_request;                           /* 1: rendered only on request (--family), beside
+                                               the portable family; executors and --arch keep
+                                               running the portable one */
+} mg_arch_kernels;
+extern const mg_arch_kernels mg_arch_kernel_table[]; /* ends with arch NULL */
+
+/* The i-th family op runs on arch: the arch's row (mg_arch_kernel_table) when there is one,
+ * else mg_op_family(op, i). arch NULL or "" (no device known): mg_op_family. */
+const char *mg_op_family_arch(int op, int i, const char *arch);
+
+/* The portable family an architecture's family stands in for (attn_fwd_sm90 -> attn_fwd:
+ * the same position of the same op in mg_op_kernel_table), or family itself when it is
+ * portable or unknown. */
+const char *mg_family_portable(const char *family);
+
+/* 1 when family's kernels run on arch: a portable family, or one of arch's rows; else 0
+ * (another architecture's family: attn_fwd_sm90 on sm_80). */
+int mg_family_runs_on(const char *family, const char *arch);
+
+/* s for arch: *out is s rendered for arch (out->arch = arch, "" for NULL), and, when a row
+ * of mg_arch_kernel_table replaces s->family (a portable family) on arch, with that family,
+ * its configuration cleared but for the row's fixed settings (mg_spec_plan_tunables): 1 is
+ * returned then, else 0. The caller applies its overrides again. out may be s. */
+int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *out);
+
 /* Sets the tunables the plans' executors (runtime/exec/mg_cuda_exec.h) fix for s's family (the
  * table's fixed settings: attn_fwd and attn_bwd_dq k_packed = 1, the plans' K is per head,
- * packed; attn_bwd_dkdv k_packed = 1, deterministic = 1, no fp32 dQ accumulator;
+ * packed (attn_fwd_sm90 too, mg_arch_kernel_table); attn_bwd_dkdv k_packed = 1,
+ * deterministic = 1, no fp32 dQ accumulator;
  * mqa_bwd_dkv qsplit = 1, dc written once, no fp32 accumulator). Other families are left
  * alone. mg_spec_for_model applies it, so `mlagen generate` emits, and `mlagen tune`
  * sweeps, the kernels the executors run. */

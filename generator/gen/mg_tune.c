@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mg_arch.h"
 #include "mlagen.h"
 
 mg_tune_timer_fn mg_tune_timer = NULL;
@@ -16,20 +17,6 @@ mg_tune_describe_fn mg_tune_describe = NULL;
 /* ---- limits and pruning ------------------------------------------------------------- */
 
 int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d) {
-  static const struct {
-    int sm;
-    long smem;
-    int warps, ctas;
-  } table[] = {
-      {80, 166912, 64, 32},  /* A100: 163 KiB per block, 64 warps */
-      {86, 101376, 48, 16},  /* GA10x: 99 KiB, 48 warps */
-      {87, 166912, 48, 16},  /* Orin */
-      {89, 101376, 48, 24},  /* Ada */
-      {90, 232448, 64, 32},  /* H100/H200: 227 KiB, 64 warps */
-      {100, 232448, 64, 32}, /* B200 */
-      {103, 232448, 64, 32},
-      {120, 101376, 48, 32}, /* RTX Blackwell */
-  };
   if (!arch || strncmp(arch, "sm_", 3) != 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "architecture '%s': expected sm_<NN>[a|f], e.g. sm_90a",
                        arch ? arch : "(null)");
@@ -37,15 +24,15 @@ int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d) {
   long sm = strtol(arch + 3, &end, 10);
   if (end == arch + 3 || !(*end == '\0' || ((*end == 'a' || *end == 'f') && end[1] == '\0')))
     return mg_diag_set(d, MLAGEN_EINVAL, "architecture '%s': expected sm_<NN>[a|f], e.g. sm_90a", arch);
-  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-    if (table[i].sm == sm) {
-      l->smem_per_block = table[i].smem;
-      l->regs_per_sm = 65536;
-      l->max_warps_per_sm = table[i].warps;
-      l->max_ctas_per_sm = table[i].ctas;
-      l->min_warps = MG_TUNE_MIN_WARPS;
-      return 0;
-    }
+  const mg_arch_facts *f = mg_arch_find((int)sm); /* mg_arch.h: the one table */
+  if (f && f->max_warps) {
+    l->smem_per_block = f->smem;
+    l->regs_per_sm = 65536;
+    l->max_warps_per_sm = f->max_warps;
+    l->max_ctas_per_sm = f->max_ctas;
+    l->min_warps = MG_TUNE_MIN_WARPS;
+    return 0;
+  }
   return mg_diag_set(d, MLAGEN_EINVAL,
                      "architecture '%s': no occupancy table (known: sm_80, sm_86, sm_87, sm_89, "
                      "sm_90, sm_100, sm_103, sm_120, with an optional a/f suffix)", arch);

@@ -17,6 +17,7 @@
 #include "mg_module.h"
 #include "mg_plan_check.h"
 #include "mg_plan_mem.h"
+#include "mg_sm90_tmap.h"
 #include "mg_spec.h"
 #include "mg_tune_store.h"
 #include "mlagen.h"
@@ -25,16 +26,21 @@
 
 typedef struct kparam {
   char name[32];
-  char kind; /* 'p' pointer, 'i' int, 'f' float */
+  char kind; /* 'p' pointer, 'i' int, 'f' float, 't' tensor maps by value (sm_90a) */
 } kparam;
 
 typedef struct kern {
   char name[160];
-  char why[320]; /* which configuration, and why (mg_tune_lookup's words) */
+  char why[400]; /* which family and configuration, and why (mg_tune_lookup's words) */
   void *handle;
   mg_launch_rule rule;
   int n_params;
   kparam params[MAX_PARAMS];
+  /* an sm_90a family's tensor maps ('t' param tparam, else -1): encoded at each launch by
+   * mg_sm90_launch_tmaps from the spec and the manifest (tinfo: heap) */
+  int tparam;
+  mg_kernel_spec spec;
+  mg_kernel_info *tinfo;
 } kern;
 
 /* Where a pointer of the lowered program points; resolved at each run. */
@@ -54,6 +60,7 @@ typedef struct lop {
   /* L_LAUNCH: kerns[kern] over grid, its parameters in the manifest's order */
   int kern;
   unsigned grid[3];
+  mg_launch_dims dims;      /* the sizes the grid came from (and the tensor maps' rows) */
   char pkind[MAX_PARAMS];   /* 'p', 'i', 'f' */
   ref ptr[MAX_PARAMS];      /* 'p' */
   int32_t ival[MAX_PARAMS]; /* 'i' */
@@ -74,6 +81,9 @@ struct mg_cuda_exec {
   int64_t blas_off; /* the GEMMs' scratch in the workspace (mg_cuda_exec_mem_layout); -1: none */
   double timeout_s;
   char tune_dir[4096]; /* opts->tune_dir, "" for mg_tune_store_dir() */
+  char arch[16];       /* the arch whose families run (mg_op_family_arch): the ops' arch, or ""
+                          (the portable mma.sync families) when forced or without tensor maps */
+  char arch_note[160]; /* why arch is "" on a device that has one, else "" */
   mg_gen *gen; /* during prepare only */
   kern *kerns;
   int n_kerns, cap;
@@ -153,6 +163,7 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   s.heads = heads, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = dc;
   snprintf(s.dtype, sizeof s.dtype, "%s", spec_dtype(r->p));
   s.causal = r->p->args.causal;
+  snprintf(s.arch, sizeof s.arch, "%s", x->ops->arch); /* the device's shared-memory limit */
   /* the interface the steps below are written for, and a tuned configuration for this
    * device, shape and sequence bucket when the ops know their device and the store has
    * one (docs/tuning.md); else the template's default. A kernel whose code does not
@@ -160,6 +171,7 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
    * non-causal, so both plans share it. */
   char why[sizeof x->kerns[0].why];
   mg_kernel k;
+  mg_kernel_spec used;
   int rc;
   for (;;) {
     mg_kernel_spec chosen = s;
@@ -172,9 +184,23 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
       mg_spec_plan_tunables(&chosen);
       rc = mg_gen_kernel(x->gen, &chosen, &k, r->d);
     }
+    used = chosen;
     if (rc || !s.causal || k.info.causal) break;
     mg_kernel_free(&k);
     s.causal = 0;
+  }
+  if (rc == MLAGEN_EINVAL && strcmp(mg_family_portable(family), family) != 0) {
+    /* an architecture's family that refuses this shape: the portable one runs instead */
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s", mg_diag_msg(r->d));
+    mg_diag_clear(r->d);
+    rc = want_kernel(r, i, mg_family_portable(family), heads, dn, dr, dv, dc, kidx);
+    if (!rc) {
+      kern *e = &x->kerns[*kidx];
+      size_t n = strlen(e->why);
+      snprintf(e->why + n, sizeof e->why - n, "; %s refused the shape (%.120s)", family, msg);
+    }
+    return rc;
   }
   if (rc) return step_prefix(r->p, r->d, i, rc);
   for (int j = 0; j < x->n_kerns; j++)
@@ -195,17 +221,30 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   kern *e = &x->kerns[x->n_kerns];
   memset(e, 0, sizeof *e);
   snprintf(e->name, sizeof e->name, "%s", k.name);
-  snprintf(e->why, sizeof e->why, "%s", why);
+  snprintf(e->why, sizeof e->why, "%.230s%.159s", why, x->arch_note);
   e->rule = k.info.launch;
+  e->tparam = -1;
   rc = 0;
   for (int j = 0; j < k.info.n_params; j++) {
     const mg_kernel_param *kp = &k.info.params[j];
-    e->params[e->n_params].kind = kp->kind == MG_PARAM_INT ? 'i' : kp->kind == MG_PARAM_FLOAT ? 'f' : 'p';
+    e->params[e->n_params].kind = kp->kind == MG_PARAM_INT     ? 'i'
+                                  : kp->kind == MG_PARAM_FLOAT ? 'f'
+                                  : kp->kind == MG_PARAM_TMAPS ? 't'
+                                                               : 'p';
+    if (kp->kind == MG_PARAM_TMAPS) e->tparam = j;
     snprintf(e->params[e->n_params++].name, sizeof e->params[0].name, "%s", kp->name);
+  }
+  if (e->tparam >= 0) { /* the maps are made at each launch: keep what they are made from */
+    e->spec = used;
+    if (!(e->tinfo = malloc(sizeof *e->tinfo))) rc = mg_diag_set(r->d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
+    else *e->tinfo = k.info;
   }
   if (!rc) rc = x->ops->load(x->ops, &k, &e->rule, &e->handle, r->d);
   mg_kernel_free(&k);
-  if (rc) return step_prefix(r->p, r->d, i, rc);
+  if (rc) {
+    free(e->tinfo);
+    return step_prefix(r->p, r->d, i, rc);
+  }
   *kidx = x->n_kerns++;
   return 0;
 }
@@ -255,7 +294,12 @@ static int launch_qk(prep *r, int i, int kidx, const kargs *a, int64_t batch, in
   if (!l) return MLAGEN_ENOMEM;
   l->kern = kidx;
   memcpy(l->grid, grid, sizeof grid);
+  l->dims = dims;
   for (int j = 0; j < k->n_params; j++) {
+    if (k->params[j].kind == 't') { /* made at each run from the other arguments */
+      l->pkind[j] = 't';
+      continue;
+    }
     const karg *m = NULL;
     for (int q = 0; q < a->n && !m; q++)
       if (!strcmp(a->a[q].name, k->params[j].name)) m = &a->a[q];
@@ -377,6 +421,9 @@ static int gemm(prep *r, int i) {
 
 /* ---- kernel steps ------------------------------------------------------------------------ */
 
+/* The i-th family of op on the executor's arch (mg_spec.c's tables). */
+static const char *op_family(const prep *r, int op, int i) { return mg_op_family_arch(op, i, r->x->arch); }
+
 static int kernel_step(prep *r, int i) {
   const mg_plan *p = r->p;
   const mg_step *s = &p->steps[i];
@@ -405,7 +452,7 @@ static int kernel_step(prep *r, int i) {
       /* positions checked by mg_plan_check (increasing; only laga-cp's explicit attention
        * has any: the absorbed kernels get q_pos0 = 0) */
       if (mqa && fwd) {
-        TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel(r, i, op_family(r, s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "c", BI(1)), ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), ai(&a, "q_pos0", s->q_pos0);
@@ -413,7 +460,7 @@ static int kernel_step(prep *r, int i) {
         return launch_qk(r, i, k0, &a, B, S, Sk);
       }
       if (!mqa && fwd) {
-        TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel(r, i, op_family(r, s->op, 0), h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
@@ -423,9 +470,9 @@ static int kernel_step(prep *r, int i) {
       }
       /* backward: delta in the step's scratch, by attn_bwd_pre */
       /* the delta over o_lat (d_c wide) for the absorbed form */
-      TRY(want_kernel(r, i, mg_op_family(s->op, 0), h, mqa ? dc : dn, dr, mqa ? dc : dv, dc, &k0));
-      TRY(want_kernel(r, i, mg_op_family(s->op, 1), h, dn, dr, dv, dc, &k1));
-      TRY(want_kernel(r, i, mg_op_family(s->op, 2), h, dn, dr, dv, dc, &k2));
+      TRY(want_kernel(r, i, op_family(r, s->op, 0), h, mqa ? dc : dn, dr, mqa ? dc : dv, dc, &k0));
+      TRY(want_kernel(r, i, op_family(r, s->op, 1), h, dn, dr, dv, dc, &k1));
+      TRY(want_kernel(r, i, op_family(r, s->op, 2), h, dn, dr, dv, dc, &k2));
       const ref delta = bref(REF_WS, r->x->mem.step_ws[i]);
       const ref dout = mqa ? BI(4) : BI(5), ob = mqa ? BI(2) : BI(3), lb = mqa ? BI(3) : BI(4);
       kargs pre = {0};
@@ -452,7 +499,7 @@ static int kernel_step(prep *r, int i) {
       const int expand = s->op == MG_OP_EXPAND_KV;
       const mg_plan_buf *big = IN(0); /* kv or dk: [B, S, Hk, w] */
       const int64_t rows = big->dims[0] * big->dims[1], H = big->dims[2];
-      TRY(want_kernel(r, i, mg_op_family(s->op, 0), (int)H, dn, dr, dv, dc, &k0));
+      TRY(want_kernel(r, i, op_family(r, s->op, 0), (int)H, dn, dr, dv, dc, &k0));
       kargs a = {0};
       if (expand) {
         ap(&a, "kv", BI(0)), ap(&a, "rope", BI(1)), ap(&a, "k", BO(0)), ap(&a, "v", BO(1));
@@ -467,7 +514,7 @@ static int kernel_step(prep *r, int i) {
     case MG_OP_SPLIT_LATENT: {
       const int concat = s->op == MG_OP_CONCAT_LATENT;
       const int64_t rows = mg_plan_buf_numel(concat ? IN(0) : OUT(0)) / dc;
-      TRY(want_kernel(r, i, mg_op_family(s->op, 0), p->shape.heads, dn, dr, dv, dc, &k0));
+      TRY(want_kernel(r, i, op_family(r, s->op, 0), p->shape.heads, dn, dr, dv, dc, &k0));
       kargs a = {0};
       if (concat) ap(&a, "c_kv", BI(0)), ap(&a, "k_rope", BI(1)), ap(&a, "c", BO(0));
       else ap(&a, "dc", BI(0)), ap(&a, "dc_kv", BO(0)), ap(&a, "dk_rope", BO(1));
@@ -497,7 +544,7 @@ static int kernel_step(prep *r, int i) {
         return emit_copy2d(r, i, bref(s->out[0], s->dst_col * e), dw * e,
                            bref(s->in[0], s->src_col * e), sw * e, s->cols * e, rows);
       }
-      TRY(want_kernel(r, i, mg_op_family(s->op, 0), p->shape.heads, dn, dr, dv, dc, &k0));
+      TRY(want_kernel(r, i, op_family(r, s->op, 0), p->shape.heads, dn, dr, dv, dc, &k0));
       kargs a = {0};
       ap(&a, "src", BI(0)), ap(&a, "dst", BO(0)), ai(&a, "rows", rows), ai(&a, "src_w", sw);
       ai(&a, "src_col", s->src_col), ai(&a, "dst_w", dw), ai(&a, "dst_col", s->dst_col);
@@ -584,6 +631,18 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
   x->ops = o;
   x->timeout_s = opts && opts->timeout_s != 0 ? opts->timeout_s : 600;
   snprintf(x->tune_dir, sizeof x->tune_dir, "%s", opts && opts->tune_dir ? opts->tune_dir : "");
+  /* the families of the device's arch (sm_90a: attn_fwd_sm90), unless forced to the portable
+   * mma.sync ones or the sm_90a ones could not get their tensor maps */
+  const char *force = getenv("MLAGEN_MMA_SYNC");
+  const int mma_sync = (opts && opts->mma_sync) || (force && !strcmp(force, "1"));
+  if (mma_sync)
+    snprintf(x->arch_note, sizeof x->arch_note, "; the mma.sync families (%s)",
+             opts && opts->mma_sync ? "mma_sync option" : "MLAGEN_MMA_SYNC=1");
+  else if (o->arch[0] && (!o->drv || !o->drv->cuTensorMapEncodeTiled))
+    snprintf(x->arch_note, sizeof x->arch_note, "; the mma.sync families (the %s ops have no "
+             "driver with cuTensorMapEncodeTiled)", o->name);
+  else
+    snprintf(x->arch, sizeof x->arch, "%s", o->arch);
   for (int b = 0; b < p->n_bufs; b++) x->slot[b] = (signed char)caller_slot(&p->bufs[b]);
   rc = mg_cuda_exec_mem_layout(p, &x->mem, &x->blas_off, d);
   if (rc) {
@@ -624,6 +683,7 @@ void *mg_cuda_exec_buffer(const mg_cuda_exec *x, const char *name, void *workspa
 
 void mg_cuda_exec_destroy(mg_cuda_exec *x) {
   if (!x) return;
+  for (int i = 0; i < x->n_kerns; i++) free(x->kerns[i].tinfo);
   free(x->kerns);
   free(x->prog);
   free(x);
@@ -708,9 +768,17 @@ int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, vo
       case L_LAUNCH: {
         const kern *k = &x->kerns[l->kern];
         void *ptrs[MAX_PARAMS], *params[MAX_PARAMS];
+        CUtensorMap maps[MG_SM90_MAX_TMAPS]; /* copied by the launch: by value, no upload */
         for (int q = 0; q < k->n_params; q++) {
           if (l->pkind[q] == 'p') ptrs[q] = R(l->ptr[q]), params[q] = &ptrs[q];
           else params[q] = l->pkind[q] == 'i' ? (void *)&l->ival[q] : (void *)&l->fval[q];
+        }
+        if (k->tparam >= 0) {
+          int n_maps = 0;
+          params[k->tparam] = maps;
+          rc = mg_sm90_launch_tmaps(o->drv, &k->spec, k->tinfo, params, &l->dims, maps,
+                                    MG_SM90_MAX_TMAPS, &n_maps, d);
+          if (rc) break;
         }
         rc = o->launch(o, k->handle, l->grid, k->rule.block, k->rule.smem, params, stream, d);
         break;

@@ -30,7 +30,12 @@
  *       plan's; C in its buffer's: f32 for dw_kv_b).
  *   KERNEL          the generated kernels, launched by their manifest's grid rule and with
  *       their parameters matched by name (the manifest's "params") once, at preparation:
- *       MG_OP_ATTN_FWD  attn_fwd (k_packed = 1)
+ *       MG_OP_ATTN_FWD  attn_fwd (k_packed = 1); on sm_90a attn_fwd_sm90 (k_packed = 1), its
+ *                       4 tensor maps encoded at each launch from the pass's addresses
+ *                       (mg_sm90_launch_tmaps) and passed by value; attn_fwd when
+ *                       opts.mma_sync or MLAGEN_MMA_SYNC=1, when the ops have no driver with
+ *                       cuTensorMapEncodeTiled (mg_dev_ops.drv), or when attn_fwd_sm90
+ *                       refuses the shape (kernel_info's why says which and why)
  *       MG_OP_ATTN_BWD  attn_bwd_pre, attn_bwd_dkdv (deterministic = 1, k_packed = 1),
  *                       attn_bwd_dq (k_packed = 1)
  *       MG_OP_MQA_FWD   mqa_fwd
@@ -55,7 +60,8 @@
  *   rows are written: it is this rank's partial sum).
  *
  * Preparation (mg_cuda_exec_prepare, once per plan): every kernel a step needs is
- * specified (the step's shapes, mg_spec_plan_tunables' interface, and the tuned store's
+ * specified (the family the ops' arch runs: mg_op_family_arch, generator/gen/mg_spec.h, the
+ * one table of families per op and arch; the step's shapes, mg_spec_plan_tunables' interface, and the tuned store's
  * configuration for the ops' device and the plan's sequence bucket when there is one:
  * mg_tune_lookup), generated (mg_gen_kernel), loaded (ops->load: on the GPU compiled by NVRTC through the
  * JIT cache and loaded into the module registry) and kept, one per distinct kernel name.
@@ -106,6 +112,8 @@ typedef struct mg_cuda_exec_opts {
                          queueing, as at P = 1) */
   const char *tune_dir; /* the tuned store's directory; NULL: mg_tune_store_dir()
                            ($MLAGEN_TUNED_DIR, else ./tuned) */
+  int mma_sync;       /* 1: the portable mma.sync families on every arch (to time them against
+                         the sm_90a ones); also MLAGEN_MMA_SYNC=1 in the environment */
 } mg_cuda_exec_opts;
 
 /* The executor's memory for plan p: mg_plan_mem_layout(p, MG_CUDA_EXEC_ALIGN, m, d), then,

@@ -248,8 +248,8 @@ int mg_dev_ops_cuda(mg_dev_ops **out, mg_diag *d) {
   cuda_ops *c = calloc(1, sizeof *c);
   if (!c) return mg_diag_set(d, MLAGEN_ENOMEM, "CUDA device ops: out of memory");
   c->drv = drv;
-  c->base = (mg_dev_ops){.name = "cuda", .load = c_load, .launch = c_launch, .memset = c_memset,
-                         .copy = c_copy, .copy2d = c_copy2d, .gemm = c_gemm,
+  c->base = (mg_dev_ops){.name = "cuda", .drv = drv, .load = c_load, .launch = c_launch,
+                         .memset = c_memset, .copy = c_copy, .copy2d = c_copy2d, .gemm = c_gemm,
                          .gemm_workspace = c_gemm_workspace, .query = c_query,
                          .destroy = c_destroy};
   CUcontext ctx = NULL;

@@ -25,6 +25,10 @@ struct mg_dev_ops {
    * arch "" (a CPU implementation): no lookup, every kernel uses its template's default. */
   char arch[16];
   char device[128];
+  /* The CUDA driver whose cuTensorMapEncodeTiled encodes, at each launch, the tensor maps an
+   * sm_90a family takes by value (runtime/exec/mg_sm90_tmap.h); NULL, or a driver without
+   * that entry: the executor runs the portable mma.sync families, whatever arch says. */
+  const struct mg_driver *drv;
   /* The generator the ops compile kernels with (the device header and template hash for
    * NVRTC), which the executor then also renders with, so one is opened per device ops;
    * NULL: the ops need none (the executor opens the embedded templates itself). */

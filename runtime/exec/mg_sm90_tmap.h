@@ -1,13 +1,27 @@
-/* mg_sm90_tmap.h: the four CUtensorMaps of attn_fwd_sm90's `tmaps` parameter.
+/* mg_sm90_tmap.h: the CUtensorMaps of the sm_90a families' `tmaps` parameters (attn_fwd_sm90's
+ * four, mqa_fwd_sm90's two, the backward's five, the absorbed backward's three).
  *
  * attn_fwd_sm90 (templates/attn_fwd_sm90.cu.tpl) reads Q, K_nope (or the packed per-head
- * K), k_rope and V through TMA: its last parameter points at 4 CUtensorMaps in device
- * memory. This module is the one place above the template that knows their dims, strides,
- * boxes and swizzles (the template's `tmaps` doc states the same contract); the CUDA
+ * K), k_rope and V through TMA: its last parameter holds 4 CUtensorMaps by value. This
+ * module is the one place above the template that knows their dims, strides, boxes and
+ * swizzles (the template's `tmaps` doc states the same contract); the CUDA
  * executor and the GPU benchmark (tests/gpu/bench.c) both call it. Maps are encoded with
  * cuTensorMapEncodeTiled, the driver loader's optional entry (runtime/exec/mg_driver.h),
- * on the host; the caller copies the 512 bytes to device memory (cuMemcpyHtoD) before the
- * launch and keeps the tensors alive while the kernel runs (a map holds their addresses).
+ * on the host, for each launch, and passed by value: the kernel parameter is `const
+ * __grid_constant__ mla::sm90::TensorMaps<4>` (an MG_PARAM_TMAPS parameter), whose
+ * cuLaunchKernel argument is a pointer to the 4 maps. The launch copies them into the
+ * parameter space, so the host array may be reused as soon as cuLaunchKernel returns; the
+ * tensors must stay alive while the kernel runs (a map holds their addresses).
+ *
+ * Why by value and not in device memory: the maps hold the tensors' addresses, which the
+ * CUDA executor learns only at each pass (the caller's tensors and workspace), so maps in
+ * device memory would need a buffer in the workspace, an asynchronous upload per pass, and
+ * a fence.proxy.tensormap::generic.acquire in every CTA before the first TMA load (a map
+ * rewritten in global memory may otherwise be read stale from the descriptor cache). As
+ * kernel parameters (what CUTLASS and FlashAttention-3 do) none of that exists.
+ *
+ * The backward's kernels (attn_bwd_dkdv_sm90, attn_bwd_dq_sm90) take 5 maps likewise
+ * (`TensorMaps<5>`, mg_sm90_bwd_tmaps below).
  *
  * Per map (dims innermost first; 16-bit elements; rows are B * S tokens; no interleave,
  * L2 promotion none, zero out-of-bounds fill; W(d) = 64, 32 or 16 columns for d a multiple
@@ -25,8 +39,8 @@
 #include "mg_driver.h"
 #include "mg_manifest.h"
 
-/* Maps per attn_fwd_sm90 launch, and their bytes in device memory (each CUtensorMap is 128
- * bytes, 64-byte aligned: a cuMemAlloc'd buffer is). */
+/* Maps per attn_fwd_sm90 launch, and their bytes (each CUtensorMap is 128 bytes, 64-byte
+ * aligned). */
 #define MG_SM90_FWD_TMAPS 4
 #define MG_SM90_FWD_TMAP_BYTES (MG_SM90_FWD_TMAPS * sizeof(CUtensorMap))
 
@@ -56,9 +70,37 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
                       const mg_sm90_fwd_tensors *t, CUtensorMap maps[MG_SM90_FWD_TMAPS],
                       mg_diag *d);
 
+/* The five CUtensorMaps of the sm_90a attention backward's `tmaps` parameter
+ * (templates/attn_bwd_dkdv_sm90.cu.tpl, attn_bwd_dq_sm90.cu.tpl; `const __grid_constant__
+ * mla::sm90::TensorMaps<5>`, by value as attn_fwd_sm90's), per map (as above; W_K =
+ * the smaller of W(d_n), W(d_r), so that K_nope's and k_rope's boxes are alike and the K
+ * tile is one run of W_K-column boxes):
+ *   [0] q       dims {d_qk, H, B*S_q}              box {W(d_qk), 1, block_m}
+ *   [1] k_nope  dims {d_n (packed: d_qk), H, B*S_k} box {W_K, 1, block_n}
+ *   [2] split:  k_rope dims {d_r, B*S_k}           box {W_K, block_n}
+ *       packed: K      dims {d_qk, H, B*S_k}       box {W_K, 1, block_n}
+ *   [3] v       dims {d_v, H, B*S_k}               box {W(d_v), 1, block_n}
+ *   [4] dout    dims {d_v, H, B*S_q}               box {W(d_v), 1, block_m} */
+#define MG_SM90_BWD_TMAPS 5
+#define MG_SM90_BWD_TMAP_BYTES (MG_SM90_BWD_TMAPS * sizeof(CUtensorMap))
+
+/* The tensors of one backward launch: mg_sm90_fwd_tensors's, plus dout [B, S_q, H, d_v]. */
+typedef struct mg_sm90_bwd_tensors {
+  CUdeviceptr q, k_nope, k_rope, v, dout;
+  long batch, seqlen_q, seqlen_k; /* >= 0 */
+} mg_sm90_bwd_tensors;
+
+/* Encodes the 5 maps of kernel k (an attn_bwd_dkdv_sm90 or attn_bwd_dq_sm90 manifest entry:
+ * its configuration gives block_m, block_n, k_packed) for spec s into maps[0..5). Returns 0,
+ * or the errors of mg_sm90_fwd_tmaps (the family checked being one of those two). */
+int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                      const mg_sm90_bwd_tensors *t, CUtensorMap maps[MG_SM90_BWD_TMAPS],
+                      mg_diag *d);
+
 /* mqa_fwd_sm90 (templates/mqa_fwd_sm90.cu.tpl, the absorbed forward) reads q and the latent
- * c through 2 maps of its `tmaps` parameter (2D, rows innermost-first as above; W = W(d_c +
- * d_r) with its swizzle):
+ * c through the 2 maps of its `tmaps` parameter, `const __grid_constant__
+ * mla::sm90::TensorMaps<2>`, by value as attn_fwd_sm90's (2D, rows innermost-first as above;
+ * W = W(d_c + d_r) with its swizzle):
  *   [0] q  dims {d_c + d_r, B*S_q*H}  box {W, 64}        (the packed rows r = i H + h)
  *   [1] c  dims {d_c + d_r, B*S_k}    box {W, block_n}
  * q [B, S_q, H, d_c + d_r] and c [B, S_k, d_c + d_r]: device addresses, 16-byte aligned. */
@@ -79,4 +121,47 @@ typedef struct mg_sm90_mqa_tensors {
 int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
                       const mg_sm90_mqa_tensors *t, CUtensorMap maps[MG_SM90_MQA_TMAPS],
                       mg_diag *d);
+
+/* The absorbed backward, mqa_bwd_dkv_sm90 and mqa_bwd_dq_sm90 (templates/mqa_bwd_dkv_sm90.cu.tpl,
+ * mqa_bwd_dq_sm90.cu.tpl), reads q, c and dout through the 3 maps of its `tmaps` parameter,
+ * `const __grid_constant__ mla::sm90::TensorMaps<3>`, by value (2D, W = W(d_c + d_r) with
+ * its swizzle for all three; both kernels' tiles are 64 rows):
+ *   [0] q     dims {d_c + d_r, B*S_q*H}  box {W, 64}
+ *   [1] c     dims {d_c + d_r, B*S_k}    box {W, 64}
+ *   [2] dout  dims {d_c, B*S_q*H}        box {W, 64}
+ * q [B, S_q, H, d_c + d_r], c [B, S_k, d_c + d_r], dout [B, S_q, H, d_c]: device addresses,
+ * 16-byte aligned. */
+#define MG_SM90_MQA_BWD_TMAPS 3
+#define MG_SM90_MQA_BWD_TMAP_BYTES (MG_SM90_MQA_BWD_TMAPS * sizeof(CUtensorMap))
+typedef struct mg_sm90_mqa_bwd_tensors {
+  CUdeviceptr q, c, dout;
+  long batch, seqlen_q, seqlen_k; /* >= 0 */
+} mg_sm90_mqa_bwd_tensors;
+
+/* Encodes the 3 maps of kernel k (an mqa_bwd_dkv_sm90 or mqa_bwd_dq_sm90 manifest entry;
+ * no tunable is read) for spec s (heads, d_c, d_r, dtype) and the tensors t into
+ * maps[0..3) (host memory; zeroed first). Returns 0, or mg_sm90_mqa_tmaps's errors (the
+ * family checked being one of those two; no block_n needed), MLAGEN_EUNSUPPORTED naming
+ * the mma.sync mqa_bwd_dkv / mqa_bwd_dq. */
+int mg_sm90_mqa_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                          const mg_sm90_mqa_bwd_tensors *t,
+                          CUtensorMap maps[MG_SM90_MQA_BWD_TMAPS], mg_diag *d);
+
+/* The most maps one MG_PARAM_TMAPS parameter holds. */
+#define MG_SM90_MAX_TMAPS 8
+
+/* The maps of kernel k's MG_PARAM_TMAPS parameter (spec s) for one launch, from the launch's
+ * other arguments: args[i] points at parameter i's value as cuLaunchKernel takes it (a
+ * pointer parameter: at its device address, 8 bytes; the MG_PARAM_TMAPS one is not read)
+ * and dims are the launch's sizes (batch, seqlen_q, seqlen_k). The one place that knows
+ * which tensors each sm_90a family maps: attn_fwd_sm90 (mg_sm90_fwd_tmaps over its params
+ * q, k_nope, k_rope, v), mqa_fwd_sm90 (mg_sm90_mqa_tmaps over q, c), attn_bwd_dkdv_sm90 and
+ * attn_bwd_dq_sm90 (mg_sm90_bwd_tmaps over q, k_nope, k_rope, v, dout), mqa_bwd_dkv_sm90 and
+ * mqa_bwd_dq_sm90 (mg_sm90_mqa_bwd_tmaps over q, c, dout). Writes *n maps into
+ * maps[0 .. max). Returns 0, or the encoders' errors, or
+ * MLAGEN_EINVAL (a NULL argument; k has no MG_PARAM_TMAPS parameter, or a family
+ * without an encoder here; max too small). */
+int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                         void *const *args, const mg_launch_dims *dims, CUtensorMap *maps, int max,
+                         int *n, mg_diag *d);
 #endif

@@ -72,11 +72,16 @@
  * bit for bit; the non-causal reference over every key), then timed at --heads x --seqs
  * (rows attn_fwd, attn_fwd_sm90, attn_fwd_full, attn_fwd_sm90_full; non-causal FLOPs over
  * S^2 pairs; the table's causal column). attn_fwd_sm90's four tensor maps come from the
- * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), copied to device memory.
+ * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), passed by value. Then
+ * the explicit backward, causal, mma.sync beside sm_90a (attn_bwd_dkdv_sm90,
+ * attn_bwd_dq_sm90; their five maps from mg_sm90_bwd_tmaps, by value): checked
+ * (check_sm90_bwd) and timed (time_sm90_bwd: each kernel, the pipelines bwd_det,
+ * bwd_det_sm90, bwd_atomic, bwd_atomic_sm90, and fwd+bwd_det, fwd+bwd_sm90 beside the
+ * peers' fwd_bwd rows).
  * Unless --no-mqa, the absorbed forward too: mqa_fwd (mma.sync) beside mqa_fwd_sm90 (TMA,
  * wgmma; issue 15), causal, checked as check_mqa checks mqa_fwd (check_mqa_sm90; two runs
  * bit for bit), then timed at --heads x --seqs (rows mqa_fwd, mqa_fwd_sm90, 576/512; its
- * two tensor maps from mg_sm90_mqa_tmaps).
+ * two tensor maps from mg_sm90_mqa_tmaps, passed by value).
  *
  * Launch rules: a grid dim is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
  * mul = m, div = n} (mul and div optional, default 1): ceil(arg * m / n).
@@ -152,8 +157,10 @@ enum {
   K_A2A_PACK, K_A2A_UNPACK, K_DQ_CONVERT, K_EXPAND_KV, K_SPLIT_DKV, K_CONCAT_LATENT,
   K_SPLIT_LATENT, K_COPY_COLS,
   /* --sm90 only (sm_90a): the explicit forwards, causal (K_FWD, K_FWD_SM90) and not; the
-   * absorbed forward's sm_90a kernel (beside K_MQA_FWD), causal */
-  K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_MQA_FWD_SM90, NK
+   * sm_90a deterministic backward (beside K_PRE, K_DKDV_DET, K_DQ), causal; the absorbed
+   * forward's sm_90a kernel (beside K_MQA_FWD), causal */
+  K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT,
+  K_MQA_FWD_SM90, NK
 };
 #define NATTN (K_MQA_DQ + 1)
 static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
@@ -162,6 +169,7 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                         "split_dkv", "concat_latent", "split_latent", "copy_cols",
                                         "attn_fwd_sm90", "attn_fwd_full", "attn_fwd_sm90_full",
+                                        "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at",
                                         "mqa_fwd_sm90"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
@@ -169,9 +177,11 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "a2a_pack", "a2a_unpack", "dq_convert", "expand_kv",
                                          "split_dkv", "concat_latent", "split_latent",
                                          "copy_cols", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90",
+                                         "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90",
                                          "mqa_fwd_sm90"};
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
-                                         {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL}};
+                                         {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL},
+                                         [K_DKDV_SM90_AT] = {"deterministic=0", NULL}};
 /* The parameter lists the launches below pass, checked against each manifest. */
 #define K_MAX_PARAMS 20
 static const char *const k_params[NK][K_MAX_PARAMS] = {
@@ -204,13 +214,21 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
      "q_pos1", "softmax_scale"},
     {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
      "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+     "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "tmaps"},
 };
 static int is_sm90(int which) { return which == K_FWD_SM90 || which == K_FWD_SM90_FULL; }
 static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_SM90_FULL; }
-/* --sm90: only the explicit forwards, mma.sync (attn_fwd) beside sm_90a (attn_fwd_sm90),
- * causal and not, and (unless --no-mqa) the absorbed forward mqa_fwd beside mqa_fwd_sm90,
- * causal, checked and timed (the issue 14 and 15 step of run.sh: STEPS=sm90). */
+/* --sm90: mma.sync beside sm_90a: the explicit forwards (attn_fwd, attn_fwd_sm90) causal
+ * and not, the deterministic backwards (attn_bwd_pre + attn_bwd_dkdv deterministic +
+ * attn_bwd_dq beside attn_bwd_pre + attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90) causal, and
+ * (unless --no-mqa) the absorbed forward mqa_fwd beside mqa_fwd_sm90, causal, checked and
+ * timed (the issue 14 and 15 step of run.sh: STEPS=sm90). */
 static int g_sm90, g_no_mqa;
 
 typedef struct gk {
@@ -235,7 +253,8 @@ typedef struct kset {
  * and the layout ones for a timed H. */
 static int wanted(const kset *ks, int which) {
   if (g_sm90)
-    return which == K_FWD || (which >= K_FWD_SM90 && which < K_MQA_FWD_SM90) ||
+    return which == K_FWD || which == K_PRE || which == K_DKDV || which == K_DKDV_DET ||
+           which == K_DQ || (which >= K_FWD_SM90 && which < K_MQA_FWD_SM90) ||
            (!g_no_mqa && (which == K_MQA_FWD || which == K_MQA_FWD_SM90));
   return which < NATTN || (ks->timed && which < K_FWD_SM90);
 }
@@ -424,35 +443,35 @@ static int run_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr
                   &S,            &S,      &q_pos0,  &q_split,      &q_pos1, &scale};
   return launch(g, 1, S, S, args);
 }
-/* attn_fwd_sm90 (split keys) with its 4 tensor maps at tmaps (device memory, sm90_maps). */
+/* attn_fwd_sm90's 4 tensor maps (sm90_maps), passed by value: the launch copies them. */
+typedef CUtensorMap fwd_maps[MG_SM90_FWD_TMAPS];
+/* attn_fwd_sm90 (split keys) with its 4 tensor maps tmaps. */
 static int run_fwd_sm90(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
-                        float scale, CUdeviceptr tmaps) {
+                        float scale, const CUtensorMap *tmaps) {
   int q_pos0 = 0, q_split = 0, q_pos1 = 0;
   void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, (void *)&t->v, &o, &lse,
                   &S,           &S,            &q_pos0,       &q_split,      &q_pos1,
-                  &scale,       &tmaps};
+                  &scale,       (void *)tmaps};
   return launch(g, 1, S, S, args);
 }
 /* Any explicit forward of the --sm90 step: attn_fwd (split keys) or attn_fwd_sm90. */
 static int run_any_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
-                       float scale, CUdeviceptr tmaps) {
+                       float scale, const CUtensorMap *tmaps) {
   return is_sm90(g->which) ? run_fwd_sm90(g, t, o, lse, S, scale, tmaps)
                            : run_fwd(g, t, o, lse, S, scale);
 }
-/* attn_fwd_sm90's tensor maps over t (B = 1, S tokens), encoded by the runtime's helper
- * (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does) and copied into a new device
- * buffer *maps. */
-static int sm90_maps(const gk *g, const dev_tensors *t, int S, CUdeviceptr *maps) {
+/* attn_fwd_sm90's tensor maps over t (B = 1, S tokens) into maps, encoded by the runtime's
+ * helper (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does). */
+static int sm90_maps(const gk *g, const dev_tensors *t, int S, fwd_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
   const mg_sm90_fwd_tensors tt = {t->q, t->kn, t->kr, t->v, 1, S, S};
-  CUtensorMap host[MG_SM90_FWD_TMAPS];
   mg_diag d = MG_DIAG_INIT;
-  if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, host, &d)) {
+  if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
     mg_diag_clear(&d);
     return -1;
   }
-  return dalloc(maps, sizeof host) || CU(drv->cuMemcpyHtoD(*maps, host, sizeof host)) ? -1 : 0;
+  return 0;
 }
 static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int S) {
   void *args[] = {(void *)&t->o, (void *)&t->dout, (void *)&t->delta, &dq_accum, &S};
@@ -475,6 +494,41 @@ static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int
   return launch(g, 1, S, S, args);
 }
 
+/* The sm_90a backward's 5 tensor maps (sm90_bwd_maps), passed by value: the launch copies
+ * them. */
+typedef CUtensorMap bwd_maps[MG_SM90_BWD_TMAPS];
+/* The sm_90a backward's kernels (split keys) with their 5 tensor maps tmaps. */
+static int run_dkdv_sm90(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum,
+                         const dev_outputs *out, int S, float scale, const CUtensorMap *tmaps) {
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
+  void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
+                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
+                  (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
+                  &q_split, &q_pos1, &scale, (void *)tmaps};
+  return launch(g, 1, S, S, args);
+}
+static int run_dq_sm90(const gk *g, const dev_tensors *t, const dev_outputs *out, int S,
+                       float scale, const CUtensorMap *tmaps) {
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
+  void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr,    (void *)&t->v,
+                  (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
+                  &S, &S, &q_pos0, &q_split, &q_pos1, &scale, (void *)tmaps};
+  return launch(g, 1, S, S, args);
+}
+/* The backward kernel g's tensor maps over t (B = 1, S tokens) into maps, encoded by the
+ * runtime's helper (runtime/exec/mg_sm90_tmap.h's mg_sm90_bwd_tmaps). */
+static int sm90_bwd_maps(const gk *g, const dev_tensors *t, int S, bwd_maps maps) {
+  const mg_kernel_spec spec = make_spec(g->which, g->heads);
+  const mg_sm90_bwd_tensors tt = {t->q, t->kn, t->kr, t->v, t->dout, 1, S, S};
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_sm90_bwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
+    say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return -1;
+  }
+  return 0;
+}
+
 static float softmax_scale(void) { return (float)(1.0 / sqrt((double)DQK) * 1.3689 * 1.3689); }
 
 /* The absorbed form's kernels (docs/absorbed.md): q [S, H, d_c + d_r], the latent
@@ -490,32 +544,33 @@ static int run_mqa_fwd(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdevic
   void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale};
   return launch(g, 1, S, S, args);
 }
-/* mqa_fwd_sm90 with its 2 tensor maps at tmaps (device memory, sm90_mqa_maps). */
+/* mqa_fwd_sm90's 2 tensor maps (sm90_mqa_maps), passed by value: the launch copies them. */
+typedef CUtensorMap mqa_maps[MG_SM90_MQA_TMAPS];
+/* mqa_fwd_sm90 with its 2 tensor maps tmaps. */
 static int run_mqa_fwd_sm90(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdeviceptr lse,
-                            int S, float scale, CUdeviceptr tmaps) {
+                            int S, float scale, const CUtensorMap *tmaps) {
   int q_pos0 = 0;
-  void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale, &tmaps};
+  void *args[] = {(void *)&t->q, (void *)&t->c, &o, &lse, &S, &S, &q_pos0, &scale, (void *)tmaps};
   return launch(g, 1, S, S, args);
 }
 /* mqa_fwd or mqa_fwd_sm90 (tmaps: its maps). */
 static int run_any_mqa_fwd(const gk *g, const mqa_tensors *t, CUdeviceptr o, CUdeviceptr lse,
-                           int S, float scale, CUdeviceptr tmaps) {
+                           int S, float scale, const CUtensorMap *tmaps) {
   return g->which == K_MQA_FWD_SM90 ? run_mqa_fwd_sm90(g, t, o, lse, S, scale, tmaps)
                                     : run_mqa_fwd(g, t, o, lse, S, scale);
 }
-/* mqa_fwd_sm90's tensor maps over t (B = 1, S tokens), encoded by the runtime's helper
- * (runtime/exec/mg_sm90_tmap.h) and copied into a new device buffer *maps. */
-static int sm90_mqa_maps(const gk *g, const mqa_tensors *t, int S, CUdeviceptr *maps) {
+/* mqa_fwd_sm90's tensor maps over t (B = 1, S tokens) into maps, encoded by the runtime's
+ * helper (runtime/exec/mg_sm90_tmap.h). */
+static int sm90_mqa_maps(const gk *g, const mqa_tensors *t, int S, mqa_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
   const mg_sm90_mqa_tensors tt = {t->q, t->c, 1, S, S};
-  CUtensorMap host[MG_SM90_MQA_TMAPS];
   mg_diag d = MG_DIAG_INIT;
-  if (mg_sm90_mqa_tmaps(drv, &spec, &g->k.info, &tt, host, &d)) {
+  if (mg_sm90_mqa_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
     mg_diag_clear(&d);
     return -1;
   }
-  return dalloc(maps, sizeof host) || CU(drv->cuMemcpyHtoD(*maps, host, sizeof host)) ? -1 : 0;
+  return 0;
 }
 static int run_mqa_pre(const gk *g, const mqa_tensors *t, int S) {
   CUdeviceptr none = NULLP; /* no dq_accum: the MQA backward writes dq itself */
@@ -830,8 +885,9 @@ static int check_sm90(const kset *ks, int S) {
     const int ws[2] = {causal ? K_FWD : K_FWD_FULL, causal ? K_FWD_SM90 : K_FWD_SM90_FULL};
     for (int i = 0; i < 2; i++) {
       const gk *g = &ks->k[ws[i]];
-      CUdeviceptr maps = 0;
-      if (is_sm90(g->which) && sm90_maps(g, &t, S, &maps)) goto done;
+      fwd_maps maps;
+      memset(maps, 0, sizeof maps);
+      if (is_sm90(g->which) && sm90_maps(g, &t, S, maps)) goto done;
       for (int run = 0; run < 2; run++) {
         if (CU(drv->cuMemsetD8(out_o, 0xff, c.no * 2)) || CU(drv->cuMemsetD8(out_lse, 0xff, c.nl * 4)))
           goto done;
@@ -850,6 +906,95 @@ static int check_sm90(const kset *ks, int S) {
 done:
   while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
   free(o), free(o2), free(lse), free(lse2);
+  case_free(&c);
+  return rc;
+}
+
+/* --sm90: checks the deterministic backwards of ks at (H = ks->heads, S), causal, B = 1,
+ * given the reference O (bf16) and LSE (fp32): attn_bwd_pre + attn_bwd_dkdv (deterministic)
+ * + attn_bwd_dq, then attn_bwd_pre + attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90, each twice (the
+ * second compared bit for bit), dq, dk_nope, dk_rope and dv per element against the float64
+ * reference (gpu_tol.h); then the atomic attn_bwd_pre + attn_bwd_dkdv_sm90 (deterministic =
+ * 0) once, dq_accum in place of dq. Returns -1 on a CUDA error, else the number of misses. */
+static int check_sm90_bwd(const kset *ks, int S) {
+  const int H = ks->heads;
+  double t0 = wall_s();
+  host_case c;
+  case_init(&c, H, S, 1);
+  say("check H=%d S=%d B=1 causal backward (float64 reference %.1f s)\n", H, S, wall_s() - t0);
+  int fails = 0, rc = -1;
+  const float scale = softmax_scale();
+  const int base = g_n_allocs;
+  dev_tensors t;
+  dev_outputs out;
+  memset(&t, 0, sizeof t), memset(&out, 0, sizeof out);
+  e16 *dq[2] = {xcalloc(c.nq, 2), xcalloc(c.nq, 2)}, *dkn[2] = {xcalloc(c.nkn, 2), xcalloc(c.nkn, 2)};
+  e16 *dv[2] = {xcalloc(c.nv, 2), xcalloc(c.nv, 2)};
+  float *dkr[2] = {xcalloc(c.nkr, 4), xcalloc(c.nkr, 4)}, *dqa = xcalloc(c.nq, 4);
+  bwd_maps maps[2];
+  if (upload(&t.q, c.q, c.nq * 2) || upload(&t.kn, c.kn, c.nkn * 2) ||
+      upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.v, c.v, c.nv * 2) ||
+      upload(&t.dout, c.dout, c.no * 2) || upload(&t.o, c.o16, c.no * 2) ||
+      upload(&t.lse, c.lse32, c.nl * 4) || alloc_nan(&t.delta, c.nl * 4) ||
+      alloc_nan(&out.dq, c.nq * 2) || alloc_nan(&out.dkn, c.nkn * 2) ||
+      alloc_nan(&out.dkr, c.nkr * 4) || alloc_nan(&out.dv, c.nv * 2) ||
+      sm90_bwd_maps(&ks->k[K_DKDV_SM90], &t, S, maps[0]) ||
+      sm90_bwd_maps(&ks->k[K_DQ_SM90], &t, S, maps[1]))
+    goto done;
+  for (int sm90 = 0; sm90 < 2; sm90++) {
+    const gk *kd = &ks->k[sm90 ? K_DKDV_SM90 : K_DKDV_DET], *kq = &ks->k[sm90 ? K_DQ_SM90 : K_DQ];
+    for (int run = 0; run < 2; run++) {
+      if (CU(drv->cuMemsetD8(out.dkr, 0xff, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
+          CU(drv->cuMemsetD8(out.dv, 0xff, c.nv * 2)) || CU(drv->cuMemsetD8(out.dq, 0xff, c.nq * 2)) ||
+          CU(drv->cuMemsetD8(t.delta, 0xff, c.nl * 4)))
+        goto done;
+      if (run_pre(&ks->k[K_PRE], &t, NULLP, S) || sync_stream(ks->k[K_PRE].name)) goto done;
+      if ((sm90 ? run_dkdv_sm90(kd, &t, NULLP, &out, S, scale, maps[0]) : run_dkdv(kd, &t, NULLP, &out, S, scale)) ||
+          sync_stream(kd->name))
+        goto done;
+      if ((sm90 ? run_dq_sm90(kq, &t, &out, S, scale, maps[1]) : run_dq(kq, &t, &out, S, scale)) ||
+          sync_stream(kq->name))
+        goto done;
+      if (download(dq[run], out.dq, c.nq * 2) || download(dkn[run], out.dkn, c.nkn * 2) ||
+          download(dkr[run], out.dkr, c.nkr * 4) || download(dv[run], out.dv, c.nv * 2))
+        goto done;
+    }
+    say("  %s + %s + %s\n", ks->k[K_PRE].name, kd->name, kq->name);
+    check_elems("dq", dq[0], 0, c.r_dq, (size_t)S, (int)(c.nq / S), 0, (int)(c.nq / S), TOL_GRAD, &fails);
+    check_elems("dk_nope", dkn[0], 0, c.r_dkn, (size_t)S, (int)(c.nkn / S), 0, (int)(c.nkn / S), TOL_GRAD, &fails);
+    check_elems("dk_rope", dkr[0], 1, c.r_dkr, (size_t)S, (int)(c.nkr / S), 0, (int)(c.nkr / S), TOL_GRAD, &fails);
+    check_elems("dv", dv[0], 0, c.r_dv, (size_t)S, (int)(c.nv / S), 0, (int)(c.nv / S), TOL_GRAD, &fails);
+    same_bits("dq", dq[0], dq[1], c.nq, 2, &fails);
+    same_bits("dk_nope", dkn[0], dkn[1], c.nkn, 2, &fails);
+    same_bits("dk_rope", dkr[0], dkr[1], c.nkr, 4, &fails);
+    same_bits("dv", dv[0], dv[1], c.nv, 2, &fails);
+  }
+  /* the atomic sm_90a backward: pre (zeroes dq_accum) + attn_bwd_dkdv_sm90 deterministic = 0
+   * (dk_rope zeroed first; atomics: not compared bit for bit) */
+  {
+    const gk *ka = &ks->k[K_DKDV_SM90_AT];
+    CUdeviceptr dq_accum = 0;
+    bwd_maps amaps;
+    if (alloc_nan(&dq_accum, c.nq * 4) || sm90_bwd_maps(ka, &t, S, amaps) ||
+        CU(drv->cuMemsetD8(out.dkr, 0, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
+        CU(drv->cuMemsetD8(out.dv, 0xff, c.nv * 2)) || CU(drv->cuMemsetD8(t.delta, 0xff, c.nl * 4)))
+      goto done;
+    if (run_pre(&ks->k[K_PRE], &t, dq_accum, S) || sync_stream(ks->k[K_PRE].name)) goto done;
+    if (run_dkdv_sm90(ka, &t, dq_accum, &out, S, scale, amaps) || sync_stream(ka->name)) goto done;
+    if (download(dqa, dq_accum, c.nq * 4) || download(dkn[0], out.dkn, c.nkn * 2) ||
+        download(dkr[0], out.dkr, c.nkr * 4) || download(dv[0], out.dv, c.nv * 2))
+      goto done;
+    say("  %s + %s\n", ks->k[K_PRE].name, ka->name);
+    check_elems("dq (fp32 dq_accum)", dqa, 1, c.r_dq, (size_t)S, (int)(c.nq / S), 0, (int)(c.nq / S), TOL_GRAD, &fails);
+    check_elems("dk_nope", dkn[0], 0, c.r_dkn, (size_t)S, (int)(c.nkn / S), 0, (int)(c.nkn / S), TOL_GRAD, &fails);
+    check_elems("dk_rope", dkr[0], 1, c.r_dkr, (size_t)S, (int)(c.nkr / S), 0, (int)(c.nkr / S), TOL_GRAD, &fails);
+    check_elems("dv", dv[0], 0, c.r_dv, (size_t)S, (int)(c.nv / S), 0, (int)(c.nv / S), TOL_GRAD, &fails);
+  }
+  rc = fails;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  for (int i = 0; i < 2; i++) free(dq[i]), free(dkn[i]), free(dv[i]), free(dkr[i]);
+  free(dqa);
   case_free(&c);
   return rc;
 }
@@ -969,8 +1114,9 @@ static int check_mqa_sm90(const kset *ks, int S) {
   const int ws[2] = {K_MQA_FWD, K_MQA_FWD_SM90};
   for (int i = 0; i < 2; i++) {
     const gk *g = &ks->k[ws[i]];
-    CUdeviceptr maps = 0;
-    if (g->which == K_MQA_FWD_SM90 && sm90_mqa_maps(g, &t, S, &maps)) goto done;
+    mqa_maps maps;
+    memset(maps, 0, sizeof maps);
+    if (g->which == K_MQA_FWD_SM90 && sm90_mqa_maps(g, &t, S, maps)) goto done;
     for (int run = 0; run < 2; run++) {
       if (CU(drv->cuMemsetD8(d_o, 0xff, no * 2)) || CU(drv->cuMemsetD8(d_lse, 0xff, nl * 4))) goto done;
       if (run_any_mqa_fwd(g, &t, d_o, d_lse, S, (float)scale, maps) || sync_stream(g->name)) goto done;
@@ -1263,7 +1409,7 @@ typedef struct sctx {
   int S, which;
   float scale;
   dev_tensors t[8];
-  CUdeviceptr maps[8][2]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's */
+  fwd_maps maps[8][2]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's */
 } sctx;
 
 static int slaunch(void *p, int set) {
@@ -1289,8 +1435,8 @@ static int time_sm90(const kset *ks, int S) {
   int rc = -1;
   for (int s = 0; s < n_sets; s++) {
     dev_tensors *t = &x.t[s];
-    if (alloc_set(t, s, H, S, 0) || sm90_maps(&ks->k[K_FWD_SM90], t, S, &x.maps[s][0]) ||
-        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, &x.maps[s][1]))
+    if (alloc_set(t, s, H, S, 0) || sm90_maps(&ks->k[K_FWD_SM90], t, S, x.maps[s][0]) ||
+        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, x.maps[s][1]))
       goto done;
   }
   const double b = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl;
@@ -1312,6 +1458,132 @@ done:
   return rc;
 }
 
+/* --sm90: times the deterministic backwards at (H = ks->heads, S), causal, B = 1, the
+ * mma.sync kernels (bwd_dkdv_det, bwd_dq) beside the sm_90a ones (bwd_dkdv_sm90,
+ * bwd_dq_sm90), each alone, then the pipelines bwd_det (attn_bwd_pre + attn_bwd_dkdv
+ * deterministic + attn_bwd_dq) and bwd_det_sm90 (attn_bwd_pre + the two sm_90a kernels),
+ * which carry the backward's FLOPs (MLA.md: 2 H pairs (3 d_qk + 2 d_v)); the atomic ones
+ * (bwd_dkdv: attn_bwd_dkdv deterministic = 0, bwd_dkdv_sm90_at: attn_bwd_dkdv_sm90
+ * deterministic = 0, each with dQ, alone and after attn_bwd_pre as bwd_atomic /
+ * bwd_atomic_sm90; dq_convert not included, as time_shape's bwd_atomic); and fwd+bwd_det /
+ * fwd+bwd_sm90 (op fwd_bwd: attn_fwd's / attn_fwd_sm90's causal median from time_sm90
+ * plus the pipeline's). Inputs as
+ * time_shape's (O and LSE from attn_fwd, delta from attn_bwd_pre). Returns -1 on a CUDA
+ * error. */
+typedef struct bctx {
+  const kset *ks;
+  int S, which; /* a kernel, or -1: bwd_det, -2: bwd_det_sm90, -3: bwd_atomic, -4: bwd_atomic_sm90 */
+  float scale;
+  dev_tensors t[8];
+  dev_outputs out;
+  bwd_maps maps[8][3]; /* per set: K_DKDV_SM90's, K_DQ_SM90's, K_DKDV_SM90_AT's */
+} bctx;
+
+static int blaunch(void *p, int set) {
+  bctx *x = p;
+  const dev_tensors *t = &x->t[set];
+  const gk *k = x->ks->k;
+  bwd_maps *const m = x->maps[set];
+  switch (x->which) {
+    case K_DKDV_DET: return run_dkdv(&k[K_DKDV_DET], t, NULLP, &x->out, x->S, x->scale);
+    case K_DQ: return run_dq(&k[K_DQ], t, &x->out, x->S, x->scale);
+    case K_DKDV_SM90: return run_dkdv_sm90(&k[K_DKDV_SM90], t, NULLP, &x->out, x->S, x->scale, m[0]);
+    case K_DKDV: return run_dkdv(&k[K_DKDV], t, x->out.dq_accum, &x->out, x->S, x->scale);
+    case K_DKDV_SM90_AT:
+      return run_dkdv_sm90(&k[K_DKDV_SM90_AT], t, x->out.dq_accum, &x->out, x->S, x->scale, m[2]);
+    case -3:
+      return run_pre(&k[K_PRE], t, x->out.dq_accum, x->S) ||
+             run_dkdv(&k[K_DKDV], t, x->out.dq_accum, &x->out, x->S, x->scale);
+    case -4:
+      return run_pre(&k[K_PRE], t, x->out.dq_accum, x->S) ||
+             run_dkdv_sm90(&k[K_DKDV_SM90_AT], t, x->out.dq_accum, &x->out, x->S, x->scale, m[2]);
+    case K_DQ_SM90: return run_dq_sm90(&k[K_DQ_SM90], t, &x->out, x->S, x->scale, m[1]);
+    case -1:
+      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
+             run_dkdv(&k[K_DKDV_DET], t, NULLP, &x->out, x->S, x->scale) ||
+             run_dq(&k[K_DQ], t, &x->out, x->S, x->scale);
+    default:
+      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
+             run_dkdv_sm90(&k[K_DKDV_SM90], t, NULLP, &x->out, x->S, x->scale, m[0]) ||
+             run_dq_sm90(&k[K_DQ_SM90], t, &x->out, x->S, x->scale, m[1]);
+  }
+}
+
+static int time_sm90_bwd(const kset *ks, int S) {
+  const int H = ks->heads;
+  const size_t nq = (size_t)S * H * DQK, nkn = (size_t)S * H * DN, nkr = (size_t)S * DR;
+  const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
+  const double set_bytes = 2.0 * (nq + nkn + nkr + nq + nv + 2 * no) + 4.0 * 2 * nl;
+  const double out_bytes = 2.0 * nq + 2.0 * nkn + 4.0 * nkr + 2.0 * nv;
+  size_t free_b = 0, total_b = 0;
+  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
+  const int n_sets = sets_that_fit("bwd", H, S, set_bytes, out_bytes, 0, g_max_sets, free_b);
+  if (!n_sets) return 0;
+  const int base = g_n_allocs;
+  bctx x;
+  memset(&x, 0, sizeof x);
+  x.ks = ks, x.S = S, x.scale = softmax_scale();
+  int rc = -1;
+  for (int s = 0; s < n_sets; s++)
+    if (alloc_set(&x.t[s], s, H, S, 1) || sm90_bwd_maps(&ks->k[K_DKDV_SM90], &x.t[s], S, x.maps[s][0]) ||
+        sm90_bwd_maps(&ks->k[K_DQ_SM90], &x.t[s], S, x.maps[s][1]) ||
+        sm90_bwd_maps(&ks->k[K_DKDV_SM90_AT], &x.t[s], S, x.maps[s][2]))
+      goto done;
+  if (alloc_nan(&x.out.dq, nq * 2) || alloc_nan(&x.out.dkn, nkn * 2) || alloc_nan(&x.out.dq_accum, nq * 4) ||
+      dalloc(&x.out.dkr, nkr * 4) || CU(drv->cuMemsetD8(x.out.dkr, 0, nkr * 4)) || alloc_nan(&x.out.dv, nv * 2))
+    goto done;
+  for (int s = 0; s < n_sets; s++)
+    if (run_fwd(&ks->k[K_FWD], &x.t[s], x.t[s].o, x.t[s].lse, S, x.scale) ||
+        run_pre(&ks->k[K_PRE], &x.t[s], NULLP, S))
+      goto done;
+  if (sync_stream("the forward and pre that prepare the backward's timing inputs")) goto done;
+  const double pairs = (double)S * (S + 1) / 2, f_bwd = 2.0 * H * pairs * (3 * DQK + 2 * DV);
+  const double b_q = 2.0 * nq, b_kn = 2.0 * nkn, b_kr = 2.0 * nkr, b_v = 2.0 * nv, b_o = 2.0 * no;
+  const double b_l = 4.0 * nl, b_bin = b_q + b_kn + b_kr + b_v + b_o + 2 * b_l;
+  const double b_bout = b_kn + 4.0 * nkr + b_v;
+  const double b_pipe = (b_q + b_kn + b_kr + b_v + 2 * b_o + b_l) + b_q + b_bout;
+  const struct { int which; const char *label, *op; double flops, bytes; } rows[] = {
+      {K_DKDV_DET, "bwd_dkdv_det", "", 0, b_bin + b_bout},
+      {K_DKDV_SM90, "bwd_dkdv_sm90", "", 0, b_bin + b_bout},
+      {K_DQ, "bwd_dq", "", 0, b_bin + b_q},
+      {K_DQ_SM90, "bwd_dq_sm90", "", 0, b_bin + b_q},
+      {-1, "bwd_det", "bwd", f_bwd, b_pipe},
+      {-2, "bwd_det_sm90", "bwd", f_bwd, b_pipe},
+      {K_DKDV, "bwd_dkdv", "", f_bwd, b_bin + 4.0 * nq + b_bout},
+      {K_DKDV_SM90_AT, "bwd_dkdv_sm90_at", "", f_bwd, b_bin + 4.0 * nq + b_bout},
+      {-3, "bwd_atomic", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq},
+      {-4, "bwd_atomic_sm90", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq},
+  };
+  double ms_bwd[4] = {0, 0, 0, 0};
+  int it_bwd[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    x.which = rows[i].which;
+    double ms;
+    int iters;
+    if (time_row(rows[i].label, blaunch, &x, n_sets, &ms, &iters)) goto done;
+    add_row(rows[i].label, rows[i].op, H, S, ms, rows[i].flops, rows[i].bytes, iters);
+    print_row(&g_rows[g_n_rows - 1]);
+    if (x.which < 0) ms_bwd[-x.which - 1] = ms, it_bwd[-x.which - 1] = iters;
+  }
+  /* forward + backward (op fwd_bwd, beside the peers' fwd_bwd rows): the causal forward's
+   * median from time_sm90's row at (H, S) plus the pipeline's */
+  const char *const fwd[2] = {"attn_fwd", "attn_fwd_sm90"}, *const fb[2] = {"fwd+bwd_det", "fwd+bwd_sm90"};
+  const double f_fwd = 2.0 * H * pairs * (DQK + DV);
+  for (int k = 0; k < 2; k++)
+    for (int r = 0; r < g_n_rows; r++) {
+      const row *f = &g_rows[r];
+      if (strcmp(f->kernel, fwd[k]) || f->H != H || f->S != S || !f->causal) continue;
+      add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[k], f_fwd + f_bwd,
+              (b_q + b_kn + b_kr + b_v + b_o) + (b_o + b_l) + b_pipe, f->iters < it_bwd[k] ? f->iters : it_bwd[k]);
+      print_row(&g_rows[g_n_rows - 1]);
+      break;
+    }
+  rc = 0;
+done:
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  return rc;
+}
+
 /* --sm90: times mqa_fwd and mqa_fwd_sm90 at (H = ks->heads, S), causal, B = 1 (rows mqa_fwd
  * and mqa_fwd_sm90, d_qk/d_v 576/512; FLOPs and bytes as time_mqa's mqa_fwd row); input
  * sets (q, c random, o and lse outputs) rotated, as many as make 200 MB, 2 to --sets.
@@ -1321,7 +1593,7 @@ typedef struct mqactx {
   int S, which;
   float scale;
   mqa_tensors t[8];
-  CUdeviceptr maps[8]; /* per set: mqa_fwd_sm90's */
+  mqa_maps maps[8]; /* per set: mqa_fwd_sm90's */
 } mqactx;
 
 static int mqa_slaunch(void *p, int set) {
@@ -1348,7 +1620,7 @@ static int time_mqa_sm90(const kset *ks, int S) {
     mqa_tensors *t = &x.t[s];
     if (dalloc(&t->q, nq * 2) || dalloc(&t->c, nc * 2) || alloc_nan(&t->o, no * 2) ||
         alloc_nan(&t->lse, nl * 4) || fill_random(t->q, nq, 101 + 2 * s) ||
-        fill_random(t->c, nc, 102 + 2 * s) || sm90_mqa_maps(&ks->k[K_MQA_FWD_SM90], t, S, &x.maps[s]))
+        fill_random(t->c, nc, 102 + 2 * s) || sm90_mqa_maps(&ks->k[K_MQA_FWD_SM90], t, S, x.maps[s]))
       goto done;
   }
   const double pairs = (double)S * (S + 1) / 2;
@@ -1654,6 +1926,7 @@ static int usage(void) {
           "                    [--no-check (timing without the check: the fake-driver test)]\n"
           "                    [--no-mqa (without the absorbed kernels)] [--jobs N (NVRTC threads)]\n"
           "                    [--sm90 (sm_90a only: attn_fwd beside attn_fwd_sm90, causal and not,\n"
+          "                     the backward beside attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90, causal,\n"
           "                     and mqa_fwd beside mqa_fwd_sm90, causal: checked then timed)]\n"
           "  defaults: --seqs 1024,4096,8192,16384 --heads 16,128 --iters 20 --warmup 3 --sets 4\n");
   return 2;
@@ -1754,6 +2027,10 @@ int main(int argc, char **argv) {
     int r = g_sm90 ? check_sm90(&sets[s], s == 0 ? 256 : 200) : check_set(&sets[s], s == 0 ? 256 : 200);
     if (r < 0) goto out;
     misses += r;
+    if (g_sm90) {
+      if ((r = check_sm90_bwd(&sets[s], s == 0 ? 256 : 200)) < 0) goto out;
+      misses += r;
+    }
     if (!no_mqa) {
       const int sq = mqa_check_seq(sets[s].heads, s == 0);
       if ((r = g_sm90 ? check_mqa_sm90(&sets[s], sq) : check_mqa(&sets[s], sq)) < 0) goto out;
@@ -1778,16 +2055,18 @@ int main(int argc, char **argv) {
       "layout kernels: bytes moved and GB/s\n",
       DN, DR, DV, g_warmup, g_iters, MQK, MV);
   if (g_sm90)
-    say("--sm90: the forwards only, attn_fwd (mma.sync) beside attn_fwd_sm90 (TMA, wgmma), "
-        "causal (pairs S(S+1)/2) and not (S^2), split keys; mqa_fwd beside mqa_fwd_sm90 "
-        "(576/512), causal\n");
+    say("--sm90: mma.sync beside sm_90a (TMA, wgmma): the forwards attn_fwd, attn_fwd_sm90 "
+        "causal (pairs S(S+1)/2) and not (S^2); the backwards causal (bwd_det, bwd_det_sm90: "
+        "pre + dkdv + dq; bwd_atomic, bwd_atomic_sm90: pre + dkdv with atomic dQ); split keys; "
+        "mqa_fwd beside mqa_fwd_sm90 (576/512), causal\n");
   print_header();
   for (int h = 0; h < n_heads; h++) {
     const kset *ks = NULL;
     for (int s = 0; s < n_sets; s++)
       if (sets[s].heads == heads[h]) ks = &sets[s];
     for (int i = 0; i < n_seqs; i++) {
-      if (g_sm90 ? time_sm90(ks, seqs[i]) || (!no_mqa && time_mqa_sm90(ks, seqs[i]))
+      if (g_sm90 ? time_sm90(ks, seqs[i]) || time_sm90_bwd(ks, seqs[i]) ||
+                       (!no_mqa && time_mqa_sm90(ks, seqs[i]))
                  : time_shape(ks, seqs[i]) || (!no_mqa && time_mqa(ks, seqs[i])) ||
                        time_layout(ks, seqs[i], h == 0))
         goto out;

@@ -10,9 +10,8 @@
  *
  * For a DeepSeek-V3 head shape with --heads heads (d_c 512, d_r 64, d_n 128, d_v 128, or
  * --dims; softmax scale mscale^2 / sqrt(d_n + d_r), mscale 1.3689), B = 1, S = --seq, causal (or not),
- * --dtype, and each form of --forms (default explicit, absorbed, laga, laga-r, laga-f;
- * laga-cp on request, its shards two chunks per rank, until the attention launches take its
- * S_k and query positions):
+ * --dtype, and each form of --forms (default all six: explicit, absorbed, laga, laga-r,
+ * laga-f, laga-cp, the last with its shards two chunks per rank):
  *   - inputs: q, c_kv, k_rope N(0, 1) on a grid of 1/16, w_kv_b N(0, 1) / sqrt(d_c) on a
  *     grid of 2^-10, d_o N(0, 1) / 2 on a grid of 1/64 (scores std about 2; every value
  *     exact in bf16 and f16, and the forms' K_n = W_UK c_kv, V and q_lat = W_UK^T q_n
@@ -825,6 +824,14 @@ int main(int argc, char **argv) {
       "B 1, S %d, %s, %s, sp %d; seed %llu; timing: %s\n", name, drv->driver_version,
       dn == 128 && dr == 64 && dv == 128 && dc == 512 ? "DeepSeek-V3" : "test", dn, dr, dv, dc, H, S, causal ? "causal" : "non-causal", mg_dtype_name(g_dt), sp,
       (unsigned long long)seed, g_iters > 0 && sp == 1 ? "warm-up and median of --iters" : "none");
+  {
+    const char *mma = getenv("MLAGEN_MMA_SYNC");
+    say("forward family: %s (the CUDA executor's choice for this device: mg_arch_kernel_table; "
+        "MLAGEN_MMA_SYNC=%s)\n",
+        mma && !strcmp(mma, "1") ? "attn_fwd (mma.sync)"
+                                 : "attn_fwd_sm90 on sm_90a (compute capability 9.0), else attn_fwd",
+        mma ? mma : "unset");
+  }
   if (g_no_check) {
     say("--no-check: no reference; outputs only required to be finite (not checked)\n");
   } else {

@@ -6,15 +6,20 @@
 #   bench     mlagen_bench: kernels checked vs float64, then timed                  cap 150
 #   sm90      (not in the default; sm_90a only) mlagen_bench --sm90 into OUT/sm90:
 #             attn_fwd_sm90 and attn_fwd checked vs float64 (H 2 at S 256, each H at
-#             S 200: partial tiles; causal and not), then timed side by side at
-#             H 16,128 x S 1024..16384, causal and not, rows of at most ~3 s
-#             (--row-budget-ms 3000; SM90_ARGS added); and mqa_fwd_sm90 beside mqa_fwd
-#             (576/512, causal) checked vs tests/mqa_ref.h, timed at the same H x S
-#             (48 rows in all)                                                        cap 240
-#   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn --ops fwd
-#             into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90                   cap 150
+#             S 200: partial tiles; causal and not), the deterministic backward (pre +
+#             dkdv + dq, mma.sync and sm_90a) likewise (causal), then timed side by side
+#             at H 16,128 x S 1024..16384, the forwards causal and not, the backwards
+#             causal; and mqa_fwd_sm90 beside mqa_fwd (576/512, causal) checked vs
+#             tests/mqa_ref.h, timed at the same H x S; rows of at most ~1.5 s
+#             (--row-budget-ms 1500: 128 rows fit the cap; SM90_ARGS added)            cap 300
+#   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn
+#             --ops fwd,fwd_bwd into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90 cap 150
 #   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
-#             full float64 reference, two runs bit for bit, timed                    cap 120
+#             full float64 reference, two runs bit for bit, timed; the executor runs
+#             what it chooses for the device (sm_90a: attn_fwd_sm90 for the explicit
+#             and LAGA forwards, generator/gen/mg_spec.c mg_arch_kernel_table)      cap 120
+#   formsmma  (not in the default) the same with MLAGEN_MMA_SYNC=1 (the mma.sync
+#             attn_fwd) into OUT/forms-mma: the whole layer's A/B against forms   cap 120
 #   forms16k  the same at S 16384 (bucket 16384), reference on rows [0,128) and the
 #             last 512 (--ref-rows 512), not timed                                   cap  90
 #   nocausal  S 4096 non-causal, full reference, not timed                           cap  90
@@ -37,7 +42,7 @@
 # is NOT_RUN ("time budget"). One device call runs at most 600 s: run the default in two
 # calls, e.g. STEPS="smi bench forms forms16k nocausal f16" then
 # STEPS="sp2 sanitizer peers compare" (same OUTDIR: the JIT cache is reused). Issue 14's
-# Hopper forward in one call of under 8 minutes: STEPS="smi sm90 sm90peers" (BUDGET_S=460).
+# Hopper attention in one call of under 8 minutes: STEPS="smi sm90 sm90peers" (BUDGET_S=460).
 # The bench's check runs every check twice (bitwise); under a sanitizer too.
 # Environment: BENCH_ARGS, SM90_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
 # COMPUTE_SANITIZER (the binary), SANITIZER_WHEEL (a carried nvidia-cuda-sanitizer-api
@@ -156,14 +161,14 @@ fi
 if want sm90; then
   if [ -x "$BENCH" ]; then
     # shellcheck disable=SC2086
-    step sm90 240 sm90.stdout "$BENCH" "$OUT/sm90" --sm90 --jobs 16 --row-budget-ms 3000 ${SM90_ARGS:-}
+    step sm90 300 sm90.stdout "$BENCH" "$OUT/sm90" --sm90 --jobs 16 --row-budget-ms 1500 ${SM90_ARGS:-}
     finish sm90 "$(grep -m1 -E '^check passed|correctness misses' "$OUT/sm90.stdout" 2>/dev/null)" sm90.stdout
   else T0=$(date +%s); result sm90 FAILED "$T0" "no $BENCH"; fi
 fi
 
 if want sm90peers; then
   # shellcheck disable=SC2086
-  step sm90peers 150 sm90peers.stdout bash -c "python3 '$SRC/tests/gpu/torch_peer.py' '$OUT/sm90' --causal 1,0 --peers sdpa_cudnn --ops fwd --mqa-seqs= ${PEER_ARGS:-} && python3 '$SRC/tests/gpu/compare.py' '$OUT/sm90'"
+  step sm90peers 150 sm90peers.stdout bash -c "python3 '$SRC/tests/gpu/torch_peer.py' '$OUT/sm90' --causal 1,0 --peers sdpa_cudnn --ops fwd,fwd_bwd --mqa-seqs= ${PEER_ARGS:-} && python3 '$SRC/tests/gpu/compare.py' '$OUT/sm90'"
   finish sm90peers "" sm90peers.stdout
 fi
 
@@ -178,6 +183,11 @@ forms_step() {
   else finish "$name" "$(grep -s -m1 '^forms: ' "$OUT/$sub.stdout")" "$sub.stdout"; fi
 }
 want forms && forms_step forms 120 forms --seq 4096
+if want formsmma; then
+  export MLAGEN_MMA_SYNC=1
+  forms_step formsmma 120 forms-mma --seq 4096
+  unset MLAGEN_MMA_SYNC
+fi
 want forms16k && forms_step forms16k 90 forms16k --seq 16384 --ref-rows 512 --iters 0
 want nocausal && forms_step nocausal 90 forms-nocausal --seq 4096 --no-causal --iters 0
 want f16 && forms_step f16 45 forms-f16 --seq 1024 --dtype f16 --iters 0

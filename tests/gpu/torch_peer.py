@@ -7,7 +7,7 @@ L2-hot).
                                     [--iters 20] [--warmup 3] [--sets 4] [--row-budget-ms 4000]
 
     --causal 1,0 (both masks; default 1) --peers sdpa_cudnn (comma list; default all)
-    --ops fwd (default fwd,fwd_bwd): the explicit-form rows (run.sh's sm90 step)
+    --ops fwd,fwd_bwd (the default): the explicit-form rows (run.sh's sm90peers step)
 
 Shapes: B = 1, bf16, causal (and with --causal 0 not: pairs S^2), q and k [B, H, S, 192], v [B, H, S, 128] (DeepSeek-V3:
 d_qk = d_n + d_r = 128 + 64, d_v = 128), softmax scale 0.13523 (V3's, mscale^2/sqrt(192)).

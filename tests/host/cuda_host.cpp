@@ -17,6 +17,9 @@
  * when the block runs again. */
 #include "cuda_host.h"
 #include "host_launch.h"
+/* the per-arch shared-memory limits: the generator's one table, beside this file's
+ * directory in the source tree (harness.c hashes it into the build's key) */
+#include "../../generator/gen/mg_arch.h"
 
 #include <cstdarg>
 #include <cstdint>
@@ -1343,17 +1346,12 @@ unsigned opt_or_env(unsigned given, const char *env, unsigned lo, unsigned hi, u
 }
 
 /* The most shared memory (static + dynamic) one block may use on sm_<arch>, with the
- * opt-in (cudaFuncAttributeMaxDynamicSharedMemorySize): CUDA C++ Programming Guide,
- * "Technical Specifications per Compute Capability". 0: unknown arch. */
+ * opt-in (cudaFuncAttributeMaxDynamicSharedMemorySize): the generator's table
+ * (generator/gen/mg_arch.h, the one owner; tests/host/harness.c keys the build on it).
+ * 0: unknown arch. */
 size_t arch_smem_limit(unsigned arch) {
-  switch (arch) {
-  case 70: case 72: return 96u * 1024u;
-  case 75: return 64u * 1024u;
-  case 80: case 87: return 163u * 1024u;
-  case 86: case 89: case 120: case 121: return 99u * 1024u;
-  case 90: case 100: case 101: case 103: case 110: return 227u * 1024u;
-  }
-  return 0;
+  const mg_arch_facts *f = mg_arch_find((int)arch);
+  return f ? (size_t)f->smem : 0;
 }
 
 /* Starts block number n of the start order in slot B: fresh barrier, warps, fibers (on the

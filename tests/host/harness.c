@@ -338,20 +338,23 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
   char *c_src = read_file(path, &cl);
   snprintf(path, sizeof path, "%s/host_launch.h", host_dir);
   char *l_src = read_file(path, &ll);
-  /* and the Hopper emulation that cuda_host.h and cuda_host.cpp include */
-  static const char *const more[] = {"hopper_host.h", "hopper_host.cpp", "mg_host_tmap.h"};
-  char *m_src[3] = {NULL, NULL, NULL};
-  size_t ml[3] = {0, 0, 0};
+  /* and the Hopper emulation that cuda_host.h and cuda_host.cpp include, and the
+   * generator's per-arch table cuda_host.cpp includes (generator/gen/mg_arch.h) */
+  static const char *const more[] = {"hopper_host.h", "hopper_host.cpp", "mg_host_tmap.h",
+                                     "../../generator/gen/mg_arch.h"};
+  char *m_src[4] = {NULL, NULL, NULL, NULL};
+  size_t ml[4] = {0, 0, 0, 0};
   int m_ok = 1;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     snprintf(path, sizeof path, "%s/%s", host_dir, more[i]);
     m_ok &= (m_src[i] = read_file(path, &ml[i])) != NULL;
   }
   if (!h_src || !c_src || !l_src || !m_ok) {
     say(msg, n, "cannot read cuda_host.h, cuda_host.cpp, host_launch.h, hopper_host.h, "
-        "hopper_host.cpp or mg_host_tmap.h in %s", host_dir);
+        "hopper_host.cpp, mg_host_tmap.h in %s or ../../generator/gen/mg_arch.h from it",
+        host_dir);
     free(h_src), free(c_src), free(l_src);
-    for (int i = 0; i < 3; i++) free(m_src[i]);
+    for (int i = 0; i < 4; i++) free(m_src[i]);
     return -1;
   }
 
@@ -370,7 +373,7 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
   hash_bytes(&rk, h_src, hl);
   hash_bytes(&rk, c_src, cl);
   hash_bytes(&rk, l_src, ll);
-  for (int i = 0; i < 3; i++) hash_bytes(&rk, m_src[i], ml[i]), free(m_src[i]);
+  for (int i = 0; i < 4; i++) hash_bytes(&rk, m_src[i], ml[i]), free(m_src[i]);
   free(h_src), free(c_src), free(l_src);
   char rt_obj[1200], cmd[6144];
   snprintf(rt_obj, sizeof rt_obj, "%s/rt-%016llx%016llx.o", g_root, (unsigned long long)rk.a,

@@ -1,0 +1,38 @@
+/* mg_arch.h: per-architecture facts, the one owner of each: the opt-in shared memory one
+ * block may use (static + dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize; CUDA C++
+ * Programming Guide, "Technical Specifications per Compute Capability") and the residency
+ * limits the tuner's occupancy pruning uses. Read by the tuner (generator/gen/mg_tune.c),
+ * the templates (the Lua state's SMEM_OPTIN, set by generator/gen/mg_lua.c, which
+ * prelude.lua's smem_limit reads) and the host executor's launch check
+ * (tests/host/cuda_host.cpp). Header only, C and C++. */
+#ifndef MG_ARCH_H
+#define MG_ARCH_H
+
+typedef struct mg_arch_facts {
+  int sm;         /* compute capability major * 10 + minor: 80, 90, ... */
+  long smem;      /* opt-in shared memory per block, bytes */
+  int max_warps;  /* resident warps per SM (0: no occupancy table, the tuner refuses it) */
+  int max_ctas;   /* resident CTAs per SM */
+} mg_arch_facts;
+
+static const mg_arch_facts mg_arch_table[] = {
+    {70, 96 * 1024, 0, 0},    {72, 96 * 1024, 0, 0},     {75, 64 * 1024, 0, 0},
+    {80, 163 * 1024, 64, 32}, /* A100 */
+    {86, 99 * 1024, 48, 16},  /* GA10x */
+    {87, 163 * 1024, 48, 16}, /* Orin */
+    {89, 99 * 1024, 48, 24},  /* Ada */
+    {90, 227 * 1024, 64, 32}, /* H100/H200 */
+    {100, 227 * 1024, 64, 32}, /* B200 */
+    {101, 227 * 1024, 0, 0},  {103, 227 * 1024, 64, 32}, {110, 227 * 1024, 0, 0},
+    {120, 99 * 1024, 48, 32}, /* RTX Blackwell */
+    {121, 99 * 1024, 0, 0},
+};
+#define MG_ARCH_COUNT ((int)(sizeof mg_arch_table / sizeof mg_arch_table[0]))
+
+/* The facts of sm (e.g. 90 for sm_90 and sm_90a), or NULL for an architecture not listed. */
+static inline const mg_arch_facts *mg_arch_find(int sm) {
+  for (int i = 0; i < MG_ARCH_COUNT; i++)
+    if (mg_arch_table[i].sm == sm) return &mg_arch_table[i];
+  return 0;
+}
+#endif

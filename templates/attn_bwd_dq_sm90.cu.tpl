@@ -1,0 +1,366 @@
+@ -- attn_bwd_dq_sm90: the deterministic dQ pass of the explicit-form MLA attention backward for
+@ -- Hopper (sm_90a): TMA, mbarriers, wgmma, warp specialization, as attn_fwd_sm90. A drop-in
+@ -- for attn_bwd_dq (same parameters and layouts, plus `tmaps`); attn_bwd_dkdv_sm90 does dK
+@ -- and dV. Rendered only on request (`mlagen generate --family attn_bwd_dq_sm90`).
+@ --
+@ -- One CTA owns block_m query rows (64 per consumer warpgroup) of one head; the last
+@ -- warpgroup is the producer, one thread of which issues the TMA loads: Q and dO once onto
+@ -- q_full, then K and V tiles of block_n keys (causal: up to the CTA's last position) into
+@ -- stage j % stages of a ring (full[st]: the TMA bytes; empty[st]: every consumer thread's
+@ -- arrival). Each consumer thread reads its two rows' LSE and delta from global memory once.
+@ -- Per key tile, with wgmma (m64 = the warpgroup's rows; fp32 accumulation):
+@ --   S  = Q K^T     ss, both K-major            dP = dO V^T   ss, both K-major (d_v native)
+@ --   P  = exp2(S scale log2 e - LSE log2 e), masked only on tiles crossing the end of the
+@ --        keys or the warpgroup's diagonal;  dS = P (dP - delta)  (fp32 P)
+@ --   dQ += dS K     rs: dS packed to 16 bits in registers; K [key][d_qk] MN-major (K_nope
+@ --                  and k_rope boxes of the same width W_K, one run of boxes: n = d_n + d_r)
+@ -- dq = scale dQ leaves from the registers in the input dtype; a row without keys gets 0.
+@ -- Every output is written once, by one thread: bit-reproducible.
+@ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
+@ local DQK = DN + DR
+@ local ESIZE = elem_size(spec.dtype)
+@ local SMEM_LIMIT = smem_limit("sm_90a")   -- sm_90's opt-in dynamic shared memory per block (prelude.lua)
+@ -- fp32 accumulators per consumer thread: dQ (d_qk/2) + S + dP (block_n/2 each); the limit
+@ -- 224 with one consumer (255 registers), 160 with two (240 after setmaxnreg). The kept
+@ -- configurations compile without spills on sm_90a (tests/test_attn_bwd_sm90.c).
+@ local function acc_limit(c) return c.block_m == 64 and 224 or 160 end
+@ local function accumulators(c) return DQK // 2 + c.block_n end
+@ local function smem_bytes(c)
+@   return 1024 + ESIZE * (c.block_m * (DQK + DV) + c.stages * c.block_n * (DQK + DV))
+@ end
+@ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
+@
+@ local K = kernel {
+@   family = "attn_bwd_dq_sm90", pass = "bwd", causal = true, interface = { "k_packed" }, flops = { pair = spec.heads * (spec.d_v + 2 * (spec.d_n + spec.d_r)) },
+@   doc = "explicit-form attention backward for sm_90a (TMA ring, mbarriers, wgmma): deterministic dQ",
+@   params = {
+@     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last (read through tmaps[0])" },
+@     PACKED and
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope] (read through tmaps[1], tmaps[2])" } or
+@     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]",       doc = "per-head no-RoPE keys (read through tmaps[1])" },
+@     PACKED and
+@     { name = "k_rope", type = "const elem_t*", shape = "unused",                 doc = "k_packed = 1: unused (may be null)" } or
+@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads (read through tmaps[2])" },
+@     { name = "v",      type = "const elem_t*", shape = "[B, S_k, H, d_v]",       doc = "per-head values (read through tmaps[3])" },
+@     { name = "dout",   type = "const elem_t*", shape = "[B, S_q, H, d_v]",       doc = "gradient of the output (read through tmaps[4])" },
+@     { name = "lse",    type = "const float*",  shape = "[B, H, S_q]",            doc = "the forward's natural-log LSE" },
+@     { name = "delta",  type = "const float*",  shape = "[B, H, S_q]",            doc = "rowsum(dO * O) from attn_bwd_pre" },
+@     { name = "dq",     type = "elem_t*",       shape = "[B, S_q, H, d_n + d_r]", doc = "gradient of Q (16-bit, scale applied)" },
+@     { name = "seqlen_q", type = "int", doc = "query tokens per batch item" },
+@     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
+@     { name = "q_pos0",   type = "int", doc = "global position of query row 0 (keys start at 0); rows i < q_split are at q_pos0 + i; causal keeps key j for row i iff j <= pos(i)" },
+@     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
+@     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
+@     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
+@     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<5>", shape = "[5]",
+@       doc = "5 CUtensorMaps passed by value (kernel parameter space; the host passes 5 contiguous 64-byte aligned CUtensorMaps), made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
+@   },
+@   tunables = {
+@     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
+@     block_n   = { values = { 64, 128 },   doc = "keys per K/V tile (the N of S = Q K^T's wgmma)" },
+@     stages    = { values = { 2, 3 },      doc = "K/V tiles in the TMA ring" },
+@     k_packed  = { values = { 0, 1 },      doc = "0: k_nope + shared k_rope; 1: per-head K [B, S_k, H, d_n + d_r] in k_nope" },
+@   },
+@   check = function(s, c)
+@     if DN % 16 ~= 0 or DR % 16 ~= 0 then return "d_n and d_r must be multiples of 16 (the wgmma k step)" end
+@     if DQK ~= 64 and DQK ~= 128 and DQK ~= 192 and DQK ~= 256 then return "d_n + d_r must be 64, 128, 192 or 256 (the N of dQ += dS K's wgmma)" end
+@     if DV % 64 ~= 0 then return "d_v must be a multiple of 64" end
+@     if accumulators(c) > acc_limit(c) then
+@       return string.format("d_qk/2 + block_n = %d fp32 accumulators per thread, over %d (registers would spill)",
+@                            accumulators(c), acc_limit(c))
+@     end
+@     if smem_bytes(c) > SMEM_LIMIT then
+@       return string.format("needs %d bytes of shared memory, over the %d-byte limit", smem_bytes(c), SMEM_LIMIT)
+@     end
+@   end,
+@   default = function(s)
+@     for _, p in ipairs({ { 128, 64, 2 }, { 64, 64, 2 } }) do
+@       local c = { block_m = p[1], block_n = p[2], stages = p[3], k_packed = 0 }
+@       if accumulators(c) <= acc_limit(c) and smem_bytes(c) <= SMEM_LIMIT then return c end
+@     end
+@     return { block_m = 64, block_n = 64, stages = 2, k_packed = 0 }
+@   end,
+@   name = function(s, c)
+@     return string.format("mla_attn_bwd_dq_sm90_h%d_dn%d_dr%d_dv%d_%s_%s_bm%d_bn%d_st%d%s", H, DN, DR, DV,
+@                          s.dtype, s.causal and "causal" or "full", c.block_m, c.block_n, c.stages,
+@                          c.k_packed == 1 and "_kpacked" or "")
+@   end,
+@   launch = function(s, c)
+@     return {
+@       grid = { { arg = "seqlen_q", div = c.block_m }, { value = H }, { arg = "batch" } },
+@       block = { 128 * (c.block_m // 64 + 1), 1, 1 },
+@       smem = smem_bytes(c),
+@       smem_static = 0,
+@     }
+@   end,
+@ }
+@ assert(PACKED == (K.config.k_packed == 1))
+@ local C = K.config
+@ local TAG = spec.dtype == "bf16" and "mla::sm90::bf16_t" or "mla::sm90::f16_t"
+@ local PACK2 = spec.dtype == "bf16" and "__floats2bfloat162_rn" or "__floats2half2_rn"
+// Generated by mlagen from templates/attn_bwd_dq_sm90.cu.tpl: do not edit.
+// MLA attention backward, deterministic dQ, for sm_90a (TMA + mbarrier ring, wgmma), H=${H} d_n=${DN} d_r=${DR} d_v=${DV},
+// ${spec.dtype}, ${spec.causal and "causal" or "non-causal"}, keys ${PACKED and "packed per head" or "split (shared k_rope)"}.
+// Dynamic shared memory: ${smem_bytes(C)} bytes.
+#include "mla_device_sm90.cuh"
+
+namespace {
+using namespace mla::sm90;
+typedef ${elem_type(spec.dtype)} elem_t;
+typedef ${elem_type(spec.dtype)}2 elem2_t;
+typedef ${TAG} tag_t;
+constexpr int H = ${H};
+constexpr int DN = ${DN};
+constexpr int DR = ${DR};
+constexpr int DQK = DN + DR;
+constexpr int DV = ${DV};
+constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr bool K_PACKED = ${PACKED and "true" or "false"};
+constexpr int NC = ${C.block_m // 64};
+constexpr int NUM_THREADS = 128 * (NC + 1);
+constexpr int BLOCK_M = 64 * NC;
+constexpr int BLOCK_N = ${C.block_n};
+constexpr int STAGES = ${C.stages};
+__host__ __device__ constexpr int box_w(int d) { return d % 64 == 0 ? 64 : d % 32 == 0 ? 32 : 16; }
+__host__ __device__ constexpr int swz_of(int w) { return w == 64 ? SWIZZLE_128B : w == 32 ? SWIZZLE_64B : SWIZZLE_32B; }
+constexpr int WQ = box_w(DQK), WV = box_w(DV);
+constexpr int WK = box_w(DN) < box_w(DR) ? box_w(DN) : box_w(DR);
+constexpr int SWQ = swz_of(WQ), SWK = swz_of(WK), SWV = swz_of(WV);
+constexpr unsigned Q_BYTES = BLOCK_M * DQK * 2;
+constexpr unsigned O_BYTES = BLOCK_M * DV * 2;
+constexpr unsigned K_BYTES = BLOCK_N * DQK * 2;
+constexpr unsigned KN_BYTES = BLOCK_N * DN * 2;
+constexpr unsigned V_BYTES = BLOCK_N * DV * 2;
+constexpr unsigned STAGE_BYTES = K_BYTES + V_BYTES;
+constexpr unsigned OFF_Q = 1024;
+constexpr unsigned OFF_O = OFF_Q + Q_BYTES;
+constexpr unsigned OFF_RING = OFF_O + O_BYTES;
+static_assert(DN % WK == 0 && DR % WK == 0, "tile shape");
+static_assert(Q_BYTES % 1024 == 0 && O_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && V_BYTES % 1024 == 0, "swizzle alignment");
+static_assert(1 + 2 * STAGES <= 128, "mbarriers fit in 1024 bytes");
+
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  elem2_t v = ${PACK2}(lo, hi);
+  return *reinterpret_cast<unsigned*>(&v);
+}
+
+// x, unknown to the compiler from here on: keeps the loop-invariant descriptors of Q and dO
+// from being hoisted out of the key-tile loop into registers (64 bits each).
+__device__ __forceinline__ unsigned opaque(unsigned x) {
+#ifndef MG_HOST_EMULATION
+  asm volatile("" : "+r"(x));
+#endif
+  return x;
+}
+
+__device__ __forceinline__ unsigned long long kdesc(unsigned base, unsigned rows, int w, int swz,
+                                                    int ks) {
+  const unsigned span = 2u * w;
+  return make_desc(base + (ks * 16 / w) * rows * span + (ks * 16 % w) * 2, 16, 8 * span, swz);
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+${K.name}(
+    ${param_list(K.params)}) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const unsigned raw_addr = smem_u32(smem);
+  unsigned char* const sbase = smem + (((raw_addr + 1023u) & ~1023u) - raw_addr);
+  unsigned long long* const q_full = reinterpret_cast<unsigned long long*>(sbase);
+  unsigned long long* const full = q_full + 1;      // [STAGES]: K and V tile landed
+  unsigned long long* const empty = full + STAGES;  // [STAGES]: consumers done with it
+  unsigned char* const sQ = sbase + OFF_Q;
+  unsigned char* const sO = sbase + OFF_O;
+  unsigned char* const ring = sbase + OFF_RING;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int m0 = blockIdx.x * BLOCK_M;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const mla::QueryPos pos{q_pos0, q_split, q_pos1};  // rows' global positions
+  // The largest and smallest positions of rows [a, e) (e > a).
+  auto max_pos = [&](int a, int e) {
+    int mx = -2147483647;
+    if (a < q_split) mx = pos(min(e, q_split) - 1);
+    if (e > q_split) mx = max(mx, pos(e - 1));
+    return mx;
+  };
+  auto min_pos = [&](int a, int e) {
+    int mn = 2147483647;
+    if (a < q_split) mn = pos(a);
+    if (e > q_split) mn = min(mn, pos(max(a, q_split)));
+    return mn;
+  };
+  const int q_last = min(m0 + BLOCK_M, seqlen_q);
+  const int n_end = m0 >= seqlen_q ? 0 : CAUSAL ? min(seqlen_k, max(0, max_pos(m0, q_last) + 1)) : seqlen_k;
+  const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(&full[st], 1);
+      mbar_init(&empty[st], 128 * NC);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == NC) {
+    // ---- producer warpgroup: one thread issues the TMA loads ------------------------------
+@ if C.block_m == 128 then
+    setmaxnreg_dec<24>();
+@ end
+    if (tid != 128 * NC) return;
+    if (n_tiles > 0) {
+      mbar_arrive_expect_tx(q_full, Q_BYTES + O_BYTES);
+      for (int c = 0; c < DQK / WQ; ++c)
+        tma_load_3d(sQ + c * BLOCK_M * 2 * WQ, &tmaps.m[0], q_full, c * WQ, h, b * seqlen_q + m0);
+      for (int c = 0; c < DV / WV; ++c)
+        tma_load_3d(sO + c * BLOCK_M * 2 * WV, &tmaps.m[4], q_full, c * WV, h, b * seqlen_q + m0);
+    }
+    for (int j = 0; j < n_tiles; ++j) {
+      const int st = j % STAGES;
+      const unsigned ph = (unsigned)(j / STAGES) & 1u;
+      mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
+      unsigned char* const sK = ring + st * STAGE_BYTES;
+      const int row = b * seqlen_k + j * BLOCK_N;
+      mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
+      for (int c = 0; c < DN / WK; ++c)
+        tma_load_3d(sK + c * BLOCK_N * 2 * WK, &tmaps.m[1], &full[st], c * WK, h, row);
+      for (int c = 0; c < DR / WK; ++c) {
+        unsigned char* dst = sK + KN_BYTES + c * BLOCK_N * 2 * WK;
+        if (K_PACKED)
+          tma_load_3d(dst, &tmaps.m[2], &full[st], DN + c * WK, h, row);
+        else
+          tma_load_2d(dst, &tmaps.m[2], &full[st], c * WK, row);
+      }
+      for (int c = 0; c < DV / WV; ++c)
+        tma_load_3d(sK + K_BYTES + c * BLOCK_N * 2 * WV, &tmaps.m[3], &full[st], c * WV, h, row);
+    }
+    return;
+  }
+
+  // ---- consumer warpgroup wg: query rows m0 + 64 wg .. + 63 ---------------------------------
+@ if C.block_m == 128 then
+  setmaxnreg_inc<240>();
+@ end
+  const int t = tid % 128;
+  const int g = (t % 32) / 4;
+  const int qd = t % 4;
+  const int i0 = m0 + 64 * wg;
+  const int r0 = i0 + 16 * (t / 32) + g;  // this thread's rows r0, r0 + 8
+  const float scale_log2 = softmax_scale * mla::LOG2E;
+  const unsigned q_base = smem_u32(sQ) + 64 * wg * 2 * WQ;
+  const unsigned o_base = smem_u32(sO) + 64 * wg * 2 * WV;
+  const unsigned ring_addr = smem_u32(ring);
+  // This thread's rows' LSE (base 2; +inf past seqlen_q or for a row without keys: P = 0)
+  // and delta.
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = r0 + 8 * r;
+    lse2[r] = mla::pos_inf(), dl[r] = 0.f;
+    if (i < seqlen_q) {
+      const size_t at = ((size_t)b * H + h) * seqlen_q + i;
+      lse2[r] = mla::lse_log2(lse[at]);
+      dl[r] = delta[at];
+    }
+  }
+
+  float acc[DQK / 2];
+#pragma unroll
+  for (int i = 0; i < DQK / 2; ++i) acc[i] = 0.f;
+  float s[BLOCK_N / 2];
+  float dp[BLOCK_N / 2];
+  // Tiles this warpgroup computes: a prefix of the CTA's (causal: a tile whose first key is
+  // past the warpgroup's last position is hidden from all of its rows).
+  const int wg_last = min(i0 + 64, seqlen_q);
+  const int wg_tiles = i0 >= seqlen_q ? 0
+                       : CAUSAL ? min(n_tiles, max(0, max_pos(i0, wg_last) / BLOCK_N + 1))
+                                : n_tiles;
+  const int wg_min = i0 >= seqlen_q ? 0 : min_pos(i0, wg_last);
+  auto parity = [](int j) { return (unsigned)(j / STAGES) & 1u; };
+
+  if (wg_tiles > 0) {
+    mbar_wait(q_full, 0);  // MUTATION: Q full wait
+  }
+  for (int j = 0; j < wg_tiles; ++j) {
+    const int st = j % STAGES;
+    const int n0 = j * BLOCK_N;
+    const unsigned k_addr = opaque(ring_addr + st * STAGE_BYTES);
+    const unsigned v_addr = k_addr + K_BYTES;
+    const unsigned q_addr = opaque(q_base), o_addr = opaque(o_base);
+    mbar_wait(&full[st], parity(j));  // MUTATION: full wait
+    // S = Q K^T, dP = dO V^T
+    fence_operand(s);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < DQK / 16; ++ks)
+      wgmma_ss<BLOCK_N, tag_t>(s, kdesc(q_addr, BLOCK_M, WQ, SWQ, ks), kdesc(k_addr, BLOCK_N, WK, SWK, ks), ks > 0);
+    wgmma_commit();
+    fence_operand(dp);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < DV / 16; ++ks)
+      wgmma_ss<BLOCK_N, tag_t>(dp, kdesc(o_addr, BLOCK_M, WV, SWV, ks), kdesc(v_addr, BLOCK_N, WV, SWV, ks), ks > 0);
+    wgmma_commit();
+    wgmma_wait<1>();  // MUTATION: S wait
+    fence_operand(s);
+    // P, masked only on tiles crossing the end of the keys or the diagonal.
+    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > wg_min);
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) {
+      const int r = (i % 4) / 2;
+      float p = exp2f(s[i] * scale_log2 - lse2[r]);
+      if (edge) {
+        const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
+        const int row = r0 + 8 * r;
+        if (key >= seqlen_k || (CAUSAL && key > pos(row))) p = 0.f;
+      }
+      s[i] = p;
+    }
+    wgmma_wait<0>();  // MUTATION: dP wait
+    fence_operand(dp);
+    // dS = P (dP - delta), packed: column blocks 2kk, 2kk+1 are the A fragment of k-step kk.
+    unsigned da[BLOCK_N / 16][4];
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) dp[i] = s[i] * (dp[i] - dl[(i % 4) / 2]);
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+      da[kk][0] = pack2(dp[8 * kk + 0], dp[8 * kk + 1]);
+      da[kk][1] = pack2(dp[8 * kk + 2], dp[8 * kk + 3]);
+      da[kk][2] = pack2(dp[8 * kk + 4], dp[8 * kk + 5]);
+      da[kk][3] = pack2(dp[8 * kk + 6], dp[8 * kk + 7]);
+    }
+    // dQ += dS K: K [key][d_qk] as an MN-major B operand (W_K-column boxes BLOCK_N rows apart).
+    fence_operand(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+      wgmma_rs_tb<DQK, tag_t>(acc, da[kk], make_desc(k_addr + kk * 16 * 2 * WK, BLOCK_N * 2 * WK, 8 * 2 * WK, SWK), 1);
+    wgmma_commit();
+    wgmma_wait<0>();  // MUTATION: dQ wait
+    fence_operand(acc);
+    mbar_arrive(&empty[st]);  // MUTATION: empty release
+  }
+  // The tiles hidden from this warpgroup's rows (the other consumer needs them): released
+  // once loaded (the wait keeps each arrival in its own phase of the empty barrier).
+  for (int j = wg_tiles; j < n_tiles; ++j) {
+    const int st = j % STAGES;
+    mbar_wait(&full[st], parity(j));
+    mbar_arrive(&empty[st]);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = r0 + 8 * r;
+    if (i < seqlen_q) {
+      elem_t* const row = dq + (((size_t)b * seqlen_q + i) * H + h) * DQK;
+#pragma unroll
+      for (int n = 0; n < DQK / 8; ++n)
+        *reinterpret_cast<unsigned*>(row + 8 * n + 2 * qd) =
+            pack2(softmax_scale * acc[4 * n + 2 * r], softmax_scale * acc[4 * n + 2 * r + 1]);
+    }
+  }
+}
