@@ -415,8 +415,21 @@ static const edit muts_dq[] = {
     {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
 };
 
-static void mutations(const edit *muts, size_t n, int sq, int sk, int q_pos0) {
-  for (size_t m = 0; m < n; m++) {
+/* The default run's sample (indices into muts_dkv / muts_dq; every mutation with
+ * MLAGEN_TEST_EXHAUSTIVE=1, ctest -C exhaustive): every kind of barrier, wait and fence at
+ * least once across the two mirrored kernels (same names, same protocol). dkv: the
+ * producer's empty mbarrier wait, the S wgmma wait, the P named-barrier arrive, the
+ * warpgroup-internal READ bar.sync, the proxy fence; dq: the consumers' full mbarrier wait,
+ * the DS bar.sync, a consumer's empty mbarrier arrive. */
+static const int sample_dkv[] = {0, 3, 5, 9, 10};
+static const int sample_dq[] = {1, 6, 15};
+
+static void mutations(const edit *muts, size_t n, const int *sample, size_t n_sample, int sq,
+                      int sk, int q_pos0) {
+  const int all = kh_sweep_exhaustive();
+  print_message("  %s: %zu of %zu mutations\n", all ? "exhaustive" : "sample", all ? n : n_sample, n);
+  for (size_t i = 0; i < (all ? n : n_sample); i++) {
+    const size_t m = all ? i : (size_t)sample[i];
     mg_kernel_spec s = make_spec(2, 256, 32, 1);
     kh_set(&s, m + 1 < n ? "stages=2" : "stages=1");
     built_kernel bk;
@@ -452,17 +465,20 @@ static void mutations(const edit *muts, size_t n, int sq, int sk, int q_pos0) {
  * make the check fail or the launch be reported (a deadlock, a wgmma or named-barrier
  * protocol error) on one of at most 8 schedule seeds (m + 1 + 100 k: a race shows on some
  * schedules only); the producer's empty wait on 1 stage too (every tile reuses the stage). Two numeric mutations too: the causal mask dropped, and the
- * diagonal taken per packed row instead of per token. */
+ * diagonal taken per packed row instead of per token. The default run tries sample_dkv's
+ * (sample_dq's for dq), ctest -C exhaustive all of them. */
 static void test_mutations_caught(void **state) {
   (void)state;
-  mutations(muts_dkv, sizeof muts_dkv / sizeof muts_dkv[0], 96, 128, 32);
+  mutations(muts_dkv, sizeof muts_dkv / sizeof muts_dkv[0], sample_dkv,
+            sizeof sample_dkv / sizeof sample_dkv[0], 96, 128, 32);
 }
 /* The same for mqa_bwd_dq_sm90 (96 queries at 104 of 200 keys: 3 row tiles, 4 key tiles
  * around the 2-stage ring). */
 static void test_dq_mutations_caught(void **state) {
   (void)state;
   g_dq = 1;
-  mutations(muts_dq, sizeof muts_dq / sizeof muts_dq[0], 96, 200, 104);
+  mutations(muts_dq, sizeof muts_dq / sizeof muts_dq[0], sample_dq,
+            sizeof sample_dq / sizeof sample_dq[0], 96, 200, 104);
   g_dq = 0;
 }
 
@@ -479,36 +495,36 @@ static void test_dq_schedules_bit_identical(void **state) {
   g_dq = 0;
 }
 
-/* Every configuration the template's check keeps compiles for sm_90a (NVRTC) with no spill,
- * no stack frame and no static shared memory, both kernels, for DeepSeek-V3 (H 128, 576/512),
- * the d_c 256 shape (H 40, 288/256), causal and not in bf16, causal in fp16 (the ctest
- * entry stays under a minute); registers and shared memory printed. */
+/* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
+ * no stack frame and no static shared memory: the candidates are both kernels, DeepSeek-V3
+ * (H 128, 576/512) and the d_c 256 shape (H 40, 288/256), bf16 and fp16, causal and not,
+ * every stages value; the default run compiles kh_sweep_cover's covering sample of the kept
+ * ones (every pair of factor values, plus the largest shared memory), ctest -C exhaustive
+ * all of them; registers and shared memory printed. */
 static void test_nvrtc_kept_configs(void **state) {
   (void)state;
   kh_sweep sw;
   kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
-  int kept = 0;
+  mg_kernel_spec cands[40];
+  int nc = 0;
   for (int fam = 0; fam < 2; fam++)
     for (int sh = 0; sh < 2; sh++)
       for (int f16 = 0; f16 < 2; f16++)
-        for (int causal = f16; causal < 2; causal++) { /* fp16: causal only (time) */
-          mg_kernel_spec cands[3];
-          const int n_st = fam ? 3 : 2; /* dq: stages {1, 2, 3}; dkv: {1, 2} */
-          g_fp16 = f16, g_dq = fam;
-          for (int st = 1; st <= n_st; st++) {
+        for (int causal = 0; causal < 2; causal++)
+          for (int st = 1; st <= (fam ? 3 : 2); st++) { /* dq: stages {1, 2, 3}; dkv: {1, 2} */
             char a[16];
             snprintf(a, sizeof a, "stages=%d", st);
-            cands[st - 1] = sh == 0 ? make_spec(128, 512, 64, causal) : make_spec(40, 256, 32, causal);
-            kh_set(&cands[st - 1], a);
+            g_fp16 = f16, g_dq = fam;
+            cands[nc] = sh == 0 ? make_spec(128, 512, 64, causal) : make_spec(40, 256, 32, causal);
+            kh_set(&cands[nc++], a);
           }
-          kept += kh_sweep_cover(&sw, cands, n_st, g_test_seed, "");
-        }
+  const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   g_dq = 0;
   g_fp16 = 0;
   print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
                 kh_now() - sw.t0);
-  assert_true(kept >= 11);
+  assert_true(kept >= 28); /* 40 candidates, 12 over the shared-memory limit */
   kh_sweep_close(&sw);
 }
 
