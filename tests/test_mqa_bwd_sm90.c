@@ -5,9 +5,12 @@
  * cases run the same shapes on it, comparing dq), each run
  * unchanged on the CPU through the host executor's sm_90a emulation, against the float64
  * reference of tests/mqa_ref.h per element with test_mqa_bwd.c's tolerances; the same bits on
- * every schedule; every kept configuration compiled by NVRTC for sm_90a without spills; and
- * every barrier, wait and fence of the kernel removed from the rendered source, each removal
+ * every schedule; the kept configurations compiled by NVRTC for sm_90a without spills; and
+ * barriers, waits and fences of the kernel removed from the rendered source, each removal
  * failing the check or being reported (a deadlock, a wgmma or named-barrier protocol error).
+ * The default run compiles a covering sample of the configurations and tries a sample of
+ * the removals covering every kind (sample_dkv, sample_dq); MLAGEN_TEST_EXHAUSTIVE=1
+ * (ctest -C exhaustive) all of them.
  *
  * The three tensor maps (q, c, dout: the template's `tmaps` doc) come from the runtime's
  * mg_sm90_mqa_bwd_tmaps (runtime/exec/mg_sm90_tmap.h), passed by value as the kernel's
