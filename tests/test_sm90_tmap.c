@@ -1,5 +1,5 @@
 /* test_sm90_tmap.c: runtime/exec/mg_sm90_tmap.c, attn_fwd_sm90's four CUtensorMaps (and
- * mqa_fwd_sm90's two: test_mqa_maps, test_mqa_errors), through
+ * mqa_fwd_sm90's two: test_mqa_maps, test_mqa_errors; the absorbed backward's three: test_mqa_bwd), through
  * the fake driver (tests/fake_cuda.c), whose cuTensorMapEncodeTiled stores its arguments in
  * the host executor's format (tests/host/mg_host_tmap.h): per map, the rank, dims, byte
  * strides, box, swizzle, element size and base are read back and compared with the
@@ -392,6 +392,72 @@ static void test_launch_mqa_tmaps(void **state) {
   mg_diag_clear(&d);
 }
 
+/* The absorbed backward's three maps (mg_sm90_mqa_bwd_tmaps): q and dout over the packed
+ * rows B S_q H, c over B S_k, all boxes {W(d_c + d_r), 64} (576: 64, 128B; 288: 32, 64B;
+ * dout's rows d_c wide); no keys encoded as 1 row; both families accepted, mqa_fwd_sm90 and
+ * a null dout refused (maps zeroed); through mg_sm90_launch_tmaps (q, c, dout by name) the
+ * same maps. */
+static void test_mqa_bwd(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  mg_kernel_spec s = mqa_spec(16, 512, 64, "bf16");
+  snprintf(s.family, sizeof s.family, "mqa_bwd_dkv_sm90");
+  mg_kernel_info k = mqa_info(64);
+  k.n_config = 0; /* no tunable read */
+  snprintf(k.family, sizeof k.family, "mqa_bwd_dkv_sm90");
+  CUtensorMap maps[MG_SM90_MQA_BWD_TMAPS];
+  mg_diag d = MG_DIAG_INIT;
+  const mg_sm90_mqa_bwd_tensors t = {QA, KNA, DOA, 2, 30, 50};
+  if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){576, 960}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 100}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[2], 2, 2, DOA, (unsigned long long[]){512, 960}, (unsigned[]){64, 64}, SW128);
+  s = mqa_spec(5, 256, 32, "fp16");
+  snprintf(s.family, sizeof s.family, "mqa_bwd_dq_sm90");
+  snprintf(k.family, sizeof k.family, "mqa_bwd_dq_sm90");
+  const mg_sm90_mqa_bwd_tensors t2 = {QA, KNA, DOA, 1, 7, 0};
+  if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t2, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){288, 35}, (unsigned[]){32, 64}, SW64);
+  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){288, 1}, (unsigned[]){32, 64}, SW64);
+  expect_map(&maps[2], 2, 2, DOA, (unsigned long long[]){256, 35}, (unsigned[]){32, 64}, SW64);
+  mg_kernel_info fwd = mqa_info(64);
+  mg_kernel_spec sf = mqa_spec(5, 256, 32, "fp16");
+  assert_int_equal(mg_sm90_mqa_bwd_tmaps(drv, &sf, &fwd, &t2, maps, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "is not mqa_bwd_dkv_sm90 or mqa_bwd_dq_sm90"));
+  mg_diag_clear(&d);
+  mg_sm90_mqa_bwd_tensors bad = t2;
+  bad.dout = 0;
+  assert_int_equal(mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &bad, maps, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "mqa_bwd_dq_sm90 tensor map [2] dout: address 0x0 is null"));
+  static const CUtensorMap zero;
+  for (int i = 0; i < MG_SM90_MQA_BWD_TMAPS; i++) assert_memory_equal(&maps[i], &zero, sizeof zero);
+  mg_diag_clear(&d);
+  /* through the launch path */
+  static const char *const names[] = {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN, MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN,
+                                 MG_PARAM_IN, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  k.n_params = 8;
+  for (int i = 0; i < 8; i++) {
+    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
+    k.params[i].kind = kinds[i];
+  }
+  CUdeviceptr ptr[6] = {QA, KNA, DOA, 0x600000, 0x700000, 0x800000};
+  int sq = 7;
+  CUtensorMap lmaps[MG_SM90_MAX_TMAPS];
+  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, lmaps};
+  const mg_launch_dims dims = {1, 7, 0};
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, lmaps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, MG_SM90_MQA_BWD_TMAPS);
+  if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t2, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(lmaps, maps, sizeof maps);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, lmaps, 2, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "room for 2 maps"));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_split_deepseek),
@@ -403,6 +469,7 @@ int main(void) {
       cmocka_unit_test(test_launch_mqa_tmaps),
       cmocka_unit_test(test_mqa_maps),
       cmocka_unit_test(test_mqa_errors),
+      cmocka_unit_test(test_mqa_bwd),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

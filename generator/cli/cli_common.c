@@ -286,7 +286,7 @@ int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int m
 /* --family F: F beside each spec of its counterpart, the family it stands in for or that
  * stands in for it on this arch (mg_spec.c's tables: attn_fwd_sm90 beside attn_fwd,
  * mqa_fwd_sm90 beside mqa_fwd, attn_bwd_dkdv_sm90 / attn_bwd_dq_sm90 beside attn_bwd_dkdv /
- * attn_bwd_dq, or, once --arch sm_90a made attn_fwd attn_fwd_sm90, attn_fwd
+ * attn_bwd_dq, mqa_bwd_dkv_sm90 / mqa_bwd_dq_sm90 beside mqa_bwd_dkv / mqa_bwd_dq, or, once --arch sm_90a made attn_fwd attn_fwd_sm90, attn_fwd
  * beside it). strict: an F that is neither an architecture's family nor a portable family one
  * stands in for is a usage error (generate, compile), else skipped (tune's --family selects). */
 static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, int max, int *n) {

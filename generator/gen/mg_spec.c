@@ -14,7 +14,8 @@ const char *const mg_spec_families[] = {"explicit_fwd",  "attn_fwd",     "attn_b
                                         "expand_kv",     "split_dkv",    "concat_latent", "split_latent",
                                         "copy_cols",     "mqa_fwd",      "mqa_bwd_dkv",  "mqa_bwd_dq",
                                         "attn_fwd_sm90", "mqa_fwd_sm90", "attn_bwd_dkdv_sm90",
-                                        "attn_bwd_dq_sm90", NULL};
+                                        "attn_bwd_dq_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
+                                        NULL};
 
 int mg_spec_family_on_request(const char *family) {
   for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch; a++)
@@ -49,7 +50,9 @@ const mg_op_kernels mg_op_kernel_table[] = {
  * pair's) is on request for the same reason: its maps are bound (mg_sm90_launch_tmaps) and
  * tests/test_attn_bwd_sm90.c checks it on the host emulation, but it has never run on a
  * device nor been timed against the tuned attn_bwd_dkdv / attn_bwd_dq (bench --sm90 does
- * both); turning the row on is that decision. */
+ * both); turning the row on is that decision. The absorbed backward (mqa_bwd_dkv_sm90 +
+ * mqa_bwd_dq_sm90 after attn_bwd_pre, no fixed settings: neither takes qsplit) likewise:
+ * tests/test_mqa_bwd_sm90.c checks it on the host emulation only. */
 const mg_arch_kernels mg_arch_kernel_table[] = {
     {"sm_90a", {MG_OP_ATTN_FWD, {"attn_fwd_sm90"}, {"k_packed=1"}}, 0},
     {"sm_90a", {MG_OP_MQA_FWD, {"mqa_fwd_sm90"}, {NULL}}, 1},
@@ -57,6 +60,7 @@ const mg_arch_kernels mg_arch_kernel_table[] = {
      {MG_OP_ATTN_BWD, {"attn_bwd_pre", "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90"},
       {NULL, "k_packed=1 deterministic=1", "k_packed=1"}},
      1},
+    {"sm_90a", {MG_OP_MQA_BWD, {"attn_bwd_pre", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90"}, {NULL, NULL, NULL}}, 1},
     {NULL, {0, {NULL}, {NULL}}, 0},
 };
 

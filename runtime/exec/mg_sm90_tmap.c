@@ -1,5 +1,6 @@
 /* mg_sm90_tmap.c: the sm_90a kernels' tensor maps (attn_fwd_sm90, mqa_fwd_sm90, the
- * backward attn_bwd_dkdv_sm90 / attn_bwd_dq_sm90). See mg_sm90_tmap.h. */
+ * backward attn_bwd_dkdv_sm90 / attn_bwd_dq_sm90, the absorbed backward mqa_bwd_dkv_sm90 /
+ * mqa_bwd_dq_sm90). See mg_sm90_tmap.h. */
 #include "mg_sm90_tmap.h"
 
 #include <stdint.h>
@@ -174,50 +175,74 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
   return 0;
 }
 
+/* The absorbed families' maps (mqa_fwd_sm90's q, c; the backward's q, c, dout): fam the
+ * family expected, n the maps (2 or 3), bn c's box rows, dout the third tensor (n 3). */
+static int mqa_maps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                    const char *fn, const char *F, const char *F2, int n, long bn, CUdeviceptr q,
+                    CUdeviceptr c, CUdeviceptr dout, long batch, long sq, long sk,
+                    CUtensorMap *maps, mg_diag *d) {
+  if ((strcmp(k->family, F) && (!F2 || strcmp(k->family, F2))) || strcmp(s->family, k->family))
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: kernel %s (family %s, spec family %s) is not %s%s%s",
+                       fn, k->name, k->family, s->family, F, F2 ? " or " : "", F2 ? F2 : "");
+  if (!drv->cuTensorMapEncodeTiled)
+    return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
+                       "%s needs cuTensorMapEncodeTiled, which the CUDA driver %s "
+                       "(version %d) lacks (a driver of CUDA 12.0 or newer has it); the mma.sync "
+                       "%.*s runs without it",
+                       k->family, drv->path, drv->driver_version,
+                       (int)(strlen(k->family) - strlen("_sm90")), k->family);
+  const char *fam = k->family;
+  const int H = s->heads, dc = s->d_c, dr = s->d_r, dqk = dc + dr;
+  if (H < 1 || dc < 16 || dr < 16 || dc % 16 || dr % 16)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "%s tensor maps: heads %d, d_c %d, d_r %d (heads >= 1, dims "
+                       "positive multiples of 16)", fam, H, dc, dr);
+  if (batch < 0 || sq < 0 || sk < 0)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "%s tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)", fam, batch,
+                       sq, sk);
+  mg_dtype t16;
+  if (mg_dtype_spec_parse(s->dtype, &t16))
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s tensor maps: dtype %s (bf16 or fp16)", fam, s->dtype);
+  const CUtensorMapDataType dt =
+      t16 == MG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const long nq = batch * sq * H, nk = batch * sk;
+  const cuuint64_t rq = nq > 0 ? (cuuint64_t)nq : 1, rk = nk > 0 ? (cuuint64_t)nk : 1;
+  int rc;
+  if ((rc = encode(drv, fam, &maps[0], "[0] q", dt, 2, q, (cuuint64_t[]){dqk, rq},
+                   (cuuint32_t[]){box_w(dqk), 64, 1}, d)) ||
+      (rc = encode(drv, fam, &maps[1], "[1] c", dt, 2, c, (cuuint64_t[]){dqk, rk},
+                   (cuuint32_t[]){box_w(dqk), (cuuint32_t)bn, 1}, d)) ||
+      (n > 2 && (rc = encode(drv, fam, &maps[2], "[2] dout", dt, 2, dout, (cuuint64_t[]){dc, rq},
+                             (cuuint32_t[]){box_w(dqk), 64, 1}, d)))) {
+    memset(maps, 0, (size_t)n * sizeof(CUtensorMap));
+    return rc;
+  }
+  return 0;
+}
+
 int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
                       const mg_sm90_mqa_tensors *t, CUtensorMap maps[MG_SM90_MQA_TMAPS],
                       mg_diag *d) {
   if (!drv || !s || !k || !t || !maps)
     return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_mqa_tmaps: a NULL argument");
   memset(maps, 0, MG_SM90_MQA_TMAP_BYTES);
-  if (strcmp(k->family, "mqa_fwd_sm90") || strcmp(s->family, k->family))
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "mg_sm90_mqa_tmaps: kernel %s (family %s, spec family %s) is not mqa_fwd_sm90",
-                       k->name, k->family, s->family);
-  if (!drv->cuTensorMapEncodeTiled)
-    return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
-                       "mqa_fwd_sm90 needs cuTensorMapEncodeTiled, which the CUDA driver %s "
-                       "(version %d) lacks (a driver of CUDA 12.0 or newer has it); the mma.sync "
-                       "mqa_fwd runs without it",
-                       drv->path, drv->driver_version);
   long bn = 0;
   int rc;
-  if ((rc = config_of(k, "block_n", &bn, d))) return rc;
-  const int H = s->heads, dc = s->d_c, dr = s->d_r, dqk = dc + dr;
-  if (H < 1 || dc < 16 || dr < 16 || dc % 16 || dr % 16)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "mqa_fwd_sm90 tensor maps: heads %d, d_c %d, d_r %d (heads >= 1, dims "
-                       "positive multiples of 16)", H, dc, dr);
-  if (t->batch < 0 || t->seqlen_q < 0 || t->seqlen_k < 0)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "mqa_fwd_sm90 tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)",
-                       t->batch, t->seqlen_q, t->seqlen_k);
-  mg_dtype t16;
-  if (mg_dtype_spec_parse(s->dtype, &t16))
-    return mg_diag_set(d, MLAGEN_EINVAL, "mqa_fwd_sm90 tensor maps: dtype %s (bf16 or fp16)", s->dtype);
-  const CUtensorMapDataType dt =
-      t16 == MG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  static const char F[] = "mqa_fwd_sm90";
-  const long nq = t->batch * t->seqlen_q * H, nk = t->batch * t->seqlen_k;
-  const cuuint64_t rq = nq > 0 ? (cuuint64_t)nq : 1, rk = nk > 0 ? (cuuint64_t)nk : 1;
-  if ((rc = encode(drv, F, &maps[0], "[0] q", dt, 2, t->q, (cuuint64_t[]){dqk, rq},
-                   (cuuint32_t[]){box_w(dqk), 64, 1}, d)) ||
-      (rc = encode(drv, F, &maps[1], "[1] c", dt, 2, t->c, (cuuint64_t[]){dqk, rk},
-                   (cuuint32_t[]){box_w(dqk), (cuuint32_t)bn, 1}, d))) {
-    memset(maps, 0, MG_SM90_MQA_TMAP_BYTES);
-    return rc;
-  }
-  return 0;
+  if (!strcmp(k->family, "mqa_fwd_sm90") && (rc = config_of(k, "block_n", &bn, d))) return rc;
+  return mqa_maps(drv, s, k, "mg_sm90_mqa_tmaps", "mqa_fwd_sm90", NULL, MG_SM90_MQA_TMAPS, bn,
+                  t->q, t->c, 0, t->batch, t->seqlen_q, t->seqlen_k, maps, d);
+}
+
+int mg_sm90_mqa_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                          const mg_sm90_mqa_bwd_tensors *t,
+                          CUtensorMap maps[MG_SM90_MQA_BWD_TMAPS], mg_diag *d) {
+  if (!drv || !s || !k || !t || !maps)
+    return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_mqa_bwd_tmaps: a NULL argument");
+  memset(maps, 0, MG_SM90_MQA_BWD_TMAP_BYTES);
+  return mqa_maps(drv, s, k, "mg_sm90_mqa_bwd_tmaps", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
+                  MG_SM90_MQA_BWD_TMAPS, 64, t->q, t->c, t->dout, t->batch, t->seqlen_q,
+                  t->seqlen_k, maps, d);
 }
 
 /* The device address parameter `name` of k has in args (0 when k has no such parameter). */
@@ -262,6 +287,17 @@ int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg
                                    dims->seqlen_q, dims->seqlen_k};
     int rc = mg_sm90_mqa_tmaps(drv, s, k, &t, maps, d);
     if (!rc) *n = MG_SM90_MQA_TMAPS;
+    return rc;
+  }
+  if (!strcmp(k->family, "mqa_bwd_dkv_sm90") || !strcmp(k->family, "mqa_bwd_dq_sm90")) {
+    if (max < MG_SM90_MQA_BWD_TMAPS)
+      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
+                         max, k->name, MG_SM90_MQA_BWD_TMAPS);
+    const mg_sm90_mqa_bwd_tensors t = {arg_ptr(k, args, "q"),    arg_ptr(k, args, "c"),
+                                       arg_ptr(k, args, "dout"), dims->batch,
+                                       dims->seqlen_q,           dims->seqlen_k};
+    int rc = mg_sm90_mqa_bwd_tmaps(drv, s, k, &t, maps, d);
+    if (!rc) *n = MG_SM90_MQA_BWD_TMAPS;
     return rc;
   }
   if (!strcmp(k->family, "attn_bwd_dkdv_sm90") || !strcmp(k->family, "attn_bwd_dq_sm90")) {

@@ -1,5 +1,5 @@
 /* mg_sm90_tmap.h: the CUtensorMaps of the sm_90a families' `tmaps` parameters (attn_fwd_sm90's
- * four, mqa_fwd_sm90's two).
+ * four, mqa_fwd_sm90's two, the backward's five, the absorbed backward's three).
  *
  * attn_fwd_sm90 (templates/attn_fwd_sm90.cu.tpl) reads Q, K_nope (or the packed per-head
  * K), k_rope and V through TMA: its last parameter holds 4 CUtensorMaps by value. This
@@ -122,6 +122,31 @@ int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
                       const mg_sm90_mqa_tensors *t, CUtensorMap maps[MG_SM90_MQA_TMAPS],
                       mg_diag *d);
 
+/* The absorbed backward, mqa_bwd_dkv_sm90 and mqa_bwd_dq_sm90 (templates/mqa_bwd_dkv_sm90.cu.tpl,
+ * mqa_bwd_dq_sm90.cu.tpl), reads q, c and dout through the 3 maps of its `tmaps` parameter,
+ * `const __grid_constant__ mla::sm90::TensorMaps<3>`, by value (2D, W = W(d_c + d_r) with
+ * its swizzle for all three; both kernels' tiles are 64 rows):
+ *   [0] q     dims {d_c + d_r, B*S_q*H}  box {W, 64}
+ *   [1] c     dims {d_c + d_r, B*S_k}    box {W, 64}
+ *   [2] dout  dims {d_c, B*S_q*H}        box {W, 64}
+ * q [B, S_q, H, d_c + d_r], c [B, S_k, d_c + d_r], dout [B, S_q, H, d_c]: device addresses,
+ * 16-byte aligned. */
+#define MG_SM90_MQA_BWD_TMAPS 3
+#define MG_SM90_MQA_BWD_TMAP_BYTES (MG_SM90_MQA_BWD_TMAPS * sizeof(CUtensorMap))
+typedef struct mg_sm90_mqa_bwd_tensors {
+  CUdeviceptr q, c, dout;
+  long batch, seqlen_q, seqlen_k; /* >= 0 */
+} mg_sm90_mqa_bwd_tensors;
+
+/* Encodes the 3 maps of kernel k (an mqa_bwd_dkv_sm90 or mqa_bwd_dq_sm90 manifest entry;
+ * no tunable is read) for spec s (heads, d_c, d_r, dtype) and the tensors t into
+ * maps[0..3) (host memory; zeroed first). Returns 0, or mg_sm90_mqa_tmaps's errors (the
+ * family checked being one of those two; no block_n needed), MLAGEN_EUNSUPPORTED naming
+ * the mma.sync mqa_bwd_dkv / mqa_bwd_dq. */
+int mg_sm90_mqa_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                          const mg_sm90_mqa_bwd_tensors *t,
+                          CUtensorMap maps[MG_SM90_MQA_BWD_TMAPS], mg_diag *d);
+
 /* The most maps one MG_PARAM_TMAPS parameter holds. */
 #define MG_SM90_MAX_TMAPS 8
 
@@ -131,7 +156,8 @@ int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
  * and dims are the launch's sizes (batch, seqlen_q, seqlen_k). The one place that knows
  * which tensors each sm_90a family maps: attn_fwd_sm90 (mg_sm90_fwd_tmaps over its params
  * q, k_nope, k_rope, v), mqa_fwd_sm90 (mg_sm90_mqa_tmaps over q, c), attn_bwd_dkdv_sm90 and
- * attn_bwd_dq_sm90 (mg_sm90_bwd_tmaps over q, k_nope, k_rope, v, dout). Writes *n maps into
+ * attn_bwd_dq_sm90 (mg_sm90_bwd_tmaps over q, k_nope, k_rope, v, dout), mqa_bwd_dkv_sm90 and
+ * mqa_bwd_dq_sm90 (mg_sm90_mqa_bwd_tmaps over q, c, dout). Writes *n maps into
  * maps[0 .. max). Returns 0, or the encoders' errors, or
  * MLAGEN_EINVAL (a NULL argument; k has no MG_PARAM_TMAPS parameter, or a family
  * without an encoder here; max too small). */

@@ -1,0 +1,577 @@
+/* test_mqa_bwd_sm90.c: the sm_90a absorbed backward, its key side (templates/mqa_bwd_dkv_sm90.cu.tpl:
+ * a CTA owns 64 latent keys, a TMA ring of query tiles on mbarriers, wgmma, a producer
+ * warpgroup, the d_c + d_r wide dc accumulator split over two consumer warpgroups) and its
+ * query side (mqa_bwd_dq_sm90.cu.tpl: the mirror, 64 packed query rows per CTA; the test_dq_*
+ * cases run the same shapes on it, comparing dq), each run
+ * unchanged on the CPU through the host executor's sm_90a emulation, against the float64
+ * reference of tests/mqa_ref.h per element with test_mqa_bwd.c's tolerances; the same bits on
+ * every schedule; the kept configurations compiled by NVRTC for sm_90a without spills; and
+ * barriers, waits and fences of the kernel removed from the rendered source, each removal
+ * failing the check or being reported (a deadlock, a wgmma or named-barrier protocol error).
+ * The default run compiles a covering sample of the configurations and tries a sample of
+ * the removals covering every kind (sample_dkv, sample_dq); MLAGEN_TEST_EXHAUSTIVE=1
+ * (ctest -C exhaustive) all of them.
+ *
+ * The three tensor maps (q, c, dout: the template's `tmaps` doc) come from the runtime's
+ * mg_sm90_mqa_bwd_tmaps (runtime/exec/mg_sm90_tmap.h), passed by value as the kernel's
+ * TensorMaps<3>: cuTensorMapEncodeTiled through runtime/mg_driver's loader with the fake
+ * driver (tests/fake_cuda.c). delta = rowsum(dO o) is
+ * computed on the host in float64 from the stored 16-bit o and rounded to fp32 (what
+ * attn_bwd_pre stores up to its fp32 summation order). Inputs: random bf16 (fp16 in one
+ * case), scores with standard deviation 2 under DeepSeek's YaRN softmax scale (the seed is
+ * printed, MLAGEN_TEST_SEED overrides it). The host executor is slow on 576-wide heads: the
+ * shapes are few and small, each chosen for a property (named at its case). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_driver.h"
+#include "kernel_host.h"
+#include "kernel_test_util.h"
+#include "mg_driver.h"
+#include "mg_manifest.h"
+#include "mg_sm90_tmap.h"
+#include "mlagen.h"
+#include "mqa_ref.h"
+
+typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
+/* the kernel's `const __grid_constant__ mla::sm90::TensorMaps<3> tmaps`, passed by value */
+typedef struct { tmap_t m[3]; } tmaps3_t;
+typedef void (*dkv_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
+                       const float *delta, e16 *dc, int seqlen_q, int seqlen_k, int q_pos0,
+                       float softmax_scale, tmaps3_t tmaps);
+
+static int g_fp16;
+static int g_dq; /* the kernels built next: mqa_bwd_dq_sm90 (1) or mqa_bwd_dkv_sm90 (0) */
+
+typedef struct built_kernel {
+  kh_kernel kh;
+  dkv_fn fn;
+} built_kernel;
+
+/* A source edit: replaces the first occurrence of `from` (which must exist: else the test
+ * fails, so a renamed pattern cannot make a mutation test pass) by `to` padded with spaces. */
+typedef struct edit {
+  const char *from, *to;
+} edit;
+static int apply_edit(char *src, void *ctx) {
+  const edit *e = ctx;
+  char *at = strstr(src, e->from);
+  if (!at) fail_msg("mutation pattern '%s' not in the rendered source", e->from);
+  size_t nf = strlen(e->from), nt = strlen(e->to);
+  assert_true(nt <= nf);
+  memcpy(at, e->to, nt);
+  memset(at + nt, ' ', nf - nt);
+  return 1;
+}
+
+static void build_edit(const mg_kernel_spec *spec, const edit *e, built_kernel *out) {
+  assert_true(kh_build_edited(NULL, spec, 0, e ? apply_edit : NULL, (void *)e, &out->kh));
+  assert_int_equal(out->kh.threads, 384);
+  assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
+  *(void **)&out->fn = out->kh.fn;
+}
+
+/* d_n and d_v are the explicit form's: the template ignores them. */
+static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "%s", g_dq ? "mqa_bwd_dq_sm90" : "mqa_bwd_dkv_sm90");
+  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
+  snprintf(s.dtype, sizeof s.dtype, "%s", g_fp16 ? "fp16" : "bf16");
+  return s;
+}
+
+/* One case: 16-bit inputs, the forward's stored o (16-bit) and lse (fp32), delta, the
+ * float64 reference dc (P and scale dS rounded to 16 bits as the kernel's wgmma operands)
+ * with mqa_ref.h's bound of ambiguous roundings, the kernel's dc, the maps. */
+typedef struct bwd_case {
+  int B, sq, sk, H, dc, dr, causal, q_pos0, dq; /* dq: the kernel's output is dq */
+  float scale;
+  e16 *q, *c, *dout, *out;
+  float *lse, *delta;
+  size_t nq, nc, no, nl;
+  double *r_dc, *f_dc, *r_dq, *f_dq;
+  tmap_t *tmaps; /* [3] */
+} bwd_case;
+
+#define FLIP_EPS 3e-5 /* as test_mqa_bwd.c: the kernel's own fp32 error in a P or dS element */
+static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
+static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
+
+static void *xcalloc(size_t n, size_t sz) {
+  void *p = calloc(n ? n : 1, sz);
+  assert_non_null(p);
+  return p;
+}
+static e16 *rand_e16(size_t n, double sd, double *as_double) {
+  e16 *p = kt_rand_e16_sd(g_fp16, n, sd);
+  for (size_t i = 0; i < n; i++) as_double[i] = e16_to_float(g_fp16, p[i]);
+  return p;
+}
+
+/* The kernel's 3 maps over c's tensors, made by the runtime's mg_sm90_mqa_bwd_tmaps (what
+ * mg_sm90_launch_tmaps passes the executor) through the fake driver's cuTensorMapEncodeTiled
+ * (the host executor's device addresses are host addresses). It reads only the family. */
+static void encode_maps(bwd_case *c, const mg_kernel_spec *s) {
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  mg_kernel_info info;
+  memset(&info, 0, sizeof info);
+  snprintf(info.name, sizeof info.name, "mla_%s_test", s->family);
+  snprintf(info.family, sizeof info.family, "%s", s->family);
+  const mg_sm90_mqa_bwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q, (CUdeviceptr)(uintptr_t)c->c,
+                                     (CUdeviceptr)(uintptr_t)c->dout, c->B, c->sq, c->sk};
+  if (mg_sm90_mqa_bwd_tmaps(drv, s, &info, &t, (CUtensorMap *)c->tmaps, &d))
+    fail_msg("mg_sm90_mqa_bwd_tmaps: %s", mg_diag_msg(&d));
+}
+
+static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int sk, int q_pos0) {
+  const int H = s->heads, dc = s->d_c, dr = s->d_r, w = dc + dr;
+  memset(c, 0, sizeof *c);
+  c->B = B, c->sq = sq, c->sk = sk, c->H = H, c->dc = dc, c->dr = dr, c->causal = s->causal;
+  c->q_pos0 = q_pos0;
+  c->dq = !strcmp(s->family, "mqa_bwd_dq_sm90");
+  c->scale = (float)kt_softmax_scale(w / 3); /* as test_mqa_bwd.c */
+  c->nq = (size_t)B * sq * H * w;
+  c->nc = (size_t)B * sk * w;
+  c->no = (size_t)B * sq * H * dc;
+  c->nl = (size_t)B * H * sq;
+  double *qd = xcalloc(c->nq, sizeof *qd), *cd = xcalloc(c->nc, sizeof *cd);
+  double *dod = xcalloc(c->no, sizeof *dod), *od = xcalloc(c->no, sizeof *od);
+  double *lsed = xcalloc(c->nl, sizeof *lsed);
+  /* 64-byte aligned: the maps' base addresses must be 16-byte aligned */
+  c->q = rand_e16(c->nq, kt_q_sd(c->scale, w), qd); /* scores with sd 2 */
+  c->c = rand_e16(c->nc, 1, cd);
+  c->dout = rand_e16(c->no, 1, dod);
+  mqa_ref_fwd(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, od, lsed);
+  c->lse = xcalloc(c->nl, sizeof *c->lse);
+  c->delta = xcalloc(c->nl, sizeof *c->delta);
+  for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, float_to_e16(g_fp16, (float)od[i]));
+  for (size_t i = 0; i < c->nl; i++) lsed[i] = c->lse[i] = (float)lsed[i];
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < sq; i++)
+      for (int h = 0; h < H; h++) {
+        const size_t row = ((size_t)b * sq + i) * H + h;
+        double acc = 0;
+        for (int k = 0; k < dc; k++) acc += dod[row * dc + k] * od[row * dc + k];
+        c->delta[((size_t)b * H + h) * sq + i] = (float)acc;
+      }
+  c->r_dc = xcalloc(c->nc, sizeof *c->r_dc);
+  c->f_dc = xcalloc(c->nc, sizeof *c->f_dc);
+  c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
+  c->f_dq = xcalloc(c->nq, sizeof *c->f_dq);
+  mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
+                    g_fp16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
+                    c->r_dc);
+  c->out = xcalloc(c->dq ? c->nq : c->nc, sizeof *c->out);
+  c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
+  memset(c->tmaps, 0, 3 * sizeof(tmap_t));
+  encode_maps(c, s);
+  free(qd), free(cd), free(dod), free(od), free(lsed);
+}
+
+static void case_free(bwd_case *c) {
+  free(c->q), free(c->c), free(c->dout), free(c->out), free(c->lse), free(c->delta);
+  free(c->r_dc), free(c->f_dc), free(c->r_dq), free(c->f_dq), free(c->tmaps);
+}
+
+typedef struct launch_args {
+  const built_kernel *bk;
+  bwd_case *c;
+} launch_args;
+static void thunk(void *p) {
+  launch_args *a = p;
+  bwd_case *c = a->c;
+  a->bk->fn(c->q, c->c, c->dout, c->lse, c->delta, c->out, c->sq, c->sk, c->q_pos0, c->scale,
+            *(const tmaps3_t *)c->tmaps);
+}
+
+/* Launches (dc NaN first) on the executor's default (shuffled) schedule, or seed when not 0
+ * (round robin when rr), with sm_90's shared-memory limit; returns the launch's message in
+ * msg (0: it ran). */
+static int launch_case(const built_kernel *bk, bwd_case *c, unsigned long long seed, int rr,
+                       char *msg, size_t n) {
+  const size_t nout = c->dq ? c->nq : c->nc;
+  for (size_t i = 0; i < nout; i++) c->out[i] = 0x7fff; /* NaN in bf16 and fp16 */
+  mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
+  assert_int_equal(grid.x, c->dq ? ((unsigned)c->sq * (unsigned)c->H + 63) / 64 : ((unsigned)c->sk + 63) / 64);
+  if (grid.x == 0) return 0;
+  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.arch = 90;
+  lo.seed = seed;
+  lo.round_robin = rr;
+  launch_args a = {bk, c};
+  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+}
+
+/* test_mqa_bwd.c's tolerances, per element: |err| <= 2 NOISE_* rms(part) + u |ref| + flip
+ * (mqa_ref.h's bound for P and scale dS elements near a 16-bit rounding boundary). NOISE_*:
+ * the largest noise figure kt_noise_report printed over this file's numeric cases
+ * (MLAGEN_TEST_SEED 21, 22, 23) was dc_kv 4.0e-8, dk_rope 3.9e-8, dq 1.9e-8: fp32 accumulation
+ * order only, so 1e-6 as in test_mqa_bwd.c (three seeds do not size the tail). */
+#define NOISE_DQ 1e-6
+#define NOISE_DC 1e-6
+#define NOISE_DKR 1e-6
+
+/* Compares dc[:, :d_c] and dc[:, d_c:] per element; ratio[i]: their worst err / bound.
+ * Returns the number of NaN outputs; the first failure's message goes to msg. */
+static size_t compare(const bwd_case *c, double ratio[2], char *msg, size_t n) {
+  const size_t w = (size_t)(c->dc + c->dr), krows = (size_t)c->B * c->sk, dc = (size_t)c->dc;
+  const size_t qrows = (size_t)c->B * c->sq * c->H;
+  const int kind = g_fp16 ? KT_F16 : KT_BF16;
+  const double rtol = kt_unit_roundoff(kind);
+  kt_checked k[2];
+  msg[0] = 0;
+  if (c->dq) { /* dq: one part (ratio[1] 0) */
+    k[0] = kt_check_slack("mqa_bwd_dq_sm90 dq", kind, c->out, c->r_dq, c->f_dq, qrows, w, 0, w,
+                          (kt_tol){2 * NOISE_DQ, rtol}, 0);
+    ratio[0] = k[0].r.n ? k[0].r.worst_ratio : 0, ratio[1] = 0;
+    if (k[0].r.n && !cc_ok(&k[0].r)) snprintf(msg, n, "%s", k[0].msg);
+    return (size_t)(k[0].r.worst_ratio == INFINITY);
+  }
+  k[0] = kt_check_slack("mqa_bwd_dkv_sm90 dc_kv", kind, c->out, c->r_dc, c->f_dc, krows, w, 0,
+                        dc, (kt_tol){2 * NOISE_DC, rtol}, 0);
+  k[1] = kt_check_slack("mqa_bwd_dkv_sm90 dk_rope", kind, c->out, c->r_dc, c->f_dc, krows, w,
+                        dc, w, (kt_tol){2 * NOISE_DKR, rtol}, 0);
+  size_t nans = 0;
+  msg[0] = 0;
+  for (int i = 0; i < 2; i++) {
+    ratio[i] = k[i].r.n ? k[i].r.worst_ratio : 0;
+    nans += (size_t)(k[i].r.worst_ratio == INFINITY);
+    if (!msg[0] && k[i].r.n && !cc_ok(&k[i].r)) snprintf(msg, n, "%s", k[i].msg);
+  }
+  return nans;
+}
+
+static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  bwd_case c;
+  case_init(&c, &bk->kh.spec, B, sq, sk, q_pos0);
+  char msg[1024];
+  double t0 = kh_now();
+  if (launch_case(bk, &c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  double r[2];
+  size_t nans = compare(&c, r, msg, sizeof msg);
+  if (c.dq)
+    print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dq %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_mqa_bwd_"), B, sq, sk, q_pos0, r[0], kh_now() - t0);
+  else
+    print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dc_kv %.2f dk_rope %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_mqa_bwd_"), B, sq, sk, q_pos0, r[0], r[1],
+                  kh_now() - t0);
+  if (nans) fail_msg("%zu NaN outputs", nans);
+  if (msg[0]) fail_msg("%s", msg);
+  case_free(&c);
+}
+
+/* DeepSeek's latent (d_c 512, d_r 64: 576/512; the default, 1 stage: 2 do not fit), causal
+ * and not. H 2: S = 1; S = 37 with batch 2 (74 rows: a partial query tile, TMA rows past a
+ * batch item's end read the next one's, masked; 37 keys: a partial key tile); a query shard
+ * at 30 of 50 keys; 70 keys for 5 queries at 0 (causal: the second key tile sees no query,
+ * dc = 0); dq: no keys (dq = 0). H 16: 4 tokens per 64-row tile (the diagonal differs per token). H 128 (V3
+ * without sequence parallelism): 3 queries at 62.. of 65 keys, 6 query tiles through the
+ * one-stage ring. */
+static void deepseek(void) {
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 512, 64, causal);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 1, 1, 1, 0);
+    run_case(&bk, 2, 37, 37, 0);
+    run_case(&bk, 1, 20, 50, 30);
+    if (causal) run_case(&bk, 1, 5, 70, 0);
+    if (g_dq) run_case(&bk, 1, 5, 0, 0); /* no keys: dq = 0 (dkv: no CTA) */
+    kh_free(&bk.kh);
+    s = make_spec(16, 512, 64, causal);
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 1, 13, 13, 0);
+    kh_free(&bk.kh);
+  }
+  mg_kernel_spec s = make_spec(128, 512, 64, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 1, 3, 65, 62);
+  kh_free(&bk.kh);
+}
+
+/* d_c 256, d_r 32 (288/256: 64B-swizzled 32-column boxes; the dK_rope chunk overlaps dC's
+ * last 32 columns), the default (2 stages) causal and not: H 2 at S = 1, S 37 batch 2, a
+ * shard at 50 of 70 keys, 130 keys for 70 queries at 60 (3 key tiles, 3 query tiles around
+ * the ring); H 1 (one row per token); H 5 (tokens straddle query tiles). Then 1 stage, and
+ * fp16. */
+static void dc256(void) {
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_spec(2, 256, 32, causal);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 1, 1, 1, 0);
+    run_case(&bk, 2, 37, 37, 0);
+    run_case(&bk, 1, 20, 70, 50);
+    run_case(&bk, 1, 70, 130, 60);
+    kh_free(&bk.kh);
+  }
+  mg_kernel_spec s = make_spec(1, 256, 32, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 77, 77, 0);
+  kh_free(&bk.kh);
+  s = make_spec(5, 256, 32, 1);
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 29, 29, 0);
+  run_case(&bk, 1, 13, 20, 7);
+  kh_free(&bk.kh);
+  s = make_spec(2, 256, 32, 1);
+  kh_set(&s, "stages=1");
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 37, 100, 63);
+  kh_free(&bk.kh);
+  g_fp16 = 1;
+  s = make_spec(2, 256, 32, 1);
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 37, 77, 40);
+  kh_free(&bk.kh);
+  g_fp16 = 0;
+}
+
+/* Deterministic by construction: round robin and two shuffled schedules give the same bits
+ * (288/256, H 2, causal, batch 2, 3 query tiles through the 2-stage ring). */
+static void schedules_bit_identical(void) {
+  mg_kernel_spec s = make_spec(2, 256, 32, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  bwd_case c;
+  case_init(&c, &s, 2, 80, 100, 20);
+  const size_t nout = c.dq ? c.nq : c.nc;
+  e16 *d0 = malloc(nout * sizeof *d0);
+  char msg[1024];
+  for (int k = 0; k < 3; k++) {
+    if (launch_case(&bk, &c, (unsigned long long)k * 7, k == 0, msg, sizeof msg))
+      fail_msg("launch: %s", msg);
+    if (k == 0) {
+      double r[2];
+      if (compare(&c, r, msg, sizeof msg) || msg[0]) fail_msg("round robin: %s", msg);
+      memcpy(d0, c.out, nout * sizeof *d0);
+    } else if (memcmp(d0, c.out, nout * sizeof *d0)) {
+      fail_msg("schedule seed %d gives other bits than round robin", k * 7);
+    }
+  }
+  print_message("  %s: round robin and seeds 7, 14: %s bit-identical\n", bk.kh.name, c.dq ? "dq" : "dc");
+  free(d0);
+  case_free(&c);
+  kh_free(&bk.kh);
+}
+
+static const edit muts_dkv[] = {
+    {"mbar_wait(&empty[st], ph ^ 1u);", ""},
+    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""},
+    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""},
+    {"wgmma_wait<0>();  // MUTATION: S wait", ""},
+    {"if (j > 0) bar_sync(BAR_FREE, 256);", ""},
+    {"bar_arrive(BAR_P, 256);", ""},
+    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0", ""},
+    {"wgmma_wait<0>();  // MUTATION: dP wait", ""},
+    {"bar_sync(BAR_P, 256);", ""},
+    {"bar_sync(BAR_READ, 128);", ""},
+    {"fence_proxy_async();", ""},
+    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1", ""},
+    {"wgmma_wait<0>();  // MUTATION: B wait 0", ""},
+    {"wgmma_wait<0>();  // MUTATION: B wait 1", ""},
+    {"if (j + 1 < n_iter) bar_arrive(BAR_FREE, 256);", ""},
+    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
+    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""},
+    {"!(CAUSAL && key > q_pos0 + row / H)", "true"},
+    {"key > q_pos0 + row / H", "key > q_pos0 + row    "},
+    {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
+};
+
+static const edit muts_dq[] = {
+    {"mbar_wait(&empty[st], ph ^ 1u);", ""},
+    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""},
+    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""},
+    {"wgmma_wait<0>();  // MUTATION: S wait", ""},
+    {"if (j > 0) bar_sync(BAR_FREE, 256);", ""},
+    {"bar_arrive(BAR_P, 256);", ""},
+    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0", ""},
+    {"wgmma_wait<0>();  // MUTATION: dP wait", ""},
+    {"bar_sync(BAR_P, 256);", ""},
+    {"bar_sync(BAR_READ, 128);", ""},
+    {"fence_proxy_async();", ""},
+    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1", ""},
+    {"wgmma_wait<0>();  // MUTATION: B wait 0", ""},
+    {"wgmma_wait<0>();  // MUTATION: B wait 1", ""},
+    {"if (j + 1 < n_tiles) bar_arrive(BAR_FREE, 256);", ""},
+    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
+    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""},
+    {"(CAUSAL && key > q_pos0 + row / H)", "false"},
+    {"key > q_pos0 + row / H", "key > q_pos0 + row    "},
+    {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
+};
+
+/* The default run's sample (indices into muts_dkv / muts_dq; every mutation with
+ * MLAGEN_TEST_EXHAUSTIVE=1, ctest -C exhaustive): every kind of barrier, wait and fence at
+ * least once across the two mirrored kernels (same names, same protocol). dkv: the
+ * producer's empty mbarrier wait, the S wgmma wait, the P named-barrier arrive, the
+ * warpgroup-internal READ bar.sync, the proxy fence; dq: the consumers' full mbarrier wait,
+ * the DS bar.sync, a consumer's empty mbarrier arrive. */
+static const int sample_dkv[] = {0, 3, 5, 9, 10};
+static const int sample_dq[] = {1, 6, 15};
+
+static void mutations(const edit *muts, size_t n, const int *sample, size_t n_sample, int sq,
+                      int sk, int q_pos0) {
+  const int all = kh_sweep_exhaustive();
+  print_message("  %s: %zu of %zu mutations\n", all ? "exhaustive" : "sample", all ? n : n_sample, n);
+  for (size_t i = 0; i < (all ? n : n_sample); i++) {
+    const size_t m = all ? i : (size_t)sample[i];
+    mg_kernel_spec s = make_spec(2, 256, 32, 1);
+    kh_set(&s, m + 1 < n ? "stages=2" : "stages=1");
+    built_kernel bk;
+    build_edit(&s, &muts[m], &bk);
+    bwd_case c;
+    case_init(&c, &s, 1, sq, sk, q_pos0);
+    /* schedules m + 1, ... until one catches it (at most 8) */
+    char msg[1024];
+    const char *how = NULL;
+    unsigned long long seed = 0;
+    for (int k = 0; k < 8 && !how; k++) {
+      seed = m + 1 + 100ull * (unsigned long long)k;
+      if (launch_case(&bk, &c, seed, 0, msg, sizeof msg)) {
+        how = "launch reported";
+      } else {
+        double r[2];
+        kt_noise_quiet = 1;
+        size_t nans = compare(&c, r, msg, sizeof msg);
+        kt_noise_quiet = 0;
+        if (nans || msg[0]) how = nans ? "NaN outputs" : "check failed";
+      }
+    }
+    if (!how) fail_msg("removing '%s' was not caught on 8 schedules", muts[m].from);
+    print_message("  without '%s' (seed %llu): %s: %.120s\n", muts[m].from, seed, how, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+}
+
+
+/* Each removal of a barrier, wait or fence from the rendered source (288/256, H 2, causal,
+ * 2 stages; 96 queries at 32 of 128 keys: 2 key tiles, 3 query tiles around the ring) must
+ * make the check fail or the launch be reported (a deadlock, a wgmma or named-barrier
+ * protocol error) on one of at most 8 schedule seeds (m + 1 + 100 k: a race shows on some
+ * schedules only); the producer's empty wait on 1 stage too (every tile reuses the stage). Two numeric mutations too: the causal mask dropped, and the
+ * diagonal taken per packed row instead of per token. The default run tries sample_dkv's
+ * (sample_dq's for dq), ctest -C exhaustive all of them. */
+static void test_mutations_caught(void **state) {
+  (void)state;
+  mutations(muts_dkv, sizeof muts_dkv / sizeof muts_dkv[0], sample_dkv,
+            sizeof sample_dkv / sizeof sample_dkv[0], 96, 128, 32);
+}
+/* The same for mqa_bwd_dq_sm90 (96 queries at 104 of 200 keys: 3 row tiles, 4 key tiles
+ * around the 2-stage ring). */
+static void test_dq_mutations_caught(void **state) {
+  (void)state;
+  g_dq = 1;
+  mutations(muts_dq, sizeof muts_dq / sizeof muts_dq[0], sample_dq,
+            sizeof sample_dq / sizeof sample_dq[0], 96, 200, 104);
+  g_dq = 0;
+}
+
+static void test_deepseek(void **state) { (void)state; deepseek(); }
+static void test_dc256(void **state) { (void)state; dc256(); }
+static void test_schedules_bit_identical(void **state) { (void)state; schedules_bit_identical(); }
+/* mqa_bwd_dq_sm90 on the same cases (its grid: 64 packed query rows per CTA). */
+static void test_dq_deepseek(void **state) { (void)state; g_dq = 1; deepseek(); g_dq = 0; }
+static void test_dq_dc256(void **state) { (void)state; g_dq = 1; dc256(); g_dq = 0; }
+static void test_dq_schedules_bit_identical(void **state) {
+  (void)state;
+  g_dq = 1;
+  schedules_bit_identical();
+  g_dq = 0;
+}
+
+/* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
+ * no stack frame and no static shared memory: the candidates are both kernels, DeepSeek-V3
+ * (H 128, 576/512) and the d_c 256 shape (H 40, 288/256), bf16 and fp16, causal and not,
+ * every stages value; the default run compiles kh_sweep_cover's covering sample of the kept
+ * ones (every pair of factor values, plus the largest shared memory), ctest -C exhaustive
+ * all of them; registers and shared memory printed. */
+static void test_nvrtc_kept_configs(void **state) {
+  (void)state;
+  kh_sweep sw;
+  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  sw.max_smem = 227 * 1024;
+  mg_kernel_spec cands[40];
+  int nc = 0;
+  for (int fam = 0; fam < 2; fam++)
+    for (int sh = 0; sh < 2; sh++)
+      for (int f16 = 0; f16 < 2; f16++)
+        for (int causal = 0; causal < 2; causal++)
+          for (int st = 1; st <= (fam ? 3 : 2); st++) { /* dq: stages {1, 2, 3}; dkv: {1, 2} */
+            char a[16];
+            snprintf(a, sizeof a, "stages=%d", st);
+            g_fp16 = f16, g_dq = fam;
+            cands[nc] = sh == 0 ? make_spec(128, 512, 64, causal) : make_spec(40, 256, 32, causal);
+            kh_set(&cands[nc++], a);
+          }
+  const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
+  g_dq = 0;
+  g_fp16 = 0;
+  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
+                kh_now() - sw.t0);
+  assert_true(kept >= 28); /* 40 candidates, 12 over the shared-memory limit */
+  kh_sweep_close(&sw);
+}
+
+/* Rejections: 2 stages at 576/512 (shared memory); d_c not a multiple of 64. */
+static void test_check_rejects(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel k;
+  mg_kernel_spec s = make_spec(128, 512, 64, 1);
+  kh_set(&s, "stages=2");
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "bytes of shared memory"));
+  print_message("  %s\n", mg_diag_msg(&d));
+  s = make_spec(16, 160, 32, 1);
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "d_c must be a multiple of 64"));
+  print_message("  %s\n", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  mg_gen_close(g);
+}
+
+static int report_worst(void **state) {
+  (void)state;
+  kt_noise_report();
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  kt_seed_init();
+  int rc = kh_test_main(argc, argv, NULL);
+  if (rc >= 0) return rc;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_deepseek),
+      cmocka_unit_test(test_dc256),
+      cmocka_unit_test(test_schedules_bit_identical),
+      cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_dq_deepseek),
+      cmocka_unit_test(test_dq_dc256),
+      cmocka_unit_test(test_dq_schedules_bit_identical),
+      cmocka_unit_test(test_dq_mutations_caught),
+      cmocka_unit_test(test_check_rejects),
+      cmocka_unit_test(test_nvrtc_kept_configs),
+  };
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+}
