@@ -99,11 +99,19 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
       status = CLI_FAIL;
       break;
     }
-    if (mg_tune_resolved_config(g, &chosen, &cfg, &d)) {
+    int krc = mg_tune_resolved_config(g, &chosen, &cfg, &d);
+    if (krc == MLAGEN_EINVAL) {
       /* the template refuses this shape: say so in place of a configuration */
       printf("  %-14s %-10s (no kernel: %s)\n", specs[i].family,
              specs[i].causal ? "causal" : "non-causal", mg_diag_msg(&d));
       mg_diag_clear(&d);
+      continue;
+    }
+    if (krc) { /* a template error or a resource failure: not an answer, a failure */
+      cli_error("%s (%s): %s", specs[i].family, specs[i].causal ? "causal" : "non-causal",
+                mg_diag_msg(&d));
+      mg_diag_clear(&d);
+      status = CLI_FAIL;
       continue;
     }
     char text[256];
