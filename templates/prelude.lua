@@ -130,13 +130,10 @@ function param_list(params, indent)
   return table.concat(out, ",\n" .. (indent or "    "))
 end
 
--- Shared memory per block, bytes: the opt-in dynamic maximum of each architecture (CUDA
--- C++ Programming Guide, technical specifications per compute capability), and the cap on
--- static __shared__ arrays, the same on every one.
-local smem_optin = {
-  sm_70 = 96 * 1024, sm_75 = 64 * 1024, sm_80 = 163 * 1024, sm_86 = 99 * 1024,
-  sm_87 = 163 * 1024, sm_89 = 99 * 1024, sm_90 = 227 * 1024, sm_90a = 227 * 1024,
-}
+-- Shared memory per block, bytes: the opt-in dynamic maximum of each architecture is
+-- generator/gen/mg_arch.h's, which the generator hands in as arch_smem_optin(name) (an
+-- input error for an architecture it does not list); the cap on static __shared__ arrays
+-- is the same on every one.
 SMEM_STATIC_LIMIT = 48 * 1024
 
 -- The dynamic shared memory a kernel may use on arch (a name such as "sm_90a"). Without one:
@@ -144,15 +141,11 @@ SMEM_STATIC_LIMIT = 48 * 1024
 -- most sm_80's 163 KiB, which is also the limit of a spec for no arch in particular (it is
 -- compiled for sm_80 and sm_90a alike). The cap keeps the portable families' sm_90a
 -- configurations those that were measured; a family written for one arch passes it
--- (attn_fwd_sm90: smem_limit("sm_90a"), 227 KiB). The values are generator/gen/mg_arch.h's
--- (test_tune checks them).
+-- (attn_fwd_sm90: smem_limit("sm_90a"), 227 KiB).
 function smem_limit(arch)
-  local function of(a)
-    return smem_optin[a] or error("no shared-memory limit for arch '" .. tostring(a) .. "'", 3)
-  end
-  if arch then return of(arch) end
+  if arch then return arch_smem_optin(arch) end
   local target = spec and spec.arch ~= nil and spec.arch ~= "" and spec.arch or "sm_80"
-  return math.min(of(target), of("sm_80"))
+  return math.min(arch_smem_optin(target), arch_smem_optin("sm_80"))
 end
 
 -- The opening of a kernel: its signature, from the kernel{} record (threads: the C

@@ -116,13 +116,16 @@ static inline kt_qpos kt_qpos_lagacp(int P, int r, int a, int b) {
 /* The two-chunk cases the attention kernel tests run: rank r of P with chunks of a and b
  * rows (S_q = a + b queries over S_k = P (a + b) keys). a and b are not multiples of any
  * block_m, so a CTA (and a warp) straddles the chunks: P = 2 ranks 0 and 1 (rank 1's
- * chunks are adjacent, q_pos1 = q_pos0 + q_split), P = 3 rank 1. *out: the table; returns
- * its length. */
+ * chunks are adjacent, q_pos1 = q_pos0 + q_split), P = 3 rank 1. And P = 2 rank 0 with chunks
+ * of 33 and 32 (S_q 65, S_k 130: q_pos1 98): the key tile at 128 is first seen by row 63, one
+ * before a multiple of every block_m, where QueryPos::first_row_at's second branch (rows
+ * past the split) decides which query block a dK/dV CTA starts from. *out: the table;
+ * returns its length. */
 typedef struct kt_two_chunk {
   int P, r, a, b;
 } kt_two_chunk;
 static inline int kt_two_chunk_cases(const kt_two_chunk **out) {
-  static const kt_two_chunk cases[] = {{2, 0, 37, 45}, {2, 1, 37, 45}, {3, 1, 29, 40}};
+  static const kt_two_chunk cases[] = {{2, 0, 37, 45}, {2, 1, 37, 45}, {3, 1, 29, 40}, {2, 0, 33, 32}};
   *out = cases;
   return (int)(sizeof cases / sizeof cases[0]);
 }

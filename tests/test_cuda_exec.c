@@ -400,9 +400,22 @@ static void test_sm90_family(void **state) {
   mg_plan_args a = {.shape = &sh, .form = MG_FORM_EXPLICIT, .sp = 1, .batch = 2, .seq = 33,
                     .causal = 1, .dtype = MG_BF16};
   assert_int_equal(mg_plan_build(plan, &a, &d), 0);
-  for (int v = 0; v < 4; v++) { /* drv; none; MLAGEN_MMA_SYNC=1; the mma_sync option */
+  /* MLAGEN_MMA_SYNC: any other value than on/off words is refused, naming the accepted */
+  setenv("MLAGEN_MMA_SYNC", "sometimes", 1);
+  {
+    mg_cuda_exec_opts eo = {.gen = g, .tune_dir = dir};
+    mg_cuda_exec *x = NULL;
+    h->base.drv = drv;
+    assert_int_equal(mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d), MLAGEN_EINVAL);
+    assert_non_null(strstr(mg_diag_msg(&d), "MLAGEN_MMA_SYNC=sometimes: expected 1, true, yes or on"));
+    assert_null(x);
+    mg_diag_clear(&d);
+  }
+  setenv("MLAGEN_MMA_SYNC", "Off", 1); /* off: the device's family, as unset (v = 0) */
+  for (int v = 0; v < 5; v++) { /* drv; none; MLAGEN_MMA_SYNC=1; the mma_sync option; =Yes */
     h->base.drv = v == 1 ? NULL : drv;
     if (v == 2) setenv("MLAGEN_MMA_SYNC", "1", 1);
+    if (v == 4) setenv("MLAGEN_MMA_SYNC", "Yes", 1);
     mg_cuda_exec_opts eo = {.gen = g, .tune_dir = dir, .mma_sync = v == 3};
     mg_cuda_exec *x = NULL;
     if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));

@@ -480,6 +480,61 @@ static void test_manifest(void **state) {
 
 /* A model whose d_n = d_v = d_c (so the absorbed backward's delta kernel is the explicit
  * one) and whose ranks hold one LAGA-F group: every spec, hence every kernel name, once. */
+/* mg_spec_for_plan lists every attention, K/V expansion and dK/dV split kernel each form's
+ * plan launches at that P, at the heads the CUDA executor asks for (mg_cuda_exec.c: the
+ * q buffer's heads, the expanded buffer's): laga-cp's group heads (H / its default groups,
+ * at any P) and laga-f's included. deepseek-v2-lite at P = 4: laga-cp attends 2 heads,
+ * laga-f 1, Ulysses 4. */
+static void test_specs_cover_plans(void **state) {
+  (void)state;
+  static const char *const models[] = {"deepseek-v2-lite", "deepseek-v3", NULL};
+  static const int sps[] = {1, 2, 4, 8};
+  mg_plan *p = malloc(sizeof *p);
+  assert_non_null(p);
+  for (int m = 0; m < 3; m++) {
+    mg_shape shape;
+    load_shape(models[m], &shape);
+    for (size_t si = 0; si < sizeof sps / sizeof *sps; si++) {
+      const int P = sps[si];
+      if (shape.heads % P) continue;
+      mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
+      int n = 0;
+      mg_diag d = MG_DIAG_INIT;
+      if (mg_spec_for_plan(&shape, P, 0, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d))
+        fail_msg("%s", mg_diag_msg(&d));
+      int checked = 0;
+      for (int f = 0; f < MG_FORM_COUNT; f++)
+        for (int causal = 0; causal < 2; causal++) {
+          const mg_plan_args a = {.shape = &shape, .form = (mg_form)f, .sp = P, .batch = 1,
+                                  .seq = 4 * P, .causal = causal, .dtype = MG_BF16};
+          if (mg_plan_build(p, &a, &d)) fail_msg("form %d P %d: %s", f, P, mg_diag_msg(&d));
+          for (int i = 0; i < p->n_steps; i++) {
+            const mg_step *st = &p->steps[i];
+            if (st->kind != MG_STEP_KERNEL ||
+                (st->op != MG_OP_ATTN_FWD && st->op != MG_OP_ATTN_BWD &&
+                 st->op != MG_OP_EXPAND_KV && st->op != MG_OP_SPLIT_DKV))
+              continue;
+            const int heads = (int)p->bufs[st->in[0]].dims[2];
+            for (int k = 0; k < MG_SPEC_OP_FAMILIES && mg_op_family(st->op, k); k++) {
+              int found = 0;
+              for (int j = 0; j < n && !found; j++)
+                found = !strcmp(specs[j].family, mg_op_family(st->op, k)) &&
+                        specs[j].heads == heads && specs[j].causal == causal &&
+                        specs[j].d_n == shape.qk_nope_head_dim;
+              if (!found)
+                fail_msg("%s P %d form %d: step %d (%s) needs %s at %d heads, %s: not listed",
+                         models[m] ? models[m] : "unusual", P, f, i, st->label,
+                         mg_op_family(st->op, k), heads, causal ? "causal" : "non-causal");
+              checked++;
+            }
+          }
+        }
+      assert_true(checked > 0);
+    }
+  }
+  free(p);
+}
+
 static void test_specs_unique(void **state) {
   (void)state;
   const char *json =
@@ -605,6 +660,7 @@ int main(void) {
   if (filter) cmocka_set_test_filter(filter);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_specs_unique),
+      cmocka_unit_test(test_specs_cover_plans),
       cmocka_unit_test(test_spec_errors),
       cmocka_unit_test(test_tunable_overrides),
       cmocka_unit_test(test_template_hash_and_override),

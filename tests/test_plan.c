@@ -396,7 +396,16 @@ static void test_checker(void **state) {
   const int co = find_step(&plan, MG_STEP_KERNEL, MG_OP_CHUNK_ORDER);
   bad = plan;
   bad.steps[cf].q_pos1 = 64 - 1; /* the second chunk's 8 rows would pass S */
-  expect_bad(cf, "query positions");
+  expect_bad(cf, "the second chunk ends at q_pos1 + (rows - q_split) = ");
+  bad = plan; /* each bound named */
+  bad.steps[cf].q_pos1 = bad.steps[cf].q_pos0 + bad.steps[cf].q_split - 1;
+  expect_bad(cf, "q_pos1 must be >= q_pos0 + q_split");
+  bad = plan;
+  bad.steps[cf].q_split = -1;
+  expect_bad(cf, "q_split must be in [0, ");
+  bad = plan;
+  bad.steps[cf].q_pos0 = 64 - 1, bad.steps[cf].q_pos1 = 64 + 8;
+  expect_bad(cf, "the first chunk ends at q_pos0 + q_split = ");
   bad = plan;
   bad.steps[cf].q_pos0 = bad.steps[cf].q_split = bad.steps[cf].q_pos1 = 0;
   expect_bad(cf, "covers 16 tokens, the attention needs all S = 64");

@@ -121,11 +121,10 @@ static void test_arch_limits(void **state) {
 }
 
 /* The templates' shared-memory limits (prelude.lua's smem_limit, which every template's
- * check uses) are generator/gen/mg_arch.h's, the table the tuner and the host executor
- * read: for every arch the prelude knows, with and without the a suffix, and at least
- * sm_80, sm_86, sm_89, sm_90a. (The prelude keeps its own copy: moving it into the
- * generator changes the prelude and so every family's template hash, voiding every tuned
- * entry until tuned/rehash.py moves them; this test keeps the two from drifting.) */
+ * check uses) are generator/gen/mg_arch.h's, the one table the tuner and the host executor
+ * read, handed to the templates as arch_smem_optin (generator/gen/mg_lua.c): every arch it
+ * lists, with and without the a and f suffixes, has its limit (none missing: a missing one
+ * fails every plan on that device), and an unknown name is an input error, no traceback. */
 static void test_prelude_smem_limits(void **state) {
   (void)state;
   mg_diag d = MG_DIAG_INIT;
@@ -138,22 +137,31 @@ static void test_prelude_smem_limits(void **state) {
   if (mg_lua_run(L, src, len, "@prelude.lua", 0, &d)) fail_msg("%s", mg_diag_msg(&d));
   int known = 0, core = 0;
   for (int i = 0; i < MG_ARCH_COUNT; i++)
-    for (int a = 0; a < 2; a++) {
+    for (int a = 0; a < 3; a++) {
       char chunk[64];
-      snprintf(chunk, sizeof chunk, "return smem_limit('sm_%d%s')", mg_arch_table[i].sm, a ? "a" : "");
-      if (mg_lua_run(L, chunk, strlen(chunk), "=check", 1, &d)) { /* not in the prelude */
-        mg_diag_clear(&d);
-        continue;
-      }
+      snprintf(chunk, sizeof chunk, "return smem_limit('sm_%d%s')", mg_arch_table[i].sm,
+               a == 1 ? "a" : a == 2 ? "f" : "");
+      if (mg_lua_run(L, chunk, strlen(chunk), "=check", 1, &d))
+        fail_msg("%s: %s", chunk, mg_diag_msg(&d));
       const long v = (long)lua_tointeger(mg_lua_state(L), -1);
       lua_pop(mg_lua_state(L), 1);
       if (v != mg_arch_table[i].smem)
         fail_msg("%s: prelude.lua %ld bytes, mg_arch.h %ld", chunk, v, mg_arch_table[i].smem);
       known++;
       const int sm = mg_arch_table[i].sm;
-      core += (sm == 80 && !a) || (sm == 86 && !a) || (sm == 89 && !a) || (sm == 90 && a);
+      core += (sm == 80 && a == 0) || (sm == 86 && a == 0) || (sm == 89 && a == 0) ||
+              (sm == 90 && a == 1) || (sm == 100 && a == 0);
     }
-  assert_int_equal(core, 4);
+  static const char *const bad[] = {"sm_999", "sm_91", "sm_90x", "sm_", "gfx90a", "sm_9"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char chunk[64];
+    snprintf(chunk, sizeof chunk, "return smem_limit('%s')", bad[i]);
+    assert_int_equal(mg_lua_run(L, chunk, strlen(chunk), "=check", 1, &d), MLAGEN_EINVAL);
+    if (!strstr(mg_diag_msg(&d), "unknown GPU architecture") || strstr(mg_diag_msg(&d), "traceback"))
+      fail_msg("%s: %s", chunk, mg_diag_msg(&d));
+    mg_diag_clear(&d);
+  }
+  assert_int_equal(core, 5);
   print_message("  %d prelude limits equal mg_arch.h's\n", known);
   mg_lua_close(L);
   free(src);

@@ -108,6 +108,11 @@ int cli_prepare_rendered(const cli_opts *o, const char *arch, mg_shape *shape,
  * executor falls back. Returns mg_gen_kernel's status (d says why). */
 int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg_diag *d);
 
+/* 1 when specs[i] equals one of specs[0..i) (as cli_render left them): a fallback that is a
+ * kernel already listed (attn_fwd_sm90 refusing the shape next to a requested attn_fwd),
+ * which generate and compile skip; else 0. */
+int cli_spec_seen(const mg_kernel_spec *specs, int i);
+
 /* Prints "mlagen: <msg>" to stderr (the message may hold several lines). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

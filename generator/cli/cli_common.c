@@ -389,3 +389,9 @@ int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg
   if ((rc = apply_sets(o, s, d))) return rc;
   return mg_gen_kernel(g, s, k, d);
 }
+
+int cli_spec_seen(const mg_kernel_spec *specs, int i) {
+  for (int j = 0; j < i; j++)
+    if (memcmp(&specs[j], &specs[i], sizeof specs[i]) == 0) return 1;
+  return 0;
+}

@@ -99,6 +99,10 @@ int cli_compile(int argc, char **argv) {
         usage = rc == MLAGEN_EINVAL;
         continue;
       }
+      if (cli_spec_seen(specs, i)) { /* an arch family's fallback to a kernel already listed */
+        mg_kernel_free(&k);
+        continue;
+      }
       mg_jit_opts jo = {.arch = archs[a], .cache_dir = o.cache_dir, .no_cache = o.no_cache,
                         .template_hash = mg_gen_template_hash(g), .headers = hdr,
                         .n_headers = n_hdr};

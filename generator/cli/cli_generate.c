@@ -64,8 +64,11 @@ int cli_generate(int argc, char **argv) {
   mg_diag d = MG_DIAG_INIT;
   mg_kernel kernels[MG_SPEC_MAX_KERNELS];
   int made = 0;
-  for (; !rc && made < n; made++) rc = cli_render(&o, g, &specs[made], &kernels[made], &d);
-  if (rc) made--; /* the failed one holds nothing */
+  for (int i = 0; !rc && i < n; i++) {
+    rc = cli_render(&o, g, &specs[i], &kernels[made], &d);
+    if (!rc && cli_spec_seen(specs, i)) mg_kernel_free(&kernels[made]); /* a fallback listed */
+    else if (!rc) made++;
+  }
   if (!rc) rc = mg_gen_write(g, &shape, o.sp, kernels, made, o.out, &d);
   if (!rc) {
     for (int i = 0; i < made; i++) printf("%s/%s\n", o.out, kernels[i].file);

@@ -100,11 +100,19 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
       status = CLI_FAIL;
       break;
     }
-    if (mg_tune_resolved_config(g, &chosen, &cfg, &d)) {
+    int krc = mg_tune_resolved_config(g, &chosen, &cfg, &d);
+    if (krc == MLAGEN_EINVAL) {
       /* the template refuses this shape: say so in place of a configuration */
       printf("  %-14s %-10s (no kernel: %s)\n", specs[i].family,
              specs[i].causal ? "causal" : "non-causal", mg_diag_msg(&d));
       mg_diag_clear(&d);
+      continue;
+    }
+    if (krc) { /* a template error or a resource failure: not an answer, a failure */
+      cli_error("%s (%s): %s", specs[i].family, specs[i].causal ? "causal" : "non-causal",
+                mg_diag_msg(&d));
+      mg_diag_clear(&d);
+      status = CLI_FAIL;
       continue;
     }
     char text[256];
@@ -135,6 +143,28 @@ static double field(const mg_plan_cost *c, int i) {
     case 7: return c->gemm_flops_fwd;
     default: return c->gemm_flops_bwd;
   }
+}
+
+/* Each figure of *c raised to that of *x when larger. */
+static void max_cost(mg_plan_cost *c, const mg_plan_cost *x) {
+  int64_t *w[] = {&c->sent_fwd, &c->sent_bwd, &c->saved, &c->peak_fwd, &c->peak_bwd};
+  const int64_t v[] = {x->sent_fwd, x->sent_bwd, x->saved, x->peak_fwd, x->peak_bwd};
+  double *wd[] = {&c->attn_flops_fwd, &c->attn_flops_bwd, &c->gemm_flops_fwd, &c->gemm_flops_bwd};
+  const double vd[] = {x->attn_flops_fwd, x->attn_flops_bwd, x->gemm_flops_fwd, x->gemm_flops_bwd};
+  for (int i = 0; i < 5; i++)
+    if (v[i] > *w[i]) *w[i] = v[i];
+  for (int i = 0; i < 4; i++)
+    if (vd[i] > *wd[i]) *wd[i] = vd[i];
+}
+
+/* Each figure of *t raised to that of *x when larger. */
+static void max_time(mg_plan_time *t, const mg_plan_time *x) {
+  double *w[] = {&t->fwd_s, &t->bwd_s, &t->compute_fwd_s, &t->compute_bwd_s, &t->comm_fwd_s,
+                 &t->comm_bwd_s, &t->flops_fwd, &t->flops_bwd, &t->hbm_fwd, &t->hbm_bwd};
+  const double v[] = {x->fwd_s, x->bwd_s, x->compute_fwd_s, x->compute_bwd_s, x->comm_fwd_s,
+                      x->comm_bwd_s, x->flops_fwd, x->flops_bwd, x->hbm_fwd, x->hbm_bwd};
+  for (int i = 0; i < 10; i++)
+    if (v[i] > *w[i]) *w[i] = v[i];
 }
 
 static const row rows[] = {
@@ -260,6 +290,24 @@ int cli_plan(int argc, char **argv) {
     }
     mg_plan_cost_of(&plans[f], &cost[f]);
     mg_plan_time_of(&plans[f], &dev, &tm[f]);
+    /* laga-cp's ranks differ (causal: rank r's chunks r and 2P - 1 - r see different key
+     * counts, unevenly when S / P is odd): each figure is its maximum over the ranks, the
+     * slowest rank's time (the other forms' ranks are alike) */
+    for (int r = 1; f == MG_FORM_LAGA_CP && r < o.sp; r++) {
+      static mg_plan pr;
+      mg_plan_cost c;
+      mg_plan_time t;
+      a.rank = r;
+      if (mg_plan_build(&pr, &a, &d)) {
+        cli_error("%s", mg_diag_msg(&d));
+        mg_diag_clear(&d);
+        return CLI_FAIL;
+      }
+      mg_plan_cost_of(&pr, &c);
+      mg_plan_time_of(&pr, &dev, &t);
+      max_cost(&cost[f], &c);
+      max_time(&tm[f], &t);
+    }
   }
   mg_diag_clear(&d);
   const int best = fastest_fitting(ok, cost, tm, mem);
@@ -319,6 +367,9 @@ int cli_plan(int argc, char **argv) {
            plans[MG_FORM_LAGA_F].heads_local / plans[MG_FORM_LAGA_F].args.head_groups);
   printf("; laga-cp in %d head groups of %d heads\n", plans[MG_FORM_LAGA_CP].args.head_groups,
          plans[MG_FORM_LAGA_CP].heads_local / plans[MG_FORM_LAGA_CP].args.head_groups);
+  if (o.sp > 1)
+    printf("laga-cp: each figure is its maximum over the %d ranks (the slowest rank's; they "
+           "differ when S / P is odd)\n", o.sp);
   if (why_na[0]) printf("n/a: %s\n", why_na);
   printf("%-22s", "");
   for (int f = 0; f < MG_FORM_COUNT; f++) printf(" %18s", mg_form_name((mg_form)f));

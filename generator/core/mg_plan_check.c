@@ -161,17 +161,30 @@ static int attention(const chk *c, const mg_shape *sh) {
   NEED(q->ndim == 4, "%s must be [B, S, H, d]", q->name);
   const int64_t B = q->dims[0], Sq = q->dims[1], H = q->dims[2], S = c->p->args.seq;
   const int positions = s->q_pos0 || s->q_split || s->q_pos1;
-  if (positions) {
-    const int64_t Sl = c->p->seq_local;
-    NEED(!mqa && c->p->args.form == MG_FORM_LAGA_CP && Sq == Sl && s->q_split >= 0 &&
-             s->q_split <= Sq && s->q_pos0 >= 0 && s->q_pos1 >= s->q_pos0 + s->q_split &&
-             (s->q_split == 0 || s->q_pos0 + s->q_split <= S) &&
-             (s->q_split == Sq || s->q_pos1 + (Sq - s->q_split) <= S),
-         "query positions (q_pos0 %lld, q_split %lld, q_pos1 %lld) of %s's %lld rows: only "
-         "laga-cp's explicit attention places S / P rows at increasing positions inside "
-         "[0, S = %lld)",
-         (long long)s->q_pos0, (long long)s->q_split, (long long)s->q_pos1, q->name, (long long)Sq,
-         (long long)S);
+  if (positions) { /* the first bound that fails, named */
+    const long long Sl = c->p->seq_local, p0 = s->q_pos0, sp = s->q_split, p1 = s->q_pos1;
+    const long long rows = Sq, end0 = p0 + sp, end1 = p1 + (rows - sp);
+    char why[160] = "";
+    if (mqa || c->p->args.form != MG_FORM_LAGA_CP)
+      snprintf(why, sizeof why, "only laga-cp's explicit attention places S / P rows at "
+               "increasing positions inside [0, S = %lld)", (long long)S);
+    else if (rows != Sl)
+      snprintf(why, sizeof why, "laga-cp's attention takes S / P = %lld rows, not %lld", Sl, rows);
+    else if (sp < 0 || sp > rows)
+      snprintf(why, sizeof why, "q_split must be in [0, %lld] (the rows)", rows);
+    else if (p0 < 0)
+      snprintf(why, sizeof why, "q_pos0 must be >= 0");
+    else if (p1 < end0)
+      snprintf(why, sizeof why, "q_pos1 must be >= q_pos0 + q_split = %lld (increasing "
+               "positions)", end0);
+    else if (sp > 0 && end0 > S)
+      snprintf(why, sizeof why, "the first chunk ends at q_pos0 + q_split = %lld, past S = %lld",
+               end0, (long long)S);
+    else if (sp < rows && end1 > S)
+      snprintf(why, sizeof why, "the second chunk ends at q_pos1 + (rows - q_split) = %lld, "
+               "past S = %lld", end1, (long long)S);
+    NEED(!why[0], "query positions (q_pos0 %lld, q_split %lld, q_pos1 %lld) of %s's %lld rows: %s",
+         p0, sp, p1, q->name, rows, why);
   } else {
     NEED(Sq == S, "%s covers %lld tokens, the attention needs all S = %lld (or query "
          "positions)", q->name, (long long)Sq, (long long)S);

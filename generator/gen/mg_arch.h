@@ -2,8 +2,8 @@
  * block may use (static + dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize; CUDA C++
  * Programming Guide, "Technical Specifications per Compute Capability") and the residency
  * limits the tuner's occupancy pruning uses. Read by the tuner (generator/gen/mg_tune.c),
- * the templates (the Lua state's SMEM_OPTIN, set by generator/gen/mg_lua.c, which
- * prelude.lua's smem_limit reads) and the host executor's launch check
+ * the templates (the Lua state's arch_smem_optin(name), set by generator/gen/mg_lua.c, which
+ * prelude.lua's smem_limit calls) and the host executor's launch check
  * (tests/host/cuda_host.cpp). Header only, C and C++. */
 #ifndef MG_ARCH_H
 #define MG_ARCH_H
@@ -34,5 +34,17 @@ static inline const mg_arch_facts *mg_arch_find(int sm) {
   for (int i = 0; i < MG_ARCH_COUNT; i++)
     if (mg_arch_table[i].sm == sm) return &mg_arch_table[i];
   return 0;
+}
+
+/* The facts of an architecture name: "sm_" then the compute capability's digits (major *
+ * 10 + minor), optionally one feature suffix "a" or "f" ("sm_80", "sm_90a", "sm_100f"); NULL
+ * for anything else or an architecture not listed. */
+static inline const mg_arch_facts *mg_arch_named(const char *name) {
+  if (!name || name[0] != 's' || name[1] != 'm' || name[2] != '_') return 0;
+  const char *p = name + 3;
+  int sm = 0, digits = 0;
+  for (; *p >= '0' && *p <= '9' && digits < 4; p++, digits++) sm = sm * 10 + (*p - '0');
+  if (digits < 2 || (*p && ((*p != 'a' && *p != 'f') || p[1]))) return 0;
+  return mg_arch_find(sm);
 }
 #endif

@@ -35,6 +35,8 @@
  * Counters and flags are reset at the start of each mg_lua_run. */
 #include "mg_lua.h"
 
+#include "mg_arch.h"
+
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
@@ -391,6 +393,35 @@ static int sandbox_sort(lua_State *L) {
   return 0;
 }
 
+/* arch_smem_optin(name): the opt-in shared memory per block of the architecture name
+ * ("sm_90a"), bytes, generator/gen/mg_arch.h's; an input error (no traceback) naming the
+ * architectures it knows for any other name. */
+static int arch_smem_optin(lua_State *L) {
+  const char *name = lua_tostring(L, 1);
+  const mg_arch_facts *f = mg_arch_named(name);
+  if (f) {
+    lua_pushinteger(L, (lua_Integer)f->smem);
+    return 1;
+  }
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, "unknown GPU architecture '");
+  luaL_addstring(&b, name ? name : luaL_typename(L, 1));
+  luaL_addstring(&b, "': no shared-memory limit for it (known: sm_NN with an optional a or f "
+                     "suffix, NN one of");
+  for (int i = 0; i < MG_ARCH_COUNT; i++) {
+    char sm[16];
+    snprintf(sm, sizeof sm, " %d", mg_arch_table[i].sm);
+    luaL_addstring(&b, sm);
+  }
+  luaL_addstring(&b, ")");
+  luaL_pushresult(&b);
+  lua_createtable(L, 1, 0);
+  lua_insert(L, -2);
+  lua_rawseti(L, -2, 1);
+  return lua_error(L);
+}
+
 static int setup(lua_State *L) {
   static const luaL_Reg libs[] = {
       {LUA_GNAME, luaopen_base},        {LUA_STRLIBNAME, luaopen_string},
@@ -448,6 +479,8 @@ static int setup(lua_State *L) {
   lua_pushboolean(L, 0);
   lua_setfield(L, -2, "__metatable");
   lua_setmetatable(L, -2);
+  lua_pushcfunction(L, arch_smem_optin);
+  lua_setfield(L, -2, "arch_smem_optin");
   lua_pop(L, 1);
   return 0;
 }

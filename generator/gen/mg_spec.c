@@ -140,20 +140,27 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
     return mg_diag_set(d, MLAGEN_EINVAL, "head_groups = %d must divide the %d heads of a rank "
                        "(H / P) and be in [1, %d]", head_groups, Hl, MG_PLAN_MAX_HEAD_GROUPS);
   const int G = Hl / (head_groups ? head_groups : mg_plan_default_head_groups(Hl));
+  /* laga-cp attends with all H heads at any P, in its default groups (mg_plan.c) */
+  const int Gcp = shape->heads / mg_plan_default_head_groups(shape->heads);
   /* every family at H / P heads; then the absorbed backward's delta (attn_bwd_pre over
-   * o_lat, d_c wide) and, when LAGA-F's default groups hold fewer heads than a rank, the
-   * explicit attention kernels at that group's head count */
-  const char *const group_families[] = {mg_op_family(MG_OP_ATTN_FWD, 0),
-                                        mg_op_family(MG_OP_ATTN_BWD, 0),
-                                        mg_op_family(MG_OP_ATTN_BWD, 1),
-                                        mg_op_family(MG_OP_ATTN_BWD, 2)};
-  const struct { const char *family; int heads, latent_v; } extra[] = {
-      {mg_op_family(MG_OP_MQA_BWD, 0), Hl, 1},
-      {group_families[0], G, 0}, {group_families[1], G, 0}, {group_families[2], G, 0},
-      {group_families[3], G, 0},
-  };
+   * o_lat, d_c wide); for LAGA-F's group and laga-cp's group, the explicit attention
+   * kernels at the group's heads; and the K/V expansion and its backward at the heads of
+   * every workspace they fill: the groups', and all H (the Ulysses forms expand before
+   * the all-to-all) */
+  const char *const attn_families[] = {mg_op_family(MG_OP_ATTN_FWD, 0), mg_op_family(MG_OP_ATTN_BWD, 0),
+                                       mg_op_family(MG_OP_ATTN_BWD, 1), mg_op_family(MG_OP_ATTN_BWD, 2)};
+  const char *const kv_families[] = {mg_op_family(MG_OP_EXPAND_KV, 0), mg_op_family(MG_OP_SPLIT_DKV, 0)};
+  struct extra_spec { const char *family; int heads, latent_v; } extra[1 + 3 * 6];
+  int n_extra = 0;
+  extra[n_extra++] = (struct extra_spec){mg_op_family(MG_OP_MQA_BWD, 0), Hl, 1};
+  const int groups[3] = {G, Gcp, shape->heads};
+  for (int k = 0; k < 3; k++) {
+    for (int f = 0; f < 4 && k < 2 && groups[k] != Hl; f++)
+      extra[n_extra++] = (struct extra_spec){attn_families[f], groups[k], 0};
+    for (int f = 0; f < 2 && groups[k] != Hl; f++)
+      extra[n_extra++] = (struct extra_spec){kv_families[f], groups[k], 0};
+  }
   const int n_fam = (int)(sizeof mg_spec_families / sizeof *mg_spec_families) - 1;
-  const int n_extra = G == Hl ? 1 : 5;
   for (int i = 0; i < n_fam + n_extra; i++) {
     if (i < n_fam && mg_spec_family_on_request(mg_spec_families[i])) continue;
     for (int causal = 1; causal >= 0; causal--) {
@@ -171,7 +178,7 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
       s->causal = causal;
       mg_spec_plan_tunables(s);
       for (int j = 0; j < *n - 1; j++) /* an extra that equals a spec already there (d_n = d_v */
-        if (memcmp(&specs[j], s, sizeof *s) == 0) { /* = d_c, or one head group) */
+        if (memcmp(&specs[j], s, sizeof *s) == 0) { /* = d_c, one head group, or both forms' */
           (*n)--;
           break;
         }

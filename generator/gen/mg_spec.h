@@ -31,7 +31,7 @@ typedef struct mg_kernel_spec {
 
 /* The most kernel specs one model needs (every family, causal and not): the capacity
  * callers give mg_spec_for_model. */
-#define MG_SPEC_MAX_KERNELS 64
+#define MG_SPEC_MAX_KERNELS 96
 
 /* The kernel families (templates/<family>.cu.tpl), NULL-terminated: those `mlagen generate`
  * renders for a model, and those it renders only on request (mg_spec_family_on_request). */
@@ -46,10 +46,13 @@ int mg_spec_family_on_request(const char *family);
 
 /* Fills specs[0..*n) with every kernel a model needs at sequence-parallel degree sp, each
  * causal and non-causal: every family (but those on request) at heads = H / sp;
- * attn_bwd_pre with d_n = d_v = d_c (the absorbed backward's delta over o_lat); and, when
- * LAGA-F's default head groups
- * (mg_plan_default_head_groups) hold fewer than H / sp heads, attn_fwd, attn_bwd_pre,
- * attn_bwd_dkdv and attn_bwd_dq at the group's head count (an extra equal to a spec
+ * attn_bwd_pre with d_n = d_v = d_c (the absorbed backward's delta over o_lat); and, for
+ * LAGA-F's default head group (mg_plan_default_head_groups of H / sp) and laga-cp's (of H,
+ * at any sp: laga-cp attends with all H heads), when it holds fewer heads than H / sp,
+ * attn_fwd, attn_bwd_pre, attn_bwd_dkdv, attn_bwd_dq, expand_kv and split_dkv at the
+ * group's head count; expand_kv and split_dkv at H too (the Ulysses forms expand K/V for
+ * all heads before the all-to-all; the executor asks for a workspace's heads) (an extra
+ * equal to a spec
  * already listed is left out). Each spec carries mg_spec_plan_tunables. max is the
  * capacity of specs.
  * Errors: MLAGEN_EINVAL (sp < 1, sp above H or not dividing it: mg_plan_args_check's message

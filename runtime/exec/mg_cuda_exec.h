@@ -33,8 +33,9 @@
  *       MG_OP_ATTN_FWD  attn_fwd (k_packed = 1); on sm_90a attn_fwd_sm90 (k_packed = 1), its
  *                       4 tensor maps encoded at each launch from the pass's addresses
  *                       (mg_sm90_launch_tmaps) and passed by value; attn_fwd when
- *                       opts.mma_sync or MLAGEN_MMA_SYNC=1, when the ops have no driver with
- *                       cuTensorMapEncodeTiled (mg_dev_ops.drv), or when attn_fwd_sm90
+ *                       opts.mma_sync or MLAGEN_MMA_SYNC=1 (or true, yes, on, any case;
+ *                       0, false, no, off or empty leave it; any other value is
+ *                       MLAGEN_EINVAL), when the ops have no driver with cuTensorMapEncodeTiled (mg_dev_ops.drv), or when attn_fwd_sm90
  *                       refuses the shape (kernel_info's why says which and why)
  *       MG_OP_ATTN_BWD  attn_bwd_pre, attn_bwd_dkdv (deterministic = 1, k_packed = 1),
  *                       attn_bwd_dq (k_packed = 1)
@@ -113,7 +114,8 @@ typedef struct mg_cuda_exec_opts {
   const char *tune_dir; /* the tuned store's directory; NULL: mg_tune_store_dir()
                            ($MLAGEN_TUNED_DIR, else ./tuned) */
   int mma_sync;       /* 1: the portable mma.sync families on every arch (to time them against
-                         the sm_90a ones); also MLAGEN_MMA_SYNC=1 in the environment */
+                         the sm_90a ones); also MLAGEN_MMA_SYNC=1 (true, yes, on) in the
+                         environment */
 } mg_cuda_exec_opts;
 
 /* The executor's memory for plan p: mg_plan_mem_layout(p, MG_CUDA_EXEC_ALIGN, m, d), then,
@@ -130,7 +132,8 @@ int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offs
  * mg_plan_build ran), lays out memory (mg_cuda_exec_mem_layout), generates and loads every
  * kernel and lowers the steps. opts may be NULL.
  * Errors: MLAGEN_EINVAL (an argument NULL; the plan's dtype is not bf16/f16 ("the CUDA
- * executor runs bf16 or f16 plans"); mg_plan_check's: a malformed step, naming it);
+ * executor runs bf16 or f16 plans"); mg_plan_check's: a malformed step, naming it;
+ * MLAGEN_MMA_SYNC set to a value that is neither on nor off);
  * MLAGEN_EUNSUPPORTED (a GEMM or kernel argument beyond int); MLAGEN_ELIMIT (a grid over
  * the launch limits);
  * the generator's errors (MLAGEN_EINVAL for a kernel configuration a template rejects,
