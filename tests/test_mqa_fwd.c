@@ -535,12 +535,6 @@ static void test_check_rejects(void **state) {
   mg_gen_close(g);
 }
 
-static int report_worst(void **state) {
-  (void)state;
-  kt_noise_report();
-  return 0;
-}
-
 int main(int argc, char **argv) {
   kt_seed_init();
   const int rc = kh_test_main(argc, argv, asan_case_run);
@@ -558,5 +552,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_asan),
       cmocka_unit_test(test_mutations_caught),
   };
-  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }
