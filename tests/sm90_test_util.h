@@ -1,8 +1,8 @@
 /* sm90_test_util.h: the scaffolding the sm_90a kernel tests run on the host executor share
  * (test_attn_fwd_sm90.c, test_attn_bwd_sm90.c, test_mqa_fwd_sm90.c, test_mqa_bwd_sm90.c):
  * the CUtensorMap stand-in passed by value, the source edit of the mutation tests, the fake
- * driver and parsed manifest the runtime's tensor-map helpers take, and the end of an NVRTC
- * configuration sweep. Include after cmocka.h, kernel_host.h and kernel_test_util.h. */
+ * driver and parsed manifest the runtime's tensor-map helpers take, the launch on the host
+ * executor as sm_90, and the end of an NVRTC configuration sweep. Include after cmocka.h, kernel_host.h and kernel_test_util.h. */
 #ifndef MLAGEN_SM90_TEST_UTIL_H
 #define MLAGEN_SM90_TEST_UTIL_H
 
@@ -51,6 +51,22 @@ static inline void sm90_driver_info(const kh_kernel *kh, const mg_driver **drv,
   *drv = NULL;
   if (mg_driver_get(drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
   if (mg_manifest_parse(kh->manifest, info, &d)) fail_msg("manifest: %s", mg_diag_msg(&d));
+}
+
+/* Launches kh on the host executor as sm_90 (its shared-memory limit; kh's threads and
+ * dynamic shared memory) over grid, thunk(ctx) calling the kernel: on the default shuffled
+ * schedule, or that of seed when not 0, or round robin when round_robin. Returns 0 when it
+ * ran, else nonzero with the launch's message in msg. */
+static inline int sm90_launch(const kh_kernel *kh, mg_host_dim3 grid, void (*thunk)(void *),
+                              void *ctx, unsigned long long seed, int round_robin, char *msg,
+                              size_t n) {
+  mg_host_dim3 block = {(unsigned)kh->threads, 1, 1};
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.arch = 90;
+  lo.seed = seed;
+  lo.round_robin = round_robin;
+  return mg_host_kernel_launch(kh->k, grid, block, kh->smem, &lo, thunk, ctx, msg, n);
 }
 
 /* Ends an NVRTC sweep whose kh_sweep_cover calls kept `kept` configurations: prints the

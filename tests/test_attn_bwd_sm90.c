@@ -273,12 +273,8 @@ static int launch_case(const built_kernel *bk, bwd_case *c, char *msg, size_t n)
   for (size_t i = 0; i < c->nq; i++) c->dq[i] = 0x7fff;
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
   if (grid.x == 0) return 0;
-  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
-  mg_host_launch_opts lo;
-  memset(&lo, 0, sizeof lo);
-  lo.arch = 90;
   launch_args a = {bk, c};
-  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+  return sm90_launch(&bk->kh, grid, thunk, &a, 0, 0, msg, n);
 }
 
 /* Tolerances, test_attn_bwd.c's form: |err| <= 2 NOISE rms(gradient) + rtol |ref| + flip

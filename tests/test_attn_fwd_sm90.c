@@ -158,12 +158,7 @@ static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n)
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
   launch_args a = {bk->fn, c->q,   c->kn, c->kr,        c->v,         c->o,         c->lse,
                    c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps};
-  mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
-  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
-  mg_host_launch_opts lo;
-  memset(&lo, 0, sizeof lo);
-  lo.arch = 90;
-  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+  return sm90_launch(&bk->kh, kh_grid(&bk->kh, c->sq, c->sk, c->B), thunk, &a, 0, 0, msg, n);
 }
 
 /* test_attn_fwd.c's tolerances: O |err| <= 2 NOISE_O rms(O) + 2u |ref|, LSE 1e-5 (1 + |ref|). */

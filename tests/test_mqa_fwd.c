@@ -217,13 +217,7 @@ static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0
 }
 
 static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
-  mg_kernel_spec s;
-  memset(&s, 0, sizeof s);
-  snprintf(s.family, sizeof s.family, "mqa_fwd");
-  /* d_n and d_v are the explicit form's: the template ignores them */
-  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
-  snprintf(s.dtype, sizeof s.dtype, "bf16");
-  return s;
+  return kh_mqa_spec("mqa_fwd", H, dc, dr, causal);
 }
 
 static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }

@@ -65,13 +65,7 @@ static void build_edit(const mg_kernel_spec *spec, const sm90_edit *e, built_ker
 }
 
 static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
-  mg_kernel_spec s;
-  memset(&s, 0, sizeof s);
-  snprintf(s.family, sizeof s.family, "mqa_fwd_sm90");
-  /* d_n and d_v are the explicit form's: the template ignores them */
-  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
-  snprintf(s.dtype, sizeof s.dtype, "bf16");
-  return s;
+  return kh_mqa_spec("mqa_fwd_sm90", H, dc, dr, causal);
 }
 
 typedef struct fwd_case {
@@ -120,20 +114,16 @@ static void case_free(fwd_case *c) {
 }
 
 /* Launches (outputs NaN first) on the executor's default (shuffled) schedule, or seed when
- * not 0, with sm_90's shared-memory limit; returns the launch's message in msg (0: it ran). */
-static int launch_case(const built_kernel *bk, fwd_case *c, unsigned long long seed, char *msg,
-                       size_t n) {
+ * not 0, or round robin, with sm_90's shared-memory limit; returns the launch's message in
+ * msg (0: it ran). */
+static int launch_case(const built_kernel *bk, fwd_case *c, unsigned long long seed,
+                       int round_robin, char *msg, size_t n) {
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   launch_args a = {bk->fn, c->q, c->c, c->o, c->lse, c->sq, c->sk, c->q_pos0, c->scale, c->tmaps};
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
   assert_int_equal(grid.x, ((unsigned)c->sq * (unsigned)bk->kh.spec.heads + 63) / 64);
-  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
-  mg_host_launch_opts lo;
-  memset(&lo, 0, sizeof lo);
-  lo.arch = 90;
-  lo.seed = seed;
-  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+  return sm90_launch(&bk->kh, grid, thunk, &a, seed, round_robin, msg, n);
 }
 
 /* test_mqa_fwd.c's tolerances (the same rounding of P before P V, the same fp32 softmax):
@@ -168,7 +158,7 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) 
   case_init(bk, &c, B, sq, sk, q_pos0);
   char msg[1024];
   double t0 = kh_now();
-  if (launch_case(bk, &c, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  if (launch_case(bk, &c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
   double oe, le;
   size_t nans = compare(bk, &c, &oe, &le, msg, sizeof msg);
   print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound O %.2f LSE %.2f (%.2f s)\n",
@@ -274,17 +264,7 @@ static void test_schedules_bit_identical(void **state) {
   float *l0 = malloc(c.nl * sizeof *l0);
   char msg[1024];
   for (int k = 0; k < 3; k++) {
-    mg_host_launch_opts lo;
-    memset(&lo, 0, sizeof lo);
-    lo.arch = 90;
-    lo.round_robin = k == 0;
-    lo.seed = (unsigned long long)k * 7;
-    for (size_t i = 0; i < c.no; i++) c.o[i] = 0x7fff;
-    for (size_t i = 0; i < c.nl; i++) c.lse[i] = NAN;
-    launch_args a = {bk.fn, c.q, c.c, c.o, c.lse, c.sq, c.sk, c.q_pos0, c.scale, c.tmaps};
-    mg_host_dim3 block = {384, 1, 1};
-    if (mg_host_kernel_launch(bk.kh.k, kh_grid(&bk.kh, c.sq, c.sk, c.B), block, bk.kh.smem, &lo,
-                              thunk, &a, msg, sizeof msg))
+    if (launch_case(&bk, &c, (unsigned long long)k * 7, k == 0, msg, sizeof msg))
       fail_msg("launch: %s", msg);
     if (k == 0) {
       double oe, le;
@@ -350,7 +330,7 @@ static void test_mutations_caught(void **state) {
     case_init(&bk, &c, 1, 40, 256, 216);
     for (unsigned long long seed = m + 1; seed <= m + 1; seed++) {
       char msg[1024];
-      int rc = launch_case(&bk, &c, seed, msg, sizeof msg);
+      int rc = launch_case(&bk, &c, seed, 0, msg, sizeof msg);
       const char *how = "launch reported";
       if (!rc) {
         double oe, le;
