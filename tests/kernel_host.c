@@ -134,6 +134,15 @@ double kh_launch(const kh_kernel *bk, mg_host_dim3 grid, const mg_host_launch_op
 
 /* ---- building ---------------------------------------------------------------------------- */
 
+mg_kernel_spec kh_mqa_spec(const char *family, int H, int dc, int dr, int causal) {
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "%s", family);
+  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
+  snprintf(s.dtype, sizeof s.dtype, "bf16");
+  return s;
+}
+
 void kh_set(mg_kernel_spec *s, const char *assignment) {
   mg_diag d = MG_DIAG_INIT;
   if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));

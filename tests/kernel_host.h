@@ -74,6 +74,11 @@ mg_host_dim3 kh_grid(const kh_kernel *bk, long seqlen_q, long seqlen_k, long bat
 double kh_launch(const kh_kernel *bk, mg_host_dim3 grid, const mg_host_launch_opts *lo,
                  void (*thunk)(void *), void *args);
 
+/* The spec of absorbed (MQA) family `family` (mqa_fwd, mqa_fwd_sm90, ...): H heads, latent
+ * d_c + d_r, causal, bf16; d_n and d_v are the explicit form's 128 (the templates ignore
+ * them). */
+mg_kernel_spec kh_mqa_spec(const char *family, int H, int dc, int dr, int causal);
+
 /* Applies a tunable assignment ("block_m=64") to s; a rejected one fails the test. */
 void kh_set(mg_kernel_spec *s, const char *assignment);
 

@@ -197,6 +197,13 @@ static inline void kt_noise_report(void) {
            kt_noise_tab[i].name, kt_noise_tab[i].noise, kt_noise_tab[i].ratio);
 }
 
+/* A cmocka group teardown that prints kt_noise_report. */
+static inline int kt_noise_teardown(void **state) {
+  (void)state;
+  kt_noise_report();
+  return 0;
+}
+
 /* Compares output `name` (kind KT_*: got's storage) on rows x columns [c0, c1) of rows w
  * wide against ref (same layout) with tol; scale <= 0: the RMS of the compared nonzero
  * reference elements. Records the noise figure; returns the comparison (cc_ok(&.r)). */

@@ -863,12 +863,6 @@ static void test_reference_finite_differences(void **state) {
   }
 }
 
-static int report_worst(void **state) {
-  (void)state;
-  kt_noise_report();
-  return 0;
-}
-
 /* The child side of test_asan: the three kernels (pre, dkdv, dq; both dkdv modes) built
  * with ASan (MG_HOST_ASAN=1, see kh_run_asan_child) on a small causal case, in a process
  * that has the ASan runtime preloaded. */
@@ -908,5 +902,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_two_chunk_mutation_caught),
       cmocka_unit_test(test_asan),
   };
-  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

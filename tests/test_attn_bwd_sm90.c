@@ -26,15 +26,11 @@
 #include <string.h>
 
 #include "attn_ref.h"
-#include "fake_driver.h"
 #include "kernel_host.h"
 #include "kernel_test_util.h"
-#include "mg_driver.h"
-#include "mg_manifest.h"
 #include "mg_sm90_tmap.h"
-#include "mlagen.h"
+#include "sm90_test_util.h"
 
-typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
 /* the kernels' `const __grid_constant__ mla::sm90::TensorMaps<5> tmaps`, passed by value */
 typedef struct { tmap_t m[5]; } tmaps5_t;
 typedef void (*dkdv_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
@@ -58,19 +54,11 @@ static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") ==
 static float e_to_float(const mg_kernel_spec *s, e16 x) { return e16_to_float(is_fp16(s), x); }
 static e16 float_to_e(const mg_kernel_spec *s, float x) { return float_to_e16(is_fp16(s), x); }
 
-/* A source edit: replaces the first occurrence of `from` (which must exist, so a renamed
- * pattern cannot make a mutation test pass) by spaces. */
-static int blank_edit(char *src, void *ctx) {
-  const char *from = ctx;
-  char *at = strstr(src, from);
-  if (!at) fail_msg("mutation pattern '%s' not in the rendered source", from);
-  memset(at, ' ', strlen(from));
-  return 1;
-}
-
+/* Builds spec into out with the first occurrence of `blank` (when not NULL) blanked. */
 static void build_edit(const mg_kernel_spec *spec, const char *blank, built_kernel *out) {
   memset(out, 0, sizeof *out);
-  assert_true(kh_build_edited(NULL, spec, 0, blank ? blank_edit : NULL, (void *)blank, &out->kh));
+  const sm90_edit e = {blank, ""};
+  sm90_build(spec, blank ? &e : NULL, &out->kh);
   out->packed = kh_config_int(&out->kh, "k_packed");
   out->is_dq = !strcmp(spec->family, "attn_bwd_dq_sm90");
   out->atomic = !out->is_dq && kh_config_int(&out->kh, "deterministic") == 0;
@@ -202,12 +190,10 @@ static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
 }
 
 static void encode_maps(const built_kernel *bk, bwd_case *c) {
-  fake_driver_use(MLAGEN_FAKE_CUDA);
-  const mg_driver *drv = NULL;
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  const mg_driver *drv;
   mg_kernel_info info;
-  if (mg_manifest_parse(bk->kh.manifest, &info, &d)) fail_msg("manifest: %s", mg_diag_msg(&d));
+  sm90_driver_info(&bk->kh, &drv, &info);
+  mg_diag d = MG_DIAG_INIT;
   const mg_sm90_bwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q,  (CUdeviceptr)(uintptr_t)c->kn,
                                  (CUdeviceptr)(uintptr_t)c->kr, (CUdeviceptr)(uintptr_t)c->v,
                                  (CUdeviceptr)(uintptr_t)c->dout, c->B, c->sq, c->sk};
@@ -287,12 +273,8 @@ static int launch_case(const built_kernel *bk, bwd_case *c, char *msg, size_t n)
   for (size_t i = 0; i < c->nq; i++) c->dq[i] = 0x7fff;
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
   if (grid.x == 0) return 0;
-  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
-  mg_host_launch_opts lo;
-  memset(&lo, 0, sizeof lo);
-  lo.arch = 90;
   launch_args a = {bk, c};
-  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+  return sm90_launch(&bk->kh, grid, thunk, &a, 0, 0, msg, n);
 }
 
 /* Tolerances, test_attn_bwd.c's form: |err| <= 2 NOISE rms(gradient) + rtol |ref| + flip
@@ -564,11 +546,7 @@ static void nvrtc_kept_configs(int sh) {
   mg_kernel_spec cands[2 * NC_SHAPE];
   int nc = nvrtc_cands(sh, cands);
   if (sh == 1) nc += nvrtc_cands(3, cands + nc);
-  const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
-  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
-                kh_now() - sw.t0);
-  assert_true(kept >= (sh == 2 ? 3 : 6));
-  kh_sweep_close(&sw);
+  sm90_sweep_close(&sw, kh_sweep_cover(&sw, cands, nc, g_test_seed, ""), sh == 2 ? 3 : 6);
 }
 /* Shape sh's candidates (both families) into cands; returns their count (NC_SHAPE). */
 static int nvrtc_cands(int sh, mg_kernel_spec *cands) {

@@ -616,12 +616,6 @@ static void test_asan(void **state) {
   kh_run_asan_child("test_attn_fwd", g_test_seed, asan_case_run);
 }
 
-static int report_worst(void **state) {
-  (void)state;
-  kt_noise_report();
-  return 0;
-}
-
 int main(int argc, char **argv) {
   kt_seed_init();
   const int rc = kh_test_main(argc, argv, asan_case_run);
@@ -642,5 +636,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_two_chunk_positions),
       cmocka_unit_test(test_two_chunk_mutation_caught),
   };
-  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

@@ -25,15 +25,11 @@
 #include <string.h>
 
 #include "attn_ref.h"
-#include "fake_driver.h"
 #include "kernel_host.h"
 #include "kernel_test_util.h"
-#include "mg_driver.h"
-#include "mg_manifest.h"
 #include "mg_sm90_tmap.h"
-#include "mlagen.h"
+#include "sm90_test_util.h"
 
-typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
 /* the kernel's `const __grid_constant__ mla::sm90::TensorMaps<4> tmaps`, passed by value */
 typedef struct { tmap_t m[4]; } tmaps4_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
@@ -64,24 +60,8 @@ typedef struct built_kernel {
 
 static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
 
-/* A source edit: replaces the first occurrence of `from` (which must exist: else the test
- * fails, so a renamed pattern cannot make a mutation test pass) by `to` padded with spaces. */
-typedef struct edit {
-  const char *from, *to;
-} edit;
-static int apply_edit(char *src, void *ctx) {
-  const edit *e = ctx;
-  char *at = strstr(src, e->from);
-  if (!at) fail_msg("mutation pattern '%s' not in the rendered source", e->from);
-  size_t nf = strlen(e->from), nt = strlen(e->to);
-  assert_true(nt <= nf);
-  memcpy(at, e->to, nt);
-  memset(at + nt, ' ', nf - nt);
-  return 1;
-}
-
-static void build_edit(const mg_kernel_spec *spec, const edit *e, built_kernel *out) {
-  assert_true(kh_build_edited(NULL, spec, 0, e ? apply_edit : NULL, (void *)e, &out->kh));
+static void build_edit(const mg_kernel_spec *spec, const sm90_edit *e, built_kernel *out) {
+  sm90_build(spec, e, &out->kh);
   out->block_m = kh_config_int(&out->kh, "block_m");
   out->block_n = kh_config_int(&out->kh, "block_n");
   out->packed = kh_config_int(&out->kh, "k_packed");
@@ -114,12 +94,10 @@ typedef struct fwd_case {
  * through the fake driver's cuTensorMapEncodeTiled: the executor's and the benchmark's maps.
  * The host executor's device addresses are host addresses. */
 static void encode_maps(const built_kernel *bk, fwd_case *c) {
-  fake_driver_use(MLAGEN_FAKE_CUDA);
-  const mg_driver *drv = NULL;
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  const mg_driver *drv;
   mg_kernel_info info;
-  if (mg_manifest_parse(bk->kh.manifest, &info, &d)) fail_msg("manifest: %s", mg_diag_msg(&d));
+  sm90_driver_info(&bk->kh, &drv, &info);
+  mg_diag d = MG_DIAG_INIT;
   const mg_sm90_fwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q, (CUdeviceptr)(uintptr_t)c->kn,
                                  (CUdeviceptr)(uintptr_t)c->kr, (CUdeviceptr)(uintptr_t)c->v,
                                  c->B, c->sq, c->sk};
@@ -180,12 +158,7 @@ static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n)
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
   launch_args a = {bk->fn, c->q,   c->kn, c->kr,        c->v,         c->o,         c->lse,
                    c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps};
-  mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
-  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
-  mg_host_launch_opts lo;
-  memset(&lo, 0, sizeof lo);
-  lo.arch = 90;
-  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+  return sm90_launch(&bk->kh, kh_grid(&bk->kh, c->sq, c->sk, c->B), thunk, &a, 0, 0, msg, n);
 }
 
 /* test_attn_fwd.c's tolerances: O |err| <= 2 NOISE_O rms(O) + 2u |ref|, LSE 1e-5 (1 + |ref|). */
@@ -291,7 +264,7 @@ static void test_wide_heads(void **state) {
  * (a deadlock, a wgmma protocol error). */
 static void test_mutations_caught(void **state) {
   (void)state;
-  static const edit muts[] = {
+  static const sm90_edit muts[] = {
       {"mbar_wait(&full_k[st], parity(j));", ""},
       {"mbar_wait(&full_v[pst], parity(j - 1));", ""},
       {"mbar_arrive(&empty[pst]);", ""},
@@ -351,7 +324,7 @@ static void test_two_chunk_positions(void **state) {
       }
       kh_free(&bk.kh);
     }
-  const edit mut = {"qpos{q_pos0, q_split, q_pos1}", "qpos{q_pos0, 1 << 30, q_pos1}"};
+  const sm90_edit mut = {"qpos{q_pos0, q_split, q_pos1}", "qpos{q_pos0, 1 << 30, q_pos1}"};
   mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
   kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64");
   built_kernel bk;
@@ -406,11 +379,7 @@ static void nvrtc_kept_configs(int sh) {
           for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
           cands[nc++] = s;
         }
-  const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
-  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
-                kh_now() - sw.t0);
-  assert_true(kept >= (sh == 2 ? 4 : 16));
-  kh_sweep_close(&sw);
+  sm90_sweep_close(&sw, kh_sweep_cover(&sw, cands, nc, g_test_seed, ""), sh == 2 ? 4 : 16);
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
 static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }

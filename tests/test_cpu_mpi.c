@@ -32,6 +32,31 @@ static uint64_t g_seed;
  * lse 2.5e-7, dq 4.5e-6, dc_kv 3.1e-6, dk_rope 2.5e-6, dw_kv_b 4.0e-6. */
 static double g_need[TU_N_OUT];
 
+/* Checks this rank's part of output k of run r (case c, form, element type dt) against
+ * the same part of the whole reference ref (tu_ref_local; the weight gradient, a partial sum
+ * per rank, summed over the group first) at tol (tu_check, scaled by ref's RMS; `what`
+ * names it), and raises *worst to the largest atol any rank needed; returns 1 when the
+ * check failed on any rank (the same on all). */
+static int check_ranks(const tu_case *c, const tu_run *r, int k, mg_form form, mg_dtype dt,
+                       const double *ref, const char *what, tu_tol tol, double *worst) {
+  const int64_t n = tu_local_numel(c, k, form, g_size);
+  double *local = malloc((size_t)n * sizeof(double)), *want = malloc((size_t)n * sizeof(double));
+  if (!local || !want) MPI_Abort(MPI_COMM_WORLD, 1);
+  for (int64_t i = 0; i < n; i++) local[i] = tu_get(dt, tu_out_ptr(r, k), i);
+  if (k == TU_DW) MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  tu_ref_local(c, k, form, ref, g_size, g_rank, want);
+  cc_result cr = tu_check(what, local, want, n, tu_rms(ref, tu_out_numel(c, k)), tol,
+                          tu_out_cols(c, k));
+  double need = cr.min_atol;
+  int ok = cc_ok(&cr), all_ok;
+  MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (need > *worst) *worst = need;
+  free(want);
+  free(local);
+  return !all_ok;
+}
+
 static void test_forms_match_single_rank(void **state) {
   mg_comm *comm = *state;
   const mg_shape shapes[2] = {tu_shape(16, 128, 64, 128, 512), tu_shape(8, 64, 32, 64, 256)};
@@ -73,28 +98,10 @@ static void test_forms_match_single_rank(void **state) {
         }
         if (g_size > 1 && r.st.sent_fwd == 0) bad++; /* P > 1 communicates */
         for (int k = 0; k < TU_N_OUT; k++) {
-          const int64_t n = tu_local_numel(&c, k, (mg_form)f, g_size);
-          double *local = malloc((size_t)n * sizeof(double));
-          if (!local) MPI_Abort(MPI_COMM_WORLD, 1);
-          for (int64_t i = 0; i < n; i++) local[i] = tu_get(MG_F32, tu_out_ptr(&r, k), i);
-          if (k == TU_DW) /* the full weight gradient is the sum over the group */
-            MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-          double *want = malloc((size_t)n * sizeof(double));
-          if (!want) MPI_Abort(MPI_COMM_WORLD, 1);
-          tu_ref_local(&c, k, (mg_form)f, ref[k], g_size, g_rank, want);
           char what[512];
           snprintf(what, sizeof what, "%s %s causal %d P %d rank %d: %s vs single-rank explicit",
                    mg_form_name((mg_form)f), c.shape.source, causal, g_size, g_rank, tu_out_names[k]);
-          cc_result cr = tu_check(what, local, want, n, tu_rms(ref[k], tu_out_numel(&c, k)),
-                                  tu_tol_f32[k], tu_out_cols(&c, k));
-          double need = cr.min_atol;
-          int ok = cc_ok(&cr), all_ok;
-          MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-          MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-          if (need > g_need[k]) g_need[k] = need;
-          bad += !all_ok;
-          free(want);
-          free(local);
+          bad += check_ranks(&c, &r, k, (mg_form)f, MG_F32, ref[k], what, tu_tol_f32[k], &g_need[k]);
         }
         tu_run_free(&r);
       }
@@ -175,27 +182,12 @@ static void test_laga_cp_reference(void **state) {
           bad++;
         }
         for (int k = 0; k < TU_N_OUT; k++) {
-          const int64_t n = tu_local_numel(&c, k, MG_FORM_LAGA_CP, g_size);
-          double *local = malloc((size_t)n * sizeof(double)), *want = malloc((size_t)n * sizeof(double));
-          if (!local || !want) MPI_Abort(MPI_COMM_WORLD, 1);
-          for (int64_t i = 0; i < n; i++) local[i] = tu_get(MG_F64, tu_out_ptr(&r, k), i);
-          if (k == TU_DW) /* this rank's partial sum: the gradient is the sum over the group */
-            MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-          tu_ref_local(&c, k, MG_FORM_LAGA_CP, ref[k], g_size, g_rank, want);
           char what[512];
           snprintf(what, sizeof what, "laga-cp f64 H %d causal %d groups %d P %d rank %d: %s vs "
                    "the float64 reference", heads[hi], causal, r.plan.args.head_groups, g_size,
                    g_rank, tu_out_names[k]);
-          cc_result cr = tu_check(what, local, want, n, tu_rms(ref[k], tu_out_numel(&c, k)),
-                                  tol_f64[k], tu_out_cols(&c, k));
-          double need = cr.min_atol;
-          int ok = cc_ok(&cr), all_ok;
-          MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-          MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-          if (need > g_need_f64[k]) g_need_f64[k] = need;
-          bad += !all_ok;
-          free(want);
-          free(local);
+          bad += check_ranks(&c, &r, k, MG_FORM_LAGA_CP, MG_F64, ref[k], what, tol_f64[k],
+                             &g_need_f64[k]);
         }
         tu_run_free(&r);
         mg_diag_clear(&d);

@@ -147,6 +147,18 @@ static void bufs_free(bufs *b) {
   memset(b, 0, sizeof *b);
 }
 
+/* Form f's plan of dtype dt for case c (causal as c) on this rank of g_size (heap-allocated;
+ * dies on error). */
+static mg_plan *build_plan(const tu_case *c, mg_form f, mg_dtype dt) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_plan *plan = calloc(1, sizeof *plan);
+  assert_non_null(plan);
+  mg_plan_args a = {.shape = &c->shape, .form = f, .sp = g_size, .rank = g_rank, .batch = c->B,
+                    .seq = c->S, .causal = c->causal, .dtype = dt};
+  if (mg_plan_build(plan, &a, &d)) die("plan", &d);
+  return plan;
+}
+
 /* Form f's plan of dtype dt (bf16 or f16) on case c at P = np: returns the number of failed
  * checks (the same on every rank). */
 static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in[TU_N_IN]) {
@@ -157,11 +169,7 @@ static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in
     die("reference", &d);
   tu_run_free(&r1);
 
-  mg_plan *plan = calloc(1, sizeof *plan);
-  assert_non_null(plan);
-  mg_plan_args a = {.shape = &c->shape, .form = f, .sp = g_size, .rank = g_rank, .batch = c->B,
-                    .seq = c->S, .causal = c->causal, .dtype = dt};
-  if (mg_plan_build(plan, &a, &d)) die("plan", &d);
+  mg_plan *plan = build_plan(c, f, dt);
   double t0 = now();
   mg_cuda_exec *x = prepare_all(plan, 0);
   const double t_prep = now() - t0;
@@ -292,11 +300,7 @@ static void test_wait_polls(void **state) {
   tu_case c = small_case(1);
   double *in[TU_N_IN] = {0};
   inputs(&c, g_seed + 7, MG_BF16, in);
-  mg_plan *plan = calloc(1, sizeof *plan);
-  assert_non_null(plan);
-  mg_plan_args a = {.shape = &c.shape, .form = MG_FORM_LAGA, .sp = g_size, .rank = g_rank,
-                    .batch = c.B, .seq = c.S, .causal = 1, .dtype = MG_BF16};
-  if (mg_plan_build(plan, &a, &d)) die("plan", &d);
+  mg_plan *plan = build_plan(&c, MG_FORM_LAGA, MG_BF16);
   poll_comm pc = {.base = {.ops = &pc_ops, .rank = g_comm->rank, .size = g_comm->size},
                   .inner = g_comm};
   mg_cuda_exec *x = prepare_all(plan, 0);
@@ -371,11 +375,7 @@ static void test_laga_cp_latent_order(void **state) {
   tu_case c = {.shape = tu_shape(4, 64, 32, 64, 256), .B = 2, .S = 5 * (int64_t)g_size, .causal = 1};
   double *in[TU_N_IN] = {0};
   inputs(&c, g_seed + 11, MG_BF16, in);
-  mg_plan *plan = calloc(1, sizeof *plan);
-  assert_non_null(plan);
-  mg_plan_args a = {.shape = &c.shape, .form = MG_FORM_LAGA_CP, .sp = g_size, .rank = g_rank,
-                    .batch = c.B, .seq = c.S, .causal = 1, .dtype = MG_BF16};
-  if (mg_plan_build(plan, &a, &d)) die("plan", &d);
+  mg_plan *plan = build_plan(&c, MG_FORM_LAGA_CP, MG_BF16);
   mg_cuda_exec *x = prepare_all(plan, 0);
   bufs b;
   bufs_make(&b, &c, x, MG_FORM_LAGA_CP, MG_BF16, in);

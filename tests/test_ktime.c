@@ -348,6 +348,15 @@ static void test_time_attn_fwd(void **state) {
   pair_free(&p);
 }
 
+/* p's candidate is kept, with n_maps tensor maps encoded at each of its launches (the
+ * check's two, the warm-up and the N timed ones). */
+static void expect_kept_maps_per_launch(pair *p, int n_maps) {
+  const int launches = fake.count("cuLaunchKernel"), maps = fake.count("cuTensorMapEncodeTiled");
+  expect_verdict(p, MG_TUNE_KEPT, NULL);
+  assert_int_equal(fake.count("cuLaunchKernel") - launches, 2 + MG_KTIME_WARMUP + N);
+  assert_int_equal(fake.count("cuTensorMapEncodeTiled") - maps, n_maps * (2 + MG_KTIME_WARMUP + N));
+}
+
 /* attn_fwd_sm90 (an sm_90a family taking its tensor maps by value): every launch, the
  * check's two and the timed ones, gets its 4 maps encoded over the launch's own buffer set
  * (the fake's cuTensorMapEncodeTiled checks them as the driver does); maps the driver
@@ -357,10 +366,7 @@ static void test_time_attn_fwd_sm90(void **state) {
   pair p;
   pair_make(&p, "attn_fwd_sm90", 2, "k_packed=1", "block_n=64");
   assert_string_not_equal(p.cand.k.name, p.ref.k.name);
-  const int launches = fake.count("cuLaunchKernel"), maps = fake.count("cuTensorMapEncodeTiled");
-  expect_verdict(&p, MG_TUNE_KEPT, NULL);
-  assert_int_equal(fake.count("cuLaunchKernel") - launches, 2 + MG_KTIME_WARMUP + N);
-  assert_int_equal(fake.count("cuTensorMapEncodeTiled") - maps, 4 * (2 + MG_KTIME_WARMUP + N));
+  expect_kept_maps_per_launch(&p, 4);
   fake.inject("cuTensorMapEncodeTiled", CUDA_ERROR_INVALID_VALUE);
   expect_verdict(&p, MG_TUNE_FAILED_LAUNCH, "cuTensorMapEncodeTiled");
   pair_free(&p);
@@ -373,10 +379,7 @@ static void test_time_attn_bwd_dq_sm90(void **state) {
   pair p;
   pair_make(&p, "attn_bwd_dq_sm90", 2, "k_packed=1", "stages=3");
   assert_string_not_equal(p.cand.k.name, p.ref.k.name);
-  const int launches = fake.count("cuLaunchKernel"), maps = fake.count("cuTensorMapEncodeTiled");
-  expect_verdict(&p, MG_TUNE_KEPT, NULL);
-  assert_int_equal(fake.count("cuLaunchKernel") - launches, 2 + MG_KTIME_WARMUP + N);
-  assert_int_equal(fake.count("cuTensorMapEncodeTiled") - maps, 5 * (2 + MG_KTIME_WARMUP + N));
+  expect_kept_maps_per_launch(&p, 5);
   pair_free(&p);
 }
 

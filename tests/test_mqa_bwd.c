@@ -590,12 +590,6 @@ static void test_mutations_caught(void **state) {
   kt_noise_quiet = 0;
 }
 
-static int report_worst(void **state) {
-  (void)state;
-  kt_noise_report();
-  return 0;
-}
-
 /* The child side of test_asan: the kernels (pre, dkv, dq) built with ASan
  * (MG_HOST_ASAN=1, see kh_run_asan_child) on small cases, in a process that has the ASan
  * runtime preloaded. */
@@ -633,5 +627,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_asan),
   };
-  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

@@ -217,13 +217,7 @@ static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0
 }
 
 static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
-  mg_kernel_spec s;
-  memset(&s, 0, sizeof s);
-  snprintf(s.family, sizeof s.family, "mqa_fwd");
-  /* d_n and d_v are the explicit form's: the template ignores them */
-  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
-  snprintf(s.dtype, sizeof s.dtype, "bf16");
-  return s;
+  return kh_mqa_spec("mqa_fwd", H, dc, dr, causal);
 }
 
 static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }
@@ -535,12 +529,6 @@ static void test_check_rejects(void **state) {
   mg_gen_close(g);
 }
 
-static int report_worst(void **state) {
-  (void)state;
-  kt_noise_report();
-  return 0;
-}
-
 int main(int argc, char **argv) {
   kt_seed_init();
   const int rc = kh_test_main(argc, argv, asan_case_run);
@@ -558,5 +546,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_asan),
       cmocka_unit_test(test_mutations_caught),
   };
-  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

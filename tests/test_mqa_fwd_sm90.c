@@ -24,16 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_driver.h"
 #include "kernel_host.h"
 #include "kernel_test_util.h"
-#include "mg_driver.h"
-#include "mg_manifest.h"
 #include "mg_sm90_tmap.h"
-#include "mlagen.h"
+#include "sm90_test_util.h"
 #include "mqa_ref.h"
 
-typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
 /* the kernel's `const __grid_constant__ mla::sm90::TensorMaps<2> tmaps`, passed by value */
 typedef struct { tmap_t m[2]; } tmaps2_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
@@ -61,37 +57,15 @@ typedef struct built_kernel {
 
 static int is_fp16(const mg_kernel_spec *s) { return strcmp(s->dtype, "fp16") == 0; }
 
-/* A source edit: replaces the first occurrence of `from` (which must exist: else the test
- * fails, so a renamed pattern cannot make a mutation test pass) by `to` padded with spaces. */
-typedef struct edit {
-  const char *from, *to;
-} edit;
-static int apply_edit(char *src, void *ctx) {
-  const edit *e = ctx;
-  char *at = strstr(src, e->from);
-  if (!at) fail_msg("mutation pattern '%s' not in the rendered source", e->from);
-  size_t nf = strlen(e->from), nt = strlen(e->to);
-  assert_true(nt <= nf);
-  memcpy(at, e->to, nt);
-  memset(at + nt, ' ', nf - nt);
-  return 1;
-}
-
-static void build_edit(const mg_kernel_spec *spec, const edit *e, built_kernel *out) {
-  assert_true(kh_build_edited(NULL, spec, 0, e ? apply_edit : NULL, (void *)e, &out->kh));
+static void build_edit(const mg_kernel_spec *spec, const sm90_edit *e, built_kernel *out) {
+  sm90_build(spec, e, &out->kh);
   assert_int_equal(out->kh.threads, 384);
   assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
   *(void **)&out->fn = out->kh.fn;
 }
 
 static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
-  mg_kernel_spec s;
-  memset(&s, 0, sizeof s);
-  snprintf(s.family, sizeof s.family, "mqa_fwd_sm90");
-  /* d_n and d_v are the explicit form's: the template ignores them */
-  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
-  snprintf(s.dtype, sizeof s.dtype, "bf16");
-  return s;
+  return kh_mqa_spec("mqa_fwd_sm90", H, dc, dr, causal);
 }
 
 typedef struct fwd_case {
@@ -106,12 +80,10 @@ typedef struct fwd_case {
 /* The maps of c's tensors for bk, made by the runtime's helper through the fake driver's
  * cuTensorMapEncodeTiled (the host executor's device addresses are host addresses). */
 static void encode_maps(const built_kernel *bk, fwd_case *c) {
-  fake_driver_use(MLAGEN_FAKE_CUDA);
-  const mg_driver *drv = NULL;
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+  const mg_driver *drv;
   mg_kernel_info info;
-  if (mg_manifest_parse(bk->kh.manifest, &info, &d)) fail_msg("manifest: %s", mg_diag_msg(&d));
+  sm90_driver_info(&bk->kh, &drv, &info);
+  mg_diag d = MG_DIAG_INIT;
   const mg_sm90_mqa_tensors t = {(CUdeviceptr)(uintptr_t)c->q, (CUdeviceptr)(uintptr_t)c->c,
                                  c->B, c->sq, c->sk};
   if (mg_sm90_mqa_tmaps(drv, &bk->kh.spec, &info, &t, (CUtensorMap *)c->tmaps, &d))
@@ -142,20 +114,16 @@ static void case_free(fwd_case *c) {
 }
 
 /* Launches (outputs NaN first) on the executor's default (shuffled) schedule, or seed when
- * not 0, with sm_90's shared-memory limit; returns the launch's message in msg (0: it ran). */
-static int launch_case(const built_kernel *bk, fwd_case *c, unsigned long long seed, char *msg,
-                       size_t n) {
+ * not 0, or round robin, with sm_90's shared-memory limit; returns the launch's message in
+ * msg (0: it ran). */
+static int launch_case(const built_kernel *bk, fwd_case *c, unsigned long long seed,
+                       int round_robin, char *msg, size_t n) {
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   launch_args a = {bk->fn, c->q, c->c, c->o, c->lse, c->sq, c->sk, c->q_pos0, c->scale, c->tmaps};
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
   assert_int_equal(grid.x, ((unsigned)c->sq * (unsigned)bk->kh.spec.heads + 63) / 64);
-  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
-  mg_host_launch_opts lo;
-  memset(&lo, 0, sizeof lo);
-  lo.arch = 90;
-  lo.seed = seed;
-  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+  return sm90_launch(&bk->kh, grid, thunk, &a, seed, round_robin, msg, n);
 }
 
 /* test_mqa_fwd.c's tolerances (the same rounding of P before P V, the same fp32 softmax):
@@ -190,7 +158,7 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) 
   case_init(bk, &c, B, sq, sk, q_pos0);
   char msg[1024];
   double t0 = kh_now();
-  if (launch_case(bk, &c, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  if (launch_case(bk, &c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
   double oe, le;
   size_t nans = compare(bk, &c, &oe, &le, msg, sizeof msg);
   print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound O %.2f LSE %.2f (%.2f s)\n",
@@ -296,17 +264,7 @@ static void test_schedules_bit_identical(void **state) {
   float *l0 = malloc(c.nl * sizeof *l0);
   char msg[1024];
   for (int k = 0; k < 3; k++) {
-    mg_host_launch_opts lo;
-    memset(&lo, 0, sizeof lo);
-    lo.arch = 90;
-    lo.round_robin = k == 0;
-    lo.seed = (unsigned long long)k * 7;
-    for (size_t i = 0; i < c.no; i++) c.o[i] = 0x7fff;
-    for (size_t i = 0; i < c.nl; i++) c.lse[i] = NAN;
-    launch_args a = {bk.fn, c.q, c.c, c.o, c.lse, c.sq, c.sk, c.q_pos0, c.scale, c.tmaps};
-    mg_host_dim3 block = {384, 1, 1};
-    if (mg_host_kernel_launch(bk.kh.k, kh_grid(&bk.kh, c.sq, c.sk, c.B), block, bk.kh.smem, &lo,
-                              thunk, &a, msg, sizeof msg))
+    if (launch_case(&bk, &c, (unsigned long long)k * 7, k == 0, msg, sizeof msg))
       fail_msg("launch: %s", msg);
     if (k == 0) {
       double oe, le;
@@ -336,7 +294,7 @@ static void test_schedules_bit_identical(void **state) {
  * tiles left unmasked, and the diagonal taken per packed row instead of per token. */
 static void test_mutations_caught(void **state) {
   (void)state;
-  static const edit muts[] = {
+  static const sm90_edit muts[] = {
       /* overlap = 1 (the default) */
       {"mbar_wait(&empty[st], ph ^ 1u);", ""},
       {"mbar_wait(q_full, 0);", ""},
@@ -372,7 +330,7 @@ static void test_mutations_caught(void **state) {
     case_init(&bk, &c, 1, 40, 256, 216);
     for (unsigned long long seed = m + 1; seed <= m + 1; seed++) {
       char msg[1024];
-      int rc = launch_case(&bk, &c, seed, msg, sizeof msg);
+      int rc = launch_case(&bk, &c, seed, 0, msg, sizeof msg);
       const char *how = "launch reported";
       if (!rc) {
         double oe, le;
@@ -419,10 +377,7 @@ static void test_nvrtc_kept_configs(void **state) {
         }
     kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   }
-  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
-                kh_now() - sw.t0);
-  assert_true(kept >= 10);
-  kh_sweep_close(&sw);
+  sm90_sweep_close(&sw, kept, 10);
 }
 
 /* Rejections: shared memory at 576/512 (block_n 128, or 3 stages); a d_c whose halves are
@@ -446,12 +401,6 @@ static void test_check_rejects(void **state) {
   mg_gen_close(g);
 }
 
-static int report_worst(void **state) {
-  (void)state;
-  kt_noise_report();
-  return 0;
-}
-
 int main(int argc, char **argv) {
   kt_seed_init();
   int rc = kh_test_main(argc, argv, NULL);
@@ -464,5 +413,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_check_rejects),
       cmocka_unit_test(test_nvrtc_kept_configs),
   };
-  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

@@ -118,15 +118,22 @@ static void test_packed_unusual_fp16(void **state) {
   expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){64, 3, 1}, (unsigned[]){64, 1, 128}, SW128);
 }
 
+/* An encoder's failure: status `got` is `status`, d's message holds words, and maps[0..n),
+ * set to 0x5a before the call, were zeroed (no partial set). */
+static void expect_failed(int got, int status, const mg_diag *d, const char *words,
+                          const CUtensorMap *maps, int n) {
+  assert_int_equal(got, status);
+  if (!strstr(mg_diag_msg(d), words)) fail_msg("message '%s' lacks '%s'", mg_diag_msg(d), words);
+  static const CUtensorMap zero;
+  for (int i = 0; i < n; i++) assert_memory_equal(&maps[i], &zero, sizeof zero);
+}
+
 static void expect_error(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
                          const mg_sm90_fwd_tensors *t, int status, const char *words) {
   CUtensorMap maps[4];
   memset(maps, 0x5a, sizeof maps);
   mg_diag d = MG_DIAG_INIT;
-  assert_int_equal(mg_sm90_fwd_tmaps(drv, s, k, t, maps, &d), status);
-  if (!strstr(mg_diag_msg(&d), words)) fail_msg("message '%s' lacks '%s'", mg_diag_msg(&d), words);
-  static const CUtensorMap zero;
-  for (int i = 0; i < 4; i++) assert_memory_equal(&maps[i], &zero, sizeof zero); /* no partial set */
+  expect_failed(mg_sm90_fwd_tmaps(drv, s, k, t, maps, &d), status, &d, words, maps, 4);
 }
 
 static void test_errors(void **state) {
@@ -325,10 +332,7 @@ static void expect_mqa_error(const mg_driver *drv, const mg_kernel_spec *s,
   CUtensorMap maps[2];
   memset(maps, 0x5a, sizeof maps);
   mg_diag d = MG_DIAG_INIT;
-  assert_int_equal(mg_sm90_mqa_tmaps(drv, s, k, t, maps, &d), status);
-  if (!strstr(mg_diag_msg(&d), words)) fail_msg("message '%s' lacks '%s'", mg_diag_msg(&d), words);
-  static const CUtensorMap zero;
-  for (int i = 0; i < 2; i++) assert_memory_equal(&maps[i], &zero, sizeof zero);
+  expect_failed(mg_sm90_mqa_tmaps(drv, s, k, t, maps, &d), status, &d, words, maps, 2);
 }
 
 static void test_mqa_errors(void **state) {

@@ -50,10 +50,12 @@ static int encode(const mg_driver *drv, const char *fam, CUtensorMap *map, const
   return mg_driver_check(drv, r, MLAGEN_EINVAL, call, d);
 }
 
-/* The checks and the 16-bit type shared by both families' maps; fam the family expected. */
+/* The checks every family's maps share, and the 16-bit type: k of family fam (or fam2
+ * when not NULL) and of s's family, a driver with cuTensorMapEncodeTiled, sizes >= 0, a
+ * dtype bf16 or fp16 (into *dt). */
 static int prepare(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
-                   const char *fam, const char *fam2, long batch, long sq, long sk, long *bm,
-                   long *bn, long *packed, CUtensorMapDataType *dt, mg_diag *d) {
+                   const char *fam, const char *fam2, long batch, long sq, long sk,
+                   CUtensorMapDataType *dt, mg_diag *d) {
   if (strcmp(k->family, fam) && (!fam2 || strcmp(k->family, fam2)))
     return mg_diag_set(d, MLAGEN_EINVAL, "%s tensor maps: kernel %s (family %s) is not %s%s%s",
                        fam, k->name, k->family, fam, fam2 ? " or " : "", fam2 ? fam2 : "");
@@ -66,15 +68,6 @@ static int prepare(const mg_driver *drv, const mg_kernel_spec *s, const mg_kerne
                        "(version %d) lacks (a driver of CUDA 12.0 or newer has it); the mma.sync "
                        "kernels run without it",
                        k->family, drv->path, drv->driver_version);
-  int rc;
-  if ((rc = config_of(k, "block_m", bm, d)) || (rc = config_of(k, "block_n", bn, d)) ||
-      (rc = config_of(k, "k_packed", packed, d)))
-    return rc;
-  const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v;
-  if (H < 1 || dn < 16 || dr < 16 || dv < 16 || dn % 16 || dr % 16 || dv % 16)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "%s tensor maps: heads %d, d_n %d, d_r %d, d_v %d (heads >= 1, "
-                       "dims positive multiples of 16)", k->family, H, dn, dr, dv);
   if (batch < 0 || sq < 0 || sk < 0)
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "%s tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)", k->family,
@@ -86,6 +79,21 @@ static int prepare(const mg_driver *drv, const mg_kernel_spec *s, const mg_kerne
   return 0;
 }
 
+/* The explicit attention kernels' (attn_fwd_sm90, the backward) configuration and dims. */
+static int attn_config(const mg_kernel_spec *s, const mg_kernel_info *k, long *bm, long *bn,
+                       long *packed, mg_diag *d) {
+  int rc;
+  if ((rc = config_of(k, "block_m", bm, d)) || (rc = config_of(k, "block_n", bn, d)) ||
+      (rc = config_of(k, "k_packed", packed, d)))
+    return rc;
+  const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v;
+  if (H < 1 || dn < 16 || dr < 16 || dv < 16 || dn % 16 || dr % 16 || dv % 16)
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "%s tensor maps: heads %d, d_n %d, d_r %d, d_v %d (heads >= 1, "
+                       "dims positive multiples of 16)", k->family, H, dn, dr, dv);
+  return 0;
+}
+
 int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
                       const mg_sm90_bwd_tensors *t, CUtensorMap maps[MG_SM90_BWD_TMAPS],
                       mg_diag *d) {
@@ -94,9 +102,11 @@ int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
   memset(maps, 0, MG_SM90_BWD_TMAP_BYTES);
   long bm = 0, bn = 0, packed = 0;
   CUtensorMapDataType dt = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  int rc = prepare(drv, s, k, "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", t->batch, t->seqlen_q,
-                   t->seqlen_k, &bm, &bn, &packed, &dt, d);
-  if (rc) return rc;
+  int rc;
+  if ((rc = prepare(drv, s, k, "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", t->batch, t->seqlen_q,
+                    t->seqlen_k, &dt, d)) ||
+      (rc = attn_config(s, k, &bm, &bn, &packed, d)))
+    return rc;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
   const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
   const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
@@ -126,35 +136,14 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
   if (!drv || !s || !k || !t || !maps)
     return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_fwd_tmaps: a NULL argument");
   memset(maps, 0, MG_SM90_FWD_TMAP_BYTES);
-  if (strcmp(k->family, "attn_fwd_sm90") || strcmp(s->family, k->family))
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "mg_sm90_fwd_tmaps: kernel %s (family %s, spec family %s) is not attn_fwd_sm90",
-                       k->name, k->family, s->family);
-  if (!drv->cuTensorMapEncodeTiled)
-    return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
-                       "attn_fwd_sm90 needs cuTensorMapEncodeTiled, which the CUDA driver %s "
-                       "(version %d) lacks (a driver of CUDA 12.0 or newer has it); the mma.sync "
-                       "attn_fwd runs without it",
-                       drv->path, drv->driver_version);
   long bm = 0, bn = 0, packed = 0;
+  CUtensorMapDataType dt = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   int rc;
-  if ((rc = config_of(k, "block_m", &bm, d)) || (rc = config_of(k, "block_n", &bn, d)) ||
-      (rc = config_of(k, "k_packed", &packed, d)))
+  if ((rc = prepare(drv, s, k, "attn_fwd_sm90", NULL, t->batch, t->seqlen_q, t->seqlen_k, &dt,
+                    d)) ||
+      (rc = attn_config(s, k, &bm, &bn, &packed, d)))
     return rc;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
-  if (H < 1 || dn < 16 || dr < 16 || dv < 16 || dn % 16 || dr % 16 || dv % 16)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "attn_fwd_sm90 tensor maps: heads %d, d_n %d, d_r %d, d_v %d (heads >= 1, "
-                       "dims positive multiples of 16)", H, dn, dr, dv);
-  if (t->batch < 0 || t->seqlen_q < 0 || t->seqlen_k < 0)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "attn_fwd_sm90 tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)",
-                       t->batch, t->seqlen_q, t->seqlen_k);
-  mg_dtype t16;
-  if (mg_dtype_spec_parse(s->dtype, &t16))
-    return mg_diag_set(d, MLAGEN_EINVAL, "attn_fwd_sm90 tensor maps: dtype %s (bf16 or fp16)", s->dtype);
-  const CUtensorMapDataType dt =
-      t16 == MG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   static const char F[] = "attn_fwd_sm90";
   const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
   const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
@@ -178,37 +167,20 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
 /* The absorbed families' maps (mqa_fwd_sm90's q, c; the backward's q, c, dout): fam the
  * family expected, n the maps (2 or 3), bn c's box rows, dout the third tensor (n 3). */
 static int mqa_maps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
-                    const char *fn, const char *F, const char *F2, int n, long bn, CUdeviceptr q,
+                    const char *F, const char *F2, int n, long bn, CUdeviceptr q,
                     CUdeviceptr c, CUdeviceptr dout, long batch, long sq, long sk,
                     CUtensorMap *maps, mg_diag *d) {
-  if ((strcmp(k->family, F) && (!F2 || strcmp(k->family, F2))) || strcmp(s->family, k->family))
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s: kernel %s (family %s, spec family %s) is not %s%s%s",
-                       fn, k->name, k->family, s->family, F, F2 ? " or " : "", F2 ? F2 : "");
-  if (!drv->cuTensorMapEncodeTiled)
-    return mg_diag_set(d, MLAGEN_EUNSUPPORTED,
-                       "%s needs cuTensorMapEncodeTiled, which the CUDA driver %s "
-                       "(version %d) lacks (a driver of CUDA 12.0 or newer has it); the mma.sync "
-                       "%.*s runs without it",
-                       k->family, drv->path, drv->driver_version,
-                       (int)(strlen(k->family) - strlen("_sm90")), k->family);
+  CUtensorMapDataType dt;
+  int rc;
+  if ((rc = prepare(drv, s, k, F, F2, batch, sq, sk, &dt, d))) return rc;
   const char *fam = k->family;
   const int H = s->heads, dc = s->d_c, dr = s->d_r, dqk = dc + dr;
   if (H < 1 || dc < 16 || dr < 16 || dc % 16 || dr % 16)
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "%s tensor maps: heads %d, d_c %d, d_r %d (heads >= 1, dims "
                        "positive multiples of 16)", fam, H, dc, dr);
-  if (batch < 0 || sq < 0 || sk < 0)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "%s tensor maps: batch %ld, seqlen_q %ld, seqlen_k %ld (>= 0)", fam, batch,
-                       sq, sk);
-  mg_dtype t16;
-  if (mg_dtype_spec_parse(s->dtype, &t16))
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s tensor maps: dtype %s (bf16 or fp16)", fam, s->dtype);
-  const CUtensorMapDataType dt =
-      t16 == MG_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const long nq = batch * sq * H, nk = batch * sk;
   const cuuint64_t rq = nq > 0 ? (cuuint64_t)nq : 1, rk = nk > 0 ? (cuuint64_t)nk : 1;
-  int rc;
   if ((rc = encode(drv, fam, &maps[0], "[0] q", dt, 2, q, (cuuint64_t[]){dqk, rq},
                    (cuuint32_t[]){box_w(dqk), 64, 1}, d)) ||
       (rc = encode(drv, fam, &maps[1], "[1] c", dt, 2, c, (cuuint64_t[]){dqk, rk},
@@ -230,7 +202,7 @@ int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
   long bn = 0;
   int rc;
   if (!strcmp(k->family, "mqa_fwd_sm90") && (rc = config_of(k, "block_n", &bn, d))) return rc;
-  return mqa_maps(drv, s, k, "mg_sm90_mqa_tmaps", "mqa_fwd_sm90", NULL, MG_SM90_MQA_TMAPS, bn,
+  return mqa_maps(drv, s, k, "mqa_fwd_sm90", NULL, MG_SM90_MQA_TMAPS, bn,
                   t->q, t->c, 0, t->batch, t->seqlen_q, t->seqlen_k, maps, d);
 }
 
@@ -240,7 +212,7 @@ int mg_sm90_mqa_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const m
   if (!drv || !s || !k || !t || !maps)
     return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_mqa_bwd_tmaps: a NULL argument");
   memset(maps, 0, MG_SM90_MQA_BWD_TMAP_BYTES);
-  return mqa_maps(drv, s, k, "mg_sm90_mqa_bwd_tmaps", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
+  return mqa_maps(drv, s, k, "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                   MG_SM90_MQA_BWD_TMAPS, 64, t->q, t->c, t->dout, t->batch, t->seqlen_q,
                   t->seqlen_k, maps, d);
 }
@@ -257,6 +229,11 @@ static CUdeviceptr arg_ptr(const mg_kernel_info *k, void *const *args, const cha
   return 0;
 }
 
+static int no_room(const mg_kernel_info *k, int max, int need, mg_diag *d) {
+  return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d", max,
+                     k->name, need);
+}
+
 int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
                          void *const *args, const mg_launch_dims *dims, CUtensorMap *maps, int max,
                          int *n, mg_diag *d) {
@@ -268,9 +245,7 @@ int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg
   if (!has)
     return mg_diag_set(d, MLAGEN_EINVAL, "kernel %s has no tensor-map parameter", k->name);
   if (!strcmp(k->family, "attn_fwd_sm90")) {
-    if (max < MG_SM90_FWD_TMAPS)
-      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
-                         max, k->name, MG_SM90_FWD_TMAPS);
+    if (max < MG_SM90_FWD_TMAPS) return no_room(k, max, MG_SM90_FWD_TMAPS, d);
     const mg_sm90_fwd_tensors t = {arg_ptr(k, args, "q"),     arg_ptr(k, args, "k_nope"),
                                    arg_ptr(k, args, "k_rope"), arg_ptr(k, args, "v"),
                                    dims->batch,               dims->seqlen_q,
@@ -280,9 +255,7 @@ int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg
     return rc;
   }
   if (!strcmp(k->family, "mqa_fwd_sm90")) {
-    if (max < MG_SM90_MQA_TMAPS)
-      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
-                         max, k->name, MG_SM90_MQA_TMAPS);
+    if (max < MG_SM90_MQA_TMAPS) return no_room(k, max, MG_SM90_MQA_TMAPS, d);
     const mg_sm90_mqa_tensors t = {arg_ptr(k, args, "q"), arg_ptr(k, args, "c"), dims->batch,
                                    dims->seqlen_q, dims->seqlen_k};
     int rc = mg_sm90_mqa_tmaps(drv, s, k, &t, maps, d);
@@ -301,9 +274,7 @@ int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg
     return rc;
   }
   if (!strcmp(k->family, "attn_bwd_dkdv_sm90") || !strcmp(k->family, "attn_bwd_dq_sm90")) {
-    if (max < MG_SM90_BWD_TMAPS)
-      return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d",
-                         max, k->name, MG_SM90_BWD_TMAPS);
+    if (max < MG_SM90_BWD_TMAPS) return no_room(k, max, MG_SM90_BWD_TMAPS, d);
     const mg_sm90_bwd_tensors t = {arg_ptr(k, args, "q"),      arg_ptr(k, args, "k_nope"),
                                    arg_ptr(k, args, "k_rope"), arg_ptr(k, args, "v"),
                                    arg_ptr(k, args, "dout"),   dims->batch,

@@ -140,6 +140,11 @@ static int dalloc(CUdeviceptr *p, size_t bytes) {
   return 0;
 }
 
+/* Frees the allocations made since there were `base` of them (newest first). */
+static void free_since(int base) {
+  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+}
+
 static void dfree_all(void) {
   for (int i = 0; i < g_n_allocs; i++) cu(drv->cuMemFree(g_allocs[i]), "cuMemFree");
   g_n_allocs = 0;
@@ -847,7 +852,7 @@ static int check_set(const kset *ks, int S) {
   rc = fails;
 done:
   /* free this check's buffers (the latest allocations) */
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   free(o), free(dq), free(dkn), free(dv), free(lse), free(dq_accum), free(dkr);
   free(o2), free(dq2), free(dkn2), free(dv2), free(lse2), free(dkr2);
   case_free(&c);
@@ -904,7 +909,7 @@ static int check_sm90(const kset *ks, int S) {
   }
   rc = fails;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   free(o), free(o2), free(lse), free(lse2);
   case_free(&c);
   return rc;
@@ -992,7 +997,7 @@ static int check_sm90_bwd(const kset *ks, int S) {
   }
   rc = fails;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   for (int i = 0; i < 2; i++) free(dq[i]), free(dkn[i]), free(dv[i]), free(dkr[i]);
   free(dqa);
   case_free(&c);
@@ -1076,7 +1081,7 @@ static int check_mqa(const kset *ks, int S) {
   same_bits("dc", dc, dc2, nc, 2, &fails);
   rc = fails;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   free(q), free(c), free(dout), free(qd), free(cd), free(dod), free(r_o), free(r_lse), free(r_dq);
   free(r_dc), free(o16), free(lse32), free(o), free(dq), free(dc), free(lse);
   free(o2), free(dq2), free(dc2), free(lse2);
@@ -1130,7 +1135,7 @@ static int check_mqa_sm90(const kset *ks, int S) {
   }
   rc = fails;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   free(q), free(c), free(qd), free(cd), free(r_o), free(r_lse), free(o), free(o2), free(lse), free(lse2);
   return rc;
 }
@@ -1256,6 +1261,15 @@ static int sets_that_fit(const char *what, int H, int S, double set_bytes, doubl
   return n;
 }
 
+/* sets_that_fit for the device's free memory now, at most --sets: the count, 0 when none
+ * fits, -1 on a CUDA error. */
+static int device_sets(const char *what, int H, int S, double set_bytes, double out_bytes,
+                       double target_bytes) {
+  size_t free_b = 0, total_b = 0;
+  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
+  return sets_that_fit(what, H, S, set_bytes, out_bytes, target_bytes, g_max_sets, free_b);
+}
+
 typedef struct tctx {
   const kset *ks;
   int S;
@@ -1286,14 +1300,26 @@ static int tlaunch(void *p, int set) {
   }
 }
 
-static void add_row(const char *kernel, const char *op, int H, int S, double ms, double flops,
+/* Appends a row (the explicit widths, causal) and returns it; past MAX_ROWS, a scratch row
+ * not kept. */
+static row *add_row(const char *kernel, const char *op, int H, int S, double ms, double flops,
                     double bytes, int iters) {
-  if (g_n_rows == MAX_ROWS) return;
-  row *r = &g_rows[g_n_rows++];
+  static row scratch;
+  row *r = g_n_rows == MAX_ROWS ? &scratch : &g_rows[g_n_rows++];
   snprintf(r->kernel, sizeof r->kernel, "%s", kernel);
   snprintf(r->op, sizeof r->op, "%s", op);
   r->H = H, r->S = S, r->ms = ms, r->flops = flops, r->bytes = bytes, r->iters = iters;
   r->dqk = DQK, r->dv = DV, r->causal = 1;
+  return r;
+}
+
+/* Times fn (time_row) and appends its row (add_row); NULL on a CUDA error. */
+static row *timed_row(const char *label, const char *op, launch_fn fn, void *ctx, int n_sets,
+                      int H, int S, double flops, double bytes) {
+  double ms;
+  int iters;
+  if (time_row(label, fn, ctx, n_sets, &ms, &iters)) return NULL;
+  return add_row(label, op, H, S, ms, flops, bytes, iters);
 }
 
 static void print_row(const row *r) {
@@ -1331,10 +1357,8 @@ static int time_shape(const kset *ks, int S) {
   const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
   const double set_bytes = 2.0 * (nq + nkn + nkr + nq + nv + 2 * no) + 4.0 * 2 * nl;
   const double out_bytes = 4.0 * nq + 2.0 * nq + 2.0 * nkn + 4.0 * nkr + 2.0 * nv;
-  size_t free_b = 0, total_b = 0;
-  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  const int n_sets = sets_that_fit("", H, S, set_bytes, out_bytes, 0, g_max_sets, free_b);
-  if (!n_sets) return 0;
+  const int n_sets = device_sets("", H, S, set_bytes, out_bytes, 0);
+  if (n_sets <= 0) return n_sets;
   const int base = g_n_allocs;
   double t0 = wall_s();
   tctx x;
@@ -1379,26 +1403,23 @@ static int time_shape(const kset *ks, int S) {
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     x.which = rows[i].which;
     const char *label = x.which >= 0 ? k_label[x.which] : x.which == -1 ? "bwd_atomic" : "bwd_det";
-    double ms;
-    int iters;
-    if (time_row(label, tlaunch, &x, n_sets, &ms, &iters)) goto done;
-    add_row(label, rows[i].op, H, S, ms, rows[i].flops, rows[i].bytes, iters);
-    print_row(&g_rows[g_n_rows - 1]);
-    if (x.which == K_FWD) ms_fwd = ms, it_fwd = iters;
-    if (x.which < 0) ms_bwd[-x.which - 1] = ms, it_bwd[-x.which - 1] = iters;
+    const row *r = timed_row(label, rows[i].op, tlaunch, &x, n_sets, H, S, rows[i].flops,
+                             rows[i].bytes);
+    if (!r) goto done;
+    print_row(r);
+    if (x.which == K_FWD) ms_fwd = r->ms, it_fwd = r->iters;
+    if (x.which < 0) ms_bwd[-x.which - 1] = r->ms, it_bwd[-x.which - 1] = r->iters;
   }
   /* forward + backward: sums of the medians (the forward in the split-key layout) */
   const double b_fb_in = b_q + b_kn + b_kr + b_v + b_o /* dout */;
   const double b_fb_out = b_o + b_l + b_kn + 4.0 * nkr + b_v;
-  add_row("fwd+bwd_atomic", "fwd_bwd", H, S, ms_fwd + ms_bwd[0], f_fwd + f_bwd,
-          b_fb_in + b_fb_out + 4.0 * nq, it_fwd < it_bwd[0] ? it_fwd : it_bwd[0]);
-  print_row(&g_rows[g_n_rows - 1]);
-  add_row("fwd+bwd_det", "fwd_bwd", H, S, ms_fwd + ms_bwd[1], f_fwd + f_bwd,
-          b_fb_in + b_fb_out + b_q, it_fwd < it_bwd[1] ? it_fwd : it_bwd[1]);
-  print_row(&g_rows[g_n_rows - 1]);
+  print_row(add_row("fwd+bwd_atomic", "fwd_bwd", H, S, ms_fwd + ms_bwd[0], f_fwd + f_bwd,
+                    b_fb_in + b_fb_out + 4.0 * nq, it_fwd < it_bwd[0] ? it_fwd : it_bwd[0]));
+  print_row(add_row("fwd+bwd_det", "fwd_bwd", H, S, ms_fwd + ms_bwd[1], f_fwd + f_bwd,
+                    b_fb_in + b_fb_out + b_q, it_fwd < it_bwd[1] ? it_fwd : it_bwd[1]));
   rc = 0;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   return rc;
 }
 
@@ -1424,10 +1445,8 @@ static int time_sm90(const kset *ks, int S) {
   const size_t nq = (size_t)S * H * DQK, nkn = (size_t)S * H * DN, nkr = (size_t)S * DR;
   const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
   const double set_bytes = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl;
-  size_t free_b = 0, total_b = 0;
-  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  const int n_sets = sets_that_fit("", H, S, set_bytes, 0, 0, g_max_sets, free_b);
-  if (!n_sets) return 0;
+  const int n_sets = device_sets("", H, S, set_bytes, 0, 0);
+  if (n_sets <= 0) return n_sets;
   const int base = g_n_allocs;
   sctx x;
   memset(&x, 0, sizeof x);
@@ -1445,16 +1464,15 @@ static int time_sm90(const kset *ks, int S) {
     x.which = order[i];
     const int causal = is_causal(x.which);
     const double pairs = causal ? (double)S * (S + 1) / 2 : (double)S * S;
-    double ms;
-    int iters;
-    if (time_row(k_label[x.which], slaunch, &x, n_sets, &ms, &iters)) goto done;
-    add_row(k_label[x.which], "fwd", H, S, ms, 2.0 * H * pairs * (DQK + DV), b, iters);
-    g_rows[g_n_rows - 1].causal = causal;
-    print_row(&g_rows[g_n_rows - 1]);
+    row *r = timed_row(k_label[x.which], "fwd", slaunch, &x, n_sets, H, S,
+                       2.0 * H * pairs * (DQK + DV), b);
+    if (!r) goto done;
+    r->causal = causal;
+    print_row(r);
   }
   rc = 0;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   return rc;
 }
 
@@ -1515,10 +1533,8 @@ static int time_sm90_bwd(const kset *ks, int S) {
   const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
   const double set_bytes = 2.0 * (nq + nkn + nkr + nq + nv + 2 * no) + 4.0 * 2 * nl;
   const double out_bytes = 2.0 * nq + 2.0 * nkn + 4.0 * nkr + 2.0 * nv;
-  size_t free_b = 0, total_b = 0;
-  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  const int n_sets = sets_that_fit("bwd", H, S, set_bytes, out_bytes, 0, g_max_sets, free_b);
-  if (!n_sets) return 0;
+  const int n_sets = device_sets("bwd", H, S, set_bytes, out_bytes, 0);
+  if (n_sets <= 0) return n_sets;
   const int base = g_n_allocs;
   bctx x;
   memset(&x, 0, sizeof x);
@@ -1558,12 +1574,11 @@ static int time_sm90_bwd(const kset *ks, int S) {
   int it_bwd[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     x.which = rows[i].which;
-    double ms;
-    int iters;
-    if (time_row(rows[i].label, blaunch, &x, n_sets, &ms, &iters)) goto done;
-    add_row(rows[i].label, rows[i].op, H, S, ms, rows[i].flops, rows[i].bytes, iters);
-    print_row(&g_rows[g_n_rows - 1]);
-    if (x.which < 0) ms_bwd[-x.which - 1] = ms, it_bwd[-x.which - 1] = iters;
+    const row *r = timed_row(rows[i].label, rows[i].op, blaunch, &x, n_sets, H, S,
+                             rows[i].flops, rows[i].bytes);
+    if (!r) goto done;
+    print_row(r);
+    if (x.which < 0) ms_bwd[-x.which - 1] = r->ms, it_bwd[-x.which - 1] = r->iters;
   }
   /* forward + backward (op fwd_bwd, beside the peers' fwd_bwd rows): the causal forward's
    * median from time_sm90's row at (H, S) plus the pipeline's */
@@ -1573,14 +1588,14 @@ static int time_sm90_bwd(const kset *ks, int S) {
     for (int r = 0; r < g_n_rows; r++) {
       const row *f = &g_rows[r];
       if (strcmp(f->kernel, fwd[k]) || f->H != H || f->S != S || !f->causal) continue;
-      add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[k], f_fwd + f_bwd,
-              (b_q + b_kn + b_kr + b_v + b_o) + (b_o + b_l) + b_pipe, f->iters < it_bwd[k] ? f->iters : it_bwd[k]);
-      print_row(&g_rows[g_n_rows - 1]);
+      print_row(add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[k], f_fwd + f_bwd,
+                        (b_q + b_kn + b_kr + b_v + b_o) + (b_o + b_l) + b_pipe,
+                        f->iters < it_bwd[k] ? f->iters : it_bwd[k]));
       break;
     }
   rc = 0;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   return rc;
 }
 
@@ -1607,10 +1622,8 @@ static int time_mqa_sm90(const kset *ks, int S) {
   const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
   const size_t nl = (size_t)H * S;
   const double set_bytes = 2.0 * (nq + nc + no) + 4.0 * nl;
-  size_t free_b = 0, total_b = 0;
-  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  const int n_sets = sets_that_fit("mqa", H, S, set_bytes, 0, 200e6, g_max_sets, free_b);
-  if (!n_sets) return 0;
+  const int n_sets = device_sets("mqa", H, S, set_bytes, 0, 200e6);
+  if (n_sets <= 0) return n_sets;
   const int base = g_n_allocs;
   mqactx x;
   memset(&x, 0, sizeof x);
@@ -1627,17 +1640,15 @@ static int time_mqa_sm90(const kset *ks, int S) {
   const int order[2] = {K_MQA_FWD, K_MQA_FWD_SM90};
   for (int i = 0; i < 2; i++) {
     x.which = order[i];
-    double ms;
-    int iters;
-    if (time_row(k_label[x.which], mqa_slaunch, &x, n_sets, &ms, &iters)) goto done;
-    add_row(k_label[x.which], "fwd", H, S, ms, 2.0 * H * pairs * (MQK + MV),
-            2.0 * (nq + nc + no) + 4.0 * nl, iters);
-    g_rows[g_n_rows - 1].dqk = MQK, g_rows[g_n_rows - 1].dv = MV;
-    print_row(&g_rows[g_n_rows - 1]);
+    row *r = timed_row(k_label[x.which], "fwd", mqa_slaunch, &x, n_sets, H, S,
+                       2.0 * H * pairs * (MQK + MV), 2.0 * (nq + nc + no) + 4.0 * nl);
+    if (!r) goto done;
+    r->dqk = MQK, r->dv = MV;
+    print_row(r);
   }
   rc = 0;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   return rc;
 }
 
@@ -1677,10 +1688,8 @@ static int time_mqa(const kset *ks, int S) {
   const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
   const size_t nl = (size_t)H * S;
   const double set_bytes = 2.0 * (nq + nc + 2 * no) + 4.0 * 2 * nl, out_bytes = 2.0 * (nq + nc);
-  size_t free_b = 0, total_b = 0;
-  if (CU(drv->cuMemGetInfo(&free_b, &total_b))) return -1;
-  const int n_sets = sets_that_fit("mqa", H, S, set_bytes, out_bytes, 200e6, g_max_sets, free_b);
-  if (!n_sets) return 0;
+  const int n_sets = device_sets("mqa", H, S, set_bytes, out_bytes, 200e6);
+  if (n_sets <= 0) return n_sets;
   const int base = g_n_allocs;
   double t0 = wall_s();
   mctx x;
@@ -1730,13 +1739,14 @@ static int time_mqa(const kset *ks, int S) {
        b_q + b_c + b_o /* dout */ + b_o + b_l /* o, lse out */ + b_q + b_c, it_f < it_b ? it_f : it_b},
   };
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    add_row(rows[i].label, rows[i].op, H, S, rows[i].ms, rows[i].flops, rows[i].bytes, rows[i].iters);
-    g_rows[g_n_rows - 1].dqk = MQK, g_rows[g_n_rows - 1].dv = MV;
-    print_row(&g_rows[g_n_rows - 1]);
+    row *r = add_row(rows[i].label, rows[i].op, H, S, rows[i].ms, rows[i].flops, rows[i].bytes,
+                     rows[i].iters);
+    r->dqk = MQK, r->dv = MV;
+    print_row(r);
   }
   rc = 0;
 done:
-  while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+  free_since(base);
   return rc;
 }
 
@@ -1880,10 +1890,9 @@ static int time_layout(const kset *ks, int S, int first) {
     double ms = 0;
     int iters = 0;
     if (!rc) rc = time_row(r->label, llaunch, &x, n_sets, &ms, &iters);
-    while (g_n_allocs > base) cu(drv->cuMemFree(g_allocs[--g_n_allocs]), "cuMemFree");
+    free_since(base);
     if (rc) return -1;
-    add_row(r->label, "", H, S, ms, 0, r->bytes, iters);
-    print_row(&g_rows[g_n_rows - 1]);
+    print_row(add_row(r->label, "", H, S, ms, 0, r->bytes, iters));
   }
   return 0;
 }

@@ -66,4 +66,43 @@ static inline void form_latent_grad_output(mg_plan *p, int dc_full) {
   int dk_rope = mg_plan_output(p, "dk_rope", T, DIMS(B, Sl, dr));
   mg_plan_kernel(p, MG_OP_SPLIT_LATENT, "[dc_kv ; dk_rope] = dc", ARGS(dc_loc), ARGS(dc_kv, dk_rope));
 }
+
+/* kv = c[:, :d_c] w_kv_b[heads h .. h + G)^T [B, S, G, d_n + d_v] from the gathered latent
+ * c [B, S, d_c + d_r], then k = [k_nope ; k_rope] and v from it, as two steps; h is the
+ * global first head; labels for one head group (group != 0) or this rank's heads. */
+static inline void form_rebuild_kv(mg_plan *p, int c, int w, int64_t h, int64_t G, int kv, int k,
+                                   int v, int group) {
+  FORM_DIMS(p);
+  mg_plan_gemm(p, group ? "kv_g = c[:, :d_c] w_kv_b[group]^T" : "kv_h = c[:, :d_c] w_kv_b[heads]^T",
+               c, w, kv,
+               (mg_gemm){.trans_b = 1, .m = B * S, .n = G * dkv, .k = dc, .lda = wc, .ldb = dc,
+                         .ldc = G * dkv, .off_b = h * dkv * dc});
+  mg_step *s = mg_plan_kernel(p, MG_OP_EXPAND_KV,
+                              group ? "k_g = [k_nope ; k_rope], v_g" : "k_h = [k_nope ; k_rope], v_h",
+                              ARGS(kv, c), ARGS(k, v));
+  s->rope_col = dc, s->rope_w = wc;
+}
+
+/* Head group g's (global heads h .. h + G) gradients through the latent, from its
+ * attention-backward dk_g [B, S, G, d_n + d_r] and dv_g [B, S, G, d_v]: dkv_g = [dk_nope ;
+ * dv], dc[:, d_c:] (+)= sum_h dk_rope, dc[:, :d_c] (+)= dkv_g w_kv_b[group] into dc_full
+ * [B, S, d_c + d_r] (set by group 0, added by the others), and dw_kv_b[group] = dkv_g^T
+ * c[:, :d_c] into dw [H d_kv, d_c] (step label dw_label). */
+static inline void form_group_latent_grad(mg_plan *p, int g, int64_t h, int64_t G, int dk_g,
+                                          int dv_g, int dkv_g, int dc_full, int c, int w, int dw,
+                                          const char *dw_label) {
+  FORM_DIMS(p);
+  mg_step *s = mg_plan_kernel(p, MG_OP_SPLIT_DKV,
+                              g ? "dkv_g = [dk_nope ; dv], dc[:, d_c:] += sum_h dk_r"
+                                : "dkv_g = [dk_nope ; dv], dc[:, d_c:] = sum_h dk_r",
+                              ARGS(dk_g, dv_g), ARGS(dkv_g, dc_full));
+  s->rope_col = dc, s->rope_w = wc, s->accumulate = g > 0;
+  mg_plan_gemm(p, g ? "dc[:, :d_c] += dkv_g w_kv_b[group]" : "dc[:, :d_c] = dkv_g w_kv_b[group]",
+               dkv_g, w, dc_full,
+               (mg_gemm){.m = B * S, .n = dc, .k = G * dkv, .lda = G * dkv, .ldb = dc, .ldc = wc,
+                         .off_b = h * dkv * dc, .beta = g > 0});
+  mg_plan_gemm(p, dw_label, dkv_g, c, dw,
+               (mg_gemm){.trans_a = 1, .m = G * dkv, .n = dc, .k = B * S, .lda = G * dkv,
+                         .ldb = wc, .ldc = dc, .off_c = h * dkv * dc});
+}
 #endif

@@ -28,26 +28,11 @@
 
 #include "form.h"
 
-/* kv = c[:, :d_c] w_kv_b[heads hg .. hg + G)^T [B, S, G, d_n + d_v], then k = [k_nope ;
- * k_rope] and v from it, as two steps: this rank's heads (group 0), or one LAGA-F group. */
-static void rebuild_heads(mg_plan *p, int c, int w, int64_t hg, int64_t G, int kv, int k, int v,
-                          int group) {
-  FORM_DIMS(p);
-  mg_plan_gemm(p, group ? "kv_g = c[:, :d_c] w_kv_b[group]^T" : "kv_h = c[:, :d_c] w_kv_b[heads]^T",
-               c, w, kv,
-               (mg_gemm){.trans_b = 1, .m = B * S, .n = G * dkv, .k = dc, .lda = wc, .ldb = dc,
-                         .ldc = G * dkv, .off_b = (h0 + hg) * dkv * dc});
-  mg_step *s = mg_plan_kernel(p, MG_OP_EXPAND_KV,
-                              group ? "k_g = [k_nope ; k_rope], v_g" : "k_h = [k_nope ; k_rope], v_h",
-                              ARGS(kv, c), ARGS(k, v));
-  s->rope_col = dc, s->rope_w = wc;
-}
-
 /* k_h, v_h for this rank's heads, through a new kv buffer kv_name. */
 static void rebuild_kv(mg_plan *p, int c, int w, int k_h, int v_h, const char *kv_name) {
   FORM_DIMS(p);
   int kv_h = mg_plan_temp(p, kv_name, T, DIMS(B, S, Hl, dkv));
-  rebuild_heads(p, c, w, 0, Hl, kv_h, k_h, v_h, 0);
+  form_rebuild_kv(p, c, w, h0, Hl, kv_h, k_h, v_h, 0);
 }
 
 /* c = all-gather([c_kv ; k_rope]). */
@@ -143,7 +128,7 @@ void mg_form_laga_fused(mg_plan *p) {
     int kv_g = group_temp(p, "kv_g", g, G, dkv), k_g = group_temp(p, "k_g", g, G, dqk);
     int v_g = group_temp(p, "v_g", g, G, dv), q_g = group_temp(p, "q_g", g, G, dqk);
     int o_g = group_temp(p, "o_g", g, G, dv), lse_g = group_temp(p, "lse_g", g, G, 0);
-    rebuild_heads(p, c, f.w, hg, G, kv_g, k_g, v_g, 1);
+    form_rebuild_kv(p, c, f.w, h0 + hg, G, kv_g, k_g, v_g, 1);
     copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
     mg_step *s = mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention (group)", ARGS(q_g, k_g, v_g),
                                 ARGS(o_g, lse_g));
@@ -166,7 +151,7 @@ void mg_form_laga_fused(mg_plan *p) {
     int lse_g = group_temp(p, "lse_b", g, G, 0), dq_g = group_temp(p, "dq_b", g, G, dqk);
     int dk_g = group_temp(p, "dk_b", g, G, dqk), dv_g = group_temp(p, "dv_b", g, G, dv);
     int dkv_g = group_temp(p, "dkv_b", g, G, dkv);
-    rebuild_heads(p, c, f.w, hg, G, kv_g, k_g, v_g, 1);
+    form_rebuild_kv(p, c, f.w, h0 + hg, G, kv_g, k_g, v_g, 1);
     copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
     copy_heads(p, "o_g = o_h[:, :, group]", o_h, Hl * dv, hg * dv, o_g, G * dv, 0, G * dv);
     copy_heads(p, "do_g = do_h[:, :, group]", do_h, Hl * dv, hg * dv, do_g, G * dv, 0, G * dv);
@@ -175,18 +160,8 @@ void mg_form_laga_fused(mg_plan *p) {
                                 ARGS(q_g, k_g, v_g, o_g, lse_g, do_g), ARGS(dq_g, dk_g, dv_g));
     s->flops *= (double)G / (double)Hl;
     copy_heads(p, "dq_h[:, :, group] = dq_g", dq_g, G * dqk, 0, dq_h, Hl * dqk, hg * dqk, G * dqk);
-    s = mg_plan_kernel(p, MG_OP_SPLIT_DKV,
-                       g ? "dkv_g = [dk_nope ; dv], dc[:, d_c:] += sum_h dk_r"
-                         : "dkv_g = [dk_nope ; dv], dc[:, d_c:] = sum_h dk_r",
-                       ARGS(dk_g, dv_g), ARGS(dkv_g, dc_full));
-    s->rope_col = dc, s->rope_w = wc, s->accumulate = g > 0;
-    mg_plan_gemm(p, g ? "dc[:, :d_c] += dkv_g w_kv_b[group]" : "dc[:, :d_c] = dkv_g w_kv_b[group]",
-                 dkv_g, f.w, dc_full,
-                 (mg_gemm){.m = B * S, .n = dc, .k = G * dkv, .lda = G * dkv, .ldb = dc, .ldc = wc,
-                           .off_b = (h0 + hg) * dkv * dc, .beta = g > 0});
-    mg_plan_gemm(p, "dw_kv_b[group] = dkv_g^T c[:, :d_c]", dkv_g, c, dw,
-                 (mg_gemm){.trans_a = 1, .m = G * dkv, .n = dc, .k = B * S, .lda = G * dkv,
-                           .ldb = wc, .ldc = dc, .off_c = (h0 + hg) * dkv * dc});
+    form_group_latent_grad(p, g, h0 + hg, G, dk_g, dv_g, dkv_g, dc_full, c, f.w, dw,
+                           "dw_kv_b[group] = dkv_g^T c[:, :d_c]");
   }
   int dq = mg_plan_output(p, "dq", T, DIMS(B, Sl, H, dqk));
   mg_plan_head_to_seq(p, dq_h, dq);

@@ -53,16 +53,6 @@ static void cp_out(mg_plan *p, const char *label, int group, int whole, int64_t 
   cp_cols(p, label, group, G * w, 0, whole, p->shape.heads * w, hg * w, G * w);
 }
 
-/* kv = c[:, :d_c] w_kv_b[heads hg .. hg + G)^T [B, S, G, d_n + d_v], then k, v. */
-static void cp_rebuild(mg_plan *p, int c, int w, int64_t hg, int64_t G, int kv, int k, int v) {
-  FORM_DIMS(p);
-  mg_plan_gemm(p, "kv_g = c[:, :d_c] w_kv_b[group]^T", c, w, kv,
-               (mg_gemm){.trans_b = 1, .m = B * S, .n = G * dkv, .k = dc, .lda = wc, .ldb = dc,
-                         .ldc = G * dkv, .off_b = hg * dkv * dc});
-  mg_step *s = mg_plan_kernel(p, MG_OP_EXPAND_KV, "k_g = [k_nope ; k_rope], v_g", ARGS(kv, c), ARGS(k, v));
-  s->rope_col = dc, s->rope_w = wc;
-}
-
 /* This rank's query positions on attention step s: two chunks (mg_cp_pos). */
 static void cp_positions(mg_plan *p, mg_step *s) {
   FORM_DIMS(p);
@@ -95,7 +85,7 @@ void mg_form_laga_cp(mg_plan *p) {
     const int64_t hg = g * G;
     int kv_g = cp_temp(p, "kv_g", g, S, G, dkv), k_g = cp_temp(p, "k_g", g, S, G, dqk);
     int v_g = cp_temp(p, "v_g", g, S, G, dv);
-    cp_rebuild(p, c, f.w, hg, G, kv_g, k_g, v_g);
+    form_rebuild_kv(p, c, f.w, hg, G, kv_g, k_g, v_g, 1);
     int q_g = one ? f.q : cp_temp(p, "q_g", g, Sl, G, dqk);
     int o_g = one ? o_s : cp_temp(p, "o_g", g, Sl, G, dv);
     int lse_g = one ? lse : cp_temp(p, "lse_g", g, Sl, G, 0);
@@ -120,7 +110,7 @@ void mg_form_laga_cp(mg_plan *p) {
     const int64_t hg = g * G;
     int kv_g = cp_temp(p, "kv_b", g, S, G, dkv), k_g = cp_temp(p, "k_b", g, S, G, dqk);
     int v_g = cp_temp(p, "v_b", g, S, G, dv);
-    cp_rebuild(p, c, f.w, hg, G, kv_g, k_g, v_g);
+    form_rebuild_kv(p, c, f.w, hg, G, kv_g, k_g, v_g, 1);
     int q_g = one ? f.q : cp_temp(p, "q_b", g, Sl, G, dqk);
     int o_g = one ? o_s : cp_temp(p, "o_b", g, Sl, G, dv);
     int do_g = one ? d_o : cp_temp(p, "do_b", g, Sl, G, dv);
@@ -137,18 +127,8 @@ void mg_form_laga_cp(mg_plan *p) {
     cp_positions(p, mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward, own queries",
                                    ARGS(q_g, k_g, v_g, o_g, lse_g, do_g), ARGS(dq_g, dk_g, dv_g)));
     if (!one) cp_out(p, "dq[:, :, group] = dq_g", dq_g, dq, hg, G, dqk);
-    s = mg_plan_kernel(p, MG_OP_SPLIT_DKV,
-                       g ? "dkv_g = [dk_nope ; dv], dc[:, d_c:] += sum_h dk_r"
-                         : "dkv_g = [dk_nope ; dv], dc[:, d_c:] = sum_h dk_r",
-                       ARGS(dk_g, dv_g), ARGS(dkv_g, dc_full));
-    s->rope_col = dc, s->rope_w = wc, s->accumulate = g > 0;
-    mg_plan_gemm(p, g ? "dc[:, :d_c] += dkv_g w_kv_b[group]" : "dc[:, :d_c] = dkv_g w_kv_b[group]",
-                 dkv_g, f.w, dc_full,
-                 (mg_gemm){.m = B * S, .n = dc, .k = G * dkv, .lda = G * dkv, .ldb = dc, .ldc = wc,
-                           .off_b = hg * dkv * dc, .beta = g > 0});
-    mg_plan_gemm(p, "dw_kv_b[group] = dkv_g^T c[:, :d_c] (partial)", dkv_g, c, dw,
-                 (mg_gemm){.trans_a = 1, .m = G * dkv, .n = dc, .k = B * S, .lda = G * dkv,
-                           .ldb = wc, .ldc = dc, .off_c = hg * dkv * dc});
+    form_group_latent_grad(p, g, hg, G, dk_g, dv_g, dkv_g, dc_full, c, f.w, dw,
+                           "dw_kv_b[group] = dkv_g^T c[:, :d_c] (partial)");
   }
   int dc_rank = cp_order(p, "dc_ranks = dc in rank order", dc_full,
                          mg_plan_temp(p, "dc_ranks", T, DIMS(B, S, wc)), 1);
