@@ -110,6 +110,24 @@ __host__ __device__ __forceinline__ constexpr unsigned long long make_desc_mn_ks
                          8u * swizzle_span(swz), swz);
 }
 
+// TMA box widths of the templates: a 16-bit dimension d (a multiple of 16) is loaded as boxes
+// of box_width(d) columns, the widest of 64, 32, 16 that divides it, with the swizzle whose
+// span is that row (box_swizzle: 128B, 64B, 32B).
+__host__ __device__ __forceinline__ constexpr int box_width(int d) {
+  return d % 64 == 0 ? 64 : d % 32 == 0 ? 32 : 16;
+}
+__host__ __device__ __forceinline__ constexpr int box_swizzle(int w) {
+  return w == 64 ? SWIZZLE_128B : w == 32 ? SWIZZLE_64B : SWIZZLE_32B;
+}
+
+// The K-major descriptor of k-step ks (16 columns) of a 16-bit tile stored as w-column TMA
+// boxes of `rows` rows each at shared address base (swizzle swz, span 2w bytes): box
+// ks*16 / w, column ks*16 % w within it.
+__host__ __device__ __forceinline__ constexpr unsigned long long make_desc_kstep(unsigned base, unsigned rows,
+                                                                                int w, int swz, int ks) {
+  return make_desc(base + (ks * 16 / w) * rows * (2u * w) + (ks * 16 % w) * 2, 16, 8 * (2u * w), swz);
+}
+
 // The wgmma m64nNk16 f32 accumulator fragment (PTX ISA, "Register Fragments ... wgmma
 // .m64nNk16", matrix D): thread t of the warpgroup (0..127) holds d[i], i < N/2, at
 // row 16 (t / 32) + (t % 32) / 4 + 8 ((i % 4) / 2), column 8 (i / 4) + 2 (t % 4) + i % 2.
@@ -1236,6 +1254,125 @@ __device__ __forceinline__ void setmaxnreg_dec(MLA90_LINE_ONLY) {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 #endif
 }
+
+// ---- pieces the sm_90a templates share -------------------------------------------------------
+#ifdef MG_HOST_EMULATION
+#define MLA90_PASS_LINE , mg_line
+#else
+#define MLA90_PASS_LINE
+#endif
+
+// The dynamic shared memory's first 1024-aligned byte (the 128B swizzle pattern repeats every
+// 1024 bytes of address; the launch asks for 1024 bytes more than the kernel lays out).
+__device__ __forceinline__ unsigned char* smem_align_1024(unsigned char* smem) {
+  const unsigned raw = smem_u32(smem);
+  return smem + (((raw + 1023u) & ~1023u) - raw);
+}
+
+// x, unknown to the compiler from here on: keeps a loop-invariant shared address (and the
+// 64-bit descriptors made from it) from being hoisted out of a tile loop into registers.
+__device__ __forceinline__ unsigned opaque_u32(unsigned x) {
+#ifndef MG_HOST_EMULATION
+  asm volatile("" : "+r"(x));
+#endif
+  return x;
+}
+
+// One TMA load per W-column box of columns [col0, col0 + D) of rows [row, row + ROWS) (of head
+// h: 3D maps {d, H, tokens}; 2D maps {d, tokens}): box c lands at dst + c ROWS 2W bytes, all
+// completing on bar (whose expect_tx the caller has set).
+template <int D, int W, int ROWS>
+__device__ __forceinline__ void tma_load_boxes_3d(unsigned char* dst, const TensorMap* map,
+                                                  unsigned long long* bar, int col0, int h,
+                                                  int row MLA90_LINE) {
+  for (int c = 0; c < D / W; ++c)
+    tma_load_3d(dst + c * ROWS * 2 * W, map, bar, col0 + c * W, h, row MLA90_PASS_LINE);
+}
+template <int D, int W, int ROWS>
+__device__ __forceinline__ void tma_load_boxes_2d(unsigned char* dst, const TensorMap* map,
+                                                  unsigned long long* bar, int col0,
+                                                  int row MLA90_LINE) {
+  for (int c = 0; c < D / W; ++c)
+    tma_load_2d(dst + c * ROWS * 2 * W, map, bar, col0 + c * W, row MLA90_PASS_LINE);
+}
+
+// An explicit-form key tile K = [K_nope ; k_rope] of ROWS keys from token row `row`, head h:
+// K_nope's DN columns as WN-column boxes through nope (dims {d_n or d_n + d_r, H, tokens}),
+// then, at dst + ROWS DN 2, the DR RoPE columns as WR-column boxes: PACKED, columns DN.. of
+// the same per-head K (rope: dims {d_n + d_r, H, tokens}); split, the shared k_rope (rope:
+// dims {d_r, tokens}). All complete on bar.
+template <int DN, int DR, int WN, int WR, int ROWS, bool PACKED>
+__device__ __forceinline__ void tma_load_k_tile(unsigned char* dst, const TensorMap* nope,
+                                                const TensorMap* rope, unsigned long long* bar,
+                                                int h, int row MLA90_LINE) {
+  tma_load_boxes_3d<DN, WN, ROWS>(dst, nope, bar, 0, h, row MLA90_PASS_LINE);
+  if (PACKED)
+    tma_load_boxes_3d<DR, WR, ROWS>(dst + ROWS * DN * 2, rope, bar, DN, h, row MLA90_PASS_LINE);
+  else
+    tma_load_boxes_2d<DR, WR, ROWS>(dst + ROWS * DN * 2, rope, bar, 0, row MLA90_PASS_LINE);
+}
+
+// The online softmax of a wgmma accumulator tile s (m64nN fp32 fragment, scaled to base 2 and
+// masked to -inf already) for this thread's two rows (r = 0: elements i % 4 < 2; r = 1 the
+// others), each spread over a quad: the running max m and this thread's part of the running
+// sum l are updated, s becomes P = exp2(s - max) and corr[r] = exp2(m_old - m_new) is how the
+// output accumulator must be rescaled (rescale_rows). A row with no visible key so far keeps
+// max -inf and subtracts 0, so its P is 0.
+template <int N>
+__device__ __forceinline__ void online_softmax(float (&s)[N / 2], float (&m)[2], float (&l)[2],
+                                               float (&corr)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m[r];
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(mla::FULL_MASK, mx, 2));
+    const float base = mx == mla::neg_inf() ? 0.f : mx;
+    corr[r] = exp2f(m[r] - base);
+    m[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < N / 8; ++n) {
+      s[4 * n + 2 * r] = exp2f(s[4 * n + 2 * r] - base);
+      s[4 * n + 2 * r + 1] = exp2f(s[4 * n + 2 * r + 1] - base);
+      sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+    }
+    l[r] = l[r] * corr[r] + sum;
+  }
+}
+// acc (an m64nN fp32 accumulator fragment) with this thread's row r scaled by corr[r].
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&acc)[N / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      acc[4 * n + 2 * r] *= corr[r];
+      acc[4 * n + 2 * r + 1] *= corr[r];
+    }
+}
+// A wgmma m64nN fp32 accumulator tile as 16-bit A register fragments of N/16 k-steps (element
+// type E): column blocks 2kk, 2kk+1 of the accumulator are the A fragment of k-step kk.
+template <class E, int N>
+__device__ __forceinline__ void acc_to_a(unsigned (&a)[N / 16][4], const float (&s)[N / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) a[kk][e] = mla::pack2<E>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+// A consumer's release of ring positions [j0, j1) that it does not compute (another consumer
+// needs them): each waited for on full[j % STAGES] (phase (j / STAGES) & 1), then released by
+// this thread's arrival on empty[j % STAGES]; the wait keeps each arrival in its own phase.
+template <int STAGES>
+__device__ __forceinline__ void ring_release(unsigned long long* full, unsigned long long* empty,
+                                             int j0, int j1 MLA90_LINE) {
+  for (int j = j0; j < j1; ++j) {
+    mbar_wait(&full[j % STAGES], (unsigned)(j / STAGES) & 1u MLA90_PASS_LINE);
+    mbar_arrive(&empty[j % STAGES] MLA90_PASS_LINE);
+  }
+}
+#undef MLA90_PASS_LINE
 
 #endif  // MLA_SM90_LAYOUT_ONLY
 #undef MLA90_LINE

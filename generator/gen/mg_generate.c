@@ -131,8 +131,9 @@ static int hash_files(const mg_gen *g, const char *family, char hex[MG_HASH_HEX]
   char own[64] = ""; /* the family's template; none for an unknown family */
   for (int f = 0; family && mg_spec_families[f]; f++)
     if (strcmp(mg_spec_families[f], family) == 0) template_of(family, own);
-  /* The sm_90a header belongs to a family's hash only when its template names it, so that
-   * adding or changing it leaves the mma.sync families' tuned entries valid. */
+  /* The sm_90a header and the sm_90a Lua helpers belong to a family's hash only when its
+   * template names the header, so that adding or changing them leaves the mma.sync
+   * families' tuned entries valid. */
   int uses_sm90 = 0;
   for (int i = 0; own[0] && i < g->n_files; i++)
     if (strcmp(g->files[i].name, own) == 0)
@@ -142,7 +143,9 @@ static int hash_files(const mg_gen *g, const char *family, char hex[MG_HASH_HEX]
   for (int i = 0; i < g->n_files; i++) {
     int mine = family && strcmp(g->files[i].name, own) == 0;
     if (family && !mine && is_family_template(g->files[i].name)) continue;
-    if (family && !uses_sm90 && strcmp(g->files[i].name, MG_DEVICE_HEADER_SM90) == 0) continue;
+    if (family && !uses_sm90 && (strcmp(g->files[i].name, MG_DEVICE_HEADER_SM90) == 0 ||
+                                 strcmp(g->files[i].name, MG_PRELUDE_SM90) == 0))
+      continue;
     found |= mine;
     mg_hash_field_str(h, g->files[i].name);
     mg_hash_field(h, g->files[i].data, g->files[i].size);
@@ -336,6 +339,14 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   snprintf(chunkname, sizeof chunkname, "@%s", prelude->display);
   rc = mg_lua_run(g->lua, prelude->data, prelude->size, chunkname, 0, d);
   if (rc) return rc;
+  /* An sm_90a template (one naming the sm_90a header) also gets the sm_90a Lua helpers. */
+  const mg_template *prelude90 = find_file(g, MG_PRELUDE_SM90);
+  if (prelude90 && mentions(tpl->data, tpl->size, MG_DEVICE_HEADER_SM90)) {
+    char chunk90[sizeof prelude90->display + 1];
+    snprintf(chunk90, sizeof chunk90, "@%s", prelude90->display);
+    rc = mg_lua_run(g->lua, prelude90->data, prelude90->size, chunk90, 0, d);
+    if (rc) return rc;
+  }
 
   /* The output may take what the per-kernel and the total caps both leave. */
   struct mg_gen_acct *a = g->acct;

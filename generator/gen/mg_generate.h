@@ -22,6 +22,9 @@ typedef struct mg_gen mg_gen;
 /* The Hopper (sm_90a) primitives, a sibling header the sm_90a kernels include after it;
  * optional in a template set (--templates DIR may lack it). */
 #define MG_DEVICE_HEADER_SM90 "mla_device_sm90.cuh"
+/* Lua helpers of the sm_90a templates, run after prelude.lua for a template naming
+ * MG_DEVICE_HEADER_SM90 (and, like that header, in the hash of those families only). */
+#define MG_PRELUDE_SM90 "prelude_sm90.lua"
 
 /* Opens a generator. templates_dir NULL means the embedded templates.
  * Errors: MLAGEN_EIO (a template file missing from templates_dir; the message names
