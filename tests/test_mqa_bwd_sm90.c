@@ -32,16 +32,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake_driver.h"
 #include "kernel_host.h"
 #include "kernel_test_util.h"
-#include "mg_driver.h"
-#include "mg_manifest.h"
 #include "mg_sm90_tmap.h"
-#include "mlagen.h"
 #include "mqa_ref.h"
+#include "sm90_test_util.h"
 
-typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
 /* the kernel's `const __grid_constant__ mla::sm90::TensorMaps<3> tmaps`, passed by value */
 typedef struct { tmap_t m[3]; } tmaps3_t;
 typedef void (*dkv_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
@@ -56,36 +52,16 @@ typedef struct built_kernel {
   dkv_fn fn;
 } built_kernel;
 
-/* A source edit: replaces the first occurrence of `from` (which must exist: else the test
- * fails, so a renamed pattern cannot make a mutation test pass) by `to` padded with spaces. */
-typedef struct edit {
-  const char *from, *to;
-} edit;
-static int apply_edit(char *src, void *ctx) {
-  const edit *e = ctx;
-  char *at = strstr(src, e->from);
-  if (!at) fail_msg("mutation pattern '%s' not in the rendered source", e->from);
-  size_t nf = strlen(e->from), nt = strlen(e->to);
-  assert_true(nt <= nf);
-  memcpy(at, e->to, nt);
-  memset(at + nt, ' ', nf - nt);
-  return 1;
-}
-
-static void build_edit(const mg_kernel_spec *spec, const edit *e, built_kernel *out) {
-  assert_true(kh_build_edited(NULL, spec, 0, e ? apply_edit : NULL, (void *)e, &out->kh));
+static void build_edit(const mg_kernel_spec *spec, const sm90_edit *e, built_kernel *out) {
+  sm90_build(spec, e, &out->kh);
   assert_int_equal(out->kh.threads, 384);
   assert_int_equal(kh_launch_value(&out->kh, "smem_static"), 0);
   *(void **)&out->fn = out->kh.fn;
 }
 
-/* d_n and d_v are the explicit form's: the template ignores them. */
 static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
-  mg_kernel_spec s;
-  memset(&s, 0, sizeof s);
-  snprintf(s.family, sizeof s.family, "%s", g_dq ? "mqa_bwd_dq_sm90" : "mqa_bwd_dkv_sm90");
-  s.heads = H, s.d_c = dc, s.d_r = dr, s.d_n = 128, s.d_v = 128, s.causal = causal;
-  snprintf(s.dtype, sizeof s.dtype, "%s", g_fp16 ? "fp16" : "bf16");
+  mg_kernel_spec s = kh_mqa_spec(g_dq ? "mqa_bwd_dq_sm90" : "mqa_bwd_dkv_sm90", H, dc, dr, causal);
+  if (g_fp16) snprintf(s.dtype, sizeof s.dtype, "fp16");
   return s;
 }
 
@@ -117,25 +93,22 @@ static e16 *rand_e16(size_t n, double sd, double *as_double) {
   return p;
 }
 
-/* The kernel's 3 maps over c's tensors, made by the runtime's mg_sm90_mqa_bwd_tmaps (what
- * mg_sm90_launch_tmaps passes the executor) through the fake driver's cuTensorMapEncodeTiled
- * (the host executor's device addresses are host addresses). It reads only the family. */
-static void encode_maps(bwd_case *c, const mg_kernel_spec *s) {
-  fake_driver_use(MLAGEN_FAKE_CUDA);
-  const mg_driver *drv = NULL;
-  mg_diag d = MG_DIAG_INIT;
-  if (mg_driver_get(&drv, &d)) fail_msg("driver: %s", mg_diag_msg(&d));
+/* The kernel's 3 maps over c's tensors for kh, made by the runtime's mg_sm90_mqa_bwd_tmaps
+ * (what mg_sm90_launch_tmaps passes the executor) through the fake driver's
+ * cuTensorMapEncodeTiled (the host executor's device addresses are host addresses). */
+static void encode_maps(bwd_case *c, const kh_kernel *kh) {
+  const mg_driver *drv;
   mg_kernel_info info;
-  memset(&info, 0, sizeof info);
-  snprintf(info.name, sizeof info.name, "mla_%s_test", s->family);
-  snprintf(info.family, sizeof info.family, "%s", s->family);
+  sm90_driver_info(kh, &drv, &info);
+  mg_diag d = MG_DIAG_INIT;
   const mg_sm90_mqa_bwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q, (CUdeviceptr)(uintptr_t)c->c,
                                      (CUdeviceptr)(uintptr_t)c->dout, c->B, c->sq, c->sk};
-  if (mg_sm90_mqa_bwd_tmaps(drv, s, &info, &t, (CUtensorMap *)c->tmaps, &d))
+  if (mg_sm90_mqa_bwd_tmaps(drv, &kh->spec, &info, &t, (CUtensorMap *)c->tmaps, &d))
     fail_msg("mg_sm90_mqa_bwd_tmaps: %s", mg_diag_msg(&d));
 }
 
-static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int sk, int q_pos0) {
+static void case_init(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, int q_pos0) {
+  const mg_kernel_spec *s = &kh->spec;
   const int H = s->heads, dc = s->d_c, dr = s->d_r, w = dc + dr;
   memset(c, 0, sizeof *c);
   c->B = B, c->sq = sq, c->sk = sk, c->H = H, c->dc = dc, c->dr = dr, c->causal = s->causal;
@@ -176,7 +149,7 @@ static void case_init(bwd_case *c, const mg_kernel_spec *s, int B, int sq, int s
   c->out = xcalloc(c->dq ? c->nq : c->nc, sizeof *c->out);
   c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
   memset(c->tmaps, 0, 3 * sizeof(tmap_t));
-  encode_maps(c, s);
+  encode_maps(c, kh);
   free(qd), free(cd), free(dod), free(od), free(lsed);
 }
 
@@ -206,14 +179,8 @@ static int launch_case(const built_kernel *bk, bwd_case *c, unsigned long long s
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
   assert_int_equal(grid.x, c->dq ? ((unsigned)c->sq * (unsigned)c->H + 63) / 64 : ((unsigned)c->sk + 63) / 64);
   if (grid.x == 0) return 0;
-  mg_host_dim3 block = {(unsigned)bk->kh.threads, 1, 1};
-  mg_host_launch_opts lo;
-  memset(&lo, 0, sizeof lo);
-  lo.arch = 90;
-  lo.seed = seed;
-  lo.round_robin = rr;
   launch_args a = {bk, c};
-  return mg_host_kernel_launch(bk->kh.k, grid, block, bk->kh.smem, &lo, thunk, &a, msg, n);
+  return sm90_launch(&bk->kh, grid, thunk, &a, seed, rr, msg, n);
 }
 
 /* test_mqa_bwd.c's tolerances, per element: |err| <= 2 NOISE_* rms(part) + u |ref| + flip
@@ -257,7 +224,7 @@ static size_t compare(const bwd_case *c, double ratio[2], char *msg, size_t n) {
 
 static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
   bwd_case c;
-  case_init(&c, &bk->kh.spec, B, sq, sk, q_pos0);
+  case_init(&c, &bk->kh, B, sq, sk, q_pos0);
   char msg[1024];
   double t0 = kh_now();
   if (launch_case(bk, &c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
@@ -351,7 +318,7 @@ static void schedules_bit_identical(void) {
   built_kernel bk;
   build_edit(&s, NULL, &bk);
   bwd_case c;
-  case_init(&c, &s, 2, 80, 100, 20);
+  case_init(&c, &bk.kh, 2, 80, 100, 20);
   const size_t nout = c.dq ? c.nq : c.nc;
   e16 *d0 = malloc(nout * sizeof *d0);
   char msg[1024];
@@ -372,7 +339,7 @@ static void schedules_bit_identical(void) {
   kh_free(&bk.kh);
 }
 
-static const edit muts_dkv[] = {
+static const sm90_edit muts_dkv[] = {
     {"mbar_wait(&empty[st], ph ^ 1u);", ""},
     {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""},
     {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""},
@@ -395,7 +362,7 @@ static const edit muts_dkv[] = {
     {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
 };
 
-static const edit muts_dq[] = {
+static const sm90_edit muts_dq[] = {
     {"mbar_wait(&empty[st], ph ^ 1u);", ""},
     {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""},
     {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""},
@@ -427,7 +394,7 @@ static const edit muts_dq[] = {
 static const int sample_dkv[] = {0, 3, 5, 9, 10};
 static const int sample_dq[] = {1, 6, 15};
 
-static void mutations(const edit *muts, size_t n, const int *sample, size_t n_sample, int sq,
+static void mutations(const sm90_edit *muts, size_t n, const int *sample, size_t n_sample, int sq,
                       int sk, int q_pos0) {
   const int all = kh_sweep_exhaustive();
   print_message("  %s: %zu of %zu mutations\n", all ? "exhaustive" : "sample", all ? n : n_sample, n);
@@ -438,7 +405,7 @@ static void mutations(const edit *muts, size_t n, const int *sample, size_t n_sa
     built_kernel bk;
     build_edit(&s, &muts[m], &bk);
     bwd_case c;
-    case_init(&c, &s, 1, sq, sk, q_pos0);
+    case_init(&c, &bk.kh, 1, sq, sk, q_pos0);
     /* schedules m + 1, ... until one catches it (at most 8) */
     char msg[1024];
     const char *how = NULL;
@@ -525,10 +492,7 @@ static void test_nvrtc_kept_configs(void **state) {
   const int kept = kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   g_dq = 0;
   g_fp16 = 0;
-  print_message("  %d configurations kept, %d rejected (%.0f s)\n", kept, sw.rejected,
-                kh_now() - sw.t0);
-  assert_true(kept >= 28); /* 40 candidates, 12 over the shared-memory limit */
-  kh_sweep_close(&sw);
+  sm90_sweep_close(&sw, kept, 28); /* 40 candidates, 12 over the shared-memory limit */
 }
 
 /* Rejections: 2 stages at 576/512 (shared memory); d_c not a multiple of 64. */
@@ -551,12 +515,6 @@ static void test_check_rejects(void **state) {
   mg_gen_close(g);
 }
 
-static int report_worst(void **state) {
-  (void)state;
-  kt_noise_report();
-  return 0;
-}
-
 int main(int argc, char **argv) {
   kt_seed_init();
   int rc = kh_test_main(argc, argv, NULL);
@@ -573,5 +531,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_check_rejects),
       cmocka_unit_test(test_nvrtc_kept_configs),
   };
-  return kh_exit_code(cmocka_run_group_tests(tests, NULL, report_worst));
+  return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }
