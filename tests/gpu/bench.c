@@ -78,10 +78,14 @@
  * (check_sm90_bwd) and timed (time_sm90_bwd: each kernel, the pipelines bwd_det,
  * bwd_det_sm90, bwd_atomic, bwd_atomic_sm90, and fwd+bwd_det, fwd+bwd_sm90 beside the
  * peers' fwd_bwd rows).
- * Unless --no-mqa, the absorbed forward too: mqa_fwd (mma.sync) beside mqa_fwd_sm90 (TMA,
- * wgmma; issue 15), causal, checked as check_mqa checks mqa_fwd (check_mqa_sm90; two runs
- * bit for bit), then timed at --heads x --seqs (rows mqa_fwd, mqa_fwd_sm90, 576/512; its
- * two tensor maps from mg_sm90_mqa_tmaps, passed by value).
+ * Unless --no-mqa, the absorbed kernels too (issue 15): mqa_fwd (mma.sync) beside mqa_fwd_sm90
+ * (TMA, wgmma; its two tensor maps from mg_sm90_mqa_tmaps, by value), and the backward
+ * attn_bwd_pre (over o_lat) + mqa_bwd_dkv + mqa_bwd_dq beside attn_bwd_pre + mqa_bwd_dkv_sm90
+ * + mqa_bwd_dq_sm90 (their three maps each from mg_sm90_mqa_bwd_tmaps, by value), causal,
+ * d_c 512, d_r 64: each checked by check_mqa against tests/mqa_ref.h (two runs bit for bit),
+ * then timed by time_mqa at --heads x --seqs in the same run (rows mqa_fwd, mqa_bwd_pre,
+ * mqa_bwd_dkv, mqa_bwd_dq, mqa_bwd, mqa_fwd+bwd, then mqa_fwd_sm90, mqa_bwd_dkv_sm90,
+ * mqa_bwd_dq_sm90, mqa_bwd_sm90, mqa_fwd+bwd_sm90; 576/512; FLOPs as the absorbed rows).
  *
  * Launch rules: a grid dim is {value = n} or {arg = "batch"|"seqlen_q"|"seqlen_k",
  * mul = m, div = n} (mul and div optional, default 1): ceil(arg * m / n).
@@ -163,9 +167,10 @@ enum {
   K_SPLIT_LATENT, K_COPY_COLS,
   /* --sm90 only (sm_90a): the explicit forwards, causal (K_FWD, K_FWD_SM90) and not; the
    * sm_90a deterministic backward (beside K_PRE, K_DKDV_DET, K_DQ), causal; the absorbed
-   * forward's sm_90a kernel (beside K_MQA_FWD), causal */
+   * forward's sm_90a kernel (beside K_MQA_FWD) and backward's (beside K_MQA_DKV, K_MQA_DQ),
+   * causal */
   K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT,
-  K_MQA_FWD_SM90, NK
+  K_MQA_FWD_SM90, K_MQA_DKV_SM90, K_MQA_DQ_SM90, NK
 };
 #define NATTN (K_MQA_DQ + 1)
 static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
@@ -175,7 +180,7 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "split_dkv", "concat_latent", "split_latent", "copy_cols",
                                         "attn_fwd_sm90", "attn_fwd_full", "attn_fwd_sm90_full",
                                         "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at",
-                                        "mqa_fwd_sm90"};
+                                        "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
@@ -183,7 +188,7 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "split_dkv", "concat_latent", "split_latent",
                                          "copy_cols", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90",
                                          "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90",
-                                         "mqa_fwd_sm90"};
+                                         "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90"};
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
                                          {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL},
                                          [K_DKDV_SM90_AT] = {"deterministic=0", NULL}};
@@ -226,14 +231,19 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "tmaps"},
+    {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
+     "tmaps"},
+    {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
+     "tmaps"},
 };
 static int is_sm90(int which) { return which == K_FWD_SM90 || which == K_FWD_SM90_FULL; }
 static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_SM90_FULL; }
 /* --sm90: mma.sync beside sm_90a: the explicit forwards (attn_fwd, attn_fwd_sm90) causal
  * and not, the deterministic backwards (attn_bwd_pre + attn_bwd_dkdv deterministic +
  * attn_bwd_dq beside attn_bwd_pre + attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90) causal, and
- * (unless --no-mqa) the absorbed forward mqa_fwd beside mqa_fwd_sm90, causal, checked and
- * timed (the issue 14 and 15 step of run.sh: STEPS=sm90). */
+ * (unless --no-mqa) the absorbed forward mqa_fwd beside mqa_fwd_sm90 and backward (attn_bwd_pre
+ * + mqa_bwd_dkv + mqa_bwd_dq beside attn_bwd_pre + mqa_bwd_dkv_sm90 + mqa_bwd_dq_sm90), causal,
+ * checked and timed (the issue 14 and 15 step of run.sh: STEPS=sm90). */
 static int g_sm90, g_no_mqa;
 
 typedef struct gk {
@@ -254,13 +264,14 @@ typedef struct kset {
   gk k[NK];
 } kset;
 
-/* The kernels built for ks: --sm90, the four forwards; else the checked attention kernels,
- * and the layout ones for a timed H. */
+/* The kernels built for ks: --sm90, the explicit and (unless --no-mqa) absorbed attention
+ * kernels, mma.sync and sm_90a; else the checked attention kernels, and the layout ones for
+ * a timed H. */
 static int wanted(const kset *ks, int which) {
   if (g_sm90)
     return which == K_FWD || which == K_PRE || which == K_DKDV || which == K_DKDV_DET ||
            which == K_DQ || (which >= K_FWD_SM90 && which < K_MQA_FWD_SM90) ||
-           (!g_no_mqa && (which == K_MQA_FWD || which == K_MQA_FWD_SM90));
+           (!g_no_mqa && ((which >= K_MQA_FWD && which < NATTN) || which >= K_MQA_FWD_SM90));
   return which < NATTN || (ks->timed && which < K_FWD_SM90);
 }
 
@@ -582,13 +593,31 @@ static int run_mqa_pre(const gk *g, const mqa_tensors *t, int S) {
   void *args[] = {(void *)&t->o, (void *)&t->dout, (void *)&t->delta, &none, &S};
   return launch(g, 1, S, S, args);
 }
-/* mqa_bwd_dkv (out: dc) and mqa_bwd_dq (out: dq) take the same arguments. */
-static int run_mqa_bwd(const gk *g, const mqa_tensors *t, CUdeviceptr out, int S, float scale) {
+/* The sm_90a absorbed backward's 3 tensor maps (sm90_mqa_bwd_maps), passed by value. */
+typedef CUtensorMap mqa_bwd_maps[MG_SM90_MQA_BWD_TMAPS];
+/* mqa_bwd_dkv (out: dc) and mqa_bwd_dq (out: dq) take the same arguments; their sm_90a
+ * kernels (mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90) those and their maps tmaps (the mma.sync ones
+ * have no 11th parameter: the driver reads only the kernel's own). */
+static int run_mqa_bwd(const gk *g, const mqa_tensors *t, CUdeviceptr out, int S, float scale,
+                       const CUtensorMap *tmaps) {
   int q_pos0 = 0;
   void *args[] = {(void *)&t->q,     (void *)&t->c, (void *)&t->dout, (void *)&t->lse,
                   (void *)&t->delta, &out,          &S,               &S,
-                  &q_pos0,           &scale};
+                  &q_pos0,           &scale,        (void *)tmaps};
   return launch(g, 1, S, S, args);
+}
+/* mqa_bwd_dkv_sm90's or mqa_bwd_dq_sm90's tensor maps over t (B = 1, S tokens) into maps,
+ * encoded by the runtime's helper (runtime/exec/mg_sm90_tmap.h's mg_sm90_mqa_bwd_tmaps). */
+static int sm90_mqa_bwd_maps(const gk *g, const mqa_tensors *t, int S, mqa_bwd_maps maps) {
+  const mg_kernel_spec spec = make_spec(g->which, g->heads);
+  const mg_sm90_mqa_bwd_tensors tt = {t->q, t->c, t->dout, 1, S, S};
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_sm90_mqa_bwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
+    say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return -1;
+  }
+  return 0;
 }
 
 /* ---- the check -------------------------------------------------------------------------- */
@@ -1013,7 +1042,9 @@ static int mqa_check_seq(int H, int first) { return first ? 255 : H >= 64 ? 72 :
  * float64 reference of tests/mqa_ref.h: mqa_fwd's O and LSE; then the backward pipeline
  * attn_bwd_pre (d_v = d_c) + mqa_bwd_dkv + mqa_bwd_dq given the reference O (rounded to
  * bf16) and LSE (fp32) as mqa_fwd stores them: dq, dc_kv = dc[:, :d_c] and
- * dk_rope = dc[:, d_c:]. Outputs NaN-filled first. Returns -1 on a CUDA error, else the
+ * dk_rope = dc[:, d_c:]. Under --sm90 likewise mqa_fwd_sm90, and pre + mqa_bwd_dkv_sm90 +
+ * mqa_bwd_dq_sm90 (their tensor maps from the runtime, by value). Each run twice, the second
+ * compared bit for bit. Outputs NaN-filled first. Returns -1 on a CUDA error, else the
  * number of misses. */
 static int check_mqa(const kset *ks, int S) {
   const int H = ks->heads;
@@ -1051,92 +1082,51 @@ static int check_mqa(const kset *ks, int S) {
       alloc_nan(&d_dc, nc * 2))
     goto done;
   const gk *k = ks->k;
-  for (int run = 0; run < 2; run++) { /* twice: the second compared bit for bit */
-    if (CU(drv->cuMemsetD8(d_o, 0xff, no * 2)) || CU(drv->cuMemsetD8(d_lse, 0xff, nl * 4))) goto done;
-    if (run_mqa_fwd(&k[K_MQA_FWD], &t, d_o, d_lse, S, (float)scale) || sync_stream(k[K_MQA_FWD].name))
-      goto done;
-    if (download(run ? o2 : o, d_o, no * 2) || download(run ? lse2 : lse, d_lse, nl * 4)) goto done;
+  for (int sm90 = 0; sm90 < 1 + g_sm90; sm90++) { /* mma.sync, then (--sm90) sm_90a */
+    const gk *kf = &k[sm90 ? K_MQA_FWD_SM90 : K_MQA_FWD];
+    mqa_maps fmaps;
+    memset(fmaps, 0, sizeof fmaps);
+    if (sm90 && sm90_mqa_maps(kf, &t, S, fmaps)) goto done;
+    for (int run = 0; run < 2; run++) { /* twice: the second compared bit for bit */
+      if (CU(drv->cuMemsetD8(d_o, 0xff, no * 2)) || CU(drv->cuMemsetD8(d_lse, 0xff, nl * 4))) goto done;
+      if (run_any_mqa_fwd(kf, &t, d_o, d_lse, S, (float)scale, fmaps) || sync_stream(kf->name))
+        goto done;
+      if (download(run ? o2 : o, d_o, no * 2) || download(run ? lse2 : lse, d_lse, nl * 4)) goto done;
+    }
+    say("  %s\n", kf->name);
+    check_elems("O (latent)", o, 0, r_o, (size_t)S, (int)(no / S), 0, (int)(no / S), TOL_ABS_O, &fails);
+    check_elems("LSE", lse, 1, r_lse, (size_t)H, S, 0, S, TOL_LSE, &fails);
+    same_bits("O (latent)", o, o2, no, 2, &fails);
+    same_bits("LSE", lse, lse2, nl, 4, &fails);
   }
-  say("  %s\n", k[K_MQA_FWD].name);
-  check_elems("O (latent)", o, 0, r_o, (size_t)S, (int)(no / S), 0, (int)(no / S), TOL_ABS_O, &fails);
-  check_elems("LSE", lse, 1, r_lse, (size_t)H, S, 0, S, TOL_LSE, &fails);
-  same_bits("O (latent)", o, o2, no, 2, &fails);
-  same_bits("LSE", lse, lse2, nl, 4, &fails);
-  for (int run = 0; run < 2; run++) {
-    if (CU(drv->cuMemsetD8(d_dq, 0xff, nq * 2)) || CU(drv->cuMemsetD8(d_dc, 0xff, nc * 2)) ||
-        CU(drv->cuMemsetD8(t.delta, 0xff, nl * 4)))
+  for (int sm90 = 0; sm90 < 1 + g_sm90; sm90++) {
+    const gk *kd = &k[sm90 ? K_MQA_DKV_SM90 : K_MQA_DKV], *kq = &k[sm90 ? K_MQA_DQ_SM90 : K_MQA_DQ];
+    mqa_bwd_maps bmaps[2];
+    memset(bmaps, 0, sizeof bmaps);
+    if (sm90 && (sm90_mqa_bwd_maps(kd, &t, S, bmaps[0]) || sm90_mqa_bwd_maps(kq, &t, S, bmaps[1])))
       goto done;
-    if (run_mqa_pre(&k[K_MQA_PRE], &t, S) || sync_stream(k[K_MQA_PRE].name)) goto done;
-    if (run_mqa_bwd(&k[K_MQA_DKV], &t, d_dc, S, (float)scale) || sync_stream(k[K_MQA_DKV].name))
-      goto done;
-    if (run_mqa_bwd(&k[K_MQA_DQ], &t, d_dq, S, (float)scale) || sync_stream(k[K_MQA_DQ].name))
-      goto done;
-    if (download(run ? dq2 : dq, d_dq, nq * 2) || download(run ? dc2 : dc, d_dc, nc * 2)) goto done;
+    for (int run = 0; run < 2; run++) {
+      if (CU(drv->cuMemsetD8(d_dq, 0xff, nq * 2)) || CU(drv->cuMemsetD8(d_dc, 0xff, nc * 2)) ||
+          CU(drv->cuMemsetD8(t.delta, 0xff, nl * 4)))
+        goto done;
+      if (run_mqa_pre(&k[K_MQA_PRE], &t, S) || sync_stream(k[K_MQA_PRE].name)) goto done;
+      if (run_mqa_bwd(kd, &t, d_dc, S, (float)scale, bmaps[0]) || sync_stream(kd->name)) goto done;
+      if (run_mqa_bwd(kq, &t, d_dq, S, (float)scale, bmaps[1]) || sync_stream(kq->name)) goto done;
+      if (download(run ? dq2 : dq, d_dq, nq * 2) || download(run ? dc2 : dc, d_dc, nc * 2)) goto done;
+    }
+    say("  %s + %s + %s\n", k[K_MQA_PRE].name, kd->name, kq->name);
+    check_elems("dq", dq, 0, r_dq, (size_t)S, (int)(nq / S), 0, (int)(nq / S), TOL_ABS_GRAD, &fails);
+    check_elems("dc_kv (dc[:, :d_c])", dc, 0, r_dc, (size_t)S, MQK, 0, DC, TOL_ABS_GRAD, &fails);
+    check_elems("dk_rope (dc[:, d_c:])", dc, 0, r_dc, (size_t)S, MQK, DC, DR, TOL_ABS_GRAD, &fails);
+    same_bits("dq", dq, dq2, nq, 2, &fails);
+    same_bits("dc", dc, dc2, nc, 2, &fails);
   }
-  say("  %s + %s + %s\n", k[K_MQA_PRE].name, k[K_MQA_DKV].name, k[K_MQA_DQ].name);
-  check_elems("dq", dq, 0, r_dq, (size_t)S, (int)(nq / S), 0, (int)(nq / S), TOL_ABS_GRAD, &fails);
-  check_elems("dc_kv (dc[:, :d_c])", dc, 0, r_dc, (size_t)S, MQK, 0, DC, TOL_ABS_GRAD, &fails);
-  check_elems("dk_rope (dc[:, d_c:])", dc, 0, r_dc, (size_t)S, MQK, DC, DR, TOL_ABS_GRAD, &fails);
-  same_bits("dq", dq, dq2, nq, 2, &fails);
-  same_bits("dc", dc, dc2, nc, 2, &fails);
   rc = fails;
 done:
   free_since(base);
   free(q), free(c), free(dout), free(qd), free(cd), free(dod), free(r_o), free(r_lse), free(r_dq);
   free(r_dc), free(o16), free(lse32), free(o), free(dq), free(dc), free(lse);
   free(o2), free(dq2), free(dc2), free(lse2);
-  return rc;
-}
-
-/* --sm90: checks mqa_fwd and mqa_fwd_sm90 of ks at (H = ks->heads, S), causal, B = 1, each
- * run twice (the second compared bit for bit), O (latent) and LSE per element against
- * tests/mqa_ref.h (check_mqa's tolerances). Returns -1 on a CUDA error, else the number of
- * misses. */
-static int check_mqa_sm90(const kset *ks, int S) {
-  const int H = ks->heads;
-  const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
-  const size_t nl = (size_t)H * S;
-  const double scale = softmax_scale();
-  double t0 = wall_s();
-  e16 *q = rand_bf16(nq), *c = rand_bf16(nc);
-  double *qd = xcalloc(nq, sizeof *qd), *cd = xcalloc(nc, sizeof *cd);
-  for (size_t i = 0; i < nq; i++) qd[i] = bf16_to_float(q[i]);
-  for (size_t i = 0; i < nc; i++) cd[i] = bf16_to_float(c[i]);
-  double *r_o = xcalloc(no, sizeof *r_o), *r_lse = xcalloc(nl, sizeof *r_lse);
-  mqa_ref_fwd(1, S, S, H, DC, DR, 1, 0, scale, qd, cd, r_o, r_lse);
-  say("check mqa H=%d S=%d B=1 causal, d_qk %d d_v %d (float64 reference %.1f s)\n", H, S, MQK, MV,
-      wall_s() - t0);
-  e16 *o = xcalloc(no, sizeof *o), *o2 = xcalloc(no, sizeof *o2);
-  float *lse = xcalloc(nl, sizeof *lse), *lse2 = xcalloc(nl, sizeof *lse2);
-  int fails = 0, rc = -1;
-  const int base = g_n_allocs;
-  mqa_tensors t;
-  CUdeviceptr d_o, d_lse;
-  memset(&t, 0, sizeof t);
-  if (upload(&t.q, q, nq * 2) || upload(&t.c, c, nc * 2) || alloc_nan(&d_o, no * 2) ||
-      alloc_nan(&d_lse, nl * 4))
-    goto done;
-  const int ws[2] = {K_MQA_FWD, K_MQA_FWD_SM90};
-  for (int i = 0; i < 2; i++) {
-    const gk *g = &ks->k[ws[i]];
-    mqa_maps maps;
-    memset(maps, 0, sizeof maps);
-    if (g->which == K_MQA_FWD_SM90 && sm90_mqa_maps(g, &t, S, maps)) goto done;
-    for (int run = 0; run < 2; run++) {
-      if (CU(drv->cuMemsetD8(d_o, 0xff, no * 2)) || CU(drv->cuMemsetD8(d_lse, 0xff, nl * 4))) goto done;
-      if (run_any_mqa_fwd(g, &t, d_o, d_lse, S, (float)scale, maps) || sync_stream(g->name)) goto done;
-      if (download(run ? o2 : o, d_o, no * 2) || download(run ? lse2 : lse, d_lse, nl * 4)) goto done;
-    }
-    say("  %s\n", g->name);
-    check_elems("O (latent)", o, 0, r_o, (size_t)S, (int)(no / S), 0, (int)(no / S), TOL_ABS_O, &fails);
-    check_elems("LSE", lse, 1, r_lse, (size_t)H, S, 0, S, TOL_LSE, &fails);
-    same_bits("O (latent)", o, o2, no, 2, &fails);
-    same_bits("LSE", lse, lse2, nl, 4, &fails);
-  }
-  rc = fails;
-done:
-  free_since(base);
-  free(q), free(c), free(qd), free(cd), free(r_o), free(r_lse), free(o), free(o2), free(lse), free(lse2);
   return rc;
 }
 
@@ -1599,59 +1589,6 @@ done:
   return rc;
 }
 
-/* --sm90: times mqa_fwd and mqa_fwd_sm90 at (H = ks->heads, S), causal, B = 1 (rows mqa_fwd
- * and mqa_fwd_sm90, d_qk/d_v 576/512; FLOPs and bytes as time_mqa's mqa_fwd row); input
- * sets (q, c random, o and lse outputs) rotated, as many as make 200 MB, 2 to --sets.
- * Returns -1 on a CUDA error. */
-typedef struct mqactx {
-  const kset *ks;
-  int S, which;
-  float scale;
-  mqa_tensors t[8];
-  mqa_maps maps[8]; /* per set: mqa_fwd_sm90's */
-} mqactx;
-
-static int mqa_slaunch(void *p, int set) {
-  mqactx *x = p;
-  const mqa_tensors *t = &x->t[set];
-  return run_any_mqa_fwd(&x->ks->k[x->which], t, t->o, t->lse, x->S, x->scale, x->maps[set]);
-}
-
-static int time_mqa_sm90(const kset *ks, int S) {
-  const int H = ks->heads;
-  const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
-  const size_t nl = (size_t)H * S;
-  const double set_bytes = 2.0 * (nq + nc + no) + 4.0 * nl;
-  const int n_sets = device_sets("mqa", H, S, set_bytes, 0, 200e6);
-  if (n_sets <= 0) return n_sets;
-  const int base = g_n_allocs;
-  mqactx x;
-  memset(&x, 0, sizeof x);
-  x.ks = ks, x.S = S, x.scale = softmax_scale();
-  int rc = -1;
-  for (int s = 0; s < n_sets; s++) {
-    mqa_tensors *t = &x.t[s];
-    if (dalloc(&t->q, nq * 2) || dalloc(&t->c, nc * 2) || alloc_nan(&t->o, no * 2) ||
-        alloc_nan(&t->lse, nl * 4) || fill_random(t->q, nq, 101 + 2 * s) ||
-        fill_random(t->c, nc, 102 + 2 * s) || sm90_mqa_maps(&ks->k[K_MQA_FWD_SM90], t, S, x.maps[s]))
-      goto done;
-  }
-  const double pairs = (double)S * (S + 1) / 2;
-  const int order[2] = {K_MQA_FWD, K_MQA_FWD_SM90};
-  for (int i = 0; i < 2; i++) {
-    x.which = order[i];
-    row *r = timed_row(k_label[x.which], "fwd", mqa_slaunch, &x, n_sets, H, S,
-                       2.0 * H * pairs * (MQK + MV), 2.0 * (nq + nc + no) + 4.0 * nl);
-    if (!r) goto done;
-    r->dqk = MQK, r->dv = MV;
-    print_row(r);
-  }
-  rc = 0;
-done:
-  free_since(base);
-  return rc;
-}
-
 /* ---- the absorbed form's kernels (mqa_*) ------------------------------------------------ */
 typedef struct mctx {
   const kset *ks;
@@ -1660,17 +1597,26 @@ typedef struct mctx {
   mqa_tensors t[8];
   CUdeviceptr dq, dc; /* one buffer each */
   int bwd;            /* 0: mqa_fwd; 1: pre, dkv, dq */
+  int sm90;           /* the sm_90a kernels (--sm90) in place of the mma.sync ones */
+  mqa_maps fmaps[8];  /* per set: mqa_fwd_sm90's (--sm90) */
+  mqa_bwd_maps bmaps[8][2]; /* per set: mqa_bwd_dkv_sm90's, mqa_bwd_dq_sm90's (--sm90) */
 } mctx;
 
 static int mlaunch(void *p, int set, int step) {
   const mctx *x = p;
   const mqa_tensors *t = &x->t[set];
   const gk *k = x->ks->k;
-  if (!x->bwd) return run_mqa_fwd(&k[K_MQA_FWD], t, t->o, t->lse, x->S, x->scale);
+  if (!x->bwd)
+    return run_any_mqa_fwd(&k[x->sm90 ? K_MQA_FWD_SM90 : K_MQA_FWD], t, t->o, t->lse, x->S,
+                           x->scale, x->fmaps[set]);
   switch (step) {
     case 0: return run_mqa_pre(&k[K_MQA_PRE], t, x->S);
-    case 1: return run_mqa_bwd(&k[K_MQA_DKV], t, x->dc, x->S, x->scale);
-    default: return run_mqa_bwd(&k[K_MQA_DQ], t, x->dq, x->S, x->scale);
+    case 1:
+      return run_mqa_bwd(&k[x->sm90 ? K_MQA_DKV_SM90 : K_MQA_DKV], t, x->dc, x->S, x->scale,
+                         x->bmaps[set][0]);
+    default:
+      return run_mqa_bwd(&k[x->sm90 ? K_MQA_DQ_SM90 : K_MQA_DQ], t, x->dq, x->S, x->scale,
+                         x->bmaps[set][1]);
   }
 }
 
@@ -1682,7 +1628,11 @@ static int mlaunch(void *p, int set, int step) {
  * d_v = d_c): forward 2 H pairs (d_qk + d_v) on mqa_fwd, backward 2 H pairs
  * (3 d_qk + 2 d_v) on the pipeline row mqa_bwd (the dkv and dq kernels each recompute P and
  * dP: their rows carry none). Bytes: every input read once, every output written once
- * (delta excluded from the pipeline's). Returns -1 on a CUDA error. */
+ * (delta excluded from the pipeline's). Under --sm90 the same rows again for the sm_90a
+ * kernels in the same run, on the same input sets (their tensor maps from the runtime, by
+ * value): mqa_fwd_sm90, mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90, mqa_bwd_sm90 (pre +
+ * mqa_bwd_dkv_sm90 + mqa_bwd_dq_sm90) and mqa_fwd+bwd_sm90 (pre is the same kernel: no
+ * second row). Returns -1 on a CUDA error. */
 static int time_mqa(const kset *ks, int S) {
   const int H = ks->heads;
   const size_t nq = (size_t)S * H * MQK, nc = (size_t)S * MQK, no = (size_t)S * H * MV;
@@ -1709,6 +1659,10 @@ static int time_mqa(const kset *ks, int S) {
                CU(drv->cuMemcpyDtoDAsync(t->dout, x.t[0].dout, no * 2, g_stream))) {
       goto done;
     }
+    if (g_sm90 && (sm90_mqa_maps(&ks->k[K_MQA_FWD_SM90], t, S, x.fmaps[s]) ||
+                   sm90_mqa_bwd_maps(&ks->k[K_MQA_DKV_SM90], t, S, x.bmaps[s][0]) ||
+                   sm90_mqa_bwd_maps(&ks->k[K_MQA_DQ_SM90], t, S, x.bmaps[s][1])))
+      goto done;
   }
   if (alloc_nan(&x.dq, nq * 2) || alloc_nan(&x.dc, nc * 2)) goto done;
   for (int s = 0; s < n_sets; s++)
@@ -1723,26 +1677,34 @@ static int time_mqa(const kset *ks, int S) {
   const double f_fwd = 2.0 * H * pairs * (MQK + MV), f_bwd = 2.0 * H * pairs * (3 * MQK + 2 * MV);
   const double b_q = 2.0 * nq, b_c = 2.0 * nc, b_o = 2.0 * no, b_l = 4.0 * nl;
   const double b_bin = b_q + b_c + b_o /* dout */ + 2 * b_l /* lse, delta */;
-  double ms_f[2], ms_b[4]; /* per step, then the whole sequence (time_steps) */
-  int it_f, it_b;
-  x.bwd = 0;
-  if (time_steps("mqa_fwd", mlaunch, &x, 1, n_sets, ms_f, &it_f)) goto done;
-  x.bwd = 1;
-  if (time_steps("mqa_bwd", mlaunch, &x, 3, n_sets, ms_b, &it_b)) goto done;
-  const struct { const char *label, *op; double ms, flops, bytes; int iters; } rows[] = {
-      {"mqa_fwd", "fwd", ms_f[0], f_fwd, b_q + b_c + b_o + b_l, it_f},
-      {"mqa_bwd_pre", "", ms_b[0], 0, 2 * b_o + b_l, it_b},
-      {"mqa_bwd_dkv", "", ms_b[1], 0, b_bin + b_c, it_b},
-      {"mqa_bwd_dq", "", ms_b[2], 0, b_bin + b_q, it_b},
-      {"mqa_bwd", "bwd", ms_b[3], f_bwd, b_q + b_c + 2 * b_o + b_l + b_q + b_c, it_b},
-      {"mqa_fwd+bwd", "fwd_bwd", ms_f[0] + ms_b[3], f_fwd + f_bwd,
-       b_q + b_c + b_o /* dout */ + b_o + b_l /* o, lse out */ + b_q + b_c, it_f < it_b ? it_f : it_b},
-  };
-  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    row *r = add_row(rows[i].label, rows[i].op, H, S, rows[i].ms, rows[i].flops, rows[i].bytes,
-                     rows[i].iters);
-    r->dqk = MQK, r->dv = MV;
-    print_row(r);
+  for (int sm90 = 0; sm90 < 1 + g_sm90; sm90++) { /* mma.sync, then (--sm90) sm_90a */
+    double ms_f[2], ms_b[4]; /* per step, then the whole sequence (time_steps) */
+    int it_f, it_b;
+    const char *const sfx = sm90 ? "_sm90" : "";
+    char lf[32], lb[32];
+    snprintf(lf, sizeof lf, "mqa_fwd%s", sfx), snprintf(lb, sizeof lb, "mqa_bwd%s", sfx);
+    x.sm90 = sm90, x.bwd = 0;
+    if (time_steps(lf, mlaunch, &x, 1, n_sets, ms_f, &it_f)) goto done;
+    x.bwd = 1;
+    if (time_steps(lb, mlaunch, &x, 3, n_sets, ms_b, &it_b)) goto done;
+    const struct { const char *label, *op; double ms, flops, bytes; int iters; } rows[] = {
+        {"mqa_fwd", "fwd", ms_f[0], f_fwd, b_q + b_c + b_o + b_l, it_f},
+        {"mqa_bwd_pre", "", ms_b[0], 0, 2 * b_o + b_l, it_b},
+        {"mqa_bwd_dkv", "", ms_b[1], 0, b_bin + b_c, it_b},
+        {"mqa_bwd_dq", "", ms_b[2], 0, b_bin + b_q, it_b},
+        {"mqa_bwd", "bwd", ms_b[3], f_bwd, b_q + b_c + 2 * b_o + b_l + b_q + b_c, it_b},
+        {"mqa_fwd+bwd", "fwd_bwd", ms_f[0] + ms_b[3], f_fwd + f_bwd,
+         b_q + b_c + b_o /* dout */ + b_o + b_l /* o, lse out */ + b_q + b_c, it_f < it_b ? it_f : it_b},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+      if (sm90 && i == 1) continue; /* pre: the mma.sync pipeline's row */
+      char label[48];
+      snprintf(label, sizeof label, "%s%s", rows[i].label, sfx);
+      row *r = add_row(label, rows[i].op, H, S, rows[i].ms, rows[i].flops, rows[i].bytes,
+                       rows[i].iters);
+      r->dqk = MQK, r->dv = MV;
+      print_row(r);
+    }
   }
   rc = 0;
 done:
@@ -1936,7 +1898,8 @@ static int usage(void) {
           "                    [--no-mqa (without the absorbed kernels)] [--jobs N (NVRTC threads)]\n"
           "                    [--sm90 (sm_90a only: attn_fwd beside attn_fwd_sm90, causal and not,\n"
           "                     the backward beside attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90, causal,\n"
-          "                     and mqa_fwd beside mqa_fwd_sm90, causal: checked then timed)]\n"
+          "                     mqa_fwd beside mqa_fwd_sm90 and the mqa backward beside\n"
+          "                     mqa_bwd_dkv_sm90 + mqa_bwd_dq_sm90, causal: checked then timed)]\n"
           "  defaults: --seqs 1024,4096,8192,16384 --heads 16,128 --iters 20 --warmup 3 --sets 4\n");
   return 2;
 }
@@ -2042,7 +2005,7 @@ int main(int argc, char **argv) {
     }
     if (!no_mqa) {
       const int sq = mqa_check_seq(sets[s].heads, s == 0);
-      if ((r = g_sm90 ? check_mqa_sm90(&sets[s], sq) : check_mqa(&sets[s], sq)) < 0) goto out;
+      if ((r = check_mqa(&sets[s], sq)) < 0) goto out;
       misses += r;
     }
   }
@@ -2067,7 +2030,8 @@ int main(int argc, char **argv) {
     say("--sm90: mma.sync beside sm_90a (TMA, wgmma): the forwards attn_fwd, attn_fwd_sm90 "
         "causal (pairs S(S+1)/2) and not (S^2); the backwards causal (bwd_det, bwd_det_sm90: "
         "pre + dkdv + dq; bwd_atomic, bwd_atomic_sm90: pre + dkdv with atomic dQ); split keys; "
-        "mqa_fwd beside mqa_fwd_sm90 (576/512), causal\n");
+        "mqa_fwd beside mqa_fwd_sm90 and mqa_bwd (pre + dkv + dq) beside mqa_bwd_sm90 (576/512), "
+        "causal\n");
   print_header();
   for (int h = 0; h < n_heads; h++) {
     const kset *ks = NULL;
@@ -2075,7 +2039,7 @@ int main(int argc, char **argv) {
       if (sets[s].heads == heads[h]) ks = &sets[s];
     for (int i = 0; i < n_seqs; i++) {
       if (g_sm90 ? time_sm90(ks, seqs[i]) || time_sm90_bwd(ks, seqs[i]) ||
-                       (!no_mqa && time_mqa_sm90(ks, seqs[i]))
+                       (!no_mqa && time_mqa(ks, seqs[i]))
                  : time_shape(ks, seqs[i]) || (!no_mqa && time_mqa(ks, seqs[i])) ||
                        time_layout(ks, seqs[i], h == 0))
         goto out;

@@ -9,9 +9,11 @@
 #             S 200: partial tiles; causal and not), the deterministic backward (pre +
 #             dkdv + dq, mma.sync and sm_90a) likewise (causal), then timed side by side
 #             at H 16,128 x S 1024..16384, the forwards causal and not, the backwards
-#             causal; and mqa_fwd_sm90 beside mqa_fwd (576/512, causal) checked vs
-#             tests/mqa_ref.h, timed at the same H x S; rows of at most ~1.5 s
-#             (--row-budget-ms 1500: 128 rows fit the cap; SM90_ARGS added)            cap 300
+#             causal; and mqa_fwd_sm90 beside mqa_fwd, pre + mqa_bwd_dkv_sm90 +
+#             mqa_bwd_dq_sm90 beside pre + mqa_bwd_dkv + mqa_bwd_dq (576/512, causal)
+#             checked vs tests/mqa_ref.h, timed at the same H x S; each timed sequence
+#             of at most ~1.5 s or 8 launches (--row-budget-ms 1500: 144 timed
+#             sequences, 216 rows, est. ~130 s; SM90_ARGS added)                      cap 300
 #   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn
 #             --ops fwd,fwd_bwd into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90 cap 150
 #   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
