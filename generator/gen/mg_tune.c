@@ -17,14 +17,7 @@ mg_tune_describe_fn mg_tune_describe = NULL;
 /* ---- limits and pruning ------------------------------------------------------------- */
 
 int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d) {
-  if (!arch || strncmp(arch, "sm_", 3) != 0)
-    return mg_diag_set(d, MLAGEN_EINVAL, "architecture '%s': expected sm_<NN>[a|f], e.g. sm_90a",
-                       arch ? arch : "(null)");
-  char *end = NULL;
-  long sm = strtol(arch + 3, &end, 10);
-  if (end == arch + 3 || !(*end == '\0' || ((*end == 'a' || *end == 'f') && end[1] == '\0')))
-    return mg_diag_set(d, MLAGEN_EINVAL, "architecture '%s': expected sm_<NN>[a|f], e.g. sm_90a", arch);
-  const mg_arch_facts *f = mg_arch_find((int)sm); /* mg_arch.h: the one table */
+  const mg_arch_facts *f = mg_arch_named(arch); /* mg_arch.h: the one table and name rule */
   if (f && f->max_warps) {
     l->smem_per_block = f->smem;
     l->regs_per_sm = 65536;
@@ -35,7 +28,8 @@ int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d) {
   }
   return mg_diag_set(d, MLAGEN_EINVAL,
                      "architecture '%s': no occupancy table (known: sm_80, sm_86, sm_87, sm_89, "
-                     "sm_90, sm_100, sm_103, sm_120, with an optional a/f suffix)", arch);
+                     "sm_90, sm_100, sm_103, sm_120, written sm_<NN> with an optional a/f suffix, "
+                     "e.g. sm_90a)", arch ? arch : "(null)");
 }
 
 int mg_tune_reg_occupancy(int registers, int threads, const mg_tune_limits *l) {
