@@ -79,8 +79,6 @@ typedef struct bwd_case {
 } bwd_case;
 
 #define FLIP_EPS 3e-5 /* as test_mqa_bwd.c: the kernel's own fp32 error in a P or dS element */
-static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
-static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
 
 static void *xcalloc(size_t n, size_t sz) {
   void *p = calloc(n ? n : 1, sz);
@@ -144,7 +142,7 @@ static void case_init(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, i
   c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
   c->f_dq = xcalloc(c->nq, sizeof *c->f_dq);
   mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
-                    g_fp16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
+                    kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
                     c->r_dc);
   c->out = xcalloc(c->dq ? c->nq : c->nc, sizeof *c->out);
   c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
