@@ -29,6 +29,12 @@ static inline float e16_to_float(int fp16, e16 x) {
 static inline e16 float_to_e16(int fp16, float f) {
   return fp16 ? float_to_half(f) : float_to_bf16(f);
 }
+/* The rounding of a 16-bit operand as the mixed-precision references (attn_ref_mixed,
+ * mqa_ref.h) take it: x to the nearest fp16 (fp16) or bf16 value, as a double. */
+static inline double kt_round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
+static inline double kt_round_f16(double x) { return half_to_float(float_to_half((float)x)); }
+typedef double (*kt_round)(double);
+static inline kt_round kt_round_fn(int fp16) { return fp16 ? kt_round_f16 : kt_round_bf16; }
 
 /* Seeded inputs: MLAGEN_TEST_SEED (printed by each test) reproduces a run. */
 static uint64_t rng_state;

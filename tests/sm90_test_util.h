@@ -2,7 +2,7 @@
  * (test_attn_fwd_sm90.c, test_attn_bwd_sm90.c, test_mqa_fwd_sm90.c, test_mqa_bwd_sm90.c):
  * the CUtensorMap stand-in passed by value, the source edit of the mutation tests, the fake
  * driver and parsed manifest the runtime's tensor-map helpers take, the launch on the host
- * executor as sm_90, and the end of an NVRTC configuration sweep. Include after cmocka.h, kernel_host.h and kernel_test_util.h. */
+ * executor as sm_90, the end of an NVRTC configuration sweep, and a rejected spec. Include after cmocka.h, kernel_host.h and kernel_test_util.h. */
 #ifndef MLAGEN_SM90_TEST_UTIL_H
 #define MLAGEN_SM90_TEST_UTIL_H
 
@@ -76,6 +76,20 @@ static inline void sm90_sweep_close(kh_sweep *sw, int kept, int min_kept) {
                 kh_now() - sw->t0);
   assert_true(kept >= min_kept);
   kh_sweep_close(sw);
+}
+
+/* Asserts that generating spec fails with MLAGEN_EINVAL and a message containing want;
+ * prints the message. */
+static inline void sm90_expect_reject(const mg_kernel_spec *spec, const char *want) {
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  mg_kernel k;
+  assert_int_equal(mg_gen_kernel(g, spec, &k, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), want));
+  print_message("  %s\n", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  mg_gen_close(g);
 }
 
 #endif

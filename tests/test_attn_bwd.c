@@ -121,8 +121,6 @@ static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
  * bound of ambiguous 16-bit roundings (see the tolerances below). */
 #define FLIP_EPS 3e-5
 
-static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
-static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
 
 /* Reference forward and backward in float64 (tests/attn_ref.h) from the rounded inputs;
  * each head's K is [k_nope ; k_rope] (split: the shared k_rope, whose gradient is dK's rope
@@ -148,7 +146,7 @@ static void reference(const mg_kernel_spec *s, bwd_case *c) {
   /* the gradients from the stored o16 and lse32, P and dS rounded to 16 bits (attn_ref.h) */
   for (size_t i = 0; i < c->no; i++) o[i] = e_to_float(s, c->o16[i]);
   for (size_t i = 0; i < c->nl; i++) lse[i] = c->lse32[i];
-  const attn_ref_mixed mx = {o, lse, f16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, fdk, c->f_dv};
+  const attn_ref_mixed mx = {o, lse, kt_round_fn(f16), FLIP_EPS, c->f_dq, fdk, c->f_dv};
   attn_ref_bwd(&d, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
   if (c->packed) {
     memcpy(c->r_dkn, dk, nk * dqk * sizeof *dk);

@@ -95,8 +95,6 @@ typedef struct bwd_case {
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
 
 #define FLIP_EPS 3e-5 /* test_attn_bwd.c's: the kernels' own fp32 error in P or dS */
-static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
-static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
 
 /* test_attn_bwd.c's reference: the float64 forward (o rounded to 16 bits, lse to fp32),
  * then the gradients with P and dS rounded to 16 bits and their flip bounds (attn_ref.h);
@@ -124,7 +122,7 @@ static void reference_one(const mg_kernel_spec *s, bwd_case *c, int packed) {
           acc += o[row * s->d_v + e] * e_to_float(s, c->dout[row * s->d_v + e]);
         c->delta[((size_t)b * H + h) * c->sq + i] = (float)acc;
       }
-  const attn_ref_mixed mx = {o, lse, f16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, fdk, c->f_dv};
+  const attn_ref_mixed mx = {o, lse, kt_round_fn(f16), FLIP_EPS, c->f_dq, fdk, c->f_dv};
   attn_ref_bwd(&d, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
   for (size_t t = 0; t < nk; t++)
     for (int e = 0; e < dqk; e++)

@@ -127,9 +127,6 @@ static e16 *rand_e16(size_t n, double sd, double *as_double) {
  * bound of ambiguous 16-bit roundings (see the tolerances below). */
 #define FLIP_EPS 3e-5
 
-static double round_bf16(double x) { return bf16_to_float(float_to_bf16((float)x)); }
-static double round_f16(double x) { return half_to_float(float_to_half((float)x)); }
-
 static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int sq, int sk,
                       int q_pos0) {
   const int w = dc + dr;
@@ -160,7 +157,7 @@ static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int
   for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, c->o16[i]);
   for (size_t i = 0; i < c->nl; i++) lsed[i] = c->lse32[i];
   mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
-                    g_fp16 ? round_f16 : round_bf16, FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
+                    kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
                     c->r_dc);
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   c->dq = xcalloc(c->nq, sizeof *c->dq);

@@ -76,6 +76,40 @@ static void expect_map(const CUtensorMap *m, unsigned es, unsigned rank, uintptr
   }
 }
 
+/* Names k's first n parameters and gives their kinds, as a manifest would: what
+ * mg_sm90_launch_tmaps looks the tensors up by. */
+static void set_params(mg_kernel_info *k, int n, const char *const *names,
+                       const mg_param_kind *kinds) {
+  k->n_params = n;
+  for (int i = 0; i < n; i++) {
+    snprintf(k->params[i].name, sizeof k->params[i].name, "%s", names[i]);
+    k->params[i].kind = kinds[i];
+  }
+}
+
+/* mg_sm90_launch_tmaps with room for MG_SM90_MAX_TMAPS maps: succeeds with want_n maps. */
+static void launch_maps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                        void **args, const mg_launch_dims *dims, CUtensorMap *maps, int want_n) {
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  if (mg_sm90_launch_tmaps(drv, s, k, args, dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
+    fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(n, want_n);
+}
+
+/* mg_sm90_launch_tmaps with room for `room` maps, too few: refused, none encoded. */
+static void expect_no_room(const mg_driver *drv, const mg_kernel_spec *s, const mg_kernel_info *k,
+                           void **args, const mg_launch_dims *dims, CUtensorMap *maps, int room) {
+  mg_diag d = MG_DIAG_INIT;
+  int n = -1;
+  char want[32];
+  snprintf(want, sizeof want, "room for %d maps", room);
+  assert_int_equal(mg_sm90_launch_tmaps(drv, s, k, args, dims, maps, room, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), want));
+  assert_int_equal(n, 0);
+  mg_diag_clear(&d);
+}
+
 enum { SW32 = CU_TENSOR_MAP_SWIZZLE_32B, SW64 = CU_TENSOR_MAP_SWIZZLE_64B, SW128 = CU_TENSOR_MAP_SWIZZLE_128B };
 /* Distinct 16-byte aligned addresses: never dereferenced by the encode. */
 #define QA ((CUdeviceptr)0x100000)
@@ -217,29 +251,20 @@ static void test_launch_bwd_tmaps(void **state) {
   static const char *const names[] = {"q", "k_nope", "k_rope", "v", "dout", "dq", "seqlen_q", "tmaps"};
   const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
                                  MG_PARAM_IN,  MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
-  k.n_params = 8;
-  for (int i = 0; i < 8; i++) {
-    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
-    k.params[i].kind = kinds[i];
-  }
+  set_params(&k, 8, names, kinds);
   CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, DOA, 0x600000};
   int sq = 70;
   CUtensorMap maps[MG_SM90_MAX_TMAPS], want[MG_SM90_BWD_TMAPS];
   void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
   const mg_launch_dims dims = {2, 70, 100};
+  launch_maps(drv, &s, &k, args, &dims, maps, MG_SM90_BWD_TMAPS);
   mg_diag d = MG_DIAG_INIT;
-  int n = -1;
-  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
-    fail_msg("%s", mg_diag_msg(&d));
-  assert_int_equal(n, MG_SM90_BWD_TMAPS);
   const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100};
   if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(maps, want, sizeof want);
   expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
-  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 4, &n, &d), MLAGEN_EINVAL);
-  assert_non_null(strstr(mg_diag_msg(&d), "room for 4 maps"));
-  assert_int_equal(n, 0);
   mg_diag_clear(&d);
+  expect_no_room(drv, &s, &k, args, &dims, maps, 4);
 }
 
 /* mg_sm90_launch_tmaps, what the CUDA executor and the tuner call at each launch: the
@@ -254,21 +279,15 @@ static void test_launch_tmaps(void **state) {
   static const char *const names[] = {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "tmaps"};
   const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
                                  MG_PARAM_OUT, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
-  k.n_params = 8;
-  for (int i = 0; i < 8; i++) {
-    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
-    k.params[i].kind = kinds[i];
-  }
+  set_params(&k, 8, names, kinds);
   CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, 0x500000, 0x600000};
   int sq = 300;
   CUtensorMap maps[MG_SM90_MAX_TMAPS], want[4];
   void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
   const mg_launch_dims dims = {2, 300, 500};
+  launch_maps(drv, &s, &k, args, &dims, maps, 4);
   mg_diag d = MG_DIAG_INIT;
   int n = -1;
-  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
-    fail_msg("%s", mg_diag_msg(&d));
-  assert_int_equal(n, 4);
   const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500};
   if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(maps, want, sizeof want);
@@ -371,29 +390,20 @@ static void test_launch_mqa_tmaps(void **state) {
   static const char *const names[] = {"q", "c", "o", "lse", "seqlen_q", "tmaps"};
   const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_OUT,
                                  MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
-  k.n_params = 6;
-  for (int i = 0; i < 6; i++) {
-    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
-    k.params[i].kind = kinds[i];
-  }
+  set_params(&k, 6, names, kinds);
   CUdeviceptr ptr[4] = {QA, KNA, 0x500000, 0x600000};
   int sq = 300;
   CUtensorMap maps[MG_SM90_MAX_TMAPS], want[2];
   void *args[6] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &sq, maps};
   const mg_launch_dims dims = {2, 300, 500};
+  launch_maps(drv, &s, &k, args, &dims, maps, 2);
   mg_diag d = MG_DIAG_INIT;
-  int n = -1;
-  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, MG_SM90_MAX_TMAPS, &n, &d))
-    fail_msg("%s", mg_diag_msg(&d));
-  assert_int_equal(n, 2);
   const mg_sm90_mqa_tensors t = {QA, KNA, 2, 300, 500};
   if (mg_sm90_mqa_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(maps, want, sizeof want);
   expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 1000}, (unsigned[]){64, 64}, SW128);
-  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 1, &n, &d), MLAGEN_EINVAL);
-  assert_non_null(strstr(mg_diag_msg(&d), "room for 1 maps"));
-  assert_int_equal(n, 0);
   mg_diag_clear(&d);
+  expect_no_room(drv, &s, &k, args, &dims, maps, 1);
 }
 
 /* The absorbed backward's three maps (mg_sm90_mqa_bwd_tmaps): q and dout over the packed
@@ -440,26 +450,17 @@ static void test_mqa_bwd(void **state) {
   static const char *const names[] = {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "tmaps"};
   const mg_param_kind kinds[] = {MG_PARAM_IN, MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN,
                                  MG_PARAM_IN, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
-  k.n_params = 8;
-  for (int i = 0; i < 8; i++) {
-    snprintf(k.params[i].name, sizeof k.params[i].name, "%s", names[i]);
-    k.params[i].kind = kinds[i];
-  }
+  set_params(&k, 8, names, kinds);
   CUdeviceptr ptr[6] = {QA, KNA, DOA, 0x600000, 0x700000, 0x800000};
   int sq = 7;
   CUtensorMap lmaps[MG_SM90_MAX_TMAPS];
   void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, lmaps};
   const mg_launch_dims dims = {1, 7, 0};
-  int n = -1;
-  if (mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, lmaps, MG_SM90_MAX_TMAPS, &n, &d))
-    fail_msg("%s", mg_diag_msg(&d));
-  assert_int_equal(n, MG_SM90_MQA_BWD_TMAPS);
+  launch_maps(drv, &s, &k, args, &dims, lmaps, MG_SM90_MQA_BWD_TMAPS);
   if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t2, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(lmaps, maps, sizeof maps);
-  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, lmaps, 2, &n, &d), MLAGEN_EINVAL);
-  assert_non_null(strstr(mg_diag_msg(&d), "room for 2 maps"));
-  assert_int_equal(n, 0);
   mg_diag_clear(&d);
+  expect_no_room(drv, &s, &k, args, &dims, lmaps, 2);
 }
 
 int main(void) {

@@ -795,6 +795,26 @@ static int same_bits(const char *what, const void *a, const void *b, size_t n, i
   return 0;
 }
 
+/* The backward's gradients against c's float64 reference (check_elems, TOL_GRAD): dq
+ * (bf16, or the fp32 dq_accum when dq_f32), dk_nope, dk_rope (fp32) and dv, S rows each. */
+static void check_grads(const host_case *c, int S, const void *dq, int dq_f32, const e16 *dkn,
+                        const float *dkr, const e16 *dv, int *fails) {
+  check_elems(dq_f32 ? "dq (fp32 dq_accum)" : "dq", dq, dq_f32, c->r_dq, (size_t)S, (int)(c->nq / S), 0, (int)(c->nq / S), TOL_GRAD, fails);
+  check_elems("dk_nope", dkn, 0, c->r_dkn, (size_t)S, (int)(c->nkn / S), 0, (int)(c->nkn / S), TOL_GRAD, fails);
+  check_elems("dk_rope", dkr, 1, c->r_dkr, (size_t)S, (int)(c->nkr / S), 0, (int)(c->nkr / S), TOL_GRAD, fails);
+  check_elems("dv", dv, 0, c->r_dv, (size_t)S, (int)(c->nv / S), 0, (int)(c->nv / S), TOL_GRAD, fails);
+}
+
+/* Two runs' gradients (dq, dk_nope, dk_rope, dv) bit for bit (same_bits). */
+static void same_grads(const host_case *c, const e16 *dq, const e16 *dq2, const e16 *dkn,
+                       const e16 *dkn2, const float *dkr, const float *dkr2, const e16 *dv,
+                       const e16 *dv2, int *fails) {
+  same_bits("dq", dq, dq2, c->nq, 2, fails);
+  same_bits("dk_nope", dkn, dkn2, c->nkn, 2, fails);
+  same_bits("dk_rope", dkr, dkr2, c->nkr, 4, fails);
+  same_bits("dv", dv, dv2, c->nv, 2, fails);
+}
+
 /* Checks every kernel of ks at (H = ks->heads, S). Returns -1 on a CUDA error, else the
  * number of misses. */
 static int check_set(const kset *ks, int S) {
@@ -850,10 +870,7 @@ static int check_set(const kset *ks, int S) {
       download(dkr, out.dkr, c.nkr * 4) || download(dv, out.dv, c.nv * 2))
     goto done;
   say("  %s + %s\n", ks->k[K_PRE].name, ks->k[K_DKDV].name);
-  check_elems("dq (fp32 dq_accum)", dq_accum, 1, c.r_dq, (size_t)S, (int)(c.nq / S), 0, (int)(c.nq / S), TOL_GRAD, &fails);
-  check_elems("dk_nope", dkn, 0, c.r_dkn, (size_t)S, (int)(c.nkn / S), 0, (int)(c.nkn / S), TOL_GRAD, &fails);
-  check_elems("dk_rope", dkr, 1, c.r_dkr, (size_t)S, (int)(c.nkr / S), 0, (int)(c.nkr / S), TOL_GRAD, &fails);
-  check_elems("dv", dv, 0, c.r_dv, (size_t)S, (int)(c.nv / S), 0, (int)(c.nv / S), TOL_GRAD, &fails);
+  check_grads(&c, S, dq_accum, 1, dkn, dkr, dv, &fails);
   /* the backward, deterministic: pre (no dq_accum) + dkdv_det + dq, twice */
   for (int run = 0; run < 2; run++) {
     if (CU(drv->cuMemsetD8(out.dkr, 0xff, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
@@ -870,14 +887,8 @@ static int check_set(const kset *ks, int S) {
       goto done;
   }
   say("  %s + %s + %s\n", ks->k[K_PRE].name, ks->k[K_DKDV_DET].name, ks->k[K_DQ].name);
-  check_elems("dq", dq, 0, c.r_dq, (size_t)S, (int)(c.nq / S), 0, (int)(c.nq / S), TOL_GRAD, &fails);
-  check_elems("dk_nope", dkn, 0, c.r_dkn, (size_t)S, (int)(c.nkn / S), 0, (int)(c.nkn / S), TOL_GRAD, &fails);
-  check_elems("dk_rope", dkr, 1, c.r_dkr, (size_t)S, (int)(c.nkr / S), 0, (int)(c.nkr / S), TOL_GRAD, &fails);
-  check_elems("dv", dv, 0, c.r_dv, (size_t)S, (int)(c.nv / S), 0, (int)(c.nv / S), TOL_GRAD, &fails);
-  same_bits("dq", dq, dq2, c.nq, 2, &fails);
-  same_bits("dk_nope", dkn, dkn2, c.nkn, 2, &fails);
-  same_bits("dk_rope", dkr, dkr2, c.nkr, 4, &fails);
-  same_bits("dv", dv, dv2, c.nv, 2, &fails);
+  check_grads(&c, S, dq, 0, dkn, dkr, dv, &fails);
+  same_grads(&c, dq, dq2, dkn, dkn2, dkr, dkr2, dv, dv2, &fails);
   rc = fails;
 done:
   /* free this check's buffers (the latest allocations) */
@@ -994,14 +1005,8 @@ static int check_sm90_bwd(const kset *ks, int S) {
         goto done;
     }
     say("  %s + %s + %s\n", ks->k[K_PRE].name, kd->name, kq->name);
-    check_elems("dq", dq[0], 0, c.r_dq, (size_t)S, (int)(c.nq / S), 0, (int)(c.nq / S), TOL_GRAD, &fails);
-    check_elems("dk_nope", dkn[0], 0, c.r_dkn, (size_t)S, (int)(c.nkn / S), 0, (int)(c.nkn / S), TOL_GRAD, &fails);
-    check_elems("dk_rope", dkr[0], 1, c.r_dkr, (size_t)S, (int)(c.nkr / S), 0, (int)(c.nkr / S), TOL_GRAD, &fails);
-    check_elems("dv", dv[0], 0, c.r_dv, (size_t)S, (int)(c.nv / S), 0, (int)(c.nv / S), TOL_GRAD, &fails);
-    same_bits("dq", dq[0], dq[1], c.nq, 2, &fails);
-    same_bits("dk_nope", dkn[0], dkn[1], c.nkn, 2, &fails);
-    same_bits("dk_rope", dkr[0], dkr[1], c.nkr, 4, &fails);
-    same_bits("dv", dv[0], dv[1], c.nv, 2, &fails);
+    check_grads(&c, S, dq[0], 0, dkn[0], dkr[0], dv[0], &fails);
+    same_grads(&c, dq[0], dq[1], dkn[0], dkn[1], dkr[0], dkr[1], dv[0], dv[1], &fails);
   }
   /* the atomic sm_90a backward: pre (zeroes dq_accum) + attn_bwd_dkdv_sm90 deterministic = 0
    * (dk_rope zeroed first; atomics: not compared bit for bit) */
@@ -1019,10 +1024,7 @@ static int check_sm90_bwd(const kset *ks, int S) {
         download(dkr[0], out.dkr, c.nkr * 4) || download(dv[0], out.dv, c.nv * 2))
       goto done;
     say("  %s + %s\n", ks->k[K_PRE].name, ka->name);
-    check_elems("dq (fp32 dq_accum)", dqa, 1, c.r_dq, (size_t)S, (int)(c.nq / S), 0, (int)(c.nq / S), TOL_GRAD, &fails);
-    check_elems("dk_nope", dkn[0], 0, c.r_dkn, (size_t)S, (int)(c.nkn / S), 0, (int)(c.nkn / S), TOL_GRAD, &fails);
-    check_elems("dk_rope", dkr[0], 1, c.r_dkr, (size_t)S, (int)(c.nkr / S), 0, (int)(c.nkr / S), TOL_GRAD, &fails);
-    check_elems("dv", dv[0], 0, c.r_dv, (size_t)S, (int)(c.nv / S), 0, (int)(c.nv / S), TOL_GRAD, &fails);
+    check_grads(&c, S, dqa, 1, dkn[0], dkr[0], dv[0], &fails);
   }
   rc = fails;
 done:
