@@ -313,6 +313,49 @@ struct QueryPos {
   }
 };
 
+// Packed sequences (generator/core/mg_varlen.h has the rules and the host side): the
+// kernel arguments cu_seqlens [n_seqs + 1] (device int32; nullptr: not packed, every batch
+// item is one sequence of seqlen_k keys) and n_seqs. Positions are global token indices
+// (mla::QueryPos); a query at t of document d sees keys [cu[d], causal ? t + 1 : cu[d + 1]);
+// a slack query (t >= cu[n_seqs]) sees none, as a slack key is seen by none. Packed calls
+// have batch 1. Rows outside a tile's ranges must be loaded as zeros (or never read), so
+// that NaN in slack or foreign rows cannot reach a valid output through 0 * NaN.
+struct Varlen {
+  const int* cu;
+  int n;
+  __device__ __forceinline__ bool on() const { return cu != nullptr; }
+  // The document of token t, or -1 (slack, or t < 0). Binary search over cu.
+  __device__ __forceinline__ int doc(int t) const {
+    if (t < 0 || t >= cu[n]) return -1;
+    int lo = 0, hi = n;  // the last d with cu[d] <= t is in [lo, hi)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (cu[mid] <= t) lo = mid; else hi = mid;
+    }
+    return lo;
+  }
+  // The keys [lo, hi) query position t sees; not packed: [0, causal ? min(t + 1, seqlen_k)
+  // : seqlen_k) (empty for t < 0 when causal).
+  template <bool CAUSAL>
+  __device__ __forceinline__ void keys(int t, int seqlen_k, int& lo, int& hi) const {
+    if (!on()) {
+      lo = 0, hi = CAUSAL ? max(0, min(t + 1, seqlen_k)) : seqlen_k;
+      return;
+    }
+    const int d = doc(t);
+    if (d < 0) { lo = hi = 0; return; }
+    lo = cu[d], hi = CAUSAL ? t + 1 : cu[d + 1];
+  }
+  // Packed calls only: the query positions [lo, hi) that see key j (j's document, from j
+  // on when causal; empty for a slack key).
+  template <bool CAUSAL>
+  __device__ __forceinline__ void queries(int j, int& lo, int& hi) const {
+    const int d = doc(j);
+    if (d < 0) { lo = hi = 0; return; }
+    lo = CAUSAL ? j : cu[d], hi = cu[d + 1];
+  }
+};
+
 // Key tiles of BLOCK_N keys that queries up to position q_last (0 = the first query of the
 // call, at global position q_pos0) can see: with causal masking, none past its position.
 // Kernels with two-chunk positions pass q_pos0 = 0 and the last row's global position.

@@ -21,6 +21,10 @@
 --   pass      "fwd" (default) or "bwd": the training pass the kernel belongs to
 --   causal    true when the code depends on spec.causal (else the executor generates the
 --             kernel non-causal for every plan)
+--   varlen    true when the family has a packed-sequence variant (spec.varlen: its last
+--             params are cu_seqlens and n_seqs, generator/core/mg_varlen.h's rules); the
+--             variant's symbol is name(spec, config) .. "_varlen". A spec.varlen for a
+--             family without one is rejected
 --   interface list of tunables that change the kernel's parameters or what it computes
 --   flops     {pair = n, row = n}: FLOPs per visible (query, key) pair and per query token
 --             (all heads) for TFLOP/s; absent for memory-bound kernels
@@ -29,7 +33,7 @@
 -- It resolves the configuration (default, then spec.config overrides, each checked
 -- against the declared values), validates it, records the kernel for the generator and
 -- returns the record: {family, doc, name, params, tunables, config, launch, pass, causal,
--- interface, flops}.
+-- varlen, interface, flops}.
 -- Names starting with __mlagen_ are reserved for the generator.
 
 function ceil_div(a, b) return (a + b - 1) // b end
@@ -98,6 +102,10 @@ function kernel(decl)
     error("kernel{}: pass must be \"fwd\" or \"bwd\"", 2)
   end
   if decl.causal ~= nil and type(decl.causal) ~= "boolean" then error("kernel{}: causal must be a boolean", 2) end
+  if decl.varlen ~= nil and type(decl.varlen) ~= "boolean" then error("kernel{}: varlen must be a boolean", 2) end
+  if spec.varlen and not decl.varlen then
+    reject(decl.family .. ": no packed-sequence (varlen) variant")
+  end
   for _, t in ipairs(decl.interface or {}) do
     if not decl.tunables[t] then error("kernel{}: interface names '" .. tostring(t) .. "', not a tunable", 2) end
   end
@@ -106,13 +114,14 @@ function kernel(decl)
   recorded = {
     family = decl.family,
     doc = decl.doc,
-    name = decl.name(spec, config),
+    name = decl.name(spec, config) .. (spec.varlen and "_varlen" or ""),
     params = decl.params,
     tunables = decl.tunables,
     config = config,
     launch = decl.launch(spec, config),
     pass = decl.pass or "fwd",
     causal = decl.causal or false,
+    varlen = decl.varlen or false,
     interface = decl.interface,
     flops = decl.flops,
   }

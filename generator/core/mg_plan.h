@@ -130,6 +130,12 @@ typedef struct mg_gemm {
   int64_t stride_a, stride_b, stride_c;
   int batch;
   float beta; /* 0: overwrite, 1: accumulate */
+  /* Varlen plans (mg_varlen.h): tok_k = 1 marks a GEMM whose k runs over token rows (the
+   * weight gradients, k = S_l or S), row i of k at global position tok0 + i. At run time
+   * the executors contract only over the valid rows, mg_varlen_valid_rows(T, tok0, k), so
+   * that NaN in slack rows never reaches the sum (0 * NaN). 0: k is not tokens. */
+  int tok_k;
+  int64_t tok0;
 } mg_gemm;
 
 typedef struct mg_step {
@@ -174,6 +180,16 @@ typedef struct mg_plan_args {
                       H / head_groups heads at a time (a divisor of H, at most
                       MG_PLAN_MAX_HEAD_GROUPS); 0 picks mg_plan_default_head_groups (of
                       H/P, of H). Other forms require 0. */
+  /* Packed sequences (mg_varlen.h): nonzero makes a varlen plan, batch 1 and seq the token
+   * capacity T_cap; the executors then take cu_seqlens at every pass. */
+  int varlen;
+  /* Optional, varlen plans only: the documents the planner's figures assume (attention
+   * FLOPs counted per document pair, mg_varlen_pairs); n_cu = N + 1 entries, checked by
+   * mg_plan_args_check (mg_varlen_check against seq). NULL: one document of seq tokens, the
+   * worst case (the unpacked figures). Not kept past mg_plan_build (the plan's
+   * args.cu_seqlens is set to NULL). */
+  const int32_t *cu_seqlens;
+  int64_t n_cu;
 } mg_plan_args;
 
 typedef struct mg_plan {

@@ -231,6 +231,8 @@ static void push_spec(lua_State *L, const mg_kernel_spec *s) {
   lua_setfield(L, -2, "dtype");
   lua_pushboolean(L, s->causal);
   lua_setfield(L, -2, "causal");
+  lua_pushboolean(L, s->varlen);
+  lua_setfield(L, -2, "varlen");
   lua_pushstring(L, s->arch);
   lua_setfield(L, -2, "arch");
   lua_newtable(L);
@@ -403,6 +405,7 @@ int mg_gen_kernel(mg_gen *g, const mg_kernel_spec *s, mg_kernel *out, mg_diag *d
   cJSON_AddNumberToObject(spec, "d_c", s->d_c);
   cJSON_AddStringToObject(spec, "dtype", s->dtype);
   cJSON_AddBoolToObject(spec, "causal", s->causal);
+  if (s->varlen) cJSON_AddBoolToObject(spec, "varlen", 1);
   if (s->arch[0]) cJSON_AddStringToObject(spec, "arch", s->arch);
   cJSON_AddItemToObject(m, "spec", spec);
   cJSON_AddStringToObject(m, "file", out->file);

@@ -237,7 +237,7 @@ static int config_of(const cJSON *cfg, const cJSON *tun, mg_kernel_info *k, mg_d
   return 0;
 }
 
-/* kernel{}'s family facts: pass, causal, interface, flops (each optional). */
+/* kernel{}'s family facts: pass, causal, varlen, interface, flops (each optional). */
 static int facts_of(const cJSON *e, mg_kernel_info *k, mg_diag *d) {
   const cJSON *pass = cJSON_GetObjectItemCaseSensitive(e, "pass");
   const cJSON *causal = cJSON_GetObjectItemCaseSensitive(e, "causal");
@@ -250,6 +250,10 @@ static int facts_of(const cJSON *e, mg_kernel_info *k, mg_diag *d) {
   if (causal && !cJSON_IsBool(causal))
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: causal is not a boolean", k->family);
   k->causal = cJSON_IsTrue(causal);
+  const cJSON *varlen = cJSON_GetObjectItemCaseSensitive(e, "varlen");
+  if (varlen && !cJSON_IsBool(varlen))
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: varlen is not a boolean", k->family);
+  k->varlen = cJSON_IsTrue(varlen);
   if (itf) {
     const cJSON *it;
     if (!cJSON_IsArray(itf) && !(cJSON_IsObject(itf) && !itf->child)) /* {} is an empty list */

@@ -4,7 +4,7 @@
  * becomes, when the generator renders it (mg_gen_kernel), one JSON entry of manifest.json
  * and, parsed once here, an mg_kernel_info: the kernel's name, family, parameters, launch
  * rule, resolved configuration and tunables, and the family's facts the executors, the
- * autotuner and the benchmark need (pass, whether the code depends on causal, the
+ * autotuner and the benchmark need (pass, whether the code depends on causal, a varlen variant, the
  * tunables that change the interface, the FLOP count, the benchmark's argument values).
  * Everything above the generator reads this struct; only this module and the generator
  * see the JSON. */
@@ -99,6 +99,7 @@ typedef struct mg_kernel_info {
   char family[32];  /* the template family */
   char pass[8];     /* kernel{} pass: "fwd" or "bwd" */
   int causal;       /* kernel{} causal: 1 when the code depends on spec.causal */
+  int varlen;       /* kernel{} varlen: 1 when the family has a packed-sequence variant */
   int n_params;
   mg_kernel_param params[MG_KERNEL_MAX_PARAMS];
   int n_config;     /* the resolved configuration, every tunable, names sorted */
@@ -118,7 +119,7 @@ typedef struct mg_kernel_info {
  * builds it) into *out: "name", "launch" (mg_launch_rule_parse), "family", "params" (each
  * with a string "name" and a "type" of a pointer, "int", "float" or tensor maps by value
  * (a type naming TensorMap); optional "shape",
- * "bench"), and the optional "config" and "tunables" (integers), "pass", "causal",
+ * "bench"), and the optional "config" and "tunables" (integers), "pass", "causal", "varlen",
  * "interface", "flops".
  * Errors: MLAGEN_EINVAL (entry NULL, a field missing or mistyped, more than
  * MG_KERNEL_MAX_PARAMS parameters or MG_SPEC_MAX_CONFIG tunables, a name too long; the

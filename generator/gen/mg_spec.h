@@ -22,6 +22,10 @@ typedef struct mg_kernel_spec {
   int d_c;            /* kv_lora_rank */
   char dtype[8];      /* "bf16" or "fp16": element type of the tensors */
   int causal;         /* 1: causal masking by global position */
+  int varlen;         /* 1: packed sequences (kernel arguments cu_seqlens, n_seqs; the
+                         rules in generator/core/mg_varlen.h): only for a family whose
+                         kernel{} declares varlen, named "<name>_varlen". A tuned
+                         configuration of the unpacked kernel applies to it. */
   char arch[16];      /* the GPU the kernel is rendered for ("sm_86", "sm_90a"; "": any from
                          sm_80 up): its shared-memory limit bounds the configurations the
                          templates accept (prelude.lua smem_limit) */
