@@ -148,6 +148,10 @@ static_assert(BLOCK_M % (16 * MT) == 0 && NS % 16 == 0, "tile shape");
 }  // namespace
 
 ${kernel_open(K, "NUM_THREADS")}
+@ if not spec.varlen then
+  constexpr const int* cu_seqlens = nullptr;  // not packed: the code using them is discarded
+  constexpr int n_seqs = 0;
+@ end
   elem_t* const sQ = reinterpret_cast<elem_t*>(smem);  // [BLOCK_M][QS]
   elem_t* const sO = sQ + BLOCK_M * QS;                 // [BLOCK_M][OS]: dO
   elem_t* const sK = sO + BLOCK_M * OS;                 // STAGES x [BLOCK_N][KS]; V = first DC columns

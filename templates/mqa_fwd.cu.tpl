@@ -177,6 +177,10 @@ static_assert(KW % 8 == 0 && BLOCK_N % 16 == 0 && BLOCK_M % 16 == 0, "tile shape
 }  // namespace
 
 ${kernel_open(K, "NUM_THREADS")}
+@ if not spec.varlen then
+  constexpr const int* cu_seqlens = nullptr;  // not packed: the code using them is discarded
+  constexpr int n_seqs = 0;
+@ end
   elem_t* const sQ = reinterpret_cast<elem_t*>(smem);  // [BLOCK_M][QS], then O staging
   elem_t* const sK = sQ + BLOCK_M * QS;                // STAGES x [BLOCK_N][KS]
   elem_t* const sP = sK + STAGES * K_ELEMS;            // [BLOCK_M][PS]
