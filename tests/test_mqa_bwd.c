@@ -749,6 +749,14 @@ static void asan_case_run(void **state) {
   run_case(&bs, 1, 2, 37, 37, 0);
   run_case(&bs, 1, 1, 20, 50, 30);
   set_unload(&bs);
+  /* the packed variants: their reads of cu_seqlens and of the rows their ranges name */
+  int cu[VL_NDOCS + 1];
+  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  g_varlen = 1;
+  set_build(&bs, 2, 256, 32, 1, NULL, NULL);
+  run_varlen(&bs, 1, 100, VL_TCAP, 200, cu, VL_NDOCS);
+  set_unload(&bs);
+  g_varlen = 0;
 }
 
 static void test_asan(void **state) {

@@ -566,6 +566,14 @@ static void asan_case_run(void **state) {
     run_case(&bk, 1, 20, 70, 50);
     unload(&bk);
   }
+  /* the packed variant: its reads of cu_seqlens and of the rows its ranges name */
+  int cu[VL_NDOCS + 1];
+  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  mg_kernel_spec s = make_varlen_spec(2, 256, 32, 1);
+  built_kernel bk;
+  build_ex(&s, 1, &bk);
+  run_varlen(&bk, 100, VL_TCAP, 200, cu, VL_NDOCS);
+  unload(&bk);
 }
 
 /* ASan finds no out-of-bounds global or dynamic shared-memory access in the kernel. */
