@@ -1,14 +1,14 @@
 /* test_cuda_exec_varlen.c: packed sequences (issue 16; generator/core/mg_varlen.h) in the
  * CUDA executor (runtime/exec/mg_cuda_exec.h) on CPU device ops (tests/cuda_exec_host_ops.h).
  *
- * A varlen plan (batch 1, seq = the token capacity 300) of every form, bf16, P = 1, forward
+ * A varlen plan (batch 1, seq = the token capacity 304) of every form, bf16, P = 1, forward
  * and backward, over documents of lengths 17, 1, 0 (empty), 2, 200, 3, 64 in that order
- * (T = 287; the 200 one crosses the rank boundary of P = 2 and laga-cp's chunks), with NaN
- * in every slack row (t >= T) of q, c_kv, k_rope and do, against an independent reference:
- * the CPU executor's unpacked f32 plan of the same form run on each document alone (batch
- * 1, S = its length; the documents never meet there), its rows put in place, dw_kv_b
- * summed over the documents; slack rows want o = dq = dc_kv = dk_rope = 0 exactly and
- * lse = -inf. Per element at tu_tol_bf16 (tests/cpu_test_util.h), causal and not. Also
+ * (T = 287; the 200 one crosses the rank boundaries of P = 2 and laga-cp's chunks), with NaN
+ * in every slack row (t >= T) of q, c_kv, k_rope and do, against the float64 reference of
+ * each document alone (tests/varlen_test_util.h: tv_reference, its rows put in place,
+ * dw_kv_b summed over the documents); slack rows want o = dq = dc_kv = dk_rope = 0 exactly
+ * and lse = -inf (tv_slack_wrong). Per element at tu_tol_bf16 (tests/cpu_test_util.h),
+ * causal and not. Also
  * T = 0 (every row slack, every token-contracting GEMM at k = 0): all zero. Each pass
  * leaves the compacted cu_seqlens (mg_varlen_compact, padded with T to seq + 1) in the
  * workspace's last (seq + 1) int32 (rounded up to 256 bytes) after cuBLAS's 32 MiB, and the
@@ -33,57 +33,16 @@
 #include "cuda_exec_host_ops.h"
 #include "mg_cpu_exec.h"
 #include "mg_varlen.h"
+#include "varlen_test_util.h"
 
 static uint64_t g_seed = 20261201;
 
-#define CAP 300
-/* lengths 17, 1, 0, 2, 200, 3, 64: T = 287, 13 slack rows */
+#define CAP 304 /* a multiple of 8: laga-cp's chunks at P = 4 (test_cuda_exec_mpi) */
+/* lengths 17, 1, 0, 2, 200, 3, 64: T = 287, 17 slack rows */
 static const int32_t k_cu[] = {0, 17, 18, 18, 20, 220, 223, 287};
 #define N_CU ((int64_t)(sizeof k_cu / sizeof k_cu[0]))
 
 static double g_worst[TU_N_OUT];
-
-/* The reference of a packed stream (c: B 1, S = CAP) from per-document unpacked f32 runs of
- * form f on the CPU executor: ref[k] in the global layouts (tu_out_numel), slack rows 0
- * and lse -inf. */
-static void reference(const tu_case *c, mg_form f, const int32_t *cu, int64_t n_cu,
-                      double *const in[TU_N_IN], double *ref[TU_N_OUT]) {
-  const int64_t H = c->shape.heads;
-  for (int k = 0; k < TU_N_OUT; k++) {
-    const int64_t n = tu_out_numel(c, k);
-    ref[k] = malloc((size_t)n * sizeof(double));
-    assert_non_null(ref[k]);
-    for (int64_t i = 0; i < n; i++) ref[k][i] = k == TU_LSE ? -INFINITY : 0.0;
-  }
-  for (int64_t d = 0; d + 1 < n_cu; d++) {
-    const int64_t t0 = cu[d], L = cu[d + 1] - cu[d];
-    if (!L) continue;
-    tu_case cd = {.shape = c->shape, .B = 1, .S = L, .causal = c->causal};
-    double *din[TU_N_IN];
-    for (int k = 0; k < TU_N_IN; k++) {
-      int64_t B, S, w;
-      tu_in_dims(c, k, &B, &S, &w);
-      din[k] = k == TU_W ? in[k] : in[k] + t0 * w;
-    }
-    tu_run run;
-    mg_diag dg = MG_DIAG_INIT;
-    if (tu_run_form(&cd, f, 1, 0, NULL, MG_F32, din, &run, &dg))
-      fail_msg("reference, document %lld: %s", (long long)d, mg_diag_msg(&dg));
-    for (int k = 0; k < TU_N_OUT; k++) {
-      const float *got = tu_out_ptr(&run, k);
-      if (k == TU_DW) {
-        for (int64_t i = 0; i < tu_out_numel(c, k); i++) ref[k][i] += got[i];
-      } else if (k == TU_LSE) { /* [1, H, S] */
-        for (int64_t h = 0; h < H; h++)
-          for (int64_t i = 0; i < L; i++) ref[k][h * CAP + t0 + i] = got[h * L + i];
-      } else {
-        const int64_t w = tu_out_numel(c, k) / CAP;
-        for (int64_t i = 0; i < L * w; i++) ref[k][t0 * w + i] = got[i];
-      }
-    }
-    tu_run_free(&run);
-  }
-}
 
 /* The varlen plan of form f at (c: B 1, S CAP). */
 static mg_plan *varlen_plan(const tu_case *c, mg_form f, mg_dtype dt) {
@@ -102,9 +61,9 @@ static void check_varlen(const tu_case *c, mg_form f, double *const in[TU_N_IN],
                          const int32_t *cu, int64_t n_cu, host_ops *h, mg_gen *gen) {
   mg_diag d = MG_DIAG_INIT;
   const mg_dtype dt = MG_BF16;
-  const int64_t T = cu[n_cu - 1], H = c->shape.heads;
-  double *ref[TU_N_OUT];
-  reference(c, f, cu, n_cu, in, ref);
+  const int64_t T = cu[n_cu - 1];
+  double *ref[TU_N_OUT] = {0};
+  assert_int_equal(tv_reference(c, cu, n_cu, in, ref), 0);
   mg_plan *plan = varlen_plan(c, f, dt);
   mg_cuda_exec *x;
   mg_cuda_exec_opts eo = {.gen = gen};
@@ -162,68 +121,40 @@ static void check_varlen(const tu_case *c, mg_form f, double *const in[TU_N_IN],
   for (int k = 0; k < TU_N_OUT; k++) {
     const int64_t n = tu_out_numel(c, k);
     const void *got = k == TU_LSE ? lse : outs[k];
-    double *g = malloc((size_t)n * sizeof(double)), *w = malloc((size_t)n * sizeof(double));
-    assert_true(g && w);
-    int64_t m = 0, slack_bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-      const double v = k == TU_LSE || k == TU_DW ? ((const float *)got)[i]
-                                                 : e16_to_f32(dt, ((const e16 *)got)[i]);
-      /* the row's token (lse [1, H, S]; dw_kv_b has none) */
-      const int64_t tok = k == TU_DW ? 0 : k == TU_LSE ? i % CAP : i / (n / CAP);
-      if (k != TU_DW && tok >= T) { /* slack: exactly 0, or -inf for lse */
-        if (k == TU_LSE ? !(isinf(v) && v < 0) : v != 0.0) {
-          if (!slack_bad) fprintf(stderr, "%s %s: slack token %lld: %g\n", mg_form_name(f),
-                                  tu_out_names[k], (long long)tok, v);
-          slack_bad++;
-        }
-        continue;
-      }
-      if (k == TU_LSE && isinf(ref[k][i])) { /* no keys (not in this stream: every valid query sees itself) */
-        slack_bad += !(isinf(v) && v < 0);
-        continue;
-      }
-      g[m] = v, w[m] = ref[k][i], m++;
-    }
+    double *g = malloc((size_t)n * sizeof(double));
+    assert_non_null(g);
+    for (int64_t i = 0; i < n; i++)
+      g[i] = k == TU_LSE || k == TU_DW ? ((const float *)got)[i] : e16_to_f32(dt, ((const e16 *)got)[i]);
     char what[256];
     snprintf(what, sizeof what, "varlen %s T %lld %s: %s", mg_form_name(f), (long long)T,
              c->causal ? "causal" : "non-causal", tu_out_names[k]);
-    if (m) {
-      cc_result r = tu_check(what, g, w, m, tu_rms(w, m), tu_tol_bf16[k], k == TU_LSE ? 0 : tu_out_cols(c, k));
-      e[k] = r.min_atol;
-      if (e[k] > g_worst[k]) g_worst[k] = e[k];
-      bad += !cc_ok(&r);
-    } else if (k == TU_DW) { /* T = 0: no valid token, dw_kv_b = 0 */
-      for (int64_t i = 0; i < n; i++) slack_bad += ((const float *)got)[i] != 0.0f;
-    }
-    if (slack_bad) fprintf(stderr, "%s: %lld slack element(s) not %s\n", what, (long long)slack_bad,
-                           k == TU_LSE ? "-inf" : "0");
-    bad += slack_bad != 0;
-    free(g), free(w);
+    /* slack rows exactly 0 (lse -inf), then every element against the reference */
+    const int64_t slack = tv_slack_wrong(c, T, k, g);
+    if (slack) fprintf(stderr, "%s: %lld slack element(s) not %s\n", what, (long long)slack,
+                       k == TU_LSE ? "-inf" : "0");
+    cc_result r = tu_check(what, g, ref[k], n, tu_rms(ref[k], n), tu_tol_bf16[k], tu_out_cols(c, k));
+    e[k] = r.min_atol;
+    if (e[k] > g_worst[k]) g_worst[k] = e[k];
+    bad += !cc_ok(&r) + (slack != 0);
+    free(g);
   }
   print_message("  %-8s T %3lld %-10s needed atol o %.1e lse %.1e dq %.1e dc_kv %.1e dk_rope %.1e "
                 "dw_kv_b %.1e  (%d kernels, %d varlen)\n",
                 mg_form_name(f), (long long)T, c->causal ? "causal" : "non-causal", e[TU_O],
                 e[TU_LSE], e[TU_DQ], e[TU_DCKV], e[TU_DKROPE], e[TU_DW],
                 mg_cuda_exec_kernel_count(x), n_varlen);
-  (void)H;
   if (bad) fail_msg("varlen %s: %d output(s) wrong", mg_form_name(f), bad);
   mg_cuda_exec_destroy(x);
   for (int k = 0; k < TU_N_IN; k++) free(inb[k]);
-  for (int k = 0; k < TU_N_OUT; k++) free(outs[k]), free(ref[k]);
+  for (int k = 0; k < TU_N_OUT; k++) free(outs[k]);
+  tu_free(ref, TU_N_OUT);
   free(ws), free(saved), free(plan);
 }
 
-/* Random inputs for a stream of capacity CAP, rounded to bf16, NaN in the slack rows
- * (t >= T) of q, c_kv, k_rope and do. */
+/* tv_inputs (NaN in the slack rows t >= T of q, c_kv, k_rope and do), bf16 values. */
 static void packed_inputs(const tu_case *c, int64_t T, uint64_t seed, double *in[TU_N_IN]) {
-  assert_int_equal(tu_inputs(c, seed, in), 0);
-  round_inputs(c, MG_BF16, in);
-  for (int k = 0; k < TU_N_IN; k++) {
-    if (k == TU_W) continue;
-    int64_t B, S, w;
-    tu_in_dims(c, k, &B, &S, &w);
-    for (int64_t i = T * w; i < S * w; i++) in[k][i] = NAN;
-  }
+  assert_int_equal(tv_inputs(c, T, seed, in), 0);
+  round_inputs(c, MG_BF16, in); /* NaN stays NaN */
 }
 
 static void check_forms(int causal) {
