@@ -160,14 +160,14 @@ static void case_free(fwd_case *c) {
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,          dqk,       s->d_v,
-                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1, c->cu,
-                           c->n_cu};
+  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
+                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
+  const attn_ref_docs docs = {c->cu, c->n_cu}, *dp = c->cu ? &docs : NULL;
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
   double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
   double *k = kt_k_to_d(f16, bk->packed, c->kn, c->kr, nk, H, dn, dr);
-  attn_ref_fwd(&d, q, k, v, o, lse);
+  attn_ref_fwd_docs(&d, dp, q, k, v, o, lse);
   free(q), free(k), free(v);
 }
 
