@@ -17,7 +17,9 @@
  * test_refusals: a bad cu_seqlens (NULL for a varlen plan, given for an unpacked one, not
  * starting at 0, decreasing, past the capacity, no entry) is MLAGEN_EINVAL naming the index,
  * with nothing queued (no launch, GEMM, copy or upload; outputs untouched); ops without
- * upload cannot prepare a varlen plan. MLAGEN_TEST_SEED overrides the seed. */
+ * upload cannot prepare a varlen plan. test_sm90: host ops claiming an sm_90a device (the
+ * fake driver's tensor-map encoder) run attn_fwd_sm90's varlen variant in the explicit and
+ * laga-cp plans, checked the same way. MLAGEN_TEST_SEED overrides the seed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,9 +30,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_test_util.h"
 #include "cuda_exec_host_ops.h"
+#include "fake_driver.h"
+#include "mg_driver.h"
 #include "mg_cpu_exec.h"
 #include "mg_varlen.h"
 #include "varlen_test_util.h"
@@ -43,6 +48,8 @@ static const int32_t k_cu[] = {0, 17, 18, 18, 20, 220, 223, 287};
 #define N_CU ((int64_t)(sizeof k_cu / sizeof k_cu[0]))
 
 static double g_worst[TU_N_OUT];
+/* test_sm90: a fragment every plan's kernel list must have (the sm_90a varlen family) */
+static const char *g_want_kernel;
 
 /* The varlen plan of form f at (c: B 1, S CAP). */
 static mg_plan *varlen_plan(const tu_case *c, mg_form f, mg_dtype dt) {
@@ -79,6 +86,16 @@ static void check_varlen(const tu_case *c, mg_form f, double *const in[TU_N_IN],
     n_varlen += vl;
   }
   assert_true(n_varlen >= 1);
+  if (g_want_kernel) {
+    int found = 0;
+    for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+      const char *name, *why;
+      mg_cuda_exec_kernel_info(x, i, &name, &why);
+      if (strstr(name, g_want_kernel)) found = 1;
+      if (strstr(name, "attn") || strstr(name, "mqa")) print_message("  %s: %s\n", name, why);
+    }
+    if (!found) fail_msg("%s: no kernel named *%s*", mg_form_name(f), g_want_kernel);
+  }
   /* the workspace: the layout's, cuBLAS's 32 MiB, then cu_seqlens (seq + 1 int32, 256-aligned) */
   static mg_plan_mem mem;
   if (mg_plan_mem_layout(plan, 256, &mem, &d)) fail_msg("%s", mg_diag_msg(&d));
@@ -189,6 +206,41 @@ static void test_forms_noncausal(void **state) {
   check_forms(0);
 }
 
+/* Host ops claiming an sm_90a device with the fake driver's tensor-map encoder: the
+ * explicit and laga-cp varlen plans run attn_fwd_sm90's varlen variant (its tensor maps
+ * encoded at each launch; the host executor's sm_90a emulation), the absorbed one its
+ * default families' (mqa_fwd_sm90 is on request), all against the same reference. */
+static void test_sm90(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  if (mg_driver_get(&drv, &d)) fail_msg("fake driver: %s", mg_diag_msg(&d));
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  host_ops *h = host_ops_new(g);
+  snprintf(h->base.arch, sizeof h->base.arch, "sm_90a");
+  snprintf(h->base.device, sizeof h->base.device, "Host Test GPU");
+  h->base.drv = drv;
+  char dir[] = "/tmp/mlagen-tuned-XXXXXX"; /* an empty store: every kernel its default */
+  assert_non_null(mkdtemp(dir));
+  setenv("MLAGEN_TUNED_DIR", dir, 1);
+  tu_case c = {.shape = tu_shape(2, 64, 32, 64, 256), .B = 1, .S = CAP, .causal = 1};
+  double *in[TU_N_IN] = {0};
+  packed_inputs(&c, k_cu[N_CU - 1], g_seed + 3, in);
+  g_want_kernel = "mla_attn_fwd_sm90_";
+  check_varlen(&c, MG_FORM_EXPLICIT, in, k_cu, N_CU, h, g);
+  check_varlen(&c, MG_FORM_LAGA_CP, in, k_cu, N_CU, h, g);
+  g_want_kernel = NULL;
+  check_varlen(&c, MG_FORM_ABSORBED, in, k_cu, N_CU, h, g);
+  tu_free(in, TU_N_IN);
+  unsetenv("MLAGEN_TUNED_DIR");
+  rmdir(dir);
+  mg_dev_ops_destroy(&h->base);
+  mg_gen_close(g);
+  mg_diag_clear(&d);
+}
+
 /* One run that must fail with MLAGEN_EINVAL and msg in the message, queueing nothing. */
 static void expect_refused(mg_cuda_exec *x, host_ops *h, const mg_cuda_tensors *t, void *ws,
                            size_t ws_b, void *saved, size_t sv_b, const char *msg) {
@@ -286,6 +338,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_forms_causal),
       cmocka_unit_test(test_forms_noncausal),
+      cmocka_unit_test(test_sm90),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }
