@@ -2072,6 +2072,127 @@ static void vratio(const char *what, const double a[4], const double b[4]) {
       b[1] > 0 ? a[1] / b[1] : 0, b[2] > 0 ? a[2] / b[2] : 0, b[3] > 0 ? a[3] / b[3] : 0);
 }
 
+/* --varlen's check (unless --no-check; at H <= 16, where the downloads stay small): the
+ * varlen kernels' outputs on the packed documents against the fixed-length kernels' on the
+ * same documents as a batch (equal lengths) or padded to the longest (the mixed stream):
+ * O, LSE and dq of every valid row (a padded batch's valid queries see the same keys; its
+ * dk, dv take gradients from padding queries, so they are not compared), explicit and
+ * absorbed, per element: |packed - batch| <= 2e-2 rms(batch) + 1e-2 |batch| (bf16 outputs of
+ * the same arithmetic), LSE 1e-3 (1 + |batch|); a NaN fails. */
+typedef struct vsnap {
+  e16 *o, *dq, *mo, *mdq;
+  float *lse, *mlse;
+} vsnap;
+
+static void vsnap_free(vsnap *s) {
+  free(s->o), free(s->dq), free(s->mo), free(s->mdq), free(s->lse), free(s->mlse);
+  memset(s, 0, sizeof *s);
+}
+
+/* The outputs of `rows` token rows (batch x S, or the packed capacity) to the host. */
+static int vsnap_take(const vctx *x, int H, size_t rows, vsnap *s) {
+  memset(s, 0, sizeof *s);
+  s->o = xcalloc(rows * H * DV, 2), s->dq = xcalloc(rows * H * DQK, 2);
+  s->lse = xcalloc(rows * H, 4);
+  if (sync_stream("the varlen timings") || download(s->o, x->t.o, rows * H * DV * 2) ||
+      download(s->dq, x->out.dq, rows * H * DQK * 2) || download(s->lse, x->t.lse, rows * H * 4))
+    return -1;
+  if (g_no_mqa) return 0;
+  s->mo = xcalloc(rows * H * MV, 2), s->mdq = xcalloc(rows * H * MQK, 2);
+  s->mlse = xcalloc(rows * H, 4);
+  return download(s->mo, x->m.o, rows * H * MV * 2) || download(s->mdq, x->mdq, rows * H * MQK * 2) ||
+         download(s->mlse, x->m.lse, rows * H * 4);
+}
+
+/* Row widths w (elements) of documents len[0..n): batch row (d, i) at d * spad + i, packed
+ * row cu[d] + i. Returns 1 (said) when an element is off. */
+static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size_t w,
+                     const int *len, int n, int spad) {
+  double ss = 0;
+  size_t cnt = 0;
+  for (int d = 0; d < n; d++)
+    for (int i = 0; i < len[d]; i++)
+      for (size_t k = 0; k < w; k++) {
+        const double v = bf16_to_float(batch[((size_t)d * spad + i) * w + k]);
+        if (isfinite(v)) ss += v * v, cnt++;
+      }
+  const double rms = cnt && ss > 0 ? sqrt(ss / (double)cnt) : 1.0;
+  double worst = 0;
+  long bad = 0, at = -1;
+  for (int d = 0, t0 = 0; d < n; t0 += len[d], d++)
+    for (int i = 0; i < len[d]; i++)
+      for (size_t k = 0; k < w; k++) {
+        const double b = bf16_to_float(batch[((size_t)d * spad + i) * w + k]);
+        const double p = bf16_to_float(packed[((size_t)t0 + i) * w + k]);
+        const double err = fabs(p - b), tol = 2e-2 * rms + 1e-2 * fabs(b);
+        if (!(err <= tol)) {
+          if (!bad) at = t0 + i;
+          bad++;
+        }
+        if (!(err <= worst)) worst = isfinite(err) ? err : INFINITY;
+      }
+  say("    %-24s %s (max |err| %.3g, rms %.3g)", what, bad ? "FAIL" : "ok  ", worst, rms);
+  if (bad) say(": %ld elements off, the first at packed token %ld", bad, at);
+  say("\n");
+  return bad != 0;
+}
+
+/* LSE: batch [n, H, spad], packed [H, cap]. */
+static int vcmp_lse(const char *what, const float *batch, const float *packed, int H,
+                    const int *len, int n, int spad, int cap) {
+  long bad = 0;
+  double worst = 0;
+  for (int d = 0, t0 = 0; d < n; t0 += len[d], d++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < len[d]; i++) {
+        const double b = batch[((size_t)d * H + h) * spad + i], p = packed[(size_t)h * cap + t0 + i];
+        const double err = fabs(p - b);
+        if (!(err <= 1e-3 * (1 + fabs(b)))) bad++;
+        if (!(err <= worst)) worst = isfinite(err) ? err : INFINITY;
+      }
+  say("    %-24s %s (max |err| %.3g)%s\n", what, bad ? "FAIL" : "ok  ", worst, bad ? "" : "");
+  return bad != 0;
+}
+
+/* The check of one configuration: a batch snapshot (n documents padded to spad) against the
+ * packed one (capacity cap). Returns the misses. */
+static int vcheck(const char *what, int H, const vsnap *b, const vsnap *p, const int *len, int n,
+                  int spad, int cap) {
+  say("  check %s (H=%d, %d documents): varlen (packed) against fixed-length (batch)\n", what, H, n);
+  int miss = vcmp_rows("O", b->o, p->o, (size_t)H * DV, len, n, spad) +
+             vcmp_lse("LSE", b->lse, p->lse, H, len, n, spad, cap) +
+             vcmp_rows("dq", b->dq, p->dq, (size_t)H * DQK, len, n, spad);
+  if (!g_no_mqa)
+    miss += vcmp_rows("O (latent)", b->mo, p->mo, (size_t)H * MV, len, n, spad) +
+            vcmp_lse("LSE (absorbed)", b->mlse, p->mlse, H, len, n, spad, cap) +
+            vcmp_rows("dq (absorbed)", b->mdq, p->mdq, (size_t)H * MQK, len, n, spad);
+  return miss;
+}
+
+/* Moves documents len[0..n) of every input from the padded layout (row d * spad + i) to the
+ * packed one (row cu[d] + i), through a scratch of spad rows, so that the packed run sees
+ * the padded run's documents. */
+static int vpack_inputs(vctx *x, int H, const int *len, int n, int spad) {
+  const struct { CUdeviceptr p; size_t w; } in[] = {
+      {x->t.q, (size_t)H * DQK}, {x->t.kn, (size_t)H * DN}, {x->t.kr, DR},
+      {x->t.v, (size_t)H * DV},  {x->t.dout, (size_t)H * DV}, {x->m.q, (size_t)H * MQK},
+      {x->m.c, MQK},             {x->m.dout, (size_t)H * MV}};
+  const int n_in = g_no_mqa ? 5 : 8;
+  CUdeviceptr scratch;
+  if (dalloc(&scratch, (size_t)spad * H * MQK * 2)) return -1;
+  for (int k = 0; k < n_in; k++) {
+    const size_t rb = in[k].w * 2;
+    for (int d = 0, t0 = 0; d < n; t0 += len[d], d++) {
+      const CUdeviceptr src = in[k].p + (size_t)d * spad * rb, dst = in[k].p + (size_t)t0 * rb;
+      if (src == dst || !len[d]) continue;
+      if (CU(drv->cuMemcpyDtoDAsync(scratch, src, (size_t)len[d] * rb, g_stream)) ||
+          CU(drv->cuMemcpyDtoDAsync(dst, scratch, (size_t)len[d] * rb, g_stream)))
+        return -1;
+    }
+  }
+  return 0;
+}
+
 /* --varlen at H = ks->heads: (1) for each S of seqs, N = tokens / S documents of S tokens:
  * the fixed-length kernels (batch N) beside the varlen ones (the same documents packed),
  * equal work, rows *_fixed and *_varlen at S; (2) a packed stream of mixed lengths (log-
@@ -2079,9 +2200,13 @@ static void vratio(const char *what, const double a[4], const double b[4]) {
  * `tokens` tokens) beside the same documents
  * padded to the longest (batch N at S_max): rows *_packed (S = T) and *_padded (S = S_max),
  * both with the FLOPs of the documents' own pairs (the padded rows' TFLOP/s is the useful
- * rate). Returns -1 on a CUDA error. */
-static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens) {
+ * rate). With `check` (at H <= 16) each configuration's outputs too (vcheck), misses
+ * added to *misses. Returns -1 on a CUDA error. */
+static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens, int check,
+                       int *misses) {
   const int H = ks->heads;
+  const int chk = check && H <= 16;
+  vsnap sb, sp;
   for (int i = 0; i < n_seqs; i++) {
     const int S = seqs[i];
     const int N = tokens / S > 0 ? (int)(tokens / S) : 1;
@@ -2098,16 +2223,22 @@ static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens)
     int *len = xcalloc((size_t)N, sizeof *len);
     for (int d = 0; d < N; d++) len[d] = S;
     if (vupload_cu(&x, len, N, N * S)) return -1;
-    free(len);
     say("varlen H=%d: %d documents of %d tokens, fixed-length (batch %d) beside varlen (packed, "
         "cu_seqlens of %d entries)\n", H, N, S, N, N * S + 1);
     const double pairs = (double)N * S * (S + 1) / 2;
     double fixed[4], varlen[4];
     x.varlen = 0, x.B = N, x.S = S;
     if (vtime(&x, H, S, "fixed", pairs, (double)N * S, fixed)) return -1;
+    if (chk && vsnap_take(&x, H, (size_t)N * S, &sb)) return -1;
     x.varlen = 1, x.B = 1, x.S = N * S;
     if (vtime(&x, H, S, "varlen", pairs, (double)N * S, varlen)) return -1;
     vratio("varlen / fixed (ms)", varlen, fixed);
+    if (chk) {
+      if (vsnap_take(&x, H, (size_t)N * S, &sp)) return -1;
+      *misses += vcheck("equal lengths", H, &sb, &sp, len, N, S, N * S);
+      vsnap_free(&sb), vsnap_free(&sp);
+    }
+    free(len);
     free_since(base);
   }
   /* the mixed stream */
@@ -2145,10 +2276,17 @@ static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens)
   double padded[4], packed[4];
   x.varlen = 0, x.B = n, x.S = smax;
   if (vtime(&x, H, smax, "padded", pairs, (double)n * smax, padded)) return -1;
+  if (chk && (vsnap_take(&x, H, (size_t)n * smax, &sb) || vpack_inputs(&x, H, len, n, smax)))
+    return -1;
   if (vupload_cu(&x, len, n, (int)tokens)) return -1;
   x.varlen = 1, x.B = 1, x.S = (int)tokens;
   if (vtime(&x, H, (int)T, "packed", pairs, (double)tokens, packed)) return -1;
   vratio("packed / padded (ms)", packed, padded);
+  if (chk) {
+    if (vsnap_take(&x, H, (size_t)tokens, &sp)) return -1;
+    *misses += vcheck("mixed lengths", H, &sb, &sp, len, n, smax, (int)tokens);
+    vsnap_free(&sb), vsnap_free(&sp);
+  }
   free_since(base);
   return 0;
 }
@@ -2271,7 +2409,8 @@ int main(int argc, char **argv) {
     say("bench: --sm90 and --varlen are separate runs\n");
     goto out;
   }
-  if (g_varlen) no_check = 1; /* the varlen kernels are checked on the host executor */
+  const int vl_check = !no_check; /* --varlen: packed against batch (vcheck), not float64 */
+  if (g_varlen) no_check = 1;
   if (!no_check) sets[n_sets++].heads = 2; /* the check's first set (S 256); only checked */
   for (int i = 0; i < n_heads; i++) {
     int dup = 0;
@@ -2301,7 +2440,7 @@ int main(int argc, char **argv) {
     say("bench: %d correctness misses: no timing\n", misses);
     goto out;
   }
-  say(no_check ? "check SKIPPED (--no-check)\n" : "check passed\n");
+  if (!g_varlen) say(no_check ? "check SKIPPED (--no-check)\n" : "check passed\n");
   if (check_only) {
     rc = 0;
     goto out;
@@ -2315,16 +2454,21 @@ int main(int argc, char **argv) {
         "(deterministic) + dq, mqa_bwd = pre + mqa_bwd_dkv + mqa_bwd_dq; %ld tokens\n",
         DN, DR, DV, MQK, MV, g_warmup, g_iters, vl_tokens);
     print_header();
+    int vl_misses = 0;
     for (int h = 0; h < n_heads; h++)
       for (int s = 0; s < n_sets; s++)
-        if (sets[s].heads == heads[h] && time_varlen(&sets[s], seqs, n_seqs, vl_tokens)) goto out;
+        if (sets[s].heads == heads[h] &&
+            time_varlen(&sets[s], seqs, n_seqs, vl_tokens, vl_check, &vl_misses))
+          goto out;
     say("\n");
     print_header();
     for (int i = 0; i < g_n_rows; i++) print_row(&g_rows[i]);
     snprintf(path, sizeof path, "%s/bench.csv", outdir);
     if (write_csv(path)) goto out;
     say("wrote %s\n", path);
-    rc = 0;
+    if (vl_misses) say("bench: %d varlen check misses (packed against batch)\n", vl_misses);
+    else say(vl_check ? "varlen check passed (H <= 16)\n" : "varlen check SKIPPED (--no-check)\n");
+    rc = vl_misses ? 1 : 0;
     goto out;
   }
   say("\nTiming: B=1, bf16, causal, d_n %d d_r %d d_v %d; warm-up %d, median of %d; FLOPs per "
