@@ -117,7 +117,7 @@ static void unload(built_kernel *bk) { kh_free(&bk->kh); }
  * row q_split on (attn_ref_pos). */
 typedef struct bwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1, packed;
-  const int *cu; /* packed sequences: cu_seqlens [n_cu + 1] (case_init_varlen), else NULL */
+  int *cu; /* packed sequences: cu_seqlens [n_cu + 1] (case_init_vl, malloc'd), else NULL */
   int n_cu;
   float scale;
   e16 *q, *kn, *kr, *v, *dout, *o16;
@@ -188,7 +188,7 @@ static void case_init_vl(const mg_kernel_spec *s, bwd_case *c, int packed, int B
   const int H = s->heads, dqk = s->d_n + s->d_r;
   memset(c, 0, sizeof *c);
   c->B = B, c->sq = sq, c->sk = sk, c->packed = packed;
-  if (vl) c->cu = vl->cu, c->n_cu = vl->n;
+  if (vl) c->cu = kt_varlen_copy(vl), c->n_cu = vl->n;
   c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
   c->nq = (size_t)B * sq * H * dqk;
@@ -250,6 +250,7 @@ static void case_free(bwd_case *c) {
   free(c->r_dq), free(c->r_dkn), free(c->r_dkr), free(c->r_dv);
   free(c->f_dq), free(c->f_dkn), free(c->f_dkr), free(c->f_dv);
   free(c->delta), free(c->dq_accum), free(c->dkr), free(c->dq), free(c->dkn), free(c->dv);
+  free(c->cu);
 }
 
 typedef struct launch_args {
@@ -1033,6 +1034,14 @@ static void asan_case_run(void **state) {
     run_case(&bs, 2, 77, 77, 0);
     set_unload(&bs);
   }
+  /* the varlen pipeline, deterministic (pre, dkdv, dq), laga-cp rank 0 */
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  bwd_set bs;
+  set_build_bm(&bs, 2, 64, 32, 64, 1, 0, 1, 0, 1);
+  const kt_qpos pos = kt_qpos_lagacp(2, 0, 75, 75);
+  run_varlen(&bs, &vl[0], 150, &pos);
+  set_unload(&bs);
 }
 
 static void test_asan(void **state) {

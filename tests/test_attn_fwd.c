@@ -115,7 +115,7 @@ static void unload(built_kernel *bk) { kh_free(&bk->kh); }
  * (q_split > 0) at q_pos1 + i - q_split from row q_split on (attn_ref_pos). */
 typedef struct fwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1;
-  const int *cu; /* varlen (case_varlen): cu_seqlens [n_cu + 1], else NULL */
+  int *cu; /* varlen (case_varlen): cu_seqlens [n_cu + 1] (malloc'd), else NULL */
   int n_cu;
   float scale;
   e16 *q, *kn, *kr, *v, *o;
@@ -129,6 +129,7 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
   const int H = s->heads, dqk = s->d_n + s->d_r, f16 = is_fp16(s);
   c->B = B, c->sq = sq, c->sk = sk;
   c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
+  c->cu = NULL, c->n_cu = 0; /* not packed (case_varlen sets them) */
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
   c->q = kt_rand_e16_sd(f16, (size_t)B * sq * H * dqk, kt_q_sd(c->scale, dqk)); /* scores sd 2 */
   if (bk->packed) {
@@ -151,7 +152,7 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
 }
 
 static void case_free(fwd_case *c) {
-  free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse);
+  free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse), free(c->cu);
 }
 
 /* float64 reference (tests/attn_ref.h) from the rounded inputs: o [B, Sq, H, dv], lse
@@ -525,7 +526,7 @@ static void case_varlen(const built_kernel *bk, fwd_case *c, const kt_varlen *vl
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, T = vl->cu[vl->n];
   const kt_qpos pos = {c->q_pos0, c->q_split, c->q_pos1};
-  c->cu = vl->cu, c->n_cu = vl->n;
+  c->cu = kt_varlen_copy(vl), c->n_cu = vl->n;
   kt_nan_slack_e16(c->q, c->sq, (size_t)H * dqk, &pos, T);
   kt_nan_slack_e16(c->kn, c->sk, (size_t)H * (bk->packed ? dqk : s->d_n), NULL, T);
   if (c->kr) kt_nan_slack_e16(c->kr, c->sk, (size_t)s->d_r, NULL, T);
@@ -738,6 +739,15 @@ static void asan_case_run(void **state) {
     run_case(&bk, 1, 40, 100, 60);
     unload(&bk);
   }
+  /* the varlen variant, laga-cp rank 0 (documents cut by the chunks, slack rows) */
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  mg_kernel_spec s = varlen_spec(64, 32, 64, 1, 0);
+  built_kernel bk;
+  build_ex(&s, 1, &bk);
+  const kt_qpos pos = kt_qpos_lagacp(2, 0, 75, 75);
+  run_varlen(&bk, &vl[0], 150, &pos);
+  unload(&bk);
 }
 
 /* ASan finds no out-of-bounds global or dynamic shared-memory access in the kernel. */
