@@ -19,7 +19,8 @@
  * with nothing queued (no launch, GEMM, copy or upload; outputs untouched); ops without
  * upload cannot prepare a varlen plan. test_sm90: host ops claiming an sm_90a device (the
  * fake driver's tensor-map encoder) run attn_fwd_sm90's varlen variant in the explicit and
- * laga-cp plans, checked the same way. MLAGEN_TEST_SEED overrides the seed. */
+ * laga-cp plans, checked the same way, and a shape it refuses (d_v 48) the portable
+ * attn_fwd's varlen variant. MLAGEN_TEST_SEED overrides the seed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -234,6 +235,27 @@ static void test_sm90(void **state) {
   g_want_kernel = NULL;
   check_varlen(&c, MG_FORM_ABSORBED, in, k_cu, N_CU, h, g);
   tu_free(in, TU_N_IN);
+  /* a shape attn_fwd_sm90 refuses (d_v 48): the portable attn_fwd's varlen variant, and
+   * its why says so */
+  tu_case odd = {.shape = tu_shape(2, 64, 32, 48, 256), .B = 1, .S = CAP, .causal = 1};
+  mg_plan *plan = varlen_plan(&odd, MG_FORM_EXPLICIT, MG_BF16);
+  mg_cuda_exec_opts eo = {.gen = g};
+  mg_cuda_exec *x = NULL;
+  if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));
+  int fwd = 0;
+  for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+    const char *name, *why;
+    mg_cuda_exec_kernel_info(x, i, &name, &why);
+    if (strncmp(name, "mla_attn_fwd_", 13)) continue;
+    print_message("  %s: %s\n", name, why);
+    assert_int_equal(strncmp(name, "mla_attn_fwd_h", 14), 0);
+    assert_non_null(strstr(name, "_varlen"));
+    assert_non_null(strstr(why, "attn_fwd_sm90 refused the spec"));
+    fwd++;
+  }
+  assert_int_equal(fwd, 1);
+  mg_cuda_exec_destroy(x);
+  free(plan);
   unsetenv("MLAGEN_TUNED_DIR");
   rmdir(dir);
   mg_dev_ops_destroy(&h->base);
