@@ -2268,9 +2268,17 @@ static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens,
   memset(&x, 0, sizeof x);
   x.ks = ks, x.scale = softmax_scale();
   const long rows = (long)n * smax > tokens ? (long)n * smax : tokens;
+  const int no_mqa = g_no_mqa;
   int rc = valloc(&x, H, rows, (int)tokens + 1);
+  if (rc == 1 && !g_no_mqa) { /* both forms do not fit: the explicit one alone */
+    free_since(base);
+    g_no_mqa = 1;
+    say("varlen H=%d: the explicit form alone\n", H);
+    rc = valloc(&x, H, rows, (int)tokens + 1);
+  }
   if (rc) {
     free_since(base);
+    g_no_mqa = no_mqa;
     return rc < 0 ? -1 : 0;
   }
   double padded[4], packed[4];
@@ -2287,6 +2295,7 @@ static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens,
     *misses += vcheck("mixed lengths", H, &sb, &sp, len, n, smax, (int)tokens);
     vsnap_free(&sb), vsnap_free(&sp);
   }
+  g_no_mqa = no_mqa;
   free_since(base);
   return 0;
 }
