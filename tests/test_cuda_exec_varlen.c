@@ -64,7 +64,7 @@ static mg_plan *varlen_plan(const tu_case *c, mg_form f, mg_dtype dt) {
 }
 
 /* Runs form f's varlen plan on in (slack rows NaN) with cu (n_cu entries) and checks it
- * against reference(). */
+ * against tv_reference (tests/varlen_test_util.h). */
 static void check_varlen(const tu_case *c, mg_form f, double *const in[TU_N_IN],
                          const int32_t *cu, int64_t n_cu, host_ops *h, mg_gen *gen) {
   mg_diag d = MG_DIAG_INIT;
