@@ -628,7 +628,7 @@ static void test_mutations_caught(void **state) {
 
 /* ---- packed sequences (issue 16, spec.varlen) ----
  * Documents of lengths 1, 2, 3, 17, an empty one, 64 and 200 (T = 287 tokens) in a buffer
- * of VL_TCAP = 300, batch 1, or one document of 290; cu_seqlens padded with T to n_seqs =
+ * of VL_TCAP = 300, batch 1, or one document of 200; cu_seqlens padded with T to n_seqs =
  * VL_TCAP (as the CUDA executor passes it: entries not distinct) or exact. NaN in every
  * slack row of q, c, dout, o16 and lse32 (so attn_bwd_pre's delta there is NaN too). */
 enum { VL_TCAP = 300 };
@@ -661,7 +661,7 @@ static void test_varlen(void **state) {
   int cu_pad[VL_TCAP + 1], cu[VL_NDOCS + 1];
   vl_cu(g_vl_docs, VL_NDOCS, VL_TCAP, cu_pad);
   vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
-  static const int cu_one[] = {0, 290};
+  static const int cu_one[] = {0, 200};
   g_varlen = 1;
   for (int causal = 1; causal >= 0; causal--) {
     bwd_set bs;
@@ -681,8 +681,8 @@ static void test_varlen(void **state) {
 }
 
 /* Off-by-one document boundaries injected into the packed variants (kt_mutate_edit) must
- * fail the per-element check on the many documents, causal and not: dkv's keys also seen by
- * the query before their range, dq's rows also seeing the key before theirs. */
+ * fail the per-element check on the many documents: dkv's keys also seen by the query
+ * before their range (causal), dq's rows also seeing the key before theirs (non-causal). */
 static void test_varlen_mutations_caught(void **state) {
   (void)state;
   static kt_mutation muts[] = {
@@ -695,50 +695,46 @@ static void test_varlen_mutations_caught(void **state) {
   vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
   kt_noise_quiet = 1; /* not noise */
   g_varlen = 1;
-  for (int mi = 0; mi < 2; mi++)
-    for (int causal = 1; causal >= 0; causal--) {
-      bwd_set bs;
-      memset(&bs, 0, sizeof bs);
-      mg_kernel_spec s = make_spec("attn_bwd_pre", 2, 256, 32, causal);
-      build(&s, &bs.pre);
-      s = make_spec(mi ? "mqa_bwd_dkv" : "mqa_bwd_dq", 2, 256, 32, causal);
-      build(&s, mi ? &bs.dkv : &bs.dq);
-      s = make_spec(mi ? "mqa_bwd_dq" : "mqa_bwd_dkv", 2, 256, 32, causal);
-      if (!build_edit(&s, kt_mutate_edit, &muts[mi], mi ? &bs.dq : &bs.dkv)) fail_msg("%s", muts[mi].error);
-      mqa_case c;
-      case_init_cu(&c, 2, 256, 32, causal, 1, VL_TCAP, VL_TCAP, 0, cu, VL_NDOCS);
-      run_pipeline(&bs, &c, NULL);
-      double r[3];
-      char msg[400];
-      const size_t nans = compare(&c, r, msg, sizeof msg);
-      print_message("  [%s] %s: %s\n", muts[mi].name, causal ? "causal" : "full", msg[0] ? msg : "NOT CAUGHT");
-      if (nans) fail_msg("%s: NaN outputs, not a numerical failure", muts[mi].name);
-      if (!msg[0]) fail_msg("%s: passes the per-element check", muts[mi].name);
-      case_free(&c);
-      set_unload(&bs);
-    }
+  for (int mi = 0; mi < 2; mi++) {
+    const int causal = mi == 0;
+    bwd_set bs;
+    memset(&bs, 0, sizeof bs);
+    mg_kernel_spec s = make_spec("attn_bwd_pre", 2, 256, 32, causal);
+    build(&s, &bs.pre);
+    s = make_spec(mi ? "mqa_bwd_dkv" : "mqa_bwd_dq", 2, 256, 32, causal);
+    build(&s, mi ? &bs.dkv : &bs.dq);
+    s = make_spec(mi ? "mqa_bwd_dq" : "mqa_bwd_dkv", 2, 256, 32, causal);
+    if (!build_edit(&s, kt_mutate_edit, &muts[mi], mi ? &bs.dq : &bs.dkv)) fail_msg("%s", muts[mi].error);
+    mqa_case c;
+    case_init_cu(&c, 2, 256, 32, causal, 1, VL_TCAP, VL_TCAP, 0, cu, VL_NDOCS);
+    run_pipeline(&bs, &c, NULL);
+    double r[3];
+    char msg[400];
+    const size_t nans = compare(&c, r, msg, sizeof msg);
+    print_message("  [%s] %s: %s\n", muts[mi].name, causal ? "causal" : "full", msg[0] ? msg : "NOT CAUGHT");
+    if (nans) fail_msg("%s: NaN outputs, not a numerical failure", muts[mi].name);
+    if (!msg[0]) fail_msg("%s: passes the per-element check", muts[mi].name);
+    case_free(&c);
+    set_unload(&bs);
+  }
   g_varlen = 0;
   kt_noise_quiet = 0;
 }
 
 /* The packed variants of both families' defaults (and dkv's with qsplit 8) compile for
- * sm_80 and sm_90a without spills or a stack frame (causal), at 576/512 H 16 and 288/256
- * H 128. */
+ * sm_80 and sm_90a without spills or a stack frame (causal), at 576/512 H 16 (the
+ * unpacked sweeps cover 288/256). */
 static void test_nvrtc_varlen(void **state) {
   (void)state;
-  static const struct {
-    int H, dc, dr;
-  } shapes[] = {{16, 512, 64}, {128, 256, 32}};
   kh_sweep sw;
   kh_sweep_open(&sw, 70, KH_SWEEP_SMEM);
   g_varlen = 1;
-  for (int si = 0; si < 2; si++)
-    for (int f = 0; f < 3; f++) {
-      mg_kernel_spec s = make_spec(f == 2 ? "mqa_bwd_dq" : "mqa_bwd_dkv", shapes[si].H, shapes[si].dc, shapes[si].dr, 1);
-      if (f == 1) set(&s, "qsplit=8");
-      assert_true(s.varlen);
-      assert_true(kh_sweep_compile(&sw, &s, "varlen "));
-    }
+  for (int f = 0; f < 3; f++) {
+    mg_kernel_spec s = make_spec(f == 2 ? "mqa_bwd_dq" : "mqa_bwd_dkv", 16, 512, 64, 1);
+    if (f == 1) set(&s, "qsplit=8");
+    assert_true(s.varlen);
+    assert_true(kh_sweep_compile(&sw, &s, "varlen "));
+  }
   g_varlen = 0;
   kh_sweep_close(&sw);
 }
@@ -753,6 +749,14 @@ static void asan_case_run(void **state) {
   run_case(&bs, 1, 2, 37, 37, 0);
   run_case(&bs, 1, 1, 20, 50, 30);
   set_unload(&bs);
+  /* the packed variants: their reads of cu_seqlens and of the rows their ranges name */
+  int cu[VL_NDOCS + 1];
+  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  g_varlen = 1;
+  set_build(&bs, 2, 256, 32, 1, NULL, NULL);
+  run_varlen(&bs, 1, 100, VL_TCAP, 200, cu, VL_NDOCS);
+  set_unload(&bs);
+  g_varlen = 0;
 }
 
 static void test_asan(void **state) {
