@@ -62,7 +62,7 @@
 @ local K = kernel {
 @   family = "attn_bwd_dkdv", pass = "bwd", causal = true, varlen = true, interface = { "k_packed", "deterministic" }, flops = { pair = 4 * spec.heads * ((spec.d_n + spec.d_r) + spec.d_v) },
 @   doc = "explicit-form attention backward on tensor cores (FlashAttention-2): dK, dV, and dQ by fp32 atomics (deterministic = 0)",
-@   params = varlen_params {
+@   params = append_varlen_params {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
 @     PACKED and
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope]" } or

@@ -37,7 +37,7 @@
 @ local K = kernel {
 @   family = "attn_bwd_dq", pass = "bwd", causal = true, varlen = true, interface = { "k_packed" }, flops = { pair = spec.heads * (spec.d_v + 2 * (spec.d_n + spec.d_r)) },
 @   doc = "explicit-form attention backward on tensor cores: deterministic dQ (FlashAttention-2, recomputing P and dP)",
-@   params = varlen_params {
+@   params = append_varlen_params {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
 @     PACKED and
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope]" } or

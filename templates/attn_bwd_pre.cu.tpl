@@ -13,7 +13,7 @@
 @ local K = kernel {
 @   family = "attn_bwd_pre", pass = "bwd", varlen = true, flops = { row = 2 * spec.heads * spec.d_v },
 @   doc = "attention backward preprocessing: delta = rowsum(dO * O) (fp32), optional zeroing of the fp32 dQ accumulator",
-@   params = varlen_params {
+@   params = append_varlen_params {
 @     { name = "o",        type = "const elem_t*", shape = "[B, S_q, H, d_v]",      doc = "forward output (as attn_fwd stored it)" },
 @     { name = "dout",     type = "const elem_t*", shape = "[B, S_q, H, d_v]",      doc = "gradient of the output" },
 @     { name = "delta",    type = "float*",        shape = "[B, H, S_q]",           doc = "sum_c dO * O per row" },

@@ -69,7 +69,7 @@
 @ local K = kernel {
 @   family = "attn_fwd", pass = "fwd", causal = true, varlen = true, interface = { "k_packed" }, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
 @   doc = "explicit-form attention forward on tensor cores (FlashAttention-2): O and LSE from Q, K, V",
-@   params = varlen_params {
+@   params = append_varlen_params {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
 @     PACKED and
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope], RoPE part last" } or

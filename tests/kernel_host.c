@@ -290,8 +290,8 @@ int kh_sweep_exhaustive(void) {
 
 /* The factors of a sweep's covering sample besides the tunables: what a spec says of the
  * kernel (candidates of several families, shapes or dtypes may share one sweep). */
-static const char *const spec_factors[] = {"family", "dtype", "heads",  "d_n",
-                                           "d_r",    "d_v",   "d_c",    "causal", "varlen"};
+static const char *const spec_factors[] = {"family", "dtype", "heads", "d_n",
+                                           "d_r",    "d_v",   "d_c",   "causal"};
 enum { N_SPEC_FACTORS = sizeof spec_factors / sizeof spec_factors[0] };
 
 static long str_value(const char *str) { /* FNV-1a */
@@ -304,7 +304,7 @@ static long str_value(const char *str) { /* FNV-1a */
  * does not set that tunable. */
 static long cand_value(const mg_kernel_spec *s, const char *name) {
   const long fixed[N_SPEC_FACTORS] = {str_value(s->family), str_value(s->dtype), s->heads, s->d_n,
-                                      s->d_r, s->d_v, s->d_c, s->causal, s->varlen};
+                                      s->d_r, s->d_v, s->d_c, s->causal};
   for (int f = 0; f < N_SPEC_FACTORS; f++)
     if (!strcmp(spec_factors[f], name)) return fixed[f];
   for (int j = 0; j < s->n_config; j++)

@@ -126,8 +126,9 @@ int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix);
  * kh_sweep_compile: greedily, until every pair of values of two factors (and every single
  * value) that some kept candidate has is in a compiled one, ties broken in an order drawn
  * from seed, plus the kept candidate with the most dynamic shared memory. The factors: the
- * spec's family, dtype, heads, d_n, d_r, d_v, d_c, causal and varlen, and each tunable
- * (KH_SWEEP_SINGLES: every single value only). With MLAGEN_TEST_EXHAUSTIVE=1 in
+ * spec's family, dtype, heads, d_n, d_r, d_v, d_c and causal, and each tunable
+ * (KH_SWEEP_SINGLES: every single value only; a list should not mix varlen and unpacked
+ * candidates, varlen is no factor). With MLAGEN_TEST_EXHAUSTIVE=1 in
  * the environment (ctest -L exhaustive) every kept candidate is compiled. Returns the kept
  * candidates' count (compiled or not); rejected ones are counted in sw->rejected. */
 int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t seed,
