@@ -38,7 +38,8 @@ static inline void cc_add(cc_result *r, int64_t i, double got, double ref, doubl
                      ? (bound > 0 ? err / bound : (err > 0 ? INFINITY : 0))
                      : INFINITY;
   if (!(err <= r->max_abs)) r->max_abs = isfinite(err) ? err : INFINITY;
-  const double need = isfinite(got) && isfinite(err) ? err - rtol * fabs(ref) : INFINITY;
+  const double need = got == ref ? 0 /* an infinity equal to the reference needs none */
+                      : isfinite(got) && isfinite(err) ? err - rtol * fabs(ref) : INFINITY;
   if (!(need <= r->min_atol)) r->min_atol = need;
   if (!(ratio <= 1)) r->n_bad++;
   if (r->worst < 0 || ratio > r->worst_ratio) {

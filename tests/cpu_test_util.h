@@ -310,14 +310,18 @@ static inline void tu_run_free(tu_run *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* tu_run_form with the executor's kernel hook (mg_cpu_tensors.kernel_hook; NULL: none). */
-static inline int tu_run_form_hooked(const tu_case *c, mg_form f, int P, int r, mg_comm *comm,
-                                     mg_dtype dt, double *const in[TU_N_IN],
-                                     mg_cpu_kernel_hook hook, void *hook_ctx, tu_run *out,
-                                     mg_diag *d) {
+/* tu_run_form with the executor's kernel hook (mg_cpu_tensors.kernel_hook; NULL: none) and,
+ * when cu_seqlens is non-NULL, packed sequences: a varlen plan (c->B must be 1, c->S the
+ * token capacity) run with those n_cu boundaries (tests/varlen_test_util.h). */
+static inline int tu_run_form_docs(const tu_case *c, mg_form f, int P, int r, mg_comm *comm,
+                                   mg_dtype dt, double *const in[TU_N_IN],
+                                   const int32_t *cu_seqlens, int64_t n_cu,
+                                   mg_cpu_kernel_hook hook, void *hook_ctx, tu_run *out,
+                                   mg_diag *d) {
   memset(out, 0, sizeof *out);
   mg_plan_args a = {.shape = &c->shape, .form = f, .sp = P, .rank = r, .batch = c->B,
-                    .seq = c->S, .causal = c->causal, .dtype = dt};
+                    .seq = c->S, .causal = c->causal, .dtype = dt,
+                    .varlen = cu_seqlens != NULL};
   int rc = mg_plan_build(&out->plan, &a, d);
   if (rc) return rc;
   mg_plan_cost_of(&out->plan, &out->cost);
@@ -334,12 +338,21 @@ static inline int tu_run_form_hooked(const tu_case *c, mg_form f, int P, int r, 
   mg_cpu_capture cap = {"lse", out->lse, lse_bytes};
   out->t = (mg_cpu_tensors){.q = out->in[TU_Q], .c_kv = out->in[TU_CKV],
                             .k_rope = out->in[TU_KROPE], .w_kv_b = out->in[TU_W],
-                            .d_o = out->in[TU_DO], .captures = &cap, .n_captures = 1,
-                            .kernel_hook = hook, .hook_ctx = hook_ctx};
+                            .d_o = out->in[TU_DO], .cu_seqlens = cu_seqlens, .n_cu = n_cu,
+                            .captures = &cap, .n_captures = 1, .kernel_hook = hook,
+                            .hook_ctx = hook_ctx};
   rc = mg_cpu_run(&out->plan, comm, &out->t, &out->st, d);
   out->t.captures = NULL;
   out->t.n_captures = 0;
   return rc;
+}
+
+/* tu_run_form with the executor's kernel hook (mg_cpu_tensors.kernel_hook; NULL: none). */
+static inline int tu_run_form_hooked(const tu_case *c, mg_form f, int P, int r, mg_comm *comm,
+                                     mg_dtype dt, double *const in[TU_N_IN],
+                                     mg_cpu_kernel_hook hook, void *hook_ctx, tu_run *out,
+                                     mg_diag *d) {
+  return tu_run_form_docs(c, f, P, r, comm, dt, in, NULL, 0, hook, hook_ctx, out, d);
 }
 
 /* Builds the plan of form f for rank r of P and runs it on that rank's shard of the
@@ -422,11 +435,14 @@ static const tu_tol tu_tol_f16[TU_N_OUT] = {
 /* The tolerances of a 16-bit plan of dtype t (MG_BF16 or MG_F16). */
 static inline const tu_tol *tu_tol_16(mg_dtype t) { return t == MG_F16 ? tu_tol_f16 : tu_tol_bf16; }
 
-/* The root mean square of n values (1 when all are 0). */
+/* The root mean square of the finite ones of n values (1 when all are 0 or none is
+ * finite): an lse of -inf for a row without keys (packed sequences) does not count. */
 static inline double tu_rms(const double *x, int64_t n) {
   double s = 0;
-  for (int64_t i = 0; i < n; i++) s += x[i] * x[i];
-  return n > 0 && s > 0 ? sqrt(s / (double)n) : 1.0;
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (isfinite(x[i])) s += x[i] * x[i], m++;
+  return m > 0 && s > 0 ? sqrt(s / (double)m) : 1.0;
 }
 
 /* got against ref, per element, with tol scaled by `rms` (tu_rms of the global reference).

@@ -12,6 +12,13 @@
  *              every form's dq, dc_kv, dk_rope, dw_kv_b on a tiny shape
  *   refusals   bf16 plans, NULL inputs, bad captures, a communicator of the wrong size, a
  *              malformed plan, rows beyond the kernels' stack rows
+ *   varlen     packed sequences: every form in f64 on a stream of documents (lengths 0, 1,
+ *              2, 3, 17, 64, 0, 200 in 312 rows; one document of 90 in 96) with NaN in
+ *              every slack row of every input, against the float64 reference run on each
+ *              document alone (tests/varlen_test_util.h), per element; slack rows give
+ *              exactly o = 0, lse = -inf, zero gradients; a boundary moved by one token
+ *              fails the check; mg_cpu_run_pass equals mg_cpu_run; the executor's
+ *              refusals of missing, unexpected and malformed cu_seqlens
  * Shapes carry DeepSeek-V3's YaRN softmax scale (tu_shape). Inputs are fresh random
  * numbers each run: the seed is printed; MLAGEN_TEST_SEED overrides it. */
 #include <setjmp.h>
@@ -25,6 +32,7 @@
 
 #include "cpu_test_util.h"
 #include "mg_comm.h"
+#include "varlen_test_util.h"
 
 static uint64_t g_seed;
 
@@ -351,12 +359,156 @@ static void test_refusals(void **state) {
   mg_diag_clear(&d);
 }
 
+/* ---- (f) packed sequences ------------------------------------------------------------ */
+
+/* Every form in f64 against the per-document float64 reference (tv_reference): atol in rms
+ * units (of the finite elements) at rtol 1e-14, about twice the largest needed over 12 seeds
+ * (printed at the end as "needed varlen"): o 7.3e-15, lse 2.5e-16, dq 1.8e-14,
+ * dc_kv 1.1e-14, dk_rope 1.1e-14, dw_kv_b 6.8e-15. A boundary moved by one token fails
+ * every output (the test checks it). */
+static const tu_tol tol_varlen[TU_N_OUT] = {{1.5e-14, 1e-14}, {5e-16, 1e-14}, {4e-14, 1e-14},
+                                            {2.2e-14, 1e-14}, {2.2e-14, 1e-14}, {1.4e-14, 1e-14}};
+static double g_need_varlen[TU_N_OUT];
+
+/* mg_cpu_run_pass (forward then backward in the caller's memory) gives run r's outputs
+ * bit for bit on the same inputs and documents. Returns the outputs that differ. */
+static int pass_matches_run(const tv_stream *st, const tu_run *r) {
+  mg_diag d = MG_DIAG_INIT;
+  static mg_plan_mem mem;
+  fail_diag(mg_plan_mem_layout(&r->plan, 64, &mem, &d), &d, "layout");
+  void *ws = calloc(1, (size_t)mem.workspace_bytes + 1), *saved = calloc(1, (size_t)mem.saved_bytes + 1);
+  const void *want[5] = {r->t.o, r->t.dq, r->t.dc_kv, r->t.dk_rope, r->t.dw_kv_b};
+  const char *names[5] = {"o", "dq", "dc_kv", "dk_rope", "dw_kv_b"};
+  void *got[5];
+  size_t bytes[5];
+  for (int k = 0; k < 5; k++) {
+    bytes[k] = (size_t)mg_plan_buf_bytes(&r->plan.bufs[mg_plan_find(&r->plan, names[k])]);
+    assert_non_null(got[k] = malloc(bytes[k]));
+  }
+  mg_cpu_tensors t = {.q = r->t.q, .c_kv = r->t.c_kv, .k_rope = r->t.k_rope,
+                      .w_kv_b = r->t.w_kv_b, .d_o = r->t.d_o, .o = got[0], .dq = got[1],
+                      .dc_kv = got[2], .dk_rope = got[3], .dw_kv_b = got[4],
+                      .cu_seqlens = st->cu, .n_cu = st->n_cu};
+  assert_non_null(ws);
+  assert_non_null(saved);
+  fail_diag(mg_cpu_run_pass(&r->plan, NULL, MG_FWD, &t, &mem, ws, saved, &d), &d, "pass fwd");
+  fail_diag(mg_cpu_run_pass(&r->plan, NULL, MG_BWD, &t, &mem, ws, saved, &d), &d, "pass bwd");
+  int bad = 0;
+  for (int k = 0; k < 5; k++) {
+    if (memcmp(got[k], want[k], bytes[k])) {
+      print_error("%s: mg_cpu_run_pass's %s differs from mg_cpu_run's\n",
+                  mg_form_name(r->plan.args.form), names[k]);
+      bad++;
+    }
+    free(got[k]);
+  }
+  free(ws);
+  free(saved);
+  return bad;
+}
+
+static void test_varlen_f64(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  const mg_shape sh = tu_shape(4, 16, 8, 16, 32);
+  const int many[] = {0, 1, 2, 3, 17, 64, 0, 200}, one[] = {90};
+  const tv_stream streams[2] = {tv_make(many, 8, 312), tv_make(one, 1, 96)};
+  const char *stream_names[2] = {"lengths 0 1 2 3 17 64 0 200 in 312 rows", "one document of 90 in 96 rows"};
+  int bad = 0;
+  for (int si = 0; si < 2; si++)
+    for (int causal = 0; causal < 2; causal++) {
+      const tv_stream *st = &streams[si];
+      assert_true(st->T < st->cap); /* slack rows present */
+      tu_case c = tv_case(&sh, st, causal);
+      double *in[TU_N_IN] = {0}, *ref[TU_N_OUT] = {0};
+      assert_int_equal(tv_inputs(&c, st->T, g_seed + 20 + (uint64_t)(si * 2 + causal), in), 0);
+      assert_int_equal(tv_reference(&c, st->cu, st->n_cu, in, ref), 0);
+      if (si == 1) { /* the scores of the one document: a trained model's spread */
+        tu_case doc = {sh, 1, st->T, causal};
+        const double spread = tu_score_std(&doc, in);
+        assert_true(spread > 1.6 && spread < 2.4);
+      }
+      for (int f = 0; f < MG_FORM_COUNT; f++) {
+        tu_run r;
+        double *out[TU_N_OUT] = {0};
+        fail_diag(tv_run_form(&c, st, (mg_form)f, 1, 0, NULL, MG_F64, in, &r, &d), &d, "varlen run");
+        assert_true(r.plan.args.varlen && r.plan.args.cu_seqlens == NULL);
+        assert_int_equal(tu_outputs(&c, &r, out), 0);
+        char what[400];
+        snprintf(what, sizeof what, "varlen %s f64, %s, causal %d vs the per-document reference",
+                 mg_form_name((mg_form)f), stream_names[si], causal);
+        bad += compare_all(&c, out, ref, tol_varlen, what, g_need_varlen);
+        for (int k = 0; k < TU_N_OUT; k++) {
+          const int64_t wrong = tv_slack_wrong(&c, st->T, k, out[k]);
+          if (wrong) print_error("%s: %lld slack elements of %s are not %s\n", what,
+                                 (long long)wrong, tu_out_names[k], k == TU_LSE ? "-inf" : "0");
+          bad += wrong > 0;
+        }
+        if (si == 0 && causal && f == MG_FORM_LAGA) bad += pass_matches_run(st, &r);
+        if (si == 0 && f == MG_FORM_EXPLICIT) {
+          /* the check sees a boundary moved by one token (the 17-token document one later) */
+          int32_t moved[TV_MAX_DOCS + 1];
+          memcpy(moved, st->cu, sizeof moved);
+          moved[4] += 1;
+          double *mref[TU_N_OUT] = {0};
+          assert_int_equal(tv_reference(&c, moved, st->n_cu, in, mref), 0);
+          for (int k = 0; k < TU_N_OUT; k++) {
+            const int64_t n = tu_out_numel(&c, k);
+            cc_result cr = cc_compare_d(out[k], mref[k], n, tol_varlen[k].atol * tu_rms(mref[k], n),
+                                        tol_varlen[k].rtol);
+            if (cc_ok(&cr)) {
+              print_error("%s: a boundary moved by one passes %s\n", what, tu_out_names[k]);
+              bad++;
+            }
+          }
+          tu_free(mref, TU_N_OUT);
+        }
+        tu_free(out, TU_N_OUT);
+        tu_run_free(&r);
+      }
+      tu_free(ref, TU_N_OUT);
+      tu_free(in, TU_N_IN);
+    }
+  assert_int_equal(bad, 0);
+}
+
+/* The executor's refusals of documents: none for a varlen plan, some for an unpacked one,
+ * malformed ones (each naming the index), before any step runs (nothing allocated). */
+static void test_varlen_refusals(void **state) {
+  (void)state;
+  const mg_shape sh = shape_small();
+  static mg_plan p;
+  mg_diag d = MG_DIAG_INIT;
+  static char dummy[64];
+  mg_cpu_tensors t = {.q = dummy, .c_kv = dummy, .k_rope = dummy, .w_kv_b = dummy, .d_o = dummy};
+  mg_plan_args a = {.shape = &sh, .form = MG_FORM_LAGA, .sp = 1, .batch = 1, .seq = 16,
+                    .causal = 1, .dtype = MG_F32, .varlen = 1};
+  fail_diag(mg_plan_build(&p, &a, &d), &d, "plan");
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "a varlen plan needs cu_seqlens");
+  const int32_t start1[] = {1, 4, 9}, down[] = {0, 7, 5, 9}, past[] = {0, 8, 17};
+  t.cu_seqlens = start1, t.n_cu = 3;
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "cu_seqlens[0] = 1, the first boundary must be 0");
+  t.cu_seqlens = down, t.n_cu = 4;
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "cu_seqlens[2] = 5 is below cu_seqlens[1] = 7");
+  t.cu_seqlens = past, t.n_cu = 3;
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "cu_seqlens[2] = 17 is past the plan's token capacity 16");
+  t.n_cu = 0;
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "cu_seqlens needs at least one entry");
+  a.varlen = 0;
+  fail_diag(mg_plan_build(&p, &a, &d), &d, "plan");
+  t.n_cu = 2;
+  expect_refusal(&p, NULL, &t, MLAGEN_EINVAL, "for a plan without varlen");
+  mg_diag_clear(&d);
+}
+
 static int report_needed(void **state) {
   (void)state;
   printf("needed atol (rms units), f32 forms vs explicit:");
   for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need_f32[k]);
   printf("\nneeded atol (rms units), f64 explicit vs reference:");
   for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need_f64[k]);
+  printf("\nneeded varlen (rms units), f64 forms vs the per-document reference:");
+  for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need_varlen[k]);
   printf("\n");
   return 0;
 }
@@ -368,10 +520,13 @@ int main(void) {
   printf("test_cpu_exec: seed %llu (rerun with MLAGEN_TEST_SEED=%llu)\n",
          (unsigned long long)g_seed, (unsigned long long)g_seed);
   fflush(stdout);
+  const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: a subset */
+  if (filter && *filter) cmocka_set_test_filter(filter);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_memory_matches_plan), cmocka_unit_test(test_forms_agree),
       cmocka_unit_test(test_reference_f64),       cmocka_unit_test(test_finite_differences),
       cmocka_unit_test(test_scale_sensitivity), cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_varlen_f64),          cmocka_unit_test(test_varlen_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, report_needed);
 }

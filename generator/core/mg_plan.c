@@ -8,6 +8,7 @@
 #include "forms/forms.h"
 #include "mg_plan_builder.h"
 #include "mg_plan_check.h"
+#include "mg_varlen.h"
 #include "mlagen.h"
 
 static const char *const form_names[MG_FORM_COUNT] = {"explicit", "absorbed", "laga", "laga-r", "laga-f",
@@ -181,10 +182,15 @@ void mg_plan_gemm(mg_plan *p, const char *label, int a, int b, int c, mg_gemm g)
 }
 
 /* Attention FLOPs by docs/forms.md's (FlashMLA's) convention: forward 2 H pairs (d_qk + d_v),
- * backward 2 H pairs (3 d_qk + 2 d_v); pairs = S (S + 1) / 2 when causal. */
+ * backward 2 H pairs (3 d_qk + 2 d_v); pairs = S (S + 1) / 2 when causal, or those inside
+ * each document when the plan's documents are given (args.cu_seqlens). */
 static double attn_flops(const mg_plan *p, mg_kernel_op op) {
   const double S = (double)p->args.seq, B = p->args.batch, H = p->heads_local;
-  const double pairs = p->args.causal ? S * (S + 1) / 2 : S * S;
+  const double pairs = p->args.cu_seqlens /* a varlen plan's documents: pairs inside them */
+                           ? mg_varlen_pairs(p->args.cu_seqlens, p->args.n_cu - 1, p->args.causal,
+                                             p->args.seq, 0, 0, 0)
+                       : p->args.causal ? S * (S + 1) / 2
+                                        : S * S;
   const mg_shape *m = &p->shape;
   int absorbed = op == MG_OP_MQA_FWD || op == MG_OP_MQA_BWD;
   double dqk = absorbed ? m->kv_lora_rank + m->qk_rope_head_dim : m->qk_nope_head_dim + m->qk_rope_head_dim;
@@ -233,8 +239,11 @@ void mg_plan_attn_positions(mg_plan *p, mg_step *s, int64_t q_pos0, int64_t q_sp
   if (p->error || s->n_in < 2) return;
   const mg_plan_buf *q = &p->bufs[s->in[0]], *k = &p->bufs[s->in[1]];
   const int64_t Sq = q->dims[1], Sk = k->dims[1];
-  const double pairs = pairs_of(p->args.causal, q_pos0, q_split, Sk) +
-                       pairs_of(p->args.causal, q_pos1, Sq - q_split, Sk);
+  const double pairs = p->args.cu_seqlens /* a varlen plan's documents */
+                           ? mg_varlen_pairs(p->args.cu_seqlens, p->args.n_cu - 1, p->args.causal,
+                                             Sq, q_pos0, q_split, q_pos1)
+                           : pairs_of(p->args.causal, q_pos0, q_split, Sk) +
+                                 pairs_of(p->args.causal, q_pos1, Sq - q_split, Sk);
   const mg_shape *m = &p->shape;
   const double dqk = m->qk_nope_head_dim + m->qk_rope_head_dim, dv = m->v_head_dim;
   s->flops = 2.0 * (double)q->dims[0] * (double)q->dims[2] * pairs *
@@ -316,6 +325,21 @@ int mg_plan_args_check(const mg_plan_args *a, const mg_plan_arg_names *n, mg_dia
   if (a->seq % a->sp != 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %lld is not divisible by %s = %d (each rank "
                        "holds S / P tokens)", n->fn, n->seq, (long long)a->seq, n->sp, a->sp);
+  if (a->varlen && a->batch != 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d with varlen (packed sequences): a varlen "
+                       "plan takes one stream of documents, %s = 1 and %s = the token capacity",
+                       n->fn, n->batch, a->batch, n->batch, n->seq);
+  if (!a->varlen && (a->cu_seqlens || a->n_cu))
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: cu_seqlens given (%lld entries) for a plan "
+                       "without varlen: documents need a varlen (packed sequences) plan", n->fn,
+                       (long long)a->n_cu);
+  if (a->varlen && (a->cu_seqlens || a->n_cu)) {
+    int rc = mg_varlen_check(a->cu_seqlens, a->n_cu, a->seq, "cu_seqlens", d);
+    if (rc) {
+      mg_diag_prefix(d, "%s", n->fn);
+      return rc;
+    }
+  }
   const int cp = a->form == MG_FORM_LAGA_CP;
   if (!cp && (a->sp > H || H % a->sp != 0)) return head_split_error(a, n, d);
   if (a->form != MG_FORM_LAGA_F && !cp && a->head_groups != 0)
@@ -356,6 +380,8 @@ int mg_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
     case MG_FORM_LAGA_F: mg_form_laga_fused(p); break;
     case MG_FORM_LAGA_CP: mg_form_laga_cp(p); break;
   }
+  p->args.cu_seqlens = NULL; /* the caller's array: the figures are made, the plan keeps none */
+  p->args.n_cu = 0;
   return finalize(p, d);
 }
 

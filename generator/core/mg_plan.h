@@ -187,7 +187,8 @@ typedef struct mg_plan_args {
    * FLOPs counted per document pair, mg_varlen_pairs); n_cu = N + 1 entries, checked by
    * mg_plan_args_check (mg_varlen_check against seq). NULL: one document of seq tokens, the
    * worst case (the unpacked figures). Not kept past mg_plan_build (the plan's
-   * args.cu_seqlens is set to NULL). */
+   * args.cu_seqlens is set to NULL and n_cu to 0: the executors take the documents at
+   * every pass). */
   const int32_t *cu_seqlens;
   int64_t n_cu;
 } mg_plan_args;
@@ -222,12 +223,17 @@ typedef struct mg_plan_arg_names {
  * dividing H (the Ulysses forms shard by whole heads: the message names the forms, the P
  * that divide H and S, and laga-cp, which takes any P), head_groups nonzero for a form
  * other than laga-f and laga-cp, or not dividing H / P (laga-f) or H (laga-cp) or above
- * MG_PLAN_MAX_HEAD_GROUPS, sizes past 2^56 bytes per buffer), in the words of names
- * (NULL: "plan: sp = ..."). */
+ * MG_PLAN_MAX_HEAD_GROUPS, sizes past 2^56 bytes per buffer; varlen with batch != 1,
+ * cu_seqlens or n_cu given without varlen, and mg_varlen_check's messages for cu_seqlens
+ * against seq, e.g. "plan: cu_seqlens[3] = 9000 is past the plan's token capacity 8192"),
+ * in the words of names (NULL: "plan: sp = ..."). */
 int mg_plan_args_check(const mg_plan_args *args, const mg_plan_arg_names *names, mg_diag *d);
 
 /* Builds the plan of args->form for one rank (args checked by mg_plan_args_check), sets
- * every buffer's first/last steps and checks every step (mg_plan_check.h). Errors:
+ * every buffer's first/last steps and checks every step (mg_plan_check.h). A varlen plan
+ * marks its token-contracting GEMMs (the weight gradients: mg_gemm.tok_k, tok0) and, when
+ * args->cu_seqlens is given, counts its attention FLOPs per document pair
+ * (mg_varlen_pairs); the plan keeps a copy of *args with cu_seqlens NULL. Errors:
  * MLAGEN_EINVAL with mg_plan_args_check's or mg_plan_check's message. */
 int mg_plan_build(mg_plan *p, const mg_plan_args *args, mg_diag *d);
 

@@ -23,7 +23,9 @@ mg_step *mg_plan_kernel(mg_plan *p, mg_kernel_op op, const char *label, const in
                         const int *outs);
 /* Sets attention step s's query positions (mg_step.q_pos0/q_split/q_pos1) and its FLOPs
  * from them: the (query, key) pairs its rows see, counted exactly (causal: pos(i) + 1 keys
- * for row i; else all S_k keys), times its q buffer's batch and heads. */
+ * for row i; else all S_k keys; when the plan's args.cu_seqlens is given, the keys of each
+ * row's document, mg_varlen_pairs), times its q buffer's batch and heads. mg_plan_kernel
+ * counts an attention step's pairs the same way for pos(i) = i. */
 void mg_plan_attn_positions(mg_plan *p, mg_step *s, int64_t q_pos0, int64_t q_split,
                             int64_t q_pos1);
 

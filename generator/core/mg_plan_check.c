@@ -134,6 +134,14 @@ static int gemm(const chk *c) {
        mg_dtype_name(C->dtype), mg_dtype_name(t));
   NEED(g->beta == 0 || c->s->in[2] == c->s->out[0], "an accumulating GEMM reads C (%s) as its "
        "third input, not %s", C->name, in(c, 2)->name);
+  /* a token-contracting GEMM (mg_gemm.tok_k): a varlen plan's, its k token rows inside the
+   * sequence, so that the executors' valid rows mg_varlen_valid_rows(T, tok0, k) count them */
+  NEED(g->tok_k == 0 || g->tok_k == 1, "tok_k %d: must be 0 or 1", g->tok_k);
+  NEED(!g->tok_k || c->p->args.varlen, "tok_k marks a varlen plan's token-contracting GEMM; "
+       "this plan is not varlen");
+  NEED(g->tok_k ? g->tok0 >= 0 && g->tok0 <= c->p->args.seq - g->k : g->tok0 == 0,
+       "tok0 %lld: its %lld token rows must lie inside [0, S = %lld)%s", (long long)g->tok0,
+       (long long)g->k, (long long)c->p->args.seq, g->tok_k ? "" : " (and tok0 is 0 without tok_k)");
   TRY(gemm_operand(c, "A", A, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda,
                    g->off_a, g->stride_a, g->batch));
   TRY(gemm_operand(c, "B", B, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb,
@@ -411,6 +419,10 @@ int mg_plan_check(const mg_plan *p, mg_diag *d) {
   if ((unsigned)p->args.form >= MG_FORM_COUNT || p->args.sp < 1 || p->args.seq < 1)
     return mg_diag_set(d, MLAGEN_EINVAL, "malformed plan (form %d, sp %d, seq %lld)",
                        (int)p->args.form, p->args.sp, (long long)p->args.seq);
+  if (p->args.varlen && p->args.batch != 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s plan: varlen with batch %d (a varlen plan has "
+                       "batch 1: one stream of documents)", mg_form_name(p->args.form),
+                       p->args.batch);
   int rc = check_bufs(p, d);
   if (!rc) rc = check_lists(p, d);
   for (int i = 0; i < p->n_steps && !rc; i++) {

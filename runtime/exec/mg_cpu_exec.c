@@ -15,6 +15,7 @@
 
 #include "mg_cpu_ops.h"
 #include "mg_plan_check.h"
+#include "mg_varlen.h"
 #include "mlagen.h"
 
 /* ---- the tracking allocator ----------------------------------------------------------- */
@@ -55,6 +56,7 @@ typedef struct exec {
   tracker tr;
   mg_cpu_stats st;
   int lo, hi; /* the steps run: [lo, hi) (all of them, or one pass of mg_cpu_run_pass) */
+  int64_t T;  /* varlen plans: the valid tokens, cu_seqlens[N] (validate sets it) */
 } exec;
 
 static const void *rd(const exec *x, int id) {
@@ -180,11 +182,19 @@ static int gemm(exec *x, int i) {
   const mg_gemm *g = &s->gemm;
   const enum CBLAS_TRANSPOSE ta = g->trans_a ? CblasTrans : CblasNoTrans;
   const enum CBLAS_TRANSPOSE tb = g->trans_b ? CblasTrans : CblasNoTrans;
-  const int m = (int)g->m, n = (int)g->n, k = (int)g->k;
+  const int m = (int)g->m, n = (int)g->n;
+  /* a token-contracting GEMM sums only the valid token rows: the first k of op(A)'s
+   * columns and op(B)'s rows (slack rows may hold NaN, and 0 * NaN = NaN) */
+  const int k = (int)(g->tok_k ? mg_varlen_valid_rows(x->T, g->tok0, g->k) : g->k);
   const int lda = (int)g->lda, ldb = (int)g->ldb, ldc = (int)g->ldc;
   for (int b = 0; b < g->batch; b++) {
     const int64_t oa = g->off_a + b * g->stride_a, ob = g->off_b + b * g->stride_b,
                   oc = g->off_c + b * g->stride_c;
+    if (k == 0) { /* no valid row: C = beta C, which beta 1 leaves as it is */
+      for (int64_t r = 0; g->beta == 0 && r < m; r++)
+        memset((char *)wr(x, s->out[0]) + (size_t)(oc + r * ldc) * x->es, 0, (size_t)n * x->es);
+      continue;
+    }
     if (x->dt == MG_F64) {
       const double *A = rd(x, s->in[0]), *Bm = rd(x, s->in[1]);
       double *C = wr(x, s->out[0]);
@@ -209,7 +219,9 @@ static mg_cpu_attn attn_geom(const exec *x, const mg_step *s, const mg_plan_buf 
   return (mg_cpu_attn){.t = x->dt, .B = q->dims[0], .S_q = q->dims[1], .S_k = k->dims[1],
                        .H = q->dims[2], .q_pos0 = s->q_pos0, .q_split = s->q_split,
                        .q_pos1 = s->q_pos1, .d_qk = q->dims[3], .d_v = d_v,
-                       .scale = x->p->shape.softmax_scale, .causal = x->p->args.causal};
+                       .scale = x->p->shape.softmax_scale, .causal = x->p->args.causal,
+                       .cu_seqlens = x->p->args.varlen ? x->t->cu_seqlens : NULL,
+                       .n_seqs = x->p->args.varlen ? x->t->n_cu - 1 : 0};
 }
 
 /* The test seam (mg_cpu_exec.h): 1 when the hook ran the step instead. */
@@ -360,6 +372,17 @@ static int validate(exec *x) {
   for (int b = 0; b < p->n_bufs; b++)
     if (p->bufs[b].role == MG_BUF_INPUT && touched(x, b) && !input_of(x->t, p->bufs[b].name))
       return mg_diag_set(d, MLAGEN_EINVAL, "input %s is NULL", p->bufs[b].name);
+  if (p->args.varlen) { /* the documents, the same on every rank: checked before any step */
+    if (!x->t->cu_seqlens)
+      return mg_diag_set(d, MLAGEN_EINVAL, "a varlen plan needs cu_seqlens (the documents, N "
+                         "+ 1 entries)");
+    rc = mg_varlen_check(x->t->cu_seqlens, x->t->n_cu, p->args.seq, "cu_seqlens", d);
+    if (rc) return rc;
+    x->T = x->t->cu_seqlens[x->t->n_cu - 1];
+  } else if (x->t->cu_seqlens || x->t->n_cu) {
+    return mg_diag_set(d, MLAGEN_EINVAL, "cu_seqlens given (%lld entries) for a plan without "
+                       "varlen (packed sequences)", (long long)x->t->n_cu);
+  }
   if (p->args.sp > 1 && !x->comm)
     return mg_diag_set(d, MLAGEN_EINVAL, "a plan for %d ranks needs a communicator", p->args.sp);
   if (x->comm && (x->comm->size != p->args.sp || x->comm->rank != p->args.rank))

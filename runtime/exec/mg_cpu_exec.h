@@ -47,7 +47,8 @@ typedef struct mg_cpu_capture {
  * (f32 or f64) and the layouts of mg_kernel_op: in[k] the buffer step->in[k] (k <
  * step->n_in), out[k] the buffer step->out[k] (k < step->n_out, zero-filled when first
  * written by this step). Return 0 when the hook wrote the outputs (the executor skips its
- * own kernel), nonzero to have the executor run its own. The hook must not touch other
+ * own kernel), nonzero to have the executor run its own. On a varlen plan the hook gets no
+ * documents: a hook that runs such a step takes them through ctx. The hook must not touch other
  * buffers; memory it uses is its own (it is not counted in the run's stats, which the
  * hook therefore leaves unchanged). Not for production use. */
 typedef int (*mg_cpu_kernel_hook)(const mg_step *step, const mg_plan *p, const void *const *in,
@@ -72,6 +73,15 @@ typedef struct mg_cpu_tensors {
   void *dw_kv_b;       /* [H (d_n + d_v), d_c]: this rank's partial sum; the full gradient
                         * is the sum over the P ranks (only this rank's heads' rows are
                         * nonzero in the head-sharded forms) */
+  /* Packed sequences (mg_varlen.h): the documents of this pass, host int32, n_cu = N + 1
+   * entries, the same global array on every rank (cu[0] = 0, non-decreasing, cu[N] = T <=
+   * the plan's seq, the token capacity). Required for a varlen plan (args.varlen), refused
+   * for any other (NULL and 0). Rows t >= T are slack: they may hold anything (NaN
+   * included) in every input; their o, dq, dc_kv, dk_rope rows come out 0, and no valid
+   * output reads them (the attention keeps to each document, the weight gradients contract
+   * only the valid token rows). */
+  const int32_t *cu_seqlens;
+  int64_t n_cu;
   const mg_cpu_capture *captures; /* optional, n_captures entries */
   int n_captures;
   mg_cpu_kernel_hook kernel_hook; /* optional test seam (above); NULL: the executor's kernels */
@@ -100,7 +110,11 @@ typedef struct mg_cpu_stats {
  *                  NULL with P > 1, or its size/rank differ from the plan's; a malformed
  *                  plan (mg_plan_check's message: a GEMM or kernel operand out of its
  *                  buffer's bounds, shapes that disagree); a capture with an unknown or input buffer name, a NULL dst
- *                  or a byte count different from the buffer's.
+ *                  or a byte count different from the buffer's; a varlen plan without
+ *                  t->cu_seqlens ("a varlen plan needs cu_seqlens"), cu_seqlens given to a
+ *                  plan without varlen, or cu_seqlens that fail mg_varlen_check against
+ *                  the plan's seq (the message names the index, e.g. "cu_seqlens[2] = 5 is
+ *                  below cu_seqlens[1] = 7 (boundaries must not decrease)").
  *   MLAGEN_EUNSUPPORTED  a GEMM dimension or leading dimension beyond int (CBLAS), or an
  *                  attention row (d_qk, d_v) longer than MG_CPU_MAX_ROW.
  *   MLAGEN_ENOMEM  an allocation failed.

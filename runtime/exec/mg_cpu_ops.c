@@ -8,8 +8,10 @@
 
 #include <math.h>
 
-#include "mg_plan.h"
 #include <string.h>
+
+#include "mg_plan.h"
+#include "mg_varlen.h"
 
 /* ---- row helpers ------------------------------------------------------------------ */
 
@@ -164,9 +166,16 @@ static int64_t qpos(const geom *g, int64_t i) {
   const mg_cpu_attn *a = g->a;
   return i < a->q_split ? a->q_pos0 + i : a->q_pos1 + (i - a->q_split);
 }
-/* Keys visible to query i: [0, pos(i)] causal, else all. */
-static int64_t keys_end(const geom *g, int64_t i) {
-  return g->a->causal ? qpos(g, i) + 1 : g->a->S_k;
+/* Keys visible to query i, [*lo, *hi): [0, pos(i)] causal, else all; with documents, the
+ * keys of pos(i)'s document (none for a slack row). */
+static void keys_of(const geom *g, int64_t i, int64_t *lo, int64_t *hi) {
+  const mg_cpu_attn *a = g->a;
+  if (a->cu_seqlens) {
+    mg_varlen_keys(a->cu_seqlens, a->n_seqs, a->causal, qpos(g, i), lo, hi);
+    return;
+  }
+  *lo = 0;
+  *hi = a->causal ? qpos(g, i) + 1 : a->S_k;
 }
 
 /* Online softmax: one pass over the keys, rescaling the running sum and output row when
@@ -182,8 +191,10 @@ static void attn_fwd(const geom *g, const void *q, const void *k, const void *v,
         const int64_t hk = kv_head(g, h);
         const void *qi = at_c(t, q, iq(g, b, i, h));
         double m = -INFINITY, l = 0;
+        int64_t lo, hi;
+        keys_of(g, i, &lo, &hi);
         for (int64_t c = 0; c < a->d_v; c++) acc[c] = 0;
-        for (int64_t j = 0; j < keys_end(g, i); j++) {
+        for (int64_t j = lo; j < hi; j++) {
           const double s = a->scale * dot(t, qi, at_c(t, k, ik(g, b, j, hk)), a->d_qk);
           if (s > m) { /* new max: rescale what was summed so far */
             const double r = exp(m - s);
@@ -195,8 +206,9 @@ static void attn_fwd(const geom *g, const void *q, const void *k, const void *v,
           l += p;
           axpy(t, acc, p, at_c(t, v, iv(g, b, j, hk)), a->d_v);
         }
-        store(t, at(t, o, io(g, b, i, h)), acc, 1.0 / l, a->d_v);
-        put(t, lse, ilse(g, b, h, i), m + log(l));
+        /* a row without keys: o = 0 (acc is), lse = -inf */
+        store(t, at(t, o, io(g, b, i, h)), acc, l > 0 ? 1.0 / l : 0.0, a->d_v);
+        put(t, lse, ilse(g, b, h, i), l > 0 ? m + log(l) : -INFINITY);
       }
 }
 
@@ -227,8 +239,10 @@ static void attn_bwd(const geom *g, const void *q, const void *k, const void *v,
   for (int64_t b = 0; b < a->B; b++)
     for (int64_t h = 0; h < a->H; h++)
       for (int64_t i = 0; i < a->S_q; i++) {
+        int64_t lo, hi;
+        keys_of(g, i, &lo, &hi);
         for (int64_t c = 0; c < a->d_qk; c++) acc_q[c] = 0;
-        for (int64_t j = 0; j < keys_end(g, i); j++) {
+        for (int64_t j = lo; j < hi; j++) {
           double p, ds;
           prob_and_ds(g, q, k, v, o, lse, d_o, b, h, i, j, &p, &ds);
           axpy(t, acc_q, ds, at_c(t, k, ik(g, b, j, kv_head(g, h))), a->d_qk);
@@ -245,7 +259,9 @@ static void attn_bwd(const geom *g, const void *q, const void *k, const void *v,
         for (int64_t h = 0; h < a->H; h++) {
           if (kv_head(g, h) != hk) continue;
           for (int64_t i = 0; i < a->S_q; i++) {
-            if (a->causal && j > qpos(g, i)) continue;
+            int64_t lo, hi;
+            keys_of(g, i, &lo, &hi);
+            if (j < lo || j >= hi) continue; /* skipped, never multiplied by 0 */
             double p, ds;
             prob_and_ds(g, q, k, v, o, lse, d_o, b, h, i, j, &p, &ds);
             axpy(t, acc_k, ds, at_c(t, q, iq(g, b, i, h)), a->d_qk);

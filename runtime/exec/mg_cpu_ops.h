@@ -36,7 +36,12 @@ void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t d
 /* Attention geometry: B batches of S_q query rows and S_k keys, H query heads. Keys sit
  * at global positions 0 .. S_k - 1; query row i at pos(i) = q_pos0 + i for i < q_split,
  * else q_pos1 + (i - q_split) (mg_step's contract; all zero: pos(i) = i, the queries
- * cover the same tokens as the keys). causal: key j visible to query i iff j <= pos(i). */
+ * cover the same tokens as the keys). causal: key j visible to query i iff j <= pos(i).
+ * Packed sequences (cu_seqlens non-NULL, B = 1, mg_varlen.h): query i sees only the keys
+ * of its document, mg_varlen_keys(cu_seqlens, n_seqs, causal, pos(i)); a row that sees no
+ * key (a slack token's) gets o = 0, lse = -inf and dq = 0, and a key no row sees gets
+ * dk = dv = 0. Masked pairs are skipped, never multiplied by 0, so NaN in rows outside
+ * every range (slack rows of q, k, v, o, do) never reaches a valid output. */
 typedef struct mg_cpu_attn {
   mg_dtype t;
   int64_t B, S_q, S_k, H;
@@ -44,6 +49,8 @@ typedef struct mg_cpu_attn {
   int64_t d_qk, d_v;  /* 1 <= d_qk, d_v <= MG_CPU_MAX_ROW */
   double scale;       /* softmax scale */
   int causal;
+  const int32_t *cu_seqlens; /* NULL: one sequence; else n_seqs + 1 checked boundaries */
+  int64_t n_seqs;
 } mg_cpu_attn;
 
 /* MG_OP_ATTN_FWD: q [B, S_q, H, d_qk], k [B, S_k, H, d_qk], v [B, S_k, H, d_v] ->

@@ -17,6 +17,13 @@
   (void)B, (void)S, (void)Sl, (void)H, (void)Hl, (void)dn, (void)dr, (void)dv, (void)dc; \
   (void)dqk, (void)wc, (void)dkv, (void)h0, (void)T
 
+/* The designated initializers that mark a weight-gradient GEMM, whose k runs over token
+ * rows starting at global position tok0 (mg_gemm.tok_k): set on varlen plans only. Every
+ * such GEMM contracts the tokens in global order (a rank's own S_l at r S_l, or all S
+ * from 0: the gathered latent and the head-sharded buffers hold them so, laga-cp's after
+ * its chunk reordering). */
+#define FORM_TOK_K(p, tok0_) .tok_k = (p)->args.varlen != 0, .tok0 = (p)->args.varlen ? (tok0_) : 0
+
 #define DIMS(...) (sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
 #define ARGS(...) ((const int[]){__VA_ARGS__, -1})
 #define NONE ((const int[]){-1})
@@ -103,6 +110,6 @@ static inline void form_group_latent_grad(mg_plan *p, int g, int64_t h, int64_t 
                          .off_b = h * dkv * dc, .beta = g > 0});
   mg_plan_gemm(p, dw_label, dkv_g, c, dw,
                (mg_gemm){.trans_a = 1, .m = G * dkv, .n = dc, .k = B * S, .lda = G * dkv,
-                         .ldb = wc, .ldc = dc, .off_c = h * dkv * dc});
+                         .ldb = wc, .ldc = dc, .off_c = h * dkv * dc, FORM_TOK_K(p, 0)});
 }
 #endif

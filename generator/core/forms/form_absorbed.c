@@ -51,7 +51,7 @@ void mg_form_absorbed(mg_plan *p) {
   mg_plan_gemm(p, "dW_UV[h] = do_h^T o_lat", do_h, o_lat, dw,
                (mg_gemm){.trans_a = 1, .m = dv, .n = dc, .k = B * S, .lda = Hl * dv,
                          .ldb = Hl * dc, .ldc = dc, .off_c = uv, .stride_a = dv, .stride_b = dc,
-                         .stride_c = wstride, .batch = (int)Hl});
+                         .stride_c = wstride, .batch = (int)Hl, FORM_TOK_K(p, 0)});
 
   int dq_abs = mg_plan_temp(p, "dq_abs", T, DIMS(B, S, Hl, wc));
   int dc_full = mg_plan_temp(p, "dc", T, DIMS(B, S, wc));
@@ -69,7 +69,7 @@ void mg_form_absorbed(mg_plan *p) {
   mg_plan_gemm(p, "dW_UK[h] = q_n^T dq_lat", q_h, dq_abs, dw,
                (mg_gemm){.trans_a = 1, .m = dn, .n = dc, .k = B * S, .lda = Hl * dqk,
                          .ldb = Hl * wc, .ldc = dc, .off_c = uk, .stride_a = dqk, .stride_b = wc,
-                         .stride_c = wstride, .batch = (int)Hl});
+                         .stride_c = wstride, .batch = (int)Hl, FORM_TOK_K(p, 0)});
 
   int dq = mg_plan_output(p, "dq", T, DIMS(B, Sl, H, dqk));
   mg_plan_head_to_seq(p, dq_h, dq);

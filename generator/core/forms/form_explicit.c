@@ -61,5 +61,5 @@ void mg_form_explicit(mg_plan *p) {
   int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   mg_plan_gemm(p, "dw_kv_b = dkv^T c_kv (local tokens)", dkv_b, f.c_kv, dw,
                (mg_gemm){.trans_a = 1, .m = H * dkv, .n = dc, .k = B * Sl,
-                         .lda = H * dkv, .ldb = dc, .ldc = dc});
+                         .lda = H * dkv, .ldb = dc, .ldc = dc, FORM_TOK_K(p, p->args.rank * Sl)});
 }

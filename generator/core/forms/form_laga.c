@@ -89,7 +89,7 @@ void mg_form_laga(mg_plan *p, int recompute) {
   int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   mg_plan_gemm(p, "dw_kv_b[heads] = dkv_h^T c[:, :d_c]", dkv_h, cb, dw,
                (mg_gemm){.trans_a = 1, .m = Hl * dkv, .n = dc, .k = B * S, .lda = Hl * dkv,
-                         .ldb = wc, .ldc = dc, .off_c = h0 * dkv * dc});
+                         .ldb = wc, .ldc = dc, .off_c = h0 * dkv * dc, FORM_TOK_K(p, 0)});
 
   form_latent_grad_output(p, dc_full);
 }
