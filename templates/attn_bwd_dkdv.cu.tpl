@@ -29,8 +29,17 @@
 @ -- dk_smem = 1 keeps the fp32 dK rows in shared memory instead of registers (each thread
 @ -- reads and writes only its own fragment elements there, so no barrier is involved): the
 @ -- fallback for head dims whose dK + dV accumulators do not fit in registers (d_v 256).
+@ -- Packed sequences (spec.varlen, the "_varlen" variant, arguments cu_seqlens, n_seqs last;
+@ -- batch 1): key j is seen by the query positions [lo, hi) of mla::Varlen::queries (its
+@ -- document, from j on when causal); a slack key (at or past T = cu[n_seqs]) by none, and
+@ -- is loaded as zeros (dK = dV = 0, as for any key no query sees). The CTA's query tiles
+@ -- are those holding the rows at positions [lo(first key), hi(last valid key)) (both
+@ -- increase with the key; QueryPos::first_row_at turns positions into rows). Slack query
+@ -- rows are loaded as zeros and their LSE and delta never read (+inf and 0: P = 0); masks
+@ -- are selects, element by element unless the query tile lies inside every key's range.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
+@ local VARLEN = spec.varlen
 @ local ESIZE = elem_size(spec.dtype)
 @ local PAD = 8
 @ local SMEM_LIMIT = smem_limit()
@@ -51,9 +60,9 @@
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
 @
 @ local K = kernel {
-@   family = "attn_bwd_dkdv", pass = "bwd", causal = true, interface = { "k_packed", "deterministic" }, flops = { pair = 4 * spec.heads * ((spec.d_n + spec.d_r) + spec.d_v) },
+@   family = "attn_bwd_dkdv", pass = "bwd", causal = true, varlen = true, interface = { "k_packed", "deterministic" }, flops = { pair = 4 * spec.heads * ((spec.d_n + spec.d_r) + spec.d_v) },
 @   doc = "explicit-form attention backward on tensor cores (FlashAttention-2): dK, dV, and dQ by fp32 atomics (deterministic = 0)",
-@   params = {
+@   params = varlen_params {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
 @     PACKED and
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope]" } or
@@ -147,6 +156,7 @@ constexpr int DR = ${DR};
 constexpr int DQK = DN + DR;
 constexpr int DV = ${DV};
 constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr bool VARLEN = ${VARLEN and "true" or "false"};  // packed sequences (cu_seqlens)
 constexpr int NUM_WARPS = ${C.num_warps};
 constexpr int NUM_THREADS = 32 * NUM_WARPS;
 constexpr int BLOCK_N = ${C.block_n};  // keys per CTA, 16 per warp
@@ -195,11 +205,40 @@ ${thread_prologue()}
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
+@ if VARLEN then
+  // Packed sequences: keys from k_end on are slack (zeros, seen by none); the valid query
+  // rows are a prefix of nv rows. qr_lo/qr_hi: the query positions that see this thread's
+  // keys k0 + g, k0 + g + 8 (empty for a slack key). The query tiles [m_first, m_first +
+  // n_iter) hold the rows at positions [lo of the first key, hi of the last valid key).
+  const mla::Varlen vl{cu_seqlens, n_seqs};
+  const int T = cu_seqlens[n_seqs];
+  const int k_end = min(seqlen_k, T);
+  const int nv = min(seqlen_q, qpos.first_row_at(T));
+  int qr_lo[2], qr_hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = k0 + g + 8 * r;
+    qr_lo[r] = qr_hi[r] = 0;
+    if (key < k_end) vl.queries<CAUSAL>(key, qr_lo[r], qr_hi[r]);
+  }
+  int m_first = 0, n_iter = 0;
+  if (n0 < k_end) {
+    int plo, phi, unused;
+    vl.queries<CAUSAL>(n0, plo, unused);
+    vl.queries<CAUSAL>(min(n0 + BLOCK_N, k_end) - 1, unused, phi);
+    const int r0 = qpos.first_row_at(plo), r1 = min(nv, qpos.first_row_at(phi));
+    if (r0 < r1) {
+      m_first = r0 / BLOCK_M;
+      n_iter = (r1 + BLOCK_M - 1) / BLOCK_M - m_first;
+    }
+  }
+@ else
   // Query tiles that see a key of this tile: causal, from the one holding the first row at
   // position n0 or later (the positions increase, so every later row sees it too).
   const int m_first = CAUSAL ? qpos.first_row_at(n0) / BLOCK_M : 0;
   const int m_tiles = (seqlen_q + BLOCK_M - 1) / BLOCK_M;
   const int n_iter = m_tiles - m_first;
+@ end
 
   const int tr_q = tid / TPR_Q, tc_q = tid % TPR_Q;
   const int tr_k = tid / TPR_K, tc_k = tid % TPR_K;
@@ -207,9 +246,9 @@ ${thread_prologue()}
 
   // K and V tiles of head h; keys past seqlen_k are zero (and masked).
   auto load_kv = [&](int h) {
-    mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK, tr_k, tc_k, n0, seqlen_k, b, h,
+    mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK, tr_k, tc_k, n0, ${VARLEN and "k_end" or "seqlen_k"}, b, h,
                                                                               k_nope, k_rope);
-    mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV, tr_v, tc_v, n0, seqlen_k,
+    mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV, tr_v, tc_v, n0, ${VARLEN and "k_end" or "seqlen_k"},
                                                             [&](int j) { return v + (((size_t)b * seqlen_k + j) * H + h) * DV; });
   };
 
@@ -218,16 +257,16 @@ ${thread_prologue()}
   // stores, published by the barrier that follows the tile's wait).
   auto load_q = [&](int mt, int st, int h) {
     const int m0 = mt * BLOCK_M;
-    mla::cp_async_tile<BLOCK_M, DQK, QS, TPR_Q, NUM_THREADS>(sQ + st * Q_ELEMS, tr_q, tc_q, m0, seqlen_q, [&](int i) {
+    mla::cp_async_tile<BLOCK_M, DQK, QS, TPR_Q, NUM_THREADS>(sQ + st * Q_ELEMS, tr_q, tc_q, m0, ${VARLEN and "nv" or "seqlen_q"}, [&](int i) {
       return q + (((size_t)b * seqlen_q + i) * H + h) * DQK;
     });
-    mla::cp_async_tile<BLOCK_M, DV, OS, TPR_V, NUM_THREADS>(sO + st * O_ELEMS, tr_v, tc_v, m0, seqlen_q, [&](int i) {
+    mla::cp_async_tile<BLOCK_M, DV, OS, TPR_V, NUM_THREADS>(sO + st * O_ELEMS, tr_v, tc_v, m0, ${VARLEN and "nv" or "seqlen_q"}, [&](int i) {
       return dout + (((size_t)b * seqlen_q + i) * H + h) * DV;
     });
     for (int r = tid; r < BLOCK_M; r += NUM_THREADS) {
       const int i = m0 + r;
       float l = mla::pos_inf(), dl = 0.f;
-      if (i < seqlen_q) {
+      if (i < ${VARLEN and "nv" or "seqlen_q"}) {
         const size_t row = ((size_t)b * H + h) * seqlen_q + i;
         const float x = lse[row];
         l = mla::lse_log2(x);
@@ -311,11 +350,35 @@ ${thread_prologue()}
       const float* const tl = sLse + st * BLOCK_M;
       const float* const td = sDelta + st * BLOCK_M;
       // A warp computes only if one of its keys is in range and visible to a row of the tile.
+@ if VARLEN then
+      const int p_first = qpos(m0), p_last = qpos(min(m0 + BLOCK_M, nv) - 1);  // m0 < nv
+      const bool active = __any_sync(0xffffffffu, (qr_lo[0] < qr_hi[0] && qr_lo[0] <= p_last && p_first < qr_hi[0]) ||
+                                                      (qr_lo[1] < qr_hi[1] && qr_lo[1] <= p_last && p_first < qr_hi[1]));
+@ else
       const bool active = k0 < seqlen_k && (!CAUSAL || k0 <= qpos(m0 + BLOCK_M - 1));
+@ end
       if (active) {
         float s[NT_M][4];
         mla::warp_gemm_abt<elem_t, DQK, BLOCK_M, QS, 4>(s, sK + ka_off, tq + qb_off);
         // P^T: rows are keys k0 + g (+8), columns queries m0 + n*8 + 2t (+1).
+@ if VARLEN then
+        // Element-wise masks unless every row of the tile is valid and sees every key of the
+        // warp's (warp vote); rows past nv are slack or past seqlen_q.
+        const bool edge = !__all_sync(0xffffffffu, m0 + BLOCK_M <= nv && qr_lo[0] <= p_first && p_last < qr_hi[0] &&
+                                                       qr_lo[1] <= p_first && p_last < qr_hi[1]);
+#pragma unroll
+        for (int n = 0; n < NT_M; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = n * 8 + 2 * t + (e & 1);
+            float p = exp2f(s[n][e] * scale_log2 - tl[c]);
+            if (edge) {
+              const int qi = m0 + c, pq = qpos(qi);
+              if (qi >= nv || pq < qr_lo[e >> 1] || pq >= qr_hi[e >> 1]) p = 0.f;
+            }
+            s[n][e] = p;
+          }
+@ else
         const bool edge = k0 + 15 >= seqlen_k || m0 + BLOCK_M > seqlen_q ||
                           (CAUSAL && k0 + 15 > qpos(m0));
 #pragma unroll
@@ -330,6 +393,7 @@ ${thread_prologue()}
             }
             s[n][e] = p;
           }
+@ end
         // dV += P^T dO
         {
           unsigned pa[BLOCK_M / 16][4];

@@ -13,8 +13,16 @@
 @ --   dQ += dS K       A: dS from registers, B: K by ldmatrix.trans
 @ -- dq = scale * dQ is written in the input dtype (16-bit), [B, S_q, H, d_n + d_r]; a row
 @ -- without keys gets 0. Every output is written once, by one thread: bit-reproducible.
+@ -- Packed sequences (spec.varlen, the "_varlen" variant, arguments cu_seqlens, n_seqs last):
+@ -- as attn_fwd's (each row's keys [lo, hi) from mla::Varlen, the CTA's key tiles from its
+@ -- first row's lo to its last valid row's hi, masks by select). Slack rows (at or past T =
+@ -- cu[n_seqs]) get dq = 0: their Q and dO are loaded as zeros and their LSE and delta are
+@ -- never read (attn_bwd_pre's delta of a slack row may be anything, NaN included).
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
+@ local VARLEN = spec.varlen
+@ -- A key tile's index in the device code: the varlen kernel's loops count from its first tile.
+@ local function TILE(x) return VARLEN and ("(tile0 + " .. x .. ")") or x end
 @ local ESIZE = elem_size(spec.dtype)
 @ local PAD = 8
 @ local SMEM_LIMIT = smem_limit()
@@ -27,9 +35,9 @@
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
 @
 @ local K = kernel {
-@   family = "attn_bwd_dq", pass = "bwd", causal = true, interface = { "k_packed" }, flops = { pair = spec.heads * (spec.d_v + 2 * (spec.d_n + spec.d_r)) },
+@   family = "attn_bwd_dq", pass = "bwd", causal = true, varlen = true, interface = { "k_packed" }, flops = { pair = spec.heads * (spec.d_v + 2 * (spec.d_n + spec.d_r)) },
 @   doc = "explicit-form attention backward on tensor cores: deterministic dQ (FlashAttention-2, recomputing P and dP)",
-@   params = {
+@   params = varlen_params {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
 @     PACKED and
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope]" } or
@@ -106,6 +114,7 @@ constexpr int DR = ${DR};
 constexpr int DQK = DN + DR;
 constexpr int DV = ${DV};
 constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr bool VARLEN = ${VARLEN and "true" or "false"};  // packed sequences (cu_seqlens)
 constexpr int NUM_WARPS = ${C.num_warps};
 constexpr int NUM_THREADS = 32 * NUM_WARPS;
 constexpr int BLOCK_M = ${C.block_m};
@@ -144,8 +153,32 @@ ${thread_prologue()}
   const int i0 = m0 + wrow;
   const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
 
+@ if VARLEN then
+  // Packed sequences, as attn_fwd's: nv valid rows (a prefix), this thread's rows' key
+  // ranges kr_lo/kr_hi, the CTA's key tiles [tile0, tile0 + n_tiles), zeros from k_end on.
+  const mla::Varlen vl{cu_seqlens, n_seqs};
+  const int nv = min(seqlen_q, qpos.first_row_at(cu_seqlens[n_seqs]));
+  int kr_lo[2], kr_hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + g + 8 * r;
+    kr_lo[r] = kr_hi[r] = 0;
+    if (i < nv) vl.keys<CAUSAL>(qpos(i), seqlen_k, kr_lo[r], kr_hi[r]);
+    kr_hi[r] = min(kr_hi[r], seqlen_k);
+  }
+  int tile0 = 0, n_tiles = 0, k_end = 0;
+  if (m0 < nv) {
+    int lo0, hi0, lo1, hi1;
+    vl.keys<CAUSAL>(qpos(m0), seqlen_k, lo0, hi0);
+    vl.keys<CAUSAL>(qpos(min(m0 + BLOCK_M, nv) - 1), seqlen_k, lo1, hi1);
+    k_end = min(hi1, seqlen_k);
+    tile0 = lo0 / BLOCK_N;
+    n_tiles = max(0, (k_end + BLOCK_N - 1) / BLOCK_N - tile0);
+  }
+@ else
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
   const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, 0, qpos(q_last));
+@ end
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   const int tr_q = tid / TPR_Q, tc_q = tid % TPR_Q;
@@ -154,19 +187,19 @@ ${thread_prologue()}
 
   // Q and dO tiles (zero past seqlen_q), only when some key is visible.
   if (n_tiles > 0) {
-    mla::cp_async_tile<BLOCK_M, DQK, QS, TPR_Q, NUM_THREADS>(sQ, tr_q, tc_q, m0, seqlen_q, [&](int i) {
+    mla::cp_async_tile<BLOCK_M, DQK, QS, TPR_Q, NUM_THREADS>(sQ, tr_q, tc_q, m0, ${VARLEN and "nv" or "seqlen_q"}, [&](int i) {
       return q + (((size_t)b * seqlen_q + i) * H + h) * DQK;
     });
-    mla::cp_async_tile<BLOCK_M, DV, OS, TPR_V, NUM_THREADS>(sO, tr_v, tc_v, m0, seqlen_q, [&](int i) {
+    mla::cp_async_tile<BLOCK_M, DV, OS, TPR_V, NUM_THREADS>(sO, tr_v, tc_v, m0, ${VARLEN and "nv" or "seqlen_q"}, [&](int i) {
       return dout + (((size_t)b * seqlen_q + i) * H + h) * DV;
     });
   }
 
   auto load_kv = [&](int tile, int st) {
-    const int n0 = tile * BLOCK_N;
-    mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK + st * K_ELEMS, tr_k, tc_k, n0, seqlen_k,
+    const int n0 = ${TILE("tile")} * BLOCK_N;
+    mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK + st * K_ELEMS, tr_k, tc_k, n0, ${VARLEN and "k_end" or "seqlen_k"},
                                                                               b, h, k_nope, k_rope);
-    mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV + st * V_ELEMS, tr_v, tc_v, n0, seqlen_k,
+    mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV + st * V_ELEMS, tr_v, tc_v, n0, ${VARLEN and "k_end" or "seqlen_k"},
                                                             [&](int j) { return v + (((size_t)b * seqlen_k + j) * H + h) * DV; });
   };
 
@@ -177,7 +210,7 @@ ${thread_prologue()}
     const int i = i0 + g + 8 * r;
     lse2[r] = mla::pos_inf();
     dlt[r] = 0.f;
-    if (i < seqlen_q) {
+    if (i < ${VARLEN and "nv" or "seqlen_q"}) {
       const size_t row = ((size_t)b * H + h) * seqlen_q + i;
       const float x = lse[row];
       lse2[r] = mla::lse_log2(x);
@@ -203,11 +236,26 @@ ${thread_prologue()}
     for (int e = 0; e < 4; ++e) dqacc[d][e] = 0.f;
 
   auto compute = [&](int tile, int st) {
-    const int n0 = tile * BLOCK_N;
+    const int n0 = ${TILE("tile")} * BLOCK_N;
     const elem_t* const tk = sK + st * K_ELEMS;
     const elem_t* const tv = sV + st * V_ELEMS;
     float s[NT_S][4];
     mla::warp_gemm_abt<elem_t, DQK, BLOCK_N, KS, 4>(s, sQ + qa_off, tk + kb_off);
+@ if VARLEN then
+    const bool edge = !__all_sync(0xffffffffu, kr_lo[0] <= n0 && n0 + BLOCK_N <= kr_hi[0] &&
+                                                   kr_lo[1] <= n0 && n0 + BLOCK_N <= kr_hi[1]);
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
+        if (edge) {
+          const int key = n0 + n * 8 + 2 * t + (e & 1);
+          if (key < kr_lo[e >> 1] || key >= kr_hi[e >> 1]) p = 0.f;
+        }
+        s[n][e] = p;
+      }
+@ else
     const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > qpos(i0));
 #pragma unroll
     for (int n = 0; n < NT_S; ++n)
@@ -219,6 +267,7 @@ ${thread_prologue()}
         }
         s[n][e] = p;
       }
+@ end
     // dP = dO V^T
     float dp[NT_S][4];
     mla::warp_gemm_abt<elem_t, DV, BLOCK_N, VS, 4>(dp, sO + oa_off, tv + vb_off);
@@ -236,7 +285,13 @@ ${thread_prologue()}
   };
 
   auto warp_active = [&](int tile) {
+@ if VARLEN then
+    const int n0 = ${TILE("tile")} * BLOCK_N;
+    return __any_sync(0xffffffffu, (kr_lo[0] < kr_hi[0] && kr_lo[0] < n0 + BLOCK_N && n0 < kr_hi[0]) ||
+                                       (kr_lo[1] < kr_hi[1] && kr_lo[1] < n0 + BLOCK_N && n0 < kr_hi[1]));
+@ else
     return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= qpos(i0 + 15));
+@ end
   };
 
   if (n_tiles > 0) load_kv(0, 0);

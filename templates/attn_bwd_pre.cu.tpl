@@ -3,12 +3,17 @@
 @ -- and, when dq_accum is not null, zeroes this CTA's rows of the fp32 dQ accumulator that
 @ -- attn_bwd_dkdv (deterministic = 0) adds into. Each warp reduces rows_per_warp query rows
 @ -- of one head, one after the other; O is read as the forward stored it (16-bit).
+@ -- Packed sequences (spec.varlen, the "_varlen" variant, arguments cu_seqlens, n_seqs last,
+@ -- unused): the same code. The kernel knows no query positions, so it cannot tell slack
+@ -- rows; their delta is whatever dO * O gives there (NaN when the slack holds NaN): the
+@ -- consumers (attn_bwd_dkdv, attn_bwd_dq varlen) never read delta or LSE of a slack row.
+@ -- dq_accum is zeroed on every row, slack rows included (their dQ stays 0).
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local K = kernel {
-@   family = "attn_bwd_pre", pass = "bwd", flops = { row = 2 * spec.heads * spec.d_v },
+@   family = "attn_bwd_pre", pass = "bwd", varlen = true, flops = { row = 2 * spec.heads * spec.d_v },
 @   doc = "attention backward preprocessing: delta = rowsum(dO * O) (fp32), optional zeroing of the fp32 dQ accumulator",
-@   params = {
+@   params = varlen_params {
 @     { name = "o",        type = "const elem_t*", shape = "[B, S_q, H, d_v]",      doc = "forward output (as attn_fwd stored it)" },
 @     { name = "dout",     type = "const elem_t*", shape = "[B, S_q, H, d_v]",      doc = "gradient of the output" },
 @     { name = "delta",    type = "float*",        shape = "[B, H, S_q]",           doc = "sum_c dO * O per row" },
@@ -45,6 +50,7 @@ typedef ${elem_type(spec.dtype)}2 elem2_t;
 constexpr int H = ${H};
 constexpr int DQK = ${DQK};
 constexpr int DV = ${DV};
+constexpr bool VARLEN = ${spec.varlen and "true" or "false"};  // packed sequences: arguments only
 constexpr int NUM_WARPS = ${C.num_warps};
 constexpr int ROWS_PER_WARP = ${C.rows_per_warp};
 constexpr int ROWS = NUM_WARPS * ROWS_PER_WARP;

@@ -25,6 +25,15 @@
 @ -- number of 16-byte units per row), so the 8 rows of an ldmatrix hit 8 distinct bank
 @ -- groups. O leaves through shared memory (the Q area) as 16-byte stores.
 @ --
+@ -- Packed sequences (spec.varlen, the "_varlen" variant; generator/core/mg_varlen.h): the
+@ -- arguments cu_seqlens, n_seqs follow the others (batch 1). Row i sees the keys [lo, hi)
+@ -- of its document (mla::Varlen::keys at its global position); rows at or past T =
+@ -- cu[n_seqs] (slack) see none (o = 0, lse = -inf) and are loaded as zeros, as are the
+@ -- keys past the CTA's last valid row's hi. A CTA's key tiles run from its first row's lo
+@ -- to its last valid row's hi (both increase with the row); a warp skips the tiles none of
+@ -- its rows sees, and masks element by element (a select: NaN in a foreign or slack row
+@ -- cannot leak) unless the tile lies inside every row's range.
+@ --
 @ -- Key layout (tunable k_packed, spec-independent):
 @ --   0 "split"   k_nope [B, S_k, H, d_n] per head and k_rope [B, S_k, d_r] shared by all
 @ --               heads: the model's own tensors (no expansion).
@@ -33,6 +42,9 @@
 @ --               (may be null): the per-head K that the explicit and LAGA plans build.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
+@ local VARLEN = spec.varlen
+@ -- A key tile's index in the device code: the varlen kernel's loops count from its first tile.
+@ local function TILE(x) return VARLEN and ("(tile0 + " .. x .. ")") or x end
 @ local ESIZE = elem_size(spec.dtype)
 @ local PAD = 8                       -- elements of padding per smem row: 16 bytes
 @ local SMEM_LIMIT = smem_limit()
@@ -55,9 +67,9 @@
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
 @
 @ local K = kernel {
-@   family = "attn_fwd", pass = "fwd", causal = true, interface = { "k_packed" }, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
+@   family = "attn_fwd", pass = "fwd", causal = true, varlen = true, interface = { "k_packed" }, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
 @   doc = "explicit-form attention forward on tensor cores (FlashAttention-2): O and LSE from Q, K, V",
-@   params = {
+@   params = varlen_params {
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
 @     PACKED and
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope], RoPE part last" } or
@@ -136,6 +148,7 @@ constexpr int DR = ${DR};
 constexpr int DQK = DN + DR;
 constexpr int DV = ${DV};
 constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr bool VARLEN = ${VARLEN and "true" or "false"};  // packed sequences (cu_seqlens)
 constexpr int NUM_WARPS = ${C.num_warps};
 constexpr int NUM_THREADS = 32 * NUM_WARPS;
 constexpr int BLOCK_M = ${C.block_m};  // 16 rows per warp
@@ -174,9 +187,35 @@ ${thread_prologue()}
   const int i0 = m0 + wrow;     // its first query row
   const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
 
+@ if VARLEN then
+  // Packed sequences: the valid rows are a prefix (the positions increase; slack from T on).
+  // kr_lo/kr_hi: the key ranges of this thread's rows g, g + 8 (empty past nv). The CTA's
+  // key tiles [tile0, tile0 + n_tiles) cover its first row's lo to its last valid row's hi,
+  // and keys from k_end on (none a valid row of the CTA sees) are loaded as zeros.
+  const mla::Varlen vl{cu_seqlens, n_seqs};
+  const int nv = min(seqlen_q, qpos.first_row_at(cu_seqlens[n_seqs]));
+  int kr_lo[2], kr_hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = i0 + g + 8 * r;
+    kr_lo[r] = kr_hi[r] = 0;
+    if (i < nv) vl.keys<CAUSAL>(qpos(i), seqlen_k, kr_lo[r], kr_hi[r]);
+    kr_hi[r] = min(kr_hi[r], seqlen_k);
+  }
+  int tile0 = 0, n_tiles = 0, k_end = 0;
+  if (m0 < nv) {
+    int lo0, hi0, lo1, hi1;
+    vl.keys<CAUSAL>(qpos(m0), seqlen_k, lo0, hi0);
+    vl.keys<CAUSAL>(qpos(min(m0 + BLOCK_M, nv) - 1), seqlen_k, lo1, hi1);
+    k_end = min(hi1, seqlen_k);
+    tile0 = lo0 / BLOCK_N;
+    n_tiles = max(0, (k_end + BLOCK_N - 1) / BLOCK_N - tile0);
+  }
+@ else
   // Keys this CTA can see: with causal masking, none past its last query's position.
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
   const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, 0, qpos(q_last));
+@ end
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   // Tile copies (mla::cp_async_tile): for K, TPR divides d_n / 8, so whether a chunk is in
@@ -188,18 +227,18 @@ ${thread_prologue()}
   // Q tile: rows past seqlen_q are zero (and never written out). Not needed, and not
   // loaded, when no key is visible.
   if (n_tiles > 0)
-    mla::cp_async_tile<BLOCK_M, DQK, QS, TPR_Q, NUM_THREADS>(sQ, tr_q, tc_q, m0, seqlen_q, [&](int i) {
+    mla::cp_async_tile<BLOCK_M, DQK, QS, TPR_Q, NUM_THREADS>(sQ, tr_q, tc_q, m0, ${VARLEN and "nv" or "seqlen_q"}, [&](int i) {
       return q + (((size_t)b * seqlen_q + i) * H + h) * DQK;
     });
 
   // One K tile (columns [0, DN) from K_nope, [DN, DQK) from the RoPE part) or one V tile
   // into stage `st`; keys past seqlen_k are zero-filled (masked later, and 0 * 0 in P V).
   auto load_k = [&](int tile, int st) {
-    mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK + st * K_ELEMS, tr_k, tc_k, tile * BLOCK_N,
-                                                                              seqlen_k, b, h, k_nope, k_rope);
+    mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK + st * K_ELEMS, tr_k, tc_k, ${TILE("tile")} * BLOCK_N,
+                                                                              ${VARLEN and "k_end" or "seqlen_k"}, b, h, k_nope, k_rope);
   };
   auto load_v = [&](int tile, int st) {
-    mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV + st * V_ELEMS, tr_v, tc_v, tile * BLOCK_N, seqlen_k,
+    mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV + st * V_ELEMS, tr_v, tc_v, ${TILE("tile")} * BLOCK_N, ${VARLEN and "k_end" or "seqlen_k"},
                                                             [&](int j) { return v + (((size_t)b * seqlen_k + j) * H + h) * DV; });
   };
 
@@ -220,9 +259,25 @@ ${thread_prologue()}
 
   // S = Q K^T for the tile in stage st, scaled to base 2 and masked.
   auto scores = [&](int tile, int st) {
-    const int n0 = tile * BLOCK_N;
+    const int n0 = ${TILE("tile")} * BLOCK_N;
     // The k loop over d_qk unrolled by 4, not fully: see ACC_LIMIT in the template header.
     mla::warp_gemm_abt<elem_t, DQK, BLOCK_N, KS, 4>(s, sQ + q_off, sK + st * K_ELEMS + k_off);
+@ if VARLEN then
+    // Element-wise masks unless the tile lies inside every row's key range (warp vote).
+    const bool edge = !__all_sync(0xffffffffu, kr_lo[0] <= n0 && n0 + BLOCK_N <= kr_hi[0] &&
+                                                   kr_lo[1] <= n0 && n0 + BLOCK_N <= kr_hi[1]);
+#pragma unroll
+    for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[n][e] * scale_log2;
+        if (edge) {
+          const int key = n0 + n * 8 + 2 * t + (e & 1);
+          if (key < kr_lo[e >> 1] || key >= kr_hi[e >> 1]) x = mla::neg_inf();
+        }
+        s[n][e] = x;
+      }
+@ else
     // Element-wise masks only where the tile crosses the end of the keys or the diagonal
     // of this warp's rows (warp-uniform test).
     const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > qpos(i0));
@@ -237,6 +292,7 @@ ${thread_prologue()}
         }
         s[n][e] = x;
       }
+@ end
   };
 
   // Online softmax: S becomes P (fp32) and O and the sums are rescaled to the new max.
@@ -256,7 +312,13 @@ ${thread_prologue()}
 
   // A warp works on a tile only if it has a row in range that sees one of its keys.
   auto warp_active = [&](int tile) {
+@ if VARLEN then
+    const int n0 = ${TILE("tile")} * BLOCK_N;
+    return __any_sync(0xffffffffu, (kr_lo[0] < kr_hi[0] && kr_lo[0] < n0 + BLOCK_N && n0 < kr_hi[0]) ||
+                                       (kr_lo[1] < kr_hi[1] && kr_lo[1] < n0 + BLOCK_N && n0 < kr_hi[1]));
+@ else
     return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= qpos(i0 + 15));
+@ end
   };
 
 @ if C.stages == 1 then

@@ -377,6 +377,35 @@ __device__ __forceinline__ bool key_hidden(int key, int pos, int seqlen_k, int q
   return key >= seqlen_k || (CAUSAL && key > q_pos0 + pos);
 }
 
+// Packed sequences, per warp of mma fragments: the ranges [lo[r], hi[r]) of a thread's two
+// fragment rows g and g + 8 (the keys a query row sees, or the query positions that see a
+// key; an empty range is lo = hi = 0), and, after warp_reduce() (every lane of the warp),
+// over the warp's 16 rows: their union's hull [any_lo, any_hi) (empty rows left out) and
+// their intersection [all_lo, all_hi) (empty when a row is). Ranges are monotone in the
+// row (Varlen's are), so the hull is the union.
+struct RowRanges {
+  int lo[2], hi[2];
+  int any_lo, any_hi, all_lo, all_hi;
+  __device__ __forceinline__ void warp_reduce() {
+    const int big = 0x7fffffff;
+    any_lo = min(hi[0] > lo[0] ? lo[0] : big, hi[1] > lo[1] ? lo[1] : big);
+    any_hi = max(hi[0], hi[1]);
+    all_lo = max(lo[0], lo[1]);
+    all_hi = min(hi[0], hi[1]);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {  // over g: lanes with the same column pair
+      any_lo = min(any_lo, __shfl_xor_sync(FULL_MASK, any_lo, off));
+      any_hi = max(any_hi, __shfl_xor_sync(FULL_MASK, any_hi, off));
+      all_lo = max(all_lo, __shfl_xor_sync(FULL_MASK, all_lo, off));
+      all_hi = min(all_hi, __shfl_xor_sync(FULL_MASK, all_hi, off));
+    }
+  }
+  // [a, b) meets some row's range; lies in every row's range; x outside row r's range.
+  __device__ __forceinline__ bool meets(int a, int b) const { return a < any_hi && b > any_lo; }
+  __device__ __forceinline__ bool inside(int a, int b) const { return a >= all_lo && b <= all_hi; }
+  __device__ __forceinline__ bool hides(int r, int x) const { return x < lo[r] || x >= hi[r]; }
+};
+
 // ---- tile copies, global -> shared by cp.async ----
 // A tile of ROWS rows is copied by NTHREADS threads, TPR per row: thread (tr, tc) =
 // (tid / TPR, tid % TPR) copies the 16-byte chunks tc, tc + TPR, ... of rows tr,

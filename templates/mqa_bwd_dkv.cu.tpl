@@ -21,6 +21,11 @@
 @ -- dc = [dC ; dK_rope] is written once, 16-bit, by the one CTA that owns the key: every
 @ -- element is one thread's fp32 sum over the query tiles in order, so the result is
 @ -- bit-reproducible (deterministic by construction, no atomics).
+@ -- Packed sequences (spec.varlen; VARLEN.md, mla::Varlen, batch 1): a CTA's query tiles run
+@ -- from its first key's first query row to its last valid key's last (Varlen::queries);
+@ -- rows past them load as zeros with LSE +inf and delta 0 (never read), a warp skips rows
+@ -- outside its group's keys' ranges, and P^T and dS^T are masked by select where the rows
+@ -- are not in every key's range. A key no query sees (slack among them) gets dc = 0.
 @ --
 @ -- qsplit > 1 is the fast, non-deterministic option for few key tiles (short S_k, small
 @ -- batch): gridDim.y = qsplit CTAs share a key tile, CTA y taking the query tiles y,
@@ -47,7 +52,7 @@
 @ end
 @
 @ local K = kernel {
-@   family = "mqa_bwd_dkv", pass = "bwd", causal = true, interface = { "qsplit" }, flops = { pair = 4 * spec.heads * ((spec.d_c + spec.d_r) + spec.d_c) },
+@   family = "mqa_bwd_dkv", pass = "bwd", causal = true, varlen = true, interface = { "qsplit" }, flops = { pair = 4 * spec.heads * ((spec.d_c + spec.d_r) + spec.d_c) },
 @   doc = "absorbed-form MQA attention backward on tensor cores: dc = [dc_kv ; dk_rope] of the shared latent head, summed over heads (deterministic)",
 @   params = {
 @     { name = "q",     type = "const elem_t*", shape = "[B, S_q, H, d_c + d_r]", doc = "absorbed queries [q_lat ; q_rope]" },
@@ -62,6 +67,10 @@
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
 @     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_qk of the explicit form)" },
+@     table.unpack(spec.varlen and {
+@       { name = "cu_seqlens", type = "const int*", shape = "[n_seqs + 1]", doc = "packed documents' boundaries (mla::Varlen; batch 1)" },
+@       { name = "n_seqs", type = "int", doc = "documents in cu_seqlens" },
+@     } or {})
 @   },
 @   tunables = {
 @     block_n = { values = { 16, 32, 64 }, doc = "keys per CTA (16 per group of nsplit warps)" },
@@ -131,6 +140,7 @@ constexpr int DC = ${DC};
 constexpr int DR = ${DR};
 constexpr int DQK = DC + DR;
 constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr bool VARLEN = ${spec.varlen and "true" or "false"};  // packed documents (cu_seqlens)
 constexpr int BLOCK_N = ${C.block_n};  // keys per CTA
 constexpr int NSPLIT = ${C.nsplit};    // warps per 16 keys
 constexpr int NUM_WARPS = BLOCK_N / 16 * NSPLIT;
@@ -179,8 +189,34 @@ ${thread_prologue()}
 
   // Query tiles with a row that sees a key of this tile: causal, from row (n0 - q_pos0) H;
   // this CTA takes every QSPLIT-th of them from the blockIdx.y-th: tile(it).
-  const int m_first = (CAUSAL ? max(0, n0 - q_pos0) * H / BLOCK_M : 0) + (int)blockIdx.y;
-  const int m_tiles = (nrows + BLOCK_M - 1) / BLOCK_M;
+  int m_first = (CAUSAL ? max(0, n0 - q_pos0) * H / BLOCK_M : 0) + (int)blockIdx.y;
+  int m_tiles = (nrows + BLOCK_M - 1) / BLOCK_M;
+  int row_end = nrows;  // query rows from row_end on load as zeros (LSE +inf, delta 0)
+  mla::RowRanges qr;    // packed: the query positions that see keys k0 + g, k0 + g + 8 and its group's
+  if constexpr (VARLEN) {
+    // The query rows that see a key of the CTA: from its first key's first query to its
+    // last valid key's last (monotone in the key; a slack key is seen by none). Rows past
+    // them (slack rows among them) load as zeros, so NaN there cannot reach P^T dO or
+    // dS^T Q; the keys' own ranges mask element by element.
+    const mla::Varlen vl{cu_seqlens, n_seqs};
+    const int k_last = min(min(n0 + BLOCK_N, seqlen_k), cu_seqlens[n_seqs]) - 1;
+    int lo = 0, hi = 0, unused;
+    if (n0 <= k_last) {
+      vl.queries<CAUSAL>(n0, lo, unused);
+      vl.queries<CAUSAL>(k_last, unused, hi);
+    }
+    const int row_lo = min(max(lo - q_pos0, 0), seqlen_q) * H;
+    row_end = min(max(hi - q_pos0, 0), seqlen_q) * H;
+    m_first = row_lo / BLOCK_M + (int)blockIdx.y;
+    m_tiles = row_end > row_lo ? (row_end + BLOCK_M - 1) / BLOCK_M : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = k0 + g + 8 * r;
+      qr.lo[r] = qr.hi[r] = 0;
+      if (key < seqlen_k) vl.queries<CAUSAL>(key, qr.lo[r], qr.hi[r]);
+    }
+    qr.warp_reduce();  // the warp's 16 rows of S^T are its group's keys
+  }
   const int n_iter = m_tiles > m_first ? (m_tiles - m_first + QSPLIT - 1) / QSPLIT : 0;
   auto tile = [&](int it) { return m_first + it * QSPLIT; };
 
@@ -190,19 +226,19 @@ ${thread_prologue()}
                                                              [&](int j) { return c + ((size_t)b * seqlen_k + j) * DQK; });
   };
 
-  // Query tile mt into stage st: Q and dO rows (cp.async, zero past the last row), LSE in
-  // base 2 (+inf past the last row or for a row without keys: P = 0) and delta (plain
-  // stores, published by the barrier that follows the tile's wait).
+  // Query tile mt into stage st: Q and dO rows (cp.async, zero past the last row; packed:
+  // past row_end), LSE in base 2 (+inf past it or for a row without keys: P = 0) and delta
+  // (plain stores, published by the barrier that follows the tile's wait).
   auto load_q = [&](int mt, int st) {
     const int m0 = mt * BLOCK_M;
-    mla::cp_async_tile_dealt<BLOCK_M, DQK, QS, NUM_THREADS, 4>(sQ + st * Q_ELEMS, tid, m0, nrows,
+    mla::cp_async_tile_dealt<BLOCK_M, DQK, QS, NUM_THREADS, 4>(sQ + st * Q_ELEMS, tid, m0, row_end,
                                                                [&](int i) { return q + ((size_t)b * nrows + i) * DQK; });
-    mla::cp_async_tile_dealt<BLOCK_M, DC, OS, NUM_THREADS, 4>(sO + st * O_ELEMS, tid, m0, nrows,
+    mla::cp_async_tile_dealt<BLOCK_M, DC, OS, NUM_THREADS, 4>(sO + st * O_ELEMS, tid, m0, row_end,
                                                               [&](int i) { return dout + ((size_t)b * nrows + i) * DC; });
     for (int r = tid; r < BLOCK_M; r += NUM_THREADS) {
       const int row = m0 + r;
       float l = mla::pos_inf(), dl = 0.f;
-      if (row < nrows) {
+      if (row < row_end) {
         const int i = row / H, h = row - i * H;
         const size_t li = ((size_t)b * H + h) * seqlen_q + i;
         const float x = lse[li];
@@ -275,8 +311,11 @@ ${thread_prologue()}
     // Phase A: this warp's MS rows of S^T and dP^T for its group's 16 keys.
     {
       const int r0 = m0 + mrow;
-      const bool active = k0 < seqlen_k && r0 < nrows &&
-                          (!CAUSAL || k0 <= q_pos0 + min(r0 + MS - 1, nrows - 1) / H);
+      bool active = k0 < seqlen_k && r0 < nrows &&
+                    (!CAUSAL || k0 <= q_pos0 + min(r0 + MS - 1, nrows - 1) / H);
+      // Packed: the positions of the warp's rows meet the queries of one of its keys.
+      if constexpr (VARLEN)
+        active = r0 < nrows && qr.meets(q_pos0 + r0 / H, q_pos0 + min(r0 + MS - 1, nrows - 1) / H + 1);
       unsigned* const p_lo = reinterpret_cast<unsigned*>(sP + (wrow + g) * PS + mrow + 2 * t);
       unsigned* const p_hi = reinterpret_cast<unsigned*>(sP + (wrow + g + 8) * PS + mrow + 2 * t);
       unsigned* const d_lo = reinterpret_cast<unsigned*>(sDS + (wrow + g) * PS + mrow + 2 * t);
@@ -316,8 +355,12 @@ ${thread_prologue()}
           }
         }
         // P^T and scale dS^T: rows are keys k0 + g (+8), columns rows r0 + n*8 + 2t (+1).
-        const bool edge = k0 + 15 >= seqlen_k || r0 + MS > nrows ||
-                          (CAUSAL && k0 + 15 > q_pos0 + r0 / H);
+        // Packed: masked unless the rows' positions are in every key's range, P^T and dS^T
+        // by select (NaN scores of slack keys stay out).
+        bool edge = k0 + 15 >= seqlen_k || r0 + MS > nrows ||
+                    (CAUSAL && k0 + 15 > q_pos0 + r0 / H);
+        if constexpr (VARLEN)
+          edge = r0 + MS > nrows || !qr.inside(q_pos0 + r0 / H, q_pos0 + (r0 + MS - 1) / H + 1);
 #pragma unroll
         for (int n = 0; n < MS / 8; ++n) {
           float p[4], ds[4];
@@ -325,11 +368,17 @@ ${thread_prologue()}
           for (int e = 0; e < 4; ++e) {
             const int cl = mrow + n * 8 + 2 * t + (e & 1);
             p[e] = exp2f(s[n][e] * scale_log2 - tl[cl]);
+            bool hidden = false;
             if (edge) {
               const int row = m0 + cl;
-              if (mla::key_hidden<CAUSAL>(k0 + g + (e >> 1) * 8, row / H, seqlen_k, q_pos0) || row >= nrows) p[e] = 0.f;
+              if constexpr (VARLEN)
+                hidden = row >= nrows || qr.hides(e >> 1, q_pos0 + row / H);
+              else
+                hidden = mla::key_hidden<CAUSAL>(k0 + g + (e >> 1) * 8, row / H, seqlen_k, q_pos0) || row >= nrows;
+              if (hidden) p[e] = 0.f;
             }
             ds[e] = softmax_scale * p[e] * (dpt[n][e] - td[cl]);
+            if constexpr (VARLEN) ds[e] = hidden ? 0.f : ds[e];
           }
           p_lo[n * 4] = mla::pack2<elem_t>(p[0], p[1]);
           p_hi[n * 4] = mla::pack2<elem_t>(p[2], p[3]);

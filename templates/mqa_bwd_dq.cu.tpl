@@ -17,6 +17,11 @@
 @ --   fragment it loads serves mtiles m-tiles)
 @ --     dQ[rows, its cols] += dS K[:, its cols]
 @ -- dq is written once, 16-bit, by one thread per element: bit-reproducible.
+@ -- Packed sequences (spec.varlen; VARLEN.md, mla::Varlen, batch 1): as mqa_fwd, a CTA's key
+@ -- tiles run from its first row's lo to its last valid row's hi (zeros outside), a warp
+@ -- skips keys outside its group's ranges, and P and dS are masked by select where the
+@ -- keys are not in every row's range; a row without keys (slack) reads no LSE or delta
+@ -- (whatever attn_bwd_pre wrote there) and gets dq = 0.
 @ local H, DC, DR = spec.heads, spec.d_c, spec.d_r
 @ local DQK = DC + DR
 @ local ESIZE = elem_size(spec.dtype)
@@ -36,7 +41,7 @@
 @ end
 @
 @ local K = kernel {
-@   family = "mqa_bwd_dq", pass = "bwd", causal = true, flops = { pair = spec.heads * (spec.d_c + 2 * (spec.d_c + spec.d_r)) },
+@   family = "mqa_bwd_dq", pass = "bwd", causal = true, varlen = true, flops = { pair = spec.heads * (spec.d_c + 2 * (spec.d_c + spec.d_r)) },
 @   doc = "absorbed-form MQA attention backward on tensor cores: dq = [dq_lat ; dq_rope] (deterministic)",
 @   params = {
 @     { name = "q",     type = "const elem_t*", shape = "[B, S_q, H, d_c + d_r]", doc = "absorbed queries [q_lat ; q_rope]" },
@@ -49,6 +54,10 @@
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
 @     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_qk of the explicit form)" },
+@     table.unpack(spec.varlen and {
+@       { name = "cu_seqlens", type = "const int*", shape = "[n_seqs + 1]", doc = "packed documents' boundaries (mla::Varlen; batch 1)" },
+@       { name = "n_seqs", type = "int", doc = "documents in cu_seqlens" },
+@     } or {})
 @   },
 @   tunables = {
 @     block_m = { values = { 16, 32, 64 }, doc = "packed query rows (i H + h) per CTA (16 per group of nsplit warps)" },
@@ -115,6 +124,7 @@ constexpr int DC = ${DC};
 constexpr int DR = ${DR};
 constexpr int DQK = DC + DR;
 constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr bool VARLEN = ${spec.varlen and "true" or "false"};  // packed documents (cu_seqlens)
 constexpr int BLOCK_M = ${C.block_m};  // packed query rows per CTA
 constexpr int NSPLIT = ${C.nsplit};    // warps per 16 rows
 constexpr int NUM_WARPS = BLOCK_M / 16 * NSPLIT;
@@ -158,7 +168,32 @@ ${thread_prologue()}
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   const int q_last = (min(m0 + BLOCK_M, nrows) - 1) / H;  // the CTA's last query position
-  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, q_pos0, q_last);
+  int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, q_pos0, q_last);
+  int j0 = 0;            // the CTA's key tiles are j0 .. j0 + n_tiles - 1
+  int k_end = seqlen_k;  // keys from k_end on load as zeros
+  mla::RowRanges kr;     // packed: the keys of this thread's rows g, g + 8 and of its group's
+  if constexpr (VARLEN) {
+    // As mqa_fwd: the CTA's keys from its first row's lo to its last valid row's hi, zeros
+    // outside (NaN in slack keys cannot reach dS K); its rows' ranges mask elements.
+    const mla::Varlen vl{cu_seqlens, n_seqs};
+    const int t0 = q_pos0 + m0 / H, t1 = min(q_pos0 + q_last, cu_seqlens[n_seqs] - 1);
+    int lo = 0, hi = 0, unused;
+    if (t0 <= t1) {
+      vl.keys<CAUSAL>(t0, seqlen_k, lo, unused);
+      vl.keys<CAUSAL>(t1, seqlen_k, unused, hi);
+    }
+    k_end = min(hi, seqlen_k);
+    j0 = lo / BLOCK_N;
+    n_tiles = k_end > lo ? (k_end + BLOCK_N - 1) / BLOCK_N - j0 : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r0 + g + 8 * r;
+      kr.lo[r] = kr.hi[r] = 0;
+      if (row < nrows) vl.keys<CAUSAL>(q_pos0 + row / H, seqlen_k, kr.lo[r], kr.hi[r]);
+      kr.hi[r] = min(kr.hi[r], seqlen_k);
+    }
+    kr.warp_reduce();  // the warp's 16 rows are its group's
+  }
 
   // Q and dO rows (zero past the last row).
   auto load_q = [&]() {
@@ -168,14 +203,15 @@ ${thread_prologue()}
                                                               [&](int i) { return dout + ((size_t)b * nrows + i) * DC; });
   };
 
-  // Key tile `tile` into stage st (zero past seqlen_k).
+  // Key tile `tile` into stage st (zero past seqlen_k; packed: past the CTA's keys).
   auto load_k = [&](int tile, int st) {
     const int n0 = tile * BLOCK_N;
-    mla::cp_async_tile_dealt<BLOCK_N, DQK, KS, NUM_THREADS, 4>(sK + st * K_ELEMS, tid, n0, seqlen_k,
+    mla::cp_async_tile_dealt<BLOCK_N, DQK, KS, NUM_THREADS, 4>(sK + st * K_ELEMS, tid, n0, k_end,
                                                              [&](int j) { return c + ((size_t)b * seqlen_k + j) * DQK; });
   };
 
   // This thread's rows r0 + g and r0 + g + 8: LSE in base 2 (+inf: P = 0), delta, position.
+  // Packed: a row without keys (slack) reads neither (whatever attn_bwd_pre wrote there).
   float lse2[2], dlt[2];
   int pos[2];
 #pragma unroll
@@ -184,7 +220,9 @@ ${thread_prologue()}
     lse2[r] = mla::pos_inf();
     dlt[r] = 0.f;
     pos[r] = 0;
-    if (row < nrows) {
+    bool has_keys = true;
+    if constexpr (VARLEN) has_keys = kr.hi[r] > kr.lo[r];
+    if (row < nrows && has_keys) {
       const int i = row / H, h = row - i * H;
       const size_t li = ((size_t)b * H + h) * seqlen_q + i;
       const float x = lse[li];
@@ -217,24 +255,24 @@ ${thread_prologue()}
 
   if (n_tiles > 0) {
     load_q();
-    load_k(0, 0);
+    load_k(j0, 0);
   }
   mla::cp_async_commit();  // Q, dO and key tile 0
 
   for (int j = 0; j < n_tiles; ++j) {
     const int st = STAGES == 2 ? (j & 1) : 0;
-    const int n0 = j * BLOCK_N;
+    const int n0 = (j0 + j) * BLOCK_N;
 @ if C.stages == 1 then
     if (j > 0) {
       __syncthreads();  // every warp is done with the last tile
-      load_k(j, 0);
+      load_k(j0 + j, 0);
       mla::cp_async_commit();
     }
 @ end
     mla::cp_async_wait<0>();
     __syncthreads();  // tile j (and Q, dO) in; every warp done with tile j - 1
 @ if C.stages == 2 then
-    if (j + 1 < n_tiles) load_k(j + 1, st ^ 1);
+    if (j + 1 < n_tiles) load_k(j0 + j + 1, st ^ 1);
     mla::cp_async_commit();  // the next tile loads during this one
 @ end
     const elem_t* const tk = sK + st * K_ELEMS;
@@ -242,8 +280,9 @@ ${thread_prologue()}
     // Phase A: S and dP of the group's 16 rows for this warp's NS keys.
     {
       const int ks0 = n0 + ncol;
-      const bool active = r0 < nrows && ks0 < seqlen_k &&
-                          (!CAUSAL || ks0 <= q_pos0 + r0_last / H);
+      bool active = r0 < nrows && ks0 < seqlen_k &&
+                    (!CAUSAL || ks0 <= q_pos0 + r0_last / H);
+      if constexpr (VARLEN) active = kr.meets(ks0, ks0 + NS);
       unsigned* const d_lo = reinterpret_cast<unsigned*>(sDS + (wrow + g) * DSS + ncol + 2 * t);
       unsigned* const d_hi = reinterpret_cast<unsigned*>(sDS + (wrow + g + 8) * DSS + ncol + 2 * t);
       if (active) {
@@ -280,18 +319,27 @@ ${thread_prologue()}
             mla::mma<elem_t>(s[2 * np + 1], a, bk + 2, s[2 * np + 1]);
           }
         }
-        // P and scale dS: rows r0 + g (+8), columns keys ks0 + n*8 + 2t (+1).
-        const bool edge = ks0 + NS > seqlen_k || (CAUSAL && ks0 + NS - 1 > q_pos0 + r0 / H);
+        // P and scale dS: rows r0 + g (+8), columns keys ks0 + n*8 + 2t (+1). Packed: masked
+        // where the keys are not in every row's range, P and dS by select (NaN scores of
+        // slack rows, or their delta, stay out).
+        bool edge = ks0 + NS > seqlen_k || (CAUSAL && ks0 + NS - 1 > q_pos0 + r0 / H);
+        if constexpr (VARLEN) edge = !kr.inside(ks0, ks0 + NS);
 #pragma unroll
         for (int n = 0; n < NS / 8; ++n) {
           float ds[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float p = exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
+            bool hidden = false;
             if (edge) {
-              if (mla::key_hidden<CAUSAL>(ks0 + n * 8 + 2 * t + (e & 1), pos[e >> 1], seqlen_k, 0)) p = 0.f;
+              if constexpr (VARLEN)
+                hidden = kr.hides(e >> 1, ks0 + n * 8 + 2 * t + (e & 1));
+              else
+                hidden = mla::key_hidden<CAUSAL>(ks0 + n * 8 + 2 * t + (e & 1), pos[e >> 1], seqlen_k, 0);
+              if (hidden) p = 0.f;
             }
             ds[e] = softmax_scale * p * (dp[n][e] - dlt[e >> 1]);
+            if constexpr (VARLEN) ds[e] = hidden ? 0.f : ds[e];
           }
           d_lo[n * 4] = mla::pack2<elem_t>(ds[0], ds[1]);
           d_hi[n * 4] = mla::pack2<elem_t>(ds[2], ds[3]);

@@ -38,6 +38,11 @@
 @ -- units per row), so the 8 rows of an ldmatrix hit 8 distinct bank groups. O leaves
 @ -- through shared memory (the Q area, row stride d_qk + 8) as 16-byte stores, each warp
 @ -- its own columns.
+@ -- Packed sequences (spec.varlen; VARLEN.md, mla::Varlen, batch 1): row r at token
+@ -- q_pos0 + r / H sees the keys [lo, hi) of its document. A CTA's key tiles run from its
+@ -- first row's lo to its last valid row's hi (keys outside load as zeros); a row group
+@ -- skips tiles outside its rows' ranges and masks, by select, where a tile's keys are not
+@ -- in every row's range (NaN scores of slack rows become -inf). Slack rows: o 0, lse -inf.
 @ --
 @ -- Shared memory (bytes, 16-bit elements): Q block_m (d_qk + 8) + stages block_n (d_qk + 8)
 @ -- + P block_m (block_n + 8), times 2, + 4 block_m nsplit (row max / sum parts).
@@ -68,7 +73,7 @@
 @ local function acc_limit(c) return num_warps(c) <= 8 and 160 or 64 end
 @
 @ local K = kernel {
-@   family = "mqa_fwd", pass = "fwd", causal = true, flops = { pair = 2 * spec.heads * ((spec.d_c + spec.d_r) + spec.d_c) },
+@   family = "mqa_fwd", pass = "fwd", causal = true, varlen = true, flops = { pair = 2 * spec.heads * ((spec.d_c + spec.d_r) + spec.d_c) },
 @   doc = "absorbed-form MQA attention forward over the latent (keys [c_kv ; k_rope], values c_kv): O and LSE",
 @   params = {
 @     { name = "q",   type = "const elem_t*", shape = "[B, S_q, H, d_c + d_r]", doc = "absorbed queries [W_UK^T q_nope ; q_rope] per head, RoPE part last" },
@@ -79,6 +84,10 @@
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
 @     { name = "q_pos0",   type = "int", doc = "global position of query 0 (keys start at 0); causal keeps key j for query i iff j <= q_pos0 + i" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r) (the explicit form's scale)" },
+@     table.unpack(spec.varlen and {
+@       { name = "cu_seqlens", type = "const int*", shape = "[n_seqs + 1]", doc = "packed documents' boundaries (mla::Varlen; batch 1)" },
+@       { name = "n_seqs", type = "int", doc = "documents in cu_seqlens" },
+@     } or {})
 @   },
 @   tunables = {
 @     block_m = { values = { 32, 64 }, doc = "flattened (token, head) rows per CTA: 16 per row group" },
@@ -143,6 +152,7 @@ constexpr int DC = ${DC};
 constexpr int DR = ${DR};
 constexpr int DQK = DC + DR;
 constexpr bool CAUSAL = ${spec.causal and "true" or "false"};
+constexpr bool VARLEN = ${spec.varlen and "true" or "false"};  // packed documents (cu_seqlens)
 constexpr int BLOCK_M = ${C.block_m};  // rows (r = i * H + h) per CTA
 constexpr int BLOCK_N = ${C.block_n};
 constexpr int NSPLIT = ${C.nsplit};    // warps per 16-row group
@@ -185,7 +195,33 @@ ${thread_prologue()}
 
   // Keys this CTA can see: with causal masking, none past its last row's position.
   const int q_last = (min(m0 + BLOCK_M, rows) - 1) / H;
-  const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, q_pos0, q_last);
+  int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, q_pos0, q_last);
+  int j0 = 0;            // the CTA's key tiles are j0 .. j0 + n_tiles - 1
+  int k_end = seqlen_k;  // keys from k_end on load as zeros
+  mla::RowRanges kr;     // packed: the keys of this thread's rows g, g + 8 and of its group's
+  if constexpr (VARLEN) {
+    // The CTA's keys run from its first row's lo to its last valid row's hi (the ranges
+    // are monotone in the row; slack rows see none); keys outside them load as zeros, so
+    // NaN in slack keys cannot reach P V. Its rows' own ranges mask element by element.
+    const mla::Varlen vl{cu_seqlens, n_seqs};
+    const int t0 = q_pos0 + m0 / H, t1 = min(q_pos0 + q_last, cu_seqlens[n_seqs] - 1);
+    int lo = 0, hi = 0, unused;
+    if (t0 <= t1) {
+      vl.keys<CAUSAL>(t0, seqlen_k, lo, unused);
+      vl.keys<CAUSAL>(t1, seqlen_k, unused, hi);
+    }
+    k_end = min(hi, seqlen_k);
+    j0 = lo / BLOCK_N;
+    n_tiles = k_end > lo ? (k_end + BLOCK_N - 1) / BLOCK_N - j0 : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = r0 + g + 8 * r;
+      kr.lo[r] = kr.hi[r] = 0;
+      if (row < rows) vl.keys<CAUSAL>(q_pos0 + row / H, seqlen_k, kr.lo[r], kr.hi[r]);
+      kr.hi[r] = min(kr.hi[r], seqlen_k);
+    }
+    kr.warp_reduce();  // the warp's 16 rows are its group's
+  }
   const float scale_log2 = softmax_scale * mla::LOG2E;
 
   // Tile copies (mla::cp_async_tile): TPR threads per row.
@@ -197,10 +233,10 @@ ${thread_prologue()}
     mla::cp_async_tile<BLOCK_M, DQK, QS, TPR, NUM_THREADS>(sQ, tr, tc, m0, rows,
                                                            [&](int i) { return q + ((size_t)b * rows + i) * DQK; });
 
-  // One key tile into stage st; keys past seqlen_k are zero-filled (masked later, and
-  // 0 * 0 in P V).
+  // One key tile into stage st; keys past seqlen_k (packed: past the CTA's keys) are
+  // zero-filled (masked later, and 0 * 0 in P V).
   auto load_k = [&](int tile, int st) {
-    mla::cp_async_tile<BLOCK_N, DQK, KS, TPR, NUM_THREADS>(sK + st * K_ELEMS, tr, tc, tile * BLOCK_N, seqlen_k,
+    mla::cp_async_tile<BLOCK_N, DQK, KS, TPR, NUM_THREADS>(sK + st * K_ELEMS, tr, tc, tile * BLOCK_N, k_end,
                                                            [&](int j) { return c + ((size_t)b * seqlen_k + j) * DQK; });
   };
 
@@ -226,16 +262,22 @@ ${thread_prologue()}
     const int n0 = tile * BLOCK_N + sp * KW;
     mla::warp_gemm_abt<elem_t, DQK, KW, KS, 4>(s, sQ + q_off, sK + st * K_ELEMS + k_off);
     // Element-wise masks only where the tile crosses the end of the keys or the diagonal
-    // of this group's rows (warp-uniform test).
-    const bool edge = n0 + KW > seqlen_k || (CAUSAL && n0 + KW - 1 > q_pos0 + pos_first);
+    // of this group's rows (packed: where its keys are not in every row's range; a
+    // warp-uniform test). A select, so NaN scores of slack rows become -inf.
+    bool edge = n0 + KW > seqlen_k || (CAUSAL && n0 + KW - 1 > q_pos0 + pos_first);
+    if constexpr (VARLEN) edge = !kr.inside(n0, n0 + KW);
 #pragma unroll
     for (int n = 0; n < NT_S; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[n][e] * scale_log2;
         if (edge) {
-          if (mla::key_hidden<CAUSAL>(n0 + n * 8 + 2 * t + (e & 1), (r0 + g + (e >> 1) * 8) / H, seqlen_k, q_pos0))
-            x = mla::neg_inf();
+          bool hidden;
+          if constexpr (VARLEN)
+            hidden = kr.hides(e >> 1, n0 + n * 8 + 2 * t + (e & 1));
+          else
+            hidden = mla::key_hidden<CAUSAL>(n0 + n * 8 + 2 * t + (e & 1), (r0 + g + (e >> 1) * 8) / H, seqlen_k, q_pos0);
+          if (hidden) x = mla::neg_inf();
         }
         s[n][e] = x;
       }
@@ -277,38 +319,39 @@ ${thread_prologue()}
   // A row group works on a tile only if it has a row in range that sees one of its keys
   // (uniform over the group's NSPLIT warps).
   auto group_active = [&](int tile) {
+    if constexpr (VARLEN) return kr.meets(tile * BLOCK_N, (tile + 1) * BLOCK_N);
     return r0 < rows && (!CAUSAL || tile * BLOCK_N <= q_pos0 + pos_last);
   };
 
 @ if C.stages == 1 then
   // One K tile: tile j+1 loads once every warp is done with tile j.
-  if (n_tiles > 0) load_k(0, 0);
+  if (n_tiles > 0) load_k(j0, 0);
   mla::cp_async_commit();  // Q and K_0
   for (int j = 0; j < n_tiles; ++j) {
-    const bool active = group_active(j);
+    const bool active = group_active(j0 + j);
     mla::cp_async_wait<0>();
     __syncthreads();  // K_j (and Q) in
-    if (active) scores(j, 0);
+    if (active) scores(j0 + j, 0);
     __syncthreads();  // the row max parts in
     if (active) softmax();
     __syncthreads();  // P in
     if (active) pv(0);
     __syncthreads();  // every warp is done with K_j
-    if (j + 1 < n_tiles) load_k(j + 1, 0);
+    if (j + 1 < n_tiles) load_k(j0 + j + 1, 0);
     mla::cp_async_commit();
   }
 @ else
   // Double-buffered: tile j+1 loads into the other stage while tile j is computed.
-  if (n_tiles > 0) load_k(0, 0);
+  if (n_tiles > 0) load_k(j0, 0);
   mla::cp_async_commit();  // Q and K_0
   for (int j = 0; j < n_tiles; ++j) {
     const int st = j & 1;
-    const bool active = group_active(j);
+    const bool active = group_active(j0 + j);
     mla::cp_async_wait<0>();
     __syncthreads();  // K_j (and Q) in; every warp is done with tile j-1 (its stage, sP, sRed)
-    if (j + 1 < n_tiles) load_k(j + 1, st ^ 1);
+    if (j + 1 < n_tiles) load_k(j0 + j + 1, st ^ 1);
     mla::cp_async_commit();
-    if (active) scores(j, st);
+    if (active) scores(j0 + j, st);
     __syncthreads();  // the row max parts in
     if (active) softmax();
     __syncthreads();  // P in

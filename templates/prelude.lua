@@ -128,6 +128,18 @@ function kernel(decl)
   return recorded
 end
 
+-- A varlen family's params: the unpacked kernel's list `params`, then, when spec.varlen,
+-- the packed-sequence arguments (mla::Varlen: cu_seqlens [n_seqs + 1] device int32, n_seqs)
+-- at the end, so the unpacked kernel's parameters stay as they are. Returns params.
+function varlen_params(params)
+  if spec.varlen then
+    params[#params + 1] = { name = "cu_seqlens", type = "const int*", shape = "[n_seqs + 1]",
+                            doc = "packed sequences: document boundaries (cu[0] = 0, non-decreasing; the executor pads them with T)" }
+    params[#params + 1] = { name = "n_seqs", type = "int", doc = "documents in cu_seqlens (entries - 1)" }
+  end
+  return params
+end
+
 -- "const T* __restrict__ q, int seqlen_q, ..." from a params list.
 function param_list(params, indent)
   local out = {}

@@ -14,6 +14,11 @@
  * the tests pass them (q_pos0, 0, q_pos0) for one chunk. The backward, from dout
  * [B, S_q, H, d_v]: dP = dO V^T, dS = P (dP - rowsum(dO o)), dq = scale dS K,
  * dk = scale dS^T q, dv = P^T dO (dq, dk, dv in q's, k's and v's layouts).
+ * Packed sequences (cu != NULL: FlashAttention's varlen, generator/core/mg_varlen.h): the
+ * tokens of n_cu documents are concatenated, document e holding positions [cu[e], cu[e + 1]);
+ * a query at position p of document e sees the keys [cu[e], causal ? p + 1 : cu[e + 1]), a
+ * query at a position no document holds (slack) sees none. attn_ref_keys finds the document
+ * by its own loop over cu (no shared code with mg_varlen or mla::Varlen).
  * Everything in double; straightforward loops (no blocking, no online softmax), so it
  * shares no structure with the kernels it checks. Checked by finite differences in
  * test_attn_bwd.c (test_reference_finite_differences).
@@ -39,6 +44,8 @@ typedef struct attn_ref_dims {
   int B, S_q, S_k, H, d_qk, d_v, causal, q_pos0;
   double scale;
   int q_split, q_pos1; /* two chunks when q_split > 0 (attn_ref_pos) */
+  const int *cu;       /* packed sequences: n_cu + 1 boundaries (NULL: one sequence) */
+  int n_cu;
 } attn_ref_dims;
 
 /* The global position of query row i. */
@@ -46,14 +53,30 @@ static inline long attn_ref_pos(const attn_ref_dims *d, int i) {
   return d->q_split > 0 && i >= d->q_split ? (long)d->q_pos1 + (i - d->q_split) : (long)d->q_pos0 + i;
 }
 
+/* The keys [*lo, *hi) query row i sees (clipped to 0 .. S_k). */
+static inline void attn_ref_keys(const attn_ref_dims *d, int i, long *lo, long *hi) {
+  const long p = attn_ref_pos(d, i);
+  *lo = 0, *hi = d->causal ? p + 1 : d->S_k;
+  if (d->cu) {
+    *lo = *hi = 0;
+    for (int e = 0; e < d->n_cu; e++)
+      if (d->cu[e] <= p && p < d->cu[e + 1]) *lo = d->cu[e], *hi = d->causal ? p + 1 : d->cu[e + 1];
+  }
+  if (*hi > d->S_k) *hi = d->S_k;
+  if (*lo < 0) *lo = 0;
+}
+
 /* Softmax probabilities p[0..S_k) of query row (b, i, h) (0 where masked); returns the
- * logsumexp (-INFINITY when no key is visible, then every p is 0). */
+ * logsumexp (-INFINITY when no key is visible, then every p is 0). Reads only the visible
+ * keys (NaN elsewhere cannot reach the result). */
 static inline double attn_ref_row(const attn_ref_dims *d, int b, int i, int h, const double *q,
                                   const double *k, double *p) {
   const double *qi = q + (((size_t)b * d->S_q + i) * d->H + h) * d->d_qk;
   double mx = -INFINITY;
+  long lo, hi;
+  attn_ref_keys(d, i, &lo, &hi);
   for (int j = 0; j < d->S_k; j++) {
-    if (d->causal && (long)j > attn_ref_pos(d, i)) {
+    if (j < lo || j >= hi) {
       p[j] = -INFINITY;
       continue;
     }

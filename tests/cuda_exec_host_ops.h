@@ -1,6 +1,6 @@
 /* cuda_exec_host_ops.h: CPU device operations (mg_dev_ops) for the CUDA executor's tests
  * (test_cuda_exec.c, test_cuda_exec_mpi.c): host memory, memset/copy/copy2d by
- * memset/memcpy, GEMMs by CBLAS on f32 copies of the bf16 or f16 operands (C in f32 or
+ * memset/memcpy (upload too: host to host), GEMMs by CBLAS on f32 copies of the bf16 or f16 operands (C in f32 or
  * rounded back to the 16-bit dtype), launches through the host executor (tests/host/): each generated
  * kernel's source gets an appended extern "C" <name>__launch(void **p) that calls the
  * kernel with *(T *)p[i] per manifest parameter, as cuLaunchKernel passes kernelParams.
@@ -56,7 +56,7 @@ typedef struct host_ops {
   mg_gen *gen;
   host_kernel ks[MAX_HOST_KERNELS];
   int n, builds;
-  long launches, gemms, copies;
+  long launches, gemms, copies, uploads;
   long busy, queries; /* query: the next `busy` calls say not done; calls counted */
   void *gemm_ws;      /* gemm_workspace's last arguments, and how many calls */
   size_t gemm_ws_bytes;
@@ -169,6 +169,14 @@ static int h_copy(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void 
   return 0;
 }
 
+static int h_upload(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream,
+                    mg_diag *d) {
+  (void)stream, (void)d;
+  ((host_ops *)o)->uploads++;
+  memcpy(dst, src, bytes);
+  return 0;
+}
+
 static int h_copy2d(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
                     size_t width, size_t height, void *stream, mg_diag *d) {
   (void)stream, (void)d;
@@ -254,7 +262,7 @@ static host_ops *host_ops_new(mg_gen *gen) {
   host_ops *h = calloc(1, sizeof *h);
   assert_non_null(h);
   h->base = (mg_dev_ops){.name = "host", .load = h_load, .launch = h_launch, .memset = h_memset,
-                         .copy = h_copy, .copy2d = h_copy2d, .gemm = h_gemm,
+                         .copy = h_copy, .upload = h_upload, .copy2d = h_copy2d, .gemm = h_gemm,
                          .gemm_workspace = h_gemm_workspace, .query = h_query,
                          .destroy = h_destroy};
   h->gen = gen;

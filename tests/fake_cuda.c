@@ -392,12 +392,16 @@ static CUresult f_memcpy_dtod_async(CUdeviceptr dst, CUdeviceptr src, size_t n, 
 }
 static CUresult f_memcpy_2d_async(const CUDA_MEMCPY2D *c, CUstream s) {
   (void)s;
-  if (!c || c->srcMemoryType != CU_MEMORYTYPE_DEVICE || c->dstMemoryType != CU_MEMORYTYPE_DEVICE ||
-      c->WidthInBytes > c->srcPitch || c->WidthInBytes > c->dstPitch)
+  /* device to device, or host to device (the executor's upload of cu_seqlens) */
+  if (!c || (c->srcMemoryType != CU_MEMORYTYPE_DEVICE && c->srcMemoryType != CU_MEMORYTYPE_HOST) ||
+      c->dstMemoryType != CU_MEMORYTYPE_DEVICE || c->WidthInBytes > c->srcPitch ||
+      c->WidthInBytes > c->dstPitch)
     return CUDA_ERROR_INVALID_VALUE;
+  const char *src = c->srcMemoryType == CU_MEMORYTYPE_HOST ? (const char *)c->srcHost
+                                                            : (const char *)(uintptr_t)c->srcDevice;
   for (size_t r = 0; r < c->Height; r++)
     memcpy((char *)(uintptr_t)c->dstDevice + (c->dstY + r) * c->dstPitch + c->dstXInBytes,
-           (const char *)(uintptr_t)c->srcDevice + (c->srcY + r) * c->srcPitch + c->srcXInBytes,
+           src + (c->srcY + r) * c->srcPitch + c->srcXInBytes,
            c->WidthInBytes);
   return CUDA_SUCCESS;
 }

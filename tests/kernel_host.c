@@ -290,8 +290,8 @@ int kh_sweep_exhaustive(void) {
 
 /* The factors of a sweep's covering sample besides the tunables: what a spec says of the
  * kernel (candidates of several families, shapes or dtypes may share one sweep). */
-static const char *const spec_factors[] = {"family", "dtype", "heads", "d_n",
-                                           "d_r",    "d_v",   "d_c",   "causal"};
+static const char *const spec_factors[] = {"family", "dtype", "heads",  "d_n",
+                                           "d_r",    "d_v",   "d_c",    "causal", "varlen"};
 enum { N_SPEC_FACTORS = sizeof spec_factors / sizeof spec_factors[0] };
 
 static long str_value(const char *str) { /* FNV-1a */
@@ -304,7 +304,7 @@ static long str_value(const char *str) { /* FNV-1a */
  * does not set that tunable. */
 static long cand_value(const mg_kernel_spec *s, const char *name) {
   const long fixed[N_SPEC_FACTORS] = {str_value(s->family), str_value(s->dtype), s->heads, s->d_n,
-                                      s->d_r, s->d_v, s->d_c, s->causal};
+                                      s->d_r, s->d_v, s->d_c, s->causal, s->varlen};
   for (int f = 0; f < N_SPEC_FACTORS; f++)
     if (!strcmp(spec_factors[f], name)) return fixed[f];
   for (int j = 0; j < s->n_config; j++)
@@ -381,7 +381,7 @@ int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t se
       if (state[c] != 1) continue;
       int gain = 0;
       for (int f = 0; f < nf; f++)
-        for (int g = f; g < nf; g++) {
+        for (int g = f; g < ((sw->flags & KH_SWEEP_SINGLES) ? f + 1 : nf); g++) {
           int covered = 0;
           for (int p = 0; p < n && !covered; p++)
             covered = state[p] == 2 && val[(size_t)p * nf + f] == val[(size_t)c * nf + f] &&
@@ -396,6 +396,9 @@ int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t se
   }
   print_message("  %d of %d kept configurations compiled (%s, seed %llu)\n", picked, kept,
                 all ? "MLAGEN_TEST_EXHAUSTIVE=1: all"
+                : (sw->flags & KH_SWEEP_SINGLES)
+                    ? "every value of the spec's fields and tunables, and the most shared memory;"
+                      " MLAGEN_TEST_EXHAUSTIVE=1 compiles all"
                     : "every value and pair of values of the spec's fields and tunables, and the"
                       " most shared memory; MLAGEN_TEST_EXHAUSTIVE=1 compiles all",
                 (unsigned long long)seed);

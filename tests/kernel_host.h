@@ -102,6 +102,7 @@ enum {
   KH_SWEEP_REJECTS = 2,       /* a configuration the template's check rejects is counted */
   KH_SWEEP_QUIET_REJECTS = 4, /* ... and not printed */
   KH_SWEEP_SM90_ONLY = 8,     /* compile for sm_90a only (kernels using sm_90a instructions) */
+  KH_SWEEP_SINGLES = 16,      /* kh_sweep_cover: cover every single value, not every pair */
 };
 typedef struct kh_sweep {
   mg_gen *g;
@@ -125,7 +126,8 @@ int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix);
  * kh_sweep_compile: greedily, until every pair of values of two factors (and every single
  * value) that some kept candidate has is in a compiled one, ties broken in an order drawn
  * from seed, plus the kept candidate with the most dynamic shared memory. The factors: the
- * spec's family, dtype, heads, d_n, d_r, d_v, d_c and causal, and each tunable. With MLAGEN_TEST_EXHAUSTIVE=1 in
+ * spec's family, dtype, heads, d_n, d_r, d_v, d_c, causal and varlen, and each tunable
+ * (KH_SWEEP_SINGLES: every single value only). With MLAGEN_TEST_EXHAUSTIVE=1 in
  * the environment (ctest -L exhaustive) every kept candidate is compiled. Returns the kept
  * candidates' count (compiled or not); rejected ones are counted in sw->rejected. */
 int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t seed,

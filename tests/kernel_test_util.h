@@ -136,6 +136,45 @@ static inline int kt_two_chunk_cases(const kt_two_chunk **out) {
   return (int)(sizeof cases / sizeof cases[0]);
 }
 
+/* The global position of query row i under p (attn_ref.h's attn_ref_pos rule). */
+static inline long kt_qpos_at(const kt_qpos *p, int i) {
+  return p->q_split > 0 && i >= p->q_split ? (long)p->q_pos1 + (i - p->q_split) : (long)p->q_pos0 + i;
+}
+
+/* Packed sequences (issue 16): the attention kernel tests' documents in a buffer of
+ * KT_VARLEN_CAP token rows. "many": lengths 1, 2, 0 (an empty document), 3, 17, 64, 200,
+ * T = 287 tokens and 13 slack rows; under laga-cp at P = 2 (chunks of 75) the documents at
+ * 23 and 87 are cut by the chunk boundaries 75, 150 and 225. "one": a single document of
+ * 260 tokens, 40 slack rows. *out: the table; returns its length. */
+#define KT_VARLEN_CAP 300
+typedef struct kt_varlen {
+  const char *name;
+  const int *cu; /* n + 1 boundaries */
+  int n;
+} kt_varlen;
+static inline int kt_varlen_cases(const kt_varlen **out) {
+  static const int many[] = {0, 1, 3, 3, 6, 23, 87, 287}, one[] = {0, 260};
+  static const kt_varlen cases[] = {{"many", many, 7}, {"one", one, 1}};
+  *out = cases;
+  return (int)(sizeof cases / sizeof cases[0]);
+}
+
+/* NaN (0x7fff, bf16 and fp16) in every element of the token rows of x [rows, w] at
+ * positions >= T (slack); the position of row r is kt_qpos_at(pos, r), or r when pos is
+ * NULL (keys). */
+static inline void kt_nan_slack_e16(e16 *x, int rows, size_t w, const kt_qpos *pos, int T) {
+  for (int r = 0; r < rows; r++)
+    if ((pos ? kt_qpos_at(pos, r) : r) >= T)
+      for (size_t c = 0; c < w; c++) x[(size_t)r * w + c] = 0x7fff;
+}
+
+/* The same for a per-row fp32 tensor [heads, rows] (LSE, delta). */
+static inline void kt_nan_slack_f32(float *x, int heads, int rows, const kt_qpos *pos, int T) {
+  for (int h = 0; h < heads; h++)
+    for (int r = 0; r < rows; r++)
+      if ((pos ? kt_qpos_at(pos, r) : r) >= T) x[(size_t)h * rows + r] = NAN;
+}
+
 /* The standard deviation of q for scores with standard deviation 2 (a trained model's
  * spread, peaked softmax rows): scale * q . k over w dimensions with k ~ N(0, 1). */
 static inline double kt_q_sd(double scale, int w) { return 2.0 / (scale * sqrt((double)w)); }

@@ -35,19 +35,36 @@ typedef void (*attn_fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, 
                             e16 *o, float *lse, int seqlen_q, int seqlen_k, int q_pos0,
                             int q_split, int q_pos1, float softmax_scale);
 
+/* The varlen variant (spec.varlen): the same, then cu_seqlens and n_seqs. */
+typedef void (*attn_fwd_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                   const e16 *v, e16 *o, float *lse, int seqlen_q, int seqlen_k,
+                                   int q_pos0, int q_split, int q_pos1, float softmax_scale,
+                                   const int *cu_seqlens, int n_seqs);
+
 typedef struct launch_args {
-  attn_fwd_fn fn;
+  void *fn; /* attn_fwd_fn, or attn_fwd_varlen_fn when cu is set */
   const e16 *q, *kn, *kr, *v;
   e16 *o;
   float *lse;
   int sq, sk, q_pos0, q_split, q_pos1;
   float scale;
+  const int *cu; /* varlen: cu_seqlens [n_cu + 1] */
+  int n_cu;
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
-  a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
-        a->scale);
+  if (a->cu) {
+    attn_fwd_varlen_fn f;
+    *(void **)&f = a->fn;
+    f(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
+      a->scale, a->cu, a->n_cu);
+  } else {
+    attn_fwd_fn f;
+    *(void **)&f = a->fn;
+    f(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
+      a->scale);
+  }
 }
 
 typedef struct built_kernel {
@@ -98,6 +115,8 @@ static void unload(built_kernel *bk) { kh_free(&bk->kh); }
  * (q_split > 0) at q_pos1 + i - q_split from row q_split on (attn_ref_pos). */
 typedef struct fwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1;
+  const int *cu; /* varlen (case_varlen): cu_seqlens [n_cu + 1], else NULL */
+  int n_cu;
   float scale;
   e16 *q, *kn, *kr, *v, *o;
   float *lse;
@@ -141,8 +160,9 @@ static void case_free(fwd_case *c) {
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
-                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
+  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,          dqk,       s->d_v,
+                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1, c->cu,
+                           c->n_cu};
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
   double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
@@ -157,8 +177,8 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
-  launch_args a = {bk->fn, c->q, c->kn, c->kr, c->v, c->o, c->lse, c->sq, c->sk,
-                   kp.q_pos0, kp.q_split, kp.q_pos1, c->scale};
+  launch_args a = {bk->kh.fn, c->q,       c->kn,      c->kr,    c->v,  c->o,   c->lse, c->sq,
+                   c->sk,     kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->cu, c->n_cu};
   mg_host_dim3 grid = {(unsigned)((c->sq + bk->block_m - 1) / bk->block_m),
                        (unsigned)bk->kh.spec.heads, (unsigned)c->B};
   return kh_launch(&bk->kh, grid, lo, thunk, &a);
@@ -496,6 +516,111 @@ static void test_two_chunk_mutation_caught(void **state) {
   kt_noise_quiet = 0;
 }
 
+/* ---- packed sequences (issue 16): the _varlen variant ------------------------------------- */
+
+/* Makes c (batch 1) a packed-sequence case of the documents vl: the reference takes each
+ * row's document from its own loop over cu (attn_ref.h), and every slack row of every input
+ * (queries at positions >= T, keys >= T) is NaN, which must reach no output. */
+static void case_varlen(const built_kernel *bk, fwd_case *c, const kt_varlen *vl) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, dqk = s->d_n + s->d_r, T = vl->cu[vl->n];
+  const kt_qpos pos = {c->q_pos0, c->q_split, c->q_pos1};
+  c->cu = vl->cu, c->n_cu = vl->n;
+  kt_nan_slack_e16(c->q, c->sq, (size_t)H * dqk, &pos, T);
+  kt_nan_slack_e16(c->kn, c->sk, (size_t)H * (bk->packed ? dqk : s->d_n), NULL, T);
+  if (c->kr) kt_nan_slack_e16(c->kr, c->sk, (size_t)s->d_r, NULL, T);
+  kt_nan_slack_e16(c->v, c->sk, (size_t)H * s->d_v, NULL, T);
+}
+
+/* One varlen case: the documents vl over KT_VARLEN_CAP keys, sq query rows at pos. */
+static void run_varlen(const built_kernel *bk, const kt_varlen *vl, int sq, const kt_qpos *pos) {
+  fwd_case c;
+  case_init_pos(bk, &c, 1, sq, KT_VARLEN_CAP, pos);
+  case_varlen(bk, &c, vl);
+  const double secs = launch_case(bk, &c, NULL);
+  print_message("  documents \"%s\" (T %d of %d):\n", vl->name, vl->cu[vl->n], KT_VARLEN_CAP);
+  check_case(bk, &c, secs);
+  case_free(&c);
+}
+
+/* The varlen spec of test_varlen's configuration v: 0 the default (split keys), 1 block_m
+ * 128, block_n 32, one stage, packed keys (several key tiles per document, a CTA over many). */
+static mg_kernel_spec varlen_spec(int dn, int dr, int dv, int causal, int v) {
+  mg_kernel_spec s = make_spec(2, dn, dr, dv, causal);
+  s.varlen = 1;
+  if (v == 1) {
+    static const char *const a[] = {"block_m=128", "num_warps=8", "block_n=32", "stages=1", "k_packed=1"};
+    for (int i = 0; i < 5; i++) set(&s, a[i]);
+  }
+  return s;
+}
+
+/* The varlen variant against the float64 per-document reference, per element, causal and
+ * not, two configurations: the documents of kt_varlen_cases (many short ones with an empty
+ * one, and one) with queries at 0 .. 299, and the many with laga-cp's two chunks at P = 2
+ * (ranks 0 and 1, chunks of 75: documents cut at the chunk boundaries, rank 0's second chunk
+ * holding the slack rows); then the DeepSeek heads on the many, causal. Slack rows of every
+ * input are NaN; they get o = 0 and lse = -inf, as the reference. */
+static void test_varlen(void **state) {
+  (void)state;
+  const kt_varlen *vl;
+  const int nvl = kt_varlen_cases(&vl);
+  for (int causal = 1; causal >= 0; causal--)
+    for (int v = 0; v < 2; v++) {
+      mg_kernel_spec s = varlen_spec(64, 32, 64, causal, v);
+      built_kernel bk;
+      build(&s, &bk);
+      assert_non_null(strstr(bk.kh.name, "_varlen"));
+      for (int i = 0; i < nvl; i++) run_varlen(&bk, &vl[i], KT_VARLEN_CAP, &(kt_qpos){0, 0, 0});
+      for (int r = 0; r < 2; r++) {
+        const kt_qpos pos = kt_qpos_lagacp(2, r, 75, 75);
+        run_varlen(&bk, &vl[0], 150, &pos);
+      }
+      unload(&bk);
+    }
+  mg_kernel_spec s = varlen_spec(128, 64, 128, 1, 0);
+  built_kernel bk;
+  build(&s, &bk);
+  run_varlen(&bk, &vl[0], KT_VARLEN_CAP, &(kt_qpos){0, 0, 0});
+  unload(&bk);
+}
+
+/* Document boundaries off by one in the varlen kernel's mask (a row sees the key at its
+ * range's end, or the one before its document) fail the per-element check, causal and not,
+ * with no NaN (the mutated kernel still never reads a slack row). */
+static kt_mutation g_fwd_varlen_mutations[] = {
+    {"varlen: the key at a row's range end seen", "key >= kr_hi[e >> 1]) x", "key > kr_hi[e >> 1]) x", NULL, ""},
+    {"varlen: the key before a row's document seen", "if (key < kr_lo[e >> 1] ||", "if (key < M_ ||",
+     "#define M_ (kr_lo[e >> 1] - 1)", ""},
+};
+
+static void test_varlen_mutations_caught(void **state) {
+  (void)state;
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  kt_noise_quiet = 1;
+  for (size_t mi = 0; mi < sizeof g_fwd_varlen_mutations / sizeof g_fwd_varlen_mutations[0]; mi++)
+    for (int causal = 1; causal >= 0; causal--) {
+      kt_mutation *m = &g_fwd_varlen_mutations[mi];
+      mg_kernel_spec s = varlen_spec(64, 32, 64, causal, 0);
+      built_kernel bk;
+      if (!build_edit(&s, 0, kt_mutate_edit, m, &bk)) fail_msg("%s", m->error);
+      fwd_case c;
+      case_init_pos(&bk, &c, 1, KT_VARLEN_CAP, KT_VARLEN_CAP, &(kt_qpos){0, 0, 0});
+      case_varlen(&bk, &c, &vl[0]);
+      launch_case(&bk, &c, NULL);
+      double o_err, lse_err;
+      char msg[400];
+      const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+      print_message("  [%s] %s: %s\n", m->name, causal ? "causal" : "full", msg[0] ? msg : "NOT CAUGHT");
+      if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m->name);
+      if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);
+      case_free(&c);
+      unload(&bk);
+    }
+  kt_noise_quiet = 0;
+}
+
 /* The DeepSeek head shape at S = 256, 2 heads: timed. */
 static void test_s256_timing(void **state) {
   (void)state;
@@ -523,12 +648,14 @@ static const char unusual_json[] =
  * runs on all); a covering sample is compiled (kh_sweep_cover: every tunable value and pair
  * of values, and the most shared memory), all of them with MLAGEN_TEST_EXHAUSTIVE=1 (ctest
  * -C exhaustive -L exhaustive). The JIT cache ($MLAGEN_CACHE_DIR) is used: a second run
- * reads the cubins back. One cmocka test per shape (m: 0 DeepSeek-V3, 1 the unusual one). */
-static void nvrtc_all_kept_configs(int m) {
+ * reads the cubins back. One cmocka test per shape (m: 0 DeepSeek-V3, 1 the unusual one).
+ * varlen: the packed-sequence variants instead, a sample covering every single value (and
+ * the most shared memory; all with MLAGEN_TEST_EXHAUSTIVE=1). */
+static void nvrtc_all_kept_configs(int m, int varlen) {
   const char *models[] = {"deepseek-v3", NULL};
   const int block_m[] = {64, 128}, block_n[] = {32, 64, 128};
   kh_sweep sw;
-  kh_sweep_open(&sw, 66, KH_SWEEP_SMEM | KH_SWEEP_REJECTS);
+  kh_sweep_open(&sw, varlen ? 73 : 66, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | (varlen ? KH_SWEEP_SINGLES : 0));
   int kept = 0;
   {
     mg_shape shape;
@@ -555,6 +682,7 @@ static void nvrtc_all_kept_configs(int m) {
             for (int i = 0; i < 4; i++) set(&s, a[i]);
             /* explicitly: the model's specs come with the plans' k_packed = 1 */
             set(&s, packed ? "k_packed=1" : "k_packed=0");
+            s.varlen = varlen;
             cands[nc++] = s;
           }
     kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
@@ -564,8 +692,10 @@ static void nvrtc_all_kept_configs(int m) {
   assert_true(kept >= 12);
   kh_sweep_close(&sw);
 }
-static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_all_kept_configs(0); }
-static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_all_kept_configs(1); }
+static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_all_kept_configs(0, 0); }
+static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_all_kept_configs(1, 0); }
+/* The varlen variants (DeepSeek-V3 heads, causal) compile without spills too. */
+static void test_nvrtc_varlen(void **state) { (void)state; nvrtc_all_kept_configs(0, 1); }
 
 /* Rejections: a tunable combination, an accumulator budget, shared memory. */
 static void test_check_rejects(void **state) {
@@ -635,6 +765,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_two_chunk_positions),
       cmocka_unit_test(test_two_chunk_mutation_caught),
+      cmocka_unit_test(test_varlen),
+      cmocka_unit_test(test_varlen_mutations_caught),
+      cmocka_unit_test(test_nvrtc_varlen),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

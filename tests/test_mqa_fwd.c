@@ -32,6 +32,10 @@
 
 typedef void (*mqa_fwd_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
                            int seqlen_k, int q_pos0, float softmax_scale);
+/* The packed-sequence variant (spec.varlen): the same, then cu_seqlens, n_seqs. */
+typedef void (*mqa_fwd_varlen_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
+                                  int seqlen_k, int q_pos0, float softmax_scale,
+                                  const int *cu_seqlens, int n_seqs);
 
 typedef struct launch_args {
   mqa_fwd_fn fn;
@@ -40,11 +44,17 @@ typedef struct launch_args {
   float *lse;
   int sq, sk, q_pos0;
   float scale;
+  const int *cu; /* not NULL: fn is a mqa_fwd_varlen_fn */
+  int n_cu;
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
-  a->fn(a->q, a->c, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale);
+  if (a->cu)
+    ((mqa_fwd_varlen_fn)(void (*)(void))a->fn)(a->q, a->c, a->o, a->lse, a->sq, a->sk, a->q_pos0,
+                                               a->scale, a->cu, a->n_cu);
+  else
+    a->fn(a->q, a->c, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale);
 }
 
 typedef struct built_kernel {
@@ -110,9 +120,12 @@ static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec
 
 static void unload(built_kernel *bk) { kh_free(&bk->kh); }
 
-/* One case's tensors: random inputs, outputs NaN until the kernel writes them. */
+/* One case's tensors: random inputs, outputs NaN until the kernel writes them. Packed
+ * sequences: cu [n_cu + 1] (NULL: not packed). */
 typedef struct fwd_case {
   int B, sq, sk, q_pos0;
+  const int *cu;
+  int n_cu;
   float scale;
   e16 *q, *c, *o;
   float *lse;
@@ -123,6 +136,7 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_c + s->d_r;
   c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
+  c->cu = NULL, c->n_cu = 0;
   /* the explicit form's scale (d_n 128 + d_r 64, DeepSeek's mscale): the absorbed scores
    * are the explicit ones, so the same scale */
   c->scale = (float)kt_softmax_scale(192);
@@ -149,7 +163,8 @@ static double *to_double(const mg_kernel_spec *s, const e16 *x, size_t n) {
 static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_launch_opts *lo) {
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
-  launch_args a = {bk->fn, c->q, c->c, c->o, c->lse, c->sq, c->sk, c->q_pos0, c->scale};
+  launch_args a = {bk->fn, c->q, c->c, c->o, c->lse, c->sq, c->sk, c->q_pos0, c->scale, c->cu, c->n_cu};
+  assert_int_equal(c->cu != NULL, bk->kh.spec.varlen != 0);
   const unsigned rows = (unsigned)c->sq * (unsigned)bk->kh.spec.heads;
   mg_host_dim3 grid = {(rows + (unsigned)bk->block_m - 1) / (unsigned)bk->block_m, 1,
                        (unsigned)c->B};
@@ -176,8 +191,8 @@ static size_t case_compare(const built_kernel *bk, const fwd_case *c, double *o_
   const mg_kernel_spec *s = &bk->kh.spec;
   double *q = to_double(s, c->q, c->nq), *cc = to_double(s, c->c, c->nc);
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
-  mqa_ref_fwd(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->scale, q,
-              cc, ro, rl);
+  mqa_ref_fwd_varlen(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->cu,
+                     c->n_cu, c->scale, q, cc, ro, rl);
   const size_t nans = kt_check_fwd("mqa_fwd", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro, c->no,
                                    (size_t)s->d_c, c->lse, rl, c->nl, tol_o(s), tol_lse, o_err,
                                    lse_err, msg, msg_n);
@@ -199,9 +214,9 @@ static void check_case(const built_kernel *bk, const fwd_case *c, double secs) {
   double o_err, lse_err;
   char msg[400];
   size_t nans = case_compare(bk, c, &o_err, &lse_err, msg, sizeof msg);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound O %.2f LSE %.2f (%.2f s)\n",
-                bk->kh.name + strlen("mla_mqa_fwd_"), c->B, c->sq, c->sk, c->q_pos0, o_err, lse_err,
-                secs);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d%s: err/bound O %.2f LSE %.2f (%.2f s)\n",
+                bk->kh.name + strlen("mla_mqa_fwd_"), c->B, c->sq, c->sk, c->q_pos0,
+                c->cu ? " packed" : "", o_err, lse_err, secs);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
 }
@@ -314,6 +329,109 @@ static void test_fp16(void **state) {
   build(&s, &bk);
   run_case(&bk, 2, 37, 37, 0);
   unload(&bk);
+}
+
+/* ---- packed sequences (issue 16, spec.varlen) ----
+ * Documents of lengths 1, 2, 3, 17, an empty one, 64 and 200 (T = 287 tokens) in a buffer
+ * of VL_TCAP = 300 (13 slack tokens), batch 1; or one document of 290. cu_seqlens is passed
+ * as the CUDA executor's compacted copy is, padded with T to n_seqs = VL_TCAP entries (not
+ * distinct), or exactly. Every slack row of q and c is NaN. */
+enum { VL_TCAP = 300 };
+static const int g_vl_docs[] = {1, 2, 3, 17, 0, 64, 200};
+#define VL_NDOCS ((int)(sizeof g_vl_docs / sizeof g_vl_docs[0]))
+
+/* cu [n_pad + 1] of the documents lens[n] (n_pad >= n: entries past n repeat T). */
+static void vl_cu(const int *lens, int n, int n_pad, int *cu) {
+  cu[0] = 0;
+  for (int d = 0; d < n_pad; d++) cu[d + 1] = cu[d] + (d < n ? lens[d] : 0);
+}
+
+/* A packed case: rows of tokens q_pos0 .. q_pos0 + sq - 1 over keys 0 .. sk - 1, the
+ * documents cu [n_cu + 1], NaN in every slack row of q and c; run and checked. */
+static void run_varlen(const built_kernel *bk, int sq, int sk, int q_pos0, const int *cu, int n_cu) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  fwd_case c;
+  case_init(bk, &c, 1, sq, sk, q_pos0);
+  c.cu = cu, c.n_cu = n_cu;
+  const int T = cu[n_cu], dqk = s->d_c + s->d_r;
+  for (int i = 0; i < sq; i++)
+    if (q_pos0 + i >= T)
+      for (size_t k = 0; k < (size_t)s->heads * dqk; k++) c.q[((size_t)i * s->heads) * dqk + k] = 0x7fff;
+  for (int j = T; j < sk; j++)
+    for (int k = 0; k < dqk; k++) c.c[(size_t)j * dqk + k] = 0x7fff;
+  const double secs = launch_case(bk, &c, NULL);
+  check_case(bk, &c, secs);
+  case_free(&c);
+}
+
+static mg_kernel_spec make_varlen_spec(int H, int dc, int dr, int causal) {
+  mg_kernel_spec s = make_spec(H, dc, dr, causal);
+  s.varlen = 1;
+  return s;
+}
+
+/* The packed variant against mqa_ref_fwd_varlen (each row's document range from its own
+ * walk over cu_seqlens), causal and not, 288/256 at H = 2 (a 64-row CTA spans 32 tokens,
+ * so several documents): the many documents (cu padded and exact), one document, a query
+ * shard at token 150 of 300 keys (it cuts the 200-token document); at H = 5 with one stage
+ * and nsplit 4 (row groups start inside tokens), 120 queries. Slack rows: o 0, lse -inf. */
+static void test_varlen(void **state) {
+  (void)state;
+  int cu_pad[VL_TCAP + 1], cu[VL_NDOCS + 1];
+  vl_cu(g_vl_docs, VL_NDOCS, VL_TCAP, cu_pad);
+  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  static const int cu_one[] = {0, 290};
+  for (int causal = 1; causal >= 0; causal--) {
+    mg_kernel_spec s = make_varlen_spec(2, 256, 32, causal);
+    built_kernel bk;
+    build(&s, &bk);
+    run_varlen(&bk, VL_TCAP, VL_TCAP, 0, cu_pad, VL_TCAP);
+    run_varlen(&bk, VL_TCAP, VL_TCAP, 0, cu_one, 1);
+    run_varlen(&bk, 100, VL_TCAP, 150, cu, VL_NDOCS);
+    unload(&bk);
+  }
+  mg_kernel_spec s = make_varlen_spec(5, 256, 32, 1);
+  set(&s, "stages=1"), set(&s, "nsplit=4");
+  built_kernel bk;
+  build(&s, &bk);
+  run_varlen(&bk, 120, VL_TCAP, 0, cu, VL_NDOCS);
+  unload(&bk);
+}
+
+/* Off-by-one document boundaries injected into the packed variant (kt_mutate_edit) must
+ * fail the per-element check on the many documents, causal and not: every row also sees
+ * the previous document's last key; the CTA's keys end one early (the last one loads as
+ * zeros, still unmasked). */
+static void test_varlen_mutations_caught(void **state) {
+  (void)state;
+  kt_mutation muts[] = {
+      {"row key range starts one early", "kr.hi[r] = min(kr.hi[r], seqlen_k);", "kr.hi[r] = M_;",
+       "#define M_ min(kr.hi[r], seqlen_k), kr.lo[r] -= kr.lo[r] > 0", ""},
+      {"CTA key range ends one early", "k_end = min(hi, seqlen_k);", "k_end = M_;",
+       "#define M_ min(hi - 1, seqlen_k)", ""},
+  };
+  int cu[VL_NDOCS + 1];
+  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  kt_noise_quiet = 1; /* not noise */
+  for (size_t mi = 0; mi < sizeof muts / sizeof muts[0]; mi++)
+    for (int causal = 1; causal >= 0; causal--) {
+      mg_kernel_spec s = make_varlen_spec(2, 256, 32, causal);
+      built_kernel bk;
+      if (!build_edit(&s, 0, kt_mutate_edit, &muts[mi], &bk)) fail_msg("%s", muts[mi].error);
+      fwd_case c;
+      case_init(&bk, &c, 1, VL_TCAP, VL_TCAP, 0);
+      c.cu = cu, c.n_cu = VL_NDOCS;
+      launch_case(&bk, &c, NULL);
+      double o_err, lse_err;
+      char msg[400];
+      const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+      print_message("  [%s] %s: %s\n", muts[mi].name, causal ? "causal" : "full", msg[0] ? msg : "NOT CAUGHT");
+      if (nans) fail_msg("%s: NaN outputs, not a numerical failure", muts[mi].name);
+      if (!msg[0]) fail_msg("%s: passes the per-element check", muts[mi].name);
+      case_free(&c);
+      unload(&bk);
+    }
+  kt_noise_quiet = 0;
 }
 
 /* Deterministic kernel, any schedule: the same bits. Round robin and three seeds, both
@@ -502,6 +620,25 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kh_sweep_close(&sw);
 }
 
+/* The packed variant of the defaults compiles for sm_80 and sm_90a without spills or a
+ * stack frame, causal and not, for the DeepSeek-V3 shape (H 128, 576/512) and the unusual
+ * one (H 40, 288/256). */
+static void test_nvrtc_varlen(void **state) {
+  (void)state;
+  kh_sweep sw;
+  kh_sweep_open(&sw, 66, KH_SWEEP_SMEM);
+  sw.max_smem = 163 * 1024;
+  for (int m = 0; m < 2; m++) {
+    mg_shape shape;
+    kh_load_shape(m ? NULL : "deepseek-v3", unusual_json, &shape);
+    for (int causal = 1; causal >= 0; causal--) {
+      mg_kernel_spec s = make_varlen_spec(shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, causal);
+      assert_true(kh_sweep_compile(&sw, &s, "varlen "));
+    }
+  }
+  kh_sweep_close(&sw);
+}
+
 /* Rejections: shared memory and the accumulator budget at 576/512; a d_c that nsplit
  * does not divide into 16-column parts. */
 static void test_check_rejects(void **state) {
@@ -545,6 +682,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nvrtc_all_kept_configs),
       cmocka_unit_test(test_asan),
       cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_varlen),
+      cmocka_unit_test(test_varlen_mutations_caught),
+      cmocka_unit_test(test_nvrtc_varlen),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

@@ -244,7 +244,7 @@ static void test_exec_wait_returns_async_error(void **state) {
   void *ws = calloc(1, ws_b + 16), *saved = calloc(1, sv_b + 16);
   void *big = calloc(1, 1 << 20); /* every caller tensor (small shapes): zeros */
   assert_true(ws && saved && big);
-  mg_cuda_tensors t = {big, big, big, big, big, big, big, big, big, big};
+  mg_cuda_tensors t = {big, big, big, big, big, big, big, big, big, big, NULL, 0};
   void *fc = comm_create(2, 0);
   mg_comm *c = NULL;
   assert_int_equal(mg_comm_nccl_wrap(&c, fc, NULL, &d), 0);

@@ -2,7 +2,9 @@
  *
  * The explicit form's bytes are checked against sums written out here from MLA.md's
  * conventions; the other forms against the relations the LAGA paper (arXiv 2607.17644)
- * reports at DeepSeek-V3 scale. */
+ * reports at DeepSeek-V3 scale. Varlen plans (packed sequences): the argument rules, the
+ * tok_k marks of every weight-gradient GEMM, and attention FLOPs per document pair against
+ * a brute-force count. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -543,6 +545,174 @@ static void test_time_by_hand(void **state) {
   assert_true(fabs(t.fwd_s - t.compute_fwd_s - t.comm_fwd_s) <= 1e-15);
 }
 
+/* ---- packed sequences (varlen) ------------------------------------------------------- */
+
+/* The plan args of a varlen plan of form f, rank r of P, capacity S, documents cu (n_cu
+ * entries; NULL: none given). */
+static mg_plan_args varlen_args(const mg_shape *s, mg_form f, int P, int r, int64_t S, int causal,
+                                const int32_t *cu, int64_t n_cu) {
+  mg_plan_args a = {.shape = s, .form = f, .sp = P, .rank = r, .batch = 1, .seq = S,
+                    .causal = causal, .dtype = MG_BF16, .varlen = 1, .cu_seqlens = cu,
+                    .n_cu = n_cu};
+  return a;
+}
+
+static void expect_args_refused(const mg_plan_args *a, const char *text) {
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_plan_build(&plan, a, &d), MLAGEN_EINVAL);
+  if (!strstr(mg_diag_msg(&d), text)) fail_msg("'%s' not in: %s", text, mg_diag_msg(&d));
+  mg_diag_clear(&d);
+}
+
+/* Varlen arguments: batch 1, documents only with varlen and checked against the capacity;
+ * the plan keeps no pointer to them. */
+static void test_varlen_args(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v2-lite");
+  const int32_t cu[] = {0, 5, 5, 40}, down[] = {0, 9, 4}, past[] = {0, 30, 70};
+  mg_plan_args a = varlen_args(&s, MG_FORM_LAGA, 2, 0, 64, 1, cu, 4);
+  mg_diag d = MG_DIAG_INIT;
+  assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+  assert_true(plan.args.varlen && plan.args.cu_seqlens == NULL && plan.args.n_cu == 0);
+  a.batch = 2;
+  expect_args_refused(&a, "plan: batch = 2 with varlen (packed sequences)");
+  a.batch = 1;
+  a.cu_seqlens = down, a.n_cu = 3;
+  expect_args_refused(&a, "plan: cu_seqlens[2] = 4 is below cu_seqlens[1] = 9");
+  a.cu_seqlens = past;
+  expect_args_refused(&a, "plan: cu_seqlens[2] = 70 is past the plan's token capacity 64");
+  a.n_cu = 0;
+  expect_args_refused(&a, "cu_seqlens needs at least one entry");
+  a.cu_seqlens = NULL, a.n_cu = 3;
+  expect_args_refused(&a, "NULL given");
+  a.n_cu = 0; /* no documents: the worst case, one document of S tokens */
+  assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+  a.varlen = 0, a.cu_seqlens = cu, a.n_cu = 4;
+  expect_args_refused(&a, "cu_seqlens given (4 entries) for a plan without varlen");
+  /* the plan check: a varlen plan has batch 1 */
+  a = varlen_args(&s, MG_FORM_EXPLICIT, 1, 0, 64, 1, NULL, 0);
+  assert_int_equal(mg_plan_build(&plan, &a, &d), 0);
+  plan.args.batch = 2;
+  assert_int_equal(mg_plan_check(&plan, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "varlen with batch 2"));
+  mg_diag_clear(&d);
+}
+
+/* Every weight-gradient GEMM (the steps writing dw_kv_b) of a varlen plan is marked tok_k
+ * with k over the token rows it contracts at their first global position (explicit: this
+ * rank's S / P tokens at rank S / P; the others all S tokens from 0), and no other GEMM;
+ * an unpacked plan marks none; the plan check refuses tok_k on an unpacked plan and token
+ * rows past S. */
+static void test_varlen_tok_k(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v2-lite"); /* H = 16 */
+  mg_diag d = MG_DIAG_INIT;
+  const int64_t S = 96, P = 4, r = 2, Sl = S / P;
+  for (int f = 0; f < MG_FORM_COUNT; f++)
+    for (int varlen = 0; varlen < 2; varlen++) {
+      mg_plan_args a = varlen_args(&s, (mg_form)f, (int)P, (int)r, S, 1, NULL, 0);
+      a.varlen = varlen;
+      if (mg_plan_build(&plan, &a, &d)) fail_msg("%s", mg_diag_msg(&d));
+      const int dw = mg_plan_find(&plan, "dw_kv_b");
+      int marked = 0;
+      for (int i = 0; i < plan.n_steps; i++) {
+        const mg_step *st = &plan.steps[i];
+        if (st->kind != MG_STEP_GEMM) continue;
+        const int weight = st->out[0] == dw;
+        if (!varlen || !weight) {
+          if (st->gemm.tok_k || st->gemm.tok0)
+            fail_msg("%s varlen %d step %d (%s): tok_k %d tok0 %lld", mg_form_name((mg_form)f),
+                     varlen, i, st->label, st->gemm.tok_k, (long long)st->gemm.tok0);
+          continue;
+        }
+        const int64_t k = f == MG_FORM_EXPLICIT ? Sl : S, tok0 = f == MG_FORM_EXPLICIT ? r * Sl : 0;
+        if (!(st->gemm.tok_k == 1 && st->gemm.k == k && st->gemm.tok0 == tok0))
+          fail_msg("%s step %d (%s): tok_k %d k %lld tok0 %lld, expected 1 %lld %lld",
+                   mg_form_name((mg_form)f), i, st->label, st->gemm.tok_k, (long long)st->gemm.k,
+                   (long long)st->gemm.tok0, (long long)k, (long long)tok0);
+        marked++;
+      }
+      /* explicit and laga: one; absorbed: dW_UV and dW_UK; laga-f, laga-cp: one per group */
+      const int want = !varlen ? 0
+                       : f == MG_FORM_ABSORBED ? 2
+                       : f == MG_FORM_LAGA_F || f == MG_FORM_LAGA_CP ? plan.args.head_groups
+                                                                     : 1;
+      assert_int_equal(marked, want);
+      if (!varlen) { /* the check: tok_k only on varlen plans */
+        const int g = find_step(&plan, MG_STEP_GEMM, 0);
+        plan.steps[g].gemm.tok_k = 1;
+        assert_int_equal(mg_plan_check(&plan, &d), MLAGEN_EINVAL);
+        assert_non_null(strstr(mg_diag_msg(&d), "this plan is not varlen"));
+      } else { /* token rows inside [0, S) */
+        for (int i = 0; i < plan.n_steps; i++)
+          if (plan.steps[i].gemm.tok_k) {
+            plan.steps[i].gemm.tok0 = S - plan.steps[i].gemm.k + 1;
+            break;
+          }
+        assert_int_equal(mg_plan_check(&plan, &d), MLAGEN_EINVAL);
+        assert_non_null(strstr(mg_diag_msg(&d), "token rows must lie inside [0, S = 96)"));
+      }
+    }
+  mg_diag_clear(&d);
+}
+
+/* The (query, key) pairs of queries at positions pos[0 .. n) inside documents cu, counted
+ * one query at a time with a linear walk over the boundaries (not mg_varlen_*). */
+static double brute_pairs(const int32_t *cu, int64_t n_cu, int causal, const int64_t *pos, int64_t n) {
+  double pairs = 0;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t d = 0; d + 1 < n_cu; d++)
+      if (cu[d] <= pos[i] && pos[i] < cu[d + 1])
+        pairs += (double)(causal ? pos[i] - cu[d] + 1 : cu[d + 1] - cu[d]);
+  return pairs;
+}
+
+/* Attention FLOPs of varlen plans with documents equal FlashMLA's convention over the pairs
+ * inside the documents, counted by brute force: every form, P = 1, 2, 4, every rank (laga-cp's
+ * two chunks differ), causal and not; without documents, the unpacked figures. */
+static void test_varlen_flops(void **state) {
+  (void)state;
+  mg_shape s = load("deepseek-v2-lite");
+  const int32_t cu[] = {0, 1, 3, 6, 23, 87, 87, 287}; /* 33 slack tokens of 320 */
+  const int64_t n_cu = 8, S = 320;
+  const double dqk = s.qk_nope_head_dim + s.qk_rope_head_dim, dv = s.v_head_dim,
+               aqk = s.kv_lora_rank + s.qk_rope_head_dim, av = s.kv_lora_rank;
+  static int64_t pos[320];
+  mg_diag d = MG_DIAG_INIT;
+  mg_plan_cost c, u;
+  static mg_plan unpacked;
+  for (int P = 1; P <= 4; P *= 2)
+    for (int r = 0; r < P; r++)
+      for (int causal = 0; causal < 2; causal++)
+        for (int f = 0; f < MG_FORM_COUNT; f++) {
+          const int cp = f == MG_FORM_LAGA_CP;
+          const int64_t Sl = S / P, nq = cp ? Sl : S;
+          for (int64_t i = 0; i < nq; i++) pos[i] = cp ? mg_cp_pos(P, Sl, r, i) : i;
+          const double pairs = brute_pairs(cu, n_cu, causal, pos, nq);
+          const double H = cp ? s.heads : s.heads / P;
+          const double wf = f == MG_FORM_ABSORBED ? aqk + av : dqk + dv,
+                       wb = f == MG_FORM_ABSORBED ? 3 * aqk + 2 * av : 3 * dqk + 2 * dv;
+          mg_plan_args a = varlen_args(&s, (mg_form)f, P, r, S, causal, cu, n_cu);
+          if (mg_plan_build(&plan, &a, &d)) fail_msg("%s", mg_diag_msg(&d));
+          mg_plan_cost_of(&plan, &c);
+          const double fwd = 2 * H * pairs * wf, bwd = 2 * H * pairs * wb;
+          if (!(fabs(c.attn_flops_fwd - fwd) <= 1e-12 * fwd && fabs(c.attn_flops_bwd - bwd) <= 1e-12 * bwd))
+            fail_msg("%s P %d rank %d causal %d: attention FLOPs %.6g / %.6g, per document pair "
+                     "%.6g / %.6g", mg_form_name((mg_form)f), P, r, causal, c.attn_flops_fwd,
+                     c.attn_flops_bwd, fwd, bwd);
+          /* no documents given: the unpacked plan's figures */
+          a.cu_seqlens = NULL, a.n_cu = 0;
+          if (mg_plan_build(&plan, &a, &d)) fail_msg("%s", mg_diag_msg(&d));
+          mg_plan_cost_of(&plan, &c);
+          a.varlen = 0;
+          if (mg_plan_build(&unpacked, &a, &d)) fail_msg("%s", mg_diag_msg(&d));
+          mg_plan_cost_of(&unpacked, &u);
+          assert_true(c.attn_flops_fwd == u.attn_flops_fwd && c.attn_flops_bwd == u.attn_flops_bwd);
+          assert_true(u.attn_flops_fwd > fwd);
+        }
+  mg_diag_clear(&d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_explicit_v3_figures), cmocka_unit_test(test_forms_relations_v3),
@@ -550,6 +720,8 @@ int main(void) {
       cmocka_unit_test(test_laga_fused_groups), cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_huge_sizes_checked), cmocka_unit_test(test_checker),
       cmocka_unit_test(test_time_by_hand),        cmocka_unit_test(test_laga_cp),
+      cmocka_unit_test(test_varlen_args),         cmocka_unit_test(test_varlen_tok_k),
+      cmocka_unit_test(test_varlen_flops),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

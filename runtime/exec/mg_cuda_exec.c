@@ -20,6 +20,7 @@
 #include "mg_sm90_tmap.h"
 #include "mg_spec.h"
 #include "mg_tune_store.h"
+#include "mg_varlen.h"
 #include "mlagen.h"
 
 #define MAX_PARAMS MG_KERNEL_MAX_PARAMS
@@ -79,6 +80,9 @@ struct mg_cuda_exec {
   mg_dev_ops *ops;
   mg_plan_mem mem;
   int64_t blas_off; /* the GEMMs' scratch in the workspace (mg_cuda_exec_mem_layout); -1: none */
+  int64_t cu_off;   /* varlen plans: the device cu_seqlens [seq + 1] int32 in the workspace;
+                       -1: an unpacked plan */
+  int32_t *cu_host; /* varlen plans: its staging (mg_varlen_compact), seq + 1 entries */
   double timeout_s;
   char tune_dir[4096]; /* opts->tune_dir, "" for mg_tune_store_dir() */
   char arch[16];       /* the arch whose families run (mg_op_family_arch): the ops' arch, or ""
@@ -154,8 +158,8 @@ static const char *spec_dtype(const mg_plan *p) { return p->args.dtype == MG_F16
 
 /* Makes kernel `family` (heads, dims) available to step i: *kidx its index in x->kerns;
  * reuses a kernel already loaded under the same name. */
-static int want_kernel(prep *r, int i, const char *family, int heads, int dn, int dr, int dv,
-                       int dc, int *kidx) {
+static int want_kernel_v(prep *r, int i, const char *family, int varlen, int heads, int dn,
+                         int dr, int dv, int dc, int *kidx) {
   mg_cuda_exec *x = r->x;
   mg_kernel_spec s;
   memset(&s, 0, sizeof s);
@@ -163,6 +167,7 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   s.heads = heads, s.d_n = dn, s.d_r = dr, s.d_v = dv, s.d_c = dc;
   snprintf(s.dtype, sizeof s.dtype, "%s", spec_dtype(r->p));
   s.causal = r->p->args.causal;
+  s.varlen = varlen;
   snprintf(s.arch, sizeof s.arch, "%s", x->ops->arch); /* the device's shared-memory limit */
   /* the interface the steps below are written for, and a tuned configuration for this
    * device, shape and sequence bucket when the ops know their device and the store has
@@ -190,15 +195,17 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
     s.causal = 0;
   }
   if (rc == MLAGEN_EINVAL && strcmp(mg_family_portable(family), family) != 0) {
-    /* an architecture's family that refuses this shape: the portable one runs instead */
+    /* an architecture's family that refuses this shape (or has no varlen variant): the
+     * portable one runs instead */
     char msg[300];
     snprintf(msg, sizeof msg, "%s", mg_diag_msg(r->d));
     mg_diag_clear(r->d);
-    rc = want_kernel(r, i, mg_family_portable(family), heads, dn, dr, dv, dc, kidx);
+    rc = want_kernel_v(r, i, mg_family_portable(family), varlen, heads, dn, dr, dv, dc, kidx);
     if (!rc) {
       kern *e = &x->kerns[*kidx];
       size_t n = strlen(e->why);
-      snprintf(e->why + n, sizeof e->why - n, "; %s refused the shape (%.120s)", family, msg);
+      snprintf(e->why + n, sizeof e->why - n, "; %s refused the %s (%.120s)", family,
+               varlen ? "spec" : "shape", msg);
     }
     return rc;
   }
@@ -247,6 +254,12 @@ static int want_kernel(prep *r, int i, const char *family, int heads, int dn, in
   }
   *kidx = x->n_kerns++;
   return 0;
+}
+
+/* An unpacked kernel (the layout kernels, and every kernel of an unpacked plan). */
+static int want_kernel(prep *r, int i, const char *family, int heads, int dn, int dr, int dv,
+                       int dc, int *kidx) {
+  return want_kernel_v(r, i, family, 0, heads, dn, dr, dv, dc, kidx);
 }
 
 /* ---- kernels: binding ------------------------------------------------------------------ */
@@ -450,18 +463,24 @@ static int kernel_step(prep *r, int i) {
       const int64_t B = q->dims[0], S = q->dims[1], Sk = IN(1)->dims[1];
       const int h = (int)q->dims[2];
       /* positions checked by mg_plan_check (increasing; only laga-cp's explicit attention
-       * has any: the absorbed kernels get q_pos0 = 0) */
+       * has any: the absorbed kernels get q_pos0 = 0). A varlen plan's kernels are the
+       * families' varlen variants, with the device cu_seqlens (n_seqs = seq, the capacity:
+       * mg_varlen_compact's padded copy) after the unpacked arguments. */
+      const int vl = p->args.varlen != 0;
+      const ref cu = vl ? bref(REF_WS, r->x->cu_off) : rnull;
       if (mqa && fwd) {
-        TRY(want_kernel(r, i, op_family(r, s->op, 0), h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel_v(r, i, op_family(r, s->op, 0), vl, h, dn, dr, dv, dc, &k0));
         kargs a = {0};
+        if (vl) ap(&a, "cu_seqlens", cu), ai(&a, "n_seqs", p->args.seq);
         ap(&a, "q", BI(0)), ap(&a, "c", BI(1)), ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), ai(&a, "q_pos0", s->q_pos0);
         af(&a, "softmax_scale", scale);
         return launch_qk(r, i, k0, &a, B, S, Sk);
       }
       if (!mqa && fwd) {
-        TRY(want_kernel(r, i, op_family(r, s->op, 0), h, dn, dr, dv, dc, &k0));
+        TRY(want_kernel_v(r, i, op_family(r, s->op, 0), vl, h, dn, dr, dv, dc, &k0));
         kargs a = {0};
+        if (vl) ap(&a, "cu_seqlens", cu), ai(&a, "n_seqs", p->args.seq);
         ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), ai(&a, "q_pos0", s->q_pos0);
@@ -470,16 +489,19 @@ static int kernel_step(prep *r, int i) {
       }
       /* backward: delta in the step's scratch, by attn_bwd_pre */
       /* the delta over o_lat (d_c wide) for the absorbed form */
-      TRY(want_kernel(r, i, op_family(r, s->op, 0), h, mqa ? dc : dn, dr, mqa ? dc : dv, dc, &k0));
-      TRY(want_kernel(r, i, op_family(r, s->op, 1), h, dn, dr, dv, dc, &k1));
-      TRY(want_kernel(r, i, op_family(r, s->op, 2), h, dn, dr, dv, dc, &k2));
+      TRY(want_kernel_v(r, i, op_family(r, s->op, 0), vl, h, mqa ? dc : dn, dr, mqa ? dc : dv, dc,
+                        &k0));
+      TRY(want_kernel_v(r, i, op_family(r, s->op, 1), vl, h, dn, dr, dv, dc, &k1));
+      TRY(want_kernel_v(r, i, op_family(r, s->op, 2), vl, h, dn, dr, dv, dc, &k2));
       const ref delta = bref(REF_WS, r->x->mem.step_ws[i]);
       const ref dout = mqa ? BI(4) : BI(5), ob = mqa ? BI(2) : BI(3), lb = mqa ? BI(3) : BI(4);
       kargs pre = {0};
+      if (vl) ap(&pre, "cu_seqlens", cu), ai(&pre, "n_seqs", p->args.seq);
       ap(&pre, "o", ob), ap(&pre, "dout", dout), ap(&pre, "delta", delta), ap(&pre, "dq_accum", rnull);
       ai(&pre, "seqlen_q", S);
       TRY(launch(r, i, k0, &pre, B, S));
       kargs a = {0};
+      if (vl) ap(&a, "cu_seqlens", cu), ai(&a, "n_seqs", p->args.seq);
       ap(&a, "q", BI(0)), ap(&a, "dout", dout), ap(&a, "lse", lb), ap(&a, "delta", delta);
       ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), af(&a, "softmax_scale", scale);
       ai(&a, "q_pos0", s->q_pos0);
@@ -598,20 +620,41 @@ static int caller_slot(const mg_plan_buf *b) {
 
 /* ---- prepare ----------------------------------------------------------------------------- */
 
-int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offset, mg_diag *d) {
-  if (!blas_offset) return mg_diag_set(d, MLAGEN_EINVAL, "mg_cuda_exec_mem_layout: blas_offset is NULL");
-  *blas_offset = -1;
+/* The bytes of a varlen plan's device cu_seqlens: (seq + 1) int32, rounded up to
+ * MG_CUDA_EXEC_ALIGN; 0 for an unpacked plan. */
+static int64_t cu_region_bytes(const mg_plan *p) {
+  if (!p->args.varlen) return 0;
+  const int64_t b = (p->args.seq + 1) * (int64_t)sizeof(int32_t);
+  return (b + MG_CUDA_EXEC_ALIGN - 1) / MG_CUDA_EXEC_ALIGN * MG_CUDA_EXEC_ALIGN;
+}
+
+/* mg_cuda_exec_mem_layout, and where the device cu_seqlens is (*cu_offset; -1: none). */
+static int mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offset, int64_t *cu_offset,
+                      mg_diag *d) {
+  *blas_offset = *cu_offset = -1;
   int rc = mg_plan_mem_layout(p, MG_CUDA_EXEC_ALIGN, m, d);
   if (rc) return rc;
   int gemms = 0;
   for (int i = 0; i < p->n_steps; i++) gemms |= p->steps[i].kind == MG_STEP_GEMM;
-  if (!gemms) return 0;
-  if (m->workspace_bytes > INT64_MAX - MG_CUDA_EXEC_BLAS_WS)
-    return mg_diag_set(d, MLAGEN_EINVAL, "workspace of %lld bytes: no room for cuBLAS's",
-                       (long long)m->workspace_bytes);
-  *blas_offset = m->workspace_bytes; /* a multiple of MG_CUDA_EXEC_ALIGN */
-  m->workspace_bytes += MG_CUDA_EXEC_BLAS_WS;
+  const int64_t extra = (gemms ? MG_CUDA_EXEC_BLAS_WS : 0) + cu_region_bytes(p);
+  if (p->args.seq < 0 || m->workspace_bytes > INT64_MAX - extra)
+    return mg_diag_set(d, MLAGEN_EINVAL, "workspace of %lld bytes: no room for cuBLAS's and "
+                       "cu_seqlens", (long long)m->workspace_bytes);
+  if (gemms) { /* at a multiple of MG_CUDA_EXEC_ALIGN */
+    *blas_offset = m->workspace_bytes;
+    m->workspace_bytes += MG_CUDA_EXEC_BLAS_WS;
+  }
+  if (p->args.varlen) {
+    *cu_offset = m->workspace_bytes;
+    m->workspace_bytes += cu_region_bytes(p);
+  }
   return 0;
+}
+
+int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offset, mg_diag *d) {
+  if (!blas_offset) return mg_diag_set(d, MLAGEN_EINVAL, "mg_cuda_exec_mem_layout: blas_offset is NULL");
+  int64_t cu;
+  return mem_layout(p, m, blas_offset, &cu, d);
 }
 
 /* A boolean environment variable: *on = 1 for 1, true, yes or on; 0 when unset, empty, or
@@ -664,11 +707,21 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
   else
     snprintf(x->arch, sizeof x->arch, "%s", o->arch);
   for (int b = 0; b < p->n_bufs; b++) x->slot[b] = (signed char)caller_slot(&p->bufs[b]);
-  rc = mg_cuda_exec_mem_layout(p, &x->mem, &x->blas_off, d);
+  rc = mem_layout(p, &x->mem, &x->blas_off, &x->cu_off, d);
   if (rc) {
     mg_diag_prefix(d, "CUDA executor: memory layout");
     free(x);
     return rc;
+  }
+  if (p->args.varlen) { /* cu_seqlens: staged here, uploaded at each pass */
+    if (!o->upload) rc = mg_diag_set(d, MLAGEN_EINVAL, "a varlen plan needs device ops that "
+                                     "upload (the %s ops have no upload)", o->name);
+    else if (!(x->cu_host = malloc((size_t)(p->args.seq + 1) * sizeof *x->cu_host)))
+      rc = mg_diag_set(d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
+    if (rc) {
+      free(x);
+      return rc;
+    }
   }
   int own_gen = !(opts && opts->gen) && !o->gen;
   if (own_gen) rc = mg_gen_open(&x->gen, NULL, d);
@@ -706,6 +759,7 @@ void mg_cuda_exec_destroy(mg_cuda_exec *x) {
   for (int i = 0; i < x->n_kerns; i++) free(x->kerns[i].tinfo);
   free(x->kerns);
   free(x->prog);
+  free(x->cu_host);
   free(x);
 }
 
@@ -734,6 +788,22 @@ static int wait_pass(mg_cuda_exec *x, mg_comm *comm, void *stream, const char *p
     struct timespec ts = {0, 200000}; /* 0.2 ms */
     nanosleep(&ts, NULL);
   }
+}
+
+/* C = 0 for a GEMM with no valid token rows (k = 0, beta 0): its m x n block of each batch
+ * item, one memset where they are contiguous. */
+static int zero_c(mg_dev_ops *o, const mg_gemm *g, mg_dtype tc, void *C, void *stream, mg_diag *d) {
+  const size_t e = es(tc);
+  char *c = (char *)C + (size_t)g->off_c * e;
+  if (g->ldc == g->n && (g->batch == 1 || g->stride_c == g->m * g->n))
+    return o->memset(o, c, 0, (size_t)(g->batch * g->m * g->n) * e, stream, d);
+  for (int b = 0; b < g->batch; b++)
+    for (int64_t row = 0; row < (g->ldc == g->n ? 1 : g->m); row++) {
+      const size_t bytes = (size_t)(g->ldc == g->n ? g->m * g->n : g->n) * e;
+      int rc = o->memset(o, c + (size_t)(b * g->stride_c + row * g->ldc) * e, 0, bytes, stream, d);
+      if (rc) return rc;
+    }
+  return 0;
 }
 
 int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, void *workspace,
@@ -769,7 +839,25 @@ int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, vo
                            p->bufs[b].name, i, s->label);
     }
   }
+  int64_t T = 0; /* varlen: the stream's tokens, cu[N] */
+  if (p->args.varlen) {
+    if (!t->cu_seqlens)
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: a varlen plan needs tensors->cu_seqlens", pname);
+    int rc = mg_varlen_check(t->cu_seqlens, t->n_cu, p->args.seq, "tensors->cu_seqlens", d);
+    if (rc) return mg_diag_prefix(d, "%s", pname);
+    T = t->cu_seqlens[t->n_cu - 1];
+  } else if (t->cu_seqlens || t->n_cu) {
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->cu_seqlens given (%lld entries) for a plan "
+                       "that is not varlen (mlagen_plan_desc.varlen)", pname, (long long)t->n_cu);
+  }
   mg_dev_ops *o = x->ops;
+  if (x->cu_off >= 0) { /* the compacted copy, padded with T to seq + 1 entries */
+    const int64_t n = p->args.seq + 1;
+    mg_varlen_compact(t->cu_seqlens, t->n_cu - 1, x->cu_host, n);
+    int rc = o->upload(o, (char *)workspace + x->cu_off, x->cu_host, (size_t)n * sizeof(int32_t),
+                       stream, d);
+    if (rc) return mg_diag_prefix(d, "%s: uploading cu_seqlens", pname);
+  }
   if (x->blas_off >= 0 && o->gemm_workspace) { /* the aligned part of the GEMMs' slice */
     const uintptr_t at = (uintptr_t)workspace + (uintptr_t)x->blas_off;
     const uintptr_t lead = (MG_CUDA_EXEC_ALIGN - at % MG_CUDA_EXEC_ALIGN) % MG_CUDA_EXEC_ALIGN;
@@ -803,7 +891,13 @@ int mg_cuda_exec_run(mg_cuda_exec *x, mg_pass pass, const mg_cuda_tensors *t, vo
         rc = o->launch(o, k->handle, l->grid, k->rule.block, k->rule.smem, params, stream, d);
         break;
       }
-      case L_GEMM: rc = o->gemm(o, l->gemm, l->ta, R(l->a), l->tb, R(l->b), l->tc, R(l->c), stream, d); break;
+      case L_GEMM: {
+        mg_gemm g = *l->gemm;
+        if (g.tok_k && p->args.varlen) g.k = mg_varlen_valid_rows(T, g.tok0, g.k);
+        if (g.k > 0) rc = o->gemm(o, &g, l->ta, R(l->a), l->tb, R(l->b), l->tc, R(l->c), stream, d);
+        else if (g.beta == 0) rc = zero_c(o, &g, l->tc, R(l->c), stream, d); /* C = beta C */
+        break;
+      }
       case L_COPY: rc = o->copy(o, R(l->a), R(l->b), (size_t)l->bytes, stream, d); break;
       case L_COPY2D:
         rc = o->copy2d(o, R(l->a), (size_t)l->dpitch, R(l->b), (size_t)l->spitch, (size_t)l->width,

@@ -16,7 +16,12 @@
  *     matter between passes: nothing is read there before it is written in the pass;
  *   - a plan with a GEMM step has MG_CUDA_EXEC_BLAS_WS more bytes of workspace, after the
  *     layout's, for the GEMMs' own scratch (ops->gemm_workspace: cuBLAS's workspace,
- *     cublasSetWorkspace), so cuBLAS allocates nothing either.
+ *     cublasSetWorkspace), so cuBLAS allocates nothing either;
+ *   - a varlen plan (packed sequences, p->args.varlen; generator/core/mg_varlen.h) has
+ *     (seq + 1) int32 more, rounded up to MG_CUDA_EXEC_ALIGN, after those: the device copy
+ *     of the pass's cu_seqlens (mg_varlen_compact: the boundaries of the documents with
+ *     tokens, padded with T to seq + 1 entries), staged in the executor and uploaded
+ *     (ops->upload) at the start of every pass.
  *
  * Steps, in plan order, all asynchronous on the caller's stream:
  *   SEQ_TO_HEAD / HEAD_TO_SEQ  P > 1: a2a_pack (direction 0 / 1) into the send half of the
@@ -27,7 +32,10 @@
  *   REDUCE_SCATTER  P > 1: copy2d of [B, S, w] into the scratch [P][B, S_l, w] (block p =
  *       rank p's tokens), reduce_scatter into the destination; P = 1: a copy.
  *   GEMM            ops->gemm (mg_gemm semantics; A and B in their buffers' dtype, the
- *       plan's; C in its buffer's: f32 for dw_kv_b).
+ *       plan's; C in its buffer's: f32 for dw_kv_b). In a varlen plan a GEMM whose k runs
+ *       over tokens (tok_k) contracts only over the valid rows, k = mg_varlen_valid_rows(T,
+ *       tok0, k) with T = cu_seqlens[N] of the call, so NaN in slack rows never reaches C;
+ *       k = 0 leaves C (beta 1) or zeroes its m x n block(s) (beta 0).
  *   KERNEL          the generated kernels, launched by their manifest's grid rule and with
  *       their parameters matched by name (the manifest's "params") once, at preparation:
  *       MG_OP_ATTN_FWD  attn_fwd (k_packed = 1); on sm_90a attn_fwd_sm90 (k_packed = 1), its
@@ -48,6 +56,11 @@
  *     The attention backward steps' delta (rowsum(dO * O), f32 [B, H, S]) lives in the
  *     step's scratch: mg_plan.c's mg_plan_kernel gives MG_OP_ATTN_BWD and MG_OP_MQA_BWD
  *     steps step->workspace = 4 B H S bytes for it (counted by the planner's peaks).
+ *     A varlen plan's attention and MQA steps run their families' varlen variants
+ *     (spec.varlen; the symbol ends in "_varlen"), given the device cu_seqlens and n_seqs =
+ *     seq after their other arguments; an architecture's family without one runs the
+ *     portable family's (its why says so), and a portable family without one fails
+ *     prepare (MLAGEN_EINVAL, the generator's message).
  *     Only the attention kernels (attn_fwd, attn_bwd_dkdv, attn_bwd_dq, mqa_*) are
  *     generated for the plan's causal flag; the others do not depend on it and are
  *     generated non-causal. Heads of a kernel are the heads of the step's tensors (laga-f's
@@ -97,10 +110,16 @@
  * forms; include/mlagen.h mlagen_sizes): inputs q [B, S/P, H, d_n + d_r], c_kv [B, S/P,
  * d_c], k_rope [B, S/P, d_r], w_kv_b [H (d_n + d_v), d_c], d_o [B, S/P, H, d_v] (the
  * backward's); outputs o (forward), dq, dc_kv, dk_rope, dw_kv_b (backward; dw_kv_b in
- * f32). A pass reads and writes only the ones its steps use (others may be NULL). */
+ * f32). A pass reads and writes only the ones its steps use (others may be NULL).
+ * cu_seqlens: a varlen plan's documents (generator/core/mg_varlen.h), host memory, n_cu =
+ * N + 1 int32 entries (cu[0] = 0, non-decreasing, cu[N] = T <= the plan's seq), the same
+ * global array on every rank; read during the call only. Required for a varlen plan, NULL
+ * (and n_cu 0) for any other. */
 typedef struct mg_cuda_tensors {
   const void *q, *c_kv, *k_rope, *w_kv_b, *d_o;
   void *o, *dq, *dc_kv, *dk_rope, *dw_kv_b;
+  const int32_t *cu_seqlens;
+  int64_t n_cu;
 } mg_cuda_tensors;
 
 typedef struct mg_cuda_exec mg_cuda_exec;
@@ -123,7 +142,9 @@ typedef struct mg_cuda_exec_opts {
  * workspace: *blas_offset = the layout's workspace_bytes and m->workspace_bytes grows by
  * MG_CUDA_EXEC_BLAS_WS; else *blas_offset = -1. A pass hands the GEMMs the
  * MG_CUDA_EXEC_ALIGN-aligned part of [workspace + *blas_offset, + MG_CUDA_EXEC_BLAS_WS)
- * (all of it when the workspace is so aligned). mlagen_plan_sizes reports these sizes.
+ * (all of it when the workspace is so aligned). A varlen plan's workspace then has its
+ * device cu_seqlens ((seq + 1) int32, rounded up to MG_CUDA_EXEC_ALIGN) at the end.
+ * mlagen_plan_sizes reports these sizes.
  * Errors: mg_plan_mem_layout's; MLAGEN_EINVAL blas_offset NULL. */
 int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offset, mg_diag *d);
 
@@ -133,7 +154,8 @@ int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offs
  * kernel and lowers the steps. opts may be NULL.
  * Errors: MLAGEN_EINVAL (an argument NULL; the plan's dtype is not bf16/f16 ("the CUDA
  * executor runs bf16 or f16 plans"); mg_plan_check's: a malformed step, naming it;
- * MLAGEN_MMA_SYNC set to a value that is neither on nor off);
+ * MLAGEN_MMA_SYNC set to a value that is neither on nor off; a varlen plan and ops
+ * without upload; a portable family without a varlen variant, the generator's message);
  * MLAGEN_EUNSUPPORTED (a GEMM or kernel argument beyond int); MLAGEN_ELIMIT (a grid over
  * the launch limits);
  * the generator's errors (MLAGEN_EINVAL for a kernel configuration a template rejects,
@@ -166,7 +188,9 @@ void *mg_cuda_exec_buffer(const mg_cuda_exec *x, const char *name, void *workspa
  * then waits for the stream, polling comm->ops->poll when the backend has it, for at most
  * opts.timeout_s.
  * Errors: MLAGEN_EINVAL (x or t NULL; a tensor the pass uses NULL (named); workspace or
- * saved NULL or too small; comm NULL at P > 1 or not matching the plan); the ops' and
+ * saved NULL or too small; comm NULL at P > 1 or not matching the plan; a varlen plan
+ * without t->cu_seqlens, or one mg_varlen_check refuses against the plan's seq (naming
+ * the index); cu_seqlens given for an unpacked plan: all before anything is queued); the ops' and
  * the communicator's statuses, the
  * message naming the step and the call; MLAGEN_EIO "timed out after N s waiting for
  * the pass" (a peer that never joined a collective). */

@@ -108,6 +108,26 @@ static int c_copy(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void 
   return r == CUDA_SUCCESS ? 0 : mg_driver_fail(c->drv, r, "cuMemcpyDtoDAsync", d);
 }
 
+/* cuMemcpy2DAsync with a host source (one row): the table's one asynchronous host-to-device
+ * copy; pageable src is staged by the driver before it returns. */
+static int c_upload(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream,
+                    mg_diag *d) {
+  cuda_ops *c = (cuda_ops *)o;
+  if (!bytes) return 0;
+  CUDA_MEMCPY2D m;
+  memset(&m, 0, sizeof m);
+  m.srcMemoryType = CU_MEMORYTYPE_HOST;
+  m.srcHost = src;
+  m.srcPitch = bytes;
+  m.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  m.dstDevice = (CUdeviceptr)(uintptr_t)dst;
+  m.dstPitch = bytes;
+  m.WidthInBytes = bytes;
+  m.Height = 1;
+  CUresult r = c->drv->cuMemcpy2DAsync(&m, (CUstream)stream);
+  return r == CUDA_SUCCESS ? 0 : mg_driver_fail(c->drv, r, "cuMemcpy2DAsync (host to device)", d);
+}
+
 static int c_copy2d(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
                     size_t width, size_t height, void *stream, mg_diag *d) {
   cuda_ops *c = (cuda_ops *)o;
@@ -249,7 +269,8 @@ int mg_dev_ops_cuda(mg_dev_ops **out, mg_diag *d) {
   if (!c) return mg_diag_set(d, MLAGEN_ENOMEM, "CUDA device ops: out of memory");
   c->drv = drv;
   c->base = (mg_dev_ops){.name = "cuda", .drv = drv, .load = c_load, .launch = c_launch,
-                         .memset = c_memset, .copy = c_copy, .copy2d = c_copy2d, .gemm = c_gemm,
+                         .memset = c_memset, .copy = c_copy, .upload = c_upload,
+                         .copy2d = c_copy2d, .gemm = c_gemm,
                          .gemm_workspace = c_gemm_workspace, .query = c_query,
                          .destroy = c_destroy};
   CUcontext ctx = NULL;

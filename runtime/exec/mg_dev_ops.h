@@ -46,6 +46,11 @@ struct mg_dev_ops {
   int (*memset)(mg_dev_ops *o, void *dst, int value, size_t bytes, void *stream, mg_diag *d);
   /* bytes from src to dst (no overlap). */
   int (*copy)(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream, mg_diag *d);
+  /* bytes from host memory src to device memory dst, queued on stream (copy is device to
+   * device only): src may be changed or freed as soon as the call returns (the GPU ops'
+   * driver stages pageable host memory before it returns). The CUDA executor uploads a
+   * varlen plan's cu_seqlens with it at the start of each pass. */
+  int (*upload)(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream, mg_diag *d);
   /* height rows of width bytes: row r from src + r spitch to dst + r dpitch. */
   int (*copy2d)(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
                 size_t width, size_t height, void *stream, mg_diag *d);

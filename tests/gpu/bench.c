@@ -9,7 +9,8 @@
  * it generates attn_fwd (k_packed 0 and 1), attn_bwd_pre, attn_bwd_dkdv (deterministic 0
  * and 1) and attn_bwd_dq, and the absorbed form's mqa_fwd, attn_bwd_pre at d_n = d_v = d_c,
  * mqa_bwd_dkv and mqa_bwd_dq (d_qk = d_c + d_r = 576, d_v = d_c = 512; --no-mqa: not these),
- * with their default configurations, for H = 2 (the check) and every H of --heads,
+ * with their default configurations, for H = 2 (the check; not built with --no-check) and
+ * every H of --heads,
  * compiles them with NVRTC for the device (sm_90a for compute capability 9.0,
  * sm_<major><minor> otherwise) on --jobs threads (default: the CPUs, at most 16), loads
  * them through the driver (runtime/exec/mg_driver.c) and sets their dynamic shared memory
@@ -1986,7 +1987,7 @@ int main(int argc, char **argv) {
   }
   g_hdr = mg_gen_headers(gen, &g_n_hdr);
   g_template_hash = mg_gen_template_hash(gen);
-  sets[n_sets++].heads = 2;
+  if (!no_check) sets[n_sets++].heads = 2; /* the check's first set (S 256); only checked */
   for (int i = 0; i < n_heads; i++) {
     int dup = 0;
     for (int j = 0; j < n_sets; j++)

@@ -608,7 +608,7 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
                        (void *)(uintptr_t)din[TU_KROPE], (void *)(uintptr_t)din[TU_W],
                        (void *)(uintptr_t)din[TU_DO], (void *)(uintptr_t)dout[C_O],
                        (void *)(uintptr_t)dout[C_DQ], (void *)(uintptr_t)dout[C_DCKV],
-                       (void *)(uintptr_t)dout[C_DKROPE], (void *)(uintptr_t)dout[C_DW]};
+                       (void *)(uintptr_t)dout[C_DKROPE], (void *)(uintptr_t)dout[C_DW], NULL, 0};
   for (int run = 0; run < 2; run++) {
     for (int k = 0; k < C_N; k++)
       if (dout[k]) rc |= CU(drv->cuMemsetD8(dout[k], 0xff, raw_b[k]));
