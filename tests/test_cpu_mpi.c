@@ -9,7 +9,12 @@
  * dw_kv_b with the reference per element (f32, tu_tol_f32; shapes with DeepSeek-V3's YaRN
  * softmax scale, scores with std about 2: tu_shape, tu_inputs), and its measured memory
  * and traffic with the planner's. test_laga_cp_reference holds laga-cp in f64 against the
- * independent float64 reference (tu_reference) at H = 1, 3, 4, 20, P > H included. Rank 0 prints cmocka's report; other ranks print theirs only when
+ * independent float64 reference (tu_reference) at H = 1, 3, 4, 20, P > H included.
+ * test_varlen_ranks runs packed sequences (documents of 1, 2, 3, 17, 64, 200 tokens and two
+ * empty ones in 312 rows, NaN in every slack row) at P = np in f64, documents cut by the
+ * rank boundaries (and laga-cp's chunks), every form that runs at P, against the P = 1
+ * packed run of the explicit form (test_cpu_exec holds every form's against the
+ * per-document float64 reference). Rank 0 prints cmocka's report; other ranks print theirs only when
  * they fail (tests/mpi_test_main.h). Each test runs all its collectives first and asserts
  * last, so a failing rank never leaves the others waiting. */
 #include <setjmp.h>
@@ -23,6 +28,7 @@
 #include "cpu_test_util.h"
 #include "mg_comm.h"
 #include "mpi_test_main.h"
+#include "varlen_test_util.h"
 
 static int g_rank, g_size;
 static uint64_t g_seed;
@@ -197,6 +203,67 @@ static void test_laga_cp_reference(void **state) {
   assert_int_equal(bad, 0);
 }
 
+/* Packed sequences at P = np against the P = 1 packed run of the explicit form, f64, per
+ * element: atol (rms units of the finite elements) at rtol 1e-14, about twice the largest
+ * needed over 9 runs at P = 2, 3, 4, 8 (printed as "needed varlen"): o 5.8e-15,
+ * lse 1.2e-16, dq 1.4e-14, dc_kv 1.4e-14, dk_rope 7.0e-15, dw_kv_b 5.4e-15. The documents
+ * [0, 1), [1, 3), [3, 6), [6, 23), [23, 87), [87, 287) cross the rank boundaries at every P
+ * (P = 4: 78, 156, 234), and laga-cp's chunks of 39 (P = 4) cut them again; the measured
+ * memory and traffic equal the planner's. */
+static const tu_tol tol_varlen[TU_N_OUT] = {{1.2e-14, 1e-14}, {3e-16, 1e-14}, {3e-14, 1e-14},
+                                            {3e-14, 1e-14}, {1.5e-14, 1e-14}, {1.2e-14, 1e-14}};
+static double g_need_varlen[TU_N_OUT];
+
+static void test_varlen_ranks(void **state) {
+  mg_comm *comm = *state;
+  if (g_size < 2) skip(); /* the reference is the P = 1 run itself */
+  const mg_shape sh = tu_shape(4, 16, 8, 16, 32);
+  const int lens[] = {0, 1, 2, 3, 17, 64, 0, 200};
+  const tv_stream st = tv_make(lens, 8, 312);
+  int bad = 0;
+  for (int causal = 0; causal < 2; causal++) {
+    tu_case c = tv_case(&sh, &st, causal);
+    double *in[TU_N_IN] = {0}, *ref[TU_N_OUT] = {0};
+    mg_diag d = MG_DIAG_INIT;
+    tu_run r1;
+    if (tv_inputs(&c, st.T, g_seed + 200 + (uint64_t)causal, in) ||
+        tv_run_form(&c, &st, MG_FORM_EXPLICIT, 1, 0, NULL, MG_F64, in, &r1, &d) ||
+        tu_outputs(&c, &r1, ref)) {
+      print_error("varlen explicit at P = 1: %s\n", mg_diag_msg(&d));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    tu_run_free(&r1);
+    for (int f = 0; f < MG_FORM_COUNT; f++) {
+      if (f != MG_FORM_LAGA_CP && sh.heads % g_size) continue; /* Ulysses: P | H */
+      tu_run r;
+      int rc = tv_run_form(&c, &st, (mg_form)f, g_size, g_rank, comm, MG_F64, in, &r, &d);
+      if (rc) {
+        print_error("varlen %s at P = %d: %s\n", mg_form_name((mg_form)f), g_size, mg_diag_msg(&d));
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      if (r.st.saved != r.cost.saved || r.st.peak_fwd != r.cost.peak_fwd ||
+          r.st.peak_bwd != r.cost.peak_bwd || r.st.sent_fwd != r.cost.sent_fwd ||
+          r.st.sent_bwd != r.cost.sent_bwd) {
+        print_error("varlen %s rank %d: measured memory or traffic differs from the plan's\n",
+                    mg_form_name((mg_form)f), g_rank);
+        bad++;
+      }
+      for (int k = 0; k < TU_N_OUT; k++) {
+        char what[512];
+        snprintf(what, sizeof what, "varlen %s f64 causal %d P %d rank %d: %s vs the P = 1 packed explicit run",
+                 mg_form_name((mg_form)f), causal, g_size, g_rank, tu_out_names[k]);
+        bad += check_ranks(&c, &r, k, (mg_form)f, MG_F64, ref[k], what, tol_varlen[k],
+                           &g_need_varlen[k]);
+      }
+      tu_run_free(&r);
+    }
+    mg_diag_clear(&d);
+    tu_free(ref, TU_N_OUT);
+    tu_free(in, TU_N_IN);
+  }
+  assert_int_equal(bad, 0);
+}
+
 /* S not divisible by P, and P > H: refused by the plan, the same on every rank. */
 static void test_bad_input(void **state) {
   (void)state;
@@ -228,6 +295,7 @@ int main(int argc, char **argv) {
   mpi_test_begin(&argc, &argv, "test_cpu_mpi", &g_rank, &g_size, &g_seed);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
                                      cmocka_unit_test(test_laga_cp_reference),
+                                     cmocka_unit_test(test_varlen_ranks),
                                      cmocka_unit_test(test_bad_input)};
   int failed =
       MPI_TEST_GROUP("test_cpu_mpi", tests, mpi_test_comm_setup, mpi_test_comm_teardown);
@@ -236,6 +304,8 @@ int main(int argc, char **argv) {
     for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need[k]);
     printf("\nneeded f64 (laga-cp vs the float64 reference):");
     for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need_f64[k]);
+    printf("\nneeded varlen f64 (P = %d vs the P = 1 packed explicit run):", g_size);
+    for (int k = 0; k < TU_N_OUT; k++) printf(" %s %.1e", tu_out_names[k], g_need_varlen[k]);
     printf("\n");
   }
   return mpi_test_end("test_cpu_mpi", failed);

@@ -36,6 +36,7 @@ typedef struct cli_opts {
   int json;                   /* plan: --json */
   int steps;                  /* plan: --steps */
   long long seq;              /* plan: --seq S, 1..CLI_MAX_SEQ */
+  const char *seqlens;        /* plan: --seqlens L1,L2,... (checked by cli_plan) */
   int batch;                  /* plan: --batch B */
   int causal;                 /* plan: --causal (default) / --no-causal */
   int causal_given;           /* --causal or --no-causal was given */

@@ -134,6 +134,7 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
     else if (OPT("tflops")) o->tflops = v;
     else if (OPT("hbm-gbps")) o->hbm_gbps = v;
     else if (OPT("mem-gib")) o->mem_gib = v;
+    else if (OPT("seqlens")) o->seqlens = v;
     else if (OPT("family")) {
       if (o->n_family == CLI_MAX_SET) {
         cli_error("at most %d --family options", CLI_MAX_SET);

@@ -13,7 +13,7 @@
 #include "mlagen.h"
 
 static const char help[] =
-    "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype T]\n"
+    "usage: mlagen plan --seq S [--model M] [--sp P] [--batch B] [--dtype T] [--seqlens L,..]\n"
     "                   [--causal | --no-causal] [--head-groups N] [--cp-head-groups N]\n"
     "                   [--json] [--steps]\n"
     "                   [--link-gbps X] [--tflops Y] [--hbm-gbps Z] [--mem-gib M]\n"
@@ -30,7 +30,12 @@ static const char help[] =
     "max(FLOPs / tflops, bytes it reads and writes / hbm), every collective bytes sent /\n"
     "link, one after another (no overlap, no latency): an ideal-device lower bound.\n"
     "\n"
-    "  --seq S      global sequence length (required); each rank holds S / P tokens\n"
+    "  --seq S      global sequence length (required without --seqlens); each rank holds\n"
+    "               S / P tokens\n"
+    "  --seqlens L1,L2,...  packed sequences: documents of these lengths (0 allowed)\n"
+    "               concatenated into one stream, batch 1, in a capacity of --seq tokens\n"
+    "               (default: their sum); attention FLOPs count only the (query, key) pairs\n"
+    "               inside each document, causal by the position in it\n"
     "  --sp P       sequence-parallel degree (default 1); P must divide S, and H for every\n"
     "               form but laga-cp (they split heads evenly; docs/forms.md, \"P and H\"):\n"
     "               where it does not, those forms print n/a\n"
@@ -236,31 +241,56 @@ static void cell(int ok, int f, double v, double base, int base_ok, int prec) {
     printf(" %10.*f (%4.2fx)", prec, v, v / base);
 }
 
-int cli_plan(int argc, char **argv) {
-  cli_opts o;
-  int rc = cli_parse(argc, argv, "model sp batch seq dtype causal no-causal head-groups cp-head-groups json steps explain arch device templates link-gbps tflops hbm-gbps mem-gib", help, &o);
-  if (rc) return rc == CLI_HELP ? CLI_OK : rc;
-  mg_device_model dev;
-  double mem_gib;
-  if (parse_rate("link-gbps", o.link_gbps, MG_H200_LINK_GBPS, "GB/s", &dev.link_gbps) ||
-      parse_rate("tflops", o.tflops, MG_H200_TFLOPS, "TFLOP/s", &dev.tflops) ||
-      parse_rate("hbm-gbps", o.hbm_gbps, MG_H200_HBM_GBPS, "GB/s", &dev.hbm_gbps) ||
-      parse_rate("mem-gib", o.mem_gib, MG_H200_MEM_GIB, "GiB", &mem_gib))
-    return CLI_USAGE;
-  const double mem = mem_gib * (double)(1 << 30);
-  if (!o.dtype) o.dtype = "bf16";
-  mg_dtype dtype = MG_BF16;
-  if (mg_dtype_parse(o.dtype, &dtype)) {
-    cli_error("--dtype %s: expected bf16, fp16, f32 or f64", o.dtype);
+/* --seqlens L1,L2,...: the boundaries cu[0 .. N] (int32, malloc'd into *cu) of documents of
+ * those lengths (each >= 0, their sum T at most INT32_MAX); *seq becomes T when it is 0
+ * (no --seq), else must hold T. Prints the error and returns CLI_USAGE on bad input. */
+static int parse_seqlens(const char *v, long long *seq, int32_t **cu, int64_t *n_cu) {
+  int64_t n = 1;
+  for (const char *c = v; *c; c++) n += *c == ',';
+  int32_t *b = malloc((size_t)(n + 1) * sizeof *b);
+  if (!b) {
+    cli_error("out of memory");
+    return CLI_FAIL;
+  }
+  b[0] = 0;
+  const char *c = v;
+  for (int64_t i = 0; i < n; i++) {
+    const size_t len = strcspn(c, ",");
+    char *end = NULL;
+    errno = 0;
+    const long long x = strtoll(c, &end, 10);
+    if (len == 0 || strspn(c, "0123456789") != len || errno || end != c + len ||
+        x > INT32_MAX - (long long)b[i]) {
+      cli_error("--seqlens %s: document %lld (\"%.*s\") is not a length: expected comma-separated "
+                "integers >= 0 summing to at most %d", v, (long long)i, (int)len, c, INT32_MAX);
+      free(b);
+      return CLI_USAGE;
+    }
+    b[i + 1] = b[i] + (int32_t)x;
+    c += len + (c[len] == ',');
+  }
+  const long long T = b[n];
+  if (*seq == 0 && T == 0) {
+    cli_error("--seqlens %s: the documents hold no token; give --seq for the capacity", v);
+    free(b);
     return CLI_USAGE;
   }
-  if (o.seq == 0) {
-    cli_error("plan: --seq S is required (see --help)");
+  if (*seq == 0) *seq = T;
+  if (T > *seq) {
+    cli_error("--seqlens: the documents hold %lld tokens, more than --seq %lld (the capacity)",
+              T, *seq);
+    free(b);
     return CLI_USAGE;
   }
-  mg_shape shape;
-  if ((rc = cli_load_model(&o, &shape))) return rc;
+  *cu = b;
+  *n_cu = n + 1;
+  return 0;
+}
 
+/* The rest of `mlagen plan`: every form's plan for these options (cu: the documents of
+ * --seqlens, n_cu boundaries; NULL without), printed. */
+static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, double mem,
+                      double mem_gib, mg_dtype dtype, const int32_t *cu, int64_t n_cu) {
   static mg_plan plans[MG_FORM_COUNT];
   mg_plan_cost cost[MG_FORM_COUNT];
   mg_plan_time tm[MG_FORM_COUNT];
@@ -276,7 +306,8 @@ int cli_plan(int argc, char **argv) {
                       .batch = o.batch, .seq = o.seq, .causal = o.causal, .dtype = dtype,
                       .head_groups = f == MG_FORM_LAGA_F    ? o.head_groups
                                      : f == MG_FORM_LAGA_CP ? o.cp_head_groups
-                                                            : 0};
+                                                            : 0,
+                      .varlen = cu != NULL, .cu_seqlens = cu, .n_cu = n_cu};
     const int headless = f != MG_FORM_LAGA_CP && (shape.heads % o.sp != 0);
     ok[f] = cli_plan_build(&plans[f], &a, &d) == 0;
     if (!ok[f] && !headless) {
@@ -324,6 +355,12 @@ int cli_plan(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "batch", o.batch);
     cJSON_AddStringToObject(root, "dtype", o.dtype);
     cJSON_AddBoolToObject(root, "causal", o.causal);
+    if (cu) { /* --seqlens: the packed stream the figures assume */
+      cJSON *vj = cJSON_AddObjectToObject(root, "packed");
+      cJSON_AddNumberToObject(vj, "documents", (double)(n_cu - 1));
+      cJSON_AddNumberToObject(vj, "tokens", (double)cu[n_cu - 1]);
+      cJSON_AddNumberToObject(vj, "capacity", (double)o.seq);
+    }
     cJSON *dj = cJSON_AddObjectToObject(root, "device");
     cJSON_AddNumberToObject(dj, "tflops", dev.tflops);
     cJSON_AddNumberToObject(dj, "hbm_gbps", dev.hbm_gbps);
@@ -361,6 +398,9 @@ int cli_plan(int argc, char **argv) {
   printf("%s: H=%d d_c=%d d_r=%d d_n=%d d_v=%d; S=%lld P=%d B=%d %s %s\n", shape.source,
          shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim,
          shape.v_head_dim, o.seq, o.sp, o.batch, o.dtype, o.causal ? "causal" : "non-causal");
+  if (cu)
+    printf("packed: %lld documents, %lld tokens in a capacity of S=%lld; attention FLOPs per "
+           "document pair\n", (long long)(n_cu - 1), (long long)cu[n_cu - 1], o.seq);
   printf("per rank, per layer (ratio to explicit)");
   if (ok[MG_FORM_LAGA_F])
     printf("; laga-f in %d head groups of %d heads", plans[MG_FORM_LAGA_F].args.head_groups,
@@ -413,4 +453,39 @@ int cli_plan(int argc, char **argv) {
       if (ok[f]) print_steps(&plans[f]);
   if (o.explain) return explain(&o, &shape);
   return CLI_OK;
+}
+
+int cli_plan(int argc, char **argv) {
+  cli_opts o;
+  int rc = cli_parse(argc, argv, "model sp batch seq seqlens dtype causal no-causal head-groups cp-head-groups json steps explain arch device templates link-gbps tflops hbm-gbps mem-gib", help, &o);
+  if (rc) return rc == CLI_HELP ? CLI_OK : rc;
+  mg_device_model dev;
+  double mem_gib;
+  if (parse_rate("link-gbps", o.link_gbps, MG_H200_LINK_GBPS, "GB/s", &dev.link_gbps) ||
+      parse_rate("tflops", o.tflops, MG_H200_TFLOPS, "TFLOP/s", &dev.tflops) ||
+      parse_rate("hbm-gbps", o.hbm_gbps, MG_H200_HBM_GBPS, "GB/s", &dev.hbm_gbps) ||
+      parse_rate("mem-gib", o.mem_gib, MG_H200_MEM_GIB, "GiB", &mem_gib))
+    return CLI_USAGE;
+  const double mem = mem_gib * (double)(1 << 30);
+  if (!o.dtype) o.dtype = "bf16";
+  mg_dtype dtype = MG_BF16;
+  if (mg_dtype_parse(o.dtype, &dtype)) {
+    cli_error("--dtype %s: expected bf16, fp16, f32 or f64", o.dtype);
+    return CLI_USAGE;
+  }
+  int32_t *cu = NULL; /* --seqlens: the documents' boundaries */
+  int64_t n_cu = 0;
+  if (o.seqlens && (rc = parse_seqlens(o.seqlens, &o.seq, &cu, &n_cu))) return rc;
+  if (o.seq == 0) {
+    cli_error("plan: --seq S is required (see --help)");
+    return CLI_USAGE;
+  }
+  mg_shape shape;
+  if ((rc = cli_load_model(&o, &shape))) {
+    free(cu);
+    return rc;
+  }
+  rc = plan_forms(o, shape, dev, mem, mem_gib, dtype, cu, n_cu);
+  free(cu);
+  return rc;
 }
