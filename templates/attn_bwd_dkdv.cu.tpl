@@ -207,26 +207,33 @@ ${thread_prologue()}
   const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
 @ if VARLEN then
   // Packed sequences: keys from k_end on are slack (zeros, seen by none); the valid query
-  // rows are a prefix of nv rows. qr_lo/qr_hi: the query positions that see this thread's
-  // keys k0 + g, k0 + g + 8 (empty for a slack key). The query tiles [m_first, m_first +
-  // n_iter) hold the rows at positions [lo of the first key, hi of the last valid key).
+  // rows are a prefix of n_valid rows. The query positions [lo, hi) that see key n0 + j
+  // (empty for a slack key) wait in the 16 padding bytes of K's shared row j (columns DQK +
+  // 0..7, which no ldmatrix reads and no tile copy writes), row 0's also n_valid, and are
+  // read back where needed: registers, not shared memory, are this kernel's budget
+  // (ACC_LIMIT), and held in registers across the loop they made ptxas spill at the limit.
+  // The query tiles [m_first, m_first + n_iter) hold the rows at positions [lo of the first
+  // key, hi of the last valid key).
   const mla::Varlen vl{cu_seqlens, n_seqs};
   const int T = cu_seqlens[n_seqs];
   const int k_end = min(seqlen_k, T);
-  const int nv = min(seqlen_q, qpos.first_row_at(T));
-  int qr_lo[2], qr_hi[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = k0 + g + 8 * r;
-    qr_lo[r] = qr_hi[r] = 0;
-    if (key < k_end) vl.queries<CAUSAL>(key, qr_lo[r], qr_hi[r]);
+  const int n_valid = min(seqlen_q, qpos.first_row_at(T));
+  int* const sKq = reinterpret_cast<int*>(sK + DQK);  // key j's [lo, hi) at sKq[j * KS / 2]
+  static_assert(KS % 2 == 0 && PAD * sizeof(elem_t) >= 4 * sizeof(int), "K rows' padding holds four ints");
+  for (int j = tid; j < BLOCK_N; j += NUM_THREADS) {
+    int lo = 0, hi = 0;
+    if (n0 + j < k_end) vl.queries<CAUSAL>(n0 + j, lo, hi);
+    sKq[j * (KS / 2)] = lo;
+    sKq[j * (KS / 2) + 1] = hi;
   }
+  if (tid == 0) sKq[2] = n_valid;
+  __syncthreads();  // sKq in
   int m_first = 0, n_iter = 0;
   if (n0 < k_end) {
     int plo, phi, unused;
     vl.queries<CAUSAL>(n0, plo, unused);
     vl.queries<CAUSAL>(min(n0 + BLOCK_N, k_end) - 1, unused, phi);
-    const int r0 = qpos.first_row_at(plo), r1 = min(nv, qpos.first_row_at(phi));
+    const int r0 = qpos.first_row_at(plo), r1 = min(n_valid, qpos.first_row_at(phi));
     if (r0 < r1) {
       m_first = r0 / BLOCK_M;
       n_iter = (r1 + BLOCK_M - 1) / BLOCK_M - m_first;
@@ -257,16 +264,16 @@ ${thread_prologue()}
   // stores, published by the barrier that follows the tile's wait).
   auto load_q = [&](int mt, int st, int h) {
     const int m0 = mt * BLOCK_M;
-    mla::cp_async_tile<BLOCK_M, DQK, QS, TPR_Q, NUM_THREADS>(sQ + st * Q_ELEMS, tr_q, tc_q, m0, ${VARLEN and "nv" or "seqlen_q"}, [&](int i) {
+    mla::cp_async_tile<BLOCK_M, DQK, QS, TPR_Q, NUM_THREADS>(sQ + st * Q_ELEMS, tr_q, tc_q, m0, ${VARLEN and "sKq[2]" or "seqlen_q"}, [&](int i) {
       return q + (((size_t)b * seqlen_q + i) * H + h) * DQK;
     });
-    mla::cp_async_tile<BLOCK_M, DV, OS, TPR_V, NUM_THREADS>(sO + st * O_ELEMS, tr_v, tc_v, m0, ${VARLEN and "nv" or "seqlen_q"}, [&](int i) {
+    mla::cp_async_tile<BLOCK_M, DV, OS, TPR_V, NUM_THREADS>(sO + st * O_ELEMS, tr_v, tc_v, m0, ${VARLEN and "sKq[2]" or "seqlen_q"}, [&](int i) {
       return dout + (((size_t)b * seqlen_q + i) * H + h) * DV;
     });
     for (int r = tid; r < BLOCK_M; r += NUM_THREADS) {
       const int i = m0 + r;
       float l = mla::pos_inf(), dl = 0.f;
-      if (i < ${VARLEN and "nv" or "seqlen_q"}) {
+      if (i < ${VARLEN and "sKq[2]" or "seqlen_q"}) {
         const size_t row = ((size_t)b * H + h) * seqlen_q + i;
         const float x = lse[row];
         l = mla::lse_log2(x);
@@ -351,6 +358,10 @@ ${thread_prologue()}
       const float* const td = sDelta + st * BLOCK_M;
       // A warp computes only if one of its keys is in range and visible to a row of the tile.
 @ if VARLEN then
+      // This thread's keys k0 + g, k0 + g + 8: the query positions [qr_lo, qr_hi) that see them.
+      const int nv = sKq[2];
+      const int* const qr = sKq + (wrow + g) * (KS / 2);
+      const int qr_lo[2] = {qr[0], qr[8 * (KS / 2)]}, qr_hi[2] = {qr[1], qr[8 * (KS / 2) + 1]};
       const int p_first = qpos(m0), p_last = qpos(min(m0 + BLOCK_M, nv) - 1);  // m0 < nv
       const bool active = __any_sync(0xffffffffu, (qr_lo[0] < qr_hi[0] && qr_lo[0] <= p_last && p_first < qr_hi[0]) ||
                                                       (qr_lo[1] < qr_hi[1] && qr_lo[1] <= p_last && p_first < qr_hi[1]));

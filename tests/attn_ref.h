@@ -14,11 +14,12 @@
  * the tests pass them (q_pos0, 0, q_pos0) for one chunk. The backward, from dout
  * [B, S_q, H, d_v]: dP = dO V^T, dS = P (dP - rowsum(dO o)), dq = scale dS K,
  * dk = scale dS^T q, dv = P^T dO (dq, dk, dv in q's, k's and v's layouts).
- * Packed sequences (cu != NULL: FlashAttention's varlen, generator/core/mg_varlen.h): the
- * tokens of n_cu documents are concatenated, document e holding positions [cu[e], cu[e + 1]);
- * a query at position p of document e sees the keys [cu[e], causal ? p + 1 : cu[e + 1]), a
- * query at a position no document holds (slack) sees none. attn_ref_keys finds the document
- * by its own loop over cu (no shared code with mg_varlen or mla::Varlen).
+ * Packed sequences (attn_ref_fwd_docs, attn_ref_bwd_docs: FlashAttention's varlen,
+ * generator/core/mg_varlen.h): the tokens of docs->n documents are concatenated, document e
+ * holding positions [cu[e], cu[e + 1]); a query at position p of document e sees the keys
+ * [cu[e], causal ? p + 1 : cu[e + 1]), a query at a position no document holds (slack) sees
+ * none. attn_ref_keys finds the document by its own loop over cu (no shared code with
+ * mg_varlen or mla::Varlen).
  * Everything in double; straightforward loops (no blocking, no online softmax), so it
  * shares no structure with the kernels it checks. Checked by finite differences in
  * test_attn_bwd.c (test_reference_finite_differences).
@@ -44,23 +45,29 @@ typedef struct attn_ref_dims {
   int B, S_q, S_k, H, d_qk, d_v, causal, q_pos0;
   double scale;
   int q_split, q_pos1; /* two chunks when q_split > 0 (attn_ref_pos) */
-  const int *cu;       /* packed sequences: n_cu + 1 boundaries (NULL: one sequence) */
-  int n_cu;
 } attn_ref_dims;
+
+/* Packed sequences: n documents, boundaries cu [n + 1] (a NULL attn_ref_docs: one sequence). */
+typedef struct attn_ref_docs {
+  const int *cu;
+  int n;
+} attn_ref_docs;
 
 /* The global position of query row i. */
 static inline long attn_ref_pos(const attn_ref_dims *d, int i) {
   return d->q_split > 0 && i >= d->q_split ? (long)d->q_pos1 + (i - d->q_split) : (long)d->q_pos0 + i;
 }
 
-/* The keys [*lo, *hi) query row i sees (clipped to 0 .. S_k). */
-static inline void attn_ref_keys(const attn_ref_dims *d, int i, long *lo, long *hi) {
+/* The keys [*lo, *hi) query row i sees (clipped to 0 .. S_k); docs NULL: one sequence. */
+static inline void attn_ref_keys(const attn_ref_dims *d, const attn_ref_docs *docs, int i,
+                                 long *lo, long *hi) {
   const long p = attn_ref_pos(d, i);
   *lo = 0, *hi = d->causal ? p + 1 : d->S_k;
-  if (d->cu) {
+  if (docs) {
+    const int *cu = docs->cu;
     *lo = *hi = 0;
-    for (int e = 0; e < d->n_cu; e++)
-      if (d->cu[e] <= p && p < d->cu[e + 1]) *lo = d->cu[e], *hi = d->causal ? p + 1 : d->cu[e + 1];
+    for (int e = 0; e < docs->n; e++)
+      if (cu[e] <= p && p < cu[e + 1]) *lo = cu[e], *hi = d->causal ? p + 1 : cu[e + 1];
   }
   if (*hi > d->S_k) *hi = d->S_k;
   if (*lo < 0) *lo = 0;
@@ -69,12 +76,12 @@ static inline void attn_ref_keys(const attn_ref_dims *d, int i, long *lo, long *
 /* Softmax probabilities p[0..S_k) of query row (b, i, h) (0 where masked); returns the
  * logsumexp (-INFINITY when no key is visible, then every p is 0). Reads only the visible
  * keys (NaN elsewhere cannot reach the result). */
-static inline double attn_ref_row(const attn_ref_dims *d, int b, int i, int h, const double *q,
-                                  const double *k, double *p) {
+static inline double attn_ref_row(const attn_ref_dims *d, const attn_ref_docs *docs, int b,
+                                  int i, int h, const double *q, const double *k, double *p) {
   const double *qi = q + (((size_t)b * d->S_q + i) * d->H + h) * d->d_qk;
   double mx = -INFINITY;
   long lo, hi;
-  attn_ref_keys(d, i, &lo, &hi);
+  attn_ref_keys(d, docs, i, &lo, &hi);
   for (int j = 0; j < d->S_k; j++) {
     if (j < lo || j >= hi) {
       p[j] = -INFINITY;
@@ -99,14 +106,16 @@ static inline double attn_ref_row(const attn_ref_dims *d, int b, int i, int h, c
   return mx + log(sum);
 }
 
-/* Forward: o and lse (layouts above); a row without keys gets o = 0, lse = -inf. */
-static inline void attn_ref_fwd(const attn_ref_dims *d, const double *q, const double *k,
-                                const double *v, double *o, double *lse) {
+/* Forward: o and lse (layouts above); a row without keys gets o = 0, lse = -inf. docs:
+ * packed sequences (NULL: one sequence, as attn_ref_fwd). */
+static inline void attn_ref_fwd_docs(const attn_ref_dims *d, const attn_ref_docs *docs,
+                                     const double *q, const double *k, const double *v,
+                                     double *o, double *lse) {
   double *p = malloc(sizeof(double) * (size_t)(d->S_k > 0 ? d->S_k : 1));
   for (int b = 0; b < d->B; b++)
     for (int h = 0; h < d->H; h++)
       for (int i = 0; i < d->S_q; i++) {
-        lse[((size_t)b * d->H + h) * d->S_q + i] = attn_ref_row(d, b, i, h, q, k, p);
+        lse[((size_t)b * d->H + h) * d->S_q + i] = attn_ref_row(d, docs, b, i, h, q, k, p);
         double *oi = o + (((size_t)b * d->S_q + i) * d->H + h) * d->d_v;
         for (int c = 0; c < d->d_v; c++) oi[c] = 0;
         for (int j = 0; j < d->S_k; j++) {
@@ -116,6 +125,10 @@ static inline void attn_ref_fwd(const attn_ref_dims *d, const double *q, const d
         }
       }
   free(p);
+}
+static inline void attn_ref_fwd(const attn_ref_dims *d, const double *q, const double *k,
+                                const double *v, double *o, double *lse) {
+  attn_ref_fwd_docs(d, NULL, q, k, v, o, lse);
 }
 
 /* The backward's 16-bit-aware mode (see above): the forward's stored outputs and the
@@ -135,10 +148,12 @@ static inline double attn_ref_ambiguity(double (*round)(double), double x, doubl
 
 /* Backward: dq, dk, dv (overwritten) from q, k, v and dout; the forward is recomputed
  * exactly. o and lse, when not NULL, receive the exact forward's outputs too. mx: NULL
- * for the exact gradients, else the 16-bit-aware mode. */
-static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const double *k,
-                                const double *v, const double *dout, double *dq, double *dk,
-                                double *dv, double *o, double *lse, const attn_ref_mixed *mx) {
+ * for the exact gradients, else the 16-bit-aware mode. docs: packed sequences (NULL: one
+ * sequence, as attn_ref_bwd). */
+static inline void attn_ref_bwd_docs(const attn_ref_dims *d, const attn_ref_docs *docs,
+                                     const double *q, const double *k, const double *v,
+                                     const double *dout, double *dq, double *dk, double *dv,
+                                     double *o, double *lse, const attn_ref_mixed *mx) {
   const int dqk = d->d_qk, dvw = d->d_v;
   double *p = malloc(sizeof(double) * (size_t)(d->S_k > 0 ? d->S_k : 1));
   double *oi = malloc(sizeof(double) * (size_t)(dvw > 0 ? dvw : 1));
@@ -153,7 +168,7 @@ static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const d
     for (int h = 0; h < d->H; h++)
       for (int i = 0; i < d->S_q; i++) {
         const size_t row = ((size_t)b * d->S_q + i) * d->H + h;
-        const double l = attn_ref_row(d, b, i, h, q, k, p);
+        const double l = attn_ref_row(d, docs, b, i, h, q, k, p);
         if (lse) lse[((size_t)b * d->H + h) * d->S_q + i] = l;
         const double *qi = q + row * dqk, *doi = dout + row * dvw;
         double delta = 0; /* rowsum(dO o) */
@@ -206,5 +221,10 @@ static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const d
       }
   free(oi);
   free(p);
+}
+static inline void attn_ref_bwd(const attn_ref_dims *d, const double *q, const double *k,
+                                const double *v, const double *dout, double *dq, double *dk,
+                                double *dv, double *o, double *lse, const attn_ref_mixed *mx) {
+  attn_ref_bwd_docs(d, NULL, q, k, v, dout, dq, dk, dv, o, lse, mx);
 }
 #endif

@@ -143,8 +143,9 @@ static inline long kt_qpos_at(const kt_qpos *p, int i) {
 
 /* Packed sequences (issue 16): the attention kernel tests' documents in a buffer of
  * KT_VARLEN_CAP token rows. "many": lengths 1, 2, 0 (an empty document), 3, 17, 64, 200,
- * T = 287 tokens and 13 slack rows; under laga-cp at P = 2 (chunks of 75) the documents at
- * 23 and 87 are cut by the chunk boundaries 75, 150 and 225. "one": a single document of
+ * T = 287 tokens and 13 slack rows, then T twice more (the CUDA executor pads its copy with
+ * T: zero-length documents at the end); under laga-cp at P = 2 (chunks of 75) the documents
+ * at 23 and 87 are cut by the chunk boundaries 75, 150 and 225. "one": a single document of
  * 260 tokens, 40 slack rows. *out: the table; returns its length. */
 #define KT_VARLEN_CAP 300
 typedef struct kt_varlen {
@@ -153,10 +154,18 @@ typedef struct kt_varlen {
   int n;
 } kt_varlen;
 static inline int kt_varlen_cases(const kt_varlen **out) {
-  static const int many[] = {0, 1, 3, 3, 6, 23, 87, 287}, one[] = {0, 260};
-  static const kt_varlen cases[] = {{"many", many, 7}, {"one", one, 1}};
+  static const int many[] = {0, 1, 3, 3, 6, 23, 87, 287, 287, 287}, one[] = {0, 260};
+  static const kt_varlen cases[] = {{"many", many, 9}, {"one", one, 1}};
   *out = cases;
   return (int)(sizeof cases / sizeof cases[0]);
+}
+
+/* A malloc'd copy of vl's n + 1 boundaries (the kernels read them through a heap block of
+ * exactly that size, which an ASan run bounds-checks). */
+static inline int *kt_varlen_copy(const kt_varlen *vl) {
+  int *cu = malloc(sizeof *cu * (size_t)(vl->n + 1));
+  memcpy(cu, vl->cu, sizeof *cu * (size_t)(vl->n + 1));
+  return cu;
 }
 
 /* NaN (0x7fff, bf16 and fp16) in every element of the token rows of x [rows, w] at

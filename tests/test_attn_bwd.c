@@ -42,6 +42,19 @@ typedef void (*dq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const 
                       int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
                       float softmax_scale);
 
+/* The varlen variants (spec.varlen): the same, then cu_seqlens and n_seqs. */
+typedef void (*pre_varlen_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_accum,
+                              int seqlen_q, const int *cu_seqlens, int n_seqs);
+typedef void (*dkdv_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
+                               const e16 *dout, const float *lse, const float *delta,
+                               float *dq_accum, e16 *dk_nope, float *dk_rope, e16 *dv,
+                               int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                               float softmax_scale, const int *cu_seqlens, int n_seqs);
+typedef void (*dq_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
+                             const e16 *dout, const float *lse, const float *delta, e16 *dq,
+                             int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                             float softmax_scale, const int *cu_seqlens, int n_seqs);
+
 enum { FAM_PRE, FAM_DKDV, FAM_DQ };
 
 typedef struct built_kernel {
@@ -104,6 +117,8 @@ static void unload(built_kernel *bk) { kh_free(&bk->kh); }
  * row q_split on (attn_ref_pos). */
 typedef struct bwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1, packed;
+  int *cu; /* packed sequences: cu_seqlens [n_cu + 1] (case_init_vl, malloc'd), else NULL */
+  int n_cu;
   float scale;
   e16 *q, *kn, *kr, *v, *dout, *o16;
   float *lse32;
@@ -129,6 +144,7 @@ static void reference(const mg_kernel_spec *s, bwd_case *c) {
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
   const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
                            s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
+  const attn_ref_docs docs = {c->cu, c->n_cu}, *dp = c->cu ? &docs : NULL;
   const size_t nk = (size_t)c->B * c->sk * H; /* key rows: token * H + head */
   double *q = kt_e16_to_d(f16, c->q, c->nq), *v = kt_e16_to_d(f16, c->v, c->nv);
   double *dout = kt_e16_to_d(f16, c->dout, c->no);
@@ -140,14 +156,14 @@ static void reference(const mg_kernel_spec *s, bwd_case *c) {
       k[t * dqk + e] = c->packed ? e_to_float(s, c->kn[t * dqk + e])
                        : e < dn  ? e_to_float(s, c->kn[t * dn + e])
                                  : e_to_float(s, c->kr[t / H * dr + e - dn]);
-  attn_ref_fwd(&d, q, k, v, o, lse);
+  attn_ref_fwd_docs(&d, dp, q, k, v, o, lse);
   for (size_t i = 0; i < c->no; i++) c->o16[i] = float_to_e(s, (float)o[i]);
   for (size_t i = 0; i < c->nl; i++) c->lse32[i] = (float)lse[i];
   /* the gradients from the stored o16 and lse32, P and dS rounded to 16 bits (attn_ref.h) */
   for (size_t i = 0; i < c->no; i++) o[i] = e_to_float(s, c->o16[i]);
   for (size_t i = 0; i < c->nl; i++) lse[i] = c->lse32[i];
   const attn_ref_mixed mx = {o, lse, kt_round_fn(f16), FLIP_EPS, c->f_dq, fdk, c->f_dv};
-  attn_ref_bwd(&d, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
+  attn_ref_bwd_docs(&d, dp, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
   if (c->packed) {
     memcpy(c->r_dkn, dk, nk * dqk * sizeof *dk);
     memcpy(c->f_dkn, fdk, nk * dqk * sizeof *dk);
@@ -165,11 +181,14 @@ static void reference(const mg_kernel_spec *s, bwd_case *c) {
   free(q), free(v), free(dout), free(k), free(dk), free(fdk), free(o), free(lse);
 }
 
-static void case_init_pos(const mg_kernel_spec *s, bwd_case *c, int packed, int B, int sq,
-                          int sk, const kt_qpos *pos) {
+/* vl: packed sequences (batch 1): the documents vl, and NaN in every slack row of every
+ * input (q, k, v, dout before the reference; the stored o and lse after it). */
+static void case_init_vl(const mg_kernel_spec *s, bwd_case *c, int packed, int B, int sq,
+                         int sk, const kt_qpos *pos, const kt_varlen *vl) {
   const int H = s->heads, dqk = s->d_n + s->d_r;
   memset(c, 0, sizeof *c);
   c->B = B, c->sq = sq, c->sk = sk, c->packed = packed;
+  if (vl) c->cu = kt_varlen_copy(vl), c->n_cu = vl->n;
   c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
   c->nq = (size_t)B * sq * H * dqk;
@@ -200,7 +219,24 @@ static void case_init_pos(const mg_kernel_spec *s, bwd_case *c, int packed, int 
   c->dq = xcalloc(c->nq, sizeof(e16));
   c->dkn = xcalloc(c->nkn, sizeof(e16));
   c->dv = xcalloc(c->nv, sizeof(e16));
+  const int T = vl ? vl->cu[vl->n] : 0;
+  if (vl) {
+    kt_nan_slack_e16(c->q, sq, (size_t)H * dqk, pos, T);
+    kt_nan_slack_e16(c->kn, sk, c->nkn / (size_t)(sk ? sk : 1), NULL, T);
+    if (c->kr) kt_nan_slack_e16(c->kr, sk, (size_t)s->d_r, NULL, T);
+    kt_nan_slack_e16(c->v, sk, (size_t)H * s->d_v, NULL, T);
+    kt_nan_slack_e16(c->dout, sq, (size_t)H * s->d_v, pos, T);
+  }
   reference(s, c);
+  if (vl) {
+    kt_nan_slack_e16(c->o16, sq, (size_t)H * s->d_v, pos, T);
+    kt_nan_slack_f32(c->lse32, H, sq, pos, T);
+  }
+}
+
+static void case_init_pos(const mg_kernel_spec *s, bwd_case *c, int packed, int B, int sq,
+                          int sk, const kt_qpos *pos) {
+  case_init_vl(s, c, packed, B, sq, sk, pos, NULL);
 }
 
 /* One chunk: row i at q_pos0 + i. */
@@ -214,6 +250,7 @@ static void case_free(bwd_case *c) {
   free(c->r_dq), free(c->r_dkn), free(c->r_dkr), free(c->r_dv);
   free(c->f_dq), free(c->f_dkn), free(c->f_dkr), free(c->f_dv);
   free(c->delta), free(c->dq_accum), free(c->dkr), free(c->dq), free(c->dkn), free(c->dv);
+  free(c->cu);
 }
 
 typedef struct launch_args {
@@ -225,6 +262,24 @@ static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
+  if (c->cu) {
+    switch (a->bk->fam) {
+      case FAM_PRE:
+        ((pre_varlen_fn)a->bk->kh.fn)(c->o16, c->dout, c->delta, c->dq_accum, c->sq, c->cu, c->n_cu);
+        break;
+      case FAM_DKDV:
+        ((dkdv_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta,
+                                       a->bk->det ? NULL : c->dq_accum, c->dkn,
+                                       c->packed ? NULL : c->dkr, c->dv, c->sq, c->sk, kp.q_pos0,
+                                       kp.q_split, kp.q_pos1, c->scale, c->cu, c->n_cu);
+        break;
+      default:
+        ((dq_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq,
+                                     c->sq, c->sk, kp.q_pos0, kp.q_split, kp.q_pos1, c->scale,
+                                     c->cu, c->n_cu);
+    }
+    return;
+  }
   switch (a->bk->fam) {
     case FAM_PRE:
       ((pre_fn)a->bk->kh.fn)(c->o16, c->dout, c->delta, c->dq_accum, c->sq);
@@ -259,13 +314,16 @@ typedef struct bwd_set {
   int det, packed;
 } bwd_set;
 
-/* dkdv_block_m > 0: that block_m for attn_bwd_dkdv (else its default). */
+/* dkdv_block_m > 0: that block_m for attn_bwd_dkdv (else its default). varlen: the
+ * packed-sequence variants. */
 static void set_build_bm(bwd_set *bs, int H, int dn, int dr, int dv, int causal, int packed,
-                         int det, int dkdv_block_m) {
+                         int det, int dkdv_block_m, int varlen) {
   bs->det = det, bs->packed = packed;
   mg_kernel_spec s = make_spec("attn_bwd_pre", H, dn, dr, dv, causal);
+  s.varlen = varlen;
   build(&s, &bs->pre);
   s = make_spec("attn_bwd_dkdv", H, dn, dr, dv, causal);
+  s.varlen = varlen;
   if (packed) set(&s, "k_packed=1");
   if (det) set(&s, "deterministic=1");
   if (dkdv_block_m > 0) {
@@ -276,13 +334,14 @@ static void set_build_bm(bwd_set *bs, int H, int dn, int dr, int dv, int causal,
   build(&s, &bs->dkdv);
   if (det) {
     s = make_spec("attn_bwd_dq", H, dn, dr, dv, causal);
+    s.varlen = varlen;
     if (packed) set(&s, "k_packed=1");
     build(&s, &bs->dq);
   }
 }
 
 static void set_build(bwd_set *bs, int H, int dn, int dr, int dv, int causal, int packed, int det) {
-  set_build_bm(bs, H, dn, dr, dv, causal, packed, det, 0);
+  set_build_bm(bs, H, dn, dr, dv, causal, packed, det, 0, 0);
 }
 
 static void set_unload(bwd_set *bs) {
@@ -615,20 +674,24 @@ static const char large_json[] =
 
 /* The configurations of the three families' tunable spaces that their checks keep compile
  * for sm_80 and sm_90a without spills or a stack frame (causal), for the DeepSeek-V3 head
- * shape, the unusual one and a large one (d_n 192, d_r 64, d_v 256). Uses the JIT cache
- * ($MLAGEN_CACHE_DIR). Per family, every configuration is rendered (the templates' checks
- * run on all) and a covering sample is compiled (kh_sweep_cover: every tunable value and
- * every pair of values, and the most shared memory, drawn from the test's seed); with
- * MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C exhaustive -L exhaustive) all of them (one shape took
- * 205 s with a cold cache on a loaded two-core machine). One cmocka test per shape (m: 0,
- * 1, 2). */
+ * shape, the unusual one and a large one (d_n 192, d_r 64, d_v 256), and the varlen
+ * variants for the DeepSeek-V3 one. Uses the JIT cache ($MLAGEN_CACHE_DIR). Per family and
+ * head dims (the model's specs that differ only in the head count are compiled once: H is
+ * a constant of the address arithmetic), every configuration is rendered (the templates'
+ * checks run on all) and a covering sample is compiled (kh_sweep_cover, drawn from the
+ * test's seed, with the most shared memory): by default every value and every pair of
+ * values for the DeepSeek-V3 heads, every single value for the other shapes and the varlen
+ * variants; with MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C exhaustive -L exhaustive) all of them
+ * (one shape took 205 s with a cold cache on a loaded two-core machine; the three default
+ * sweeps 118 s before this cut). One cmocka test per shape (m: 0, 1, 2). */
 static void nvrtc_kept_configs(int m) {
   const char *models[] = {"deepseek-v3", NULL, NULL};
   const char *jsons[] = {NULL, unusual_json, large_json};
   kh_sweep sw;
-  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS);
+  kh_sweep_open(&sw, 79, KH_SWEEP_SMEM | KH_SWEEP_REJECTS);
   int kept = 0;
-  {
+  for (int varlen = 0; varlen <= (m == 0); varlen++) {
+    sw.flags = KH_SWEEP_SMEM | KH_SWEEP_REJECTS | (m != 0 || varlen ? KH_SWEEP_SINGLES : 0);
     mg_shape shape;
     kh_load_shape(models[m], jsons[m], &shape);
     mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
@@ -636,6 +699,12 @@ static void nvrtc_kept_configs(int m) {
     assert_int_equal(mg_spec_for_model(&shape, 1, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &sw.d), 0);
     for (int i = 0; i < n; i++) {
       if (!specs[i].causal || strncmp(specs[i].family, "attn_bwd_", 9)) continue;
+      int seen = 0; /* an earlier spec of the family with the same head dims */
+      for (int j = 0; j < i && !seen; j++)
+        seen = specs[j].causal && !strcmp(specs[j].family, specs[i].family) &&
+               specs[j].d_n == specs[i].d_n && specs[j].d_r == specs[i].d_r && specs[j].d_v == specs[i].d_v;
+      if (seen) continue;
+      specs[i].varlen = varlen;
       /* the configurations: a list of assignment sets per family */
       char cfg[160][7][32];
       int nc = 0;
@@ -757,7 +826,7 @@ static void test_two_chunk_positions(void **state) {
   static const int sets[][3] = {{0, 1, 0}, {0, 0, 0}, {1, 1, 0}, {0, 1, 16}}; /* det, causal, bm */
   for (size_t v = 0; v < sizeof sets / sizeof sets[0]; v++) {
     bwd_set bs;
-    set_build_bm(&bs, 2, 128, 64, 128, sets[v][1], 0, sets[v][0], sets[v][2]);
+    set_build_bm(&bs, 2, 128, 64, 128, sets[v][1], 0, sets[v][0], sets[v][2], 0);
     for (int i = 0; i < n; i++) {
       const kt_qpos pos = kt_qpos_lagacp(tc[i].P, tc[i].r, tc[i].a, tc[i].b);
       run_case_pos(&bs, 1, tc[i].a + tc[i].b, tc[i].P * (tc[i].a + tc[i].b), &pos);
@@ -802,6 +871,99 @@ static void test_two_chunk_mutation_caught(void **state) {
   }
   assert_int_equal(runs, 3); /* the cases with a gap between the chunks */
   set_unload(&bs);
+  kt_noise_quiet = 0;
+}
+
+/* ---- packed sequences (issue 16): the _varlen variants --------------------------------------- */
+
+/* One varlen pipeline: the documents vl over KT_VARLEN_CAP keys, sq query rows at pos. */
+static void run_varlen(const bwd_set *bs, const kt_varlen *vl, int sq, const kt_qpos *pos) {
+  bwd_case c;
+  case_init_vl(&bs->dkdv.kh.spec, &c, bs->packed, 1, sq, KT_VARLEN_CAP, pos, vl);
+  const double secs = run_pipeline(bs, &c, NULL);
+  print_message("  documents \"%s\" (T %d of %d):\n", vl->name, vl->cu[vl->n], KT_VARLEN_CAP);
+  check(bs, &c, secs);
+  case_free(&c);
+}
+
+/* The varlen pipelines (pre, dkdv, and dq in the deterministic mode) against the float64
+ * per-document reference gradients, per element: the atomic mode causal and not (split
+ * keys), the deterministic one causal (packed keys, dkdv block_m 16: several query tiles
+ * per key tile, some skipped) and not; on the documents of kt_varlen_cases with queries at
+ * 0 .. 299, and the many with laga-cp's two chunks at P = 2 (ranks 0 and 1, documents cut at
+ * the chunk boundaries); then the DeepSeek heads on the many, causal, atomic. NaN fills
+ * every slack row of q, k, v, dout, o and lse (and pre's delta there is NaN): slack query
+ * rows get dq = 0, slack keys (seen by no query) dk = dv = 0, as the reference. */
+static void test_varlen(void **state) {
+  (void)state;
+  const kt_varlen *vl;
+  const int nvl = kt_varlen_cases(&vl);
+  static const int sets[][4] = {{0, 1, 0, 0}, {0, 0, 0, 0}, {1, 1, 1, 16}, {1, 0, 0, 0}}; /* det, causal, packed, bm */
+  for (size_t v = 0; v < sizeof sets / sizeof sets[0]; v++) {
+    bwd_set bs;
+    set_build_bm(&bs, 2, 64, 32, 64, sets[v][1], sets[v][2], sets[v][0], sets[v][3], 1);
+    assert_non_null(strstr(bs.dkdv.kh.name, "_varlen"));
+    for (int i = 0; i < nvl; i++) run_varlen(&bs, &vl[i], KT_VARLEN_CAP, &(kt_qpos){0, 0, 0});
+    for (int r = 0; r < 2; r++) {
+      const kt_qpos pos = kt_qpos_lagacp(2, r, 75, 75);
+      run_varlen(&bs, &vl[0], 150, &pos);
+    }
+    set_unload(&bs);
+  }
+  bwd_set bs;
+  set_build_bm(&bs, 2, 128, 64, 128, 1, 0, 0, 0, 1);
+  run_varlen(&bs, &vl[0], KT_VARLEN_CAP, &(kt_qpos){0, 0, 0});
+  set_unload(&bs);
+}
+
+/* Document boundaries off by one in the varlen kernels' masks fail the per-element check,
+ * causal and not, with no NaN: attn_bwd_dkdv (atomic mode, so dq_accum is its too) letting
+ * the query at the end of a key's range see it, attn_bwd_dq (deterministic mode) letting a
+ * row see the key at its range's end. */
+static kt_mutation g_bwd_varlen_mutations[] = {
+    {"varlen dkdv: the query at a key's range end sees it", "pq >= qr_hi[e >> 1]) p = 0.f;",
+     "pq > qr_hi[e >> 1]) p = 0.f;", NULL, ""},
+    {"varlen dq: the key at a row's range end seen", "key >= kr_hi[e >> 1]) p = 0.f;",
+     "key > kr_hi[e >> 1]) p = 0.f;", NULL, ""},
+};
+
+static void test_varlen_mutations_caught(void **state) {
+  (void)state;
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  kt_noise_quiet = 1; /* not noise: kt_noise_report leaves these out */
+  for (size_t mi = 0; mi < sizeof g_bwd_varlen_mutations / sizeof g_bwd_varlen_mutations[0]; mi++)
+    for (int causal = 1; causal >= 0; causal--) {
+      kt_mutation *m = &g_bwd_varlen_mutations[mi];
+      const int is_dq = mi == 1;
+      bwd_set bs;
+      memset(&bs, 0, sizeof bs);
+      bs.det = is_dq;
+      mg_kernel_spec s = make_spec("attn_bwd_pre", 2, 64, 32, 64, causal);
+      s.varlen = 1;
+      build(&s, &bs.pre);
+      s = make_spec("attn_bwd_dkdv", 2, 64, 32, 64, causal);
+      s.varlen = 1;
+      if (is_dq) set(&s, "deterministic=1");
+      if (is_dq) build(&s, &bs.dkdv);
+      else if (!build_edit(&s, kt_mutate_edit, m, &bs.dkdv)) fail_msg("%s", m->error);
+      if (is_dq) {
+        s = make_spec("attn_bwd_dq", 2, 64, 32, 64, causal);
+        s.varlen = 1;
+        if (!build_edit(&s, kt_mutate_edit, m, &bs.dq)) fail_msg("%s", m->error);
+      }
+      bwd_case c;
+      case_init_vl(&bs.dkdv.kh.spec, &c, 0, 1, KT_VARLEN_CAP, KT_VARLEN_CAP, &(kt_qpos){0, 0, 0}, &vl[0]);
+      run_pipeline(&bs, &c, NULL);
+      double r[4];
+      char msg[400];
+      const size_t nans = compare(&bs, &c, r, msg, sizeof msg);
+      print_message("  [%s] %s: %s\n", m->name, causal ? "causal" : "full", msg[0] ? msg : "NOT CAUGHT");
+      if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m->name);
+      if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);
+      case_free(&c);
+      set_unload(&bs);
+    }
   kt_noise_quiet = 0;
 }
 
@@ -872,6 +1034,14 @@ static void asan_case_run(void **state) {
     run_case(&bs, 2, 77, 77, 0);
     set_unload(&bs);
   }
+  /* the varlen pipeline, deterministic (pre, dkdv, dq), laga-cp rank 0 */
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  bwd_set bs;
+  set_build_bm(&bs, 2, 64, 32, 64, 1, 0, 1, 0, 1);
+  const kt_qpos pos = kt_qpos_lagacp(2, 0, 75, 75);
+  run_varlen(&bs, &vl[0], 150, &pos);
+  set_unload(&bs);
 }
 
 static void test_asan(void **state) {
@@ -898,6 +1068,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_two_chunk_positions),
       cmocka_unit_test(test_two_chunk_mutation_caught),
+      cmocka_unit_test(test_varlen),
+      cmocka_unit_test(test_varlen_mutations_caught),
       cmocka_unit_test(test_asan),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));

@@ -115,7 +115,7 @@ static void unload(built_kernel *bk) { kh_free(&bk->kh); }
  * (q_split > 0) at q_pos1 + i - q_split from row q_split on (attn_ref_pos). */
 typedef struct fwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1;
-  const int *cu; /* varlen (case_varlen): cu_seqlens [n_cu + 1], else NULL */
+  int *cu; /* varlen (case_varlen): cu_seqlens [n_cu + 1] (malloc'd), else NULL */
   int n_cu;
   float scale;
   e16 *q, *kn, *kr, *v, *o;
@@ -151,7 +151,7 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
 }
 
 static void case_free(fwd_case *c) {
-  free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse);
+  free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse), free(c->cu);
 }
 
 /* float64 reference (tests/attn_ref.h) from the rounded inputs: o [B, Sq, H, dv], lse
@@ -160,14 +160,14 @@ static void case_free(fwd_case *c) {
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,          dqk,       s->d_v,
-                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1, c->cu,
-                           c->n_cu};
+  const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
+                           s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
+  const attn_ref_docs docs = {c->cu, c->n_cu}, *dp = c->cu ? &docs : NULL;
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
   double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
   double *k = kt_k_to_d(f16, bk->packed, c->kn, c->kr, nk, H, dn, dr);
-  attn_ref_fwd(&d, q, k, v, o, lse);
+  attn_ref_fwd_docs(&d, dp, q, k, v, o, lse);
   free(q), free(k), free(v);
 }
 
@@ -525,7 +525,7 @@ static void case_varlen(const built_kernel *bk, fwd_case *c, const kt_varlen *vl
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, T = vl->cu[vl->n];
   const kt_qpos pos = {c->q_pos0, c->q_split, c->q_pos1};
-  c->cu = vl->cu, c->n_cu = vl->n;
+  c->cu = kt_varlen_copy(vl), c->n_cu = vl->n;
   kt_nan_slack_e16(c->q, c->sq, (size_t)H * dqk, &pos, T);
   kt_nan_slack_e16(c->kn, c->sk, (size_t)H * (bk->packed ? dqk : s->d_n), NULL, T);
   if (c->kr) kt_nan_slack_e16(c->kr, c->sk, (size_t)s->d_r, NULL, T);
@@ -738,6 +738,15 @@ static void asan_case_run(void **state) {
     run_case(&bk, 1, 40, 100, 60);
     unload(&bk);
   }
+  /* the varlen variant, laga-cp rank 0 (documents cut by the chunks, slack rows) */
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  mg_kernel_spec s = varlen_spec(64, 32, 64, 1, 0);
+  built_kernel bk;
+  build_ex(&s, 1, &bk);
+  const kt_qpos pos = kt_qpos_lagacp(2, 0, 75, 75);
+  run_varlen(&bk, &vl[0], 150, &pos);
+  unload(&bk);
 }
 
 /* ASan finds no out-of-bounds global or dynamic shared-memory access in the kernel. */
