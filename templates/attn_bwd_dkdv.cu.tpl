@@ -209,7 +209,7 @@ ${thread_prologue()}
   // Packed sequences: keys from k_end on are slack (zeros, seen by none); the valid query
   // rows are a prefix of n_valid rows. The query positions [lo, hi) that see key n0 + j
   // (empty for a slack key) wait in the 16 padding bytes of K's shared row j (columns DQK +
-  // 0..7, which no ldmatrix reads and no tile copy writes), row 0's also n_valid, and are
+  // 0..7, which no ldmatrix reads and no tile copy writes), row 0's also n_valid and k_end, and are
   // read back where needed: registers, not shared memory, are this kernel's budget
   // (ACC_LIMIT), and held in registers across the loop they made ptxas spill at the limit.
   // The query tiles [m_first, m_first + n_iter) hold the rows at positions [lo of the first
@@ -226,7 +226,7 @@ ${thread_prologue()}
     sKq[j * (KS / 2)] = lo;
     sKq[j * (KS / 2) + 1] = hi;
   }
-  if (tid == 0) sKq[2] = n_valid;
+  if (tid == 0) sKq[2] = n_valid, sKq[3] = k_end;
   __syncthreads();  // sKq in
   int m_first = 0, n_iter = 0;
   if (n0 < k_end) {
@@ -253,9 +253,9 @@ ${thread_prologue()}
 
   // K and V tiles of head h; keys past seqlen_k are zero (and masked).
   auto load_kv = [&](int h) {
-    mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK, tr_k, tc_k, n0, ${VARLEN and "k_end" or "seqlen_k"}, b, h,
+    mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK, tr_k, tc_k, n0, ${VARLEN and "sKq[3]" or "seqlen_k"}, b, h,
                                                                               k_nope, k_rope);
-    mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV, tr_v, tc_v, n0, ${VARLEN and "k_end" or "seqlen_k"},
+    mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV, tr_v, tc_v, n0, ${VARLEN and "sKq[3]" or "seqlen_k"},
                                                             [&](int j) { return v + (((size_t)b * seqlen_k + j) * H + h) * DV; });
   };
 

@@ -34,6 +34,16 @@
 @ -- operands MN-major), added to dq_accum with fp32 atomics (dq_convert rounds it); split
 @ -- keys add dk_rope atomically. Not yet: overlap of one tile's GEMMs with the
 @ -- next's, block_m 128.
+@ --
+@ -- Packed sequences (spec.varlen, "_varlen": cu_seqlens, n_seqs last; batch 1; deterministic
+@ -- = 1 only): the query tiles cover the rows whose positions see one of the CTA's keys (from
+@ -- the first key's Varlen::queries lo to the last non-slack key's hi) and END at the last of
+@ -- them, so no slack query row (Q, dO, LSE, delta: NaN allowed) is ever read; earlier rows
+@ -- are earlier documents' tokens or, at negative rows, TMA's zero fill (LSE +inf, delta 0).
+@ -- P^T outside each key's query range [lo, hi) and dS^T where P^T is 0 are selected to 0
+@ -- (never multiplied: the CTA's own slack keys may hold NaN in K and V), so a key no query
+@ -- sees gets dK = dV = 0. deterministic = 0 has no variant: its dQ += dS K would multiply
+@ -- the slack keys' NaN K rows.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local ESIZE = elem_size(spec.dtype)
@@ -62,9 +72,10 @@
 @          (c.deterministic == 0 and ESIZE * c.block_n * BM or 0)
 @ end
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
+@ local VARLEN = spec.varlen
 @
 @ local K = kernel {
-@   family = "attn_bwd_dkdv_sm90", pass = "bwd", causal = true, interface = { "k_packed", "deterministic" }, flops = { pair = 4 * spec.heads * ((spec.d_n + spec.d_r) + spec.d_v) },
+@   family = "attn_bwd_dkdv_sm90", pass = "bwd", causal = true, varlen = true, interface = { "k_packed", "deterministic" }, flops = { pair = 4 * spec.heads * ((spec.d_n + spec.d_r) + spec.d_v) },
 @   doc = "explicit-form attention backward for sm_90a (FlashAttention-3 manner: TMA ring, mbarriers, wgmma): dK and dV, deterministic",
 @   params = join_lists({
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last (read through tmaps[0])" },
@@ -84,7 +95,7 @@
 @   }, explicit_scalar_params(), {
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<5>", shape = "[5]",
 @       doc = "5 CUtensorMaps passed by value (kernel parameter space; the host passes 5 contiguous 64-byte aligned CUtensorMaps), made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
-@   }),
+@   }, varlen_params(spec)),
 @   tunables = {
 @     block_n   = { values = { 64, 128 },   doc = "keys per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
 @     block_m   = { values = { 64 },        doc = "query rows per streamed tile (the N of S^T = K Q^T's wgmma)" },
@@ -97,6 +108,9 @@
 @     if DN % 16 ~= 0 or DR % 16 ~= 0 then return "d_n and d_r must be multiples of 16 (the wgmma k step)" end
 @     if DQK ~= 64 and DQK ~= 128 and DQK ~= 192 and DQK ~= 256 then return "d_n + d_r must be 64, 128, 192 or 256 (the N of dK += dS^T Q's wgmma)" end
 @     if DV ~= 64 and DV ~= 128 and DV ~= 192 and DV ~= 256 then return "d_v must be 64, 128, 192 or 256 (the N of dV += P^T dO's wgmma)" end
+@     if s.varlen and c.deterministic == 0 then
+@       return "packed sequences (varlen) need deterministic = 1 (dQ from attn_bwd_dq_sm90)"
+@     end
 @     if c.deterministic == 0 and (WKc(DN, DR) ~= 64 or DQK % 64 ~= 0) then
 @       return "deterministic = 0 needs d_n and d_r multiples of 64 (dQ += dS K reads K in 64-column chunks of 128B-swizzled boxes)"
 @     end
@@ -154,6 +168,7 @@ constexpr int NUM_THREADS = 128 * (NC + 1);  // + the producer warpgroup
 constexpr int BLOCK_N = 64 * NC;
 constexpr int BM = ${BM};
 constexpr int STAGES = ${C.stages};
+constexpr bool VARLEN = ${VARLEN and "true" or "false"};  // packed sequences (cu_seqlens)
 constexpr int WQ = box_width(DQK), WV = box_width(DV);
 constexpr int WK = box_width(DN) < box_width(DR) ? box_width(DN) : box_width(DR);
 constexpr int SWQ = box_swizzle(WQ), SWK = box_swizzle(WK), SWV = box_swizzle(WV);
@@ -195,6 +210,16 @@ ${K.name}(
   const int h_begin = HEAD_LOOP ? 0 : blockIdx.y;
   const int h_end = HEAD_LOOP ? H : blockIdx.y + 1;
   const mla::QueryPos pos{q_pos0, q_split, q_pos1};  // rows' global positions
+@ if VARLEN then
+  // Packed: the query rows [r_lo, r_hi) whose positions see one of this CTA's keys, in tiles
+  // of BM rows that end at r_hi (tile mt from row m_base + mt BM), every one of them visible.
+  const mla::Varlen vl{cu_seqlens, n_seqs};
+  int r_lo, r_hi;
+  varlen_keys_rows<CAUSAL>(vl, pos, n0, min(n0 + BLOCK_N, seqlen_k) - 1, seqlen_q, r_lo, r_hi);
+  const int m_tiles = (r_hi - r_lo + BM - 1) / BM;
+  const int m_base = r_hi - m_tiles * BM;
+  auto visible = [](int) { return true; };
+@ else
   // Causal: query tile mt has a row that sees a key of this CTA (its largest position >= n0).
   const int m_tiles = (seqlen_q + BM - 1) / BM;
   auto visible = [&](int mt) {
@@ -205,6 +230,8 @@ ${K.name}(
     if (m1 > q_split) mx = max(mx, pos(m1 - 1));
     return mx >= n0;
   };
+@ end
+@ local M0 = VARLEN and "m_base + mt * BM" or "mt * BM"   -- query tile mt's first row
   int n_vis = 0;  // visible query tiles (the same for every head)
   for (int mt = 0; mt < m_tiles; ++mt) n_vis += visible(mt) ? 1 : 0;
   constexpr int PASSES = TWO_PASS ? 2 : 1;
@@ -245,7 +272,7 @@ ${K.name}(
           const int st = j % STAGES;
           const unsigned ph = (unsigned)(j / STAGES) & 1u;
           ++j;
-          const int m0 = mt * BM;
+          const int m0 = ${M0};
           if (pt == 0) {
             mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
             unsigned char* const sQ = ring + st * STAGE_BYTES;
@@ -258,7 +285,7 @@ ${K.name}(
             for (int r = pt - 32; r < BM; r += 32) {
               const int i = m0 + r;
               float l = mla::pos_inf(), dl = 0.f;
-              if (i < seqlen_q) {
+              if (${VARLEN and "i >= 0 && " or ""}i < seqlen_q) {
                 const size_t at = ((size_t)b * H + h) * seqlen_q + i;
                 l = mla::lse_log2(lse[at]);
                 dl = delta[at];
@@ -281,6 +308,12 @@ ${K.name}(
   const int qd = t % 4;
   const int k0 = n0 + 64 * wg;                       // the warpgroup's first key
   const int kr0 = k0 + 16 * (t / 32) + (t % 32) / 4;  // this thread's keys kr0, kr0 + 8
+@ if VARLEN then
+  // The query positions [key_lo[r], key_hi[r]) that see this thread's keys kr0, kr0 + 8.
+  int key_lo[2], key_hi[2];
+  vl.queries<CAUSAL>(kr0, key_lo[0], key_hi[0]);
+  vl.queries<CAUSAL>(kr0 + 8, key_lo[1], key_hi[1]);
+@ end
   const float scale_log2 = softmax_scale * mla::LOG2E;
   const unsigned k_base = smem_u32(sK) + 64 * wg * 2 * WK;  // this warpgroup's rows of each box
   const unsigned v_base = smem_u32(sV) + 64 * wg * 2 * WV;
@@ -317,6 +350,22 @@ ${K.name}(
   };
   // P^T = exp2(S^T scale log2 e - LSE log2 e) in s, masked on edge tiles (query tile at m0).
   auto softmax = [&](int m0, const float* ld) {
+@ if VARLEN then
+    // packed: a select wherever a tile row's position may be outside a key's [lo, hi)
+    const bool edge = m0 < 0 || m0 + BM > seqlen_q || pos(m0) < max(key_lo[0], key_lo[1]) ||
+                      pos(m0 + BM - 1) >= min(key_hi[0], key_hi[1]);
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) {
+      const int c = 8 * (i / 4) + 2 * qd + (i % 2);
+      float p = exp2f(s[i] * scale_log2 - ld[c]);
+      if (edge) {
+        const int r = (i % 4) / 2;
+        const int qi = m0 + c;
+        if (qi < 0 || qi >= seqlen_q || pos(qi) < key_lo[r] || pos(qi) >= key_hi[r]) p = 0.f;
+      }
+      s[i] = p;
+    }
+@ else
     const int m1 = min(m0 + BM, seqlen_q);
     int mn = 2147483647;  // the tile's smallest query position
     if (m0 < q_split) mn = pos(m0);
@@ -333,6 +382,7 @@ ${K.name}(
       }
       s[i] = p;
     }
+@ end
   };
   // dV += P^T dO: dO [query][d_v] as an MN-major B operand (boxes of WV columns BM rows apart).
   auto issue_dv = [&](int st, const unsigned (&a)[BM / 16][4]) {
@@ -397,7 +447,7 @@ ${K.name}(
       wgmma_wait<0>();  // MUTATION: S wait (dV pass)
     }
     fence_operand(s);
-    softmax(mt * BM, ld);
+    softmax(${M0}, ld);
     if (do_dk) {
       wgmma_wait<0>();  // MUTATION: dP wait
       fence_operand(dp);
@@ -414,7 +464,11 @@ ${K.name}(
         if (do_dk) {
           const float dl = ld[BM + 8 * (i / 4) + 2 * qd];
           const float dl1 = ld[BM + 8 * (i / 4) + 2 * qd + 1];
+@ if VARLEN then
+          da[kk][e] = pack2(s[i] != 0.f ? s[i] * (dp[i] - dl) : 0.f, s[i + 1] != 0.f ? s[i + 1] * (dp[i + 1] - dl1) : 0.f);
+@ else
           da[kk][e] = pack2(s[i] * (dp[i] - dl), s[i + 1] * (dp[i + 1] - dl1));
+@ end
         }
       }
     if (ATOMIC && do_dk) {
@@ -438,7 +492,7 @@ ${K.name}(
     wgmma_wait<0>();  // MUTATION: dV dK wait
     if (do_dv) fence_operand(dv_acc);
     if (do_dk) fence_operand(dk);
-    if (ATOMIC && do_dk) dq_tile(st, mt * BM);
+    if (ATOMIC && do_dk) dq_tile(st, ${M0});
     mbar_arrive(&empty[st]);  // MUTATION: empty release
   };
   auto store_dv = [&](int h) {

@@ -16,6 +16,13 @@
 @ --                  and k_rope boxes of the same width W_K, one run of boxes: n = d_n + d_r)
 @ -- dq = scale dQ leaves from the registers in the input dtype; a row without keys gets 0.
 @ -- Every output is written once, by one thread: bit-reproducible.
+@ --
+@ -- Packed sequences (spec.varlen, "_varlen": cu_seqlens, n_seqs last; batch 1): as
+@ -- attn_fwd_sm90's, the key tiles cover [lo of the CTA's first row, hi of its last row with
+@ -- keys) and end at that hi, so no slack K or V row reaches shared memory (earlier rows are
+@ -- earlier documents' tokens or TMA's zero fill); P outside a row's [lo, hi) and dS where P
+@ -- is 0 are selected to 0 (never multiplied: a slack row's dO, LSE and delta may be NaN),
+@ -- so a row without keys gets dq = 0. Each consumer runs the tiles its rows need.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local ESIZE = elem_size(spec.dtype)
@@ -29,9 +36,10 @@
 @   return 1024 + ESIZE * (c.block_m * (DQK + DV) + c.stages * c.block_n * (DQK + DV))
 @ end
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
+@ local VARLEN = spec.varlen
 @
 @ local K = kernel {
-@   family = "attn_bwd_dq_sm90", pass = "bwd", causal = true, interface = { "k_packed" }, flops = { pair = spec.heads * (spec.d_v + 2 * (spec.d_n + spec.d_r)) },
+@   family = "attn_bwd_dq_sm90", pass = "bwd", causal = true, varlen = true, interface = { "k_packed" }, flops = { pair = spec.heads * (spec.d_v + 2 * (spec.d_n + spec.d_r)) },
 @   doc = "explicit-form attention backward for sm_90a (TMA ring, mbarriers, wgmma): deterministic dQ",
 @   params = join_lists({
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last (read through tmaps[0])" },
@@ -44,7 +52,7 @@
 @   }, explicit_scalar_params(), {
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<5>", shape = "[5]",
 @       doc = "5 CUtensorMaps passed by value (kernel parameter space; the host passes 5 contiguous 64-byte aligned CUtensorMaps), made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
-@   }),
+@   }, varlen_params(spec)),
 @   tunables = {
 @     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
 @     block_n   = { values = { 64, 128 },   doc = "keys per K/V tile (the N of S = Q K^T's wgmma)" },
@@ -100,6 +108,7 @@ constexpr int NUM_THREADS = 128 * (NC + 1);
 constexpr int BLOCK_M = 64 * NC;
 constexpr int BLOCK_N = ${C.block_n};
 constexpr int STAGES = ${C.stages};
+constexpr bool VARLEN = ${VARLEN and "true" or "false"};  // packed sequences (cu_seqlens)
 constexpr int WQ = box_width(DQK), WV = box_width(DV);
 constexpr int WK = box_width(DN) < box_width(DR) ? box_width(DN) : box_width(DR);
 constexpr int SWQ = box_swizzle(WQ), SWK = box_swizzle(WK), SWV = box_swizzle(WV);
@@ -148,8 +157,18 @@ ${K.name}(
     return mn;
   };
   const int q_last = min(m0 + BLOCK_M, seqlen_q);
+@ if VARLEN then
+  // Packed: the keys [k_lo, k_hi) the CTA's rows see, in tiles that end at k_hi (tile j from
+  // key k0 + j BLOCK_N).
+  const mla::Varlen vl{cu_seqlens, n_seqs};
+  int k_lo, k_hi;
+  varlen_rows_keys<CAUSAL>(vl, pos, m0, q_last - 1, seqlen_k, k_lo, k_hi);
+  const int n_tiles = (k_hi - k_lo + BLOCK_N - 1) / BLOCK_N;
+  const int k0 = k_hi - n_tiles * BLOCK_N;
+@ else
   const int n_end = m0 >= seqlen_q ? 0 : CAUSAL ? min(seqlen_k, max(0, max_pos(m0, q_last) + 1)) : seqlen_k;
   const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
+@ end
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -177,7 +196,7 @@ ${K.name}(
       const unsigned ph = (unsigned)(j / STAGES) & 1u;
       mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
       unsigned char* const sK = ring + st * STAGE_BYTES;
-      const int row = b * seqlen_k + j * BLOCK_N;
+      const int row = b * seqlen_k + ${VARLEN and "k0 + " or ""}j * BLOCK_N;
       mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
       tma_load_k_tile<DN, DR, WK, WK, BLOCK_N, K_PACKED>(sK, &tmaps.m[1], &tmaps.m[2], &full[st], h, row);
       tma_load_boxes_3d<DV, WV, BLOCK_N>(sK + K_BYTES, &tmaps.m[3], &full[st], 0, h, row);
@@ -217,6 +236,19 @@ ${K.name}(
   for (int i = 0; i < DQK / 2; ++i) acc[i] = 0.f;
   float s[BLOCK_N / 2];
   float dp[BLOCK_N / 2];
+@ if VARLEN then
+  // Tiles this warpgroup computes: [wg_first, wg_tiles) of the CTA's, those holding keys of
+  // its rows' ranges (the others released here and after the loop); the keys
+  // [row_lo[r], row_hi[r]) of this thread's rows r0, r0 + 8.
+  int w_lo, w_hi;
+  varlen_rows_keys<CAUSAL>(vl, pos, i0, min(i0 + 63, seqlen_q - 1), seqlen_k, w_lo, w_hi);
+  const int wg_first = w_hi > w_lo ? (w_lo - k0) / BLOCK_N : 0;
+  const int wg_tiles = w_hi > w_lo ? (w_hi - k0 + BLOCK_N - 1) / BLOCK_N : 0;
+  int row_lo[2], row_hi[2];
+  vl.keys<CAUSAL>(pos(r0), seqlen_k, row_lo[0], row_hi[0]);
+  vl.keys<CAUSAL>(pos(r0 + 8), seqlen_k, row_lo[1], row_hi[1]);
+  ring_release<STAGES>(full, empty, 0, wg_first);
+@ else
   // Tiles this warpgroup computes: a prefix of the CTA's (causal: a tile whose first key is
   // past the warpgroup's last position is hidden from all of its rows).
   const int wg_last = min(i0 + 64, seqlen_q);
@@ -224,14 +256,15 @@ ${K.name}(
                        : CAUSAL ? min(n_tiles, max(0, max_pos(i0, wg_last) / BLOCK_N + 1))
                                 : n_tiles;
   const int wg_min = i0 >= seqlen_q ? 0 : min_pos(i0, wg_last);
+@ end
   auto parity = [](int j) { return (unsigned)(j / STAGES) & 1u; };
 
-  if (wg_tiles > 0) {
+  if (wg_tiles > ${VARLEN and "wg_first" or "0"}) {
     mbar_wait(q_full, 0);  // MUTATION: Q full wait
   }
-  for (int j = 0; j < wg_tiles; ++j) {
+  for (int j = ${VARLEN and "wg_first" or "0"}; j < wg_tiles; ++j) {
     const int st = j % STAGES;
-    const int n0 = j * BLOCK_N;
+    const int n0 = ${VARLEN and "k0 + " or ""}j * BLOCK_N;
     const unsigned k_addr = opaque_u32(ring_addr + st * STAGE_BYTES);
     const unsigned v_addr = k_addr + K_BYTES;
     const unsigned q_addr = opaque_u32(q_base), o_addr = opaque_u32(o_base);
@@ -251,6 +284,20 @@ ${K.name}(
     wgmma_commit();
     wgmma_wait<1>();  // MUTATION: S wait
     fence_operand(s);
+@ if VARLEN then
+    // P, selected to 0 wherever the tile is not inside both rows' [lo, hi).
+    const bool edge = n0 < max(row_lo[0], row_lo[1]) || n0 + BLOCK_N > min(row_hi[0], row_hi[1]);
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) {
+      const int r = (i % 4) / 2;
+      float p = exp2f(s[i] * scale_log2 - lse2[r]);
+      if (edge) {
+        const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
+        if (key < row_lo[r] || key >= row_hi[r]) p = 0.f;
+      }
+      s[i] = p;
+    }
+@ else
     // P, masked only on tiles crossing the end of the keys or the diagonal.
     const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > wg_min);
 #pragma unroll
@@ -264,12 +311,17 @@ ${K.name}(
       }
       s[i] = p;
     }
+@ end
     wgmma_wait<0>();  // MUTATION: dP wait
     fence_operand(dp);
     // dS = P (dP - delta), packed: column blocks 2kk, 2kk+1 are the A fragment of k-step kk.
     unsigned da[BLOCK_N / 16][4];
 #pragma unroll
+@ if VARLEN then
+    for (int i = 0; i < BLOCK_N / 2; ++i) dp[i] = s[i] != 0.f ? s[i] * (dp[i] - dl[(i % 4) / 2]) : 0.f;
+@ else
     for (int i = 0; i < BLOCK_N / 2; ++i) dp[i] = s[i] * (dp[i] - dl[(i % 4) / 2]);
+@ end
     acc_to_a<elem_t, BLOCK_N>(da, dp);
     // dQ += dS K: K [key][d_qk] as an MN-major B operand (W_K-column boxes BLOCK_N rows apart).
     fence_operand(acc);

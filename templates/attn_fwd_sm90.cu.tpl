@@ -32,6 +32,18 @@
 @ -- softmax of S_j computed while the latter runs; overlap = 0: each GEMM waited for before
 @ -- the next step. No ping-pong between consumer warpgroups yet. With two consumers the
 @ -- producer gives registers away (setmaxnreg 24 / 240). O and LSE leave from the registers.
+@ --
+@ -- Packed sequences (spec.varlen, the "_varlen" variant: cu_seqlens, n_seqs last; batch 1):
+@ -- row i at position qpos(i) sees keys [lo, hi) of its document (mla::Varlen). The CTA's key
+@ -- tiles cover [lo of its first row, hi of its last row with keys) and END at that hi (tile
+@ -- j's first key is k0 + j block_n, k0 = hi - n_tiles block_n, possibly negative): no tile
+@ -- ever reads a row at or past hi <= cu[n_seqs], so slack rows (whatever they hold, NaN
+@ -- included) never reach shared memory through K or V; rows before lo are earlier
+@ -- documents' tokens or, at negative rows, TMA's zero fill. Scores outside a row's [lo, hi)
+@ -- are set to -inf by a select (never a multiply), so P is exactly 0 there and P V adds
+@ -- 0 * (finite V) = 0; a slack query row (NaN Q) has no keys: all its scores are selected
+@ -- away, O = 0 and LSE = -inf. Each consumer computes the sub-range of tiles its own rows
+@ -- need and releases the others.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local ESIZE = elem_size(spec.dtype)
@@ -47,9 +59,10 @@
 @ end
 @ local function accumulators(c) return DV // 2 + c.block_n // 2 end
 @ local PACKED = spec.config ~= nil and spec.config.k_packed == 1
+@ local VARLEN = spec.varlen
 @
 @ local K = kernel {
-@   family = "attn_fwd_sm90", pass = "fwd", causal = true, interface = { "k_packed" }, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
+@   family = "attn_fwd_sm90", pass = "fwd", causal = true, varlen = true, interface = { "k_packed" }, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
 @   doc = "explicit-form attention forward for sm_90a (FlashAttention-3 manner: TMA ring, mbarriers, wgmma): O and LSE from Q, K, V",
 @   params = join_lists({
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last (read through tmaps[0])" },
@@ -62,7 +75,7 @@
 @       doc = "4 CUtensorMaps passed by value (kernel parameter space; the host passes 4 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over the tensors above (16-bit elements, no interleave, zero OOB fill), box inner width W(d) = 64/32/16 columns for d % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
 @             "[0] q dims {d_qk, H, B*S_q} box {W(d_qk), 1, block_m}; [1] k_nope dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}; " ..
 @             "[2] split: k_rope dims {d_r, B*S_k} box {W(d_r), block_n}, packed: K dims {d_qk, H, B*S_k} box {W(d_r), 1, block_n}; [3] v dims {d_v, H, B*S_k} box {W(d_v), 1, block_n}" },
-@   }),
+@   }, varlen_params(spec)),
 @   tunables = {
 @     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
 @     block_n   = { values = { 64, 128 },   doc = "keys per K/V tile (the N of S = Q K^T's wgmma)" },
@@ -118,6 +131,7 @@ constexpr int NUM_THREADS = 128 * (NC + 1);  // + the producer warpgroup
 constexpr int BLOCK_M = 64 * NC;
 constexpr int BLOCK_N = ${C.block_n};
 constexpr int STAGES = ${C.stages};
+constexpr bool VARLEN = ${VARLEN and "true" or "false"};  // packed sequences (cu_seqlens)
 // TMA box widths (columns) and their swizzles, per tensor.
 constexpr int WQ = box_width(DQK), WN = box_width(DN), WR = box_width(DR), WV = box_width(DV);
 constexpr int SWQ = box_swizzle(WQ), SWN = box_swizzle(WN), SWR = box_swizzle(WR), SWV = box_swizzle(WV);
@@ -154,7 +168,17 @@ ${K.name}(
   const mla::QueryPos qpos{q_pos0, q_split, q_pos1};  // rows' global positions
   // Keys this CTA can see: with causal masking, none past its last query's position.
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
+@ if VARLEN then
+  // Packed: the keys [k_lo, k_hi) the CTA's rows see, in tiles that end at k_hi (tile j from
+  // key k0 + j BLOCK_N).
+  const mla::Varlen vl{cu_seqlens, n_seqs};
+  int k_lo, k_hi;
+  varlen_rows_keys<CAUSAL>(vl, qpos, m0, q_last, seqlen_k, k_lo, k_hi);
+  const int n_tiles = (k_hi - k_lo + BLOCK_N - 1) / BLOCK_N;
+  const int k0 = k_hi - n_tiles * BLOCK_N;
+@ else
   const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, 0, qpos(q_last));
+@ end
 
   if (tid == 0) {
     mbar_init(q_full, 1);
@@ -183,7 +207,7 @@ ${K.name}(
       mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
       unsigned char* const sK = ring + st * STAGE_BYTES;
       unsigned char* const sV = sK + K_BYTES;
-      const int row = b * seqlen_k + j * BLOCK_N;
+      const int row = b * seqlen_k + ${VARLEN and "k0 + " or ""}j * BLOCK_N;
       mbar_arrive_expect_tx(&full_k[st], K_BYTES);
       tma_load_k_tile<DN, DR, WN, WR, BLOCK_N, K_PACKED>(sK, &tmaps.m[1], &tmaps.m[2], &full_k[st], h, row);
       mbar_arrive_expect_tx(&full_v[st], V_BYTES);
@@ -212,12 +236,26 @@ ${K.name}(
   float m_i[2] = {mla::neg_inf(), mla::neg_inf()};  // running max of the base-2 scores
   float l_i[2] = {0.f, 0.f};                        // this thread's part of the running sum
 
+@ if VARLEN then
+  // Tiles this warpgroup computes: [wg_first, wg_tiles) of the CTA's, those holding keys of
+  // its rows' ranges (the others released here and after the loop); the keys
+  // [row_lo[r], row_hi[r]) of this thread's rows r0, r0 + 8.
+  int w_lo, w_hi;
+  varlen_rows_keys<CAUSAL>(vl, qpos, i0, min(i0 + 63, seqlen_q - 1), seqlen_k, w_lo, w_hi);
+  const int wg_first = w_hi > w_lo ? (w_lo - k0) / BLOCK_N : 0;
+  const int wg_tiles = w_hi > w_lo ? (w_hi - k0 + BLOCK_N - 1) / BLOCK_N : 0;
+  int row_lo[2], row_hi[2];
+  vl.keys<CAUSAL>(qpos(r0), seqlen_k, row_lo[0], row_hi[0]);
+  vl.keys<CAUSAL>(qpos(r0 + 8), seqlen_k, row_lo[1], row_hi[1]);
+  ring_release<STAGES>(full_v, empty, 0, wg_first);
+@ else
   // Tiles this warpgroup computes: a prefix of the CTA's (causal: a tile whose first key
   // is past the warpgroup's last row is hidden from all of its rows); none when its rows
   // are past seqlen_q.
   const int wg_tiles = i0 >= seqlen_q ? 0
                        : CAUSAL ? min(n_tiles, max(0, qpos(i0 + 63) / BLOCK_N + 1))
                                 : n_tiles;
+@ end
   float corr[2];  // the last softmax's rescaling of O
 
   // S = Q K^T for the K tile in stage st (issued, not waited for).
@@ -252,6 +290,20 @@ ${K.name}(
   // running max and sum are updated and corr is how O must be rescaled (not done here: O
   // may be in flight). Rows r0 (i % 4 < 2) and r0 + 8, each spread over a quad.
   auto softmax = [&](int n0) {
+@ if VARLEN then
+    // packed: a select wherever the tile is not inside both rows' [lo, hi)
+    const bool edge = n0 < max(row_lo[0], row_lo[1]) || n0 + BLOCK_N > min(row_hi[0], row_hi[1]);
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) {
+      float x = s[i] * scale_log2;
+      if (edge) {
+        const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
+        const int r = (i % 4) / 2;
+        if (key < row_lo[r] || key >= row_hi[r]) x = mla::neg_inf();
+      }
+      s[i] = x;
+    }
+@ else
     const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > qpos(i0));
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; ++i) {
@@ -263,6 +315,7 @@ ${K.name}(
       }
       s[i] = x;
     }
+@ end
     online_softmax<BLOCK_N>(s, m_i, l_i, corr);
   };
   auto rescale_o = [&]() { rescale_rows<DV>(acc_o, corr); };
@@ -271,16 +324,18 @@ ${K.name}(
   auto pack_p = [&]() { acc_to_a<elem_t, BLOCK_N>(p, s); };
   auto parity = [](int j) { return (unsigned)(j / STAGES) & 1u; };
 
-  if (wg_tiles > 0) mbar_wait(q_full, 0);
+@ local J0 = VARLEN and "wg_first" or "0"     -- the warpgroup's first tile
+@ local N0 = VARLEN and "k0 + " or ""         -- tile j's first key: N0 j * BLOCK_N
+  if (wg_tiles > ${J0}) mbar_wait(q_full, 0);
 @ if C.overlap == 0 then
   // One tile at a time: S_j, its softmax, P_j V_j, each GEMM waited for before the next step.
-  for (int j = 0; j < wg_tiles; ++j) {
+  for (int j = ${J0}; j < wg_tiles; ++j) {
     const int st = j % STAGES;
     mbar_wait(&full_k[st], parity(j));  // MUTATION: K full wait
     issue_s(st);
     wgmma_wait<0>();  // MUTATION: S wait
     fence_operand(s);
-    softmax(j * BLOCK_N);
+    softmax(${N0}j * BLOCK_N);
     rescale_o();
     pack_p();
     mbar_wait(&full_v[st], parity(j));  // MUTATION: V full wait
@@ -293,6 +348,16 @@ ${K.name}(
   // FlashAttention-3's intra-warpgroup overlap: S_j = Q K_j^T and O += P_j-1 V_j-1 are in
   // flight together; the softmax of S_j runs while P_j-1 V_j-1 is still computing, and O
   // is rescaled once that is done.
+@ if VARLEN then
+  if (wg_tiles > wg_first) {
+    mbar_wait(&full_k[wg_first % STAGES], parity(wg_first));
+    issue_s(wg_first % STAGES);
+    wgmma_wait<0>();
+    fence_operand(s);
+    softmax(k0 + wg_first * BLOCK_N);  // O is 0: nothing to rescale
+    pack_p();
+  }
+@ else
   if (wg_tiles > 0) {
     mbar_wait(&full_k[0], 0);
     issue_s(0);
@@ -301,7 +366,8 @@ ${K.name}(
     softmax(0);  // O is 0: nothing to rescale
     pack_p();
   }
-  for (int j = 1; j < wg_tiles; ++j) {
+@ end
+  for (int j = ${VARLEN and "wg_first + 1" or "1"}; j < wg_tiles; ++j) {
     const int st = j % STAGES, pst = (j - 1) % STAGES;
     mbar_wait(&full_k[st], parity(j));  // MUTATION: K full wait
     issue_s(st);
@@ -309,14 +375,14 @@ ${K.name}(
     issue_pv(pst, p);
     wgmma_wait<1>();  // MUTATION: S wait
     fence_operand(s);
-    softmax(j * BLOCK_N);
+    softmax(${N0}j * BLOCK_N);
     wgmma_wait<0>();  // MUTATION: PV wait
     fence_operand(acc_o);
     mbar_arrive(&empty[pst]);  // MUTATION: empty release
     rescale_o();
     pack_p();
   }
-  if (wg_tiles > 0) {
+  if (wg_tiles > ${J0}) {
     const int st = (wg_tiles - 1) % STAGES;
     mbar_wait(&full_v[st], parity(wg_tiles - 1));
     issue_pv(st, p);

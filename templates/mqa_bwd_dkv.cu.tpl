@@ -167,6 +167,10 @@ static_assert(BLOCK_N % (16 * MT) == 0 && MS % 16 == 0, "tile shape");
 }  // namespace
 
 ${kernel_open(K, "NUM_THREADS")}
+@ if not spec.varlen then
+  constexpr const int* cu_seqlens = nullptr;  // not packed: the code using them is discarded
+  constexpr int n_seqs = 0;
+@ end
   elem_t* const sK = reinterpret_cast<elem_t*>(smem);  // [BLOCK_N][KS]; V = its first DC columns
   elem_t* const sQ = sK + BLOCK_N * KS;                 // STAGES x [BLOCK_M][QS]
   elem_t* const sO = sQ + STAGES * Q_ELEMS;             // STAGES x [BLOCK_M][OS]: dO

@@ -675,7 +675,7 @@ static const char large_json[] =
 /* The configurations of the three families' tunable spaces that their checks keep compile
  * for sm_80 and sm_90a without spills or a stack frame (causal), for the DeepSeek-V3 head
  * shape, the unusual one and a large one (d_n 192, d_r 64, d_v 256), and the varlen
- * variants for the DeepSeek-V3 one. Uses the JIT cache ($MLAGEN_CACHE_DIR). Per family and
+ * variants for the DeepSeek-V3 and the large ones. Uses the JIT cache ($MLAGEN_CACHE_DIR). Per family and
  * head dims (the model's specs that differ only in the head count are compiled once: H is
  * a constant of the address arithmetic), every configuration is rendered (the templates'
  * checks run on all) and a covering sample is compiled (kh_sweep_cover, drawn from the
@@ -690,7 +690,7 @@ static void nvrtc_kept_configs(int m) {
   kh_sweep sw;
   kh_sweep_open(&sw, 79, KH_SWEEP_SMEM | KH_SWEEP_REJECTS);
   int kept = 0;
-  for (int varlen = 0; varlen <= (m == 0); varlen++) {
+  for (int varlen = 0; varlen <= (m != 1); varlen++) {
     sw.flags = KH_SWEEP_SMEM | KH_SWEEP_REJECTS | (m != 0 || varlen ? KH_SWEEP_SINGLES : 0);
     mg_shape shape;
     kh_load_shape(models[m], jsons[m], &shape);

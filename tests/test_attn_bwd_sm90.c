@@ -7,7 +7,9 @@
  * dk_rope, dv; flipped 16-bit roundings of P and dS included); every kept configuration
  * compiled by NVRTC for sm_90a without spills; and bugs injected into the rendered source
  * (each mbarrier wait and arrival, each wgmma wait, the proxy fence) must fail the check or
- * be reported by the executor.
+ * be reported by the executor. The packed-sequence variants ("_varlen") against the same
+ * reference run per document (reference_varlen), NaN in every slack row, and wrong
+ * boundaries caught.
  *
  * The tensor maps come from the runtime's mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h)
  * through the fake driver (tests/fake_cuda.c); delta = rowsum(dO * O) is computed here (in
@@ -42,6 +44,18 @@ typedef void (*dq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const 
                       const e16 *dout, const float *lse, const float *delta, e16 *dq,
                       int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
                       float softmax_scale, tmaps5_t tmaps);
+/* the packed-sequence variants (spec.varlen): the same, then cu_seqlens and n_seqs */
+typedef void (*dkdv_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
+                               const e16 *dout, const float *lse, const float *delta,
+                               float *dq_accum, e16 *dk_nope, float *dk_rope, e16 *dv,
+                               int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                               float softmax_scale, tmaps5_t tmaps, const int *cu_seqlens,
+                               int n_seqs);
+typedef void (*dq_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
+                             const e16 *dout, const float *lse, const float *delta, e16 *dq,
+                             int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                             float softmax_scale, tmaps5_t tmaps, const int *cu_seqlens,
+                             int n_seqs);
 
 typedef struct built_kernel {
   kh_kernel kh;
@@ -90,6 +104,8 @@ typedef struct bwd_case {
   e16 *dq, *dkn, *dv;
   float *dkr, *dq_accum;
   tmap_t *tmaps; /* [5] */
+  const int *cu; /* packed sequences: cu_seqlens [n_cu + 1] (batch 1), else NULL */
+  int n_cu;
 } bwd_case;
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
@@ -187,6 +203,60 @@ static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
   }
 }
 
+/* The packed-sequence reference: each document's query rows (per chunk of the positions)
+ * with its keys as an unpacked reference_one case, positions taken inside the document
+ * (the documents found by this loop over cu, never mg_varlen or mla::Varlen); dk, dk_rope
+ * and dv summed over the document's chunks. Rows without keys (slack): o 0, dq 0, LSE and
+ * delta NaN (inputs the kernels must not read); keys no query sees: dk = dv = 0. */
+static void reference_varlen(const mg_kernel_spec *s, bwd_case *c, int packed) {
+  const int H = s->heads, dqk = s->d_n + s->d_r, dv = s->d_v, dr = s->d_r;
+  const size_t wk = (size_t)(packed ? dqk : s->d_n);
+  for (size_t i = 0; i < c->nl; i++) c->lse32[i] = c->delta[i] = NAN;
+  const int split = c->q_split > 0 ? c->q_split : c->sq;
+  for (int d = 0; d < c->n_cu; d++) {
+    const int k0 = c->cu[d], len = c->cu[d + 1] - k0;
+    for (int ch = 0; ch < 2 && len > 0; ch++) {
+      int ra = -1, rb = -1; /* the chunk's rows in document d: [ra, rb) */
+      for (int i = ch ? split : 0; i < (ch ? c->sq : split); i++) {
+        const int t = ch ? c->q_pos1 + i - split : c->q_pos0 + i;
+        if (t >= k0 && t < k0 + len) {
+          if (ra < 0) ra = i;
+          rb = i + 1;
+        }
+      }
+      if (ra < 0) continue;
+      const int n = rb - ra, t0 = ch ? c->q_pos1 + ra - split : c->q_pos0 + ra;
+      bwd_case u;
+      memset(&u, 0, sizeof u);
+      u.B = 1, u.sq = n, u.sk = len, u.q_pos0 = t0 - k0, u.q_split = n, u.scale = c->scale;
+      u.nq = (size_t)n * H * dqk, u.nkn = (size_t)len * H * wk, u.nkr = packed ? 0 : (size_t)len * dr;
+      u.nv = (size_t)len * H * dv, u.no = (size_t)n * H * dv, u.nl = (size_t)H * n;
+      u.q = c->q + (size_t)ra * H * dqk, u.dout = c->dout + (size_t)ra * H * dv;
+      u.kn = c->kn + (size_t)k0 * H * wk, u.kr = packed ? NULL : c->kr + (size_t)k0 * dr;
+      u.v = c->v + (size_t)k0 * H * dv, u.o16 = c->o16 + (size_t)ra * H * dv;
+      u.lse32 = xcalloc(u.nl, sizeof(float)), u.delta = xcalloc(u.nl, sizeof(float));
+      u.r_dq = xcalloc(u.nq, sizeof(double)), u.f_dq = xcalloc(u.nq, sizeof(double));
+      u.r_dkn = xcalloc(u.nkn, sizeof(double)), u.f_dkn = xcalloc(u.nkn, sizeof(double));
+      u.r_dkr = xcalloc(u.nkr, sizeof(double)), u.f_dkr = xcalloc(u.nkr, sizeof(double));
+      u.r_dv = xcalloc(u.nv, sizeof(double)), u.f_dv = xcalloc(u.nv, sizeof(double));
+      reference_one(s, &u, packed);
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < n; i++) {
+          c->lse32[(size_t)h * c->sq + ra + i] = u.lse32[(size_t)h * n + i];
+          c->delta[(size_t)h * c->sq + ra + i] = u.delta[(size_t)h * n + i];
+        }
+      memcpy(c->r_dq + (size_t)ra * H * dqk, u.r_dq, u.nq * sizeof(double));
+      memcpy(c->f_dq + (size_t)ra * H * dqk, u.f_dq, u.nq * sizeof(double));
+      const size_t kn0 = (size_t)k0 * H * wk, kr0 = (size_t)k0 * dr, v0 = (size_t)k0 * H * dv;
+      for (size_t i = 0; i < u.nkn; i++) c->r_dkn[kn0 + i] += u.r_dkn[i], c->f_dkn[kn0 + i] += u.f_dkn[i];
+      for (size_t i = 0; i < u.nkr; i++) c->r_dkr[kr0 + i] += u.r_dkr[i], c->f_dkr[kr0 + i] += u.f_dkr[i];
+      for (size_t i = 0; i < u.nv; i++) c->r_dv[v0 + i] += u.r_dv[i], c->f_dv[v0 + i] += u.f_dv[i];
+      free(u.lse32), free(u.delta), free(u.r_dq), free(u.f_dq), free(u.r_dkn), free(u.f_dkn);
+      free(u.r_dkr), free(u.f_dkr), free(u.r_dv), free(u.f_dv);
+    }
+  }
+}
+
 static void encode_maps(const built_kernel *bk, bwd_case *c) {
   const mg_driver *drv;
   mg_kernel_info info;
@@ -199,8 +269,10 @@ static void encode_maps(const built_kernel *bk, bwd_case *c) {
     fail_msg("mg_sm90_bwd_tmaps: %s", mg_diag_msg(&d));
 }
 
-static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk, int q_pos0,
-                      int q_split, int q_pos1) {
+/* A case; cu (n_cu documents; NULL: not packed) makes it a packed one (B must be 1) with
+ * NaN in every slack row (position >= cu[n_cu]) of q, dout, k_nope, k_rope and v. */
+static void case_init_cu(const built_kernel *bk, bwd_case *c, int B, int sq, int sk, int q_pos0,
+                         int q_split, int q_pos1, const int *cu, int n_cu) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, f16 = is_fp16(s), packed = bk->packed;
   memset(c, 0, sizeof *c);
@@ -231,8 +303,26 @@ static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk
   c->dv = xcalloc(c->nv, sizeof(e16));
   c->tmaps = aligned_alloc(64, 5 * sizeof(tmap_t));
   memset(c->tmaps, 0, 5 * sizeof(tmap_t));
-  reference(s, c, packed);
+  c->cu = cu, c->n_cu = n_cu;
+  if (cu) {
+    const int T = cu[n_cu], split = q_split > 0 ? q_split : sq;
+    for (int i = 0; i < sq; i++)
+      if ((i < split ? q_pos0 + i : q_pos1 + i - split) >= T) {
+        sm90_nan_rows(c->q, (size_t)H * dqk, i, i + 1);
+        sm90_nan_rows(c->dout, (size_t)H * s->d_v, i, i + 1);
+      }
+    sm90_nan_rows(c->kn, c->nkn / (size_t)sk, T, sk);
+    if (c->kr) sm90_nan_rows(c->kr, (size_t)s->d_r, T, sk);
+    sm90_nan_rows(c->v, (size_t)H * s->d_v, T, sk);
+    reference_varlen(s, c, packed);
+  } else {
+    reference(s, c, packed);
+  }
   encode_maps(bk, c);
+}
+static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk, int q_pos0,
+                      int q_split, int q_pos1) {
+  case_init_cu(bk, c, B, sq, sk, q_pos0, q_split, q_pos1, NULL, 0);
 }
 
 static void case_free(bwd_case *c) {
@@ -250,7 +340,15 @@ static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
   const int p0 = c->q_pos0, split = c->q_split, p1 = c->q_pos1;
-  if (a->bk->is_dq)
+  if (c->cu && a->bk->is_dq)
+    ((dq_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq,
+                                 c->sq, c->sk, p0, split, p1, c->scale,
+                                 *(const tmaps5_t *)c->tmaps, c->cu, c->n_cu);
+  else if (c->cu)
+    ((dkdv_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, NULL,
+                                   c->dkn, c->kr ? c->dkr : NULL, c->dv, c->sq, c->sk, p0, split,
+                                   p1, c->scale, *(const tmaps5_t *)c->tmaps, c->cu, c->n_cu);
+  else if (a->bk->is_dq)
     ((dq_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq, c->sq,
                           c->sk, p0, split, p1, c->scale, *(const tmaps5_t *)c->tmaps);
   else
@@ -334,13 +432,17 @@ static size_t compare(const built_kernel *bk, const bwd_case *c, double ratio[4]
   return nans;
 }
 
-/* One case: rows [0, q_split) at q_pos0 + i, the rest at q_pos1 + (i - q_split). */
-static void run_case2(const built_kernel *bk, int B, int sq, int sk, int q_pos0, int q_split,
-                      int q_pos1) {
+/* One case: rows [0, q_split) at q_pos0 + i, the rest at q_pos1 + (i - q_split); packed
+ * over the documents cu (n_cu of them) when cu is not NULL. */
+static void run_case_cu(const built_kernel *bk, int B, int sq, int sk, int q_pos0, int q_split,
+                        int q_pos1, const int *cu, int n_cu) {
   bwd_case c;
-  case_init(bk, &c, B, sq, sk, q_pos0, q_split, q_pos1);
-  char pos[64];
-  if (q_split >= sq)
+  case_init_cu(bk, &c, B, sq, sk, q_pos0, q_split, q_pos1, cu, n_cu);
+  char pos[80];
+  if (cu)
+    snprintf(pos, sizeof pos, "packed, %d documents, pos %d, rows from %d at %d", n_cu, q_pos0,
+             q_split, q_pos1);
+  else if (q_split >= sq)
     snprintf(pos, sizeof pos, "pos %d", q_pos0);
   else if (q_split <= 0)
     snprintf(pos, sizeof pos, "pos %d (as chunk 1)", q_pos1);
@@ -363,6 +465,10 @@ static void run_case2(const built_kernel *bk, int B, int sq, int sk, int q_pos0,
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
   case_free(&c);
+}
+static void run_case2(const built_kernel *bk, int B, int sq, int sk, int q_pos0, int q_split,
+                      int q_pos1) {
+  run_case_cu(bk, B, sq, sk, q_pos0, q_split, q_pos1, NULL, 0);
 }
 
 /* One case with every row at q_pos0 + i (split1: passed as the contract's second chunk). */
@@ -529,6 +635,80 @@ static void test_mutations_caught(void **state) {
   }
 }
 
+/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
+ * buffer of T_CAP = 300 token rows, cu padded with T as the executor pads it. */
+#define T_CAP 300
+static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
+#define N_DOCS ((int)(sizeof g_docs / sizeof g_docs[0]) - 1)
+
+/* The packed-sequence variants (spec.varlen, "_varlen") of both families against the
+ * per-document reference (reference_varlen), DeepSeek-V3 heads, the defaults (dK/dV: two
+ * consumers, split keys' head loop, two passes; dQ: two consumers), causal and not: every
+ * query row over the short documents, and (causal) rank 0 of laga-cp at P = 2 (chunks
+ * [0, 75) and [225, 300): the 200-token document cut by the split, slack rows in the
+ * second chunk). NaN fills every slack row of q, dout, k_nope, k_rope and v (and LSE and
+ * delta). The causal variants compile for sm_90a with no spill. And deterministic = 0 has
+ * no variant. */
+static void test_varlen(void **state) {
+  (void)state;
+  kh_sweep sw;
+  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  for (int dq = 0; dq < 2; dq++)
+    for (int causal = 0; causal <= 1; causal++) {
+      mg_kernel_spec s = make_spec(dq, 2, 128, 64, 128, causal);
+      s.varlen = 1;
+      built_kernel bk;
+      build_edit(&s, NULL, &bk);
+      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, T_CAP, 0, g_docs, N_DOCS);
+      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, 0, T_CAP / 4, 3 * T_CAP / 4, g_docs, N_DOCS);
+      kh_free(&bk.kh);
+      if (causal) kh_sweep_compile(&sw, &s, "");
+    }
+  kh_sweep_close(&sw);
+  mg_kernel_spec s = make_spec(0, 2, 128, 64, 128, 1);
+  s.varlen = 1;
+  kh_set(&s, "deterministic=0");
+  sm90_expect_reject(&s, "deterministic = 1");
+}
+
+/* Wrong boundaries in the varlen variants are caught: dK/dV with a key seen by one query
+ * position past its range, dQ with a row seeing one key past its range (each fails the
+ * per-element check); dK/dV's dS^T multiplied where P^T is 0 instead of selected (the slack
+ * keys' NaN V reaches dK): NaN outputs. Small heads (d_n 32, d_r 32, d_v 64), causal. */
+static void test_varlen_mutations_caught(void **state) {
+  (void)state;
+  static const struct {
+    int dq;
+    sm90_edit e;
+  } muts[] = {
+      {0, {"pos(qi) >= key_hi[r]", "pos(qi) > key_hi[r]"}},
+      {0, {"s[i] != 0.f ? s[i] * (dp[i] - dl) : 0.f", "s[i] * (dp[i] - dl)"}},
+      {1, {"key >= row_hi[r]", "key > row_hi[r]"}},
+  };
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
+    mg_kernel_spec s = make_spec(muts[m].dq, 2, 32, 32, 64, 1);
+    s.varlen = 1;
+    built_kernel bk;
+    memset(&bk, 0, sizeof bk);
+    sm90_build(&s, &muts[m].e, &bk.kh);
+    bk.packed = kh_config_int(&bk.kh, "k_packed");
+    bk.is_dq = muts[m].dq;
+    bwd_case c;
+    case_init_cu(&bk, &c, 1, T_CAP, T_CAP, 0, T_CAP, 0, g_docs, N_DOCS);
+    char msg[1024];
+    if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+    double r[4];
+    kt_noise_quiet = 1;
+    const size_t nans = compare(&bk, &c, r, msg, sizeof msg);
+    kt_noise_quiet = 0;
+    if (!nans && !msg[0]) fail_msg("%s: '%s' -> '%s' was not caught", FAMS[muts[m].dq], muts[m].e.from, muts[m].e.to);
+    print_message("  %s '%s' -> '%s': %zu NaN outputs; %.120s\n", FAMS[muts[m].dq], muts[m].e.from,
+                  muts[m].e.to, nans, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+}
+
 /* The configurations the templates' checks keep compile for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory (causal). sh 0: DeepSeek-V3 heads at H 128,
  * 1: the unusual shape at H 40 and the small heads (d_n 32, d_r 32, d_v 64: the
@@ -596,6 +776,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_unusual_heads),
       cmocka_unit_test(test_wide_heads),
       cmocka_unit_test(test_mutations_caught),
+      cmocka_unit_test(test_varlen),
+      cmocka_unit_test(test_varlen_mutations_caught),
       cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
       cmocka_unit_test(test_nvrtc_kept_configs_unusual),
       cmocka_unit_test(test_nvrtc_kept_configs_wide),

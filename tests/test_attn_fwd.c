@@ -129,6 +129,7 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
   const int H = s->heads, dqk = s->d_n + s->d_r, f16 = is_fp16(s);
   c->B = B, c->sq = sq, c->sk = sk;
   c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
+  c->cu = NULL, c->n_cu = 0; /* not packed (case_varlen sets them) */
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
   c->q = kt_rand_e16_sd(f16, (size_t)B * sq * H * dqk, kt_q_sd(c->scale, dqk)); /* scores sd 2 */
   if (bk->packed) {

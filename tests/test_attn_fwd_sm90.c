@@ -7,6 +7,8 @@
  * empty barrier, the producer's wait on it, each wgmma wait; with and without overlap) must
  * fail the check or be reported. The kernel writes no shared memory with ordinary stores,
  * so it has no fence.proxy.async to remove (test_hopper_host.c covers that fence).
+ * The packed-sequence variant ("_varlen") against sm90_test_util.h's own per-document
+ * float64 reference, NaN in every slack row of every input, and wrong boundaries caught.
  *
  * The tensor maps come from the runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h, the
  * maps the CUDA executor and the GPU benchmark launch with): cuTensorMapEncodeTiled through
@@ -35,6 +37,11 @@ typedef struct { tmap_t m[4]; } tmaps4_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
                        float *lse, int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
                        float softmax_scale, tmaps4_t tmaps);
+/* the packed-sequence variant (spec.varlen): the same, then cu_seqlens and n_seqs */
+typedef void (*fwd_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
+                              e16 *o, float *lse, int seqlen_q, int seqlen_k, int q_pos0,
+                              int q_split, int q_pos1, float softmax_scale, tmaps4_t tmaps,
+                              const int *cu_seqlens, int n_seqs);
 
 typedef struct launch_args {
   fwd_fn fn;
@@ -44,10 +51,19 @@ typedef struct launch_args {
   int sq, sk, q_pos0, q_split, q_pos1;
   float scale;
   const tmap_t *tmaps;
+  const int *cu; /* packed: cu_seqlens [n_cu + 1] (the variant), else NULL */
+  int n_cu;
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
+  if (a->cu) {
+    fwd_varlen_fn fn;
+    *(void **)&fn = *(void **)&a->fn;
+    fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
+       a->scale, *(const tmaps4_t *)a->tmaps, a->cu, a->n_cu);
+    return;
+  }
   a->fn(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
         a->scale, *(const tmaps4_t *)a->tmaps);
 }
@@ -88,6 +104,8 @@ typedef struct fwd_case {
   float *lse;
   size_t no, nl;
   tmap_t *tmaps; /* [4] */
+  const int *cu; /* packed sequences: cu_seqlens [n_cu + 1] (batch 1), else NULL */
+  int n_cu;
 } fwd_case;
 
 /* The maps of c's tensors for bk, made by the runtime's helper (runtime/exec/mg_sm90_tmap.h)
@@ -109,6 +127,7 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
                           const kt_qpos *pos) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr, f16 = is_fp16(s);
+  memset(c, 0, sizeof *c);
   c->B = B, c->sq = sq, c->sk = sk;
   c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->scale = (float)kt_softmax_scale(dqk);
@@ -140,6 +159,18 @@ static void case_free(fwd_case *c) {
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
+  if (c->cu) { /* packed: sm90_test_util.h's own per-document reference */
+    int *lo = malloc((size_t)c->sq * sizeof *lo), *hi = malloc((size_t)c->sq * sizeof *hi);
+    sm90_ref_ranges(c->cu, c->n_cu, &(kt_qpos){c->q_pos0, c->q_split, c->q_pos1}, c->sq,
+                    s->causal, lo, hi);
+    const size_t nk = (size_t)c->sk * H;
+    double *q = kt_e16_to_d(f16, c->q, (size_t)c->sq * H * dqk);
+    double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
+    double *k = kt_k_to_d(f16, bk->packed, c->kn, c->kr, nk, H, dn, dr);
+    sm90_ref_ranged_fwd(c->sq, H, dqk, s->d_v, c->scale, lo, hi, q, k, v, o, lse);
+    free(q), free(k), free(v), free(lo), free(hi);
+    return;
+  }
   const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
                            s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
   const size_t nk = (size_t)c->B * c->sk * H;
@@ -157,7 +188,8 @@ static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n)
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
   launch_args a = {bk->fn, c->q,   c->kn, c->kr,        c->v,         c->o,         c->lse,
-                   c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps};
+                   c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps,
+                   c->cu,  c->n_cu};
   return sm90_launch(&bk->kh, kh_grid(&bk->kh, c->sq, c->sk, c->B), thunk, &a, 0, 0, msg, n);
 }
 
@@ -183,22 +215,26 @@ static size_t compare(const built_kernel *bk, const fwd_case *c, double *oe, dou
 
 static double g_worst_o, g_worst_lse;
 
-static void run_case_pos(const built_kernel *bk, int B, int sq, int sk, const kt_qpos *pos) {
-  fwd_case c;
-  case_init_pos(bk, &c, B, sq, sk, pos);
+/* Launches the initialized case c, checks it, prints a line and frees it. */
+static void check_case(const built_kernel *bk, fwd_case *c) {
   char msg[1024];
   double t0 = kh_now();
-  if (launch_case(bk, &c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  if (launch_case(bk, c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
   double oe, le;
-  size_t nans = compare(bk, &c, &oe, &le, msg, sizeof msg);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d q_split=%d q_pos1=%d: err/bound O %.2f LSE "
-                "%.2f (%.2f s)\n", bk->kh.name + strlen("mla_attn_fwd_sm90_"), B, sq, sk, c.q_pos0,
-                c.q_split, c.q_pos1, oe, le, kh_now() - t0);
+  size_t nans = compare(bk, c, &oe, &le, msg, sizeof msg);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d q_split=%d q_pos1=%d%s: err/bound O %.2f LSE "
+                "%.2f (%.2f s)\n", bk->kh.name + strlen("mla_attn_fwd_sm90_"), c->B, c->sq, c->sk,
+                c->q_pos0, c->q_split, c->q_pos1, c->cu ? " packed" : "", oe, le, kh_now() - t0);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
   if (oe > g_worst_o) g_worst_o = oe;
   if (le > g_worst_lse) g_worst_lse = le;
-  case_free(&c);
+  case_free(c);
+}
+static void run_case_pos(const built_kernel *bk, int B, int sq, int sk, const kt_qpos *pos) {
+  fwd_case c;
+  case_init_pos(bk, &c, B, sq, sk, pos);
+  check_case(bk, &c);
 }
 static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
   run_case_pos(bk, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
@@ -352,6 +388,103 @@ static void test_two_chunk_positions(void **state) {
   kh_free(&bk.kh);
 }
 
+/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
+ * buffer of T_CAP = 300 token rows; the executor's form of cu_seqlens, padded with T
+ * (VARLEN.md), as the last three entries. */
+#define T_CAP 300
+static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287, 287};
+static const int g_one_doc[] = {0, 250};
+
+/* A packed case of the varlen variant bk: cu [n + 1] over keys 0 .. T_CAP - 1, sq query rows
+ * at pos; NaN in every slack row (position >= cu[n]) of q, k_nope, k_rope and v. */
+static void varlen_init(const built_kernel *bk, fwd_case *c, const int *cu, int n, int sq,
+                        const kt_qpos *pos) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, dqk = s->d_n + s->d_r, T = cu[n];
+  case_init_pos(bk, c, 1, sq, T_CAP, pos);
+  c->cu = cu, c->n_cu = n;
+  for (int i = 0; i < sq; i++) {
+    const int t = pos->q_split > 0 && i >= pos->q_split ? pos->q_pos1 + i - pos->q_split : pos->q_pos0 + i;
+    if (t >= T) sm90_nan_rows(c->q, (size_t)H * dqk, i, i + 1);
+  }
+  sm90_nan_rows(c->kn, (size_t)H * (bk->packed ? dqk : s->d_n), T, T_CAP);
+  if (c->kr) sm90_nan_rows(c->kr, (size_t)s->d_r, T, T_CAP);
+  sm90_nan_rows(c->v, (size_t)H * s->d_v, T, T_CAP);
+}
+static void varlen_run(const built_kernel *bk, const int *cu, int n, int sq, const kt_qpos *pos) {
+  fwd_case c;
+  varlen_init(bk, &c, cu, n, sq, pos);
+  check_case(bk, &c);
+}
+
+/* The packed-sequence variant (spec.varlen, "_varlen") against sm90_test_util.h's float64
+ * per-document reference, causal and not: the default configuration (2 consumers, block_n
+ * 128, overlap) on many short documents (and an empty one, cu padded as the executor pads
+ * it) and on rank 0 of laga-cp at P = 2 (chunks [0, 75) and [225, 300): the 200-token
+ * document cut by the split, slack rows in the second chunk); causal only (the larger
+ * kernel): one document, and one consumer, block_n 64, 3 stages, no overlap, packed keys on
+ * the short documents, both compiled for sm_90a with no spill. NaN fills every slack row of
+ * every input. */
+static void test_varlen(void **state) {
+  (void)state;
+  const int n_docs = (int)(sizeof g_docs / sizeof g_docs[0]) - 1;
+  const kt_qpos at0 = {0, 0, 0}, cp = kt_qpos_lagacp(2, 0, T_CAP / 4, T_CAP / 4);
+  kh_sweep sw;
+  kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  for (int causal = 0; causal <= 1; causal++) {
+    mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
+    s.varlen = 1;
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    varlen_run(&bk, g_docs, n_docs, T_CAP, &at0);
+    varlen_run(&bk, g_docs, n_docs, T_CAP / 2, &cp);
+    if (causal) varlen_run(&bk, g_one_doc, 1, T_CAP, &at0);
+    kh_free(&bk.kh);
+    if (!causal) continue;
+    kh_sweep_compile(&sw, &s, "");
+    const char *a[] = {"block_m=64", "block_n=64", "stages=3", "overlap=0", "k_packed=1"};
+    for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
+    build_edit(&s, NULL, &bk);
+    varlen_run(&bk, g_docs, n_docs, T_CAP, &at0);
+    kh_free(&bk.kh);
+    kh_sweep_compile(&sw, &s, "");
+  }
+  kh_sweep_close(&sw);
+  print_message("  worst err/bound so far: O %.2f LSE %.2f\n", g_worst_o, g_worst_lse);
+}
+
+/* Wrong boundaries in the varlen variant are caught: a row seeing one key past its range
+ * (the next document's first, or causal its next token) fails the per-element check; key
+ * tiles aligned to start at the range's first key instead of ending at its last (slack
+ * rows' NaN then reach P V) give NaN outputs. */
+static void test_varlen_mutations_caught(void **state) {
+  (void)state;
+  static const sm90_edit muts[] = {
+      {"key >= row_hi[r]", "key > row_hi[r]"},
+      {"k0 = k_hi - n_tiles * BLOCK_N", "k0 = k_lo"},
+  };
+  const int n_docs = (int)(sizeof g_docs / sizeof g_docs[0]) - 1;
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
+    mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+    s.varlen = 1;
+    kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64");
+    built_kernel bk;
+    build_edit(&s, &muts[m], &bk);
+    fwd_case c;
+    varlen_init(&bk, &c, g_docs, n_docs, T_CAP, &(kt_qpos){0, 0, 0});
+    char msg[1024];
+    if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+    double oe, le;
+    kt_noise_quiet = 1;
+    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
+    kt_noise_quiet = 0;
+    if (!nans && !msg[0]) fail_msg("'%s' -> '%s' was not caught", muts[m].from, muts[m].to);
+    print_message("  '%s' -> '%s': %zu NaN outputs; %.150s\n", muts[m].from, muts[m].to, nans, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+}
+
 /* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory (causal: the larger kernel); sh 0: DeepSeek-V3
  * heads at H 128, 1: the unusual shape at H 40, 2: the wide 256/256 heads. Every
@@ -396,6 +529,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_wide_heads),
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_two_chunk_positions),
+      cmocka_unit_test(test_varlen),
+      cmocka_unit_test(test_varlen_mutations_caught),
       cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
       cmocka_unit_test(test_nvrtc_kept_configs_unusual),
       cmocka_unit_test(test_nvrtc_kept_configs_wide),

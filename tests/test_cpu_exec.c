@@ -13,7 +13,8 @@
  *   refusals   bf16 plans, NULL inputs, bad captures, a communicator of the wrong size, a
  *              malformed plan, rows beyond the kernels' stack rows
  *   varlen     packed sequences: every form in f64 on a stream of documents (lengths 0, 1,
- *              2, 3, 17, 64, 0, 200 in 312 rows; one document of 90 in 96) with NaN in
+ *              2, 3, 17, 64, 0, 200 in 312 rows; one document of 90 in 96; one empty
+ *              document in 8 rows, every row slack) with NaN in
  *              every slack row of every input, against the float64 reference run on each
  *              document alone (tests/varlen_test_util.h), per element; slack rows give
  *              exactly o = 0, lse = -inf, zero gradients; a boundary moved by one token
@@ -411,11 +412,13 @@ static void test_varlen_f64(void **state) {
   (void)state;
   mg_diag d = MG_DIAG_INIT;
   const mg_shape sh = tu_shape(4, 16, 8, 16, 32);
-  const int many[] = {0, 1, 2, 3, 17, 64, 0, 200}, one[] = {90};
-  const tv_stream streams[2] = {tv_make(many, 8, 312), tv_make(one, 1, 96)};
-  const char *stream_names[2] = {"lengths 0 1 2 3 17 64 0 200 in 312 rows", "one document of 90 in 96 rows"};
+  const int many[] = {0, 1, 2, 3, 17, 64, 0, 200}, one[] = {90}, none[] = {0};
+  const tv_stream streams[3] = {tv_make(many, 8, 312), tv_make(one, 1, 96), tv_make(none, 1, 8)};
+  const char *stream_names[3] = {"lengths 0 1 2 3 17 64 0 200 in 312 rows",
+                                 "one document of 90 in 96 rows",
+                                 "no token in 8 rows (the weight GEMMs contract none)"};
   int bad = 0;
-  for (int si = 0; si < 2; si++)
+  for (int si = 0; si < 3; si++)
     for (int causal = 0; causal < 2; causal++) {
       const tv_stream *st = &streams[si];
       assert_true(st->T < st->cap); /* slack rows present */

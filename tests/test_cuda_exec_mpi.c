@@ -17,6 +17,8 @@
  * so a buffer read before it is written, or dw_kv_b rows left unzeroed, show. Shape: H 4,
  * d_n 64, d_r 32, d_v 64, d_c 256, B 2, S 16, causal and not, every form (laga-cp with its
  * two-chunk shards: the attention launches take S_k and the query positions).
+ * test_varlen: packed sequences (issue 16), every form's varlen plan over documents that
+ * span the ranks, against the float64 per-document reference, slack rows exact.
  *
  * Kernels are built by the host executor's compiler; with MG_HOST_CACHE_DIR set (ctest
  * sets it) rank 0 prepares first and the other ranks load what it built.
@@ -44,6 +46,7 @@
 #include "cuda_exec_host_ops.h"
 #include "mg_comm.h"
 #include "mpi_test_main.h"
+#include "varlen_test_util.h"
 
 static int g_rank, g_size;
 static uint64_t g_seed;
@@ -149,32 +152,56 @@ static void bufs_free(bufs *b) {
 
 /* Form f's plan of dtype dt for case c (causal as c) on this rank of g_size (heap-allocated;
  * dies on error). */
-static mg_plan *build_plan(const tu_case *c, mg_form f, mg_dtype dt) {
+static mg_plan *build_plan_v(const tu_case *c, mg_form f, mg_dtype dt, int varlen) {
   mg_diag d = MG_DIAG_INIT;
   mg_plan *plan = calloc(1, sizeof *plan);
   assert_non_null(plan);
   mg_plan_args a = {.shape = &c->shape, .form = f, .sp = g_size, .rank = g_rank, .batch = c->B,
-                    .seq = c->S, .causal = c->causal, .dtype = dt};
+                    .seq = c->S, .causal = c->causal, .dtype = dt, .varlen = varlen};
   if (mg_plan_build(plan, &a, &d)) die("plan", &d);
   return plan;
 }
 
+static mg_plan *build_plan(const tu_case *c, mg_form f, mg_dtype dt) {
+  return build_plan_v(c, f, dt, 0);
+}
+
+/* The global token of element i of this rank's output k under form f (case c, B = 1:
+ * packed sequences), -1 for dw_kv_b (no token). */
+static int64_t local_token(const tu_case *c, int k, mg_form f, int64_t i) {
+  const int P = g_size, r = g_rank;
+  const int64_t S = c->S, Sl = S / P;
+  if (k == TU_DW) return -1;
+  if (k == TU_LSE) /* [1, H/P, S], laga-cp [1, H, S/P] */
+    return f == MG_FORM_LAGA_CP ? mg_cp_pos(P, Sl, r, i % Sl) : i % S;
+  const int64_t w = tu_out_numel(c, k) / S;
+  return mg_form_token_pos(f, P, Sl, r, i / w);
+}
+
 /* Form f's plan of dtype dt (bf16 or f16) on case c at P = np: returns the number of failed
- * checks (the same on every rank). */
-static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in[TU_N_IN]) {
+ * checks (the same on every rank). s: packed sequences (a varlen plan, c = tv_case(.., s,
+ * ..)) against the float64 per-document reference (tv_reference), slack rows exactly 0
+ * (lse -inf); NULL: the unpacked plan against the single-rank CPU executor. */
+static int check_form_v(const tu_case *c, mg_form f, mg_dtype dt, double *const in[TU_N_IN],
+                        const tv_stream *s) {
   mg_diag d = MG_DIAG_INIT;
   tu_run r1;
   double *ref[TU_N_OUT] = {0};
-  if (tu_run_form(c, f, 1, 0, NULL, MG_F32, in, &r1, &d) || tu_outputs(c, &r1, ref))
-    die("reference", &d);
-  tu_run_free(&r1);
+  if (s) {
+    if (tv_reference(c, s->cu, s->n_cu, in, ref)) die("reference", &d);
+  } else {
+    if (tu_run_form(c, f, 1, 0, NULL, MG_F32, in, &r1, &d) || tu_outputs(c, &r1, ref))
+      die("reference", &d);
+    tu_run_free(&r1);
+  }
 
-  mg_plan *plan = build_plan(c, f, dt);
+  mg_plan *plan = build_plan_v(c, f, dt, s != NULL);
   double t0 = now();
   mg_cuda_exec *x = prepare_all(plan, 0);
   const double t_prep = now() - t0;
   bufs b;
   bufs_make(&b, c, x, f, dt, in);
+  if (s) b.t.cu_seqlens = s->cu, b.t.n_cu = s->n_cu;
   t0 = now();
   const long l0 = g_ops->launches;
   if (mg_cuda_exec_run(x, MG_FWD, &b.t, b.ws, b.ws_b, b.saved, b.sv_b, g_comm, NULL, &d))
@@ -200,11 +227,19 @@ static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in
       MPI_Allreduce(MPI_IN_PLACE, local, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     tu_ref_local(c, k, f, ref[k], g_size, g_rank, want);
     char what[512];
-    snprintf(what, sizeof what, "%s %s %s P %d rank %d: %s", mg_form_name(f), mg_dtype_name(dt),
-             c->causal ? "causal" : "non-causal", g_size, g_rank, tu_out_names[k]);
+    snprintf(what, sizeof what, "%s%s %s %s P %d rank %d: %s", s ? "varlen " : "", mg_form_name(f),
+             mg_dtype_name(dt), c->causal ? "causal" : "non-causal", g_size, g_rank, tu_out_names[k]);
     cc_result cr = tu_check(what, local, want, n, tu_rms(ref[k], tu_out_numel(c, k)),
                             tu_tol_16(dt)[k], tu_out_cols(c, k));
     int ok = cc_ok(&cr), all_ok;
+    for (int64_t i = 0; s && i < n; i++) { /* slack rows: exactly 0, lse -inf */
+      const int64_t tok = local_token(c, k, f, i);
+      if (tok >= s->T && !(k == TU_LSE ? local[i] == -INFINITY : local[i] == 0)) {
+        fprintf(stderr, "%s: slack token %lld holds %g\n", what, (long long)tok, local[i]);
+        ok = 0;
+        break;
+      }
+    }
     e[k] = cr.min_atol;
     MPI_Allreduce(MPI_IN_PLACE, &e[k], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -223,6 +258,10 @@ static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in
   tu_free(ref, TU_N_OUT);
   mg_diag_clear(&d);
   return bad;
+}
+
+static int check_form(const tu_case *c, mg_form f, mg_dtype dt, double *const in[TU_N_IN]) {
+  return check_form_v(c, f, dt, in, NULL);
 }
 
 static tu_case small_case(int causal) {
@@ -258,6 +297,26 @@ static void test_f16(void **state) {
   double *in[TU_N_IN] = {0};
   inputs(&c, g_seed + 11, MG_F16, in);
   int bad = check_form(&c, MG_FORM_LAGA, MG_F16, in) + check_form(&c, MG_FORM_ABSORBED, MG_F16, in);
+  tu_free(in, TU_N_IN);
+  assert_int_equal(bad, 0);
+}
+
+/* Packed sequences at P = np: every form's varlen plan (bf16, causal) over documents of
+ * lengths 17, 1, 0, 2, 200, 3, 64 in a capacity of 304 tokens (the 200 one spans the rank
+ * boundaries of P = 2 and 4 and laga-cp's chunks), NaN in every slack row of q, c_kv,
+ * k_rope and do, every rank given the same global cu_seqlens; each rank's shard against
+ * the float64 per-document reference (tests/varlen_test_util.h), slack rows exact. */
+static void test_varlen(void **state) {
+  (void)state;
+  static const int len[] = {17, 1, 0, 2, 200, 3, 64};
+  const tv_stream st = tv_make(len, 7, 304);
+  const mg_shape sh = small_case(1).shape;
+  const tu_case c = tv_case(&sh, &st, 1);
+  double *in[TU_N_IN] = {0};
+  assert_int_equal(tv_inputs(&c, st.T, g_seed + 13, in), 0);
+  round_inputs(&c, MG_BF16, in); /* NaN stays NaN */
+  int bad = 0;
+  for (int f = 0; f < MG_FORM_COUNT; f++) bad += check_form_v(&c, (mg_form)f, MG_BF16, in, &st);
   tu_free(in, TU_N_IN);
   assert_int_equal(bad, 0);
 }
@@ -409,6 +468,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms_match_single_rank),
                                      cmocka_unit_test(test_laga_cp_latent_order),
                                      cmocka_unit_test(test_f16),
+                                     cmocka_unit_test(test_varlen),
                                      cmocka_unit_test(test_wait_polls)};
   int failed = MPI_TEST_GROUP("test_cuda_exec_mpi", tests, setup, report_worst);
   return mpi_test_end("test_cuda_exec_mpi", failed);

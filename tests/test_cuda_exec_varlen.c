@@ -1,14 +1,14 @@
 /* test_cuda_exec_varlen.c: packed sequences (issue 16; generator/core/mg_varlen.h) in the
  * CUDA executor (runtime/exec/mg_cuda_exec.h) on CPU device ops (tests/cuda_exec_host_ops.h).
  *
- * A varlen plan (batch 1, seq = the token capacity 300) of every form, bf16, P = 1, forward
+ * A varlen plan (batch 1, seq = the token capacity 304) of every form, bf16, P = 1, forward
  * and backward, over documents of lengths 17, 1, 0 (empty), 2, 200, 3, 64 in that order
- * (T = 287; the 200 one crosses the rank boundary of P = 2 and laga-cp's chunks), with NaN
- * in every slack row (t >= T) of q, c_kv, k_rope and do, against an independent reference:
- * the CPU executor's unpacked f32 plan of the same form run on each document alone (batch
- * 1, S = its length; the documents never meet there), its rows put in place, dw_kv_b
- * summed over the documents; slack rows want o = dq = dc_kv = dk_rope = 0 exactly and
- * lse = -inf. Per element at tu_tol_bf16 (tests/cpu_test_util.h), causal and not. Also
+ * (T = 287; the 200 one crosses the rank boundaries of P = 2 and laga-cp's chunks), with NaN
+ * in every slack row (t >= T) of q, c_kv, k_rope and do, against the float64 reference of
+ * each document alone (tests/varlen_test_util.h: tv_reference, its rows put in place,
+ * dw_kv_b summed over the documents); slack rows want o = dq = dc_kv = dk_rope = 0 exactly
+ * and lse = -inf (tv_slack_wrong). Per element at tu_tol_bf16 (tests/cpu_test_util.h),
+ * causal and not. Also
  * T = 0 (every row slack, every token-contracting GEMM at k = 0): all zero. Each pass
  * leaves the compacted cu_seqlens (mg_varlen_compact, padded with T to seq + 1) in the
  * workspace's last (seq + 1) int32 (rounded up to 256 bytes) after cuBLAS's 32 MiB, and the
@@ -17,7 +17,10 @@
  * test_refusals: a bad cu_seqlens (NULL for a varlen plan, given for an unpacked one, not
  * starting at 0, decreasing, past the capacity, no entry) is MLAGEN_EINVAL naming the index,
  * with nothing queued (no launch, GEMM, copy or upload; outputs untouched); ops without
- * upload cannot prepare a varlen plan. MLAGEN_TEST_SEED overrides the seed. */
+ * upload cannot prepare a varlen plan. test_sm90: host ops claiming an sm_90a device (the
+ * fake driver's tensor-map encoder) run attn_fwd_sm90's varlen variant in the explicit and
+ * laga-cp plans, checked the same way, and a shape it refuses (d_v 48) the portable
+ * attn_fwd's varlen variant. MLAGEN_TEST_SEED overrides the seed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,62 +31,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_test_util.h"
 #include "cuda_exec_host_ops.h"
+#include "fake_driver.h"
+#include "mg_driver.h"
 #include "mg_cpu_exec.h"
 #include "mg_varlen.h"
+#include "varlen_test_util.h"
 
 static uint64_t g_seed = 20261201;
 
-#define CAP 300
-/* lengths 17, 1, 0, 2, 200, 3, 64: T = 287, 13 slack rows */
+#define CAP 304 /* a multiple of 8: laga-cp's chunks at P = 4 (test_cuda_exec_mpi) */
+/* lengths 17, 1, 0, 2, 200, 3, 64: T = 287, 17 slack rows */
 static const int32_t k_cu[] = {0, 17, 18, 18, 20, 220, 223, 287};
 #define N_CU ((int64_t)(sizeof k_cu / sizeof k_cu[0]))
 
 static double g_worst[TU_N_OUT];
-
-/* The reference of a packed stream (c: B 1, S = CAP) from per-document unpacked f32 runs of
- * form f on the CPU executor: ref[k] in the global layouts (tu_out_numel), slack rows 0
- * and lse -inf. */
-static void reference(const tu_case *c, mg_form f, const int32_t *cu, int64_t n_cu,
-                      double *const in[TU_N_IN], double *ref[TU_N_OUT]) {
-  const int64_t H = c->shape.heads;
-  for (int k = 0; k < TU_N_OUT; k++) {
-    const int64_t n = tu_out_numel(c, k);
-    ref[k] = malloc((size_t)n * sizeof(double));
-    assert_non_null(ref[k]);
-    for (int64_t i = 0; i < n; i++) ref[k][i] = k == TU_LSE ? -INFINITY : 0.0;
-  }
-  for (int64_t d = 0; d + 1 < n_cu; d++) {
-    const int64_t t0 = cu[d], L = cu[d + 1] - cu[d];
-    if (!L) continue;
-    tu_case cd = {.shape = c->shape, .B = 1, .S = L, .causal = c->causal};
-    double *din[TU_N_IN];
-    for (int k = 0; k < TU_N_IN; k++) {
-      int64_t B, S, w;
-      tu_in_dims(c, k, &B, &S, &w);
-      din[k] = k == TU_W ? in[k] : in[k] + t0 * w;
-    }
-    tu_run run;
-    mg_diag dg = MG_DIAG_INIT;
-    if (tu_run_form(&cd, f, 1, 0, NULL, MG_F32, din, &run, &dg))
-      fail_msg("reference, document %lld: %s", (long long)d, mg_diag_msg(&dg));
-    for (int k = 0; k < TU_N_OUT; k++) {
-      const float *got = tu_out_ptr(&run, k);
-      if (k == TU_DW) {
-        for (int64_t i = 0; i < tu_out_numel(c, k); i++) ref[k][i] += got[i];
-      } else if (k == TU_LSE) { /* [1, H, S] */
-        for (int64_t h = 0; h < H; h++)
-          for (int64_t i = 0; i < L; i++) ref[k][h * CAP + t0 + i] = got[h * L + i];
-      } else {
-        const int64_t w = tu_out_numel(c, k) / CAP;
-        for (int64_t i = 0; i < L * w; i++) ref[k][t0 * w + i] = got[i];
-      }
-    }
-    tu_run_free(&run);
-  }
-}
+/* test_sm90: a fragment every plan's kernel list must have (the sm_90a varlen family) */
+static const char *g_want_kernel;
 
 /* The varlen plan of form f at (c: B 1, S CAP). */
 static mg_plan *varlen_plan(const tu_case *c, mg_form f, mg_dtype dt) {
@@ -97,14 +64,14 @@ static mg_plan *varlen_plan(const tu_case *c, mg_form f, mg_dtype dt) {
 }
 
 /* Runs form f's varlen plan on in (slack rows NaN) with cu (n_cu entries) and checks it
- * against reference(). */
+ * against tv_reference (tests/varlen_test_util.h). */
 static void check_varlen(const tu_case *c, mg_form f, double *const in[TU_N_IN],
                          const int32_t *cu, int64_t n_cu, host_ops *h, mg_gen *gen) {
   mg_diag d = MG_DIAG_INIT;
   const mg_dtype dt = MG_BF16;
-  const int64_t T = cu[n_cu - 1], H = c->shape.heads;
-  double *ref[TU_N_OUT];
-  reference(c, f, cu, n_cu, in, ref);
+  const int64_t T = cu[n_cu - 1];
+  double *ref[TU_N_OUT] = {0};
+  assert_int_equal(tv_reference(c, cu, n_cu, in, ref), 0);
   mg_plan *plan = varlen_plan(c, f, dt);
   mg_cuda_exec *x;
   mg_cuda_exec_opts eo = {.gen = gen};
@@ -120,6 +87,16 @@ static void check_varlen(const tu_case *c, mg_form f, double *const in[TU_N_IN],
     n_varlen += vl;
   }
   assert_true(n_varlen >= 1);
+  if (g_want_kernel) {
+    int found = 0;
+    for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+      const char *name, *why;
+      mg_cuda_exec_kernel_info(x, i, &name, &why);
+      if (strstr(name, g_want_kernel)) found = 1;
+      if (strstr(name, "attn") || strstr(name, "mqa")) print_message("  %s: %s\n", name, why);
+    }
+    if (!found) fail_msg("%s: no kernel named *%s*", mg_form_name(f), g_want_kernel);
+  }
   /* the workspace: the layout's, cuBLAS's 32 MiB, then cu_seqlens (seq + 1 int32, 256-aligned) */
   static mg_plan_mem mem;
   if (mg_plan_mem_layout(plan, 256, &mem, &d)) fail_msg("%s", mg_diag_msg(&d));
@@ -162,68 +139,40 @@ static void check_varlen(const tu_case *c, mg_form f, double *const in[TU_N_IN],
   for (int k = 0; k < TU_N_OUT; k++) {
     const int64_t n = tu_out_numel(c, k);
     const void *got = k == TU_LSE ? lse : outs[k];
-    double *g = malloc((size_t)n * sizeof(double)), *w = malloc((size_t)n * sizeof(double));
-    assert_true(g && w);
-    int64_t m = 0, slack_bad = 0;
-    for (int64_t i = 0; i < n; i++) {
-      const double v = k == TU_LSE || k == TU_DW ? ((const float *)got)[i]
-                                                 : e16_to_f32(dt, ((const e16 *)got)[i]);
-      /* the row's token (lse [1, H, S]; dw_kv_b has none) */
-      const int64_t tok = k == TU_DW ? 0 : k == TU_LSE ? i % CAP : i / (n / CAP);
-      if (k != TU_DW && tok >= T) { /* slack: exactly 0, or -inf for lse */
-        if (k == TU_LSE ? !(isinf(v) && v < 0) : v != 0.0) {
-          if (!slack_bad) fprintf(stderr, "%s %s: slack token %lld: %g\n", mg_form_name(f),
-                                  tu_out_names[k], (long long)tok, v);
-          slack_bad++;
-        }
-        continue;
-      }
-      if (k == TU_LSE && isinf(ref[k][i])) { /* no keys (not in this stream: every valid query sees itself) */
-        slack_bad += !(isinf(v) && v < 0);
-        continue;
-      }
-      g[m] = v, w[m] = ref[k][i], m++;
-    }
+    double *g = malloc((size_t)n * sizeof(double));
+    assert_non_null(g);
+    for (int64_t i = 0; i < n; i++)
+      g[i] = k == TU_LSE || k == TU_DW ? ((const float *)got)[i] : e16_to_f32(dt, ((const e16 *)got)[i]);
     char what[256];
     snprintf(what, sizeof what, "varlen %s T %lld %s: %s", mg_form_name(f), (long long)T,
              c->causal ? "causal" : "non-causal", tu_out_names[k]);
-    if (m) {
-      cc_result r = tu_check(what, g, w, m, tu_rms(w, m), tu_tol_bf16[k], k == TU_LSE ? 0 : tu_out_cols(c, k));
-      e[k] = r.min_atol;
-      if (e[k] > g_worst[k]) g_worst[k] = e[k];
-      bad += !cc_ok(&r);
-    } else if (k == TU_DW) { /* T = 0: no valid token, dw_kv_b = 0 */
-      for (int64_t i = 0; i < n; i++) slack_bad += ((const float *)got)[i] != 0.0f;
-    }
-    if (slack_bad) fprintf(stderr, "%s: %lld slack element(s) not %s\n", what, (long long)slack_bad,
-                           k == TU_LSE ? "-inf" : "0");
-    bad += slack_bad != 0;
-    free(g), free(w);
+    /* slack rows exactly 0 (lse -inf), then every element against the reference */
+    const int64_t slack = tv_slack_wrong(c, T, k, g);
+    if (slack) fprintf(stderr, "%s: %lld slack element(s) not %s\n", what, (long long)slack,
+                       k == TU_LSE ? "-inf" : "0");
+    cc_result r = tu_check(what, g, ref[k], n, tu_rms(ref[k], n), tu_tol_bf16[k], tu_out_cols(c, k));
+    e[k] = r.min_atol;
+    if (e[k] > g_worst[k]) g_worst[k] = e[k];
+    bad += !cc_ok(&r) + (slack != 0);
+    free(g);
   }
   print_message("  %-8s T %3lld %-10s needed atol o %.1e lse %.1e dq %.1e dc_kv %.1e dk_rope %.1e "
                 "dw_kv_b %.1e  (%d kernels, %d varlen)\n",
                 mg_form_name(f), (long long)T, c->causal ? "causal" : "non-causal", e[TU_O],
                 e[TU_LSE], e[TU_DQ], e[TU_DCKV], e[TU_DKROPE], e[TU_DW],
                 mg_cuda_exec_kernel_count(x), n_varlen);
-  (void)H;
   if (bad) fail_msg("varlen %s: %d output(s) wrong", mg_form_name(f), bad);
   mg_cuda_exec_destroy(x);
   for (int k = 0; k < TU_N_IN; k++) free(inb[k]);
-  for (int k = 0; k < TU_N_OUT; k++) free(outs[k]), free(ref[k]);
+  for (int k = 0; k < TU_N_OUT; k++) free(outs[k]);
+  tu_free(ref, TU_N_OUT);
   free(ws), free(saved), free(plan);
 }
 
-/* Random inputs for a stream of capacity CAP, rounded to bf16, NaN in the slack rows
- * (t >= T) of q, c_kv, k_rope and do. */
+/* tv_inputs (NaN in the slack rows t >= T of q, c_kv, k_rope and do), bf16 values. */
 static void packed_inputs(const tu_case *c, int64_t T, uint64_t seed, double *in[TU_N_IN]) {
-  assert_int_equal(tu_inputs(c, seed, in), 0);
-  round_inputs(c, MG_BF16, in);
-  for (int k = 0; k < TU_N_IN; k++) {
-    if (k == TU_W) continue;
-    int64_t B, S, w;
-    tu_in_dims(c, k, &B, &S, &w);
-    for (int64_t i = T * w; i < S * w; i++) in[k][i] = NAN;
-  }
+  assert_int_equal(tv_inputs(c, T, seed, in), 0);
+  round_inputs(c, MG_BF16, in); /* NaN stays NaN */
 }
 
 static void check_forms(int causal) {
@@ -256,6 +205,62 @@ static void test_forms_causal(void **state) {
 static void test_forms_noncausal(void **state) {
   (void)state;
   check_forms(0);
+}
+
+/* Host ops claiming an sm_90a device with the fake driver's tensor-map encoder: the
+ * explicit and laga-cp varlen plans run attn_fwd_sm90's varlen variant (its tensor maps
+ * encoded at each launch; the host executor's sm_90a emulation), the absorbed one its
+ * default families' (mqa_fwd_sm90 is on request), all against the same reference. */
+static void test_sm90(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  fake_driver_use(MLAGEN_FAKE_CUDA);
+  const mg_driver *drv = NULL;
+  if (mg_driver_get(&drv, &d)) fail_msg("fake driver: %s", mg_diag_msg(&d));
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  host_ops *h = host_ops_new(g);
+  snprintf(h->base.arch, sizeof h->base.arch, "sm_90a");
+  snprintf(h->base.device, sizeof h->base.device, "Host Test GPU");
+  h->base.drv = drv;
+  char dir[] = "/tmp/mlagen-tuned-XXXXXX"; /* an empty store: every kernel its default */
+  assert_non_null(mkdtemp(dir));
+  setenv("MLAGEN_TUNED_DIR", dir, 1);
+  tu_case c = {.shape = tu_shape(2, 64, 32, 64, 256), .B = 1, .S = CAP, .causal = 1};
+  double *in[TU_N_IN] = {0};
+  packed_inputs(&c, k_cu[N_CU - 1], g_seed + 3, in);
+  g_want_kernel = "mla_attn_fwd_sm90_";
+  check_varlen(&c, MG_FORM_EXPLICIT, in, k_cu, N_CU, h, g);
+  check_varlen(&c, MG_FORM_LAGA_CP, in, k_cu, N_CU, h, g);
+  g_want_kernel = NULL;
+  check_varlen(&c, MG_FORM_ABSORBED, in, k_cu, N_CU, h, g);
+  tu_free(in, TU_N_IN);
+  /* a shape attn_fwd_sm90 refuses (d_v 48): the portable attn_fwd's varlen variant, and
+   * its why says so */
+  tu_case odd = {.shape = tu_shape(2, 64, 32, 48, 256), .B = 1, .S = CAP, .causal = 1};
+  mg_plan *plan = varlen_plan(&odd, MG_FORM_EXPLICIT, MG_BF16);
+  mg_cuda_exec_opts eo = {.gen = g};
+  mg_cuda_exec *x = NULL;
+  if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));
+  int fwd = 0;
+  for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+    const char *name, *why;
+    mg_cuda_exec_kernel_info(x, i, &name, &why);
+    if (strncmp(name, "mla_attn_fwd_", 13)) continue;
+    print_message("  %s: %s\n", name, why);
+    assert_int_equal(strncmp(name, "mla_attn_fwd_h", 14), 0);
+    assert_non_null(strstr(name, "_varlen"));
+    assert_non_null(strstr(why, "attn_fwd_sm90 refused the spec"));
+    fwd++;
+  }
+  assert_int_equal(fwd, 1);
+  mg_cuda_exec_destroy(x);
+  free(plan);
+  unsetenv("MLAGEN_TUNED_DIR");
+  rmdir(dir);
+  mg_dev_ops_destroy(&h->base);
+  mg_gen_close(g);
+  mg_diag_clear(&d);
 }
 
 /* One run that must fail with MLAGEN_EINVAL and msg in the message, queueing nothing. */
@@ -355,6 +360,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_forms_causal),
       cmocka_unit_test(test_forms_noncausal),
+      cmocka_unit_test(test_sm90),
   };
   return cmocka_run_group_tests(tests, NULL, report_worst);
 }

@@ -36,6 +36,10 @@ typedef void (*pre_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_ac
 typedef void (*mqa_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
                        const float *delta, e16 *out, int seqlen_q, int seqlen_k, int q_pos0,
                        float softmax_scale);
+/* Their packed-sequence variants (spec.varlen): the same, then cu_seqlens, n_seqs. */
+typedef void (*mqa_varlen_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
+                              const float *delta, e16 *out, int seqlen_q, int seqlen_k,
+                              int q_pos0, float softmax_scale, const int *cu_seqlens, int n_seqs);
 
 /* dq_convert, reused for the fp32 dc_accum of mqa_bwd_dkv with qsplit > 1 (heads = 1). */
 typedef void (*conv_fn)(const float *accum, e16 *out, int rows);
@@ -47,6 +51,7 @@ typedef struct built_kernel {
   int fam;
   int rows;      /* query rows (pre), keys (dkv) or packed rows (dq) per CTA */
   int qsplit;    /* dkv: CTAs per key tile (> 1: fp32 atomics into dc_accum) */
+  int varlen;    /* the packed-sequence variant (mqa_varlen_fn) */
 } built_kernel;
 
 static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }
@@ -55,6 +60,10 @@ static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignmen
  * test sets fp16). */
 static int g_fp16;
 static e16 float_to_e(float x) { return float_to_e16(g_fp16, x); }
+
+/* 1: make_spec gives mqa_bwd_dkv and mqa_bwd_dq their packed-sequence variants
+ * (attn_bwd_pre stays unpacked: its delta of slack rows is NaN, which they must not read). */
+static int g_varlen;
 
 /* The absorbed kernels read d_c and d_r; d_n and d_v are the explicit form's (ignored).
  * attn_bwd_pre computes delta over d_v columns: it gets d_v = d_n = d_c. */
@@ -65,6 +74,7 @@ static mg_kernel_spec make_spec(const char *family, int H, int dc, int dr, int c
   const int pre = !strcmp(family, "attn_bwd_pre");
   s.heads = H, s.d_c = dc, s.d_r = dr, s.causal = causal;
   s.d_n = pre ? dc : 128, s.d_v = pre ? dc : 128;
+  s.varlen = g_varlen && (!strcmp(family, "mqa_bwd_dkv") || !strcmp(family, "mqa_bwd_dq"));
   snprintf(s.dtype, sizeof s.dtype, "%s", g_fp16 ? "fp16" : "bf16");
   return s;
 }
@@ -92,6 +102,7 @@ static int build_edit(const mg_kernel_spec *spec, kh_edit_fn edit, void *ctx, bu
               : out->fam == FAM_DQ  ? kh_config_int(k, "block_m")
                                     : 1;
   out->qsplit = out->fam == FAM_DKV ? kh_config_int(k, "qsplit") : 1;
+  out->varlen = spec->varlen;
   assert_int_equal(kh_launch_value(k, "smem_static"), 0);
   return 1;
 }
@@ -101,6 +112,8 @@ static void build(const mg_kernel_spec *spec, built_kernel *out) { build_src(spe
 /* One case: bf16 inputs, the float64 forward (o, lse) and gradients, the kernels' outputs. */
 typedef struct mqa_case {
   int B, sq, sk, H, dc, dr, q_pos0;
+  const int *cu; /* packed sequences: cu [n_cu + 1], batch 1 (NULL: not packed) */
+  int n_cu;
   float scale;
   e16 *q, *c, *dout, *o16;
   float *lse32;
@@ -127,11 +140,14 @@ static e16 *rand_e16(size_t n, double sd, double *as_double) {
  * bound of ambiguous 16-bit roundings (see the tolerances below). */
 #define FLIP_EPS 3e-5
 
-static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int sq, int sk,
-                      int q_pos0) {
+/* Packed (cu not NULL, B 1): every slack row (token >= cu[n_cu]) of q, c, dout, o16 and
+ * lse32 is NaN, before the reference runs (it reads none of them). */
+static void case_init_cu(mqa_case *c, int H, int dc, int dr, int causal, int B, int sq, int sk,
+                         int q_pos0, const int *cu, int n_cu) {
   const int w = dc + dr;
   memset(c, 0, sizeof *c);
   c->B = B, c->sq = sq, c->sk = sk, c->H = H, c->dc = dc, c->dr = dr, c->q_pos0 = q_pos0;
+  c->cu = cu, c->n_cu = n_cu;
   /* as the explicit head dim d_qk = w / 3 would have it, times DeepSeek's mscale^2 */
   c->scale = (float)kt_softmax_scale(w / 3);
   c->nq = (size_t)B * sq * H * w;
@@ -144,11 +160,24 @@ static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int
   c->q = rand_e16(c->nq, kt_q_sd(c->scale, w), qd); /* scores with sd 2 */
   c->c = rand_e16(c->nc, 1, cd);
   c->dout = rand_e16(c->no, 1, dod);
-  mqa_ref_fwd(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, od, lsed);
+  const int T = cu ? cu[n_cu] : 0;
+  for (int i = 0; cu && i < sq; i++)
+    if (q_pos0 + i >= T) {
+      for (size_t k = 0; k < (size_t)H * w; k++) c->q[(size_t)i * H * w + k] = 0x7fff, qd[(size_t)i * H * w + k] = NAN;
+      for (size_t k = 0; k < (size_t)H * dc; k++) c->dout[(size_t)i * H * dc + k] = 0x7fff, dod[(size_t)i * H * dc + k] = NAN;
+    }
+  for (int j = T; cu && j < sk; j++)
+    for (int k = 0; k < w; k++) c->c[(size_t)j * w + k] = 0x7fff, cd[(size_t)j * w + k] = NAN;
+  mqa_ref_fwd_varlen(B, sq, sk, H, dc, dr, causal, q_pos0, cu, n_cu, c->scale, qd, cd, od, lsed);
   c->o16 = xcalloc(c->no, sizeof *c->o16);
   c->lse32 = xcalloc(c->nl, sizeof *c->lse32);
   for (size_t i = 0; i < c->no; i++) c->o16[i] = float_to_e((float)od[i]);
   for (size_t i = 0; i < c->nl; i++) c->lse32[i] = (float)lsed[i];
+  for (int i = 0; cu && i < sq; i++)
+    if (q_pos0 + i >= T) {
+      for (size_t k = 0; k < (size_t)H * dc; k++) c->o16[(size_t)i * H * dc + k] = 0x7fff;
+      for (int h = 0; h < H; h++) c->lse32[(size_t)h * sq + i] = NAN;
+    }
   c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
   c->r_dc = xcalloc(c->nc, sizeof *c->r_dc);
   c->f_dq = xcalloc(c->nq, sizeof *c->f_dq);
@@ -156,14 +185,19 @@ static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int
   /* the gradients from the stored o16 and lse32, P and scale dS rounded to 16 bits */
   for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, c->o16[i]);
   for (size_t i = 0; i < c->nl; i++) lsed[i] = c->lse32[i];
-  mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
-                    kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
-                    c->r_dc);
+  mqa_ref_bwd_mixed_varlen(B, sq, sk, H, dc, dr, causal, q_pos0, cu, n_cu, c->scale, qd, cd, dod,
+                           od, lsed, kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
+                           c->r_dc);
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   c->dq = xcalloc(c->nq, sizeof *c->dq);
   c->dcout = xcalloc(c->nc, sizeof *c->dcout);
   c->dc_accum = xcalloc(c->nc, sizeof *c->dc_accum);
   free(qd), free(cd), free(dod), free(od), free(lsed);
+}
+
+static void case_init(mqa_case *c, int H, int dc, int dr, int causal, int B, int sq, int sk,
+                      int q_pos0) {
+  case_init_cu(c, H, dc, dr, causal, B, sq, sk, q_pos0, NULL, 0);
 }
 
 static void case_free(mqa_case *c) {
@@ -184,6 +218,11 @@ static void thunk(void *p) {
     ((pre_fn)a->bk->kh.fn)(c->o16, c->dout, c->delta, NULL, c->sq);
   else if (a->bk->fam == FAM_CONV)
     ((conv_fn)a->bk->kh.fn)(c->dc_accum, c->dcout, c->sk);
+  else if (a->bk->varlen) /* dkv or dq; dkv with qsplit > 1 adds into dc_accum */
+    ((mqa_varlen_fn)(void (*)(void))a->bk->kh.fn)(
+        c->q, c->c, c->dout, c->lse32, c->delta,
+        a->bk->fam == FAM_DQ ? c->dq : a->bk->qsplit > 1 ? (e16 *)(void *)c->dc_accum : c->dcout,
+        c->sq, c->sk, c->q_pos0, c->scale, c->cu, c->n_cu);
   else if (a->bk->fam == FAM_DKV && a->bk->qsplit > 1)
     ((mqa_fn)a->bk->kh.fn)(c->q, c->c, c->dout, c->lse32, c->delta, (e16 *)(void *)c->dc_accum,
                         c->sq, c->sk, c->q_pos0, c->scale);
@@ -587,6 +626,119 @@ static void test_mutations_caught(void **state) {
   kt_noise_quiet = 0;
 }
 
+/* ---- packed sequences (issue 16, spec.varlen) ----
+ * Documents of lengths 1, 2, 3, 17, an empty one, 64 and 200 (T = 287 tokens) in a buffer
+ * of VL_TCAP = 300, batch 1, or one document of 200; cu_seqlens padded with T to n_seqs =
+ * VL_TCAP (as the CUDA executor passes it: entries not distinct) or exact. NaN in every
+ * slack row of q, c, dout, o16 and lse32 (so attn_bwd_pre's delta there is NaN too). */
+enum { VL_TCAP = 300 };
+static const int g_vl_docs[] = {1, 2, 3, 17, 0, 64, 200};
+#define VL_NDOCS ((int)(sizeof g_vl_docs / sizeof g_vl_docs[0]))
+
+/* cu [n_pad + 1] of the documents lens[n] (n_pad >= n: entries past n repeat T). */
+static void vl_cu(const int *lens, int n, int n_pad, int *cu) {
+  cu[0] = 0;
+  for (int d = 0; d < n_pad; d++) cu[d + 1] = cu[d] + (d < n ? lens[d] : 0);
+}
+
+static void run_varlen(const bwd_set *bs, int causal, int sq, int sk, int q_pos0, const int *cu,
+                       int n_cu) {
+  mqa_case c;
+  const mg_kernel_spec *s = &bs->dkv.kh.spec;
+  case_init_cu(&c, s->heads, s->d_c, s->d_r, causal, 1, sq, sk, q_pos0, cu, n_cu);
+  const double secs = run_pipeline(bs, &c, NULL);
+  check(bs, &c, secs);
+  case_free(&c);
+}
+
+/* The packed variants against mqa_ref_bwd_mixed_varlen (each row's document range from its
+ * own walk over cu_seqlens), causal and not, 288/256 at H = 2, defaults: the many documents
+ * (cu padded), one document, a query shard at token 150 of 300 keys (it cuts the
+ * 200-token document); then H = 5 causal with dkv qsplit 2 (fp32 atomics) and dq's one
+ * stage, nsplit 4: 120 queries. dq = 0 for slack rows, dc = 0 for keys no query sees. */
+static void test_varlen(void **state) {
+  (void)state;
+  int cu_pad[VL_TCAP + 1], cu[VL_NDOCS + 1];
+  vl_cu(g_vl_docs, VL_NDOCS, VL_TCAP, cu_pad);
+  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  static const int cu_one[] = {0, 200};
+  g_varlen = 1;
+  for (int causal = 1; causal >= 0; causal--) {
+    bwd_set bs;
+    set_build(&bs, 2, 256, 32, causal, NULL, NULL);
+    run_varlen(&bs, causal, VL_TCAP, VL_TCAP, 0, cu_pad, VL_TCAP);
+    run_varlen(&bs, causal, VL_TCAP, VL_TCAP, 0, cu_one, 1);
+    run_varlen(&bs, causal, 100, VL_TCAP, 150, cu, VL_NDOCS);
+    set_unload(&bs);
+  }
+  static const char *const dkv_cfg[] = {"qsplit=2", NULL};
+  static const char *const dq_cfg[] = {"stages=1", "nsplit=4", "block_n=64", "mtiles=1", NULL};
+  bwd_set bs;
+  set_build(&bs, 5, 256, 32, 1, dkv_cfg, dq_cfg);
+  run_varlen(&bs, 1, 120, VL_TCAP, 0, cu, VL_NDOCS);
+  set_unload(&bs);
+  g_varlen = 0;
+}
+
+/* Off-by-one document boundaries injected into the packed variants (kt_mutate_edit) must
+ * fail the per-element check on the many documents: dkv's keys also seen by the query
+ * before their range (causal), dq's rows also seeing the key before theirs (non-causal). */
+static void test_varlen_mutations_caught(void **state) {
+  (void)state;
+  static kt_mutation muts[] = {
+      {"dkv: key's query range starts one early", "if (key < seqlen_k) vl.queries<CAUSAL>(key, qr.lo[r], qr.hi[r]);",
+       "if (key < seqlen_k) M_;", "#define M_ vl.queries<CAUSAL>(key, qr.lo[r], qr.hi[r]), qr.lo[r] -= qr.lo[r] > 0", ""},
+      {"dq: row's key range starts one early", "kr.hi[r] = min(kr.hi[r], seqlen_k);", "kr.hi[r] = M_;",
+       "#define M_ min(kr.hi[r], seqlen_k), kr.lo[r] -= kr.lo[r] > 0", ""},
+  };
+  int cu[VL_NDOCS + 1];
+  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  kt_noise_quiet = 1; /* not noise */
+  g_varlen = 1;
+  for (int mi = 0; mi < 2; mi++) {
+    const int causal = mi == 0;
+    bwd_set bs;
+    memset(&bs, 0, sizeof bs);
+    mg_kernel_spec s = make_spec("attn_bwd_pre", 2, 256, 32, causal);
+    build(&s, &bs.pre);
+    s = make_spec(mi ? "mqa_bwd_dkv" : "mqa_bwd_dq", 2, 256, 32, causal);
+    build(&s, mi ? &bs.dkv : &bs.dq);
+    s = make_spec(mi ? "mqa_bwd_dq" : "mqa_bwd_dkv", 2, 256, 32, causal);
+    if (!build_edit(&s, kt_mutate_edit, &muts[mi], mi ? &bs.dq : &bs.dkv)) fail_msg("%s", muts[mi].error);
+    mqa_case c;
+    case_init_cu(&c, 2, 256, 32, causal, 1, VL_TCAP, VL_TCAP, 0, cu, VL_NDOCS);
+    run_pipeline(&bs, &c, NULL);
+    double r[3];
+    char msg[400];
+    const size_t nans = compare(&c, r, msg, sizeof msg);
+    print_message("  [%s] %s: %s\n", muts[mi].name, causal ? "causal" : "full", msg[0] ? msg : "NOT CAUGHT");
+    if (nans) fail_msg("%s: NaN outputs, not a numerical failure", muts[mi].name);
+    if (!msg[0]) fail_msg("%s: passes the per-element check", muts[mi].name);
+    case_free(&c);
+    set_unload(&bs);
+  }
+  g_varlen = 0;
+  kt_noise_quiet = 0;
+}
+
+/* The packed variants of both families' defaults (and dkv's with qsplit 8) compile for
+ * sm_80 and sm_90a without spills or a stack frame (causal), at 576/512 H 16 (the
+ * unpacked sweeps cover 288/256). */
+static void test_nvrtc_varlen(void **state) {
+  (void)state;
+  kh_sweep sw;
+  kh_sweep_open(&sw, 70, KH_SWEEP_SMEM);
+  g_varlen = 1;
+  for (int f = 0; f < 3; f++) {
+    mg_kernel_spec s = make_spec(f == 2 ? "mqa_bwd_dq" : "mqa_bwd_dkv", 16, 512, 64, 1);
+    if (f == 1) set(&s, "qsplit=8");
+    assert_true(s.varlen);
+    assert_true(kh_sweep_compile(&sw, &s, "varlen "));
+  }
+  g_varlen = 0;
+  kh_sweep_close(&sw);
+}
+
 /* The child side of test_asan: the kernels (pre, dkv, dq) built with ASan
  * (MG_HOST_ASAN=1, see kh_run_asan_child) on small cases, in a process that has the ASan
  * runtime preloaded. */
@@ -597,6 +749,14 @@ static void asan_case_run(void **state) {
   run_case(&bs, 1, 2, 37, 37, 0);
   run_case(&bs, 1, 1, 20, 50, 30);
   set_unload(&bs);
+  /* the packed variants: their reads of cu_seqlens and of the rows their ranges name */
+  int cu[VL_NDOCS + 1];
+  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  g_varlen = 1;
+  set_build(&bs, 2, 256, 32, 1, NULL, NULL);
+  run_varlen(&bs, 1, 100, VL_TCAP, 200, cu, VL_NDOCS);
+  set_unload(&bs);
+  g_varlen = 0;
 }
 
 static void test_asan(void **state) {
@@ -623,6 +783,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nvrtc_288_dq_pre),
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_asan),
+      cmocka_unit_test(test_varlen),
+      cmocka_unit_test(test_varlen_mutations_caught),
+      cmocka_unit_test(test_nvrtc_varlen),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

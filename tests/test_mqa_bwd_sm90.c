@@ -20,7 +20,9 @@
  * attn_bwd_pre stores up to its fp32 summation order). Inputs: random bf16 (fp16 in one
  * case), scores with standard deviation 2 under DeepSeek's YaRN softmax scale (the seed is
  * printed, MLAGEN_TEST_SEED overrides it). The host executor is slow on 576-wide heads: the
- * shapes are few and small, each chosen for a property (named at its case). */
+ * shapes are few and small, each chosen for a property (named at its case). The
+ * packed-sequence variants ("_varlen") against mqa_ref.h run per document (case_init_cu),
+ * NaN in every slack row, wrong boundaries caught. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,6 +45,11 @@ typedef struct { tmap_t m[3]; } tmaps3_t;
 typedef void (*dkv_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
                        const float *delta, e16 *dc, int seqlen_q, int seqlen_k, int q_pos0,
                        float softmax_scale, tmaps3_t tmaps);
+/* the packed-sequence variants (spec.varlen): the same, then cu_seqlens and n_seqs */
+typedef void (*dkv_varlen_fn)(const e16 *q, const e16 *c, const e16 *dout, const float *lse,
+                              const float *delta, e16 *dc, int seqlen_q, int seqlen_k,
+                              int q_pos0, float softmax_scale, tmaps3_t tmaps,
+                              const int *cu_seqlens, int n_seqs);
 
 static int g_fp16;
 static int g_dq; /* the kernels built next: mqa_bwd_dq_sm90 (1) or mqa_bwd_dkv_sm90 (0) */
@@ -76,6 +83,8 @@ typedef struct bwd_case {
   size_t nq, nc, no, nl;
   double *r_dc, *f_dc, *r_dq, *f_dq;
   tmap_t *tmaps; /* [3] */
+  const int *cu; /* packed sequences: cu_seqlens [n_cu + 1] (batch 1), else NULL */
+  int n_cu;
 } bwd_case;
 
 #define FLIP_EPS 3e-5 /* as test_mqa_bwd.c: the kernel's own fp32 error in a P or dS element */
@@ -105,7 +114,23 @@ static void encode_maps(bwd_case *c, const kh_kernel *kh) {
     fail_msg("mg_sm90_mqa_bwd_tmaps: %s", mg_diag_msg(&d));
 }
 
-static void case_init(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, int q_pos0) {
+/* Document d of cu: its keys [*k0, *k0 + *len) and the queries [*ia, *ib) of the sq at
+ * positions q_pos0.. inside it; 0 when it has no key or no such query. */
+static int doc_queries(const int *cu, int d, int q_pos0, int sq, int *k0, int *len, int *ia,
+                       int *ib) {
+  *k0 = cu[d], *len = cu[d + 1] - cu[d];
+  *ia = *k0 - q_pos0 > 0 ? *k0 - q_pos0 : 0;
+  *ib = *k0 + *len - q_pos0 < sq ? *k0 + *len - q_pos0 : sq;
+  return *len > 0 && *ia < *ib;
+}
+
+/* A case; cu (n_cu documents; NULL: not packed) makes it a packed one (B must be 1): NaN in
+ * every slack row (position >= cu[n_cu]) of q, c and dout, and (as the forward's outputs)
+ * in the slack rows' LSE and delta; the reference per document: each document's queries
+ * (positions inside it, found by this loop over cu, never mg_varlen or mla::Varlen) over its
+ * keys as an unpacked mqa_ref.h case. */
+static void case_init_cu(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, int q_pos0,
+                         const int *cu, int n_cu) {
   const mg_kernel_spec *s = &kh->spec;
   const int H = s->heads, dc = s->d_c, dr = s->d_r, w = dc + dr;
   memset(c, 0, sizeof *c);
@@ -124,7 +149,27 @@ static void case_init(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, i
   c->q = rand_e16(c->nq, kt_q_sd(c->scale, w), qd); /* scores with sd 2 */
   c->c = rand_e16(c->nc, 1, cd);
   c->dout = rand_e16(c->no, 1, dod);
-  mqa_ref_fwd(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, od, lsed);
+  c->cu = cu, c->n_cu = n_cu;
+  const int T = cu ? cu[n_cu] : 0, i_slack = cu ? (T - q_pos0 > 0 ? T - q_pos0 : 0) : sq;
+  if (cu) {
+    for (size_t i = (size_t)i_slack * H * w; i < c->nq; i++) c->q[i] = 0x7fff, qd[i] = NAN;
+    for (size_t i = (size_t)i_slack * H * dc; i < c->no; i++) c->dout[i] = 0x7fff, dod[i] = NAN;
+    for (size_t i = (size_t)T * w; i < c->nc; i++) c->c[i] = 0x7fff, cd[i] = NAN;
+    for (size_t i = 0; i < c->nl; i++) lsed[i] = NAN;
+  }
+  if (!cu) {
+    mqa_ref_fwd(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, od, lsed);
+  } else {
+    for (int d = 0, k0, len, ia, ib; d < n_cu; d++) {
+      if (!doc_queries(cu, d, q_pos0, sq, &k0, &len, &ia, &ib)) continue;
+      const int n = ib - ia;
+      double *l = xcalloc((size_t)H * n, sizeof *l);
+      mqa_ref_fwd(1, n, len, H, dc, dr, c->causal, q_pos0 + ia - k0, c->scale, qd + (size_t)ia * H * w,
+                  cd + (size_t)k0 * w, od + (size_t)ia * H * dc, l);
+      for (int h = 0; h < H; h++) memcpy(lsed + (size_t)h * sq + ia, l + (size_t)h * n, (size_t)n * sizeof *l);
+      free(l);
+    }
+  }
   c->lse = xcalloc(c->nl, sizeof *c->lse);
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, float_to_e16(g_fp16, (float)od[i]));
@@ -141,14 +186,31 @@ static void case_init(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, i
   c->f_dc = xcalloc(c->nc, sizeof *c->f_dc);
   c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
   c->f_dq = xcalloc(c->nq, sizeof *c->f_dq);
-  mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
-                    kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
-                    c->r_dc);
+  if (!cu) {
+    mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
+                      kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
+                      c->r_dc);
+  } else {
+    for (int d = 0, k0, len, ia, ib; d < n_cu; d++) {
+      if (!doc_queries(cu, d, q_pos0, sq, &k0, &len, &ia, &ib)) continue;
+      const int n = ib - ia;
+      double *l = xcalloc((size_t)H * n, sizeof *l);
+      for (int h = 0; h < H; h++) memcpy(l + (size_t)h * n, lsed + (size_t)h * sq + ia, (size_t)n * sizeof *l);
+      const size_t qo = (size_t)ia * H * w, oo = (size_t)ia * H * dc, co = (size_t)k0 * w;
+      mqa_ref_bwd_mixed(1, n, len, H, dc, dr, c->causal, q_pos0 + ia - k0, c->scale, qd + qo,
+                        cd + co, dod + oo, od + oo, l, kt_round_fn(g_fp16), FLIP_EPS,
+                        c->f_dq + qo, c->f_dc + co, c->r_dq + qo, c->r_dc + co);
+      free(l);
+    }
+  }
   c->out = xcalloc(c->dq ? c->nq : c->nc, sizeof *c->out);
   c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
   memset(c->tmaps, 0, 3 * sizeof(tmap_t));
   encode_maps(c, kh);
   free(qd), free(cd), free(dod), free(od), free(lsed);
+}
+static void case_init(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, int q_pos0) {
+  case_init_cu(c, kh, B, sq, sk, q_pos0, NULL, 0);
 }
 
 static void case_free(bwd_case *c) {
@@ -163,6 +225,12 @@ typedef struct launch_args {
 static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
+  if (c->cu) {
+    ((dkv_varlen_fn)a->bk->kh.fn)(c->q, c->c, c->dout, c->lse, c->delta, c->out, c->sq, c->sk,
+                                  c->q_pos0, c->scale, *(const tmaps3_t *)c->tmaps, c->cu,
+                                  c->n_cu);
+    return;
+  }
   a->bk->fn(c->q, c->c, c->dout, c->lse, c->delta, c->out, c->sq, c->sk, c->q_pos0, c->scale,
             *(const tmaps3_t *)c->tmaps);
 }
@@ -220,24 +288,29 @@ static size_t compare(const bwd_case *c, double ratio[2], char *msg, size_t n) {
   return nans;
 }
 
-static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+static void run_case_cu(const built_kernel *bk, int B, int sq, int sk, int q_pos0,
+                        const int *cu, int n_cu) {
   bwd_case c;
-  case_init(&c, &bk->kh, B, sq, sk, q_pos0);
+  case_init_cu(&c, &bk->kh, B, sq, sk, q_pos0, cu, n_cu);
   char msg[1024];
   double t0 = kh_now();
   if (launch_case(bk, &c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
   double r[2];
   size_t nans = compare(&c, r, msg, sizeof msg);
   if (c.dq)
-    print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dq %.2f (%.2f s)\n",
-                  bk->kh.name + strlen("mla_mqa_bwd_"), B, sq, sk, q_pos0, r[0], kh_now() - t0);
+    print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d%s: err/bound dq %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_mqa_bwd_"), B, sq, sk, q_pos0, cu ? " packed" : "",
+                  r[0], kh_now() - t0);
   else
-    print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound dc_kv %.2f dk_rope %.2f (%.2f s)\n",
-                  bk->kh.name + strlen("mla_mqa_bwd_"), B, sq, sk, q_pos0, r[0], r[1],
-                  kh_now() - t0);
+    print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d%s: err/bound dc_kv %.2f dk_rope %.2f (%.2f s)\n",
+                  bk->kh.name + strlen("mla_mqa_bwd_"), B, sq, sk, q_pos0, cu ? " packed" : "",
+                  r[0], r[1], kh_now() - t0);
   if (nans) fail_msg("%zu NaN outputs", nans);
   if (msg[0]) fail_msg("%s", msg);
   case_free(&c);
+}
+static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  run_case_cu(bk, B, sq, sk, q_pos0, NULL, 0);
 }
 
 /* DeepSeek's latent (d_c 512, d_r 64: 576/512; the default, 1 stage: 2 do not fit), causal
@@ -450,6 +523,71 @@ static void test_dq_mutations_caught(void **state) {
   g_dq = 0;
 }
 
+/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
+ * buffer of T_CAP = 300 token rows, cu padded with T as the executor pads it. */
+#define T_CAP 300
+static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
+#define N_DOCS ((int)(sizeof g_docs / sizeof g_docs[0]) - 1)
+
+/* The packed-sequence variants (spec.varlen, "_varlen") of both kernels against the
+ * per-document reference (case_init_cu): 288/256, H 2, the default configuration, causal
+ * and not, every query over the short documents, and (causal) a shard of the second half
+ * (queries at 150..: the 200-token document cut by the shard's start, slack rows at its
+ * end); the causal variants at 576/512 compiled for sm_90a with no spill. NaN in every slack
+ * row of q, c, dout, LSE and delta. Then wrong boundaries caught: dkv with a key seen by one
+ * query position past its range, dq with a row seeing one key past its range (the check
+ * fails), dkv writing a slack key's dc from its accumulator instead of 0 (its NaN C rows
+ * make it NaN): NaN outputs. */
+static void test_varlen(void **state) {
+  (void)state;
+  kh_sweep sw;
+  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  for (g_dq = 0; g_dq < 2; g_dq++) {
+    for (int causal = 0; causal <= 1; causal++) {
+      mg_kernel_spec s = make_spec(2, 256, 32, causal);
+      s.varlen = 1;
+      built_kernel bk;
+      build_edit(&s, NULL, &bk);
+      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, g_docs, N_DOCS);
+      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, T_CAP / 2, g_docs, N_DOCS);
+      kh_free(&bk.kh);
+    }
+    mg_kernel_spec s = make_spec(2, 512, 64, 1);
+    s.varlen = 1;
+    kh_sweep_compile(&sw, &s, "");
+  }
+  kh_sweep_close(&sw);
+  static const struct {
+    int dq;
+    sm90_edit e;
+  } muts[] = {
+      {0, {"row < key_hi[k]", "row<=key_hi[k]"}},
+      {0, {"slack ? 0u : ", ""}},
+      {1, {"key >= row_hi[(i % 4) / 2]", "key > row_hi[(i % 4) / 2]"}},
+  };
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
+    g_dq = muts[m].dq;
+    mg_kernel_spec s = make_spec(2, 256, 32, 1);
+    s.varlen = 1;
+    built_kernel bk;
+    build_edit(&s, &muts[m].e, &bk);
+    bwd_case c;
+    case_init_cu(&c, &bk.kh, 1, T_CAP, T_CAP, 0, g_docs, N_DOCS);
+    char msg[1024];
+    if (launch_case(&bk, &c, 0, 0, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+    double r[2];
+    kt_noise_quiet = 1;
+    const size_t nans = compare(&c, r, msg, sizeof msg);
+    kt_noise_quiet = 0;
+    if (!nans && !msg[0]) fail_msg("'%s' -> '%s' was not caught", muts[m].e.from, muts[m].e.to);
+    print_message("  %s '%s' -> '%s': %zu NaN outputs; %.120s\n", bk.kh.name + strlen("mla_"),
+                  muts[m].e.from, muts[m].e.to, nans, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+  g_dq = 0;
+}
+
 static void test_deepseek(void **state) { (void)state; deepseek(); }
 static void test_dc256(void **state) { (void)state; dc256(); }
 static void test_schedules_bit_identical(void **state) { (void)state; schedules_bit_identical(); }
@@ -517,6 +655,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_dq_schedules_bit_identical),
       cmocka_unit_test(test_dq_mutations_caught),
       cmocka_unit_test(test_check_rejects),
+      cmocka_unit_test(test_varlen),
       cmocka_unit_test(test_nvrtc_kept_configs),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));

@@ -12,7 +12,9 @@
  * loader with the fake driver (tests/fake_cuda.c). Inputs: random bf16 (fp16 in one case),
  * scores with standard deviation 2 under DeepSeek's YaRN softmax scale (the seed is printed,
  * MLAGEN_TEST_SEED overrides it). The host executor is slow on 576-wide heads: the shapes are
- * few and small, each chosen for a property (named at its case). */
+ * few and small, each chosen for a property (named at its case). The packed-sequence variant
+ * ("_varlen") against sm90_test_util.h's own per-document float64 reference, NaN in every
+ * slack row, wrong boundaries caught. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,6 +36,10 @@
 typedef struct { tmap_t m[2]; } tmaps2_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
                        int seqlen_k, int q_pos0, float softmax_scale, tmaps2_t tmaps);
+/* the packed-sequence variant (spec.varlen): the same, then cu_seqlens and n_seqs */
+typedef void (*fwd_varlen_fn)(const e16 *q, const e16 *c, e16 *o, float *lse, int seqlen_q,
+                              int seqlen_k, int q_pos0, float softmax_scale, tmaps2_t tmaps,
+                              const int *cu_seqlens, int n_seqs);
 
 typedef struct launch_args {
   fwd_fn fn;
@@ -43,10 +49,19 @@ typedef struct launch_args {
   int sq, sk, q_pos0;
   float scale;
   const tmap_t *tmaps;
+  const int *cu; /* packed: cu_seqlens [n_cu + 1] (the variant), else NULL */
+  int n_cu;
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
+  if (a->cu) {
+    fwd_varlen_fn fn;
+    *(void **)&fn = *(void **)&a->fn;
+    fn(a->q, a->c, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale, *(const tmaps2_t *)a->tmaps,
+       a->cu, a->n_cu);
+    return;
+  }
   a->fn(a->q, a->c, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->scale, *(const tmaps2_t *)a->tmaps);
 }
 
@@ -75,6 +90,8 @@ typedef struct fwd_case {
   float *lse;
   size_t nq, nc, no, nl;
   tmap_t *tmaps; /* [2] */
+  const int *cu; /* packed sequences: cu_seqlens [n_cu + 1] (batch 1), else NULL */
+  int n_cu;
 } fwd_case;
 
 /* The maps of c's tensors for bk, made by the runtime's helper through the fake driver's
@@ -93,6 +110,7 @@ static void encode_maps(const built_kernel *bk, fwd_case *c) {
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_c + s->d_r, f16 = is_fp16(s);
+  memset(c, 0, sizeof *c);
   c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
   /* the explicit form's scale (d_n 128 + d_r 64, DeepSeek's mscale), as test_mqa_fwd.c */
   c->scale = (float)kt_softmax_scale(192);
@@ -120,7 +138,8 @@ static int launch_case(const built_kernel *bk, fwd_case *c, unsigned long long s
                        int round_robin, char *msg, size_t n) {
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
-  launch_args a = {bk->fn, c->q, c->c, c->o, c->lse, c->sq, c->sk, c->q_pos0, c->scale, c->tmaps};
+  launch_args a = {bk->fn, c->q,   c->c,     c->o,  c->lse, c->sq, c->sk,
+                   c->q_pos0, c->scale, c->tmaps, c->cu, c->n_cu};
   mg_host_dim3 grid = kh_grid(&bk->kh, c->sq, c->sk, c->B);
   assert_int_equal(grid.x, ((unsigned)c->sq * (unsigned)bk->kh.spec.heads + 63) / 64);
   return sm90_launch(&bk->kh, grid, thunk, &a, seed, round_robin, msg, n);
@@ -145,27 +164,66 @@ static size_t compare(const built_kernel *bk, const fwd_case *c, double *oe, dou
   const int f16 = is_fp16(s);
   double *q = kt_e16_to_d(f16, c->q, c->nq), *cc = kt_e16_to_d(f16, c->c, c->nc);
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
-  mqa_ref_fwd(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->scale, q,
-              cc, ro, rl);
+  if (c->cu) {
+    /* packed: sm90_test_util.h's per-document reference over the latent shared by the heads
+     * (keys c, values its first d_c columns), expanded per head */
+    const int H = s->heads, dqk = s->d_c + s->d_r;
+    double *k = malloc((size_t)c->sk * H * dqk * sizeof *k), *v = malloc((size_t)c->sk * H * s->d_c * sizeof *v);
+    for (int j = 0; j < c->sk; j++)
+      for (int h = 0; h < H; h++) {
+        memcpy(k + ((size_t)j * H + h) * dqk, cc + (size_t)j * dqk, (size_t)dqk * sizeof *k);
+        memcpy(v + ((size_t)j * H + h) * s->d_c, cc + (size_t)j * dqk, (size_t)s->d_c * sizeof *v);
+      }
+    int *lo = malloc((size_t)c->sq * sizeof *lo), *hi = malloc((size_t)c->sq * sizeof *hi);
+    sm90_ref_ranges(c->cu, c->n_cu, &(kt_qpos){c->q_pos0, 0, 0}, c->sq, s->causal, lo, hi);
+    sm90_ref_ranged_fwd(c->sq, H, dqk, s->d_c, c->scale, lo, hi, q, k, v, ro, rl);
+    free(k), free(v), free(lo), free(hi);
+  } else {
+    mqa_ref_fwd(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->scale, q,
+                cc, ro, rl);
+  }
   size_t nans = kt_check_fwd("mqa_fwd_sm90", f16 ? KT_F16 : KT_BF16, c->o, ro, c->no,
                              (size_t)s->d_c, c->lse, rl, c->nl, tol_o(s), tol_lse, oe, le, msg, n);
   free(q), free(cc), free(ro), free(rl);
   return nans;
 }
 
+/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
+ * buffer of T_CAP = 300 token rows, cu padded with T as the executor pads it. */
+#define T_CAP 300
+static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
+#define N_DOCS ((int)(sizeof g_docs / sizeof g_docs[0]) - 1)
+
+/* A packed case of the varlen variant: sq queries at q_pos0.. over the T_CAP latent rows of
+ * g_docs; NaN in every slack row (position >= T) of q and c. */
+static void varlen_init(const built_kernel *bk, fwd_case *c, int sq, int q_pos0) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int T = g_docs[N_DOCS], w = s->heads * (s->d_c + s->d_r);
+  case_init(bk, c, 1, sq, T_CAP, q_pos0);
+  c->cu = g_docs, c->n_cu = N_DOCS;
+  if (q_pos0 + sq > T) sm90_nan_rows(c->q, (size_t)w, T - q_pos0 > 0 ? T - q_pos0 : 0, sq);
+  sm90_nan_rows(c->c, (size_t)(s->d_c + s->d_r), T, T_CAP);
+}
+
+/* Launches the initialized case c, checks it, prints a line and frees it. */
+static void check_case(const built_kernel *bk, fwd_case *c) {
+  const int B = c->B, sq = c->sq, sk = c->sk, q_pos0 = c->q_pos0;
+  char msg[1024];
+  double t0 = kh_now();
+  if (launch_case(bk, c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  double oe, le;
+  size_t nans = compare(bk, c, &oe, &le, msg, sizeof msg);
+  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d%s: err/bound O %.2f LSE %.2f (%.2f s)\n",
+                bk->kh.name + strlen("mla_mqa_fwd_sm90_"), B, sq, sk, q_pos0,
+                c->cu ? " packed" : "", oe, le, kh_now() - t0);
+  if (nans) fail_msg("%zu NaN outputs", nans);
+  if (msg[0]) fail_msg("%s", msg);
+  case_free(c);
+}
 static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
   fwd_case c;
   case_init(bk, &c, B, sq, sk, q_pos0);
-  char msg[1024];
-  double t0 = kh_now();
-  if (launch_case(bk, &c, 0, 0, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
-  double oe, le;
-  size_t nans = compare(bk, &c, &oe, &le, msg, sizeof msg);
-  print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d: err/bound O %.2f LSE %.2f (%.2f s)\n",
-                bk->kh.name + strlen("mla_mqa_fwd_sm90_"), B, sq, sk, q_pos0, oe, le, kh_now() - t0);
-  if (nans) fail_msg("%zu NaN outputs", nans);
-  if (msg[0]) fail_msg("%s", msg);
-  case_free(&c);
+  check_case(bk, &c);
 }
 
 static void build_set(mg_kernel_spec *s, const char *const *sets, int n, built_kernel *bk) {
@@ -380,6 +438,59 @@ static void test_nvrtc_kept_configs(void **state) {
   sm90_sweep_close(&sw, kept, 10);
 }
 
+/* The packed-sequence variant (spec.varlen, "_varlen") against sm90_test_util.h's float64
+ * per-document reference: 288/256, H 2 (the default configuration), causal and not, every
+ * query over the short documents, and a shard of the second half (queries at 150..: the
+ * 200-token document cut by the shard's start, slack rows at its end); DeepSeek's 576/512
+ * causal over the short documents, compiled for sm_90a with no spill. NaN fills every slack
+ * row of q and c. Then a row seeing one key past its range fails the check, and latent tiles
+ * aligned to start at the range's first key (slack rows' NaN reaching P V) give NaN. */
+static void test_varlen(void **state) {
+  (void)state;
+  fwd_case c;
+  built_kernel bk;
+  for (int causal = 0; causal <= 1; causal++) {
+    mg_kernel_spec s = make_spec(2, 256, 32, causal);
+    s.varlen = 1;
+    build_edit(&s, NULL, &bk);
+    varlen_init(&bk, &c, T_CAP, 0);
+    check_case(&bk, &c);
+    varlen_init(&bk, &c, T_CAP / 2, T_CAP / 2);
+    check_case(&bk, &c);
+    kh_free(&bk.kh);
+  }
+  mg_kernel_spec s = make_spec(2, 512, 64, 1);
+  s.varlen = 1;
+  build_edit(&s, NULL, &bk);
+  varlen_init(&bk, &c, T_CAP, 0);
+  check_case(&bk, &c);
+  kh_free(&bk.kh);
+  kh_sweep sw;
+  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  kh_sweep_compile(&sw, &s, "");
+  kh_sweep_close(&sw);
+  static const sm90_edit muts[] = {
+      {"key >= row_hi[r]", "key > row_hi[r]"},
+      {"k0 = k_hi - n_tiles * BLOCK_N", "k0 = k_lo"},
+  };
+  for (int m = 0; m < 2; m++) {
+    s = make_spec(2, 256, 32, 1);
+    s.varlen = 1;
+    build_edit(&s, &muts[m], &bk);
+    varlen_init(&bk, &c, T_CAP, 0);
+    char msg[1024];
+    if (launch_case(&bk, &c, 0, 0, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+    double oe, le;
+    kt_noise_quiet = 1;
+    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
+    kt_noise_quiet = 0;
+    if (!nans && !msg[0]) fail_msg("'%s' -> '%s' was not caught", muts[m].from, muts[m].to);
+    print_message("  '%s' -> '%s': %zu NaN outputs; %.120s\n", muts[m].from, muts[m].to, nans, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+}
+
 /* Rejections: shared memory at 576/512 (block_n 128, or 3 stages); a d_c whose halves are
  * no wgmma N. */
 static void test_check_rejects(void **state) {
@@ -401,6 +512,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_schedules_bit_identical),
       cmocka_unit_test(test_mutations_caught),
       cmocka_unit_test(test_check_rejects),
+      cmocka_unit_test(test_varlen),
       cmocka_unit_test(test_nvrtc_kept_configs),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));

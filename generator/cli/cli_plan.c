@@ -192,6 +192,9 @@ static void print_steps(const mg_plan *p) {
     if (s->sent) printf(" sent %.1f MiB", (double)s->sent / (1 << 20));
     if (s->workspace) printf(" ws %.1f MiB", (double)s->workspace / (1 << 20));
     if (s->flops) printf(" %.1f GFLOP", s->flops * 1e-9);
+    if (s->kind == MG_STEP_GEMM && s->gemm.tok_k) /* varlen: only the valid rows are summed */
+      printf(" (k: tokens %lld..%lld)", (long long)s->gemm.tok0,
+             (long long)(s->gemm.tok0 + s->gemm.k - 1));
     printf("\n");
   }
 }

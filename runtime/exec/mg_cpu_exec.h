@@ -48,8 +48,8 @@ typedef struct mg_cpu_capture {
  * step->n_in), out[k] the buffer step->out[k] (k < step->n_out, zero-filled when first
  * written by this step). Return 0 when the hook wrote the outputs (the executor skips its
  * own kernel), nonzero to have the executor run its own. On a varlen plan the hook gets no
- * documents: a hook that runs such a step takes them through ctx. The hook must not touch other
- * buffers; memory it uses is its own (it is not counted in the run's stats, which the
+ * documents: a hook that runs such a step takes them through ctx. The hook must not touch
+ * other buffers; memory it uses is its own (it is not counted in the run's stats, which the
  * hook therefore leaves unchanged). Not for production use. */
 typedef int (*mg_cpu_kernel_hook)(const mg_step *step, const mg_plan *p, const void *const *in,
                                   void *const *out, void *ctx);

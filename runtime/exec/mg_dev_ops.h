@@ -48,8 +48,9 @@ struct mg_dev_ops {
   int (*copy)(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream, mg_diag *d);
   /* bytes from host memory src to device memory dst, queued on stream (copy is device to
    * device only): src may be changed or freed as soon as the call returns (the GPU ops'
-   * driver stages pageable host memory before it returns). The CUDA executor uploads a
-   * varlen plan's cu_seqlens with it at the start of each pass. */
+   * driver stages pageable host memory before it returns, and may first wait for the
+   * stream's earlier work). The CUDA executor uploads a varlen plan's cu_seqlens with it
+   * at the start of each pass. NULL: ops for unpacked plans only. */
   int (*upload)(mg_dev_ops *o, void *dst, const void *src, size_t bytes, void *stream, mg_diag *d);
   /* height rows of width bytes: row r from src + r spitch to dst + r dpitch. */
   int (*copy2d)(mg_dev_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,

@@ -171,7 +171,12 @@ enum {
    * forward's sm_90a kernel (beside K_MQA_FWD) and backward's (beside K_MQA_DKV, K_MQA_DQ),
    * causal */
   K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT,
-  K_MQA_FWD_SM90, K_MQA_DKV_SM90, K_MQA_DQ_SM90, NK
+  K_MQA_FWD_SM90, K_MQA_DKV_SM90, K_MQA_DQ_SM90,
+  /* --varlen only: the packed-sequence variants (spec.varlen, issue 16) of the explicit
+   * deterministic pipeline and the absorbed one, beside K_FWD, K_PRE, K_DKDV_DET, K_DQ and
+   * K_MQA_FWD, K_MQA_PRE, K_MQA_DKV, K_MQA_DQ */
+  K_FWD_VL, K_PRE_VL, K_DKDV_VL, K_DQ_VL, K_MQA_FWD_VL, K_MQA_PRE_VL, K_MQA_DKV_VL, K_MQA_DQ_VL,
+  NK
 };
 #define NATTN (K_MQA_DQ + 1)
 static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre",
@@ -181,7 +186,10 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "split_dkv", "concat_latent", "split_latent", "copy_cols",
                                         "attn_fwd_sm90", "attn_fwd_full", "attn_fwd_sm90_full",
                                         "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at",
-                                        "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90"};
+                                        "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
+                                        "attn_fwd_varlen", "bwd_pre_varlen", "bwd_dkdv_varlen",
+                                        "bwd_dq_varlen", "mqa_fwd_varlen", "mqa_bwd_pre_varlen",
+                                        "mqa_bwd_dkv_varlen", "mqa_bwd_dq_varlen"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
@@ -189,10 +197,15 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "split_dkv", "concat_latent", "split_latent",
                                          "copy_cols", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90",
                                          "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90",
-                                         "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90"};
+                                         "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
+                                         "attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq",
+                                         "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq"};
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
                                          {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL},
-                                         [K_DKDV_SM90_AT] = {"deterministic=0", NULL}};
+                                         [K_DKDV_SM90_AT] = {"deterministic=0", NULL},
+                                         [K_DKDV_VL] = {"deterministic=1", NULL}};
+/* The varlen variant of a --varlen kernel (its unpacked params, then cu_seqlens, n_seqs). */
+static int is_varlen(int which) { return which >= K_FWD_VL; }
 /* The parameter lists the launches below pass, checked against each manifest. */
 #define K_MAX_PARAMS 20
 static const char *const k_params[NK][K_MAX_PARAMS] = {
@@ -236,6 +249,21 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
      "tmaps"},
     {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
      "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale", "cu_seqlens", "n_seqs"},
+    {"o", "dout", "delta", "dq_accum", "seqlen_q", "cu_seqlens", "n_seqs"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "cu_seqlens",
+     "n_seqs"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+     "q_split", "q_pos1", "softmax_scale", "cu_seqlens", "n_seqs"},
+    {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "cu_seqlens",
+     "n_seqs"},
+    {"o", "dout", "delta", "dq_accum", "seqlen_q", "cu_seqlens", "n_seqs"},
+    {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
+     "cu_seqlens", "n_seqs"},
+    {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
+     "cu_seqlens", "n_seqs"},
 };
 static int is_sm90(int which) { return which == K_FWD_SM90 || which == K_FWD_SM90_FULL; }
 static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_SM90_FULL; }
@@ -246,6 +274,10 @@ static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_S
  * + mqa_bwd_dkv + mqa_bwd_dq beside attn_bwd_pre + mqa_bwd_dkv_sm90 + mqa_bwd_dq_sm90), causal,
  * checked and timed (the issue 14 and 15 step of run.sh: STEPS=sm90). */
 static int g_sm90, g_no_mqa;
+/* --varlen: packed sequences (issue 16): the varlen kernels beside the fixed-length ones at
+ * equal lengths, and a packed stream of mixed lengths beside the same documents padded to
+ * the longest (time_varlen). */
+static int g_varlen;
 
 typedef struct gk {
   int heads, which;
@@ -269,6 +301,12 @@ typedef struct kset {
  * kernels, mma.sync and sm_90a; else the checked attention kernels, and the layout ones for
  * a timed H. */
 static int wanted(const kset *ks, int which) {
+  if (g_varlen) {
+    const int mqa = which == K_MQA_FWD || which == K_MQA_PRE || which == K_MQA_DKV ||
+                    which == K_MQA_DQ || which >= K_MQA_FWD_VL;
+    return (!mqa || !g_no_mqa) && (which == K_FWD || which == K_PRE || which == K_DKDV_DET ||
+                                   which == K_DQ || which >= K_FWD_VL || mqa);
+  }
   if (g_sm90)
     return which == K_FWD || which == K_PRE || which == K_DKDV || which == K_DKDV_DET ||
            which == K_DQ || (which >= K_FWD_SM90 && which < K_MQA_FWD_SM90) ||
@@ -281,7 +319,8 @@ static mg_kernel_spec make_spec(int which, int H) {
   memset(&s, 0, sizeof s);
   snprintf(s.family, sizeof s.family, "%s", k_family[which]);
   s.heads = H, s.d_n = DN, s.d_r = DR, s.d_v = DV, s.d_c = DC, s.causal = is_causal(which);
-  if (which == K_MQA_PRE) s.d_n = s.d_v = DC; /* delta over the latent output [.., d_c] */
+  s.varlen = is_varlen(which);
+  if (which == K_MQA_PRE || which == K_MQA_PRE_VL) s.d_n = s.d_v = DC; /* delta over the latent output [.., d_c] */
   snprintf(s.dtype, sizeof s.dtype, "bf16");
   for (int i = 0; i < 2 && k_set[which][i]; i++) {
     mg_diag d = MG_DIAG_INIT;
@@ -1879,6 +1918,388 @@ static int write_csv(const char *path) {
   return fclose(f) == 0 ? 0 : -1;
 }
 
+/* ---- --varlen: packed sequences (issue 16) ---------------------------------------------- */
+/* One configuration of the --varlen timings: the fixed-length kernels over B documents of S
+ * tokens each ([B, S, ..] buffers, unpacked launches of batch B), or the varlen ones over one
+ * packed stream of S = cap token rows (batch 1; cu_seqlens on the device as the CUDA executor
+ * uploads it: the boundaries of the documents with tokens, padded with T to cap + 1 entries,
+ * n_seqs = cap). The same buffers serve both: a packed [T, ..] stream of equal documents is
+ * the memory of a [B, S, ..] batch. The explicit deterministic pipeline (attn_fwd; pre +
+ * attn_bwd_dkdv deterministic + attn_bwd_dq) and the absorbed one (mqa_fwd; pre + mqa_bwd_dkv
+ * + mqa_bwd_dq), causal. */
+typedef struct vctx {
+  const kset *ks;
+  int varlen, B, S;
+  float scale;
+  dev_tensors t;   /* explicit: q, kn, kr, v, dout, o, lse, delta */
+  dev_outputs out; /* explicit: dq, dkn, dkr, dv */
+  mqa_tensors m;   /* absorbed: q, c, dout, o, lse, delta */
+  CUdeviceptr mdq, mdc, cu;
+  int n_seqs;
+  int mqa, bwd; /* what vstep launches */
+} vctx;
+
+/* Step j of x's pipeline (the forward: one step; the backward: pre, dkdv or dkv, dq). The
+ * varlen kernels take two more arguments (cu_seqlens, n_seqs); the fixed ones ignore them
+ * (cuLaunchKernel reads only a kernel's own parameters). */
+static int vstep(void *p, int set, int j) {
+  (void)set;
+  vctx *x = p;
+  const gk *k = x->ks->k;
+  const int vl = x->varlen;
+  int S = x->S, z = 0;
+  float sc = x->scale;
+  CUdeviceptr none = NULLP;
+  void *const cu[2] = {&x->cu, &x->n_seqs};
+  if (!x->mqa) {
+    dev_tensors *t = &x->t;
+    dev_outputs *o = &x->out;
+    if (!x->bwd) {
+      void *a[] = {&t->q, &t->kn, &t->kr, &t->v, &t->o, &t->lse, &S, &S, &z, &z, &z, &sc, cu[0], cu[1]};
+      return launch(&k[vl ? K_FWD_VL : K_FWD], x->B, S, S, a);
+    }
+    if (j == 0) {
+      void *a[] = {&t->o, &t->dout, &t->delta, &none, &S, cu[0], cu[1]};
+      return launch(&k[vl ? K_PRE_VL : K_PRE], x->B, S, S, a);
+    }
+    if (j == 1) {
+      void *a[] = {&t->q, &t->kn, &t->kr, &t->v, &t->dout, &t->lse, &t->delta, &none, &o->dkn,
+                   &o->dkr, &o->dv, &S, &S, &z, &z, &z, &sc, cu[0], cu[1]};
+      return launch(&k[vl ? K_DKDV_VL : K_DKDV_DET], x->B, S, S, a);
+    }
+    void *a[] = {&t->q, &t->kn, &t->kr, &t->v, &t->dout, &t->lse, &t->delta, &o->dq, &S, &S,
+                 &z, &z, &z, &sc, cu[0], cu[1]};
+    return launch(&k[vl ? K_DQ_VL : K_DQ], x->B, S, S, a);
+  }
+  mqa_tensors *m = &x->m;
+  if (!x->bwd) {
+    void *a[] = {&m->q, &m->c, &m->o, &m->lse, &S, &S, &z, &sc, cu[0], cu[1]};
+    return launch(&k[vl ? K_MQA_FWD_VL : K_MQA_FWD], x->B, S, S, a);
+  }
+  if (j == 0) {
+    void *a[] = {&m->o, &m->dout, &m->delta, &none, &S, cu[0], cu[1]};
+    return launch(&k[vl ? K_MQA_PRE_VL : K_MQA_PRE], x->B, S, S, a);
+  }
+  void *a[] = {&m->q, &m->c, &m->dout, &m->lse, &m->delta, j == 1 ? &x->mdc : &x->mdq, &S, &S,
+               &z, &sc, cu[0], cu[1]};
+  return launch(&k[j == 1 ? (vl ? K_MQA_DKV_VL : K_MQA_DKV) : (vl ? K_MQA_DQ_VL : K_MQA_DQ)],
+                x->B, S, S, a);
+}
+
+/* Device buffers for `tokens` token rows at H heads (both forms unless --no-mqa; inputs
+ * random, outputs NaN) and a cu_seqlens of cap_cu int32. 0, 1 when they do not fit (said),
+ * -1 on a CUDA error. */
+static int valloc(vctx *x, int H, long tokens, int cap_cu) {
+  const size_t T = (size_t)tokens;
+  const double per_tok = 2.0 * (2 * H * DQK + 2 * H * DN + 3 * DR + 4 * H * DV) + 8.0 * H +
+                         (g_no_mqa ? 0 : 2.0 * (2 * H * MQK + 2 * MQK + 2 * H * MV) + 8.0 * H);
+  const int fits = device_sets("varlen", H, (int)tokens, per_tok * (double)tokens, 0, 0);
+  if (fits <= 0) return fits < 0 ? -1 : 1;
+  dev_tensors *t = &x->t;
+  dev_outputs *o = &x->out;
+  if (dalloc(&t->q, T * H * DQK * 2) || fill_random(t->q, T * H * DQK, 1) ||
+      dalloc(&t->kn, T * H * DN * 2) || fill_random(t->kn, T * H * DN, 2) ||
+      dalloc(&t->kr, T * DR * 2) || fill_random(t->kr, T * DR, 3) ||
+      dalloc(&t->v, T * H * DV * 2) || fill_random(t->v, T * H * DV, 4) ||
+      dalloc(&t->dout, T * H * DV * 2) || fill_random(t->dout, T * H * DV, 5) ||
+      alloc_nan(&t->o, T * H * DV * 2) || alloc_nan(&t->lse, T * H * 4) ||
+      alloc_nan(&t->delta, T * H * 4) || alloc_nan(&o->dq, T * H * DQK * 2) ||
+      alloc_nan(&o->dkn, T * H * DN * 2) || alloc_nan(&o->dkr, T * DR * 4) ||
+      alloc_nan(&o->dv, T * H * DV * 2) || dalloc(&x->cu, (size_t)cap_cu * 4))
+    return -1;
+  if (g_no_mqa) return 0;
+  mqa_tensors *m = &x->m;
+  if (dalloc(&m->q, T * H * MQK * 2) || fill_random(m->q, T * H * MQK, 6) ||
+      dalloc(&m->c, T * MQK * 2) || fill_random(m->c, T * MQK, 7) ||
+      dalloc(&m->dout, T * H * MV * 2) || fill_random(m->dout, T * H * MV, 8) ||
+      alloc_nan(&m->o, T * H * MV * 2) || alloc_nan(&m->lse, T * H * 4) ||
+      alloc_nan(&m->delta, T * H * 4) || alloc_nan(&x->mdq, T * H * MQK * 2) ||
+      alloc_nan(&x->mdc, T * MQK * 2))
+    return -1;
+  return 0;
+}
+
+/* Uploads the executor's device copy of documents len[0..n) (mg_varlen_compact's: the
+ * boundaries of the non-empty ones, T repeated up to cap + 1 entries) into x->cu. */
+static int vupload_cu(vctx *x, const int *len, int n, int cap) {
+  int32_t *b = xcalloc((size_t)cap + 1, sizeof *b);
+  int k = 1;
+  for (int i = 0; i < n; i++)
+    if (len[i] > 0) b[k] = b[k - 1] + len[i], k++;
+  for (; k <= cap; k++) b[k] = b[k - 1];
+  const int rc = CU(drv->cuMemcpyHtoD(x->cu, b, ((size_t)cap + 1) * 4));
+  free(b);
+  x->n_seqs = cap;
+  return rc ? -1 : 0;
+}
+
+/* Times x's four pipelines (explicit forward, backward; absorbed forward, backward) and
+ * appends their rows "<what>_<label>" (kernel column), op vl_fwd / vl_bwd, at (H, S): FLOPs
+ * for `pairs` (query, key) pairs (per document), bytes for `tokens` rows. ms[4] gets the
+ * medians (0 for what --no-mqa leaves out). */
+static int vtime(vctx *x, int H, int S, const char *label, double pairs, double tokens,
+                 double ms[4]) {
+  const double Tk = tokens;
+  const double b_q = 2.0 * Tk * H * DQK, b_kn = 2.0 * Tk * H * DN, b_kr = 2.0 * Tk * DR;
+  const double b_v = 2.0 * Tk * H * DV, b_o = b_v, b_l = 4.0 * Tk * H;
+  const double mq = 2.0 * Tk * H * MQK, mc = 2.0 * Tk * MQK, mo = 2.0 * Tk * H * MV;
+  const struct { int mqa, bwd; const char *what, *op; double flops, bytes; } rows[] = {
+      {0, 0, "fwd", "vl_fwd", 2.0 * H * pairs * (DQK + DV), b_q + b_kn + b_kr + b_v + b_o + b_l},
+      {0, 1, "bwd", "vl_bwd", 2.0 * H * pairs * (3 * DQK + 2 * DV),
+       b_q + b_kn + b_kr + b_v + 2 * b_o + b_l + b_q + b_kn + 2 * b_kr + b_v},
+      {1, 0, "mqa_fwd", "vl_fwd", 2.0 * H * pairs * (MQK + MV), mq + mc + mo + b_l},
+      {1, 1, "mqa_bwd", "vl_bwd", 2.0 * H * pairs * (3 * MQK + 2 * MV), mq + mc + 2 * mo + b_l + mq + mc},
+  };
+  for (int i = 0; i < 4; i++) {
+    ms[i] = 0;
+    if (rows[i].mqa && g_no_mqa) continue;
+    x->mqa = rows[i].mqa, x->bwd = rows[i].bwd;
+    char name[48];
+    snprintf(name, sizeof name, "%s_%s", rows[i].what, label);
+    double m[4];
+    int iters;
+    if (time_steps(name, vstep, x, rows[i].bwd ? 3 : 1, 1, m, &iters)) return -1;
+    ms[i] = m[rows[i].bwd ? 3 : 0];
+    row *r = add_row(name, rows[i].op, H, S, ms[i], rows[i].flops, rows[i].bytes, iters);
+    if (rows[i].mqa) r->dqk = MQK, r->dv = MV;
+    print_row(r);
+  }
+  return 0;
+}
+
+static void vratio(const char *what, const double a[4], const double b[4]) {
+  say("  %s: fwd %.3f bwd %.3f mqa_fwd %.3f mqa_bwd %.3f\n", what, b[0] > 0 ? a[0] / b[0] : 0,
+      b[1] > 0 ? a[1] / b[1] : 0, b[2] > 0 ? a[2] / b[2] : 0, b[3] > 0 ? a[3] / b[3] : 0);
+}
+
+/* --varlen's check (unless --no-check; at H <= 16, where the downloads stay small): the
+ * varlen kernels' outputs on the packed documents against the fixed-length kernels' on the
+ * same documents as a batch (equal lengths) or padded to the longest (the mixed stream):
+ * O, LSE and dq of every valid row (a padded batch's valid queries see the same keys; its
+ * dk, dv take gradients from padding queries, so they are not compared), explicit and
+ * absorbed, per element: |packed - batch| <= 2e-2 rms(batch) + 1e-2 |batch| (bf16 outputs of
+ * the same arithmetic), LSE 1e-3 (1 + |batch|); a NaN fails. */
+typedef struct vsnap {
+  e16 *o, *dq, *mo, *mdq;
+  float *lse, *mlse;
+} vsnap;
+
+static void vsnap_free(vsnap *s) {
+  free(s->o), free(s->dq), free(s->mo), free(s->mdq), free(s->lse), free(s->mlse);
+  memset(s, 0, sizeof *s);
+}
+
+/* The outputs of `rows` token rows (batch x S, or the packed capacity) to the host. */
+static int vsnap_take(const vctx *x, int H, size_t rows, vsnap *s) {
+  memset(s, 0, sizeof *s);
+  s->o = xcalloc(rows * H * DV, 2), s->dq = xcalloc(rows * H * DQK, 2);
+  s->lse = xcalloc(rows * H, 4);
+  if (sync_stream("the varlen timings") || download(s->o, x->t.o, rows * H * DV * 2) ||
+      download(s->dq, x->out.dq, rows * H * DQK * 2) || download(s->lse, x->t.lse, rows * H * 4))
+    return -1;
+  if (g_no_mqa) return 0;
+  s->mo = xcalloc(rows * H * MV, 2), s->mdq = xcalloc(rows * H * MQK, 2);
+  s->mlse = xcalloc(rows * H, 4);
+  return download(s->mo, x->m.o, rows * H * MV * 2) || download(s->mdq, x->mdq, rows * H * MQK * 2) ||
+         download(s->mlse, x->m.lse, rows * H * 4);
+}
+
+/* Row widths w (elements) of documents len[0..n): batch row (d, i) at d * spad + i, packed
+ * row cu[d] + i. Returns 1 (said) when an element is off. */
+static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size_t w,
+                     const int *len, int n, int spad) {
+  double ss = 0;
+  size_t cnt = 0;
+  for (int d = 0; d < n; d++)
+    for (int i = 0; i < len[d]; i++)
+      for (size_t k = 0; k < w; k++) {
+        const double v = bf16_to_float(batch[((size_t)d * spad + i) * w + k]);
+        if (isfinite(v)) ss += v * v, cnt++;
+      }
+  const double rms = cnt && ss > 0 ? sqrt(ss / (double)cnt) : 1.0;
+  double worst = 0;
+  long bad = 0, at = -1;
+  for (int d = 0, t0 = 0; d < n; t0 += len[d], d++)
+    for (int i = 0; i < len[d]; i++)
+      for (size_t k = 0; k < w; k++) {
+        const double b = bf16_to_float(batch[((size_t)d * spad + i) * w + k]);
+        const double p = bf16_to_float(packed[((size_t)t0 + i) * w + k]);
+        const double err = fabs(p - b), tol = 2e-2 * rms + 1e-2 * fabs(b);
+        if (!(err <= tol)) {
+          if (!bad) at = t0 + i;
+          bad++;
+        }
+        if (!(err <= worst)) worst = isfinite(err) ? err : INFINITY;
+      }
+  say("    %-24s %s (max |err| %.3g, rms %.3g)", what, bad ? "FAIL" : "ok  ", worst, rms);
+  if (bad) say(": %ld elements off, the first at packed token %ld", bad, at);
+  say("\n");
+  return bad != 0;
+}
+
+/* LSE: batch [n, H, spad], packed [H, cap]. */
+static int vcmp_lse(const char *what, const float *batch, const float *packed, int H,
+                    const int *len, int n, int spad, int cap) {
+  long bad = 0;
+  double worst = 0;
+  for (int d = 0, t0 = 0; d < n; t0 += len[d], d++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < len[d]; i++) {
+        const double b = batch[((size_t)d * H + h) * spad + i], p = packed[(size_t)h * cap + t0 + i];
+        const double err = fabs(p - b);
+        if (!(err <= 1e-3 * (1 + fabs(b)))) bad++;
+        if (!(err <= worst)) worst = isfinite(err) ? err : INFINITY;
+      }
+  say("    %-24s %s (max |err| %.3g)%s\n", what, bad ? "FAIL" : "ok  ", worst, bad ? "" : "");
+  return bad != 0;
+}
+
+/* The check of one configuration: a batch snapshot (n documents padded to spad) against the
+ * packed one (capacity cap). Returns the misses. */
+static int vcheck(const char *what, int H, const vsnap *b, const vsnap *p, const int *len, int n,
+                  int spad, int cap) {
+  say("  check %s (H=%d, %d documents): varlen (packed) against fixed-length (batch)\n", what, H, n);
+  int miss = vcmp_rows("O", b->o, p->o, (size_t)H * DV, len, n, spad) +
+             vcmp_lse("LSE", b->lse, p->lse, H, len, n, spad, cap) +
+             vcmp_rows("dq", b->dq, p->dq, (size_t)H * DQK, len, n, spad);
+  if (!g_no_mqa)
+    miss += vcmp_rows("O (latent)", b->mo, p->mo, (size_t)H * MV, len, n, spad) +
+            vcmp_lse("LSE (absorbed)", b->mlse, p->mlse, H, len, n, spad, cap) +
+            vcmp_rows("dq (absorbed)", b->mdq, p->mdq, (size_t)H * MQK, len, n, spad);
+  return miss;
+}
+
+/* Moves documents len[0..n) of every input from the padded layout (row d * spad + i) to the
+ * packed one (row cu[d] + i), through a scratch of spad rows, so that the packed run sees
+ * the padded run's documents. */
+static int vpack_inputs(vctx *x, int H, const int *len, int n, int spad) {
+  const struct { CUdeviceptr p; size_t w; } in[] = {
+      {x->t.q, (size_t)H * DQK}, {x->t.kn, (size_t)H * DN}, {x->t.kr, DR},
+      {x->t.v, (size_t)H * DV},  {x->t.dout, (size_t)H * DV}, {x->m.q, (size_t)H * MQK},
+      {x->m.c, MQK},             {x->m.dout, (size_t)H * MV}};
+  const int n_in = g_no_mqa ? 5 : 8;
+  CUdeviceptr scratch;
+  if (dalloc(&scratch, (size_t)spad * H * MQK * 2)) return -1;
+  for (int k = 0; k < n_in; k++) {
+    const size_t rb = in[k].w * 2;
+    for (int d = 0, t0 = 0; d < n; t0 += len[d], d++) {
+      const CUdeviceptr src = in[k].p + (size_t)d * spad * rb, dst = in[k].p + (size_t)t0 * rb;
+      if (src == dst || !len[d]) continue;
+      if (CU(drv->cuMemcpyDtoDAsync(scratch, src, (size_t)len[d] * rb, g_stream)) ||
+          CU(drv->cuMemcpyDtoDAsync(dst, scratch, (size_t)len[d] * rb, g_stream)))
+        return -1;
+    }
+  }
+  return 0;
+}
+
+/* --varlen at H = ks->heads: (1) for each S of seqs, N = tokens / S documents of S tokens:
+ * the fixed-length kernels (batch N) beside the varlen ones (the same documents packed),
+ * equal work, rows *_fixed and *_varlen at S; (2) a packed stream of mixed lengths (log-
+ * uniform in [tokens / 128, tokens / 4] from the seed: [512, 16384] at 64k tokens; up to
+ * `tokens` tokens) beside the same documents
+ * padded to the longest (batch N at S_max): rows *_packed (S = T) and *_padded (S = S_max),
+ * both with the FLOPs of the documents' own pairs (the padded rows' TFLOP/s is the useful
+ * rate). With `check` (at H <= 16) each configuration's outputs too (vcheck), misses
+ * added to *misses. Returns -1 on a CUDA error. */
+static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens, int check,
+                       int *misses) {
+  const int H = ks->heads;
+  const int chk = check && H <= 16;
+  vsnap sb, sp;
+  for (int i = 0; i < n_seqs; i++) {
+    const int S = seqs[i];
+    const int N = tokens / S > 0 ? (int)(tokens / S) : 1;
+    const int base = g_n_allocs;
+    vctx x;
+    memset(&x, 0, sizeof x);
+    x.ks = ks, x.scale = softmax_scale();
+    const int rc = valloc(&x, H, (long)N * S, N * S + 1);
+    if (rc) {
+      free_since(base);
+      if (rc < 0) return -1;
+      continue;
+    }
+    int *len = xcalloc((size_t)N, sizeof *len);
+    for (int d = 0; d < N; d++) len[d] = S;
+    if (vupload_cu(&x, len, N, N * S)) return -1;
+    say("varlen H=%d: %d documents of %d tokens, fixed-length (batch %d) beside varlen (packed, "
+        "cu_seqlens of %d entries)\n", H, N, S, N, N * S + 1);
+    const double pairs = (double)N * S * (S + 1) / 2;
+    double fixed[4], varlen[4];
+    x.varlen = 0, x.B = N, x.S = S;
+    if (vtime(&x, H, S, "fixed", pairs, (double)N * S, fixed)) return -1;
+    if (chk && vsnap_take(&x, H, (size_t)N * S, &sb)) return -1;
+    x.varlen = 1, x.B = 1, x.S = N * S;
+    if (vtime(&x, H, S, "varlen", pairs, (double)N * S, varlen)) return -1;
+    vratio("varlen / fixed (ms)", varlen, fixed);
+    if (chk) {
+      if (vsnap_take(&x, H, (size_t)N * S, &sp)) return -1;
+      *misses += vcheck("equal lengths", H, &sb, &sp, len, N, S, N * S);
+      vsnap_free(&sb), vsnap_free(&sp);
+    }
+    free(len);
+    free_since(base);
+  }
+  /* the mixed stream */
+  int len[512], n = 0, smax = 0;
+  long T = 0;
+  uint64_t st = g_test_seed ^ 0x9e3779b97f4a7c15ull;
+  const int lmin = (int)(tokens / 128) > 1 ? (int)(tokens / 128) : 1; /* 512 at 64k tokens */
+  while (n < 512) {
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    int L = (int)(lmin * pow(32.0, (double)(st >> 11) / 9007199254740992.0));
+    if (T + L > tokens) L = (int)(tokens - T);
+    if (L < lmin) break;
+    len[n++] = L, T += L;
+    if (L > smax) smax = L;
+  }
+  if (!n) return 0;
+  char list[4096];
+  int at = 0;
+  for (int d = 0; d < n && at < (int)sizeof list - 16; d++) at += snprintf(list + at, sizeof list - at, "%s%d", d ? "," : "", len[d]);
+  double pairs = 0;
+  for (int d = 0; d < n; d++) pairs += (double)len[d] * (len[d] + 1) / 2;
+  say("varlen H=%d: a packed stream of %d documents, T = %ld tokens (capacity %ld), lengths %s; "
+      "padded: batch %d at S_max = %d (%.0f%% padding)\n", H, n, T, tokens, list, n, smax,
+      100.0 * (1.0 - (double)T / ((double)n * smax)));
+  const int base = g_n_allocs;
+  vctx x;
+  memset(&x, 0, sizeof x);
+  x.ks = ks, x.scale = softmax_scale();
+  const long rows = (long)n * smax > tokens ? (long)n * smax : tokens;
+  const int no_mqa = g_no_mqa;
+  int rc = valloc(&x, H, rows, (int)tokens + 1);
+  if (rc == 1 && !g_no_mqa) { /* both forms do not fit: the explicit one alone */
+    free_since(base);
+    g_no_mqa = 1;
+    say("varlen H=%d: the explicit form alone\n", H);
+    rc = valloc(&x, H, rows, (int)tokens + 1);
+  }
+  if (rc) {
+    free_since(base);
+    g_no_mqa = no_mqa;
+    return rc < 0 ? -1 : 0;
+  }
+  double padded[4], packed[4];
+  x.varlen = 0, x.B = n, x.S = smax;
+  if (vtime(&x, H, smax, "padded", pairs, (double)n * smax, padded)) return -1;
+  if (chk && (vsnap_take(&x, H, (size_t)n * smax, &sb) || vpack_inputs(&x, H, len, n, smax)))
+    return -1;
+  if (vupload_cu(&x, len, n, (int)tokens)) return -1;
+  x.varlen = 1, x.B = 1, x.S = (int)tokens;
+  if (vtime(&x, H, (int)T, "packed", pairs, (double)tokens, packed)) return -1;
+  vratio("packed / padded (ms)", packed, padded);
+  if (chk) {
+    if (vsnap_take(&x, H, (size_t)tokens, &sp)) return -1;
+    *misses += vcheck("mixed lengths", H, &sb, &sp, len, n, smax, (int)tokens);
+    vsnap_free(&sb), vsnap_free(&sp);
+  }
+  g_no_mqa = no_mqa;
+  free_since(base);
+  return 0;
+}
+
 /* ---- main ------------------------------------------------------------------------------- */
 static int parse_list(const char *s, int *out, int max) {
   int n = 0;
@@ -1903,6 +2324,9 @@ static int usage(void) {
           "                     the backward beside attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90, causal,\n"
           "                     mqa_fwd beside mqa_fwd_sm90 and the mqa backward beside\n"
           "                     mqa_bwd_dkv_sm90 + mqa_bwd_dq_sm90, causal: checked then timed)]\n"
+          "                    [--varlen (packed sequences: the varlen kernels beside the fixed\n"
+          "                     ones at equal lengths (--seqs), a packed stream of mixed lengths\n"
+          "                     beside it padded to the longest; timed only)] [--vl-tokens N (65536)]\n"
           "  defaults: --seqs 1024,4096,8192,16384 --heads 16,128 --iters 20 --warmup 3 --sets 4\n");
   return 2;
 }
@@ -1914,12 +2338,14 @@ int main(int argc, char **argv) {
   int heads[MAX_HEADS] = {16, 128}, n_heads = 2;
   unsigned long long seed = 20250711;
   int check_only = 0, no_check = 0, no_mqa = 0;
+  long vl_tokens = 65536;
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--check-only")) { check_only = 1; continue; }
     if (!strcmp(a, "--no-check")) { no_check = 1; continue; }
     if (!strcmp(a, "--no-mqa")) { no_mqa = g_no_mqa = 1; continue; }
     if (!strcmp(a, "--sm90")) { g_sm90 = 1; continue; }
+    if (!strcmp(a, "--varlen")) { g_varlen = 1; continue; }
     if (!v) return usage();
     i++;
     if (!strcmp(a, "--seqs")) { if ((n_seqs = parse_list(v, seqs, MAX_LIST)) < 1) return usage(); }
@@ -1930,6 +2356,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 0);
     else if (!strcmp(a, "--jobs")) { if ((g_jobs = atoi(v)) < 1 || g_jobs > 16) return usage(); }
     else if (!strcmp(a, "--row-budget-ms")) { if ((g_row_budget_ms = atof(v)) <= 0) return usage(); }
+    else if (!strcmp(a, "--vl-tokens")) { if ((vl_tokens = atol(v)) < 512 || vl_tokens > (1L << 22)) return usage(); }
     else return usage();
   }
   mg_diag d = MG_DIAG_INIT;
@@ -1987,6 +2414,12 @@ int main(int argc, char **argv) {
   }
   g_hdr = mg_gen_headers(gen, &g_n_hdr);
   g_template_hash = mg_gen_template_hash(gen);
+  if (g_sm90 && g_varlen) {
+    say("bench: --sm90 and --varlen are separate runs\n");
+    goto out;
+  }
+  const int vl_check = !no_check; /* --varlen: packed against batch (vcheck), not float64 */
+  if (g_varlen) no_check = 1;
   if (!no_check) sets[n_sets++].heads = 2; /* the check's first set (S 256); only checked */
   for (int i = 0; i < n_heads; i++) {
     int dup = 0;
@@ -2016,7 +2449,7 @@ int main(int argc, char **argv) {
     say("bench: %d correctness misses: no timing\n", misses);
     goto out;
   }
-  say(no_check ? "check SKIPPED (--no-check)\n" : "check passed\n");
+  if (!g_varlen) say(no_check ? "check SKIPPED (--no-check)\n" : "check passed\n");
   if (check_only) {
     rc = 0;
     goto out;
@@ -2024,6 +2457,29 @@ int main(int argc, char **argv) {
 
   g_pool = xcalloc(POOL, sizeof *g_pool);
   for (size_t i = 0; i < POOL; i++) g_pool[i] = float_to_bf16((float)randn());
+  if (g_varlen) {
+    say("\nTiming --varlen: bf16, causal, d_n %d d_r %d d_v %d (mqa_*: d_qk %d d_v %d); warm-up "
+        "%d, median of %d; FLOPs per document pair (MLA.md); fwd = attn_fwd, bwd = pre + dkdv "
+        "(deterministic) + dq, mqa_bwd = pre + mqa_bwd_dkv + mqa_bwd_dq; %ld tokens\n",
+        DN, DR, DV, MQK, MV, g_warmup, g_iters, vl_tokens);
+    print_header();
+    int vl_misses = 0;
+    for (int h = 0; h < n_heads; h++)
+      for (int s = 0; s < n_sets; s++)
+        if (sets[s].heads == heads[h] &&
+            time_varlen(&sets[s], seqs, n_seqs, vl_tokens, vl_check, &vl_misses))
+          goto out;
+    say("\n");
+    print_header();
+    for (int i = 0; i < g_n_rows; i++) print_row(&g_rows[i]);
+    snprintf(path, sizeof path, "%s/bench.csv", outdir);
+    if (write_csv(path)) goto out;
+    say("wrote %s\n", path);
+    if (vl_misses) say("bench: %d varlen check misses (packed against batch)\n", vl_misses);
+    else say(vl_check ? "varlen check passed (H <= 16)\n" : "varlen check SKIPPED (--no-check)\n");
+    rc = vl_misses ? 1 : 0;
+    goto out;
+  }
   say("\nTiming: B=1, bf16, causal, d_n %d d_r %d d_v %d; warm-up %d, median of %d; FLOPs per "
       "MLA.md (bwd rows: bwd_atomic, bwd_det, and bwd_dkdv alone carry the backward's FLOPs; "
       "mqa_* (absorbed, d_qk %d d_v %d): mqa_fwd and the pipeline mqa_bwd); "

@@ -14,6 +14,13 @@
 #             checked vs tests/mqa_ref.h, timed at the same H x S; each timed sequence
 #             of at most ~1.5 s or 8 launches (--row-budget-ms 1500: 144 timed
 #             sequences, 216 rows, est. ~130 s; SM90_ARGS added)                      cap 300
+#   varlen    (not in the default) mlagen_bench --varlen into OUT/varlen: packed
+#             sequences (issue 16): the varlen attn_fwd, deterministic backward and mqa_* beside
+#             the fixed-length ones at equal lengths (N = 65536 / S documents of S, S in
+#             1024, 4096, 16384), then a packed stream of mixed lengths (log-uniform in
+#             512 .. 16384, 64k tokens) beside the same documents padded to the longest;
+#             H 16, 128; FLOPs per document pair; at H 16 the varlen outputs (O, LSE,
+#             dq) checked against the fixed-length ones (VARLEN_ARGS added)       cap 300
 #   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn
 #             --ops fwd,fwd_bwd into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90 cap 150
 #   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
@@ -45,8 +52,9 @@
 # calls, e.g. STEPS="smi bench forms forms16k nocausal f16" then
 # STEPS="sp2 sanitizer peers compare" (same OUTDIR: the JIT cache is reused). Issue 14's
 # Hopper attention in one call of under 8 minutes: STEPS="smi sm90 sm90peers" (BUDGET_S=460).
+# Packed sequences in one call: STEPS="build smi varlen" (BUDGET_S=460).
 # The bench's check runs every check twice (bitwise); under a sanitizer too.
-# Environment: BENCH_ARGS, SM90_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
+# Environment: BENCH_ARGS, SM90_ARGS, VARLEN_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
 # COMPUTE_SANITIZER (the binary), SANITIZER_WHEEL (a carried nvidia-cuda-sanitizer-api
 # wheel, unpacked into OUTDIR/tools); MPIRUN (default mpirun); DRY_RUN=1 prints each step's
 # command instead of running it (every step then NOT_RUN "dry run").
@@ -166,6 +174,14 @@ if want sm90; then
     step sm90 300 sm90.stdout "$BENCH" "$OUT/sm90" --sm90 --jobs 16 --row-budget-ms 1500 ${SM90_ARGS:-}
     finish sm90 "$(grep -m1 -E '^check passed|correctness misses' "$OUT/sm90.stdout" 2>/dev/null)" sm90.stdout
   else T0=$(date +%s); result sm90 FAILED "$T0" "no $BENCH"; fi
+fi
+
+if want varlen; then
+  if [ -x "$BENCH" ]; then
+    # shellcheck disable=SC2086
+    step varlen 300 varlen.stdout "$BENCH" "$OUT/varlen" --varlen --jobs 16 --row-budget-ms 1500 --seqs 1024,4096,16384 ${VARLEN_ARGS:-}
+    finish varlen "$(grep -E 'varlen check (passed|SKIPPED)|varlen check misses' "$OUT/varlen.stdout" 2>/dev/null | tail -1)" varlen.stdout
+  else T0=$(date +%s); result varlen FAILED "$T0" "no $BENCH"; fi
 fi
 
 if want sm90peers; then
