@@ -373,8 +373,9 @@ typedef struct mlagen_tensors {
    * seq (T_cap). Rows at positions >= T are slack: they attend to nothing and nothing
    * attends to them; their o, dq, dc_kv and dk_rope rows are written as 0, their input
    * values (NaN included) never reach another output, and dw_kv_b sums the valid tokens
-   * only. Read during the call only (the CUDA executor copies what it needs into the
-   * workspace before returning). Plans that are not varlen: NULL and 0. */
+   * only. Read on the host during the call only, so it may change once the call returns
+   * (the CUDA executor compacts it into a staging copy of its own and queues the upload
+   * into the workspace on the stream). Plans that are not varlen: NULL and 0. */
   const int32_t *cu_seqlens;
   int64_t n_cu_seqlens;
 } mlagen_tensors;
