@@ -231,6 +231,16 @@ typedef struct mlagen_plan_desc {
                      * of H) in [1, 16]; 0 picks the largest divisor of H / P (of H) not
                      * above 8 */
   mlagen_device device; /* MLAGEN_DEVICE_CUDA (0) or MLAGEN_DEVICE_CPU */
+  /* Nonzero: a plan for packed sequences (FlashAttention's "varlen", the THD layout): N
+   * documents of different lengths concatenated into one stream of T tokens, held in a
+   * buffer of seq = T_cap >= T token rows; the boundaries come with the tensors of each
+   * pass (mlagen_tensors.cu_seqlens), so one plan serves every packing of up to T_cap
+   * tokens. batch must be 1. The stream is split across the SP ranks as an unpacked
+   * sequence of seq tokens (sp_rank above: T_cap / P rows each, laga-cp's two chunks), so
+   * a document may span ranks; attention never crosses a document and is causal by the
+   * order inside it. The tensors drop the batch dim (mlagen_sizes). 0: [B, S] batches of
+   * equal length, as before this field existed. */
+  int varlen;
 } mlagen_plan_desc;
 
 /* Builds the plan of desc for model. On success *plan is the new plan (free it with
@@ -238,7 +248,8 @@ typedef struct mlagen_plan_desc {
  * Errors (message in ctx, naming the field, e.g. "plan_desc->sp_rank = 8 is not below
  * plan_desc->sp_size = 8"):
  *   MLAGEN_EINVAL  ctx (message in mlagen_last_message(NULL)), model, desc or plan NULL;
- *                  form or dtype not one of the enums; batch < 1; seq < 1; sp_size < 1;
+ *                  form or dtype not one of the enums; batch < 1; varlen with batch other
+ *                  than 1 (the message names plan_desc->batch); seq < 1; sp_size < 1;
  *                  sp_rank outside [0, sp_size); seq not divisible by sp_size; sp_size
  *                  not dividing H (or above H), except for MLAGEN_FORM_LAGA_CP (the
  *                  message names it); head_groups nonzero for a form other than
@@ -258,7 +269,9 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
  * sp_rank and sp_size only; needs no model and no driver.
  * Errors (message in mlagen_last_message(NULL)): MLAGEN_EINVAL desc or pos NULL; form not
  * an mlagen_form; sp_size < 1; sp_rank outside [0, sp_size); seq < 1 or not divisible by
- * sp_size; i outside [0, seq / sp_size). */
+ * sp_size; i outside [0, seq / sp_size). The same for a varlen plan (plan_desc->varlen):
+ * there the position is the row's token index in the packed stream (cu_seqlens say which
+ * document it belongs to, and rows at positions >= cu_seqlens[N] are slack). */
 int mlagen_token_position(const mlagen_plan_desc *desc, int64_t i, int64_t *pos);
 
 /* Frees a plan; NULL is a no-op. Works after the plan's context was destroyed. Called
@@ -320,7 +333,11 @@ typedef struct mlagen_sizes {
    *          do [B, S_l, H, d_v] (the backward's);
    * outputs  o [B, S_l, H, d_v]; dq, dc_kv, dk_rope like q, c_kv, k_rope; dw_kv_b like
    *          w_kv_b in the accumulator dtype (f32, f64 for f64 plans): this rank's
-   *          partial sum (the full gradient is the sum over the SP group). */
+   *          partial sum (the full gradient is the sum over the SP group).
+   * A varlen plan (mlagen_plan_desc.varlen; B = 1, S = T_cap) has the THD layout, the
+   * same without the batch dim: q [S_l, H, d_n + d_r], c_kv [S_l, d_c], k_rope [S_l, d_r],
+   * do and o [S_l, H, d_v], dq, dc_kv, dk_rope likewise; w_kv_b and dw_kv_b unchanged
+   * (dw_kv_b sums over the valid tokens only). */
   mlagen_tensor_info q, c_kv, k_rope, w_kv_b, o, d_o, dq, dc_kv, dk_rope, dw_kv_b;
 } mlagen_sizes;
 
@@ -348,19 +365,41 @@ typedef struct mlagen_tensors {
   mlagen_tensor o;                       /* forward output */
   mlagen_tensor d_o;                     /* backward input: the gradient of o ("do") */
   mlagen_tensor dq, dc_kv, dk_rope, dw_kv_b; /* backward outputs */
+  /* The documents of a varlen plan (mlagen_plan_desc.varlen), required there: int32, in
+   * HOST memory (also for a CUDA plan), n_cu_seqlens = N + 1 >= 1 entries; every rank
+   * passes the same, global array, and the backward the one its forward had. Document d
+   * owns the tokens [cu_seqlens[d], cu_seqlens[d + 1]) of the stream: cu_seqlens[0] = 0,
+   * non-decreasing (a zero-length document is valid), cu_seqlens[N] = T <= the plan's
+   * seq (T_cap). Rows at positions >= T are slack: they attend to nothing and nothing
+   * attends to them; their o, dq, dc_kv and dk_rope rows are written as 0, their input
+   * values (NaN included) never reach another output, and dw_kv_b sums the valid tokens
+   * only. Read on the host during the call only, so it may change once the call returns
+   * (the CUDA executor compacts it into a staging copy of its own and queues the upload
+   * into the workspace on the stream). Plans that are not varlen: NULL and 0. */
+  const int32_t *cu_seqlens;
+  int64_t n_cu_seqlens;
 } mlagen_tensors;
 
 /* The forward of plan: reads q, c_kv, k_rope, w_kv_b, writes o and the saved buffer
  * (saved_bytes >= mlagen_sizes.saved_bytes, kept unchanged by the caller until the
  * backward), using workspace (workspace_bytes >= mlagen_sizes.workspace_bytes). stream
  * is a CUstream (NULL: the default stream); the call is asynchronous to it.
- * Arguments are checked in this order; the first failure is returned:
+ * Arguments are checked in this order, before anything is written (on any of these
+ * errors no output, saved or workspace byte changes); the first failure is returned:
  *   MLAGEN_EINVAL     plan NULL or its context destroyed (message in
  *                     mlagen_last_message(NULL)); then, message in the context: tensors
  *                     NULL; a tensor of the pass with data NULL, a dtype other than the
  *                     plan's, an ndim or a dim other than the plan's, or data not aligned
  *                     to its element size ("tensors->q.dims[1] = 7, the plan expects
- *                     S / P = 8"); workspace NULL (when workspace_bytes is needed),
+ *                     S / P = 8"); for a varlen plan, tensors->cu_seqlens NULL or
+ *                     n_cu_seqlens < 1, or boundaries that break the rules of
+ *                     mlagen_tensors.cu_seqlens, the message naming the first bad index
+ *                     ("tensors->cu_seqlens[3] = 10 is below tensors->cu_seqlens[2] = 12
+ *                     (boundaries must not decrease)", "tensors->cu_seqlens[0] = 1, the
+ *                     first boundary must be 0", "tensors->cu_seqlens[5] = 9000 is past
+ *                     the plan's token capacity 8192"); for a plan that is not varlen,
+ *                     cu_seqlens not NULL or n_cu_seqlens not 0; workspace NULL (when
+ *                     workspace_bytes is needed),
  *                     workspace_bytes too small, or workspace not 16-byte aligned; the
  *                     same for saved; a pass of the plan already running (called from
  *                     one of its collective callbacks: mlagen_comm_ops).

@@ -1,8 +1,13 @@
 # Runs EXE with ARGS (a ;-list) and checks its exit code (EXIT) and that stdout+stderr
-# contain every string of EXPECT (a ;-list), and none of REJECT (a ;-list, optional).
+# contain every string of EXPECT (a ;-list), and none of REJECT (a ;-list, optional);
+# the files of ABSENT (a ;-list, optional) are removed before the run and must not exist
+# after it (a refused run writes nothing).
 if(ARGS STREQUAL "")
   set(ARGS)
 endif()
+foreach(f IN LISTS ABSENT)
+  file(REMOVE "${f}")
+endforeach()
 execute_process(COMMAND ${EXE} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(all "${out}${err}")
 if(NOT rc EQUAL EXIT)
@@ -18,6 +23,11 @@ foreach(e IN LISTS REJECT)
   string(FIND "${all}" "${e}" pos)
   if(NOT pos EQUAL -1)
     message(FATAL_ERROR "output has '${e}':\n${all}")
+  endif()
+endforeach()
+foreach(f IN LISTS ABSENT)
+  if(EXISTS "${f}")
+    message(FATAL_ERROR "${f} exists after the run; output:\n${all}")
   endif()
 endforeach()
 message(STATUS "ok: exit ${rc}; output:\n${all}")

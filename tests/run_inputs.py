@@ -19,14 +19,29 @@ library only: no numpy).
                                only an F64 dump holds
       and, for the over-long sequence check, seq_cap.safetensors: q [1, 2^40 + 1, 0, 32]
       (no data: the sequence length is only in the header).
+      Packed sequences (cu_seqlens next to THD tensors q [T,H,d_n+d_r], c_kv [T,d_c],
+      k_rope [T,d_r], w_kv_b, do [T,H,d_v]); slack rows (from cu_seqlens[N] on) hold NaN
+      in every token tensor:
+        packed_i32.safetensors   tiny.json, T 16, cu_seqlens I32 [0, 3, 3, 10, 13]: an
+                                 empty document, 3 slack rows
+        packed_i64.safetensors   tiny.json, T 16, cu_seqlens I64 [0, 1, 9, 16], no slack
+        packed_bad.safetensors   cu_seqlens I32 [0, 5, 4, 16] (index 2 decreases)
+        packed_wide.safetensors  cu_seqlens I64 [0, 5, 2^32] (beyond int32)
+        packed_past.safetensors  cu_seqlens I32 [0, 5, 17] (past the 16 token rows)
+        packed_yarn.safetensors  tiny_yarn.json, T 16, cu_seqlens I32 [0, 2, 11, 11, 14]:
+                                 a document across the P = 2 rank boundary (token 8)
+                                 and across laga-cp's chunks, an empty one, 2 slack rows
 
   run_inputs.py roundtrip MODEL INPUTS DUMP DTYPE [--no-causal] -- LAUNCH...
       Runs LAUNCH (e.g. mpirun -np P mlagen run --sp P --form F) with --model MODEL
       --inputs INPUTS --dump DUMP --dtype DTYPE appended, reads DUMP back and compares
       every output (o, lse, dq, dc_kv, dk_rope, dw_kv_b) per element with a float64
       reference computed here from MODEL and INPUTS (docs/forms.md's semantics, K and V
-      materialized): |err| <= atol * rms(ref) + rtol * |ref|. The dump must hold DTYPE
-      (F32 for f32 runs, F64 for f64 runs). Exit status 0 when every element passes.
+      materialized; with cu_seqlens in INPUTS, attention inside each document, found
+      by a loop over cu_seqlens here): |err| <= atol * rms(ref) + rtol * |ref| (rms
+      over the finite values; -inf matches only -inf, the lse of a slack row). The
+      dump must hold DTYPE (F32 for f32 runs, F64 for f64 runs). Exit status 0 when
+      every element passes.
 """
 import json
 import math
@@ -45,7 +60,7 @@ import sys
 #     dw_kv_b 4.8e-16
 TOL = {"f32": (1.3e-6, 1e-6), "f64": (5e-15, 1e-13)}
 
-DTYPES = {"F32": ("f", 4), "F64": ("d", 8)}
+DTYPES = {"F32": ("f", 4), "F64": ("d", 8), "I32": ("i", 4), "I64": ("q", 8)}
 
 
 def read_safetensors(path):
@@ -66,11 +81,12 @@ def read_safetensors(path):
 
 
 def write_safetensors(path, tensors):
-    """Writes [(name, shape, values)] as F32 tensors."""
+    """Writes [(name, shape, values[, dtype])] (dtype F32 unless given: I32, I64)."""
     header, blobs, off = {}, [], 0
-    for name, shape, values in tensors:
-        blob = struct.pack("<%df" % len(values), *values)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(blob)]}
+    for name, shape, values, *dt in tensors:
+        dtype = dt[0] if dt else "F32"
+        blob = struct.pack("<%d%s" % (len(values), DTYPES[dtype][0]), *values)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(blob)]}
         blobs.append(blob)
         off += len(blob)
     text = json.dumps(header, separators=(",", ":"))
@@ -118,6 +134,19 @@ def inputs_for(model, B, S, seed, drop=(), resize=None, gain=None):
     return out
 
 
+def packed_for(model, T, cu, seed, cu_dtype="I32"):
+    """THD inputs for model: T token rows, documents cu (cu_seqlens, written as cu_dtype),
+    NaN in every slack row (t >= cu[-1]) of q, c_kv, k_rope and do."""
+    out = []
+    for name, shape, values in inputs_for(model, 1, T, seed):
+        if name != "w_kv_b":
+            shape = shape[1:]  # THD: no batch dim
+            row = len(values) // T
+            values = values[:cu[-1] * row] + [math.nan] * ((T - cu[-1]) * row)
+        out.append((name, shape, values))
+    return out + [("cu_seqlens", [len(cu)], cu, cu_dtype)]
+
+
 def write(d):
     here = os.path.dirname(os.path.abspath(__file__))
     tiny = os.path.join(here, "data", "run", "tiny.json")
@@ -135,12 +164,34 @@ def write(d):
     write_safetensors(os.path.join(d, "huge.safetensors"),
                       inputs_for(yarn, 1, 4, 5, gain={"q": 1e30, "k_rope": 1e10}))
     write_safetensors(os.path.join(d, "seq_cap.safetensors"), [("q", [1, (1 << 40) + 1, 0, 32], [])])
+    packed = {"packed_i32": (tiny, [0, 3, 3, 10, 13], "I32"), "packed_i64": (tiny, [0, 1, 9, 16], "I64"),
+              "packed_bad": (tiny, [0, 5, 4, 16], "I32"), "packed_wide": (tiny, [0, 5, 1 << 32], "I64"),
+              "packed_past": (tiny, [0, 5, 17], "I32"), "packed_yarn": (yarn, [0, 2, 11, 11, 14], "I32")}
+    for i, (name, (model, cu, dt)) in enumerate(sorted(packed.items())):
+        tensors = packed_for(model, 16, [min(c, 16) for c in cu], 10 + i, dt)
+        tensors[-1] = ("cu_seqlens", [len(cu)], cu, dt)  # as given, bad values included
+        write_safetensors(os.path.join(d, name + ".safetensors"), tensors)
+
+
+def keys_of(cu, causal, S, i):
+    """The keys query i sees: [cu[d], i + 1 or cu[d + 1]) for the document d holding i,
+    none for a slack row (i >= cu[-1]); without documents (cu None) 0 .. i or all S."""
+    if cu is None:
+        return range(i + 1) if causal else range(S)
+    for d in range(len(cu) - 1):
+        if cu[d] <= i < cu[d + 1]:
+            return range(cu[d], i + 1 if causal else cu[d + 1])
+    return range(0)
 
 
 def reference(model, x, causal):
-    """float64 o, lse, dq, dc_kv, dk_rope, dw_kv_b (flat, the dump's layouts)."""
+    """float64 o, lse, dq, dc_kv, dk_rope, dw_kv_b (flat, the dump's layouts). With
+    cu_seqlens in x: packed (THD), B = 1; slack rows: o, dq, dc_kv, dk_rope 0, lse -inf,
+    and no slack token reaches dw_kv_b."""
     H, dc, dr, dn, dv, scale = model_shape(model)
-    B, S = x["q"][1][0], x["q"][1][1]
+    cu = list(x["cu_seqlens"][2]) if "cu_seqlens" in x else None
+    B, S = (1, x["q"][1][0]) if cu else (x["q"][1][0], x["q"][1][1])
+    valid = range(cu[-1]) if cu else range(S)
     q, ckv, kr, w, do = (x[k][2] for k in ("q", "c_kv", "k_rope", "w_kv_b", "do"))
     dqk, dkv = dn + dr, dn + dv
     o = [0.0] * (B * S * H * dv)
@@ -162,7 +213,10 @@ def reference(model, x, causal):
             for i in range(S):
                 qi = q[((b * S + i) * H + h) * dqk:((b * S + i) * H + h + 1) * dqk]
                 doi = do[((b * S + i) * H + h) * dv:((b * S + i) * H + h + 1) * dv]
-                keys = range(i + 1) if causal else range(S)
+                keys = keys_of(cu, causal, S, i)
+                if not keys:  # a slack row: o = 0 and dq = 0 as initialized
+                    lse[(b * H + h) * S + i] = -math.inf
+                    continue
                 s = {j: scale * sum(qi[e] * K[j][e] for e in range(dqk)) for j in keys}
                 mx = max(s.values())
                 z = sum(math.exp(v - mx) for v in s.values())
@@ -179,7 +233,7 @@ def reference(model, x, causal):
                     for e in range(dqk):
                         dq[((b * S + i) * H + h) * dqk + e] += ds * K[j][e]
                         dK[j][e] += ds * qi[e]
-            for j in range(S):
+            for j in valid:
                 c = ckv[(b * S + j) * dc:(b * S + j + 1) * dc]
                 for e in range(dc):
                     dckv[(b * S + j) * dc + e] += (sum(w[(h * dkv + r) * dc + e] * dK[j][r] for r in range(dn))
@@ -194,6 +248,8 @@ def reference(model, x, causal):
                         dw[(h * dkv + dn + r) * dc + e] += dV[j][r] * c[e]
     shapes = {"o": [B, S, H, dv], "lse": [B, H, S], "dq": [B, S, H, dqk], "dc_kv": [B, S, dc],
               "dk_rope": [B, S, dr], "dw_kv_b": [H * dkv, dc]}
+    if cu:  # THD: no batch dim
+        shapes = {k: v if k == "dw_kv_b" else v[1:] for k, v in shapes.items()}
     return {"o": o, "lse": lse, "dq": dq, "dc_kv": dckv, "dk_rope": dkr, "dw_kv_b": dw}, shapes
 
 
@@ -228,10 +284,15 @@ def roundtrip(argv):
             bad += 1
             continue
         r = ref[name]
-        rms = math.sqrt(sum(v * v for v in r) / len(r)) or 1.0
+        fin = [v for v in r if math.isfinite(v)]
+        rms = math.sqrt(sum(v * v for v in fin) / max(len(fin), 1)) or 1.0
         n_bad, worst, worst_i, need = 0, -1.0, 0, 0.0
         for i, (g, v) in enumerate(zip(values, r)):
-            err = abs(g - v) if math.isfinite(g) else math.inf
+            if not math.isfinite(v):  # -inf: the lse of a row without keys
+                err = 0.0 if g == v else math.inf
+                v = 0.0
+            else:
+                err = abs(g - v) if math.isfinite(g) else math.inf
             ratio = err / (atol * rms + rtol * abs(v))
             n_bad += not ratio <= 1
             if not ratio <= worst:

@@ -618,6 +618,107 @@ static void test_fake_cuinit_fails(void **state) {
   assert_contains(mlagen_last_message(f->ctx), "cuInit failed: CUDA_ERROR_NO_DEVICE");
 }
 
+/* Packed sequences (mlagen_plan_desc.varlen): batch other than 1 refused; the sizes are
+ * THD (the [B, S_l, ...] tensors without their batch dim, the same bytes as the batch-1
+ * plan's), w_kv_b and dw_kv_b unchanged; the tensor checks expect the THD shapes; the
+ * pass's cu_seqlens checked before the driver, errors naming the first bad index; a plan
+ * that is not varlen refuses them. (The numerics: test_api_cpu's test_varlen_*.) */
+static void test_varlen_plan(void **state) {
+  (void)state;
+  mlagen_context *c;
+  mlagen_model *m;
+  assert_int_equal(mlagen_context_create(&c), 0);
+  assert_int_equal(mlagen_model_from_config(c, "deepseek-v2-lite", &m), 0);
+  const mlagen_form forms[] = {MLAGEN_FORM_LAGA, MLAGEN_FORM_LAGA_CP};
+  for (int k = 0; k < 2; k++) {
+    mlagen_plan_desc d = {.form = forms[k], .batch = 2, .seq = 64, .sp_rank = 1, .sp_size = 2,
+                          .causal = 1, .dtype = MLAGEN_DTYPE_BF16, .varlen = 1};
+    mlagen_plan *p = (mlagen_plan *)&d;
+    assert_int_equal(mlagen_plan_create(c, m, &d, &p), MLAGEN_EINVAL);
+    assert_null(p);
+    assert_contains(mlagen_last_message(c), "mlagen_plan_create: plan_desc->batch = 2");
+    d.batch = 1;
+    if (mlagen_plan_create(c, m, &d, &p)) fail_msg("%s", mlagen_last_message(c));
+    mlagen_plan_desc dense = d;
+    dense.varlen = 0;
+    mlagen_plan *pd;
+    assert_int_equal(mlagen_plan_create(c, m, &dense, &pd), 0);
+    mlagen_sizes z, zd;
+    assert_int_equal(mlagen_plan_sizes(p, &z), 0);
+    assert_int_equal(mlagen_plan_sizes(pd, &zd), 0);
+    /* T_cap / P = 32 token rows; H 16, d_n + d_r 192, d_v 128, d_c 512, d_r 64 */
+    const struct { const mlagen_tensor_info *got, *dense; int ndim; int64_t dims[3]; } want[] = {
+        {&z.q, &zd.q, 3, {32, 16, 192}},     {&z.c_kv, &zd.c_kv, 2, {32, 512}},
+        {&z.k_rope, &zd.k_rope, 2, {32, 64}}, {&z.o, &zd.o, 3, {32, 16, 128}},
+        {&z.d_o, &zd.d_o, 3, {32, 16, 128}}, {&z.dq, &zd.dq, 3, {32, 16, 192}},
+        {&z.dc_kv, &zd.dc_kv, 2, {32, 512}}, {&z.dk_rope, &zd.dk_rope, 2, {32, 64}},
+        {&z.w_kv_b, &zd.w_kv_b, 2, {16 * 256, 512}}, {&z.dw_kv_b, &zd.dw_kv_b, 2, {16 * 256, 512}}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+      const mlagen_tensor_info *t = want[i].got;
+      if (t->ndim != want[i].ndim)
+        fail_msg("%s: ndim %d, expected %d", t->name, t->ndim, want[i].ndim);
+      for (int j = 0; j < MLAGEN_MAX_DIMS; j++)
+        if (t->dims[j] != (j < 3 ? want[i].dims[j] : 0))
+          fail_msg("%s: dims[%d] = %lld, expected %lld", t->name, j, (long long)t->dims[j],
+                   (long long)(j < 3 ? want[i].dims[j] : 0));
+      assert_int_equal(t->bytes, want[i].dense->bytes); /* the same memory as batch 1 */
+      assert_int_equal(t->dtype, want[i].dense->dtype);
+      assert_int_equal(t->passes, want[i].dense->passes);
+      assert_string_equal(t->name, want[i].dense->name);
+    }
+
+    /* the pass's checks (no driver: a pass that gets past them says so) */
+    fx f = {.ctx = c, .model = m, .plan = p, .sizes = z};
+    fill_tensors(&f.t, &z);
+    f.ws = (void *)(uintptr_t)0x20000000u;
+    f.saved = (void *)(uintptr_t)0x30000000u;
+    int32_t cu[] = {0, 5, 5, 40, 41, 60};
+    f.t.cu_seqlens = cu, f.t.n_cu_seqlens = 6;
+    assert_int_equal(fwd(&f), MLAGEN_ENODRIVER);
+    assert_int_equal(bwd(&f), MLAGEN_ENODRIVER);
+    f.t.n_cu_seqlens = 1; /* no document: every row slack */
+    assert_int_equal(fwd(&f), MLAGEN_ENODRIVER);
+    const struct { int at; int32_t v; int64_t n; const char *says; } bad[] = {
+        {0, 1, 6, "mlagen_forward: tensors->cu_seqlens[0] = 1, the first boundary must be 0"},
+        {3, 4, 6, "mlagen_forward: tensors->cu_seqlens[3] = 4 is below tensors->cu_seqlens[2] = 5"},
+        {5, 65, 6, "mlagen_forward: tensors->cu_seqlens[5] = 65 is past the plan's token capacity 64"},
+        {1, 5, 0, "mlagen_forward: tensors->cu_seqlens needs at least one entry"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      int32_t mine[6];
+      memcpy(mine, cu, sizeof cu);
+      mine[bad[i].at] = bad[i].v;
+      f.t.cu_seqlens = mine, f.t.n_cu_seqlens = bad[i].n;
+      assert_int_equal(fwd(&f), MLAGEN_EINVAL);
+      assert_contains(mlagen_last_message(c), bad[i].says);
+    }
+    f.t.cu_seqlens = NULL, f.t.n_cu_seqlens = 6;
+    assert_int_equal(bwd(&f), MLAGEN_EINVAL);
+    assert_contains(mlagen_last_message(c), "mlagen_backward: tensors->cu_seqlens is NULL: the plan "
+                    "is for packed sequences");
+    /* the batched shapes are refused: the plan expects THD */
+    fx fd = {.ctx = c, .model = m, .plan = p, .sizes = z, .ws = f.ws, .saved = f.saved};
+    fill_tensors(&fd.t, &zd);
+    fd.t.cu_seqlens = cu, fd.t.n_cu_seqlens = 6;
+    assert_int_equal(fwd(&fd), MLAGEN_EINVAL);
+    assert_contains(mlagen_last_message(c), "tensors->q.ndim = 4, the plan expects 3 (q [32, 16, 192])");
+    /* a plan that is not varlen refuses documents */
+    fd.plan = pd, fd.sizes = zd;
+    assert_int_equal(fwd(&fd), MLAGEN_EINVAL);
+    assert_contains(mlagen_last_message(c), "mlagen_forward: tensors->cu_seqlens is set with "
+                    "n_cu_seqlens = 6, but the plan is not for packed sequences");
+    fd.t.cu_seqlens = NULL;
+    assert_int_equal(bwd(&fd), MLAGEN_EINVAL);
+    assert_contains(mlagen_last_message(c), "tensors->cu_seqlens is NULL with n_cu_seqlens = 6");
+    fd.t.n_cu_seqlens = 0;
+    assert_int_equal(bwd(&fd), MLAGEN_ENODRIVER);
+    mlagen_plan_destroy(p);
+    mlagen_plan_destroy(pd);
+  }
+  mlagen_model_destroy(m);
+  mlagen_context_destroy(c);
+}
+
 /* mlagen_token_position: a caller's shard, contiguous for the Ulysses forms and two chunks
  * under MLAGEN_FORM_LAGA_CP (rank 1 of 4, S 16: chunks 1 and 6 of 8; S 12: a = 2, b = 1),
  * and its refusals. */
@@ -667,6 +768,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_sizes_equal_planner),
       cmocka_unit_test(test_plan_create_errors),
       cmocka_unit_test(test_token_position),
+      cmocka_unit_test(test_varlen_plan),
       cmocka_unit_test_setup_teardown(test_nodriver, setup_laga, teardown_fx),
       cmocka_unit_test_setup_teardown(test_bad_arguments, setup_laga, teardown_fx),
       cmocka_unit_test_setup_teardown(test_plan_after_context, setup_laga, teardown_fx),

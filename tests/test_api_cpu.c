@@ -13,7 +13,16 @@
  *     form, f64, causal or not: each rank's o, dq, dc_kv, dk_rope equal its shard of the
  *     P = 1 run and the ranks' dw_kv_b sum to its dw_kv_b, per element within 1e-14
  *     relative;
- *   - plan_create's refusals for the CPU device (bf16, an unknown device).
+ *   - plan_create's refusals for the CPU device (bf16, an unknown device);
+ *   - packed sequences (mlagen_plan_desc.varlen, THD tensors, mlagen_tensors.cu_seqlens):
+ *     every form, f64, causal or not, documents of lengths 5, 0, 12, 1, 11 in 32 token
+ *     rows with NaN in the 3 slack rows of every input: each document's rows of o, dq,
+ *     dc_kv, dk_rope equal an unpacked run of that document alone (a plan of batch 1, seq
+ *     its length), per element within 3e-15 of max|ref| (measured 1.4e-15; a boundary
+ *     moved by one is off by 1e-3), slack rows exactly 0, dw_kv_b the sum of the
+ *     documents'; bad cu_seqlens refused naming the index with no byte of the
+ *     outputs, saved or workspace written; P = 2 over the callbacks with a document across
+ *     the ranks equals the packed P = 1 run.
  * The numerics against an independent reference and P = 2, 4 over real collectives are
  * tests/python/ (gloo). */
 #include <setjmp.h>
@@ -393,8 +402,22 @@ static double close_f64(const double *got, const double *want, size_t n, const c
   return worst;
 }
 
-static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int causal) {
-  const int B = 2;
+/* Packed P = 2 runs (varlen = 1): one stream of 16 token rows, documents [0, 3), [3, 3),
+ * [3, 13) (across the ranks' boundary at 8), 3 slack rows holding NaN in every input. */
+static const int32_t p2_cu[] = {0, 3, 3, 13};
+
+/* NaN in rows [from, S) of each [S, w] input that has token rows (q, c_kv, k_rope, do). */
+static void nan_slack(void *const in[5], const mlagen_sizes *z, int64_t S, int64_t from) {
+  const mlagen_tensor_info *info[] = {&z->q, &z->c_kv, &z->k_rope, NULL, &z->d_o};
+  for (int k = 0; k < 5; k++) {
+    if (!info[k]) continue;
+    const size_t row = info[k]->bytes / 8 / (size_t)S;
+    for (size_t i = (size_t)from * row; i < (size_t)S * row; i++) ((double *)in[k])[i] = NAN;
+  }
+}
+
+static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int causal, int varlen) {
+  const int B = varlen ? 1 : 2;
   const int64_t S = 16;
   const mlagen_dtype dt = MLAGEN_DTYPE_F64;
   mlagen_context *ctx = NULL;
@@ -402,7 +425,7 @@ static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int c
   mlagen_model *m = make_model(ctx, s);
   /* P = 1: the global problem */
   mlagen_plan_desc pd = {.form = form, .batch = B, .seq = S, .sp_size = 1, .causal = causal,
-                         .dtype = dt, .device = MLAGEN_DEVICE_CPU};
+                         .dtype = dt, .device = MLAGEN_DEVICE_CPU, .varlen = varlen};
   mlagen_plan *g = NULL;
   if (mlagen_plan_create(ctx, m, &pd, &g)) fail_msg("plan_create: %s", mlagen_last_message(ctx));
   mlagen_sizes z;
@@ -411,6 +434,7 @@ static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int c
   void *in[5] = {filled(z.q.bytes, dt, 1, 1.5), filled(z.c_kv.bytes, dt, 2, 1.0),
                  filled(z.k_rope.bytes, dt, 3, 1.5), filled(z.w_kv_b.bytes, dt, 4, wspread),
                  filled(z.d_o.bytes, dt, 5, 1.0)};
+  if (varlen) nan_slack(in, &z, S, p2_cu[3]);
   const mlagen_tensor_info *outs[] = {&z.o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
   void *gout[5];
   for (int k = 0; k < 5; k++) gout[k] = aligned_alloc(64, outs[k]->bytes + 64);
@@ -419,7 +443,8 @@ static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int c
                       .d_o = tensor_of(in[4], &z.d_o), .o = tensor_of(gout[0], &z.o),
                       .dq = tensor_of(gout[1], &z.dq), .dc_kv = tensor_of(gout[2], &z.dc_kv),
                       .dk_rope = tensor_of(gout[3], &z.dk_rope),
-                      .dw_kv_b = tensor_of(gout[4], &z.dw_kv_b)};
+                      .dw_kv_b = tensor_of(gout[4], &z.dw_kv_b),
+                      .cu_seqlens = varlen ? p2_cu : NULL, .n_cu_seqlens = varlen ? 4 : 0};
   void *ws = aligned_alloc(256, z.workspace_bytes + 256),
        *saved = aligned_alloc(256, z.saved_bytes + 256);
   if (mlagen_forward(g, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL) ||
@@ -449,7 +474,8 @@ static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int c
         .c_kv = tensor_of(shard(in[1], z.c_kv.bytes, B, S, r), &lz->c_kv),
         .k_rope = tensor_of(shard(in[2], z.k_rope.bytes, B, S, r), &lz->k_rope),
         .w_kv_b = tensor_of(in[3], &lz->w_kv_b),
-        .d_o = tensor_of(shard(in[4], z.d_o.bytes, B, S, r), &lz->d_o)};
+        .d_o = tensor_of(shard(in[4], z.d_o.bytes, B, S, r), &lz->d_o),
+        .cu_seqlens = varlen ? p2_cu : NULL, .n_cu_seqlens = varlen ? 4 : 0};
     mlagen_tensor *slots[] = {&u->t.o, &u->t.dq, &u->t.dc_kv, &u->t.dk_rope, &u->t.dw_kv_b};
     const mlagen_tensor_info *lo[] = {&lz->o, &lz->dq, &lz->dc_kv, &lz->dk_rope, &lz->dw_kv_b};
     for (int k = 0; k < 5; k++) {
@@ -464,7 +490,7 @@ static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int c
   for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_main, &rr[r]), 0);
   for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
   for (int r = 0; r < 2; r++)
-    if (rr[r].rc) fail_msg("%s causal %d rank %d: %s", name, causal, r, rr[r].msg);
+    if (rr[r].rc) fail_msg("%s causal %d varlen %d rank %d: %s", name, causal, varlen, r, rr[r].msg);
 
   /* each rank's shard of o, dq, dc_kv, dk_rope; dw_kv_b summed over the ranks */
   char what[96];
@@ -474,7 +500,8 @@ static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int c
     const mlagen_tensor *got[] = {&rr[r].t.o, &rr[r].t.dq, &rr[r].t.dc_kv, &rr[r].t.dk_rope};
     for (int k = 0; k < 4; k++) {
       void *want = shard(gout[k], gi[k]->bytes, B, S, r);
-      snprintf(what, sizeof what, "%s causal %d rank %d %s", name, causal, r, gi[k]->name);
+      snprintf(what, sizeof what, "%s causal %d varlen %d rank %d %s", name, causal, varlen, r,
+               gi[k]->name);
       worst = fmax(worst, close_f64(got[k]->data, want, gi[k]->bytes / 2 / 8, what));
       free(want);
     }
@@ -483,9 +510,11 @@ static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int c
   double *sum = malloc(z.dw_kv_b.bytes);
   for (size_t i = 0; i < nw; i++)
     sum[i] = ((double *)rr[0].t.dw_kv_b.data)[i] + ((double *)rr[1].t.dw_kv_b.data)[i];
-  snprintf(what, sizeof what, "%s causal %d dw_kv_b (sum of the ranks)", name, causal);
+  snprintf(what, sizeof what, "%s causal %d varlen %d dw_kv_b (sum of the ranks)", name, causal,
+           varlen);
   worst = fmax(worst, close_f64(sum, gout[4], nw, what));
-  printf("P = 2 %s causal %d: worst error %.1e max|ref|\n", name, causal, worst);
+  printf("P = 2 %s causal %d%s: worst error %.1e max|ref|\n", name, causal,
+         varlen ? " packed" : "", worst);
   free(sum);
 
   for (int r = 0; r < 2; r++) {
@@ -511,7 +540,224 @@ static void test_p2_callbacks_equal_p1(void **state) {
                                MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
   const char *names[] = {"explicit", "absorbed", "laga", "laga-r", "laga-f"};
   for (int f = 0; f < 5; f++)
-    for (int causal = 0; causal < 2; causal++) p2_case(&s, forms[f], names[f], causal);
+    for (int causal = 0; causal < 2; causal++) p2_case(&s, forms[f], names[f], causal, 0);
+}
+
+/* The same, packed (a document across the ranks, NaN slack), for the P = 2 Ulysses forms. */
+static void test_p2_packed_equal_p1(void **state) {
+  (void)state;
+  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
+  const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
+                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
+  const char *names[] = {"explicit", "absorbed", "laga", "laga-r", "laga-f"};
+  for (int f = 0; f < 5; f++)
+    for (int causal = 0; causal < 2; causal++) p2_case(&s, forms[f], names[f], causal, 1);
+}
+
+/* ---- packed sequences at P = 1 against each document alone -------------------------------- */
+
+enum { N_IN = 5, N_OUT = 5 };
+
+/* A CPU plan of desc for model m run forward then backward through the API on the inputs
+ * in (q, c_kv, k_rope, w_kv_b, do in the plan's shapes) and documents cu (NULL for none):
+ * out[k] (o, dq, dc_kv, dk_rope, dw_kv_b) allocated here, filled with 0xA5 before the
+ * passes. Returns the first failing status (message in ctx); *z the plan's sizes. */
+static int api_run(mlagen_context *ctx, const mlagen_model *m, const mlagen_plan_desc *pd,
+                   void *const in[N_IN], const int32_t *cu, int64_t n_cu, void *out[N_OUT],
+                   mlagen_sizes *z) {
+  mlagen_plan *plan = NULL;
+  int rc = mlagen_plan_create(ctx, m, pd, &plan);
+  if (rc) return rc;
+  assert_int_equal(mlagen_plan_sizes(plan, z), 0);
+  const mlagen_tensor_info *oi[N_OUT] = {&z->o, &z->dq, &z->dc_kv, &z->dk_rope, &z->dw_kv_b};
+  for (int k = 0; k < N_OUT; k++) {
+    out[k] = aligned_alloc(64, oi[k]->bytes + 64);
+    memset(out[k], 0xA5, oi[k]->bytes);
+  }
+  mlagen_tensors t = {.q = tensor_of(in[0], &z->q), .c_kv = tensor_of(in[1], &z->c_kv),
+                      .k_rope = tensor_of(in[2], &z->k_rope), .w_kv_b = tensor_of(in[3], &z->w_kv_b),
+                      .d_o = tensor_of(in[4], &z->d_o), .o = tensor_of(out[0], &z->o),
+                      .dq = tensor_of(out[1], &z->dq), .dc_kv = tensor_of(out[2], &z->dc_kv),
+                      .dk_rope = tensor_of(out[3], &z->dk_rope),
+                      .dw_kv_b = tensor_of(out[4], &z->dw_kv_b), .cu_seqlens = cu,
+                      .n_cu_seqlens = n_cu};
+  unsigned char *ws = aligned_alloc(256, z->workspace_bytes + 256),
+                *saved = aligned_alloc(256, z->saved_bytes + 256);
+  memset(ws, 0xFF, z->workspace_bytes); /* NaN patterns */
+  rc = mlagen_forward(plan, &t, ws, z->workspace_bytes, saved, z->saved_bytes, NULL);
+  if (!rc) rc = mlagen_backward(plan, &t, ws, z->workspace_bytes, saved, z->saved_bytes, NULL);
+  free(ws), free(saved);
+  mlagen_plan_destroy(plan);
+  return rc;
+}
+
+/* Documents of lengths 5, 0, 12, 1, 11 in T_cap = 32 rows (3 slack rows). */
+static const int32_t docs_cu[] = {0, 5, 5, 17, 18, 29};
+#define DOCS_N 5
+#define DOCS_CAP 32
+
+static void packed_case(mlagen_context *ctx, const mg_shape *s, mlagen_form form, int causal,
+                        double *worst) {
+  const mlagen_dtype dt = MLAGEN_DTYPE_F64;
+  mlagen_model *m = make_model(ctx, s);
+  mlagen_plan_desc pd = {.form = form, .batch = 1, .seq = DOCS_CAP, .sp_size = 1,
+                         .causal = causal, .dtype = dt, .device = MLAGEN_DEVICE_CPU, .varlen = 1};
+  /* the sizes, for the inputs (a plan made only to read them) */
+  mlagen_plan *sz = NULL;
+  if (mlagen_plan_create(ctx, m, &pd, &sz)) fail_msg("%s", mlagen_last_message(ctx));
+  mlagen_sizes z;
+  assert_int_equal(mlagen_plan_sizes(sz, &z), 0);
+  mlagen_plan_destroy(sz);
+  const double wspread = 1.5 / sqrt((double)s->kv_lora_rank);
+  void *in[N_IN] = {filled(z.q.bytes, dt, 11, 1.5), filled(z.c_kv.bytes, dt, 12, 1.0),
+                    filled(z.k_rope.bytes, dt, 13, 1.5), filled(z.w_kv_b.bytes, dt, 14, wspread),
+                    filled(z.d_o.bytes, dt, 15, 1.0)};
+  nan_slack(in, &z, DOCS_CAP, docs_cu[DOCS_N]);
+  void *got[N_OUT];
+  if (api_run(ctx, m, &pd, in, docs_cu, DOCS_N + 1, got, &z))
+    fail_msg("packed %d causal %d: %s", (int)form, causal, mlagen_last_message(ctx));
+
+  /* per document: the unpacked plan on its rows alone */
+  const mlagen_tensor_info *ii[N_IN] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.d_o};
+  const mlagen_tensor_info *oi[N_OUT] = {&z.o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
+  const size_t nw = z.dw_kv_b.bytes / 8;
+  double *dw = calloc(nw, sizeof *dw);
+  double scale[N_OUT] = {0};
+  void *want[DOCS_N][N_OUT] = {{0}};
+  for (int d = 0; d < DOCS_N; d++) {
+    const int64_t L = docs_cu[d + 1] - docs_cu[d];
+    if (!L) continue; /* an empty document: no plan of seq 0 */
+    void *din[N_IN];
+    for (int k = 0; k < N_IN; k++) {
+      const size_t row = k == 3 ? 0 : ii[k]->bytes / DOCS_CAP; /* w_kv_b: shared */
+      din[k] = k == 3 ? in[3] : aligned_alloc(64, row * (size_t)L + 64);
+      if (k != 3) memcpy(din[k], (char *)in[k] + row * (size_t)docs_cu[d], row * (size_t)L);
+    }
+    mlagen_plan_desc dd = pd;
+    dd.varlen = 0, dd.seq = L;
+    mlagen_sizes dz;
+    if (api_run(ctx, m, &dd, din, NULL, 0, want[d], &dz))
+      fail_msg("document %d: %s", d, mlagen_last_message(ctx));
+    for (size_t i = 0; i < nw; i++) dw[i] += ((double *)want[d][4])[i];
+    for (int k = 0; k < N_OUT - 1; k++) {
+      const size_t n = oi[k]->bytes / 8 / DOCS_CAP * (size_t)L;
+      for (size_t i = 0; i < n; i++) scale[k] = fmax(scale[k], fabs(((double *)want[d][k])[i]));
+    }
+    for (int k = 0; k < N_IN; k++)
+      if (k != 3) free(din[k]);
+  }
+  for (size_t i = 0; i < nw; i++) scale[4] = fmax(scale[4], fabs(dw[i]));
+  /* o, dq, dc_kv, dk_rope: a document's rows, then exact zeros in the slack rows */
+  for (int k = 0; k < N_OUT - 1; k++) {
+    const size_t row = oi[k]->bytes / 8 / DOCS_CAP;
+    const double *g = got[k];
+    for (int64_t t = 0; t < DOCS_CAP; t++) {
+      int d = 0;
+      while (d < DOCS_N && !(docs_cu[d] <= t && t < docs_cu[d + 1])) d++;
+      for (size_t e = 0; e < row; e++) {
+        const double v = g[(size_t)t * row + e];
+        const double w = d < DOCS_N ? ((double *)want[d][k])[(size_t)(t - docs_cu[d]) * row + e] : 0.0;
+        const double err = fabs(v - w);
+        if (!(err <= 3e-15 * scale[k]) || (d == DOCS_N && v != 0.0))
+          fail_msg("form %d causal %d: %s row %lld [%zu] = %.17g, %s %.17g", (int)form, causal,
+                   oi[k]->name, (long long)t, e, v, d < DOCS_N ? "its document alone gives" :
+                   "a slack row must hold", w);
+        worst[k] = fmax(worst[k], err / scale[k]);
+      }
+    }
+  }
+  for (size_t i = 0; i < nw; i++) {
+    const double err = fabs(((double *)got[4])[i] - dw[i]);
+    if (!(err <= 3e-15 * scale[4]))
+      fail_msg("form %d causal %d: dw_kv_b[%zu] = %.17g, the documents' sum %.17g", (int)form,
+               causal, i, ((double *)got[4])[i], dw[i]);
+    worst[4] = fmax(worst[4], err / scale[4]);
+  }
+  for (int d = 0; d < DOCS_N; d++)
+    for (int k = 0; k < N_OUT; k++) free(want[d][k]);
+  for (int k = 0; k < N_OUT; k++) free(got[k]);
+  for (int k = 0; k < N_IN; k++) free(in[k]);
+  free(dw);
+  mlagen_model_destroy(m);
+}
+
+static void test_packed_equals_documents(void **state) {
+  (void)state;
+  mlagen_context *ctx = NULL;
+  assert_int_equal(mlagen_context_create(&ctx), 0);
+  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
+  const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
+                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F, MLAGEN_FORM_LAGA_CP};
+  double worst[N_OUT] = {0};
+  for (int f = 0; f < 6; f++)
+    for (int causal = 0; causal < 2; causal++) packed_case(ctx, &s, forms[f], causal, worst);
+  printf("packed vs each document alone, worst |err| / max|ref|: o %.1e dq %.1e dc_kv %.1e "
+         "dk_rope %.1e dw_kv_b %.1e\n", worst[0], worst[1], worst[2], worst[3], worst[4]);
+  mlagen_context_destroy(ctx);
+}
+
+/* Bad documents: MLAGEN_EINVAL naming the index, and not one byte of the outputs, the saved
+ * area or the workspace written (each keeps its sentinel). */
+static void test_packed_refusals_write_nothing(void **state) {
+  (void)state;
+  mlagen_context *ctx = NULL;
+  assert_int_equal(mlagen_context_create(&ctx), 0);
+  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
+  mlagen_model *m = make_model(ctx, &s);
+  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA_CP, .batch = 1, .seq = DOCS_CAP, .sp_size = 1,
+                         .causal = 1, .dtype = MLAGEN_DTYPE_F32, .device = MLAGEN_DEVICE_CPU,
+                         .varlen = 1};
+  mlagen_plan *plan = NULL;
+  if (mlagen_plan_create(ctx, m, &pd, &plan)) fail_msg("%s", mlagen_last_message(ctx));
+  mlagen_sizes z;
+  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  const mlagen_tensor_info *all[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.d_o,
+                                     &z.o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
+  void *buf[10];
+  for (int k = 0; k < 10; k++) buf[k] = filled(all[k]->bytes, MLAGEN_DTYPE_F32, (uint64_t)k + 21, 1.0);
+  mlagen_tensors t = {.q = tensor_of(buf[0], &z.q), .c_kv = tensor_of(buf[1], &z.c_kv),
+                      .k_rope = tensor_of(buf[2], &z.k_rope), .w_kv_b = tensor_of(buf[3], &z.w_kv_b),
+                      .d_o = tensor_of(buf[4], &z.d_o), .o = tensor_of(buf[5], &z.o),
+                      .dq = tensor_of(buf[6], &z.dq), .dc_kv = tensor_of(buf[7], &z.dc_kv),
+                      .dk_rope = tensor_of(buf[8], &z.dk_rope), .dw_kv_b = tensor_of(buf[9], &z.dw_kv_b)};
+  const size_t wsb = z.workspace_bytes + 16;
+  unsigned char *ws = aligned_alloc(256, wsb + 256), *saved = aligned_alloc(256, z.saved_bytes + 256);
+  memset(ws, 0x5A, wsb), memset(saved, 0x3C, z.saved_bytes);
+  unsigned char *ws0 = malloc(wsb), *saved0 = malloc(z.saved_bytes);
+  memcpy(ws0, ws, wsb), memcpy(saved0, saved, z.saved_bytes);
+  void *before[10];
+  for (int k = 0; k < 10; k++) {
+    before[k] = malloc(all[k]->bytes);
+    memcpy(before[k], buf[k], all[k]->bytes);
+  }
+  const struct { int32_t cu[4]; int64_t n; const char *says; } bad[] = {
+      {{0, 9, 8, 20}, 4, "tensors->cu_seqlens[2] = 8 is below tensors->cu_seqlens[1] = 9"},
+      {{2, 9, 9, 20}, 4, "tensors->cu_seqlens[0] = 2, the first boundary must be 0"},
+      {{0, 9, 30, 33}, 4, "tensors->cu_seqlens[3] = 33 is past the plan's token capacity 32"},
+      {{0, 9, 30, 31}, 0, "tensors->cu_seqlens needs at least one entry"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    for (int pass = 0; pass < 2; pass++) {
+      t.cu_seqlens = bad[i].cu, t.n_cu_seqlens = bad[i].n;
+      int rc = pass ? mlagen_backward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL)
+                    : mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
+      expect_msg(ctx, rc, MLAGEN_EINVAL, pass ? "mlagen_backward: " : "mlagen_forward: ");
+      expect_msg(ctx, rc, MLAGEN_EINVAL, bad[i].says);
+      for (int k = 0; k < 10; k++)
+        if (memcmp(before[k], buf[k], all[k]->bytes))
+          fail_msg("case %zu pass %d: %s was written", i, pass, all[k]->name);
+      if (memcmp(ws0, ws, wsb) || memcmp(saved0, saved, z.saved_bytes))
+        fail_msg("case %zu pass %d: the workspace or the saved area was written", i, pass);
+    }
+  /* the same tensors with good documents do run (the refusals were the documents') */
+  t.cu_seqlens = docs_cu, t.n_cu_seqlens = DOCS_N + 1;
+  assert_int_equal(mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL), 0);
+  assert_true(memcmp(before[5], buf[5], z.o.bytes) != 0);
+  for (int k = 0; k < 10; k++) free(buf[k]), free(before[k]);
+  free(ws), free(saved), free(ws0), free(saved0);
+  mlagen_plan_destroy(plan);
+  mlagen_model_destroy(m);
+  mlagen_context_destroy(ctx);
 }
 
 static void test_cpu_plan_refusals(void **state) {
@@ -540,6 +786,9 @@ int main(void) {
       cmocka_unit_test(test_comm_ops),
       cmocka_unit_test(test_comm_reentry),
       cmocka_unit_test(test_p2_callbacks_equal_p1),
+      cmocka_unit_test(test_p2_packed_equal_p1),
+      cmocka_unit_test(test_packed_equals_documents),
+      cmocka_unit_test(test_packed_refusals_write_nothing),
       cmocka_unit_test(test_cpu_plan_refusals),
   };
   const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: one test */

@@ -417,7 +417,8 @@ static void test_malformed_headers(void **state) {
       {"{\"t\":" T1("F32", "[1e300]", 0, 4) "}", 4, {"'t'", "not a non-negative integer"}},
       {"{\"t\":" T1("F32", "[1,1,1,1,1,1,1,1,1]", 0, 4) "}", 4, {"'t'", "9 dims, more than the 8"}},
       {"{\"t\":" T1("F32", "[4294967296, 4294967296, 4]", 0, 4) "}", 4, {"'t'", "overflows"}},
-      {"{\"t\":" T1("I64", "[1]", 0, 8) "}", 8, {"'t'", "I64 is not supported: expected BF16, F16, F32 or F64"}},
+      {"{\"t\":" T1("U8", "[1]", 0, 1) "}", 1, {"'t'", "U8 is not supported: expected BF16, F16, F32, F64, I32 or I64"}},
+      {"{\"t\":" T1("I32", "[3]", 0, 8) "}", 8, {"'t'", "hold 8 bytes, but I32 shape [3] needs 12"}},
       {"{\"t\":" T1("f32", "[1]", 0, 4) "}", 4, {"'t'", "f32 is not supported"}},
       {"{\"t\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0]}}", 4, {"'t'", "\"data_offsets\" is not an array of two"}},
       {"{\"t\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": \"0,4\"}}", 4, {"'t'", "\"data_offsets\" is not an array of two"}},
@@ -474,6 +475,45 @@ static void test_malformed_headers(void **state) {
   write_st("ctl.safetensors", ctl, strlen(ctl), 1, path, sizeof path);
   expect_open_fails(path, MLAGEN_EINVAL, (const char *[]){"'a?b'", "I8 is not supported", NULL});
   unlink(path);
+}
+
+/* I32 and I64 tensors (cu_seqlens): read as int64_t, sign-extended, extremes exact; the
+ * float readers refuse them and mg_st_read_i64 refuses float tensors. */
+static void test_integer_tensors(void **state) {
+  (void)state;
+  const char *hdr = "{\"a\":" T1("I32", "[3]", 0, 12) ",\"b\":" T1("I64", "[2]", 16, 32) ",\"f\":"
+                    T1("F32", "[1]", 12, 16) "}";
+  size_t n = strlen(hdr);
+  unsigned char buf[256] = {0};
+  buf[0] = (unsigned char)n;
+  memcpy(buf + 8, hdr, n);
+  unsigned char *data = buf + 8 + n;
+  const int32_t a[3] = {0, -7, INT32_MAX};
+  const int64_t b[2] = {INT64_MIN, (int64_t)1 << 40};
+  const float one = 1.0f;
+  memcpy(data, a, 12), memcpy(data + 12, &one, 4), memcpy(data + 16, b, 16); /* little-endian host */
+  mg_diag d = MG_DIAG_INIT;
+  mg_st_file *f = NULL;
+  if (mg_st_open_mem(buf, 8 + n + 32, "ints", &f, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_int_equal(mg_st_find(f, "a")->int_bytes, 4);
+  assert_int_equal(mg_st_find(f, "b")->int_bytes, 8);
+  assert_int_equal(mg_st_find(f, "f")->int_bytes, 0);
+  int64_t got[3] = {1, 1, 1};
+  assert_int_equal(mg_st_read_i64(f, "a", 1, (int64_t[]){3}, got, &d), 0);
+  assert_true(got[0] == 0 && got[1] == -7 && got[2] == INT32_MAX);
+  assert_int_equal(mg_st_read_i64(f, "b", 1, (int64_t[]){2}, got, &d), 0);
+  assert_true(got[0] == INT64_MIN && got[1] == (int64_t)1 << 40);
+  assert_int_equal(mg_st_read_i64(f, "f", 1, (int64_t[]){1}, got, &d), MLAGEN_EINVAL);
+  expect_msg(&d, "tensor 'f' is F32: expected an integer tensor (I32 or I64)");
+  assert_int_equal(mg_st_read_i64(f, "a", 1, (int64_t[]){4}, got, &d), MLAGEN_EINVAL);
+  expect_msg(&d, "tensor 'a' has shape [3], expected [4]");
+  float x[3];
+  assert_int_equal(mg_st_read_f32(f, "b", 1, (int64_t[]){2}, x, &d), MLAGEN_EINVAL);
+  expect_msg(&d, "tensor 'b' is I64: expected a float tensor");
+  assert_int_equal(mg_st_read_f32_rows(f, "a", 1, (int64_t[]){3}, 0, 0, 1, x, &d), MLAGEN_EINVAL);
+  expect_msg(&d, "tensor 'a' is I32");
+  mg_diag_clear(&d);
+  mg_st_close(f);
 }
 
 static void test_malformed_files(void **state) {
@@ -546,7 +586,10 @@ static void test_mutations(void **state) {
       ok++;
       for (int i = 0; i < mg_st_count(f); i++) {
         const mg_st_tensor *t = mg_st_at(f, i);
-        assert_int_equal(mg_st_read_f64(f, t->name, t->ndim, t->shape, tmp, NULL), 0);
+        if (t->int_bytes) /* "F32" mutated to "I32" */
+          assert_int_equal(mg_st_read_i64(f, t->name, t->ndim, t->shape, (int64_t *)(void *)tmp, NULL), 0);
+        else
+          assert_int_equal(mg_st_read_f64(f, t->name, t->ndim, t->shape, tmp, NULL), 0);
       }
       mg_st_close(f);
     } else {
@@ -899,6 +942,7 @@ int main(void) {
       cmocka_unit_test(test_read_rows),
       cmocka_unit_test(test_shape_mismatch_and_missing),
       cmocka_unit_test(test_malformed_headers),
+      cmocka_unit_test(test_integer_tensors),
       cmocka_unit_test(test_malformed_files),
       cmocka_unit_test(test_mutations),
       cmocka_unit_test(test_write_roundtrip),

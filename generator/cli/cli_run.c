@@ -14,6 +14,7 @@
 #include "mg_cpu_exec.h"
 #include "mg_plan.h"
 #include "mg_safetensors.h"
+#include "mg_varlen.h"
 #include "mlagen.h"
 #include <sys/stat.h>
 #ifdef MLAGEN_HAVE_MPI
@@ -53,10 +54,17 @@ static const char help[] =
     "                 (a rank's shard: tokens [r S/P, (r+1) S/P); under laga-cp two chunks,\n"
     "                 a = ceil(S_l/2) tokens from r a, then S_l - a from\n"
     "                 P a + (P-1-r)(S_l - a), S_l = S/P: chunks r and 2P-1-r of 2P)\n"
+    "                 Packed sequences: a file that also holds cu_seqlens [N+1] (I32 or\n"
+    "                 I64 values within int32: 0, non-decreasing, at most T) gives N\n"
+    "                 documents packed into one stream, THD layout: q [T,H,d_n+d_r],\n"
+    "                 c_kv [T,d_c], k_rope [T,d_r], w_kv_b, do [T,H,d_v]; T is the token\n"
+    "                 capacity (rows from cu_seqlens[N] on are slack), each rank takes\n"
+    "                 its T/P tokens as above; attention stays inside each document\n"
     "  --dump FILE    write the global results as safetensors in the run's dtype (F32\n"
     "                 or F64; rank 0, atomic):\n"
     "                 o [B,S,H,d_v], lse [B,H,S], dq, dc_kv, dk_rope, dw_kv_b (summed\n"
-    "                 over ranks)\n"
+    "                 over ranks); packed: o [T,H,d_v], lse [H,T], dq [T,H,d_n+d_r],\n"
+    "                 dc_kv [T,d_c], dk_rope [T,d_r] (slack rows: 0, lse -inf)\n"
     "  --check        run every form that runs at P on the same inputs and print each\n"
     "                 one's max relative error (max|a-b| / max|b|) against explicit; fails\n"
     "                 above 1e-4 (f32) or 1e-10 (f64). Where P does not divide H (only\n"
@@ -194,16 +202,17 @@ typedef struct input_spec {
   int ndim;
   int64_t dims[4]; /* global shape; sharded along dim 1 unless ndim == 2 (w_kv_b) */
   double scale;
+  int thd;        /* 1: packed (THD) in the file: dims without dims[0] = B = 1 */
 } input_spec;
 
-static void input_specs(const mg_shape *s, int64_t B, int64_t S, input_spec *in) {
+static void input_specs(const mg_shape *s, int64_t B, int64_t S, int varlen, input_spec *in) {
   const int64_t H = s->heads, dn = s->qk_nope_head_dim, dr = s->qk_rope_head_dim,
                 dv = s->v_head_dim, dc = s->kv_lora_rank;
-  in[0] = (input_spec){"q", 1, 4, {B, S, H, dn + dr}, 0.5};
-  in[1] = (input_spec){"c_kv", 2, 3, {B, S, dc}, 0.5};
-  in[2] = (input_spec){"k_rope", 3, 3, {B, S, dr}, 0.5};
-  in[3] = (input_spec){"w_kv_b", 4, 2, {H * (dn + dv), dc}, 1.0 / sqrt((double)dc)};
-  in[4] = (input_spec){"do", 5, 4, {B, S, H, dv}, 0.5};
+  in[0] = (input_spec){"q", 1, 4, {B, S, H, dn + dr}, 0.5, varlen};
+  in[1] = (input_spec){"c_kv", 2, 3, {B, S, dc}, 0.5, varlen};
+  in[2] = (input_spec){"k_rope", 3, 3, {B, S, dr}, 0.5, varlen};
+  in[3] = (input_spec){"w_kv_b", 4, 2, {H * (dn + dv), dc}, 1.0 / sqrt((double)dc), 0};
+  in[4] = (input_spec){"do", 5, 4, {B, S, H, dv}, 0.5, varlen};
 }
 #define N_INPUTS 5
 
@@ -247,14 +256,57 @@ static int read_shard(const mg_st_file *file, const input_spec *in, mg_form f, i
     const int64_t start = mg_form_token_pos(f, P, Sl, rank, first);
     void *part = two ? malloc((size_t)(B * n * w) * es) : out;
     if (!part) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
-    int rc = t == MG_F64 ? mg_st_read_f64_rows(file, in->name, in->ndim, in->dims, 1, start, n, part, d)
-                         : mg_st_read_f32_rows(file, in->name, in->ndim, in->dims, 1, start, n, part, d);
+    const int nd = in->ndim - in->thd, dim = 1 - in->thd; /* THD: tokens are dim 0 */
+    const int64_t *dims = in->dims + in->thd;
+    int rc = t == MG_F64 ? mg_st_read_f64_rows(file, in->name, nd, dims, dim, start, n, part, d)
+                         : mg_st_read_f32_rows(file, in->name, nd, dims, dim, start, n, part, d);
     for (int64_t b = 0; two && !rc && b < B; b++)
       memcpy((char *)out + (size_t)((b * Sl + first) * w) * es,
              (const char *)part + (size_t)(b * n * w) * es, (size_t)(n * w) * es);
     if (two) free(part);
     if (rc) return rc;
   }
+  return 0;
+}
+
+/* The documents of a packed run (cu_seqlens from --inputs), or none (n = 0). */
+typedef struct docs {
+  int32_t *cu;
+  int64_t n; /* entries, N + 1 */
+} docs;
+
+/* The documents of a packed inputs file: its 1-D integer tensor cu_seqlens (I32 or I64),
+ * every value within int32, checked against the token capacity cap (mg_varlen_check: the
+ * first bad index named). */
+static int read_docs(const mg_st_file *file, const mg_st_tensor *t, int64_t cap, docs *out,
+                     mg_diag *d) {
+  const char *path = mg_st_path(file);
+  if (t->ndim != 1 || t->shape[0] < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensor 'cu_seqlens' must have one dim of N + 1 >= 1 "
+                       "entries (the boundaries of N packed documents), not %d dim%s%s", path,
+                       t->ndim, t->ndim == 1 ? "" : "s", t->ndim == 1 ? " of 0 entries" : "");
+  const int64_t n = t->shape[0];
+  int64_t *wide = malloc((size_t)n * sizeof *wide);
+  out->cu = malloc((size_t)n * sizeof *out->cu);
+  int rc = !wide || !out->cu ? mg_diag_set(d, MLAGEN_ENOMEM, "out of memory")
+                             : mg_st_read_i64(file, "cu_seqlens", 1, &n, wide, d);
+  for (int64_t i = 0; !rc && i < n; i++) {
+    if (wide[i] < INT32_MIN || wide[i] > INT32_MAX)
+      rc = mg_diag_set(d, MLAGEN_EINVAL, "%s: cu_seqlens[%lld] = %lld does not fit int32 (token "
+                       "offsets are int32, as FlashAttention's)", path, (long long)i,
+                       (long long)wide[i]);
+    else
+      out->cu[i] = (int32_t)wide[i];
+  }
+  free(wide);
+  if (!rc && (rc = mg_varlen_check(out->cu, n, cap, "cu_seqlens", d)))
+    mg_diag_prefix(d, "%s (%lld token rows)", path, (long long)cap);
+  if (rc) {
+    free(out->cu);
+    out->cu = NULL;
+    return rc;
+  }
+  out->n = n;
   return 0;
 }
 
@@ -270,6 +322,7 @@ typedef struct result {
   mg_cpu_stats st;
   mg_plan_cost cost;
   int matches_plan;      /* on every rank */
+  int varlen;            /* packed: THD shapes, lse -inf in slack rows */
 } result;
 
 static void result_free(result *r) {
@@ -302,7 +355,8 @@ static int gather(const group *g, mg_form f, mg_dtype t, const void *local, int6
 }
 
 /* Runs plan p on this rank and gathers its results to every rank. */
-static int run_form(const group *g, const mg_plan *p, const void *const *in, result *r, mg_diag *d) {
+static int run_form(const group *g, const mg_plan *p, const void *const *in, const docs *ds,
+                    result *r, mg_diag *d) {
   memset(r, 0, sizeof *r);
   const mg_shape *s = &p->shape;
   const mg_dtype t = p->args.dtype;
@@ -316,7 +370,7 @@ static int run_form(const group *g, const mg_plan *p, const void *const *in, res
   if (!lse) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   mg_cpu_capture cap = {"lse", lse, lse_bytes};
   mg_cpu_tensors ts = {.q = in[0], .c_kv = in[1], .k_rope = in[2], .w_kv_b = in[3], .d_o = in[4],
-                       .captures = &cap, .n_captures = 1};
+                       .captures = &cap, .n_captures = 1, .cu_seqlens = ds->cu, .n_cu = ds->n};
   int rc = mg_cpu_run(p, g->comm, &ts, &r->st, d);
   if (rc) {
     free(lse);
@@ -326,9 +380,12 @@ static int run_form(const group *g, const mg_plan *p, const void *const *in, res
   const int64_t shapes[N_RESULTS][4] = {{B, S, H, dv}, {B, H, S, 0}, {B, S, H, dn + dr},
                                         {B, S, dc, 0}, {B, S, dr, 0},  {W, dc, 0, 0}};
   const int nd[N_RESULTS] = {4, 3, 4, 3, 3, 2};
+  r->varlen = p->args.varlen;
   for (int k = 0; k < N_RESULTS && !rc; k++) {
-    memcpy(r->dims[k], shapes[k], sizeof shapes[k]);
-    r->ndim[k] = nd[k];
+    /* packed: THD, the batch dim (1) dropped; the same values in the same order */
+    const int drop = r->varlen && k != R_DW;
+    memcpy(r->dims[k], shapes[k] + drop, sizeof shapes[k] - (size_t)drop * sizeof shapes[k][0]);
+    r->ndim[k] = nd[k] - drop;
     if (!(r->v[k] = malloc((size_t)numel_of(shapes[k], nd[k]) * sizeof(double))))
       rc = mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
   }
@@ -361,13 +418,19 @@ static int run_form(const group *g, const mg_plan *p, const void *const *in, res
   return rc;
 }
 
-/* max |a - b| / max |b| over tensor k. */
-/* max |a - b| / max |b|; NaN when either holds a NaN or an infinity, so a check never
- * passes on non-finite values (fmax would drop a NaN). */
+/* 1 for the lse of a packed run's row without keys (slack): -inf by convention. */
+static int keyless(const result *r, int k, double v) {
+  return r->varlen && k == R_LSE && v == -INFINITY;
+}
+
+/* max |a - b| / max |b| over tensor k; NaN when either holds a NaN or an infinity (but
+ * for both -inf in keyless rows), so a check never passes on non-finite values (fmax
+ * would drop a NaN). */
 static double rel_err(const result *a, const result *b, int k) {
   double num = 0, den = 0;
   const int64_t n = numel_of(b->dims[k], b->ndim[k]);
   for (int64_t i = 0; i < n; i++) {
+    if (keyless(a, k, a->v[k][i]) && keyless(b, k, b->v[k][i])) continue;
     if (!isfinite(a->v[k][i]) || !isfinite(b->v[k][i])) return NAN;
     num = fmax(num, fabs(a->v[k][i] - b->v[k][i]));
     den = fmax(den, fabs(b->v[k][i]));
@@ -381,13 +444,13 @@ static int64_t non_finite(const result *r) {
   for (int k = 0; k < N_RESULTS; k++) {
     if (!r->v[k]) continue;
     const int64_t n = numel_of(r->dims[k], r->ndim[k]);
-    for (int64_t i = 0; i < n; i++) bad += !isfinite(r->v[k][i]);
+    for (int64_t i = 0; i < n; i++) bad += !isfinite(r->v[k][i]) && !keyless(r, k, r->v[k][i]);
   }
   return bad;
 }
 
 static int dump(const char *path, const result *r, const mg_plan *p, const cli_opts *o,
-                mg_diag *d) {
+                const docs *ds, mg_diag *d) {
   mg_st_writer *w = NULL;
   int rc = mg_st_writer_new(&w, d);
   char num[64];
@@ -413,6 +476,12 @@ static int dump(const char *path, const result *r, const mg_plan *p, const cli_o
   snprintf(num, sizeof num, "%d", p->args.sp);
   if (!rc) rc = mg_st_writer_add_meta(w, "sp", num, d);
   if (!rc) rc = mg_st_writer_add_meta(w, "inputs", o->inputs ? o->inputs : "seed", d);
+  if (!rc && ds->n) { /* packed: how many documents, how many valid tokens */
+    snprintf(num, sizeof num, "%lld", (long long)(ds->n - 1));
+    rc = mg_st_writer_add_meta(w, "documents", num, d);
+    snprintf(num, sizeof num, "%lld", (long long)ds->cu[ds->n - 1]);
+    if (!rc) rc = mg_st_writer_add_meta(w, "tokens", num, d);
+  }
   snprintf(num, sizeof num, "%llu", o->seed);
   if (!rc && !o->inputs) rc = mg_st_writer_add_meta(w, "seed", num, d);
   if (!rc) rc = mg_st_writer_write(w, path, d);
@@ -456,6 +525,8 @@ static int run(const cli_opts *o, group *g) {
   mg_diag d = MG_DIAG_INIT;
   mg_shape shape;
   mg_st_file *file = NULL;
+  docs ds = {NULL, 0}; /* packed inputs: the documents */
+  int varlen = 0;
   /* this rank's inputs: [0] token slice, [1] laga-cp's chunks, [2] all tokens (the P = 1
    * reference, rank 0) */
   void *in[3][N_INPUTS] = {{0}};
@@ -472,7 +543,8 @@ static int run(const cli_opts *o, group *g) {
   for (int i = 0; g->rank == 0 && i < shape.n_notes; i++)
     fprintf(stderr, "mlagen: note: %s: %s\n", shape.source, shape.notes[i]);
 
-  /* B and S: from the options, or from q's shape in the inputs file */
+  /* B and S: from the options, or from q's shape in the inputs file (packed, with
+   * cu_seqlens: B = 1, S = q's token rows T) */
   int64_t B = o->batch, S = o->seq;
   rc = 0;
   if (o->inputs) {
@@ -487,7 +559,19 @@ static int run(const cli_opts *o, group *g) {
     if (!rc) rc = mg_st_open(o->inputs, &file, &d);
     const mg_st_tensor *q = rc ? NULL : mg_st_find(file, "q");
     if (!rc && !q) rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: no tensor named 'q'", o->inputs);
-    if (!rc && q->ndim >= 2) {
+    const mg_st_tensor *cu = rc ? NULL : mg_st_find(file, "cu_seqlens");
+    varlen = cu != NULL;
+    if (!rc && varlen && o->have_batch && o->batch != 1)
+      rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s holds cu_seqlens (packed sequences, batch 1): "
+                       "--batch %d does not apply", o->inputs, o->batch);
+    if (!rc && varlen && q->ndim != 3)
+      rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s holds cu_seqlens (packed sequences): tensor 'q' "
+                       "must be [T, H, d_n + d_r] (THD layout), not %d-dimensional", o->inputs,
+                       q->ndim);
+    if (!rc && varlen) {
+      B = 1;
+      if (!o->seq) S = q->shape[0];
+    } else if (!rc && q->ndim >= 2) {
       if (!o->have_batch) B = q->shape[0];
       if (!o->seq) S = q->shape[1];
     }
@@ -497,6 +581,7 @@ static int run(const cli_opts *o, group *g) {
     if (!rc && (B < 1 || S < 1 || B > INT_MAX))
       rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: tensor 'q' has an empty or unusable shape",
                        o->inputs);
+    if (!rc && varlen) rc = read_docs(file, cu, S, &ds, &d);
   }
   FAIL_IF(rc != 0, CLI_FAIL);
 
@@ -514,13 +599,15 @@ static int run(const cli_opts *o, group *g) {
                       .rank = g->rank < o->sp ? g->rank : 0, .batch = (int)B, .seq = S, .causal = o->causal, .dtype = dt,
                       .head_groups = forms[k] == MG_FORM_LAGA_F    ? o->head_groups
                                      : forms[k] == MG_FORM_LAGA_CP ? o->cp_head_groups
-                                                                   : 0};
+                                                                   : 0,
+                      .varlen = varlen, .cu_seqlens = ds.cu, .n_cu = ds.n};
     rc = cli_plan_build(&plans[forms[k]], &a, &d);
     if (rc) break;
   }
   if (!rc && ref_single) {
     mg_plan_args a = {.shape = &shape, .form = MG_FORM_EXPLICIT, .sp = 1, .batch = (int)B,
-                      .seq = S, .causal = o->causal, .dtype = dt};
+                      .seq = S, .causal = o->causal, .dtype = dt, .varlen = varlen,
+                      .cu_seqlens = ds.cu, .n_cu = ds.n};
     rc = cli_plan_build(&ref_plan, &a, &d);
   }
   FAIL_IF(rc != 0, CLI_USAGE);
@@ -543,6 +630,8 @@ static int run(const cli_opts *o, group *g) {
                            o->inputs != NULL, shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
                            shape.qk_nope_head_dim, shape.v_head_dim};
   for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++) fp = fnv(fp, facts[i]);
+  fp = fnv(fp, ds.n);
+  for (int64_t i = 0; i < ds.n; i++) fp = fnv(fp, ds.cu[i]);
   int same = same_everywhere(g, fp);
   if (!same)
     mg_diag_set(&d, MLAGEN_EINVAL, "run: the ranks disagree on the model, batch, sequence length, "
@@ -579,7 +668,7 @@ static int run(const cli_opts *o, group *g) {
 
   /* the inputs, this rank's shard in each layout the forms run take */
   input_spec specs[N_INPUTS];
-  input_specs(&shape, B, S, specs);
+  input_specs(&shape, B, S, varlen, specs);
   const int ref_here = ref_single && g->rank == 0;
   for (int k = 0; k < n_forms + ref_here && !rc; k++) {
     const int lay = k == n_forms ? 2 : forms[k] == MG_FORM_LAGA_CP;
@@ -602,11 +691,15 @@ static int run(const cli_opts *o, group *g) {
 
   /* run */
   if (g->rank == 0) {
-    printf("mlagen run: cpu backend, %s (H=%d d_c=%d d_r=%d d_n=%d d_v=%d scale %.6g), B=%lld "
-           "S=%lld P=%d, %s, %s, inputs %s",
+    printf("mlagen run: cpu backend, %s (H=%d d_c=%d d_r=%d d_n=%d d_v=%d scale %.6g), ",
            shape.source, shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
-           shape.qk_nope_head_dim, shape.v_head_dim, shape.softmax_scale, (long long)B,
-           (long long)S, o->sp, o->dtype, o->causal ? "causal" : "non-causal",
+           shape.qk_nope_head_dim, shape.v_head_dim, shape.softmax_scale);
+    if (varlen)
+      printf("packed: %lld documents, %ld of %lld tokens", (long long)(ds.n - 1),
+             (long)ds.cu[ds.n - 1], (long long)S);
+    else
+      printf("B=%lld S=%lld", (long long)B, (long long)S);
+    printf(" P=%d, %s, %s, inputs %s", o->sp, o->dtype, o->causal ? "causal" : "non-causal",
            o->inputs ? o->inputs : "from seed");
     if (!o->inputs) printf(" %llu", o->seed);
     printf("\nbytes per rank (rank 0), measured by the executor's allocator vs the planner; "
@@ -616,7 +709,7 @@ static int run(const cli_opts *o, group *g) {
   }
   for (int k = 0; k < n_forms; k++) {
     const mg_plan *p = &plans[forms[k]];
-    rc = run_form(g, p, (const void *const *)in[forms[k] == MG_FORM_LAGA_CP], &res[forms[k]], &d);
+    rc = run_form(g, p, (const void *const *)in[forms[k] == MG_FORM_LAGA_CP], &ds, &res[forms[k]], &d);
     if (rc) { /* a rank may be stuck in a collective: stop every rank */
       cli_error("rank %d: %s", g->rank, mg_diag_msg(&d));
       abort_group(g);
@@ -640,7 +733,7 @@ static int run(const cli_opts *o, group *g) {
   if (ref_here) { /* the reference: explicit at P = 1, on this rank alone */
     group one = {NULL, 0, 1, 0};
     rc = mg_comm_local_new(&one.comm, &d);
-    if (!rc) rc = run_form(&one, &ref_plan, (const void *const *)in[2], &ref_res, &d);
+    if (!rc) rc = run_form(&one, &ref_plan, (const void *const *)in[2], &ds, &ref_res, &d);
     mg_comm_destroy(one.comm);
     if (!rc) {
       printf("explicit at P = 1 on rank 0 (the reference: the Ulysses forms need P | H = %d):\n",
@@ -691,7 +784,7 @@ static int run(const cli_opts *o, group *g) {
     }
   }
   if (g->rank == 0 && o->dump && ret == CLI_OK) {
-    rc = dump(o->dump, &res[form], &plans[form], o, &d);
+    rc = dump(o->dump, &res[form], &plans[form], o, &ds, &d);
     if (rc) {
       cli_error("%s", mg_diag_msg(&d));
       ret = CLI_FAIL;
@@ -702,6 +795,7 @@ static int run(const cli_opts *o, group *g) {
 
 out:
   mg_st_close(file);
+  free(ds.cu);
   for (int k = 0; k < N_INPUTS; k++) free(in[0][k]), free(in[1][k]), free(in[2][k]);
   for (int f = 0; f < MG_FORM_COUNT; f++) result_free(&res[f]);
   result_free(&ref_res);

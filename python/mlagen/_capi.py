@@ -26,7 +26,8 @@ class ModelDesc(ctypes.Structure):
 class PlanDesc(ctypes.Structure):
     _fields_ = [("form", ctypes.c_int), ("batch", ctypes.c_int), ("seq", ctypes.c_int64),
                 ("sp_rank", ctypes.c_int), ("sp_size", ctypes.c_int), ("causal", ctypes.c_int),
-                ("dtype", ctypes.c_int), ("head_groups", ctypes.c_int), ("device", ctypes.c_int)]
+                ("dtype", ctypes.c_int), ("head_groups", ctypes.c_int), ("device", ctypes.c_int),
+                ("varlen", ctypes.c_int)]
 
 
 class TensorInfo(ctypes.Structure):
@@ -51,7 +52,8 @@ class Tensor(ctypes.Structure):
 
 
 class Tensors(ctypes.Structure):
-    _fields_ = [(f, Tensor) for f in TENSOR_FIELDS]
+    _fields_ = [(f, Tensor) for f in TENSOR_FIELDS] + \
+               [("cu_seqlens", ctypes.POINTER(ctypes.c_int32)), ("n_cu_seqlens", ctypes.c_int64)]
 
 
 COLLECTIVE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

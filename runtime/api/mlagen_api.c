@@ -23,6 +23,7 @@
 #include "mg_driver.h"
 #include "mg_plan.h"
 #include "mg_plan_mem.h"
+#include "mg_varlen.h"
 #include "mlagen.h"
 
 struct mlagen_context {
@@ -255,12 +256,14 @@ static const struct slot {
   const char *name;  /* in the plan and in mlagen_tensor_info.name */
   const char *field; /* in messages: tensors-><field> */
   size_t t_off, i_off;
+  int tokens; /* 1: [B, S_l, ...] token rows (THD in a varlen plan: the batch dim dropped) */
 } slots[] = {
-#define SLOT(name, field) {name, #field, offsetof(mlagen_tensors, field), offsetof(mlagen_sizes, field)}
-    SLOT("q", q),         SLOT("c_kv", c_kv),   SLOT("k_rope", k_rope),
-    SLOT("w_kv_b", w_kv_b), SLOT("o", o),       SLOT("do", d_o),
-    SLOT("dq", dq),       SLOT("dc_kv", dc_kv), SLOT("dk_rope", dk_rope),
-    SLOT("dw_kv_b", dw_kv_b),
+#define SLOT(name, field, tokens) \
+  {name, #field, offsetof(mlagen_tensors, field), offsetof(mlagen_sizes, field), tokens}
+    SLOT("q", q, 1),         SLOT("c_kv", c_kv, 1),   SLOT("k_rope", k_rope, 1),
+    SLOT("w_kv_b", w_kv_b, 0), SLOT("o", o, 1),       SLOT("do", d_o, 1),
+    SLOT("dq", dq, 1),       SLOT("dc_kv", dc_kv, 1), SLOT("dk_rope", dk_rope, 1),
+    SLOT("dw_kv_b", dw_kv_b, 0),
 #undef SLOT
 };
 #define N_SLOTS (sizeof slots / sizeof slots[0])
@@ -299,8 +302,10 @@ static int plan_sizes(const mg_plan *p, mlagen_device device, mg_plan_mem *cpu_m
     if (b < 0) continue; /* not at this form's boundary: passes 0 */
     const mg_plan_buf *pb = &p->bufs[b];
     t->dtype = mg_dtype_to_api(pb->dtype);
-    t->ndim = pb->ndim;
-    for (int d = 0; d < pb->ndim; d++) t->dims[d] = pb->dims[d];
+    /* a varlen plan's token tensors are THD: its batch dim (1) dropped, same memory */
+    const int drop = p->args.varlen && slots[i].tokens && pb->ndim > 2 && pb->dims[0] == 1;
+    t->ndim = pb->ndim - drop;
+    for (int d = 0; d < t->ndim; d++) t->dims[d] = pb->dims[d + drop];
     t->bytes = (size_t)mg_plan_buf_bytes(pb);
     t->is_output = pb->role == MG_BUF_OUTPUT;
     for (int k = 0; k < p->n_steps; k++) {
@@ -347,7 +352,8 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
       .laga_f = "MLAGEN_FORM_LAGA_F", .laga_cp = "MLAGEN_FORM_LAGA_CP"};
   mg_plan_args a = {.shape = &model->shape, .form = form, .sp = desc->sp_size,
                     .rank = desc->sp_rank, .batch = desc->batch, .seq = desc->seq,
-                    .causal = desc->causal != 0, .dtype = dtype, .head_groups = desc->head_groups};
+                    .causal = desc->causal != 0, .dtype = dtype, .head_groups = desc->head_groups,
+                    .varlen = desc->varlen != 0};
   int rc = mg_plan_args_check(&a, &names, d);
   if (rc) return rc;
   mlagen_plan *p = calloc(1, sizeof *p);
@@ -480,6 +486,28 @@ static int check_tensor(const mlagen_tensor *t, const mlagen_tensor_info *want, 
   return 0;
 }
 
+/* The documents of a pass (mlagen_tensors.cu_seqlens): a varlen plan needs them, checked
+ * against its token capacity (mg_varlen_check); any other plan refuses them. */
+static int check_cu_seqlens(const mlagen_plan *plan, const mlagen_tensors *t, const char *fn,
+                            mg_diag *d) {
+  const mg_plan_args *a = &plan->plan.args;
+  if (!a->varlen) {
+    if (t->cu_seqlens || t->n_cu_seqlens)
+      return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->cu_seqlens is %s with n_cu_seqlens = "
+                         "%lld, but the plan is not for packed sequences (plan_desc->varlen = 0): "
+                         "leave them NULL and 0", fn, t->cu_seqlens ? "set" : "NULL",
+                         (long long)t->n_cu_seqlens);
+    return 0;
+  }
+  if (!t->cu_seqlens)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensors->cu_seqlens is NULL: the plan is for packed "
+                       "sequences (plan_desc->varlen): give the documents' boundaries, N + 1 "
+                       "int32 entries in host memory", fn);
+  if (mg_varlen_check(t->cu_seqlens, t->n_cu_seqlens, a->seq, "tensors->cu_seqlens", d))
+    return mg_diag_prefix(d, "%s", fn);
+  return 0;
+}
+
 /* A caller buffer (workspace or saved) of at least need bytes, 16-byte aligned. */
 static int check_buffer(const void *buf, size_t bytes, size_t need, const char *what,
                         const char *fn, mg_diag *d) {
@@ -506,6 +534,7 @@ static int run_pass(mlagen_plan *plan, mlagen_context *ctx, int pass, const char
     const mlagen_tensor *t = (const mlagen_tensor *)((const char *)tensors + slots[i].t_off);
     if ((rc = check_tensor(t, want, slots[i].field, fn, d))) return rc;
   }
+  if ((rc = check_cu_seqlens(plan, tensors, fn, d))) return rc;
   if ((rc = check_buffer(workspace, workspace_bytes, plan->sizes.workspace_bytes, "workspace",
                          fn, d)) ||
       (rc = check_buffer(saved, saved_bytes, plan->sizes.saved_bytes, "saved", fn, d)))
@@ -521,7 +550,8 @@ static int run_pass(mlagen_plan *plan, mlagen_context *ctx, int pass, const char
                         .k_rope = tensors->k_rope.data, .w_kv_b = tensors->w_kv_b.data,
                         .d_o = tensors->d_o.data, .o = tensors->o.data, .dq = tensors->dq.data,
                         .dc_kv = tensors->dc_kv.data, .dk_rope = tensors->dk_rope.data,
-                        .dw_kv_b = tensors->dw_kv_b.data};
+                        .dw_kv_b = tensors->dw_kv_b.data, .cu_seqlens = tensors->cu_seqlens,
+                        .n_cu = tensors->n_cu_seqlens};
     rc = mg_cpu_run_pass(p, p->args.sp > 1 ? plan->user_comm : NULL, mpass, &t, &plan->mem,
                          workspace, saved, d);
     return rc ? mg_diag_prefix(d, "%s", fn) : 0;
@@ -563,7 +593,8 @@ static int run_pass(mlagen_plan *plan, mlagen_context *ctx, int pass, const char
                        .k_rope = tensors->k_rope.data, .w_kv_b = tensors->w_kv_b.data,
                        .d_o = tensors->d_o.data, .o = tensors->o.data, .dq = tensors->dq.data,
                        .dc_kv = tensors->dc_kv.data, .dk_rope = tensors->dk_rope.data,
-                       .dw_kv_b = tensors->dw_kv_b.data};
+                       .dw_kv_b = tensors->dw_kv_b.data, .cu_seqlens = tensors->cu_seqlens,
+                       .n_cu = tensors->n_cu_seqlens};
   rc = mg_cuda_exec_run(plan->exec, mpass, &t, workspace, workspace_bytes, saved, saved_bytes,
                         plan->user_comm ? plan->user_comm : plan->comm, stream, d);
   return rc ? mg_diag_prefix(d, "%s", fn) : 0;

@@ -69,15 +69,24 @@ static const char *st_dtype_name(mg_dtype t) {
   return "?";
 }
 
-static int st_dtype_parse(const char *s, mg_dtype *out) {
-  static const struct { const char *name; mg_dtype t; } table[] = {
-      {"F32", MG_F32}, {"F64", MG_F64}, {"BF16", MG_BF16}, {"F16", MG_F16}};
+/* A stored type: a float dtype (*int_bytes = 0), or I32 / I64 (*int_bytes 4 / 8, *out the
+ * float type of the same width, for byte counts). */
+static int st_dtype_parse(const char *s, mg_dtype *out, int *int_bytes) {
+  static const struct { const char *name; mg_dtype t; int int_bytes; } table[] = {
+      {"F32", MG_F32, 0}, {"F64", MG_F64, 0}, {"BF16", MG_BF16, 0}, {"F16", MG_F16, 0},
+      {"I32", MG_F32, 4}, {"I64", MG_F64, 8}};
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
     if (strcmp(s, table[i].name) == 0) {
       *out = table[i].t;
+      *int_bytes = table[i].int_bytes;
       return 0;
     }
   return -1;
+}
+
+/* The stored type's name of a tensor read from a file ("F32", "I64"). */
+static const char *st_type_name(const mg_st_tensor *t) {
+  return t->int_bytes == 4 ? "I32" : t->int_bytes == 8 ? "I64" : st_dtype_name(t->dtype);
 }
 
 /* 1 if s[0..n) is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF);
@@ -221,11 +230,11 @@ static int parse_entry(const mg_st_file *f, const cJSON *e, mg_st_tensor *t, mg_
 
   if (!cJSON_IsString(dt))
     return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensor '%s': \"dtype\" is not a string", p, nm.s);
-  if (st_dtype_parse(dt->valuestring, &t->dtype) != 0) {
+  if (st_dtype_parse(dt->valuestring, &t->dtype, &t->int_bytes) != 0) {
     shown ds = show(dt->valuestring);
     return mg_diag_set(d, MLAGEN_EINVAL,
-                       "%s: tensor '%s': dtype %s is not supported: expected BF16, F16, F32 or F64",
-                       p, nm.s, ds.s);
+                       "%s: tensor '%s': dtype %s is not supported: expected BF16, F16, F32, "
+                       "F64, I32 or I64", p, nm.s, ds.s);
   }
 
   if (!cJSON_IsArray(sh))
@@ -271,7 +280,7 @@ static int parse_entry(const mg_st_file *f, const cJSON *e, mg_st_tensor *t, mg_
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
                        " bytes, but %s shape %s needs %zu", p, nm.s, b, en, en - b,
-                       st_dtype_name(t->dtype), fmt_shape(ndim, t->shape).s, need);
+                       st_type_name(t), fmt_shape(ndim, t->shape).s, need);
   t->offset = (size_t)b;
   t->nbytes = need;
   return 0;
@@ -547,6 +556,9 @@ static int read_any(const mg_st_file *f, const char *name, int ndim, const int64
   size_t numel = 0;
   int rc = lookup(f, name, ndim, shape, &t, &numel, d);
   if (rc != 0) return rc;
+  if (t->int_bytes)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensor '%s' is %s: expected a float tensor (BF16, "
+                       "F16, F32 or F64)", f->path, show(name).s, st_type_name(t));
   size_t es = mg_dtype_size(t->dtype), os = dbl ? sizeof(double) : sizeof(float);
   const unsigned char *src = f->data + t->offset;
   size_t outer = 1, len = numel, stride = numel, skip = 0;
@@ -578,6 +590,24 @@ static int read_any(const mg_st_file *f, const char *name, int ndim, const int64
     else
       to_f32(s, t->dtype, len, (float *)(void *)(o + k * len * os));
   }
+  return 0;
+}
+
+int mg_st_read_i64(const mg_st_file *f, const char *name, int ndim, const int64_t *shape,
+                   int64_t *out, mg_diag *d) {
+  const mg_st_tensor *t = NULL;
+  size_t numel = 0;
+  int rc = lookup(f, name, ndim, shape, &t, &numel, d);
+  if (rc != 0) return rc;
+  if (!t->int_bytes)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensor '%s' is %s: expected an integer tensor "
+                       "(I32 or I64)", f->path, show(name).s, st_type_name(t));
+  if (!out && numel > 0)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s: tensor '%s': output buffer is NULL", f->path,
+                       show(name).s);
+  const unsigned char *src = f->data + t->offset;
+  for (size_t i = 0; i < numel; i++) /* two's complement, sign-extended */
+    out[i] = t->int_bytes == 4 ? (int64_t)(int32_t)ld32(src + 4 * i) : (int64_t)ld64(src + 8 * i);
   return 0;
 }
 

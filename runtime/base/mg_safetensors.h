@@ -7,8 +7,9 @@
  * "__metadata__" object of string -> string, then the data section: every tensor's
  * elements, row-major and little-endian, packed with no holes and no overlaps.
  *
- * mlagen reads BF16, F16, F32 and F64 tensors and converts them to float or double;
- * the writer stores F32 and F64 as given, and BF16 or F16 rounded to nearest even.
+ * mlagen reads BF16, F16, F32 and F64 tensors and converts them to float or double, and
+ * I32 and I64 tensors (index arrays such as cu_seqlens) as int64_t; the writer stores F32
+ * and F64 as given, and BF16 or F16 rounded to nearest even.
  *
  * Every function that can fail returns 0 or a negative MLAGEN_E* status and, on
  * failure, sets a one-line message in *d (NULL discards it) that names the file and,
@@ -28,7 +29,10 @@
 /* One tensor of an open file. Valid until mg_st_close(). */
 typedef struct mg_st_tensor {
   const char *name;              /* NUL-terminated UTF-8 */
-  mg_dtype dtype;
+  mg_dtype dtype;                /* a float tensor's type; for I32 / I64 the float type of
+                                  * the same width (F32 / F64) */
+  int int_bytes;                 /* 0: a float tensor; 4 (I32) or 8 (I64): an integer
+                                  * tensor, read by mg_st_read_i64 only */
   int ndim;                      /* 0 for a scalar */
   int64_t shape[MG_ST_MAX_DIMS]; /* shape[ndim..] are 0 */
   size_t offset;                 /* data_offsets[0]: start within the data section */
@@ -51,7 +55,8 @@ typedef struct mg_st_file mg_st_file;
  *                  an object of strings; and, naming the tensor: entry not an object;
  *                  dtype/shape/data_offsets missing or of the wrong JSON type; a dim
  *                  negative or not an integer; more than MG_ST_MAX_DIMS dims; a dtype
- *                  other than BF16, F16, F32 or F64 ("I64 is not supported: ...");
+ *                  other than BF16, F16, F32, F64, I32 or I64 ("U8 is not supported:
+ *                  ...");
  *                  data_offsets not two integers with begin <= end <= data section
  *                  size; end - begin != numel * dtype size; numel or byte count
  *                  overflowing; a name longer than MG_ST_MAX_NAME bytes; a name twice;
@@ -89,13 +94,21 @@ const char *mg_st_path(const mg_st_file *f);
  * shape[0..ndim). BF16, F16 and F32 convert exactly; F64 rounds to nearest even.
  * Errors (MLAGEN_EINVAL): no tensor called name; its shape differs (the message names
  * the tensor and gives both shapes); ndim outside 0..MG_ST_MAX_DIMS; out NULL with a
- * nonzero element count. */
+ * nonzero element count; an integer tensor ("tensor 'x' is I64: expected a float
+ * tensor ..."). */
 int mg_st_read_f32(const mg_st_file *f, const char *name, int ndim, const int64_t *shape,
                    float *out, mg_diag *d);
 
 /* As mg_st_read_f32(), into doubles; every dtype converts exactly. */
 int mg_st_read_f64(const mg_st_file *f, const char *name, int ndim, const int64_t *shape,
                    double *out, mg_diag *d);
+
+/* Reads integer tensor name (I32 or I64) into out (numel int64_t, I32 sign-extended),
+ * checking its shape as mg_st_read_f32() does. Errors (MLAGEN_EINVAL): those of
+ * mg_st_read_f32(), and a float tensor ("tensor 'x' is F32: expected an integer tensor
+ * (I32 or I64)"). */
+int mg_st_read_i64(const mg_st_file *f, const char *name, int ndim, const int64_t *shape,
+                   int64_t *out, mg_diag *d);
 
 /* Reads the slice [start, start + count) along dimension dim of tensor name, whose full
  * shape must be shape[0..ndim). out receives the slice row-major: its shape is shape
