@@ -52,7 +52,7 @@
 @   }, explicit_scalar_params(), {
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<5>", shape = "[5]",
 @       doc = "5 CUtensorMaps passed by value (kernel parameter space; the host passes 5 contiguous 64-byte aligned CUtensorMaps), made by mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h): q, k_nope, k_rope (packed: K's RoPE columns), v, dout" },
-@   }, varlen_params(spec)),
+@   }, varlen_params()),
 @   tunables = {
 @     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
 @     block_n   = { values = { 64, 128 },   doc = "keys per K/V tile (the N of S = Q K^T's wgmma)" },

@@ -75,7 +75,7 @@
 @       doc = "4 CUtensorMaps passed by value (kernel parameter space; the host passes 4 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over the tensors above (16-bit elements, no interleave, zero OOB fill), box inner width W(d) = 64/32/16 columns for d % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
 @             "[0] q dims {d_qk, H, B*S_q} box {W(d_qk), 1, block_m}; [1] k_nope dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}; " ..
 @             "[2] split: k_rope dims {d_r, B*S_k} box {W(d_r), block_n}, packed: K dims {d_qk, H, B*S_k} box {W(d_r), 1, block_n}; [3] v dims {d_v, H, B*S_k} box {W(d_v), 1, block_n}" },
-@   }, varlen_params(spec)),
+@   }, varlen_params()),
 @   tunables = {
 @     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
 @     block_n   = { values = { 64, 128 },   doc = "keys per K/V tile (the N of S = Q K^T's wgmma)" },

@@ -67,10 +67,7 @@
 @     { name = "seqlen_k", type = "int", doc = "key tokens per batch item" },
 @     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_qk of the explicit form)" },
-@     table.unpack(spec.varlen and {
-@       { name = "cu_seqlens", type = "const int*", shape = "[n_seqs + 1]", doc = "packed documents' boundaries (mla::Varlen; batch 1)" },
-@       { name = "n_seqs", type = "int", doc = "documents in cu_seqlens" },
-@     } or {})
+@     table.unpack(varlen_params())
 @   },
 @   tunables = {
 @     block_n = { values = { 16, 32, 64 }, doc = "keys per CTA (16 per group of nsplit warps)" },

@@ -94,7 +94,7 @@
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<3>", shape = "[3]",
 @       doc = "3 CUtensorMaps passed by value (kernel parameter space; the host passes 3 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h: mg_sm90_mqa_bwd_tmaps), made with cuTensorMapEncodeTiled (16-bit elements, no interleave, zero OOB fill), box inner width W = 64/32/16 columns for d_c + d_r % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
 @             "[0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, 64}; [2] dout dims {d_c, B*S_q*H} box {W, 64}" },
-@   }, varlen_params(spec)),
+@   }, varlen_params()),
 @   tunables = {
 @     stages = { values = { 1, 2 }, doc = "query tiles (Q and dO) in the TMA ring" },
 @   },

@@ -67,7 +67,7 @@
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_qk of the explicit form)" },
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<3>", shape = "[3]",
 @       doc = "3 CUtensorMaps passed by value (kernel parameter space, as mqa_bwd_dkv_sm90's; runtime/exec/mg_sm90_tmap.h: mg_sm90_mqa_bwd_tmaps): [0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, 64}; [2] dout dims {d_c, B*S_q*H} box {W, 64}; W = 64/32/16 for d_c + d_r % 64/32/16 = 0, swizzle 128B/64B/32B, 16-bit, zero OOB fill" },
-@   }, varlen_params(spec)),
+@   }, varlen_params()),
 @   tunables = {
 @     stages = { values = { 1, 2, 3 }, doc = "latent tiles in the TMA ring" },
 @   },

@@ -74,7 +74,7 @@
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<2>", shape = "[2]",
 @       doc = "2 CUtensorMaps passed by value (kernel parameter space; the host passes 2 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over q and c (16-bit elements, no interleave, zero OOB fill), box inner width W = 64/32/16 columns for d_c + d_r % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
 @             "[0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, block_n}" },
-@   }, varlen_params(spec)),
+@   }, varlen_params()),
 @   tunables = {
 @     block_n = { values = { 64, 128 },  doc = "keys per latent tile (the N of S = Q C^T's wgmma; the K of O += P V)" },
 @     stages  = { values = { 2, 3, 4 },  doc = "latent tiles in the TMA ring" },

@@ -128,15 +128,21 @@ function kernel(decl)
   return recorded
 end
 
--- A varlen family's params: the unpacked kernel's list `params`, then, when spec.varlen,
--- the packed-sequence arguments (mla::Varlen: cu_seqlens [n_seqs + 1] device int32, n_seqs)
--- at the end, so the unpacked kernel's parameters stay as they are. Returns params.
+-- The parameters a packed-sequence variant takes last (spec.varlen, kernel{} varlen = true;
+-- generator/core/mg_varlen.h, mla::Varlen): none for the unpacked kernel, whose signature
+-- stays as it was.
+function varlen_params()
+  if not spec.varlen then return {} end
+  return {
+    { name = "cu_seqlens", type = "const int*", shape = "[n_seqs + 1]",
+      doc = "packed sequences: device int32 document boundaries (cu[0] = 0, non-decreasing, cu[n_seqs] = T <= the token rows; entries may repeat: the executor pads them with T); batch must be 1" },
+    { name = "n_seqs", type = "int", doc = "documents in cu_seqlens (an executor may pad it with empty ones)" },
+  }
+end
+
+-- params with varlen_params() appended.
 function append_varlen_params(params)
-  if spec.varlen then
-    params[#params + 1] = { name = "cu_seqlens", type = "const int*", shape = "[n_seqs + 1]",
-                            doc = "packed sequences: document boundaries (cu[0] = 0, non-decreasing; the executor pads them with T)" }
-    params[#params + 1] = { name = "n_seqs", type = "int", doc = "documents in cu_seqlens (entries - 1)" }
-  end
+  for _, p in ipairs(varlen_params()) do params[#params + 1] = p end
   return params
 end
 

@@ -66,13 +66,3 @@ function explicit_dims(spec, packed)
          'constexpr bool K_PACKED = ' .. (packed and "true" or "false") .. ';'
 end
 
--- The packed-sequence parameters a varlen variant appends after all of its others
--- (spec.varlen; none otherwise, so the unpacked kernel keeps its signature):
--- cu_seqlens and n_seqs as mla::Varlen reads them (generator/core/mg_varlen.h's rules).
-function varlen_params(spec)
-  if not spec.varlen then return {} end
-  return {
-    { name = "cu_seqlens", type = "const int*", shape = "[n_seqs + 1]", doc = "packed sequences: device int32 document boundaries (cu[0] = 0, non-decreasing, cu[n_seqs] = T <= the token rows; entries may repeat); batch must be 1" },
-    { name = "n_seqs",     type = "int",        doc = "documents in cu_seqlens (an executor may pad it with empty ones)" },
-  }
-end
