@@ -39,8 +39,9 @@ static void test_check(void **state) {
   refused(down, 5, 16, NULL, "cu_seqlens[3] = 5 is below cu_seqlens[2] = 6 (boundaries must not decrease)");
   refused(past, 4, 12, NULL, "cu_seqlens[3] = 13 is past the plan's token capacity 12");
   refused(past, 4, 8, NULL, "cu_seqlens[2] = 9 is past"); /* the first bad index */
-  refused(NULL, 3, 8, NULL, "NULL given");
+  refused(NULL, 3, 8, NULL, "cu_seqlens is NULL");
   refused(ok, 0, 8, NULL, "cu_seqlens needs at least one entry");
+  refused(ok, -1, 8, NULL, "cu_seqlens needs at least one entry (cu_seqlens[0] = 0), -1 given");
   refused(down, 5, 16, "tensors->cu_seqlens", "tensors->cu_seqlens[3] = 5 is below tensors->cu_seqlens[2]");
   mg_diag_clear(&d);
 }

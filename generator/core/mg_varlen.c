@@ -6,9 +6,12 @@
 int mg_varlen_check(const int32_t *cu, int64_t n_entries, int64_t cap, const char *name,
                     mg_diag *d) {
   if (!name) name = "cu_seqlens";
-  if (!cu || n_entries < 1)
-    return mg_diag_set(d, MLAGEN_EINVAL, "%s needs at least one entry (cu_seqlens[0] = 0), %s",
-                       name, cu ? "0 given" : "NULL given");
+  if (!cu)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s is NULL: it needs at least one entry "
+                       "(cu_seqlens[0] = 0)", name);
+  if (n_entries < 1)
+    return mg_diag_set(d, MLAGEN_EINVAL, "%s needs at least one entry (cu_seqlens[0] = 0), "
+                       "%lld given", name, (long long)n_entries);
   if (cu[0] != 0)
     return mg_diag_set(d, MLAGEN_EINVAL, "%s[0] = %ld, the first boundary must be 0", name,
                        (long)cu[0]);

@@ -26,7 +26,7 @@
  * ("cu_seqlens", "tensors->cu_seqlens"). Errors: MLAGEN_EINVAL naming the first bad index,
  * e.g. "cu_seqlens[3] = 10 is below cu_seqlens[2] = 12 (boundaries must not decrease)",
  * "cu_seqlens[5] = 9000 is past the plan's token capacity 8192", cu NULL or n_entries < 1
- * ("cu_seqlens needs at least one entry, 0"). */
+ * ("cu_seqlens needs at least one entry (cu_seqlens[0] = 0), -1 given", "cu_seqlens is NULL: ..."). */
 int mg_varlen_check(const int32_t *cu, int64_t n_entries, int64_t cap, const char *name,
                     mg_diag *d);
 
