@@ -5,7 +5,8 @@
  *             caller's name for the array; zero-length documents, T < cap and T = cap pass
  *   doc/keys  the document of every token and its key range (causal and not) against
  *             values written out by hand, slack tokens and zero-length documents included
- *   pairs     mg_varlen_pairs against the hand-summed counts, with two-chunk positions
+ *   pairs     mg_varlen_pairs against the hand-summed counts, with two-chunk positions, and
+ *             against a row-by-row count on random streams
  *   rows      mg_varlen_valid_rows at, before and past the end of the stream
  *   compact   the device copy: zero-length documents dropped, T repeated to the end */
 #include <setjmp.h>
@@ -83,6 +84,29 @@ static void test_pairs(void **state) {
    * causal 3 + 1 + 4 + 5 + 0 = 13; not 3 + 1 + 5 + 5 + 0 = 14 */
   assert_true(mg_varlen_pairs(cu, N_SEQS, 1, 5, 2, 2, 7) == 13);
   assert_true(mg_varlen_pairs(cu, N_SEQS, 0, 5, 2, 2, 7) == 14);
+  /* random streams (zero-length documents, slack) and two-chunk positions, against a
+   * row-by-row count with its own document search */
+  unsigned seed = 7;
+  for (int rep = 0; rep < 200; rep++) {
+    int32_t c[12];
+    const int n = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 10;
+    c[0] = 0;
+    for (int i = 1; i <= n; i++) c[i] = c[i - 1] + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 6;
+    const int64_t cap = c[n] + 3, sq = 1 + (int64_t)((seed = seed * 1103515245u + 12345u) >> 16) % cap;
+    const int64_t split = (int64_t)((seed = seed * 1103515245u + 12345u) >> 16) % (sq + 1);
+    const int64_t p0 = (int64_t)((seed = seed * 1103515245u + 12345u) >> 16) % 4;
+    const int64_t p1 = p0 + split + (int64_t)((seed = seed * 1103515245u + 12345u) >> 16) % 4;
+    for (int causal = 0; causal < 2; causal++) {
+      double want = 0;
+      for (int64_t i = 0; i < sq; i++) {
+        const int64_t t = i < split ? p0 + i : p1 + (i - split);
+        for (int d = 0; d < n; d++)
+          if (c[d] <= t && t < c[d + 1]) want += causal ? (double)(t - c[d] + 1) : (double)(c[d + 1] - c[d]);
+      }
+      const double got = mg_varlen_pairs(c, n, causal, sq, p0, split, p1);
+      if (got != want) fail_msg("rep %d causal %d: %.0f pairs, want %.0f", rep, causal, got, want);
+    }
+  }
 }
 
 static void test_valid_rows(void **state) {

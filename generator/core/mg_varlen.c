@@ -50,16 +50,28 @@ void mg_varlen_keys(const int32_t *cu, int64_t n_seqs, int causal, int64_t t, in
   *hi = causal ? t + 1 : cu[d + 1];
 }
 
-double mg_varlen_pairs(const int32_t *cu, int64_t n_seqs, int causal, int64_t S_q,
-                       int64_t q_pos0, int64_t q_split, int64_t q_pos1) {
+/* The pairs of the query rows at consecutive positions [a, b): per document d overlapping
+ * them, its rows [r0, r1) see (causal) t - cu[d] + 1 keys each, an arithmetic series, or
+ * (not causal) the document's length. O(documents overlapped), so the planner's figure costs
+ * no more for a large capacity (rows past T count 0). */
+static double pairs_of_range(const int32_t *cu, int64_t n_seqs, int causal, int64_t a, int64_t b) {
+  if (a < 0) a = 0;
+  if (b > cu[n_seqs]) b = cu[n_seqs];
   double n = 0;
-  for (int64_t i = 0; i < S_q; i++) {
-    const int64_t t = i < q_split ? q_pos0 + i : q_pos1 + (i - q_split);
-    int64_t lo, hi;
-    mg_varlen_keys(cu, n_seqs, causal, t, &lo, &hi);
-    n += (double)(hi - lo);
+  for (int64_t d = a < b ? mg_varlen_doc(cu, n_seqs, a) : n_seqs; d < n_seqs && cu[d] < b; d++) {
+    const int64_t r0 = a > cu[d] ? a : cu[d], r1 = b < cu[d + 1] ? b : cu[d + 1];
+    if (r1 <= r0) continue;
+    const double rows = (double)(r1 - r0);
+    n += causal ? rows * (double)(r0 - cu[d] + 1 + r1 - cu[d]) / 2 : rows * (double)(cu[d + 1] - cu[d]);
   }
   return n;
+}
+
+double mg_varlen_pairs(const int32_t *cu, int64_t n_seqs, int causal, int64_t S_q,
+                       int64_t q_pos0, int64_t q_split, int64_t q_pos1) {
+  const int64_t split = q_split < 0 ? 0 : q_split > S_q ? S_q : q_split;
+  return pairs_of_range(cu, n_seqs, causal, q_pos0, q_pos0 + split) +
+         pairs_of_range(cu, n_seqs, causal, q_pos1, q_pos1 + (S_q - split));
 }
 
 int64_t mg_varlen_compact(const int32_t *cu, int64_t n_seqs, int32_t *out, int64_t out_n) {
