@@ -42,6 +42,29 @@ def reference(q, c_kv, k_rope, w_kv_b, scale, causal=True):
     return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v)
 
 
+def packed_reference(q, c_kv, k_rope, w_kv_b, cu, scale, causal, d_o):
+    """o and the gradients (dq, dc_kv, dk_rope, dw_kv_b) of a packed stream (THD: q [T_cap,
+    H, d_n + d_r], c_kv [T_cap, d_c], k_rope [T_cap, d_r], d_o [T_cap, H, d_v]; cu a list of
+    N + 1 boundaries), each document run alone through reference() and back-propagated:
+    slack rows (from cu[-1] on) 0, dw_kv_b the sum of the documents' parts. float64."""
+    import torch
+    w = w_kv_b.detach().requires_grad_()
+    H, d_v = d_o.shape[1], d_o.shape[2]
+    o = q.new_zeros(q.shape[0], H, d_v)
+    grads = [torch.zeros_like(t) for t in (q, c_kv, k_rope, w_kv_b)]
+    for a, b in zip(cu[:-1], cu[1:]):
+        if a == b:
+            continue
+        x = [t.detach()[None, a:b].requires_grad_() for t in (q, c_kv, k_rope)]
+        od = reference(*x, w, scale, causal)
+        g = torch.autograd.grad(od, x + [w], d_o[None, a:b])
+        o[a:b] = od[0].detach()
+        for k in range(3):
+            grads[k][a:b] = g[k][0]
+        grads[3] += g[3]
+    return o, grads
+
+
 def inputs(model, B, S, dtype, seed=0):
     """Random inputs with realistic spread (scores of std ~2), requires_grad set."""
     import torch
@@ -53,6 +76,22 @@ def inputs(model, B, S, dtype, seed=0):
     k_rope = torch.randn(B, S, dr, generator=g, dtype=torch.float64) * 1.5
     w = torch.randn(H * (dn + dv), dc, generator=g, dtype=torch.float64) / dc ** 0.5 * 1.5
     return [t.to(dtype).requires_grad_() for t in (q, c_kv, k_rope, w)]
+
+
+def packed_stream(model, lengths, T_cap, seed):
+    """THD inputs q, c_kv, k_rope, w_kv_b and d_o of documents of lengths packed into T_cap
+    rows, NaN in every slack row of q, c_kv, k_rope and d_o; and the boundaries (a list)."""
+    import torch
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    q, c, k, w = (t.detach() for t in inputs(model, 1, T_cap, torch.float64, seed=seed))
+    q, c, k = q[0].clone(), c[0].clone(), k[0].clone()
+    d_o = torch.randn(T_cap, model.heads, model.v_head_dim, dtype=torch.float64,
+                      generator=torch.Generator().manual_seed(seed + 1))
+    for t in (q, c, k, d_o):
+        t[cu[-1]:] = float("nan")
+    return q, c, k, w, d_o, cu
 
 
 # Per-element tolerances, as a fraction of the tensor's largest reference magnitude (the
