@@ -324,6 +324,9 @@ def _check(tensors, cu_seqlens, fn):
         raise ValueError(f"{fn}: tensors on {q.device}: mlagen runs on cpu and cuda")
     if cu_seqlens is None:
         return
+    if q.dim() != 3:
+        raise ValueError(f"{fn}: with cu_seqlens q must be a tensor [T_l, H, d_n + d_r] (THD, "
+                         f"no batch dim), got {tuple(q.shape)}")
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"{fn}: cu_seqlens is a {type(cu_seqlens).__name__}, not a tensor")
     if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
@@ -367,7 +370,8 @@ def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, s
     boundaries (naming the index: "tensors->cu_seqlens[3] = 10 is below ..."); ValueError
     for tensors on different devices, an unsupported device, an unknown form, a batch or
     head_groups beyond a C int, cu_seqlens not 1-D int32/int64 or an int64 value beyond
-    int32 (naming the index); TypeError for cu_seqlens not a tensor.
+    int32 (naming the index), or q not 3-d with cu_seqlens; TypeError for cu_seqlens not
+    a tensor.
     Registered as the custom ops mlagen::mla_attention_fwd / _bwd (torch.library)."""
     if not isinstance(model, Model):
         model = Model(model)

@@ -200,7 +200,7 @@ def packed():
     expect("a list", lambda: run([0, 5]), TypeError, "cu_seqlens is a list")
     expect("batched tensors", lambda: mt.mla_attention(q[None], c[None], k[None], w,
                                                        model=model, cu_seqlens=t([0, 5])),
-           mlagen.MlagenError, "tensors->q.ndim = 4")
+           ValueError, "with cu_seqlens q must be a tensor [T_l, H, d_n + d_r]")
 
     # torch.compile(fullgraph=True) keeps the boundaries in its graph: equal to eager
     x = [t_.clone().nan_to_num().requires_grad_() for t_ in (q, c, k, w)]

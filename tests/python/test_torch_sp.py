@@ -63,9 +63,12 @@ def worker(rank, P, store, queue):
                 g = list(torch.autograd.grad(o, x, d_o[sl]))
                 dist.all_reduce(g[3])
                 what = f"rank {rank} packed {form} causal={causal}"
-                check_close(f"{what} o", o, o_ref[sl], TOL["float64"])
-                for n, got, r in zip(("dq", "dc_kv", "dk_rope"), g[:3], g_ref[:3]):
-                    check_close(f"{what} {n}", got, r[sl], TOL["float64"])
+                # relative to the whole stream's max|ref|: a rank's rows of a document hold
+                # sums over the other ranks' rows too (P = 4, shard's max: up to 3.5e-15)
+                for n, got, r in zip(("o", "dq", "dc_kv", "dk_rope"), (o, *g[:3]),
+                                     (o_ref, *g_ref[:3])):
+                    check_close(f"{what} {n}", got, r[sl], TOL["float64"],
+                                scale=r.abs().max().item())
                 check_close(f"{what} dw_kv_b (summed)", g[3], g_ref[3], TOL["float64"])
             if rank == 0:
                 print(f"P={P} packed causal={causal}: every form matches the documents "
