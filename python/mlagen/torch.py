@@ -8,14 +8,16 @@ Tensors are the C API's op boundary for this rank's sequence shard:
     k_rope  [B, S_l, d_r]           RoPE applied, shared by the heads
     w_kv_b  [H (d_n + d_v), d_c]    HF's kv_b_proj.weight
     o       [B, S_l, H, d_v]        before o_proj
-S_l = S / P with P the size of sp_group (1 without one). CPU tensors (float32, float64) run
+S_l = S / P with P the size of sp_group (1 without one). Packed sequences (cu_seqlens, the
+THD layout: docs/packed.md) drop the batch dim: q [T_l, H, d_n + d_r], c_kv [T_l, d_c],
+k_rope [T_l, d_r], o [T_l, H, d_v], T_l = T_cap / P. CPU tensors (float32, float64) run
 on the CPU device of the C API; CUDA tensors (bfloat16, float16) run the CUDA executor on
 the current stream. Errors of the C API raise mlagen.MlagenError with its message.
 """
 import ctypes
 import itertools
 import weakref
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -91,10 +93,11 @@ class _GroupComm:
 
 
 class _Plan:
-    """One mlagen_plan (one form, B, S, dtype, device, rank of the group) and its sizes."""
+    """One mlagen_plan (one form, B, S, dtype, device, rank of the group, varlen or not)
+    and its sizes."""
 
     def __init__(self, model, form, batch, seq, rank, size, causal, dtype, head_groups,
-                 device_kind, group):
+                 device_kind, group, varlen):
         L = _capi.lib()
         self.model, self.ctx = model, model._ctx  # keep the context alive
         if form not in _capi.FORMS:
@@ -104,7 +107,8 @@ class _Plan:
                         ("head_groups", head_groups)):
             _capi.check_c_int(f"mla_attention: {name}", v)
         desc = _capi.PlanDesc(_capi.FORMS[form], batch, seq, rank, size, int(bool(causal)),
-                              _DTYPE_CODE.get(dtype, 0), head_groups, device_kind)
+                              _DTYPE_CODE.get(dtype, 0), head_groups, device_kind,
+                              int(bool(varlen)))
         h = ctypes.c_void_p()
         _capi.check(L.mlagen_plan_create(self.ctx.handle, model._handle, ctypes.byref(desc),
                                          ctypes.byref(h)), self.ctx.handle)
@@ -129,9 +133,15 @@ class _Plan:
         i = self.info(field)
         return torch.empty(tuple(i.dims[:i.ndim]), dtype=_TORCH_DTYPE[i.dtype], device=device)
 
-    def run(self, backward, tensors, workspace, saved):
+    def run(self, backward, tensors, workspace, saved, cu=None):
+        """One pass; cu: the documents of a varlen plan as a host int32 tensor (_host_cu)."""
         L = _capi.lib()
         ts = _capi.Tensors()
+        if cu is not None:
+            n = cu.numel()  # 0: the C API's "needs at least one entry", not a NULL pointer
+            buf = cu if n else torch.zeros(1, dtype=torch.int32)
+            ts.cu_seqlens = ctypes.cast(buf.data_ptr(), ctypes.POINTER(ctypes.c_int32))
+            ts.n_cu_seqlens = n
         for name, t in tensors.items():
             c = getattr(ts, name)
             c.data = t.data_ptr() or None
@@ -195,20 +205,40 @@ def _group_of(sp_group):
     return dist.get_world_size(sp_group), dist.get_rank(sp_group)
 
 
-def _plan(owner, form, q, causal, head_groups, group_name):
-    """The cached plan of (form, B, S, dtype, device, group, causal, head_groups)."""
+def _plan(owner, form, q, causal, head_groups, group_name, varlen):
+    """The cached plan of (form, B, S, dtype, device, group, causal, head_groups, varlen);
+    a varlen plan (q [T_l, H, d_n + d_r]) has B = 1 and S = T_cap = T_l P, whatever the
+    documents: one plan serves every cu_seqlens of its capacity."""
     o = _OWNERS[owner]
     sp_group = dist.distributed_c10d._resolve_process_group(group_name) if group_name else None
     P, rank = _group_of(sp_group)
     # plans are shape-specialized: under torch.compile's dynamic shapes int() specializes
-    B, S = int(q.shape[0]), int(q.shape[1]) * P
-    key = (form, B, S, q.dtype, q.device, group_name, P, rank, bool(causal), head_groups)
+    if varlen:
+        B, S = 1, int(q.shape[0]) * P
+    else:
+        B, S = int(q.shape[0]), int(q.shape[1]) * P
+    key = (form, B, S, q.dtype, q.device, group_name, P, rank, bool(causal), head_groups,
+           bool(varlen))
     plan = o.plans.get(key)
     if plan is None:
         kind = _capi.DEVICE_CUDA if q.device.type == "cuda" else _capi.DEVICE_CPU
-        plan = _Plan(o.model, form, B, S, rank, P, causal, q.dtype, head_groups, kind, sp_group)
+        plan = _Plan(o.model, form, B, S, rank, P, causal, q.dtype, head_groups, kind, sp_group,
+                     varlen)
         o.plans[key] = plan
     return plan
+
+
+def _host_cu(cu_seqlens):
+    """The boundaries as a contiguous host int32 tensor: read to the host once (a CUDA
+    tensor is copied, which waits for its stream). int64 values beyond int32 raise
+    ValueError naming the index (converting would wrap them); the C API checks the rest."""
+    c = cu_seqlens.detach().to("cpu")
+    if c.dtype == torch.int64:
+        big = (c < _capi.INT_MIN) | (c > _capi.INT_MAX)
+        if bool(big.any()):
+            i = int(big.nonzero()[0, 0])
+            raise ValueError(f"mla_attention: cu_seqlens[{i}] = {int(c[i])} does not fit int32")
+    return c.to(torch.int32).contiguous()
 
 
 # The op as two torch.library custom ops (forward: o and the saved area; backward: the four
@@ -216,20 +246,22 @@ def _plan(owner, form, q, causal, head_groups, group_name):
 # in its graph, and autograd joining them.
 @torch.library.custom_op("mlagen::mla_attention_fwd", mutates_args=())
 def _fwd(q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor, w_kv_b: torch.Tensor,
-         owner: int, form: str, causal: bool, head_groups: int,
-         group: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    plan = _plan(owner, form, q, causal, head_groups, group)
+         owner: int, form: str, causal: bool, head_groups: int, group: str,
+         cu_seqlens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    plan = _plan(owner, form, q, causal, head_groups, group, cu_seqlens is not None)
+    cu = None if cu_seqlens is None else _host_cu(cu_seqlens)
     q, c_kv, k_rope, w_kv_b = (t.contiguous() for t in (q, c_kv, k_rope, w_kv_b))
     o = plan.empty("o", q.device)
     saved = _area(plan.sizes.saved_bytes, q.device)
     ws = _area(plan.sizes.workspace_bytes, q.device)
-    plan.run(False, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o), ws, saved)
+    plan.run(False, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o), ws, saved, cu)
     return o, saved
 
 
 @_fwd.register_fake
-def _fwd_fake(q, c_kv, k_rope, w_kv_b, owner, form, causal, head_groups, group):
-    plan = _plan(owner, form, q, causal, head_groups, group)
+def _fwd_fake(q, c_kv, k_rope, w_kv_b, owner, form, causal, head_groups, group,
+              cu_seqlens=None):
+    plan = _plan(owner, form, q, causal, head_groups, group, cu_seqlens is not None)
     i = plan.info("o")
     return (q.new_empty(tuple(i.dims[:i.ndim]), dtype=_TORCH_DTYPE[i.dtype]),
             q.new_empty(max(plan.sizes.saved_bytes, 1), dtype=torch.uint8))
@@ -238,42 +270,46 @@ def _fwd_fake(q, c_kv, k_rope, w_kv_b, owner, form, causal, head_groups, group):
 @torch.library.custom_op("mlagen::mla_attention_bwd", mutates_args=())
 def _bwd(d_o: torch.Tensor, q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor,
          w_kv_b: torch.Tensor, o: torch.Tensor, saved: torch.Tensor, owner: int, form: str,
-         causal: bool, head_groups: int,
-         group: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    plan = _plan(owner, form, q, causal, head_groups, group)
+         causal: bool, head_groups: int, group: str, cu_seqlens: Optional[torch.Tensor] = None
+         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan = _plan(owner, form, q, causal, head_groups, group, cu_seqlens is not None)
+    cu = None if cu_seqlens is None else _host_cu(cu_seqlens)
     q, c_kv, k_rope, w_kv_b, o = (t.contiguous() for t in (q, c_kv, k_rope, w_kv_b, o))
     d_o = d_o.contiguous().to(o.dtype)
     g = {f: plan.empty(f, q.device) for f in ("dq", "dc_kv", "dk_rope", "dw_kv_b")}
     ws = _area(plan.sizes.workspace_bytes, q.device)
     plan.run(True, dict(q=q, c_kv=c_kv, k_rope=k_rope, w_kv_b=w_kv_b, o=o, d_o=d_o, **g), ws,
-             saved)
+             saved, cu)
     return g["dq"], g["dc_kv"], g["dk_rope"], g["dw_kv_b"].to(w_kv_b.dtype)
 
 
 @_bwd.register_fake
-def _bwd_fake(d_o, q, c_kv, k_rope, w_kv_b, o, saved, owner, form, causal, head_groups, group):
+def _bwd_fake(d_o, q, c_kv, k_rope, w_kv_b, o, saved, owner, form, causal, head_groups, group,
+              cu_seqlens=None):
     return (torch.empty_like(q), torch.empty_like(c_kv), torch.empty_like(k_rope),
             torch.empty_like(w_kv_b))
 
 
 def _setup_context(ctx, inputs, output):
     q, c_kv, k_rope, w_kv_b = inputs[:4]
-    ctx.save_for_backward(q, c_kv, k_rope, w_kv_b, *output)
-    ctx.args = inputs[4:]
+    cu = inputs[9] if len(inputs) > 9 else None
+    ctx.save_for_backward(q, c_kv, k_rope, w_kv_b, *output, cu)
+    ctx.args, ctx.n_inputs = inputs[4:9], len(inputs)
     ctx.owner = _OWNERS[inputs[4]]  # keeps the model and its plans alive until backward
 
 
 def _backward(ctx, d_o, d_saved):
-    q, c_kv, k_rope, w_kv_b, o, saved = ctx.saved_tensors
-    return (*_bwd(d_o, q, c_kv, k_rope, w_kv_b, o, saved, *ctx.args),
-            None, None, None, None, None)
+    q, c_kv, k_rope, w_kv_b, o, saved, cu = ctx.saved_tensors
+    grads = _bwd(d_o, q, c_kv, k_rope, w_kv_b, o, saved, *ctx.args, cu)
+    return (*grads, *[None] * (ctx.n_inputs - 4))
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _check(tensors, fn):
-    """The four inputs are tensors on one device, cpu or cuda, q at least 2-d."""
+def _check(tensors, cu_seqlens, fn):
+    """The four inputs are tensors on one device, cpu or cuda, q at least 2-d; cu_seqlens
+    None or a 1-D int32/int64 tensor on cpu or cuda (its values: _host_cu, the C API)."""
     q = tensors[0]
     for name, t in zip(("q", "c_kv", "k_rope", "w_kv_b"), tensors):
         if not isinstance(t, torch.Tensor):
@@ -282,23 +318,36 @@ def _check(tensors, fn):
             raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}: all four "
                              "tensors must be on one device")
     if q.dim() < 2:
-        raise ValueError(f"{fn}: q must be a tensor [B, S_l, H, d_n + d_r], got "
-                         f"{tuple(q.shape)}")
+        want = "[T_l, H, d_n + d_r]" if cu_seqlens is not None else "[B, S_l, H, d_n + d_r]"
+        raise ValueError(f"{fn}: q must be a tensor {want}, got {tuple(q.shape)}")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: tensors on {q.device}: mlagen runs on cpu and cuda")
+    if cu_seqlens is None:
+        return
+    if q.dim() != 3:
+        raise ValueError(f"{fn}: with cu_seqlens q must be a tensor [T_l, H, d_n + d_r] (THD, "
+                         f"no batch dim), got {tuple(q.shape)}")
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{fn}: cu_seqlens is a {type(cu_seqlens).__name__}, not a tensor")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
+        raise ValueError(f"{fn}: cu_seqlens must be a 1-D int32 or int64 tensor [N + 1], got "
+                         f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{fn}: cu_seqlens on {cu_seqlens.device}: give it on cpu or cuda")
 
 
-def _apply(owner, tensors, form, causal, sp_group, head_groups, fn):
-    _check(tensors, fn)
+def _apply(owner, tensors, form, causal, sp_group, head_groups, cu_seqlens, fn):
+    _check(tensors, cu_seqlens, fn)
     if form not in _capi.FORMS:
         raise ValueError(f"{fn}: form = {form!r}; one of {', '.join(_capi.FORMS)}")
     _capi.check_c_int(f"{fn}: head_groups", int(head_groups))
     group = "" if sp_group is None else sp_group.group_name
-    return _fwd(*tensors, owner.key, form, bool(causal), int(head_groups), group)[0]
+    return _fwd(*tensors, owner.key, form, bool(causal), int(head_groups), group,
+                cu_seqlens)[0]
 
 
 def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, sp_group=None,
-                  head_groups=0):
+                  head_groups=0, cu_seqlens=None):
     """MLA attention of this rank's sequence shard, differentiable in all four inputs.
 
     model: an mlagen.Model (or anything Model accepts, read again at every call: pass a
@@ -308,20 +357,34 @@ def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, s
     group over which the sequence is split (gloo for CPU tensors, NCCL for CUDA), None for
     none. Returns o [B, S_l, H, d_v]. w_kv_b's gradient is this rank's partial sum: the
     trainer's gradient reduction over the group adds the ranks' parts.
-    Raises MlagenError (the C API's message) for a bad shape, dtype or group; ValueError
-    for tensors on different devices, an unsupported device, an unknown form, or a batch
-    or head_groups beyond a C int.
+    cu_seqlens: packed sequences (docs/packed.md): a 1-D int32 or int64 tensor [N + 1], cpu
+    or cuda, of the N documents' boundaries in the whole packed stream of T_cap = T_l P
+    token rows (the same on every rank: 0, non-decreasing, at most T_cap; rows from
+    cu_seqlens[N] on are slack: o, dq, dc_kv, dk_rope 0 there). q is then [T_l, H,
+    d_n + d_r], c_kv [T_l, d_c], k_rope [T_l, d_r] and o [T_l, H, d_v]: this rank's rows
+    of the stream (mlagen.token_positions(form, T_cap, P, rank)); attention stays inside
+    each document, causal by the order in it. Its values are read to the host once per
+    forward and once per backward (a CUDA tensor: a copy that waits for its stream). The
+    plan depends on T_cap only, not on the documents.
+    Raises MlagenError (the C API's message) for a bad shape, dtype or group, or bad
+    boundaries (naming the index: "tensors->cu_seqlens[3] = 10 is below ..."); ValueError
+    for tensors on different devices, an unsupported device, an unknown form, a batch or
+    head_groups beyond a C int, cu_seqlens not 1-D int32/int64 or an int64 value beyond
+    int32 (naming the index), or q not 3-d with cu_seqlens; TypeError for cu_seqlens not
+    a tensor.
     Registered as the custom ops mlagen::mla_attention_fwd / _bwd (torch.library)."""
     if not isinstance(model, Model):
         model = Model(model)
     return _apply(_owner_of(model), (q, c_kv, k_rope, w_kv_b), form, causal, sp_group,
-                  head_groups, "mla_attention")
+                  head_groups, cu_seqlens, "mla_attention")
 
 
 class MLACoreAttention(torch.nn.Module):
     """The attention core of an MLA layer (after RoPE, before o_proj) as a module:
-    forward(q, c_kv, k_rope, w_kv_b) -> o, as mla_attention. config: an mlagen.Model or
-    anything it accepts. One plan is cached per (B, S, dtype, device) of the inputs."""
+    forward(q, c_kv, k_rope, w_kv_b, cu_seqlens=None) -> o, as mla_attention (cu_seqlens:
+    packed sequences, THD tensors). config: an mlagen.Model or anything it accepts. One
+    plan is cached per (B, S, dtype, device) of the inputs, and one per (T_cap, dtype,
+    device) for packed sequences whatever their documents."""
 
     def __init__(self, config, form="laga", sp_group=None, causal=True, head_groups=0):
         super().__init__()
@@ -330,9 +393,9 @@ class MLACoreAttention(torch.nn.Module):
         self._plans = {}
         self._owner = _Owner(self.model, self._plans)
 
-    def forward(self, q, c_kv, k_rope, w_kv_b):
+    def forward(self, q, c_kv, k_rope, w_kv_b, cu_seqlens=None):
         return _apply(self._owner, (q, c_kv, k_rope, w_kv_b), self.form, self.causal,
-                      self.sp_group, self.head_groups, "MLACoreAttention")
+                      self.sp_group, self.head_groups, cu_seqlens, "MLACoreAttention")
 
     def extra_repr(self):
         return f"form={self.form!r}, causal={self.causal}, model={self.model!r}"

@@ -42,6 +42,29 @@ def reference(q, c_kv, k_rope, w_kv_b, scale, causal=True):
     return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v)
 
 
+def packed_reference(q, c_kv, k_rope, w_kv_b, cu, scale, causal, d_o):
+    """o and the gradients (dq, dc_kv, dk_rope, dw_kv_b) of a packed stream (THD: q [T_cap,
+    H, d_n + d_r], c_kv [T_cap, d_c], k_rope [T_cap, d_r], d_o [T_cap, H, d_v]; cu a list of
+    N + 1 boundaries), each document run alone through reference() and back-propagated:
+    slack rows (from cu[-1] on) 0, dw_kv_b the sum of the documents' parts. float64."""
+    import torch
+    w = w_kv_b.detach().requires_grad_()
+    H, d_v = d_o.shape[1], d_o.shape[2]
+    o = q.new_zeros(q.shape[0], H, d_v)
+    grads = [torch.zeros_like(t) for t in (q, c_kv, k_rope, w_kv_b)]
+    for a, b in zip(cu[:-1], cu[1:]):
+        if a == b:
+            continue
+        x = [t.detach()[None, a:b].requires_grad_() for t in (q, c_kv, k_rope)]
+        od = reference(*x, w, scale, causal)
+        g = torch.autograd.grad(od, x + [w], d_o[None, a:b])
+        o[a:b] = od[0].detach()
+        for k in range(3):
+            grads[k][a:b] = g[k][0]
+        grads[3] += g[3]
+    return o, grads
+
+
 def inputs(model, B, S, dtype, seed=0):
     """Random inputs with realistic spread (scores of std ~2), requires_grad set."""
     import torch
@@ -55,20 +78,38 @@ def inputs(model, B, S, dtype, seed=0):
     return [t.to(dtype).requires_grad_() for t in (q, c_kv, k_rope, w)]
 
 
+def packed_stream(model, lengths, T_cap, seed):
+    """THD inputs q, c_kv, k_rope, w_kv_b and d_o of documents of lengths packed into T_cap
+    rows, NaN in every slack row of q, c_kv, k_rope and d_o; and the boundaries (a list)."""
+    import torch
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    q, c, k, w = (t.detach() for t in inputs(model, 1, T_cap, torch.float64, seed=seed))
+    q, c, k = q[0].clone(), c[0].clone(), k[0].clone()
+    d_o = torch.randn(T_cap, model.heads, model.v_head_dim, dtype=torch.float64,
+                      generator=torch.Generator().manual_seed(seed + 1))
+    for t in (q, c, k, d_o):
+        t[cu[-1]:] = float("nan")
+    return q, c, k, w, d_o, cu
+
+
 # Per-element tolerances, as a fraction of the tensor's largest reference magnitude (the
 # GEMMs' rounding scales with it, not with each element). Measured here (B=2, S=24, every
 # form and tensor): float64 errors <= 1.5e-15 max|ref|, float32 <= 3.6e-7 max|ref|.
 TOL = {"float64": 3e-15, "float32": 8e-7}
 
 
-def check_close(name, got, ref, tol):
+def check_close(name, got, ref, tol, scale=None):
     """Per element |got - ref| <= tol max|ref|; raises naming the worst element. Returns
-    the largest error as a fraction of max|ref|."""
+    the largest error as a fraction of max|ref|. scale: the magnitude instead of max|ref|
+    (a rank's shard: the whole tensor's, whose terms its rounding comes from)."""
     import torch
     got, ref = got.detach().double(), ref.detach().double()
     if got.shape != ref.shape:
         raise AssertionError(f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}")
-    scale = ref.abs().max().item()
+    if scale is None:
+        scale = ref.abs().max().item()
     err = (got - ref).abs()
     bad = err > tol * scale
     if bad.any() or not torch.isfinite(got).all():

@@ -1,11 +1,13 @@
 """mlagen.torch.mla_attention on the CPU device at P = 1: gradcheck in float64 for every
 form; outputs and every gradient against the float64 reference (common.reference) in
 float64 and float32; MLACoreAttention's plan cache; bad input raises with the C API's
-message; torch.compile keeps the op in its graph. Usage: test_torch_op.py
-[gradcheck|values|errors|compiled] (no argument: all)."""
+message; torch.compile keeps the op in its graph; packed sequences (cu_seqlens) against
+each document run alone. Usage: test_torch_op.py
+[gradcheck|values|errors|compiled|packed] (no argument: all)."""
 import sys
 
-from common import FORMS, TINY, TOL, check_close, inputs, reference, require
+from common import (FORMS, TINY, TOL, check_close, inputs, packed_reference, packed_stream,
+                    reference, require)
 
 require("torch")
 import torch  # noqa: E402
@@ -145,8 +147,81 @@ def errors():
            "MLAGEN_EIO")
 
 
+def packed():
+    """Packed sequences at P = 1, every form, causal and not: documents of lengths 5, 0,
+    12, 1, 11 in 32 rows (NaN in the 3 slack rows): o and every gradient equal each
+    document run alone through the reference (dw_kv_b: their sum) per element; the slack
+    rows of o, dq, dc_kv and dk_rope exactly 0. One plan per capacity, whatever the
+    documents; bad boundaries raise naming the index; torch.compile keeps cu_seqlens."""
+    model = mlagen.Model(TINY)
+    q, c, k, w, d_o, cu = packed_stream(model, [5, 0, 12, 1, 11], 32, seed=7)
+    T = cu[-1]
+    for causal in (True, False):
+        o_ref, g_ref = packed_reference(q, c, k, w, cu, model.softmax_scale, causal, d_o)
+        for form in FORMS:
+            x = [t.clone().requires_grad_() for t in (q, c, k, w)]
+            # int32 boundaries on one pass, int64 on the other
+            cu_t = torch.tensor(cu, dtype=torch.int32 if causal else torch.int64)
+            o = mt.mla_attention(*x, model=model, form=form, causal=causal, cu_seqlens=cu_t)
+            assert o.shape == o_ref.shape, o.shape
+            grads = torch.autograd.grad(o, x, d_o)
+            what = f"packed {form} causal={causal}"
+            worst = [check_close(f"{what} o", o, o_ref, TOL["float64"])]
+            for n, g, r in zip(("dq", "dc_kv", "dk_rope", "dw_kv_b"), grads, g_ref):
+                worst.append(check_close(f"{what} {n}", g, r, TOL["float64"]))
+            for n, t in zip(("o", "dq", "dc_kv", "dk_rope"), (o, *grads[:3])):
+                assert torch.equal(t[T:], torch.zeros_like(t[T:])), f"{what} {n}: slack rows"
+            print(f"{what}: max err {max(worst):.1e} max|ref|, slack rows 0")
+    # one plan per capacity (a varlen key of its own), whatever the documents
+    core = mt.MLACoreAttention(model, form="laga")
+    for docs in ([0, 5, 29], [0, 32], [0]):
+        core(q, c, k, w, cu_seqlens=torch.tensor(docs))
+    assert len(core._plans) == 1, core._plans
+    core(q[None], c[None], k[None], w)  # [1, 32] unpacked: another plan
+    core(q[:16], c[:16], k[:16], w, cu_seqlens=torch.tensor([0, 16]))
+    assert len(core._plans) == 3, core._plans
+    print("packed: one plan per capacity, whatever the documents")
+
+    def run(docs):
+        return mt.mla_attention(q, c, k, w, model=model, cu_seqlens=docs)
+    t = torch.tensor
+    expect("decreasing", lambda: run(t([0, 5, 17, 12, 29])), mlagen.MlagenError,
+           "MLAGEN_EINVAL", "tensors->cu_seqlens[3] = 12 is below tensors->cu_seqlens[2] = 17")
+    expect("first not 0", lambda: run(t([1, 5])), mlagen.MlagenError, "cu_seqlens[0] = 1")
+    expect("past capacity", lambda: run(t([0, 5, 33])), mlagen.MlagenError,
+           "cu_seqlens[2] = 33 is past the plan's token capacity 32")
+    expect("no entry", lambda: run(t([], dtype=torch.int32)), mlagen.MlagenError,
+           "cu_seqlens needs at least one entry")
+    expect("int64 beyond int32", lambda: run(t([0, 5, 2**32 + 5])), ValueError,
+           "cu_seqlens[2] = 4294967301 does not fit int32")
+    expect("float boundaries", lambda: run(t([0.0, 5.0])), ValueError,
+           "1-D int32 or int64 tensor")
+    expect("2-d boundaries", lambda: run(t([[0, 5]])), ValueError, "1-D int32 or int64")
+    expect("a list", lambda: run([0, 5]), TypeError, "cu_seqlens is a list")
+    expect("batched tensors", lambda: mt.mla_attention(q[None], c[None], k[None], w,
+                                                       model=model, cu_seqlens=t([0, 5])),
+           ValueError, "with cu_seqlens q must be a tensor [T_l, H, d_n + d_r]")
+
+    # torch.compile(fullgraph=True) keeps the boundaries in its graph: equal to eager
+    x = [t_.clone().nan_to_num().requires_grad_() for t_ in (q, c, k, w)]
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+
+    def f(q_, c_, k_, w_, cu_):
+        o = mt.mla_attention(q_, c_, k_, w_, model=model, form="laga-cp", cu_seqlens=cu_)
+        return (o * o).sum()
+    want = f(*x, cu_t)
+    want_g = torch.autograd.grad(want, x)
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(*x, cu_t)
+    got_g = torch.autograd.grad(got, x)
+    assert torch.equal(got, want), (got, want)
+    for a, b in zip(got_g, want_g):
+        assert torch.equal(a, b)
+    print("packed: torch.compile(fullgraph=True, aot_eager) equal to eager")
+
+
 if __name__ == "__main__":
-    parts = {"gradcheck": gradcheck, "values": values, "errors": errors, "compiled": compiled}
+    parts = {"gradcheck": gradcheck, "values": values, "errors": errors, "compiled": compiled,
+             "packed": packed}
     for name in sys.argv[1:] or parts:
         parts[name]()
     print("ok")

@@ -1,14 +1,17 @@
 """mlagen.torch.mla_attention over a torch.distributed gloo group of P CPU processes
 (torch.multiprocessing): for every form, each rank's output and input gradients equal the
 single-process float64 reference's shard per element, and dw_kv_b summed over the group
-equals the reference's. Then a group whose size does not divide H raises MlagenError with
+equals the reference's; the same for a packed stream (cu_seqlens) with a document across
+the rank boundaries and NaN in its slack rows, against each document run alone. Then a group
+whose size does not divide H raises MlagenError with
 the C API's message on every rank. Usage: test_torch_sp.py P, or test_torch_sp.py dead: a
 peer that dies makes the op raise MlagenError (MLAGEN_EIO) instead of hanging."""
 import os
 import sys
 import tempfile
 
-from common import FORMS, TINY, TOL, check_close, inputs, reference, require
+from common import (FORMS, TINY, TOL, check_close, inputs, packed_reference, packed_stream,
+                    reference, require)
 
 require("torch")
 import torch  # noqa: E402
@@ -46,6 +49,30 @@ def worker(rank, P, store, queue):
             check_close(f"rank {rank} {form} dw_kv_b (summed)", g[3], ref_g[3], TOL["float64"])
             if rank == 0:
                 print(f"P={P} {form}: o and all gradients match the reference", flush=True)
+        # packed: T_cap = 8 P rows, document 1 (rows 3 .. 3 + 5 P) across rank boundaries
+        # (and laga-cp's chunks), an empty one, NaN in the slack rows
+        q, c, k, w, d_o, cu = packed_stream(model, [3, 5 * P, 0, 2], 8 * P, seed=9)
+        for causal in (True, False):
+            o_ref, g_ref = packed_reference(q, c, k, w, cu, model.softmax_scale, causal, d_o)
+            for form in FORMS:
+                sl = mlagen.token_positions(form, 8 * P, P, rank)
+                x = [t[sl].clone().requires_grad_() for t in (q, c, k)]
+                x.append(w.clone().requires_grad_())
+                o = mt.mla_attention(*x, model=model, form=form, causal=causal,
+                                     sp_group=dist.group.WORLD, cu_seqlens=torch.tensor(cu))
+                g = list(torch.autograd.grad(o, x, d_o[sl]))
+                dist.all_reduce(g[3])
+                what = f"rank {rank} packed {form} causal={causal}"
+                # relative to the whole stream's max|ref|: a rank's rows of a document hold
+                # sums over the other ranks' rows too (P = 4, shard's max: up to 3.5e-15)
+                for n, got, r in zip(("o", "dq", "dc_kv", "dk_rope"), (o, *g[:3]),
+                                     (o_ref, *g_ref[:3])):
+                    check_close(f"{what} {n}", got, r[sl], TOL["float64"],
+                                scale=r.abs().max().item())
+                check_close(f"{what} dw_kv_b (summed)", g[3], g_ref[3], TOL["float64"])
+            if rank == 0:
+                print(f"P={P} packed causal={causal}: every form matches the documents "
+                      "run alone", flush=True)
         # H = 2 heads cannot be split over P = 4 ranks (or 3 heads over 2)
         bad = mlagen.Model(dict(TINY, num_attention_heads=2 if P > 2 else 3))
         x = [t.detach() for t in inputs(bad, 1, 4, torch.float64)]
