@@ -31,17 +31,24 @@ library only: no numpy).
         packed_yarn.safetensors  tiny_yarn.json, T 16, cu_seqlens I32 [0, 2, 11, 11, 14]:
                                  a document across the P = 2 rank boundary (token 8)
                                  and across laga-cp's chunks, an empty one, 2 slack rows
+        packed_slack.safetensors tiny.json, T 16, cu_seqlens I32 [0, 3]: 13 of the 16
+                                 rows slack (most of every output exactly 0)
+        packed_rows15.safetensors tiny.json, T 15, cu_seqlens I32 [0, 5, 12]: token
+                                 rows not divisible by P = 2
+        thd_no_cu.safetensors    packed_i32.safetensors less its cu_seqlens
 
   run_inputs.py roundtrip MODEL INPUTS DUMP DTYPE [--no-causal] -- LAUNCH...
       Runs LAUNCH (e.g. mpirun -np P mlagen run --sp P --form F) with --model MODEL
       --inputs INPUTS --dump DUMP --dtype DTYPE appended, reads DUMP back and compares
       every output (o, lse, dq, dc_kv, dk_rope, dw_kv_b) per element with a float64
       reference computed here from MODEL and INPUTS (docs/forms.md's semantics, K and V
-      materialized; with cu_seqlens in INPUTS, attention inside each document, found
-      by a loop over cu_seqlens here): |err| <= atol * rms(ref) + rtol * |ref| (rms
-      over the finite values; -inf matches only -inf, the lse of a slack row). The
-      dump must hold DTYPE (F32 for f32 runs, F64 for f64 runs). Exit status 0 when
-      every element passes.
+      materialized; with cu_seqlens in INPUTS, attention inside each document, each
+      row's document found by a loop over cu_seqlens here): |err| <= atol * rms(ref) +
+      rtol * |ref|, rms over the finite values of the valid (non-slack) rows; a slack
+      row (from cu_seqlens[N] on) must equal the reference exactly (0, an lse -inf).
+      DTYPE is the run's --dtype, f32 or f64 (F32, F64 also taken); the dump must hold
+      it (F32 tensors for f32 runs, F64 for f64 runs). Exit status 0 when every
+      element passes, 1 when one does not, 2 on bad arguments.
 """
 import json
 import math
@@ -171,6 +178,10 @@ def write(d):
         tensors = packed_for(model, 16, [min(c, 16) for c in cu], 10 + i, dt)
         tensors[-1] = ("cu_seqlens", [len(cu)], cu, dt)  # as given, bad values included
         write_safetensors(os.path.join(d, name + ".safetensors"), tensors)
+        if name == "packed_i32":
+            write_safetensors(os.path.join(d, "thd_no_cu.safetensors"), tensors[:-1])
+    write_safetensors(os.path.join(d, "packed_slack.safetensors"), packed_for(tiny, 16, [0, 3], 50))
+    write_safetensors(os.path.join(d, "packed_rows15.safetensors"), packed_for(tiny, 15, [0, 5, 12], 51))
 
 
 def keys_of(cu, causal, S, i):
@@ -253,11 +264,26 @@ def reference(model, x, causal):
     return {"o": o, "lse": lse, "dq": dq, "dc_kv": dckv, "dk_rope": dkr, "dw_kv_b": dw}, shapes
 
 
+def slack_of(name, shape, cu):
+    """Whether each element of output name (shape, the dump's layout) lies in a slack row
+    (token row >= cu[-1]); none without documents (cu None) or in dw_kv_b."""
+    n = math.prod(shape)
+    if cu is None or name == "dw_kv_b":
+        return [False] * n
+    T = shape[-1] if name == "lse" else shape[0]  # lse [H, T]; the others [T, ...]
+    row = (lambda i: i % T) if name == "lse" else (lambda i: i // (n // T))
+    return [row(i) >= cu[-1] for i in range(n)]
+
+
 def roundtrip(argv):
     sep = argv.index("--")
     args, launch = argv[:sep], argv[sep + 1:]
     causal = "--no-causal" not in args
-    model, inputs, dump, dtype = [a for a in args if a != "--no-causal"]
+    rest = [a for a in args if a != "--no-causal"]
+    if len(rest) != 4 or rest[3].lower() not in TOL:
+        print(__doc__, file=sys.stderr)
+        return 2
+    model, inputs, dump, dtype = rest[:3] + [rest[3].lower()]
     if os.path.exists(dump):
         os.remove(dump)
     cmd = launch + ["--model", model, "--inputs", inputs, "--dump", dump, "--dtype", dtype]
@@ -268,7 +294,9 @@ def roundtrip(argv):
     if rc != 0:
         print("run_inputs.py: mlagen run exited %d" % rc)
         return 1
-    ref, shapes = reference(model, read_safetensors(inputs), causal)
+    x = read_safetensors(inputs)
+    ref, shapes = reference(model, x, causal)
+    cu = list(x["cu_seqlens"][2]) if "cu_seqlens" in x else None
     got = read_safetensors(dump)
     atol, rtol = TOL[dtype]
     want_dtype = dtype.upper()
@@ -284,11 +312,15 @@ def roundtrip(argv):
             bad += 1
             continue
         r = ref[name]
-        fin = [v for v in r if math.isfinite(v)]
+        slack = slack_of(name, shape, cu)
+        fin = [v for v, s in zip(r, slack) if math.isfinite(v) and not s]
         rms = math.sqrt(sum(v * v for v in fin) / max(len(fin), 1)) or 1.0
         n_bad, worst, worst_i, need = 0, -1.0, 0, 0.0
         for i, (g, v) in enumerate(zip(values, r)):
-            if not math.isfinite(v):  # -inf: the lse of a row without keys
+            if slack[i]:  # a slack row: exactly the reference's 0 (lse -inf)
+                err = 0.0 if g == v else math.inf
+                v = 0.0
+            elif not math.isfinite(v):  # -inf: the lse of a row without keys
                 err = 0.0 if g == v else math.inf
                 v = 0.0
             else:

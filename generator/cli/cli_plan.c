@@ -246,8 +246,9 @@ static void cell(int ok, int f, double v, double base, int base_ok, int prec) {
 
 /* --seqlens L1,L2,...: the boundaries cu[0 .. N] (int32, malloc'd into *cu) of documents of
  * those lengths (each >= 0, their sum T at most INT32_MAX); *seq becomes T when it is 0
- * (no --seq), else must hold T. Prints the error and returns CLI_USAGE on bad input. */
-static int parse_seqlens(const char *v, long long *seq, int32_t **cu, int64_t *n_cu) {
+ * (no --seq: then T must be a multiple of sp, each rank's share of the capacity), else must
+ * hold T. Prints the error and returns CLI_USAGE on bad input. */
+static int parse_seqlens(const char *v, int sp, long long *seq, int32_t **cu, int64_t *n_cu) {
   int64_t n = 1;
   for (const char *c = v; *c; c++) n += *c == ',';
   int32_t *b = malloc((size_t)(n + 1) * sizeof *b);
@@ -275,6 +276,14 @@ static int parse_seqlens(const char *v, long long *seq, int32_t **cu, int64_t *n
   const long long T = b[n];
   if (*seq == 0 && T == 0) {
     cli_error("--seqlens %s: the documents hold no token; give --seq for the capacity", v);
+    free(b);
+    return CLI_USAGE;
+  }
+  if (*seq == 0 && sp > 1 && T % sp != 0) {
+    cli_error("--seqlens %s: the capacity is the documents' sum %lld without --seq, not divisible "
+              "by --sp %d (each rank holds capacity / P token rows): give the capacity as --seq C, "
+              "a multiple of %d of at least %lld (e.g. --seq %lld)", v, T, sp, sp, T,
+              (T + sp - 1) / sp * sp);
     free(b);
     return CLI_USAGE;
   }
@@ -402,8 +411,9 @@ static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, dou
          shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim,
          shape.v_head_dim, o.seq, o.sp, o.batch, o.dtype, o.causal ? "causal" : "non-causal");
   if (cu)
-    printf("packed: %lld documents, %lld tokens in a capacity of S=%lld; attention FLOPs per "
-           "document pair\n", (long long)(n_cu - 1), (long long)cu[n_cu - 1], o.seq);
+    printf("packed: %lld document%s, %lld tokens in a capacity of S=%lld; attention FLOPs per "
+           "document pair\n", (long long)(n_cu - 1), n_cu == 2 ? "" : "s", (long long)cu[n_cu - 1],
+           o.seq);
   printf("per rank, per layer (ratio to explicit)");
   if (ok[MG_FORM_LAGA_F])
     printf("; laga-f in %d head groups of %d heads", plans[MG_FORM_LAGA_F].args.head_groups,
@@ -412,7 +422,8 @@ static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, dou
          plans[MG_FORM_LAGA_CP].heads_local / plans[MG_FORM_LAGA_CP].args.head_groups);
   if (o.sp > 1)
     printf("laga-cp: each figure is its maximum over the %d ranks (the slowest rank's; they "
-           "differ when S / P is odd)\n", o.sp);
+           "differ %s)\n", o.sp, cu ? "with the documents each rank's rows hold, whatever the "
+           "parity of S / P" : "when S / P is odd");
   if (why_na[0]) printf("n/a: %s\n", why_na);
   printf("%-22s", "");
   for (int f = 0; f < MG_FORM_COUNT; f++) printf(" %18s", mg_form_name((mg_form)f));
@@ -478,7 +489,7 @@ int cli_plan(int argc, char **argv) {
   }
   int32_t *cu = NULL; /* --seqlens: the documents' boundaries */
   int64_t n_cu = 0;
-  if (o.seqlens && (rc = parse_seqlens(o.seqlens, &o.seq, &cu, &n_cu))) return rc;
+  if (o.seqlens && (rc = parse_seqlens(o.seqlens, o.sp, &o.seq, &cu, &n_cu))) return rc;
   if (o.seq == 0) {
     cli_error("plan: --seq S is required (see --help)");
     return CLI_USAGE;

@@ -564,6 +564,12 @@ static int run(const cli_opts *o, group *g) {
     if (!rc && varlen && o->have_batch && o->batch != 1)
       rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s holds cu_seqlens (packed sequences, batch 1): "
                        "--batch %d does not apply", o->inputs, o->batch);
+    if (!rc && !varlen && q->ndim == 3)
+      rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: tensor 'q' is 3-D [%lld, %lld, %lld] (THD, packed "
+                       "sequences) but the file holds no 'cu_seqlens': a THD (packed) file needs a "
+                       "'cu_seqlens' tensor [N + 1] of document boundaries; unpacked inputs take "
+                       "q [B, S, H, d_n + d_r]", o->inputs, (long long)q->shape[0],
+                       (long long)q->shape[1], (long long)q->shape[2]);
     if (!rc && varlen && q->ndim != 3)
       rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s holds cu_seqlens (packed sequences): tensor 'q' "
                        "must be [T, H, d_n + d_r] (THD layout), not %d-dimensional", o->inputs,
@@ -581,6 +587,20 @@ static int run(const cli_opts *o, group *g) {
     if (!rc && (B < 1 || S < 1 || B > INT_MAX))
       rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: tensor 'q' has an empty or unusable shape",
                        o->inputs);
+    /* the file's shape before its documents: a capacity other than its token rows would
+     * otherwise read as documents past the capacity */
+    if (!rc && varlen && o->seq && o->seq != q->shape[0])
+      rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: tensor 'q' has %lld token rows (THD, packed "
+                       "sequences), but --seq %lld: a packed file's token rows are the capacity "
+                       "(drop --seq, or give --seq %lld)", o->inputs, (long long)q->shape[0],
+                       (long long)o->seq, (long long)q->shape[0]);
+    if (!rc && !o->seq && S % o->sp != 0)
+      rc = mg_diag_set(&d, MLAGEN_EINVAL, "%s: tensor 'q' has %s%lld%s, not divisible by --sp %d "
+                       "(each rank holds %s / P of them)%s", o->inputs,
+                       varlen ? "" : "sequence length ", (long long)S,
+                       varlen ? " token rows (the packed stream's capacity)" : "", o->sp,
+                       varlen ? "T" : "S",
+                       varlen ? ": pad the stream with slack rows to a multiple of P" : "");
     if (!rc && varlen) rc = read_docs(file, cu, S, &ds, &d);
   }
   FAIL_IF(rc != 0, CLI_FAIL);
@@ -695,8 +715,8 @@ static int run(const cli_opts *o, group *g) {
            shape.source, shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
            shape.qk_nope_head_dim, shape.v_head_dim, shape.softmax_scale);
     if (varlen)
-      printf("packed: %lld documents, %ld of %lld tokens", (long long)(ds.n - 1),
-             (long)ds.cu[ds.n - 1], (long long)S);
+      printf("packed: %lld document%s, %ld of %lld tokens", (long long)(ds.n - 1),
+             ds.n == 2 ? "" : "s", (long)ds.cu[ds.n - 1], (long long)S);
     else
       printf("B=%lld S=%lld", (long long)B, (long long)S);
     printf(" P=%d, %s, %s, inputs %s", o->sp, o->dtype, o->causal ? "causal" : "non-causal",
