@@ -305,15 +305,13 @@ static void case_init_cu(const built_kernel *bk, bwd_case *c, int B, int sq, int
   memset(c->tmaps, 0, 5 * sizeof(tmap_t));
   c->cu = cu, c->n_cu = n_cu;
   if (cu) {
-    const int T = cu[n_cu], split = q_split > 0 ? q_split : sq;
-    for (int i = 0; i < sq; i++)
-      if ((i < split ? q_pos0 + i : q_pos1 + i - split) >= T) {
-        sm90_nan_rows(c->q, (size_t)H * dqk, i, i + 1);
-        sm90_nan_rows(c->dout, (size_t)H * s->d_v, i, i + 1);
-      }
-    sm90_nan_rows(c->kn, c->nkn / (size_t)sk, T, sk);
-    if (c->kr) sm90_nan_rows(c->kr, (size_t)s->d_r, T, sk);
-    sm90_nan_rows(c->v, (size_t)H * s->d_v, T, sk);
+    const int T = cu[n_cu];
+    const kt_qpos pos = {q_pos0, q_split, q_pos1};
+    kt_nan_slack_e16(c->q, sq, (size_t)H * dqk, &pos, T);
+    kt_nan_slack_e16(c->dout, sq, (size_t)H * s->d_v, &pos, T);
+    kt_nan_slack_e16(c->kn, sk, c->nkn / (size_t)sk, NULL, T);
+    if (c->kr) kt_nan_slack_e16(c->kr, sk, (size_t)s->d_r, NULL, T);
+    kt_nan_slack_e16(c->v, sk, (size_t)H * s->d_v, NULL, T);
     reference_varlen(s, c, packed);
   } else {
     reference(s, c, packed);
@@ -635,11 +633,9 @@ static void test_mutations_caught(void **state) {
   }
 }
 
-/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
- * buffer of T_CAP = 300 token rows, cu padded with T as the executor pads it. */
-#define T_CAP 300
-static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
-#define N_DOCS ((int)(sizeof g_docs / sizeof g_docs[0]) - 1)
+/* Packed sequences: kernel_test_util.h's "many" stream (kt_varlen_many: lengths 1, 2, 3,
+ * 17, 0, 64, 200, T = 287, cu padded with T as the executor pads it) in T_CAP token rows. */
+#define T_CAP KT_VARLEN_CAP
 
 /* The packed-sequence variants (spec.varlen, "_varlen") of both families against the
  * per-document reference (reference_varlen), DeepSeek-V3 heads, the defaults (dK/dV: two
@@ -651,6 +647,7 @@ static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
  * no variant. */
 static void test_varlen(void **state) {
   (void)state;
+  const kt_varlen *vm = kt_varlen_many();
   kh_sweep sw;
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
   for (int dq = 0; dq < 2; dq++)
@@ -659,8 +656,8 @@ static void test_varlen(void **state) {
       s.varlen = 1;
       built_kernel bk;
       build_edit(&s, NULL, &bk);
-      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, T_CAP, 0, g_docs, N_DOCS);
-      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, 0, T_CAP / 4, 3 * T_CAP / 4, g_docs, N_DOCS);
+      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, T_CAP, 0, vm->cu, vm->n);
+      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, 0, T_CAP / 4, 3 * T_CAP / 4, vm->cu, vm->n);
       kh_free(&bk.kh);
       if (causal) kh_sweep_compile(&sw, &s, "");
     }
@@ -677,6 +674,7 @@ static void test_varlen(void **state) {
  * keys' NaN V reaches dK): NaN outputs. Small heads (d_n 32, d_r 32, d_v 64), causal. */
 static void test_varlen_mutations_caught(void **state) {
   (void)state;
+  const kt_varlen *vm = kt_varlen_many();
   static const struct {
     int dq;
     sm90_edit e;
@@ -694,7 +692,7 @@ static void test_varlen_mutations_caught(void **state) {
     bk.packed = kh_config_int(&bk.kh, "k_packed");
     bk.is_dq = muts[m].dq;
     bwd_case c;
-    case_init_cu(&bk, &c, 1, T_CAP, T_CAP, 0, T_CAP, 0, g_docs, N_DOCS);
+    case_init_cu(&bk, &c, 1, T_CAP, T_CAP, 0, T_CAP, 0, vm->cu, vm->n);
     char msg[1024];
     if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
     double r[4];

@@ -523,11 +523,9 @@ static void test_dq_mutations_caught(void **state) {
   g_dq = 0;
 }
 
-/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
- * buffer of T_CAP = 300 token rows, cu padded with T as the executor pads it. */
-#define T_CAP 300
-static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
-#define N_DOCS ((int)(sizeof g_docs / sizeof g_docs[0]) - 1)
+/* Packed sequences: kernel_test_util.h's "many" stream (kt_varlen_many: lengths 1, 2, 3,
+ * 17, 0, 64, 200, T = 287, cu padded with T as the executor pads it) in T_CAP token rows. */
+#define T_CAP KT_VARLEN_CAP
 
 /* The packed-sequence variants (spec.varlen, "_varlen") of both kernels against the
  * per-document reference (case_init_cu): 288/256, H 2, the default configuration, causal
@@ -540,6 +538,7 @@ static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
  * make it NaN): NaN outputs. */
 static void test_varlen(void **state) {
   (void)state;
+  const kt_varlen *vm = kt_varlen_many();
   kh_sweep sw;
   kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
   for (g_dq = 0; g_dq < 2; g_dq++) {
@@ -548,8 +547,8 @@ static void test_varlen(void **state) {
       s.varlen = 1;
       built_kernel bk;
       build_edit(&s, NULL, &bk);
-      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, g_docs, N_DOCS);
-      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, T_CAP / 2, g_docs, N_DOCS);
+      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, vm->cu, vm->n);
+      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, T_CAP / 2, vm->cu, vm->n);
       kh_free(&bk.kh);
     }
     mg_kernel_spec s = make_spec(2, 512, 64, 1);
@@ -572,7 +571,7 @@ static void test_varlen(void **state) {
     built_kernel bk;
     build_edit(&s, &muts[m].e, &bk);
     bwd_case c;
-    case_init_cu(&c, &bk.kh, 1, T_CAP, T_CAP, 0, g_docs, N_DOCS);
+    case_init_cu(&c, &bk.kh, 1, T_CAP, T_CAP, 0, vm->cu, vm->n);
     char msg[1024];
     if (launch_case(&bk, &c, 0, 0, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
     double r[2];
