@@ -202,6 +202,16 @@ static size_t compare(const built_kernel *bk, const fwd_case *c, double *oe, dou
   return nans;
 }
 
+/* compare for a mutation run: without its noise record (kt_noise_quiet); returns the NaN
+ * outputs, the first failure in msg (msg[0] 0 when both outputs pass). */
+static size_t compare_mutant(const built_kernel *bk, const fwd_case *c, char *msg, size_t n) {
+  double oe, le;
+  kt_noise_quiet = 1;
+  const size_t nans = compare(bk, c, &oe, &le, msg, n);
+  kt_noise_quiet = 0;
+  return nans;
+}
+
 static double g_worst_o, g_worst_lse;
 
 /* Launches the initialized case c, checks it, prints a line and frees it. */
@@ -315,10 +325,7 @@ static void test_mutations_caught(void **state) {
     int rc = launch_case(&bk, &c, msg, sizeof msg);
     const char *how = "launch reported";
     if (!rc) {
-      double oe, le;
-      kt_noise_quiet = 1;
-      size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-      kt_noise_quiet = 0;
+      size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
       if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", muts[m].from);
       how = "check failed";
     }
@@ -363,10 +370,7 @@ static void test_two_chunk_positions(void **state) {
     case_init_pos(&bk, &c, 1, tc[i].a + tc[i].b, tc[i].P * (tc[i].a + tc[i].b), &pos);
     char msg[1024];
     if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
-    double oe, le;
-    kt_noise_quiet = 1;
-    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-    kt_noise_quiet = 0;
+    const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
     print_message("  [second chunk ignored] P=%d r=%d a=%d b=%d: %.150s\n", tc[i].P, tc[i].r,
                   tc[i].a, tc[i].b, msg[0] ? msg : "NOT CAUGHT");
     if (nans) fail_msg("second chunk ignored: NaN outputs, not a numerical failure");
@@ -458,10 +462,7 @@ static void test_varlen_mutations_caught(void **state) {
     varlen_init(&bk, &c, vl[0].cu, vl[0].n, T_CAP, &(kt_qpos){0, 0, 0});
     char msg[1024];
     if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
-    double oe, le;
-    kt_noise_quiet = 1;
-    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-    kt_noise_quiet = 0;
+    const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
     if (!nans && !msg[0]) fail_msg("'%s' -> '%s' was not caught", muts[m].from, muts[m].to);
     print_message("  '%s' -> '%s': %zu NaN outputs; %.150s\n", muts[m].from, muts[m].to, nans, msg);
     case_free(&c);

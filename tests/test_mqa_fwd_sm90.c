@@ -173,6 +173,16 @@ static size_t compare(const built_kernel *bk, const fwd_case *c, double *oe, dou
   return nans;
 }
 
+/* compare for a mutation run: without its noise record (kt_noise_quiet); returns the NaN
+ * outputs, the first failure in msg (msg[0] 0 when both outputs pass). */
+static size_t compare_mutant(const built_kernel *bk, const fwd_case *c, char *msg, size_t n) {
+  double oe, le;
+  kt_noise_quiet = 1;
+  const size_t nans = compare(bk, c, &oe, &le, msg, n);
+  kt_noise_quiet = 0;
+  return nans;
+}
+
 /* Packed sequences: kernel_test_util.h's "many" stream (kt_varlen_many: lengths 1, 2, 3,
  * 17, 0, 64, 200, T = 287, cu padded with T as the executor pads it) in T_CAP token rows. */
 #define T_CAP KT_VARLEN_CAP
@@ -375,10 +385,7 @@ static void test_mutations_caught(void **state) {
       int rc = launch_case(&bk, &c, seed, 0, msg, sizeof msg);
       const char *how = "launch reported";
       if (!rc) {
-        double oe, le;
-        kt_noise_quiet = 1;
-        size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-        kt_noise_quiet = 0;
+        size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
         if (!nans && !msg[0])
           fail_msg("removing '%s' was not caught (schedule seed %llu)", muts[m].from, seed);
         how = nans ? "NaN outputs" : "check failed";
@@ -464,10 +471,7 @@ static void test_varlen(void **state) {
     varlen_init(&bk, &c, T_CAP, 0);
     char msg[1024];
     if (launch_case(&bk, &c, 0, 0, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
-    double oe, le;
-    kt_noise_quiet = 1;
-    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-    kt_noise_quiet = 0;
+    const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
     if (!nans && !msg[0]) fail_msg("'%s' -> '%s' was not caught", muts[m].from, muts[m].to);
     print_message("  '%s' -> '%s': %zu NaN outputs; %.120s\n", muts[m].from, muts[m].to, nans, msg);
     case_free(&c);
