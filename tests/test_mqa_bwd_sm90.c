@@ -114,21 +114,10 @@ static void encode_maps(bwd_case *c, const kh_kernel *kh) {
     fail_msg("mg_sm90_mqa_bwd_tmaps: %s", mg_diag_msg(&d));
 }
 
-/* Document d of cu: its keys [*k0, *k0 + *len) and the queries [*ia, *ib) of the sq at
- * positions q_pos0.. inside it; 0 when it has no key or no such query. */
-static int doc_queries(const int *cu, int d, int q_pos0, int sq, int *k0, int *len, int *ia,
-                       int *ib) {
-  *k0 = cu[d], *len = cu[d + 1] - cu[d];
-  *ia = *k0 - q_pos0 > 0 ? *k0 - q_pos0 : 0;
-  *ib = *k0 + *len - q_pos0 < sq ? *k0 + *len - q_pos0 : sq;
-  return *len > 0 && *ia < *ib;
-}
-
 /* A case; cu (n_cu documents; NULL: not packed) makes it a packed one (B must be 1): NaN in
  * every slack row (position >= cu[n_cu]) of q, c and dout, and (as the forward's outputs)
- * in the slack rows' LSE and delta; the reference per document: each document's queries
- * (positions inside it, found by this loop over cu, never mg_varlen or mla::Varlen) over its
- * keys as an unpacked mqa_ref.h case. */
+ * in the slack rows' LSE and delta; the reference per document: mqa_ref.h's _varlen entries
+ * (each row's document from their own walk over cu, never mg_varlen or mla::Varlen). */
 static void case_init_cu(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, int q_pos0,
                          const int *cu, int n_cu) {
   const mg_kernel_spec *s = &kh->spec;
@@ -157,19 +146,11 @@ static void case_init_cu(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk
     for (size_t i = (size_t)T * w; i < c->nc; i++) c->c[i] = 0x7fff, cd[i] = NAN;
     for (size_t i = 0; i < c->nl; i++) lsed[i] = NAN;
   }
-  if (!cu) {
-    mqa_ref_fwd(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, od, lsed);
-  } else {
-    for (int d = 0, k0, len, ia, ib; d < n_cu; d++) {
-      if (!doc_queries(cu, d, q_pos0, sq, &k0, &len, &ia, &ib)) continue;
-      const int n = ib - ia;
-      double *l = xcalloc((size_t)H * n, sizeof *l);
-      mqa_ref_fwd(1, n, len, H, dc, dr, c->causal, q_pos0 + ia - k0, c->scale, qd + (size_t)ia * H * w,
-                  cd + (size_t)k0 * w, od + (size_t)ia * H * dc, l);
-      for (int h = 0; h < H; h++) memcpy(lsed + (size_t)h * sq + ia, l + (size_t)h * n, (size_t)n * sizeof *l);
-      free(l);
-    }
-  }
+  mqa_ref_fwd_varlen(B, sq, sk, H, dc, dr, c->causal, q_pos0, cu, n_cu, c->scale, qd, cd, od,
+                     lsed);
+  if (cu) /* the slack rows' LSE as the kernels get it: NaN (their o stays 0) */
+    for (int h = 0; h < H; h++)
+      for (int i = i_slack; i < sq; i++) lsed[(size_t)h * sq + i] = NAN;
   c->lse = xcalloc(c->nl, sizeof *c->lse);
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, float_to_e16(g_fp16, (float)od[i]));
@@ -186,23 +167,9 @@ static void case_init_cu(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk
   c->f_dc = xcalloc(c->nc, sizeof *c->f_dc);
   c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
   c->f_dq = xcalloc(c->nq, sizeof *c->f_dq);
-  if (!cu) {
-    mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
-                      kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
-                      c->r_dc);
-  } else {
-    for (int d = 0, k0, len, ia, ib; d < n_cu; d++) {
-      if (!doc_queries(cu, d, q_pos0, sq, &k0, &len, &ia, &ib)) continue;
-      const int n = ib - ia;
-      double *l = xcalloc((size_t)H * n, sizeof *l);
-      for (int h = 0; h < H; h++) memcpy(l + (size_t)h * n, lsed + (size_t)h * sq + ia, (size_t)n * sizeof *l);
-      const size_t qo = (size_t)ia * H * w, oo = (size_t)ia * H * dc, co = (size_t)k0 * w;
-      mqa_ref_bwd_mixed(1, n, len, H, dc, dr, c->causal, q_pos0 + ia - k0, c->scale, qd + qo,
-                        cd + co, dod + oo, od + oo, l, kt_round_fn(g_fp16), FLIP_EPS,
-                        c->f_dq + qo, c->f_dc + co, c->r_dq + qo, c->r_dc + co);
-      free(l);
-    }
-  }
+  mqa_ref_bwd_mixed_varlen(B, sq, sk, H, dc, dr, c->causal, q_pos0, cu, n_cu, c->scale, qd, cd,
+                           dod, od, lsed, kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc,
+                           c->r_dq, c->r_dc);
   c->out = xcalloc(c->dq ? c->nq : c->nc, sizeof *c->out);
   c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
   memset(c->tmaps, 0, 3 * sizeof(tmap_t));
