@@ -18,8 +18,8 @@
  * generator/core/mg_varlen.h): the tokens of docs->n documents are concatenated, document e
  * holding positions [cu[e], cu[e + 1]); a query at position p of document e sees the keys
  * [cu[e], causal ? p + 1 : cu[e + 1]), a query at a position no document holds (slack) sees
- * none. attn_ref_keys finds the document by its own loop over cu (no shared code with
- * mg_varlen or mla::Varlen).
+ * none. attn_ref_doc_keys finds the document by its own loop over cu (no shared code with
+ * mg_varlen or mla::Varlen; mqa_ref.h uses it too).
  * Everything in double; straightforward loops (no blocking, no online softmax), so it
  * shares no structure with the kernels it checks. Checked by finite differences in
  * test_attn_bwd.c (test_reference_finite_differences).
@@ -58,17 +58,25 @@ static inline long attn_ref_pos(const attn_ref_dims *d, int i) {
   return d->q_split > 0 && i >= d->q_split ? (long)d->q_pos1 + (i - d->q_split) : (long)d->q_pos0 + i;
 }
 
+/* The keys [*lo, *hi) a query at position p sees among the documents cu [n + 1]: its
+ * document's [cu[e], causal ? p + 1 : cu[e + 1]); none (lo = hi = 0) at a position no
+ * document holds (slack). */
+static inline void attn_ref_doc_keys(const int *cu, int n, int causal, long p, long *lo,
+                                     long *hi) {
+  *lo = *hi = 0;
+  for (int e = 0; e < n; e++)
+    if (cu[e] <= p && p < cu[e + 1]) {
+      *lo = cu[e], *hi = causal ? p + 1 : cu[e + 1];
+      return;
+    }
+}
+
 /* The keys [*lo, *hi) query row i sees (clipped to 0 .. S_k); docs NULL: one sequence. */
 static inline void attn_ref_keys(const attn_ref_dims *d, const attn_ref_docs *docs, int i,
                                  long *lo, long *hi) {
   const long p = attn_ref_pos(d, i);
   *lo = 0, *hi = d->causal ? p + 1 : d->S_k;
-  if (docs) {
-    const int *cu = docs->cu;
-    *lo = *hi = 0;
-    for (int e = 0; e < docs->n; e++)
-      if (cu[e] <= p && p < cu[e + 1]) *lo = cu[e], *hi = d->causal ? p + 1 : cu[e + 1];
-  }
+  if (docs) attn_ref_doc_keys(docs->cu, docs->n, d->causal, p, lo, hi);
   if (*hi > d->S_k) *hi = d->S_k;
   if (*lo < 0) *lo = 0;
 }

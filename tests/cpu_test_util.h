@@ -461,6 +461,13 @@ static inline cc_result tu_check(const char *what, const double *got, const doub
   return r;
 }
 
+/* Prints a suite's worst needed atol per output (tu_check's min_atol, rms units), the noise
+ * figure its tolerances are set from; `label` follows "needed atol". */
+static inline void tu_print_worst(const char *label, const double worst[TU_N_OUT]) {
+  printf("needed atol %s: o %.2e lse %.2e dq %.2e dc_kv %.2e dk_rope %.2e dw_kv_b %.2e\n", label,
+         worst[TU_O], worst[TU_LSE], worst[TU_DQ], worst[TU_DCKV], worst[TU_DKROPE], worst[TU_DW]);
+}
+
 /* The part of global reference output k that rank r of P holds under form f, in its
  * layout: its tokens ([B, S, w] tensors, mg_form_token_pos), its heads (lse [B, H, S]; for
  * laga-cp all heads of its tokens, [B, H, S/P]) or everything (dw_kv_b, summed over the

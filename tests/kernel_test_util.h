@@ -141,23 +141,39 @@ static inline long kt_qpos_at(const kt_qpos *p, int i) {
   return p->q_split > 0 && i >= p->q_split ? (long)p->q_pos1 + (i - p->q_split) : (long)p->q_pos0 + i;
 }
 
-/* Packed sequences (issue 16): the attention kernel tests' documents in a buffer of
- * KT_VARLEN_CAP token rows. "many": lengths 1, 2, 0 (an empty document), 3, 17, 64, 200,
- * T = 287 tokens and 13 slack rows, then T twice more (the CUDA executor pads its copy with
- * T: zero-length documents at the end); under laga-cp at P = 2 (chunks of 75) the documents
- * at 23 and 87 are cut by the chunk boundaries 75, 150 and 225. "one": a single document of
- * 260 tokens, 40 slack rows. *out: the table; returns its length. */
+/* Packed sequences (issue 16): the kernel tests' documents in a buffer of KT_VARLEN_CAP
+ * token rows (every attention and MQA kernel test, portable and sm_90a, uses these). "many":
+ * lengths 1, 2, 3, 17, 0 (an empty document), 64, 200, T = 287 tokens and 13 slack rows,
+ * then T twice more (the CUDA executor pads its copy with T: zero-length documents at the
+ * end); under laga-cp at P = 2 (chunks of 75) the documents at 23 and 87 are cut by the
+ * chunk boundaries 75, 150 and 225. "one": a single document of 260 tokens, 40 slack rows.
+ * *out: the table; returns its length. */
 #define KT_VARLEN_CAP 300
+#define KT_VARLEN_MANY_DOCS 7 /* "many"'s documents before the padding */
 typedef struct kt_varlen {
   const char *name;
   const int *cu; /* n + 1 boundaries */
   int n;
 } kt_varlen;
 static inline int kt_varlen_cases(const kt_varlen **out) {
-  static const int many[] = {0, 1, 3, 3, 6, 23, 87, 287, 287, 287}, one[] = {0, 260};
+  static const int many[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287}, one[] = {0, 260};
   static const kt_varlen cases[] = {{"many", many, 9}, {"one", one, 1}};
   *out = cases;
   return (int)(sizeof cases / sizeof cases[0]);
+}
+
+/* kt_varlen_cases' "many" stream. */
+static inline const kt_varlen *kt_varlen_many(void) {
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  return &vl[0];
+}
+
+/* cu [n + 1]: vl's first n + 1 boundaries, entries past vl->n repeating its last (T: the
+ * executor's padding); n = KT_VARLEN_MANY_DOCS gives "many"'s exact boundaries,
+ * n = KT_VARLEN_CAP the executor's padding to one entry per token. */
+static inline void kt_varlen_pad(const kt_varlen *vl, int n, int *cu) {
+  for (int d = 0; d <= n; d++) cu[d] = vl->cu[d < vl->n ? d : vl->n];
 }
 
 /* A malloc'd copy of vl's n + 1 boundaries (the kernels read them through a heap block of

@@ -10,7 +10,7 @@
  * entries, batch 1; issue 16, FlashAttention's varlen): cu [n_cu + 1] splits the token
  * stream into documents, and query i (at token t = q_pos0 + i) of document d sees the keys
  * [cu[d], causal ? t + 1 : cu[d + 1]); a token at or past cu[n_cu] (slack) sees none and is
- * seen by none. Only the rows and keys a query sees are read, so NaN in slack rows of any
+ * seen by none (attn_ref.h's attn_ref_doc_keys: the one walk over cu the references share). Only the rows and keys a query sees are read, so NaN in slack rows of any
  * input stays out of the reference. The backward, from dout
  * [B, S_q, H, d_c]: dS = P (dP - rowsum(dO o)), dP = dO c[:, :d_c]^T;
  *   dq [B, S_q, H, d_c + d_r] = scale dS c
@@ -33,8 +33,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_ref.h"
+
 /* The keys [*lo, *hi) the query at token t sees: cu NULL, [0, causal ? t + 1 : S_k) within
- * [0, S_k); else its document's, found by walking cu (empty for slack tokens). */
+ * [0, S_k); else its document's (attn_ref_doc_keys: empty for slack tokens). */
 static void mqa_ref_keys(const int *cu, int n_cu, int S_k, int causal, int t, int *lo, int *hi) {
   *lo = 0, *hi = 0;
   if (!cu) {
@@ -42,11 +44,9 @@ static void mqa_ref_keys(const int *cu, int n_cu, int S_k, int causal, int t, in
     if (*hi < 0) *hi = 0;
     return;
   }
-  for (int d = 0; d < n_cu; d++)
-    if (cu[d] <= t && t < cu[d + 1]) {
-      *lo = cu[d], *hi = causal ? t + 1 : cu[d + 1];
-      return;
-    }
+  long l, h;
+  attn_ref_doc_keys(cu, n_cu, causal, t, &l, &h);
+  *lo = (int)l, *hi = (int)h;
 }
 
 /* Scores of one query row against keys [lo, hi), scaled; returns the logsumexp

@@ -2,8 +2,8 @@
  * (test_attn_fwd_sm90.c, test_attn_bwd_sm90.c, test_mqa_fwd_sm90.c, test_mqa_bwd_sm90.c):
  * the CUtensorMap stand-in passed by value, the source edit of the mutation tests, the fake
  * driver and parsed manifest the runtime's tensor-map helpers take, the launch on the host
- * executor as sm_90, the end of an NVRTC configuration sweep, a rejected spec, and the
- * float64 per-document reference of the packed-sequence (varlen) variants. Include after
+ * executor as sm_90, the end of an NVRTC configuration sweep and a rejected spec (the
+ * packed-sequence references are attn_ref.h's and mqa_ref.h's). Include after
  * cmocka.h, kernel_host.h and kernel_test_util.h. */
 #ifndef MLAGEN_SM90_TEST_UTIL_H
 #define MLAGEN_SM90_TEST_UTIL_H
@@ -93,63 +93,6 @@ static inline void sm90_expect_reject(const mg_kernel_spec *spec, const char *wa
   print_message("  %s\n", mg_diag_msg(&d));
   mg_diag_clear(&d);
   mg_gen_close(g);
-}
-
-
-/* ---- packed sequences (cu_seqlens): an independent float64 reference ----------------------
- * Computes each query's document range with its own loop over the documents, never with
- * mg_varlen_* or mla::Varlen. */
-
-/* The keys [lo[i], hi[i]) of query rows i < sq at the positions of p (row i at q_pos0 + i, or
- * q_pos1 + i - q_split from row q_split on when q_split > 0) for the documents cu[0 .. n]:
- * query t of document d (cu[d] <= t < cu[d + 1]) sees [cu[d], causal ? t + 1 : cu[d + 1]);
- * a slack query (t >= cu[n]) sees none (lo = hi = 0). */
-static inline void sm90_ref_ranges(const int *cu, int n, const kt_qpos *p, int sq, int causal,
-                                   int *lo, int *hi) {
-  for (int i = 0; i < sq; i++) {
-    const int t = p->q_split > 0 && i >= p->q_split ? p->q_pos1 + i - p->q_split : p->q_pos0 + i;
-    lo[i] = hi[i] = 0;
-    for (int d = 0; d < n; d++)
-      if (cu[d] <= t && t < cu[d + 1]) {
-        lo[i] = cu[d], hi[i] = causal ? t + 1 : cu[d + 1];
-        break;
-      }
-  }
-}
-
-/* The explicit-form attention forward in float64 with query row i seeing keys [lo[i], hi[i]):
- * q [sq, H, dqk], k [*, H, dqk], v [*, H, dv] -> o [sq, H, dv] (0 for a row without keys),
- * lse [H, sq] (natural log of the scaled scores' sum of exponentials; -inf without keys). */
-static inline void sm90_ref_ranged_fwd(int sq, int H, int dqk, int dv, double scale,
-                                       const int *lo, const int *hi, const double *q,
-                                       const double *k, const double *v, double *o, double *lse) {
-  for (int i = 0; i < sq; i++)
-    for (int h = 0; h < H; h++) {
-      const double *qi = q + ((size_t)i * H + h) * dqk;
-      double *oi = o + ((size_t)i * H + h) * dv;
-      double mx = -INFINITY;
-      for (int j = lo[i]; j < hi[i]; j++) {
-        double x = 0;
-        for (int e = 0; e < dqk; e++) x += qi[e] * k[((size_t)j * H + h) * dqk + e];
-        if (x * scale > mx) mx = x * scale;
-      }
-      double sum = 0;
-      for (int c = 0; c < dv; c++) oi[c] = 0;
-      for (int j = lo[i]; j < hi[i]; j++) {
-        double x = 0;
-        for (int e = 0; e < dqk; e++) x += qi[e] * k[((size_t)j * H + h) * dqk + e];
-        const double pr = exp(x * scale - mx);
-        sum += pr;
-        for (int c = 0; c < dv; c++) oi[c] += pr * v[((size_t)j * H + h) * dv + c];
-      }
-      for (int c = 0; c < dv; c++) oi[c] = sum > 0 ? oi[c] / sum : 0;
-      lse[(size_t)h * sq + i] = sum > 0 ? mx + log(sum) : -INFINITY;
-    }
-}
-
-/* Writes NaN (0x7fff: bf16 and fp16) into rows [r0, r1) of a 16-bit tensor of rows w wide. */
-static inline void sm90_nan_rows(e16 *x, size_t w, int r0, int r1) {
-  for (size_t i = (size_t)r0 * w; i < (size_t)r1 * w; i++) x[i] = 0x7fff;
 }
 
 #endif

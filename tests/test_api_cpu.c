@@ -42,6 +42,16 @@
 #include "mg_plan.h"
 #include "mlagen.h"
 
+/* The six forms (public and internal enums, names), laga-cp last: the P = 2 Ulysses tests
+ * take the first five. */
+static const mlagen_form k_forms[6] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED,
+                                       MLAGEN_FORM_LAGA,     MLAGEN_FORM_LAGA_R,
+                                       MLAGEN_FORM_LAGA_F,   MLAGEN_FORM_LAGA_CP};
+static const mg_form k_mforms[6] = {MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA,
+                                    MG_FORM_LAGA_R,   MG_FORM_LAGA_F,   MG_FORM_LAGA_CP};
+static const char *const k_form_names[6] = {"explicit", "absorbed", "laga",
+                                            "laga-r",   "laga-f",   "laga-cp"};
+
 static mlagen_model *make_model(mlagen_context *ctx, const mg_shape *s) {
   mlagen_model_desc md = {.num_attention_heads = s->heads, .kv_lora_rank = s->kv_lora_rank,
                           .qk_rope_head_dim = s->qk_rope_head_dim,
@@ -133,14 +143,10 @@ static void test_cpu_passes_equal_executor(void **state) {
   mlagen_context *ctx = NULL;
   assert_int_equal(mlagen_context_create(&ctx), 0);
   const mg_shape s = tu_shape(4, 16, 16, 16, 32);
-  const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
-                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F, MLAGEN_FORM_LAGA_CP};
-  const mg_form mforms[] = {MG_FORM_EXPLICIT, MG_FORM_ABSORBED, MG_FORM_LAGA, MG_FORM_LAGA_R,
-                            MG_FORM_LAGA_F, MG_FORM_LAGA_CP};
   for (int f = 0; f < 6; f++)
     for (int causal = 0; causal < 2; causal++) {
-      one_case(ctx, &s, forms[f], mforms[f], MLAGEN_DTYPE_F64, causal);
-      one_case(ctx, &s, forms[f], mforms[f], MLAGEN_DTYPE_F32, causal);
+      one_case(ctx, &s, k_forms[f], k_mforms[f], MLAGEN_DTYPE_F64, causal);
+      one_case(ctx, &s, k_forms[f], k_mforms[f], MLAGEN_DTYPE_F32, causal);
     }
   mlagen_context_destroy(ctx);
 }
@@ -536,22 +542,16 @@ static void p2_case(const mg_shape *s, mlagen_form form, const char *name, int c
 static void test_p2_callbacks_equal_p1(void **state) {
   (void)state;
   const mg_shape s = tu_shape(4, 16, 16, 16, 32);
-  const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
-                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
-  const char *names[] = {"explicit", "absorbed", "laga", "laga-r", "laga-f"};
   for (int f = 0; f < 5; f++)
-    for (int causal = 0; causal < 2; causal++) p2_case(&s, forms[f], names[f], causal, 0);
+    for (int causal = 0; causal < 2; causal++) p2_case(&s, k_forms[f], k_form_names[f], causal, 0);
 }
 
 /* The same, packed (a document across the ranks, NaN slack), for the P = 2 Ulysses forms. */
 static void test_p2_packed_equal_p1(void **state) {
   (void)state;
   const mg_shape s = tu_shape(4, 16, 16, 16, 32);
-  const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
-                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F};
-  const char *names[] = {"explicit", "absorbed", "laga", "laga-r", "laga-f"};
   for (int f = 0; f < 5; f++)
-    for (int causal = 0; causal < 2; causal++) p2_case(&s, forms[f], names[f], causal, 1);
+    for (int causal = 0; causal < 2; causal++) p2_case(&s, k_forms[f], k_form_names[f], causal, 1);
 }
 
 /* ---- packed sequences at P = 1 against each document alone -------------------------------- */
@@ -686,11 +686,9 @@ static void test_packed_equals_documents(void **state) {
   mlagen_context *ctx = NULL;
   assert_int_equal(mlagen_context_create(&ctx), 0);
   const mg_shape s = tu_shape(4, 16, 16, 16, 32);
-  const mlagen_form forms[] = {MLAGEN_FORM_EXPLICIT, MLAGEN_FORM_ABSORBED, MLAGEN_FORM_LAGA,
-                               MLAGEN_FORM_LAGA_R, MLAGEN_FORM_LAGA_F, MLAGEN_FORM_LAGA_CP};
   double worst[N_OUT] = {0};
   for (int f = 0; f < 6; f++)
-    for (int causal = 0; causal < 2; causal++) packed_case(ctx, &s, forms[f], causal, worst);
+    for (int causal = 0; causal < 2; causal++) packed_case(ctx, &s, k_forms[f], causal, worst);
   printf("packed vs each document alone, worst |err| / max|ref|: o %.1e dq %.1e dc_kv %.1e "
          "dk_rope %.1e dw_kv_b %.1e\n", worst[0], worst[1], worst[2], worst[3], worst[4]);
   mlagen_context_destroy(ctx);

@@ -441,10 +441,7 @@ static void test_declining_hook(void **state) {
 
 static int report_worst(void **state) {
   (void)state;
-  printf("needed atol (rms units, rtol of tu_tol_bf16): o %.2e lse %.2e dq %.2e dc_kv %.2e "
-         "dk_rope %.2e dw_kv_b %.2e\n",
-         g_worst[TU_O], g_worst[TU_LSE], g_worst[TU_DQ], g_worst[TU_DCKV], g_worst[TU_DKROPE],
-         g_worst[TU_DW]);
+  tu_print_worst("(rms units, rtol of tu_tol_bf16)", g_worst);
   return 0;
 }
 

@@ -8,7 +8,7 @@
  * compiled by NVRTC for sm_90a without spills; and bugs injected into the rendered source
  * (each mbarrier wait and arrival, each wgmma wait, the proxy fence) must fail the check or
  * be reported by the executor. The packed-sequence variants ("_varlen") against the same
- * reference run per document (reference_varlen), NaN in every slack row, and wrong
+ * reference per document (attn_ref.h through reference_one), NaN in every slack row, and wrong
  * boundaries caught.
  *
  * The tensor maps come from the runtime's mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h)
@@ -114,17 +114,22 @@ static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
 
 /* test_attn_bwd.c's reference: the float64 forward (o rounded to 16 bits, lse to fp32),
  * then the gradients with P and dS rounded to 16 bits and their flip bounds (attn_ref.h);
- * split keys: dk_rope is dK's RoPE columns summed over the heads. Also delta. */
+ * split keys: dk_rope is dK's RoPE columns summed over the heads. Also delta. Packed (c->cu:
+ * attn_ref.h's per-document rule at the positions of q_pos0, q_split, q_pos1): rows without
+ * keys (slack) get o 0, dq 0, and LSE and delta NaN (inputs the kernels must not read); keys
+ * no query sees dk = dv = 0. */
 static void reference_one(const mg_kernel_spec *s, bwd_case *c, int packed) {
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  const attn_ref_dims d = {c->B, c->sq, c->sk, H, dqk, s->d_v, s->causal, c->q_pos0, c->scale, 0, 0};
+  const attn_ref_dims d = {c->B,     c->sq,     c->sk,    H, dqk, s->d_v, s->causal, c->q_pos0,
+                           c->scale, c->cu ? c->q_split : 0, c->q_pos1};
+  const attn_ref_docs docs = {c->cu, c->n_cu}, *dp = c->cu ? &docs : NULL;
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, c->nq), *v = kt_e16_to_d(f16, c->v, c->nv);
   double *dout = kt_e16_to_d(f16, c->dout, c->no);
   double *k = kt_k_to_d(f16, packed, c->kn, c->kr, nk, H, dn, dr);
   double *dk = xcalloc(nk * dqk, sizeof *dk), *fdk = xcalloc(nk * dqk, sizeof *fdk);
   double *o = xcalloc(c->no, sizeof *o), *lse = xcalloc(c->nl, sizeof *lse);
-  attn_ref_fwd(&d, q, k, v, o, lse);
+  attn_ref_fwd_docs(&d, dp, q, k, v, o, lse);
   for (size_t i = 0; i < c->no; i++) c->o16[i] = float_to_e(s, (float)o[i]);
   for (size_t i = 0; i < c->nl; i++) c->lse32[i] = (float)lse[i];
   for (size_t i = 0; i < c->no; i++) o[i] = e_to_float(s, c->o16[i]);
@@ -139,7 +144,10 @@ static void reference_one(const mg_kernel_spec *s, bwd_case *c, int packed) {
         c->delta[((size_t)b * H + h) * c->sq + i] = (float)acc;
       }
   const attn_ref_mixed mx = {o, lse, kt_round_fn(f16), FLIP_EPS, c->f_dq, fdk, c->f_dv};
-  attn_ref_bwd(&d, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
+  attn_ref_bwd_docs(&d, dp, q, k, v, dout, c->r_dq, dk, c->r_dv, NULL, NULL, &mx);
+  if (c->cu)
+    for (size_t i = 0; i < c->nl; i++)
+      if (lse[i] == -INFINITY) c->lse32[i] = c->delta[i] = NAN;
   for (size_t t = 0; t < nk; t++)
     for (int e = 0; e < dqk; e++)
       if (packed) {
@@ -203,60 +211,6 @@ static void reference(const mg_kernel_spec *s, bwd_case *c, int packed) {
   }
 }
 
-/* The packed-sequence reference: each document's query rows (per chunk of the positions)
- * with its keys as an unpacked reference_one case, positions taken inside the document
- * (the documents found by this loop over cu, never mg_varlen or mla::Varlen); dk, dk_rope
- * and dv summed over the document's chunks. Rows without keys (slack): o 0, dq 0, LSE and
- * delta NaN (inputs the kernels must not read); keys no query sees: dk = dv = 0. */
-static void reference_varlen(const mg_kernel_spec *s, bwd_case *c, int packed) {
-  const int H = s->heads, dqk = s->d_n + s->d_r, dv = s->d_v, dr = s->d_r;
-  const size_t wk = (size_t)(packed ? dqk : s->d_n);
-  for (size_t i = 0; i < c->nl; i++) c->lse32[i] = c->delta[i] = NAN;
-  const int split = c->q_split > 0 ? c->q_split : c->sq;
-  for (int d = 0; d < c->n_cu; d++) {
-    const int k0 = c->cu[d], len = c->cu[d + 1] - k0;
-    for (int ch = 0; ch < 2 && len > 0; ch++) {
-      int ra = -1, rb = -1; /* the chunk's rows in document d: [ra, rb) */
-      for (int i = ch ? split : 0; i < (ch ? c->sq : split); i++) {
-        const int t = ch ? c->q_pos1 + i - split : c->q_pos0 + i;
-        if (t >= k0 && t < k0 + len) {
-          if (ra < 0) ra = i;
-          rb = i + 1;
-        }
-      }
-      if (ra < 0) continue;
-      const int n = rb - ra, t0 = ch ? c->q_pos1 + ra - split : c->q_pos0 + ra;
-      bwd_case u;
-      memset(&u, 0, sizeof u);
-      u.B = 1, u.sq = n, u.sk = len, u.q_pos0 = t0 - k0, u.q_split = n, u.scale = c->scale;
-      u.nq = (size_t)n * H * dqk, u.nkn = (size_t)len * H * wk, u.nkr = packed ? 0 : (size_t)len * dr;
-      u.nv = (size_t)len * H * dv, u.no = (size_t)n * H * dv, u.nl = (size_t)H * n;
-      u.q = c->q + (size_t)ra * H * dqk, u.dout = c->dout + (size_t)ra * H * dv;
-      u.kn = c->kn + (size_t)k0 * H * wk, u.kr = packed ? NULL : c->kr + (size_t)k0 * dr;
-      u.v = c->v + (size_t)k0 * H * dv, u.o16 = c->o16 + (size_t)ra * H * dv;
-      u.lse32 = xcalloc(u.nl, sizeof(float)), u.delta = xcalloc(u.nl, sizeof(float));
-      u.r_dq = xcalloc(u.nq, sizeof(double)), u.f_dq = xcalloc(u.nq, sizeof(double));
-      u.r_dkn = xcalloc(u.nkn, sizeof(double)), u.f_dkn = xcalloc(u.nkn, sizeof(double));
-      u.r_dkr = xcalloc(u.nkr, sizeof(double)), u.f_dkr = xcalloc(u.nkr, sizeof(double));
-      u.r_dv = xcalloc(u.nv, sizeof(double)), u.f_dv = xcalloc(u.nv, sizeof(double));
-      reference_one(s, &u, packed);
-      for (int h = 0; h < H; h++)
-        for (int i = 0; i < n; i++) {
-          c->lse32[(size_t)h * c->sq + ra + i] = u.lse32[(size_t)h * n + i];
-          c->delta[(size_t)h * c->sq + ra + i] = u.delta[(size_t)h * n + i];
-        }
-      memcpy(c->r_dq + (size_t)ra * H * dqk, u.r_dq, u.nq * sizeof(double));
-      memcpy(c->f_dq + (size_t)ra * H * dqk, u.f_dq, u.nq * sizeof(double));
-      const size_t kn0 = (size_t)k0 * H * wk, kr0 = (size_t)k0 * dr, v0 = (size_t)k0 * H * dv;
-      for (size_t i = 0; i < u.nkn; i++) c->r_dkn[kn0 + i] += u.r_dkn[i], c->f_dkn[kn0 + i] += u.f_dkn[i];
-      for (size_t i = 0; i < u.nkr; i++) c->r_dkr[kr0 + i] += u.r_dkr[i], c->f_dkr[kr0 + i] += u.f_dkr[i];
-      for (size_t i = 0; i < u.nv; i++) c->r_dv[v0 + i] += u.r_dv[i], c->f_dv[v0 + i] += u.f_dv[i];
-      free(u.lse32), free(u.delta), free(u.r_dq), free(u.f_dq), free(u.r_dkn), free(u.f_dkn);
-      free(u.r_dkr), free(u.f_dkr), free(u.r_dv), free(u.f_dv);
-    }
-  }
-}
-
 static void encode_maps(const built_kernel *bk, bwd_case *c) {
   const mg_driver *drv;
   mg_kernel_info info;
@@ -305,16 +259,14 @@ static void case_init_cu(const built_kernel *bk, bwd_case *c, int B, int sq, int
   memset(c->tmaps, 0, 5 * sizeof(tmap_t));
   c->cu = cu, c->n_cu = n_cu;
   if (cu) {
-    const int T = cu[n_cu], split = q_split > 0 ? q_split : sq;
-    for (int i = 0; i < sq; i++)
-      if ((i < split ? q_pos0 + i : q_pos1 + i - split) >= T) {
-        sm90_nan_rows(c->q, (size_t)H * dqk, i, i + 1);
-        sm90_nan_rows(c->dout, (size_t)H * s->d_v, i, i + 1);
-      }
-    sm90_nan_rows(c->kn, c->nkn / (size_t)sk, T, sk);
-    if (c->kr) sm90_nan_rows(c->kr, (size_t)s->d_r, T, sk);
-    sm90_nan_rows(c->v, (size_t)H * s->d_v, T, sk);
-    reference_varlen(s, c, packed);
+    const int T = cu[n_cu];
+    const kt_qpos pos = {q_pos0, q_split, q_pos1};
+    kt_nan_slack_e16(c->q, sq, (size_t)H * dqk, &pos, T);
+    kt_nan_slack_e16(c->dout, sq, (size_t)H * s->d_v, &pos, T);
+    kt_nan_slack_e16(c->kn, sk, c->nkn / (size_t)sk, NULL, T);
+    if (c->kr) kt_nan_slack_e16(c->kr, sk, (size_t)s->d_r, NULL, T);
+    kt_nan_slack_e16(c->v, sk, (size_t)H * s->d_v, NULL, T);
+    reference_one(s, c, packed);
   } else {
     reference(s, c, packed);
   }
@@ -635,14 +587,12 @@ static void test_mutations_caught(void **state) {
   }
 }
 
-/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
- * buffer of T_CAP = 300 token rows, cu padded with T as the executor pads it. */
-#define T_CAP 300
-static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
-#define N_DOCS ((int)(sizeof g_docs / sizeof g_docs[0]) - 1)
+/* Packed sequences: kernel_test_util.h's "many" stream (kt_varlen_many: lengths 1, 2, 3,
+ * 17, 0, 64, 200, T = 287, cu padded with T as the executor pads it) in T_CAP token rows. */
+#define T_CAP KT_VARLEN_CAP
 
 /* The packed-sequence variants (spec.varlen, "_varlen") of both families against the
- * per-document reference (reference_varlen), DeepSeek-V3 heads, the defaults (dK/dV: two
+ * per-document reference (reference_one with cu), DeepSeek-V3 heads, the defaults (dK/dV: two
  * consumers, split keys' head loop, two passes; dQ: two consumers), causal and not: every
  * query row over the short documents, and (causal) rank 0 of laga-cp at P = 2 (chunks
  * [0, 75) and [225, 300): the 200-token document cut by the split, slack rows in the
@@ -651,6 +601,7 @@ static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
  * no variant. */
 static void test_varlen(void **state) {
   (void)state;
+  const kt_varlen *vm = kt_varlen_many();
   kh_sweep sw;
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
   for (int dq = 0; dq < 2; dq++)
@@ -659,8 +610,8 @@ static void test_varlen(void **state) {
       s.varlen = 1;
       built_kernel bk;
       build_edit(&s, NULL, &bk);
-      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, T_CAP, 0, g_docs, N_DOCS);
-      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, 0, T_CAP / 4, 3 * T_CAP / 4, g_docs, N_DOCS);
+      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, T_CAP, 0, vm->cu, vm->n);
+      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, 0, T_CAP / 4, 3 * T_CAP / 4, vm->cu, vm->n);
       kh_free(&bk.kh);
       if (causal) kh_sweep_compile(&sw, &s, "");
     }
@@ -677,6 +628,7 @@ static void test_varlen(void **state) {
  * keys' NaN V reaches dK): NaN outputs. Small heads (d_n 32, d_r 32, d_v 64), causal. */
 static void test_varlen_mutations_caught(void **state) {
   (void)state;
+  const kt_varlen *vm = kt_varlen_many();
   static const struct {
     int dq;
     sm90_edit e;
@@ -694,7 +646,7 @@ static void test_varlen_mutations_caught(void **state) {
     bk.packed = kh_config_int(&bk.kh, "k_packed");
     bk.is_dq = muts[m].dq;
     bwd_case c;
-    case_init_cu(&bk, &c, 1, T_CAP, T_CAP, 0, T_CAP, 0, g_docs, N_DOCS);
+    case_init_cu(&bk, &c, 1, T_CAP, T_CAP, 0, T_CAP, 0, vm->cu, vm->n);
     char msg[1024];
     if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
     double r[4];

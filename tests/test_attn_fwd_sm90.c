@@ -7,7 +7,7 @@
  * empty barrier, the producer's wait on it, each wgmma wait; with and without overlap) must
  * fail the check or be reported. The kernel writes no shared memory with ordinary stores,
  * so it has no fence.proxy.async to remove (test_hopper_host.c covers that fence).
- * The packed-sequence variant ("_varlen") against sm90_test_util.h's own per-document
+ * The packed-sequence variant ("_varlen") against attn_ref.h's per-document
  * float64 reference, NaN in every slack row of every input, and wrong boundaries caught.
  *
  * The tensor maps come from the runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h, the
@@ -159,25 +159,14 @@ static void case_free(fwd_case *c) {
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dqk = dn + dr, f16 = is_fp16(s);
-  if (c->cu) { /* packed: sm90_test_util.h's own per-document reference */
-    int *lo = malloc((size_t)c->sq * sizeof *lo), *hi = malloc((size_t)c->sq * sizeof *hi);
-    sm90_ref_ranges(c->cu, c->n_cu, &(kt_qpos){c->q_pos0, c->q_split, c->q_pos1}, c->sq,
-                    s->causal, lo, hi);
-    const size_t nk = (size_t)c->sk * H;
-    double *q = kt_e16_to_d(f16, c->q, (size_t)c->sq * H * dqk);
-    double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
-    double *k = kt_k_to_d(f16, bk->packed, c->kn, c->kr, nk, H, dn, dr);
-    sm90_ref_ranged_fwd(c->sq, H, dqk, s->d_v, c->scale, lo, hi, q, k, v, o, lse);
-    free(q), free(k), free(v), free(lo), free(hi);
-    return;
-  }
+  const attn_ref_docs docs = {c->cu, c->n_cu}; /* packed: attn_ref.h's per-document reference */
   const attn_ref_dims d = {c->B,     c->sq,    c->sk,         H,         dqk, s->d_v,
                            s->causal, c->q_pos0, c->scale, c->q_split, c->q_pos1};
   const size_t nk = (size_t)c->B * c->sk * H;
   double *q = kt_e16_to_d(f16, c->q, (size_t)c->B * c->sq * H * dqk);
   double *v = kt_e16_to_d(f16, c->v, nk * s->d_v);
   double *k = kt_k_to_d(f16, bk->packed, c->kn, c->kr, nk, H, dn, dr);
-  attn_ref_fwd(&d, q, k, v, o, lse);
+  attn_ref_fwd_docs(&d, c->cu ? &docs : NULL, q, k, v, o, lse);
   free(q), free(k), free(v);
 }
 
@@ -210,6 +199,16 @@ static size_t compare(const built_kernel *bk, const fwd_case *c, double *oe, dou
   size_t nans = kt_check_fwd("attn_fwd_sm90", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro, c->no,
                              (size_t)s->d_v, c->lse, rl, c->nl, tol_o(s), tol_lse, oe, le, msg, n);
   free(ro), free(rl);
+  return nans;
+}
+
+/* compare for a mutation run: without its noise record (kt_noise_quiet); returns the NaN
+ * outputs, the first failure in msg (msg[0] 0 when both outputs pass). */
+static size_t compare_mutant(const built_kernel *bk, const fwd_case *c, char *msg, size_t n) {
+  double oe, le;
+  kt_noise_quiet = 1;
+  const size_t nans = compare(bk, c, &oe, &le, msg, n);
+  kt_noise_quiet = 0;
   return nans;
 }
 
@@ -326,10 +325,7 @@ static void test_mutations_caught(void **state) {
     int rc = launch_case(&bk, &c, msg, sizeof msg);
     const char *how = "launch reported";
     if (!rc) {
-      double oe, le;
-      kt_noise_quiet = 1;
-      size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-      kt_noise_quiet = 0;
+      size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
       if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", muts[m].from);
       how = "check failed";
     }
@@ -374,10 +370,7 @@ static void test_two_chunk_positions(void **state) {
     case_init_pos(&bk, &c, 1, tc[i].a + tc[i].b, tc[i].P * (tc[i].a + tc[i].b), &pos);
     char msg[1024];
     if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
-    double oe, le;
-    kt_noise_quiet = 1;
-    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-    kt_noise_quiet = 0;
+    const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
     print_message("  [second chunk ignored] P=%d r=%d a=%d b=%d: %.150s\n", tc[i].P, tc[i].r,
                   tc[i].a, tc[i].b, msg[0] ? msg : "NOT CAUGHT");
     if (nans) fail_msg("second chunk ignored: NaN outputs, not a numerical failure");
@@ -388,12 +381,8 @@ static void test_two_chunk_positions(void **state) {
   kh_free(&bk.kh);
 }
 
-/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
- * buffer of T_CAP = 300 token rows; the executor's form of cu_seqlens, padded with T
- * (VARLEN.md), as the last three entries. */
-#define T_CAP 300
-static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287, 287};
-static const int g_one_doc[] = {0, 250};
+/* Packed sequences: kernel_test_util.h's streams (kt_varlen_cases) in T_CAP token rows. */
+#define T_CAP KT_VARLEN_CAP
 
 /* A packed case of the varlen variant bk: cu [n + 1] over keys 0 .. T_CAP - 1, sq query rows
  * at pos; NaN in every slack row (position >= cu[n]) of q, k_nope, k_rope and v. */
@@ -403,13 +392,10 @@ static void varlen_init(const built_kernel *bk, fwd_case *c, const int *cu, int 
   const int H = s->heads, dqk = s->d_n + s->d_r, T = cu[n];
   case_init_pos(bk, c, 1, sq, T_CAP, pos);
   c->cu = cu, c->n_cu = n;
-  for (int i = 0; i < sq; i++) {
-    const int t = pos->q_split > 0 && i >= pos->q_split ? pos->q_pos1 + i - pos->q_split : pos->q_pos0 + i;
-    if (t >= T) sm90_nan_rows(c->q, (size_t)H * dqk, i, i + 1);
-  }
-  sm90_nan_rows(c->kn, (size_t)H * (bk->packed ? dqk : s->d_n), T, T_CAP);
-  if (c->kr) sm90_nan_rows(c->kr, (size_t)s->d_r, T, T_CAP);
-  sm90_nan_rows(c->v, (size_t)H * s->d_v, T, T_CAP);
+  kt_nan_slack_e16(c->q, sq, (size_t)H * dqk, pos, T);
+  kt_nan_slack_e16(c->kn, T_CAP, (size_t)H * (bk->packed ? dqk : s->d_n), NULL, T);
+  if (c->kr) kt_nan_slack_e16(c->kr, T_CAP, (size_t)s->d_r, NULL, T);
+  kt_nan_slack_e16(c->v, T_CAP, (size_t)H * s->d_v, NULL, T);
 }
 static void varlen_run(const built_kernel *bk, const int *cu, int n, int sq, const kt_qpos *pos) {
   fwd_case c;
@@ -417,7 +403,7 @@ static void varlen_run(const built_kernel *bk, const int *cu, int n, int sq, con
   check_case(bk, &c);
 }
 
-/* The packed-sequence variant (spec.varlen, "_varlen") against sm90_test_util.h's float64
+/* The packed-sequence variant (spec.varlen, "_varlen") against attn_ref.h's float64
  * per-document reference, causal and not: the default configuration (2 consumers, block_n
  * 128, overlap) on many short documents (and an empty one, cu padded as the executor pads
  * it) and on rank 0 of laga-cp at P = 2 (chunks [0, 75) and [225, 300): the 200-token
@@ -427,7 +413,8 @@ static void varlen_run(const built_kernel *bk, const int *cu, int n, int sq, con
  * every input. */
 static void test_varlen(void **state) {
   (void)state;
-  const int n_docs = (int)(sizeof g_docs / sizeof g_docs[0]) - 1;
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
   const kt_qpos at0 = {0, 0, 0}, cp = kt_qpos_lagacp(2, 0, T_CAP / 4, T_CAP / 4);
   kh_sweep sw;
   kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
@@ -436,16 +423,16 @@ static void test_varlen(void **state) {
     s.varlen = 1;
     built_kernel bk;
     build_edit(&s, NULL, &bk);
-    varlen_run(&bk, g_docs, n_docs, T_CAP, &at0);
-    varlen_run(&bk, g_docs, n_docs, T_CAP / 2, &cp);
-    if (causal) varlen_run(&bk, g_one_doc, 1, T_CAP, &at0);
+    varlen_run(&bk, vl[0].cu, vl[0].n, T_CAP, &at0);
+    varlen_run(&bk, vl[0].cu, vl[0].n, T_CAP / 2, &cp);
+    if (causal) varlen_run(&bk, vl[1].cu, vl[1].n, T_CAP, &at0);
     kh_free(&bk.kh);
     if (!causal) continue;
     kh_sweep_compile(&sw, &s, "");
     const char *a[] = {"block_m=64", "block_n=64", "stages=3", "overlap=0", "k_packed=1"};
     for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
     build_edit(&s, NULL, &bk);
-    varlen_run(&bk, g_docs, n_docs, T_CAP, &at0);
+    varlen_run(&bk, vl[0].cu, vl[0].n, T_CAP, &at0);
     kh_free(&bk.kh);
     kh_sweep_compile(&sw, &s, "");
   }
@@ -463,7 +450,8 @@ static void test_varlen_mutations_caught(void **state) {
       {"key >= row_hi[r]", "key > row_hi[r]"},
       {"k0 = k_hi - n_tiles * BLOCK_N", "k0 = k_lo"},
   };
-  const int n_docs = (int)(sizeof g_docs / sizeof g_docs[0]) - 1;
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
   for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
     mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
     s.varlen = 1;
@@ -471,13 +459,10 @@ static void test_varlen_mutations_caught(void **state) {
     built_kernel bk;
     build_edit(&s, &muts[m], &bk);
     fwd_case c;
-    varlen_init(&bk, &c, g_docs, n_docs, T_CAP, &(kt_qpos){0, 0, 0});
+    varlen_init(&bk, &c, vl[0].cu, vl[0].n, T_CAP, &(kt_qpos){0, 0, 0});
     char msg[1024];
     if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
-    double oe, le;
-    kt_noise_quiet = 1;
-    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-    kt_noise_quiet = 0;
+    const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
     if (!nans && !msg[0]) fail_msg("'%s' -> '%s' was not caught", muts[m].from, muts[m].to);
     print_message("  '%s' -> '%s': %zu NaN outputs; %.150s\n", muts[m].from, muts[m].to, nans, msg);
     case_free(&c);

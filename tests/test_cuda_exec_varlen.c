@@ -43,10 +43,7 @@
 
 static uint64_t g_seed = 20261201;
 
-#define CAP 304 /* a multiple of 8: laga-cp's chunks at P = 4 (test_cuda_exec_mpi) */
-/* lengths 17, 1, 0, 2, 200, 3, 64: T = 287, 17 slack rows */
-static const int32_t k_cu[] = {0, 17, 18, 18, 20, 220, 223, 287};
-#define N_CU ((int64_t)(sizeof k_cu / sizeof k_cu[0]))
+#define CAP TV_RANK_DOCS_CAP /* the documents: tv_rank_docs (T = 287, 17 slack rows) */
 
 static double g_worst[TU_N_OUT];
 /* test_sm90: a fragment every plan's kernel list must have (the sm_90a varlen family) */
@@ -182,8 +179,9 @@ static void check_forms(int causal) {
   host_ops *h = host_ops_new(g);
   tu_case c = {.shape = tu_shape(2, 64, 32, 64, 256), .B = 1, .S = CAP, .causal = causal};
   double *in[TU_N_IN] = {0};
-  packed_inputs(&c, k_cu[N_CU - 1], g_seed + (uint64_t)causal, in);
-  for (int f = 0; f < MG_FORM_COUNT; f++) check_varlen(&c, (mg_form)f, in, k_cu, N_CU, h, g);
+  const tv_stream st = tv_rank_docs();
+  packed_inputs(&c, st.T, g_seed + (uint64_t)causal, in);
+  for (int f = 0; f < MG_FORM_COUNT; f++) check_varlen(&c, (mg_form)f, in, st.cu, st.n_cu, h, g);
   tu_free(in, TU_N_IN);
   if (causal) { /* T = 0: one empty document, every row slack */
     const int32_t empty[] = {0, 0};
@@ -228,12 +226,13 @@ static void test_sm90(void **state) {
   setenv("MLAGEN_TUNED_DIR", dir, 1);
   tu_case c = {.shape = tu_shape(2, 64, 32, 64, 256), .B = 1, .S = CAP, .causal = 1};
   double *in[TU_N_IN] = {0};
-  packed_inputs(&c, k_cu[N_CU - 1], g_seed + 3, in);
+  const tv_stream st = tv_rank_docs();
+  packed_inputs(&c, st.T, g_seed + 3, in);
   g_want_kernel = "mla_attn_fwd_sm90_";
-  check_varlen(&c, MG_FORM_EXPLICIT, in, k_cu, N_CU, h, g);
-  check_varlen(&c, MG_FORM_LAGA_CP, in, k_cu, N_CU, h, g);
+  check_varlen(&c, MG_FORM_EXPLICIT, in, st.cu, st.n_cu, h, g);
+  check_varlen(&c, MG_FORM_LAGA_CP, in, st.cu, st.n_cu, h, g);
   g_want_kernel = NULL;
-  check_varlen(&c, MG_FORM_ABSORBED, in, k_cu, N_CU, h, g);
+  check_varlen(&c, MG_FORM_ABSORBED, in, st.cu, st.n_cu, h, g);
   tu_free(in, TU_N_IN);
   /* a shape attn_fwd_sm90 refuses (d_v 48): the portable attn_fwd's varlen variant, and
    * its why says so */
@@ -343,10 +342,7 @@ static void test_refusals(void **state) {
 
 static int report_worst(void **state) {
   (void)state;
-  printf("needed atol (rms units, rtol of tu_tol_bf16): o %.2e lse %.2e dq %.2e dc_kv %.2e "
-         "dk_rope %.2e dw_kv_b %.2e\n",
-         g_worst[TU_O], g_worst[TU_LSE], g_worst[TU_DQ], g_worst[TU_DCKV], g_worst[TU_DKROPE],
-         g_worst[TU_DW]);
+  tu_print_worst("(rms units, rtol of tu_tol_bf16)", g_worst);
   return 0;
 }
 

@@ -627,19 +627,12 @@ static void test_mutations_caught(void **state) {
 }
 
 /* ---- packed sequences (issue 16, spec.varlen) ----
- * Documents of lengths 1, 2, 3, 17, an empty one, 64 and 200 (T = 287 tokens) in a buffer
- * of VL_TCAP = 300, batch 1, or one document of 200; cu_seqlens padded with T to n_seqs =
- * VL_TCAP (as the CUDA executor passes it: entries not distinct) or exact. NaN in every
+ * kernel_test_util.h's "many" documents (kt_varlen_many: lengths 1, 2, 3, 17, an empty one,
+ * 64 and 200, T = 287 tokens) in a buffer of VL_TCAP = 300, batch 1, or one document of
+ * 200; cu_seqlens padded with T to n_seqs = VL_TCAP (as the CUDA executor passes it: entries
+ * not distinct) or exact. NaN in every
  * slack row of q, c, dout, o16 and lse32 (so attn_bwd_pre's delta there is NaN too). */
-enum { VL_TCAP = 300 };
-static const int g_vl_docs[] = {1, 2, 3, 17, 0, 64, 200};
-#define VL_NDOCS ((int)(sizeof g_vl_docs / sizeof g_vl_docs[0]))
-
-/* cu [n_pad + 1] of the documents lens[n] (n_pad >= n: entries past n repeat T). */
-static void vl_cu(const int *lens, int n, int n_pad, int *cu) {
-  cu[0] = 0;
-  for (int d = 0; d < n_pad; d++) cu[d + 1] = cu[d] + (d < n ? lens[d] : 0);
-}
+enum { VL_TCAP = KT_VARLEN_CAP, VL_NDOCS = KT_VARLEN_MANY_DOCS };
 
 static void run_varlen(const bwd_set *bs, int causal, int sq, int sk, int q_pos0, const int *cu,
                        int n_cu) {
@@ -659,8 +652,8 @@ static void run_varlen(const bwd_set *bs, int causal, int sq, int sk, int q_pos0
 static void test_varlen(void **state) {
   (void)state;
   int cu_pad[VL_TCAP + 1], cu[VL_NDOCS + 1];
-  vl_cu(g_vl_docs, VL_NDOCS, VL_TCAP, cu_pad);
-  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  kt_varlen_pad(kt_varlen_many(), VL_TCAP, cu_pad);
+  kt_varlen_pad(kt_varlen_many(), VL_NDOCS, cu);
   static const int cu_one[] = {0, 200};
   g_varlen = 1;
   for (int causal = 1; causal >= 0; causal--) {
@@ -692,7 +685,7 @@ static void test_varlen_mutations_caught(void **state) {
        "#define M_ min(kr.hi[r], seqlen_k), kr.lo[r] -= kr.lo[r] > 0", ""},
   };
   int cu[VL_NDOCS + 1];
-  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  kt_varlen_pad(kt_varlen_many(), VL_NDOCS, cu);
   kt_noise_quiet = 1; /* not noise */
   g_varlen = 1;
   for (int mi = 0; mi < 2; mi++) {
@@ -751,7 +744,7 @@ static void asan_case_run(void **state) {
   set_unload(&bs);
   /* the packed variants: their reads of cu_seqlens and of the rows their ranges name */
   int cu[VL_NDOCS + 1];
-  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  kt_varlen_pad(kt_varlen_many(), VL_NDOCS, cu);
   g_varlen = 1;
   set_build(&bs, 2, 256, 32, 1, NULL, NULL);
   run_varlen(&bs, 1, 100, VL_TCAP, 200, cu, VL_NDOCS);

@@ -114,21 +114,10 @@ static void encode_maps(bwd_case *c, const kh_kernel *kh) {
     fail_msg("mg_sm90_mqa_bwd_tmaps: %s", mg_diag_msg(&d));
 }
 
-/* Document d of cu: its keys [*k0, *k0 + *len) and the queries [*ia, *ib) of the sq at
- * positions q_pos0.. inside it; 0 when it has no key or no such query. */
-static int doc_queries(const int *cu, int d, int q_pos0, int sq, int *k0, int *len, int *ia,
-                       int *ib) {
-  *k0 = cu[d], *len = cu[d + 1] - cu[d];
-  *ia = *k0 - q_pos0 > 0 ? *k0 - q_pos0 : 0;
-  *ib = *k0 + *len - q_pos0 < sq ? *k0 + *len - q_pos0 : sq;
-  return *len > 0 && *ia < *ib;
-}
-
 /* A case; cu (n_cu documents; NULL: not packed) makes it a packed one (B must be 1): NaN in
  * every slack row (position >= cu[n_cu]) of q, c and dout, and (as the forward's outputs)
- * in the slack rows' LSE and delta; the reference per document: each document's queries
- * (positions inside it, found by this loop over cu, never mg_varlen or mla::Varlen) over its
- * keys as an unpacked mqa_ref.h case. */
+ * in the slack rows' LSE and delta; the reference per document: mqa_ref.h's _varlen entries
+ * (each row's document from their own walk over cu, never mg_varlen or mla::Varlen). */
 static void case_init_cu(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk, int q_pos0,
                          const int *cu, int n_cu) {
   const mg_kernel_spec *s = &kh->spec;
@@ -157,19 +146,11 @@ static void case_init_cu(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk
     for (size_t i = (size_t)T * w; i < c->nc; i++) c->c[i] = 0x7fff, cd[i] = NAN;
     for (size_t i = 0; i < c->nl; i++) lsed[i] = NAN;
   }
-  if (!cu) {
-    mqa_ref_fwd(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, od, lsed);
-  } else {
-    for (int d = 0, k0, len, ia, ib; d < n_cu; d++) {
-      if (!doc_queries(cu, d, q_pos0, sq, &k0, &len, &ia, &ib)) continue;
-      const int n = ib - ia;
-      double *l = xcalloc((size_t)H * n, sizeof *l);
-      mqa_ref_fwd(1, n, len, H, dc, dr, c->causal, q_pos0 + ia - k0, c->scale, qd + (size_t)ia * H * w,
-                  cd + (size_t)k0 * w, od + (size_t)ia * H * dc, l);
-      for (int h = 0; h < H; h++) memcpy(lsed + (size_t)h * sq + ia, l + (size_t)h * n, (size_t)n * sizeof *l);
-      free(l);
-    }
-  }
+  mqa_ref_fwd_varlen(B, sq, sk, H, dc, dr, c->causal, q_pos0, cu, n_cu, c->scale, qd, cd, od,
+                     lsed);
+  if (cu) /* the slack rows' LSE as the kernels get it: NaN (their o stays 0) */
+    for (int h = 0; h < H; h++)
+      for (int i = i_slack; i < sq; i++) lsed[(size_t)h * sq + i] = NAN;
   c->lse = xcalloc(c->nl, sizeof *c->lse);
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   for (size_t i = 0; i < c->no; i++) od[i] = e16_to_float(g_fp16, float_to_e16(g_fp16, (float)od[i]));
@@ -186,23 +167,9 @@ static void case_init_cu(bwd_case *c, const kh_kernel *kh, int B, int sq, int sk
   c->f_dc = xcalloc(c->nc, sizeof *c->f_dc);
   c->r_dq = xcalloc(c->nq, sizeof *c->r_dq);
   c->f_dq = xcalloc(c->nq, sizeof *c->f_dq);
-  if (!cu) {
-    mqa_ref_bwd_mixed(B, sq, sk, H, dc, dr, c->causal, q_pos0, c->scale, qd, cd, dod, od, lsed,
-                      kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
-                      c->r_dc);
-  } else {
-    for (int d = 0, k0, len, ia, ib; d < n_cu; d++) {
-      if (!doc_queries(cu, d, q_pos0, sq, &k0, &len, &ia, &ib)) continue;
-      const int n = ib - ia;
-      double *l = xcalloc((size_t)H * n, sizeof *l);
-      for (int h = 0; h < H; h++) memcpy(l + (size_t)h * n, lsed + (size_t)h * sq + ia, (size_t)n * sizeof *l);
-      const size_t qo = (size_t)ia * H * w, oo = (size_t)ia * H * dc, co = (size_t)k0 * w;
-      mqa_ref_bwd_mixed(1, n, len, H, dc, dr, c->causal, q_pos0 + ia - k0, c->scale, qd + qo,
-                        cd + co, dod + oo, od + oo, l, kt_round_fn(g_fp16), FLIP_EPS,
-                        c->f_dq + qo, c->f_dc + co, c->r_dq + qo, c->r_dc + co);
-      free(l);
-    }
-  }
+  mqa_ref_bwd_mixed_varlen(B, sq, sk, H, dc, dr, c->causal, q_pos0, cu, n_cu, c->scale, qd, cd,
+                           dod, od, lsed, kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc,
+                           c->r_dq, c->r_dc);
   c->out = xcalloc(c->dq ? c->nq : c->nc, sizeof *c->out);
   c->tmaps = aligned_alloc(64, 3 * sizeof(tmap_t));
   memset(c->tmaps, 0, 3 * sizeof(tmap_t));
@@ -523,11 +490,9 @@ static void test_dq_mutations_caught(void **state) {
   g_dq = 0;
 }
 
-/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
- * buffer of T_CAP = 300 token rows, cu padded with T as the executor pads it. */
-#define T_CAP 300
-static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
-#define N_DOCS ((int)(sizeof g_docs / sizeof g_docs[0]) - 1)
+/* Packed sequences: kernel_test_util.h's "many" stream (kt_varlen_many: lengths 1, 2, 3,
+ * 17, 0, 64, 200, T = 287, cu padded with T as the executor pads it) in T_CAP token rows. */
+#define T_CAP KT_VARLEN_CAP
 
 /* The packed-sequence variants (spec.varlen, "_varlen") of both kernels against the
  * per-document reference (case_init_cu): 288/256, H 2, the default configuration, causal
@@ -540,6 +505,7 @@ static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
  * make it NaN): NaN outputs. */
 static void test_varlen(void **state) {
   (void)state;
+  const kt_varlen *vm = kt_varlen_many();
   kh_sweep sw;
   kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
   for (g_dq = 0; g_dq < 2; g_dq++) {
@@ -548,8 +514,8 @@ static void test_varlen(void **state) {
       s.varlen = 1;
       built_kernel bk;
       build_edit(&s, NULL, &bk);
-      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, g_docs, N_DOCS);
-      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, T_CAP / 2, g_docs, N_DOCS);
+      run_case_cu(&bk, 1, T_CAP, T_CAP, 0, vm->cu, vm->n);
+      if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, T_CAP / 2, vm->cu, vm->n);
       kh_free(&bk.kh);
     }
     mg_kernel_spec s = make_spec(2, 512, 64, 1);
@@ -572,7 +538,7 @@ static void test_varlen(void **state) {
     built_kernel bk;
     build_edit(&s, &muts[m].e, &bk);
     bwd_case c;
-    case_init_cu(&c, &bk.kh, 1, T_CAP, T_CAP, 0, g_docs, N_DOCS);
+    case_init_cu(&c, &bk.kh, 1, T_CAP, T_CAP, 0, vm->cu, vm->n);
     char msg[1024];
     if (launch_case(&bk, &c, 0, 0, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
     double r[2];

@@ -332,19 +332,12 @@ static void test_fp16(void **state) {
 }
 
 /* ---- packed sequences (issue 16, spec.varlen) ----
- * Documents of lengths 1, 2, 3, 17, an empty one, 64 and 200 (T = 287 tokens) in a buffer
- * of VL_TCAP = 300 (13 slack tokens), batch 1; or one document of 200. cu_seqlens is passed
- * as the CUDA executor's compacted copy is, padded with T to n_seqs = VL_TCAP entries (not
- * distinct), or exactly. Every slack row of q and c is NaN. */
-enum { VL_TCAP = 300 };
-static const int g_vl_docs[] = {1, 2, 3, 17, 0, 64, 200};
-#define VL_NDOCS ((int)(sizeof g_vl_docs / sizeof g_vl_docs[0]))
-
-/* cu [n_pad + 1] of the documents lens[n] (n_pad >= n: entries past n repeat T). */
-static void vl_cu(const int *lens, int n, int n_pad, int *cu) {
-  cu[0] = 0;
-  for (int d = 0; d < n_pad; d++) cu[d + 1] = cu[d] + (d < n ? lens[d] : 0);
-}
+ * kernel_test_util.h's "many" documents (kt_varlen_many: lengths 1, 2, 3, 17, an empty one,
+ * 64 and 200, T = 287 tokens) in a buffer of VL_TCAP = 300 (13 slack tokens), batch 1; or
+ * one document of 200. cu_seqlens is passed as the CUDA executor's compacted copy is, padded
+ * with T to n_seqs = VL_TCAP entries (not distinct), or exactly. Every slack row of q and c
+ * is NaN. */
+enum { VL_TCAP = KT_VARLEN_CAP, VL_NDOCS = KT_VARLEN_MANY_DOCS };
 
 /* A packed case: rows of tokens q_pos0 .. q_pos0 + sq - 1 over keys 0 .. sk - 1, the
  * documents cu [n_cu + 1], NaN in every slack row of q and c; run and checked. */
@@ -378,8 +371,8 @@ static mg_kernel_spec make_varlen_spec(int H, int dc, int dr, int causal) {
 static void test_varlen(void **state) {
   (void)state;
   int cu_pad[VL_TCAP + 1], cu[VL_NDOCS + 1];
-  vl_cu(g_vl_docs, VL_NDOCS, VL_TCAP, cu_pad);
-  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  kt_varlen_pad(kt_varlen_many(), VL_TCAP, cu_pad);
+  kt_varlen_pad(kt_varlen_many(), VL_NDOCS, cu);
   static const int cu_one[] = {0, 200};
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_varlen_spec(2, 256, 32, causal);
@@ -411,7 +404,7 @@ static void test_varlen_mutations_caught(void **state) {
        "#define M_ min(hi - 1, seqlen_k)", ""},
   };
   int cu[VL_NDOCS + 1];
-  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  kt_varlen_pad(kt_varlen_many(), VL_NDOCS, cu);
   kt_noise_quiet = 1; /* not noise */
   for (int mi = 0; mi < 2; mi++) {
     const int causal = mi;
@@ -568,7 +561,7 @@ static void asan_case_run(void **state) {
   }
   /* the packed variant: its reads of cu_seqlens and of the rows its ranges name */
   int cu[VL_NDOCS + 1];
-  vl_cu(g_vl_docs, VL_NDOCS, VL_NDOCS, cu);
+  kt_varlen_pad(kt_varlen_many(), VL_NDOCS, cu);
   mg_kernel_spec s = make_varlen_spec(2, 256, 32, 1);
   built_kernel bk;
   build_ex(&s, 1, &bk);

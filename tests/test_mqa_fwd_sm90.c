@@ -13,7 +13,7 @@
  * scores with standard deviation 2 under DeepSeek's YaRN softmax scale (the seed is printed,
  * MLAGEN_TEST_SEED overrides it). The host executor is slow on 576-wide heads: the shapes are
  * few and small, each chosen for a property (named at its case). The packed-sequence variant
- * ("_varlen") against sm90_test_util.h's own per-document float64 reference, NaN in every
+ * ("_varlen") against mqa_ref.h's per-document float64 reference, NaN in every
  * slack row, wrong boundaries caught. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -164,45 +164,39 @@ static size_t compare(const built_kernel *bk, const fwd_case *c, double *oe, dou
   const int f16 = is_fp16(s);
   double *q = kt_e16_to_d(f16, c->q, c->nq), *cc = kt_e16_to_d(f16, c->c, c->nc);
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
-  if (c->cu) {
-    /* packed: sm90_test_util.h's per-document reference over the latent shared by the heads
-     * (keys c, values its first d_c columns), expanded per head */
-    const int H = s->heads, dqk = s->d_c + s->d_r;
-    double *k = malloc((size_t)c->sk * H * dqk * sizeof *k), *v = malloc((size_t)c->sk * H * s->d_c * sizeof *v);
-    for (int j = 0; j < c->sk; j++)
-      for (int h = 0; h < H; h++) {
-        memcpy(k + ((size_t)j * H + h) * dqk, cc + (size_t)j * dqk, (size_t)dqk * sizeof *k);
-        memcpy(v + ((size_t)j * H + h) * s->d_c, cc + (size_t)j * dqk, (size_t)s->d_c * sizeof *v);
-      }
-    int *lo = malloc((size_t)c->sq * sizeof *lo), *hi = malloc((size_t)c->sq * sizeof *hi);
-    sm90_ref_ranges(c->cu, c->n_cu, &(kt_qpos){c->q_pos0, 0, 0}, c->sq, s->causal, lo, hi);
-    sm90_ref_ranged_fwd(c->sq, H, dqk, s->d_c, c->scale, lo, hi, q, k, v, ro, rl);
-    free(k), free(v), free(lo), free(hi);
-  } else {
-    mqa_ref_fwd(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->scale, q,
-                cc, ro, rl);
-  }
+  /* packed (c->cu): mqa_ref.h's per-document reference */
+  mqa_ref_fwd_varlen(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->cu,
+                     c->n_cu, c->scale, q, cc, ro, rl);
   size_t nans = kt_check_fwd("mqa_fwd_sm90", f16 ? KT_F16 : KT_BF16, c->o, ro, c->no,
                              (size_t)s->d_c, c->lse, rl, c->nl, tol_o(s), tol_lse, oe, le, msg, n);
   free(q), free(cc), free(ro), free(rl);
   return nans;
 }
 
-/* Packed sequences: documents of lengths 1, 2, 3, 17, 0 (empty), 64, 200 (T = 287) in a
- * buffer of T_CAP = 300 token rows, cu padded with T as the executor pads it. */
-#define T_CAP 300
-static const int g_docs[] = {0, 1, 3, 6, 23, 23, 87, 287, 287, 287};
-#define N_DOCS ((int)(sizeof g_docs / sizeof g_docs[0]) - 1)
+/* compare for a mutation run: without its noise record (kt_noise_quiet); returns the NaN
+ * outputs, the first failure in msg (msg[0] 0 when both outputs pass). */
+static size_t compare_mutant(const built_kernel *bk, const fwd_case *c, char *msg, size_t n) {
+  double oe, le;
+  kt_noise_quiet = 1;
+  const size_t nans = compare(bk, c, &oe, &le, msg, n);
+  kt_noise_quiet = 0;
+  return nans;
+}
+
+/* Packed sequences: kernel_test_util.h's "many" stream (kt_varlen_many: lengths 1, 2, 3,
+ * 17, 0, 64, 200, T = 287, cu padded with T as the executor pads it) in T_CAP token rows. */
+#define T_CAP KT_VARLEN_CAP
 
 /* A packed case of the varlen variant: sq queries at q_pos0.. over the T_CAP latent rows of
- * g_docs; NaN in every slack row (position >= T) of q and c. */
+ * the "many" stream; NaN in every slack row (position >= T) of q and c. */
 static void varlen_init(const built_kernel *bk, fwd_case *c, int sq, int q_pos0) {
   const mg_kernel_spec *s = &bk->kh.spec;
-  const int T = g_docs[N_DOCS], w = s->heads * (s->d_c + s->d_r);
+  const kt_varlen *vl = kt_varlen_many();
+  const int T = vl->cu[vl->n], w = s->heads * (s->d_c + s->d_r);
   case_init(bk, c, 1, sq, T_CAP, q_pos0);
-  c->cu = g_docs, c->n_cu = N_DOCS;
-  if (q_pos0 + sq > T) sm90_nan_rows(c->q, (size_t)w, T - q_pos0 > 0 ? T - q_pos0 : 0, sq);
-  sm90_nan_rows(c->c, (size_t)(s->d_c + s->d_r), T, T_CAP);
+  c->cu = vl->cu, c->n_cu = vl->n;
+  kt_nan_slack_e16(c->q, sq, (size_t)w, &(kt_qpos){q_pos0, 0, 0}, T);
+  kt_nan_slack_e16(c->c, T_CAP, (size_t)(s->d_c + s->d_r), NULL, T);
 }
 
 /* Launches the initialized case c, checks it, prints a line and frees it. */
@@ -391,10 +385,7 @@ static void test_mutations_caught(void **state) {
       int rc = launch_case(&bk, &c, seed, 0, msg, sizeof msg);
       const char *how = "launch reported";
       if (!rc) {
-        double oe, le;
-        kt_noise_quiet = 1;
-        size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-        kt_noise_quiet = 0;
+        size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
         if (!nans && !msg[0])
           fail_msg("removing '%s' was not caught (schedule seed %llu)", muts[m].from, seed);
         how = nans ? "NaN outputs" : "check failed";
@@ -438,7 +429,7 @@ static void test_nvrtc_kept_configs(void **state) {
   sm90_sweep_close(&sw, kept, 10);
 }
 
-/* The packed-sequence variant (spec.varlen, "_varlen") against sm90_test_util.h's float64
+/* The packed-sequence variant (spec.varlen, "_varlen") against mqa_ref.h's float64
  * per-document reference: 288/256, H 2 (the default configuration), causal and not, every
  * query over the short documents, and a shard of the second half (queries at 150..: the
  * 200-token document cut by the shard's start, slack rows at its end); DeepSeek's 576/512
@@ -480,10 +471,7 @@ static void test_varlen(void **state) {
     varlen_init(&bk, &c, T_CAP, 0);
     char msg[1024];
     if (launch_case(&bk, &c, 0, 0, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
-    double oe, le;
-    kt_noise_quiet = 1;
-    const size_t nans = compare(&bk, &c, &oe, &le, msg, sizeof msg);
-    kt_noise_quiet = 0;
+    const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
     if (!nans && !msg[0]) fail_msg("'%s' -> '%s' was not caught", muts[m].from, muts[m].to);
     print_message("  '%s' -> '%s': %zu NaN outputs; %.120s\n", muts[m].from, muts[m].to, nans, msg);
     case_free(&c);

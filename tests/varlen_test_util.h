@@ -34,6 +34,24 @@ static inline tv_stream tv_make(const int *len, int n, int64_t cap) {
   return s;
 }
 
+/* The executor tests' many-document stream: lengths 0 (empty), 1, 2, 3, 17, 64, 0, 200
+ * (T = 287; the 200 one crosses the rank boundaries at P = 2 and laga-cp's chunks) in 312
+ * rows. */
+static inline tv_stream tv_many(void) {
+  static const int lens[] = {0, 1, 2, 3, 17, 64, 0, 200};
+  return tv_make(lens, 8, 312);
+}
+
+/* The CUDA executor tests' stream (test_cuda_exec_varlen.c, test_cuda_exec_mpi.c): lengths
+ * 17, 1, 0 (empty), 2, 200, 3, 64 (T = 287; the 200 one spans the rank boundaries of P = 2
+ * and 4 and laga-cp's chunks) in TV_RANK_DOCS_CAP rows, a multiple of 8 (laga-cp's chunks
+ * at P = 4). */
+#define TV_RANK_DOCS_CAP 304
+static inline tv_stream tv_rank_docs(void) {
+  static const int lens[] = {17, 1, 0, 2, 200, 3, 64};
+  return tv_make(lens, 7, TV_RANK_DOCS_CAP);
+}
+
 /* The test case of stream s: batch 1, S = its capacity. */
 static inline tu_case tv_case(const mg_shape *shape, const tv_stream *s, int causal) {
   tu_case c = {*shape, 1, s->cap, causal};

@@ -1918,6 +1918,18 @@ static int write_csv(const char *path) {
   return fclose(f) == 0 ? 0 : -1;
 }
 
+/* The summary: every row again under a header (after the progress lines), then
+ * <outdir>/bench.csv (its path left in path[n]). 0, or -1 when the CSV cannot be written. */
+static int finish_table(const char *outdir, char *path, size_t n) {
+  say("\n");
+  print_header();
+  for (int i = 0; i < g_n_rows; i++) print_row(&g_rows[i]);
+  snprintf(path, n, "%s/bench.csv", outdir);
+  if (write_csv(path)) return -1;
+  say("wrote %s\n", path);
+  return 0;
+}
+
 /* ---- --varlen: packed sequences (issue 16) ---------------------------------------------- */
 /* One configuration of the --varlen timings: the fixed-length kernels over B documents of S
  * tokens each ([B, S, ..] buffers, unpacked launches of batch B), or the varlen ones over one
@@ -2469,12 +2481,7 @@ int main(int argc, char **argv) {
         if (sets[s].heads == heads[h] &&
             time_varlen(&sets[s], seqs, n_seqs, vl_tokens, vl_check, &vl_misses))
           goto out;
-    say("\n");
-    print_header();
-    for (int i = 0; i < g_n_rows; i++) print_row(&g_rows[i]);
-    snprintf(path, sizeof path, "%s/bench.csv", outdir);
-    if (write_csv(path)) goto out;
-    say("wrote %s\n", path);
+    if (finish_table(outdir, path, sizeof path)) goto out;
     if (vl_misses) say("bench: %d varlen check misses (packed against batch)\n", vl_misses);
     else say(vl_check ? "varlen check passed (H <= 16)\n" : "varlen check SKIPPED (--no-check)\n");
     rc = vl_misses ? 1 : 0;
@@ -2504,12 +2511,7 @@ int main(int argc, char **argv) {
         goto out;
     }
   }
-  say("\n");
-  print_header();
-  for (int i = 0; i < g_n_rows; i++) print_row(&g_rows[i]);
-  snprintf(path, sizeof path, "%s/bench.csv", outdir);
-  if (write_csv(path)) goto out;
-  say("wrote %s\n", path);
+  if (finish_table(outdir, path, sizeof path)) goto out;
   rc = 0;
 out:
   if (g_n_rows && rc) {
