@@ -162,7 +162,7 @@ ${K.name}(
   // key k0 + j BLOCK_N).
   const mla::Varlen vl{cu_seqlens, n_seqs};
   int k_lo, k_hi;
-  varlen_rows_keys<CAUSAL>(vl, pos, m0, q_last - 1, seqlen_k, k_lo, k_hi);
+  mla::varlen_rows_keys<CAUSAL>(vl, pos, m0, q_last - 1, seqlen_k, k_lo, k_hi);
   const int n_tiles = (k_hi - k_lo + BLOCK_N - 1) / BLOCK_N;
   const int k0 = k_hi - n_tiles * BLOCK_N;
 @ else
@@ -241,7 +241,7 @@ ${K.name}(
   // its rows' ranges (the others released here and after the loop); the keys
   // [row_lo[r], row_hi[r]) of this thread's rows r0, r0 + 8.
   int w_lo, w_hi;
-  varlen_rows_keys<CAUSAL>(vl, pos, i0, min(i0 + 63, seqlen_q - 1), seqlen_k, w_lo, w_hi);
+  mla::varlen_rows_keys<CAUSAL>(vl, pos, i0, min(i0 + 63, seqlen_q - 1), seqlen_k, w_lo, w_hi);
   const int wg_first = w_hi > w_lo ? (w_lo - k0) / BLOCK_N : 0;
   const int wg_tiles = w_hi > w_lo ? (w_hi - k0 + BLOCK_N - 1) / BLOCK_N : 0;
   int row_lo[2], row_hi[2];

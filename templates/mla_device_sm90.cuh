@@ -768,23 +768,6 @@ __device__ __forceinline__ void ring_release(unsigned long long* full, unsigned 
   }
 }
 
-// Packed sequences (mla::Varlen): the keys [lo, hi) that query rows i0 .. i1 (row indices, at
-// positions qpos(i)) see together: the first row's lo to the last row's hi among the rows
-// with keys (those at positions < cu[n]: slack rows, at positions >= cu[n], have none and
-// come last; ranges only grow with the position); (0, 0) when no row has keys; hi clipped
-// to seqlen_k. hi <= cu[n]: a tile range that ends at hi never reads a slack row.
-template <bool CAUSAL>
-__device__ __forceinline__ void varlen_rows_keys(const mla::Varlen& vl, const mla::QueryPos& qpos,
-                                                 int i0, int i1, int seqlen_k, int& lo, int& hi) {
-  i1 = min(i1, qpos.first_row_at(vl.cu[vl.n]) - 1);
-  lo = hi = 0;
-  if (i1 < i0) return;
-  int l1, h0;
-  vl.keys<CAUSAL>(qpos(i0), seqlen_k, lo, h0);
-  vl.keys<CAUSAL>(qpos(i1), seqlen_k, l1, hi);
-  hi = min(hi, seqlen_k);
-  if (hi <= lo) lo = hi = 0;
-}
 // Packed sequences: the query rows [lo, hi) (row indices, at positions qpos(i), rows below
 // seqlen_q) whose positions see one of keys j0 .. j1: the first key's Varlen::queries lo to
 // the last non-slack key's hi (ranges only grow with the key; slack keys, at >= cu[n], are

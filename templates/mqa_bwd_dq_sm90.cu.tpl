@@ -194,7 +194,7 @@ ${K.name}(
   const mla::Varlen vl{cu_seqlens, n_seqs};
   const mla::QueryPos qpos{q_pos0, 0, q_pos0};
   int k_lo = 0, k_hi = 0;
-  if (m0 < nrows) varlen_rows_keys<CAUSAL>(vl, qpos, m0 / H, q_last, seqlen_k, k_lo, k_hi);
+  if (m0 < nrows) mla::varlen_rows_keys<CAUSAL>(vl, qpos, m0 / H, q_last, seqlen_k, k_lo, k_hi);
   const int n_tiles = (k_hi - k_lo + BLOCK_N - 1) / BLOCK_N;
   const int k0 = k_hi - n_tiles * BLOCK_N;
 @ else
