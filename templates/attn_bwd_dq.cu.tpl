@@ -155,26 +155,15 @@ ${thread_prologue()}
 
 @ if VARLEN then
   // Packed sequences, as attn_fwd's: nv valid rows (a prefix), this thread's rows' key
-  // ranges kr_lo/kr_hi, the CTA's key tiles [tile0, tile0 + n_tiles), zeros from k_end on.
+  // ranges kr, the CTA's key tiles [tile0, tile0 + n_tiles), zeros from k_end on.
   const mla::Varlen vl{cu_seqlens, n_seqs};
   const int nv = min(seqlen_q, qpos.first_row_at(cu_seqlens[n_seqs]));
-  int kr_lo[2], kr_hi[2];
+  mla::RowRanges kr;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = i0 + g + 8 * r;
-    kr_lo[r] = kr_hi[r] = 0;
-    if (i < nv) vl.keys<CAUSAL>(qpos(i), seqlen_k, kr_lo[r], kr_hi[r]);
-    kr_hi[r] = min(kr_hi[r], seqlen_k);
-  }
-  int tile0 = 0, n_tiles = 0, k_end = 0;
-  if (m0 < nv) {
-    int lo0, hi0, lo1, hi1;
-    vl.keys<CAUSAL>(qpos(m0), seqlen_k, lo0, hi0);
-    vl.keys<CAUSAL>(qpos(min(m0 + BLOCK_M, nv) - 1), seqlen_k, lo1, hi1);
-    k_end = min(hi1, seqlen_k);
-    tile0 = lo0 / BLOCK_N;
-    n_tiles = max(0, (k_end + BLOCK_N - 1) / BLOCK_N - tile0);
-  }
+  for (int r = 0; r < 2; ++r) kr.set_keys<CAUSAL>(r, vl, i0 + g + 8 * r < nv, qpos(i0 + g + 8 * r), seqlen_k);
+  kr.warp_reduce();  // over the warp's 16 rows
+  int tile0, n_tiles, k_end;
+  mla::varlen_key_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0, min(m0 + BLOCK_M, seqlen_q) - 1, seqlen_k, tile0, n_tiles, k_end);
 @ else
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
   const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, 0, qpos(q_last));
@@ -242,16 +231,14 @@ ${thread_prologue()}
     float s[NT_S][4];
     mla::warp_gemm_abt<elem_t, DQK, BLOCK_N, KS, 4>(s, sQ + qa_off, tk + kb_off);
 @ if VARLEN then
-    const bool edge = !__all_sync(0xffffffffu, kr_lo[0] <= n0 && n0 + BLOCK_N <= kr_hi[0] &&
-                                                   kr_lo[1] <= n0 && n0 + BLOCK_N <= kr_hi[1]);
+    const bool edge = !kr.inside(n0, n0 + BLOCK_N);
 #pragma unroll
     for (int n = 0; n < NT_S; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float p = exp2f(s[n][e] * scale_log2 - lse2[e >> 1]);
         if (edge) {
-          const int key = n0 + n * 8 + 2 * t + (e & 1);
-          if (key < kr_lo[e >> 1] || key >= kr_hi[e >> 1]) p = 0.f;
+          if (kr.hides(e >> 1, n0 + n * 8 + 2 * t + (e & 1))) p = 0.f;
         }
         s[n][e] = p;
       }
@@ -287,8 +274,7 @@ ${thread_prologue()}
   auto warp_active = [&](int tile) {
 @ if VARLEN then
     const int n0 = ${TILE("tile")} * BLOCK_N;
-    return __any_sync(0xffffffffu, (kr_lo[0] < kr_hi[0] && kr_lo[0] < n0 + BLOCK_N && n0 < kr_hi[0]) ||
-                                       (kr_lo[1] < kr_hi[1] && kr_lo[1] < n0 + BLOCK_N && n0 < kr_hi[1]));
+    return kr.meets(n0, n0 + BLOCK_N);
 @ else
     return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= qpos(i0 + 15));
 @ end

@@ -158,13 +158,11 @@ ${K.name}(
   };
   const int q_last = min(m0 + BLOCK_M, seqlen_q);
 @ if VARLEN then
-  // Packed: the keys [k_lo, k_hi) the CTA's rows see, in tiles that end at k_hi (tile j from
-  // key k0 + j BLOCK_N).
+  // Packed: the keys the CTA's rows see, in tiles that end at their last (tile j from key
+  // k0 + j BLOCK_N).
   const mla::Varlen vl{cu_seqlens, n_seqs};
-  int k_lo, k_hi;
-  varlen_rows_keys<CAUSAL>(vl, pos, m0, q_last - 1, seqlen_k, k_lo, k_hi);
-  const int n_tiles = (k_hi - k_lo + BLOCK_N - 1) / BLOCK_N;
-  const int k0 = k_hi - n_tiles * BLOCK_N;
+  const VarlenTiles kt = varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, pos, m0, q_last - 1, seqlen_k);
+  const int n_tiles = kt.n, k0 = kt.k0;
 @ else
   const int n_end = m0 >= seqlen_q ? 0 : CAUSAL ? min(seqlen_k, max(0, max_pos(m0, q_last) + 1)) : seqlen_k;
   const int n_tiles = (n_end + BLOCK_N - 1) / BLOCK_N;
@@ -240,10 +238,8 @@ ${K.name}(
   // Tiles this warpgroup computes: [wg_first, wg_tiles) of the CTA's, those holding keys of
   // its rows' ranges (the others released here and after the loop); the keys
   // [row_lo[r], row_hi[r]) of this thread's rows r0, r0 + 8.
-  int w_lo, w_hi;
-  varlen_rows_keys<CAUSAL>(vl, pos, i0, min(i0 + 63, seqlen_q - 1), seqlen_k, w_lo, w_hi);
-  const int wg_first = w_hi > w_lo ? (w_lo - k0) / BLOCK_N : 0;
-  const int wg_tiles = w_hi > w_lo ? (w_hi - k0 + BLOCK_N - 1) / BLOCK_N : 0;
+  int wg_first, wg_tiles;
+  varlen_tile_span<CAUSAL, BLOCK_N>(vl, pos, i0, min(i0 + 63, seqlen_q - 1), seqlen_k, k0, wg_first, wg_tiles);
   int row_lo[2], row_hi[2];
   vl.keys<CAUSAL>(pos(r0), seqlen_k, row_lo[0], row_hi[0]);
   vl.keys<CAUSAL>(pos(r0 + 8), seqlen_k, row_lo[1], row_hi[1]);

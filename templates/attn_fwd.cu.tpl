@@ -189,28 +189,17 @@ ${thread_prologue()}
 
 @ if VARLEN then
   // Packed sequences: the valid rows are a prefix (the positions increase; slack from T on).
-  // kr_lo/kr_hi: the key ranges of this thread's rows g, g + 8 (empty past nv). The CTA's
-  // key tiles [tile0, tile0 + n_tiles) cover its first row's lo to its last valid row's hi,
-  // and keys from k_end on (none a valid row of the CTA sees) are loaded as zeros.
+  // kr: the key ranges of this thread's rows g, g + 8 (empty past nv) and of the warp's. The
+  // CTA's key tiles [tile0, tile0 + n_tiles) cover its first row's lo to its last valid
+  // row's hi, and keys from k_end on (none a valid row of the CTA sees) are loaded as zeros.
   const mla::Varlen vl{cu_seqlens, n_seqs};
   const int nv = min(seqlen_q, qpos.first_row_at(cu_seqlens[n_seqs]));
-  int kr_lo[2], kr_hi[2];
+  mla::RowRanges kr;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = i0 + g + 8 * r;
-    kr_lo[r] = kr_hi[r] = 0;
-    if (i < nv) vl.keys<CAUSAL>(qpos(i), seqlen_k, kr_lo[r], kr_hi[r]);
-    kr_hi[r] = min(kr_hi[r], seqlen_k);
-  }
-  int tile0 = 0, n_tiles = 0, k_end = 0;
-  if (m0 < nv) {
-    int lo0, hi0, lo1, hi1;
-    vl.keys<CAUSAL>(qpos(m0), seqlen_k, lo0, hi0);
-    vl.keys<CAUSAL>(qpos(min(m0 + BLOCK_M, nv) - 1), seqlen_k, lo1, hi1);
-    k_end = min(hi1, seqlen_k);
-    tile0 = lo0 / BLOCK_N;
-    n_tiles = max(0, (k_end + BLOCK_N - 1) / BLOCK_N - tile0);
-  }
+  for (int r = 0; r < 2; ++r) kr.set_keys<CAUSAL>(r, vl, i0 + g + 8 * r < nv, qpos(i0 + g + 8 * r), seqlen_k);
+  kr.warp_reduce();  // over the warp's 16 rows
+  int tile0, n_tiles, k_end;
+  mla::varlen_key_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0, min(m0 + BLOCK_M, seqlen_q) - 1, seqlen_k, tile0, n_tiles, k_end);
 @ else
   // Keys this CTA can see: with causal masking, none past its last query's position.
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
@@ -264,16 +253,14 @@ ${thread_prologue()}
     mla::warp_gemm_abt<elem_t, DQK, BLOCK_N, KS, 4>(s, sQ + q_off, sK + st * K_ELEMS + k_off);
 @ if VARLEN then
     // Element-wise masks unless the tile lies inside every row's key range (warp vote).
-    const bool edge = !__all_sync(0xffffffffu, kr_lo[0] <= n0 && n0 + BLOCK_N <= kr_hi[0] &&
-                                                   kr_lo[1] <= n0 && n0 + BLOCK_N <= kr_hi[1]);
+    const bool edge = !kr.inside(n0, n0 + BLOCK_N);
 #pragma unroll
     for (int n = 0; n < NT_S; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[n][e] * scale_log2;
         if (edge) {
-          const int key = n0 + n * 8 + 2 * t + (e & 1);
-          if (key < kr_lo[e >> 1] || key >= kr_hi[e >> 1]) x = mla::neg_inf();
+          if (kr.hides(e >> 1, n0 + n * 8 + 2 * t + (e & 1))) x = mla::neg_inf();
         }
         s[n][e] = x;
       }
@@ -314,8 +301,7 @@ ${thread_prologue()}
   auto warp_active = [&](int tile) {
 @ if VARLEN then
     const int n0 = ${TILE("tile")} * BLOCK_N;
-    return __any_sync(0xffffffffu, (kr_lo[0] < kr_hi[0] && kr_lo[0] < n0 + BLOCK_N && n0 < kr_hi[0]) ||
-                                       (kr_lo[1] < kr_hi[1] && kr_lo[1] < n0 + BLOCK_N && n0 < kr_hi[1]));
+    return kr.meets(n0, n0 + BLOCK_N);
 @ else
     return i0 < seqlen_q && (!CAUSAL || tile * BLOCK_N <= qpos(i0 + 15));
 @ end

@@ -169,13 +169,11 @@ ${K.name}(
   // Keys this CTA can see: with causal masking, none past its last query's position.
   const int q_last = min(m0 + BLOCK_M, seqlen_q) - 1;
 @ if VARLEN then
-  // Packed: the keys [k_lo, k_hi) the CTA's rows see, in tiles that end at k_hi (tile j from
-  // key k0 + j BLOCK_N).
+  // Packed: the keys the CTA's rows see, in tiles that end at their last (tile j from key
+  // k0 + j BLOCK_N).
   const mla::Varlen vl{cu_seqlens, n_seqs};
-  int k_lo, k_hi;
-  varlen_rows_keys<CAUSAL>(vl, qpos, m0, q_last, seqlen_k, k_lo, k_hi);
-  const int n_tiles = (k_hi - k_lo + BLOCK_N - 1) / BLOCK_N;
-  const int k0 = k_hi - n_tiles * BLOCK_N;
+  const VarlenTiles kt = varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0, q_last, seqlen_k);
+  const int n_tiles = kt.n, k0 = kt.k0;
 @ else
   const int n_tiles = mla::visible_key_tiles<CAUSAL, BLOCK_N>(seqlen_k, 0, qpos(q_last));
 @ end
@@ -240,10 +238,8 @@ ${K.name}(
   // Tiles this warpgroup computes: [wg_first, wg_tiles) of the CTA's, those holding keys of
   // its rows' ranges (the others released here and after the loop); the keys
   // [row_lo[r], row_hi[r]) of this thread's rows r0, r0 + 8.
-  int w_lo, w_hi;
-  varlen_rows_keys<CAUSAL>(vl, qpos, i0, min(i0 + 63, seqlen_q - 1), seqlen_k, w_lo, w_hi);
-  const int wg_first = w_hi > w_lo ? (w_lo - k0) / BLOCK_N : 0;
-  const int wg_tiles = w_hi > w_lo ? (w_hi - k0 + BLOCK_N - 1) / BLOCK_N : 0;
+  int wg_first, wg_tiles;
+  varlen_tile_span<CAUSAL, BLOCK_N>(vl, qpos, i0, min(i0 + 63, seqlen_q - 1), seqlen_k, k0, wg_first, wg_tiles);
   int row_lo[2], row_hi[2];
   vl.keys<CAUSAL>(qpos(r0), seqlen_k, row_lo[0], row_hi[0]);
   vl.keys<CAUSAL>(qpos(r0 + 8), seqlen_k, row_lo[1], row_hi[1]);
@@ -291,18 +287,7 @@ ${K.name}(
   // may be in flight). Rows r0 (i % 4 < 2) and r0 + 8, each spread over a quad.
   auto softmax = [&](int n0) {
 @ if VARLEN then
-    // packed: a select wherever the tile is not inside both rows' [lo, hi)
-    const bool edge = n0 < max(row_lo[0], row_lo[1]) || n0 + BLOCK_N > min(row_hi[0], row_hi[1]);
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; ++i) {
-      float x = s[i] * scale_log2;
-      if (edge) {
-        const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
-        const int r = (i % 4) / 2;
-        if (key < row_lo[r] || key >= row_hi[r]) x = mla::neg_inf();
-      }
-      s[i] = x;
-    }
+    varlen_scale_mask<BLOCK_N>(s, scale_log2, n0, qd, row_lo, row_hi);
 @ else
     const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > qpos(i0));
 #pragma unroll

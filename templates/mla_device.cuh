@@ -356,6 +356,36 @@ struct Varlen {
   }
 };
 
+// Packed sequences (Varlen): the keys [lo, hi) that query rows i0 .. i1 (row indices, at
+// positions qpos(i)) see together: the first row's lo to the last row's hi among the rows
+// with keys (those at positions < cu[n]: slack rows, at positions >= cu[n], have none and
+// come last; ranges only grow with the position); (0, 0) when no row has keys; hi clipped
+// to seqlen_k. hi <= cu[n]: a tile range that ends at hi never reads a slack row. Every
+// packed kernel's key tiles are built on it (one owner for a query tile's key hull).
+template <bool CAUSAL>
+__device__ __forceinline__ void varlen_rows_keys(const Varlen& vl, const QueryPos& qpos,
+                                                 int i0, int i1, int seqlen_k, int& lo, int& hi) {
+  i1 = min(i1, qpos.first_row_at(vl.cu[vl.n]) - 1);
+  lo = hi = 0;
+  if (i1 < i0) return;
+  int l1, h0;
+  vl.keys<CAUSAL>(qpos(i0), seqlen_k, lo, h0);
+  vl.keys<CAUSAL>(qpos(i1), seqlen_k, l1, hi);
+  hi = min(hi, seqlen_k);
+  if (hi <= lo) lo = hi = 0;
+}
+// Packed sequences, the portable kernels' tiling: the key tiles [j0, j0 + n_tiles) (tile j
+// from key j BLOCK_N) holding the keys rows i0 .. i1 see (varlen_rows_keys); keys from
+// k_end on are none of theirs and load as zeros. No tiles when no row has keys.
+template <bool CAUSAL, int BLOCK_N>
+__device__ __forceinline__ void varlen_key_tiles(const Varlen& vl, const QueryPos& qpos, int i0, int i1,
+                                                 int seqlen_k, int& j0, int& n_tiles, int& k_end) {
+  int lo;
+  varlen_rows_keys<CAUSAL>(vl, qpos, i0, i1, seqlen_k, lo, k_end);
+  j0 = lo / BLOCK_N;
+  n_tiles = (k_end + BLOCK_N - 1) / BLOCK_N - j0;  // 0 for (0, 0)
+}
+
 // Key tiles of BLOCK_N keys that queries up to position q_last (0 = the first query of the
 // call, at global position q_pos0) can see: with causal masking, none past its position.
 // Kernels with two-chunk positions pass q_pos0 = 0 and the last row's global position.
@@ -399,6 +429,14 @@ struct RowRanges {
       all_lo = max(all_lo, __shfl_xor_sync(FULL_MASK, all_lo, off));
       all_hi = min(all_hi, __shfl_xor_sync(FULL_MASK, all_hi, off));
     }
+  }
+  // Packed calls: row r's range is the keys query position pos sees (Varlen::keys; empty
+  // unless valid), hi clipped to seqlen_k.
+  template <bool CAUSAL>
+  __device__ __forceinline__ void set_keys(int r, const Varlen& vl, bool valid, int pos, int seqlen_k) {
+    lo[r] = hi[r] = 0;
+    if (valid) vl.keys<CAUSAL>(pos, seqlen_k, lo[r], hi[r]);
+    hi[r] = min(hi[r], seqlen_k);
   }
   // [a, b) meets some row's range; lies in every row's range; x outside row r's range.
   __device__ __forceinline__ bool meets(int a, int b) const { return a < any_hi && b > any_lo; }

@@ -768,22 +768,51 @@ __device__ __forceinline__ void ring_release(unsigned long long* full, unsigned 
   }
 }
 
-// Packed sequences (mla::Varlen): the keys [lo, hi) that query rows i0 .. i1 (row indices, at
-// positions qpos(i)) see together: the first row's lo to the last row's hi among the rows
-// with keys (those at positions < cu[n]: slack rows, at positions >= cu[n], have none and
-// come last; ranges only grow with the position); (0, 0) when no row has keys; hi clipped
-// to seqlen_k. hi <= cu[n]: a tile range that ends at hi never reads a slack row.
-template <bool CAUSAL>
-__device__ __forceinline__ void varlen_rows_keys(const mla::Varlen& vl, const mla::QueryPos& qpos,
-                                                 int i0, int i1, int seqlen_k, int& lo, int& hi) {
-  i1 = min(i1, qpos.first_row_at(vl.cu[vl.n]) - 1);
-  lo = hi = 0;
-  if (i1 < i0) return;
-  int l1, h0;
-  vl.keys<CAUSAL>(qpos(i0), seqlen_k, lo, h0);
-  vl.keys<CAUSAL>(qpos(i1), seqlen_k, l1, hi);
-  hi = min(hi, seqlen_k);
-  if (hi <= lo) lo = hi = 0;
+// Packed sequences, the key tiling of every sm_90a kernel with query-row tiles: the keys
+// [lo, hi) rows i0 .. i1 see (mla::varlen_rows_keys) in n tiles of BLOCK_N that end at hi,
+// tile j from key k0 + j BLOCK_N (keys of the first tile below lo are masked, never a slack
+// row: slack keys come after hi); n = 0 when no row has keys.
+struct VarlenTiles {
+  int lo, hi, n, k0;
+};
+template <bool CAUSAL, int BLOCK_N>
+__device__ __forceinline__ VarlenTiles varlen_tail_tiles(const mla::Varlen& vl, const mla::QueryPos& qpos,
+                                                         int i0, int i1, int seqlen_k) {
+  VarlenTiles t;
+  mla::varlen_rows_keys<CAUSAL>(vl, qpos, i0, i1, seqlen_k, t.lo, t.hi);
+  t.n = (t.hi - t.lo + BLOCK_N - 1) / BLOCK_N;
+  t.k0 = t.hi - t.n * BLOCK_N;
+  return t;
+}
+// Packed sequences: the tiles [first, end) of a tiling from key k0 (tile j from key
+// k0 + j BLOCK_N) that hold keys rows i0 .. i1 see (a warpgroup's share of its CTA's tiles);
+// (0, 0) when none.
+template <bool CAUSAL, int BLOCK_N>
+__device__ __forceinline__ void varlen_tile_span(const mla::Varlen& vl, const mla::QueryPos& qpos, int i0, int i1,
+                                                 int seqlen_k, int k0, int& first, int& end) {
+  int lo, hi;
+  mla::varlen_rows_keys<CAUSAL>(vl, qpos, i0, i1, seqlen_k, lo, hi);
+  first = hi > lo ? (lo - k0) / BLOCK_N : 0;
+  end = hi > lo ? (hi - k0 + BLOCK_N - 1) / BLOCK_N : 0;
+}
+// Packed sequences, a consumer's S tile (wgmma m64nBLOCK_N accumulator at key n0: element i
+// is row r = (i % 4) / 2 of the thread's two, key n0 + 8 (i / 4) + 2 qd + i % 2) scaled to
+// base 2 and set to -inf (a select: NaN scores of slack rows go too) wherever the key is
+// outside its row's [lo[r], hi[r]); the element test only on tiles not inside both ranges.
+template <int BLOCK_N>
+__device__ __forceinline__ void varlen_scale_mask(float (&s)[BLOCK_N / 2], float scale_log2, int n0, int qd,
+                                                  const int (&lo)[2], const int (&hi)[2]) {
+  const bool edge = n0 < max(lo[0], lo[1]) || n0 + BLOCK_N > min(hi[0], hi[1]);
+#pragma unroll
+  for (int i = 0; i < BLOCK_N / 2; ++i) {
+    float x = s[i] * scale_log2;
+    if (edge) {
+      const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
+      const int r = (i % 4) / 2;
+      if (key < lo[r] || key >= hi[r]) x = mla::neg_inf();
+    }
+    s[i] = x;
+  }
 }
 // Packed sequences: the query rows [lo, hi) (row indices, at positions qpos(i), rows below
 // seqlen_q) whose positions see one of keys j0 .. j1: the first key's Varlen::queries lo to

@@ -180,21 +180,11 @@ ${thread_prologue()}
     // As mqa_fwd: the CTA's keys from its first row's lo to its last valid row's hi, zeros
     // outside (NaN in slack keys cannot reach dS K); its rows' ranges mask elements.
     const mla::Varlen vl{cu_seqlens, n_seqs};
-    const int t0 = q_pos0 + m0 / H, t1 = min(q_pos0 + q_last, cu_seqlens[n_seqs] - 1);
-    int lo = 0, hi = 0, unused;
-    if (t0 <= t1) {
-      vl.keys<CAUSAL>(t0, seqlen_k, lo, unused);
-      vl.keys<CAUSAL>(t1, seqlen_k, unused, hi);
-    }
-    k_end = min(hi, seqlen_k);
-    j0 = lo / BLOCK_N;
-    n_tiles = k_end > lo ? (k_end + BLOCK_N - 1) / BLOCK_N - j0 : 0;
+    mla::varlen_key_tiles<CAUSAL, BLOCK_N>(vl, mla::QueryPos{q_pos0, 0, q_pos0}, m0 / H, q_last, seqlen_k, j0, n_tiles, k_end);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = r0 + g + 8 * r;
-      kr.lo[r] = kr.hi[r] = 0;
-      if (row < nrows) vl.keys<CAUSAL>(q_pos0 + row / H, seqlen_k, kr.lo[r], kr.hi[r]);
-      kr.hi[r] = min(kr.hi[r], seqlen_k);
+      kr.set_keys<CAUSAL>(r, vl, row < nrows, q_pos0 + row / H, seqlen_k);
     }
     kr.warp_reduce();  // the warp's 16 rows are its group's
   }

@@ -189,14 +189,12 @@ ${K.name}(
   // Keys this CTA sees: with causal masking, none past its last row's token.
   const int q_last = (min(m0 + BLOCK_M, nrows) - 1) / H;
 @ if VARLEN then
-  // Packed: the keys [k_lo, k_hi) the CTA's queries see, in tiles that end at k_hi (tile j
-  // from key k0 + j BLOCK_N).
+  // Packed: the keys the CTA's queries see, in tiles that end at their last (tile j from
+  // key k0 + j BLOCK_N; none for a CTA past the rows: m0 / H > q_last).
   const mla::Varlen vl{cu_seqlens, n_seqs};
   const mla::QueryPos qpos{q_pos0, 0, q_pos0};
-  int k_lo = 0, k_hi = 0;
-  if (m0 < nrows) varlen_rows_keys<CAUSAL>(vl, qpos, m0 / H, q_last, seqlen_k, k_lo, k_hi);
-  const int n_tiles = (k_hi - k_lo + BLOCK_N - 1) / BLOCK_N;
-  const int k0 = k_hi - n_tiles * BLOCK_N;
+  const VarlenTiles kt = varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0 / H, q_last, seqlen_k);
+  const int n_tiles = kt.n, k0 = kt.k0;
 @ else
   const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
   const int n_tiles = n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;

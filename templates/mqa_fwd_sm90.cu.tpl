@@ -182,14 +182,12 @@ ${K.name}(
   // Keys this CTA can see: with causal masking, none past its last row's position.
   const int q_last = (min(m0 + BLOCK_M, rows) - 1) / H;
 @ if VARLEN then
-  // Packed: the keys [k_lo, k_hi) the CTA's queries see, in tiles that end at k_hi (tile j
-  // from key k0 + j BLOCK_N).
+  // Packed: the keys the CTA's queries see, in tiles that end at their last (tile j from
+  // key k0 + j BLOCK_N; none for a CTA past the rows: m0 / H > q_last).
   const mla::Varlen vl{cu_seqlens, n_seqs};
   const mla::QueryPos qpos{q_pos0, 0, q_pos0};
-  int k_lo = 0, k_hi = 0;
-  if (m0 < rows) varlen_rows_keys<CAUSAL>(vl, qpos, m0 / H, q_last, seqlen_k, k_lo, k_hi);
-  const int n_tiles = (k_hi - k_lo + BLOCK_N - 1) / BLOCK_N;
-  const int k0 = k_hi - n_tiles * BLOCK_N;
+  const VarlenTiles kt = varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0 / H, q_last, seqlen_k);
+  const int n_tiles = kt.n, k0 = kt.k0;
 @ else
   const int n_end = CAUSAL ? min(seqlen_k, q_pos0 + q_last + 1) : seqlen_k;
   const int n_tiles = n_end > 0 ? (n_end + BLOCK_N - 1) / BLOCK_N : 0;
@@ -284,18 +282,7 @@ ${K.name}(
     // may be in flight). Rows rl (i % 4 < 2) and rl + 8, each spread over a quad.
     auto softmax = [&](int n0) {
 @ if VARLEN then
-      // packed: a select wherever the tile is not inside both rows' [lo, hi)
-      const bool edge = n0 < max(row_lo[0], row_lo[1]) || n0 + BLOCK_N > min(row_hi[0], row_hi[1]);
-#pragma unroll
-      for (int i = 0; i < BLOCK_N / 2; ++i) {
-        float x = s[i] * scale_log2;
-        if (edge) {
-          const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
-          const int r = (i % 4) / 2;
-          if (key < row_lo[r] || key >= row_hi[r]) x = mla::neg_inf();
-        }
-        s[i] = x;
-      }
+      varlen_scale_mask<BLOCK_N>(s, scale_log2, n0, qd, row_lo, row_hi);
 @ else
       const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > pos_first);
 #pragma unroll

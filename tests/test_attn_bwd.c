@@ -923,8 +923,8 @@ static void test_varlen(void **state) {
 static kt_mutation g_bwd_varlen_mutations[] = {
     {"varlen dkdv: the query at a key's range end sees it", "pq >= qr_hi[e >> 1]) p = 0.f;",
      "pq > qr_hi[e >> 1]) p = 0.f;", NULL, ""},
-    {"varlen dq: the key at a row's range end seen", "key >= kr_hi[e >> 1]) p = 0.f;",
-     "key > kr_hi[e >> 1]) p = 0.f;", NULL, ""},
+    {"varlen dq: the key at a row's range end seen", "if (kr.hides(e >> 1,", "if (M_(e >> 1,",
+     "#define M_(r, k) ((k) < kr.lo[r] || (k) > kr.hi[r])", ""},
 };
 
 static void test_varlen_mutations_caught(void **state) {

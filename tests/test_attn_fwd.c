@@ -590,9 +590,10 @@ static void test_varlen(void **state) {
  * range's end, or the one before its document) fail the per-element check, causal and not,
  * with no NaN (the mutated kernel still never reads a slack row). */
 static kt_mutation g_fwd_varlen_mutations[] = {
-    {"varlen: the key at a row's range end seen", "key >= kr_hi[e >> 1]) x", "key > kr_hi[e >> 1]) x", NULL, ""},
-    {"varlen: the key before a row's document seen", "if (key < kr_lo[e >> 1] ||", "if (key < M_ ||",
-     "#define M_ (kr_lo[e >> 1] - 1)", ""},
+    {"varlen: the key at a row's range end seen", "if (kr.hides(e >> 1,", "if (M_(e >> 1,",
+     "#define M_(r, k) ((k) < kr.lo[r] || (k) > kr.hi[r])", ""},
+    {"varlen: the key before a row's document seen", "if (kr.hides(e >> 1,", "if (M_(e >> 1,",
+     "#define M_(r, k) ((k) < kr.lo[r] - 1 || (k) >= kr.hi[r])", ""},
 };
 
 static void test_varlen_mutations_caught(void **state) {

@@ -447,8 +447,8 @@ static void test_varlen(void **state) {
 static void test_varlen_mutations_caught(void **state) {
   (void)state;
   static const sm90_edit muts[] = {
-      {"key >= row_hi[r]", "key > row_hi[r]"},
-      {"k0 = k_hi - n_tiles * BLOCK_N", "k0 = k_lo"},
+      {"qpos(r0 + 8)", "qpos(r0 + 9)"},
+      {"k0 = kt.k0", "k0 = kt.lo"},
   };
   const kt_varlen *vl;
   kt_varlen_cases(&vl);

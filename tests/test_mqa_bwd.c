@@ -681,8 +681,8 @@ static void test_varlen_mutations_caught(void **state) {
   static kt_mutation muts[] = {
       {"dkv: key's query range starts one early", "if (key < seqlen_k) vl.queries<CAUSAL>(key, qr.lo[r], qr.hi[r]);",
        "if (key < seqlen_k) M_;", "#define M_ vl.queries<CAUSAL>(key, qr.lo[r], qr.hi[r]), qr.lo[r] -= qr.lo[r] > 0", ""},
-      {"dq: row's key range starts one early", "kr.hi[r] = min(kr.hi[r], seqlen_k);", "kr.hi[r] = M_;",
-       "#define M_ min(kr.hi[r], seqlen_k), kr.lo[r] -= kr.lo[r] > 0", ""},
+      {"dq: row's key range starts one early", "kr.set_keys<CAUSAL>(r, vl, row < nrows, q_pos0 + row / H, seqlen_k);", "M_;",
+       "#define M_ kr.set_keys<CAUSAL>(r, vl, row < nrows, q_pos0 + row / H, seqlen_k), kr.lo[r] -= kr.lo[r] > 0", ""},
   };
   int cu[VL_NDOCS + 1];
   kt_varlen_pad(kt_varlen_many(), VL_NDOCS, cu);

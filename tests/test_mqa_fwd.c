@@ -398,10 +398,10 @@ static void test_varlen(void **state) {
 static void test_varlen_mutations_caught(void **state) {
   (void)state;
   kt_mutation muts[] = {
-      {"row key range starts one early", "kr.hi[r] = min(kr.hi[r], seqlen_k);", "kr.hi[r] = M_;",
-       "#define M_ min(kr.hi[r], seqlen_k), kr.lo[r] -= kr.lo[r] > 0", ""},
-      {"CTA key range ends one early", "k_end = min(hi, seqlen_k);", "k_end = M_;",
-       "#define M_ min(hi - 1, seqlen_k)", ""},
+      {"row key range starts one early", "kr.set_keys<CAUSAL>(r, vl, row < rows, q_pos0 + row / H, seqlen_k);", "M_;",
+       "#define M_ kr.set_keys<CAUSAL>(r, vl, row < rows, q_pos0 + row / H, seqlen_k), kr.lo[r] -= kr.lo[r] > 0", ""},
+      {"CTA key range ends one early", "seqlen_k, j0, n_tiles, k_end);", "M_;",
+       "#define M_ seqlen_k, j0, n_tiles, k_end), k_end -= k_end > 0", ""},
   };
   int cu[VL_NDOCS + 1];
   kt_varlen_pad(kt_varlen_many(), VL_NDOCS, cu);

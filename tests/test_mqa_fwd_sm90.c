@@ -461,8 +461,8 @@ static void test_varlen(void **state) {
   kh_sweep_compile(&sw, &s, "");
   kh_sweep_close(&sw);
   static const sm90_edit muts[] = {
-      {"key >= row_hi[r]", "key > row_hi[r]"},
-      {"k0 = k_hi - n_tiles * BLOCK_N", "k0 = k_lo"},
+      {"(m0 + rl + 8) / H", "(m0+rl+8+H) / H"},
+      {"k0 = kt.k0", "k0 = kt.lo"},
   };
   for (int m = 0; m < 2; m++) {
     s = make_spec(2, 256, 32, 1);
