@@ -211,13 +211,15 @@ static void test_laga_cp_reference(void **state) {
 
 /* Packed sequences at P = np against the P = 1 packed run of the explicit form, f64, per
  * element: atol (rms units of the finite elements) at rtol 1e-14, about twice the largest
- * needed over 9 runs at P = 2, 3, 4, 8 (printed as "needed varlen"): o 5.8e-15,
- * lse 1.2e-16, dq 1.4e-14, dc_kv 1.4e-14, dk_rope 7.0e-15, dw_kv_b 5.4e-15. The documents
+ * needed over 53 runs at P = 2, 3, 4, 8 (printed as "needed varlen"; the noise has a long
+ * tail over seeds, the absorbed form's sums over d_c the worst): o 1.0e-14, lse 1.6e-16,
+ * dq 4.4e-14, dc_kv 2.1e-14, dk_rope 2.5e-14, dw_kv_b 5.1e-15 (a wrong boundary or an
+ * unclipped token GEMM errs by 1e-3 or gives NaN). The documents
  * [0, 1), [1, 3), [3, 6), [6, 23), [23, 87), [87, 287) cross the rank boundaries at every P
  * (P = 4: 78, 156, 234), and laga-cp's chunks of 39 (P = 4) cut them again; the measured
  * memory and traffic equal the planner's. */
-static const tu_tol tol_varlen[TU_N_OUT] = {{1.2e-14, 1e-14}, {3e-16, 1e-14}, {3e-14, 1e-14},
-                                            {3e-14, 1e-14}, {1.5e-14, 1e-14}, {1.2e-14, 1e-14}};
+static const tu_tol tol_varlen[TU_N_OUT] = {{2e-14, 1e-14}, {3e-16, 1e-14}, {9e-14, 1e-14},
+                                            {4.5e-14, 1e-14}, {5e-14, 1e-14}, {1.2e-14, 1e-14}};
 static double g_need_varlen[TU_N_OUT];
 
 static void test_varlen_ranks(void **state) {
