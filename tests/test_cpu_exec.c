@@ -363,12 +363,12 @@ static void test_refusals(void **state) {
 /* ---- (f) packed sequences ------------------------------------------------------------ */
 
 /* Every form in f64 against the per-document float64 reference (tv_reference): atol in rms
- * units (of the finite elements) at rtol 1e-14, about twice the largest needed over 12 seeds
- * (printed at the end as "needed varlen"): o 7.3e-15, lse 2.5e-16, dq 1.8e-14,
- * dc_kv 1.1e-14, dk_rope 1.1e-14, dw_kv_b 6.8e-15. A boundary moved by one token fails
- * every output (the test checks it). */
-static const tu_tol tol_varlen[TU_N_OUT] = {{1.5e-14, 1e-14}, {5e-16, 1e-14}, {4e-14, 1e-14},
-                                            {2.2e-14, 1e-14}, {2.2e-14, 1e-14}, {1.4e-14, 1e-14}};
+ * units (of the finite elements) at rtol 1e-14, about twice the largest needed over 82 seeds
+ * (printed at the end as "needed varlen"; the noise has a long tail over seeds): o 8.0e-15,
+ * lse 2.5e-16, dq 5.5e-14, dc_kv 2.2e-14, dk_rope 1.1e-14, dw_kv_b 6.8e-15. A boundary moved
+ * by one token fails every output (the test checks it). */
+static const tu_tol tol_varlen[TU_N_OUT] = {{1.6e-14, 1e-14}, {5e-16, 1e-14}, {1.1e-13, 1e-14},
+                                            {4.5e-14, 1e-14}, {2.2e-14, 1e-14}, {1.4e-14, 1e-14}};
 static double g_need_varlen[TU_N_OUT];
 
 /* mg_cpu_run_pass (forward then backward in the caller's memory) gives run r's outputs
