@@ -377,47 +377,37 @@ static void schedules_bit_identical(void) {
   kh_free(&bk.kh);
 }
 
+/* The two kernels' pipeline protocol (the same names in both): every wait, barrier and fence
+ * whose removal the check must catch, in the order sample_dkv / sample_dq index them; `free`
+ * is the kernel's BAR_FREE arrive at the end of an iteration (its loop bound differs). */
+#define MQA_BWD_SM90_SYNC_MUTS(free) \
+      {"mbar_wait(&empty[st], ph ^ 1u);", ""}, \
+      {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""}, \
+      {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""}, \
+      {"wgmma_wait<0>();  // MUTATION: S wait", ""}, \
+      {"if (j > 0) bar_sync(BAR_FREE, 256);", ""}, \
+      {"bar_arrive(BAR_P, 256);", ""}, \
+      {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0", ""}, \
+      {"wgmma_wait<0>();  // MUTATION: dP wait", ""}, \
+      {"bar_sync(BAR_P, 256);", ""}, \
+      {"bar_sync(BAR_READ, 128);", ""}, \
+      {"fence_proxy_async();", ""}, \
+      {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1", ""}, \
+      {"wgmma_wait<0>();  // MUTATION: B wait 0", ""}, \
+      {"wgmma_wait<0>();  // MUTATION: B wait 1", ""}, \
+      {free, ""}, \
+      {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""}, \
+      {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""}
+
 static const sm90_edit muts_dkv[] = {
-    {"mbar_wait(&empty[st], ph ^ 1u);", ""},
-    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""},
-    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""},
-    {"wgmma_wait<0>();  // MUTATION: S wait", ""},
-    {"if (j > 0) bar_sync(BAR_FREE, 256);", ""},
-    {"bar_arrive(BAR_P, 256);", ""},
-    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0", ""},
-    {"wgmma_wait<0>();  // MUTATION: dP wait", ""},
-    {"bar_sync(BAR_P, 256);", ""},
-    {"bar_sync(BAR_READ, 128);", ""},
-    {"fence_proxy_async();", ""},
-    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1", ""},
-    {"wgmma_wait<0>();  // MUTATION: B wait 0", ""},
-    {"wgmma_wait<0>();  // MUTATION: B wait 1", ""},
-    {"if (j + 1 < n_iter) bar_arrive(BAR_FREE, 256);", ""},
-    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
-    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""},
+    MQA_BWD_SM90_SYNC_MUTS("if (j + 1 < n_iter) bar_arrive(BAR_FREE, 256);"),
     {"!(CAUSAL && key > q_pos0 + row / H)", "true"},
     {"key > q_pos0 + row / H", "key > q_pos0 + row    "},
     {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
 };
 
 static const sm90_edit muts_dq[] = {
-    {"mbar_wait(&empty[st], ph ^ 1u);", ""},
-    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""},
-    {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 1", ""},
-    {"wgmma_wait<0>();  // MUTATION: S wait", ""},
-    {"if (j > 0) bar_sync(BAR_FREE, 256);", ""},
-    {"bar_arrive(BAR_P, 256);", ""},
-    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 0", ""},
-    {"wgmma_wait<0>();  // MUTATION: dP wait", ""},
-    {"bar_sync(BAR_P, 256);", ""},
-    {"bar_sync(BAR_READ, 128);", ""},
-    {"fence_proxy_async();", ""},
-    {"bar_sync(BAR_DS, 256);  // MUTATION: DS sync 1", ""},
-    {"wgmma_wait<0>();  // MUTATION: B wait 0", ""},
-    {"wgmma_wait<0>();  // MUTATION: B wait 1", ""},
-    {"if (j + 1 < n_tiles) bar_arrive(BAR_FREE, 256);", ""},
-    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
-    {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""},
+    MQA_BWD_SM90_SYNC_MUTS("if (j + 1 < n_tiles) bar_arrive(BAR_FREE, 256);"),
     {"(CAUSAL && key > q_pos0 + row / H)", "false"},
     {"key > q_pos0 + row / H", "key > q_pos0 + row    "},
     {"mbar_wait(&empty[st], ph ^ 1u);", ""}, /* 1 stage */
