@@ -502,6 +502,7 @@ void kh_run_asan_child(const char *argv0, uint64_t test_seed, void (*asan_case)(
     setenv("LD_PRELOAD", rt, 1);
     setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
     setenv("MLAGEN_TEST_SEED", seed, 1);
+    setenv("MLAGEN_TEST_ASAN_CHILD", "1", 1); /* its noise report at exit (kernel_test_util.h) */
     setenv("MG_HOST_CACHE_DIR", cache, 1);
     setenv("MG_HOST_ASAN", "1", 1); /* every kernel the child builds is an ASan build */
     execl("/proc/self/exe", argv0, "--asan-case", (char *)NULL);
@@ -529,5 +530,6 @@ void kh_run_asan_child(const char *argv0, uint64_t test_seed, void (*asan_case)(
   }
   for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
     if (strstr(line, "rel err") || strstr(line, "built ")) print_message("  [asan] %s\n", line + 2);
+    else if (!strncmp(line, "noise ", 6)) print_message("  [asan] %s\n", line);
   free(out);
 }

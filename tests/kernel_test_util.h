@@ -247,8 +247,15 @@ static struct {
 static int kt_noise_n;
 static int kt_noise_quiet; /* 1: checks record nothing (a mutation test's outputs are not noise) */
 
+static inline void kt_noise_report(void);
+
+/* Records an output's noise figure and err / bound. In the ASan child of kh_run_asan_child
+ * ($MLAGEN_TEST_ASAN_CHILD set) the report is printed at exit too, for the parent to show:
+ * an ASan build (-O1) rounds differently from the -O2 one, so its noise counts as well. */
 static inline void kt_noise_note(const char *name, double noise, double ratio) {
   if (kt_noise_quiet) return;
+  static int at_exit;
+  if (!at_exit && getenv("MLAGEN_TEST_ASAN_CHILD")) at_exit = 1, atexit(kt_noise_report);
   int i = 0;
   while (i < kt_noise_n && strcmp(kt_noise_tab[i].name, name)) i++;
   if (i == kt_noise_n) {

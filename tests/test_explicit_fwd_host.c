@@ -131,10 +131,14 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
 /* Tolerances (per element: |err| <= atol_frac * rms(O) + rtol |ref|; kernel_test_util.h).
  * O is stored in bf16: rtol = 2 u (twice its rounding; this kernel keeps P in fp32).
  * atol_frac is twice NOISE_O, the largest noise figure (max (|err| - rtol |ref|) / rms)
- * measured by kt_noise_report over every case of the numeric tests of this file
- * (MLAGEN_TEST_SEED 21-24, host executor): 7.7e-7 (fp32 accumulation only). LSE (fp32):
- * |err| <= 1e-5 (1 + |ref|); the largest measured was 0.02 of that. */
-#define NOISE_O 8e-7
+ * measured by kt_noise_report: fp32 rounding of the scores (|s log2 e| up to ~12, so
+ * about 1e-6 absolute in the exponent) carried into P and O. Over every case of the numeric
+ * tests of this file (MLAGEN_TEST_SEED 21-24, -O2 host build) it was 7.7e-7; test_asan's
+ * -O1 ASan build (its child prints its report as "[asan] noise") rounds differently and
+ * has a longer tail: median 9e-8 and largest 8.8e-7 over seeds 1001-1025, but 2.07e-6 at
+ * the seed 1796175306 of a CI run, where 8e-7 failed one near-zero element at 1.3x its
+ * bound. LSE (fp32): |err| <= 1e-5 (1 + |ref|); the largest measured was 0.02 of that. */
+#define NOISE_O 2.1e-6
 static const kt_tol tol_o = {2 * NOISE_O, 2.0 / 256};
 static const kt_tol tol_lse = {1e-5, 1e-5};
 
