@@ -21,6 +21,11 @@
 #             512 .. 16384, 64k tokens) beside the same documents padded to the longest;
 #             H 16, 128; FLOPs per document pair; at H 16 the varlen outputs (O, LSE,
 #             dq) checked against the fixed-length ones (VARLEN_ARGS added)       cap 300
+#   tune90    (not in the default; sm_90a only) mlagen tune of the sm_90a explicit families
+#             (attn_fwd_sm90, attn_bwd_dkdv_sm90, attn_bwd_dq_sm90: tiles, stages, overlap,
+#             ping-pong) for DeepSeek-V3 at --sp ${TUNE_SP:-8} (H 16 per rank), causal,
+#             timed at S 8192, merged into a copy of tuned/ under OUT/tuned (commit
+#             OUT/tuned/sm_90a/<device>.json); TUNE_ARGS added                        cap 420
 #   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn
 #             --ops fwd,fwd_bwd into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90 cap 150
 #   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
@@ -52,9 +57,10 @@
 # calls, e.g. STEPS="smi bench forms forms16k nocausal f16" then
 # STEPS="sp2 sanitizer peers compare" (same OUTDIR: the JIT cache is reused). Issue 14's
 # Hopper attention in one call of under 8 minutes: STEPS="smi sm90 sm90peers" (BUDGET_S=460).
-# Packed sequences in one call: STEPS="build smi varlen" (BUDGET_S=460).
+# Packed sequences in one call: STEPS="build smi varlen" (BUDGET_S=460). The sm_90a tune
+# sweep in one call: STEPS="smi tune90" (BUDGET_S=460).
 # The bench's check runs every check twice (bitwise); under a sanitizer too.
-# Environment: BENCH_ARGS, SM90_ARGS, VARLEN_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
+# Environment: BENCH_ARGS, SM90_ARGS, VARLEN_ARGS, TUNE_SP, TUNE_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
 # COMPUTE_SANITIZER (the binary), SANITIZER_WHEEL (a carried nvidia-cuda-sanitizer-api
 # wheel, unpacked into OUTDIR/tools); MPIRUN (default mpirun); DRY_RUN=1 prints each step's
 # command instead of running it (every step then NOT_RUN "dry run").
@@ -182,6 +188,18 @@ if want varlen; then
     step varlen 300 varlen.stdout "$BENCH" "$OUT/varlen" --varlen --jobs 16 --row-budget-ms 1500 --seqs 1024,4096,16384 ${VARLEN_ARGS:-}
     finish varlen "$(grep -E 'varlen check (passed|SKIPPED)|varlen check misses' "$OUT/varlen.stdout" 2>/dev/null | tail -1)" varlen.stdout
   else T0=$(date +%s); result varlen FAILED "$T0" "no $BENCH"; fi
+fi
+
+if want tune90; then
+  MLAGEN="$BUILD/mlagen"
+  if [ -x "$MLAGEN" ]; then
+    rm -rf "$OUT/tuned" && cp -r "$SRC/tuned" "$OUT/tuned"
+    # shellcheck disable=SC2086
+    step tune90 420 tune90.stdout env MLAGEN_TUNED_DIR="$OUT/tuned" "$MLAGEN" tune --model deepseek-v3 \
+      --sp "${TUNE_SP:-8}" --arch sm_90a --family attn_fwd_sm90 --family attn_bwd_dkdv_sm90 \
+      --family attn_bwd_dq_sm90 --causal --seq 8192 ${TUNE_ARGS:-}
+    finish tune90 "$(grep -m1 -E 'candidates:' "$OUT/tune90.stdout" 2>/dev/null)" tune90.stdout
+  else T0=$(date +%s); result tune90 FAILED "$T0" "no $MLAGEN (tests/gpu/pack.sh carries it)"; fi
 fi
 
 if want sm90peers; then
