@@ -263,10 +263,103 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) 
   run_case_pos(bk, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
 }
 
+/* Ping-pong's turns as the executor's wgmma issue trace shows them, per CTA: the turns go
+ * warpgroup 0, 1, 0, 1, ... and in each a warpgroup issues exactly the GEMMs of that turn
+ * (overlap 1: turn k is S_k = Q K_k^T, d_qk / 16 wgmmas from shared memory, then
+ * O += P_k-1 V_k-1, block_n / 16 with P in registers; overlap 0: turn 2k S_k, 2k + 1
+ * P_k V_k), of the tiles its own rows see (none in the turns it sits out). The model is
+ * the test's, from the rows' visible keys (causal: key <= q_pos0 + row), for a case with
+ * whole 128-row blocks. Returns the first mismatch in msg (msg[0] 0 when none). */
+static void check_turns(const built_kernel *bk, const fwd_case *c, int overlap,
+                        const mg_host_wgmma_issue *tr, size_t n_tr, char *msg, size_t n) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int bn = bk->block_n, n_s = (s->d_n + s->d_r) / 16, n_pv = bn / 16;
+  const unsigned gx = (unsigned)(c->sq / 128), nblk = gx * (unsigned)s->heads * (unsigned)c->B;
+  msg[0] = 0;
+  assert_int_equal(c->sq % 128, 0);
+  size_t seen = 0;
+  for (unsigned blk = 0; blk < nblk; blk++) {
+    const int m0 = 128 * (int)(blk % gx);
+    int t[2], tiles = 0; /* each warpgroup's key tiles [0, t[w]), the CTA's */
+    for (int w = 0; w < 2; w++) {
+      const int last = s->causal ? c->q_pos0 + m0 + 64 * w + 63 : c->sk - 1;
+      t[w] = c->sk == 0 ? 0 : (last < c->sk - 1 ? last : c->sk - 1) / bn + 1;
+      if (t[w] > tiles) tiles = t[w];
+    }
+    const int turns = overlap ? (tiles ? tiles + 1 : 0) : 2 * tiles;
+    size_t at = 0; /* position in blk's issues */
+    size_t i = 0;  /* position in tr */
+#define NEXT_OF_BLOCK() \
+  while (i < n_tr && tr[i].block != blk) i++
+    for (int k = 0; k < turns; k++)
+      for (int w = 0; w < 2; w++)
+        for (int g = 0; g < 2; g++) { /* S, then P V */
+          const int tile = overlap ? k - g : k / 2;
+          const int has = overlap ? tile >= 0 && tile < t[w] : (k % 2 == g) && tile < t[w];
+          for (int e = 0; has && e < (g ? n_pv : n_s); e++, at++, i++) {
+            NEXT_OF_BLOCK();
+            if (i == n_tr || tr[i].warpgroup != (unsigned)w || tr[i].a_regs != g ||
+                tr[i].n != (unsigned)(g ? s->d_v : bn)) {
+              snprintf(msg, n, "block %u: issue %zu should be warpgroup %d's %s (turn %d, tile %d), "
+                       "the executor issued %s", blk, at, w, g ? "P V" : "S = Q K^T", k, tile,
+                       i == n_tr ? "none" : tr[i].a_regs ? "a P V" : "an S");
+              if (i < n_tr)
+                snprintf(msg + strlen(msg), n - strlen(msg), " of warpgroup %u (line %d)",
+                         tr[i].warpgroup, tr[i].line);
+              return;
+            }
+          }
+        }
+    NEXT_OF_BLOCK();
+#undef NEXT_OF_BLOCK
+    if (i < n_tr) {
+      snprintf(msg, n, "block %u: %zu issues expected, more issued", blk, at);
+      return;
+    }
+    seen += at;
+  }
+  if (seen != n_tr) snprintf(msg, n, "%zu issues expected, %zu issued", seen, n_tr);
+}
+
+/* Launches the case of c (traced, seed `seed`) and checks its output and the turns; returns
+ * the first failure in msg (launch reported, output or order wrong), msg[0] 0 when none. */
+static void run_turns(const built_kernel *bk, fwd_case *c, int overlap, unsigned long long seed,
+                      char *msg, size_t n) {
+  enum { CAP = 1 << 16 };
+  mg_host_wgmma_issue *tr = malloc(CAP * sizeof *tr);
+  assert_non_null(tr);
+  size_t n_tr = 0;
+  if (!launch_case_traced(bk, c, seed, tr, CAP, &n_tr, msg, n)) {
+    assert_true(n_tr <= CAP);
+    const size_t nans = compare_mutant(bk, c, msg, n);
+    if (nans && !msg[0]) snprintf(msg, n, "%zu NaN outputs", nans);
+    if (!msg[0]) check_turns(bk, c, overlap, tr, n_tr, msg, n);
+  }
+  free(tr);
+}
+
+/* Ping-pong's order of turns on a traced case of bk (pingpong = 1): one 128-row CTA per
+ * head (2 heads) at query position 192 of 320 keys (causal: warpgroup 0 needs one tile
+ * less than warpgroup 1 and sits out its last turn), on 2 schedules; not causal on one. */
+static void check_turns_case(const built_kernel *bk) {
+  char msg[1024];
+  fwd_case c;
+  case_init(bk, &c, 1, 128, 320, 192);
+  const int causal = bk->kh.spec.causal, overlap = kh_config_int(&bk->kh, "overlap");
+  for (unsigned long long seed = 1; seed <= (causal ? 2u : 1u); seed++) {
+    run_turns(bk, &c, overlap, seed, msg, sizeof msg);
+    if (msg[0]) fail_msg("%s (seed %llu): %s", bk->kh.name, seed, msg);
+  }
+  print_message("  %s: the turns of 2 CTAs in order (%d schedules)\n",
+                bk->kh.name + strlen("mla_attn_fwd_sm90_"), causal ? 2 : 1);
+  case_free(&c);
+}
+
 /* A shape with one configuration, causal and not: S = 1, S = 77 with batch 2 (no tile
  * divides it, and TMA rows past a batch item's end read the next one: masked), a query
  * shard at 60 of 100 keys, one at 130 of 200 (the diagonal inside a tile), every tile full
- * with more tiles than stages (the ring wraps), no keys. */
+ * with more tiles than stages (the ring wraps), no keys; with ping-pong, the order of its
+ * turns (check_turns_case). */
 static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_sets) {
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(2, dn, dr, dv, causal);
@@ -279,14 +372,15 @@ static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_s
     run_case(&bk, 1, 70, 200, 130);
     run_case(&bk, 1, 128, 256, 128);
     run_case(&bk, 1, 5, 0, 0);
+    if (kh_config_int(&bk.kh, "pingpong")) check_turns_case(&bk);
     kh_free(&bk.kh);
   }
   print_message("  worst err/bound so far: O %.2f LSE %.2f\n", g_worst_o, g_worst_lse);
 }
 
 /* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (block_m 128: 2 consumers, block_n
- * 128, 2 stages, overlap) with ping-pong (the default without it: test_unusual_heads,
- * test_two_chunk_positions). */
+ * 128, 2 stages, overlap) with ping-pong, and the order of its turns (the default without
+ * it: test_unusual_heads, test_two_chunk_positions). */
 static const char *const pp_deepseek[] = {"pingpong=1"};
 static void test_deepseek_heads(void **state) {
   (void)state;
@@ -316,7 +410,7 @@ static void test_unusual_heads(void **state) {
 
 /* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256: d_n 192, d_r 64): O += P V
  * is m64n256k16; the default configuration (block_m 128, block_n 64, 2 stages) with
- * ping-pong and one GEMM per turn (overlap 0). */
+ * ping-pong and one GEMM per turn (overlap 0), and the order of its turns. */
 static const char *const pp_wide[] = {"pingpong=1", "overlap=0"};
 static void test_wide_heads(void **state) {
   (void)state;
@@ -324,7 +418,8 @@ static void test_wide_heads(void **state) {
 }
 
 /* Each mutation of the rendered source must make the check fail or the launch be reported
- * (a deadlock, a wgmma protocol error). */
+ * (a deadlock, a wgmma protocol error); ping-pong's, the order of its turns be wrong or the
+ * launch be reported. And ping-pong with one consumer refused. */
 static void test_mutations_caught(void **state) {
   (void)state;
   static const sm90_edit muts[] = {
@@ -361,6 +456,31 @@ static void test_mutations_caught(void **state) {
     case_free(&c);
     kh_free(&bk.kh);
   }
+  /* Ping-pong (the output stays right: its barriers order no data): the turn wait removed
+   * (the barriers' balance breaks), or made an arrive (balanced but nobody waits: the
+   * order of the turns breaks), or the hand-back removed (a deadlock). */
+  static const sm90_edit pp_muts[] = {
+      {"bar_sync(PP_BAR + wg, 256);", ";"},
+      {"bar_sync(PP_BAR + wg, 256);  // MUTATION: turn wait", "bar_arrive(PP_BAR + wg, 256);"},
+      {"bar_arrive(PP_BAR + 1 - wg, 256);", ";"},
+  };
+  for (size_t m = 0; m < sizeof pp_muts / sizeof pp_muts[0]; m++) {
+    mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+    kh_set(&s, "block_n=64"), kh_set(&s, "pingpong=1");
+    built_kernel bk;
+    build_edit(&s, &pp_muts[m], &bk);
+    fwd_case c;
+    case_init(&bk, &c, 1, 128, 320, 192);
+    char msg[1024];
+    run_turns(&bk, &c, 1, 0, msg, sizeof msg);
+    if (!msg[0]) fail_msg("'%s' -> '%s' was not caught", pp_muts[m].from, pp_muts[m].to);
+    print_message("  pingpong '%s' -> '%s': %.150s\n", pp_muts[m].from, pp_muts[m].to, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+  mg_kernel_spec s = make_spec(2, 128, 64, 128, 1);
+  kh_set(&s, "block_m=64"), kh_set(&s, "pingpong=1");
+  sm90_expect_reject(&s, "pingpong needs two consumer warpgroups");
 }
 
 /* The two-chunk queries of the all-gather context-parallel form (laga-cp; the cases of
@@ -502,129 +622,6 @@ static void test_varlen_mutations_caught(void **state) {
   }
 }
 
-/* Ping-pong's turns as the executor's wgmma issue trace shows them, per CTA: the turns go
- * warpgroup 0, 1, 0, 1, ... and in each a warpgroup issues exactly the GEMMs of that turn
- * (overlap 1: turn k is S_k = Q K_k^T, d_qk / 16 wgmmas from shared memory, then
- * O += P_k-1 V_k-1, block_n / 16 with P in registers; overlap 0: turn 2k S_k, 2k + 1
- * P_k V_k), of the tiles its own rows see (none in the turns it sits out). The model is
- * the test's, from the rows' visible keys (causal: key <= q_pos0 + row), for a case with
- * whole 128-row blocks. Returns the first mismatch in msg (msg[0] 0 when none). */
-static void check_turns(const built_kernel *bk, const fwd_case *c, int overlap,
-                        const mg_host_wgmma_issue *tr, size_t n_tr, char *msg, size_t n) {
-  const mg_kernel_spec *s = &bk->kh.spec;
-  const int bn = bk->block_n, n_s = (s->d_n + s->d_r) / 16, n_pv = bn / 16;
-  const unsigned gx = (unsigned)(c->sq / 128), nblk = gx * (unsigned)s->heads * (unsigned)c->B;
-  msg[0] = 0;
-  assert_int_equal(c->sq % 128, 0);
-  size_t seen = 0;
-  for (unsigned blk = 0; blk < nblk; blk++) {
-    const int m0 = 128 * (int)(blk % gx);
-    int t[2], tiles = 0; /* each warpgroup's key tiles [0, t[w]), the CTA's */
-    for (int w = 0; w < 2; w++) {
-      const int last = s->causal ? c->q_pos0 + m0 + 64 * w + 63 : c->sk - 1;
-      t[w] = c->sk == 0 ? 0 : (last < c->sk - 1 ? last : c->sk - 1) / bn + 1;
-      if (t[w] > tiles) tiles = t[w];
-    }
-    const int turns = overlap ? (tiles ? tiles + 1 : 0) : 2 * tiles;
-    size_t at = 0; /* position in blk's issues */
-    size_t i = 0;  /* position in tr */
-#define NEXT_OF_BLOCK() \
-  while (i < n_tr && tr[i].block != blk) i++
-    for (int k = 0; k < turns; k++)
-      for (int w = 0; w < 2; w++)
-        for (int g = 0; g < 2; g++) { /* S, then P V */
-          const int tile = overlap ? k - g : k / 2;
-          const int has = overlap ? tile >= 0 && tile < t[w] : (k % 2 == g) && tile < t[w];
-          for (int e = 0; has && e < (g ? n_pv : n_s); e++, at++, i++) {
-            NEXT_OF_BLOCK();
-            if (i == n_tr || tr[i].warpgroup != (unsigned)w || tr[i].a_regs != g ||
-                tr[i].n != (unsigned)(g ? s->d_v : bn)) {
-              snprintf(msg, n, "block %u: issue %zu should be warpgroup %d's %s (turn %d, tile %d), "
-                       "the executor issued %s", blk, at, w, g ? "P V" : "S = Q K^T", k, tile,
-                       i == n_tr ? "none" : tr[i].a_regs ? "a P V" : "an S");
-              if (i < n_tr)
-                snprintf(msg + strlen(msg), n - strlen(msg), " of warpgroup %u (line %d)",
-                         tr[i].warpgroup, tr[i].line);
-              return;
-            }
-          }
-        }
-    NEXT_OF_BLOCK();
-#undef NEXT_OF_BLOCK
-    if (i < n_tr) {
-      snprintf(msg, n, "block %u: %zu issues expected, more issued", blk, at);
-      return;
-    }
-    seen += at;
-  }
-  if (seen != n_tr) snprintf(msg, n, "%zu issues expected, %zu issued", seen, n_tr);
-}
-
-/* Launches the case of c (traced, seed `seed`) and checks its output and the turns; returns
- * the first failure in msg (launch reported, output or order wrong), msg[0] 0 when none. */
-static void run_turns(const built_kernel *bk, fwd_case *c, int overlap, unsigned long long seed,
-                      char *msg, size_t n) {
-  enum { CAP = 1 << 16 };
-  mg_host_wgmma_issue *tr = malloc(CAP * sizeof *tr);
-  assert_non_null(tr);
-  size_t n_tr = 0;
-  if (!launch_case_traced(bk, c, seed, tr, CAP, &n_tr, msg, n)) {
-    assert_true(n_tr <= CAP);
-    const size_t nans = compare_mutant(bk, c, msg, n);
-    if (nans && !msg[0]) snprintf(msg, n, "%zu NaN outputs", nans);
-    if (!msg[0]) check_turns(bk, c, overlap, tr, n_tr, msg, n);
-  }
-  free(tr);
-}
-
-/* Ping-pong's order of turns, for overlap 1 (the DeepSeek build of test_deepseek_heads) and
- * 0 (test_wide_heads's): causal, queries at 64 (warpgroup 0 of each CTA needs one tile less
- * than warpgroup 1 and sits out its last turns), 2 CTAs of 2 heads, on 3 schedules; and
- * non-causal once. Mutations, whose output stays right (the barriers order no data): the
- * turn wait removed (the barriers' balance breaks), or made an arrive (balanced, no wait:
- * the order breaks), or the hand-back removed (a deadlock), each caught. */
-static void test_pingpong_turns(void **state) {
-  (void)state;
-  char msg[1024];
-  for (int v = 0; v < 2; v++)
-    for (int causal = 1; causal >= 0; causal--) {
-      mg_kernel_spec s = v ? make_spec(2, 192, 64, 256, causal) : make_spec(2, 128, 64, 128, causal);
-      for (int i = 0; i < (v ? 2 : 1); i++) kh_set(&s, v ? pp_wide[i] : pp_deepseek[i]);
-      built_kernel bk;
-      build_edit(&s, NULL, &bk);
-      fwd_case c;
-      case_init(&bk, &c, 1, 256, 320, 64);
-      for (unsigned long long seed = 1; seed <= (causal ? 3u : 1u); seed++) {
-        run_turns(&bk, &c, !v, seed, msg, sizeof msg);
-        if (msg[0]) fail_msg("%s (seed %llu): %s", bk.kh.name, seed, msg);
-      }
-      print_message("  %s: the turns of 2 CTAs x 2 heads in order\n", bk.kh.name + strlen("mla_attn_fwd_sm90_"));
-      case_free(&c);
-      kh_free(&bk.kh);
-    }
-  static const sm90_edit muts[] = {
-      {"bar_sync(PP_BAR + wg, 256);", ";"},
-      {"bar_sync(PP_BAR + wg, 256);  // MUTATION: turn wait", "bar_arrive(PP_BAR + wg, 256);"},
-      {"bar_arrive(PP_BAR + 1 - wg, 256);", ";"},
-  };
-  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
-    mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
-    kh_set(&s, "block_n=64"), kh_set(&s, "pingpong=1");
-    built_kernel bk;
-    build_edit(&s, &muts[m], &bk);
-    fwd_case c;
-    case_init(&bk, &c, 1, 256, 320, 64);
-    run_turns(&bk, &c, 1, 0, msg, sizeof msg);
-    if (!msg[0]) fail_msg("removing '%s' was not caught", muts[m].from);
-    print_message("  without '%s': %.200s\n", muts[m].from, msg);
-    case_free(&c);
-    kh_free(&bk.kh);
-  }
-  mg_kernel_spec s = make_spec(2, 128, 64, 128, 1);
-  kh_set(&s, "block_m=64"), kh_set(&s, "pingpong=1");
-  sm90_expect_reject(&s, "pingpong needs two consumer warpgroups");
-}
-
 /* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
  * no stack frame and no static shared memory (causal: the larger kernel); sh 0: DeepSeek-V3
  * heads at H 128, 1: the unusual shape at H 40, 2: the wide 256/256 heads. Every
@@ -670,7 +667,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_unusual_heads),
       cmocka_unit_test(test_wide_heads),
       cmocka_unit_test(test_mutations_caught),
-      cmocka_unit_test(test_pingpong_turns),
       cmocka_unit_test(test_two_chunk_positions),
       cmocka_unit_test(test_varlen),
       cmocka_unit_test(test_varlen_mutations_caught),
