@@ -5,7 +5,10 @@
  * configuration compiled by NVRTC for sm_90a without spills; and bugs injected into the
  * rendered source (the waits on the K and V full barriers, the consumer's release of the
  * empty barrier, the producer's wait on it, each wgmma wait; with and without overlap) must
- * fail the check or be reported. The kernel writes no shared memory with ordinary stores,
+ * fail the check or be reported. Ping-pong (pingpong = 1: the two consumers' GEMMs in turns
+ * on named barriers, which order no data): the executor's wgmma issue trace must be the
+ * turns' order exactly, and a missing turn wait (broken order) or hand-back (deadlock) is
+ * caught. The kernel writes no shared memory with ordinary stores,
  * so it has no fence.proxy.async to remove (test_hopper_host.c covers that fence).
  * The packed-sequence variant ("_varlen") against attn_ref.h's per-document
  * float64 reference, NaN in every slack row of every input, and wrong boundaries caught.
@@ -182,6 +185,27 @@ static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n)
   return sm90_launch(&bk->kh, kh_grid(&bk->kh, c->sq, c->sk, c->B), thunk, &a, 0, 0, msg, n);
 }
 
+/* launch_case on the given schedule seed (0: the default), recording every wgmma the
+ * executor issues into tr [cap] (*n_tr: how many were issued). */
+static int launch_case_traced(const built_kernel *bk, fwd_case *c, unsigned long long seed,
+                              mg_host_wgmma_issue *tr, size_t cap, size_t *n_tr, char *msg,
+                              size_t n) {
+  for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff;
+  for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
+  const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
+  launch_args a = {bk->fn, c->q,   c->kn, c->kr,        c->v,         c->o,         c->lse,
+                   c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps,
+                   c->cu,  c->n_cu};
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo);
+  lo.arch = 90;
+  lo.seed = seed;
+  lo.wgmma_trace = tr, lo.wgmma_trace_cap = cap, lo.wgmma_trace_len = n_tr;
+  return mg_host_kernel_launch(bk->kh.k, kh_grid(&bk->kh, c->sq, c->sk, c->B),
+                               (mg_host_dim3){(unsigned)bk->kh.threads, 1, 1}, bk->kh.smem, &lo,
+                               thunk, &a, msg, n);
+}
+
 /* test_attn_fwd.c's tolerances: O |err| <= 2 NOISE_O rms(O) + 2u |ref|, LSE 1e-5 (1 + |ref|). */
 #define NOISE_O 6e-3
 static kt_tol tol_o(const mg_kernel_spec *s) {
@@ -239,10 +263,103 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) 
   run_case_pos(bk, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
 }
 
+/* Ping-pong's turns as the executor's wgmma issue trace shows them, per CTA: the turns go
+ * warpgroup 0, 1, 0, 1, ... and in each a warpgroup issues exactly the GEMMs of that turn
+ * (overlap 1: turn k is S_k = Q K_k^T, d_qk / 16 wgmmas from shared memory, then
+ * O += P_k-1 V_k-1, block_n / 16 with P in registers; overlap 0: turn 2k S_k, 2k + 1
+ * P_k V_k), of the tiles its own rows see (none in the turns it sits out). The model is
+ * the test's, from the rows' visible keys (causal: key <= q_pos0 + row), for a case with
+ * whole 128-row blocks. Returns the first mismatch in msg (msg[0] 0 when none). */
+static void check_turns(const built_kernel *bk, const fwd_case *c, int overlap,
+                        const mg_host_wgmma_issue *tr, size_t n_tr, char *msg, size_t n) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int bn = bk->block_n, n_s = (s->d_n + s->d_r) / 16, n_pv = bn / 16;
+  const unsigned gx = (unsigned)(c->sq / 128), nblk = gx * (unsigned)s->heads * (unsigned)c->B;
+  msg[0] = 0;
+  assert_int_equal(c->sq % 128, 0);
+  size_t seen = 0;
+  for (unsigned blk = 0; blk < nblk; blk++) {
+    const int m0 = 128 * (int)(blk % gx);
+    int t[2], tiles = 0; /* each warpgroup's key tiles [0, t[w]), the CTA's */
+    for (int w = 0; w < 2; w++) {
+      const int last = s->causal ? c->q_pos0 + m0 + 64 * w + 63 : c->sk - 1;
+      t[w] = c->sk == 0 ? 0 : (last < c->sk - 1 ? last : c->sk - 1) / bn + 1;
+      if (t[w] > tiles) tiles = t[w];
+    }
+    const int turns = overlap ? (tiles ? tiles + 1 : 0) : 2 * tiles;
+    size_t at = 0; /* position in blk's issues */
+    size_t i = 0;  /* position in tr */
+#define NEXT_OF_BLOCK() \
+  while (i < n_tr && tr[i].block != blk) i++
+    for (int k = 0; k < turns; k++)
+      for (int w = 0; w < 2; w++)
+        for (int g = 0; g < 2; g++) { /* S, then P V */
+          const int tile = overlap ? k - g : k / 2;
+          const int has = overlap ? tile >= 0 && tile < t[w] : (k % 2 == g) && tile < t[w];
+          for (int e = 0; has && e < (g ? n_pv : n_s); e++, at++, i++) {
+            NEXT_OF_BLOCK();
+            if (i == n_tr || tr[i].warpgroup != (unsigned)w || tr[i].a_regs != g ||
+                tr[i].n != (unsigned)(g ? s->d_v : bn)) {
+              snprintf(msg, n, "block %u: issue %zu should be warpgroup %d's %s (turn %d, tile %d), "
+                       "the executor issued %s", blk, at, w, g ? "P V" : "S = Q K^T", k, tile,
+                       i == n_tr ? "none" : tr[i].a_regs ? "a P V" : "an S");
+              if (i < n_tr)
+                snprintf(msg + strlen(msg), n - strlen(msg), " of warpgroup %u (line %d)",
+                         tr[i].warpgroup, tr[i].line);
+              return;
+            }
+          }
+        }
+    NEXT_OF_BLOCK();
+#undef NEXT_OF_BLOCK
+    if (i < n_tr) {
+      snprintf(msg, n, "block %u: %zu issues expected, more issued", blk, at);
+      return;
+    }
+    seen += at;
+  }
+  if (seen != n_tr) snprintf(msg, n, "%zu issues expected, %zu issued", seen, n_tr);
+}
+
+/* Launches the case of c (traced, seed `seed`) and checks its output and the turns; returns
+ * the first failure in msg (launch reported, output or order wrong), msg[0] 0 when none. */
+static void run_turns(const built_kernel *bk, fwd_case *c, int overlap, unsigned long long seed,
+                      char *msg, size_t n) {
+  enum { CAP = 1 << 16 };
+  mg_host_wgmma_issue *tr = malloc(CAP * sizeof *tr);
+  assert_non_null(tr);
+  size_t n_tr = 0;
+  if (!launch_case_traced(bk, c, seed, tr, CAP, &n_tr, msg, n)) {
+    assert_true(n_tr <= CAP);
+    const size_t nans = compare_mutant(bk, c, msg, n);
+    if (nans && !msg[0]) snprintf(msg, n, "%zu NaN outputs", nans);
+    if (!msg[0]) check_turns(bk, c, overlap, tr, n_tr, msg, n);
+  }
+  free(tr);
+}
+
+/* Ping-pong's order of turns on a traced case of bk (pingpong = 1): one 128-row CTA per
+ * head (2 heads) at query position 192 of 320 keys (causal: warpgroup 0 needs one tile
+ * less than warpgroup 1 and sits out its last turn), on 2 schedules; not causal on one. */
+static void check_turns_case(const built_kernel *bk) {
+  char msg[1024];
+  fwd_case c;
+  case_init(bk, &c, 1, 128, 320, 192);
+  const int causal = bk->kh.spec.causal, overlap = kh_config_int(&bk->kh, "overlap");
+  for (unsigned long long seed = 1; seed <= (causal ? 2u : 1u); seed++) {
+    run_turns(bk, &c, overlap, seed, msg, sizeof msg);
+    if (msg[0]) fail_msg("%s (seed %llu): %s", bk->kh.name, seed, msg);
+  }
+  print_message("  %s: the turns of 2 CTAs in order (%d schedules)\n",
+                bk->kh.name + strlen("mla_attn_fwd_sm90_"), causal ? 2 : 1);
+  case_free(&c);
+}
+
 /* A shape with one configuration, causal and not: S = 1, S = 77 with batch 2 (no tile
  * divides it, and TMA rows past a batch item's end read the next one: masked), a query
  * shard at 60 of 100 keys, one at 130 of 200 (the diagonal inside a tile), every tile full
- * with more tiles than stages (the ring wraps), no keys. */
+ * with more tiles than stages (the ring wraps), no keys; with ping-pong, the order of its
+ * turns (check_turns_case). */
 static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_sets) {
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(2, dn, dr, dv, causal);
@@ -255,16 +372,19 @@ static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_s
     run_case(&bk, 1, 70, 200, 130);
     run_case(&bk, 1, 128, 256, 128);
     run_case(&bk, 1, 5, 0, 0);
+    if (kh_config_int(&bk.kh, "pingpong")) check_turns_case(&bk);
     kh_free(&bk.kh);
   }
   print_message("  worst err/bound so far: O %.2f LSE %.2f\n", g_worst_o, g_worst_lse);
 }
 
 /* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (block_m 128: 2 consumers, block_n
- * 128, 2 stages, overlap). */
+ * 128, 2 stages, overlap) with ping-pong, and the order of its turns (the default without
+ * it: test_unusual_heads, test_two_chunk_positions). */
+static const char *const pp_deepseek[] = {"pingpong=1"};
 static void test_deepseek_heads(void **state) {
   (void)state;
-  check_shape(128, 64, 128, NULL, 0);
+  check_shape(128, 64, 128, pp_deepseek, 1);
 }
 /* One consumer warpgroup, block_n 64, 3 stages, one GEMM at a time (overlap 0); and
  * packed keys with overlap. */
@@ -289,14 +409,17 @@ static void test_unusual_heads(void **state) {
 }
 
 /* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256: d_n 192, d_r 64): O += P V
- * is m64n256k16; the default configuration. */
+ * is m64n256k16; the default configuration (block_m 128, block_n 64, 2 stages) with
+ * ping-pong and one GEMM per turn (overlap 0), and the order of its turns. */
+static const char *const pp_wide[] = {"pingpong=1", "overlap=0"};
 static void test_wide_heads(void **state) {
   (void)state;
-  check_shape(192, 64, 256, NULL, 0);
+  check_shape(192, 64, 256, pp_wide, 2);
 }
 
 /* Each mutation of the rendered source must make the check fail or the launch be reported
- * (a deadlock, a wgmma protocol error). */
+ * (a deadlock, a wgmma protocol error); ping-pong's, the order of its turns be wrong or the
+ * launch be reported. And ping-pong with one consumer refused. */
 static void test_mutations_caught(void **state) {
   (void)state;
   static const sm90_edit muts[] = {
@@ -333,6 +456,31 @@ static void test_mutations_caught(void **state) {
     case_free(&c);
     kh_free(&bk.kh);
   }
+  /* Ping-pong (the output stays right: its barriers order no data): the turn wait removed
+   * (the barriers' balance breaks), or made an arrive (balanced but nobody waits: the
+   * order of the turns breaks), or the hand-back removed (a deadlock). */
+  static const sm90_edit pp_muts[] = {
+      {"bar_sync(PP_BAR + wg, 256);", ";"},
+      {"bar_sync(PP_BAR + wg, 256);  // MUTATION: turn wait", "bar_arrive(PP_BAR + wg, 256);"},
+      {"bar_arrive(PP_BAR + 1 - wg, 256);", ";"},
+  };
+  for (size_t m = 0; m < sizeof pp_muts / sizeof pp_muts[0]; m++) {
+    mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+    kh_set(&s, "block_n=64"), kh_set(&s, "pingpong=1");
+    built_kernel bk;
+    build_edit(&s, &pp_muts[m], &bk);
+    fwd_case c;
+    case_init(&bk, &c, 1, 128, 320, 192);
+    char msg[1024];
+    run_turns(&bk, &c, 1, 0, msg, sizeof msg);
+    if (!msg[0]) fail_msg("'%s' -> '%s' was not caught", pp_muts[m].from, pp_muts[m].to);
+    print_message("  pingpong '%s' -> '%s': %.150s\n", pp_muts[m].from, pp_muts[m].to, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+  mg_kernel_spec s = make_spec(2, 128, 64, 128, 1);
+  kh_set(&s, "block_m=64"), kh_set(&s, "pingpong=1");
+  sm90_expect_reject(&s, "pingpong needs two consumer warpgroups");
 }
 
 /* The two-chunk queries of the all-gather context-parallel form (laga-cp; the cases of
@@ -405,7 +553,9 @@ static void varlen_run(const built_kernel *bk, const int *cu, int n, int sq, con
 
 /* The packed-sequence variant (spec.varlen, "_varlen") against attn_ref.h's float64
  * per-document reference, causal and not: the default configuration (2 consumers, block_n
- * 128, overlap) on many short documents (and an empty one, cu padded as the executor pads
+ * 128) with ping-pong (causal with overlap, not causal without; the warpgroups of a CTA
+ * whose rows lie in different documents sit out turns before and after their tiles) on
+ * many short documents (and an empty one, cu padded as the executor pads
  * it) and on rank 0 of laga-cp at P = 2 (chunks [0, 75) and [225, 300): the 200-token
  * document cut by the split, slack rows in the second chunk); causal only (the larger
  * kernel): one document, and one consumer, block_n 64, 3 stages, no overlap, packed keys on
@@ -421,6 +571,8 @@ static void test_varlen(void **state) {
   for (int causal = 0; causal <= 1; causal++) {
     mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
     s.varlen = 1;
+    kh_set(&s, "pingpong=1");
+    if (!causal) kh_set(&s, "overlap=0");
     built_kernel bk;
     build_edit(&s, NULL, &bk);
     varlen_run(&bk, vl[0].cu, vl[0].n, T_CAP, &at0);
@@ -429,8 +581,8 @@ static void test_varlen(void **state) {
     kh_free(&bk.kh);
     if (!causal) continue;
     kh_sweep_compile(&sw, &s, "");
-    const char *a[] = {"block_m=64", "block_n=64", "stages=3", "overlap=0", "k_packed=1"};
-    for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
+    const char *a[] = {"block_m=64", "block_n=64", "stages=3", "overlap=0", "k_packed=1", "pingpong=0"};
+    for (int i = 0; i < 6; i++) kh_set(&s, a[i]);
     build_edit(&s, NULL, &bk);
     varlen_run(&bk, vl[0].cu, vl[0].n, T_CAP, &at0);
     kh_free(&bk.kh);
@@ -482,21 +634,23 @@ static void nvrtc_kept_configs(int sh) {
   kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
   sw.max_smem = 227 * 1024;
   const int shapes[3][3] = {{128, 64, 128}, {64, 32, 64}, {192, 64, 256}};
-  mg_kernel_spec cands[2 * 2 * 3 * 2];
+  mg_kernel_spec cands[2 * 2 * 3 * 2 * 2];
   int nc = 0;
   for (int nm = 1; nm <= 2; nm++)
     for (int bn = 64; bn <= 128; bn *= 2)
       for (int st = 2; st <= 4; st++)
-        for (int ov = 0; ov <= 1; ov++) {
-          mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
-          char a[4][32];
-          snprintf(a[0], sizeof a[0], "block_m=%d", 64 * nm);
-          snprintf(a[1], sizeof a[1], "block_n=%d", bn);
-          snprintf(a[2], sizeof a[2], "stages=%d", st);
-          snprintf(a[3], sizeof a[3], "overlap=%d", ov);
-          for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
-          cands[nc++] = s;
-        }
+        for (int ov = 0; ov <= 1; ov++)
+          for (int pp = 0; pp <= 1; pp++) {
+            mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
+            char a[5][32];
+            snprintf(a[0], sizeof a[0], "block_m=%d", 64 * nm);
+            snprintf(a[1], sizeof a[1], "block_n=%d", bn);
+            snprintf(a[2], sizeof a[2], "stages=%d", st);
+            snprintf(a[3], sizeof a[3], "overlap=%d", ov);
+            snprintf(a[4], sizeof a[4], "pingpong=%d", pp);
+            for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
+            cands[nc++] = s;
+          }
   sm90_sweep_close(&sw, kh_sweep_cover(&sw, cands, nc, g_test_seed, ""), sh == 2 ? 4 : 16);
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }

@@ -494,6 +494,9 @@ struct Launch {
   /* first error */
   int err;
   char msg[1024];
+  /* opts.wgmma_trace (hopper_host.cpp records the issues) */
+  mg_host_wgmma_issue *wgmma_trace;
+  size_t wgmma_trace_cap, *wgmma_trace_len;
   /* fiber stacks */
   char *region;
   size_t region_size, stack_size, guard_size;
@@ -1482,6 +1485,8 @@ mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
                         "dynamic shared memory of %zu bytes exceeds sm_%u's limit of %zu bytes "
                         "(%zu KiB) per block",
                         dyn_smem, arch, limit, limit / 1024);
+  if (opts && opts->wgmma_trace && !opts->wgmma_trace_len)
+    return config_error(msg, msg_len, "wgmma_trace without wgmma_trace_len");
   int expected = 0;
   if (!__atomic_compare_exchange_n(&g_busy, &expected, 1, false, __ATOMIC_ACQUIRE,
                                    __ATOMIC_RELAXED)) {
@@ -1506,6 +1511,12 @@ mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
   const char *sched = getenv("MG_HOST_SCHEDULE");
   L->round_robin = (opts && opts->round_robin) || (sched && !strcmp(sched, "rr"));
   L->nan_fill = !(opts && opts->no_nan_fill);
+  if (opts && opts->wgmma_trace) {
+    L->wgmma_trace = opts->wgmma_trace;
+    L->wgmma_trace_cap = opts->wgmma_trace_cap;
+    L->wgmma_trace_len = opts->wgmma_trace_len;
+    *L->wgmma_trace_len = 0;
+  }
   L->nblocks = (unsigned long long)grid.x * grid.y * grid.z;
   L->nres = L->round_robin ? 1 : opt_or_env(opts ? opts->resident_blocks : 0,
                                             "MG_HOST_RESIDENT_BLOCKS", 1, 32, 3);

@@ -691,6 +691,14 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
                    wg);
         }
         h->ops[wg * 64 + h->nops[wg]++] = op;
+        if (L->wgmma_trace) {
+          const uint3 bid = f->regs.bid;
+          if (*L->wgmma_trace_len < L->wgmma_trace_cap)
+            L->wgmma_trace[*L->wgmma_trace_len] = mg_host_wgmma_issue{
+                bid.x + L->grid.x * (bid.y + L->grid.y * bid.z), wg, (unsigned)m.n, m.a_regs ? 1 : 0,
+                line};
+          ++*L->wgmma_trace_len;
+        }
       });
 }
 

@@ -47,6 +47,16 @@ int mg_host_launch(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
 typedef int (*mg_host_launch_fn)(mg_host_dim3, mg_host_dim3, size_t, void (*)(void *),
                                  void *, char *, size_t);
 
+/* One wgmma.mma_async of the sm_90a emulation as the executor issued it (when the last of
+ * its warpgroup's 128 threads arrived): mg_host_launch_opts.wgmma_trace. */
+typedef struct mg_host_wgmma_issue {
+  unsigned block;     /* linear block index: x + grid.x (y + grid.y z) */
+  unsigned warpgroup; /* threadIdx.x / 128 of the issuing warpgroup */
+  unsigned n;         /* the instruction's N */
+  int a_regs;         /* 1: A from registers (wgmma ... rs), 0: A from a descriptor */
+  int line;           /* the kernel's source line of the call */
+} mg_host_wgmma_issue;
+
 /* Options of mg_host_launch_ex; all zero (or a NULL pointer) gives the defaults, which
  * are also what mg_host_launch uses. */
 typedef struct mg_host_launch_opts {
@@ -80,6 +90,15 @@ typedef struct mg_host_launch_opts {
    * 1/block_switch (the completion of a barrier with probability 1/4). 0:
    * $MG_HOST_BLOCK_SWITCH, else 2048. */
   unsigned block_switch;
+  /* When not NULL: the launch records every wgmma.mma_async it issues, in issue order
+   * (each block's in its own order; blocks interleave), into wgmma_trace[0 ..
+   * wgmma_trace_cap - 1] and sets *wgmma_trace_len to the number issued (past the cap
+   * counted, not recorded; wgmma_trace_len must not be NULL then). The order in which
+   * warpgroups reach the tensor cores: what a schedule such as ping-pong decides, which
+   * named barriers order without any data to show it. */
+  mg_host_wgmma_issue *wgmma_trace;
+  size_t wgmma_trace_cap;
+  size_t *wgmma_trace_len;
 } mg_host_launch_opts;
 
 /* mg_host_launch with options (opts may be NULL). */
