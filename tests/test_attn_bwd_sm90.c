@@ -652,7 +652,7 @@ static void test_mutations_caught(void **state) {
    * wide k_rope reads the NaN between its rows, or other tokens' RoPE parts: caught, in
    * both families. */
   for (int dq = 0; dq <= 1; dq++) {
-    mg_kernel_spec s = make_spec(dq, 2, 64, 32, 64, 1);
+    mg_kernel_spec s = make_spec(dq, 2, 32, 32, 64, 1);
     built_kernel bk;
     build_edit(&s, NULL, &bk);
     bwd_case c;
