@@ -13,7 +13,8 @@
  * zeroes dq_accum), attn_bwd_dkdv, and in the deterministic mode attn_bwd_dq. Every
  * gradient is compared per element (kt_check: atol relative to the gradient's RMS, rtol
  * from the roundings; the figures at compare()). test_mutations_caught injects bugs into
- * the rendered dkdv and requires the check to fail. MLAGEN_TEST_FILTER (a cmocka pattern)
+ * the rendered dkdv and requires the check to fail (and dkdv or dq ignoring ld_k_rope: split
+ * keys read k_rope at column KT_ROPE_COL of NaN-filled rows, one case contiguous). MLAGEN_TEST_FILTER (a cmocka pattern)
  * runs a subset: ctest runs each test as its own entry. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -9,7 +9,9 @@
  * (each mbarrier wait and arrival, each wgmma wait, the proxy fence) must fail the check or
  * be reported by the executor. The packed-sequence variants ("_varlen") against the same
  * reference per document (attn_ref.h through reference_one), NaN in every slack row, and wrong
- * boundaries caught.
+ * boundaries caught. Split keys read k_rope at column KT_ROPE_COL of NaN-filled rows through
+ * tmaps[2] with the row stride ld_k_rope (one contiguous case per family); a map ignoring it
+ * is caught.
  *
  * The tensor maps come from the runtime's mg_sm90_bwd_tmaps (runtime/exec/mg_sm90_tmap.h)
  * through the fake driver (tests/fake_cuda.c); delta = rowsum(dO * O) is computed here (in

@@ -12,7 +12,9 @@
  * fail. Launches use the executor's shuffled schedule with shared memory
  * NaN-filled before each block; other schedules must give bit-identical O and LSE. Both key
  * layouts are checked: k_packed = 0 (per-head k_nope + k_rope shared by the heads) and
- * k_packed = 1 (one per-head K [B, S_k, H, d_n + d_r]). One small case also runs in a
+ * k_packed = 1 (one per-head K [B, S_k, H, d_n + d_r]); split keys read k_rope at column
+ * KT_ROPE_COL of NaN-filled rows (ld_k_rope = KT_ROPE_COL + d_r; one contiguous case), and a
+ * kernel ignoring ld_k_rope is caught. One small case also runs in a
  * child process (this program, --asan-case) built with ASan, when the compiler has an
  * ASan runtime: the dynamic shared memory is then bounds-checked at the launch's size. */
 #include <setjmp.h>

@@ -9,6 +9,8 @@
  * so it has no fence.proxy.async to remove (test_hopper_host.c covers that fence).
  * The packed-sequence variant ("_varlen") against attn_ref.h's per-document
  * float64 reference, NaN in every slack row of every input, and wrong boundaries caught.
+ * Split keys read k_rope at column KT_ROPE_COL of NaN-filled rows through tmaps[2] with the
+ * row stride ld_k_rope (one contiguous case); a map ignoring it is caught.
  *
  * The tensor maps come from the runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h, the
  * maps the CUDA executor and the GPU benchmark launch with): cuTensorMapEncodeTiled through
