@@ -18,8 +18,8 @@
 @ --                not wait for V) and empty[st] (every consumer thread arrives when it is
 @ --                done with the stage; the producer waits on it, parity flipped, before
 @ --                reusing the stage). K_nope boxes {W_n, 1, block_n} per head; split
-@ --                keys: the shared k_rope [B*S_k, d_r] (rows ld_k_rope apart) as 2D
-@ --                boxes {W_r, block_n} (never a per-head copy); V boxes {W_v, 1, block_n}. The maps' rows are B*S
+@ --                keys: the shared k_rope [B*S_k, d_r] (rows ld_k_rope apart) in 2D
+@ --                boxes {W_r, block_n}; V boxes {W_v, 1, block_n}. The maps' rows are B*S
 @ --                tokens: a tile's rows past its batch item's end read the next item's
 @ --                (or zeros past the last): masked keys, and query rows never stored.
 @ -- Consumers, per key tile: S = Q K^T with wgmma m64n{block_n}k16, A (Q) and B (K) from
