@@ -157,7 +157,7 @@ function insert_ld_k_rope(params, packed, via)
     out[#out + 1] = p
     if p.name == "k_rope" then
       out[#out + 1] = { name = "ld_k_rope", type = "int", bench = "d_r",
-        doc = "elements between consecutive k_rope token rows: row t = b * S_k + j at k_rope + t * ld_k_rope, its first d_r elements read (the rest never): >= d_r; d_r for a contiguous [B, S_k, d_r], d_c + d_r for the RoPE columns of the latent c [B, S_k, d_c + d_r] (k_rope = c + d_c)" .. (via or "") }
+        doc = "elements between consecutive k_rope token rows: row t = b * S_k + j at k_rope + t * ld_k_rope, its first d_r elements read (the rest never): >= d_r and a multiple of 8, k_rope 16-byte aligned (16-byte copies of each row); d_r for a contiguous [B, S_k, d_r], d_c + d_r for the RoPE columns of the latent c [B, S_k, d_c + d_r] (k_rope = c + d_c)" .. (via or "") }
     end
   end
   assert(#out == #params + 1, "insert_ld_k_rope: no k_rope parameter")

@@ -29,7 +29,7 @@ function explicit_k_params(packed, nope_doc)
   return insert_ld_k_rope({
     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]", doc = nope_doc .. " (read through tmaps[1])" },
     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",    doc = "RoPE'd key part shared by all heads, token rows ld_k_rope elements apart (read through tmaps[2])" },
-  }, false, " (read only through tmaps[2], whose row stride is ld_k_rope elements: mg_sm90_fwd_tmaps / mg_sm90_bwd_tmaps, runtime/exec/mg_sm90_tmap.h, take it; a multiple of 8)")
+  }, false, " (read only through tmaps[2], whose row stride is ld_k_rope elements: mg_sm90_fwd_tmaps / mg_sm90_bwd_tmaps, runtime/exec/mg_sm90_tmap.h, take it)")
 end
 
 -- The int and float parameters of every explicit attention kernel, in their order: the
