@@ -463,8 +463,28 @@ static kt_mutation g_fwd_mutations[] = {
      "mla::warp_gemm_abt<elem_t, DN, BLOCK_N,", NULL, ""},
 };
 
-/* The ld_k_rope mutation (below), run as part of test_mutations_caught. */
-static void ld_k_rope_mutation_caught(void);
+/* A split-key kernel that ignores ld_k_rope (k_rope's token rows taken d_r apart, the
+ * contiguous layout) fails on the wide k_rope (kt_rope_strided: it reads the NaN between the
+ * rows, or other tokens' RoPE parts). Run by test_mutations_caught; the _varlen variant's
+ * k_rope goes through the same mla::cp_async_k_tile call. */
+static void ld_k_rope_mutation_caught(void) {
+  kt_mutation m = {"ld_k_rope ignored", "k_rope, ld_k_rope)", "k_rope, DR)", NULL, ""};
+  kt_noise_quiet = 1;
+  built_kernel bk;
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  if (!build_edit(&s, 0, kt_mutate_edit, &m, &bk)) fail_msg("%s", m.error);
+  fwd_case c;
+  case_init(&bk, &c, 2, 77, 77, 0);
+  launch_case(&bk, &c, NULL);
+  double o_err, lse_err;
+  char msg[400];
+  const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+  print_message("  [%s] %s: %zu NaN outputs; %s\n", m.name, bk.kh.name, nans, msg[0] ? msg : "NOT CAUGHT");
+  if (!nans && !msg[0]) fail_msg("%s: passes the per-element check", m.name);
+  case_free(&c);
+  unload(&bk);
+  kt_noise_quiet = 0;
+}
 
 static void test_mutations_caught(void **state) {
   (void)state;
@@ -664,37 +684,6 @@ static void test_varlen_mutations_caught(void **state) {
       case_free(&c);
       unload(&bk);
     }
-  kt_noise_quiet = 0;
-}
-
-/* A split-key kernel that ignores ld_k_rope (k_rope's token rows taken d_r apart, the
- * contiguous layout) fails on the wide k_rope of every case (kt_rope_strided: it reads the
- * NaN between the rows, or other tokens' RoPE parts), the fixed-length and varlen variants. */
-static void ld_k_rope_mutation_caught(void) {
-  kt_mutation m = {"ld_k_rope ignored", "k_rope, ld_k_rope)", "k_rope, DR)", NULL, ""};
-  kt_noise_quiet = 1;
-  for (int varlen = 0; varlen <= 1; varlen++) {
-    mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
-    s.varlen = varlen;
-    built_kernel bk;
-    if (!build_edit(&s, 0, kt_mutate_edit, &m, &bk)) fail_msg("%s", m.error);
-    fwd_case c;
-    if (varlen) {
-      case_init(&bk, &c, 1, KT_VARLEN_CAP, KT_VARLEN_CAP, 0);
-      case_varlen(&bk, &c, kt_varlen_many());
-    } else {
-      case_init(&bk, &c, 2, 77, 77, 0);
-    }
-    launch_case(&bk, &c, NULL);
-    double o_err, lse_err;
-    char msg[400];
-    const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
-    print_message("  [%s] %s: %zu NaN outputs; %s\n", m.name, bk.kh.name, nans,
-                  msg[0] ? msg : "NOT CAUGHT");
-    if (!nans && !msg[0]) fail_msg("%s: passes the per-element check", m.name);
-    case_free(&c);
-    unload(&bk);
-  }
   kt_noise_quiet = 0;
 }
 
