@@ -125,9 +125,9 @@ static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
 
 /* Query row i at q_pos0 + i, or with two chunks (q_split > 0) at q_pos1 + i - q_split from
  * row q_split on (attn_ref_pos). Split keys: kr [B, S_k, d_r], which the kernel reads from
- * kr_buf (kt_rope_strided, made at each launch: at column KT_ROPE_COL of NaN-filled rows, or
- * contiguous when kr_contig), tmaps[2] with its row stride (or, map_ld_dr, with d_r: a map
- * that ignores ld_k_rope, for the mutation test). */
+ * kr_buf (prepare_keys: at column KT_ROPE_COL of NaN-filled rows, or contiguous when
+ * kr_contig), tmaps[2] with its row stride (or, map_ld_dr, with d_r: a map that ignores
+ * ld_k_rope, for the mutation test). */
 typedef struct fwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1;
   float scale;
@@ -157,8 +157,17 @@ static void encode_maps(const built_kernel *bk, fwd_case *c) {
     fail_msg("mg_sm90_fwd_tmaps: %s", mg_diag_msg(&d));
 }
 
+/* The k_rope the kernel reads (kr_buf: kt_rope_strided from kr) and c's maps, again after
+ * an edit of kr or of map_ld_dr. */
+static void prepare_keys(const built_kernel *bk, fwd_case *c) {
+  free(c->kr_buf);
+  c->kr_buf = kt_rope_strided(c->kr, (size_t)c->B * c->sk, bk->kh.spec.d_r, !c->kr_contig,
+                              &c->kr_arg, &c->ld_kr);
+  encode_maps(bk, c);
+}
+
 /* The k_rope layout of the split-key cases case_init_pos makes: 0 (wide, NaN around each
- * row) but for test_deepseek_heads' case with every tile full. */
+ * row) but for test_unusual_heads' fp16 case. */
 static int g_kr_contig;
 
 static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, int sk,
@@ -185,6 +194,7 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
   c->tmaps = aligned_alloc(64, 4 * sizeof(tmap_t));
   memset(c->tmaps, 0, 4 * sizeof(tmap_t));
   c->kr_contig = g_kr_contig;
+  prepare_keys(bk, c);
 }
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
   case_init_pos(bk, c, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
@@ -215,10 +225,6 @@ static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n)
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff;
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
-  free(c->kr_buf);
-  c->kr_buf = kt_rope_strided(c->kr, (size_t)c->B * c->sk, bk->kh.spec.d_r, !c->kr_contig,
-                              &c->kr_arg, &c->ld_kr);
-  encode_maps(bk, c);
   launch_args a = {bk->fn, c->q,   c->kn, c->kr_arg,    c->v,         c->o,         c->lse,
                    c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps,
                    c->cu,  c->n_cu, c->ld_kr};
@@ -286,8 +292,7 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) 
  * divides it, and TMA rows past a batch item's end read the next one: masked), a query
  * shard at 60 of 100 keys, one at 130 of 200 (the diagonal inside a tile), every tile full
  * with more tiles than stages (the ring wraps), no keys. */
-static void check_shape_ex(int dn, int dr, int dv, const char *const *sets, int n_sets,
-                           int contig_full) {
+static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_sets) {
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(2, dn, dr, dv, causal);
     for (int i = 0; i < n_sets; i++) kh_set(&s, sets[i]);
@@ -297,24 +302,18 @@ static void check_shape_ex(int dn, int dr, int dv, const char *const *sets, int 
     run_case(&bk, 2, 77, 77, 0);
     run_case(&bk, 1, 40, 100, 60);
     run_case(&bk, 1, 70, 200, 130);
-    g_kr_contig = contig_full; /* split keys: that case's k_rope contiguous (ld_k_rope = d_r) */
     run_case(&bk, 1, 128, 256, 128);
-    g_kr_contig = 0;
     run_case(&bk, 1, 5, 0, 0);
     kh_free(&bk.kh);
   }
   print_message("  worst err/bound so far: O %.2f LSE %.2f\n", g_worst_o, g_worst_lse);
-}
-/* Split keys: every case reads k_rope at column KT_ROPE_COL of wider NaN-filled rows. */
-static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_sets) {
-  check_shape_ex(dn, dr, dv, sets, n_sets, 0);
 }
 
 /* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (block_m 128: 2 consumers, block_n
  * 128, 2 stages, overlap). */
 static void test_deepseek_heads(void **state) {
   (void)state;
-  check_shape_ex(128, 64, 128, NULL, 0, 1); /* the one contiguous k_rope: every tile full */
+  check_shape(128, 64, 128, NULL, 0);
 }
 /* One consumer warpgroup, block_n 64, 3 stages, one GEMM at a time (overlap 0); and
  * packed keys with overlap. */
@@ -334,7 +333,9 @@ static void test_unusual_heads(void **state) {
   snprintf(s.dtype, sizeof s.dtype, "fp16");
   built_kernel bk;
   build_edit(&s, NULL, &bk);
+  g_kr_contig = 1; /* split keys: the one contiguous k_rope (ld_k_rope = d_r) */
   run_case(&bk, 2, 77, 150, 73);
+  g_kr_contig = 0;
   kh_free(&bk.kh);
 }
 
@@ -345,10 +346,32 @@ static void test_wide_heads(void **state) {
   check_shape(192, 64, 256, NULL, 0);
 }
 
+/* Split keys: tmaps[2] made as if ld_k_rope were d_r (a map or kernel ignoring it) over the
+ * wide k_rope reads the NaN between its rows, or other tokens' RoPE parts: caught. Run by
+ * test_mutations_caught. */
+static void ld_k_rope_mutation_caught(void) {
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  fwd_case c;
+  case_init(&bk, &c, 2, 77, 77, 0);
+  c.map_ld_dr = 1;
+  prepare_keys(&bk, &c);
+  char msg[1024];
+  if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+  const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
+  print_message("  tmaps[2] without ld_k_rope: %zu NaN outputs; %.150s\n", nans, msg[0] ? msg : "NOT CAUGHT");
+  if (!nans && !msg[0]) fail_msg("tmaps[2] without ld_k_rope was not caught");
+  case_free(&c);
+  kh_free(&bk.kh);
+}
+
 /* Each mutation of the rendered source must make the check fail or the launch be reported
  * (a deadlock, a wgmma protocol error). */
 static void test_mutations_caught(void **state) {
   (void)state;
+  ld_k_rope_mutation_caught();
   static const sm90_edit muts[] = {
       {"mbar_wait(&full_k[st], parity(j));", ""},
       {"mbar_wait(&full_v[pst], parity(j - 1));", ""},
@@ -383,22 +406,6 @@ static void test_mutations_caught(void **state) {
     case_free(&c);
     kh_free(&bk.kh);
   }
-  /* Split keys: tmaps[2] made as if ld_k_rope were d_r (a map or kernel ignoring it) over the
-   * wide k_rope reads the NaN between its rows, or other tokens' RoPE parts: caught. */
-  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
-  kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
-  built_kernel bk;
-  build_edit(&s, NULL, &bk);
-  fwd_case c;
-  case_init(&bk, &c, 2, 77, 77, 0);
-  c.map_ld_dr = 1;
-  char msg[1024];
-  if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
-  const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
-  print_message("  tmaps[2] without ld_k_rope: %zu NaN outputs; %.150s\n", nans, msg[0] ? msg : "NOT CAUGHT");
-  if (!nans && !msg[0]) fail_msg("tmaps[2] without ld_k_rope was not caught");
-  case_free(&c);
-  kh_free(&bk.kh);
 }
 
 /* The two-chunk queries of the all-gather context-parallel form (laga-cp; the cases of
@@ -462,6 +469,7 @@ static void varlen_init(const built_kernel *bk, fwd_case *c, const int *cu, int 
   kt_nan_slack_e16(c->kn, T_CAP, (size_t)H * (bk->packed ? dqk : s->d_n), NULL, T);
   if (c->kr) kt_nan_slack_e16(c->kr, T_CAP, (size_t)s->d_r, NULL, T);
   kt_nan_slack_e16(c->v, T_CAP, (size_t)H * s->d_v, NULL, T);
+  prepare_keys(bk, c); /* the slack rows' NaN into the wide k_rope */
 }
 static void varlen_run(const built_kernel *bk, const int *cu, int n, int sq, const kt_qpos *pos) {
   fwd_case c;
