@@ -140,7 +140,7 @@ typedef struct bwd_case {
 } bwd_case;
 
 /* The k_rope layout of the split-key cases case_init_cu makes: 0 (wide, NaN around each
- * row) but for one case of test_deepseek_heads. */
+ * row) but for one case of test_wide_heads. */
 static int g_kr_contig;
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
@@ -520,17 +520,13 @@ static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const
  * (dK/dV) or block_n 128 (dQ). */
 static void test_deepseek_heads(void **state) {
   (void)state;
-  g_contig_full = 1; /* the one contiguous k_rope of each family */
   check_shape(0, 2, 128, 64, 128, NULL, 0);
-  g_contig_full = 0;
   const char *b[] = {"block_n=64", "stages=3", "k_packed=1"};
   check_shape(0, 2, 128, 64, 128, b, 3);
 }
 static void test_deepseek_heads_dq(void **state) {
   (void)state;
-  g_contig_full = 1;
   check_shape(1, 2, 128, 64, 128, NULL, 0);
-  g_contig_full = 0;
   const char *b[] = {"block_m=64", "block_n=128", "k_packed=1"};
   check_shape(1, 2, 128, 64, 128, b, 3);
 }
@@ -579,7 +575,9 @@ static void test_wide_heads(void **state) {
   (void)state;
   const char *a[] = {"k_packed=1"};
   check_shape(0, 2, 192, 64, 256, a, 1);
+  g_contig_full = 1; /* split keys: the suite's one contiguous k_rope */
   check_shape(1, 2, 192, 64, 256, NULL, 0);
+  g_contig_full = 0;
 }
 
 /* Each mutation of the rendered source must make the check fail or the launch be reported
