@@ -12,6 +12,8 @@
  * so it has no fence.proxy.async to remove (test_hopper_host.c covers that fence).
  * The packed-sequence variant ("_varlen") against attn_ref.h's per-document
  * float64 reference, NaN in every slack row of every input, and wrong boundaries caught.
+ * Split keys read k_rope at column KT_ROPE_COL of NaN-filled rows through tmaps[2] with the
+ * row stride ld_k_rope (one contiguous case); a map ignoring it is caught.
  *
  * The tensor maps come from the runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h, the
  * maps the CUDA executor and the GPU benchmark launch with): cuTensorMapEncodeTiled through
@@ -40,6 +42,17 @@ typedef struct { tmap_t m[4]; } tmaps4_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
                        float *lse, int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
                        float softmax_scale, tmaps4_t tmaps);
+/* split keys (k_packed = 0): k_rope's row stride ld_k_rope after k_rope (the kernel reads
+ * k_rope through tmaps[2], whose row stride it is) */
+typedef void (*fwd_split_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                             const e16 *v, e16 *o, float *lse, int seqlen_q, int seqlen_k,
+                             int q_pos0, int q_split, int q_pos1, float softmax_scale,
+                             tmaps4_t tmaps);
+typedef void (*fwd_split_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                    int ld_k_rope, const e16 *v, e16 *o, float *lse, int seqlen_q,
+                                    int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                                    float softmax_scale, tmaps4_t tmaps, const int *cu_seqlens,
+                                    int n_seqs);
 /* the packed-sequence variant (spec.varlen): the same, then cu_seqlens and n_seqs */
 typedef void (*fwd_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                               e16 *o, float *lse, int seqlen_q, int seqlen_k, int q_pos0,
@@ -56,10 +69,25 @@ typedef struct launch_args {
   const tmap_t *tmaps;
   const int *cu; /* packed: cu_seqlens [n_cu + 1] (the variant), else NULL */
   int n_cu;
+  int ld_kr; /* split keys: ld_k_rope; 0: packed keys (no such parameter) */
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
+  if (a->ld_kr && a->cu) {
+    fwd_split_varlen_fn fn;
+    *(void **)&fn = *(void **)&a->fn;
+    fn(a->q, a->kn, a->kr, a->ld_kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split,
+       a->q_pos1, a->scale, *(const tmaps4_t *)a->tmaps, a->cu, a->n_cu);
+    return;
+  }
+  if (a->ld_kr) {
+    fwd_split_fn fn;
+    *(void **)&fn = *(void **)&a->fn;
+    fn(a->q, a->kn, a->kr, a->ld_kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split,
+       a->q_pos1, a->scale, *(const tmaps4_t *)a->tmaps);
+    return;
+  }
   if (a->cu) {
     fwd_varlen_fn fn;
     *(void **)&fn = *(void **)&a->fn;
@@ -99,11 +127,17 @@ static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
 }
 
 /* Query row i at q_pos0 + i, or with two chunks (q_split > 0) at q_pos1 + i - q_split from
- * row q_split on (attn_ref_pos). */
+ * row q_split on (attn_ref_pos). Split keys: kr [B, S_k, d_r], which the kernel reads from
+ * kr_buf (prepare_keys: at column KT_ROPE_COL of NaN-filled rows, or contiguous when
+ * kr_contig), tmaps[2] with its row stride (or, map_ld_dr, with d_r: a map that ignores
+ * ld_k_rope, for the mutation test). */
 typedef struct fwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1;
   float scale;
   e16 *q, *kn, *kr, *v, *o;
+  e16 *kr_buf;
+  const e16 *kr_arg;
+  int ld_kr, kr_contig, map_ld_dr;
   float *lse;
   size_t no, nl;
   tmap_t *tmaps; /* [4] */
@@ -120,11 +154,24 @@ static void encode_maps(const built_kernel *bk, fwd_case *c) {
   sm90_driver_info(&bk->kh, &drv, &info);
   mg_diag d = MG_DIAG_INIT;
   const mg_sm90_fwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q, (CUdeviceptr)(uintptr_t)c->kn,
-                                 (CUdeviceptr)(uintptr_t)c->kr, (CUdeviceptr)(uintptr_t)c->v,
-                                 c->B, c->sq, c->sk};
+                                 (CUdeviceptr)(uintptr_t)c->kr_arg, (CUdeviceptr)(uintptr_t)c->v,
+                                 c->B, c->sq, c->sk, c->map_ld_dr ? 0 : c->ld_kr};
   if (mg_sm90_fwd_tmaps(drv, &bk->kh.spec, &info, &t, (CUtensorMap *)c->tmaps, &d))
     fail_msg("mg_sm90_fwd_tmaps: %s", mg_diag_msg(&d));
 }
+
+/* The k_rope the kernel reads (kr_buf: kt_rope_strided from kr) and c's maps, again after
+ * an edit of kr or of map_ld_dr. */
+static void prepare_keys(const built_kernel *bk, fwd_case *c) {
+  free(c->kr_buf);
+  c->kr_buf = kt_rope_strided(c->kr, (size_t)c->B * c->sk, bk->kh.spec.d_r, !c->kr_contig,
+                              &c->kr_arg, &c->ld_kr);
+  encode_maps(bk, c);
+}
+
+/* The k_rope layout of the split-key cases case_init_pos makes: 0 (wide, NaN around each
+ * row) but for test_unusual_heads' fp16 case. */
+static int g_kr_contig;
 
 static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, int sk,
                           const kt_qpos *pos) {
@@ -149,7 +196,8 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
   c->lse = malloc((c->nl ? c->nl : 1) * sizeof *c->lse);
   c->tmaps = aligned_alloc(64, 4 * sizeof(tmap_t));
   memset(c->tmaps, 0, 4 * sizeof(tmap_t));
-  encode_maps(bk, c);
+  c->kr_contig = g_kr_contig;
+  prepare_keys(bk, c);
 }
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
   case_init_pos(bk, c, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
@@ -157,6 +205,7 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
 
 static void case_free(fwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse), free(c->tmaps);
+  free(c->kr_buf);
 }
 
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
@@ -179,9 +228,9 @@ static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n)
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff;
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
-  launch_args a = {bk->fn, c->q,   c->kn, c->kr,        c->v,         c->o,         c->lse,
+  launch_args a = {bk->fn, c->q,   c->kn, c->kr_arg,    c->v,         c->o,         c->lse,
                    c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps,
-                   c->cu,  c->n_cu};
+                   c->cu,  c->n_cu, c->ld_kr};
   return sm90_launch(&bk->kh, kh_grid(&bk->kh, c->sq, c->sk, c->B), thunk, &a, 0, 0, msg, n);
 }
 
@@ -404,7 +453,9 @@ static void test_unusual_heads(void **state) {
   snprintf(s.dtype, sizeof s.dtype, "fp16");
   built_kernel bk;
   build_edit(&s, NULL, &bk);
+  g_kr_contig = 1; /* split keys: the one contiguous k_rope (ld_k_rope = d_r) */
   run_case(&bk, 2, 77, 150, 73);
+  g_kr_contig = 0;
   kh_free(&bk.kh);
 }
 
@@ -417,11 +468,33 @@ static void test_wide_heads(void **state) {
   check_shape(192, 64, 256, pp_wide, 2);
 }
 
+/* Split keys: tmaps[2] made as if ld_k_rope were d_r (a map or kernel ignoring it) over the
+ * wide k_rope reads the NaN between its rows, or other tokens' RoPE parts: caught. Run by
+ * test_mutations_caught. */
+static void ld_k_rope_mutation_caught(void) {
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  fwd_case c;
+  case_init(&bk, &c, 2, 77, 77, 0);
+  c.map_ld_dr = 1;
+  prepare_keys(&bk, &c);
+  char msg[1024];
+  if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+  const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
+  print_message("  tmaps[2] without ld_k_rope: %zu NaN outputs; %.150s\n", nans, msg[0] ? msg : "NOT CAUGHT");
+  if (!nans && !msg[0]) fail_msg("tmaps[2] without ld_k_rope was not caught");
+  case_free(&c);
+  kh_free(&bk.kh);
+}
+
 /* Each mutation of the rendered source must make the check fail or the launch be reported
  * (a deadlock, a wgmma protocol error); ping-pong's, the order of its turns be wrong or the
  * launch be reported. And ping-pong with one consumer refused. */
 static void test_mutations_caught(void **state) {
   (void)state;
+  ld_k_rope_mutation_caught();
   static const sm90_edit muts[] = {
       {"mbar_wait(&full_k[st], parity(j));", ""},
       {"mbar_wait(&full_v[pst], parity(j - 1));", ""},
@@ -544,6 +617,7 @@ static void varlen_init(const built_kernel *bk, fwd_case *c, const int *cu, int 
   kt_nan_slack_e16(c->kn, T_CAP, (size_t)H * (bk->packed ? dqk : s->d_n), NULL, T);
   if (c->kr) kt_nan_slack_e16(c->kr, T_CAP, (size_t)s->d_r, NULL, T);
   kt_nan_slack_e16(c->v, T_CAP, (size_t)H * s->d_v, NULL, T);
+  prepare_keys(bk, c); /* the slack rows' NaN into the wide k_rope */
 }
 static void varlen_run(const built_kernel *bk, const int *cu, int n, int sq, const kt_qpos *pos) {
   fwd_case c;
