@@ -251,7 +251,7 @@ ${K.name}(
   vl.keys<CAUSAL>(qpos(r0), seqlen_k, row_lo[0], row_hi[0]);
   vl.keys<CAUSAL>(qpos(r0 + 8), seqlen_k, row_lo[1], row_hi[1]);
 @ if not PP then
-  ring_release<STAGES>(full_v, empty, 0, wg_first);
+  ring_release<STAGES>(full_k, full_v, empty, 0, wg_first);
 @ end
 @ else
   // Tiles this warpgroup computes: a prefix of the CTA's (causal: a tile whose first key
@@ -351,7 +351,7 @@ ${K.name}(
       turn_begin();
       turn_end();
       const int upto = min(${C.overlap == 1 and "turn" or "(turn + 1) / 2"}, rel_end);
-      ring_release<STAGES>(full_v, empty, rel, upto);
+      ring_release<STAGES>(full_k, full_v, empty, rel, upto);
       rel = max(rel, upto);
     }
   };
@@ -460,13 +460,13 @@ ${K.name}(
     mbar_arrive(&empty[st]);
   }
 @ end
-  // The tiles hidden from this warpgroup's rows (the other consumer needs them): released
+  // The tiles hidden from this warpgroup's rows (the other consumer's, or gaps no row sees): released
   // once loaded.
 @ if PP then
   rel = max(rel, wg_tiles);
   idle_turns(n_turns, n_tiles);  // (in its remaining turns)
 @ else
-  ring_release<STAGES>(full_v, empty, wg_tiles, n_tiles);
+  ring_release<STAGES>(full_k, full_v, empty, wg_tiles, n_tiles);
 @ end
 
   // Epilogue: O = acc / l straight from the registers, LSE = (m + log2 l) ln 2.

@@ -757,13 +757,25 @@ __device__ __forceinline__ void acc_to_a(unsigned (&a)[N / 16][4], const float (
     for (int e = 0; e < 4; ++e) a[kk][e] = mla::pack2<E>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
 }
 // A consumer's release of ring positions [j0, j1) that it does not compute (another consumer
-// needs them): each waited for on full[j % STAGES] (phase (j / STAGES) & 1), then released by
-// this thread's arrival on empty[j % STAGES]; the wait keeps each arrival in its own phase.
+// may not compute them either): each waited for on full[j % STAGES] (phase (j / STAGES) & 1),
+// then released by this thread's arrival on empty[j % STAGES]; the wait keeps each arrival in
+// its own phase, and the stage is never handed back to the producer with a load in flight.
 template <int STAGES>
 __device__ __forceinline__ void ring_release(unsigned long long* full, unsigned long long* empty,
                                              int j0, int j1 MLA90_LINE) {
   for (int j = j0; j < j1; ++j) {
     mbar_wait(&full[j % STAGES], (unsigned)(j / STAGES) & 1u MLA90_PASS_LINE);
+    mbar_arrive(&empty[j % STAGES] MLA90_PASS_LINE);
+  }
+}
+// The same for a ring whose stage is filled under two barriers (K and V landing apart):
+// both waited for before the release.
+template <int STAGES>
+__device__ __forceinline__ void ring_release(unsigned long long* full_a, unsigned long long* full_b,
+                                             unsigned long long* empty, int j0, int j1 MLA90_LINE) {
+  for (int j = j0; j < j1; ++j) {
+    mbar_wait(&full_a[j % STAGES], (unsigned)(j / STAGES) & 1u MLA90_PASS_LINE);
+    mbar_wait(&full_b[j % STAGES], (unsigned)(j / STAGES) & 1u MLA90_PASS_LINE);
     mbar_arrive(&empty[j % STAGES] MLA90_PASS_LINE);
   }
 }
