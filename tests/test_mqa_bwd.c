@@ -539,7 +539,8 @@ static void test_configs(void **state) {
  * attn_bwd_pre's default at d_v = d_c; the defaults' figures are printed. Uses the JIT
  * cache ($MLAGEN_CACHE_DIR). Every configuration is rendered (the templates' checks run on
  * all); a covering sample is compiled (kh_sweep_cover: every tunable value and pair of
- * values, and the most shared memory), all of them with MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C
+ * values at d_c 512 / d_r 64, DeepSeek-V3's; every single value at d_c 256 / d_r 32; and
+ * the most shared memory), all of them with MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C
  * exhaustive -L exhaustive; the whole sweep took 189 s with a cold cache). One cmocka test
  * per shape (only: 0 or 1) and part (dkv: 1 for mqa_bwd_dkv, 0 for mqa_bwd_dq and
  * attn_bwd_pre). */
@@ -552,7 +553,10 @@ static void nvrtc_all_kept_configs(size_t only, int dkv) {
                                              {"block_m", "nsplit", "block_n", "stages", "mtiles"}};
   static const int values[5][3] = {{16, 32, 64}, {1, 2, 4}, {16, 32, 64}, {1, 2, 0}, {1, 2, 0}};
   kh_sweep sw;
-  kh_sweep_open(&sw, 62, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_QUIET_REJECTS);
+  /* pairs of values for the DeepSeek-V3 shape, single values for the other (as
+   * test_attn_bwd's sweeps) */
+  kh_sweep_open(&sw, 62, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_QUIET_REJECTS |
+                             (only != 0 ? KH_SWEEP_SINGLES : 0));
   int kept = 0;
   static mg_kernel_spec cands[3 * 3 * 3 * 2 * 2];
   for (size_t si = only; si == only; si++)

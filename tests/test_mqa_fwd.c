@@ -585,8 +585,9 @@ static const char unusual_json[] =
  * sm_80 and sm_90a without spills or a stack frame (causal: the larger kernel), for the
  * DeepSeek-V3 shape (H 128, 576/512) and the unusual one (H 40, 288/256). Every
  * configuration is rendered (the check runs on all); the default and a covering sample are
- * compiled (kh_sweep_cover: every tunable value and pair of values, and the most shared
- * memory), all of them with MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C exhaustive -L exhaustive).
+ * compiled (kh_sweep_cover: every tunable value and pair of values for DeepSeek-V3, every
+ * single value for the unusual shape, and the most shared memory), all of them with
+ * MLAGEN_TEST_EXHAUSTIVE=1 (ctest -C exhaustive -L exhaustive).
  * The JIT cache ($MLAGEN_CACHE_DIR) is used: a second run reads the cubins back. */
 static void test_nvrtc_all_kept_configs(void **state) {
   (void)state;
@@ -613,6 +614,8 @@ static void test_nvrtc_all_kept_configs(void **state) {
       for (int j = 0; j < 4; j++) set(&s, a[j]);
       cands[i] = s;
     }
+    /* pairs of values for DeepSeek-V3, single values for the other (as test_attn_bwd) */
+    sw.flags = KH_SWEEP_SMEM | KH_SWEEP_REJECTS | (m ? KH_SWEEP_SINGLES : 0);
     kept += kh_sweep_cover(&sw, cands, 16, g_test_seed, "");
   }
   print_message("  %d configurations kept, %d rejected by the template's check (%.0f s)\n", kept,

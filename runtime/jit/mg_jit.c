@@ -305,6 +305,14 @@ static int parse_report(const char *log, const char *kernel, mg_jit_report *r, c
   return 1;
 }
 
+int mg_jit_report_parse(const char *log, const char *kernel, mg_jit_report *r) {
+  char name[256];
+  memset(r, 0, sizeof *r);
+  if (parse_report(log, kernel, r, name, sizeof name)) return 1;
+  memset(r, 0, sizeof *r);
+  return 0;
+}
+
 /* ---- cache entries -------------------------------------------------------------- */
 
 static void put_le(uint8_t *p, uint64_t v, int n) {

@@ -88,6 +88,12 @@ int mg_jit_compile(const char *src, size_t len, const char *src_name, const char
 
 void mg_cubin_free(mg_cubin *c);
 
+/* The ptxas figures of kernel (the name mg_jit_compile takes) from log, a compile's NVRTC
+ * log (mg_cubin.log: one compile's log holds every entry function of the source), into r:
+ * registers, barriers, spills, stack, smem and cmem; the timings and cache_hit are 0.
+ * Returns 1, or 0 when the log has no such entry function (r then all 0). */
+int mg_jit_report_parse(const char *log, const char *kernel, mg_jit_report *r);
+
 /* The cache entry format (mg_jit.c), for the fuzzer and tests. mg_jit_entry_read checks
  * the n bytes of an entry file for key: NULL when it is an intact entry of that key
  * (out's data, size, report and key are filled: mg_cubin_free it), else why it is

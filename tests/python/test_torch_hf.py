@@ -13,7 +13,8 @@ The replacement keeps the model's code path: each attention module's expand_kv (
 turns the latent into per-head K/V) is swapped for one that keeps the latent (kv_nope,
 k_rot: after kv_a_layernorm and RoPE) for the registered attention function "mlagen",
 which calls mla_attention with q (after RoPE), the latent, k_rot and kv_b_proj.weight.
-Usage: test_torch_hf.py v3|v2."""
+Usage: test_torch_hf.py v3|v2... (each model in turn, in one process: torch and
+transformers imported once)."""
 import copy
 import sys
 
@@ -120,7 +121,12 @@ def forward_backward(model, ids):
 
 
 def main():
-    which = sys.argv[1]
+    for which in sys.argv[1:]:
+        check_model(which)
+    print("ok")
+
+
+def check_model(which):
     ids = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(1))
     ref = build(which, "sdpa")
     init = copy.deepcopy(ref.state_dict())
@@ -150,7 +156,6 @@ def main():
         print(f"{which} {form}: logits, loss, {len(grads)} gradients within {worst:.1e} "
               f"max|ref|; 10 AdamW steps' losses within {rel:.1e} (first {losses[0]:.15f}, "
               f"last {losses[-1]:.15f})")
-    print("ok")
 
 
 if __name__ == "__main__":
