@@ -165,7 +165,7 @@ static void check_split_dkv(const op_shape *sh, int nw, int rope_col, int rope_w
   arr dkv = rand_arr((size_t)ROWS * H * (dn + dv)), drope = rand_arr((size_t)ROWS * rope_w);
   call c = {&bk, 1, {dk.h, dvv.h}, {dkv.h, drope.h}, {ROWS, rope_col, rope_w, accumulate}};
   launch(&c, grid_x);
-  mg_cpu_split_dkv(MG_F32, ROWS, H, dn, dr, dv, dk.f, dvv.f, dkv.f, drope.f, rope_col, rope_w,
+  mg_cpu_split_dkv(MG_F32, ROWS, H, dn, dr, dv, dk.f, dvv.f, NULL, dkv.f, drope.f, rope_col, rope_w,
                    accumulate);
   expect("split_dkv dkv", &dkv, 0);
   expect("split_dkv drope", &drope, 1);
