@@ -37,14 +37,14 @@
 @ local K = kernel {
 @   family = "attn_bwd_dq", pass = "bwd", causal = true, varlen = true, interface = { "k_packed" }, flops = { pair = spec.heads * (spec.d_v + 2 * (spec.d_n + spec.d_r)) },
 @   doc = "explicit-form attention backward on tensor cores: deterministic dQ (FlashAttention-2, recomputing P and dP)",
-@   params = append_varlen_params {
+@   params = append_varlen_params(insert_ld_k_rope({
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
 @     PACKED and
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope]" } or
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]",       doc = "per-head no-RoPE keys" },
 @     PACKED and
 @     { name = "k_rope", type = "const elem_t*", shape = "unused",                 doc = "k_packed = 1: unused (may be null)" } or
-@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads" },
+@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads, token rows ld_k_rope elements apart" },
 @     { name = "v",      type = "const elem_t*", shape = "[B, S_k, H, d_v]",       doc = "per-head values" },
 @     { name = "dout",   type = "const elem_t*", shape = "[B, S_q, H, d_v]",       doc = "gradient of the output" },
 @     { name = "lse",    type = "const float*",  shape = "[B, H, S_q]",            doc = "the forward's natural-log LSE" },
@@ -56,7 +56,7 @@
 @     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
 @     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
-@   },
+@   }, PACKED)),
 @   tunables = {
 @     block_m   = { values = { 32, 64, 128 }, doc = "query rows per CTA (16 per warp)" },
 @     num_warps = { values = { 2, 4, 8 },     doc = "warps per CTA: block_m / 16" },
@@ -187,7 +187,7 @@ ${thread_prologue()}
   auto load_kv = [&](int tile, int st) {
     const int n0 = ${TILE("tile")} * BLOCK_N;
     mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK + st * K_ELEMS, tr_k, tc_k, n0, ${VARLEN and "k_end" or "seqlen_k"},
-                                                                              b, h, k_nope, k_rope);
+                                                                              b, h, k_nope, k_rope${PACKED and "" or ", ld_k_rope"});
     mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV + st * V_ELEMS, tr_v, tc_v, n0, ${VARLEN and "k_end" or "seqlen_k"},
                                                             [&](int j) { return v + (((size_t)b * seqlen_k + j) * H + h) * DV; });
   };

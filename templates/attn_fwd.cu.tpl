@@ -36,10 +36,10 @@
 @ --
 @ -- Key layout (tunable k_packed, spec-independent):
 @ --   0 "split"   k_nope [B, S_k, H, d_n] per head and k_rope [B, S_k, d_r] shared by all
-@ --               heads: the model's own tensors (no expansion).
+@ --               heads, rows ld_k_rope apart (d_c + d_r: the latent c's RoPE columns).
 @ --   1 "packed"  one K [B, S_k, H, d_n + d_r] per head, passed as k_nope; the RoPE part is
 @ --               read at k_nope + d_n with K's strides, and the k_rope argument is unused
-@ --               (may be null): the per-head K that the explicit and LAGA plans build.
+@ --               (may be null; no ld_k_rope): the per-head K of the explicit plans.
 @ local H, DN, DR, DV = spec.heads, spec.d_n, spec.d_r, spec.d_v
 @ local DQK = DN + DR
 @ local VARLEN = spec.varlen
@@ -69,14 +69,14 @@
 @ local K = kernel {
 @   family = "attn_fwd", pass = "fwd", causal = true, varlen = true, interface = { "k_packed" }, flops = { pair = 2 * spec.heads * (spec.d_n + spec.d_r + spec.d_v) },
 @   doc = "explicit-form attention forward on tensor cores (FlashAttention-2): O and LSE from Q, K, V",
-@   params = append_varlen_params {
+@   params = append_varlen_params(insert_ld_k_rope({
 @     { name = "q",      type = "const elem_t*", shape = "[B, S_q, H, d_n + d_r]", doc = "queries, RoPE part last" },
 @     PACKED and
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n + d_r]", doc = "k_packed = 1: per-head keys K = [K_nope ; k_rope], RoPE part last" } or
 @     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]",       doc = "per-head no-RoPE keys, W_UK c_kv" },
 @     PACKED and
 @     { name = "k_rope", type = "const elem_t*", shape = "unused",                 doc = "k_packed = 1: unused (may be null); the RoPE part is in k_nope" } or
-@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads" },
+@     { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",          doc = "RoPE'd key part shared by all heads, token rows ld_k_rope elements apart" },
 @     { name = "v",      type = "const elem_t*", shape = "[B, S_k, H, d_v]",       doc = "per-head values, W_UV c_kv" },
 @     { name = "o",      type = "elem_t*",       shape = "[B, S_q, H, d_v]",       doc = "attention output; 0 for a row without keys" },
 @     { name = "lse",    type = "float*",        shape = "[B, H, S_q]",            doc = "natural-log logsumexp of the scaled scores; -inf for a row without keys" },
@@ -86,7 +86,7 @@
 @     { name = "q_split",  type = "int", doc = "first row of the second chunk (0: one chunk at q_pos1)" },
 @     { name = "q_pos1",   type = "int", doc = "global position of row q_split; rows i >= q_split are at q_pos1 + i - q_split; >= q_pos0 + q_split (positions increase)" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r)" },
-@   },
+@   }, PACKED)),
 @   tunables = {
 @     block_m   = { values = { 64, 128 },     doc = "query rows per CTA (16 per warp)" },
 @     num_warps = { values = { 4, 8 },        doc = "warps per CTA: block_m / 16" },
@@ -224,7 +224,7 @@ ${thread_prologue()}
   // into stage `st`; keys past seqlen_k are zero-filled (masked later, and 0 * 0 in P V).
   auto load_k = [&](int tile, int st) {
     mla::cp_async_k_tile<BLOCK_N, DN, DR, H, K_PACKED, KS, TPR_K, NUM_THREADS>(sK + st * K_ELEMS, tr_k, tc_k, ${TILE("tile")} * BLOCK_N,
-                                                                              ${VARLEN and "k_end" or "seqlen_k"}, b, h, k_nope, k_rope);
+                                                                              ${VARLEN and "k_end" or "seqlen_k"}, b, h, k_nope, k_rope${PACKED and "" or ", ld_k_rope"});
   };
   auto load_v = [&](int tile, int st) {
     mla::cp_async_tile<BLOCK_N, DV, VS, TPR_V, NUM_THREADS>(sV + st * V_ELEMS, tr_v, tc_v, ${TILE("tile")} * BLOCK_N, ${VARLEN and "k_end" or "seqlen_k"},

@@ -18,8 +18,8 @@
 @ --                not wait for V) and empty[st] (every consumer thread arrives when it is
 @ --                done with the stage; the producer waits on it, parity flipped, before
 @ --                reusing the stage). K_nope boxes {W_n, 1, block_n} per head; split
-@ --                keys: the shared k_rope [B*S_k, d_r] as 2D boxes {W_r, block_n} (never
-@ --                a per-head copy); V boxes {W_v, 1, block_n}. The maps' rows are B*S
+@ --                keys: the shared k_rope [B*S_k, d_r] (rows ld_k_rope apart) as 2D
+@ --                boxes {W_r, block_n} (never a per-head copy); V boxes {W_v, 1, block_n}. The maps' rows are B*S
 @ --                tokens: a tile's rows past its batch item's end read the next item's
 @ --                (or zeros past the last): masked keys, and query rows never stored.
 @ -- Consumers, per key tile: S = Q K^T with wgmma m64n{block_n}k16, A (Q) and B (K) from
@@ -74,7 +74,7 @@
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<4>", shape = "[4]",
 @       doc = "4 CUtensorMaps passed by value (kernel parameter space; the host passes 4 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over the tensors above (16-bit elements, no interleave, zero OOB fill), box inner width W(d) = 64/32/16 columns for d % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
 @             "[0] q dims {d_qk, H, B*S_q} box {W(d_qk), 1, block_m}; [1] k_nope dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}; " ..
-@             "[2] split: k_rope dims {d_r, B*S_k} box {W(d_r), block_n}, packed: K dims {d_qk, H, B*S_k} box {W(d_r), 1, block_n}; [3] v dims {d_v, H, B*S_k} box {W(d_v), 1, block_n}" },
+@             "[2] split: k_rope dims {d_r, B*S_k} row stride ld_k_rope box {W(d_r), block_n}, packed: K dims {d_qk, H, B*S_k} box {W(d_r), 1, block_n}; [3] v dims {d_v, H, B*S_k} box {W(d_v), 1, block_n}" },
 @   }, varlen_params()),
 @   tunables = {
 @     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },

@@ -509,15 +509,18 @@ __device__ __forceinline__ void cp_async_tile_dealt(T* dst, int tid, int row0, i
 
 // A tile of the explicit form's keys K = [K_nope ; k_rope] of head h: rows [n0, n0 + ROWS)
 // of batch item b, row stride STRIDE, zero past seqlen_k. Split (PACKED false): k_nope
-// [B, S_k, H, DN] per head and k_rope [B, S_k, DR] shared by the heads. Packed: one per-head
-// K [B, S_k, H, DN + DR] in k_nope, the RoPE part at +DN of the same row (k_rope unused).
-// TPR must divide DN / 8 and DR / 8, so each chunk's part is known at compile time.
+// [B, S_k, H, DN] per head and k_rope shared by the heads, token row t = b * S_k + j at
+// k_rope + t * ld_kr (ld_kr >= DR elements, its first DR used: DR for a contiguous
+// [B, S_k, DR], d_c + DR for the RoPE columns of the latent c). Packed: one per-head
+// K [B, S_k, H, DN + DR] in k_nope, the RoPE part at +DN of the same row (k_rope and ld_kr
+// unused). TPR must divide DN / 8 and DR / 8, so each chunk's part is known at compile time.
 template <int ROWS, int DN, int DR, int H, bool PACKED, int STRIDE, int TPR, int NTHREADS, class T>
 __device__ __forceinline__ void cp_async_k_tile(T* dst, int tr, int tc, int n0, int seqlen_k, int b,
-                                                int h, const T* k_nope, const T* k_rope) {
+                                                int h, const T* k_nope, const T* k_rope, int ld_kr = 0) {
   constexpr int DQK = DN + DR;
   constexpr int KN_TOK = PACKED ? H * DQK : H * DN, KN_HEAD = PACKED ? DQK : DN;
-  constexpr int KR_TOK = PACKED ? H * DQK : DR, KR_HEAD = PACKED ? DQK : 0;
+  constexpr int KR_HEAD = PACKED ? DQK : 0;
+  const size_t KR_TOK = PACKED ? (size_t)H * DQK : (size_t)ld_kr;  // a constant when packed
   static_assert((DN / CHUNK) % TPR == 0 && (DR / CHUNK) % TPR == 0, "a chunk column on one side of DN");
   for_copy_rows<ROWS, TPR, NTHREADS>(tr, [&](int j) {
     const bool ok = n0 + j < seqlen_k;

@@ -146,6 +146,24 @@ function append_varlen_params(params)
   return params
 end
 
+-- The explicit attention kernels with split keys (k_packed = 0): params (a list holding a
+-- k_rope parameter) with the int ld_k_rope, k_rope's row stride, inserted right after k_rope;
+-- packed kernels (packed true) get params as they are. via: how the kernel reads k_rope
+-- (appended to the doc). The one statement of the ld_k_rope contract (SPLITKEY.md).
+function insert_ld_k_rope(params, packed, via)
+  if packed then return params end
+  local out = {}
+  for _, p in ipairs(params) do
+    out[#out + 1] = p
+    if p.name == "k_rope" then
+      out[#out + 1] = { name = "ld_k_rope", type = "int", bench = "d_r",
+        doc = "elements between consecutive k_rope token rows: row t = b * S_k + j at k_rope + t * ld_k_rope, its first d_r elements read (the rest never): >= d_r; d_r for a contiguous [B, S_k, d_r], d_c + d_r for the RoPE columns of the latent c [B, S_k, d_c + d_r] (k_rope = c + d_c)" .. (via or "") }
+    end
+  end
+  assert(#out == #params + 1, "insert_ld_k_rope: no k_rope parameter")
+  return out
+end
+
 -- "const T* __restrict__ q, int seqlen_q, ..." from a params list.
 function param_list(params, indent)
   local out = {}

@@ -18,7 +18,7 @@ end
 
 -- The key parameters k_nope, k_rope of an explicit-form kernel reading them through
 -- tmaps[1] and tmaps[2]: packed (k_packed = 1), one per-head K in k_nope; split, per-head
--- K_nope (nope_doc says what it is) and the shared k_rope.
+-- K_nope (nope_doc says what it is), the shared k_rope and its row stride ld_k_rope.
 function explicit_k_params(packed, nope_doc)
   if packed then
     return {
@@ -26,10 +26,10 @@ function explicit_k_params(packed, nope_doc)
       { name = "k_rope", type = "const elem_t*", shape = "unused",                 doc = "k_packed = 1: unused (may be null)" },
     }
   end
-  return {
+  return insert_ld_k_rope({
     { name = "k_nope", type = "const elem_t*", shape = "[B, S_k, H, d_n]", doc = nope_doc .. " (read through tmaps[1])" },
-    { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",    doc = "RoPE'd key part shared by all heads (read through tmaps[2])" },
-  }
+    { name = "k_rope", type = "const elem_t*", shape = "[B, S_k, d_r]",    doc = "RoPE'd key part shared by all heads, token rows ld_k_rope elements apart (read through tmaps[2])" },
+  }, false, " (read only through tmaps[2], whose row stride is ld_k_rope elements: mg_sm90_fwd_tmaps / mg_sm90_bwd_tmaps, runtime/exec/mg_sm90_tmap.h, take it; a multiple of 8)")
 end
 
 -- The int and float parameters of every explicit attention kernel, in their order: the

@@ -93,6 +93,26 @@ static inline double *kt_k_to_d(int fp16, int packed, const e16 *kn, const e16 *
   return k;
 }
 
+/* Split keys' k_rope as the kernels read it (their ld_k_rope argument, SPLITKEY.md): the rows
+ * of kr [rows, dr] at column KT_ROPE_COL of a [rows, KT_ROPE_COL + dr] buffer whose every
+ * other element is NaN (0x7fff in bf16 and fp16), as the LAGA plans pass the latent c's RoPE
+ * columns; or, wide 0, a contiguous copy (ld_k_rope = dr). Returns the malloc'd buffer (free
+ * it); *kr_arg and *ld: the kernel's k_rope and ld_k_rope arguments. NULL kr: NULL, no
+ * arguments (packed keys). */
+#define KT_ROPE_COL 64
+static inline e16 *kt_rope_strided(const e16 *kr, size_t rows, int dr, int wide,
+                                   const e16 **kr_arg, int *ld) {
+  *kr_arg = NULL, *ld = 0;
+  if (!kr) return NULL;
+  const int col = wide ? KT_ROPE_COL : 0;
+  *ld = col + dr;
+  e16 *buf = malloc((rows ? rows : 1) * (size_t)*ld * sizeof *buf);
+  for (size_t i = 0; i < rows * (size_t)*ld; i++) buf[i] = 0x7fff;
+  for (size_t r = 0; r < rows; r++) memcpy(buf + r * *ld + col, kr + r * dr, (size_t)dr * sizeof *kr);
+  *kr_arg = buf + col;
+  return buf;
+}
+
 /* DeepSeek-V2/V3's YaRN attention scale (rope_scaling factor 40, mscale_all_dim 1):
  * mscale = 0.1 ln(40) + 1; the softmax scale is mscale^2 / sqrt(d_qk). */
 #define KT_YARN_MSCALE 1.3689

@@ -55,6 +55,28 @@ typedef void (*dq_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
                              int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
                              float softmax_scale, const int *cu_seqlens, int n_seqs);
 
+/* Split keys (k_packed = 0): dkdv and dq with k_rope's row stride ld_k_rope after k_rope. */
+typedef void (*dkdv_split_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                              const e16 *v, const e16 *dout, const float *lse, const float *delta,
+                              float *dq_accum, e16 *dk_nope, float *dk_rope, e16 *dv,
+                              int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                              float softmax_scale);
+typedef void (*dq_split_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                            const e16 *v, const e16 *dout, const float *lse, const float *delta,
+                            e16 *dq, int seqlen_q, int seqlen_k, int q_pos0, int q_split,
+                            int q_pos1, float softmax_scale);
+typedef void (*dkdv_split_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                     int ld_k_rope, const e16 *v, const e16 *dout,
+                                     const float *lse, const float *delta, float *dq_accum,
+                                     e16 *dk_nope, float *dk_rope, e16 *dv, int seqlen_q,
+                                     int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                                     float softmax_scale, const int *cu_seqlens, int n_seqs);
+typedef void (*dq_split_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                   int ld_k_rope, const e16 *v, const e16 *dout, const float *lse,
+                                   const float *delta, e16 *dq, int seqlen_q, int seqlen_k,
+                                   int q_pos0, int q_split, int q_pos1, float softmax_scale,
+                                   const int *cu_seqlens, int n_seqs);
+
 enum { FAM_PRE, FAM_DKDV, FAM_DQ };
 
 typedef struct built_kernel {
@@ -112,7 +134,9 @@ static void build(const mg_kernel_spec *spec, built_kernel *out) { build_src(spe
 static void unload(built_kernel *bk) { kh_free(&bk->kh); }
 
 /* One case: inputs, the float64 forward (o, lse) and reference gradients, kernel outputs.
- * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r]; packed: kn [B, S_k, H, d_n + d_r].
+ * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r], which the kernels read from kr_buf
+ * (kt_rope_strided, made by run_pipeline: at column KT_ROPE_COL of NaN-filled rows, or
+ * contiguous when kr_contig); packed: kn [B, S_k, H, d_n + d_r].
  * Query row i at q_pos0 + i, or with two chunks (q_split > 0) at q_pos1 + i - q_split from
  * row q_split on (attn_ref_pos). */
 typedef struct bwd_case {
@@ -121,6 +145,9 @@ typedef struct bwd_case {
   int n_cu;
   float scale;
   e16 *q, *kn, *kr, *v, *dout, *o16;
+  e16 *kr_buf;       /* split keys: what the kernels read k_rope from (run_pipeline) */
+  const e16 *kr_arg; /* their k_rope and ld_k_rope arguments */
+  int ld_kr, kr_contig;
   float *lse32;
   size_t nq, nkn, nkr, nv, no, nl;
   double *r_dq, *r_dkn, *r_dkr, *r_dv; /* reference gradients */
@@ -131,6 +158,10 @@ typedef struct bwd_case {
 } bwd_case;
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
+
+/* The k_rope layout of the split-key cases case_init_vl makes: 0 (wide, NaN around each
+ * row) but for check_shape's case with every tile full. */
+static int g_kr_contig;
 
 /* The relative size of the kernels' own fp32 error in a P or dS element, for attn_ref.h's
  * bound of ambiguous 16-bit roundings (see the tolerances below). */
@@ -187,7 +218,7 @@ static void case_init_vl(const mg_kernel_spec *s, bwd_case *c, int packed, int B
                          int sk, const kt_qpos *pos, const kt_varlen *vl) {
   const int H = s->heads, dqk = s->d_n + s->d_r;
   memset(c, 0, sizeof *c);
-  c->B = B, c->sq = sq, c->sk = sk, c->packed = packed;
+  c->B = B, c->sq = sq, c->sk = sk, c->packed = packed, c->kr_contig = g_kr_contig;
   if (vl) c->cu = kt_varlen_copy(vl), c->n_cu = vl->n;
   c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
@@ -250,7 +281,7 @@ static void case_free(bwd_case *c) {
   free(c->r_dq), free(c->r_dkn), free(c->r_dkr), free(c->r_dv);
   free(c->f_dq), free(c->f_dkn), free(c->f_dkr), free(c->f_dv);
   free(c->delta), free(c->dq_accum), free(c->dkr), free(c->dq), free(c->dkn), free(c->dv);
-  free(c->cu);
+  free(c->cu), free(c->kr_buf);
 }
 
 typedef struct launch_args {
@@ -262,6 +293,27 @@ static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
+  if (!c->packed && a->bk->fam != FAM_PRE) { /* split keys: ld_k_rope after k_rope */
+    const float *dqa = a->bk->det ? NULL : c->dq_accum;
+    if (a->bk->fam == FAM_DKDV && c->cu)
+      ((dkdv_split_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr_arg, c->ld_kr, c->v, c->dout,
+                                           c->lse32, c->delta, (float *)dqa, c->dkn, c->dkr, c->dv,
+                                           c->sq, c->sk, kp.q_pos0, kp.q_split, kp.q_pos1,
+                                           c->scale, c->cu, c->n_cu);
+    else if (a->bk->fam == FAM_DKDV)
+      ((dkdv_split_fn)a->bk->kh.fn)(c->q, c->kn, c->kr_arg, c->ld_kr, c->v, c->dout, c->lse32,
+                                    c->delta, (float *)dqa, c->dkn, c->dkr, c->dv, c->sq, c->sk,
+                                    kp.q_pos0, kp.q_split, kp.q_pos1, c->scale);
+    else if (c->cu)
+      ((dq_split_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr_arg, c->ld_kr, c->v, c->dout,
+                                         c->lse32, c->delta, c->dq, c->sq, c->sk, kp.q_pos0,
+                                         kp.q_split, kp.q_pos1, c->scale, c->cu, c->n_cu);
+    else
+      ((dq_split_fn)a->bk->kh.fn)(c->q, c->kn, c->kr_arg, c->ld_kr, c->v, c->dout, c->lse32,
+                                  c->delta, c->dq, c->sq, c->sk, kp.q_pos0, kp.q_split, kp.q_pos1,
+                                  c->scale);
+    return;
+  }
   if (c->cu) {
     switch (a->bk->fam) {
       case FAM_PRE:
@@ -357,6 +409,9 @@ static double run_pipeline(const bwd_set *bs, bwd_case *c, const mg_host_launch_
   for (size_t i = 0; i < c->nkn; i++) c->dkn[i] = 0x7fff;
   for (size_t i = 0; i < c->nv; i++) c->dv[i] = 0x7fff;
   for (size_t i = 0; i < c->nkr; i++) c->dkr[i] = bs->det ? NAN : 0.f;
+  free(c->kr_buf);
+  c->kr_buf = kt_rope_strided(c->kr, (size_t)c->B * c->sk, bs->dkdv.kh.spec.d_r, !c->kr_contig,
+                              &c->kr_arg, &c->ld_kr);
   double t0 = kh_now();
   /* pre zeroes dq_accum in the atomic mode; the deterministic mode has none (NULL) */
   float *keep = c->dq_accum;
@@ -472,7 +527,9 @@ static void check_shape(int dn, int dr, int dv) {
         run_case(&bs, 1, 40, 100, 60);
         run_case(&bs, 1, 70, 200, 130);
         run_case(&bs, 1, 16, 200, 0);
+        g_kr_contig = 1; /* split keys: the one contiguous k_rope (ld_k_rope = d_r) */
         run_case(&bs, 1, 128, 128, 0); /* every tile full: the training lengths' case */
+        g_kr_contig = 0;
         set_unload(&bs);
       }
 }
@@ -783,6 +840,9 @@ static kt_mutation g_bwd_mutations[] = {
      "#define M_ (qi + (m0 + BLOCK_M > seqlen_q))", ""},
 };
 
+/* The ld_k_rope mutation (below), run as part of test_mutations_caught. */
+static void ld_k_rope_mutation_caught(void);
+
 static void test_mutations_caught(void **state) {
   (void)state;
   static const int shapes[][4] = {{2, 77, 77, 0}, {1, 40, 100, 60}, {1, 70, 200, 130}, {1, 16, 200, 0}};
@@ -809,6 +869,40 @@ static void test_mutations_caught(void **state) {
       if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);
       case_free(&c);
     }
+    set_unload(&bs);
+  }
+  kt_noise_quiet = 0;
+  ld_k_rope_mutation_caught(); /* split keys: the row stride ignored */
+}
+
+/* attn_bwd_dkdv or attn_bwd_dq ignoring ld_k_rope (k_rope's token rows taken d_r apart,
+ * the contiguous layout) fails on the wide k_rope (kt_rope_strided: it reads the NaN between
+ * the rows, or other tokens' RoPE parts): the deterministic pipeline with one of its two
+ * kernels mutated, causal, batch 2 of 77. */
+static void ld_k_rope_mutation_caught(void) {
+  kt_noise_quiet = 1;
+  for (int fam = FAM_DKDV; fam <= FAM_DQ; fam++) {
+    kt_mutation m = {fam == FAM_DKDV ? "attn_bwd_dkdv: ld_k_rope ignored" : "attn_bwd_dq: ld_k_rope ignored",
+                     "k_rope, ld_k_rope)", "k_rope, DR)", NULL, ""};
+    bwd_set bs;
+    memset(&bs, 0, sizeof bs);
+    bs.det = 1;
+    mg_kernel_spec s = make_spec("attn_bwd_pre", 2, 64, 32, 64, 1);
+    build(&s, &bs.pre);
+    s = make_spec("attn_bwd_dkdv", 2, 64, 32, 64, 1);
+    set(&s, "deterministic=1");
+    if (!build_edit(&s, fam == FAM_DKDV ? kt_mutate_edit : NULL, &m, &bs.dkdv)) fail_msg("%s", m.error);
+    s = make_spec("attn_bwd_dq", 2, 64, 32, 64, 1);
+    if (!build_edit(&s, fam == FAM_DQ ? kt_mutate_edit : NULL, &m, &bs.dq)) fail_msg("%s", m.error);
+    bwd_case c;
+    case_init(&bs.dkdv.kh.spec, &c, 0, 2, 77, 77, 0);
+    run_pipeline(&bs, &c, NULL);
+    double r[4];
+    char msg[400];
+    const size_t nans = compare(&bs, &c, r, msg, sizeof msg);
+    print_message("  [%s] %zu NaN outputs; %s\n", m.name, nans, msg[0] ? msg : "NOT CAUGHT");
+    if (!nans && !msg[0]) fail_msg("%s: passes the per-element check", m.name);
+    case_free(&c);
     set_unload(&bs);
   }
   kt_noise_quiet = 0;

@@ -44,6 +44,29 @@ typedef void (*dq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const 
                       const e16 *dout, const float *lse, const float *delta, e16 *dq,
                       int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
                       float softmax_scale, tmaps5_t tmaps);
+/* split keys (k_packed = 0): k_rope's row stride ld_k_rope after k_rope (the kernels read
+ * k_rope through tmaps[2], whose row stride it is) */
+typedef void (*dkdv_split_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                              const e16 *v, const e16 *dout, const float *lse, const float *delta,
+                              float *dq_accum, e16 *dk_nope, float *dk_rope, e16 *dv,
+                              int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                              float softmax_scale, tmaps5_t tmaps);
+typedef void (*dq_split_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                            const e16 *v, const e16 *dout, const float *lse, const float *delta,
+                            e16 *dq, int seqlen_q, int seqlen_k, int q_pos0, int q_split,
+                            int q_pos1, float softmax_scale, tmaps5_t tmaps);
+typedef void (*dkdv_split_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                     int ld_k_rope, const e16 *v, const e16 *dout,
+                                     const float *lse, const float *delta, float *dq_accum,
+                                     e16 *dk_nope, float *dk_rope, e16 *dv, int seqlen_q,
+                                     int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                                     float softmax_scale, tmaps5_t tmaps, const int *cu_seqlens,
+                                     int n_seqs);
+typedef void (*dq_split_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                   int ld_k_rope, const e16 *v, const e16 *dout, const float *lse,
+                                   const float *delta, e16 *dq, int seqlen_q, int seqlen_k,
+                                   int q_pos0, int q_split, int q_pos1, float softmax_scale,
+                                   tmaps5_t tmaps, const int *cu_seqlens, int n_seqs);
 /* the packed-sequence variants (spec.varlen): the same, then cu_seqlens and n_seqs */
 typedef void (*dkdv_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                                const e16 *dout, const float *lse, const float *delta,
@@ -93,7 +116,10 @@ static mg_kernel_spec make_spec(int dq, int H, int dn, int dr, int dv, int causa
 
 /* One case: inputs, the reference gradients and their flip bounds, the kernel's outputs.
  * Query row i sits at q_pos0 + i for i < q_split, else at q_pos1 + (i - q_split) (the
- * position contract of COMMON.md / mg_plan.h). */
+ * position contract of COMMON.md / mg_plan.h). Split keys: kr [B, S_k, d_r], which the
+ * kernels read from kr_buf (kt_rope_strided: at column KT_ROPE_COL of NaN-filled rows, or
+ * contiguous when g_kr_contig), tmaps[2] with its row stride (or, map_ld_dr, with d_r: a
+ * map that ignores ld_k_rope, for the mutation test). */
 typedef struct bwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1;
   float scale;
@@ -106,7 +132,14 @@ typedef struct bwd_case {
   tmap_t *tmaps; /* [5] */
   const int *cu; /* packed sequences: cu_seqlens [n_cu + 1] (batch 1), else NULL */
   int n_cu;
+  e16 *kr_buf;
+  const e16 *kr_arg;
+  int ld_kr, map_ld_dr;
 } bwd_case;
+
+/* The k_rope layout of the split-key cases case_init_cu makes: 0 (wide, NaN around each
+ * row) but for one case of test_deepseek_heads. */
+static int g_kr_contig;
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
 
@@ -217,8 +250,9 @@ static void encode_maps(const built_kernel *bk, bwd_case *c) {
   sm90_driver_info(&bk->kh, &drv, &info);
   mg_diag d = MG_DIAG_INIT;
   const mg_sm90_bwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q,  (CUdeviceptr)(uintptr_t)c->kn,
-                                 (CUdeviceptr)(uintptr_t)c->kr, (CUdeviceptr)(uintptr_t)c->v,
-                                 (CUdeviceptr)(uintptr_t)c->dout, c->B, c->sq, c->sk};
+                                 (CUdeviceptr)(uintptr_t)c->kr_arg, (CUdeviceptr)(uintptr_t)c->v,
+                                 (CUdeviceptr)(uintptr_t)c->dout, c->B, c->sq, c->sk,
+                                 c->map_ld_dr ? 0 : c->ld_kr};
   if (mg_sm90_bwd_tmaps(drv, &bk->kh.spec, &info, &t, (CUtensorMap *)c->tmaps, &d))
     fail_msg("mg_sm90_bwd_tmaps: %s", mg_diag_msg(&d));
 }
@@ -270,6 +304,7 @@ static void case_init_cu(const built_kernel *bk, bwd_case *c, int B, int sq, int
   } else {
     reference(s, c, packed);
   }
+  c->kr_buf = kt_rope_strided(c->kr, (size_t)B * sk, s->d_r, !g_kr_contig, &c->kr_arg, &c->ld_kr);
   encode_maps(bk, c);
 }
 static void case_init(const built_kernel *bk, bwd_case *c, int B, int sq, int sk, int q_pos0,
@@ -281,6 +316,7 @@ static void case_free(bwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->dout), free(c->o16), free(c->lse32);
   free(c->delta), free(c->r_dkn), free(c->f_dkn), free(c->r_dkr), free(c->f_dkr), free(c->r_dv);
   free(c->f_dv), free(c->r_dq), free(c->f_dq), free(c->dq), free(c->dq_accum), free(c->dkn), free(c->dkr), free(c->dv), free(c->tmaps);
+  free(c->kr_buf);
 }
 
 typedef struct launch_args {
@@ -292,6 +328,26 @@ static void thunk(void *p) {
   launch_args *a = p;
   bwd_case *c = a->c;
   const int p0 = c->q_pos0, split = c->q_split, p1 = c->q_pos1;
+  if (c->kr) { /* split keys: ld_k_rope after k_rope */
+    const tmaps5_t *tm = (const tmaps5_t *)c->tmaps;
+    float *dqa = a->bk->atomic ? c->dq_accum : NULL;
+    if (c->cu && a->bk->is_dq)
+      ((dq_split_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr_arg, c->ld_kr, c->v, c->dout,
+                                         c->lse32, c->delta, c->dq, c->sq, c->sk, p0, split, p1,
+                                         c->scale, *tm, c->cu, c->n_cu);
+    else if (c->cu)
+      ((dkdv_split_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr_arg, c->ld_kr, c->v, c->dout,
+                                           c->lse32, c->delta, NULL, c->dkn, c->dkr, c->dv, c->sq,
+                                           c->sk, p0, split, p1, c->scale, *tm, c->cu, c->n_cu);
+    else if (a->bk->is_dq)
+      ((dq_split_fn)a->bk->kh.fn)(c->q, c->kn, c->kr_arg, c->ld_kr, c->v, c->dout, c->lse32,
+                                  c->delta, c->dq, c->sq, c->sk, p0, split, p1, c->scale, *tm);
+    else
+      ((dkdv_split_fn)a->bk->kh.fn)(c->q, c->kn, c->kr_arg, c->ld_kr, c->v, c->dout, c->lse32,
+                                    c->delta, dqa, c->dkn, c->dkr, c->dv, c->sq, c->sk, p0,
+                                    split, p1, c->scale, *tm);
+    return;
+  }
   if (c->cu && a->bk->is_dq)
     ((dq_varlen_fn)a->bk->kh.fn)(c->q, c->kn, c->kr, c->v, c->dout, c->lse32, c->delta, c->dq,
                                  c->sq, c->sk, p0, split, p1, c->scale,
@@ -437,6 +493,7 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0, 
  * contract), one at 130 of 200 (the diagonal inside a tile), two chunks of 35 rows at 0 and
  * 165 of 200 keys, more query and key tiles than stages (the rings wrap); non-causal (no mask but the ends): S = 77 with batch 2 and the
  * shard at 130 of 200. */
+static int g_contig_full; /* 1: check_shape's tiles-wrap case reads a contiguous k_rope */
 static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const *sets, int n_sets) {
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(dq, H, dn, dr, dv, causal);
@@ -449,7 +506,9 @@ static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const
     /* two chunks (the all-gather CP form's zigzag): rows 0..34 at 0.., 35..69 at 165.. */
     if (causal) run_case2(&bk, 1, 70, 200, 0, 35, 165);
     run_case(&bk, 1, 70, 200, 130, 0);
+    g_kr_contig = g_contig_full; /* split keys: that case's k_rope contiguous (ld_k_rope = d_r) */
     if (causal) run_case(&bk, 1, dq ? 128 : 256, dq ? 256 : 128, 0, 0);
+    g_kr_contig = 0;
     kh_free(&bk.kh);
   }
 }
@@ -459,13 +518,17 @@ static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const
  * (dK/dV) or block_n 128 (dQ). */
 static void test_deepseek_heads(void **state) {
   (void)state;
+  g_contig_full = 1; /* the one contiguous k_rope of each family */
   check_shape(0, 2, 128, 64, 128, NULL, 0);
+  g_contig_full = 0;
   const char *b[] = {"block_n=64", "stages=3", "k_packed=1"};
   check_shape(0, 2, 128, 64, 128, b, 3);
 }
 static void test_deepseek_heads_dq(void **state) {
   (void)state;
+  g_contig_full = 1;
   check_shape(1, 2, 128, 64, 128, NULL, 0);
+  g_contig_full = 0;
   const char *b[] = {"block_m=64", "block_n=128", "k_packed=1"};
   check_shape(1, 2, 128, 64, 128, b, 3);
 }
@@ -582,6 +645,29 @@ static void test_mutations_caught(void **state) {
     }
     print_message("  %s%s without '%s': %s: %.120s\n", FAMS[dq], mu->dq == 2 ? " (atomic)" : "",
                   mu->blank, how, msg);
+    case_free(&c);
+    kh_free(&bk.kh);
+  }
+  /* Split keys: tmaps[2] made as if ld_k_rope were d_r (a map or kernel ignoring it) over the
+   * wide k_rope reads the NaN between its rows, or other tokens' RoPE parts: caught, in
+   * both families. */
+  for (int dq = 0; dq <= 1; dq++) {
+    mg_kernel_spec s = make_spec(dq, 2, 64, 32, 64, 1);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    bwd_case c;
+    case_init(&bk, &c, 2, 77, 77, 0, 77, 0);
+    c.map_ld_dr = 1;
+    encode_maps(&bk, &c);
+    char msg[1024];
+    if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+    double r[4];
+    kt_noise_quiet = 1;
+    const size_t nans = compare(&bk, &c, r, msg, sizeof msg);
+    kt_noise_quiet = 0;
+    print_message("  %s, tmaps[2] without ld_k_rope: %zu NaN outputs; %.120s\n", FAMS[dq], nans,
+                  msg[0] ? msg : "NOT CAUGHT");
+    if (!nans && !msg[0]) fail_msg("%s: tmaps[2] without ld_k_rope was not caught", FAMS[dq]);
     case_free(&c);
     kh_free(&bk.kh);
   }

@@ -41,8 +41,19 @@ typedef void (*attn_fwd_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k
                                    int q_pos0, int q_split, int q_pos1, float softmax_scale,
                                    const int *cu_seqlens, int n_seqs);
 
+/* Split keys (k_packed = 0): the same with k_rope's row stride ld_k_rope after k_rope. */
+typedef void (*attn_fwd_split_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                  int ld_k_rope, const e16 *v, e16 *o, float *lse, int seqlen_q,
+                                  int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                                  float softmax_scale);
+typedef void (*attn_fwd_split_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                         int ld_k_rope, const e16 *v, e16 *o, float *lse,
+                                         int seqlen_q, int seqlen_k, int q_pos0, int q_split,
+                                         int q_pos1, float softmax_scale, const int *cu_seqlens,
+                                         int n_seqs);
+
 typedef struct launch_args {
-  void *fn; /* attn_fwd_fn, or attn_fwd_varlen_fn when cu is set */
+  void *fn; /* attn_fwd_fn, or attn_fwd_varlen_fn when cu is set (split keys: the _split_ ones) */
   const e16 *q, *kn, *kr, *v;
   e16 *o;
   float *lse;
@@ -50,11 +61,22 @@ typedef struct launch_args {
   float scale;
   const int *cu; /* varlen: cu_seqlens [n_cu + 1] */
   int n_cu;
+  int ld_kr; /* split keys: ld_k_rope; 0: packed keys (no such parameter) */
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
-  if (a->cu) {
+  if (a->ld_kr && a->cu) {
+    attn_fwd_split_varlen_fn f;
+    *(void **)&f = a->fn;
+    f(a->q, a->kn, a->kr, a->ld_kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split,
+      a->q_pos1, a->scale, a->cu, a->n_cu);
+  } else if (a->ld_kr) {
+    attn_fwd_split_fn f;
+    *(void **)&f = a->fn;
+    f(a->q, a->kn, a->kr, a->ld_kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split,
+      a->q_pos1, a->scale);
+  } else if (a->cu) {
     attn_fwd_varlen_fn f;
     *(void **)&f = a->fn;
     f(a->q, a->kn, a->kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split, a->q_pos1,
@@ -110,18 +132,26 @@ static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec
 static void unload(built_kernel *bk) { kh_free(&bk->kh); }
 
 /* One case's tensors: random inputs, outputs NaN until the kernel writes them.
- * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r]. Packed: kn [B, S_k, H, d_n + d_r]
- * (a RoPE part per head), kr NULL. Query row i at q_pos0 + i, or with two chunks
- * (q_split > 0) at q_pos1 + i - q_split from row q_split on (attn_ref_pos). */
+ * Split keys: kn [B, S_k, H, d_n], kr [B, S_k, d_r]; the kernel reads kr from kr_buf
+ * (kt_rope_strided, made at each launch: at column KT_ROPE_COL of NaN-filled rows, or
+ * contiguous when kr_contig). Packed: kn [B, S_k, H, d_n + d_r] (a RoPE part per head), kr
+ * NULL. Query row i at q_pos0 + i, or with two chunks (q_split > 0) at q_pos1 + i - q_split
+ * from row q_split on (attn_ref_pos). */
 typedef struct fwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1;
   int *cu; /* varlen (case_varlen): cu_seqlens [n_cu + 1] (malloc'd), else NULL */
   int n_cu;
   float scale;
   e16 *q, *kn, *kr, *v, *o;
+  e16 *kr_buf;   /* split keys: what the kernel reads k_rope from (launch_case) */
+  int kr_contig; /* 1: ld_k_rope = d_r; 0: d_r + KT_ROPE_COL, NaN between the rows */
   float *lse;
   size_t no, nl;
 } fwd_case;
+
+/* The k_rope layout of the split-key cases case_init_pos makes: 0 (wide, NaN around each
+ * row) but for check_shape's case with every tile full. */
+static int g_kr_contig;
 
 static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, int sk,
                           const kt_qpos *pos) {
@@ -130,6 +160,7 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
   c->B = B, c->sq = sq, c->sk = sk;
   c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->cu = NULL, c->n_cu = 0; /* not packed (case_varlen sets them) */
+  c->kr_buf = NULL, c->kr_contig = g_kr_contig;
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
   c->q = kt_rand_e16_sd(f16, (size_t)B * sq * H * dqk, kt_q_sd(c->scale, dqk)); /* scores sd 2 */
   if (bk->packed) {
@@ -153,6 +184,7 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
 
 static void case_free(fwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse), free(c->cu);
+  free(c->kr_buf);
 }
 
 /* float64 reference (tests/attn_ref.h) from the rounded inputs: o [B, Sq, H, dv], lse
@@ -178,8 +210,12 @@ static double launch_case(const built_kernel *bk, fwd_case *c, const mg_host_lau
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff; /* NaN in bf16 and fp16 */
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
-  launch_args a = {bk->kh.fn, c->q,       c->kn,      c->kr,    c->v,  c->o,   c->lse, c->sq,
-                   c->sk,     kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->cu, c->n_cu};
+  const e16 *kr;
+  int ld;
+  free(c->kr_buf);
+  c->kr_buf = kt_rope_strided(c->kr, (size_t)c->B * c->sk, bk->kh.spec.d_r, !c->kr_contig, &kr, &ld);
+  launch_args a = {bk->kh.fn, c->q,       c->kn,      kr,       c->v,  c->o,   c->lse, c->sq,
+                   c->sk,     kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->cu, c->n_cu, ld};
   mg_host_dim3 grid = {(unsigned)((c->sq + bk->block_m - 1) / bk->block_m),
                        (unsigned)bk->kh.spec.heads, (unsigned)c->B};
   return kh_launch(&bk->kh, grid, lo, thunk, &a);
@@ -274,7 +310,9 @@ static void check_shape(int dn, int dr, int dv) {
       run_case(&bk, 2, 77, 77, 0);
       run_case(&bk, 1, 40, 100, 60);
       run_case(&bk, 1, 70, 200, 130);
+      g_kr_contig = 1; /* split keys: the one contiguous k_rope (ld_k_rope = d_r) */
       run_case(&bk, 1, 128, 128, 0); /* every tile full */
+      g_kr_contig = 0;
       run_case(&bk, 1, 5, 0, 0);
       unload(&bk);
     }
@@ -423,6 +461,9 @@ static kt_mutation g_fwd_mutations[] = {
      "mla::warp_gemm_abt<elem_t, DN, BLOCK_N,", NULL, ""},
 };
 
+/* The ld_k_rope mutation (below), run as part of test_mutations_caught. */
+static void ld_k_rope_mutation_caught(void);
+
 static void test_mutations_caught(void **state) {
   (void)state;
   static const int shapes[][4] = {{2, 77, 77, 0}, {1, 40, 100, 60}, {1, 70, 200, 130}};
@@ -450,6 +491,7 @@ static void test_mutations_caught(void **state) {
       unload(&bk);
     }
   kt_noise_quiet = 0;
+  ld_k_rope_mutation_caught(); /* split keys: the row stride ignored */
 }
 
 /* The two-chunk queries of the all-gather context-parallel form (laga-cp): rank r of P
@@ -620,6 +662,37 @@ static void test_varlen_mutations_caught(void **state) {
       case_free(&c);
       unload(&bk);
     }
+  kt_noise_quiet = 0;
+}
+
+/* A split-key kernel that ignores ld_k_rope (k_rope's token rows taken d_r apart, the
+ * contiguous layout) fails on the wide k_rope of every case (kt_rope_strided: it reads the
+ * NaN between the rows, or other tokens' RoPE parts), the fixed-length and varlen variants. */
+static void ld_k_rope_mutation_caught(void) {
+  kt_mutation m = {"ld_k_rope ignored", "k_rope, ld_k_rope)", "k_rope, DR)", NULL, ""};
+  kt_noise_quiet = 1;
+  for (int varlen = 0; varlen <= 1; varlen++) {
+    mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+    s.varlen = varlen;
+    built_kernel bk;
+    if (!build_edit(&s, 0, kt_mutate_edit, &m, &bk)) fail_msg("%s", m.error);
+    fwd_case c;
+    if (varlen) {
+      case_init(&bk, &c, 1, KT_VARLEN_CAP, KT_VARLEN_CAP, 0);
+      case_varlen(&bk, &c, kt_varlen_many());
+    } else {
+      case_init(&bk, &c, 2, 77, 77, 0);
+    }
+    launch_case(&bk, &c, NULL);
+    double o_err, lse_err;
+    char msg[400];
+    const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+    print_message("  [%s] %s: %zu NaN outputs; %s\n", m.name, bk.kh.name, nans,
+                  msg[0] ? msg : "NOT CAUGHT");
+    if (!nans && !msg[0]) fail_msg("%s: passes the per-element check", m.name);
+    case_free(&c);
+    unload(&bk);
+  }
   kt_noise_quiet = 0;
 }
 

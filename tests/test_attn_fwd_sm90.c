@@ -37,6 +37,17 @@ typedef struct { tmap_t m[4]; } tmaps4_t;
 typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
                        float *lse, int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
                        float softmax_scale, tmaps4_t tmaps);
+/* split keys (k_packed = 0): k_rope's row stride ld_k_rope after k_rope (the kernel reads
+ * k_rope through tmaps[2], whose row stride it is) */
+typedef void (*fwd_split_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                             const e16 *v, e16 *o, float *lse, int seqlen_q, int seqlen_k,
+                             int q_pos0, int q_split, int q_pos1, float softmax_scale,
+                             tmaps4_t tmaps);
+typedef void (*fwd_split_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope,
+                                    int ld_k_rope, const e16 *v, e16 *o, float *lse, int seqlen_q,
+                                    int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                                    float softmax_scale, tmaps4_t tmaps, const int *cu_seqlens,
+                                    int n_seqs);
 /* the packed-sequence variant (spec.varlen): the same, then cu_seqlens and n_seqs */
 typedef void (*fwd_varlen_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
                               e16 *o, float *lse, int seqlen_q, int seqlen_k, int q_pos0,
@@ -53,10 +64,25 @@ typedef struct launch_args {
   const tmap_t *tmaps;
   const int *cu; /* packed: cu_seqlens [n_cu + 1] (the variant), else NULL */
   int n_cu;
+  int ld_kr; /* split keys: ld_k_rope; 0: packed keys (no such parameter) */
 } launch_args;
 
 static void thunk(void *p) {
   launch_args *a = p;
+  if (a->ld_kr && a->cu) {
+    fwd_split_varlen_fn fn;
+    *(void **)&fn = *(void **)&a->fn;
+    fn(a->q, a->kn, a->kr, a->ld_kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split,
+       a->q_pos1, a->scale, *(const tmaps4_t *)a->tmaps, a->cu, a->n_cu);
+    return;
+  }
+  if (a->ld_kr) {
+    fwd_split_fn fn;
+    *(void **)&fn = *(void **)&a->fn;
+    fn(a->q, a->kn, a->kr, a->ld_kr, a->v, a->o, a->lse, a->sq, a->sk, a->q_pos0, a->q_split,
+       a->q_pos1, a->scale, *(const tmaps4_t *)a->tmaps);
+    return;
+  }
   if (a->cu) {
     fwd_varlen_fn fn;
     *(void **)&fn = *(void **)&a->fn;
@@ -96,11 +122,17 @@ static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
 }
 
 /* Query row i at q_pos0 + i, or with two chunks (q_split > 0) at q_pos1 + i - q_split from
- * row q_split on (attn_ref_pos). */
+ * row q_split on (attn_ref_pos). Split keys: kr [B, S_k, d_r], which the kernel reads from
+ * kr_buf (kt_rope_strided, made at each launch: at column KT_ROPE_COL of NaN-filled rows, or
+ * contiguous when kr_contig), tmaps[2] with its row stride (or, map_ld_dr, with d_r: a map
+ * that ignores ld_k_rope, for the mutation test). */
 typedef struct fwd_case {
   int B, sq, sk, q_pos0, q_split, q_pos1;
   float scale;
   e16 *q, *kn, *kr, *v, *o;
+  e16 *kr_buf;
+  const e16 *kr_arg;
+  int ld_kr, kr_contig, map_ld_dr;
   float *lse;
   size_t no, nl;
   tmap_t *tmaps; /* [4] */
@@ -117,11 +149,15 @@ static void encode_maps(const built_kernel *bk, fwd_case *c) {
   sm90_driver_info(&bk->kh, &drv, &info);
   mg_diag d = MG_DIAG_INIT;
   const mg_sm90_fwd_tensors t = {(CUdeviceptr)(uintptr_t)c->q, (CUdeviceptr)(uintptr_t)c->kn,
-                                 (CUdeviceptr)(uintptr_t)c->kr, (CUdeviceptr)(uintptr_t)c->v,
-                                 c->B, c->sq, c->sk};
+                                 (CUdeviceptr)(uintptr_t)c->kr_arg, (CUdeviceptr)(uintptr_t)c->v,
+                                 c->B, c->sq, c->sk, c->map_ld_dr ? 0 : c->ld_kr};
   if (mg_sm90_fwd_tmaps(drv, &bk->kh.spec, &info, &t, (CUtensorMap *)c->tmaps, &d))
     fail_msg("mg_sm90_fwd_tmaps: %s", mg_diag_msg(&d));
 }
+
+/* The k_rope layout of the split-key cases case_init_pos makes: 0 (wide, NaN around each
+ * row) but for test_deepseek_heads' case with every tile full. */
+static int g_kr_contig;
 
 static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, int sk,
                           const kt_qpos *pos) {
@@ -146,7 +182,7 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
   c->lse = malloc((c->nl ? c->nl : 1) * sizeof *c->lse);
   c->tmaps = aligned_alloc(64, 4 * sizeof(tmap_t));
   memset(c->tmaps, 0, 4 * sizeof(tmap_t));
-  encode_maps(bk, c);
+  c->kr_contig = g_kr_contig;
 }
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
   case_init_pos(bk, c, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
@@ -154,6 +190,7 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
 
 static void case_free(fwd_case *c) {
   free(c->q), free(c->kn), free(c->kr), free(c->v), free(c->o), free(c->lse), free(c->tmaps);
+  free(c->kr_buf);
 }
 
 static void reference(const built_kernel *bk, const fwd_case *c, double *o, double *lse) {
@@ -176,9 +213,13 @@ static int launch_case(const built_kernel *bk, fwd_case *c, char *msg, size_t n)
   for (size_t i = 0; i < c->no; i++) c->o[i] = 0x7fff;
   for (size_t i = 0; i < c->nl; i++) c->lse[i] = NAN;
   const kt_qpos kp = kt_qpos_kernel(&(kt_qpos){c->q_pos0, c->q_split, c->q_pos1});
-  launch_args a = {bk->fn, c->q,   c->kn, c->kr,        c->v,         c->o,         c->lse,
+  free(c->kr_buf);
+  c->kr_buf = kt_rope_strided(c->kr, (size_t)c->B * c->sk, bk->kh.spec.d_r, !c->kr_contig,
+                              &c->kr_arg, &c->ld_kr);
+  encode_maps(bk, c);
+  launch_args a = {bk->fn, c->q,   c->kn, c->kr_arg,    c->v,         c->o,         c->lse,
                    c->sq,  c->sk,  kp.q_pos0, kp.q_split, kp.q_pos1, c->scale, c->tmaps,
-                   c->cu,  c->n_cu};
+                   c->cu,  c->n_cu, c->ld_kr};
   return sm90_launch(&bk->kh, kh_grid(&bk->kh, c->sq, c->sk, c->B), thunk, &a, 0, 0, msg, n);
 }
 
@@ -243,7 +284,8 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) 
  * divides it, and TMA rows past a batch item's end read the next one: masked), a query
  * shard at 60 of 100 keys, one at 130 of 200 (the diagonal inside a tile), every tile full
  * with more tiles than stages (the ring wraps), no keys. */
-static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_sets) {
+static void check_shape_ex(int dn, int dr, int dv, const char *const *sets, int n_sets,
+                           int contig_full) {
   for (int causal = 1; causal >= 0; causal--) {
     mg_kernel_spec s = make_spec(2, dn, dr, dv, causal);
     for (int i = 0; i < n_sets; i++) kh_set(&s, sets[i]);
@@ -253,18 +295,24 @@ static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_s
     run_case(&bk, 2, 77, 77, 0);
     run_case(&bk, 1, 40, 100, 60);
     run_case(&bk, 1, 70, 200, 130);
+    g_kr_contig = contig_full; /* split keys: that case's k_rope contiguous (ld_k_rope = d_r) */
     run_case(&bk, 1, 128, 256, 128);
+    g_kr_contig = 0;
     run_case(&bk, 1, 5, 0, 0);
     kh_free(&bk.kh);
   }
   print_message("  worst err/bound so far: O %.2f LSE %.2f\n", g_worst_o, g_worst_lse);
+}
+/* Split keys: every case reads k_rope at column KT_ROPE_COL of wider NaN-filled rows. */
+static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_sets) {
+  check_shape_ex(dn, dr, dv, sets, n_sets, 0);
 }
 
 /* DeepSeek-V3 heads (d_qk 192, d_v 128): the default (block_m 128: 2 consumers, block_n
  * 128, 2 stages, overlap). */
 static void test_deepseek_heads(void **state) {
   (void)state;
-  check_shape(128, 64, 128, NULL, 0);
+  check_shape_ex(128, 64, 128, NULL, 0, 1); /* the one contiguous k_rope: every tile full */
 }
 /* One consumer warpgroup, block_n 64, 3 stages, one GEMM at a time (overlap 0); and
  * packed keys with overlap. */
@@ -333,6 +381,22 @@ static void test_mutations_caught(void **state) {
     case_free(&c);
     kh_free(&bk.kh);
   }
+  /* Split keys: tmaps[2] made as if ld_k_rope were d_r (a map or kernel ignoring it) over the
+   * wide k_rope reads the NaN between its rows, or other tokens' RoPE parts: caught. */
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  fwd_case c;
+  case_init(&bk, &c, 2, 77, 77, 0);
+  c.map_ld_dr = 1;
+  char msg[1024];
+  if (launch_case(&bk, &c, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+  const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
+  print_message("  tmaps[2] without ld_k_rope: %zu NaN outputs; %.150s\n", nans, msg[0] ? msg : "NOT CAUGHT");
+  if (!nans && !msg[0]) fail_msg("tmaps[2] without ld_k_rope was not caught");
+  case_free(&c);
+  kh_free(&bk.kh);
 }
 
 /* The two-chunk queries of the all-gather context-parallel form (laga-cp; the cases of

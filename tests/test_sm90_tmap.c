@@ -4,8 +4,9 @@
  * the host executor's format (tests/host/mg_host_tmap.h): per map, the rank, dims, byte
  * strides, box, swizzle, element size and base are read back and compared with the
  * template's `tmaps` contract written out here by hand (split and packed keys, bf16 and
- * fp16, widths 64/32/16). Errors: a driver without the entry, a wrong family, a missing
- * tunable, a misaligned or null tensor. mg_sm90_launch_tmaps (the per-launch entry of the
+ * fp16, widths 64/32/16; split keys' k_rope rows ld_k_rope apart, e.g. the latent's RoPE
+ * columns). Errors: a driver without the entry, a wrong family, a missing tunable, a
+ * misaligned or null tensor, a k_rope row stride TMA cannot take. mg_sm90_launch_tmaps (the per-launch entry of the
  * executor and the tuner): the same maps from launch arguments, and its refusals (the backward's: test_launch_bwd_tmaps). End to end (the maps driving
  * the kernels on the host executor against float64): test_attn_fwd_sm90, test_attn_bwd_sm90. */
 #include <setjmp.h>
@@ -57,8 +58,10 @@ static mg_kernel_info info(long bm, long bn, long packed) {
   return k;
 }
 
-static void expect_map(const CUtensorMap *m, unsigned es, unsigned rank, uintptr_t base,
-                       const unsigned long long *dims, const unsigned *box, unsigned swz) {
+/* Map m's fields; its rows (dim 0's) ld elements apart (0: dims[0], contiguous). */
+static void expect_map_ld(const CUtensorMap *m, unsigned es, unsigned rank, uintptr_t base,
+                          const unsigned long long *dims, const unsigned *box, unsigned swz,
+                          unsigned long long ld) {
   mg_host_tmap t;
   memcpy(&t, m, sizeof t);
   assert_int_equal(t.magic, MG_HOST_TMAP_MAGIC);
@@ -72,8 +75,12 @@ static void expect_map(const CUtensorMap *m, unsigned es, unsigned rank, uintptr
     assert_int_equal(t.dim[i], dims[i]);
     assert_int_equal(t.box[i], box[i]);
     assert_int_equal(t.stride[i], stride); /* row-major: bytes per step of dim i */
-    stride *= dims[i];
+    stride *= i == 0 && ld ? ld : dims[i];
   }
+}
+static void expect_map(const CUtensorMap *m, unsigned es, unsigned rank, uintptr_t base,
+                       const unsigned long long *dims, const unsigned *box, unsigned swz) {
+  expect_map_ld(m, es, rank, base, dims, box, swz, 0);
 }
 
 /* Names k's first n parameters and gives their kinds, as a manifest would: what
@@ -126,12 +133,25 @@ static void test_split_deepseek(void **state) {
   mg_kernel_info k = info(128, 64, 0);
   CUtensorMap maps[4];
   mg_diag d = MG_DIAG_INIT;
-  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500};
+  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500, 0};
   if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
   expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){192, 16, 600}, (unsigned[]){64, 1, 128}, SW128);
   expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){128, 16, 1000}, (unsigned[]){64, 1, 64}, SW128);
   expect_map(&maps[2], 2, 2, KRA, (unsigned long long[]){64, 1000}, (unsigned[]){64, 64}, SW128);
   expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){128, 16, 1000}, (unsigned[]){64, 1, 64}, SW128);
+  /* ld_k_rope = d_r: the same maps as 0 */
+  CUtensorMap same[4];
+  mg_sm90_fwd_tensors u = t;
+  u.ld_k_rope = 64;
+  if (mg_sm90_fwd_tmaps(drv, &s, &k, &u, same, &d)) fail_msg("%s", mg_diag_msg(&d));
+  assert_memory_equal(same, maps, sizeof maps);
+  /* k_rope as the RoPE columns of the latent c [B S_k, 512 + 64] (k_rope = c + d_c, the LAGA
+   * plans' split keys): map [2]'s rows 576 elements (1152 bytes) apart; the others as before */
+  u.k_rope = KRA + 512 * 2, u.ld_k_rope = 576;
+  if (mg_sm90_fwd_tmaps(drv, &s, &k, &u, same, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map_ld(&same[2], 2, 2, KRA + 1024, (unsigned long long[]){64, 1000}, (unsigned[]){64, 64}, SW128, 576);
+  assert_memory_equal(&same[0], &maps[0], 2 * sizeof maps[0]);
+  assert_memory_equal(&same[3], &maps[3], sizeof maps[3]);
 }
 
 /* An unusual shape, packed keys, fp16: d_n 96 (W 32, 64B), d_r 16 (W 16, 32B), d_qk 112
@@ -144,7 +164,7 @@ static void test_packed_unusual_fp16(void **state) {
   mg_kernel_info k = info(64, 128, 1);
   CUtensorMap maps[4];
   mg_diag d = MG_DIAG_INIT;
-  const mg_sm90_fwd_tensors t = {QA, KNA, 0, VA, 1, 7, 0};
+  const mg_sm90_fwd_tensors t = {QA, KNA, 0, VA, 1, 7, 0, 0};
   if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
   expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){112, 3, 7}, (unsigned[]){16, 1, 64}, SW32);
   expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){112, 3, 1}, (unsigned[]){32, 1, 128}, SW64);
@@ -175,7 +195,7 @@ static void test_errors(void **state) {
   const mg_driver *drv = driver();
   mg_kernel_spec s = spec(16, 128, 64, 128, "bf16");
   mg_kernel_info k = info(128, 64, 0);
-  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 1, 256, 256};
+  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 1, 256, 256, 0};
   mg_driver old = *drv; /* a driver older than CUDA 12.0: the optional entry is NULL */
   old.cuTensorMapEncodeTiled = NULL;
   expect_error(&old, &s, &k, &t, MLAGEN_EUNSUPPORTED, "lacks");
@@ -192,6 +212,25 @@ static void test_errors(void **state) {
   expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "null");
   bad = t, bad.seqlen_q = -1;
   expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "seqlen_q -1");
+  /* split keys' row strides TMA cannot take (d_r 64): under d_r, not a multiple of 16 bytes,
+   * 2^40 bytes or more, negative; and the latent's RoPE columns at an odd d_c (a base not
+   * 16-byte aligned) */
+  bad = t, bad.ld_k_rope = 56;
+  expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL,
+               "map [2] k_rope: row stride ld_k_rope 56 elements: TMA needs it >= the row's 64 elements");
+  bad = t, bad.ld_k_rope = 68;
+  expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "ld_k_rope 68 elements: TMA needs it >= the row's 64 elements, a multiple of 8 elements (16 bytes)");
+  bad = t, bad.ld_k_rope = 1L << 39;
+  expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "under 2^40 bytes");
+  bad = t, bad.ld_k_rope = -64;
+  expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "ld_k_rope -64");
+  bad = t, bad.k_rope = KRA + 2 * 500, bad.ld_k_rope = 564;
+  expect_error(drv, &s, &k, &bad, MLAGEN_EINVAL, "map [2] k_rope: address 0x3003e8 is not 16-byte aligned");
+  mg_kernel_info packed = info(128, 64, 1); /* packed keys: ld_k_rope not read */
+  bad = t, bad.ld_k_rope = 68;
+  CUtensorMap pm[4];
+  mg_diag d = MG_DIAG_INIT;
+  if (mg_sm90_fwd_tmaps(drv, &s, &packed, &bad, pm, &d)) fail_msg("%s", mg_diag_msg(&d));
   mg_kernel_spec odd = s;
   odd.d_r = 8;
   expect_error(drv, &odd, &k, &t, MLAGEN_EINVAL, "multiples of 16");
@@ -213,8 +252,18 @@ static void test_bwd(void **state) {
   snprintf(k.family, sizeof k.family, "attn_bwd_dkdv_sm90");
   CUtensorMap maps[MG_SM90_BWD_TMAPS];
   mg_diag d = MG_DIAG_INIT;
-  const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100};
+  const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100, 0};
   if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
+  /* the latent's RoPE columns (d_c 512): map [2] with rows 544 elements apart */
+  mg_sm90_bwd_tensors lat = t;
+  lat.k_rope = KRA + 1024, lat.ld_k_rope = 544;
+  CUtensorMap lm[MG_SM90_BWD_TMAPS];
+  if (mg_sm90_bwd_tmaps(drv, &s, &k, &lat, lm, &d)) fail_msg("%s", mg_diag_msg(&d));
+  expect_map_ld(&lm[2], 2, 2, KRA + 1024, (unsigned long long[]){32, 200}, (unsigned[]){32, 128}, SW64, 544);
+  lat.ld_k_rope = 36; /* 72 bytes: not a multiple of 16 */
+  assert_int_equal(mg_sm90_bwd_tmaps(drv, &s, &k, &lat, lm, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "attn_bwd_dkdv_sm90 tensor map [2] k_rope: row stride ld_k_rope 36"));
+  mg_diag_clear(&d);
   expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){128, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
   expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){96, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
   expect_map(&maps[2], 2, 2, KRA, (unsigned long long[]){32, 200}, (unsigned[]){32, 128}, SW64);
@@ -248,18 +297,18 @@ static void test_launch_bwd_tmaps(void **state) {
   snprintf(s.family, sizeof s.family, "attn_bwd_dq_sm90");
   mg_kernel_info k = info(64, 128, 0);
   snprintf(k.family, sizeof k.family, "attn_bwd_dq_sm90");
-  static const char *const names[] = {"q", "k_nope", "k_rope", "v", "dout", "dq", "seqlen_q", "tmaps"};
-  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
-                                 MG_PARAM_IN,  MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
-  set_params(&k, 8, names, kinds);
-  CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, DOA, 0x600000};
-  int sq = 70;
+  static const char *const names[] = {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "dq", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN, MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_INT,  MG_PARAM_IN,
+                                 MG_PARAM_IN, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
+  set_params(&k, 9, names, kinds);
+  CUdeviceptr ptr[6] = {QA, KNA, KRA + 1024, VA, DOA, 0x600000}; /* k_rope: the latent's columns */
+  int sq = 70, ld = 544;
   CUtensorMap maps[MG_SM90_MAX_TMAPS], want[MG_SM90_BWD_TMAPS];
-  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
+  void *args[9] = {&ptr[0], &ptr[1], &ptr[2], &ld, &ptr[3], &ptr[4], &ptr[5], &sq, maps};
   const mg_launch_dims dims = {2, 70, 100};
   launch_maps(drv, &s, &k, args, &dims, maps, MG_SM90_BWD_TMAPS);
   mg_diag d = MG_DIAG_INIT;
-  const mg_sm90_bwd_tensors t = {QA, KNA, KRA, VA, DOA, 2, 70, 100};
+  const mg_sm90_bwd_tensors t = {QA, KNA, KRA + 1024, VA, DOA, 2, 70, 100, 544};
   if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(maps, want, sizeof want);
   expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
@@ -276,28 +325,35 @@ static void test_launch_tmaps(void **state) {
   const mg_driver *drv = driver();
   mg_kernel_spec s = spec(16, 128, 64, 128, "bf16");
   mg_kernel_info k = info(128, 64, 0);
-  static const char *const names[] = {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "tmaps"};
-  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN, MG_PARAM_IN,
+  static const char *const names[] = {"q", "k_nope", "k_rope", "ld_k_rope", "v", "o", "lse", "seqlen_q", "tmaps"};
+  const mg_param_kind kinds[] = {MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_IN,  MG_PARAM_INT,  MG_PARAM_IN,
                                  MG_PARAM_OUT, MG_PARAM_OUT, MG_PARAM_INT, MG_PARAM_TMAPS};
-  set_params(&k, 8, names, kinds);
-  CUdeviceptr ptr[6] = {QA, KNA, KRA, VA, 0x500000, 0x600000};
-  int sq = 300;
+  set_params(&k, 9, names, kinds);
+  CUdeviceptr ptr[6] = {QA, KNA, KRA + 1024, VA, 0x500000, 0x600000}; /* k_rope = c + d_c */
+  int sq = 300, ld = 576;
   CUtensorMap maps[MG_SM90_MAX_TMAPS], want[4];
-  void *args[8] = {&ptr[0], &ptr[1], &ptr[2], &ptr[3], &ptr[4], &ptr[5], &sq, maps};
+  void *args[9] = {&ptr[0], &ptr[1], &ptr[2], &ld, &ptr[3], &ptr[4], &ptr[5], &sq, maps};
   const mg_launch_dims dims = {2, 300, 500};
   launch_maps(drv, &s, &k, args, &dims, maps, 4);
   mg_diag d = MG_DIAG_INIT;
   int n = -1;
-  const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500};
+  const mg_sm90_fwd_tensors t = {QA, KNA, KRA + 1024, VA, 2, 300, 500, 576};
   if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(maps, want, sizeof want);
+  expect_map_ld(&maps[2], 2, 2, KRA + 1024, (unsigned long long[]){64, 1000}, (unsigned[]){64, 64}, SW128, 576);
+  /* the launch's ld_k_rope is checked as mg_sm90_fwd_tmaps's */
+  ld = 60;
+  assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
+  assert_non_null(strstr(mg_diag_msg(&d), "row stride ld_k_rope 60"));
+  mg_diag_clear(&d);
+  ld = 576;
   assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 3, &n, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "room for 3 maps"));
   mg_kernel_info other = k;
   snprintf(other.family, sizeof other.family, "attn_fwd");
   assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map encoder for family attn_fwd"));
-  other = k, other.n_params = 7;
+  other = k, other.n_params = 8;
   assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &other, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "no tensor-map parameter"));
   assert_int_equal(n, 0);

@@ -25,14 +25,22 @@ static int config_of(const mg_kernel_info *k, const char *name, long *v, mg_diag
 }
 
 /* One map of a row-major 16-bit tensor of rank 2 or 3 at base: dims innermost first; fam
- * names the kernel family in messages. */
-static int encode(const mg_driver *drv, const char *fam, CUtensorMap *map, const char *what,
-                  CUtensorMapDataType dt, int rank, CUdeviceptr base, const cuuint64_t *dims,
-                  const cuuint32_t *box, mg_diag *d) {
+ * names the kernel family in messages. Dim 0's rows are dims[0] elements apart (contiguous)
+ * or, when ld is not 0 (rank 2 only: the split keys' k_rope), ld elements apart. */
+static int encode_ld(const mg_driver *drv, const char *fam, CUtensorMap *map, const char *what,
+                     CUtensorMapDataType dt, int rank, CUdeviceptr base, const cuuint64_t *dims,
+                     long ld, const cuuint32_t *box, mg_diag *d) {
   if (!base || (base & 15))
     return mg_diag_set(d, MLAGEN_EINVAL, "%s tensor map %s: address 0x%llx is %s", fam, what,
                        (unsigned long long)base, base ? "not 16-byte aligned" : "null");
-  const cuuint64_t strides[2] = {dims[0] * 2, dims[0] * dims[1] * 2}; /* bytes, dims 1.. */
+  const cuuint64_t row = ld ? (cuuint64_t)ld * 2 : dims[0] * 2; /* bytes */
+  if (ld && (rank != 2 || ld < (long)dims[0] || row % 16 || row >= (1ull << 40)))
+    return mg_diag_set(d, MLAGEN_EINVAL,
+                       "%s tensor map %s: row stride ld_k_rope %ld elements: TMA needs it >= "
+                       "the row's %llu elements, a multiple of 8 elements (16 bytes) and under "
+                       "2^40 bytes",
+                       fam, what, ld, (unsigned long long)dims[0]);
+  const cuuint64_t strides[2] = {row, row * dims[1]}; /* bytes, dims 1.. */
   const cuuint32_t estrides[3] = {1, 1, 1};
   CUresult r = drv->cuTensorMapEncodeTiled(
       map, dt, (cuuint32_t)rank, (void *)(uintptr_t)base, dims, strides, box, estrides,
@@ -48,6 +56,13 @@ static int encode(const mg_driver *drv, const char *fam, CUtensorMap *map, const
     n += snprintf(call + n, sizeof call - (size_t)n, "%s%u", i ? ", " : "", box[i]);
   snprintf(call + n, sizeof call - (size_t)n, "})");
   return mg_driver_check(drv, r, MLAGEN_EINVAL, call, d);
+}
+
+/* encode_ld with contiguous rows. */
+static int encode(const mg_driver *drv, const char *fam, CUtensorMap *map, const char *what,
+                  CUtensorMapDataType dt, int rank, CUdeviceptr base, const cuuint64_t *dims,
+                  const cuuint32_t *box, mg_diag *d) {
+  return encode_ld(drv, fam, map, what, dt, rank, base, dims, 0, box, d);
 }
 
 /* The checks every family's maps share, and the 16-bit type: k of family fam (or fam2
@@ -112,13 +127,14 @@ int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
   const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
   const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
   const unsigned wk = box_w(dn) < box_w(dr) ? box_w(dn) : box_w(dr);
+  const long ldr = t->ld_k_rope ? t->ld_k_rope : dr; /* split keys' k_rope row stride */
   if ((rc = encode(drv, k->family, &maps[0], "[0] q", dt, 3, t->q, (cuuint64_t[]){dqk, H, rq},
                    (cuuint32_t[]){box_w(dqk), 1, BM}, d)) ||
       (rc = encode(drv, k->family, &maps[1], "[1] k_nope", dt, 3, t->k_nope,
                    (cuuint64_t[]){packed ? dqk : dn, H, rk}, (cuuint32_t[]){wk, 1, BN}, d)) ||
       (rc = packed ? encode(drv, k->family, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
                             (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){wk, 1, BN}, d)
-                   : encode(drv, k->family, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk},
+                   : encode_ld(drv, k->family, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk}, ldr,
                             (cuuint32_t[]){wk, BN, 1}, d)) ||
       (rc = encode(drv, k->family, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
                    (cuuint32_t[]){box_w(dv), 1, BN}, d)) ||
@@ -145,6 +161,7 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
     return rc;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
   static const char F[] = "attn_fwd_sm90";
+  const long ldr = t->ld_k_rope ? t->ld_k_rope : dr; /* split keys' k_rope row stride */
   const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
   const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
   const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
@@ -154,7 +171,7 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
                    (cuuint64_t[]){packed ? dqk : dn, H, rk}, (cuuint32_t[]){box_w(dn), 1, BN}, d)) ||
       (rc = packed ? encode(drv, F, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
                             (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){box_w(dr), 1, BN}, d)
-                   : encode(drv, F, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk},
+                   : encode_ld(drv, F, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk}, ldr,
                             (cuuint32_t[]){box_w(dr), BN, 1}, d)) ||
       (rc = encode(drv, F, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
                    (cuuint32_t[]){box_w(dv), 1, BN}, d))) {
@@ -229,6 +246,18 @@ static CUdeviceptr arg_ptr(const mg_kernel_info *k, void *const *args, const cha
   return 0;
 }
 
+/* The int parameter `name` of k in args (0 when k has no such parameter: a k_packed = 1
+ * kernel has no ld_k_rope). */
+static long arg_int(const mg_kernel_info *k, void *const *args, const char *name) {
+  for (int i = 0; i < k->n_params; i++)
+    if (!strcmp(k->params[i].name, name) && k->params[i].kind == MG_PARAM_INT) {
+      int v = 0;
+      memcpy(&v, args[i], sizeof v);
+      return v;
+    }
+  return 0;
+}
+
 static int no_room(const mg_kernel_info *k, int max, int need, mg_diag *d) {
   return mg_diag_set(d, MLAGEN_EINVAL, "mg_sm90_launch_tmaps: room for %d maps, %s needs %d", max,
                      k->name, need);
@@ -249,7 +278,7 @@ int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg
     const mg_sm90_fwd_tensors t = {arg_ptr(k, args, "q"),     arg_ptr(k, args, "k_nope"),
                                    arg_ptr(k, args, "k_rope"), arg_ptr(k, args, "v"),
                                    dims->batch,               dims->seqlen_q,
-                                   dims->seqlen_k};
+                                   dims->seqlen_k,            arg_int(k, args, "ld_k_rope")};
     int rc = mg_sm90_fwd_tmaps(drv, s, k, &t, maps, d);
     if (!rc) *n = MG_SM90_FWD_TMAPS;
     return rc;
@@ -278,7 +307,8 @@ int mg_sm90_launch_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg
     const mg_sm90_bwd_tensors t = {arg_ptr(k, args, "q"),      arg_ptr(k, args, "k_nope"),
                                    arg_ptr(k, args, "k_rope"), arg_ptr(k, args, "v"),
                                    arg_ptr(k, args, "dout"),   dims->batch,
-                                   dims->seqlen_q,             dims->seqlen_k};
+                                   dims->seqlen_q,             dims->seqlen_k,
+                                   arg_int(k, args, "ld_k_rope")};
     int rc = mg_sm90_bwd_tmaps(drv, s, k, &t, maps, d);
     if (!rc) *n = MG_SM90_BWD_TMAPS;
     return rc;

@@ -29,9 +29,10 @@
  *   [0] q       dims {d_qk, H, B*S_q}              box {W(d_qk), 1, block_m}
  *   [1] k_nope  dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}
  *   [2] split:  k_rope dims {d_r, B*S_k}           box {W(d_r), block_n}
+ *               (row stride ld_k_rope elements: the tensors' ld_k_rope below)
  *       packed: K      dims {d_qk, H, B*S_k}       box {W(d_r), 1, block_n}
  *   [3] v       dims {d_v, H, B*S_k}               box {W(d_v), 1, block_n}
- * A token count of 0 is encoded as 1 row (the driver needs dims >= 1; the kernel then
+ * Every other map's rows are contiguous (row stride = its innermost dim). A token count of 0 is encoded as 1 row (the driver needs dims >= 1; the kernel then
  * launches no CTA or masks every key). */
 #ifndef MG_SM90_TMAP_H
 #define MG_SM90_TMAP_H
@@ -46,11 +47,15 @@
 
 /* The tensors one attn_fwd_sm90 launch reads (device addresses, 16-byte aligned) and the
  * run-time sizes: q [B, S_q, H, d_qk]; k_nope [B, S_k, H, d_n] (k_packed = 1:
- * [B, S_k, H, d_qk], and k_rope is unused, may be 0); k_rope [B, S_k, d_r];
- * v [B, S_k, H, d_v]. */
+ * [B, S_k, H, d_qk], and k_rope is unused, may be 0); k_rope [B, S_k, d_r], token row t at
+ * k_rope + t * ld_k_rope (the kernels' ld_k_rope argument; e.g. k_rope = c + d_c and
+ * ld_k_rope = d_c + d_r for the latent c's RoPE columns); v [B, S_k, H, d_v]. */
 typedef struct mg_sm90_fwd_tensors {
   CUdeviceptr q, k_nope, k_rope, v;
   long batch, seqlen_q, seqlen_k; /* >= 0 */
+  /* Split keys: elements between k_rope's token rows, >= d_r, times 2 bytes a multiple of 16
+   * (TMA's global strides are); 0 means d_r (contiguous). Not read when k_packed = 1. */
+  long ld_k_rope;
 } mg_sm90_fwd_tensors;
 
 /* Encodes the 4 maps of kernel k (an attn_fwd_sm90 manifest entry: its configuration gives
@@ -60,8 +65,10 @@ typedef struct mg_sm90_fwd_tensors {
  *                       differing; block_m, block_n or k_packed missing from k's
  *                       configuration; a dim not a positive multiple of 16; a negative size;
  *                       an unknown dtype; a tensor address not 16-byte aligned (or 0 when
- *                       read); cuTensorMapEncodeTiled rejecting a map (the message names
- *                       the map, its dims and box, and the CUDA error).
+ *                       read); split keys: an ld_k_rope under d_r, not a multiple of 8
+ *                       elements (16 bytes), or of 2^40 bytes or more (the message names
+ *                       ld_k_rope and what TMA needs); cuTensorMapEncodeTiled rejecting a map (the
+ *                       message names the map, its dims and box, and the CUDA error).
  *   MLAGEN_EUNSUPPORTED the loaded driver has no cuTensorMapEncodeTiled (a driver older
  *                       than CUDA 12.0): attn_fwd_sm90 cannot run; the mma.sync attn_fwd
  *                       can.
@@ -78,16 +85,19 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
  *   [0] q       dims {d_qk, H, B*S_q}              box {W(d_qk), 1, block_m}
  *   [1] k_nope  dims {d_n (packed: d_qk), H, B*S_k} box {W_K, 1, block_n}
  *   [2] split:  k_rope dims {d_r, B*S_k}           box {W_K, block_n}
+ *               (row stride ld_k_rope elements, as the forward's)
  *       packed: K      dims {d_qk, H, B*S_k}       box {W_K, 1, block_n}
  *   [3] v       dims {d_v, H, B*S_k}               box {W(d_v), 1, block_n}
  *   [4] dout    dims {d_v, H, B*S_q}               box {W(d_v), 1, block_m} */
 #define MG_SM90_BWD_TMAPS 5
 #define MG_SM90_BWD_TMAP_BYTES (MG_SM90_BWD_TMAPS * sizeof(CUtensorMap))
 
-/* The tensors of one backward launch: mg_sm90_fwd_tensors's, plus dout [B, S_q, H, d_v]. */
+/* The tensors of one backward launch: mg_sm90_fwd_tensors's (ld_k_rope likewise), plus dout
+ * [B, S_q, H, d_v]. */
 typedef struct mg_sm90_bwd_tensors {
   CUdeviceptr q, k_nope, k_rope, v, dout;
   long batch, seqlen_q, seqlen_k; /* >= 0 */
+  long ld_k_rope;                 /* as mg_sm90_fwd_tensors's: 0 means d_r */
 } mg_sm90_bwd_tensors;
 
 /* Encodes the 5 maps of kernel k (an attn_bwd_dkdv_sm90 or attn_bwd_dq_sm90 manifest entry:
@@ -152,8 +162,8 @@ int mg_sm90_mqa_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const m
 
 /* The maps of kernel k's MG_PARAM_TMAPS parameter (spec s) for one launch, from the launch's
  * other arguments: args[i] points at parameter i's value as cuLaunchKernel takes it (a
- * pointer parameter: at its device address, 8 bytes; the MG_PARAM_TMAPS one is not read)
- * and dims are the launch's sizes (batch, seqlen_q, seqlen_k). The one place that knows
+ * pointer parameter: at its device address, 8 bytes; an int: at its value, as ld_k_rope is
+ * read for the split-key maps; the MG_PARAM_TMAPS one is not read) and dims are the launch's sizes (batch, seqlen_q, seqlen_k). The one place that knows
  * which tensors each sm_90a family maps: attn_fwd_sm90 (mg_sm90_fwd_tmaps over its params
  * q, k_nope, k_rope, v), mqa_fwd_sm90 (mg_sm90_mqa_tmaps over q, c), attn_bwd_dkdv_sm90 and
  * attn_bwd_dq_sm90 (mg_sm90_bwd_tmaps over q, k_nope, k_rope, v, dout), mqa_bwd_dkv_sm90 and

@@ -207,18 +207,18 @@ static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NU
 /* The varlen variant of a --varlen kernel (its unpacked params, then cu_seqlens, n_seqs). */
 static int is_varlen(int which) { return which >= K_FWD_VL; }
 /* The parameter lists the launches below pass, checked against each manifest. */
-#define K_MAX_PARAMS 20
+#define K_MAX_PARAMS 24
 static const char *const k_params[NK][K_MAX_PARAMS] = {
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
      "q_pos1", "softmax_scale"},
     {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
      "q_pos1", "softmax_scale"},
     {"o", "dout", "delta", "dq_accum", "seqlen_q"},
-    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale"},
-    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale"},
-    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "q_split", "q_pos1", "softmax_scale"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale"},
     {"o", "dout", "delta", "dq_accum", "seqlen_q"},
@@ -232,30 +232,30 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
     {"c_kv", "k_rope", "c", "rows"},
     {"dc", "dc_kv", "dk_rope", "rows"},
     {"src", "dst", "rows", "src_w", "src_col", "dst_w", "dst_col", "cols"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
      "q_pos1", "softmax_scale", "tmaps"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
      "q_pos1", "softmax_scale"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
      "q_pos1", "softmax_scale", "tmaps"},
-    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
-    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "q_split", "q_pos1", "softmax_scale", "tmaps"},
-    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "tmaps"},
     {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
      "tmaps"},
     {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
      "tmaps"},
-    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
      "q_pos1", "softmax_scale", "cu_seqlens", "n_seqs"},
     {"o", "dout", "delta", "dq_accum", "seqlen_q", "cu_seqlens", "n_seqs"},
-    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "cu_seqlens",
      "n_seqs"},
-    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "q_split", "q_pos1", "softmax_scale", "cu_seqlens", "n_seqs"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "cu_seqlens",
      "n_seqs"},
@@ -493,10 +493,15 @@ static const CUdeviceptr NULLP = 0;
 /* The kernels' argument lists. */
 static int run_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
                    float scale) {
-  int packed = g->which == K_FWD_KP, q_pos0 = 0, q_split = 0, q_pos1 = 0;
-  CUdeviceptr kn = packed ? t->kp : t->kn, kr = packed ? NULLP : t->kr;
-  void *args[] = {(void *)&t->q, &kn,     &kr,      (void *)&t->v, &o,    &lse,
-                  &S,            &S,      &q_pos0,  &q_split,      &q_pos1, &scale};
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  if (g->which == K_FWD_KP) { /* packed keys: no ld_k_rope */
+    CUdeviceptr none = NULLP;
+    void *args[] = {(void *)&t->q, (void *)&t->kp, &none, (void *)&t->v, &o, &lse,
+                    &S, &S, &q_pos0, &q_split, &q_pos1, &scale};
+    return launch(g, 1, S, S, args);
+  }
+  void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, &ldr, (void *)&t->v, &o, &lse,
+                  &S,            &S,             &q_pos0,        &q_split, &q_pos1,     &scale};
   return launch(g, 1, S, S, args);
 }
 /* attn_fwd_sm90's 4 tensor maps (sm90_maps), passed by value: the launch copies them. */
@@ -504,8 +509,8 @@ typedef CUtensorMap fwd_maps[MG_SM90_FWD_TMAPS];
 /* attn_fwd_sm90 (split keys) with its 4 tensor maps tmaps. */
 static int run_fwd_sm90(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
                         float scale, const CUtensorMap *tmaps) {
-  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
-  void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, (void *)&t->v, &o, &lse,
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, &ldr, (void *)&t->v, &o, &lse,
                   &S,           &S,            &q_pos0,       &q_split,      &q_pos1,
                   &scale,       (void *)tmaps};
   return launch(g, 1, S, S, args);
@@ -520,7 +525,7 @@ static int run_any_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdevic
  * helper (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does). */
 static int sm90_maps(const gk *g, const dev_tensors *t, int S, fwd_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
-  const mg_sm90_fwd_tensors tt = {t->q, t->kn, t->kr, t->v, 1, S, S};
+  const mg_sm90_fwd_tensors tt = {t->q, t->kn, t->kr, t->v, 1, S, S, DR};
   mg_diag d = MG_DIAG_INIT;
   if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
@@ -535,16 +540,16 @@ static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int 
 }
 static int run_dkdv(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, const dev_outputs *out,
                     int S, float scale) {
-  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
-  void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr, &ldr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
                   (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
                   &q_split, &q_pos1, &scale};
   return launch(g, 1, S, S, args);
 }
 static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int S, float scale) {
-  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
-  void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr,    (void *)&t->v,
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr, &ldr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
                   &S, &S, &q_pos0, &q_split, &q_pos1, &scale};
   return launch(g, 1, S, S, args);
@@ -556,8 +561,8 @@ typedef CUtensorMap bwd_maps[MG_SM90_BWD_TMAPS];
 /* The sm_90a backward's kernels (split keys) with their 5 tensor maps tmaps. */
 static int run_dkdv_sm90(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum,
                          const dev_outputs *out, int S, float scale, const CUtensorMap *tmaps) {
-  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
-  void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr,    (void *)&t->v,
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr, &ldr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
                   (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
                   &q_split, &q_pos1, &scale, (void *)tmaps};
@@ -565,8 +570,8 @@ static int run_dkdv_sm90(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum
 }
 static int run_dq_sm90(const gk *g, const dev_tensors *t, const dev_outputs *out, int S,
                        float scale, const CUtensorMap *tmaps) {
-  int q_pos0 = 0, q_split = 0, q_pos1 = 0;
-  void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr,    (void *)&t->v,
+  int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr, &ldr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
                   &S, &S, &q_pos0, &q_split, &q_pos1, &scale, (void *)tmaps};
   return launch(g, 1, S, S, args);
@@ -575,7 +580,7 @@ static int run_dq_sm90(const gk *g, const dev_tensors *t, const dev_outputs *out
  * runtime's helper (runtime/exec/mg_sm90_tmap.h's mg_sm90_bwd_tmaps). */
 static int sm90_bwd_maps(const gk *g, const dev_tensors *t, int S, bwd_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
-  const mg_sm90_bwd_tensors tt = {t->q, t->kn, t->kr, t->v, t->dout, 1, S, S};
+  const mg_sm90_bwd_tensors tt = {t->q, t->kn, t->kr, t->v, t->dout, 1, S, S, DR};
   mg_diag d = MG_DIAG_INIT;
   if (mg_sm90_bwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
@@ -1959,7 +1964,7 @@ static int vstep(void *p, int set, int j) {
   vctx *x = p;
   const gk *k = x->ks->k;
   const int vl = x->varlen;
-  int S = x->S, z = 0;
+  int S = x->S, z = 0, ldr = DR; /* contiguous k_rope (ld_k_rope = d_r) */
   float sc = x->scale;
   CUdeviceptr none = NULLP;
   void *const cu[2] = {&x->cu, &x->n_seqs};
@@ -1967,7 +1972,7 @@ static int vstep(void *p, int set, int j) {
     dev_tensors *t = &x->t;
     dev_outputs *o = &x->out;
     if (!x->bwd) {
-      void *a[] = {&t->q, &t->kn, &t->kr, &t->v, &t->o, &t->lse, &S, &S, &z, &z, &z, &sc, cu[0], cu[1]};
+      void *a[] = {&t->q, &t->kn, &t->kr, &ldr, &t->v, &t->o, &t->lse, &S, &S, &z, &z, &z, &sc, cu[0], cu[1]};
       return launch(&k[vl ? K_FWD_VL : K_FWD], x->B, S, S, a);
     }
     if (j == 0) {
@@ -1975,11 +1980,11 @@ static int vstep(void *p, int set, int j) {
       return launch(&k[vl ? K_PRE_VL : K_PRE], x->B, S, S, a);
     }
     if (j == 1) {
-      void *a[] = {&t->q, &t->kn, &t->kr, &t->v, &t->dout, &t->lse, &t->delta, &none, &o->dkn,
+      void *a[] = {&t->q, &t->kn, &t->kr, &ldr, &t->v, &t->dout, &t->lse, &t->delta, &none, &o->dkn,
                    &o->dkr, &o->dv, &S, &S, &z, &z, &z, &sc, cu[0], cu[1]};
       return launch(&k[vl ? K_DKDV_VL : K_DKDV_DET], x->B, S, S, a);
     }
-    void *a[] = {&t->q, &t->kn, &t->kr, &t->v, &t->dout, &t->lse, &t->delta, &o->dq, &S, &S,
+    void *a[] = {&t->q, &t->kn, &t->kr, &ldr, &t->v, &t->dout, &t->lse, &t->delta, &o->dq, &S, &S,
                  &z, &z, &z, &sc, cu[0], cu[1]};
     return launch(&k[vl ? K_DQ_VL : K_DQ], x->B, S, S, a);
   }
