@@ -299,7 +299,7 @@ static void test_copy_cols(void **state) {
 
 /* The configurations the five families keep compile for sm_80 and sm_90a without spills,
  * stack or static shared memory, for DeepSeek-V3's and V2-Lite's shapes at P = 1 and 4
- * (heads matter to expand_kv and split_dkv only), bf16 and fp16: all are rendered, a
+ * (heads matter to expand_kv and split_dkv only, both key layouts), bf16 and fp16: all are rendered, a
  * covering sample is compiled (kh_sweep_cover: every family, dtype, shape and warp count,
  * and every pair of them), all with MLAGEN_TEST_EXHAUSTIVE=1. */
 static void test_nvrtc_all_kept_configs(void **state) {
@@ -309,7 +309,7 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kh_sweep sw;
   kh_sweep_open(&sw, 60, 0);
   int kept = 0, nc = 0;
-  static mg_kernel_spec cands[2 * 2 * 2 * 5 * 3]; /* a covering sample of them is compiled */
+  static mg_kernel_spec cands[2 * 2 * 2 * 7 * 3]; /* a covering sample of them is compiled */
   const char *models[2] = {"deepseek-v3", "deepseek-v2-lite"};
   const char *dtypes[2] = {"bf16", "fp16"};
   const int sps[2] = {1, 4};
@@ -344,8 +344,9 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   print_message("  %d configurations kept\n", kept);
   /* per dtype, 3 warp counts each: V3 P=1 all 5 families, V3 P=4 expand+split_dkv,
-   * V2-Lite P=1 four families, V2-Lite P=4 expand+split_dkv */
-  assert_int_equal(kept, 2 * 3 * (5 + 2 + 4 + 2));
+   * V2-Lite P=1 four families, V2-Lite P=4 expand+split_dkv; expand_kv and split_dkv twice
+   * each time (packed keys for the explicit plan, split keys for the LAGA plans) */
+  assert_int_equal(kept, 2 * 3 * ((5 + 2) + 4 + (4 + 2) + 4));
   kh_sweep_close(&sw);
 }
 
