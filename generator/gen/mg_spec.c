@@ -125,7 +125,7 @@ int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *o
         const char *f = mg_op_family_arch(t->op, i, arch);
         if (f && strcmp(f, s->family) != 0) to = f;
       }
-  const int split = mg_spec_keyed(s->family) && config_of(s, "k_packed") == 0;
+  const int split = mg_spec_split_keys(s);
   if (out != s) *out = *s;
   snprintf(out->arch, sizeof out->arch, "%s", arch ? arch : "");
   if (!to) return 0;
@@ -212,6 +212,10 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
   return 0;
 }
 
+int mg_spec_split_keys(const mg_kernel_spec *s) {
+  return mg_spec_keyed(s->family) && config_of(s, "k_packed") == 0;
+}
+
 int mg_spec_keyed(const char *family) {
   const char *f = fixed_of(family);
   return f && strstr(f, "k_packed=") != NULL;
@@ -223,7 +227,7 @@ void mg_spec_step_tunables(mg_kernel_spec *s, int split_keys) {
 }
 
 void mg_spec_plan_tunables(mg_kernel_spec *s) {
-  const int split = mg_spec_keyed(s->family) && config_of(s, "k_packed") == 0;
+  const int split = mg_spec_split_keys(s);
   const mg_op_kernels *rows[64];
   int n = 0;
   for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0] && n < 64; t++) rows[n++] = t;

@@ -149,6 +149,9 @@ void mg_spec_plan_tunables(mg_kernel_spec *s);
  * expand_kv, split_dkv), else 0. */
 int mg_spec_keyed(const char *family);
 
+/* 1 when s runs split keys: a keyed family (mg_spec_keyed) with k_packed = 0; else 0. */
+int mg_spec_split_keys(const mg_kernel_spec *s);
+
 /* The tunables of the kernel a plan step runs (mg_step.split_keys, generator/core/mg_plan.h):
  * for a keyed family (mg_spec_keyed) k_packed = 0 when split_keys, else 1 (replacing any
  * k_packed override s had), then mg_spec_plan_tunables. The CUDA executor and
