@@ -5,9 +5,11 @@
  * Each case runs one f32 plan (P = 1) twice on the same inputs: once with the CPU
  * executor's own kernels (the reference), once with its test seam (mg_cpu_tensors.
  * kernel_hook) routing the attention steps to the generated kernels run unchanged on the
- * CPU by the host executor (tests/host/): MG_OP_ATTN_FWD to attn_fwd (k_packed = 1: the
- * plans' k_h is the per-head packed K), MG_OP_ATTN_BWD to attn_bwd_pre + attn_bwd_dkdv
- * (deterministic = 1, k_packed = 1) + attn_bwd_dq; MG_OP_MQA_FWD to mqa_fwd, MG_OP_MQA_BWD
+ * CPU by the host executor (tests/host/): MG_OP_ATTN_FWD to attn_fwd, MG_OP_ATTN_BWD to
+ * attn_bwd_pre + attn_bwd_dkdv (deterministic = 1) + attn_bwd_dq, with the step's key
+ * layout: k_packed = 1 for the explicit plan's per-head packed K, k_packed = 0 for the
+ * LAGA plans' split keys (mg_step.split_keys: K_nope, k_rope read in place from the
+ * latent's columns d_c.. with ld_k_rope = d_c + d_r, dk_rope summed over the heads); MG_OP_MQA_FWD to mqa_fwd, MG_OP_MQA_BWD
  * to attn_bwd_pre (generated with d_v = d_c) + mqa_bwd_dkv + mqa_bwd_dq. Kernels are
  * generated for the head count of the step's tensors (H, or H / head_groups for LAGA-F's
  * groups) and launched by their manifest's grid rule. The hook converts the executor's f32
@@ -49,6 +51,18 @@ static uint64_t g_seed = 20260517;
 typedef void (*fwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v, e16 *o,
                        float *lse, int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
                        float softmax_scale);
+/* split keys (k_packed = 0): ld_k_rope after k_rope */
+typedef void (*sfwd_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                        const e16 *v, e16 *o, float *lse, int seqlen_q, int seqlen_k, int q_pos0,
+                        int q_split, int q_pos1, float softmax_scale);
+typedef void (*sdkdv_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                         const e16 *v, const e16 *dout, const float *lse, const float *delta,
+                         float *dq_accum, e16 *dk_nope, float *dk_rope, e16 *dv, int seqlen_q,
+                         int seqlen_k, int q_pos0, int q_split, int q_pos1, float softmax_scale);
+typedef void (*sdq_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, int ld_k_rope,
+                       const e16 *v, const e16 *dout, const float *lse, const float *delta,
+                       e16 *dq, int seqlen_q, int seqlen_k, int q_pos0, int q_split, int q_pos1,
+                       float softmax_scale);
 typedef void (*pre_fn)(const e16 *o, const e16 *dout, float *delta, float *dq_accum,
                        int seqlen_q);
 typedef void (*dkdv_fn)(const e16 *q, const e16 *k_nope, const e16 *k_rope, const e16 *v,
@@ -68,9 +82,10 @@ typedef void (*mqa_bwd_fn)(const e16 *q, const e16 *c, const e16 *dout, const fl
 
 /* Explicit attention (K_FWD..K_DQ) and the absorbed form's MQA over the latent
  * (K_MFWD..K_MDQ; its delta comes from attn_bwd_pre generated with d_v = d_c). */
-enum { K_FWD, K_PRE, K_DKDV, K_DQ, K_MFWD, K_MPRE, K_MDKV, K_MDQ, K_N };
+enum { K_FWD, K_PRE, K_DKDV, K_DQ, K_MFWD, K_MPRE, K_MDKV, K_MDQ, K_SFWD, K_SDKDV, K_SDQ, K_N };
 static const char *const k_family[K_N] = {"attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq",
-                                          "mqa_fwd",  "attn_bwd_pre", "mqa_bwd_dkv",   "mqa_bwd_dq"};
+                                          "mqa_fwd",  "attn_bwd_pre", "mqa_bwd_dkv",   "mqa_bwd_dq",
+                                          "attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"};
 
 /* Generates kernel `which` for the model shape with `heads` heads and builds it with the
  * host executor; its launch rule is the manifest's (the test launches what a runtime
@@ -84,11 +99,13 @@ static void build(mg_gen *g, const mg_shape *sh, int heads, int causal, int whic
   s.d_v = sh->v_head_dim, s.d_c = sh->kv_lora_rank, s.causal = causal;
   if (which == K_MPRE) s.d_n = s.d_v = sh->kv_lora_rank; /* rows of o_lat, d_c wide */
   snprintf(s.dtype, sizeof s.dtype, "bf16");
-  if (which == K_FWD || which == K_DKDV || which == K_DQ) kh_set(&s, "k_packed=1");
-  if (which == K_DKDV) kh_set(&s, "deterministic=1");
+  const int packed = which == K_FWD || which == K_DKDV || which == K_DQ;
+  const int split = which == K_SFWD || which == K_SDKDV || which == K_SDQ;
+  if (packed || split) kh_set(&s, packed ? "k_packed=1" : "k_packed=0");
+  if (which == K_DKDV || which == K_SDKDV) kh_set(&s, "deterministic=1");
   kh_build(g, &s, 0, out);
-  if (which == K_FWD || which == K_DKDV || which == K_DQ) assert_int_equal(kh_config_int(out, "k_packed"), 1);
-  if (which == K_DKDV) assert_int_equal(kh_config_int(out, "deterministic"), 1);
+  if (packed || split) assert_int_equal(kh_config_int(out, "k_packed"), packed);
+  if (which == K_DKDV || which == K_SDKDV) assert_int_equal(kh_config_int(out, "deterministic"), 1);
   assert_int_equal(kh_launch_value(out, "smem"), (long)out->smem);
   assert_int_equal(kh_launch_value(out, "smem_static"), 0);
 }
@@ -131,8 +148,10 @@ typedef struct launch_args {
   int which;
   const kh_kernel *bk;
   const e16 *q, *k, *v, *o, *dout;
+  const e16 *k_rope; /* split keys: the latent's RoPE columns, rows ld_k_rope apart */
+  int ld_k_rope;
   e16 *o_out, *dq, *dk, *dv;
-  float *lse_out, *delta;
+  float *lse_out, *delta, *dk_rope;
   const float *lse;
   int S;
   float scale;
@@ -154,6 +173,18 @@ static void thunk(void *p) {
     case K_DQ:
       ((dq_fn)a->bk->fn)(a->q, a->k, NULL, a->v, a->dout, a->lse, a->delta, a->dq, a->S, a->S, 0, 0,
                          0, a->scale);
+      break;
+    case K_SFWD:
+      ((sfwd_fn)a->bk->fn)(a->q, a->k, a->k_rope, a->ld_k_rope, a->v, a->o_out, a->lse_out, a->S,
+                           a->S, 0, 0, 0, a->scale);
+      break;
+    case K_SDKDV:
+      ((sdkdv_fn)a->bk->fn)(a->q, a->k, a->k_rope, a->ld_k_rope, a->v, a->dout, a->lse, a->delta,
+                            NULL, a->dk, a->dk_rope, a->dv, a->S, a->S, 0, 0, 0, a->scale);
+      break;
+    case K_SDQ:
+      ((sdq_fn)a->bk->fn)(a->q, a->k, a->k_rope, a->ld_k_rope, a->v, a->dout, a->lse, a->delta,
+                          a->dq, a->S, a->S, 0, 0, 0, a->scale);
       break;
     case K_MFWD:
       ((mqa_fwd_fn)a->bk->fn)(a->q, a->k, a->o_out, a->lse_out, a->S, a->S, 0, a->scale);
@@ -258,42 +289,51 @@ static int hook(const mg_step *step, const mg_plan *p, const void *const *in, vo
   const mg_plan_buf *qb = &p->bufs[step->in[0]], *vb = &p->bufs[step->in[2]];
   const int B = (int)qb->dims[0], S = (int)qb->dims[1], H = (int)qb->dims[2];
   const int64_t dqk = qb->dims[3], dv = vb->dims[3];
+  const int split = step->split_keys, fwd = step->op == MG_OP_ATTN_FWD;
+  const int64_t dr = p->shape.qk_rope_head_dim, dk_w = split ? dqk - dr : dqk;
   const int64_t nq = (int64_t)B * S * H * dqk, nv = (int64_t)B * S * H * dv,
-                nl = (int64_t)B * H * S;
+                nk = (int64_t)B * S * H * dk_w, nl = (int64_t)B * H * S, nr = (int64_t)B * S * dr;
   launch_args a;
   memset(&a, 0, sizeof a);
   a.S = S;
   a.scale = (float)p->shape.softmax_scale;
-  e16 *q = to_bf16(in[0], nq), *k = to_bf16(in[1], nq), *v = to_bf16(in[2], nv);
+  e16 *q = to_bf16(in[0], nq), *k = to_bf16(in[1], nk), *v = to_bf16(in[2], nv);
+  /* split keys: the whole latent in bf16, the kernels reading its RoPE columns in place */
+  e16 *lat = split ? to_bf16(in[fwd ? 3 : 6], (int64_t)B * S * step->rope_w) : NULL;
   a.q = q, a.k = k, a.v = v;
+  a.k_rope = split ? lat + step->rope_col : NULL, a.ld_k_rope = (int)step->rope_w;
   int rc = 0;
-  if (step->op == MG_OP_ATTN_FWD) {
+  if (fwd) {
     e16 *o = nan16(nv);
     float *lse = out[1];
     for (int64_t i = 0; i < nl; i++) lse[i] = NAN;
-    a.which = K_FWD, a.o_out = o, a.lse_out = lse;
+    a.which = split ? K_SFWD : K_FWD, a.o_out = o, a.lse_out = lse;
     rc = launch(h, &a, B, H);
     from_bf16(o, out[0], nv);
     free(o);
     h->n_fwd++;
   } else {
     e16 *o = to_bf16(in[3], nv), *dout = to_bf16(in[5], nv);
-    e16 *dq = nan16(nq), *dk = nan16(nq), *dvv = nan16(nv);
+    e16 *dq = nan16(nq), *dk = nan16(nk), *dvv = nan16(nv);
     float *delta = nanf32(nl);
     a.o = o, a.dout = dout, a.lse = in[4], a.delta = delta, a.dq = dq, a.dk = dk, a.dv = dvv;
+    if (split) { /* dk_rope: f32 [B, S, d_r], the plan's buffer (acc dtype f32) */
+      a.dk_rope = out[3];
+      for (int64_t i = 0; i < nr; i++) a.dk_rope[i] = NAN;
+    }
     a.which = K_PRE;
     rc = launch(h, &a, B, H);
-    a.which = K_DKDV;
+    a.which = split ? K_SDKDV : K_DKDV;
     if (!rc) rc = launch(h, &a, B, H);
-    a.which = K_DQ;
+    a.which = split ? K_SDQ : K_DQ;
     if (!rc) rc = launch(h, &a, B, H);
     from_bf16(dq, out[0], nq);
-    from_bf16(dk, out[1], nq);
+    from_bf16(dk, out[1], nk);
     from_bf16(dvv, out[2], nv);
     free(o), free(dout), free(dq), free(dk), free(dvv), free(delta);
     h->n_bwd++;
   }
-  free(q), free(k), free(v);
+  free(q), free(k), free(v), free(lat);
   (void)rc; /* a failed launch is reported by the test (h->failed); outputs stay NaN */
   return 0;
 }

@@ -86,9 +86,14 @@ static void test_memory_matches_plan(void **state) {
       tu_case c = {shapes[si], 2, 24, causal};
       double *in[TU_N_IN] = {0};
       assert_int_equal(tu_inputs(&c, g_seed, in), 0);
+      int64_t explicit_saved = 0;
       for (int f = 0; f < MG_FORM_COUNT; f++) {
         tu_run r;
         fail_diag(tu_run_form(&c, (mg_form)f, 1, 0, comm, MG_F32, in, &r, &d), &d, "run");
+        /* split keys: every LAGA form keeps less than explicit, whose K carries the RoPE
+         * copy per head; the measured bytes are the plan's (below) */
+        if (f == MG_FORM_EXPLICIT) explicit_saved = r.st.saved;
+        else if (f != MG_FORM_ABSORBED) assert_true(r.st.saved < explicit_saved);
         int64_t allocs = 0;
         for (int b = 0; b < r.plan.n_bufs; b++) allocs += r.plan.bufs[b].role != MG_BUF_INPUT;
         for (int i = 0; i < r.plan.n_steps; i++) allocs += r.plan.steps[i].workspace > 0;

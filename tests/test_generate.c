@@ -544,11 +544,14 @@ static void test_specs_cover_plans(void **state) {
               for (int j = 0; j < n && !found; j++)
                 found = !strcmp(specs[j].family, mg_op_family(st->op, k)) &&
                         specs[j].heads == heads && specs[j].causal == causal &&
-                        specs[j].d_n == shape.qk_nope_head_dim;
+                        specs[j].d_n == shape.qk_nope_head_dim &&
+                        /* the step's key layout (split keys: k_packed = 0) */
+                        mg_spec_split_keys(&specs[j]) == (st->split_keys && mg_spec_keyed(specs[j].family));
               if (!found)
-                fail_msg("%s P %d form %d: step %d (%s) needs %s at %d heads, %s: not listed",
+                fail_msg("%s P %d form %d: step %d (%s) needs %s at %d heads, %s, %s keys: not listed",
                          models[m] ? models[m] : "unusual", P, f, i, st->label,
-                         mg_op_family(st->op, k), heads, causal ? "causal" : "non-causal");
+                         mg_op_family(st->op, k), heads, causal ? "causal" : "non-causal",
+                         st->split_keys ? "split" : "packed");
               checked++;
             }
           }

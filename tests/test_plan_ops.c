@@ -62,6 +62,9 @@ typedef void (*fn_expand)(const e16 *kv, const e16 *rope, e16 *k, e16 *v, int ro
                           int rope_w);
 typedef void (*fn_split_dkv)(const e16 *dk, const e16 *dv, e16 *dkv, e16 *drope, int rows,
                              int rope_col, int rope_w, int accumulate);
+typedef void (*fn_expand_split)(const e16 *kv, e16 *k, e16 *v, int rows);
+typedef void (*fn_split_dkv_split)(const e16 *dk, const e16 *dv, const float *dk_rope, e16 *dkv,
+                                   e16 *drope, int rows, int rope_col, int rope_w, int accumulate);
 typedef void (*fn_concat)(const e16 *c_kv, const e16 *k_rope, e16 *c, int rows);
 typedef void (*fn_split_lat)(const e16 *dc, e16 *dc_kv, e16 *dk_rope, int rows);
 typedef void (*fn_copy)(const e16 *src, e16 *dst, int rows, int src_w, int src_col, int dst_w,
@@ -69,8 +72,10 @@ typedef void (*fn_copy)(const e16 *src, e16 *dst, int rows, int src_w, int src_c
 
 typedef struct call {
   const built_kernel *bk;
-  int op; /* 0 expand, 1 split_dkv, 2 concat, 3 split_latent, 4 copy_cols */
+  int op; /* 0 expand, 1 split_dkv, 2 concat, 3 split_latent, 4 copy_cols; split keys
+           * (k_packed = 0): 5 expand, 6 split_dkv */
   const e16 *in[2];
+  const float *fin; /* op 6: dk_rope */
   e16 *out[2];
   int i[6];
 } call;
@@ -82,6 +87,11 @@ static void thunk(void *p) {
     case 1: ((fn_split_dkv)c->bk->fn)(c->in[0], c->in[1], c->out[0], c->out[1], c->i[0], c->i[1], c->i[2], c->i[3]); break;
     case 2: ((fn_concat)c->bk->fn)(c->in[0], c->in[1], c->out[0], c->i[0]); break;
     case 3: ((fn_split_lat)c->bk->fn)(c->in[0], c->out[0], c->out[1], c->i[0]); break;
+    case 5: ((fn_expand_split)c->bk->fn)(c->in[0], c->out[0], c->out[1], c->i[0]); break;
+    case 6:
+      ((fn_split_dkv_split)c->bk->fn)(c->in[0], c->in[1], c->fin, c->out[0], c->out[1], c->i[0],
+                                      c->i[1], c->i[2], c->i[3]);
+      break;
     default:
       ((fn_copy)c->bk->fn)(c->in[0], c->out[0], c->i[0], c->i[1], c->i[2], c->i[3], c->i[4], c->i[5]);
   }
@@ -137,16 +147,20 @@ static void expect(const char *what, const arr *a, int ulp) {
 
 /* ---- the ops -------------------------------------------------------------------------------- */
 
-static void check_expand_kv(const op_shape *sh, int nw, int rope_col, int rope_w, unsigned grid_x) {
+/* split: k_packed = 0 (the LAGA plans' split keys): K_nope only, no rope source */
+static void check_expand_kv(const op_shape *sh, int nw, int rope_col, int rope_w, unsigned grid_x,
+                            int split) {
   mg_kernel_spec s = make_spec("expand_kv", sh, nw);
+  if (split) set(&s, "k_packed=0");
   built_kernel bk;
   build(&s, &bk);
+  assert_int_equal(kh_config_int(&bk, "k_packed"), !split);
   const int H = sh->H, dn = sh->dn, dr = sh->dr, dv = sh->dv;
   arr kv = rand_arr((size_t)ROWS * H * (dn + dv)), rope = rand_arr((size_t)ROWS * rope_w);
-  arr k = rand_arr((size_t)ROWS * H * (dn + dr)), v = rand_arr((size_t)ROWS * H * dv);
-  call c = {&bk, 0, {kv.h, rope.h}, {k.h, v.h}, {ROWS, rope_col, rope_w}};
+  arr k = rand_arr((size_t)ROWS * H * (dn + (split ? 0 : dr))), v = rand_arr((size_t)ROWS * H * dv);
+  call c = {&bk, split ? 5 : 0, {kv.h, rope.h}, NULL, {k.h, v.h}, {ROWS, rope_col, rope_w}};
   launch(&c, grid_x);
-  mg_cpu_expand_kv(MG_F32, ROWS, H, dn, dr, dv, kv.f, rope.f, rope_col, rope_w, k.f, v.f);
+  mg_cpu_expand_kv(MG_F32, ROWS, H, dn, dr, dv, kv.f, split ? NULL : rope.f, rope_col, rope_w, k.f, v.f);
   expect("expand_kv k", &k, 0);
   expect("expand_kv v", &v, 0);
   print_message("  %-52s rope_col %3d rope_w %3d: k, v bit-exact\n", bk.name, rope_col, rope_w);
@@ -155,18 +169,22 @@ static void check_expand_kv(const op_shape *sh, int nw, int rope_col, int rope_w
 }
 
 /* accumulate: drope starts random and receives += (LAGA-F's later head groups) */
+/* split: k_packed = 0, dK_nope and the attention backward's fp32 head sum dk_rope */
 static void check_split_dkv(const op_shape *sh, int nw, int rope_col, int rope_w, unsigned grid_x,
-                            int accumulate) {
+                            int accumulate, int split) {
   mg_kernel_spec s = make_spec("split_dkv", sh, nw);
+  if (split) set(&s, "k_packed=0");
   built_kernel bk;
   build(&s, &bk);
+  assert_int_equal(kh_config_int(&bk, "k_packed"), !split);
   const int H = sh->H, dn = sh->dn, dr = sh->dr, dv = sh->dv;
-  arr dk = rand_arr((size_t)ROWS * H * (dn + dr)), dvv = rand_arr((size_t)ROWS * H * dv);
+  arr dk = rand_arr((size_t)ROWS * H * (dn + (split ? 0 : dr))), dvv = rand_arr((size_t)ROWS * H * dv);
   arr dkv = rand_arr((size_t)ROWS * H * (dn + dv)), drope = rand_arr((size_t)ROWS * rope_w);
-  call c = {&bk, 1, {dk.h, dvv.h}, {dkv.h, drope.h}, {ROWS, rope_col, rope_w, accumulate}};
+  arr dkr = rand_arr((size_t)ROWS * dr); /* its f32 values are the kernel's input too */
+  call c = {&bk, split ? 6 : 1, {dk.h, dvv.h}, dkr.f, {dkv.h, drope.h}, {ROWS, rope_col, rope_w, accumulate}};
   launch(&c, grid_x);
-  mg_cpu_split_dkv(MG_F32, ROWS, H, dn, dr, dv, dk.f, dvv.f, dkv.f, drope.f, rope_col, rope_w,
-                   accumulate);
+  mg_cpu_split_dkv(MG_F32, ROWS, H, dn, dr, dv, dk.f, dvv.f, split ? dkr.f : NULL, dkv.f, drope.f,
+                   rope_col, rope_w, accumulate);
   expect("split_dkv dkv", &dkv, 0);
   expect("split_dkv drope", &drope, 1);
   size_t exact = 0; /* how many head sums rounded identically (information only) */
@@ -177,7 +195,7 @@ static void check_split_dkv(const op_shape *sh, int nw, int rope_col, int rope_w
     }
   print_message("  %-52s rope_col %3d rope_w %3d%s: dkv bit-exact, drope %zu/%d exact, others within 1 ulp\n",
                 bk.name, rope_col, rope_w, accumulate ? " +=" : "", exact, ROWS * dr);
-  free_arr(&dk), free_arr(&dvv), free_arr(&dkv), free_arr(&drope);
+  free_arr(&dk), free_arr(&dvv), free_arr(&dkv), free_arr(&drope), free_arr(&dkr);
   kh_free(&bk);
 }
 
@@ -190,20 +208,20 @@ static void check_latent(const op_shape *sh, int nw, unsigned grid_x) {
   const int dc = sh->dc, dr = sh->dr;
   arr ckv = rand_arr((size_t)ROWS * dc), kr = rand_arr((size_t)ROWS * dr);
   arr c = rand_arr((size_t)ROWS * (dc + dr));
-  call cc = {&cat, 2, {ckv.h, kr.h}, {c.h}, {ROWS}};
+  call cc = {&cat, 2, {ckv.h, kr.h}, NULL, {c.h}, {ROWS}};
   launch(&cc, grid_x);
   mg_cpu_concat_latent(MG_F32, ROWS, dc, dr, ckv.f, kr.f, c.f);
   expect("concat_latent", &c, 0);
   /* the inverse, from fresh random data */
   arr dcin = rand_arr((size_t)ROWS * (dc + dr));
   arr dckv = rand_arr((size_t)ROWS * dc), dkr = rand_arr((size_t)ROWS * dr);
-  call cs = {&spl, 3, {dcin.h}, {dckv.h, dkr.h}, {ROWS}};
+  call cs = {&spl, 3, {dcin.h}, NULL, {dckv.h, dkr.h}, {ROWS}};
   launch(&cs, grid_x);
   mg_cpu_split_latent(MG_F32, ROWS, dc, dr, dcin.f, dckv.f, dkr.f);
   expect("split_latent c_kv", &dckv, 0);
   expect("split_latent k_rope", &dkr, 0);
   /* round trip: split(concat(a, b)) == (a, b) */
-  call rt = {&spl, 3, {c.h}, {dckv.h, dkr.h}, {ROWS}};
+  call rt = {&spl, 3, {c.h}, NULL, {dckv.h, dkr.h}, {ROWS}};
   launch(&rt, grid_x);
   assert_memory_equal(dckv.h, ckv.h, ckv.n * sizeof(e16));
   assert_memory_equal(dkr.h, kr.h, kr.n * sizeof(e16));
@@ -220,7 +238,7 @@ static void check_copy_cols(int nw, int src_w, int src_col, int dst_w, int dst_c
   built_kernel bk;
   build(&s, &bk);
   arr src = rand_arr((size_t)ROWS * src_w), dst = rand_arr((size_t)ROWS * dst_w);
-  call c = {&bk, 4, {src.h}, {dst.h}, {ROWS, src_w, src_col, dst_w, dst_col, cols}};
+  call c = {&bk, 4, {src.h}, NULL, {dst.h}, {ROWS, src_w, src_col, dst_w, dst_col, cols}};
   launch(&c, grid_x);
   mg_cpu_copy_cols(MG_F32, ROWS, src.f, src_w, src_col, dst.f, dst_w, dst_col, cols);
   expect("copy_cols", &dst, 0);
@@ -234,25 +252,25 @@ static void test_expand_kv(void **state) {
   (void)state;
   for (int i = 0; i < 2; i++) {
     const op_shape *sh = &shapes[i];
-    check_expand_kv(sh, 0, 0, sh->dr, 0);                  /* explicit */
-    check_expand_kv(sh, 0, sh->dc, sh->dc + sh->dr, 0);    /* LAGA */
-    check_expand_kv(sh, 0, 3, sh->dr + 5, 0);              /* unaligned: scalar rope path */
+    check_expand_kv(sh, 0, 0, sh->dr, 0, 0);                  /* explicit */
+    check_expand_kv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1);    /* LAGA: split keys */
+    check_expand_kv(sh, 0, 3, sh->dr + 5, 0, 0);              /* unaligned: scalar rope path */
   }
-  check_expand_kv(&shapes[1], 2, shapes[1].dc, shapes[1].dc + shapes[1].dr, 7); /* other warps, small grid */
-  check_expand_kv(&shapes[0], 8, 0, shapes[0].dr, 0);
+  check_expand_kv(&shapes[1], 2, shapes[1].dc, shapes[1].dc + shapes[1].dr, 7, 0); /* other warps, small grid */
+  check_expand_kv(&shapes[0], 8, 0, shapes[0].dr, 0, 1);
 }
 
 static void test_split_dkv(void **state) {
   (void)state;
   for (int i = 0; i < 2; i++) {
     const op_shape *sh = &shapes[i];
-    check_split_dkv(sh, 0, 0, sh->dr, 0, 0);
-    check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 0);
-    check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1);
-    check_split_dkv(sh, 0, 3, sh->dr + 5, 0, 1);
+    check_split_dkv(sh, 0, 0, sh->dr, 0, 0, 0);                 /* explicit */
+    check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 0, 1);   /* LAGA: split keys */
+    check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1, 1);   /* LAGA-F's later groups */
+    check_split_dkv(sh, 0, 3, sh->dr + 5, 0, 1, i);             /* unaligned: scalar stores */
   }
-  check_split_dkv(&shapes[1], 2, 0, shapes[1].dr, 7, 0);
-  check_split_dkv(&shapes[0], 8, shapes[0].dc, shapes[0].dc + shapes[0].dr, 0, 1);
+  check_split_dkv(&shapes[1], 2, 0, shapes[1].dr, 7, 0, 0);
+  check_split_dkv(&shapes[0], 8, shapes[0].dc, shapes[0].dc + shapes[0].dr, 0, 1, 0);
 }
 
 static void test_latent(void **state) {
@@ -281,7 +299,7 @@ static void test_copy_cols(void **state) {
 
 /* The configurations the five families keep compile for sm_80 and sm_90a without spills,
  * stack or static shared memory, for DeepSeek-V3's and V2-Lite's shapes at P = 1 and 4
- * (heads matter to expand_kv and split_dkv only), bf16 and fp16: all are rendered, a
+ * (heads matter to expand_kv and split_dkv only, both key layouts), bf16 and fp16: all are rendered, a
  * covering sample is compiled (kh_sweep_cover: every family, dtype, shape and warp count,
  * and every pair of them), all with MLAGEN_TEST_EXHAUSTIVE=1. */
 static void test_nvrtc_all_kept_configs(void **state) {
@@ -291,7 +309,7 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kh_sweep sw;
   kh_sweep_open(&sw, 60, 0);
   int kept = 0, nc = 0;
-  static mg_kernel_spec cands[2 * 2 * 2 * 5 * 3]; /* a covering sample of them is compiled */
+  static mg_kernel_spec cands[2 * 2 * 2 * 7 * 3]; /* a covering sample of them is compiled */
   const char *models[2] = {"deepseek-v3", "deepseek-v2-lite"};
   const char *dtypes[2] = {"bf16", "fp16"};
   const int sps[2] = {1, 4};
@@ -326,8 +344,9 @@ static void test_nvrtc_all_kept_configs(void **state) {
   kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
   print_message("  %d configurations kept\n", kept);
   /* per dtype, 3 warp counts each: V3 P=1 all 5 families, V3 P=4 expand+split_dkv,
-   * V2-Lite P=1 four families, V2-Lite P=4 expand+split_dkv */
-  assert_int_equal(kept, 2 * 3 * (5 + 2 + 4 + 2));
+   * V2-Lite P=1 four families, V2-Lite P=4 expand+split_dkv; expand_kv and split_dkv twice
+   * each time (packed keys for the explicit plan, split keys for the LAGA plans) */
+  assert_int_equal(kept, 2 * 3 * ((5 + 2) + 4 + (4 + 2) + 4));
   kh_sweep_close(&sw);
 }
 
@@ -336,8 +355,9 @@ static void test_nvrtc_all_kept_configs(void **state) {
 static void asan_case_run(void **state) {
   (void)state;
   const op_shape *sh = &shapes[0];
-  check_expand_kv(sh, 0, 3, sh->dr + 5, 0);
-  check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1);
+  check_expand_kv(sh, 0, 3, sh->dr + 5, 0, 0);
+  check_expand_kv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1);
+  check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1, 1);
   check_latent(&shapes[1], 2, 5);
 }
 

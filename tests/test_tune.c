@@ -728,15 +728,23 @@ static void test_choose(void **state) {
   assert_int_equal(mg_tune_store_add(dir, &h, e, 3, NULL, &d), 0);
   mg_kernel_spec out;
   char why[512];
-  /* taken, k_packed forced back to the plans' 1 */
-  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &fwd, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
+  /* the entry (k_packed = 0) serves a split-key step, k_packed kept */
+  mg_kernel_spec split = fwd;
+  mg_spec_step_tunables(&split, 1);
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &split, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
   assert_non_null(strstr(why, "tuned: "));
   int seen = 0;
   for (int i = 0; i < out.n_config; i++) {
     if (!strcmp(out.config[i].name, "block_n")) seen += out.config[i].value == 32;
-    if (!strcmp(out.config[i].name, "k_packed")) seen += out.config[i].value == 1;
+    if (!strcmp(out.config[i].name, "k_packed")) seen += out.config[i].value == 0;
   }
   assert_int_equal(seen, 2);
+  /* a packed step's (the explicit plan's): another kernel was measured, the default */
+  assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &fwd, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
+  assert_non_null(strstr(why, "default: the stored configuration does not apply (it has k_packed=0, the step runs k_packed=1 (packed keys))"));
+  seen = 0;
+  for (int i = 0; i < out.n_config; i++) seen += !strcmp(out.config[i].name, "k_packed") && out.config[i].value == 1;
+  assert_int_equal(seen, 1);
   /* an unknown tunable: the default, and why */
   assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &mqa, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
   assert_non_null(strstr(why, "default: the stored configuration does not apply"));

@@ -308,9 +308,10 @@ static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, i
         return CLI_USAGE;
       }
       mg_kernel_spec s = specs[i];
+      const int split = mg_spec_split_keys(&s); /* the counterpart's key layout */
       snprintf(s.family, sizeof s.family, "%s", F);
       s.n_config = 0;
-      mg_spec_plan_tunables(&s);
+      mg_spec_step_tunables(&s, split);
       mg_diag d = MG_DIAG_INIT;
       if (apply_sets(o, &s, &d)) {
         cli_error("%s", mg_diag_msg(&d));
@@ -384,9 +385,10 @@ int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg
   fprintf(stderr, "mlagen: note: %s (%s heads %d): %s; %s instead\n", s->family,
           s->causal ? "causal" : "non-causal", s->heads, mg_diag_msg(d), portable);
   mg_diag_clear(d);
+  const int split = mg_spec_split_keys(s);
   snprintf(s->family, sizeof s->family, "%s", portable);
   s->n_config = 0;
-  mg_spec_plan_tunables(s);
+  mg_spec_step_tunables(s, split);
   if ((rc = apply_sets(o, s, d))) return rc;
   return mg_gen_kernel(g, s, k, d);
 }

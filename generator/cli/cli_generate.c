@@ -38,7 +38,7 @@ static const char help[] =
     "                   mqa_bwd_dq_sm90 (the sm_90a absorbed backward, no plan runs yet)\n"
     "                   beside each mqa_bwd_dkv / mqa_bwd_dq one, or with --arch sm_90a attn_fwd\n"
     "                   beside each attn_fwd_sm90 one (the mma.sync fallback), with its\n"
-    "                   default tunables, the plans' k_packed, and the --set overrides\n"
+    "                   default tunables, its counterpart's k_packed, and the --set overrides\n"
     "                   (family.k=v ones are safest); repeatable\n"
     "  --templates DIR  read templates from DIR instead of the embedded ones\n";
 

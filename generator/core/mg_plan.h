@@ -36,7 +36,7 @@ typedef enum mg_form {
 #define MG_FORM_COUNT 6
 
 /* The most head groups of the fused LAGA form (laga-f) and of laga-cp: each group adds 17
- * steps and 17 buffers. */
+ * steps and 18 buffers. */
 #define MG_PLAN_MAX_HEAD_GROUPS 16
 
 /* laga-cp's token layout, for any S_l = S / P: rank r's shard holds two chunks of the
@@ -87,17 +87,27 @@ typedef enum mg_step_kind {
 typedef enum mg_kernel_op {
   /* k [.., Hk, d_n + d_r] = [kv[.., :d_n] ; rope (shared by all heads)], v = kv[.., d_n:].
    * args: kv [B, S, Hk, d_n + d_v], rope source (column rope_col of a [B, S, rope_w]
-   * buffer) -> k [B, S, Hk, d_n + d_r], v [B, S, Hk, d_v] */
+   * buffer) -> k [B, S, Hk, d_n + d_r], v [B, S, Hk, d_v].
+   * split_keys (below): k_nope = kv[.., :d_n], v = kv[.., d_n:], no RoPE copy. args: kv ->
+   * k_nope [B, S, Hk, d_n], v [B, S, Hk, d_v] */
   MG_OP_EXPAND_KV,
   /* dkv [.., d_n + d_v] = [dk[.., :d_n] ; dv]; drope[b, s, :] (columns rope_col.. of a
-   * [B, S, rope_w] buffer) = sum over heads of dk[.., d_n:]. args: dk, dv -> dkv, drope */
+   * [B, S, rope_w] buffer) = sum over heads of dk[.., d_n:]. args: dk, dv -> dkv, drope.
+   * split_keys: the RoPE gradient comes summed already: args dk_nope [B, S, Hk, d_n], dv,
+   * dk_rope [B, S, d_r] (mg_plan_acc_dtype) -> dkv, drope with drope's columns rope_col..
+   * = dk_rope (accumulate: +=) */
   MG_OP_SPLIT_DKV,
   /* explicit attention forward. args: q [B, S_q, Hl, d_qk], k [B, S, Hl, d_qk],
    * v [B, S, Hl, d_v] -> o [B, S_q, Hl, d_v], lse [B, Hl, S_q] (natural log,
    * mg_plan_acc_dtype). S_q = S, or laga-cp's S / P rows at the step's query positions
-   * (q_pos0, q_split, q_pos1 below) */
+   * (q_pos0, q_split, q_pos1 below). split_keys: args q, k_nope [B, S, Hl, d_n], v,
+   * c [B, S, rope_w] (k_rope = c's columns rope_col .. rope_col + d_r, shared by the
+   * heads) -> o, lse */
   MG_OP_ATTN_FWD,
-  /* explicit attention backward. args: q, k, v, o, lse, do -> dq, dk, dv */
+  /* explicit attention backward. args: q, k, v, o, lse, do -> dq, dk, dv.
+   * split_keys: args q, k_nope, v, o, lse, do, c -> dq, dk_nope [B, S, Hl, d_n], dv,
+   * dk_rope [B, S, d_r] (mg_plan_acc_dtype: the kernels sum it over the step's heads in
+   * fp32) */
   MG_OP_ATTN_BWD,
   /* absorbed MQA forward, one shared latent head. args: q_abs [B, S, Hl, d_c + d_r],
    * c [B, S, d_c + d_r] (keys; values are c[.., :d_c]) -> o_lat [B, S, Hl, d_c], lse */
@@ -150,6 +160,14 @@ typedef struct mg_step {
   int64_t rope_col, rope_w, src_col, dst_col, cols; /* kernel column arguments */
   int64_t src_w, dst_w;      /* MG_OP_COPY_COLS row widths; 0: the buffer's last dim */
   int accumulate;            /* MG_OP_SPLIT_DKV: add the RoPE sum into drope */
+  /* MG_OP_ATTN_FWD, MG_OP_ATTN_BWD, MG_OP_EXPAND_KV, MG_OP_SPLIT_DKV: 1 = split keys (the
+   * LAGA family: laga, laga-r, laga-f, laga-cp). No per-head copy of the shared RoPE key:
+   * K_nope is per head (d_n wide) and the attention steps read k_rope from the gathered
+   * latent, columns rope_col .. rope_col + d_r of rows rope_w wide (d_c, d_c + d_r); the
+   * attention backward returns dk_rope [B, S, d_r] summed over its heads. The kernels run
+   * with k_packed = 0 (mg_spec_step_tunables). 0 = packed keys (explicit: the all-to-all
+   * delivers a per-head K [B, S, Hl, d_n + d_r]; k_packed = 1). Args per op above. */
+  int split_keys;
   int64_t ranks;             /* MG_OP_CHUNK_ORDER: the shards P (the plan's sp) */
   int inverse;               /* MG_OP_CHUNK_ORDER: global order -> rank order */
   /* MG_OP_ATTN_FWD / MG_OP_ATTN_BWD: the global position of query row i (of the q buffer's

@@ -151,9 +151,22 @@ static int gemm(const chk *c) {
 
 /* ---- kernels ---------------------------------------------------------------------------- */
 
+/* The split-key RoPE source of step s (mg_step.split_keys): buffer b [B, S, rope_w] holding
+ * k_rope (or its gradient) in columns rope_col .. rope_col + d_r, numel rows x rope_w. */
+static int rope_cols(const chk *c, const mg_plan_buf *b, int64_t rows, int64_t dr) {
+  const mg_step *s = c->s;
+  NEED(s->rope_col >= 0 && s->rope_col + dr <= s->rope_w && last_dim(b) == s->rope_w,
+       "rope columns [%lld, %lld) outside %s of width %lld", (long long)s->rope_col,
+       (long long)(s->rope_col + dr), b->name, (long long)last_dim(b));
+  TRY(numel_is(c, b, rows * s->rope_w));
+  return dtype_is(c, b, c->p->args.dtype);
+}
+
 /* MG_OP_ATTN_* and MG_OP_MQA_*: keys over all S tokens (causality is by global position);
  * q [B, S_q, H, d_qk] with S_q = S, or (laga-cp) S_q = S / P with the query positions of
- * mg_step inside [0, S); explicit: k [B, S, H, d_qk], v [B, S, H, d_v], o [B, S_q, H, d_v];
+ * mg_step inside [0, S); explicit: k [B, S, H, d_qk], v [B, S, H, d_v], o [B, S_q, H, d_v]
+ * (split keys: k_nope [B, S, H, d_n], the latent [B, S, rope_w] last among the inputs, and
+ * the backward's dk_rope [B, S, d_r] in the accumulators' dtype last among the outputs);
  * absorbed: c [B, S, d_c + d_r], o [B, S_q, H, d_c]; lse [B, H, S_q] in the accumulators'
  * dtype; the backward's gradients shaped as their inputs and its delta (f32 [B, H, S_q])
  * in the workspace. */
@@ -162,7 +175,9 @@ static int attention(const chk *c, const mg_shape *sh) {
   const mg_dtype t = c->p->args.dtype;
   const int fwd = s->op == MG_OP_ATTN_FWD || s->op == MG_OP_MQA_FWD;
   const int mqa = s->op == MG_OP_MQA_FWD || s->op == MG_OP_MQA_BWD;
-  TRY(arity(c, mqa ? (fwd ? 2 : 5) : (fwd ? 3 : 6), mqa ? 2 : (fwd ? 2 : 3)));
+  const int split = s->split_keys;
+  NEED(!mqa || !split, "split_keys on the absorbed MQA (its keys are the latent)");
+  TRY(arity(c, mqa ? (fwd ? 2 : 5) : (fwd ? 3 : 6) + split, mqa ? 2 : (fwd ? 2 : 3 + split)));
   const int64_t dn = sh->qk_nope_head_dim, dr = sh->qk_rope_head_dim, dc = sh->kv_lora_rank;
   const int64_t dqk = mqa ? dc + dr : dn + dr, dv = mqa ? dc : sh->v_head_dim;
   const mg_plan_buf *q = in(c, 0);
@@ -210,9 +225,11 @@ static int attention(const chk *c, const mg_shape *sh) {
     TRY(dtype_is(c, in(c, 1), t));
   } else {
     const mg_plan_buf *k = in(c, 1);
-    NEED(k->ndim == 4 && k->dims[0] == B && k->dims[1] == S && k->dims[2] == H && k->dims[3] == dqk,
-         "%s must be [B, S, H, d_qk] = [%lld, %lld, %lld, %lld]", k->name, (long long)B,
-         (long long)S, (long long)H, (long long)dqk);
+    const int64_t dk = split ? dn : dqk;
+    NEED(k->ndim == 4 && k->dims[0] == B && k->dims[1] == S && k->dims[2] == H && k->dims[3] == dk,
+         "%s must be [B, S, H, %s] = [%lld, %lld, %lld, %lld]", k->name, split ? "d_n (split keys)"
+         : "d_qk", (long long)B, (long long)S, (long long)H, (long long)dk);
+    if (split) TRY(rope_cols(c, in(c, fwd ? 3 : 6), B * S, dr));
     NEED(last_dim(in(c, 2)) == dv, "%s rows are %lld wide, d_v is %lld", in(c, 2)->name,
          (long long)last_dim(in(c, 2)), (long long)dv);
     TRY(numel_is(c, in(c, 2), nv));
@@ -229,9 +246,16 @@ static int attention(const chk *c, const mg_shape *sh) {
   const mg_plan_buf *dout = in(c, mqa ? 4 : 5);
   TRY(numel_is(c, dout, no));
   TRY(dtype_is(c, dout, t));
-  for (int k = 0; k < s->n_out; k++) {
+  for (int k = 0; k < s->n_out - split; k++) {
     TRY(numel_is(c, out(c, k), mg_plan_buf_numel(in(c, k))));
     TRY(dtype_is(c, out(c, k), t));
+  }
+  if (split) { /* dk_rope [B, S, d_r], summed over the heads in the accumulators' dtype */
+    const mg_plan_buf *dkr = out(c, 3);
+    NEED(last_dim(dkr) == dr, "%s rows are %lld wide, d_r is %lld", dkr->name,
+         (long long)last_dim(dkr), (long long)dr);
+    TRY(numel_is(c, dkr, B * S * dr));
+    TRY(dtype_is(c, dkr, mg_plan_acc_dtype(c->p)));
   }
   NEED(s->workspace >= 4 * nl, "workspace of %lld bytes, the backward's delta needs %lld "
        "(mg_plan_kernel)", (long long)s->workspace, (long long)(4 * nl));
@@ -244,6 +268,11 @@ static int kernel(const chk *c) {
   const int64_t dn = sh->qk_nope_head_dim, dr = sh->qk_rope_head_dim, dv = sh->v_head_dim,
                 dc = sh->kv_lora_rank;
   const mg_dtype t = c->p->args.dtype;
+  const int split_op = s->op == MG_OP_ATTN_FWD || s->op == MG_OP_ATTN_BWD ||
+                       s->op == MG_OP_EXPAND_KV || s->op == MG_OP_SPLIT_DKV;
+  NEED(s->split_keys == 0 || (s->split_keys == 1 && split_op),
+       "split_keys %d: 0 or 1, and 1 only on attention, expand_kv and split_dkv steps",
+       s->split_keys);
   switch (s->op) {
     case MG_OP_ATTN_FWD:
     case MG_OP_ATTN_BWD:
@@ -251,24 +280,30 @@ static int kernel(const chk *c) {
     case MG_OP_MQA_BWD: return attention(c, sh);
     case MG_OP_EXPAND_KV:
     case MG_OP_SPLIT_DKV: {
-      const int expand = s->op == MG_OP_EXPAND_KV;
-      TRY(arity(c, 2, 2));
+      /* packed: kv, rope -> k, v and dk, dv -> dkv, drope; split keys: kv -> k_nope, v and
+       * dk_nope, dv, dk_rope -> dkv, drope (mg_plan.h) */
+      const int expand = s->op == MG_OP_EXPAND_KV, split = s->split_keys;
+      TRY(arity(c, expand ? 2 - split : 2 + split, 2));
       const mg_plan_buf *big = in(c, 0); /* kv or dk: [B, S, Hk, w] */
-      const int64_t w0 = expand ? dn + dv : dn + dr;
+      const int64_t w0 = expand ? dn + dv : split ? dn : dn + dr, wk = split ? dn : dn + dr;
       NEED(big->ndim == 4 && last_dim(big) == w0, "%s must be [B, S, H, %lld]", big->name,
            (long long)w0);
       const int64_t rows = big->dims[0] * big->dims[1], H = big->dims[2];
-      const mg_plan_buf *rope = expand ? in(c, 1) : out(c, 1);
-      NEED(s->rope_col >= 0 && s->rope_col + dr <= s->rope_w && last_dim(rope) == s->rope_w,
-           "rope columns [%lld, %lld) outside %s of width %lld", (long long)s->rope_col,
-           (long long)(s->rope_col + dr), rope->name, (long long)last_dim(rope));
-      TRY(numel_is(c, rope, rows * s->rope_w));
+      if (!expand) TRY(rope_cols(c, out(c, 1), rows, dr));
+      else if (!split) TRY(rope_cols(c, in(c, 1), rows, dr));
       if (expand) {
-        TRY(numel_is(c, out(c, 0), rows * H * (dn + dr)));
+        TRY(numel_is(c, out(c, 0), rows * H * wk));
         TRY(numel_is(c, out(c, 1), rows * H * dv));
       } else {
         TRY(numel_is(c, in(c, 1), rows * H * dv));
         TRY(numel_is(c, out(c, 0), rows * H * (dn + dv)));
+      }
+      if (!expand && split) { /* the attention backward's head sum */
+        const mg_plan_buf *dkr = in(c, 2);
+        NEED(last_dim(dkr) == dr, "%s rows are %lld wide, d_r is %lld", dkr->name,
+             (long long)last_dim(dkr), (long long)dr);
+        TRY(numel_is(c, dkr, rows * dr));
+        TRY(dtype_is(c, dkr, mg_plan_acc_dtype(c->p)));
       }
       for (int k = 0; k < 2; k++) {
         TRY(dtype_is(c, in(c, k), t));

@@ -30,7 +30,10 @@ extern const char *const mg_plan_output_names[MG_PLAN_N_IO];
  *     plan's or f32), A, B, C inside their buffers and tok_k (0 or 1; 1 only on a varlen
  *     plan, which has batch 1, with tok0 >= 0 and tok0 + k <= S; tok0 0 without it); each
  *     kernel op's shapes against the model's dims (mg_plan.h), dtypes (LSE the
- *     accumulators'), column arguments, and the attention backward's delta workspace.
+ *     accumulators'), column arguments, and the attention backward's delta workspace;
+ *     split_keys 0 or 1, 1 only on attention, expand_kv and split_dkv steps, whose
+ *     operands then follow mg_plan.h's split-key shapes (K_nope d_n wide, the latent's
+ *     RoPE columns inside its rows, dk_rope [B, S, d_r] in the accumulators' dtype).
  * Returns 0 or MLAGEN_EINVAL with "<form> plan step <i> (<label>): <what>" (or "<form>
  * plan: <what>" for a buffer) naming the operand. */
 int mg_plan_check(const mg_plan *p, mg_diag *d);

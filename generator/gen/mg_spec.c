@@ -31,8 +31,8 @@ const mg_op_kernels mg_op_kernel_table[] = {
      {NULL, "k_packed=1 deterministic=1", "k_packed=1"}},
     {MG_OP_MQA_FWD, {"mqa_fwd"}, {NULL}},
     {MG_OP_MQA_BWD, {"attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq"}, {NULL, "qsplit=1", NULL}},
-    {MG_OP_EXPAND_KV, {"expand_kv"}, {NULL}},
-    {MG_OP_SPLIT_DKV, {"split_dkv"}, {NULL}},
+    {MG_OP_EXPAND_KV, {"expand_kv"}, {"k_packed=1"}},
+    {MG_OP_SPLIT_DKV, {"split_dkv"}, {"k_packed=1"}},
     {MG_OP_CONCAT_LATENT, {"concat_latent"}, {NULL}},
     {MG_OP_SPLIT_LATENT, {"split_latent"}, {NULL}},
     {MG_OP_COPY_COLS, {"copy_cols"}, {NULL}},
@@ -63,6 +63,24 @@ const mg_arch_kernels mg_arch_kernel_table[] = {
     {"sm_90a", {MG_OP_MQA_BWD, {"attn_bwd_pre", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90"}, {NULL, NULL, NULL}}, 1},
     {NULL, {0, {NULL}, {NULL}}, 0},
 };
+
+/* The value of s's override `name`, or -1 when it has none. */
+static long config_of(const mg_kernel_spec *s, const char *name) {
+  for (int i = 0; i < s->n_config; i++)
+    if (!strcmp(s->config[i].name, name)) return s->config[i].value;
+  return -1;
+}
+
+/* The fixed settings of family in the tables (NULL: none). */
+static const char *fixed_of(const char *family) {
+  for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0]; t++)
+    for (int i = 0; i < MG_SPEC_OP_FAMILIES && t->family[i]; i++)
+      if (!strcmp(family, t->family[i]) && t->fixed[i]) return t->fixed[i];
+  for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch; a++)
+    for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i]; i++)
+      if (!strcmp(family, a->k.family[i]) && a->k.fixed[i]) return a->k.fixed[i];
+  return NULL;
+}
 
 const char *mg_op_family(int op, int i) {
   if (i < 0 || i >= MG_SPEC_OP_FAMILIES) return NULL;
@@ -107,12 +125,13 @@ int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *o
         const char *f = mg_op_family_arch(t->op, i, arch);
         if (f && strcmp(f, s->family) != 0) to = f;
       }
+  const int split = mg_spec_split_keys(s);
   if (out != s) *out = *s;
   snprintf(out->arch, sizeof out->arch, "%s", arch ? arch : "");
   if (!to) return 0;
   snprintf(out->family, sizeof out->family, "%s", to);
   out->n_config = 0;
-  mg_spec_plan_tunables(out);
+  mg_spec_step_tunables(out, split); /* the step's key layout carries over */
   return 1;
 }
 
@@ -147,18 +166,24 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
    * kernels at the group's heads; and the K/V expansion and its backward at the heads of
    * every workspace they fill: the groups', and all H (the Ulysses forms expand before
    * the all-to-all) */
+  /* Key layouts (mg_step.split_keys): the listed families at H / P get the packed keys of
+   * the explicit plan (mg_spec_plan_tunables); the LAGA plans run split keys (k_packed = 0)
+   * at H / P (laga, laga-r) and at their groups' heads; the explicit plan expands packed K
+   * for all H heads. */
   const char *const attn_families[] = {mg_op_family(MG_OP_ATTN_FWD, 0), mg_op_family(MG_OP_ATTN_BWD, 0),
                                        mg_op_family(MG_OP_ATTN_BWD, 1), mg_op_family(MG_OP_ATTN_BWD, 2)};
   const char *const kv_families[] = {mg_op_family(MG_OP_EXPAND_KV, 0), mg_op_family(MG_OP_SPLIT_DKV, 0)};
-  struct extra_spec { const char *family; int heads, latent_v; } extra[1 + 3 * 6];
+  struct extra_spec { const char *family; int heads, latent_v, split; } extra[1 + 4 * 6];
   int n_extra = 0;
-  extra[n_extra++] = (struct extra_spec){mg_op_family(MG_OP_MQA_BWD, 0), Hl, 1};
-  const int groups[3] = {G, Gcp, shape->heads};
-  for (int k = 0; k < 3; k++) {
-    for (int f = 0; f < 4 && k < 2 && groups[k] != Hl; f++)
-      extra[n_extra++] = (struct extra_spec){attn_families[f], groups[k], 0};
-    for (int f = 0; f < 2 && groups[k] != Hl; f++)
-      extra[n_extra++] = (struct extra_spec){kv_families[f], groups[k], 0};
+  extra[n_extra++] = (struct extra_spec){mg_op_family(MG_OP_MQA_BWD, 0), Hl, 1, 0};
+  const int groups[4] = {Hl, G, Gcp, shape->heads};
+  for (int k = 0; k < 4; k++) {
+    const int split = k < 3; /* the LAGA family's heads; all H: explicit's expansion */
+    if (k > 0 && groups[k] == Hl) continue; /* listed already */
+    for (int f = 0; f < 4 && split; f++)
+      extra[n_extra++] = (struct extra_spec){attn_families[f], groups[k], 0, 1};
+    for (int f = 0; f < 2; f++)
+      extra[n_extra++] = (struct extra_spec){kv_families[f], groups[k], 0, split};
   }
   const int n_fam = (int)(sizeof mg_spec_families / sizeof *mg_spec_families) - 1;
   for (int i = 0; i < n_fam + n_extra; i++) {
@@ -176,7 +201,7 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
       if (i >= n_fam && extra[i - n_fam].latent_v) s->d_n = s->d_v = shape->kv_lora_rank;
       snprintf(s->dtype, sizeof s->dtype, "%s", dtype);
       s->causal = causal;
-      mg_spec_plan_tunables(s);
+      mg_spec_step_tunables(s, i >= n_fam && extra[i - n_fam].split);
       for (int j = 0; j < *n - 1; j++) /* an extra that equals a spec already there (d_n = d_v */
         if (memcmp(&specs[j], s, sizeof *s) == 0) { /* = d_c, one head group, or both forms' */
           (*n)--;
@@ -187,7 +212,22 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
   return 0;
 }
 
+int mg_spec_split_keys(const mg_kernel_spec *s) {
+  return mg_spec_keyed(s->family) && config_of(s, "k_packed") == 0;
+}
+
+int mg_spec_keyed(const char *family) {
+  const char *f = fixed_of(family);
+  return f && strstr(f, "k_packed=") != NULL;
+}
+
+void mg_spec_step_tunables(mg_kernel_spec *s, int split_keys) {
+  if (mg_spec_keyed(s->family)) mg_spec_set(s, split_keys ? "k_packed=0" : "k_packed=1", NULL);
+  mg_spec_plan_tunables(s);
+}
+
 void mg_spec_plan_tunables(mg_kernel_spec *s) {
+  const int split = mg_spec_split_keys(s);
   const mg_op_kernels *rows[64];
   int n = 0;
   for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0] && n < 64; t++) rows[n++] = t;
@@ -200,6 +240,7 @@ void mg_spec_plan_tunables(mg_kernel_spec *s) {
       snprintf(buf, sizeof buf, "%s", t->fixed[i]);
       for (char *save = NULL, *a = strtok_r(buf, " ", &save); a; a = strtok_r(NULL, " ", &save))
         mg_spec_set(s, a, NULL);
+      if (split) mg_spec_set(s, "k_packed=0", NULL); /* a split-key step's, kept */
       return; /* a family's settings are the same wherever the table lists it */
     }
 }

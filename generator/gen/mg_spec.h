@@ -49,15 +49,15 @@ extern const char *const mg_spec_families[];
 int mg_spec_family_on_request(const char *family);
 
 /* Fills specs[0..*n) with every kernel a model needs at sequence-parallel degree sp, each
- * causal and non-causal: every family (but those on request) at heads = H / sp;
- * attn_bwd_pre with d_n = d_v = d_c (the absorbed backward's delta over o_lat); and, for
- * LAGA-F's default head group (mg_plan_default_head_groups of H / sp) and laga-cp's (of H,
- * at any sp: laga-cp attends with all H heads), when it holds fewer heads than H / sp,
- * attn_fwd, attn_bwd_pre, attn_bwd_dkdv, attn_bwd_dq, expand_kv and split_dkv at the
- * group's head count; expand_kv and split_dkv at H too (the Ulysses forms expand K/V for
- * all heads before the all-to-all; the executor asks for a workspace's heads) (an extra
- * equal to a spec
- * already listed is left out). Each spec carries mg_spec_plan_tunables. max is the
+ * causal and non-causal: every family (but those on request) at heads = H / sp with the
+ * explicit plan's packed keys; attn_bwd_pre with d_n = d_v = d_c (the absorbed backward's
+ * delta over o_lat); the split-key variants (k_packed = 0, mg_spec_step_tunables: the LAGA
+ * family's steps) of attn_fwd, attn_bwd_pre, attn_bwd_dkdv, attn_bwd_dq, expand_kv and
+ * split_dkv at H / sp and, for LAGA-F's default head group (mg_plan_default_head_groups of
+ * H / sp) and laga-cp's (of H, at any sp: laga-cp attends with all H heads), when it holds
+ * fewer heads than H / sp, at the group's head count; expand_kv and split_dkv packed at H
+ * (the explicit form expands K/V for all heads before the all-to-all) (an extra equal to a
+ * spec already listed is left out). Each spec carries mg_spec_step_tunables. max is the
  * capacity of specs.
  * Errors: MLAGEN_EINVAL (sp < 1, sp above H or not dividing it: mg_plan_args_check's message
  * for the Ulysses forms, which names laga-cp, whose kernels do not depend on P: those of
@@ -128,18 +128,35 @@ int mg_family_runs_on(const char *family, const char *arch);
 
 /* s for arch: *out is s rendered for arch (out->arch = arch, "" for NULL), and, when a row
  * of mg_arch_kernel_table replaces s->family (a portable family) on arch, with that family,
- * its configuration cleared but for the row's fixed settings (mg_spec_plan_tunables): 1 is
+ * its configuration cleared but for the row's fixed settings and s's key layout
+ * (mg_spec_step_tunables: k_packed = 0 stays split): 1 is
  * returned then, else 0. The caller applies its overrides again. out may be s. */
 int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *out);
 
 /* Sets the tunables the plans' executors (runtime/exec/mg_cuda_exec.h) fix for s's family (the
- * table's fixed settings: attn_fwd and attn_bwd_dq k_packed = 1, the plans' K is per head,
- * packed (attn_fwd_sm90 too, mg_arch_kernel_table); attn_bwd_dkdv k_packed = 1,
- * deterministic = 1, no fp32 dQ accumulator;
- * mqa_bwd_dkv qsplit = 1, dc written once, no fp32 accumulator). Other families are left
- * alone. mg_spec_for_model applies it, so `mlagen generate` emits, and `mlagen tune`
- * sweeps, the kernels the executors run. */
+ * table's fixed settings: attn_fwd, attn_bwd_dq, expand_kv and split_dkv k_packed = 1
+ * (attn_fwd_sm90 and the sm_90a backward too, mg_arch_kernel_table); attn_bwd_dkdv
+ * k_packed = 1, deterministic = 1, no fp32 dQ accumulator; mqa_bwd_dkv qsplit = 1, dc
+ * written once, no fp32 accumulator). k_packed = 1 is the key layout of the explicit plan
+ * (a per-head K): a spec that already asks for split keys (k_packed = 0, the LAGA plans'
+ * steps: mg_spec_step_tunables) keeps it. Other families are left alone. mg_spec_for_model
+ * applies it, so `mlagen generate` emits, and `mlagen tune` sweeps, the kernels the
+ * executors run. */
 void mg_spec_plan_tunables(mg_kernel_spec *s);
+
+/* 1 when family's kernels have a key layout the plan's step decides (its fixed settings in
+ * the tables name k_packed: attn_fwd, attn_bwd_dkdv, attn_bwd_dq, their sm_90a families,
+ * expand_kv, split_dkv), else 0. */
+int mg_spec_keyed(const char *family);
+
+/* 1 when s runs split keys: a keyed family (mg_spec_keyed) with k_packed = 0; else 0. */
+int mg_spec_split_keys(const mg_kernel_spec *s);
+
+/* The tunables of the kernel a plan step runs (mg_step.split_keys, generator/core/mg_plan.h):
+ * for a keyed family (mg_spec_keyed) k_packed = 0 when split_keys, else 1 (replacing any
+ * k_packed override s had), then mg_spec_plan_tunables. The CUDA executor and
+ * mg_spec_for_model call it, so generate, compile and tune see what the plans run. */
+void mg_spec_step_tunables(mg_kernel_spec *s, int split_keys);
 
 /* Adds or replaces a tunable override "name=value" (value an integer); "family.name=value"
  * applies only when s is of that family (and is otherwise a no-op).

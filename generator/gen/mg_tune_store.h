@@ -178,8 +178,10 @@ int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
 /* The spec a kernel is generated from at run time: s with the tuned store's configuration
  * (mg_tune_lookup) applied when there is one, then mg_spec_plan_tunables (the plans'
  * interface wins over a stored value), checked by rendering it with g; a stored
- * configuration that does not apply (an unknown tunable, a value the template rejects)
- * falls back to s itself. *out is the spec to generate; why (n bytes, may be NULL) says
+ * configuration that does not apply (an unknown tunable, a value the template rejects, a
+ * key layout other than the step's: k_packed differing from s's for a keyed family,
+ * mg_spec_keyed, "it has k_packed=1, the step runs k_packed=0 (split keys)") falls back to
+ * s itself. *out is the spec to generate; why (n bytes, may be NULL) says
  * which and why, "tuned: ..." only when the stored configuration is what *out carries.
  * The one place the CUDA executor and `mlagen plan --explain` choose a configuration.
  * kernel (may be NULL) receives *out rendered (mg_kernel_free it), so the caller does not

@@ -245,17 +245,25 @@ static void kernel(exec *x, const mg_step *s) {
   switch (s->op) {
     case MG_OP_EXPAND_KV:
     case MG_OP_SPLIT_DKV: {
+      /* split keys: expand_kv takes no rope source, split_dkv the summed dk_rope (in 2) */
       const int64_t rows = IN(0)->dims[0] * IN(0)->dims[1], H = IN(0)->dims[2];
       if (s->op == MG_OP_EXPAND_KV)
-        mg_cpu_expand_kv(t, rows, H, dn, dr, dv, BI(0), BI(1), s->rope_col, s->rope_w, BO(0), BO(1));
+        mg_cpu_expand_kv(t, rows, H, dn, dr, dv, BI(0), s->split_keys ? NULL : BI(1), s->rope_col,
+                         s->rope_w, BO(0), BO(1));
       else
-        mg_cpu_split_dkv(t, rows, H, dn, dr, dv, BI(0), BI(1), BO(0), BO(1), s->rope_col, s->rope_w,
-                         s->accumulate);
+        mg_cpu_split_dkv(t, rows, H, dn, dr, dv, BI(0), BI(1), s->split_keys ? BI(2) : NULL, BO(0),
+                         BO(1), s->rope_col, s->rope_w, s->accumulate);
       return;
     }
     case MG_OP_ATTN_FWD:
     case MG_OP_ATTN_BWD: {
-      const mg_cpu_attn a = attn_geom(x, s, IN(0), IN(1), last_dim(IN(2)));
+      mg_cpu_attn a = attn_geom(x, s, IN(0), IN(1), last_dim(IN(2)));
+      if (s->split_keys) { /* k_rope: the latent's columns rope_col.. (the last input) */
+        const int fwd = s->op == MG_OP_ATTN_FWD;
+        a.d_r = dr, a.ld_k_rope = s->rope_w;
+        a.k_rope = (const char *)BI(fwd ? 3 : 6) + (size_t)s->rope_col * x->es;
+        a.dk_rope = fwd ? NULL : BO(3);
+      }
       if (hooked(x, s)) return;
       if (s->op == MG_OP_ATTN_FWD) mg_cpu_attn_fwd(&a, BI(0), BI(1), BI(2), BO(0), BO(1));
       else mg_cpu_attn_bwd(&a, BI(0), BI(1), BI(2), BI(3), BI(4), BI(5), BO(0), BO(1), BO(2));

@@ -32,9 +32,9 @@ static void put(mg_dtype t, void *p, int64_t i, double x) {
     ((float *)p)[i] = (float)x;
 }
 
-/* sum_c a[c] b[c], in double. */
-static double dot(mg_dtype t, const void *a, const void *b, int64_t n) {
-  double s = 0;
+/* s0 + sum_c a[c] b[c], in double, in order. */
+static double dot_from(mg_dtype t, double s0, const void *a, const void *b, int64_t n) {
+  double s = s0;
   if (t == MG_F64) {
     const double *x = a, *y = b;
     for (int64_t c = 0; c < n; c++) s += x[c] * y[c];
@@ -44,6 +44,8 @@ static double dot(mg_dtype t, const void *a, const void *b, int64_t n) {
   }
   return s;
 }
+
+static double dot(mg_dtype t, const void *a, const void *b, int64_t n) { return dot_from(t, 0, a, b, n); }
 
 /* acc[c] += w x[c]. */
 static void axpy(mg_dtype t, double *acc, double w, const void *x, int64_t n) {
@@ -73,25 +75,28 @@ void mg_cpu_expand_kv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t d
                       void *k, void *v) {
   for (int64_t r = 0; r < rows; r++)
     for (int64_t h = 0; h < H; h++) {
-      const int64_t rh = r * H + h;
-      copy(t, at(t, k, rh * (dn + dr)), at_c(t, kv, rh * (dn + dv)), dn);
-      copy(t, at(t, k, rh * (dn + dr) + dn), at_c(t, rope, r * rope_w + rope_col), dr);
+      const int64_t rh = r * H + h, kw = rope ? dn + dr : dn;
+      copy(t, at(t, k, rh * kw), at_c(t, kv, rh * (dn + dv)), dn);
+      if (rope) copy(t, at(t, k, rh * kw + dn), at_c(t, rope, r * rope_w + rope_col), dr);
       copy(t, at(t, v, rh * dv), at_c(t, kv, rh * (dn + dv) + dn), dv);
     }
 }
 
 void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
-                      const void *dk, const void *dvin, void *dkv, void *drope, int64_t rope_col,
-                      int64_t rope_w, int accumulate) {
+                      const void *dk, const void *dvin, const void *dk_rope, void *dkv,
+                      void *drope, int64_t rope_col, int64_t rope_w, int accumulate) {
+  const int64_t kw = dk_rope ? dn : dn + dr;
   for (int64_t r = 0; r < rows; r++) {
     for (int64_t h = 0; h < H; h++) {
       const int64_t rh = r * H + h;
-      copy(t, at(t, dkv, rh * (dn + dv)), at_c(t, dk, rh * (dn + dr)), dn);
+      copy(t, at(t, dkv, rh * (dn + dv)), at_c(t, dk, rh * kw), dn);
       copy(t, at(t, dkv, rh * (dn + dv) + dn), at_c(t, dvin, rh * dv), dv);
     }
     for (int64_t c = 0; c < dr; c++) { /* the rope part is shared: its gradient sums heads */
       double s = accumulate ? get(t, drope, r * rope_w + rope_col + c) : 0;
-      for (int64_t h = 0; h < H; h++) s += get(t, dk, (r * H + h) * (dn + dr) + dn + c);
+      if (dk_rope) s += get(t, dk_rope, r * dr + c); /* summed by the attention backward */
+      else
+        for (int64_t h = 0; h < H; h++) s += get(t, dk, (r * H + h) * (dn + dr) + dn + c);
       put(t, drope, r * rope_w + rope_col + c, s);
     }
   }
@@ -143,6 +148,8 @@ typedef struct geom {
   int64_t Hk;  /* key/value heads */
   int64_t v_w; /* elements per (token, kv head) row of the value buffer */
   int v_in_k;  /* values are the keys' first d_v columns (MQA) */
+  int64_t k_w; /* elements per (token, kv head) row of the key buffer: d_qk, or d_qk - d_r
+                  with split keys (the rest from a->k_rope) */
 } geom;
 
 static int64_t kv_head(const geom *g, int64_t h) { return h * g->Hk / g->a->H; }
@@ -153,7 +160,27 @@ static int64_t io(const geom *g, int64_t b, int64_t i, int64_t h) {
   return ((b * g->a->S_q + i) * g->a->H + h) * g->a->d_v;
 }
 static int64_t ik(const geom *g, int64_t b, int64_t j, int64_t hk) {
-  return ((b * g->a->S_k + j) * g->Hk + hk) * g->a->d_qk;
+  return ((b * g->a->S_k + j) * g->Hk + hk) * g->k_w;
+}
+/* Split keys: element offset of key row (b, j)'s shared RoPE part in a->k_rope. */
+static int64_t ikr(const geom *g, int64_t b, int64_t j) {
+  return (b * g->a->S_k + j) * g->a->ld_k_rope;
+}
+/* q_i . K_j of key head hk (split keys: K_nope's k_w, then the shared RoPE row, one sum in
+ * the order of a packed row). */
+static double qk(const geom *g, const void *qi, const void *k, int64_t b, int64_t j, int64_t hk) {
+  const mg_dtype t = g->a->t;
+  double s = dot(t, qi, at_c(t, k, ik(g, b, j, hk)), g->k_w);
+  if (g->k_w < g->a->d_qk)
+    s = dot_from(t, s, at_c(t, qi, g->k_w), at_c(t, g->a->k_rope, ikr(g, b, j)), g->a->d_r);
+  return s;
+}
+/* acc += w K_j of key head hk. */
+static void axpy_k(const geom *g, double *acc, double w, const void *k, int64_t b, int64_t j,
+                   int64_t hk) {
+  const mg_dtype t = g->a->t;
+  axpy(t, acc, w, at_c(t, k, ik(g, b, j, hk)), g->k_w);
+  if (g->k_w < g->a->d_qk) axpy(t, acc + g->k_w, w, at_c(t, g->a->k_rope, ikr(g, b, j)), g->a->d_r);
 }
 static int64_t iv(const geom *g, int64_t b, int64_t j, int64_t hk) {
   return ((b * g->a->S_k + j) * g->Hk + hk) * g->v_w;
@@ -195,7 +222,7 @@ static void attn_fwd(const geom *g, const void *q, const void *k, const void *v,
         keys_of(g, i, &lo, &hi);
         for (int64_t c = 0; c < a->d_v; c++) acc[c] = 0;
         for (int64_t j = lo; j < hi; j++) {
-          const double s = a->scale * dot(t, qi, at_c(t, k, ik(g, b, j, hk)), a->d_qk);
+          const double s = a->scale * qk(g, qi, k, b, j, hk);
           if (s > m) { /* new max: rescale what was summed so far */
             const double r = exp(m - s);
             l *= r;
@@ -220,7 +247,7 @@ static void prob_and_ds(const geom *g, const void *q, const void *k, const void 
   const mg_dtype t = a->t;
   const int64_t hk = kv_head(g, h);
   const void *qi = at_c(t, q, iq(g, b, i, h)), *doi = at_c(t, d_o, io(g, b, i, h));
-  const double s = a->scale * dot(t, qi, at_c(t, k, ik(g, b, j, hk)), a->d_qk);
+  const double s = a->scale * qk(g, qi, k, b, j, hk);
   *p = exp(s - get(t, lse, ilse(g, b, h, i)));
   const double dp = dot(t, doi, at_c(t, v, iv(g, b, j, hk)), a->d_v);  /* dO_i . V_j */
   const double D = dot(t, doi, at_c(t, o, io(g, b, i, h)), a->d_v);    /* dO_i . O_i */
@@ -245,15 +272,19 @@ static void attn_bwd(const geom *g, const void *q, const void *k, const void *v,
         for (int64_t j = lo; j < hi; j++) {
           double p, ds;
           prob_and_ds(g, q, k, v, o, lse, d_o, b, h, i, j, &p, &ds);
-          axpy(t, acc_q, ds, at_c(t, k, ik(g, b, j, kv_head(g, h))), a->d_qk);
+          axpy_k(g, acc_q, ds, k, b, j, kv_head(g, h));
         }
         store(t, at(t, dq, iq(g, b, i, h)), acc_q, a->scale, a->d_qk);
       }
 
-  /* dK_j = scale sum_{h, i} dS_ij Q_i,   dV_j = sum_{h, i} P_ij dO_i */
+  /* dK_j = scale sum_{h, i} dS_ij Q_i,   dV_j = sum_{h, i} P_ij dO_i; split keys: dK's
+   * RoPE part (the last d_r of acc_k) summed over the key heads into acc_r */
+  const int split = g->k_w < a->d_qk;
+  double acc_r[MG_CPU_MAX_ROW];
   for (int64_t b = 0; b < a->B; b++)
-    for (int64_t hk = 0; hk < g->Hk; hk++)
-      for (int64_t j = 0; j < a->S_k; j++) {
+    for (int64_t j = 0; j < a->S_k; j++) {
+      for (int64_t c = 0; split && c < a->d_r; c++) acc_r[c] = 0;
+      for (int64_t hk = 0; hk < g->Hk; hk++) {
         for (int64_t c = 0; c < a->d_qk; c++) acc_k[c] = 0;
         for (int64_t c = 0; c < a->d_v; c++) acc_v[c] = 0;
         for (int64_t h = 0; h < a->H; h++) {
@@ -273,33 +304,36 @@ static void attn_bwd(const geom *g, const void *q, const void *k, const void *v,
           for (int64_t c = 0; c < a->d_v; c++) acc_k[c] += acc_v[c];
           store(t, at(t, dk, ik(g, b, j, hk)), acc_k, 1.0, a->d_qk);
         } else {
-          store(t, at(t, dk, ik(g, b, j, hk)), acc_k, a->scale, a->d_qk);
+          store(t, at(t, dk, ik(g, b, j, hk)), acc_k, a->scale, g->k_w);
           store(t, at(t, dv, iv(g, b, j, hk)), acc_v, 1.0, a->d_v);
+          for (int64_t c = 0; split && c < a->d_r; c++) acc_r[c] += acc_k[g->k_w + c];
         }
       }
+      if (split) store(t, at(t, a->dk_rope, (b * a->S_k + j) * a->d_r), acc_r, a->scale, a->d_r);
+    }
 }
 
 void mg_cpu_attn_fwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v, void *o,
                      void *lse) {
-  const geom g = {a, a->H, a->d_v, 0};
+  const geom g = {a, a->H, a->d_v, 0, a->d_qk - a->d_r};
   attn_fwd(&g, q, k, v, o, lse);
 }
 
 void mg_cpu_attn_bwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v,
                      const void *o, const void *lse, const void *d_o, void *dq, void *dk,
                      void *dv) {
-  const geom g = {a, a->H, a->d_v, 0};
+  const geom g = {a, a->H, a->d_v, 0, a->d_qk - a->d_r};
   attn_bwd(&g, q, k, v, o, lse, d_o, dq, dk, dv);
 }
 
 void mg_cpu_mqa_fwd(const mg_cpu_attn *a, const void *q_abs, const void *c, void *o_lat,
                     void *lse) {
-  const geom g = {a, 1, a->d_qk, 1};
+  const geom g = {a, 1, a->d_qk, 1, a->d_qk};
   attn_fwd(&g, q_abs, c, c, o_lat, lse);
 }
 
 void mg_cpu_mqa_bwd(const mg_cpu_attn *a, const void *q_abs, const void *c, const void *o_lat,
                     const void *lse, const void *do_lat, void *dq_abs, void *dc) {
-  const geom g = {a, 1, a->d_qk, 1};
+  const geom g = {a, 1, a->d_qk, 1, a->d_qk};
   attn_bwd(&g, q_abs, c, c, o_lat, lse, do_lat, dq_abs, dc, dc);
 }

@@ -20,7 +20,8 @@
 
 /* MG_OP_EXPAND_KV: k[r, h] = [kv[r, h, :d_n] ; rope[r, rope_col .. rope_col + d_r)],
  * v[r, h] = kv[r, h, d_n:]. kv [rows, H, d_n + d_v], rope [rows, rope_w],
- * k [rows, H, d_n + d_r], v [rows, H, d_v]. */
+ * k [rows, H, d_n + d_r], v [rows, H, d_v]. Split keys (rope NULL): k [rows, H, d_n] =
+ * kv[r, h, :d_n], no RoPE copy (rope_col, rope_w unused). */
 void mg_cpu_expand_kv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
                       const void *kv, const void *rope, int64_t rope_col, int64_t rope_w,
                       void *k, void *v);
@@ -28,10 +29,12 @@ void mg_cpu_expand_kv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t d
 /* MG_OP_SPLIT_DKV: dkv[r, h] = [dk[r, h, :d_n] ; dv[r, h]],
  * drope[r, rope_col + c] (+)= sum_h dk[r, h, d_n + c] (c < d_r; other columns untouched;
  * accumulate nonzero: added to what drope holds).
- * dk [rows, H, d_n + d_r], dv [rows, H, d_v], dkv [rows, H, d_n + d_v], drope [rows, rope_w]. */
+ * dk [rows, H, d_n + d_r], dv [rows, H, d_v], dkv [rows, H, d_n + d_v], drope [rows, rope_w].
+ * Split keys (dk_rope non-NULL, [rows, d_r], the attention backward's head sum): dk is
+ * [rows, H, d_n] and drope[r, rope_col + c] (+)= dk_rope[r, c]. */
 void mg_cpu_split_dkv(mg_dtype t, int64_t rows, int64_t H, int64_t dn, int64_t dr, int64_t dv,
-                      const void *dk, const void *dvin, void *dkv, void *drope, int64_t rope_col,
-                      int64_t rope_w, int accumulate);
+                      const void *dk, const void *dvin, const void *dk_rope, void *dkv,
+                      void *drope, int64_t rope_col, int64_t rope_w, int accumulate);
 
 /* Attention geometry: B batches of S_q query rows and S_k keys, H query heads. Keys sit
  * at global positions 0 .. S_k - 1; query row i at pos(i) = q_pos0 + i for i < q_split,
@@ -47,13 +50,23 @@ typedef struct mg_cpu_attn {
   int64_t B, S_q, S_k, H;
   int64_t q_pos0, q_split, q_pos1; /* positions inside [0, S_k) */
   int64_t d_qk, d_v;  /* 1 <= d_qk, d_v <= MG_CPU_MAX_ROW */
+  /* Split keys (mg_step.split_keys; explicit attention only): d_r > 0 makes key j of head h
+   * [k[b, j, h, :d_qk - d_r] ; k_rope row (b, j)], k being k_nope [B, S_k, H, d_qk - d_r]
+   * and row (b, j) of the shared RoPE key at k_rope + (b S_k + j) ld_k_rope (ld_k_rope >=
+   * d_r; the gathered latent: k_rope = c + d_c, ld_k_rope = d_c + d_r). The backward then
+   * writes dk as dK_nope [B, S_k, H, d_qk - d_r] and dk_rope [B, S_k, d_r], dK's RoPE part
+   * summed over the heads. d_r = 0: packed keys, k [B, S_k, H, d_qk]. */
+  int64_t d_r, ld_k_rope;
+  const void *k_rope;
+  void *dk_rope;
   double scale;       /* softmax scale */
   int causal;
   const int32_t *cu_seqlens; /* NULL: one sequence; else n_seqs + 1 checked boundaries */
   int64_t n_seqs;
 } mg_cpu_attn;
 
-/* MG_OP_ATTN_FWD: q [B, S_q, H, d_qk], k [B, S_k, H, d_qk], v [B, S_k, H, d_v] ->
+/* MG_OP_ATTN_FWD: q [B, S_q, H, d_qk], k [B, S_k, H, d_qk] (split keys: see d_r above),
+ * v [B, S_k, H, d_v] ->
  * o [B, S_q, H, d_v], lse [B, H, S_q] (natural log of the softmax denominator, scores
  * scaled). */
 void mg_cpu_attn_fwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v, void *o,
@@ -61,7 +74,7 @@ void mg_cpu_attn_fwd(const mg_cpu_attn *a, const void *q, const void *k, const v
 
 /* MG_OP_ATTN_BWD: FlashAttention's backward. D_i = dO_i . O_i, P = exp(scale q.k - lse),
  * dP = dO V^T, dS = P (dP - D), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
- * Shapes as the forward; dq like q, dk like k, dv like v. */
+ * Shapes as the forward; dq like q, dk like k, dv like v (split keys: and a->dk_rope). */
 void mg_cpu_attn_bwd(const mg_cpu_attn *a, const void *q, const void *k, const void *v,
                      const void *o, const void *lse, const void *d_o, void *dq, void *dk,
                      void *dv);

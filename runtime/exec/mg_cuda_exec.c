@@ -157,9 +157,11 @@ static lop *emit(prep *r, lkind kind, int i) {
 static const char *spec_dtype(const mg_plan *p) { return p->args.dtype == MG_F16 ? "fp16" : "bf16"; }
 
 /* Makes kernel `family` (heads, dims) available to step i: *kidx its index in x->kerns;
- * reuses a kernel already loaded under the same name. */
+ * reuses a kernel already loaded under the same name. The step's key layout
+ * (mg_step.split_keys) decides k_packed for a keyed family (mg_spec_step_tunables). */
 static int want_kernel_v(prep *r, int i, const char *family, int varlen, int heads, int dn,
                          int dr, int dv, int dc, int *kidx) {
+  const int split = r->p->steps[i].split_keys;
   mg_cuda_exec *x = r->x;
   mg_kernel_spec s;
   memset(&s, 0, sizeof s);
@@ -169,6 +171,7 @@ static int want_kernel_v(prep *r, int i, const char *family, int varlen, int hea
   s.causal = r->p->args.causal;
   s.varlen = varlen;
   snprintf(s.arch, sizeof s.arch, "%s", x->ops->arch); /* the device's shared-memory limit */
+  mg_spec_step_tunables(&s, split);
   /* the interface the steps below are written for, and a tuned configuration for this
    * device, shape and sequence bucket when the ops know their device and the store has
    * one (docs/tuning.md); else the template's default. A kernel whose code does not
@@ -477,11 +480,15 @@ static int kernel_step(prep *r, int i) {
         af(&a, "softmax_scale", scale);
         return launch_qk(r, i, k0, &a, B, S, Sk);
       }
+      /* split keys (mg_step.split_keys): k_rope is the latent's columns rope_col.., rows
+       * rope_w apart (its last input), and the backward's dk_rope its last output (f32) */
+      const ref krope = s->split_keys ? bref(s->in[fwd ? 3 : 6], s->rope_col * (int64_t)es(t)) : rnull;
       if (!mqa && fwd) {
         TRY(want_kernel_v(r, i, op_family(r, s->op, 0), vl, h, dn, dr, dv, dc, &k0));
         kargs a = {0};
         if (vl) ap(&a, "cu_seqlens", cu), ai(&a, "n_seqs", p->args.seq);
-        ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
+        ap(&a, "q", BI(0)), ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", krope), ap(&a, "v", BI(2));
+        ai(&a, "ld_k_rope", s->rope_w);
         ap(&a, "o", BO(0)), ap(&a, "lse", BO(1));
         ai(&a, "seqlen_q", S), ai(&a, "seqlen_k", Sk), ai(&a, "q_pos0", s->q_pos0);
         ai(&a, "q_split", s->q_split), ai(&a, "q_pos1", s->q_pos1), af(&a, "softmax_scale", scale);
@@ -509,8 +516,10 @@ static int kernel_step(prep *r, int i) {
       if (mqa) {
         ap(&a, "c", BI(1)), ap(&a, "dc", BO(1)), ap(&a, "dc_accum", rnull), ap(&a, "dq", BO(0));
       } else {
-        ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", rnull), ap(&a, "v", BI(2));
-        ap(&a, "dq_accum", rnull), ap(&a, "dk_nope", BO(1)), ap(&a, "dk_rope", rnull);
+        ap(&a, "k_nope", BI(1)), ap(&a, "k_rope", krope), ap(&a, "v", BI(2));
+        ai(&a, "ld_k_rope", s->rope_w);
+        ap(&a, "dq_accum", rnull), ap(&a, "dk_nope", BO(1));
+        ap(&a, "dk_rope", s->split_keys ? BO(3) : rnull);
         ap(&a, "dv", BO(2)), ap(&a, "dq", BO(0));
       }
       TRY(launch_qk(r, i, k1, &a, B, S, Sk));
@@ -523,10 +532,12 @@ static int kernel_step(prep *r, int i) {
       const int64_t rows = big->dims[0] * big->dims[1], H = big->dims[2];
       TRY(want_kernel(r, i, op_family(r, s->op, 0), (int)H, dn, dr, dv, dc, &k0));
       kargs a = {0};
-      if (expand) {
-        ap(&a, "kv", BI(0)), ap(&a, "rope", BI(1)), ap(&a, "k", BO(0)), ap(&a, "v", BO(1));
-      } else {
+      if (expand) { /* split keys: no rope source (the kernel takes none) */
+        ap(&a, "kv", BI(0)), ap(&a, "rope", s->split_keys ? rnull : BI(1)), ap(&a, "k", BO(0));
+        ap(&a, "v", BO(1));
+      } else { /* split keys: the attention backward's dk_rope (in 2) */
         ap(&a, "dk", BI(0)), ap(&a, "dv", BI(1)), ap(&a, "dkv", BO(0)), ap(&a, "drope", BO(1));
+        ap(&a, "dk_rope", s->split_keys ? BI(2) : rnull);
         ai(&a, "accumulate", s->accumulate != 0);
       }
       ai(&a, "rows", rows), ai(&a, "rope_col", s->rope_col), ai(&a, "rope_w", s->rope_w);

@@ -38,15 +38,19 @@
  *       k = 0 leaves C (beta 1) or zeroes its m x n block(s) (beta 0).
  *   KERNEL          the generated kernels, launched by their manifest's grid rule and with
  *       their parameters matched by name (the manifest's "params") once, at preparation:
- *       MG_OP_ATTN_FWD  attn_fwd (k_packed = 1); on sm_90a attn_fwd_sm90 (k_packed = 1), its
+ *       Key layout: k_packed = 1 for a packed step (the explicit plan's per-head K), 0 for
+ *       a split-key step (mg_step.split_keys, the LAGA plans: k_rope = the latent's column
+ *       rope_col, element offset, with ld_k_rope = rope_w; the backward's f32 dk_rope
+ *       buffer; expand_kv and split_dkv generated with k_packed = 0 likewise).
+ *       MG_OP_ATTN_FWD  attn_fwd; on sm_90a attn_fwd_sm90 (its k_rope map with that row
+ *                       stride), its
  *                       4 tensor maps encoded at each launch from the pass's addresses
  *                       (mg_sm90_launch_tmaps) and passed by value; attn_fwd when
  *                       opts.mma_sync or MLAGEN_MMA_SYNC=1 (or true, yes, on, any case;
  *                       0, false, no, off or empty leave it; any other value is
  *                       MLAGEN_EINVAL), when the ops have no driver with cuTensorMapEncodeTiled (mg_dev_ops.drv), or when attn_fwd_sm90
  *                       refuses the shape (kernel_info's why says which and why)
- *       MG_OP_ATTN_BWD  attn_bwd_pre, attn_bwd_dkdv (deterministic = 1, k_packed = 1),
- *                       attn_bwd_dq (k_packed = 1)
+ *       MG_OP_ATTN_BWD  attn_bwd_pre, attn_bwd_dkdv (deterministic = 1), attn_bwd_dq
  *       MG_OP_MQA_FWD   mqa_fwd
  *       MG_OP_MQA_BWD   attn_bwd_pre (d_n = d_v = d_c), mqa_bwd_dkv (qsplit = 1), mqa_bwd_dq
  *       MG_OP_EXPAND_KV expand_kv; MG_OP_SPLIT_DKV split_dkv (accumulate from the step);
@@ -75,7 +79,7 @@
  *
  * Preparation (mg_cuda_exec_prepare, once per plan): every kernel a step needs is
  * specified (the family the ops' arch runs: mg_op_family_arch, generator/gen/mg_spec.h, the
- * one table of families per op and arch; the step's shapes, mg_spec_plan_tunables' interface, and the tuned store's
+ * one table of families per op and arch; the step's shapes, mg_spec_step_tunables' interface (the step's key layout), and the tuned store's
  * configuration for the ops' device and the plan's sequence bucket when there is one:
  * mg_tune_lookup), generated (mg_gen_kernel), loaded (ops->load: on the GPU compiled by NVRTC through the
  * JIT cache and loaded into the module registry) and kept, one per distinct kernel name.

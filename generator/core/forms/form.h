@@ -74,36 +74,45 @@ static inline void form_latent_grad_output(mg_plan *p, int dc_full) {
   mg_plan_kernel(p, MG_OP_SPLIT_LATENT, "[dc_kv ; dk_rope] = dc", ARGS(dc_loc), ARGS(dc_kv, dk_rope));
 }
 
+/* Marks step s (attention, expand_kv or split_dkv) as running with split keys
+ * (mg_step.split_keys): the shared RoPE key is columns d_c .. d_c + d_r of the gathered
+ * latent c [B, S, d_c + d_r]. Returns s. */
+static inline mg_step *form_split_keys(mg_plan *p, mg_step *s) {
+  FORM_DIMS(p);
+  s->split_keys = 1, s->rope_col = dc, s->rope_w = wc;
+  return s;
+}
+
 /* kv = c[:, :d_c] w_kv_b[heads h .. h + G)^T [B, S, G, d_n + d_v] from the gathered latent
- * c [B, S, d_c + d_r], then k = [k_nope ; k_rope] and v from it, as two steps; h is the
- * global first head; labels for one head group (group != 0) or this rank's heads. */
-static inline void form_rebuild_kv(mg_plan *p, int c, int w, int64_t h, int64_t G, int kv, int k,
-                                   int v, int group) {
+ * c [B, S, d_c + d_r], then k_nope [B, S, G, d_n] and v from it (split keys: the attention
+ * reads k_rope from c), as two steps; h is the global first head; labels for one head group
+ * (group != 0) or this rank's heads. */
+static inline void form_rebuild_kv(mg_plan *p, int c, int w, int64_t h, int64_t G, int kv,
+                                   int k_nope, int v, int group) {
   FORM_DIMS(p);
   mg_plan_gemm(p, group ? "kv_g = c[:, :d_c] w_kv_b[group]^T" : "kv_h = c[:, :d_c] w_kv_b[heads]^T",
                c, w, kv,
                (mg_gemm){.trans_b = 1, .m = B * S, .n = G * dkv, .k = dc, .lda = wc, .ldb = dc,
                          .ldc = G * dkv, .off_b = h * dkv * dc});
-  mg_step *s = mg_plan_kernel(p, MG_OP_EXPAND_KV,
-                              group ? "k_g = [k_nope ; k_rope], v_g" : "k_h = [k_nope ; k_rope], v_h",
-                              ARGS(kv, c), ARGS(k, v));
-  s->rope_col = dc, s->rope_w = wc;
+  form_split_keys(p, mg_plan_kernel(p, MG_OP_EXPAND_KV, group ? "k_nope_g, v_g = kv_g" : "k_nope_h, v_h = kv_h",
+                                    ARGS(kv), ARGS(k_nope, v)));
 }
 
 /* Head group g's (global heads h .. h + G) gradients through the latent, from its
- * attention-backward dk_g [B, S, G, d_n + d_r] and dv_g [B, S, G, d_v]: dkv_g = [dk_nope ;
- * dv], dc[:, d_c:] (+)= sum_h dk_rope, dc[:, :d_c] (+)= dkv_g w_kv_b[group] into dc_full
+ * attention-backward dk_g [B, S, G, d_n] (dK_nope), dv_g [B, S, G, d_v] and dkr_g
+ * [B, S, d_r] (dK's RoPE part summed over the group's heads): dkv_g = [dk_nope ; dv],
+ * dc[:, d_c:] (+)= dkr_g, dc[:, :d_c] (+)= dkv_g w_kv_b[group] into dc_full
  * [B, S, d_c + d_r] (set by group 0, added by the others), and dw_kv_b[group] = dkv_g^T
  * c[:, :d_c] into dw [H d_kv, d_c] (step label dw_label). */
 static inline void form_group_latent_grad(mg_plan *p, int g, int64_t h, int64_t G, int dk_g,
-                                          int dv_g, int dkv_g, int dc_full, int c, int w, int dw,
-                                          const char *dw_label) {
+                                          int dv_g, int dkr_g, int dkv_g, int dc_full, int c,
+                                          int w, int dw, const char *dw_label) {
   FORM_DIMS(p);
   mg_step *s = mg_plan_kernel(p, MG_OP_SPLIT_DKV,
-                              g ? "dkv_g = [dk_nope ; dv], dc[:, d_c:] += sum_h dk_r"
-                                : "dkv_g = [dk_nope ; dv], dc[:, d_c:] = sum_h dk_r",
-                              ARGS(dk_g, dv_g), ARGS(dkv_g, dc_full));
-  s->rope_col = dc, s->rope_w = wc, s->accumulate = g > 0;
+                              g ? "dkv_g = [dk_nope ; dv], dc[:, d_c:] += dk_rope_g"
+                                : "dkv_g = [dk_nope ; dv], dc[:, d_c:] = dk_rope_g",
+                              ARGS(dk_g, dv_g, dkr_g), ARGS(dkv_g, dc_full));
+  form_split_keys(p, s)->accumulate = g > 0;
   mg_plan_gemm(p, g ? "dc[:, :d_c] += dkv_g w_kv_b[group]" : "dc[:, :d_c] = dkv_g w_kv_b[group]",
                dkv_g, w, dc_full,
                (mg_gemm){.m = B * S, .n = dc, .k = G * dkv, .lda = G * dkv, .ldb = dc, .ldc = wc,

@@ -6,10 +6,17 @@
  * attention backward, forms dC = [sum_h W_UK[h]^T dK_n + W_UV[h]^T dV ; sum_h dK_r] over
  * this rank's heads and reduce-scatters it.
  *
- * LAGA keeps what the explicit form keeps (Q, K, V, O head-sharded, LSE) and gathers the
- * latent again in the backward, where dw_kv_b needs it (d_c + d_r per token, cheap next
- * to keeping it). LAGA-R (recompute = 1) keeps the gathered latent instead of K and V
- * and rebuilds them in the backward: less memory than explicit for one more GEMM.
+ * Split keys (mg_step.split_keys, every form of this file and laga-cp): the rebuild writes
+ * K_nope only, the attention steps read the shared k_rope from the gathered latent (its
+ * columns d_c .. d_c + d_r) and the attention backward returns dK's RoPE part summed over
+ * the heads, [B, S, d_r], which split_dkv puts into dC[:, d_c:]. No per-head copy of the
+ * RoPE key (H/P x d_r per token) is ever written.
+ *
+ * LAGA keeps Q, K_nope, V, O head-sharded and the LSE (explicit keeps K with its per-head
+ * RoPE copy: LAGA keeps S H/P d_r elements less) and gathers the latent again in the
+ * backward, where the attention backward (k_rope) and dw_kv_b need it (d_c + d_r per
+ * token, cheap next to keeping it). LAGA-R (recompute = 1) keeps the gathered latent
+ * instead of K_nope and V and rebuilds them in the backward: less memory for one more GEMM.
  *
  * LAGA-F (mg_form_laga_fused, the fused expansion of issue 6) never holds K and V for all
  * of a rank's heads: it walks the H/P heads in head_groups groups of G heads and, per
@@ -28,7 +35,7 @@
 
 #include "form.h"
 
-/* k_h, v_h for this rank's heads, through a new kv buffer kv_name. */
+/* k_h (K_nope), v_h for this rank's heads, through a new kv buffer kv_name. */
 static void rebuild_kv(mg_plan *p, int c, int w, int k_h, int v_h, const char *kv_name) {
   FORM_DIMS(p);
   int kv_h = mg_plan_temp(p, kv_name, T, DIMS(B, S, Hl, dkv));
@@ -53,39 +60,42 @@ void mg_form_laga(mg_plan *p, int recompute) {
   int q_h = mg_plan_temp(p, "q_h", T, DIMS(B, S, Hl, dqk));
   mg_plan_seq_to_head(p, f.q, q_h);
   int c = gather_latent(p, &f, "c_local", "c");
-  int k_h = mg_plan_temp(p, "k_h", T, DIMS(B, S, Hl, dqk));
+  int k_h = mg_plan_temp(p, "k_h", T, DIMS(B, S, Hl, dn));
   int v_h = mg_plan_temp(p, "v_h", T, DIMS(B, S, Hl, dv));
   rebuild_kv(p, c, f.w, k_h, v_h, "kv_h");
   int o_h = mg_plan_temp(p, "o_h", T, DIMS(B, S, Hl, dv));
   int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, Hl, S));
-  mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention", ARGS(q_h, k_h, v_h), ARGS(o_h, lse));
+  form_split_keys(p, mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention (k_rope from c)",
+                                    ARGS(q_h, k_h, v_h, c), ARGS(o_h, lse)));
   form_output(p, o_h);
 
   /* ---- backward ---- */
   int do_h = form_backward(p);
   int K = k_h, V = v_h;
-  if (recompute) { /* LAGA-R: K and V again from the kept latent */
-    K = mg_plan_temp(p, "k_h2", T, DIMS(B, S, Hl, dqk));
+  if (recompute) { /* LAGA-R: K_nope and V again from the kept latent */
+    K = mg_plan_temp(p, "k_h2", T, DIMS(B, S, Hl, dn));
     V = mg_plan_temp(p, "v_h2", T, DIMS(B, S, Hl, dv));
     rebuild_kv(p, c, f.w, K, V, "kv_h2");
   }
+  /* LAGA: the latent again (k_rope for the attention backward, c_kv for dw_kv_b) */
+  int cb = recompute ? c : gather_latent(p, &f, "c_local2", "c2");
   int dq_h = mg_plan_temp(p, "dq_h", T, DIMS(B, S, Hl, dqk));
-  int dk_h = mg_plan_temp(p, "dk_h", T, DIMS(B, S, Hl, dqk));
+  int dk_h = mg_plan_temp(p, "dk_h", T, DIMS(B, S, Hl, dn));
   int dv_h = mg_plan_temp(p, "dv_h", T, DIMS(B, S, Hl, dv));
-  mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward", ARGS(q_h, K, V, o_h, lse, do_h),
-                 ARGS(dq_h, dk_h, dv_h));
+  int dkr_h = mg_plan_temp(p, "dkr_h", mg_plan_acc_dtype(p), DIMS(B, S, dr));
+  form_split_keys(p, mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward (k_rope from c)",
+                                    ARGS(q_h, K, V, o_h, lse, do_h, cb),
+                                    ARGS(dq_h, dk_h, dv_h, dkr_h)));
   int dq = mg_plan_output(p, "dq", T, DIMS(B, Sl, H, dqk));
   mg_plan_head_to_seq(p, dq_h, dq);
 
   int dkv_h = mg_plan_temp(p, "dkv_h", T, DIMS(B, S, Hl, dkv));
   int dc_full = mg_plan_temp(p, "dc", T, DIMS(B, S, wc));
-  mg_step *s = mg_plan_kernel(p, MG_OP_SPLIT_DKV, "dkv_h = [dk_nope ; dv], dc[:, d_c:] = sum_h dk_r",
-                              ARGS(dk_h, dv_h), ARGS(dkv_h, dc_full));
-  s->rope_col = dc, s->rope_w = wc;
+  form_split_keys(p, mg_plan_kernel(p, MG_OP_SPLIT_DKV, "dkv_h = [dk_nope ; dv], dc[:, d_c:] = dk_rope",
+                                    ARGS(dk_h, dv_h, dkr_h), ARGS(dkv_h, dc_full)));
   mg_plan_gemm(p, "dc[:, :d_c] = dkv_h w_kv_b[heads]", dkv_h, f.w, dc_full,
                (mg_gemm){.m = B * S, .n = dc, .k = Hl * dkv, .lda = Hl * dkv, .ldb = dc, .ldc = wc,
                          .off_b = h0 * dkv * dc});
-  int cb = recompute ? c : gather_latent(p, &f, "c_local2", "c2");
   int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   mg_plan_gemm(p, "dw_kv_b[heads] = dkv_h^T c[:, :d_c]", dkv_h, cb, dw,
                (mg_gemm){.trans_a = 1, .m = Hl * dkv, .n = dc, .k = B * S, .lda = Hl * dkv,
@@ -111,6 +121,15 @@ static int group_temp(mg_plan *p, const char *name, int g, int64_t G, int64_t w)
   return w ? mg_plan_temp(p, n, T, DIMS(B, S, G, w)) : mg_plan_temp(p, n, mg_plan_acc_dtype(p), DIMS(B, G, S));
 }
 
+/* A group's RoPE key gradient "<name><g>" [B, S, d_r] in the accumulators' dtype (the
+ * attention backward sums it over the group's heads in fp32). */
+static int group_rope_grad(mg_plan *p, const char *name, int g) {
+  FORM_DIMS(p);
+  char n[24];
+  snprintf(n, sizeof n, "%s%d", name, g);
+  return mg_plan_temp(p, n, mg_plan_acc_dtype(p), DIMS(B, S, dr));
+}
+
 void mg_form_laga_fused(mg_plan *p) {
   FORM_DIMS(p);
   const int n_groups = p->args.head_groups;
@@ -125,13 +144,13 @@ void mg_form_laga_fused(mg_plan *p) {
   int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, Hl, S)); /* rows of H/P S */
   for (int g = 0; g < n_groups; g++) {
     const int64_t hg = g * G;
-    int kv_g = group_temp(p, "kv_g", g, G, dkv), k_g = group_temp(p, "k_g", g, G, dqk);
+    int kv_g = group_temp(p, "kv_g", g, G, dkv), k_g = group_temp(p, "k_g", g, G, dn);
     int v_g = group_temp(p, "v_g", g, G, dv), q_g = group_temp(p, "q_g", g, G, dqk);
     int o_g = group_temp(p, "o_g", g, G, dv), lse_g = group_temp(p, "lse_g", g, G, 0);
     form_rebuild_kv(p, c, f.w, h0 + hg, G, kv_g, k_g, v_g, 1);
     copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
-    mg_step *s = mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention (group)", ARGS(q_g, k_g, v_g),
-                                ARGS(o_g, lse_g));
+    mg_step *s = form_split_keys(p, mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention (group)",
+                                                   ARGS(q_g, k_g, v_g, c), ARGS(o_g, lse_g)));
     s->flops *= (double)G / (double)Hl;
     copy_heads(p, "o_h[:, :, group] = o_g", o_g, G * dv, 0, o_h, Hl * dv, hg * dv, G * dv);
     copy_heads(p, "lse[:, group] = lse_g", lse_g, G * S, 0, lse, Hl * S, hg * S, G * S);
@@ -145,22 +164,23 @@ void mg_form_laga_fused(mg_plan *p) {
   int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   for (int g = 0; g < n_groups; g++) {
     const int64_t hg = g * G;
-    int kv_g = group_temp(p, "kv_b", g, G, dkv), k_g = group_temp(p, "k_b", g, G, dqk);
+    int kv_g = group_temp(p, "kv_b", g, G, dkv), k_g = group_temp(p, "k_b", g, G, dn);
     int v_g = group_temp(p, "v_b", g, G, dv), q_g = group_temp(p, "q_b", g, G, dqk);
     int o_g = group_temp(p, "o_b", g, G, dv), do_g = group_temp(p, "do_b", g, G, dv);
     int lse_g = group_temp(p, "lse_b", g, G, 0), dq_g = group_temp(p, "dq_b", g, G, dqk);
-    int dk_g = group_temp(p, "dk_b", g, G, dqk), dv_g = group_temp(p, "dv_b", g, G, dv);
-    int dkv_g = group_temp(p, "dkv_b", g, G, dkv);
+    int dk_g = group_temp(p, "dk_b", g, G, dn), dv_g = group_temp(p, "dv_b", g, G, dv);
+    int dkr_g = group_rope_grad(p, "dkr_b", g), dkv_g = group_temp(p, "dkv_b", g, G, dkv);
     form_rebuild_kv(p, c, f.w, h0 + hg, G, kv_g, k_g, v_g, 1);
     copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
     copy_heads(p, "o_g = o_h[:, :, group]", o_h, Hl * dv, hg * dv, o_g, G * dv, 0, G * dv);
     copy_heads(p, "do_g = do_h[:, :, group]", do_h, Hl * dv, hg * dv, do_g, G * dv, 0, G * dv);
     copy_heads(p, "lse_g = lse[:, group]", lse, Hl * S, hg * S, lse_g, G * S, 0, G * S);
-    mg_step *s = mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward (group)",
-                                ARGS(q_g, k_g, v_g, o_g, lse_g, do_g), ARGS(dq_g, dk_g, dv_g));
+    mg_step *s = form_split_keys(p, mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward (group)",
+                                                   ARGS(q_g, k_g, v_g, o_g, lse_g, do_g, c),
+                                                   ARGS(dq_g, dk_g, dv_g, dkr_g)));
     s->flops *= (double)G / (double)Hl;
     copy_heads(p, "dq_h[:, :, group] = dq_g", dq_g, G * dqk, 0, dq_h, Hl * dqk, hg * dqk, G * dqk);
-    form_group_latent_grad(p, g, h0 + hg, G, dk_g, dv_g, dkv_g, dc_full, c, f.w, dw,
+    form_group_latent_grad(p, g, h0 + hg, G, dk_g, dv_g, dkr_g, dkv_g, dc_full, c, f.w, dw,
                            "dw_kv_b[group] = dkv_g^T c[:, :d_c]");
   }
   int dq = mg_plan_output(p, "dq", T, DIMS(B, Sl, H, dqk));

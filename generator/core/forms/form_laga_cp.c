@@ -6,11 +6,12 @@
  * kernel (MG_OP_CHUNK_ORDER) puts them in global order. Each rank then walks the H heads in
  * head_groups groups of G heads, as LAGA-F walks its H/P: per group it rebuilds that
  * group's K_nope/V over all S keys from the latent (one GEMM and expand_kv, a workspace of
- * G heads), copies the group's queries out of q and attends this rank's S_l queries over
+ * G heads; split keys, mg_step.split_keys: the attention reads k_rope from the latent), copies the group's queries out of q and attends this rank's S_l queries over
  * all S keys (the attention step's query positions: mg_cp_pos, two chunks per rank), and
  * copies the group's O and LSE back. The backward rebuilds K/V per group likewise from the
  * kept latent, runs the attention backward, writes the group's dQ, accumulates
- * dC = [W_UK^T dK_nope + W_UV^T dV ; sum_h dK_rope] over the groups and writes the group's
+ * dC = [W_UK^T dK_nope + W_UV^T dV ; sum_h dK_rope] over the groups (the attention
+ * backward returns the head sum of dK_rope) and writes the group's
  * rows of dw_kv_b (this rank's partial sum: the full gradient is the sum over the group,
  * as for every form); then puts dC back in rank order and reduce-scatters it. Nothing else
  * crosses the wire: (d_c + d_r)(P - 1) values per local token and pass.
@@ -83,15 +84,15 @@ void mg_form_laga_cp(mg_plan *p) {
   int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, H, Sl));
   for (int g = 0; g < n_groups; g++) {
     const int64_t hg = g * G;
-    int kv_g = cp_temp(p, "kv_g", g, S, G, dkv), k_g = cp_temp(p, "k_g", g, S, G, dqk);
+    int kv_g = cp_temp(p, "kv_g", g, S, G, dkv), k_g = cp_temp(p, "k_g", g, S, G, dn);
     int v_g = cp_temp(p, "v_g", g, S, G, dv);
     form_rebuild_kv(p, c, f.w, hg, G, kv_g, k_g, v_g, 1);
     int q_g = one ? f.q : cp_temp(p, "q_g", g, Sl, G, dqk);
     int o_g = one ? o_s : cp_temp(p, "o_g", g, Sl, G, dv);
     int lse_g = one ? lse : cp_temp(p, "lse_g", g, Sl, G, 0);
     if (!one) cp_in(p, "q_g = q[:, :, group]", f.q, q_g, hg, G, dqk);
-    cp_positions(p, mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention, own queries over all keys",
-                                   ARGS(q_g, k_g, v_g), ARGS(o_g, lse_g)));
+    cp_positions(p, form_split_keys(p, mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention, own queries over all keys",
+                                                      ARGS(q_g, k_g, v_g, c), ARGS(o_g, lse_g))));
     if (one) continue;
     cp_out(p, "o_s[:, :, group] = o_g", o_g, o_s, hg, G, dv);
     cp_out(p, "lse[:, group] = lse_g", lse_g, lse, hg, G, Sl); /* rows of [B, H, S_l] */
@@ -108,7 +109,7 @@ void mg_form_laga_cp(mg_plan *p) {
   int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   for (int g = 0; g < n_groups; g++) {
     const int64_t hg = g * G;
-    int kv_g = cp_temp(p, "kv_b", g, S, G, dkv), k_g = cp_temp(p, "k_b", g, S, G, dqk);
+    int kv_g = cp_temp(p, "kv_b", g, S, G, dkv), k_g = cp_temp(p, "k_b", g, S, G, dn);
     int v_g = cp_temp(p, "v_b", g, S, G, dv);
     form_rebuild_kv(p, c, f.w, hg, G, kv_g, k_g, v_g, 1);
     int q_g = one ? f.q : cp_temp(p, "q_b", g, Sl, G, dqk);
@@ -116,7 +117,10 @@ void mg_form_laga_cp(mg_plan *p) {
     int do_g = one ? d_o : cp_temp(p, "do_b", g, Sl, G, dv);
     int lse_g = one ? lse : cp_temp(p, "lse_b", g, Sl, G, 0);
     int dq_g = one ? dq : cp_temp(p, "dq_b", g, Sl, G, dqk);
-    int dk_g = cp_temp(p, "dk_b", g, S, G, dqk), dv_g = cp_temp(p, "dv_b", g, S, G, dv);
+    int dk_g = cp_temp(p, "dk_b", g, S, G, dn), dv_g = cp_temp(p, "dv_b", g, S, G, dv);
+    char nkr[24];
+    snprintf(nkr, sizeof nkr, "dkr_b%d", g);
+    int dkr_g = mg_plan_temp(p, nkr, mg_plan_acc_dtype(p), DIMS(B, S, dr));
     int dkv_g = cp_temp(p, "dkv_b", g, S, G, dkv);
     if (!one) {
       cp_in(p, "q_g = q[:, :, group]", f.q, q_g, hg, G, dqk);
@@ -124,10 +128,11 @@ void mg_form_laga_cp(mg_plan *p) {
       cp_in(p, "do_g = do[:, :, group]", d_o, do_g, hg, G, dv);
       cp_in(p, "lse_g = lse[:, group]", lse, lse_g, hg, G, Sl);
     }
-    cp_positions(p, mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward, own queries",
-                                   ARGS(q_g, k_g, v_g, o_g, lse_g, do_g), ARGS(dq_g, dk_g, dv_g)));
+    cp_positions(p, form_split_keys(p, mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward, own queries",
+                                                      ARGS(q_g, k_g, v_g, o_g, lse_g, do_g, c),
+                                                      ARGS(dq_g, dk_g, dv_g, dkr_g))));
     if (!one) cp_out(p, "dq[:, :, group] = dq_g", dq_g, dq, hg, G, dqk);
-    form_group_latent_grad(p, g, hg, G, dk_g, dv_g, dkv_g, dc_full, c, f.w, dw,
+    form_group_latent_grad(p, g, hg, G, dk_g, dv_g, dkr_g, dkv_g, dc_full, c, f.w, dw,
                            "dw_kv_b[group] = dkv_g^T c[:, :d_c] (partial)");
   }
   int dc_rank = cp_order(p, "dc_ranks = dc in rank order", dc_full,
