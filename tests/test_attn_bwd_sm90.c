@@ -455,19 +455,19 @@ static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const
 }
 
 /* DeepSeek-V3 heads (d_qk 192, d_v 128): the defaults (two consumer warpgroups; split keys:
- * dK/dV's head loop; dK/dV in two passes), and packed keys with one consumer and 3 stages
- * (dK/dV) or block_n 128 (dQ). */
+ * dK/dV's head loop; dK/dV in two passes; overlap 0), and packed keys with one consumer and
+ * 3 stages (dK/dV) or block_n 128 (dQ), with overlap (FA3's pipelining). */
 static void test_deepseek_heads(void **state) {
   (void)state;
   check_shape(0, 2, 128, 64, 128, NULL, 0);
-  const char *b[] = {"block_n=64", "stages=3", "k_packed=1"};
-  check_shape(0, 2, 128, 64, 128, b, 3);
+  const char *b[] = {"block_n=64", "stages=3", "k_packed=1", "overlap=1"};
+  check_shape(0, 2, 128, 64, 128, b, 4);
 }
 static void test_deepseek_heads_dq(void **state) {
   (void)state;
   check_shape(1, 2, 128, 64, 128, NULL, 0);
-  const char *b[] = {"block_m=64", "block_n=128", "k_packed=1"};
-  check_shape(1, 2, 128, 64, 128, b, 3);
+  const char *b[] = {"block_m=64", "block_n=128", "k_packed=1", "overlap=1"};
+  check_shape(1, 2, 128, 64, 128, b, 4);
 }
 /* The atomic dK/dV kernel (deterministic = 0: dQ into dq_accum through shared memory and
  * wgmma, split keys' dk_rope added, one head per CTA) on DeepSeek-V3 heads: the default
