@@ -38,6 +38,8 @@
 @ -- then dP^T; the softmax of S^T runs while those compute, so the tensor cores do not
 @ -- drain between tiles. Every GEMM is waited for within its step (nothing in flight across
 @ -- the loop: ptxas would serialize every wgmma). Needs 2 stages (two tiles held at once).
+@ -- deterministic = 0: each tile's dQ once its dS^T is packed (not overlapped: beside S^T and
+@ -- dP^T its accumulators spilled).
 @ -- overlap = 0: each tile's GEMMs waited for before the next tile's. Not yet: block_m 128.
 @ --
 @ -- Packed sequences (spec.varlen, "_varlen": cu_seqlens, n_seqs last; batch 1; deterministic
@@ -69,7 +71,9 @@
 @   -- with the second pass (measured: wide heads spilled without it)
 @   local dq = c.deterministic == 0 and 32 or 0
 @   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2 + BM // 4 + (c.k_packed == 1 and 0 or DR // 2), DQK // 2 + BM + dq) end
-@   return DQK // 2 + DV // 2 + BM
+@   -- overlap = 1 in one pass: the dQ chunk counted too (beside dK, dV and the P^T, dS^T
+@   -- held for the next step; measured: 64/64/64 heads with two consumers spilled)
+@   return DQK // 2 + DV // 2 + BM + (c.overlap == 1 and dq or 0)
 @ end
 @ local function smem_bytes(c)
 @   -- deterministic = 0: each consumer's dS^T tile [64 keys][BM queries] for dQ
@@ -517,7 +521,7 @@ ${K.name}(
   // stage released, and this tile's P^T, dS^T packed into pa, da. `first` is a constant at
   // each call, so every wait count is.
   auto step = [&](int j, int mt, bool do_dv, bool do_dk, bool first, unsigned (&pa)[BM / 16][4],
-                  unsigned (&da)[BM / 16][4], int prev_m0) {
+                  unsigned (&da)[BM / 16][4]) {
     const int st = j % STAGES, pst = (j + STAGES - 1) % STAGES;
     const float* const ld = sLD + st * 2 * BM;
     mbar_wait(&full[st], parity(j));  // MUTATION: full wait
@@ -547,10 +551,11 @@ ${K.name}(
     if (!first) {
       if (do_dv) fence_operand(dv_acc), fence_operand(pa);
       if (do_dk) fence_operand(dk), fence_operand(da);
-      if (ATOMIC && do_dk) dq_tile(pst, prev_m0);
       mbar_arrive(&empty[pst]);  // MUTATION: previous empty release (overlap)
     }
     pack(ld, do_dv, do_dk, pa, da);
+    // ATOMIC: this tile's dQ now, S^T and dP^T dead (beside them its accumulators spilled)
+    if (ATOMIC && do_dk) dq_tile(st, ${M0});
   };
   // One pass over the visible query tiles from ring position j; the last tile's dV and dK
   // after the loop.
@@ -559,20 +564,15 @@ ${K.name}(
     int mt = 0;
     while (mt < m_tiles && !visible(mt)) ++mt;
     if (mt == m_tiles) return;
-    step(j, mt, do_dv, do_dk, true, pa, da, 0);
-    int prev_m0 = ${M0};
-    while (++mt < m_tiles) {
-      if (!visible(mt)) continue;
-      step(++j, mt, do_dv, do_dk, false, pa, da, prev_m0);
-      prev_m0 = ${M0};
-    }
+    step(j, mt, do_dv, do_dk, true, pa, da);
+    while (++mt < m_tiles)
+      if (visible(mt)) step(++j, mt, do_dv, do_dk, false, pa, da);
     const int st = j++ % STAGES;
     if (do_dv) issue_dv(st, pa);
     if (do_dk) issue_dk(st, da);
     wgmma_wait<0>();  // MUTATION: dV dK wait
     if (do_dv) fence_operand(dv_acc);
     if (do_dk) fence_operand(dk);
-    if (ATOMIC && do_dk) dq_tile(st, prev_m0);
     mbar_arrive(&empty[st]);  // MUTATION: empty release
   };
 @ end
