@@ -487,8 +487,8 @@ static void test_atomic(void **state) {
 
 /* An unusual MLA shape (d_n 96, d_r 32, d_v 64: 64B-swizzled K boxes of 32 columns,
  * d_v < d_qk; one consumer warpgroup: dK/dV with one stage and two passes, dQ with
- * block_n 128), and fp16 (the defaults: two consumers, dK/dV in one pass); and small heads
- * (d_n 32, d_r 32, d_v 64; the defaults with overlap: two consumers, dK/dV in one pass). */
+ * block_n 128), and fp16 (the defaults with overlap: two consumers, dK/dV in one pass); and
+ * small heads (d_n 32, d_r 32, d_v 64; the defaults with overlap). */
 static void test_unusual_heads(void **state) {
   (void)state;
   const char *a[] = {"block_n=64", "stages=1", "two_pass=1"};
@@ -498,6 +498,7 @@ static void test_unusual_heads(void **state) {
   for (int dq = 0; dq < 2; dq++) {
     mg_kernel_spec s = make_spec(dq, 2, 96, 32, 64, 1);
     snprintf(s.dtype, sizeof s.dtype, "fp16");
+    kh_set(&s, "overlap=1");
     built_kernel bk;
     build_edit(&s, NULL, &bk);
     run_case(&bk, 2, 77, 150, 73, 0);
@@ -639,7 +640,7 @@ static void test_varlen(void **state) {
   (void)state;
   const kt_varlen *vm = kt_varlen_many();
   kh_sweep sw;
-  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   for (int dq = 0; dq < 2; dq++)
     for (int causal = 0; causal <= 1; causal++) {
       mg_kernel_spec s = make_spec(dq, 2, 128, 64, 128, causal);
@@ -708,7 +709,7 @@ enum { NC_SHAPE = 2 * (2 * 3 * 2 * 2 * 2 + 2 * 2 * 2 * 2) }; /* candidates per s
 static int nvrtc_cands(int sh, mg_kernel_spec *cands);
 static void nvrtc_kept_configs(int sh) {
   kh_sweep sw;
-  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   sw.max_smem = 227 * 1024;
   mg_kernel_spec cands[2 * NC_SHAPE];
   int nc = nvrtc_cands(sh, cands);
