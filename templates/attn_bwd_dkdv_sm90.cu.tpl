@@ -38,6 +38,9 @@
 @ -- then dP^T; the softmax of S^T runs while those compute, so the tensor cores do not
 @ -- drain between tiles. Every GEMM is waited for within its step (nothing in flight across
 @ -- the loop: ptxas would serialize every wgmma). Needs 2 stages (two tiles held at once).
+@ -- The split keys' head loop sums dK's RoPE columns in dk_rope itself (each thread its own
+@ -- elements, head after head: deterministic), not in the accumulator across the heads (with
+@ -- that, ptxas serialized every wgmma: C7511).
 @ -- deterministic = 0: each tile's dQ once its dS^T is packed (not overlapped: beside S^T and
 @ -- dP^T its accumulators spilled).
 @ -- overlap = 0: each tile's GEMMs waited for before the next tile's. Not yet: block_m 128.
@@ -70,7 +73,8 @@
 @   -- deterministic = 0: dQ's 64-column chunk (32 accumulators) beside dK, counted
 @   -- with the second pass (measured: wide heads spilled without it)
 @   local dq = c.deterministic == 0 and 32 or 0
-@   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2 + BM // 4 + (c.k_packed == 1 and 0 or DR // 2), DQK // 2 + BM + dq) end
+@   -- (overlap = 1: no RoPE sums in registers; they go to dk_rope per head)
+@   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2 + BM // 4 + ((c.k_packed == 1 or c.overlap == 1) and 0 or DR // 2), DQK // 2 + BM + dq) end
 @   -- overlap = 1 in one pass: the dQ chunk counted too (beside dK, dV and the P^T, dS^T
 @   -- held for the next step; measured: 64/64/64 heads with two consumers spilled)
 @   return DQK // 2 + DV // 2 + BM + (c.overlap == 1 and dq or 0)
@@ -605,22 +609,34 @@ ${K.name}(
           else if (ATOMIC) {
             atomicAdd(dk_rope + tok * DR + (c - DN), x0);
             atomicAdd(dk_rope + tok * DR + (c - DN) + 1, x1);
+@ if OV then
+          } else {
+            // overlap: dk holds this head's RoPE columns only, summed here over the heads in
+            // order by the one thread that owns them (deterministic)
+            float2* const at = reinterpret_cast<float2*>(dk_rope + tok * DR + (c - DN));
+            const float2 was = h == h_begin ? make_float2(0.f, 0.f) : *at;
+            *at = make_float2(was.x + x0, was.y + x1);
+          }
+@ else
           } else if (h == h_end - 1)
             *reinterpret_cast<float2*>(dk_rope + tok * DR + (c - DN)) = make_float2(x0, x1);
+@ end
         }
       }
     }
   };
 
-  // dK_nope and dV are per head; dK's RoPE columns sum over the head loop. dK's per-head
-  // part is zeroed just before its pass, so that with two passes it is not live in the first.
+  // dK_nope and dV are per head; dK's RoPE columns sum over the head loop (overlap: in
+  // dk_rope, by store_dk: carried across the heads in the accumulator, ptxas serialized
+  // every wgmma, C7511). dK's per-head part is zeroed just before its pass, so that with
+  // two passes it is not live in the first.
   // (The zero comes through opaque_u32(): the compiler cannot hoist the stores of a constant
   // into the first pass, where dV fills the registers: with wide heads, both would spill.)
   auto zero_dk = [&]() {
     const float z = __uint_as_float(opaque_u32(0u));
 #pragma unroll
     for (int i = 0; i < DQK / 2; ++i)
-      if (i < DN / 2 || !HEAD_LOOP) dk[i] = z;
+      ${OV and "" or "if (i < DN / 2 || !HEAD_LOOP) "}dk[i] = z;
   };
   int j = 0;
   for (int h = h_begin; h < h_end; ++h) {

@@ -73,6 +73,12 @@
 @       return string.format("d_qk/2 + block_n = %d fp32 accumulators per thread, over %d (registers would spill)",
 @                            accumulators(c), acc_limit(c))
 @     end
+@     if c.overlap == 1 and c.block_m == 64 and accumulators(c) + c.block_n // 4 > acc_limit(c) then
+@       -- measured (NVRTC 13): DeepSeek's heads at block_n 128 (256) serialized every wgmma
+@       -- (ptxas C7511, insufficient registers); 224 (d_qk 128) did not, nor two consumers
+@       return string.format("overlap = 1: d_qk/2 + block_n + block_n/4 (dS held) = %d, over %d (ptxas would serialize the wgmma)",
+@                            accumulators(c) + c.block_n // 4, acc_limit(c))
+@     end
 @     if smem_bytes(c) > SMEM_LIMIT then
 @       return string.format("needs %d bytes of shared memory, over the %d-byte limit", smem_bytes(c), SMEM_LIMIT)
 @     end

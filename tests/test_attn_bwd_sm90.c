@@ -4,10 +4,11 @@
  * the CPU through the host executor's sm_90a emulation (tests/host/hopper_host.cpp), against
  * the float64 reference of tests/attn_ref.h per element with tolerances of test_attn_bwd.c's
  * form sized from these kernels' measured noise (dq, dq_accum, dk_nope / packed dk,
- * dk_rope, dv; flipped 16-bit roundings of P and dS included); every kept configuration
- * compiled by NVRTC for sm_90a without spills; and bugs injected into the rendered source
- * (each mbarrier wait and arrival, each wgmma wait, the proxy fence) must fail the check or
- * be reported by the executor. The packed-sequence variants ("_varlen") against the same
+ * dk_rope, dv; flipped 16-bit roundings of P and dS included), both values of the kernels'
+ * `overlap`; every kept configuration compiled by NVRTC for sm_90a without spills and with
+ * no wgmma serialized by ptxas; and bugs injected into the rendered source (each mbarrier
+ * wait and arrival, each wgmma wait, the proxy fence) must fail the check or be reported by
+ * the executor. The packed-sequence variants ("_varlen") against the same
  * reference per document (attn_ref.h through reference_one), NaN in every slack row, and wrong
  * boundaries caught.
  *
@@ -454,20 +455,23 @@ static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const
   }
 }
 
-/* DeepSeek-V3 heads (d_qk 192, d_v 128): the defaults (two consumer warpgroups; split keys:
- * dK/dV's head loop; dK/dV in two passes; overlap 0), and packed keys with one consumer and
- * 3 stages (dK/dV) or block_n 128 (dQ), with overlap (FA3's pipelining). */
+/* DeepSeek-V3 heads (d_qk 192, d_v 128): the defaults with overlap (FA3's pipelining; two
+ * consumer warpgroups; split keys: dK/dV's head loop, dk_rope summed per head; dK/dV in two
+ * passes), and packed keys with one consumer and 3 stages (dK/dV) or block_n 128 (dQ),
+ * overlap 0. */
 static void test_deepseek_heads(void **state) {
   (void)state;
-  check_shape(0, 2, 128, 64, 128, NULL, 0);
-  const char *b[] = {"block_n=64", "stages=3", "k_packed=1", "overlap=1"};
-  check_shape(0, 2, 128, 64, 128, b, 4);
+  const char *a[] = {"overlap=1"};
+  check_shape(0, 2, 128, 64, 128, a, 1);
+  const char *b[] = {"block_n=64", "stages=3", "k_packed=1"};
+  check_shape(0, 2, 128, 64, 128, b, 3);
 }
 static void test_deepseek_heads_dq(void **state) {
   (void)state;
-  check_shape(1, 2, 128, 64, 128, NULL, 0);
-  const char *b[] = {"block_m=64", "block_n=128", "k_packed=1", "overlap=1"};
-  check_shape(1, 2, 128, 64, 128, b, 4);
+  const char *a[] = {"overlap=1"};
+  check_shape(1, 2, 128, 64, 128, a, 1);
+  const char *b[] = {"block_m=64", "block_n=128", "k_packed=1"};
+  check_shape(1, 2, 128, 64, 128, b, 3);
 }
 /* The atomic dK/dV kernel (deterministic = 0: dQ into dq_accum through shared memory and
  * wgmma, split keys' dk_rope added, one head per CTA) on DeepSeek-V3 heads: the default
@@ -487,8 +491,8 @@ static void test_atomic(void **state) {
 
 /* An unusual MLA shape (d_n 96, d_r 32, d_v 64: 64B-swizzled K boxes of 32 columns,
  * d_v < d_qk; one consumer warpgroup: dK/dV with one stage and two passes, dQ with
- * block_n 128), and fp16 (the defaults with overlap: two consumers, dK/dV in one pass); and
- * small heads (d_n 32, d_r 32, d_v 64; the defaults with overlap). */
+ * block_n 128), and fp16 (the defaults with overlap: two consumers, dK/dV in one pass with
+ * split keys' head loop); and small heads (d_n 32, d_r 32, d_v 64; the same). */
 static void test_unusual_heads(void **state) {
   (void)state;
   const char *a[] = {"block_n=64", "stages=1", "two_pass=1"};
@@ -539,8 +543,9 @@ typedef struct mutation {
   int split;        /* dQ: rows from `split` at position 192 (0: every row at its index) */
   const char *blank;
 } mutation;
-/* The pipeline code both overlaps share (the producers, the K/V hand-off) is mutated in the
- * overlap = 1 kernels; each overlap's own waits and releases in its kernels. The default run
+/* The pipeline code both overlaps share is mutated in the overlap = 1 kernels (the
+ * producers) or the overlap = 0 ones (the K/V hand-off between heads), each overlap's own
+ * waits and releases in its kernels. The default run
  * tries a sample covering every kind (ctest -C exhaustive: all of them). dQ's overlap = 1
  * release of a warpgroup's last tile after the loop is needed only when the other consumer
  * runs at least `stages` more tiles: its case puts rows 64.. at position 192. */
@@ -552,9 +557,9 @@ static void test_mutations_caught(void **state) {
       {0, 0, 1, 1, 0, "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait"},
       {0, 0, 1, 1, 0, "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: LSE empty wait"},
       {0, 0, 1, 1, 0, "mbar_arrive(&full[st]);"},
-      {0, 0, 1, 1, 0, "mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);"},
-      {0, 0, 1, 1, 0, "mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);"},
-      {0, 0, 1, 1, 0, "mbar_arrive(kv_empty);"},
+      {0, 0, 0, 1, 0, "mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);"},
+      {0, 0, 0, 1, 0, "mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);"},
+      {0, 0, 0, 1, 0, "mbar_arrive(kv_empty);"},
       {0, 0, 0, 1, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
       {0, 0, 0, 1, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
       {0, 0, 0, 1, 0, "wgmma_wait<0>();  // MUTATION: dV dK wait"},
@@ -567,7 +572,7 @@ static void test_mutations_caught(void **state) {
       {0, 0, 1, 1, 0, "wgmma_wait<0>();  // MUTATION: dP dV dK wait (overlap)"},
       {0, 0, 1, 1, 0, "mbar_arrive(&empty[pst]);  // MUTATION: previous empty release (overlap)"},
       {0, 0, 1, 0, 0, "wgmma_wait<0>();  // MUTATION: dV dK wait"},
-      {0, 0, 1, 0, 0, "mbar_arrive(&empty[st]);  // MUTATION: empty release"},
+      {0, 1, 1, 0, 0, "mbar_arrive(&empty[st]);  // MUTATION: empty release"},
       {0, 1, 1, 1, 0, "wgmma_wait<2>();  // MUTATION: S wait (overlap, dK pass)"},
       {0, 1, 1, 1, 0, "wgmma_wait<1>();  // MUTATION: S wait (overlap, dV pass)"},
       {0, 1, 1, 0, 0, "wgmma_wait<0>();  // MUTATION: S wait (dV pass)"},
@@ -700,7 +705,8 @@ static void test_varlen_mutations_caught(void **state) {
 }
 
 /* The configurations the templates' checks keep compile for sm_90a (NVRTC) with no spill,
- * no stack frame and no static shared memory (causal). sh 0: DeepSeek-V3 heads at H 128,
+ * no stack frame, no static shared memory and no wgmma serialized by ptxas (causal; both
+ * overlaps). sh 0: DeepSeek-V3 heads at H 128,
  * 1: the unusual shape at H 40 and the small heads (d_n 32, d_r 32, d_v 64: the
  * two-consumer and mutation tests') at H 16 in one sweep (the cover pairs each shape with
  * every tunable value), 2: the wide 256/256 heads. A covering sample is compiled (every kept
