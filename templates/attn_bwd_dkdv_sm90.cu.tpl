@@ -32,8 +32,18 @@
 @ -- deterministic = 0 (one head per CTA): each consumer also writes its dS^T to shared memory
 @ -- and computes dQ += scale dS K for the query tile in 64-column chunks (wgmma ss, both
 @ -- operands MN-major), added to dq_accum with fp32 atomics (dq_convert rounds it); split
-@ -- keys add dk_rope atomically. Not yet: overlap of one tile's GEMMs with the
-@ -- next's, block_m 128.
+@ -- keys add dk_rope atomically.
+@ -- overlap = 1 (FlashAttention-3's pipelining, as attn_fwd_sm90's): per query tile, S^T is
+@ -- issued, then the previous tile's dV and dK GEMMs (P^T, dS^T kept packed in registers),
+@ -- then dP^T; the softmax of S^T runs while those compute, so the tensor cores do not
+@ -- drain between tiles. Every GEMM is waited for within its step (nothing in flight across
+@ -- the loop: ptxas would serialize every wgmma). Needs 2 stages (two tiles held at once).
+@ -- The split keys' head loop sums dK's RoPE columns in dk_rope itself (each thread its own
+@ -- elements, head after head: deterministic), not in the accumulator across the heads (with
+@ -- that, ptxas serialized every wgmma: C7511).
+@ -- deterministic = 0: each tile's dQ once its dS^T is packed (not overlapped: beside S^T and
+@ -- dP^T its accumulators spilled).
+@ -- overlap = 0: each tile's GEMMs waited for before the next tile's. Not yet: block_m 128.
 @ --
 @ -- Packed sequences (spec.varlen, "_varlen": cu_seqlens, n_seqs last; batch 1; deterministic
 @ -- = 1 only): the query tiles cover the rows whose positions see one of the CTA's keys (from
@@ -63,8 +73,11 @@
 @   -- deterministic = 0: dQ's 64-column chunk (32 accumulators) beside dK, counted
 @   -- with the second pass (measured: wide heads spilled without it)
 @   local dq = c.deterministic == 0 and 32 or 0
-@   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2 + BM // 4 + (c.k_packed == 1 and 0 or DR // 2), DQK // 2 + BM + dq) end
-@   return DQK // 2 + DV // 2 + BM
+@   -- (overlap = 1: no RoPE sums in registers; they go to dk_rope per head)
+@   if c.two_pass == 1 then return math.max(DV // 2 + BM // 2 + BM // 4 + ((c.k_packed == 1 or c.overlap == 1) and 0 or DR // 2), DQK // 2 + BM + dq) end
+@   -- overlap = 1 in one pass: the dQ chunk counted too (beside dK, dV and the P^T, dS^T
+@   -- held for the next step; measured: 64/64/64 heads with two consumers spilled)
+@   return DQK // 2 + DV // 2 + BM + (c.overlap == 1 and dq or 0)
 @ end
 @ local function smem_bytes(c)
 @   -- deterministic = 0: each consumer's dS^T tile [64 keys][BM queries] for dQ
@@ -103,6 +116,7 @@
 @     two_pass  = { values = { 0, 1 },      doc = "1: dV in a first pass over the query tiles, dK in a second (wide heads: dK and dV do not fit in registers together)" },
 @     deterministic = { values = { 0, 1 },  doc = "0: dQ (through shared memory, wgmma, fp32 atomics into dq_accum) and split keys' dk_rope by fp32 atomics, one head per CTA; 1: no dQ here (attn_bwd_dq_sm90), dk_rope by the head loop" },
 @     k_packed  = { values = { 0, 1 },      doc = "0: k_nope + shared k_rope (dK_nope per head, dk_rope summed); 1: per-head K and dK [.., d_n + d_r]" },
+@     overlap   = { values = { 0, 1 },      doc = "1: a tile's S^T, the previous tile's dV/dK and its dP^T in flight together, its softmax overlapping them (FA3's pipelining; stages >= 2); 0: each tile's GEMMs waited for before the next tile's" },
 @   },
 @   check = function(s, c)
 @     if DN % 16 ~= 0 or DR % 16 ~= 0 then return "d_n and d_r must be multiples of 16 (the wgmma k step)" end
@@ -113,6 +127,9 @@
 @     end
 @     if c.deterministic == 0 and (WKc(DN, DR) ~= 64 or DQK % 64 ~= 0) then
 @       return "deterministic = 0 needs d_n and d_r multiples of 64 (dQ += dS K reads K in 64-column chunks of 128B-swizzled boxes)"
+@     end
+@     if c.overlap == 1 and c.stages < 2 then
+@       return "overlap = 1 needs stages >= 2 (a tile's stage is waited for before the previous tile's is released)"
 @     end
 @     if accumulators(c) > acc_limit(c) then
 @       return string.format("%d fp32 accumulators per thread, over %d (registers would spill; two_pass = 1 needs fewer)",
@@ -128,17 +145,17 @@
 @     local kp = s.config ~= nil and s.config.k_packed or 0
 @     for _, tp in ipairs({ 0, 1 }) do
 @       for _, p in ipairs({ { 128, 2 }, { 64, 2 }, { 64, 1 } }) do
-@         local c = { block_n = p[1], block_m = BM, stages = p[2], two_pass = tp, deterministic = det, k_packed = kp }
+@         local c = { block_n = p[1], block_m = BM, stages = p[2], two_pass = tp, deterministic = det, k_packed = kp, overlap = 0 }
 @         if accumulators(c) <= acc_limit(c) and smem_bytes(c) <= SMEM_LIMIT then return c end
 @       end
 @     end
-@     return { block_n = 64, block_m = BM, stages = 1, two_pass = 1, deterministic = det, k_packed = kp }
+@     return { block_n = 64, block_m = BM, stages = 1, two_pass = 1, deterministic = det, k_packed = kp, overlap = 0 }
 @   end,
 @   name = function(s, c)
 @     return string.format("mla_attn_bwd_dkdv_sm90_h%d_dn%d_dr%d_dv%d_%s_%s_bn%d_bm%d_st%d%s%s", H, DN, DR, DV,
 @                          s.dtype, s.causal and "causal" or "full", c.block_n, c.block_m, c.stages,
 @                          c.two_pass == 1 and "_2pass" or "", c.k_packed == 1 and "_kpacked" or "")
-@                          .. (c.deterministic == 0 and "_atomic" or "")
+@                          .. (c.deterministic == 0 and "_atomic" or "") .. (c.overlap == 1 and "_ov" or "")
 @   end,
 @   launch = function(s, c)
 @     return {
@@ -151,6 +168,7 @@
 @ }
 @ assert(PACKED == (K.config.k_packed == 1))
 @ local C = K.config
+@ local OV = C.overlap == 1
 // Generated by mlagen from templates/attn_bwd_dkdv_sm90.cu.tpl: do not edit.
 // MLA attention backward (dK, dV) for sm_90a (TMA + mbarrier ring, wgmma), H=${H} d_n=${DN} d_r=${DR} d_v=${DV},
 // ${spec.dtype}, ${spec.causal and "causal" or "non-causal"}, keys ${PACKED and "packed per head" or "split (shared k_rope)"}${C.two_pass == 1 and ", two passes" or ""}.
@@ -434,27 +452,10 @@ ${K.name}(
       }
     }
   };
-  // One query tile (ring position j, tile mt): dV and/or dK.
-  auto tile = [&](int j, int mt, bool do_dv, bool do_dk) {
-    const int st = j % STAGES;
-    const float* const ld = sLD + st * 2 * BM;
-    mbar_wait(&full[st], parity(j));  // MUTATION: full wait
-    issue_s(st);
-    if (do_dk) {
-      issue_dp(st);
-      wgmma_wait<1>();  // MUTATION: S wait
-    } else {
-      wgmma_wait<0>();  // MUTATION: S wait (dV pass)
-    }
-    fence_operand(s);
-    softmax(${M0}, ld);
-    if (do_dk) {
-      wgmma_wait<0>();  // MUTATION: dP wait
-      fence_operand(dp);
-    }
-    // P^T and dS^T = P^T (dP^T - delta) packed to 16 bits, element by element, so that S^T
-    // and dP^T die as the fragments fill (the peak is dK + dV + S^T + dP^T).
-    unsigned pa[BM / 16][4], da[BM / 16][4];
+  // P^T and dS^T = P^T (dP^T - delta) of the tile in s, dp (LSE, delta in ld) packed to 16
+  // bits, element by element, so that S^T and dP^T die as the fragments fill (the peak is
+  // dK + dV + S^T + dP^T); ATOMIC: dS^T also into this warpgroup's shared tile.
+  auto pack = [&](const float* ld, bool do_dv, bool do_dk, unsigned (&pa)[BM / 16][4], unsigned (&da)[BM / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
@@ -487,6 +488,28 @@ ${K.name}(
       fence_proxy_async();    // MUTATION: dS proxy fence
       bar_sync(1 + wg, 128);  // every warp's dS^T written and fenced before the wgmma reads it
     }
+  };
+@ if not OV then
+  // One query tile (ring position j, tile mt): dV and/or dK.
+  auto tile = [&](int j, int mt, bool do_dv, bool do_dk) {
+    const int st = j % STAGES;
+    const float* const ld = sLD + st * 2 * BM;
+    mbar_wait(&full[st], parity(j));  // MUTATION: full wait
+    issue_s(st);
+    if (do_dk) {
+      issue_dp(st);
+      wgmma_wait<1>();  // MUTATION: S wait
+    } else {
+      wgmma_wait<0>();  // MUTATION: S wait (dV pass)
+    }
+    fence_operand(s);
+    softmax(${M0}, ld);
+    if (do_dk) {
+      wgmma_wait<0>();  // MUTATION: dP wait
+      fence_operand(dp);
+    }
+    unsigned pa[BM / 16][4], da[BM / 16][4];
+    pack(ld, do_dv, do_dk, pa, da);
     if (do_dv) issue_dv(st, pa);
     if (do_dk) issue_dk(st, da);
     wgmma_wait<0>();  // MUTATION: dV dK wait
@@ -495,6 +518,68 @@ ${K.name}(
     if (ATOMIC && do_dk) dq_tile(st, ${M0});
     mbar_arrive(&empty[st]);  // MUTATION: empty release
   };
+@ else
+  // overlap: one step per query tile (ring position j, tile mt): S^T issued, then (but for
+  // the first tile) the previous tile's dV and dK from its P^T, dS^T in pa, da (stage pst),
+  // then dP^T; the softmax runs while they compute; all waited for, the previous tile's
+  // stage released, and this tile's P^T, dS^T packed into pa, da. `first` is a constant at
+  // each call, so every wait count is.
+  auto step = [&](int j, int mt, bool do_dv, bool do_dk, bool first, unsigned (&pa)[BM / 16][4],
+                  unsigned (&da)[BM / 16][4]) {
+    const int st = j % STAGES, pst = (j + STAGES - 1) % STAGES;
+    const float* const ld = sLD + st * 2 * BM;
+    mbar_wait(&full[st], parity(j));  // MUTATION: full wait
+    issue_s(st);
+    if (!first && do_dv) issue_dv(pst, pa);
+    if (!first && do_dk) issue_dk(pst, da);
+    if (do_dk) {
+      issue_dp(st);
+      if (first) {
+        wgmma_wait<1>();  // MUTATION: S wait
+      } else if (do_dv) {
+        wgmma_wait<3>();  // MUTATION: S wait (overlap)
+      } else {
+        wgmma_wait<2>();  // MUTATION: S wait (overlap, dK pass)
+      }
+    } else if (first) {
+      wgmma_wait<0>();  // MUTATION: S wait (dV pass)
+    } else {
+      wgmma_wait<1>();  // MUTATION: S wait (overlap, dV pass)
+    }
+    fence_operand(s);
+    softmax(${M0}, ld);
+    if (do_dk || !first) {
+      wgmma_wait<0>();  // MUTATION: dP dV dK wait (overlap)
+    }
+    if (do_dk) fence_operand(dp);
+    if (!first) {
+      if (do_dv) fence_operand(dv_acc), fence_operand(pa);
+      if (do_dk) fence_operand(dk), fence_operand(da);
+      mbar_arrive(&empty[pst]);  // MUTATION: previous empty release (overlap)
+    }
+    pack(ld, do_dv, do_dk, pa, da);
+    // ATOMIC: this tile's dQ now, S^T and dP^T dead (beside them its accumulators spilled)
+    if (ATOMIC && do_dk) dq_tile(st, ${M0});
+  };
+  // One pass over the visible query tiles from ring position j; the last tile's dV and dK
+  // after the loop.
+  auto run_pass = [&](int& j, bool do_dv, bool do_dk) {
+    unsigned pa[BM / 16][4], da[BM / 16][4];
+    int mt = 0;
+    while (mt < m_tiles && !visible(mt)) ++mt;
+    if (mt == m_tiles) return;
+    step(j, mt, do_dv, do_dk, true, pa, da);
+    while (++mt < m_tiles)
+      if (visible(mt)) step(++j, mt, do_dv, do_dk, false, pa, da);
+    const int st = j++ % STAGES;
+    if (do_dv) issue_dv(st, pa);
+    if (do_dk) issue_dk(st, da);
+    wgmma_wait<0>();  // MUTATION: dV dK wait
+    if (do_dv) fence_operand(dv_acc);
+    if (do_dk) fence_operand(dk);
+    mbar_arrive(&empty[st]);  // MUTATION: empty release
+  };
+@ end
   auto store_dv = [&](int h) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -524,22 +609,34 @@ ${K.name}(
           else if (ATOMIC) {
             atomicAdd(dk_rope + tok * DR + (c - DN), x0);
             atomicAdd(dk_rope + tok * DR + (c - DN) + 1, x1);
+@ if OV then
+          } else {
+            // overlap: dk holds this head's RoPE columns only, summed here over the heads in
+            // order by the one thread that owns them (deterministic)
+            float2* const at = reinterpret_cast<float2*>(dk_rope + tok * DR + (c - DN));
+            const float2 was = h == h_begin ? make_float2(0.f, 0.f) : *at;
+            *at = make_float2(was.x + x0, was.y + x1);
+          }
+@ else
           } else if (h == h_end - 1)
             *reinterpret_cast<float2*>(dk_rope + tok * DR + (c - DN)) = make_float2(x0, x1);
+@ end
         }
       }
     }
   };
 
-  // dK_nope and dV are per head; dK's RoPE columns sum over the head loop. dK's per-head
-  // part is zeroed just before its pass, so that with two passes it is not live in the first.
+  // dK_nope and dV are per head; dK's RoPE columns sum over the head loop (overlap: in
+  // dk_rope, by store_dk: carried across the heads in the accumulator, ptxas serialized
+  // every wgmma, C7511). dK's per-head part is zeroed just before its pass, so that with
+  // two passes it is not live in the first.
   // (The zero comes through opaque_u32(): the compiler cannot hoist the stores of a constant
   // into the first pass, where dV fills the registers: with wide heads, both would spill.)
   auto zero_dk = [&]() {
     const float z = __uint_as_float(opaque_u32(0u));
 #pragma unroll
     for (int i = 0; i < DQK / 2; ++i)
-      if (i < DN / 2 || !HEAD_LOOP) dk[i] = z;
+      ${OV and "" or "if (i < DN / 2 || !HEAD_LOOP) "}dk[i] = z;
   };
   int j = 0;
   for (int h = h_begin; h < h_end; ++h) {
@@ -549,6 +646,18 @@ ${K.name}(
     if (n_vis > 0) {
       mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);  // MUTATION: kv full wait
     }
+@ if OV then
+    if (TWO_PASS) {
+      run_pass(j, true, false);
+      store_dv(h);
+      zero_dk();
+      run_pass(j, false, true);
+    } else {
+      zero_dk();
+      run_pass(j, true, true);
+      store_dv(h);
+    }
+@ else
     if (TWO_PASS) {
       for (int mt = 0; mt < m_tiles; ++mt)
         if (visible(mt)) tile(j++, mt, true, false);
@@ -562,6 +671,7 @@ ${K.name}(
         if (visible(mt)) tile(j++, mt, true, true);
       store_dv(h);
     }
+@ end
     if (n_vis > 0) {
       mbar_arrive(kv_empty);  // MUTATION: kv empty release
     }

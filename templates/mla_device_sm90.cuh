@@ -320,6 +320,19 @@ __device__ __forceinline__ void fence_operand(float (&d)[R]) {
   (void)d;
 #endif
 }
+// The same for 16-bit A fragments in registers (wgmma_rs's a[k-step][4]): after the wait for
+// the GEMMs that read them, so they stay unchanged in their registers while those run.
+template <int M>
+__device__ __forceinline__ void fence_operand(unsigned (&a)[M][4]) {
+#ifndef MG_HOST_EMULATION
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+#else
+  (void)a;
+#endif
+}
 
 // D (64 x N, f32, fragment acc_row/acc_col) = A (64 x 16) B^T (B: N x 16) + (scale_d ? D : 0):
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T, T = bf16_t or f16_t.

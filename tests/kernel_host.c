@@ -272,6 +272,10 @@ int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix) 
     print_message("%s", line);
     if (!strcmp(prefix, "default ") && strlen(sw->defaults) + strlen(line) < sizeof sw->defaults)
       strcat(sw->defaults, line);
+    if ((sw->flags & KH_SWEEP_WGMMA_PIPELINED) && cb.log) {
+      const char *ser = strstr(cb.log, "wgmma.mma_async instructions are serialized");
+      if (ser) fail_msg("%s (%s): ptxas serialized its wgmma: %.200s", k.name, o.arch, ser);
+    }
     assert_true(cb.report.registers > 0);
     assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);
     assert_int_equal(cb.report.stack_bytes, 0);

@@ -4,10 +4,11 @@
  * the CPU through the host executor's sm_90a emulation (tests/host/hopper_host.cpp), against
  * the float64 reference of tests/attn_ref.h per element with tolerances of test_attn_bwd.c's
  * form sized from these kernels' measured noise (dq, dq_accum, dk_nope / packed dk,
- * dk_rope, dv; flipped 16-bit roundings of P and dS included); every kept configuration
- * compiled by NVRTC for sm_90a without spills; and bugs injected into the rendered source
- * (each mbarrier wait and arrival, each wgmma wait, the proxy fence) must fail the check or
- * be reported by the executor. The packed-sequence variants ("_varlen") against the same
+ * dk_rope, dv; flipped 16-bit roundings of P and dS included), both values of the kernels'
+ * `overlap`; every kept configuration compiled by NVRTC for sm_90a without spills and with
+ * no wgmma serialized by ptxas; and bugs injected into the rendered source (each mbarrier
+ * wait and arrival, each wgmma wait, the proxy fence) must fail the check or be reported by
+ * the executor. The packed-sequence variants ("_varlen") against the same
  * reference per document (attn_ref.h through reference_one), NaN in every slack row, and wrong
  * boundaries caught. Split keys read k_rope at column KT_ROPE_COL of NaN-filled rows through
  * tmaps[2] with the row stride ld_k_rope (one contiguous case per family); a map ignoring it
@@ -515,37 +516,44 @@ static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const
   }
 }
 
-/* DeepSeek-V3 heads (d_qk 192, d_v 128): the defaults (two consumer warpgroups; split keys:
- * dK/dV's head loop; dK/dV in two passes), and packed keys with one consumer and 3 stages
- * (dK/dV) or block_n 128 (dQ). */
+/* DeepSeek-V3 heads (d_qk 192, d_v 128): the defaults with overlap (FA3's pipelining; two
+ * consumer warpgroups; split keys: dK/dV's head loop, dk_rope summed per head; dK/dV in two
+ * passes), and packed keys with one consumer and 3 stages (dK/dV) or block_n 128 (dQ),
+ * overlap 0. */
 static void test_deepseek_heads(void **state) {
   (void)state;
-  check_shape(0, 2, 128, 64, 128, NULL, 0);
+  const char *a[] = {"overlap=1"};
+  check_shape(0, 2, 128, 64, 128, a, 1);
   const char *b[] = {"block_n=64", "stages=3", "k_packed=1"};
   check_shape(0, 2, 128, 64, 128, b, 3);
 }
 static void test_deepseek_heads_dq(void **state) {
   (void)state;
-  check_shape(1, 2, 128, 64, 128, NULL, 0);
+  const char *a[] = {"overlap=1"};
+  check_shape(1, 2, 128, 64, 128, a, 1);
   const char *b[] = {"block_m=64", "block_n=128", "k_packed=1"};
   check_shape(1, 2, 128, 64, 128, b, 3);
 }
 /* The atomic dK/dV kernel (deterministic = 0: dQ into dq_accum through shared memory and
  * wgmma, split keys' dk_rope added, one head per CTA) on DeepSeek-V3 heads: the default
  * tiles (two consumers, two passes), and packed keys with one consumer in one pass on
- * 64/64 heads. */
+ * 64/64 heads, with overlap (two consumers in one pass are refused with it: they spill). */
 static void test_atomic(void **state) {
   (void)state;
   const char *a[] = {"deterministic=0"};
   check_shape(0, 2, 128, 64, 128, a, 1);
-  const char *b[] = {"deterministic=0", "block_n=64", "k_packed=1"};
-  check_shape(0, 2, 64, 64, 64, b, 3);
+  const char *b[] = {"deterministic=0", "block_n=64", "k_packed=1", "overlap=1"};
+  check_shape(0, 2, 64, 64, 64, b, 4);
+  mg_kernel_spec s = make_spec(0, 2, 64, 64, 64, 1);
+  const char *c[] = {"deterministic=0", "block_n=128", "two_pass=0", "overlap=1"};
+  for (int i = 0; i < 4; i++) kh_set(&s, c[i]);
+  sm90_expect_reject(&s, "192 fp32 accumulators per thread, over 160");
 }
 
 /* An unusual MLA shape (d_n 96, d_r 32, d_v 64: 64B-swizzled K boxes of 32 columns,
  * d_v < d_qk; one consumer warpgroup: dK/dV with one stage and two passes, dQ with
- * block_n 128), and fp16 (the defaults: two consumers, dK/dV in one pass); and small heads
- * (d_n 32, d_r 32, d_v 64; the defaults). */
+ * block_n 128), and fp16 (the defaults with overlap: two consumers, dK/dV in one pass with
+ * split keys' head loop); and small heads (d_n 32, d_r 32, d_v 64; the same). */
 static void test_unusual_heads(void **state) {
   (void)state;
   const char *a[] = {"block_n=64", "stages=1", "two_pass=1"};
@@ -555,6 +563,7 @@ static void test_unusual_heads(void **state) {
   for (int dq = 0; dq < 2; dq++) {
     mg_kernel_spec s = make_spec(dq, 2, 96, 32, 64, 1);
     snprintf(s.dtype, sizeof s.dtype, "fp16");
+    kh_set(&s, "overlap=1");
     built_kernel bk;
     build_edit(&s, NULL, &bk);
     run_case(&bk, 2, 77, 150, 73, 0);
@@ -562,6 +571,7 @@ static void test_unusual_heads(void **state) {
   }
   for (int dq = 0; dq < 2; dq++) {
     mg_kernel_spec s = make_spec(dq, 2, 32, 32, 64, 1);
+    kh_set(&s, "overlap=1");
     built_kernel bk;
     build_edit(&s, NULL, &bk);
     run_case(&bk, 2, 77, 150, 73, 0);
@@ -591,39 +601,68 @@ static void test_wide_heads(void **state) {
  * proxy fence is needed in the executor too, and its removal is caught. */
 typedef struct mutation {
   int dq, two_pass; /* dq: 2 for the atomic dK/dV kernel (64/64/64 heads) */
+  int overlap;      /* the kernel's overlap tunable */
+  int sample;       /* tried by the default run (all with MLAGEN_TEST_EXHAUSTIVE=1) */
+  int split;        /* dQ: rows from `split` at position 192 (0: every row at its index) */
   const char *blank;
 } mutation;
+/* The pipeline code both overlaps share is mutated in the overlap = 1 kernels (the
+ * producers) or the overlap = 0 ones (the K/V hand-off between heads), each overlap's own
+ * waits and releases in its kernels. The default run
+ * tries a sample covering every kind (ctest -C exhaustive: all of them). dQ's overlap = 1
+ * release of a warpgroup's last tile after the loop is needed only when the other consumer
+ * runs at least `stages` more tiles: its case puts rows 64.. at position 192. */
 static void test_mutations_caught(void **state) {
   (void)state;
   static const mutation muts[] = {
-      {0, 0, "mbar_wait(&full[st], parity(j));"},
-      {0, 0, "mbar_arrive(&empty[st]);"},
-      {0, 0, "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait"},
-      {0, 0, "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: LSE empty wait"},
-      {0, 0, "mbar_arrive(&full[st]);"},
-      {0, 0, "mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);"},
-      {0, 0, "mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);"},
-      {0, 0, "mbar_arrive(kv_empty);"},
-      {0, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
-      {0, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
-      {0, 0, "wgmma_wait<0>();  // MUTATION: dV dK wait"},
-      {0, 1, "wgmma_wait<0>();  // MUTATION: S wait (dV pass)"},
-      {2, 0, "fence_proxy_async();    // MUTATION: dS proxy fence"},
-      {2, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
-      {1, 0, "mbar_wait(q_full, 0);"},
-      {1, 0, "mbar_wait(&full[st], parity(j));  // MUTATION: full wait"},
-      {1, 0, "mbar_wait(&empty[st], ph ^ 1u);"},
-      {1, 0, "mbar_arrive(&empty[st]);  // MUTATION: empty release"},
-      {1, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
-      {1, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
-      {1, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
+      {0, 0, 0, 0, 0, "mbar_wait(&full[st], parity(j));"},
+      {0, 0, 0, 1, 0, "mbar_arrive(&empty[st]);"},
+      {0, 0, 1, 1, 0, "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait"},
+      {0, 0, 1, 0, 0, "mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: LSE empty wait"},
+      {0, 0, 1, 1, 0, "mbar_arrive(&full[st]);"},
+      {0, 0, 0, 1, 0, "mbar_wait(kv_full, (unsigned)(h - h_begin) & 1u);"},
+      {0, 0, 0, 0, 0, "mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);"},
+      {0, 0, 0, 1, 0, "mbar_arrive(kv_empty);"},
+      {0, 0, 0, 1, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
+      {0, 0, 0, 1, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
+      {0, 0, 0, 1, 0, "wgmma_wait<0>();  // MUTATION: dV dK wait"},
+      {0, 1, 0, 0, 0, "wgmma_wait<0>();  // MUTATION: S wait (dV pass)"},
+      {2, 0, 0, 1, 0, "fence_proxy_async();    // MUTATION: dS proxy fence"},
+      {2, 0, 0, 1, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
+      {0, 0, 1, 0, 0, "mbar_wait(&full[st], parity(j));"},
+      {0, 0, 1, 0, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
+      {0, 0, 1, 1, 0, "wgmma_wait<3>();  // MUTATION: S wait (overlap)"},
+      {0, 0, 1, 1, 0, "wgmma_wait<0>();  // MUTATION: dP dV dK wait (overlap)"},
+      {0, 0, 1, 1, 0, "mbar_arrive(&empty[pst]);  // MUTATION: previous empty release (overlap)"},
+      {0, 0, 1, 0, 0, "wgmma_wait<0>();  // MUTATION: dV dK wait"},
+      {0, 1, 1, 0, 0, "mbar_arrive(&empty[st]);  // MUTATION: empty release"},
+      {0, 1, 1, 1, 0, "wgmma_wait<2>();  // MUTATION: S wait (overlap, dK pass)"},
+      {0, 1, 1, 0, 0, "wgmma_wait<1>();  // MUTATION: S wait (overlap, dV pass)"},
+      {0, 1, 1, 0, 0, "wgmma_wait<0>();  // MUTATION: S wait (dV pass)"},
+      {1, 0, 1, 1, 0, "mbar_wait(q_full, 0);"},
+      {1, 0, 0, 0, 0, "mbar_wait(&full[st], parity(j));  // MUTATION: full wait"},
+      {1, 0, 1, 0, 0, "mbar_wait(&empty[st], ph ^ 1u);"},
+      {1, 0, 0, 1, 0, "mbar_arrive(&empty[st]);  // MUTATION: empty release"},
+      {1, 0, 0, 0, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
+      {1, 0, 0, 0, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
+      {1, 0, 0, 0, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
+      {1, 0, 1, 0, 0, "mbar_wait(&full[st], parity(j));  // MUTATION: full wait"},
+      {1, 0, 1, 0, 0, "wgmma_wait<1>();  // MUTATION: S wait"},
+      {1, 0, 1, 1, 0, "wgmma_wait<2>();  // MUTATION: S wait (overlap)"},
+      {1, 0, 1, 0, 0, "wgmma_wait<0>();  // MUTATION: dP wait"},
+      {1, 0, 1, 1, 0, "mbar_arrive(&empty[pst]);  // MUTATION: previous empty release (overlap)"},
+      {1, 0, 1, 0, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
+      {1, 0, 1, 0, 64, "mbar_arrive(&empty[st]);  // MUTATION: empty release"},
   };
+  const int all = kh_sweep_exhaustive();
   for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
     const mutation *mu = &muts[m];
+    if (!all && !mu->sample) continue;
     mg_kernel_spec s = mu->dq == 2 ? make_spec(0, 2, 64, 64, 64, 1) : make_spec(mu->dq, 2, 32, 32, 64, 1);
     if (mu->dq == 2) kh_set(&s, "deterministic=0");
     kh_set(&s, "stages=2");
     if (mu->two_pass) kh_set(&s, "two_pass=1");
+    if (mu->overlap) kh_set(&s, "overlap=1");
     built_kernel bk;
     build_edit(&s, mu->blank, &bk);
     bwd_case c;
@@ -631,7 +670,10 @@ static void test_mutations_caught(void **state) {
      * tiles the missing kv_full wait went unnoticed); dQ: 2 CTAs, 4 key tiles each (with one
      * CTA the producer's missing empty wait went unnoticed) */
     const int dq = mu->dq == 1;
-    case_init(&bk, &c, 1, dq ? 256 : 512, 256, 0, dq ? 256 : 512, 0);
+    if (mu->split)
+      case_init(&bk, &c, 1, 256, 256, 0, mu->split, 192);
+    else
+      case_init(&bk, &c, 1, dq ? 256 : 512, 256, 0, dq ? 256 : 512, 0);
     char msg[1024];
     int rc = launch_case(&bk, &c, msg, sizeof msg);
     const char *how = "launch reported";
@@ -643,8 +685,8 @@ static void test_mutations_caught(void **state) {
       if (!nans && !msg[0]) fail_msg("%s: removing '%s' was not caught", FAMS[dq], mu->blank);
       how = "check failed";
     }
-    print_message("  %s%s without '%s': %s: %.120s\n", FAMS[dq], mu->dq == 2 ? " (atomic)" : "",
-                  mu->blank, how, msg);
+    print_message("  %s%s%s without '%s': %s: %.120s\n", FAMS[dq], mu->dq == 2 ? " (atomic)" : "",
+                  mu->overlap ? " (overlap)" : "", mu->blank, how, msg);
     case_free(&c);
     kh_free(&bk.kh);
   }
@@ -681,17 +723,18 @@ static void test_mutations_caught(void **state) {
  * query row over the short documents, and (causal) rank 0 of laga-cp at P = 2 (chunks
  * [0, 75) and [225, 300): the 200-token document cut by the split, slack rows in the
  * second chunk). NaN fills every slack row of q, dout, k_nope, k_rope and v (and LSE and
- * delta). The causal variants compile for sm_90a with no spill. And deterministic = 0 has
- * no variant. */
+ * delta). The causal variants run with overlap and compile for sm_90a with no spill. And
+ * deterministic = 0 has no variant. */
 static void test_varlen(void **state) {
   (void)state;
   const kt_varlen *vm = kt_varlen_many();
   kh_sweep sw;
-  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   for (int dq = 0; dq < 2; dq++)
     for (int causal = 0; causal <= 1; causal++) {
       mg_kernel_spec s = make_spec(dq, 2, 128, 64, 128, causal);
       s.varlen = 1;
+      if (causal) kh_set(&s, "overlap=1");
       built_kernel bk;
       build_edit(&s, NULL, &bk);
       run_case_cu(&bk, 1, T_CAP, T_CAP, 0, T_CAP, 0, vm->cu, vm->n);
@@ -746,16 +789,17 @@ static void test_varlen_mutations_caught(void **state) {
 }
 
 /* The configurations the templates' checks keep compile for sm_90a (NVRTC) with no spill,
- * no stack frame and no static shared memory (causal). sh 0: DeepSeek-V3 heads at H 128,
+ * no stack frame, no static shared memory and no wgmma serialized by ptxas (causal; both
+ * overlaps). sh 0: DeepSeek-V3 heads at H 128,
  * 1: the unusual shape at H 40 and the small heads (d_n 32, d_r 32, d_v 64: the
  * two-consumer and mutation tests') at H 16 in one sweep (the cover pairs each shape with
  * every tunable value), 2: the wide 256/256 heads. A covering sample is compiled (every kept
  * configuration with MLAGEN_TEST_EXHAUSTIVE=1). */
-enum { NC_SHAPE = 2 * 3 * 2 * 2 * 2 + 2 * 2 * 2 * 2 }; /* candidates per shape */
+enum { NC_SHAPE = 2 * (2 * 3 * 2 * 2 * 2 + 2 * 2 * 2 * 2) }; /* candidates per shape (x2: overlap) */
 static int nvrtc_cands(int sh, mg_kernel_spec *cands);
 static void nvrtc_kept_configs(int sh) {
   kh_sweep sw;
-  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   sw.max_smem = 227 * 1024;
   mg_kernel_spec cands[2 * NC_SHAPE];
   int nc = nvrtc_cands(sh, cands);
@@ -771,30 +815,34 @@ static int nvrtc_cands(int sh, mg_kernel_spec *cands) {
     for (int st = 1; st <= 3; st++)
       for (int tp = 0; tp <= 1; tp++)
         for (int kp = 0; kp <= 1; kp++)
-          for (int det = 0; det <= 1; det++) {
-            mg_kernel_spec s = make_spec(0, H, dn, dr, dv, 1);
-            char a[5][32];
-            snprintf(a[0], sizeof a[0], "block_n=%d", bn);
-            snprintf(a[1], sizeof a[1], "stages=%d", st);
-            snprintf(a[2], sizeof a[2], "two_pass=%d", tp);
-            snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
-            snprintf(a[4], sizeof a[4], "deterministic=%d", det);
-            for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
-            cands[nc++] = s;
-          }
+          for (int det = 0; det <= 1; det++)
+            for (int ov = 0; ov <= 1; ov++) {
+              mg_kernel_spec s = make_spec(0, H, dn, dr, dv, 1);
+              char a[6][32];
+              snprintf(a[0], sizeof a[0], "block_n=%d", bn);
+              snprintf(a[1], sizeof a[1], "stages=%d", st);
+              snprintf(a[2], sizeof a[2], "two_pass=%d", tp);
+              snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
+              snprintf(a[4], sizeof a[4], "deterministic=%d", det);
+              snprintf(a[5], sizeof a[5], "overlap=%d", ov);
+              for (int i = 0; i < 6; i++) kh_set(&s, a[i]);
+              cands[nc++] = s;
+            }
   for (int bm = 64; bm <= 128; bm *= 2)
     for (int bn = 64; bn <= 128; bn *= 2)
       for (int st = 2; st <= 3; st++)
-        for (int kp = 0; kp <= 1; kp++) {
-          mg_kernel_spec s = make_spec(1, H, dn, dr, dv, 1);
-          char a[4][32];
-          snprintf(a[0], sizeof a[0], "block_m=%d", bm);
-          snprintf(a[1], sizeof a[1], "block_n=%d", bn);
-          snprintf(a[2], sizeof a[2], "stages=%d", st);
-          snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
-          for (int i = 0; i < 4; i++) kh_set(&s, a[i]);
-          cands[nc++] = s;
-        }
+        for (int kp = 0; kp <= 1; kp++)
+          for (int ov = 0; ov <= 1; ov++) {
+            mg_kernel_spec s = make_spec(1, H, dn, dr, dv, 1);
+            char a[5][32];
+            snprintf(a[0], sizeof a[0], "block_m=%d", bm);
+            snprintf(a[1], sizeof a[1], "block_n=%d", bn);
+            snprintf(a[2], sizeof a[2], "stages=%d", st);
+            snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
+            snprintf(a[4], sizeof a[4], "overlap=%d", ov);
+            for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
+            cands[nc++] = s;
+          }
   return nc;
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
