@@ -103,7 +103,7 @@
 @     { name = "dk_nope", type = "elem_t*",      shape = "[B, S_k, H, d_n]",       doc = "per-head dK_nope" },
 @     PACKED and
 @     { name = "dk_rope", type = "float*",       shape = "unused",                 doc = "k_packed = 1: unused (may be null)" } or
-@     { name = "dk_rope", type = "float*",       shape = "[B, S_k, d_r]",          doc = "dK's RoPE part summed over the heads (fp32): deterministic = 1 written once; 0 added atomically, must be zeroed first" },
+@     { name = "dk_rope", type = "float*",       shape = "[B, S_k, d_r]",          doc = "dK's RoPE part summed over the heads (fp32): deterministic = 1 written by the head loop (overlap = 0: once, from registers; 1: summed in place head by head, the first head storing); 0 added atomically, must be zeroed first" },
 @     { name = "dv",     type = "elem_t*",       shape = "[B, S_k, H, d_v]",       doc = "gradient of V" },
 @   }, explicit_scalar_params(), {
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<5>", shape = "[5]",
