@@ -641,7 +641,7 @@ static void test_varlen(void **state) {
   kt_varlen_cases(&vl);
   const kt_qpos at0 = {0, 0, 0}, cp = kt_qpos_lagacp(2, 0, T_CAP / 4, T_CAP / 4);
   kh_sweep sw;
-  kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   for (int causal = 0; causal <= 1; causal++) {
     mg_kernel_spec s = make_spec(2, 128, 64, 128, causal);
     s.varlen = 1;
@@ -715,7 +715,7 @@ static void test_varlen_mutations_caught(void **state) {
  * exhaustive). */
 static void nvrtc_kept_configs(int sh) {
   kh_sweep sw;
-  kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   sw.max_smem = 227 * 1024;
   const int shapes[3][3] = {{128, 64, 128}, {64, 32, 64}, {192, 64, 256}};
   mg_kernel_spec cands[2 * 2 * 3 * 2 * 2];

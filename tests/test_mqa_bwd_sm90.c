@@ -497,7 +497,7 @@ static void test_varlen(void **state) {
   (void)state;
   const kt_varlen *vm = kt_varlen_many();
   kh_sweep sw;
-  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   for (g_dq = 0; g_dq < 2; g_dq++) {
     for (int causal = 0; causal <= 1; causal++) {
       mg_kernel_spec s = make_spec(2, 256, 32, causal);
@@ -566,7 +566,7 @@ static void test_dq_schedules_bit_identical(void **state) {
 static void test_nvrtc_kept_configs(void **state) {
   (void)state;
   kh_sweep sw;
-  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   sw.max_smem = 227 * 1024;
   mg_kernel_spec cands[40];
   int nc = 0;

@@ -407,7 +407,7 @@ static void test_mutations_caught(void **state) {
 static void test_nvrtc_kept_configs(void **state) {
   (void)state;
   kh_sweep sw;
-  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   sw.max_smem = 227 * 1024;
   int kept = 0;
   for (int sh = 0; sh < 2; sh++) {
@@ -457,7 +457,7 @@ static void test_varlen(void **state) {
   check_case(&bk, &c);
   kh_free(&bk.kh);
   kh_sweep sw;
-  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY);
+  kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   kh_sweep_compile(&sw, &s, "");
   kh_sweep_close(&sw);
   static const sm90_edit muts[] = {
