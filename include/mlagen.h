@@ -390,8 +390,8 @@ typedef struct mlagen_tensors {
  *                     mlagen_last_message(NULL)); then, message in the context: tensors
  *                     NULL; a tensor of the pass with data NULL, a dtype other than the
  *                     plan's, an ndim or a dim other than the plan's, or data not aligned
- *                     to its element size ("tensors->q.dims[1] = 7, the plan expects
- *                     S / P = 8"); for a varlen plan, tensors->cu_seqlens NULL or
+ *                     to its element size ("tensors->q.dims[1] = 7, the plan expects 8
+ *                     (q [2, 8, 4, 32])"); for a varlen plan, tensors->cu_seqlens NULL or
  *                     n_cu_seqlens < 1, or boundaries that break the rules of
  *                     mlagen_tensors.cu_seqlens, the message naming the first bad index
  *                     ("tensors->cu_seqlens[3] = 10 is below tensors->cu_seqlens[2] = 12

@@ -141,6 +141,9 @@ BENCH="$BUILD/tests/mlagen_bench"
 FORMS="$BUILD/tests/mlagen_forms_check"
 FORMS_MPI="$BUILD/tests/mlagen_forms_check_mpi"
 export MLAGEN_CACHE_DIR="$OUT/jit-cache"
+# have BIN: BIN is there to run (a dry run takes every binary as there: its build step
+# prints its command instead of building, and each step then prints its own)
+have() { [ -n "${DRY_RUN:-}" ] || [ -x "$1" ]; }
 
 if want build; then
   if [ -n "${NO_BUILD:-}" ] && [ -x "$BENCH" ] && [ -x "$FORMS" ]; then
@@ -167,7 +170,7 @@ if want smi; then
 fi
 
 if want bench; then
-  if [ -x "$BENCH" ]; then
+  if have "$BENCH"; then
     # shellcheck disable=SC2086
     step bench 150 bench.stdout "$BENCH" "$OUT" ${BENCH_ARGS:-}
     finish bench "" bench.stdout
@@ -175,7 +178,7 @@ if want bench; then
 fi
 
 if want sm90; then
-  if [ -x "$BENCH" ]; then
+  if have "$BENCH"; then
     # shellcheck disable=SC2086
     step sm90 300 sm90.stdout "$BENCH" "$OUT/sm90" --sm90 --jobs 16 --row-budget-ms 1500 ${SM90_ARGS:-}
     finish sm90 "$(grep -m1 -E '^check passed|correctness misses' "$OUT/sm90.stdout" 2>/dev/null)" sm90.stdout
@@ -183,7 +186,7 @@ if want sm90; then
 fi
 
 if want varlen; then
-  if [ -x "$BENCH" ]; then
+  if have "$BENCH"; then
     # shellcheck disable=SC2086
     step varlen 300 varlen.stdout "$BENCH" "$OUT/varlen" --varlen --jobs 16 --row-budget-ms 1500 --seqs 1024,4096,16384 ${VARLEN_ARGS:-}
     finish varlen "$(grep -E 'varlen check (passed|SKIPPED)|varlen check misses' "$OUT/varlen.stdout" 2>/dev/null | tail -1)" varlen.stdout
@@ -192,7 +195,7 @@ fi
 
 if want tune90; then
   MLAGEN="$BUILD/mlagen"
-  if [ -x "$MLAGEN" ]; then
+  if have "$MLAGEN"; then
     rm -rf "$OUT/tuned" && cp -r "$SRC/tuned" "$OUT/tuned"
     # shellcheck disable=SC2086
     step tune90 420 tune90.stdout env MLAGEN_TUNED_DIR="$OUT/tuned" "$MLAGEN" tune --model deepseek-v3 \
@@ -212,7 +215,7 @@ fi
 forms_step() {
   local name=$1 cap=$2 sub=$3
   shift 3
-  if [ ! -x "$FORMS" ]; then T0=$(date +%s); result "$name" FAILED "$T0" "no $FORMS"; return; fi
+  if ! have "$FORMS"; then T0=$(date +%s); result "$name" FAILED "$T0" "no $FORMS"; return; fi
   # shellcheck disable=SC2086
   step "$name" "$cap" "$sub.stdout" "$FORMS" "$OUT/$sub" "$@" ${FORMS_ARGS:-}
   if [ "$RC" = 4 ]; then result "$name" REFUSED "$T0" "refused by the API: $(grep -s -m1 'refused by the API' "$OUT/$sub.stdout")"
@@ -231,7 +234,7 @@ want f16 && forms_step f16 45 forms-f16 --seq 1024 --dtype f16 --iters 0
 if want sp2; then
   T0=$(date +%s)
   MPIRUN=${MPIRUN:-mpirun}
-  if [ ! -x "$FORMS_MPI" ]; then result sp2 NOT_RUN "$T0" "no $FORMS_MPI (built without MPI)"
+  if ! have "$FORMS_MPI"; then result sp2 NOT_RUN "$T0" "no $FORMS_MPI (built without MPI)"
   elif ! command -v "$MPIRUN" > /dev/null; then result sp2 NOT_RUN "$T0" "no $MPIRUN on this machine"
   else
     flags=""
@@ -257,7 +260,7 @@ if want sanitizer; then
   fi
   if [ -z "$SAN" ]; then
     for t in memcheck racecheck synccheck; do result "sanitizer-$t" NOT_RUN "$T0" "compute-sanitizer not found (COMPUTE_SANITIZER, PATH, /usr/local/cuda*, pip nvidia-cuda-sanitizer-api, SANITIZER_WHEEL)"; done
-  elif [ ! -x "$BENCH" ]; then
+  elif ! have "$BENCH"; then
     for t in memcheck racecheck synccheck; do result "sanitizer-$t" FAILED "$T0" "no $BENCH"; done
   else
     note "compute-sanitizer: $SAN ($("$SAN" --version 2>&1 | tail -1))"
