@@ -271,80 +271,6 @@ ${K.name}(
   if (wg_tiles > ${VARLEN and "wg_first" or "0"}) {
     mbar_wait(q_full, 0);  // MUTATION: Q full wait
   }
-@ if not OV then
-  for (int j = ${VARLEN and "wg_first" or "0"}; j < wg_tiles; ++j) {
-    const int st = j % STAGES;
-    const int n0 = ${VARLEN and "k0 + " or ""}j * BLOCK_N;
-    const unsigned k_addr = opaque_u32(ring_addr + st * STAGE_BYTES);
-    const unsigned v_addr = k_addr + K_BYTES;
-    const unsigned q_addr = opaque_u32(q_base), o_addr = opaque_u32(o_base);
-    mbar_wait(&full[st], parity(j));  // MUTATION: full wait
-    // S = Q K^T, dP = dO V^T
-    fence_operand(s);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < DQK / 16; ++ks)
-      wgmma_ss<BLOCK_N, tag_t>(s, make_desc_kstep(q_addr, BLOCK_M, WQ, SWQ, ks), make_desc_kstep(k_addr, BLOCK_N, WK, SWK, ks), ks > 0);
-    wgmma_commit();
-    fence_operand(dp);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < DV / 16; ++ks)
-      wgmma_ss<BLOCK_N, tag_t>(dp, make_desc_kstep(o_addr, BLOCK_M, WV, SWV, ks), make_desc_kstep(v_addr, BLOCK_N, WV, SWV, ks), ks > 0);
-    wgmma_commit();
-    wgmma_wait<1>();  // MUTATION: S wait
-    fence_operand(s);
-@ if VARLEN then
-    // P, selected to 0 wherever the tile is not inside both rows' [lo, hi).
-    const bool edge = n0 < max(row_lo[0], row_lo[1]) || n0 + BLOCK_N > min(row_hi[0], row_hi[1]);
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; ++i) {
-      const int r = (i % 4) / 2;
-      float p = exp2f(s[i] * scale_log2 - lse2[r]);
-      if (edge) {
-        const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
-        if (key < row_lo[r] || key >= row_hi[r]) p = 0.f;
-      }
-      s[i] = p;
-    }
-@ else
-    // P, masked only on tiles crossing the end of the keys or the diagonal.
-    const bool edge = n0 + BLOCK_N > seqlen_k || (CAUSAL && n0 + BLOCK_N - 1 > wg_min);
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; ++i) {
-      const int r = (i % 4) / 2;
-      float p = exp2f(s[i] * scale_log2 - lse2[r]);
-      if (edge) {
-        const int key = n0 + 8 * (i / 4) + 2 * qd + (i % 2);
-        const int row = r0 + 8 * r;
-        if (key >= seqlen_k || (CAUSAL && key > pos(row))) p = 0.f;
-      }
-      s[i] = p;
-    }
-@ end
-    wgmma_wait<0>();  // MUTATION: dP wait
-    fence_operand(dp);
-    // dS = P (dP - delta), packed: column blocks 2kk, 2kk+1 are the A fragment of k-step kk.
-    unsigned da[BLOCK_N / 16][4];
-#pragma unroll
-@ if VARLEN then
-    for (int i = 0; i < BLOCK_N / 2; ++i) dp[i] = s[i] != 0.f ? s[i] * (dp[i] - dl[(i % 4) / 2]) : 0.f;
-@ else
-    for (int i = 0; i < BLOCK_N / 2; ++i) dp[i] = s[i] * (dp[i] - dl[(i % 4) / 2]);
-@ end
-    acc_to_a<elem_t, BLOCK_N>(da, dp);
-    // dQ += dS K: K [key][d_qk] as an MN-major B operand (W_K-column boxes BLOCK_N rows apart).
-    fence_operand(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-      wgmma_rs_tb<DQK, tag_t>(acc, da[kk], make_desc(k_addr + kk * 16 * 2 * WK, BLOCK_N * 2 * WK, 8 * 2 * WK, SWK), 1);
-    wgmma_commit();
-    wgmma_wait<0>();  // MUTATION: dQ wait
-    fence_operand(acc);
-    mbar_arrive(&empty[st]);  // MUTATION: empty release
-  }
-@ else
   // A stage's K and V, and Q's and dO's rows of this warpgroup (through an empty asm, so
   // that the compiler recomputes the descriptors per tile rather than keep them).
   struct Addr {
@@ -425,6 +351,28 @@ ${K.name}(
       wgmma_rs_tb<DQK, tag_t>(acc, da[kk], make_desc(a.k + kk * 16 * 2 * WK, BLOCK_N * 2 * WK, 8 * 2 * WK, SWK), 1);
     wgmma_commit();
   };
+@ if not OV then
+  // One tile at a time: S and dP issued together, the softmax once S has landed, dS packed
+  // once dP has, dQ += dS K, each waited for before the next tile.
+  for (int j = ${VARLEN and "wg_first" or "0"}; j < wg_tiles; ++j) {
+    const int st = j % STAGES;
+    const Addr a = addr(st);
+    mbar_wait(&full[st], parity(j));  // MUTATION: full wait
+    issue_s(a);
+    issue_dp(a);
+    wgmma_wait<1>();  // MUTATION: S wait
+    fence_operand(s);
+    softmax(${VARLEN and "k0 + " or ""}j * BLOCK_N);
+    wgmma_wait<0>();  // MUTATION: dP wait
+    fence_operand(dp);
+    unsigned da[BLOCK_N / 16][4];
+    pack_ds(da);
+    issue_dq(a, da);
+    wgmma_wait<0>();  // MUTATION: dQ wait
+    fence_operand(acc);
+    mbar_arrive(&empty[st]);  // MUTATION: empty release
+  }
+@ else
   // overlap: one step per key tile j: S issued, then (but for the first tile) the previous
   // tile's dQ from its dS in da (stage pst), then dP; the softmax runs while they compute;
   // all waited for, the previous tile's stage released, this tile's dS packed into da.
