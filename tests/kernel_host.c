@@ -148,6 +148,15 @@ void kh_set(mg_kernel_spec *s, const char *assignment) {
   if (mg_spec_set(s, assignment, &d)) fail_msg("%s", mg_diag_msg(&d));
 }
 
+void kh_setf(mg_kernel_spec *s, const char *fmt, ...) {
+  char a[128];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(a, sizeof a, fmt, ap);
+  va_end(ap);
+  kh_set(s, a);
+}
+
 int kh_build_edited(mg_gen *g, const mg_kernel_spec *spec, int asan, kh_edit_fn edit,
                     void *ctx, kh_kernel *out) {
   mg_diag d = MG_DIAG_INIT;

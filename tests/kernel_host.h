@@ -81,6 +81,8 @@ mg_kernel_spec kh_mqa_spec(const char *family, int H, int dc, int dr, int causal
 
 /* Applies a tunable assignment ("block_m=64") to s; a rejected one fails the test. */
 void kh_set(mg_kernel_spec *s, const char *assignment);
+/* kh_set of the assignment printf formats from fmt ("block_n=%d", 64). */
+void kh_setf(mg_kernel_spec *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* An edit for kh_build_edited: blanks the which-th (from 0) `__syncthreads();` of the
  * source, keeping every line where it is; declines (returns 0) when there is no such

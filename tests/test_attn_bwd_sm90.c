@@ -818,14 +818,12 @@ static int nvrtc_cands(int sh, mg_kernel_spec *cands) {
           for (int det = 0; det <= 1; det++)
             for (int ov = 0; ov <= 1; ov++) {
               mg_kernel_spec s = make_spec(0, H, dn, dr, dv, 1);
-              char a[6][32];
-              snprintf(a[0], sizeof a[0], "block_n=%d", bn);
-              snprintf(a[1], sizeof a[1], "stages=%d", st);
-              snprintf(a[2], sizeof a[2], "two_pass=%d", tp);
-              snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
-              snprintf(a[4], sizeof a[4], "deterministic=%d", det);
-              snprintf(a[5], sizeof a[5], "overlap=%d", ov);
-              for (int i = 0; i < 6; i++) kh_set(&s, a[i]);
+              kh_setf(&s, "block_n=%d", bn);
+              kh_setf(&s, "stages=%d", st);
+              kh_setf(&s, "two_pass=%d", tp);
+              kh_setf(&s, "k_packed=%d", kp);
+              kh_setf(&s, "deterministic=%d", det);
+              kh_setf(&s, "overlap=%d", ov);
               cands[nc++] = s;
             }
   for (int bm = 64; bm <= 128; bm *= 2)
@@ -834,13 +832,11 @@ static int nvrtc_cands(int sh, mg_kernel_spec *cands) {
         for (int kp = 0; kp <= 1; kp++)
           for (int ov = 0; ov <= 1; ov++) {
             mg_kernel_spec s = make_spec(1, H, dn, dr, dv, 1);
-            char a[5][32];
-            snprintf(a[0], sizeof a[0], "block_m=%d", bm);
-            snprintf(a[1], sizeof a[1], "block_n=%d", bn);
-            snprintf(a[2], sizeof a[2], "stages=%d", st);
-            snprintf(a[3], sizeof a[3], "k_packed=%d", kp);
-            snprintf(a[4], sizeof a[4], "overlap=%d", ov);
-            for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
+            kh_setf(&s, "block_m=%d", bm);
+            kh_setf(&s, "block_n=%d", bn);
+            kh_setf(&s, "stages=%d", st);
+            kh_setf(&s, "k_packed=%d", kp);
+            kh_setf(&s, "overlap=%d", ov);
             cands[nc++] = s;
           }
   return nc;

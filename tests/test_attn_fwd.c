@@ -740,12 +740,10 @@ static void nvrtc_all_kept_configs(int m, int varlen) {
         for (int stages = 1; stages <= 2; stages++)
           for (int packed = 0; packed <= 1; packed++) {
             mg_kernel_spec s = specs[found];
-            char a[4][32];
-            snprintf(a[0], sizeof a[0], "block_m=%d", block_m[bm]);
-            snprintf(a[1], sizeof a[1], "num_warps=%d", block_m[bm] / 16);
-            snprintf(a[2], sizeof a[2], "block_n=%d", block_n[bn]);
-            snprintf(a[3], sizeof a[3], "stages=%d", stages);
-            for (int i = 0; i < 4; i++) set(&s, a[i]);
+            kh_setf(&s, "block_m=%d", block_m[bm]);
+            kh_setf(&s, "num_warps=%d", block_m[bm] / 16);
+            kh_setf(&s, "block_n=%d", block_n[bn]);
+            kh_setf(&s, "stages=%d", stages);
             /* explicitly: the model's specs come with the plans' k_packed = 1 */
             set(&s, packed ? "k_packed=1" : "k_packed=0");
             s.varlen = varlen;

@@ -726,13 +726,11 @@ static void nvrtc_kept_configs(int sh) {
         for (int ov = 0; ov <= 1; ov++)
           for (int pp = 0; pp <= 1; pp++) {
             mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
-            char a[5][32];
-            snprintf(a[0], sizeof a[0], "block_m=%d", 64 * nm);
-            snprintf(a[1], sizeof a[1], "block_n=%d", bn);
-            snprintf(a[2], sizeof a[2], "stages=%d", st);
-            snprintf(a[3], sizeof a[3], "overlap=%d", ov);
-            snprintf(a[4], sizeof a[4], "pingpong=%d", pp);
-            for (int i = 0; i < 5; i++) kh_set(&s, a[i]);
+            kh_setf(&s, "block_m=%d", 64 * nm);
+            kh_setf(&s, "block_n=%d", bn);
+            kh_setf(&s, "stages=%d", st);
+            kh_setf(&s, "overlap=%d", ov);
+            kh_setf(&s, "pingpong=%d", pp);
             cands[nc++] = s;
           }
   sm90_sweep_close(&sw, kh_sweep_cover(&sw, cands, nc, g_test_seed, ""), sh == 2 ? 4 : 16);

@@ -606,12 +606,10 @@ static void test_nvrtc_all_kept_configs(void **state) {
     kh_sweep_compile(&sw, &base, "default ");
     for (int i = 0; i < 16; i++) {
       mg_kernel_spec s = base;
-      char a[4][32];
-      snprintf(a[0], sizeof a[0], "block_m=%d", block_m[i & 1]);
-      snprintf(a[1], sizeof a[1], "block_n=%d", block_n[(i >> 1) & 1]);
-      snprintf(a[2], sizeof a[2], "nsplit=%d", nsplit[(i >> 2) & 1]);
-      snprintf(a[3], sizeof a[3], "stages=%d", 1 + ((i >> 3) & 1));
-      for (int j = 0; j < 4; j++) set(&s, a[j]);
+      kh_setf(&s, "block_m=%d", block_m[i & 1]);
+      kh_setf(&s, "block_n=%d", block_n[(i >> 1) & 1]);
+      kh_setf(&s, "nsplit=%d", nsplit[(i >> 2) & 1]);
+      kh_setf(&s, "stages=%d", 1 + ((i >> 3) & 1));
       cands[i] = s;
     }
     /* pairs of values for DeepSeek-V3, single values for the other (as test_attn_bwd) */

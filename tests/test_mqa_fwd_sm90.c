@@ -417,11 +417,9 @@ static void test_nvrtc_kept_configs(void **state) {
       for (int st = 2; st <= 4; st++)
         for (int ov = 0; ov <= 1; ov++) {
           mg_kernel_spec s = sh == 0 ? make_spec(128, 512, 64, 1) : make_spec(40, 256, 32, 1);
-          char a[3][32];
-          snprintf(a[0], sizeof a[0], "block_n=%d", bn);
-          snprintf(a[1], sizeof a[1], "stages=%d", st);
-          snprintf(a[2], sizeof a[2], "overlap=%d", ov);
-          kh_set(&s, a[0]), kh_set(&s, a[1]), kh_set(&s, a[2]);
+          kh_setf(&s, "block_n=%d", bn);
+          kh_setf(&s, "stages=%d", st);
+          kh_setf(&s, "overlap=%d", ov);
           cands[nc++] = s;
         }
     kept += kh_sweep_cover(&sw, cands, nc, g_test_seed, "");
