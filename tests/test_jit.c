@@ -466,7 +466,7 @@ static const char SERIALIZED_LOG[] =
 
 /* The serialization note counts for the kernel it names (plain or mangled lookup), not for
  * another entry of the same compile; a note naming no entry (a non-inlined device function)
- * counts for every entry; a note without its number still counts. */
+ * or no function counts for every entry; a note without its number still counts. */
 static void test_fast_report_serialized(void **s) {
   (void)s;
   mg_jit_report r;
@@ -491,6 +491,10 @@ static void test_fast_report_serialized(void **s) {
            "in the function 'other'\n%s", pre, SERIALIZED_LOG, mid);
   assert_int_equal(mg_jit_report_parse(log, "other", &r), 1);
   assert_int_equal(r.wgmma_serialized, 1);
+  snprintf(log, sizeof log, "%.*sptxas info    : (C7520) wgmma.mma_async instructions are "
+           "serialized\n%s", pre, SERIALIZED_LOG, mid); /* naming no function: every entry */
+  assert_int_equal(mg_jit_report_parse(log, "other", &r), 1);
+  assert_int_equal(r.wgmma_serialized, 7520);
   assert_int_equal(mg_jit_report_parse(SERIALIZED_LOG, "nope", &r), 0);
   assert_int_equal(r.wgmma_serialized, 0);
 }

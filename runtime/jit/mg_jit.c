@@ -272,8 +272,8 @@ static const char *find_in(const char *p, size_t n, const char *lit) {
  * serialized due to <reason> in the function '<name>'", name as the entry lines spell it
  * (mangled for C++ linkage). Returns the warning's number (7514) for the first such line
  * naming the entry ent (ent_len bytes) or a function that is no entry of the log (a
- * non-inlined device function, charged to every entry), 1 if that line has no
- * "(C<number>)", 0 if there is none. */
+ * non-inlined device function, charged to every entry) or no function at all, 1 if
+ * that line has no "(C<number>)", 0 if there is none. */
 static int parse_serialized(const char *log, const char *ent, size_t ent_len) {
   static const char tag[] = "wgmma.mma_async instructions are serialized";
   static const char fn_tag[] = "in the function '";
@@ -281,12 +281,15 @@ static int parse_serialized(const char *log, const char *ent, size_t ent_len) {
   for (const char *p = log; *p;) {
     size_t n = strcspn(p, "\n");
     const char *t = find_in(p, n, tag), *f = t ? find_in(t, (size_t)(p + n - t), fn_tag) : NULL;
-    if (f) {
-      f += sizeof fn_tag - 1;
+    if (t) {
+      int ours = !f; /* a note naming no function: for every entry */
       size_t m = 0;
-      while (f + m < p + n && f[m] != '\'') m++;
-      int ours = m == ent_len && memcmp(f, ent, m) == 0;
-      if (!ours) { /* an entry function other than ent? */
+      if (f) {
+        f += sizeof fn_tag - 1;
+        while (f + m < p + n && f[m] != '\'') m++;
+        ours = m == ent_len && memcmp(f, ent, m) == 0;
+      }
+      if (f && !ours) { /* an entry function other than ent? */
         ours = 1;
         for (const char *e = log; (e = strstr(e, entry_tag)); e += sizeof entry_tag - 1) {
           const char *q = e + sizeof entry_tag - 1;

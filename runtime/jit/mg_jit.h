@@ -96,8 +96,8 @@ void mg_cubin_free(mg_cubin *c);
  * log (mg_cubin.log: one compile's log holds every entry function of the source), into r:
  * registers, barriers, spills, stack, smem, cmem and wgmma_serialized (ptxas's note
  * "(C75xx) ... wgmma.mma_async instructions are serialized ... in the function '<name>'"
- * naming the kernel, or a function that is no entry of the log, such as a non-inlined
- * device function); the timings and cache_hit are 0.
+ * naming the kernel, a function that is no entry of the log, such as a non-inlined
+ * device function, or no function); the timings and cache_hit are 0.
  * Returns 1, or 0 when the log has no such entry function (r then all 0). */
 int mg_jit_report_parse(const char *log, const char *kernel, mg_jit_report *r);
 
