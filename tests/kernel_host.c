@@ -281,9 +281,12 @@ int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix) 
     print_message("%s", line);
     if (!strcmp(prefix, "default ") && strlen(sw->defaults) + strlen(line) < sizeof sw->defaults)
       strcat(sw->defaults, line);
-    if ((sw->flags & KH_SWEEP_WGMMA_PIPELINED) && cb.log) {
-      const char *ser = strstr(cb.log, "wgmma.mma_async instructions are serialized");
-      if (ser) fail_msg("%s (%s): ptxas serialized its wgmma: %.200s", k.name, o.arch, ser);
+    if ((sw->flags & KH_SWEEP_WGMMA_PIPELINED) && cb.report.wgmma_serialized) {
+      const char *ser =
+          cb.log ? strstr(cb.log, "wgmma.mma_async instructions are serialized") : NULL;
+      fail_msg("%s (%s): ptxas serialized its wgmma (C%d%s): %.200s", k.name, o.arch,
+               cb.report.wgmma_serialized, cb.report.cache_hit ? ", from the JIT cache entry" : "",
+               ser ? ser : "");
     }
     assert_true(cb.report.registers > 0);
     assert_int_equal(cb.report.spill_stores + cb.report.spill_loads, 0);

@@ -105,9 +105,10 @@ enum {
   KH_SWEEP_QUIET_REJECTS = 4, /* ... and not printed */
   KH_SWEEP_SM90_ONLY = 8,     /* compile for sm_90a only (kernels using sm_90a instructions) */
   KH_SWEEP_SINGLES = 16,      /* kh_sweep_cover: cover every single value, not every pair */
-  KH_SWEEP_WGMMA_PIPELINED = 32, /* fail when ptxas serialized a kernel's wgmma (its warning
+  KH_SWEEP_WGMMA_PIPELINED = 32, /* fail when ptxas serialized a kernel's wgmma (its note
                                     C7510..C7520 "wgmma.mma_async instructions are
-                                    serialized"; checked on a fresh compile, not a cache hit) */
+                                    serialized": mg_jit_report.wgmma_serialized, which the
+                                    JIT cache entry keeps, so a cache hit is checked too) */
 };
 typedef struct kh_sweep {
   mg_gen *g;

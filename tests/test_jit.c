@@ -55,6 +55,32 @@ static const char SSRC[] =
     "  y[threadIdx.x] = g(x, i + threadIdx.x);\n"
     "}\n";
 
+/* sm_90a: a wgmma whose accumulator is read before its wait_group, so ptxas serializes
+ * the wgmma of kser (note C7514), not of the second kernel kok. */
+static const char WSRC[] =
+    "#define MMA(d, a, b) asm volatile(\"wgmma.fence.sync.aligned;\\n\"\\\n"
+    "  \"wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, \"\\\n"
+    "  \"%8, %9, 1, 1, 1, 0, 0;\\nwgmma.commit_group.sync.aligned;\\n\"\\\n"
+    "  : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), \"+f\"(d[3]), \"+f\"(d[4]), \"+f\"(d[5]),\\\n"
+    "    \"+f\"(d[6]), \"+f\"(d[7]) : \"l\"(a), \"l\"(b) : \"memory\")\n"
+    "#define WAIT(n) asm volatile(\"wgmma.wait_group.sync.aligned \" #n \";\\n\" ::: \"memory\")\n"
+    "extern \"C\" __global__ void kser(const unsigned long long *g, float *y, int n) {\n"
+    "  float d[8] = {0};\n"
+    "  for (int i = 0; i < n; i++) {\n"
+    "    MMA(d, g[2 * i], g[2 * i + 1]);\n"
+    "    y[i] = d[i & 7];\n"
+    "    WAIT(1);\n"
+    "  }\n"
+    "  WAIT(0);\n"
+    "  for (int j = 0; j < 8; j++) y[n + j] = d[j];\n"
+    "}\n"
+    "extern \"C\" __global__ void kok(const unsigned long long *g, float *y) {\n"
+    "  float d[8] = {0};\n"
+    "  MMA(d, g[0], g[1]);\n"
+    "  WAIT(0);\n"
+    "  for (int j = 0; j < 8; j++) y[j] = d[j];\n"
+    "}\n";
+
 typedef struct {
   char dir[64];
 } state;
@@ -151,6 +177,7 @@ static void assert_report_equal(const mg_jit_report *a, const mg_jit_report *b, 
   assert_int_equal(a->stack_bytes, b->stack_bytes);
   assert_int_equal(a->smem_bytes, b->smem_bytes);
   assert_int_equal(a->cmem_bytes, b->cmem_bytes);
+  assert_int_equal(a->wgmma_serialized, b->wgmma_serialized);
   double dt = a->compile_ms - b->compile_ms;
   if (with_time) assert_true(dt < 0.001 && dt > -0.001); /* stored to the microsecond */
 }
@@ -206,6 +233,29 @@ static void test_sm80(void **s) {
 
 static void test_sm90a(void **s) {
   compile_then_hit(*s, "sm_90a");
+}
+
+/* ptxas's serialization note reaches the report of the kernel it names, from NVRTC's log
+ * and, on a hit, from the cache entry; the other kernel of the source is not marked. */
+static void test_sm90a_serialized(void **s) {
+  state *st = *s;
+  mg_jit_opts o = opts_for(st->dir, "sm_90a");
+  mg_cubin a, b, c;
+  jit_ok(WSRC, "kser", &o, &a);
+  assert_int_equal(a.report.cache_hit, 0);
+  if (a.report.wgmma_serialized < 7510 || a.report.wgmma_serialized > 7520)
+    fail_msg("kser: wgmma_serialized %d; log:\n%s", a.report.wgmma_serialized, a.log);
+  jit_ok(WSRC, "kser", &o, &b);
+  assert_int_equal(b.report.cache_hit, 1);
+  assert_report_equal(&b.report, &a.report, 1);
+  jit_ok(WSRC, "kok", &o, &c);
+  assert_int_equal(c.report.cache_hit, 0); /* the kernel named is part of the key */
+  assert_true(c.report.registers > 0);
+  if (c.report.wgmma_serialized) fail_msg("kok: serialized; log:\n%s", c.log);
+  print_message("kser: C%d (%s)\n", a.report.wgmma_serialized, a.log ? "from the log" : "-");
+  mg_cubin_free(&a);
+  mg_cubin_free(&b);
+  mg_cubin_free(&c);
 }
 
 /* The report is for the named kernel; mangled (C++) names match the plain name. */
@@ -356,6 +406,7 @@ static void test_fast_entry_roundtrip(void **s) {
   c.report.registers = 40;
   c.report.spill_stores = 8;
   c.report.smem_bytes = 1024;
+  c.report.wgmma_serialized = 7514;
   const double ms[] = {12.345, 99999999999999999.0, 1e300, -5};
   for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
     c.report.compile_ms = ms[i];
@@ -372,6 +423,7 @@ static void test_fast_entry_roundtrip(void **s) {
     assert_int_equal(r.report.registers, 40);
     assert_int_equal(r.report.spill_stores, 8);
     assert_int_equal(r.report.smem_bytes, 1024);
+    assert_int_equal(r.report.wgmma_serialized, 7514);
     assert_true(r.report.compile_ms >= 0 && r.report.compile_ms <= 1e12);
     if (i == 0) assert_true(r.report.compile_ms > 12.344 && r.report.compile_ms < 12.346);
     assert_string_equal(r.key, key);
@@ -384,8 +436,67 @@ static void test_fast_entry_roundtrip(void **s) {
     }
     assert_non_null(mg_jit_entry_read(b.data, b.len - 1, key, &r, &nomem));
     assert_non_null(mg_jit_entry_read(b.data, b.len, "another key", &r, &nomem));
+    b.data[8] = 2; /* version 2 (before wgmma_serialized; the sum does not cover it): a miss */
+    assert_string_equal(mg_jit_entry_read(b.data, b.len, key, &r, &nomem),
+                        "unknown format version");
     mg_buf_free(&b);
   }
+}
+
+/* ptxas's serialization note, as NVRTC 13.0 logged it for a hand-written sm_90a kernel
+ * reading a wgmma's accumulator before its wait (lines verbatim, the kernel renamed): the
+ * note comes before the entry lines and names the function, mangled for C++ linkage. */
+static const char SERIALIZED_LOG[] =
+    "ptxas info    : (C7517) warpgroup.wait is injected in around line 91 by compiler to "
+    "allow use of registers defined by GMMA in function '_Z4kserPKyPfi'\n"
+    "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+    "serialized due to non wgmma instructions reading accumulator registers of  a wgmma "
+    "between start and end of the pipeline stage in the function '_Z4kserPKyPfi'\n"
+    "ptxas info    : 0 bytes gmem\n"
+    "ptxas info    : Compiling entry function '_Z5otherPf' for 'sm_90a'\n"
+    "ptxas info    : Function properties for _Z5otherPf\n"
+    "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+    "ptxas info    : Used 8 registers, used 0 barriers\n"
+    "ptxas info    : Compile time = 2.764 ms\n"
+    "ptxas info    : Compiling entry function '_Z4kserPKyPfi' for 'sm_90a'\n"
+    "ptxas info    : Function properties for _Z4kserPKyPfi\n"
+    "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+    "ptxas info    : Used 34 registers, used 0 barriers\n"
+    "ptxas info    : Compile time = 71.612 ms\n";
+
+/* The serialization note counts for the kernel it names (plain or mangled lookup), not for
+ * another entry of the same compile; a note naming no entry (a non-inlined device function)
+ * or no function counts for every entry; a note without its number still counts. */
+static void test_fast_report_serialized(void **s) {
+  (void)s;
+  mg_jit_report r;
+  assert_int_equal(mg_jit_report_parse(SERIALIZED_LOG, "kser", &r), 1);
+  assert_int_equal(r.wgmma_serialized, 7514);
+  assert_int_equal(r.registers, 34);
+  assert_int_equal(mg_jit_report_parse(SERIALIZED_LOG, "other", &r), 1);
+  assert_int_equal(r.wgmma_serialized, 0);
+  assert_int_equal(r.registers, 8);
+  assert_int_equal(mg_jit_report_parse(SERIALIZED_LOG, NULL, &r), 1); /* the first: other */
+  assert_int_equal(r.wgmma_serialized, 0);
+  char log[sizeof SERIALIZED_LOG + 64];
+  const char *mid = strstr(SERIALIZED_LOG, "ptxas info    : 0 bytes gmem");
+  int pre = (int)(strstr(SERIALIZED_LOG, "ptxas info    : (C7514)") - SERIALIZED_LOG);
+  snprintf(log, sizeof log, "%.*sptxas info    : (C7510) Potential Performance Loss: "
+           "wgmma.mma_async instructions are serialized due to wgmma pipeline crossing "
+           "function boundary at a function call in the function '_Z6helperv'\n%s", pre,
+           SERIALIZED_LOG, mid);
+  assert_int_equal(mg_jit_report_parse(log, "other", &r), 1);
+  assert_int_equal(r.wgmma_serialized, 7510);
+  snprintf(log, sizeof log, "%.*sptxas info    : wgmma.mma_async instructions are serialized "
+           "in the function 'other'\n%s", pre, SERIALIZED_LOG, mid);
+  assert_int_equal(mg_jit_report_parse(log, "other", &r), 1);
+  assert_int_equal(r.wgmma_serialized, 1);
+  snprintf(log, sizeof log, "%.*sptxas info    : (C7520) wgmma.mma_async instructions are "
+           "serialized\n%s", pre, SERIALIZED_LOG, mid); /* naming no function: every entry */
+  assert_int_equal(mg_jit_report_parse(log, "other", &r), 1);
+  assert_int_equal(r.wgmma_serialized, 7520);
+  assert_int_equal(mg_jit_report_parse(SERIALIZED_LOG, "nope", &r), 0);
+  assert_int_equal(r.wgmma_serialized, 0);
 }
 
 /* ---- the key ---------------------------------------------------------------------- */
@@ -758,8 +869,10 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fast_include_policy),
       cmocka_unit_test(test_fast_entry_roundtrip),
+      cmocka_unit_test(test_fast_report_serialized),
       cmocka_unit_test_setup_teardown(test_sm80, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sm90a, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sm90a_serialized, setup, teardown),
       cmocka_unit_test_setup_teardown(test_kernel_select, setup, teardown),
       cmocka_unit_test_setup_teardown(test_headers, setup, teardown),
       cmocka_unit_test_setup_teardown(test_key_changes, setup, teardown),

@@ -187,6 +187,16 @@ static void test_prune(void **state) {
   assert_int_equal(mg_tune_prune(&r, 128, 0, &l, NULL, why, sizeof why), 1);
   assert_non_null(strstr(why, "spills 12 bytes"));
 
+  /* wgmma that ptxas serialized (its note C7514), on an otherwise clean report */
+  memset(&r, 0, sizeof r);
+  r.registers = 64;
+  r.wgmma_serialized = 7514;
+  assert_int_equal(mg_tune_prune(&r, 128, 0, &l, NULL, why, sizeof why), 1);
+  assert_string_equal(why, "wgmma serialized by ptxas (C7514)");
+  r.wgmma_serialized = 1; /* a note without its number */
+  assert_int_equal(mg_tune_prune(&r, 128, 0, &l, NULL, why, sizeof why), 1);
+  assert_string_equal(why, "wgmma serialized by ptxas");
+
   /* static + dynamic shared memory over the per-block limit */
   memset(&r, 0, sizeof r);
   r.registers = 128;

@@ -18,7 +18,8 @@ static const char help[] =
     "per thread, spill bytes (stores + loads), static and dynamic shared memory per CTA\n"
     "(bytes; the dynamic size is the launch's, from the template), the wall time of\n"
     "the call (NVRTC on a miss, the cache read on a hit) and whether the cubin came\n"
-    "from the cache. No GPU is needed.\n"
+    "from the cache, then \"wgmma-serialized (C75xx)\" when ptxas serialized the\n"
+    "kernel's wgmma (correct, but several times slower). No GPU is needed.\n"
     "\n"
     "  --arch LIST      comma-separated real targets (default sm_80,sm_90a)\n"
     "  --cache-dir DIR  JIT cache (default $MLAGEN_CACHE_DIR or ~/.cache/mlagen)\n"
@@ -113,9 +114,14 @@ int cli_compile(int argc, char **argv) {
         usage = rc == MLAGEN_EINVAL;
       } else {
         const mg_jit_report *r = &c.report;
-        printf("%-62s %-7s %5d %6ld %7ld %7ld %8.1f %s\n", k.name, archs[a], r->registers,
+        char ser[48] = ""; /* ptxas serialized the wgmma: correct, several times slower */
+        if (r->wgmma_serialized > 1)
+          snprintf(ser, sizeof ser, "  wgmma-serialized (C%d)", r->wgmma_serialized);
+        else if (r->wgmma_serialized)
+          snprintf(ser, sizeof ser, "  wgmma-serialized");
+        printf("%-62s %-7s %5d %6ld %7ld %7ld %8.1f %s%s\n", k.name, archs[a], r->registers,
                r->spill_stores + r->spill_loads, r->smem_bytes, (long)k.info.launch.smem,
-               r->elapsed_ms, r->cache_hit ? "hit" : "miss");
+               r->elapsed_ms, r->cache_hit ? "hit" : "miss", ser);
         if (c.warning) fprintf(stderr, "mlagen: warning: %s\n", c.warning);
         compiled++;
         hits += r->cache_hit;

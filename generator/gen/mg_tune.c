@@ -54,6 +54,13 @@ int mg_tune_prune(const mg_jit_report *r, int threads, long dyn_smem, const mg_t
              r->spill_stores, r->spill_loads);
     return 1;
   }
+  if (r->wgmma_serialized) {
+    if (r->wgmma_serialized > 1)
+      snprintf(why, n, "wgmma serialized by ptxas (C%d)", r->wgmma_serialized);
+    else
+      snprintf(why, n, "wgmma serialized by ptxas");
+    return 1;
+  }
   long smem = r->smem_bytes + dyn_smem;
   if (smem > l->smem_per_block) {
     snprintf(why, n, "smem %ld bytes (static %ld + dynamic %ld) over the %ld-byte limit", smem,

@@ -42,7 +42,8 @@ int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d);
 int mg_tune_reg_occupancy(int registers, int threads, const mg_tune_limits *l);
 
 /* Static pruning of one compiled candidate: returns 1 and writes the reason into why
- * (size n) when the report shows spills (stores or loads > 0), static + dynamic shared
+ * (size n) when the report shows spills (stores or loads > 0), wgmma.mma_async that ptxas
+ * serialized (r->wgmma_serialized: "wgmma serialized by ptxas (C7514)"), static + dynamic shared
  * memory over l->smem_per_block, or registers that allow fewer than l->min_warps warps
  * per SM; 0 otherwise. *warps (may be NULL) gets mg_tune_reg_occupancy. */
 int mg_tune_prune(const mg_jit_report *r, int threads, long dyn_smem, const mg_tune_limits *l,

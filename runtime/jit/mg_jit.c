@@ -12,7 +12,9 @@
  * An entry whose sizes do not add up to the file size exactly, whose checksum or magic
  * is wrong, whose meta lacks a field or whose cubin is not ELF is treated as a miss:
  * the source is recompiled and the entry rewritten (atomically, so concurrent writers
- * of the same key leave one complete file). */
+ * of the same key leave one complete file). So is an entry of another format version:
+ * version 3 added wgmma_serialized, which a version-2 entry cannot say (its log is gone),
+ * so such an entry is compiled once more rather than read as "not serialized". */
 #include "mg_jit.h"
 
 #include <errno.h>
@@ -35,7 +37,7 @@
 
 #define KEY_FORMAT "mlagen-jit-key/1" /* bump when anything below changes the cubin */
 #define ENTRY_MAGIC "MLAGENJ1"
-#define ENTRY_VERSION 2u
+#define ENTRY_VERSION 3u /* 3: wgmma_serialized; a version-2 entry is a miss */
 #define ENTRY_HEADER (8 + 4 + 4 + 8 + MG_HASH_BYTES)
 #define ENTRY_MAX ((size_t)256 << 20)
 #define VERSION_JSON_MAX ((size_t)1 << 20)
@@ -265,6 +267,49 @@ static const char *find_in(const char *p, size_t n, const char *lit) {
   return NULL;
 }
 
+/* ptxas's note that it serialized a function's wgmma (NVRTC 13, before the entry lines):
+ * "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are
+ * serialized due to <reason> in the function '<name>'", name as the entry lines spell it
+ * (mangled for C++ linkage). Returns the warning's number (7514) for the first such line
+ * naming the entry ent (ent_len bytes) or a function that is no entry of the log (a
+ * non-inlined device function, charged to every entry) or no function at all, 1 if
+ * that line has no "(C<number>)", 0 if there is none. */
+static int parse_serialized(const char *log, const char *ent, size_t ent_len) {
+  static const char tag[] = "wgmma.mma_async instructions are serialized";
+  static const char fn_tag[] = "in the function '";
+  static const char entry_tag[] = "Compiling entry function '";
+  for (const char *p = log; *p;) {
+    size_t n = strcspn(p, "\n");
+    const char *t = find_in(p, n, tag), *f = t ? find_in(t, (size_t)(p + n - t), fn_tag) : NULL;
+    if (t) {
+      int ours = !f; /* a note naming no function: for every entry */
+      size_t m = 0;
+      if (f) {
+        f += sizeof fn_tag - 1;
+        while (f + m < p + n && f[m] != '\'') m++;
+        ours = m == ent_len && memcmp(f, ent, m) == 0;
+      }
+      if (f && !ours) { /* an entry function other than ent? */
+        ours = 1;
+        for (const char *e = log; (e = strstr(e, entry_tag)); e += sizeof entry_tag - 1) {
+          const char *q = e + sizeof entry_tag - 1;
+          if (strncmp(q, f, m) == 0 && q[m] == '\'') ours = 0;
+        }
+      }
+      if (ours) {
+        const char *c = find_in(p, n, "(C");
+        int code = 0;
+        for (c = c ? c + 2 : NULL; c && *c >= '0' && *c <= '9' && code < 100000; c++)
+          code = code * 10 + (*c - '0');
+        return code > 1 ? code : 1;
+      }
+    }
+    p += n;
+    if (*p == '\n') p++;
+  }
+  return 0;
+}
+
 /* Fills r from the ptxas lines of log for kernel (NULL: the first entry function) and
  * writes the entry's reported name into name (size nsz). Returns 1 if it was found. */
 static int parse_report(const char *log, const char *kernel, mg_jit_report *r, char *name,
@@ -301,6 +346,7 @@ static int parse_report(const char *log, const char *kernel, mg_jit_report *r, c
     if (*p == '\n') p++;
   }
   if (!ent) return 0;
+  r->wgmma_serialized = parse_serialized(log, ent, ent_len);
   snprintf(name, nsz, "%.*s", (int)ent_len, ent);
   return 1;
 }
@@ -346,9 +392,10 @@ static int entry_build(const mg_cubin *c, const char *kname, const char *arch, m
   int rc = mg_buf_addf(&meta,
                        "key=%s\nkernel=%s\narch=%s\nregisters=%d\nbarriers=%d\nspill_stores=%ld\n"
                        "spill_loads=%ld\nstack_bytes=%ld\nsmem_bytes=%ld\ncmem_bytes=%ld\n"
-                       "compile_ms=%lld.%03lld\n",
+                       "compile_ms=%lld.%03lld\nwgmma_serialized=%d\n",
                        c->key, kname, arch, r->registers, r->barriers, r->spill_stores, r->spill_loads,
-                       r->stack_bytes, r->smem_bytes, r->cmem_bytes, us / 1000, us % 1000);
+                       r->stack_bytes, r->smem_bytes, r->cmem_bytes, us / 1000, us % 1000,
+                       r->wgmma_serialized);
   uint8_t head[ENTRY_HEADER];
   memcpy(head, ENTRY_MAGIC, 8);
   put_le(head + 8, ENTRY_VERSION, 4);
@@ -386,7 +433,7 @@ static int parse_num(const char *s, size_t n, int frac, long *ip, double *dp) {
 static int meta_parse(const char *m, size_t n, mg_jit_report *r) {
   static const char *const keys[] = {"registers",   "barriers",   "spill_stores",
                                      "spill_loads", "stack_bytes", "smem_bytes",
-                                     "cmem_bytes",  "compile_ms"};
+                                     "cmem_bytes",  "compile_ms",  "wgmma_serialized"};
   unsigned seen = 0;
   const char *end = m + n;
   while (m < end) {
@@ -395,7 +442,7 @@ static int meta_parse(const char *m, size_t n, mg_jit_report *r) {
     const char *eq = memchr(m, '=', (size_t)(nl - m));
     if (!eq) return -1;
     size_t klen = (size_t)(eq - m), vlen = (size_t)(nl - eq - 1);
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 9; i++) {
       if (strlen(keys[i]) != klen || memcmp(m, keys[i], klen) != 0) continue;
       long v;
       double f;
@@ -408,13 +455,14 @@ static int meta_parse(const char *m, size_t n, mg_jit_report *r) {
         case 4: r->stack_bytes = v; break;
         case 5: r->smem_bytes = v; break;
         case 6: r->cmem_bytes = v; break;
-        default: r->compile_ms = f; break;
+        case 7: r->compile_ms = f; break;
+        default: r->wgmma_serialized = v > INT_MAX ? INT_MAX : (int)v; break;
       }
       seen |= 1u << i;
     }
     m = nl + 1;
   }
-  return seen == 0xffu ? 0 : -1;
+  return seen == 0x1ffu ? 0 : -1;
 }
 
 /* Validates an entry file's bytes. On success fills out->data/size and the report and

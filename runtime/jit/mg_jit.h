@@ -50,6 +50,10 @@ typedef struct mg_jit_report {
   long stack_bytes;     /* stack frame, bytes */
   long smem_bytes;      /* static shared memory, bytes */
   long cmem_bytes;      /* constant bank 0 (kernel parameters), bytes */
+  int wgmma_serialized; /* 0; else ptxas serialized the kernel's wgmma.mma_async (correct
+                           but several times slower): the number of its first note
+                           naming the kernel, 7510..7520 for C7510..C7520 (1 if the note
+                           had no number) */
   double compile_ms;    /* wall time of the NVRTC compile that produced the cubin */
   double elapsed_ms;    /* wall time of this call (cache lookup included) */
   int cache_hit;        /* 1: loaded from the cache (the figures and compile_ms are the
@@ -90,7 +94,10 @@ void mg_cubin_free(mg_cubin *c);
 
 /* The ptxas figures of kernel (the name mg_jit_compile takes) from log, a compile's NVRTC
  * log (mg_cubin.log: one compile's log holds every entry function of the source), into r:
- * registers, barriers, spills, stack, smem and cmem; the timings and cache_hit are 0.
+ * registers, barriers, spills, stack, smem, cmem and wgmma_serialized (ptxas's note
+ * "(C75xx) ... wgmma.mma_async instructions are serialized ... in the function '<name>'"
+ * naming the kernel, a function that is no entry of the log, such as a non-inlined
+ * device function, or no function); the timings and cache_hit are 0.
  * Returns 1, or 0 when the log has no such entry function (r then all 0). */
 int mg_jit_report_parse(const char *log, const char *kernel, mg_jit_report *r);
 

@@ -47,7 +47,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (mg_jit_entry_read(b.data, b.len, KEY, &c2, &nomem) || c2.size != c.size ||
           memcmp(c2.data, c.data, c.size) != 0 || c2.report.registers != c.report.registers ||
           c2.report.spill_stores != c.report.spill_stores ||
-          c2.report.smem_bytes != c.report.smem_bytes)
+          c2.report.smem_bytes != c.report.smem_bytes ||
+          c2.report.wgmma_serialized != c.report.wgmma_serialized)
         abort(); /* an entry written from a read one does not read back */
       mg_cubin_free(&c2);
     }
