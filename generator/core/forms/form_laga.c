@@ -8,15 +8,19 @@
  *
  * Split keys (mg_step.split_keys, every form of this file and laga-cp): the rebuild writes
  * K_nope only, the attention steps read the shared k_rope from the gathered latent (its
- * columns d_c .. d_c + d_r) and the attention backward returns dK's RoPE part summed over
- * the heads, [B, S, d_r], which split_dkv puts into dC[:, d_c:]. No per-head copy of the
- * RoPE key (H/P x d_r per token) is ever written.
+ * columns d_c .. d_c + d_r; plain LAGA: from its copy of them) and the attention backward
+ * returns dK's RoPE part summed over the heads, [B, S, d_r], which split_dkv puts into
+ * dC[:, d_c:]. No per-head copy of the RoPE key (H/P x d_r per token) is ever written.
  *
- * LAGA keeps Q, K_nope, V, O head-sharded and the LSE (explicit keeps K with its per-head
- * RoPE copy: LAGA keeps S H/P d_r elements less) and gathers the latent again in the
- * backward, where the attention backward (k_rope) and dw_kv_b need it (d_c + d_r per
- * token, cheap next to keeping it). LAGA-R (recompute = 1) keeps the gathered latent
- * instead of K_nope and V and rebuilds them in the backward: less memory for one more GEMM.
+ * LAGA keeps Q, K_nope, V, O head-sharded, the LSE and a contiguous copy k_rope_full
+ * [B, S, d_r] of the gathered k_rope, which both attention steps read (explicit keeps K
+ * with its per-head RoPE copy: LAGA keeps S (H/P - 1) d_r elements less). It gathers the
+ * latent again only after the attention backward, where dw_kv_b needs it (d_c + d_r per
+ * token, cheap next to keeping it): read by the attention backward, the second gather
+ * would hold all S (d_c + d_r) values through it for d_r columns (V2-Lite, S 16384,
+ * P 8: backward peak 94.2 MiB against 84.2). LAGA-R (recompute = 1) keeps the gathered
+ * latent instead of K_nope and V and rebuilds them in the backward: less memory for one
+ * more GEMM; its attention steps read k_rope from that latent.
  *
  * LAGA-F (mg_form_laga_fused, the fused expansion of issue 6) never holds K and V for all
  * of a rank's heads: it walks the H/P heads in head_groups groups of G heads and, per
@@ -52,6 +56,22 @@ static int gather_latent(mg_plan *p, const form_io *f, const char *local, const 
   return c;
 }
 
+/* dst[r, dst_col + j] = src[r, src_col + j], j < cols, over rows of src_w and dst_w
+ * elements: one group's heads out of (or into) a head-sharded buffer, or the k_rope
+ * columns out of the gathered latent. */
+static void copy_heads(mg_plan *p, const char *label, int src, int64_t src_w, int64_t src_col,
+                       int dst, int64_t dst_w, int64_t dst_col, int64_t cols) {
+  mg_step *s = mg_plan_kernel(p, MG_OP_COPY_COLS, label, ARGS(src), ARGS(dst));
+  s->src_w = src_w, s->src_col = src_col, s->dst_w = dst_w, s->dst_col = dst_col, s->cols = cols;
+}
+
+/* Marks attention step s as reading k_rope from kr: the gathered latent c itself (its
+ * columns d_c.., form_split_keys) or LAGA's contiguous copy [B, S, d_r] of them. */
+static void rope_from(mg_plan *p, int kr, int c, mg_step *s) {
+  form_split_keys(p, s);
+  if (kr != c) s->rope_col = 0, s->rope_w = p->shape.qk_rope_head_dim;
+}
+
 void mg_form_laga(mg_plan *p, int recompute) {
   FORM_DIMS(p);
   form_io f = form_inputs(p);
@@ -63,10 +83,15 @@ void mg_form_laga(mg_plan *p, int recompute) {
   int k_h = mg_plan_temp(p, "k_h", T, DIMS(B, S, Hl, dn));
   int v_h = mg_plan_temp(p, "v_h", T, DIMS(B, S, Hl, dv));
   rebuild_kv(p, c, f.w, k_h, v_h, "kv_h");
+  /* LAGA: the gathered k_rope columns kept for the backward (c is freed here) */
+  int kr = recompute ? c : mg_plan_temp(p, "k_rope_full", T, DIMS(B, S, dr));
+  if (!recompute) copy_heads(p, "k_rope_full = c[:, d_c:]", c, wc, dc, kr, dr, 0, dr);
   int o_h = mg_plan_temp(p, "o_h", T, DIMS(B, S, Hl, dv));
   int lse = mg_plan_temp(p, "lse", mg_plan_acc_dtype(p), DIMS(B, Hl, S));
-  form_split_keys(p, mg_plan_kernel(p, MG_OP_ATTN_FWD, "attention (k_rope from c)",
-                                    ARGS(q_h, k_h, v_h, c), ARGS(o_h, lse)));
+  rope_from(p, kr, c,
+            mg_plan_kernel(p, MG_OP_ATTN_FWD,
+                           recompute ? "attention (k_rope from c)" : "attention (k_rope from k_rope_full)",
+                           ARGS(q_h, k_h, v_h, kr), ARGS(o_h, lse)));
   form_output(p, o_h);
 
   /* ---- backward ---- */
@@ -77,15 +102,15 @@ void mg_form_laga(mg_plan *p, int recompute) {
     V = mg_plan_temp(p, "v_h2", T, DIMS(B, S, Hl, dv));
     rebuild_kv(p, c, f.w, K, V, "kv_h2");
   }
-  /* LAGA: the latent again (k_rope for the attention backward, c_kv for dw_kv_b) */
-  int cb = recompute ? c : gather_latent(p, &f, "c_local2", "c2");
   int dq_h = mg_plan_temp(p, "dq_h", T, DIMS(B, S, Hl, dqk));
   int dk_h = mg_plan_temp(p, "dk_h", T, DIMS(B, S, Hl, dn));
   int dv_h = mg_plan_temp(p, "dv_h", T, DIMS(B, S, Hl, dv));
   int dkr_h = mg_plan_temp(p, "dkr_h", mg_plan_acc_dtype(p), DIMS(B, S, dr));
-  form_split_keys(p, mg_plan_kernel(p, MG_OP_ATTN_BWD, "attention backward (k_rope from c)",
-                                    ARGS(q_h, K, V, o_h, lse, do_h, cb),
-                                    ARGS(dq_h, dk_h, dv_h, dkr_h)));
+  rope_from(p, kr, c,
+            mg_plan_kernel(p, MG_OP_ATTN_BWD,
+                           recompute ? "attention backward (k_rope from c)"
+                                     : "attention backward (k_rope from k_rope_full)",
+                           ARGS(q_h, K, V, o_h, lse, do_h, kr), ARGS(dq_h, dk_h, dv_h, dkr_h)));
   int dq = mg_plan_output(p, "dq", T, DIMS(B, Sl, H, dqk));
   mg_plan_head_to_seq(p, dq_h, dq);
 
@@ -96,20 +121,14 @@ void mg_form_laga(mg_plan *p, int recompute) {
   mg_plan_gemm(p, "dc[:, :d_c] = dkv_h w_kv_b[heads]", dkv_h, f.w, dc_full,
                (mg_gemm){.m = B * S, .n = dc, .k = Hl * dkv, .lda = Hl * dkv, .ldb = dc, .ldc = wc,
                          .off_b = h0 * dkv * dc});
+  /* LAGA: the latent again, where only dw_kv_b needs it (dK_nope, dV freed by now) */
+  int cb = recompute ? c : gather_latent(p, &f, "c_local2", "c2");
   int dw = mg_plan_output(p, "dw_kv_b", mg_plan_acc_dtype(p), DIMS(H * dkv, dc));
   mg_plan_gemm(p, "dw_kv_b[heads] = dkv_h^T c[:, :d_c]", dkv_h, cb, dw,
                (mg_gemm){.trans_a = 1, .m = Hl * dkv, .n = dc, .k = B * S, .lda = Hl * dkv,
                          .ldb = wc, .ldc = dc, .off_c = h0 * dkv * dc, FORM_TOK_K(p, 0)});
 
   form_latent_grad_output(p, dc_full);
-}
-
-/* dst[r, dst_col + j] = src[r, src_col + j], j < cols, over rows of src_w and dst_w
- * elements: one group's heads out of (or into) a head-sharded buffer. */
-static void copy_heads(mg_plan *p, const char *label, int src, int64_t src_w, int64_t src_col,
-                       int dst, int64_t dst_w, int64_t dst_col, int64_t cols) {
-  mg_step *s = mg_plan_kernel(p, MG_OP_COPY_COLS, label, ARGS(src), ARGS(dst));
-  s->src_w = src_w, s->src_col = src_col, s->dst_w = dst_w, s->dst_col = dst_col, s->cols = cols;
 }
 
 /* A group's own temporary buffer "<name><g>" [B, S, G, w] (3-D [B, G, S] when w is 0):
