@@ -755,6 +755,42 @@ static void test_choose(void **state) {
   seen = 0;
   for (int i = 0; i < out.n_config; i++) seen += !strcmp(out.config[i].name, "k_packed") && out.config[i].value == 1;
   assert_int_equal(seen, 1);
+  /* both layouts stored (`mlagen tune` at V3 SP 8 times explicit's packed and laga's split
+   * attn_fwd at the same key): a packed entry added later keeps the split one, and each
+   * step gets its own layout's configuration (the packed one, whichever was stored first) */
+  mg_tune_entry packed = e[0];
+  packed.config.v[1].value = 64; /* block_n */
+  packed.config.v[2].value = 1;  /* k_packed */
+  assert_int_equal(mg_tune_entry_same_key(&packed, &e[0]), 0);
+  assert_int_equal(mg_tune_entry_layout(&packed), 1);
+  assert_int_equal(mg_tune_entry_layout(&e[0]), 0);
+  assert_int_equal(mg_tune_entry_layout(&e[1]), -1); /* mqa_fwd: no key layout */
+  assert_int_equal(mg_tune_store_add(dir, &h, &packed, 1, NULL, &d), 0);
+  for (int step = 0; step < 2; step++) {
+    const mg_kernel_spec *want = step ? &fwd : &split;
+    assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", want, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
+    assert_non_null(strstr(why, "tuned: "));
+    seen = 0;
+    for (int i = 0; i < out.n_config; i++) {
+      if (!strcmp(out.config[i].name, "block_n")) seen += out.config[i].value == (step ? 64 : 32);
+      if (!strcmp(out.config[i].name, "k_packed")) seen += out.config[i].value == step;
+    }
+    assert_int_equal(seen, 2);
+  }
+  /* a rerun of the split one replaces it alone */
+  e[0].config.v[0].value = 128; /* block_m */
+  assert_int_equal(mg_tune_store_add(dir, &h, &e[0], 1, NULL, &d), 0);
+  char spath[600];
+  assert_int_equal(mg_tune_store_path(dir, "sm_90a", "GPU C", spath, sizeof spath, &d), 0);
+  mg_tune_store st;
+  assert_int_equal(mg_tune_store_read(spath, &st, &d), 0);
+  assert_int_equal(st.n, 4);
+  int layouts = 0;
+  for (int i = 0; i < st.n; i++)
+    if (!strcmp(st.entries[i].family, "attn_fwd"))
+      layouts += mg_tune_entry_layout(&st.entries[i]) == 1 ? 1 : st.entries[i].config.v[0].value == 128 ? 10 : 100;
+  assert_int_equal(layouts, 11);
+  mg_tune_store_free(&st);
   /* an unknown tunable: the default, and why */
   assert_int_equal(mg_tune_choose(g, dir, "sm_90a", "GPU C", &mqa, NULL, 4096, &out, why, sizeof why, NULL, &d), 0);
   assert_non_null(strstr(why, "default: the stored configuration does not apply"));

@@ -297,7 +297,8 @@ int cli_tune(int argc, char **argv) {
 
   /* the space: every selected spec's combinations, one array */
   mg_tune_candidate *all = NULL;
-  int n_all = 0, first[32], count[32], n_sel = 0;
+  /* one of each per selected spec: n_specs <= MG_SPEC_MAX_KERNELS (V3 at --sp 4 selects 72) */
+  int n_all = 0, first[MG_SPEC_MAX_KERNELS], count[MG_SPEC_MAX_KERNELS], n_sel = 0;
   for (int i = 0; i < n_specs && !rc; i++) {
     if (!spec_selected(&o, &specs[i])) continue;
     mg_tune_candidate *c = NULL;

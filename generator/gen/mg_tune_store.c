@@ -55,8 +55,12 @@ char *mg_tune_config_str(const mg_tune_config *c, char *buf, size_t n) {
   return buf;
 }
 
+/* By name, then value: a file naming a tunable twice reads back in one order (the first
+ * k_packed, mg_tune_entry_layout, is then the same after a write and a read). */
 static int cmp_tv(const void *a, const void *b) {
-  return strcmp(((const mg_tunable_value *)a)->name, ((const mg_tunable_value *)b)->name);
+  const mg_tunable_value *x = a, *y = b;
+  int c = strcmp(x->name, y->name);
+  return c ? c : (x->value > y->value) - (x->value < y->value);
 }
 
 static void config_sort(mg_tune_config *c) {
@@ -151,12 +155,30 @@ void mg_tune_store_free(mg_tune_store *s) {
   s->n = 0;
 }
 
-int mg_tune_entry_same_key(const mg_tune_entry *a, const mg_tune_entry *b) {
+/* The key layout k_packed among v[0..n) of a keyed family (mg_spec_keyed: k_packed is its
+ * kernels' interface), else (another family, or no k_packed given) -1. */
+static long layout_of(const char *family, const mg_tunable_value *v, int n) {
+  if (!mg_spec_keyed(family)) return -1;
+  for (int i = 0; i < n; i++)
+    if (!strcmp(v[i].name, "k_packed")) return v[i].value;
+  return -1;
+}
+
+long mg_tune_entry_layout(const mg_tune_entry *e) {
+  return layout_of(e->family, e->config.v, e->config.n);
+}
+
+/* The key but the key layout. */
+static int same_shape_key(const mg_tune_entry *a, const mg_tune_entry *b) {
   return strcmp(a->family, b->family) == 0 && strcmp(a->form, b->form) == 0 &&
          a->heads == b->heads && a->d_n == b->d_n &&
          a->d_r == b->d_r && a->d_v == b->d_v && a->d_c == b->d_c &&
          strcmp(a->dtype, b->dtype) == 0 && a->causal == b->causal &&
          a->seq_bucket == b->seq_bucket;
+}
+
+int mg_tune_entry_same_key(const mg_tune_entry *a, const mg_tune_entry *b) {
+  return same_shape_key(a, b) && mg_tune_entry_layout(a) == mg_tune_entry_layout(b);
 }
 
 void mg_tune_entry_key(mg_tune_entry *e, const mg_kernel_spec *s, const char *form,
@@ -591,17 +613,28 @@ int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
     mg_tune_store_free(&st);
     goto done;
   }
-  const mg_tune_entry *hit = NULL, *stale = NULL;
+  /* the step's key layout: an entry of that layout (or of none) first; one measured for the
+   * other layout only when there is none (mg_tune_choose then says it does not apply) */
+  const long want = layout_of(s->family, s->config, s->n_config);
+  const mg_tune_entry *hit = NULL, *stale = NULL, *other = NULL;
   for (int pass = 0; pass < 2 && !hit; pass++) { /* this form's entry, then a form-less one */
     if (pass == 1 && !key.form[0]) break;
     mg_tune_entry k2 = key;
     if (pass == 1) k2.form[0] = '\0';
     for (int i = 0; i < st.n && !hit; i++) {
-      if (!mg_tune_entry_same_key(&st.entries[i], &k2)) continue;
-      if (entry_current(&st.entries[i], family_hash, set_hash)) hit = &st.entries[i];
-      else if (!stale) stale = &st.entries[i];
+      if (!same_shape_key(&st.entries[i], &k2)) continue;
+      const long got = mg_tune_entry_layout(&st.entries[i]);
+      const int current = entry_current(&st.entries[i], family_hash, set_hash);
+      if (want >= 0 && got >= 0 && got != want) {
+        if (current && !other) other = &st.entries[i];
+      } else if (current) {
+        hit = &st.entries[i];
+      } else if (!stale) {
+        stale = &st.entries[i];
+      }
     }
   }
+  if (!hit && !stale) hit = other;
   if (!hit && stale) {
     msg = xasprintf("default: the %s template changed since it was tuned (%s entry %s%s%s %s bucket "
                     "%lld: entry hash %.12s, now %.12s)", stale->family, path, stale->family,

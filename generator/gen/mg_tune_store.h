@@ -94,7 +94,14 @@ typedef struct mg_tune_store {
 
 void mg_tune_store_free(mg_tune_store *s);
 
-/* 1 if a and b have the same key. */
+/* The entry's key layout: for a family whose kernels' interface includes k_packed
+ * (mg_spec_keyed) the k_packed of its config (1 packed keys, 0 split), else -1 (also for
+ * such a family's entry whose config does not give k_packed). Part of the key: the two
+ * layouts are two kernels, tuned and stored apart. */
+long mg_tune_entry_layout(const mg_tune_entry *e);
+
+/* 1 if a and b have the same key: family, form, shape (heads, d_n, d_r, d_v, d_c, dtype,
+ * causal), seq_bucket and key layout (mg_tune_entry_layout). */
 int mg_tune_entry_same_key(const mg_tune_entry *a, const mg_tune_entry *b);
 
 /* The store file of (arch, device) under dir (NULL: mg_tune_store_dir()):
@@ -137,7 +144,7 @@ int mg_tune_store_writable(const char *dir, const char *arch, const char *device
 
 /* Adds entries[0..n) to the store of (h->arch, h->device) under dir, merging with what is
  * there: under an flock() on <file>.lock, reads the file, replaces the entries with the
- * same key, keeps the others whatever their template hash, writes atomically with h as
+ * same key (mg_tune_entry_same_key: a packed-key and a split-key entry are both kept), keeps the others whatever their template hash, writes atomically with h as
  * the header (schema MG_TUNE_SCHEMA). An entry given with an empty template_hash is
  * written with h->template_hash. A corrupt file or one whose header does not match h
  * (mg_tune_header_mismatch) is not merged: its entries are dropped, the file is rewritten,
@@ -146,7 +153,8 @@ int mg_tune_store_add(const char *dir, const mg_tune_header *h, const mg_tune_en
                       int n, char **warning, mg_diag *d);
 
 /* The entry key of spec s (family, shape) at seq, with form ("" or NULL: none); pass is
- * left "" for the caller, who has the rendered kernel (mg_kernel_info.pass). */
+ * left "" for the caller, who has the rendered kernel (mg_kernel_info.pass), and so is the
+ * config, which gives the key layout (mg_tune_entry_layout: the winner's k_packed). */
 void mg_tune_entry_key(mg_tune_entry *e, const mg_kernel_spec *s, const char *form,
                        long long seq);
 
@@ -156,7 +164,9 @@ enum mg_tune_source { MG_TUNE_DEFAULT = 0, MG_TUNE_TUNED = 1 };
 
 /* The configuration to use for spec s at sequence length seq on (arch, device): the
  * store entry with the same family, form (an entry for `form`, else one with no form),
- * pass, shape and bucket if the store of (arch, device) under store_dir (NULL:
+ * pass, shape, bucket and key layout (s's k_packed for a keyed family, mg_spec_keyed; an
+ * entry without one, or s without one, matches either; when the store has only an entry
+ * of the other layout, that one: mg_tune_choose refuses it) if the store of (arch, device) under store_dir (NULL:
  * mg_tune_store_dir()) has one, its header matches (device, arch, schema) and the entry
  * is current: its template_hash equals family_hash (mg_gen_family_hash of s->family now)
  * or set_hash (mg_gen_template_hash now: an entry stamped with the whole set's hash, from
