@@ -95,9 +95,12 @@ static int exhaustive(void) {
  * ctest configuration exhaustive: each of its sm_80 kernels had the registers of the same
  * family, dims and tunables at 16 heads (test_v2_lite, test_v3_sp8; split_dkv: 40 at 128
  * heads, 80 at 16; measured at 8ed989c), about 10 s of the suite. */
-/* DeepSeek-V2-Lite's kernels (H 16) are DeepSeek-V3's at SP 8 (test_v3_sp8 compiles those
- * for sm_80 and sm_90a) but for laga-f's head groups: sm_90a by default, sm_80 too under the
- * ctest configuration exhaustive (MLAGEN_TEST_EXHAUSTIVE=1). */
+/* The model compiles below run for sm_90a (the H200's arch) by default and for sm_80 too
+ * under the ctest configuration exhaustive (MLAGEN_TEST_EXHAUSTIVE=1): on sm_80 every family
+ * compiles by default through test_unusual, and the attention families at DeepSeek's heads
+ * through the kernel suites' NVRTC sweeps (test_attn_fwd, test_attn_bwd, test_mqa_*), which
+ * compile for both archs. DeepSeek-V2-Lite's kernels (H 16) are DeepSeek-V3's at SP 8 but
+ * for laga-f's head groups. */
 static void test_v2_lite(void **state) {
   (void)state;
   compile_model_on("deepseek-v2-lite", 1, exhaustive() ? 2 : 1, exhaustive() ? both_archs : both_archs + 1);
@@ -106,7 +109,10 @@ static void test_v3(void **state) {
   (void)state;
   compile_model_on("deepseek-v3", 1, exhaustive() ? 2 : 1, exhaustive() ? both_archs : both_archs + 1);
 }
-static void test_v3_sp8(void **state) { (void)state; compile_model("deepseek-v3", 8); }
+static void test_v3_sp8(void **state) {
+  (void)state;
+  compile_model_on("deepseek-v3", 8, exhaustive() ? 2 : 1, exhaustive() ? both_archs : both_archs + 1);
+}
 /* Kimi K2 is DeepSeek-V3's dims at 64 heads (test_v3: 128, test_v3_sp8 and test_v2_lite:
  * 16). By default its kernels are generated (the templates' checks run on every one) but not
  * compiled: each of its sm_90a kernels had the registers of the same family, dims and
