@@ -358,6 +358,10 @@ ${K.name}(
 @ if VARLEN then
   idle_turns(${C.overlap == 1 and "wg_first" or "2 * wg_first"}, wg_first);  // the tiles before this warpgroup's
 @ end
+@ else
+  // Without ping-pong a GEMM is issued without taking a turn.
+  auto turn_begin = [] {};
+  auto turn_end = [] {};
 @ end
   if (wg_tiles > ${J0}) mbar_wait(q_full, 0);
 @ if C.overlap == 0 then
@@ -365,26 +369,18 @@ ${K.name}(
   for (int j = ${J0}; j < wg_tiles; ++j) {
     const int st = j % STAGES;
     mbar_wait(&full_k[st], parity(j));  // MUTATION: K full wait
-@ if PP then
     turn_begin();
     issue_s(st);
     turn_end();
-@ else
-    issue_s(st);
-@ end
     wgmma_wait<0>();  // MUTATION: S wait
     fence_operand(s);
     softmax(${N0}j * BLOCK_N);
     rescale_o();
     pack_p();
     mbar_wait(&full_v[st], parity(j));  // MUTATION: V full wait
-@ if PP then
     turn_begin();
     issue_pv(st, p);
     turn_end();
-@ else
-    issue_pv(st, p);
-@ end
     wgmma_wait<0>();  // MUTATION: PV wait
     fence_operand(acc_o);
     mbar_arrive(&empty[st]);  // MUTATION: empty release
@@ -396,13 +392,9 @@ ${K.name}(
 @ if VARLEN then
   if (wg_tiles > wg_first) {
     mbar_wait(&full_k[wg_first % STAGES], parity(wg_first));
-@ if PP then
     turn_begin();
     issue_s(wg_first % STAGES);
     turn_end();
-@ else
-    issue_s(wg_first % STAGES);
-@ end
     wgmma_wait<0>();
     fence_operand(s);
     softmax(k0 + wg_first * BLOCK_N);  // O is 0: nothing to rescale
@@ -411,13 +403,9 @@ ${K.name}(
 @ else
   if (wg_tiles > 0) {
     mbar_wait(&full_k[0], 0);
-@ if PP then
     turn_begin();
     issue_s(0);
     turn_end();
-@ else
-    issue_s(0);
-@ end
     wgmma_wait<0>();
     fence_operand(s);
     softmax(0);  // O is 0: nothing to rescale
@@ -427,15 +415,11 @@ ${K.name}(
   for (int j = ${VARLEN and "wg_first + 1" or "1"}; j < wg_tiles; ++j) {
     const int st = j % STAGES, pst = (j - 1) % STAGES;
     mbar_wait(&full_k[st], parity(j));  // MUTATION: K full wait
-@ if PP then
     turn_begin();
-@ end
     issue_s(st);
     mbar_wait(&full_v[pst], parity(j - 1));  // MUTATION: V full wait
     issue_pv(pst, p);
-@ if PP then
     turn_end();
-@ end
     wgmma_wait<1>();  // MUTATION: S wait
     fence_operand(s);
     softmax(${N0}j * BLOCK_N);
@@ -448,13 +432,9 @@ ${K.name}(
   if (wg_tiles > ${J0}) {
     const int st = (wg_tiles - 1) % STAGES;
     mbar_wait(&full_v[st], parity(wg_tiles - 1));
-@ if PP then
     turn_begin();
     issue_pv(st, p);
     turn_end();
-@ else
-    issue_pv(st, p);
-@ end
     wgmma_wait<0>();
     fence_operand(acc_o);
     mbar_arrive(&empty[st]);

@@ -162,6 +162,15 @@ static int rope_cols(const chk *c, const mg_plan_buf *b, int64_t rows, int64_t d
   return dtype_is(c, b, c->p->args.dtype);
 }
 
+/* A split-key RoPE gradient b [rows, d_r] (the attention backward's sum over its heads), in
+ * the accumulators' dtype. */
+static int rope_grad(const chk *c, const mg_plan_buf *b, int64_t rows, int64_t dr) {
+  NEED(last_dim(b) == dr, "%s rows are %lld wide, d_r is %lld", b->name, (long long)last_dim(b),
+       (long long)dr);
+  TRY(numel_is(c, b, rows * dr));
+  return dtype_is(c, b, mg_plan_acc_dtype(c->p));
+}
+
 /* MG_OP_ATTN_* and MG_OP_MQA_*: keys over all S tokens (causality is by global position);
  * q [B, S_q, H, d_qk] with S_q = S, or (laga-cp) S_q = S / P with the query positions of
  * mg_step inside [0, S); explicit: k [B, S, H, d_qk], v [B, S, H, d_v], o [B, S_q, H, d_v]
@@ -250,13 +259,7 @@ static int attention(const chk *c, const mg_shape *sh) {
     TRY(numel_is(c, out(c, k), mg_plan_buf_numel(in(c, k))));
     TRY(dtype_is(c, out(c, k), t));
   }
-  if (split) { /* dk_rope [B, S, d_r], summed over the heads in the accumulators' dtype */
-    const mg_plan_buf *dkr = out(c, 3);
-    NEED(last_dim(dkr) == dr, "%s rows are %lld wide, d_r is %lld", dkr->name,
-         (long long)last_dim(dkr), (long long)dr);
-    TRY(numel_is(c, dkr, B * S * dr));
-    TRY(dtype_is(c, dkr, mg_plan_acc_dtype(c->p)));
-  }
+  if (split) TRY(rope_grad(c, out(c, 3), B * S, dr)); /* dk_rope, summed over the heads */
   NEED(s->workspace >= 4 * nl, "workspace of %lld bytes, the backward's delta needs %lld "
        "(mg_plan_kernel)", (long long)s->workspace, (long long)(4 * nl));
   return 0;
@@ -298,13 +301,7 @@ static int kernel(const chk *c) {
         TRY(numel_is(c, in(c, 1), rows * H * dv));
         TRY(numel_is(c, out(c, 0), rows * H * (dn + dv)));
       }
-      if (!expand && split) { /* the attention backward's head sum */
-        const mg_plan_buf *dkr = in(c, 2);
-        NEED(last_dim(dkr) == dr, "%s rows are %lld wide, d_r is %lld", dkr->name,
-             (long long)last_dim(dkr), (long long)dr);
-        TRY(numel_is(c, dkr, rows * dr));
-        TRY(dtype_is(c, dkr, mg_plan_acc_dtype(c->p)));
-      }
+      if (!expand && split) TRY(rope_grad(c, in(c, 2), rows, dr)); /* the attention backward's head sum */
       for (int k = 0; k < 2; k++) {
         TRY(dtype_is(c, in(c, k), t));
         TRY(dtype_is(c, out(c, k), t));

@@ -690,12 +690,9 @@ int mg_tune_choose(mg_gen *g, const char *store_dir, const char *arch, const cha
     }
     /* the step's key layout (k_packed, mg_spec_step_tunables) is the kernel's interface: a
      * configuration measured for the other layout was measured for another kernel */
-    long want = -1, got = -1;
-    for (int j = 0; j < out->n_config; j++)
-      if (!strcmp(out->config[j].name, "k_packed")) want = out->config[j].value;
-    for (int j = 0; j < cfg.n; j++)
-      if (!strcmp(cfg.v[j].name, "k_packed")) got = cfg.v[j].value;
-    if (!rc && mg_spec_keyed(out->family) && got >= 0 && got != want)
+    const long want = layout_of(out->family, out->config, out->n_config),
+               got = layout_of(out->family, cfg.v, cfg.n);
+    if (!rc && got >= 0 && got != want)
       rc = mg_diag_set(&td, MLAGEN_EINVAL, "it has k_packed=%ld, the step runs k_packed=%ld (%s keys)",
                        got, want, want ? "packed" : "split");
     mg_spec_plan_tunables(&t);

@@ -127,14 +127,13 @@ int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
   const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
   const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
   const unsigned wk = box_w(dn) < box_w(dr) ? box_w(dn) : box_w(dr);
-  const long ldr = t->ld_k_rope ? t->ld_k_rope : dr; /* split keys' k_rope row stride */
   if ((rc = encode(drv, k->family, &maps[0], "[0] q", dt, 3, t->q, (cuuint64_t[]){dqk, H, rq},
                    (cuuint32_t[]){box_w(dqk), 1, BM}, d)) ||
       (rc = encode(drv, k->family, &maps[1], "[1] k_nope", dt, 3, t->k_nope,
                    (cuuint64_t[]){packed ? dqk : dn, H, rk}, (cuuint32_t[]){wk, 1, BN}, d)) ||
       (rc = packed ? encode(drv, k->family, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
                             (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){wk, 1, BN}, d)
-                   : encode_ld(drv, k->family, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk}, ldr,
+                   : encode_ld(drv, k->family, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk}, t->ld_k_rope,
                             (cuuint32_t[]){wk, BN, 1}, d)) ||
       (rc = encode(drv, k->family, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
                    (cuuint32_t[]){box_w(dv), 1, BN}, d)) ||
@@ -161,7 +160,6 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
     return rc;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
   static const char F[] = "attn_fwd_sm90";
-  const long ldr = t->ld_k_rope ? t->ld_k_rope : dr; /* split keys' k_rope row stride */
   const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
   const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
   const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
@@ -171,7 +169,7 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
                    (cuuint64_t[]){packed ? dqk : dn, H, rk}, (cuuint32_t[]){box_w(dn), 1, BN}, d)) ||
       (rc = packed ? encode(drv, F, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
                             (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){box_w(dr), 1, BN}, d)
-                   : encode_ld(drv, F, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk}, ldr,
+                   : encode_ld(drv, F, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk}, t->ld_k_rope,
                             (cuuint32_t[]){box_w(dr), BN, 1}, d)) ||
       (rc = encode(drv, F, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
                    (cuuint32_t[]){box_w(dv), 1, BN}, d))) {

@@ -2,6 +2,8 @@
  * the list of steps it is. Not a public header. */
 #ifndef MG_FORM_H
 #define MG_FORM_H
+#include <stdio.h>
+
 #include "forms.h"
 #include "mg_plan_builder.h"
 
@@ -120,5 +122,14 @@ static inline void form_group_latent_grad(mg_plan *p, int g, int64_t h, int64_t 
   mg_plan_gemm(p, dw_label, dkv_g, c, dw,
                (mg_gemm){.trans_a = 1, .m = G * dkv, .n = dc, .k = B * S, .lda = G * dkv,
                          .ldb = wc, .ldc = dc, .off_c = h * dkv * dc, FORM_TOK_K(p, 0)});
+}
+
+/* A group's RoPE key gradient "<name><g>" [B, S, d_r] in the accumulators' dtype (the
+ * attention backward sums it over the group's heads in fp32). */
+static inline int form_group_rope_grad(mg_plan *p, const char *name, int g) {
+  FORM_DIMS(p);
+  char n[24];
+  snprintf(n, sizeof n, "%s%d", name, g);
+  return mg_plan_temp(p, n, mg_plan_acc_dtype(p), DIMS(B, S, dr));
 }
 #endif

@@ -140,15 +140,6 @@ static int group_temp(mg_plan *p, const char *name, int g, int64_t G, int64_t w)
   return w ? mg_plan_temp(p, n, T, DIMS(B, S, G, w)) : mg_plan_temp(p, n, mg_plan_acc_dtype(p), DIMS(B, G, S));
 }
 
-/* A group's RoPE key gradient "<name><g>" [B, S, d_r] in the accumulators' dtype (the
- * attention backward sums it over the group's heads in fp32). */
-static int group_rope_grad(mg_plan *p, const char *name, int g) {
-  FORM_DIMS(p);
-  char n[24];
-  snprintf(n, sizeof n, "%s%d", name, g);
-  return mg_plan_temp(p, n, mg_plan_acc_dtype(p), DIMS(B, S, dr));
-}
-
 void mg_form_laga_fused(mg_plan *p) {
   FORM_DIMS(p);
   const int n_groups = p->args.head_groups;
@@ -188,7 +179,7 @@ void mg_form_laga_fused(mg_plan *p) {
     int o_g = group_temp(p, "o_b", g, G, dv), do_g = group_temp(p, "do_b", g, G, dv);
     int lse_g = group_temp(p, "lse_b", g, G, 0), dq_g = group_temp(p, "dq_b", g, G, dqk);
     int dk_g = group_temp(p, "dk_b", g, G, dn), dv_g = group_temp(p, "dv_b", g, G, dv);
-    int dkr_g = group_rope_grad(p, "dkr_b", g), dkv_g = group_temp(p, "dkv_b", g, G, dkv);
+    int dkr_g = form_group_rope_grad(p, "dkr_b", g), dkv_g = group_temp(p, "dkv_b", g, G, dkv);
     form_rebuild_kv(p, c, f.w, h0 + hg, G, kv_g, k_g, v_g, 1);
     copy_heads(p, "q_g = q_h[:, :, group]", q_h, Hl * dqk, hg * dqk, q_g, G * dqk, 0, G * dqk);
     copy_heads(p, "o_g = o_h[:, :, group]", o_h, Hl * dv, hg * dv, o_g, G * dv, 0, G * dv);

@@ -118,9 +118,7 @@ void mg_form_laga_cp(mg_plan *p) {
     int lse_g = one ? lse : cp_temp(p, "lse_b", g, Sl, G, 0);
     int dq_g = one ? dq : cp_temp(p, "dq_b", g, Sl, G, dqk);
     int dk_g = cp_temp(p, "dk_b", g, S, G, dn), dv_g = cp_temp(p, "dv_b", g, S, G, dv);
-    char nkr[24];
-    snprintf(nkr, sizeof nkr, "dkr_b%d", g);
-    int dkr_g = mg_plan_temp(p, nkr, mg_plan_acc_dtype(p), DIMS(B, S, dr));
+    int dkr_g = form_group_rope_grad(p, "dkr_b", g);
     int dkv_g = cp_temp(p, "dkv_b", g, S, G, dkv);
     if (!one) {
       cp_in(p, "q_g = q[:, :, group]", f.q, q_g, hg, G, dqk);
