@@ -271,7 +271,7 @@ static inline void kt_noise_report(void);
 
 /* Records an output's noise figure and err / bound. In the ASan child of kh_run_asan_child
  * ($MLAGEN_TEST_ASAN_CHILD set) the report is printed at exit too, for the parent to show:
- * an ASan build (-O1) rounds differently from the -O2 one, so its noise counts as well. */
+ * an ASan build (clang++ -O0) rounds differently from the g++ -O2 one, so its noise counts as well. */
 static inline void kt_noise_note(const char *name, double noise, double ratio) {
   if (kt_noise_quiet) return;
   static int at_exit;

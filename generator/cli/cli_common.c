@@ -167,6 +167,18 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
         cli_error("at most %d --set options", CLI_MAX_SET);
         return CLI_USAGE;
       }
+      /* "k_packed=..." or "family.k_packed=...": the key layout is a plan step's interface
+       * (mg_spec_step_tunables), not a tunable; overriding it would hand a step a kernel
+       * whose arguments it does not pass */
+      const char *tunable = v, *dot = strchr(v, '.'), *assign = strchr(v, '=');
+      if (dot && (!assign || dot < assign)) tunable = dot + 1;
+      if (!strncmp(tunable, "k_packed", 8) && (tunable[8] == '=' || tunable[8] == '\0')) {
+        cli_error("--set %s: k_packed is not a tunable but a kernel's key layout, set by the "
+                  "plan step that runs it (1, packed keys: the explicit form; 0, k_rope read "
+                  "from the latent: the LAGA forms); generate, compile and tune render both "
+                  "where the plans run them", v);
+        return CLI_USAGE;
+      }
       o->set[o->n_set++] = v;
     }
 #undef OPT

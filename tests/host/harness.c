@@ -358,7 +358,10 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
     return -1;
   }
 
-  int opt = o && o->opt_level > 0 ? o->opt_level : (asan ? 1 : 2);
+  /* ASan builds at -O0: a kernel compiles about 3.5x faster than at -O1 (clang++: 0.9 s
+   * against 3.4 s for attn_bwd_dkdv) and the ASan cases run small shapes, so compiling is
+   * most of their time; -ffp-contract=off keeps the rounding of every expression the same */
+  int opt = o && o->opt_level > 0 ? o->opt_level : (asan ? 0 : 2);
   char flags[2048];
   snprintf(flags, sizeof flags,
            "-std=c++17 -O%d -fPIC -w -I'%s' -I'%s'%s%s%s%s%s%s", opt, cuda, host_dir,

@@ -42,14 +42,14 @@ typedef struct mg_host_build_opts {
   const char *cuda_include; /* NULL: $MG_HOST_CUDA_INCLUDE, else /usr/local/cuda/include */
   const mg_host_file *headers;
   int n_headers;
-  /* 1: an ASan build (also when $MG_HOST_ASAN=1): -fsanitize=address -g -O1, compiled by
+  /* 1: an ASan build (also when $MG_HOST_ASAN=1): -fsanitize=address -g -O0, compiled by
    * asan_cxx (NULL: $MG_HOST_ASAN_CXX, else clang++ when on PATH, else cxx); with clang,
    * -femulated-tls, so static __shared__ arrays have ASan bounds too. The process must
    * already have the matching ASan runtime (LD_PRELOAD=mg_host_asan_runtime()): loading
    * the object fails with a message saying so otherwise. */
   int asan;
   const char *asan_cxx;
-  int opt_level;           /* 0: default (2, or 1 under ASan); else 1..3 */
+  int opt_level;           /* 0: default (2, or 0 under ASan); else 1..3 */
   int debug;               /* 1: -g (ASan builds always have it) */
   const char *extra_flags; /* appended to the compiler's command line, or NULL */
 } mg_host_build_opts;

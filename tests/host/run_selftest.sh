@@ -41,7 +41,7 @@ $cxx -std=c++17 $opt -Wall -Wextra -I"$here" -DMG_SELFTEST_DLOPEN "$here/selftes
 if [ "$ASAN_CXX" != none ]; then
   tls=
   case $($ASAN_CXX --version 2>/dev/null | head -n 1) in *clang*) tls=-femulated-tls ;; esac
-  $ASAN_CXX -std=c++17 -O1 -g -fsanitize=address -fno-omit-frame-pointer $tls -Wall -Wextra \
+  $ASAN_CXX -std=c++17 -O0 -g -fsanitize=address -fno-omit-frame-pointer $tls -Wall -Wextra \
     -Wno-unknown-pragmas -I$inc -I$here -I$templates -include cuda_host.h \
     -x c++ "$here/selftest.cpp" -x c++ "$here/cuda_host.cpp" -o "$out/selftest_asan"
 fi
