@@ -24,7 +24,17 @@ struct WgOp {
   float *d[128];
   bool applied[128];
   unsigned napplied;
+  /* Its operands as floats, A [64][16] then B [n][16], decoded from the async view of
+   * generation opnd_gen (HBlock::view_gen) by the first thread that applies it there: the 128
+   * threads read the same elements (each B element 64 times, each A element 4 times). */
+  float *opnd;
+  unsigned long long opnd_gen;
 };
+
+void wgop_free(WgOp *op) {
+  if (op) free(op->opnd);
+  free(op);
+}
 
 /* A warpgroup rendezvous (wgmma.mma_async, setmaxnreg) in progress. */
 struct WgMeet {
@@ -66,6 +76,7 @@ struct HBlock {
   unsigned ntma, cap;
   unsigned char *view; /* the async proxy's view of the dynamic shared memory */
   bool view_fresh;
+  unsigned long long view_gen; /* counts the writes to view: a decoded wgmma operand is stale */
   WgMeet *meet;            /* per warpgroup */
   WgOp **ops;              /* per warpgroup: issued ops, oldest first (nops[w] of them) */
   unsigned *nops, *capops;
@@ -105,6 +116,7 @@ HBlock *hblock(Launch *L, Block *B) {
   if (h->view_fresh) {
     memset(h->view, L->nan_fill ? 0xff : 0, g_smem.dyn_size);
     h->view_fresh = false;
+    h->view_gen++;
   }
   return h;
 }
@@ -118,9 +130,9 @@ void hb_reset(Launch *L, HBlock *h) {
   if (h->th) {
     unsigned nwg = (L->nthreads + 127) / 128;
     for (unsigned w = 0; w < nwg; ++w) {
-      for (unsigned i = 0; i < h->nops[w]; ++i) free(h->ops[w * 64 + i]);
+      for (unsigned i = 0; i < h->nops[w]; ++i) wgop_free(h->ops[w * 64 + i]);
       h->nops[w] = 0;
-      free(h->meet[w].op);
+      wgop_free(h->meet[w].op);
       memset(&h->meet[w], 0, sizeof h->meet[w]);
     }
     memset(h->th, 0, L->nthreads * sizeof(HThread));
@@ -212,6 +224,7 @@ void tma_land(Launch *L, Block *B, HBlock *h, unsigned i) {
   h->ntma--;
   memcpy(g_smem.dyn + op.off, op.data, op.size);
   memcpy(h->view + op.off, op.data, op.size);
+  h->view_gen++;
   free(op.data);
   Mbar m;
   if (!mbar_read(op.bar, &m)) {
@@ -410,10 +423,12 @@ float h16_to_float(int kind, uint32_t bits) {
   return (kind & 1) ? f16_bits_to_float(bits & 0xffff) : bf16_bits_to_float(bits & 0xffff);
 }
 
-/* Thread t's part of op: d[i] = (scale_d ? d[i] : 0) + sum_k A[row][k] B[col][k] (fmaf in k
- * order), operands from the async proxy's view; B MN-major when kind has bit 1, A (from shared
- * memory) when it has bit 2. */
-void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
+/* op's operands as floats from the async view as it is now (op->opnd, A [64][16] then
+ * B [n][16]; decoded again only when the view changed since), every element checked. */
+const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
+  if (op->opnd && op->opnd_gen == h->view_gen) return op->opnd;
+  if (!op->opnd) op->opnd = (float *)malloc((size_t)(64 + op->n) * 16 * sizeof(float));
+  if (!op->opnd) ptx_fail(L, f, "wgmma.mma_async", op->line, "out of memory");
   size_t dyn = g_smem.dyn_size;
   auto ld = [&](unsigned long long desc, unsigned row, unsigned k, const char *which) -> float {
     bool mn = which[0] == 'B' ? (op->kind & 2) != 0 : (op->kind & 4) != 0;
@@ -431,26 +446,35 @@ void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
     memcpy(&v, h->view + a, 2);
     return h16_to_float(op->kind, v);
   };
-  unsigned w = t / 32, g = (t % 32) / 4;
-  float A[2][16];
-  for (unsigned hr = 0; hr < 2; ++hr) {
-    unsigned row = 16 * w + g + 8 * hr;
+  float *A = op->opnd, *B = op->opnd + 64 * 16;
+  for (unsigned row = 0; row < 64; ++row)
     for (unsigned k = 0; k < 16; ++k) {
       if (op->a_regs) {
         unsigned tt, r, hh;
         mg_host_wgmma_a_coord(row, k, &tt, &r, &hh);
-        A[hr][k] = h16_to_float(op->kind, op->a[tt][r] >> (16 * hh));
+        A[row * 16 + k] = h16_to_float(op->kind, op->a[tt][r] >> (16 * hh));
       } else {
-        A[hr][k] = ld(op->da, row, k, "A");
+        A[row * 16 + k] = ld(op->da, row, k, "A");
       }
     }
-  }
+  for (unsigned col = 0; col < (unsigned)op->n; ++col)
+    for (unsigned k = 0; k < 16; ++k) B[col * 16 + k] = ld(op->db, col, k, "B");
+  op->opnd_gen = h->view_gen;
+  return op->opnd;
+}
+
+/* Thread t's part of op: d[i] = (scale_d ? d[i] : 0) + sum_k A[row][k] B[col][k] (fmaf in k
+ * order), operands from the async proxy's view; B MN-major when kind has bit 1, A (from shared
+ * memory) when it has bit 2. */
+void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
+  const float *A = wg_operands(L, f, h, op), *B = A + 64 * 16;
   float *d = op->d[t];
   for (int i = 0; i < op->n / 2; ++i) {
     unsigned row, col;
     mg_host_wgmma_acc_coord(t, (unsigned)i, &row, &col);
+    const float *a = A + row * 16, *b = B + col * 16;
     float acc = op->scale_d ? d[i] : 0.0f;
-    for (unsigned k = 0; k < 16; ++k) acc = fmaf(A[(row % 16) / 8][k], ld(op->db, col, k, "B"), acc);
+    for (unsigned k = 0; k < 16; ++k) acc = fmaf(a[k], b[k], acc);
     d[i] = acc;
   }
   op->applied[t] = true;
@@ -607,6 +631,7 @@ void mg_host_fence_proxy_async(int line) {
   Launch *L = current("fence.proxy.async");
   HBlock *h = hblock(L, L->cur->blk);
   memcpy(h->view, g_smem.dyn, g_smem.dyn_size);
+  h->view_gen++;
 }
 
 void mg_host_wgmma_fence(int line) {
@@ -639,7 +664,7 @@ void mg_host_wgmma_wait(int n, int line) {
       any = true;
     }
   while (h->nops[wg] && ops[0]->napplied == 128) {
-    free(ops[0]);
+    wgop_free(ops[0]);
     memmove(ops, ops + 1, (h->nops[wg] - 1) * sizeof *ops);
     h->nops[wg]--;
   }
@@ -686,7 +711,7 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
         op->kind = m.kind, op->n = m.n, op->scale_d = m.scale_d, op->line = line;
         op->a_regs = m.a_regs, op->da = m.da, op->db = m.db, op->group = m.committed;
         if (h->nops[wg] == 64) {
-          free(op);
+          wgop_free(op);
           ptx_fail(L, f, name, line, "more than 64 wgmma.mma_async in flight in warpgroup %u",
                    wg);
         }
