@@ -19,13 +19,16 @@ torch.manual_seed(0)
 
 
 def gradcheck():
+    # fast_mode: the analytical and numerical Jacobians compared along random directions
+    # (3x less time than entry by entry); one dc_kv element of one form's backward made 1%
+    # off fails it as the full check does
     small = dict(TINY, num_attention_heads=2)  # fewer weight entries to perturb
     model = mlagen.Model(small)
     for form in FORMS:
         args = inputs(model, 1, 6, torch.float64, seed=1)
         ok = torch.autograd.gradcheck(
             lambda q, c, k, w: mt.mla_attention(q, c, k, w, model=model, form=form), args,
-            eps=1e-6, atol=1e-8, rtol=1e-6)
+            eps=1e-6, atol=1e-8, rtol=1e-6, fast_mode=True)
         assert ok, form
         print(f"gradcheck {form}: ok")
 
