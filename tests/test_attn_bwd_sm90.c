@@ -848,9 +848,9 @@ static void test_nvrtc_kept_configs_wide(void **state) { (void)state; nvrtc_kept
 /* The child side of test_asan (kh_run_asan_child: this program as --asan-case, every kernel
  * an ASan build, MG_HOST_ASAN=1): both families at small heads (d_n 32, d_r 32, d_v 64),
  * causal, split keys with the wide k_rope (ld_k_rope), their default configurations, on
- * partial tiles (S 77, batch 2: TMA rows past a batch item's end) and two chunks of 35 rows
- * at 0 and 165 of 200 keys. Checked per element as the other cases; ASan bounds the global
- * buffers, the dynamic shared memory at the launch's size and the emulator's own buffers. */
+ * partial tiles: 45 queries at 32 of 77 keys, batch 2 (TMA rows past a batch item's end).
+ * Checked per element as the other cases; ASan bounds the global buffers, the dynamic shared
+ * memory at the launch's size and the emulator's own buffers. */
 static void asan_case_run(void **state) {
   (void)state;
   for (int dq = 0; dq < 2; dq++) {
