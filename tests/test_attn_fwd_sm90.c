@@ -741,15 +741,16 @@ static void test_nvrtc_kept_configs_wide(void **state) { (void)state; nvrtc_kept
 
 /* The child side of test_asan (kh_run_asan_child: this program as --asan-case, every kernel
  * an ASan build, MG_HOST_ASAN=1): small heads (d_n 64, d_r 32, d_v 64: 3 Q boxes of 32
- * columns), causal, split keys with the wide k_rope (ld_k_rope), one kernel (block_m 64,
- * block_n 64, 2 stages) on partial tiles: 45 queries at 100 of 145 keys, batch 2 (TMA rows
- * past a batch item's end; 3 key tiles: the ring wraps). Checked per element as the other
+ * columns), causal, split keys with the wide k_rope (ld_k_rope), one kernel (block_m 128:
+ * two consumers, block_n 64, 2 stages) on partial tiles: 45 queries at 100 of 145 keys,
+ * batch 2 (TMA rows past a batch item's end; consumer 1 without rows; 3 key tiles: the ring
+ * wraps). Checked per element as the other
  * cases; ASan bounds the global buffers, the dynamic shared memory at the launch's size and
  * the emulator's own buffers (tensor maps, async view, mbarriers). */
 static void asan_case_run(void **state) {
   (void)state;
   mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
-  kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+  kh_set(&s, "block_m=128"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
   built_kernel bk;
   build_edit(&s, NULL, &bk);
   run_case(&bk, 2, 45, 145, 100);
