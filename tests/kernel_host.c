@@ -545,7 +545,8 @@ void kh_run_asan_child(const char *argv0, uint64_t test_seed, void (*asan_case)(
     fail_msg("the ASan child failed (status %d), its output is above", status);
   }
   for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
-    if (strstr(line, "rel err") || strstr(line, "built ")) print_message("  [asan] %s\n", line + 2);
-    else if (!strncmp(line, "noise ", 6)) print_message("  [asan] %s\n", line);
+    if (!strncmp(line, "noise ", 6)) print_message("  [asan] %s\n", line);
+    else if (strstr(line, "rel err") || strstr(line, "err/bound") || strstr(line, "built "))
+      print_message("  [asan] %s\n", line + 2);
   free(out);
 }

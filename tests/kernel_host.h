@@ -154,10 +154,10 @@ double kh_now(void);
 /* The test_asan body: unless this process already has ASan (then asan_case runs here),
  * runs this program (argv0 in messages) again as "--asan-case" (see kh_test_main) with the
  * ASan runtime preloaded, the same seed and a cache directory of its own; the child must
- * exit 0 without an ASan report. Its "rel err" and "built " lines are printed prefixed
- * "[asan]". When the compiler has no ASan runtime, or the ASan compiler is not clang (then
- * static __shared__ arrays have no bounds), the test fails if $CI is set and is skipped
- * (cmocka's skip()) otherwise. */
+ * exit 0 without an ASan report. Its "rel err", "err/bound" and "built " lines and its noise
+ * report are printed prefixed "[asan]". When the compiler has no ASan runtime, or the ASan
+ * compiler is not clang (then static __shared__ arrays have no bounds), the test fails if
+ * $CI is set and is skipped (cmocka's skip()) otherwise. */
 void kh_run_asan_child(const char *argv0, uint64_t seed, void (*asan_case)(void **));
 
 /* The start of a kernel test's main(): $MLAGEN_TEST_FILTER (a cmocka pattern) selects the

@@ -845,9 +845,32 @@ static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_
 static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }
 static void test_nvrtc_kept_configs_wide(void **state) { (void)state; nvrtc_kept_configs(2); }
 
+/* The child side of test_asan (kh_run_asan_child: this program as --asan-case, every kernel
+ * an ASan build, MG_HOST_ASAN=1): both families at small heads (d_n 32, d_r 32, d_v 64),
+ * causal, split keys with the wide k_rope (ld_k_rope), their default configurations, on
+ * partial tiles: 45 queries at 32 of 77 keys, batch 2 (TMA rows past a batch item's end).
+ * Checked per element as the other cases; ASan bounds the global buffers, the dynamic shared
+ * memory at the launch's size and the emulator's own buffers. */
+static void asan_case_run(void **state) {
+  (void)state;
+  for (int dq = 0; dq < 2; dq++) {
+    mg_kernel_spec s = make_spec(dq, 2, 32, 32, 64, 1);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 2, 45, 77, 32, 0);
+    kh_free(&bk.kh);
+  }
+}
+
+/* ASan finds no out-of-bounds access in the kernels or the Hopper emulation. */
+static void test_asan(void **state) {
+  (void)state;
+  kh_run_asan_child("test_attn_bwd_sm90", g_test_seed, asan_case_run);
+}
+
 int main(int argc, char **argv) {
   kt_seed_init();
-  int rc = kh_test_main(argc, argv, NULL);
+  int rc = kh_test_main(argc, argv, asan_case_run);
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek_heads),
@@ -861,6 +884,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
       cmocka_unit_test(test_nvrtc_kept_configs_unusual),
       cmocka_unit_test(test_nvrtc_kept_configs_wide),
+      cmocka_unit_test(test_asan),
   };
   const int failed = cmocka_run_group_tests(tests, NULL, NULL);
   kt_noise_report();

@@ -739,9 +739,33 @@ static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_
 static void test_nvrtc_kept_configs_unusual(void **state) { (void)state; nvrtc_kept_configs(1); }
 static void test_nvrtc_kept_configs_wide(void **state) { (void)state; nvrtc_kept_configs(2); }
 
+/* The child side of test_asan (kh_run_asan_child: this program as --asan-case, every kernel
+ * an ASan build, MG_HOST_ASAN=1): small heads (d_n 64, d_r 32, d_v 64: 3 Q boxes of 32
+ * columns), causal, split keys with the wide k_rope (ld_k_rope), one kernel (block_m 128:
+ * two consumers, block_n 64, 2 stages) on partial tiles: 45 queries at 100 of 145 keys,
+ * batch 2 (TMA rows past a batch item's end; consumer 1 without rows; 3 key tiles: the ring
+ * wraps). Checked per element as the other
+ * cases; ASan bounds the global buffers, the dynamic shared memory at the launch's size and
+ * the emulator's own buffers (tensor maps, async view, mbarriers). */
+static void asan_case_run(void **state) {
+  (void)state;
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  kh_set(&s, "block_m=128"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 45, 145, 100);
+  kh_free(&bk.kh);
+}
+
+/* ASan finds no out-of-bounds access in the kernel or the Hopper emulation. */
+static void test_asan(void **state) {
+  (void)state;
+  kh_run_asan_child("test_attn_fwd_sm90", g_test_seed, asan_case_run);
+}
+
 int main(int argc, char **argv) {
   kt_seed_init();
-  int rc = kh_test_main(argc, argv, NULL);
+  int rc = kh_test_main(argc, argv, asan_case_run);
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek_heads),
@@ -755,6 +779,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
       cmocka_unit_test(test_nvrtc_kept_configs_unusual),
       cmocka_unit_test(test_nvrtc_kept_configs_wide),
+      cmocka_unit_test(test_asan),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -597,9 +597,32 @@ static void test_check_rejects(void **state) {
   sm90_expect_reject(&s, "d_c must be a multiple of 64");
 }
 
+/* The child side of test_asan (kh_run_asan_child: this program as --asan-case, every kernel
+ * an ASan build, MG_HOST_ASAN=1): both kernels at 288/256, H 2, causal, the default
+ * configuration, on partial tiles: 20 queries at 20 of 40 keys, batch 2 (TMA rows past a
+ * batch item's end). Checked per element as the other cases; ASan bounds the global buffers,
+ * the dynamic shared memory at the launch's size and the emulator's own buffers. */
+static void asan_case_run(void **state) {
+  (void)state;
+  for (g_dq = 0; g_dq < 2; g_dq++) {
+    mg_kernel_spec s = make_spec(2, 256, 32, 1);
+    built_kernel bk;
+    build_edit(&s, NULL, &bk);
+    run_case(&bk, 2, 20, 40, 20);
+    kh_free(&bk.kh);
+  }
+  g_dq = 0;
+}
+
+/* ASan finds no out-of-bounds access in the kernels or the Hopper emulation. */
+static void test_asan(void **state) {
+  (void)state;
+  kh_run_asan_child("test_mqa_bwd_sm90", g_test_seed, asan_case_run);
+}
+
 int main(int argc, char **argv) {
   kt_seed_init();
-  int rc = kh_test_main(argc, argv, NULL);
+  int rc = kh_test_main(argc, argv, asan_case_run);
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek),
@@ -613,6 +636,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_check_rejects),
       cmocka_unit_test(test_varlen),
       cmocka_unit_test(test_nvrtc_kept_configs),
+      cmocka_unit_test(test_asan),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

@@ -488,9 +488,42 @@ static void test_check_rejects(void **state) {
   sm90_expect_reject(&s, "d_c must be 128, 256, 384 or 512");
 }
 
+/* The child side of test_asan (kh_run_asan_child: this program as --asan-case, every kernel
+ * an ASan build, MG_HOST_ASAN=1): 288/256 (64B-swizzled 32-column boxes), H 2, causal, the
+ * default configuration (block_n 64, 4 stages, overlap), on partial tiles (20 queries at 50
+ * of 70 keys, batch 2: TMA rows past a batch item's end), and its packed variant. Checked per
+ * element as the other cases; ASan bounds the global buffers, the dynamic shared memory at
+ * the launch's size and the emulator's own buffers. */
+static void asan_case_run(void **state) {
+  (void)state;
+  mg_kernel_spec s = make_spec(2, 256, 32, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk);
+  run_case(&bk, 2, 20, 70, 50);
+  kh_free(&bk.kh);
+  /* the packed variant: its reads of cu_seqlens (a heap copy of exactly n_seqs + 1 entries,
+   * which ASan bounds) and of the rows its ranges name; 12 queries at 280..: the 200-token
+   * document's last rows, then slack rows (past cu[n_seqs]) */
+  s.varlen = 1;
+  build_edit(&s, NULL, &bk);
+  int *cu = kt_varlen_copy(kt_varlen_many());
+  fwd_case c;
+  varlen_init(&bk, &c, 12, 280);
+  c.cu = cu;
+  check_case(&bk, &c);
+  free(cu);
+  kh_free(&bk.kh);
+}
+
+/* ASan finds no out-of-bounds access in the kernel or the Hopper emulation. */
+static void test_asan(void **state) {
+  (void)state;
+  kh_run_asan_child("test_mqa_fwd_sm90", g_test_seed, asan_case_run);
+}
+
 int main(int argc, char **argv) {
   kt_seed_init();
-  int rc = kh_test_main(argc, argv, NULL);
+  int rc = kh_test_main(argc, argv, asan_case_run);
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_deepseek),
@@ -500,6 +533,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_check_rejects),
       cmocka_unit_test(test_varlen),
       cmocka_unit_test(test_nvrtc_kept_configs),
+      cmocka_unit_test(test_asan),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }
