@@ -412,7 +412,8 @@ static inline kt_checked kt_check(const char *name, int kind, const void *got, c
 }
 
 /* kt_check with a per-element addition to atol, slack (ref's layout; NULL: none), such as
- * the bound of a reference's ambiguous 16-bit roundings (attn_ref.h's flip_*). */
+ * the bound of a reference's ambiguous 16-bit roundings (attn_ref.h's flip_*). Both checks
+ * hold an element whose reference is exactly 0 to exactly 0 (-0 included). */
 static inline kt_checked kt_check_slack(const char *name, int kind, const void *got,
                                         const double *ref, const double *slack, size_t rows,
                                         size_t w, size_t c0, size_t c1, kt_tol tol, double scale) {
@@ -438,7 +439,10 @@ static inline kt_checked kt_check_slack(const char *name, int kind, const void *
        * that rounding is bounded by rtol (|ref| + sl), not rtol |ref|: the slack's term is
        * (1 + rtol) sl. */
       const double sl_r = sl * (1 + k.rtol);
-      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol + sl_r, k.rtol);
+      /* An exact 0 in the reference (a row without keys, a slack row, a key no query sees)
+       * is owed exactly: nothing was summed, so any value there is leaked work (NaN or
+       * garbage scaled down), not rounding. */
+      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, x == 0 ? 0 : k.atol + sl_r, k.rtol);
       const double e = g == x        ? 0
                        : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl_r) / scale
                                      : INFINITY;

@@ -45,8 +45,10 @@
 #             60 s, 120 s (racecheck), 60 s                                          cap 240
 #   peers     torch_peer.py                                                          cap  90
 #   compare   bench.csv x torch.csv -> compare.csv                                   cap  10
-# Every step prints one parseable line:  STEP <name> <ok|FAILED|TIMEOUT|NOT_RUN|REFUSED> <s>s <why>
-# and the script ends with:  SUMMARY ok=<..> failed=<..> not_run=<..> refused=<..> total=<s>s
+# Every step prints one parseable line:  STEP <name> <ok|ok (unchecked)|FAILED|TIMEOUT|NOT_RUN|REFUSED> <s>s <why>
+# and the script ends with:  SUMMARY ok=<..> failed=<..> not_run=<..> refused=<..> unchecked=<..> total=<s>s
+# ("ok (unchecked)": the step ran and succeeded but its check was skipped or absent, e.g.
+# --no-check, or varlen at H > 16 only; counted with NOT_RUN for the exit status 3)
 # A step that fails or times out is FAILED/TIMEOUT, the next step runs, and the exit status
 # is 1 at the end. NOT_RUN (a tool or binary absent, or the time budget) and REFUSED (the
 # API refused f16) are never "ok" and are listed in the summary; without a failure they make
@@ -77,7 +79,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 STEPS=${STEPS:-build smi bench forms forms16k nocausal f16 sp2 sanitizer peers compare}
 BUDGET_S=${BUDGET_S:-560}
 START=$(date +%s)
-OK="" FAILED="" NOT_RUN="" REFUSED=""
+OK="" FAILED="" NOT_RUN="" REFUSED="" UNCHECKED=""
 elapsed() { echo $(( $(date +%s) - START )); }
 note() { echo "== [$(elapsed)s] $*" | tee -a "$OUT/run.log"; }
 # result NAME STATUS T0 WHY
@@ -86,6 +88,7 @@ result() {
   echo "STEP $1 $2 ${s}s $4" | tee -a "$OUT/run.log"
   case $2 in
     ok) OK="$OK $1" ;;
+    "ok (unchecked)") UNCHECKED="$UNCHECKED $1" ;;
     NOT_RUN) NOT_RUN="$NOT_RUN $1" ;;
     REFUSED) REFUSED="$REFUSED $1" ;;
     *) FAILED="$FAILED $1" ;;
@@ -112,10 +115,12 @@ step() {
   RC=$?
   tail -25 "$OUT/$log"
 }
-# finish NAME: the verdict from RC for a plain step
+# finish NAME [WHY [LOG [unchecked]]]: the verdict from RC for a plain step; with "unchecked"
+# (the step's check was skipped or absent) a success is "ok (unchecked)", never "ok"
 finish() {
   [ "$RC" = -1 ] && return
-  if [ "$RC" = 0 ]; then result "$1" ok "$T0" "${2:-}"
+  if [ "$RC" = 0 ] && [ "${4:-}" = unchecked ]; then result "$1" "ok (unchecked)" "$T0" "${2:-}"
+  elif [ "$RC" = 0 ]; then result "$1" ok "$T0" "${2:-}"
   elif [ "$RC" = 124 ]; then result "$1" TIMEOUT "$T0" "timed out, see $OUT/$3${2:+; $2}"
   else result "$1" FAILED "$T0" "exit $RC, see $OUT/$3${2:+; $2}"
   fi
@@ -181,7 +186,8 @@ if want sm90; then
   if have "$BENCH"; then
     # shellcheck disable=SC2086
     step sm90 300 sm90.stdout "$BENCH" "$OUT/sm90" --sm90 --jobs 16 --row-budget-ms 1500 ${SM90_ARGS:-}
-    finish sm90 "$(grep -m1 -E '^check passed|correctness misses' "$OUT/sm90.stdout" 2>/dev/null)" sm90.stdout
+    why=$(grep -m1 -E '^check passed|correctness misses|check SKIPPED' "$OUT/sm90.stdout" 2>/dev/null)
+    finish sm90 "$why" sm90.stdout "$(case $why in "check passed"*) ;; *) echo unchecked ;; esac)"
   else T0=$(date +%s); result sm90 FAILED "$T0" "no $BENCH"; fi
 fi
 
@@ -189,7 +195,9 @@ if want varlen; then
   if have "$BENCH"; then
     # shellcheck disable=SC2086
     step varlen 300 varlen.stdout "$BENCH" "$OUT/varlen" --varlen --jobs 16 --row-budget-ms 1500 --seqs 1024,4096,16384 ${VARLEN_ARGS:-}
-    finish varlen "$(grep -E 'varlen check (passed|SKIPPED)|varlen check misses' "$OUT/varlen.stdout" 2>/dev/null | tail -1)" varlen.stdout
+    why=$(grep -E 'varlen check (passed|SKIPPED)|varlen check misses' "$OUT/varlen.stdout" 2>/dev/null | tail -1)
+    finish varlen "${why:-no varlen check (none at these heads: H <= 16 only)}" varlen.stdout \
+      "$(case $why in "varlen check passed"*) ;; *) echo unchecked ;; esac)"
   else T0=$(date +%s); result varlen FAILED "$T0" "no $BENCH"; fi
 fi
 
@@ -219,7 +227,10 @@ forms_step() {
   # shellcheck disable=SC2086
   step "$name" "$cap" "$sub.stdout" "$FORMS" "$OUT/$sub" "$@" ${FORMS_ARGS:-}
   if [ "$RC" = 4 ]; then result "$name" REFUSED "$T0" "refused by the API: $(grep -s -m1 'refused by the API' "$OUT/$sub.stdout")"
-  else finish "$name" "$(grep -s -m1 '^forms: ' "$OUT/$sub.stdout")" "$sub.stdout"; fi
+  else
+    why=$(grep -s -m1 '^forms: ' "$OUT/$sub.stdout")
+    finish "$name" "$why" "$sub.stdout" "$(case $why in *"not checked"*) echo unchecked ;; esac)"
+  fi
 }
 want forms && forms_step forms 120 forms --seq 4096
 if want formsmma; then
@@ -241,7 +252,8 @@ if want sp2; then
     "$MPIRUN" --version 2>&1 | grep -q "Open MPI" && flags="--allow-run-as-root --oversubscribe"
     # shellcheck disable=SC2086
     step sp2 90 forms-sp2.stdout "$MPIRUN" -np 2 $flags "$FORMS_MPI" "$OUT/forms-sp2" --sp 2 --seq 1024 ${FORMS_ARGS:-}
-    finish sp2 "$(grep -m1 '^forms: ' "$OUT/forms-sp2.stdout" 2>/dev/null)" forms-sp2.stdout
+    why=$(grep -m1 '^forms: ' "$OUT/forms-sp2.stdout" 2>/dev/null)
+    finish sp2 "$why" forms-sp2.stdout "$(case $why in *"not checked"*) echo unchecked ;; esac)"
   fi
 fi
 
@@ -288,10 +300,10 @@ if want compare; then
 fi
 
 total=$(elapsed)
-echo "SUMMARY ok=$(echo $OK | tr ' ' ,) failed=$(echo $FAILED | tr ' ' ,) not_run=$(echo $NOT_RUN | tr ' ' ,) refused=$(echo $REFUSED | tr ' ' ,) total=${total}s" | tee -a "$OUT/run.log"
+echo "SUMMARY ok=$(echo $OK | tr ' ' ,) failed=$(echo $FAILED | tr ' ' ,) not_run=$(echo $NOT_RUN | tr ' ' ,) refused=$(echo $REFUSED | tr ' ' ,) unchecked=$(echo $UNCHECKED | tr ' ' ,) total=${total}s" | tee -a "$OUT/run.log"
 [ -z "$FAILED" ] || exit 1
 missing=$(echo $NOT_RUN | tr ' ' '\n' | grep -vx build | tr '\n' ' ') # NO_BUILD=1: prebuilt, not a gap
-if [ -n "$missing$REFUSED" ] && [ "${ALLOW_INCOMPLETE:-0}" != 1 ] && [ "${DRY_RUN:-0}" != 1 ]; then
-  echo "INCOMPLETE: not run: $missing; refused:$REFUSED (exit 3; ALLOW_INCOMPLETE=1 accepts this)" | tee -a "$OUT/run.log"
+if [ -n "$missing$REFUSED$UNCHECKED" ] && [ "${ALLOW_INCOMPLETE:-0}" != 1 ] && [ "${DRY_RUN:-0}" != 1 ]; then
+  echo "INCOMPLETE: not run: $missing; refused:$REFUSED; unchecked:$UNCHECKED (exit 3; ALLOW_INCOMPLETE=1 accepts this)" | tee -a "$OUT/run.log"
   exit 3
 fi
