@@ -364,6 +364,11 @@ static struct {
 } kt_noise_tab[24];
 static int kt_noise_n;
 static int kt_noise_quiet; /* 1: checks record nothing (a mutation test's outputs are not noise) */
+/* 1 (kt_check_fwd's O only): an element whose reference is exactly 0 must be exactly 0 (-0
+ * too). A forward's reference 0 is a row without keys (a slack row, a query before every
+ * key), which a kernel writes without summing anything. Not for gradients: a row with one
+ * key has dS = 0 and dq = 0 exactly in float64, while a kernel's rounding leaves a few ulp. */
+static int kt_zero_exact;
 
 static inline void kt_noise_report(void);
 
@@ -412,8 +417,7 @@ static inline kt_checked kt_check(const char *name, int kind, const void *got, c
 }
 
 /* kt_check with a per-element addition to atol, slack (ref's layout; NULL: none), such as
- * the bound of a reference's ambiguous 16-bit roundings (attn_ref.h's flip_*). Both checks
- * hold an element whose reference is exactly 0 to exactly 0 (-0 included). */
+ * the bound of a reference's ambiguous 16-bit roundings (attn_ref.h's flip_*). */
 static inline kt_checked kt_check_slack(const char *name, int kind, const void *got,
                                         const double *ref, const double *slack, size_t rows,
                                         size_t w, size_t c0, size_t c1, kt_tol tol, double scale) {
@@ -439,10 +443,8 @@ static inline kt_checked kt_check_slack(const char *name, int kind, const void *
        * that rounding is bounded by rtol (|ref| + sl), not rtol |ref|: the slack's term is
        * (1 + rtol) sl. */
       const double sl_r = sl * (1 + k.rtol);
-      /* An exact 0 in the reference (a row without keys, a slack row, a key no query sees)
-       * is owed exactly: nothing was summed, so any value there is leaked work (NaN or
-       * garbage scaled down), not rounding. */
-      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, x == 0 ? 0 : k.atol + sl_r, k.rtol);
+      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x,
+             x == 0 && kt_zero_exact ? 0 : k.atol + sl_r, k.rtol);
       const double e = g == x        ? 0
                        : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl_r) / scale
                                      : INFINITY;
@@ -457,7 +459,8 @@ static inline kt_checked kt_check_slack(const char *name, int kind, const void *
  * against ro with tol_o, LSE (nl fp32) against rl with tol_lse (scale 1). *o_err, *lse_err:
  * the worst err / bound (over 1 fails; O's is 0 when there is no O). The first failure's
  * message goes to msg (when not NULL; msg[0] = 0 when both pass). Returns the number of NaN
- * outputs. `family` names the outputs ("attn_fwd" gives "attn_fwd O", "attn_fwd LSE"). */
+ * outputs. `family` names the outputs ("attn_fwd" gives "attn_fwd O", "attn_fwd LSE"). An O
+ * element whose reference is exactly 0 (a row without keys: slack rows) must be exactly 0. */
 static inline size_t kt_check_fwd(const char *family, int kind, const e16 *o, const double *ro,
                                   size_t no, size_t w, const float *lse, const double *rl,
                                   size_t nl, kt_tol tol_o, kt_tol tol_lse, double *o_err,
@@ -469,7 +472,9 @@ static inline size_t kt_check_fwd(const char *family, int kind, const e16 *o, co
   snprintf(name_o, sizeof name_o, "%s O", family);
   snprintf(name_l, sizeof name_l, "%s LSE", family);
   const size_t width = w ? w : 1;
+  kt_zero_exact = 1; /* O of a row without keys (slack rows included): exactly 0 */
   kt_checked ko = kt_check(name_o, kind, o, ro, no / width, width, 0, width, tol_o, 0);
+  kt_zero_exact = 0;
   kt_checked kl = kt_check(name_l, KT_F32, lse, rl, 1, nl, 0, nl, tol_lse, 1);
   *o_err = no ? ko.r.worst_ratio : 0;
   *lse_err = kl.r.worst_ratio;

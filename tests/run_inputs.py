@@ -28,6 +28,7 @@ library only: no numpy).
         packed_bad.safetensors   cu_seqlens I32 [0, 5, 4, 16] (index 2 decreases)
         packed_wide.safetensors  cu_seqlens I64 [0, 5, 2^32] (beyond int32)
         packed_past.safetensors  cu_seqlens I32 [0, 5, 17] (past the 16 token rows)
+        packed_first.safetensors cu_seqlens I32 [1, 5, 16] (the first boundary not 0)
         packed_yarn.safetensors  tiny_yarn.json, T 16, cu_seqlens I32 [0, 2, 11, 11, 14]:
                                  a document across the P = 2 rank boundary (token 8)
                                  and across laga-cp's chunks, an empty one, 2 slack rows
@@ -173,7 +174,8 @@ def write(d):
     write_safetensors(os.path.join(d, "seq_cap.safetensors"), [("q", [1, (1 << 40) + 1, 0, 32], [])])
     packed = {"packed_i32": (tiny, [0, 3, 3, 10, 13], "I32"), "packed_i64": (tiny, [0, 1, 9, 16], "I64"),
               "packed_bad": (tiny, [0, 5, 4, 16], "I32"), "packed_wide": (tiny, [0, 5, 1 << 32], "I64"),
-              "packed_past": (tiny, [0, 5, 17], "I32"), "packed_yarn": (yarn, [0, 2, 11, 11, 14], "I32")}
+              "packed_past": (tiny, [0, 5, 17], "I32"), "packed_yarn": (yarn, [0, 2, 11, 11, 14], "I32"),
+              "packed_first": (tiny, [1, 5, 16], "I32")}
     for i, (name, (model, cu, dt)) in enumerate(sorted(packed.items())):
         tensors = packed_for(model, 16, [min(c, 16) for c in cu], 10 + i, dt)
         tensors[-1] = ("cu_seqlens", [len(cu)], cu, dt)  # as given, bad values included
