@@ -2092,45 +2092,65 @@ static void vratio(const char *what, const double a[4], const double b[4]) {
 /* --varlen's check (unless --no-check; at H <= 16, where the downloads stay small): the
  * varlen kernels' outputs on the packed documents against the fixed-length kernels' on the
  * same documents as a batch (equal lengths) or padded to the longest (the mixed stream):
- * O, LSE and dq of every valid row (a padded batch's valid queries see the same keys; its
- * dk, dv take gradients from padding queries, so they are not compared), explicit and
- * absorbed, per element: |packed - batch| <= 2e-2 rms(batch) + 1e-2 |batch| (bf16 outputs of
- * the same arithmetic), LSE 1e-3 (1 + |batch|); a NaN fails. */
+ * O, LSE and dq of every valid row (a padded batch's valid queries see the same keys),
+ * explicit and absorbed, and at equal lengths (no padding queries to give the keys
+ * gradients) the key gradients too: dk_nope, dk_rope (fp32), dv, and the absorbed dc (d_c +
+ * d_r columns); per element: |packed - batch| <= 2e-2 rms(batch) + 1e-2 |batch| (bf16
+ * outputs of the same arithmetic), LSE 1e-3 (1 + |batch|); a NaN fails. */
 typedef struct vsnap {
   e16 *o, *dq, *mo, *mdq;
   float *lse, *mlse;
+  e16 *dkn, *dv, *mdc; /* keys: equal lengths only (NULL otherwise) */
+  float *dkr;
 } vsnap;
 
 static void vsnap_free(vsnap *s) {
   free(s->o), free(s->dq), free(s->mo), free(s->mdq), free(s->lse), free(s->mlse);
+  free(s->dkn), free(s->dv), free(s->mdc), free(s->dkr);
   memset(s, 0, sizeof *s);
 }
 
-/* The outputs of `rows` token rows (batch x S, or the packed capacity) to the host. */
-static int vsnap_take(const vctx *x, int H, size_t rows, vsnap *s) {
+/* The outputs of `rows` token rows (batch x S, or the packed capacity) to the host; with
+ * keys, the key gradients too. */
+static int vsnap_take(const vctx *x, int H, size_t rows, int keys, vsnap *s) {
   memset(s, 0, sizeof *s);
   s->o = xcalloc(rows * H * DV, 2), s->dq = xcalloc(rows * H * DQK, 2);
   s->lse = xcalloc(rows * H, 4);
   if (sync_stream("the varlen timings") || download(s->o, x->t.o, rows * H * DV * 2) ||
       download(s->dq, x->out.dq, rows * H * DQK * 2) || download(s->lse, x->t.lse, rows * H * 4))
     return -1;
+  if (keys) {
+    s->dkn = xcalloc(rows * H * DN, 2), s->dv = xcalloc(rows * H * DV, 2), s->dkr = xcalloc(rows * DR, 4);
+    if (download(s->dkn, x->out.dkn, rows * H * DN * 2) || download(s->dv, x->out.dv, rows * H * DV * 2) ||
+        download(s->dkr, x->out.dkr, rows * DR * 4))
+      return -1;
+  }
   if (g_no_mqa) return 0;
   s->mo = xcalloc(rows * H * MV, 2), s->mdq = xcalloc(rows * H * MQK, 2);
   s->mlse = xcalloc(rows * H, 4);
+  if (keys) {
+    s->mdc = xcalloc(rows * MQK, 2);
+    if (download(s->mdc, x->mdc, rows * MQK * 2)) return -1;
+  }
   return download(s->mo, x->m.o, rows * H * MV * 2) || download(s->mdq, x->mdq, rows * H * MQK * 2) ||
          download(s->mlse, x->m.lse, rows * H * 4);
 }
 
-/* Row widths w (elements) of documents len[0..n): batch row (d, i) at d * spad + i, packed
- * row cu[d] + i. Returns 1 (said) when an element is off. */
-static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size_t w,
-                     const int *len, int n, int spad) {
+/* Element i of a bf16 (f32 0) or fp32 (f32 1) array. */
+static double vget(const void *p, int f32, size_t i) {
+  return f32 ? ((const float *)p)[i] : bf16_to_float(((const e16 *)p)[i]);
+}
+
+/* Row widths w (elements, bf16 or with f32 fp32) of documents len[0..n): batch row (d, i)
+ * at d * spad + i, packed row cu[d] + i. Returns 1 (said) when an element is off. */
+static int vcmp_rows_t(const char *what, const void *batch, const void *packed, int f32, size_t w,
+                       const int *len, int n, int spad) {
   double ss = 0;
   size_t cnt = 0;
   for (int d = 0; d < n; d++)
     for (int i = 0; i < len[d]; i++)
       for (size_t k = 0; k < w; k++) {
-        const double v = bf16_to_float(batch[((size_t)d * spad + i) * w + k]);
+        const double v = vget(batch, f32, ((size_t)d * spad + i) * w + k);
         if (isfinite(v)) ss += v * v, cnt++;
       }
   const double rms = cnt && ss > 0 ? sqrt(ss / (double)cnt) : 1.0;
@@ -2139,8 +2159,8 @@ static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size
   for (int d = 0, t0 = 0; d < n; t0 += len[d], d++)
     for (int i = 0; i < len[d]; i++)
       for (size_t k = 0; k < w; k++) {
-        const double b = bf16_to_float(batch[((size_t)d * spad + i) * w + k]);
-        const double p = bf16_to_float(packed[((size_t)t0 + i) * w + k]);
+        const double b = vget(batch, f32, ((size_t)d * spad + i) * w + k);
+        const double p = vget(packed, f32, ((size_t)t0 + i) * w + k);
         const double err = fabs(p - b), tol = 2e-2 * rms + 1e-2 * fabs(b);
         if (!(err <= tol)) {
           if (!bad) at = t0 + i;
@@ -2152,6 +2172,10 @@ static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size
   if (bad) say(": %ld elements off, the first at packed token %ld", bad, at);
   say("\n");
   return bad != 0;
+}
+static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size_t w,
+                     const int *len, int n, int spad) {
+  return vcmp_rows_t(what, batch, packed, 0, w, len, n, spad);
 }
 
 /* LSE: batch [n, H, spad], packed [H, cap]. */
@@ -2179,10 +2203,16 @@ static int vcheck(const char *what, int H, const vsnap *b, const vsnap *p, const
   int miss = vcmp_rows("O", b->o, p->o, (size_t)H * DV, len, n, spad) +
              vcmp_lse("LSE", b->lse, p->lse, H, len, n, spad, cap) +
              vcmp_rows("dq", b->dq, p->dq, (size_t)H * DQK, len, n, spad);
+  if (b->dkn && p->dkn)
+    miss += vcmp_rows("dk_nope", b->dkn, p->dkn, (size_t)H * DN, len, n, spad) +
+            vcmp_rows_t("dk_rope (fp32)", b->dkr, p->dkr, 1, DR, len, n, spad) +
+            vcmp_rows("dv", b->dv, p->dv, (size_t)H * DV, len, n, spad);
   if (!g_no_mqa)
     miss += vcmp_rows("O (latent)", b->mo, p->mo, (size_t)H * MV, len, n, spad) +
             vcmp_lse("LSE (absorbed)", b->mlse, p->mlse, H, len, n, spad, cap) +
             vcmp_rows("dq (absorbed)", b->mdq, p->mdq, (size_t)H * MQK, len, n, spad);
+  if (!g_no_mqa && b->mdc && p->mdc)
+    miss += vcmp_rows("dc (absorbed)", b->mdc, p->mdc, MQK, len, n, spad);
   return miss;
 }
 
@@ -2246,12 +2276,12 @@ static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens,
     double fixed[4], varlen[4];
     x.varlen = 0, x.B = N, x.S = S;
     if (vtime(&x, H, S, "fixed", pairs, (double)N * S, fixed)) return -1;
-    if (chk && vsnap_take(&x, H, (size_t)N * S, &sb)) return -1;
+    if (chk && vsnap_take(&x, H, (size_t)N * S, 1, &sb)) return -1;
     x.varlen = 1, x.B = 1, x.S = N * S;
     if (vtime(&x, H, S, "varlen", pairs, (double)N * S, varlen)) return -1;
     vratio("varlen / fixed (ms)", varlen, fixed);
     if (chk) {
-      if (vsnap_take(&x, H, (size_t)N * S, &sp)) return -1;
+      if (vsnap_take(&x, H, (size_t)N * S, 1, &sp)) return -1;
       *misses += vcheck("equal lengths", H, &sb, &sp, len, N, S, N * S);
       vsnap_free(&sb), vsnap_free(&sp);
     }
@@ -2301,14 +2331,14 @@ static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens,
   double padded[4], packed[4];
   x.varlen = 0, x.B = n, x.S = smax;
   if (vtime(&x, H, smax, "padded", pairs, (double)n * smax, padded)) return -1;
-  if (chk && (vsnap_take(&x, H, (size_t)n * smax, &sb) || vpack_inputs(&x, H, len, n, smax)))
+  if (chk && (vsnap_take(&x, H, (size_t)n * smax, 0, &sb) || vpack_inputs(&x, H, len, n, smax)))
     return -1;
   if (vupload_cu(&x, len, n, (int)tokens)) return -1;
   x.varlen = 1, x.B = 1, x.S = (int)tokens;
   if (vtime(&x, H, (int)T, "packed", pairs, (double)tokens, packed)) return -1;
   vratio("packed / padded (ms)", packed, padded);
   if (chk) {
-    if (vsnap_take(&x, H, (size_t)tokens, &sp)) return -1;
+    if (vsnap_take(&x, H, (size_t)tokens, 0, &sp)) return -1;
     *misses += vcheck("mixed lengths", H, &sb, &sp, len, n, smax, (int)tokens);
     vsnap_free(&sb), vsnap_free(&sp);
   }

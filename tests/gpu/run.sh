@@ -20,7 +20,8 @@
 #             1024, 4096, 16384), then a packed stream of mixed lengths (log-uniform in
 #             512 .. 16384, 64k tokens) beside the same documents padded to the longest;
 #             H 16, 128; FLOPs per document pair; at H 16 the varlen outputs (O, LSE,
-#             dq) checked against the fixed-length ones (VARLEN_ARGS added)       cap 300
+#             dq; at equal lengths dk, dk_rope, dv, dc too) checked against the
+#             fixed-length ones (VARLEN_ARGS added)                                  cap 300
 #   tune90    (not in the default; sm_90a only) mlagen tune of the sm_90a explicit families
 #             (attn_fwd_sm90, attn_bwd_dkdv_sm90, attn_bwd_dq_sm90: tiles, stages, overlap,
 #             ping-pong) for DeepSeek-V3 at --sp ${TUNE_SP:-8} (H 16 per rank), causal,
