@@ -15,7 +15,8 @@
 #             of at most ~1.5 s or 8 launches (--row-budget-ms 1500: 144 timed
 #             sequences, 216 rows, est. ~130 s; SM90_ARGS added)                      cap 300
 #   varlen    (not in the default) mlagen_bench --varlen into OUT/varlen: packed
-#             sequences (issue 16): the varlen attn_fwd, deterministic backward and mqa_* beside
+#             sequences (issue 16): the varlen attn_fwd (and on sm_90a attn_fwd_sm90),
+#             deterministic backward and mqa_* beside
 #             the fixed-length ones at equal lengths (N = 65536 / S documents of S, S in
 #             1024, 4096, 16384), then a packed stream of mixed lengths (log-uniform in
 #             512 .. 16384, 64k tokens) beside the same documents padded to the longest;
