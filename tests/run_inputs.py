@@ -60,13 +60,17 @@ import subprocess
 import sys
 
 # Tolerances per element, atol in units of the reference tensor's rms: about twice the
-# largest atol any output needed at that rtol (printed as "needed"), measured over P = 1,
-# 2, 4, explicit, absorbed, laga, laga-r, laga-f, causal and not:
-#   f32 runs, rtol 1e-6: o 3.3e-7, lse 0, dq 6.4e-7, dc_kv 3.9e-7, dk_rope 5.2e-7,
-#     dw_kv_b 4.1e-7
+# largest atol any output needed at that rtol (printed as "needed").
+#   f32 runs, rtol 1e-6: measured on packed files of tiny.json (packed_for: T 32 and 64,
+#     one document, or random documents with an empty one and slack rows; seeds 1-8 at
+#     P = 1, every form, causal and not: 192 runs; seeds 11-14 at P = 2, every form: 96;
+#     seeds 21-24 at P = 4, laga-cp: 16): o 9.9e-7, lse 6.5e-8, dq 1.3e-6, dc_kv 2.4e-6
+#     (P = 2, laga, laga-r, laga-f non-causal, one document of 32), dk_rope 1.3e-6,
+#     dw_kv_b 1.1e-6. (The earlier bound, 1.3e-6, was exceeded in 10 of these runs, and a
+#     reviewer's one-document file reached 0.97 of it.)
 #   f64 runs, rtol 1e-13: o 1.9e-16, lse 0, dq 2.5e-15, dc_kv 2.1e-16, dk_rope 6.7e-16,
 #     dw_kv_b 4.8e-16
-TOL = {"f32": (1.3e-6, 1e-6), "f64": (5e-15, 1e-13)}
+TOL = {"f32": (5e-6, 1e-6), "f64": (5e-15, 1e-13)}
 
 DTYPES = {"F32": ("f", 4), "F64": ("d", 8), "I32": ("i", 4), "I64": ("q", 8)}
 
