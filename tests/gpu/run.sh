@@ -40,6 +40,10 @@
 #             last 512 (--ref-rows 512), not timed                                   cap  90
 #   nocausal  S 4096 non-causal, full reference, not timed                           cap  90
 #   f16       S 1024 f16: checked, or "refused by the API"                           cap  45
+#   formsvl   (not in the default) every form's varlen plan (packed sequences, issue 16)
+#             through the API at capacity 4096: documents 1, 2, 0, 17, 1024 and the rest
+#             of 3840 tokens, NaN in the 256 slack input rows; each document's float64
+#             reference, slack outputs exactly 0 (lse -inf); two runs bit for bit, timed cap 120
 #   sp2       mpirun -np 2 mlagen_forms_check_mpi --sp 2 (S 1024): both processes on
 #             the one GPU, collectives staged through host memory over MPI           cap  90
 #   sanitizer compute-sanitizer memcheck, racecheck, synccheck over mlagen_bench
@@ -243,6 +247,7 @@ fi
 want forms16k && forms_step forms16k 90 forms16k --seq 16384 --ref-rows 512 --iters 0
 want nocausal && forms_step nocausal 90 forms-nocausal --seq 4096 --no-causal --iters 0
 want f16 && forms_step f16 45 forms-f16 --seq 1024 --dtype f16 --iters 0
+want formsvl && forms_step formsvl 120 forms-varlen --seq 4096 --varlen
 
 if want sp2; then
   T0=$(date +%s)
