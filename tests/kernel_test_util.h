@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "check_close.h"
+#include "host/host_launch.h"
 #include "mg_safetensors.h"
 
 typedef uint16_t e16; /* storage of __nv_bfloat16 or __half */
@@ -220,6 +221,103 @@ static inline void kt_nan_slack_f32(float *x, int heads, int rows, const kt_qpos
       if ((pos ? kt_qpos_at(pos, r) : r) >= T) x[(size_t)h * rows + r] = NAN;
 }
 
+/* ---- packed sequences: no work on key tiles outside a document ----------------------------
+ * The host executor records which rows of a key buffer each CTA copies into shared memory
+ * (mg_host_read_watch: cp.async and TMA loads), and the test holds them against the document
+ * hull it computes on its own from cu_seqlens (a linear scan, not the kernels' range logic).
+ * A CTA may load less than one tile beyond its hull at either end (tiles aligned to multiples
+ * of block_n, or ending at the hull's end), never more: a kernel that loops over every key
+ * tile and masks passes every per-element check but fails this one. */
+
+/* The hull [lo, hi) of the keys query rows i0 .. i1 (at positions kt_qpos_at(pos, i)) see
+ * over the documents cu [n + 1]: from the first to the last key of any of them (a row at
+ * position t of document d sees cu[d] .. (causal ? t : cu[d + 1] - 1); a row at or past
+ * T = cu[n] sees none), hi clipped to sk; (0, 0) when no row sees a key. */
+static inline void kt_varlen_hull(const int *cu, int n, int causal, const kt_qpos *pos, int i0,
+                                  int i1, int sk, int *lo, int *hi) {
+  *lo = 0x7fffffff, *hi = 0;
+  for (int i = i0; i <= i1; i++) {
+    const long t = kt_qpos_at(pos, i);
+    for (int d = 0; d < n; d++)
+      if (cu[d] <= t && t < cu[d + 1]) {
+        const long e = causal ? t + 1 : cu[d + 1];
+        if (cu[d] < *lo) *lo = cu[d];
+        if (e > *hi) *hi = (int)e;
+      }
+  }
+  if (*hi > sk) *hi = sk;
+  if (*hi <= *lo) *lo = *hi = 0;
+}
+
+/* A launch's key-row watch: lo (its read_watch set) is what the test launches with. The
+ * struct must not move after kt_tile_watch_init (lo points into it). */
+typedef struct kt_tile_watch {
+  mg_host_read_watch w;
+  mg_host_launch_opts lo;
+  size_t blocks;
+} kt_tile_watch;
+
+/* Watches the rows [rows] of row_bytes bytes from base, for a grid of `blocks` blocks. */
+static inline void kt_tile_watch_init(kt_tile_watch *tw, const void *base, size_t row_bytes,
+                                      size_t rows, size_t blocks) {
+  memset(tw, 0, sizeof *tw);
+  tw->w = (mg_host_read_watch){base, row_bytes, rows, calloc(blocks * rows + 1, 1)};
+  tw->lo.read_watch = &tw->w;
+  tw->blocks = blocks;
+}
+static inline void kt_tile_watch_free(kt_tile_watch *tw) { free(tw->w.read); }
+
+/* Checks the rows block b read against its hull [lo, hi) (kt_varlen_hull): one run [a, e)
+ * holding the hull, with lo - a and e - hi under `tile` rows; nothing when the hull is empty.
+ * Adds the block's key tiles read, ceil((e - a) / tile), to *tiles and the hull's own,
+ * ceil((hi - lo) / tile), to *need. Returns 1, or 0 with the reason in msg. */
+static inline int kt_tile_check_block(const kt_tile_watch *tw, size_t b, int lo, int hi, int tile,
+                                      long *tiles, long *need, char *msg, size_t msg_n) {
+  const unsigned char *r = tw->w.read + b * tw->w.rows;
+  const long rows = (long)tw->w.rows;
+  long a = 0, e, nread = 0;
+  while (a < rows && !r[a]) a++;
+  for (e = a; e < rows && r[e]; e++) nread++;
+  for (long i = e; i < rows; i++) nread += r[i];
+  if (nread != e - a) {
+    snprintf(msg, msg_n, "block %zu read key rows %ld .. %ld and more rows after a gap", b, a, e - 1);
+    return 0;
+  }
+  *tiles += (e - a + tile - 1) / tile, *need += (hi - lo + tile - 1) / tile;
+  if (hi == lo ? nread != 0 : a > lo || e < hi || lo - a >= tile || e - hi >= tile) {
+    snprintf(msg, msg_n, "block %zu read key rows [%ld, %ld) (%ld tiles of %d) for its documents' "
+             "keys [%d, %d) (%d tiles)", b, a, e, (e - a + tile - 1) / tile, tile, lo, hi,
+             (hi - lo + tile - 1) / tile);
+    return 0;
+  }
+  return 1;
+}
+
+/* kt_tile_check_block over a grid of gx x gy blocks (linear index x + gx y; y is a head, the
+ * same hull for each) whose block x holds the flattened query rows [x bm, (x + 1) bm) of
+ * sq div (div rows per query: the heads of the absorbed kernels, else 1), the queries
+ * (x bm) / div .. ((x + 1) bm - 1) / div at positions pos; keys sk. Prints the tiles read
+ * against the hull's; returns 1, or 0 with the first failure's reason in msg. */
+static inline int kt_tile_check(const kt_tile_watch *tw, int gx, int gy, int bm, int div, int sq,
+                                const int *cu, int n, int causal, const kt_qpos *pos, int sk,
+                                int tile, char *msg, size_t msg_n) {
+  long tiles = 0, need = 0;
+  int ok = 1;
+  for (int x = 0; x < gx; x++) {
+    const long r1 = (long)(x + 1) * bm < (long)sq * div ? (long)(x + 1) * bm : (long)sq * div;
+    int lo, hi;
+    kt_varlen_hull(cu, n, causal, pos, x * bm / div, (int)((r1 - 1) / div), sk, &lo, &hi);
+    for (int y = 0; y < gy; y++)
+      if (ok && !kt_tile_check_block(tw, (size_t)x + (size_t)gx * y, lo, hi, tile, &tiles, &need,
+                                     msg, msg_n))
+        ok = 0;
+  }
+  printf("    key tiles read per CTA against the document hulls: %ld (hulls %ld)%s\n", tiles, need,
+         ok ? "" : ", FAILED");
+  if (ok) msg[0] = 0;
+  return ok;
+}
+
 /* The standard deviation of q for scores with standard deviation 2 (a trained model's
  * spread, peaked softmax rows): scale * q . k over w dimensions with k ~ N(0, 1). */
 static inline double kt_q_sd(double scale, int w) { return 2.0 / (scale * sqrt((double)w)); }
@@ -266,6 +364,11 @@ static struct {
 } kt_noise_tab[24];
 static int kt_noise_n;
 static int kt_noise_quiet; /* 1: checks record nothing (a mutation test's outputs are not noise) */
+/* 1 (kt_check_fwd's O only): an element whose reference is exactly 0 must be exactly 0 (-0
+ * too). A forward's reference 0 is a row without keys (a slack row, a query before every
+ * key), which a kernel writes without summing anything. Not for gradients: a row with one
+ * key has dS = 0 and dq = 0 exactly in float64, while a kernel's rounding leaves a few ulp. */
+static int kt_zero_exact;
 
 static inline void kt_noise_report(void);
 
@@ -340,7 +443,8 @@ static inline kt_checked kt_check_slack(const char *name, int kind, const void *
        * that rounding is bounded by rtol (|ref| + sl), not rtol |ref|: the slack's term is
        * (1 + rtol) sl. */
       const double sl_r = sl * (1 + k.rtol);
-      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x, k.atol + sl_r, k.rtol);
+      cc_add(&k.r, (int64_t)(r * (c1 - c0) + (c - c0)), g, x,
+             x == 0 && kt_zero_exact ? 0 : k.atol + sl_r, k.rtol);
       const double e = g == x        ? 0
                        : isfinite(g) ? (fabs(g - x) - tol.rtol * fabs(x) - sl_r) / scale
                                      : INFINITY;
@@ -355,7 +459,8 @@ static inline kt_checked kt_check_slack(const char *name, int kind, const void *
  * against ro with tol_o, LSE (nl fp32) against rl with tol_lse (scale 1). *o_err, *lse_err:
  * the worst err / bound (over 1 fails; O's is 0 when there is no O). The first failure's
  * message goes to msg (when not NULL; msg[0] = 0 when both pass). Returns the number of NaN
- * outputs. `family` names the outputs ("attn_fwd" gives "attn_fwd O", "attn_fwd LSE"). */
+ * outputs. `family` names the outputs ("attn_fwd" gives "attn_fwd O", "attn_fwd LSE"). An O
+ * element whose reference is exactly 0 (a row without keys: slack rows) must be exactly 0. */
 static inline size_t kt_check_fwd(const char *family, int kind, const e16 *o, const double *ro,
                                   size_t no, size_t w, const float *lse, const double *rl,
                                   size_t nl, kt_tol tol_o, kt_tol tol_lse, double *o_err,
@@ -367,7 +472,9 @@ static inline size_t kt_check_fwd(const char *family, int kind, const e16 *o, co
   snprintf(name_o, sizeof name_o, "%s O", family);
   snprintf(name_l, sizeof name_l, "%s LSE", family);
   const size_t width = w ? w : 1;
+  kt_zero_exact = 1; /* O of a row without keys (slack rows included): exactly 0 */
   kt_checked ko = kt_check(name_o, kind, o, ro, no / width, width, 0, width, tol_o, 0);
+  kt_zero_exact = 0;
   kt_checked kl = kt_check(name_l, KT_F32, lse, rl, 1, nl, 0, nl, tol_lse, 1);
   *o_err = no ? ko.r.worst_ratio : 0;
   *lse_err = kl.r.worst_ratio;

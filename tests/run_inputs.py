@@ -28,6 +28,7 @@ library only: no numpy).
         packed_bad.safetensors   cu_seqlens I32 [0, 5, 4, 16] (index 2 decreases)
         packed_wide.safetensors  cu_seqlens I64 [0, 5, 2^32] (beyond int32)
         packed_past.safetensors  cu_seqlens I32 [0, 5, 17] (past the 16 token rows)
+        packed_first.safetensors cu_seqlens I32 [1, 5, 16] (the first boundary not 0)
         packed_yarn.safetensors  tiny_yarn.json, T 16, cu_seqlens I32 [0, 2, 11, 11, 14]:
                                  a document across the P = 2 rank boundary (token 8)
                                  and across laga-cp's chunks, an empty one, 2 slack rows
@@ -59,13 +60,17 @@ import subprocess
 import sys
 
 # Tolerances per element, atol in units of the reference tensor's rms: about twice the
-# largest atol any output needed at that rtol (printed as "needed"), measured over P = 1,
-# 2, 4, explicit, absorbed, laga, laga-r, laga-f, causal and not:
-#   f32 runs, rtol 1e-6: o 3.3e-7, lse 0, dq 6.4e-7, dc_kv 3.9e-7, dk_rope 5.2e-7,
-#     dw_kv_b 4.1e-7
+# largest atol any output needed at that rtol (printed as "needed").
+#   f32 runs, rtol 1e-6: measured on packed files of tiny.json (packed_for: T 32 and 64,
+#     one document, or random documents with an empty one and slack rows; seeds 1-8 at
+#     P = 1, every form, causal and not: 192 runs; seeds 11-14 at P = 2, every form: 96;
+#     seeds 21-24 at P = 4, laga-cp: 16): o 9.9e-7, lse 6.5e-8, dq 1.3e-6, dc_kv 2.4e-6
+#     (P = 2, laga, laga-r, laga-f non-causal, one document of 32), dk_rope 1.3e-6,
+#     dw_kv_b 1.1e-6. (The earlier bound, 1.3e-6, was exceeded in 10 of these runs, and a
+#     reviewer's one-document file reached 0.97 of it.)
 #   f64 runs, rtol 1e-13: o 1.9e-16, lse 0, dq 2.5e-15, dc_kv 2.1e-16, dk_rope 6.7e-16,
 #     dw_kv_b 4.8e-16
-TOL = {"f32": (1.3e-6, 1e-6), "f64": (5e-15, 1e-13)}
+TOL = {"f32": (5e-6, 1e-6), "f64": (5e-15, 1e-13)}
 
 DTYPES = {"F32": ("f", 4), "F64": ("d", 8), "I32": ("i", 4), "I64": ("q", 8)}
 
@@ -173,7 +178,8 @@ def write(d):
     write_safetensors(os.path.join(d, "seq_cap.safetensors"), [("q", [1, (1 << 40) + 1, 0, 32], [])])
     packed = {"packed_i32": (tiny, [0, 3, 3, 10, 13], "I32"), "packed_i64": (tiny, [0, 1, 9, 16], "I64"),
               "packed_bad": (tiny, [0, 5, 4, 16], "I32"), "packed_wide": (tiny, [0, 5, 1 << 32], "I64"),
-              "packed_past": (tiny, [0, 5, 17], "I32"), "packed_yarn": (yarn, [0, 2, 11, 11, 14], "I32")}
+              "packed_past": (tiny, [0, 5, 17], "I32"), "packed_yarn": (yarn, [0, 2, 11, 11, 14], "I32"),
+              "packed_first": (tiny, [1, 5, 16], "I32")}
     for i, (name, (model, cu, dt)) in enumerate(sorted(packed.items())):
         tensors = packed_for(model, 16, [min(c, 16) for c in cu], 10 + i, dt)
         tensors[-1] = ("cu_seqlens", [len(cu)], cu, dt)  # as given, bad values included

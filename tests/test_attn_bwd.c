@@ -348,6 +348,10 @@ static void thunk(void *p) {
   }
 }
 
+/* The key-tile check of the last packed attn_bwd_dq launch (kt_tile_check: every CTA read its
+ * documents' key tiles and no others): "" when it passed, else the reason. */
+static char g_dq_tiles[300];
+
 static void launch(const built_kernel *bk, bwd_case *c, const mg_host_launch_opts *lo) {
   const int H = bk->kh.spec.heads;
   mg_host_dim3 grid;
@@ -358,7 +362,20 @@ static void launch(const built_kernel *bk, bwd_case *c, const mg_host_launch_opt
     grid = (mg_host_dim3){(unsigned)((c->sq + bk->rows - 1) / bk->rows), (unsigned)H, (unsigned)c->B};
   if (grid.x == 0) return;
   launch_args a = {bk, c};
-  kh_launch(&bk->kh, grid, lo, thunk, &a);
+  if (bk->fam != FAM_DQ || !c->cu || lo) {
+    kh_launch(&bk->kh, grid, lo, thunk, &a);
+    return;
+  }
+  /* packed attn_bwd_dq: the key rows (k_nope) each CTA copies, against its rows' hull */
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const size_t row = (size_t)H * (bk->packed ? s->d_n + s->d_r : s->d_n) * sizeof *c->kn;
+  kt_tile_watch tw;
+  kt_tile_watch_init(&tw, c->kn, row, (size_t)c->sk, (size_t)grid.x * H);
+  kh_launch(&bk->kh, grid, &tw.lo, thunk, &a);
+  const kt_qpos pos = {c->q_pos0, c->q_split, c->q_pos1};
+  kt_tile_check(&tw, (int)grid.x, H, bk->rows, 1, c->sq, c->cu, c->n_cu, s->causal, &pos, c->sk,
+                kh_config_int(&bk->kh, "block_n"), g_dq_tiles, sizeof g_dq_tiles);
+  kt_tile_watch_free(&tw);
 }
 
 /* The three kernels of one mode: pre, dkdv and (deterministic) dq. */
@@ -971,12 +988,14 @@ static void test_two_chunk_mutation_caught(void **state) {
 
 /* ---- packed sequences (issue 16): the _varlen variants --------------------------------------- */
 
-/* One varlen pipeline: the documents vl over KT_VARLEN_CAP keys, sq query rows at pos. */
+/* One varlen pipeline: the documents vl over KT_VARLEN_CAP keys, sq query rows at pos; in the
+ * deterministic mode, attn_bwd_dq's key tiles per CTA are checked too. */
 static void run_varlen(const bwd_set *bs, const kt_varlen *vl, int sq, const kt_qpos *pos) {
   bwd_case c;
   case_init_vl(&bs->dkdv.kh.spec, &c, bs->packed, 1, sq, KT_VARLEN_CAP, pos, vl);
-  const double secs = run_pipeline(bs, &c, NULL);
   print_message("  documents \"%s\" (T %d of %d):\n", vl->name, vl->cu[vl->n], KT_VARLEN_CAP);
+  const double secs = run_pipeline(bs, &c, NULL);
+  if (bs->det && g_dq_tiles[0]) fail_msg("attn_bwd_dq: %s", g_dq_tiles);
   check(bs, &c, secs);
   case_free(&c);
 }
@@ -1020,6 +1039,9 @@ static kt_mutation g_bwd_varlen_mutations[] = {
      "pq > qr_hi[e >> 1]) p = 0.f;", NULL, ""},
     {"varlen dq: the key at a row's range end seen", "if (kr.hides(e >> 1,", "if (M_(e >> 1,",
      "#define M_(r, k) ((k) < kr.lo[r] || (k) > kr.hi[r])", ""},
+    /* right per element: caught by the key tiles each CTA reads (causal only) */
+    {"varlen dq: every key tile from 0, masked", "mla::varlen_key_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0,",
+     "mla::varlen_key_tiles<CAUSAL, BLOCK_N>(vl, qpos, 0,", NULL, ""},
 };
 
 static void test_varlen_mutations_caught(void **state) {
@@ -1030,7 +1052,8 @@ static void test_varlen_mutations_caught(void **state) {
   for (size_t mi = 0; mi < sizeof g_bwd_varlen_mutations / sizeof g_bwd_varlen_mutations[0]; mi++)
     for (int causal = 1; causal >= 0; causal--) {
       kt_mutation *m = &g_bwd_varlen_mutations[mi];
-      const int is_dq = mi == 1;
+      const int is_dq = mi >= 1, all_tiles = mi == 2;
+      if (all_tiles && !causal) continue;
       bwd_set bs;
       memset(&bs, 0, sizeof bs);
       bs.det = is_dq;
@@ -1053,6 +1076,16 @@ static void test_varlen_mutations_caught(void **state) {
       double r[4];
       char msg[400];
       const size_t nans = compare(&bs, &c, r, msg, sizeof msg);
+      if (all_tiles) {
+        print_message("  [%s] %s: per element %s; %s\n", m->name, causal ? "causal" : "full",
+                      nans || msg[0] ? "FAILS" : "passes", g_dq_tiles[0] ? g_dq_tiles : "tiles NOT CAUGHT");
+        if (nans || msg[0]) fail_msg("%s: fails the per-element check (%s)", m->name, msg);
+        if (!g_dq_tiles[0]) fail_msg("%s: its key tiles pass the hull check", m->name);
+        case_free(&c);
+        set_unload(&bs);
+        continue;
+      }
+      if (is_dq && g_dq_tiles[0]) fail_msg("%s: %s", m->name, g_dq_tiles);
       print_message("  [%s] %s: %s\n", m->name, causal ? "causal" : "full", msg[0] ? msg : "NOT CAUGHT");
       if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m->name);
       if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);

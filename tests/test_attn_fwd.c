@@ -597,13 +597,33 @@ static void case_varlen(const built_kernel *bk, fwd_case *c, const kt_varlen *vl
   kt_nan_slack_e16(c->v, c->sk, (size_t)H * s->d_v, NULL, T);
 }
 
-/* One varlen case: the documents vl over KT_VARLEN_CAP keys, sq query rows at pos. */
+/* Launches the varlen case c with a watch on the key rows (k_nope) each CTA copies; returns
+ * 1 when every CTA read its documents' key tiles and no others (kt_tile_check), else 0 with
+ * the reason in msg. */
+static int launch_varlen(const built_kernel *bk, fwd_case *c, double *secs, char *msg, size_t msg_n) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, gx = (c->sq + bk->block_m - 1) / bk->block_m;
+  const size_t row = (size_t)H * (bk->packed ? s->d_n + s->d_r : s->d_n) * sizeof *c->kn;
+  kt_tile_watch tw;
+  kt_tile_watch_init(&tw, c->kn, row, (size_t)c->sk, (size_t)gx * H);
+  *secs = launch_case(bk, c, &tw.lo);
+  const kt_qpos pos = {c->q_pos0, c->q_split, c->q_pos1};
+  const int ok = kt_tile_check(&tw, gx, H, bk->block_m, 1, c->sq, c->cu, c->n_cu, s->causal, &pos,
+                               c->sk, kh_config_int(&bk->kh, "block_n"), msg, msg_n);
+  kt_tile_watch_free(&tw);
+  return ok;
+}
+
+/* One varlen case: the documents vl over KT_VARLEN_CAP keys, sq query rows at pos; the key
+ * tiles each CTA reads are checked too. */
 static void run_varlen(const built_kernel *bk, const kt_varlen *vl, int sq, const kt_qpos *pos) {
   fwd_case c;
   case_init_pos(bk, &c, 1, sq, KT_VARLEN_CAP, pos);
   case_varlen(bk, &c, vl);
-  const double secs = launch_case(bk, &c, NULL);
+  double secs;
+  char msg[300];
   print_message("  documents \"%s\" (T %d of %d):\n", vl->name, vl->cu[vl->n], KT_VARLEN_CAP);
+  if (!launch_varlen(bk, &c, &secs, msg, sizeof msg)) fail_msg("%s", msg);
   check_case(bk, &c, secs);
   case_free(&c);
 }
@@ -660,6 +680,12 @@ static kt_mutation g_fwd_varlen_mutations[] = {
      "#define M_(r, k) ((k) < kr.lo[r] - 1 || (k) >= kr.hi[r])", ""},
 };
 
+/* The CTA loops over every key tile from the first one (to its hull's end), masking: right
+ * per element, caught by the key tiles it reads. */
+static kt_mutation g_fwd_all_tiles = {
+    "varlen: every key tile from 0, masked", "mla::varlen_key_tiles<CAUSAL, BLOCK_N>(vl, qpos,", "M_(vl, qpos,",
+    "#define M_(...) mla::varlen_key_tiles<CAUSAL, BLOCK_N>(__VA_ARGS__); n_tiles += tile0; tile0 = 0", ""};
+
 static void test_varlen_mutations_caught(void **state) {
   (void)state;
   const kt_varlen *vl;
@@ -684,6 +710,25 @@ static void test_varlen_mutations_caught(void **state) {
       case_free(&c);
       unload(&bk);
     }
+  {
+    const int causal = 1;
+    mg_kernel_spec s = varlen_spec(64, 32, 64, causal, 0);
+    built_kernel bk;
+    if (!build_edit(&s, 0, kt_mutate_edit, &g_fwd_all_tiles, &bk)) fail_msg("%s", g_fwd_all_tiles.error);
+    fwd_case c;
+    case_init_pos(&bk, &c, 1, KT_VARLEN_CAP, KT_VARLEN_CAP, &(kt_qpos){0, 0, 0});
+    case_varlen(&bk, &c, &vl[0]);
+    double secs, o_err, lse_err;
+    char msg[300], num[400];
+    const int tiles_ok = launch_varlen(&bk, &c, &secs, msg, sizeof msg);
+    const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, num, sizeof num);
+    print_message("  [%s] %s: per element %s; %s\n", g_fwd_all_tiles.name, causal ? "causal" : "full",
+                  num[0] || nans ? "FAILS" : "passes", tiles_ok ? "tiles NOT CAUGHT" : msg);
+    if (nans || num[0]) fail_msg("%s: fails the per-element check (%s)", g_fwd_all_tiles.name, num);
+    if (tiles_ok) fail_msg("%s: its key tiles pass the hull check", g_fwd_all_tiles.name);
+    case_free(&c);
+    unload(&bk);
+  }
   kt_noise_quiet = 0;
 }
 

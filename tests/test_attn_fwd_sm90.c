@@ -289,11 +289,38 @@ static size_t compare_mutant(const built_kernel *bk, const fwd_case *c, char *ms
 
 static double g_worst_o, g_worst_lse;
 
-/* Launches the initialized case c, checks it, prints a line and frees it. */
+/* launch_case for a packed case, watching the key rows (k_nope) each CTA's TMA loads read;
+ * *tiles_ok: 1 when every CTA read its documents' key tiles and no others (kt_tile_check),
+ * else 0 with the reason in tmsg. */
+static int launch_watched(const built_kernel *bk, fwd_case *c, int *tiles_ok, char *tmsg,
+                          size_t tn, char *msg, size_t n) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, gx = (c->sq + bk->block_m - 1) / bk->block_m;
+  const size_t row = (size_t)H * (bk->packed ? s->d_n + s->d_r : s->d_n) * sizeof *c->kn;
+  kt_tile_watch tw;
+  kt_tile_watch_init(&tw, c->kn, row, (size_t)c->sk, (size_t)gx * H);
+  tw.lo.arch = 90;
+  launch_args a = case_args(bk, c);
+  const int rc = mg_host_kernel_launch(bk->kh.k, kh_grid(&bk->kh, c->sq, c->sk, c->B),
+                                       (mg_host_dim3){(unsigned)bk->kh.threads, 1, 1},
+                                       bk->kh.smem, &tw.lo, thunk, &a, msg, n);
+  const kt_qpos pos = {c->q_pos0, c->q_split, c->q_pos1};
+  *tiles_ok = rc || kt_tile_check(&tw, gx, H, bk->block_m, 1, c->sq, c->cu, c->n_cu, s->causal,
+                                  &pos, c->sk, bk->block_n, tmsg, tn);
+  kt_tile_watch_free(&tw);
+  return rc;
+}
+
+/* Launches the initialized case c, checks it (a packed one's key tiles too), prints a line
+ * and frees it. */
 static void check_case(const built_kernel *bk, fwd_case *c) {
-  char msg[1024];
+  char msg[1024], tmsg[300];
   double t0 = kh_now();
-  if (launch_case(bk, c, msg, sizeof msg)) fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  int tiles_ok = 1;
+  if (c->cu ? launch_watched(bk, c, &tiles_ok, tmsg, sizeof tmsg, msg, sizeof msg)
+            : launch_case(bk, c, msg, sizeof msg))
+    fail_msg("%s: launch failed: %s", bk->kh.name, msg);
+  if (!tiles_ok) fail_msg("%s", tmsg);
   double oe, le;
   size_t nans = compare(bk, c, &oe, &le, msg, sizeof msg);
   print_message("  %s B=%d S_q=%d S_k=%d q_pos0=%d q_split=%d q_pos1=%d%s: err/bound O %.2f LSE "
@@ -632,9 +659,9 @@ static void varlen_run(const built_kernel *bk, const int *cu, int n, int sq, con
  * 128) with ping-pong (causal with overlap, not causal without; the warpgroups of a CTA
  * whose rows lie in different documents sit out turns before and after their tiles) on
  * many short documents (and an empty one, cu padded as the executor pads
- * it) and on rank 0 of laga-cp at P = 2 (chunks [0, 75) and [225, 300): the 200-token
- * document cut by the split, slack rows in the second chunk); causal only (the larger
- * kernel): one document, and one consumer, block_n 64, 3 stages, no overlap, packed keys on
+ * it), on one document (260 of 300 rows) and on rank 0 of laga-cp at P = 2 (chunks [0, 75)
+ * and [225, 300): the 200-token document cut by the split, slack rows in the second chunk);
+ * causal only (the larger kernel): one consumer, block_n 64, 3 stages, no overlap, packed keys on
  * the short documents, both compiled for sm_90a with no spill. NaN fills every slack row of
  * every input. */
 static void test_varlen(void **state) {
@@ -653,7 +680,7 @@ static void test_varlen(void **state) {
     build_edit(&s, NULL, &bk);
     varlen_run(&bk, vl[0].cu, vl[0].n, T_CAP, &at0);
     varlen_run(&bk, vl[0].cu, vl[0].n, T_CAP / 2, &cp);
-    if (causal) varlen_run(&bk, vl[1].cu, vl[1].n, T_CAP, &at0);
+    varlen_run(&bk, vl[1].cu, vl[1].n, T_CAP, &at0);
     kh_free(&bk.kh);
     if (!causal) continue;
     /* Key tiles no warpgroup computes: block_n 64, warpgroup 0's rows at positions 0..63
@@ -681,7 +708,9 @@ static void test_varlen(void **state) {
 /* Wrong boundaries in the varlen variant are caught: a row seeing one key past its range
  * (the next document's first, or causal its next token) fails the per-element check; key
  * tiles aligned to start at the range's first key instead of ending at its last (slack
- * rows' NaN then reach P V) give NaN outputs. */
+ * rows' NaN then reach P V) give NaN outputs; a CTA whose tiles run from key 0 (its rows'
+ * hull taken from row 0: every key tile before its documents loaded, and released unused)
+ * passes the per-element check and is caught by the key tiles it reads. */
 static void test_varlen_mutations_caught(void **state) {
   (void)state;
   static const sm90_edit muts[] = {
@@ -706,6 +735,25 @@ static void test_varlen_mutations_caught(void **state) {
     case_free(&c);
     kh_free(&bk.kh);
   }
+  static const sm90_edit all = {"varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0,",
+                                "varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, 0,"};
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  s.varlen = 1;
+  kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64");
+  built_kernel bk;
+  build_edit(&s, &all, &bk);
+  fwd_case c;
+  varlen_init(&bk, &c, vl[0].cu, vl[0].n, T_CAP, &(kt_qpos){0, 0, 0});
+  char msg[1024], tmsg[300];
+  int tiles_ok;
+  if (launch_watched(&bk, &c, &tiles_ok, tmsg, sizeof tmsg, msg, sizeof msg)) fail_msg("launch failed: %s", msg);
+  const size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
+  print_message("  '%s' -> '%s': per element %s; %s\n", all.from, all.to, nans || msg[0] ? "FAILS" : "passes",
+                tiles_ok ? "tiles NOT CAUGHT" : tmsg);
+  if (nans || msg[0]) fail_msg("every key tile: fails the per-element check (%zu NaN; %s)", nans, msg);
+  if (tiles_ok) fail_msg("every key tile: its key tiles pass the hull check");
+  case_free(&c);
+  kh_free(&bk.kh);
 }
 
 /* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,

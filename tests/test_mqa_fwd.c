@@ -339,8 +339,25 @@ static void test_fp16(void **state) {
  * is NaN. */
 enum { VL_TCAP = KT_VARLEN_CAP, VL_NDOCS = KT_VARLEN_MANY_DOCS };
 
+/* Launches the packed case c with a watch on the latent rows (c) each CTA copies; returns 1
+ * when every CTA read its documents' key tiles and no others (kt_tile_check), else 0 with
+ * the reason in msg. *secs: the launch's wall time. */
+static int launch_watched(const built_kernel *bk, fwd_case *c, double *secs, char *msg, size_t n) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const int H = s->heads, gx = (c->sq * H + bk->block_m - 1) / bk->block_m;
+  kt_tile_watch tw;
+  kt_tile_watch_init(&tw, c->c, (size_t)(s->d_c + s->d_r) * sizeof *c->c, (size_t)c->sk, (size_t)gx);
+  *secs = launch_case(bk, c, &tw.lo);
+  const int ok = kt_tile_check(&tw, gx, 1, bk->block_m, H, c->sq, c->cu, c->n_cu, s->causal,
+                               &(kt_qpos){c->q_pos0, 0, 0}, c->sk, kh_config_int(&bk->kh, "block_n"),
+                               msg, n);
+  kt_tile_watch_free(&tw);
+  return ok;
+}
+
 /* A packed case: rows of tokens q_pos0 .. q_pos0 + sq - 1 over keys 0 .. sk - 1, the
- * documents cu [n_cu + 1], NaN in every slack row of q and c; run and checked. */
+ * documents cu [n_cu + 1], NaN in every slack row of q and c; run and checked (the key tiles
+ * each CTA reads too). */
 static void run_varlen(const built_kernel *bk, int sq, int sk, int q_pos0, const int *cu, int n_cu) {
   const mg_kernel_spec *s = &bk->kh.spec;
   fwd_case c;
@@ -352,7 +369,9 @@ static void run_varlen(const built_kernel *bk, int sq, int sk, int q_pos0, const
       for (size_t k = 0; k < (size_t)s->heads * dqk; k++) c.q[((size_t)i * s->heads) * dqk + k] = 0x7fff;
   for (int j = T; j < sk; j++)
     for (int k = 0; k < dqk; k++) c.c[(size_t)j * dqk + k] = 0x7fff;
-  const double secs = launch_case(bk, &c, NULL);
+  double secs;
+  char msg[300];
+  if (!launch_watched(bk, &c, &secs, msg, sizeof msg)) fail_msg("%s", msg);
   check_case(bk, &c, secs);
   case_free(&c);
 }
@@ -424,6 +443,25 @@ static void test_varlen_mutations_caught(void **state) {
     case_free(&c);
     unload(&bk);
   }
+  /* every key tile from 0, masked (the CTA's hull taken from token 0): right per element,
+   * caught by the key tiles each CTA reads */
+  kt_mutation all = {"every key tile from 0, masked", "q_pos0}, m0 / H, q_last,", "q_pos0}, 0, q_last,", NULL, ""};
+  mg_kernel_spec s = make_varlen_spec(2, 256, 32, 1);
+  built_kernel bk;
+  if (!build_edit(&s, 0, kt_mutate_edit, &all, &bk)) fail_msg("%s", all.error);
+  fwd_case c;
+  case_init(&bk, &c, 1, VL_TCAP, VL_TCAP, 0);
+  c.cu = cu, c.n_cu = VL_NDOCS;
+  double secs, o_err, lse_err;
+  char tmsg[300], msg[400];
+  const int tiles_ok = launch_watched(&bk, &c, &secs, tmsg, sizeof tmsg);
+  const size_t nans = case_compare(&bk, &c, &o_err, &lse_err, msg, sizeof msg);
+  print_message("  [%s] causal: per element %s; %s\n", all.name, nans || msg[0] ? "FAILS" : "passes",
+                tiles_ok ? "tiles NOT CAUGHT" : tmsg);
+  if (nans || msg[0]) fail_msg("%s: fails the per-element check (%s)", all.name, msg);
+  if (tiles_ok) fail_msg("%s: its key tiles pass the hull check", all.name);
+  case_free(&c);
+  unload(&bk);
   kt_noise_quiet = 0;
 }
 

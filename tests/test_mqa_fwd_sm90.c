@@ -188,15 +188,19 @@ static size_t compare_mutant(const built_kernel *bk, const fwd_case *c, char *ms
 #define T_CAP KT_VARLEN_CAP
 
 /* A packed case of the varlen variant: sq queries at q_pos0.. over the T_CAP latent rows of
- * the "many" stream; NaN in every slack row (position >= T) of q and c. */
-static void varlen_init(const built_kernel *bk, fwd_case *c, int sq, int q_pos0) {
+ * the documents vl (NULL: the "many" stream); NaN in every slack row (position >= T) of q
+ * and c. */
+static void varlen_init_docs(const built_kernel *bk, fwd_case *c, int sq, int q_pos0, const kt_varlen *vl) {
   const mg_kernel_spec *s = &bk->kh.spec;
-  const kt_varlen *vl = kt_varlen_many();
+  if (!vl) vl = kt_varlen_many();
   const int T = vl->cu[vl->n], w = s->heads * (s->d_c + s->d_r);
   case_init(bk, c, 1, sq, T_CAP, q_pos0);
   c->cu = vl->cu, c->n_cu = vl->n;
   kt_nan_slack_e16(c->q, sq, (size_t)w, &(kt_qpos){q_pos0, 0, 0}, T);
   kt_nan_slack_e16(c->c, T_CAP, (size_t)(s->d_c + s->d_r), NULL, T);
+}
+static void varlen_init(const built_kernel *bk, fwd_case *c, int sq, int q_pos0) {
+  varlen_init_docs(bk, c, sq, q_pos0, NULL);
 }
 
 /* Launches the initialized case c, checks it, prints a line and frees it. */
@@ -430,7 +434,8 @@ static void test_nvrtc_kept_configs(void **state) {
 /* The packed-sequence variant (spec.varlen, "_varlen") against mqa_ref.h's float64
  * per-document reference: 288/256, H 2 (the default configuration), causal and not, every
  * query over the short documents, and a shard of the second half (queries at 150..: the
- * 200-token document cut by the shard's start, slack rows at its end); DeepSeek's 576/512
+ * 200-token document cut by the shard's start, slack rows at its end), causal also one
+ * document of 260 (40 slack rows); DeepSeek's 576/512
  * causal over the short documents, compiled for sm_90a with no spill. NaN fills every slack
  * row of q and c. Then a row seeing one key past its range fails the check, and latent tiles
  * aligned to start at the range's first key (slack rows' NaN reaching P V) give NaN. */
@@ -446,6 +451,12 @@ static void test_varlen(void **state) {
     check_case(&bk, &c);
     varlen_init(&bk, &c, T_CAP / 2, T_CAP / 2);
     check_case(&bk, &c);
+    if (causal) { /* one document of 260 (kernel_test_util.h's "one") */
+      const kt_varlen *vl;
+      kt_varlen_cases(&vl);
+      varlen_init_docs(&bk, &c, T_CAP, 0, &vl[1]);
+      check_case(&bk, &c);
+    }
     kh_free(&bk.kh);
   }
   mg_kernel_spec s = make_spec(2, 512, 64, 1);

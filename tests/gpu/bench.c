@@ -176,6 +176,8 @@ enum {
    * deterministic pipeline and the absorbed one, beside K_FWD, K_PRE, K_DKDV_DET, K_DQ and
    * K_MQA_FWD, K_MQA_PRE, K_MQA_DKV, K_MQA_DQ */
   K_FWD_VL, K_PRE_VL, K_DKDV_VL, K_DQ_VL, K_MQA_FWD_VL, K_MQA_PRE_VL, K_MQA_DKV_VL, K_MQA_DQ_VL,
+  /* --varlen on an sm_90a device: attn_fwd_sm90's varlen variant, beside K_FWD_SM90 */
+  K_FWD_SM90_VL,
   NK
 };
 #define NATTN (K_MQA_DQ + 1)
@@ -189,7 +191,8 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                                         "attn_fwd_varlen", "bwd_pre_varlen", "bwd_dkdv_varlen",
                                         "bwd_dq_varlen", "mqa_fwd_varlen", "mqa_bwd_pre_varlen",
-                                        "mqa_bwd_dkv_varlen", "mqa_bwd_dq_varlen"};
+                                        "mqa_bwd_dkv_varlen", "mqa_bwd_dq_varlen",
+                                        "attn_fwd_sm90_varlen"};
 static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
@@ -199,7 +202,8 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90",
                                          "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                                          "attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq",
-                                         "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq"};
+                                         "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
+                                         "attn_fwd_sm90"};
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
                                          {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL},
                                          [K_DKDV_SM90_AT] = {"deterministic=0", NULL},
@@ -264,8 +268,12 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
      "cu_seqlens", "n_seqs"},
     {"q", "c", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
      "cu_seqlens", "n_seqs"},
+    {"q", "k_nope", "k_rope", "ld_k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split",
+     "q_pos1", "softmax_scale", "tmaps", "cu_seqlens", "n_seqs"},
 };
-static int is_sm90(int which) { return which == K_FWD_SM90 || which == K_FWD_SM90_FULL; }
+static int is_sm90(int which) {
+  return which == K_FWD_SM90 || which == K_FWD_SM90_FULL || which == K_FWD_SM90_VL;
+}
 static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_SM90_FULL; }
 /* --sm90: mma.sync beside sm_90a: the explicit forwards (attn_fwd, attn_fwd_sm90) causal
  * and not, the deterministic backwards (attn_bwd_pre + attn_bwd_dkdv deterministic +
@@ -276,8 +284,9 @@ static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_S
 static int g_sm90, g_no_mqa;
 /* --varlen: packed sequences (issue 16): the varlen kernels beside the fixed-length ones at
  * equal lengths, and a packed stream of mixed lengths beside the same documents padded to
- * the longest (time_varlen). */
-static int g_varlen;
+ * the longest (time_varlen). g_vl_sm90: --varlen on an sm_90a device, where attn_fwd_sm90
+ * (the CUDA executor's forward there) and its varlen variant are timed too. */
+static int g_varlen, g_vl_sm90;
 
 typedef struct gk {
   int heads, which;
@@ -303,9 +312,10 @@ typedef struct kset {
 static int wanted(const kset *ks, int which) {
   if (g_varlen) {
     const int mqa = which == K_MQA_FWD || which == K_MQA_PRE || which == K_MQA_DKV ||
-                    which == K_MQA_DQ || which >= K_MQA_FWD_VL;
+                    which == K_MQA_DQ || (which >= K_MQA_FWD_VL && which <= K_MQA_DQ_VL);
+    if (which == K_FWD_SM90 || which == K_FWD_SM90_VL) return g_vl_sm90;
     return (!mqa || !g_no_mqa) && (which == K_FWD || which == K_PRE || which == K_DKDV_DET ||
-                                   which == K_DQ || which >= K_FWD_VL || mqa);
+                                   which == K_DQ || (which >= K_FWD_VL && which <= K_MQA_DQ_VL) || mqa);
   }
   if (g_sm90)
     return which == K_FWD || which == K_PRE || which == K_DKDV || which == K_DKDV_DET ||
@@ -1953,7 +1963,8 @@ typedef struct vctx {
   mqa_tensors m;   /* absorbed: q, c, dout, o, lse, delta */
   CUdeviceptr mdq, mdc, cu;
   int n_seqs;
-  int mqa, bwd; /* what vstep launches */
+  int mqa, bwd, sm90; /* what vstep launches (sm90: attn_fwd_sm90, its maps in maps) */
+  fwd_maps maps;
 } vctx;
 
 /* Step j of x's pipeline (the forward: one step; the backward: pre, dkdv or dkv, dq). The
@@ -1968,6 +1979,12 @@ static int vstep(void *p, int set, int j) {
   float sc = x->scale;
   CUdeviceptr none = NULLP;
   void *const cu[2] = {&x->cu, &x->n_seqs};
+  if (x->sm90) {
+    dev_tensors *t = &x->t;
+    void *a[] = {&t->q, &t->kn, &t->kr, &ldr, &t->v, &t->o, &t->lse, &S, &S, &z, &z, &z, &sc,
+                 (void *)x->maps, cu[0], cu[1]};
+    return launch(&k[vl ? K_FWD_SM90_VL : K_FWD_SM90], x->B, S, S, a);
+  }
   if (!x->mqa) {
     dev_tensors *t = &x->t;
     dev_outputs *o = &x->out;
@@ -2050,87 +2067,135 @@ static int vupload_cu(vctx *x, const int *len, int n, int cap) {
   return rc ? -1 : 0;
 }
 
-/* Times x's four pipelines (explicit forward, backward; absorbed forward, backward) and
- * appends their rows "<what>_<label>" (kernel column), op vl_fwd / vl_bwd, at (H, S): FLOPs
- * for `pairs` (query, key) pairs (per document), bytes for `tokens` rows. ms[4] gets the
- * medians (0 for what --no-mqa leaves out). */
+/* A configuration's outputs on the host, for --varlen's check (vcheck). */
+typedef struct vsnap {
+  e16 *o, *dq, *mo, *mdq;
+  float *lse, *mlse;
+  e16 *dkn, *dv, *mdc; /* keys: equal lengths only (NULL otherwise) */
+  float *dkr;
+} vsnap;
+
+/* Times x's pipelines (explicit forward, backward; absorbed forward, backward; on an sm_90a
+ * device first attn_fwd_sm90, its tensor maps encoded for x's B and S) and appends their
+ * rows "<what>_<label>" (kernel column), op vl_fwd / vl_bwd, at (H, S): FLOPs for `pairs`
+ * (query, key) pairs (per document), bytes for `tokens` rows. ms[5] gets the medians (fwd,
+ * bwd, mqa_fwd, mqa_bwd, fwd_sm90; 0 for what is left out). With s90 (not NULL), attn_fwd_sm90's
+ * O and LSE of `rows` token rows are downloaded into s90->o, s90->lse (the later rows
+ * overwrite them). */
 static int vtime(vctx *x, int H, int S, const char *label, double pairs, double tokens,
-                 double ms[4]) {
+                 double ms[5], vsnap *s90, size_t rows) {
   const double Tk = tokens;
   const double b_q = 2.0 * Tk * H * DQK, b_kn = 2.0 * Tk * H * DN, b_kr = 2.0 * Tk * DR;
   const double b_v = 2.0 * Tk * H * DV, b_o = b_v, b_l = 4.0 * Tk * H;
   const double mq = 2.0 * Tk * H * MQK, mc = 2.0 * Tk * MQK, mo = 2.0 * Tk * H * MV;
-  const struct { int mqa, bwd; const char *what, *op; double flops, bytes; } rows[] = {
-      {0, 0, "fwd", "vl_fwd", 2.0 * H * pairs * (DQK + DV), b_q + b_kn + b_kr + b_v + b_o + b_l},
-      {0, 1, "bwd", "vl_bwd", 2.0 * H * pairs * (3 * DQK + 2 * DV),
+  const struct { int mqa, bwd, sm90, at; const char *what, *op; double flops, bytes; } rows_[] = {
+      {0, 0, 1, 4, "fwd_sm90", "vl_fwd", 2.0 * H * pairs * (DQK + DV), b_q + b_kn + b_kr + b_v + b_o + b_l},
+      {0, 0, 0, 0, "fwd", "vl_fwd", 2.0 * H * pairs * (DQK + DV), b_q + b_kn + b_kr + b_v + b_o + b_l},
+      {0, 1, 0, 1, "bwd", "vl_bwd", 2.0 * H * pairs * (3 * DQK + 2 * DV),
        b_q + b_kn + b_kr + b_v + 2 * b_o + b_l + b_q + b_kn + 2 * b_kr + b_v},
-      {1, 0, "mqa_fwd", "vl_fwd", 2.0 * H * pairs * (MQK + MV), mq + mc + mo + b_l},
-      {1, 1, "mqa_bwd", "vl_bwd", 2.0 * H * pairs * (3 * MQK + 2 * MV), mq + mc + 2 * mo + b_l + mq + mc},
+      {1, 0, 0, 2, "mqa_fwd", "vl_fwd", 2.0 * H * pairs * (MQK + MV), mq + mc + mo + b_l},
+      {1, 1, 0, 3, "mqa_bwd", "vl_bwd", 2.0 * H * pairs * (3 * MQK + 2 * MV), mq + mc + 2 * mo + b_l + mq + mc},
   };
-  for (int i = 0; i < 4; i++) {
-    ms[i] = 0;
-    if (rows[i].mqa && g_no_mqa) continue;
-    x->mqa = rows[i].mqa, x->bwd = rows[i].bwd;
+  for (int i = 0; i < 5; i++) ms[i] = 0;
+  for (int i = 0; i < 5; i++) {
+    if ((rows_[i].mqa && g_no_mqa) || (rows_[i].sm90 && !g_vl_sm90)) continue;
+    x->mqa = rows_[i].mqa, x->bwd = rows_[i].bwd, x->sm90 = rows_[i].sm90;
+    if (x->sm90) {
+      const gk *g = &x->ks->k[x->varlen ? K_FWD_SM90_VL : K_FWD_SM90];
+      const mg_kernel_spec spec = make_spec(g->which, g->heads);
+      const mg_sm90_fwd_tensors tt = {x->t.q, x->t.kn, x->t.kr, x->t.v, x->B, x->S, x->S, DR};
+      mg_diag d = MG_DIAG_INIT;
+      if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, x->maps, &d)) {
+        say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
+        mg_diag_clear(&d);
+        return -1;
+      }
+    }
     char name[48];
-    snprintf(name, sizeof name, "%s_%s", rows[i].what, label);
+    snprintf(name, sizeof name, "%s_%s", rows_[i].what, label);
     double m[4];
     int iters;
-    if (time_steps(name, vstep, x, rows[i].bwd ? 3 : 1, 1, m, &iters)) return -1;
-    ms[i] = m[rows[i].bwd ? 3 : 0];
-    row *r = add_row(name, rows[i].op, H, S, ms[i], rows[i].flops, rows[i].bytes, iters);
-    if (rows[i].mqa) r->dqk = MQK, r->dv = MV;
+    const int rc = time_steps(name, vstep, x, rows_[i].bwd ? 3 : 1, 1, m, &iters);
+    x->sm90 = 0;
+    if (rc) return -1;
+    const int at = rows_[i].at;
+    ms[at] = m[rows_[i].bwd ? 3 : 0];
+    row *r = add_row(name, rows_[i].op, H, S, ms[at], rows_[i].flops, rows_[i].bytes, iters);
+    if (rows_[i].mqa) r->dqk = MQK, r->dv = MV;
     print_row(r);
+    if (rows_[i].sm90 && s90) {
+      s90->o = xcalloc(rows * H * DV, 2), s90->lse = xcalloc(rows * H, 4);
+      if (sync_stream("attn_fwd_sm90") || download(s90->o, x->t.o, rows * H * DV * 2) ||
+          download(s90->lse, x->t.lse, rows * H * 4))
+        return -1;
+    }
   }
   return 0;
 }
 
-static void vratio(const char *what, const double a[4], const double b[4]) {
-  say("  %s: fwd %.3f bwd %.3f mqa_fwd %.3f mqa_bwd %.3f\n", what, b[0] > 0 ? a[0] / b[0] : 0,
+static void vratio(const char *what, const double a[5], const double b[5]) {
+  say("  %s: fwd %.3f bwd %.3f mqa_fwd %.3f mqa_bwd %.3f", what, b[0] > 0 ? a[0] / b[0] : 0,
       b[1] > 0 ? a[1] / b[1] : 0, b[2] > 0 ? a[2] / b[2] : 0, b[3] > 0 ? a[3] / b[3] : 0);
+  if (g_vl_sm90) say(" fwd_sm90 %.3f", b[4] > 0 ? a[4] / b[4] : 0);
+  say("\n");
 }
 
 /* --varlen's check (unless --no-check; at H <= 16, where the downloads stay small): the
  * varlen kernels' outputs on the packed documents against the fixed-length kernels' on the
  * same documents as a batch (equal lengths) or padded to the longest (the mixed stream):
- * O, LSE and dq of every valid row (a padded batch's valid queries see the same keys; its
- * dk, dv take gradients from padding queries, so they are not compared), explicit and
- * absorbed, per element: |packed - batch| <= 2e-2 rms(batch) + 1e-2 |batch| (bf16 outputs of
- * the same arithmetic), LSE 1e-3 (1 + |batch|); a NaN fails. */
-typedef struct vsnap {
-  e16 *o, *dq, *mo, *mdq;
-  float *lse, *mlse;
-} vsnap;
+ * O, LSE and dq of every valid row (a padded batch's valid queries see the same keys),
+ * explicit and absorbed (and on an sm_90a device attn_fwd_sm90's O and LSE), and at equal lengths (no padding queries to give the keys
+ * gradients) the key gradients too: dk_nope, dk_rope (fp32), dv, and the absorbed dc (d_c +
+ * d_r columns); per element: |packed - batch| <= 2e-2 rms(batch) + 1e-2 |batch| (bf16
+ * outputs of the same arithmetic), LSE 1e-3 (1 + |batch|); a NaN fails. */
 
 static void vsnap_free(vsnap *s) {
   free(s->o), free(s->dq), free(s->mo), free(s->mdq), free(s->lse), free(s->mlse);
+  free(s->dkn), free(s->dv), free(s->mdc), free(s->dkr);
   memset(s, 0, sizeof *s);
 }
 
-/* The outputs of `rows` token rows (batch x S, or the packed capacity) to the host. */
-static int vsnap_take(const vctx *x, int H, size_t rows, vsnap *s) {
+/* The outputs of `rows` token rows (batch x S, or the packed capacity) to the host; with
+ * keys, the key gradients too. */
+static int vsnap_take(const vctx *x, int H, size_t rows, int keys, vsnap *s) {
   memset(s, 0, sizeof *s);
   s->o = xcalloc(rows * H * DV, 2), s->dq = xcalloc(rows * H * DQK, 2);
   s->lse = xcalloc(rows * H, 4);
   if (sync_stream("the varlen timings") || download(s->o, x->t.o, rows * H * DV * 2) ||
       download(s->dq, x->out.dq, rows * H * DQK * 2) || download(s->lse, x->t.lse, rows * H * 4))
     return -1;
+  if (keys) {
+    s->dkn = xcalloc(rows * H * DN, 2), s->dv = xcalloc(rows * H * DV, 2), s->dkr = xcalloc(rows * DR, 4);
+    if (download(s->dkn, x->out.dkn, rows * H * DN * 2) || download(s->dv, x->out.dv, rows * H * DV * 2) ||
+        download(s->dkr, x->out.dkr, rows * DR * 4))
+      return -1;
+  }
   if (g_no_mqa) return 0;
   s->mo = xcalloc(rows * H * MV, 2), s->mdq = xcalloc(rows * H * MQK, 2);
   s->mlse = xcalloc(rows * H, 4);
+  if (keys) {
+    s->mdc = xcalloc(rows * MQK, 2);
+    if (download(s->mdc, x->mdc, rows * MQK * 2)) return -1;
+  }
   return download(s->mo, x->m.o, rows * H * MV * 2) || download(s->mdq, x->mdq, rows * H * MQK * 2) ||
          download(s->mlse, x->m.lse, rows * H * 4);
 }
 
-/* Row widths w (elements) of documents len[0..n): batch row (d, i) at d * spad + i, packed
- * row cu[d] + i. Returns 1 (said) when an element is off. */
-static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size_t w,
-                     const int *len, int n, int spad) {
+/* Element i of a bf16 (f32 0) or fp32 (f32 1) array. */
+static double vget(const void *p, int f32, size_t i) {
+  return f32 ? ((const float *)p)[i] : bf16_to_float(((const e16 *)p)[i]);
+}
+
+/* Row widths w (elements, bf16 or with f32 fp32) of documents len[0..n): batch row (d, i)
+ * at d * spad + i, packed row cu[d] + i. Returns 1 (said) when an element is off. */
+static int vcmp_rows_t(const char *what, const void *batch, const void *packed, int f32, size_t w,
+                       const int *len, int n, int spad) {
   double ss = 0;
   size_t cnt = 0;
   for (int d = 0; d < n; d++)
     for (int i = 0; i < len[d]; i++)
       for (size_t k = 0; k < w; k++) {
-        const double v = bf16_to_float(batch[((size_t)d * spad + i) * w + k]);
+        const double v = vget(batch, f32, ((size_t)d * spad + i) * w + k);
         if (isfinite(v)) ss += v * v, cnt++;
       }
   const double rms = cnt && ss > 0 ? sqrt(ss / (double)cnt) : 1.0;
@@ -2139,8 +2204,8 @@ static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size
   for (int d = 0, t0 = 0; d < n; t0 += len[d], d++)
     for (int i = 0; i < len[d]; i++)
       for (size_t k = 0; k < w; k++) {
-        const double b = bf16_to_float(batch[((size_t)d * spad + i) * w + k]);
-        const double p = bf16_to_float(packed[((size_t)t0 + i) * w + k]);
+        const double b = vget(batch, f32, ((size_t)d * spad + i) * w + k);
+        const double p = vget(packed, f32, ((size_t)t0 + i) * w + k);
         const double err = fabs(p - b), tol = 2e-2 * rms + 1e-2 * fabs(b);
         if (!(err <= tol)) {
           if (!bad) at = t0 + i;
@@ -2152,6 +2217,10 @@ static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size
   if (bad) say(": %ld elements off, the first at packed token %ld", bad, at);
   say("\n");
   return bad != 0;
+}
+static int vcmp_rows(const char *what, const e16 *batch, const e16 *packed, size_t w,
+                     const int *len, int n, int spad) {
+  return vcmp_rows_t(what, batch, packed, 0, w, len, n, spad);
 }
 
 /* LSE: batch [n, H, spad], packed [H, cap]. */
@@ -2172,18 +2241,29 @@ static int vcmp_lse(const char *what, const float *batch, const float *packed, i
 }
 
 /* The check of one configuration: a batch snapshot (n documents padded to spad) against the
- * packed one (capacity cap). Returns the misses. */
-static int vcheck(const char *what, int H, const vsnap *b, const vsnap *p, const int *len, int n,
-                  int spad, int cap) {
+ * packed one (capacity cap), and on an sm_90a device attn_fwd_sm90's (b90, p90: O and LSE
+ * only). Returns the misses. */
+static int vcheck(const char *what, int H, const vsnap *b, const vsnap *p, const vsnap *b90,
+                  const vsnap *p90, const int *len, int n, int spad, int cap) {
   say("  check %s (H=%d, %d documents): varlen (packed) against fixed-length (batch)\n", what, H, n);
+  int miss90 = 0;
+  if (b90->o && p90->o)
+    miss90 = vcmp_rows("O (sm_90a)", b90->o, p90->o, (size_t)H * DV, len, n, spad) +
+             vcmp_lse("LSE (sm_90a)", b90->lse, p90->lse, H, len, n, spad, cap);
   int miss = vcmp_rows("O", b->o, p->o, (size_t)H * DV, len, n, spad) +
              vcmp_lse("LSE", b->lse, p->lse, H, len, n, spad, cap) +
              vcmp_rows("dq", b->dq, p->dq, (size_t)H * DQK, len, n, spad);
+  if (b->dkn && p->dkn)
+    miss += vcmp_rows("dk_nope", b->dkn, p->dkn, (size_t)H * DN, len, n, spad) +
+            vcmp_rows_t("dk_rope (fp32)", b->dkr, p->dkr, 1, DR, len, n, spad) +
+            vcmp_rows("dv", b->dv, p->dv, (size_t)H * DV, len, n, spad);
   if (!g_no_mqa)
     miss += vcmp_rows("O (latent)", b->mo, p->mo, (size_t)H * MV, len, n, spad) +
             vcmp_lse("LSE (absorbed)", b->mlse, p->mlse, H, len, n, spad, cap) +
             vcmp_rows("dq (absorbed)", b->mdq, p->mdq, (size_t)H * MQK, len, n, spad);
-  return miss;
+  if (!g_no_mqa && b->mdc && p->mdc)
+    miss += vcmp_rows("dc (absorbed)", b->mdc, p->mdc, MQK, len, n, spad);
+  return miss + miss90;
 }
 
 /* Moves documents len[0..n) of every input from the padded layout (row d * spad + i) to the
@@ -2217,13 +2297,15 @@ static int vpack_inputs(vctx *x, int H, const int *len, int n, int spad) {
  * `tokens` tokens) beside the same documents
  * padded to the longest (batch N at S_max): rows *_packed (S = T) and *_padded (S = S_max),
  * both with the FLOPs of the documents' own pairs (the padded rows' TFLOP/s is the useful
- * rate). With `check` (at H <= 16) each configuration's outputs too (vcheck), misses
+ * rate). On an sm_90a device attn_fwd_sm90 (fixed) and its varlen variant too (rows
+ * fwd_sm90_*: the CUDA executor's forward there; maps encoded per configuration). With `check` (at H <= 16) each configuration's outputs too (vcheck), misses
  * added to *misses. Returns -1 on a CUDA error. */
 static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens, int check,
                        int *misses) {
   const int H = ks->heads;
   const int chk = check && H <= 16;
-  vsnap sb, sp;
+  vsnap sb, sp, sb90, sp90; /* sb90, sp90: attn_fwd_sm90's O and LSE (sm_90a) */
+  memset(&sb90, 0, sizeof sb90), memset(&sp90, 0, sizeof sp90);
   for (int i = 0; i < n_seqs; i++) {
     const int S = seqs[i];
     const int N = tokens / S > 0 ? (int)(tokens / S) : 1;
@@ -2243,17 +2325,17 @@ static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens,
     say("varlen H=%d: %d documents of %d tokens, fixed-length (batch %d) beside varlen (packed, "
         "cu_seqlens of %d entries)\n", H, N, S, N, N * S + 1);
     const double pairs = (double)N * S * (S + 1) / 2;
-    double fixed[4], varlen[4];
+    double fixed[5], varlen[5];
     x.varlen = 0, x.B = N, x.S = S;
-    if (vtime(&x, H, S, "fixed", pairs, (double)N * S, fixed)) return -1;
-    if (chk && vsnap_take(&x, H, (size_t)N * S, &sb)) return -1;
+    if (vtime(&x, H, S, "fixed", pairs, (double)N * S, fixed, chk ? &sb90 : NULL, (size_t)N * S)) return -1;
+    if (chk && vsnap_take(&x, H, (size_t)N * S, 1, &sb)) return -1;
     x.varlen = 1, x.B = 1, x.S = N * S;
-    if (vtime(&x, H, S, "varlen", pairs, (double)N * S, varlen)) return -1;
+    if (vtime(&x, H, S, "varlen", pairs, (double)N * S, varlen, chk ? &sp90 : NULL, (size_t)N * S)) return -1;
     vratio("varlen / fixed (ms)", varlen, fixed);
     if (chk) {
-      if (vsnap_take(&x, H, (size_t)N * S, &sp)) return -1;
-      *misses += vcheck("equal lengths", H, &sb, &sp, len, N, S, N * S);
-      vsnap_free(&sb), vsnap_free(&sp);
+      if (vsnap_take(&x, H, (size_t)N * S, 1, &sp)) return -1;
+      *misses += vcheck("equal lengths", H, &sb, &sp, &sb90, &sp90, len, N, S, N * S);
+      vsnap_free(&sb), vsnap_free(&sp), vsnap_free(&sb90), vsnap_free(&sp90);
     }
     free(len);
     free_since(base);
@@ -2298,19 +2380,19 @@ static int time_varlen(const kset *ks, const int *seqs, int n_seqs, long tokens,
     g_no_mqa = no_mqa;
     return rc < 0 ? -1 : 0;
   }
-  double padded[4], packed[4];
+  double padded[5], packed[5];
   x.varlen = 0, x.B = n, x.S = smax;
-  if (vtime(&x, H, smax, "padded", pairs, (double)n * smax, padded)) return -1;
-  if (chk && (vsnap_take(&x, H, (size_t)n * smax, &sb) || vpack_inputs(&x, H, len, n, smax)))
+  if (vtime(&x, H, smax, "padded", pairs, (double)n * smax, padded, chk ? &sb90 : NULL, (size_t)n * smax)) return -1;
+  if (chk && (vsnap_take(&x, H, (size_t)n * smax, 0, &sb) || vpack_inputs(&x, H, len, n, smax)))
     return -1;
   if (vupload_cu(&x, len, n, (int)tokens)) return -1;
   x.varlen = 1, x.B = 1, x.S = (int)tokens;
-  if (vtime(&x, H, (int)T, "packed", pairs, (double)tokens, packed)) return -1;
+  if (vtime(&x, H, (int)T, "packed", pairs, (double)tokens, packed, chk ? &sp90 : NULL, (size_t)tokens)) return -1;
   vratio("packed / padded (ms)", packed, padded);
   if (chk) {
-    if (vsnap_take(&x, H, (size_t)tokens, &sp)) return -1;
-    *misses += vcheck("mixed lengths", H, &sb, &sp, len, n, smax, (int)tokens);
-    vsnap_free(&sb), vsnap_free(&sp);
+    if (vsnap_take(&x, H, (size_t)tokens, 0, &sp)) return -1;
+    *misses += vcheck("mixed lengths", H, &sb, &sp, &sb90, &sp90, len, n, smax, (int)tokens);
+    vsnap_free(&sb), vsnap_free(&sp), vsnap_free(&sb90), vsnap_free(&sp90);
   }
   g_no_mqa = no_mqa;
   free_since(base);
@@ -2415,6 +2497,7 @@ int main(int argc, char **argv) {
   if (major == 9 && minor == 0) snprintf(arch, sizeof arch, "sm_90a");
   else snprintf(arch, sizeof arch, "sm_%d%d", major, minor);
   g_arch = arch;
+  g_vl_sm90 = g_varlen && !strcmp(arch, "sm_90a");
   if (g_sm90 && strcmp(arch, "sm_90a")) {
     say("bench: --sm90 needs an sm_90a device (compute capability 9.0); this one is %s\n", arch);
     goto out;

@@ -3,7 +3,7 @@
  * reference, run twice and compared bit for bit, and timed with CUDA events.
  *
  *   mlagen_forms_check OUTDIR [--heads 16] [--seq 256] [--forms LIST] [--iters 20]
- *                             [--warmup 3] [--seed N] [--no-check] [--no-causal]
+ *                             [--warmup 3] [--seed N] [--no-check] [--no-causal] [--varlen]
  *                             [--dtype bf16|f16] [--ref-rows N] [--dims DN,DR,DV,DC]
  *   mpirun -np 2 mlagen_forms_check_mpi OUTDIR --sp 2 [same options]
  *   mpirun -np P mlagen_forms_check_host OUTDIR --sp P [...]   (CPU device ops, fake driver)
@@ -39,6 +39,12 @@
  *     the first differing element; a difference fails the form;
  *   - --iters > 0 (sp 1): the median of --iters calls of mlagen_forward and of
  *     mlagen_backward after --warmup, each between two events.
+ * --varlen: every form's varlen plan (packed sequences, docs/packed.md) with capacity S:
+ * documents 1, 2, 0 (empty), 17, S / 4 and the rest of T = S - S / 16 tokens (vl_docs; one
+ * document when S is too short), NaN in every slack input row (from T on), cu_seqlens given
+ * with the tensors (the API's mlagen_tensors.cu_seqlens, or the executor's at --sp); the
+ * reference runs each document alone and stitches the outputs (dw_kv_b their sum), and
+ * every slack output element must equal it exactly (0, lse -inf). Not with --ref-rows.
  * --no-check: no reference; the outputs must be finite and the line says "not checked"
  * (never ok); the summary "forms: N of M timed, not checked".
  * Writes OUTDIR/forms.log and OUTDIR/forms.csv (form,H,S,causal,dtype,sp,o,lse,dq,dc_kv,
@@ -105,6 +111,24 @@ static mg_dtype g_dt = MG_BF16;
 static mr_case g_mr;
 static mr_out g_ref;
 
+/* --varlen: every form's varlen plan (packed sequences, docs/packed.md) at capacity S, the
+ * documents g_cu [g_ncu + 1] (vl_docs), NaN in every slack input row; the reference runs
+ * each document alone (ref_varlen), and slack outputs must equal it exactly (0, lse -inf). */
+static int g_varlen, g_ncu;
+static int32_t g_cu[8];
+
+/* The documents of a stream of capacity S: lengths 1, 2, 0 (empty), 17, S / 4 and the rest
+ * of T = S - max(1, S / 16) (the last S / 16 rows slack); one document of T when S is too
+ * short for them. At S 96 and P 2 the last document crosses the rank boundary (48). */
+static void vl_docs(int S) {
+  const int T = S - (S / 16 > 1 ? S / 16 : 1), lens[5] = {1, 2, 0, 17, S / 4};
+  g_ncu = 0, g_cu[0] = 0;
+  if (1 + 2 + 17 + S / 4 < T)
+    for (int d = 0; d < 5; d++) g_cu[g_ncu + 1] = g_cu[g_ncu] + lens[d], g_ncu++;
+  g_cu[g_ncu + 1] = T, g_ncu++;
+}
+
+
 /* Inputs on grids that make the forms' GEMMs exact in f32 (see the top), then rounded to
  * the dtype (a no-op for all but the rare value beyond the grid's exact range). */
 static int make_inputs(uint64_t seed, double *in[TU_N_IN]) {
@@ -120,12 +144,68 @@ static int make_inputs(uint64_t seed, double *in[TU_N_IN]) {
   return 0;
 }
 
+/* --varlen: NaN in every slack row (from g_cu[g_ncu] on) of q, c_kv, k_rope and d_o. */
+static void vl_nan_slack(double *in[TU_N_IN]) {
+  for (int k = 0; k < TU_N_IN; k++) {
+    if (k == TU_W) continue;
+    int64_t B_, S_, w;
+    tu_in_dims(&g_case, k, &B_, &S_, &w);
+    for (int64_t i = (int64_t)g_cu[g_ncu] * w; i < S_ * w; i++) in[k][i] = NAN;
+  }
+}
+
+/* --varlen's reference: mr_run on each document alone (its rows of the inputs), stitched
+ * into g_ref; slack rows o, dq, dc_kv, dk_rope 0 and lse -inf; dw_kv_b the documents' sum.
+ * Returns 0, or -1 out of memory. */
+static int ref_varlen(double *const in[TU_N_IN]) {
+  const mr_case *m = &g_mr;
+  const int64_t S = m->S, H = m->H, dqk = m->dn + m->dr, nw = H * (m->dn + m->dv) * m->dc;
+  mr_out *r = &g_ref;
+  memset(r, 0, sizeof *r);
+  r->o = calloc((size_t)(S * H * m->dv), sizeof(double));
+  r->dq = calloc((size_t)(S * H * dqk), sizeof(double));
+  r->dc_kv = calloc((size_t)(S * m->dc), sizeof(double));
+  r->dk_rope = calloc((size_t)(S * m->dr), sizeof(double));
+  r->dw_kv_b = calloc((size_t)nw, sizeof(double));
+  r->lse = malloc((size_t)(H * S) * sizeof(double)), r->lse_abs = malloc((size_t)(H * S) * sizeof(double));
+  if (!r->o || !r->dq || !r->dc_kv || !r->dk_rope || !r->dw_kv_b || !r->lse || !r->lse_abs) return -1;
+  for (int64_t i = 0; i < H * S; i++) r->lse[i] = r->lse_abs[i] = -INFINITY;
+  for (int d = 0; d < g_ncu; d++) {
+    const int64_t t0 = g_cu[d], L = g_cu[d + 1] - t0;
+    if (!L) continue;
+    mr_case c = *m;
+    c.S = L, c.head1 = c.tail0 = 0;
+    mr_out o;
+    if (mr_run(&c, in[TU_Q] + t0 * H * dqk, in[TU_CKV] + t0 * m->dc, in[TU_KROPE] + t0 * m->dr, in[TU_W],
+               in[TU_DO] + t0 * H * m->dv, &o))
+      return -1;
+    memcpy(r->o + t0 * H * m->dv, o.o, (size_t)(L * H * m->dv) * sizeof(double));
+    memcpy(r->dq + t0 * H * dqk, o.dq, (size_t)(L * H * dqk) * sizeof(double));
+    memcpy(r->dc_kv + t0 * m->dc, o.dc_kv, (size_t)(L * m->dc) * sizeof(double));
+    memcpy(r->dk_rope + t0 * m->dr, o.dk_rope, (size_t)(L * m->dr) * sizeof(double));
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < L; i++)
+        r->lse[h * S + t0 + i] = o.lse[h * L + i], r->lse_abs[h * S + t0 + i] = o.lse_abs[h * L + i];
+    for (int64_t i = 0; i < nw; i++) r->dw_kv_b[i] += o.dw_kv_b[i];
+    mr_free(&o);
+  }
+  return 0;
+}
+
 static e16 to16(double x) { return g_dt == MG_F16 ? mg_f32_to_f16((float)x) : mg_f32_to_bf16((float)x); }
 static double from16(e16 x) { return g_dt == MG_F16 ? mg_f16_to_f32(x) : mg_bf16_to_f32(x); }
 
 /* ---- checks ---------------------------------------------------------------------------- */
 
 enum { C_O, C_LSE, C_DQ, C_DCKV, C_DKROPE, C_DW, C_N };
+
+/* Whether element i of output k (forms_check's C_* layouts) lies in a slack row of the
+ * --varlen stream. */
+static int vl_slack(int k, int64_t i, int64_t n) {
+  const int64_t S = g_case.S;
+  if (!g_varlen || k == C_DW) return 0;
+  return (k == C_LSE ? i % S : i / (n / S)) >= g_cu[g_ncu];
+}
 static const char *const k_cname[C_N] = {"o", "lse", "dq", "dc_kv", "dk_rope", "dw_kv_b"};
 
 /* One form's outputs in global layouts, as doubles: o [S, H, dv], lse [H, S], dq, dc_kv,
@@ -187,7 +267,7 @@ static void check_all(const char *fname, const outs *got, int absorbed, check_re
     double ss = 0;
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++)
-      if (checked(k, i)) ss += ref[i] * ref[i], m++;
+      if (checked(k, i) && !vl_slack(k, i, n)) ss += ref[i] * ref[i], m++;
     if (!m) {
       say("  %-9s %-8s not checked (no reference rows)\n", fname, k_cname[k]);
       continue;
@@ -200,7 +280,10 @@ static void check_all(const char *fname, const outs *got, int absorbed, check_re
     cc_result c = cc_init();
     double se = 0;
     for (int64_t i = 0; i < n; i++)
-      if (checked(k, i)) {
+      if (!checked(k, i)) {
+      } else if (vl_slack(k, i, n)) { /* --varlen's slack rows: exactly the reference (0, -inf) */
+        cc_add(&c, i, got->v[k][i], ref[i], 0, 0);
+      } else {
         cc_add(&c, i, got->v[k][i], ref[i], atol, rtol);
         se += (got->v[k][i] - ref[i]) * (got->v[k][i] - ref[i]);
       }
@@ -286,7 +369,7 @@ static int64_t lse_offset(mg_form f, int P, int rank, size_t saved_bytes, int64_
   static mg_plan_mem m;
   mg_diag d = MG_DIAG_INIT;
   mg_plan_args a = {.shape = &g_case.shape, .form = f, .sp = P, .rank = rank, .batch = g_case.B,
-                    .seq = g_case.S, .causal = g_case.causal, .dtype = g_dt};
+                    .seq = g_case.S, .causal = g_case.causal, .dtype = g_dt, .varlen = g_varlen};
   int64_t off = -1;
   if (mg_plan_build(&p, &a, &d) || mg_plan_mem_layout(&p, MG_CUDA_EXEC_ALIGN, &m, &d)) {
     say("  lse: cannot lay out the plan: %s\n", mg_diag_msg(&d));
@@ -366,10 +449,12 @@ static int run_form(mlagen_context *ctx, const mlagen_model *model, int fi, doub
   mlagen_plan *plan = NULL;
   mlagen_plan_desc pd = {.form = k_forms[fi], .batch = g_case.B, .seq = g_case.S, .sp_rank = 0,
                          .sp_size = 1, .causal = g_case.causal,
-                         .dtype = g_dt == MG_F16 ? MLAGEN_DTYPE_F16 : MLAGEN_DTYPE_BF16};
+                         .dtype = g_dt == MG_F16 ? MLAGEN_DTYPE_F16 : MLAGEN_DTYPE_BF16,
+                         .varlen = g_varlen};
   mlagen_sizes z;
   mlagen_tensors t;
   memset(&t, 0, sizeof t);
+  if (g_varlen) t.cu_seqlens = g_cu, t.n_cu_seqlens = g_ncu + 1;
   CUdeviceptr dev[T_N] = {0}, ws = 0, sv = 0;
   void *host[T_N] = {0}, *raw[2][C_N] = {{0}};
   size_t raw_b[2][C_N];
@@ -550,7 +635,7 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
   mg_cuda_exec *x = NULL;
   const double t0 = wall_s();
   mg_plan_args a = {.shape = sh, .form = (mg_form)fi, .sp = P, .rank = rk, .batch = 1, .seq = S,
-                    .causal = g_case.causal, .dtype = g_dt};
+                    .causal = g_case.causal, .dtype = g_dt, .varlen = g_varlen};
   mg_cuda_exec_opts eo = {.gen = g_gen};
   int rc = mg_plan_build(&p, &a, &d);
   for (int turn = 0; turn < 2; turn++) { /* rank 0 first: it builds (host) or compiles (JIT) */
@@ -608,7 +693,8 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
                        (void *)(uintptr_t)din[TU_KROPE], (void *)(uintptr_t)din[TU_W],
                        (void *)(uintptr_t)din[TU_DO], (void *)(uintptr_t)dout[C_O],
                        (void *)(uintptr_t)dout[C_DQ], (void *)(uintptr_t)dout[C_DCKV],
-                       (void *)(uintptr_t)dout[C_DKROPE], (void *)(uintptr_t)dout[C_DW], NULL, 0};
+                       (void *)(uintptr_t)dout[C_DKROPE], (void *)(uintptr_t)dout[C_DW],
+                       g_varlen ? g_cu : NULL, g_varlen ? g_ncu + 1 : 0};
   for (int run = 0; run < 2; run++) {
     for (int k = 0; k < C_N; k++)
       if (dout[k]) rc |= CU(drv->cuMemsetD8(dout[k], 0xff, raw_b[k]));
@@ -696,6 +782,7 @@ static int usage(void) {
             "                          [--warmup 3] [--seed N] [--no-check] [--no-causal]\n"
             "                          [--dtype bf16|f16] [--ref-rows N] [--dims DN,DR,DV,DC]\n"
             "                          [--sp P (mlagen_forms_check_mpi, mlagen_forms_check_host)]\n"
+            "                          [--varlen (packed documents in a capacity of --seq)]\n"
             "  LIST: comma-separated of explicit, absorbed, laga, laga-r, laga-f (default all)\n");
   return 2;
 }
@@ -720,6 +807,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--no-check")) { g_no_check = 1; continue; }
     if (!strcmp(a, "--no-causal")) { causal = 0; continue; }
+    if (!strcmp(a, "--varlen")) { g_varlen = 1; continue; }
     if (!v) RETURN(usage());
     i++;
     if (!strcmp(a, "--heads")) { if ((H = atoi(v)) < 1 || H > 128) RETURN(usage()); }
@@ -817,6 +905,20 @@ int main(int argc, char **argv) {
     say("forms_check: out of host memory\n");
     goto out;
   }
+  if (g_varlen) {
+    if (ref_rows > 0) {
+      say("forms_check: --varlen takes the full reference (no --ref-rows)\n");
+      rc = 2;
+      goto out;
+    }
+    vl_docs(S);
+    vl_nan_slack(in);
+    char list[128];
+    int at = 0;
+    for (int j = 0; j <= g_ncu; j++) at += snprintf(list + at, sizeof list - (size_t)at, "%s%d", j ? "," : "", (int)g_cu[j]);
+    say("--varlen: cu_seqlens %s (%d documents, T %d of capacity %d; NaN in every slack input row)\n",
+        list, g_ncu, (int)g_cu[g_ncu], S);
+  }
   g_mr = (mr_case){.H = H, .dn = dn, .dr = dr, .dv = dv, .dc = dc, .S = S, .causal = causal,
                    .scale = scale, .rnd = g_dt == MG_F16 ? 2 : 1};
   if (ref_rows > 0 && ref_rows + 128 < S) g_mr.head1 = 128, g_mr.tail0 = S - ref_rows;
@@ -836,13 +938,15 @@ int main(int argc, char **argv) {
     say("--no-check: no reference; outputs only required to be finite (not checked)\n");
   } else {
     const double t0 = wall_s();
-    if (g_rank == 0 && mr_run(&g_mr, in[TU_Q], in[TU_CKV], in[TU_KROPE], in[TU_W], in[TU_DO], &g_ref)) {
+    if (g_rank == 0 && (g_varlen ? ref_varlen(in)
+                                 : mr_run(&g_mr, in[TU_Q], in[TU_CKV], in[TU_KROPE], in[TU_W], in[TU_DO], &g_ref))) {
       say("forms_check: out of host memory for the reference\n");
       goto out;
     }
     say("reference: float64, %s, %.1f s\n",
-        g_mr.tail0 > 0 ? "rows [0, 128) and the last --ref-rows (dc_kv, dk_rope: those tokens; dw_kv_b not checked)"
-                       : "every row", wall_s() - t0);
+        g_varlen ? "each document alone, every row (slack rows exactly 0, lse -inf)"
+        : g_mr.tail0 > 0 ? "rows [0, 128) and the last --ref-rows (dc_kv, dk_rope: those tokens; dw_kv_b not checked)"
+                         : "every row", wall_s() - t0);
   }
 #ifdef FORMS_MPI
 #ifdef FORMS_HOST

@@ -497,6 +497,8 @@ struct Launch {
   /* opts.wgmma_trace (hopper_host.cpp records the issues) */
   mg_host_wgmma_issue *wgmma_trace;
   size_t wgmma_trace_cap, *wgmma_trace_len;
+  /* opts.read_watch (note_read records cp.async and TMA reads) */
+  const mg_host_read_watch *read_watch;
   /* fiber stacks */
   char *region;
   size_t region_size, stack_size, guard_size;
@@ -1199,6 +1201,20 @@ void mg_host_ldmatrix(int num, int trans, unsigned *r, const void *p, int line) 
   for (int m = 0; m < num; ++m) r[m] = res[m];
 }
 
+/* opts.read_watch: fiber f's block read the n bytes at src (a cp.async source, a TMA box's
+ * element). */
+static void note_read(Launch *L, const Fiber *f, const void *src, size_t n) {
+  const mg_host_read_watch *w = L->read_watch;
+  if (!w || !n) return;
+  const uintptr_t a = (uintptr_t)src, base = (uintptr_t)w->base, end = base + w->rows * w->row_bytes;
+  if (a + n <= base || a >= end) return;
+  const uint3 bid = f->regs.bid;
+  const size_t b = bid.x + (size_t)L->grid.x * (bid.y + (size_t)L->grid.y * bid.z);
+  const size_t r0 = (a < base ? 0 : a - base) / w->row_bytes;
+  const size_t r1 = ((a + n > end ? end : a + n) - base - 1) / w->row_bytes;
+  for (size_t r = r0; r <= r1; ++r) w->read[b * w->rows + r] = 1;
+}
+
 void mg_host_cp_async(void *dst, const void *src, unsigned cp_size, unsigned src_size, int line) {
   Launch *L = current("cp.async");
   Fiber *f = L->cur;
@@ -1239,6 +1255,7 @@ void mg_host_cp_async(void *dst, const void *src, unsigned cp_size, unsigned src
   }
   memset(e.data, 0, sizeof e.data);
   if (src_size) memcpy(e.data, src, src_size); /* read now: ASan names the issuing line */
+  note_read(L, f, src, src_size);
 }
 
 void mg_host_cp_async_commit(int line) {
@@ -1487,6 +1504,8 @@ mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
                         dyn_smem, arch, limit, limit / 1024);
   if (opts && opts->wgmma_trace && !opts->wgmma_trace_len)
     return config_error(msg, msg_len, "wgmma_trace without wgmma_trace_len");
+  if (opts && opts->read_watch && (!opts->read_watch->read || !opts->read_watch->row_bytes))
+    return config_error(msg, msg_len, "read_watch without read or row_bytes");
   int expected = 0;
   if (!__atomic_compare_exchange_n(&g_busy, &expected, 1, false, __ATOMIC_ACQUIRE,
                                    __ATOMIC_RELAXED)) {
@@ -1518,6 +1537,10 @@ mg_host_launch_ex(mg_host_dim3 grid, mg_host_dim3 block, size_t dyn_smem,
     *L->wgmma_trace_len = 0;
   }
   L->nblocks = (unsigned long long)grid.x * grid.y * grid.z;
+  if (opts && opts->read_watch) {
+    L->read_watch = opts->read_watch;
+    memset(L->read_watch->read, 0, L->nblocks * L->read_watch->rows);
+  }
   L->nres = L->round_robin ? 1 : opt_or_env(opts ? opts->resident_blocks : 0,
                                             "MG_HOST_RESIDENT_BLOCKS", 1, 32, 3);
   if (L->nres > L->nblocks) L->nres = (unsigned)L->nblocks;

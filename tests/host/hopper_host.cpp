@@ -610,9 +610,11 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
         unsigned a = off + lin;
         a ^= ((a >> 7) & bits) << 4;
         const unsigned char *src = fill;
-        if (in)
+        if (in) {
           src = (const unsigned char *)t.base + (unsigned long long)g0 * t.stride[0] +
                 (unsigned long long)g1 * t.stride[1] + (unsigned long long)g2 * t.stride[2];
+          note_read(L, f, src, es);
+        }
         memcpy(data + (a - off), src, es);
       }
   HBlock *h = hblock(L, f->blk);

@@ -57,6 +57,21 @@ typedef struct mg_host_wgmma_issue {
   int line;           /* the kernel's source line of the call */
 } mg_host_wgmma_issue;
 
+/* A global buffer whose reads a launch records per block (mg_host_launch_opts.read_watch):
+ * which of its rows each block copied into shared memory. The data-moving instructions are
+ * seen, not plain loads: cp.async (the bytes it reads: none for a zero-filled copy,
+ * src-size 0) and the sm_90a emulation's TMA tile loads (the in-bounds elements of a box).
+ * So a test can tell which key rows (tiles) a CTA spent work on, independently of the
+ * kernel's own range logic. */
+typedef struct mg_host_read_watch {
+  const void *base; /* the buffer's first byte */
+  size_t row_bytes; /* bytes from one row to the next (> 0) */
+  size_t rows;      /* rows in the buffer: reads past base + rows row_bytes are not recorded */
+  /* [grid blocks][rows], the caller's: the launch clears it, then sets read[b rows + r] to 1
+   * when block b (linear index x + grid.x (y + grid.y z)) read a byte of row r. */
+  unsigned char *read;
+} mg_host_read_watch;
+
 /* Options of mg_host_launch_ex; all zero (or a NULL pointer) gives the defaults, which
  * are also what mg_host_launch uses. */
 typedef struct mg_host_launch_opts {
@@ -99,6 +114,9 @@ typedef struct mg_host_launch_opts {
   mg_host_wgmma_issue *wgmma_trace;
   size_t wgmma_trace_cap;
   size_t *wgmma_trace_len;
+  /* When not NULL: the rows of a buffer each block reads (see mg_host_read_watch; its read
+   * must not be NULL and row_bytes not 0, else MG_HOST_E_CONFIG). */
+  const mg_host_read_watch *read_watch;
 } mg_host_launch_opts;
 
 /* mg_host_launch with options (opts may be NULL). */
