@@ -43,7 +43,10 @@ for f in sorted(glob.glob(os.path.join(root, "tuned", "*", "*.json"))):
         for c, H in models.get((s["d_n"], s["d_r"], s["d_v"], s["d_c"]), []):
             sps = [p for p in (1, 2, 4, 8) if H % p == 0 and (H // p == s["heads"] or p == 1)]
             for p in sps:
-                sets = " ".join("--set %s.%s=%d" % (e["family"], k, v) for k, v in sorted(e["config"].items()))
+                # the settings the plans fix (k_packed, deterministic, qsplit) are refused by
+                # --set (mg_spec_override_check): generate renders them as the plans do
+                sets = " ".join("--set %s.%s=%d" % (e["family"], k, v) for k, v in sorted(e["config"].items())
+                                if k not in ("k_packed", "deterministic", "qsplit"))
                 print("%s-%d-%s-sp%d %s --sp %d --dtype %s %s" % (os.path.basename(f), i, os.path.basename(c), p, c, p, s["dtype"], sets))
 PY
 while read -r name cfg rest; do

@@ -167,16 +167,12 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
         cli_error("at most %d --set options", CLI_MAX_SET);
         return CLI_USAGE;
       }
-      /* "k_packed=..." or "family.k_packed=...": the key layout is a plan step's interface
-       * (mg_spec_step_tunables), not a tunable; overriding it would hand a step a kernel
-       * whose arguments it does not pass */
-      const char *tunable = v, *dot = strchr(v, '.'), *assign = strchr(v, '=');
-      if (dot && (!assign || dot < assign)) tunable = dot + 1;
-      if (!strncmp(tunable, "k_packed", 8) && (tunable[8] == '=' || tunable[8] == '\0')) {
-        cli_error("--set %s: k_packed is not a tunable but a kernel's key layout, set by the "
-                  "plan step that runs it (1, packed keys: the explicit form; 0, k_rope read "
-                  "from the latent: the LAGA forms); generate, compile and tune render both "
-                  "where the plans run them", v);
+      /* a setting the plans fix (k_packed, deterministic, qsplit) renders a kernel no plan
+       * step runs */
+      mg_diag d = MG_DIAG_INIT;
+      if (mg_spec_override_check(v, &d)) {
+        cli_error("--set %s", mg_diag_msg(&d));
+        mg_diag_clear(&d);
         return CLI_USAGE;
       }
       o->set[o->n_set++] = v;

@@ -245,6 +245,37 @@ void mg_spec_plan_tunables(mg_kernel_spec *s) {
     }
 }
 
+int mg_spec_override_check(const char *assignment, mg_diag *d) {
+  const char *eq = strchr(assignment, '='), *dot = strchr(assignment, '.');
+  const char *name = dot && (!eq || dot < eq) ? dot + 1 : assignment;
+  const size_t flen = name == assignment ? 0 : (size_t)(dot - assignment);
+  const size_t nlen = eq && eq > name ? (size_t)(eq - name) : strlen(name);
+  char fams[256] = "";
+  const mg_op_kernels *rows[64];
+  int n = 0;
+  for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0] && n < 64; t++) rows[n++] = t;
+  for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch && n < 64; a++) rows[n++] = &a->k;
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < MG_SPEC_OP_FAMILIES && rows[r]->family[i]; i++) {
+      const char *fam = rows[r]->family[i], *fx = rows[r]->fixed[i];
+      if (!fx || (flen && (strlen(fam) != flen || strncmp(fam, assignment, flen)))) continue;
+      for (const char *p = fx; *p; p += strcspn(p, " "), p += *p == ' ') /* "a=1 b=2" */
+        if (strncmp(p, name, nlen) == 0 && p[nlen] == '=' && !strstr(fams, fam)) {
+          const size_t used = strlen(fams);
+          snprintf(fams + used, sizeof fams - used, "%s%s", used ? ", " : "", fam);
+        }
+    }
+  if (!fams[0]) return 0;
+  const int layout = nlen == 8 && !strncmp(name, "k_packed", 8);
+  return mg_diag_set(d, MLAGEN_EINVAL,
+                     "'%s': the plans fix %.*s for %s, so it cannot be overridden: a kernel with "
+                     "another value is one no plan step runs%s",
+                     assignment, (int)nlen, name, fams,
+                     layout ? " (k_packed is the step's key layout: 1 for the explicit form, 0 "
+                              "for the LAGA forms; generate and compile render both where the "
+                              "plans use them)" : "");
+}
+
 int mg_spec_set(mg_kernel_spec *s, const char *assignment, mg_diag *d) {
   /* "family.name=value" applies to that family only */
   const char *dot = strchr(assignment, '.'), *eq0 = strchr(assignment, '=');

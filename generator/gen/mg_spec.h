@@ -158,6 +158,16 @@ int mg_spec_split_keys(const mg_kernel_spec *s);
  * mg_spec_for_model call it, so generate, compile and tune see what the plans run. */
 void mg_spec_step_tunables(mg_kernel_spec *s, int split_keys);
 
+/* Checks a user's override "name=value" or "family.name=value" (generate's and compile's
+ * --set) against the settings the plans fix (the tables' fixed settings: k_packed, the key
+ * layout of attn_fwd, attn_bwd_dkdv, attn_bwd_dq, their sm_90a families, expand_kv and
+ * split_dkv, set per plan step; attn_bwd_dkdv's deterministic = 1; mqa_bwd_dkv's qsplit = 1):
+ * a kernel rendered with another value is one no plan step runs (its arguments or what it
+ * computes differ). Without a family, every family's fixed settings count.
+ * Errors: MLAGEN_EINVAL (a fixed setting, naming the families that fix it); a malformed
+ * assignment is left to mg_spec_set (0 here). */
+int mg_spec_override_check(const char *assignment, mg_diag *d);
+
 /* Adds or replaces a tunable override "name=value" (value an integer); "family.name=value"
  * applies only when s is of that family (and is otherwise a no-op).
  * Errors: MLAGEN_EINVAL (not name=value, not an integer, an unknown family, too many
