@@ -100,7 +100,9 @@ __device__ __forceinline__ void copy8(elem_t* dst, const elem_t* src, bool valid
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+// At least one CTA per SM, not more: without it ptxas 13 for sm_90a held the non-causal
+// block_m 64 / 8-warp kernel to 80 registers and spilled (68 bytes; 112 registers here).
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 ${K.name}(
     ${param_list(K.params)}) {
   __shared__ __align__(16) elem_t q_s[BLOCK_M * DQK];
