@@ -302,7 +302,7 @@ static void test_f16(void **state) {
   assert_int_equal(bad, 0);
 }
 
-/* Packed sequences at P = np: every form's varlen plan (bf16, causal) over documents of
+/* Packed sequences at P = np: every form's varlen plan (bf16, causal; at P = 2 non-causal too) over documents of
  * lengths 17, 1, 0, 2, 200, 3, 64 in a capacity of 304 tokens (the 200 one spans the rank
  * boundaries of P = 2 and 4 and laga-cp's chunks), NaN in every slack row of q, c_kv,
  * k_rope and do, every rank given the same global cu_seqlens; each rank's shard against
@@ -311,13 +311,15 @@ static void test_varlen(void **state) {
   (void)state;
   const tv_stream st = tv_rank_docs();
   const mg_shape sh = small_case(1).shape;
-  const tu_case c = tv_case(&sh, &st, 1);
-  double *in[TU_N_IN] = {0};
-  assert_int_equal(tv_inputs(&c, st.T, g_seed + 13, in), 0);
-  round_inputs(&c, MG_BF16, in); /* NaN stays NaN */
   int bad = 0;
-  for (int f = 0; f < MG_FORM_COUNT; f++) bad += check_form_v(&c, (mg_form)f, MG_BF16, in, &st);
-  tu_free(in, TU_N_IN);
+  for (int causal = 1; causal >= (g_size > 2); causal--) { /* non-causal: at P = 2 */
+    const tu_case c = tv_case(&sh, &st, causal);
+    double *in[TU_N_IN] = {0};
+    assert_int_equal(tv_inputs(&c, st.T, g_seed + 13 + (uint64_t)causal, in), 0);
+    round_inputs(&c, MG_BF16, in); /* NaN stays NaN */
+    for (int f = 0; f < MG_FORM_COUNT; f++) bad += check_form_v(&c, (mg_form)f, MG_BF16, in, &st);
+    tu_free(in, TU_N_IN);
+  }
   assert_int_equal(bad, 0);
 }
 
