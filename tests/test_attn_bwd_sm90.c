@@ -720,14 +720,17 @@ static void test_mutations_caught(void **state) {
 /* The packed-sequence variants (spec.varlen, "_varlen") of both families against the
  * per-document reference (reference_one with cu), DeepSeek-V3 heads, the defaults (dK/dV: two
  * consumers, split keys' head loop, two passes; dQ: two consumers), causal and not: every
- * query row over the short documents, and (causal) rank 0 of laga-cp at P = 2 (chunks
+ * query row over the short documents, over one document of 260 tokens ("one": dK/dV
+ * non-causal, dQ causal), and (causal) rank 0 of laga-cp at P = 2 (chunks
  * [0, 75) and [225, 300): the 200-token document cut by the split, slack rows in the
  * second chunk). NaN fills every slack row of q, dout, k_nope, k_rope and v (and LSE and
  * delta). The causal variants run with overlap and compile for sm_90a with no spill. And
  * deterministic = 0 has no variant. */
 static void test_varlen(void **state) {
   (void)state;
-  const kt_varlen *vm = kt_varlen_many();
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  const kt_varlen *vm = &vl[0], *v1 = &vl[1];
   kh_sweep sw;
   kh_sweep_open(&sw, 72, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   for (int dq = 0; dq < 2; dq++)
@@ -738,6 +741,7 @@ static void test_varlen(void **state) {
       built_kernel bk;
       build_edit(&s, NULL, &bk);
       run_case_cu(&bk, 1, T_CAP, T_CAP, 0, T_CAP, 0, vm->cu, vm->n);
+      if (causal == dq) run_case_cu(&bk, 1, T_CAP, T_CAP, 0, T_CAP, 0, v1->cu, v1->n); /* one document */
       if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, 0, T_CAP / 4, 3 * T_CAP / 4, vm->cu, vm->n);
       kh_free(&bk.kh);
       if (causal) kh_sweep_compile(&sw, &s, "");

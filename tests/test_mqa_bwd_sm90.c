@@ -486,7 +486,8 @@ static void test_dq_mutations_caught(void **state) {
 
 /* The packed-sequence variants (spec.varlen, "_varlen") of both kernels against the
  * per-document reference (case_init_cu): 288/256, H 2, the default configuration, causal
- * and not, every query over the short documents, and (causal) a shard of the second half
+ * and not, every query over the short documents, over one document of 260 tokens ("one":
+ * dkv non-causal, dq causal), and (causal) a shard of the second half
  * (queries at 150..: the 200-token document cut by the shard's start, slack rows at its
  * end); the causal variants at 576/512 compiled for sm_90a with no spill. NaN in every slack
  * row of q, c, dout, LSE and delta. Then wrong boundaries caught: dkv with a key seen by one
@@ -495,7 +496,9 @@ static void test_dq_mutations_caught(void **state) {
  * make it NaN): NaN outputs. */
 static void test_varlen(void **state) {
   (void)state;
-  const kt_varlen *vm = kt_varlen_many();
+  const kt_varlen *vl;
+  kt_varlen_cases(&vl);
+  const kt_varlen *vm = &vl[0], *v1 = &vl[1];
   kh_sweep sw;
   kh_sweep_open(&sw, 56, KH_SWEEP_SMEM | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   for (g_dq = 0; g_dq < 2; g_dq++) {
@@ -505,6 +508,7 @@ static void test_varlen(void **state) {
       built_kernel bk;
       build_edit(&s, NULL, &bk);
       run_case_cu(&bk, 1, T_CAP, T_CAP, 0, vm->cu, vm->n);
+      if (causal == g_dq) run_case_cu(&bk, 1, T_CAP, T_CAP, 0, v1->cu, v1->n); /* one document */
       if (causal) run_case_cu(&bk, 1, T_CAP / 2, T_CAP, T_CAP / 2, vm->cu, vm->n);
       kh_free(&bk.kh);
     }
