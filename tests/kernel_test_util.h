@@ -280,17 +280,62 @@ static inline int kt_tile_check_block(const kt_tile_watch *tw, size_t b, int lo,
   for (e = a; e < rows && r[e]; e++) nread++;
   for (long i = e; i < rows; i++) nread += r[i];
   if (nread != e - a) {
-    snprintf(msg, msg_n, "block %zu read key rows %ld .. %ld and more rows after a gap", b, a, e - 1);
+    snprintf(msg, msg_n, "block %zu read rows %ld .. %ld and more rows after a gap", b, a, e - 1);
     return 0;
   }
   *tiles += (e - a + tile - 1) / tile, *need += (hi - lo + tile - 1) / tile;
   if (hi == lo ? nread != 0 : a > lo || e < hi || lo - a >= tile || e - hi >= tile) {
-    snprintf(msg, msg_n, "block %zu read key rows [%ld, %ld) (%ld tiles of %d) for its documents' "
-             "keys [%d, %d) (%d tiles)", b, a, e, (e - a + tile - 1) / tile, tile, lo, hi,
+    snprintf(msg, msg_n, "block %zu read rows [%ld, %ld) (%ld tiles of %d) for its documents' "
+             "rows [%d, %d) (%d tiles)", b, a, e, (e - a + tile - 1) / tile, tile, lo, hi,
              (hi - lo + tile - 1) / tile);
     return 0;
   }
   return 1;
+}
+
+/* The hull [lo, hi) of the query rows 0 .. sq - 1 (at positions kt_qpos_at(pos, i)) that see
+ * at least one of the keys k0 .. k1 over the documents cu [n + 1] (a row at position t of
+ * document d sees cu[d] .. (causal ? t : cu[d + 1] - 1); a row at or past T sees none); (0, 0)
+ * when no row does. The key-tile kernels' (attn_bwd_dkdv's) query rows to read. */
+static inline void kt_varlen_query_hull(const int *cu, int n, int causal, const kt_qpos *pos,
+                                        int sq, int k0, int k1, int *lo, int *hi) {
+  *lo = 0x7fffffff, *hi = 0;
+  for (int i = 0; i < sq; i++) {
+    const long t = kt_qpos_at(pos, i);
+    for (int d = 0; d < n; d++)
+      if (cu[d] <= t && t < cu[d + 1]) {
+        const long e = causal ? t : cu[d + 1] - 1; /* the row's keys: cu[d] .. e */
+        if (cu[d] <= k1 && e >= k0) {
+          if (i < *lo) *lo = i;
+          if (i + 1 > *hi) *hi = i + 1;
+        }
+      }
+  }
+  if (*hi <= *lo) *lo = *hi = 0;
+}
+
+/* kt_tile_check_block over a grid of gx key-tile blocks of bn keys (of sk) x gy (heads, the
+ * same hull for each), the watch on the query rows: block x reads the query tiles (bm rows)
+ * holding kt_varlen_query_hull of its keys. Prints the tiles read against the hulls'; returns
+ * 1, or 0 with the first failure's reason in msg. */
+static inline int kt_query_tile_check(const kt_tile_watch *tw, int gx, int gy, int bn, int bm,
+                                      int sq, const int *cu, int n, int causal, const kt_qpos *pos,
+                                      int sk, char *msg, size_t msg_n) {
+  long tiles = 0, need = 0;
+  int ok = 1;
+  for (int x = 0; x < gx; x++) {
+    const int k1 = (x + 1) * bn < sk ? (x + 1) * bn - 1 : sk - 1;
+    int lo, hi;
+    kt_varlen_query_hull(cu, n, causal, pos, sq, x * bn, k1, &lo, &hi);
+    for (int y = 0; y < gy; y++)
+      if (ok && !kt_tile_check_block(tw, (size_t)x + (size_t)gx * y, lo, hi, bm, &tiles, &need,
+                                     msg, msg_n))
+        ok = 0;
+  }
+  printf("    query tiles read per CTA against the document hulls: %ld (hulls %ld)%s\n", tiles,
+         need, ok ? "" : ", FAILED");
+  if (ok) msg[0] = 0;
+  return ok;
 }
 
 /* kt_tile_check_block over a grid of gx x gy blocks (linear index x + gx y; y is a head, the

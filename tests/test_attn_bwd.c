@@ -349,8 +349,9 @@ static void thunk(void *p) {
 }
 
 /* The key-tile check of the last packed attn_bwd_dq launch (kt_tile_check: every CTA read its
- * documents' key tiles and no others): "" when it passed, else the reason. */
-static char g_dq_tiles[300];
+ * documents' key tiles and no others), and the query-tile check of the last packed
+ * single-chunk attn_bwd_dkdv launch (kt_query_tile_check): "" when it passed, else the reason. */
+static char g_dq_tiles[300], g_dkdv_tiles[300];
 
 static void launch(const built_kernel *bk, bwd_case *c, const mg_host_launch_opts *lo) {
   const int H = bk->kh.spec.heads;
@@ -362,17 +363,30 @@ static void launch(const built_kernel *bk, bwd_case *c, const mg_host_launch_opt
     grid = (mg_host_dim3){(unsigned)((c->sq + bk->rows - 1) / bk->rows), (unsigned)H, (unsigned)c->B};
   if (grid.x == 0) return;
   launch_args a = {bk, c};
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const kt_qpos pos = {c->q_pos0, c->q_split, c->q_pos1};
+  if (bk->fam == FAM_DKDV && c->cu && !lo && (c->q_split <= 0 || c->q_split >= c->sq)) {
+    /* packed attn_bwd_dkdv, one chunk of positions: the query rows each CTA copies, against
+     * the hull of the rows that see its keys */
+    const size_t qrow = (size_t)H * (s->d_n + s->d_r) * sizeof *c->q;
+    kt_tile_watch tw;
+    kt_tile_watch_init(&tw, c->q, qrow, (size_t)c->sq, (size_t)grid.x * grid.y);
+    kh_launch(&bk->kh, grid, &tw.lo, thunk, &a);
+    kt_query_tile_check(&tw, (int)grid.x, (int)grid.y, bk->rows, kh_config_int(&bk->kh, "block_m"),
+                        c->sq, c->cu, c->n_cu, s->causal, &pos, c->sk, g_dkdv_tiles,
+                        sizeof g_dkdv_tiles);
+    kt_tile_watch_free(&tw);
+    return;
+  }
   if (bk->fam != FAM_DQ || !c->cu || lo) {
     kh_launch(&bk->kh, grid, lo, thunk, &a);
     return;
   }
   /* packed attn_bwd_dq: the key rows (k_nope) each CTA copies, against its rows' hull */
-  const mg_kernel_spec *s = &bk->kh.spec;
   const size_t row = (size_t)H * (bk->packed ? s->d_n + s->d_r : s->d_n) * sizeof *c->kn;
   kt_tile_watch tw;
   kt_tile_watch_init(&tw, c->kn, row, (size_t)c->sk, (size_t)grid.x * H);
   kh_launch(&bk->kh, grid, &tw.lo, thunk, &a);
-  const kt_qpos pos = {c->q_pos0, c->q_split, c->q_pos1};
   kt_tile_check(&tw, (int)grid.x, H, bk->rows, 1, c->sq, c->cu, c->n_cu, s->causal, &pos, c->sk,
                 kh_config_int(&bk->kh, "block_n"), g_dq_tiles, sizeof g_dq_tiles);
   kt_tile_watch_free(&tw);
@@ -996,6 +1010,7 @@ static void run_varlen(const bwd_set *bs, const kt_varlen *vl, int sq, const kt_
   print_message("  documents \"%s\" (T %d of %d):\n", vl->name, vl->cu[vl->n], KT_VARLEN_CAP);
   const double secs = run_pipeline(bs, &c, NULL);
   if (bs->det && g_dq_tiles[0]) fail_msg("attn_bwd_dq: %s", g_dq_tiles);
+  if (g_dkdv_tiles[0]) fail_msg("attn_bwd_dkdv: %s", g_dkdv_tiles);
   check(bs, &c, secs);
   case_free(&c);
 }
@@ -1042,6 +1057,10 @@ static kt_mutation g_bwd_varlen_mutations[] = {
     /* right per element: caught by the key tiles each CTA reads (causal only) */
     {"varlen dq: every key tile from 0, masked", "mla::varlen_key_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0,",
      "mla::varlen_key_tiles<CAUSAL, BLOCK_N>(vl, qpos, 0,", NULL, ""},
+    /* right per element: caught by the query tiles each CTA reads */
+    {"varlen dkdv: every query tile from 0, masked",
+     "const int r0 = qpos.first_row_at(plo), r1 = min(n_valid, qpos.first_row_at(phi));",
+     "const int r0 = 0 * plo, r1 = n_valid + 0 * phi;", NULL, ""},
 };
 
 static void test_varlen_mutations_caught(void **state) {
@@ -1052,8 +1071,9 @@ static void test_varlen_mutations_caught(void **state) {
   for (size_t mi = 0; mi < sizeof g_bwd_varlen_mutations / sizeof g_bwd_varlen_mutations[0]; mi++)
     for (int causal = 1; causal >= 0; causal--) {
       kt_mutation *m = &g_bwd_varlen_mutations[mi];
-      const int is_dq = mi >= 1, all_tiles = mi == 2;
-      if (all_tiles && !causal) continue;
+      const int is_dq = mi == 1 || mi == 2, all_tiles = mi >= 2;
+      const char *tiles = mi == 3 ? g_dkdv_tiles : g_dq_tiles;
+      if (mi == 2 && !causal) continue;
       bwd_set bs;
       memset(&bs, 0, sizeof bs);
       bs.det = is_dq;
@@ -1078,14 +1098,15 @@ static void test_varlen_mutations_caught(void **state) {
       const size_t nans = compare(&bs, &c, r, msg, sizeof msg);
       if (all_tiles) {
         print_message("  [%s] %s: per element %s; %s\n", m->name, causal ? "causal" : "full",
-                      nans || msg[0] ? "FAILS" : "passes", g_dq_tiles[0] ? g_dq_tiles : "tiles NOT CAUGHT");
+                      nans || msg[0] ? "FAILS" : "passes", tiles[0] ? tiles : "tiles NOT CAUGHT");
         if (nans || msg[0]) fail_msg("%s: fails the per-element check (%s)", m->name, msg);
-        if (!g_dq_tiles[0]) fail_msg("%s: its key tiles pass the hull check", m->name);
+        if (!tiles[0]) fail_msg("%s: its tiles pass the hull check", m->name);
         case_free(&c);
         set_unload(&bs);
         continue;
       }
       if (is_dq && g_dq_tiles[0]) fail_msg("%s: %s", m->name, g_dq_tiles);
+      if (g_dkdv_tiles[0]) fail_msg("%s: %s", m->name, g_dkdv_tiles);
       print_message("  [%s] %s: %s\n", m->name, causal ? "causal" : "full", msg[0] ? msg : "NOT CAUGHT");
       if (nans) fail_msg("%s: NaN outputs, not a numerical failure", m->name);
       if (!msg[0]) fail_msg("%s: passes the per-element check", m->name);
