@@ -79,7 +79,7 @@ clang_major=$({ clang --version 2>/dev/null || true; } | sed -n 's/.*clang versi
 rt_pkgs=(${clang_major:+libclang-rt-$clang_major-dev} libclang-rt-dev
          ${clang_major:+libclang-common-$clang_major-dev})
 rt=""
-for pass in 1 2; do
+for _ in 1 2; do # twice: before and after an apt-get update
   for p in "${rt_pkgs[@]}"; do
     if installed "$p" || apt-cache show "$p" >/dev/null 2>&1; then rt=$p; break; fi
   done
