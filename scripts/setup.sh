@@ -25,6 +25,18 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+# pip as root (CI) warns on every call that it is root; it is on purpose here: say it never
+export PIP_ROOT_USER_ACTION=ignore
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+apt_updated=""
+# apt_install PKG...: apt-get install, after one apt-get update per run of this script
+apt_install() {
+  [ -n "$apt_updated" ] || $sudo apt-get update -qq
+  apt_updated=1
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@"
+}
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 # ---- the CUDA toolkit (not installable from Debian) ---------------------------------
 cuda=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
@@ -46,21 +58,40 @@ fi
 
 # ---- Debian packages ------------------------------------------------------------------
 pkgs=(build-essential binutils python3 cmake pkg-config liblua5.4-dev libcmocka-dev libcjson-dev libssl-dev valgrind
-      libopenblas-dev libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
+      libopenblas-dev libopenmpi-dev openmpi-bin clang)
 need=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+  installed "$p" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null; then
     echo "setup.sh: missing packages ${need[*]} and no apt-get: install them by hand" >&2
     exit 1
   fi
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
   echo "setup.sh: installing ${need[*]}"
+  apt_install "${need[@]}"
+fi
+# clang's ASan/UBSan/libFuzzer runtime (tests/fuzz), packaged by clang's major version N:
+# libclang-rt-N-dev (Debian 12, Ubuntu 22.04 and later; libclang-rt-dev is the default
+# clang's), libclang-common-N-dev before that. The first of these installed or known to apt
+# is the one (after an apt-get update where none is known yet).
+clang_major=$({ clang --version 2>/dev/null || true; } | sed -n 's/.*clang version \([0-9][0-9]*\)\..*/\1/p' | head -1)
+rt_pkgs=(${clang_major:+libclang-rt-$clang_major-dev} libclang-rt-dev
+         ${clang_major:+libclang-common-$clang_major-dev})
+rt=""
+for _ in 1 2; do # twice: before and after an apt-get update
+  for p in "${rt_pkgs[@]}"; do
+    if installed "$p" || apt-cache show "$p" >/dev/null 2>&1; then rt=$p; break; fi
+  done
+  if [ -n "$rt" ] || [ -n "$apt_updated" ] || ! command -v apt-get >/dev/null; then break; fi
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+  apt_updated=1
+done
+if [ -z "$rt" ]; then
+  echo "setup.sh: warning: no clang runtime package (${rt_pkgs[*]}) found for clang ${clang_major:-?}; the fuzzers cannot build" >&2
+elif ! installed "$rt"; then
+  echo "setup.sh: installing $rt (clang ${clang_major:-?}'s sanitizer runtime)"
+  apt_install "$rt"
 fi
 
 # ---- a SASS reader for tests/test_device_header.c ---------------------------------------
@@ -81,11 +112,8 @@ if [ ! -x "$cuda/bin/nvdisasm" ] && ! ls "$tools"/nvidia/*/bin/nvdisasm >/dev/nu
     *) echo "setup.sh: CUDA $major.$minor in $cuda: 12.x or 13.x is needed" >&2; exit 1 ;;
   esac
   if ! python3 -m pip --version >/dev/null 2>&1; then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
     echo "setup.sh: installing python3-pip (for nvdisasm)"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-pip
+    apt_install python3-pip
   fi
   pip=(python3 -m pip install -q --no-deps --disable-pip-version-check --target "$tools")
   echo "setup.sh: installing $want into $tools (CUDA $major.$minor has no nvdisasm)"
@@ -104,11 +132,8 @@ fi
 # Without it (offline) the build goes on; tool_missing_cute then fails in CI.
 if ! [ -f "$tools/cutlass_library/source/include/cute/tensor.hpp" ]; then
   if ! python3 -m pip --version >/dev/null 2>&1; then
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
     echo "setup.sh: installing python3-pip (for nvidia-cutlass)"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-pip
+    apt_install python3-pip
   fi
   echo "setup.sh: installing nvidia-cutlass (CuTe headers) into $tools"
   python3 -m pip install -q --no-deps --disable-pip-version-check --target "$tools" \

@@ -304,6 +304,10 @@ static void test_spec_errors(void **state) {
   assert_int_equal(mg_spec_for_model(&shape, 3, "bf16", specs, MG_SPEC_MAX_KERNELS, &n, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "sp = 3 does not divide num_attention_heads = 16"));
   assert_non_null(strstr(mg_diag_msg(&d), "laga-cp"));
+  /* no S here: the degrees are H's divisors, and the message says so */
+  assert_non_null(strstr(mg_diag_msg(&d), "sp values dividing H (and the sequence length) work "
+                                          "(here 1, 2, 4, 8, 16)"));
+  assert_null(strstr(mg_diag_msg(&d), " S "));
   assert_int_equal(mg_spec_for_model(&shape, 1, "fp8", specs, MG_SPEC_MAX_KERNELS, &n, &d), MLAGEN_EINVAL);
   assert_int_equal(mg_spec_for_model(&shape, 16, "fp16", specs, MG_SPEC_MAX_KERNELS, &n, &d), 0);
   assert_int_equal(specs[0].heads, 1);

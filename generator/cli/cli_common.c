@@ -239,7 +239,7 @@ static int cp_only_specs(const cli_opts *o, const mg_shape *shape, mg_kernel_spe
   mg_plan_args a = {.shape = shape, .form = MG_FORM_EXPLICIT, .sp = o->sp, .batch = 1,
                     .seq = (int64_t)shape->heads * o->sp, .causal = 1, .dtype = MG_BF16};
   mg_diag why = MG_DIAG_INIT;
-  mg_plan_args_check(&a, NULL, &why);
+  mg_plan_args_check(&a, &mg_plan_names_no_seq, &why);
   a.form = MG_FORM_LAGA_CP;
   int rc = mg_plan_build(p, &a, d);
   if (!rc) {

@@ -414,7 +414,8 @@ static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, dou
     printf("packed: %lld document%s, %lld tokens in a capacity of S=%lld; attention FLOPs per "
            "document pair\n", (long long)(n_cu - 1), n_cu == 2 ? "" : "s", (long long)cu[n_cu - 1],
            o.seq);
-  printf("per rank, per layer (ratio to explicit)");
+  /* the ratios only where explicit's column has figures (P | H) */
+  printf("per rank, per layer%s", ok[MG_FORM_EXPLICIT] ? " (ratio to explicit)" : "");
   if (ok[MG_FORM_LAGA_F])
     printf("; laga-f in %d head groups of %d heads", plans[MG_FORM_LAGA_F].args.head_groups,
            plans[MG_FORM_LAGA_F].heads_local / plans[MG_FORM_LAGA_F].args.head_groups);

@@ -65,11 +65,12 @@ static const char help[] =
     "                 o [B,S,H,d_v], lse [B,H,S], dq, dc_kv, dk_rope, dw_kv_b (summed\n"
     "                 over ranks); packed: o [T,H,d_v], lse [H,T], dq [T,H,d_n+d_r],\n"
     "                 dc_kv [T,d_c], dk_rope [T,d_r] (slack rows: 0, lse -inf)\n"
-    "  --check        run every form that runs at P on the same inputs and print each\n"
-    "                 one's max relative error (max|a-b| / max|b|) against explicit; fails\n"
-    "                 above 1e-4 (f32) or 1e-10 (f64). Where P does not divide H (only\n"
-    "                 laga-cp runs) the reference is explicit at P = 1 on rank 0, over the\n"
-    "                 same global inputs\n";
+    "  --check        run explicit and the --form F given (without --form, or with\n"
+    "                 explicit: every form that runs at P) on the same inputs and print\n"
+    "                 each one's max relative error (max|a-b| / max|b|) against explicit;\n"
+    "                 fails above 1e-4 (f32) or 1e-10 (f64). Where P does not divide H\n"
+    "                 (only laga-cp runs) the reference is explicit at P = 1 on rank 0,\n"
+    "                 over the same global inputs\n";
 
 /* Parses and checks the options of `mlagen run`. */
 static int parse(int argc, char **argv, cli_opts *o) {
@@ -87,12 +88,14 @@ static int parse(int argc, char **argv, cli_opts *o) {
     cli_error("--form %s: expected explicit, absorbed, laga, laga-r, laga-f or laga-cp", o->form);
     return CLI_USAGE;
   }
-  if (o->head_groups && f != MG_FORM_LAGA_F && !o->check) {
-    cli_error("--head-groups applies to --form laga-f (or --check, which runs it)");
+  const int check_all = o->check && f == MG_FORM_EXPLICIT; /* --check of every form */
+  if (o->head_groups && f != MG_FORM_LAGA_F && !check_all) {
+    cli_error("--head-groups applies to --form laga-f (or --check without --form, which runs it)");
     return CLI_USAGE;
   }
-  if (o->cp_head_groups && f != MG_FORM_LAGA_CP && !o->check) {
-    cli_error("--cp-head-groups applies to --form laga-cp (or --check, which runs it)");
+  if (o->cp_head_groups && f != MG_FORM_LAGA_CP && !check_all) {
+    cli_error("--cp-head-groups applies to --form laga-cp (or --check without --form, which runs "
+              "it)");
     return CLI_USAGE;
   }
   if (strcmp(o->dtype, "f32") && strcmp(o->dtype, "f64")) {
@@ -606,14 +609,18 @@ static int run(const cli_opts *o, group *g) {
   FAIL_IF(rc != 0, CLI_FAIL);
 
   /* the plans */
-  /* --check: every form that runs at P against explicit. The Ulysses forms need P | H
-   * (mg_plan_args_check); at any other P only laga-cp runs (--form another: its build names
-   * why) and the reference is explicit at P = 1 on rank 0 (ref_single). */
+  /* --check: --form F (not explicit) against explicit, else every form that runs at P. The
+   * Ulysses forms need P | H (mg_plan_args_check); at any other P only laga-cp runs (--form
+   * another: its build names why) and the reference is explicit at P = 1 on rank 0
+   * (ref_single). */
   const int ulysses = o->sp <= shape.heads && shape.heads % o->sp == 0;
   const int ref_single = o->check && !ulysses;
+  const int check_all = o->check && form == MG_FORM_EXPLICIT;
   int forms[MG_FORM_COUNT], n_forms = 0;
   for (int f = 0; f < MG_FORM_COUNT; f++)
-    if (f == (int)form || (o->check && (ulysses || f == MG_FORM_LAGA_CP))) forms[n_forms++] = f;
+    if (f == (int)form ||
+        (o->check && (ulysses ? check_all || f == MG_FORM_EXPLICIT : f == MG_FORM_LAGA_CP)))
+      forms[n_forms++] = f;
   for (int k = 0; k < n_forms; k++) {
     mg_plan_args a = {.shape = &shape, .form = (mg_form)forms[k], .sp = o->sp,
                       .rank = g->rank < o->sp ? g->rank : 0, .batch = (int)B, .seq = S, .causal = o->causal, .dtype = dt,
@@ -715,7 +722,7 @@ static int run(const cli_opts *o, group *g) {
            shape.source, shape.heads, shape.kv_lora_rank, shape.qk_rope_head_dim,
            shape.qk_nope_head_dim, shape.v_head_dim, shape.softmax_scale);
     if (varlen)
-      printf("packed: %lld document%s, %ld of %lld tokens", (long long)(ds.n - 1),
+      printf("packed: %lld document%s, %ld of %lld tokens,", (long long)(ds.n - 1),
              ds.n == 2 ? "" : "s", (long)ds.cu[ds.n - 1], (long long)S);
     else
       printf("B=%lld S=%lld", (long long)B, (long long)S);
@@ -799,7 +806,8 @@ static int run(const cli_opts *o, group *g) {
                 "or hold NaN or infinite values", bad, tol);
       ret = CLI_FAIL;
     } else {
-      printf("check passed: every form %sequals explicit%s within %g\n",
+      printf("check passed: %s %sequals explicit%s within %g\n",
+             check_all || ref_single ? "every form" : mg_form_name(form),
              ref_single ? "that runs at this P " : "", ref_single ? " at P = 1" : "", tol);
     }
   }

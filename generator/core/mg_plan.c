@@ -279,6 +279,10 @@ static const mg_plan_arg_names plan_names = {
     .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",
     .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)",
     .laga_cp = "laga-cp"};
+const mg_plan_arg_names mg_plan_names_no_seq = {
+    .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",
+    .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)",
+    .laga_cp = "laga-cp", .no_seq = 1};
 
 /* The Ulysses forms shard attention by heads (H / P heads per rank), so P must divide H;
  * there is no uneven head split. The message says so, names those forms, the degrees
@@ -298,10 +302,12 @@ static int head_split_error(const mg_plan_args *a, const mg_plan_arg_names *n, m
     }
   return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s = %d %s num_attention_heads = %d: the Ulysses "
                      "forms (%s) give each rank H / P whole heads, so P must divide H (no "
-                     "uneven head split); %s values dividing both H and S work (here %s); the "
+                     "uneven head split); %s values dividing %s work (here %s); the "
                      "all-gather context-parallel form %s keeps all H heads on every rank and "
-                     "takes any P dividing S", n->fn, n->sp, a->sp,
-                     a->sp > H ? "exceeds" : "does not divide", H, forms, n->sp, ok, n->laga_cp);
+                     "takes any P dividing %s", n->fn, n->sp, a->sp,
+                     a->sp > H ? "exceeds" : "does not divide", H, forms, n->sp,
+                     n->no_seq ? "H (and the sequence length)" : "both H and S", ok, n->laga_cp,
+                     n->no_seq ? "the sequence length" : "S");
 }
 
 int mg_plan_args_check(const mg_plan_args *a, const mg_plan_arg_names *n, mg_diag *d) {

@@ -230,10 +230,17 @@ typedef struct mg_plan {
 } mg_plan;
 
 /* How a caller's messages name mg_plan_args' fields: the message prefix (fn) and each
- * field's spelling ("sp" or "plan_desc->sp_size"), and how to name the laga-f form. */
+ * field's spelling ("sp" or "plan_desc->sp_size"), and how to name the laga-f form.
+ * no_seq: the caller takes no sequence length (generate, compile: args->seq is a stand-in,
+ * a multiple of H P), so the P-versus-H message speaks of "the sequence length", not S. */
 typedef struct mg_plan_arg_names {
   const char *fn, *sp, *rank, *batch, *seq, *head_groups, *laga_f, *laga_cp;
+  int no_seq;
 } mg_plan_arg_names;
+
+/* mg_plan_args_check's default names ("plan: sp = ...") with no_seq set, for the callers
+ * that check a P without a sequence length (mg_spec_for_plan, the CLI's generate/compile). */
+extern const mg_plan_arg_names mg_plan_names_no_seq;
 
 /* The argument rules of mg_plan_build, the one place they are written: MLAGEN_EINVAL
  * naming the argument (shape NULL, an unknown form or dtype, P < 1, rank outside [0, P),

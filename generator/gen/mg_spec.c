@@ -148,7 +148,7 @@ int mg_spec_for_plan(const mg_shape *shape, int sp, int head_groups, const char 
      * dividing H divides S, so its list of degrees is H's divisors) */
     const mg_plan_args a = {.shape = shape, .form = MG_FORM_EXPLICIT, .sp = sp, .batch = 1,
                             .seq = (int64_t)shape->heads * (sp > 0 ? sp : 1), .dtype = MG_BF16};
-    const int rc = mg_plan_args_check(&a, NULL, d);
+    const int rc = mg_plan_args_check(&a, &mg_plan_names_no_seq, d);
     return rc ? rc : mg_diag_set(d, MLAGEN_EINVAL, "sequence-parallel degree %d", sp);
   }
   mg_dtype t16;

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 # compare.py OUTDIR: every mlagen row of bench.csv with an op (fwd, bwd, fwd_bwd) against every
 # peer row of torch.csv with the same op, H, S, widths and mask (causal 1 or 0; a CSV without
-# the column counts as causal); writes OUTDIR/compare.csv.
+# the column counts as causal); writes OUTDIR/compare.csv. Exit 3, writing nothing, when there is
+# nothing to compare (no bench.csv rows or no torch.csv rows: run.sh's NOT_RUN).
 import csv, os, sys
 out = sys.argv[1]
 def rows(name):
     p = os.path.join(out, name)
     return list(csv.DictReader(open(p))) if os.path.exists(p) else []
 mine, peer = rows("bench.csv"), rows("torch.csv")
-if not mine:
-    print("no bench.csv rows"); sys.exit(1)
+for name, have in (("bench.csv", mine), ("torch.csv", peer)):
+    if not have:
+        print(f"nothing to compare: no {name} rows in {out}"); sys.exit(3)
 lines = []
 hdr = f"{'mlagen':<18} {'peer':<20} {'op':<8} {'H':>4} {'S':>6} {'causal':>6} {'d_qk/d_v':>8} {'mlagen ms':>10} {'peer ms':>10} {'ratio':>7} {'mlagen TF/s':>11} {'peer TF/s':>9}"
 print(hdr)

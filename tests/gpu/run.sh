@@ -49,8 +49,8 @@
 #   sanitizer compute-sanitizer memcheck, racecheck, synccheck over mlagen_bench
 #             --check-only --heads 2 (every kernel's check: H 2 at S 256/255 and 200)
 #             60 s, 120 s (racecheck), 60 s                                          cap 240
-#   peers     torch_peer.py                                                          cap  90
-#   compare   bench.csv x torch.csv -> compare.csv                                   cap  10
+#   peers     torch_peer.py (NOT_RUN where python3 cannot import torch)              cap  90
+#   compare   bench.csv x torch.csv -> compare.csv (NOT_RUN: no rows in either)      cap  10
 # Every step prints one parseable line:  STEP <name> <ok|ok (unchecked)|FAILED|TIMEOUT|NOT_RUN|REFUSED> <s>s <why>
 # and the script ends with:  SUMMARY ok=<..> failed=<..> not_run=<..> refused=<..> unchecked=<..> total=<s>s
 # ("ok (unchecked)": the step ran and succeeded but its check was skipped or absent, e.g.
@@ -71,7 +71,8 @@
 # Environment: BENCH_ARGS, SM90_ARGS, VARLEN_ARGS, TUNE_SP, TUNE_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
 # COMPUTE_SANITIZER (the binary), SANITIZER_WHEEL (a carried nvidia-cuda-sanitizer-api
 # wheel, unpacked into OUTDIR/tools); MPIRUN (default mpirun); DRY_RUN=1 prints each step's
-# command instead of running it (every step then NOT_RUN "dry run").
+# command instead of running it (every step then NOT_RUN "dry run"), then the budget guard's
+# verdict were every step to take its whole cap (which steps a real run would cut).
 set -u
 if [ $# -lt 1 ]; then
   echo "usage: $0 OUTDIR [BUILD_DIR]" >&2
@@ -85,6 +86,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 STEPS=${STEPS:-build smi bench forms forms16k nocausal f16 sp2 sanitizer peers compare}
 BUDGET_S=${BUDGET_S:-560}
 START=$(date +%s)
+DRY_SUM=0 DRY_END=0 DRY_CUT="" DRY_NOTE="" # DRY_RUN=1: the budget guard simulated (step)
 OK="" FAILED="" NOT_RUN="" REFUSED="" UNCHECKED=""
 elapsed() { echo $(( $(date +%s) - START )); }
 note() { echo "== [$(elapsed)s] $*" | tee -a "$OUT/run.log"; }
@@ -114,7 +116,13 @@ step() {
   fi
   note "$name: $* (cap ${cap}s)"
   if [ -n "${DRY_RUN:-}" ]; then
-    result "$name" NOT_RUN "$T0" "dry run"
+    # the guard above as a real run would meet it, were every step to take its whole cap
+    # (DRY_END: the simulated seconds since the start; DRY_CUT: the steps it would cut)
+    DRY_SUM=$(( DRY_SUM + cap ))
+    local past=""
+    if [ $(( DRY_END + cap )) -gt "$BUDGET_S" ]; then DRY_CUT="$DRY_CUT $name" past="; at the caps, past the budget"
+    else DRY_END=$(( DRY_END + cap )); fi
+    result "$name" NOT_RUN "$T0" "dry run${DRY_NOTE:+; $DRY_NOTE}$past"
     return
   fi
   timeout "$cap" "$@" > "$OUT/$log" 2>&1
@@ -132,6 +140,22 @@ finish() {
   fi
 }
 
+# torch for the peers (NO_TORCH: why python3 cannot import it; empty when it can)
+NO_TORCH=""
+TORCH=$(python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>&1) ||
+  NO_TORCH=$(echo "$TORCH" | tail -1)
+TORCH=$(echo "$TORCH" | tail -1)
+# peer_step NAME CAP LOG CMD...: step for a command that needs torch: NOT_RUN without it
+peer_step() {
+  if [ -n "$NO_TORCH" ] && [ -z "${DRY_RUN:-}" ]; then
+    T0=$(date +%s) RC=-1
+    result "$1" NOT_RUN "$T0" "no torch: python3 cannot import it ($NO_TORCH)"
+    return
+  fi
+  [ -n "$NO_TORCH" ] && DRY_NOTE="no torch: a real run is NOT_RUN"
+  step "$@"
+  DRY_NOTE=""
+}
 # preflight (always): the tools found
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -142,8 +166,8 @@ finish() {
   echo "CUDA_HOME=${CUDA_HOME:-} ; /usr/local/cuda: $(ls -d /usr/local/cuda* 2>/dev/null | tr '\n' ' ')"
   ls /usr/local/cuda*/bin/compute-sanitizer /usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null
   ldconfig -p 2>/dev/null | grep -E 'libcublas\.so|libnvrtc\.so|libmpi\.so' | head -6
-  python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' 2>&1 | tail -1
-  nproc
+  if [ -n "$NO_TORCH" ]; then echo "torch: not importable ($NO_TORCH)"; else echo "torch: $TORCH"; fi
+  echo "cores: $(nproc)"
 } > "$OUT/preflight.txt" 2>&1
 note "preflight: $OUT/preflight.txt; steps: $STEPS; budget ${BUDGET_S}s"
 cat "$OUT/preflight.txt"
@@ -221,17 +245,18 @@ fi
 
 if want sm90peers; then
   # shellcheck disable=SC2086
-  step sm90peers 150 sm90peers.stdout bash -c "python3 '$SRC/tests/gpu/torch_peer.py' '$OUT/sm90' --causal 1,0 --peers sdpa_cudnn --ops fwd,fwd_bwd --mqa-seqs= ${PEER_ARGS:-} && python3 '$SRC/tests/gpu/compare.py' '$OUT/sm90'"
+  peer_step sm90peers 150 sm90peers.stdout bash -c "python3 '$SRC/tests/gpu/torch_peer.py' '$OUT/sm90' --causal 1,0 --peers sdpa_cudnn --ops fwd,fwd_bwd --mqa-seqs= ${PEER_ARGS:-} && python3 '$SRC/tests/gpu/compare.py' '$OUT/sm90'"
   finish sm90peers "" sm90peers.stdout
 fi
 
-# forms_step NAME CAP OUTSUB ARGS...: mlagen_forms_check into OUT/OUTSUB; exit 4 = REFUSED
+# forms_step NAME CAP OUTSUB ARGS...: mlagen_forms_check into OUT/OUTSUB; exit 4 = REFUSED;
+# FORMS_ENV (optional, VAR=VALUE): set for the binary through env, in the printed command too
 forms_step() {
   local name=$1 cap=$2 sub=$3
   shift 3
   if ! have "$FORMS"; then T0=$(date +%s); result "$name" FAILED "$T0" "no $FORMS"; return; fi
   # shellcheck disable=SC2086
-  step "$name" "$cap" "$sub.stdout" "$FORMS" "$OUT/$sub" "$@" ${FORMS_ARGS:-}
+  step "$name" "$cap" "$sub.stdout" ${FORMS_ENV:+env "$FORMS_ENV"} "$FORMS" "$OUT/$sub" "$@" ${FORMS_ARGS:-}
   if [ "$RC" = 4 ]; then result "$name" REFUSED "$T0" "refused by the API: $(grep -s -m1 'refused by the API' "$OUT/$sub.stdout")"
   else
     why=$(grep -s -m1 '^forms: ' "$OUT/$sub.stdout")
@@ -239,11 +264,7 @@ forms_step() {
   fi
 }
 want forms && forms_step forms 120 forms --seq 4096
-if want formsmma; then
-  export MLAGEN_MMA_SYNC=1
-  forms_step formsmma 120 forms-mma --seq 4096
-  unset MLAGEN_MMA_SYNC
-fi
+want formsmma && FORMS_ENV=MLAGEN_MMA_SYNC=1 forms_step formsmma 120 forms-mma --seq 4096
 want forms16k && forms_step forms16k 90 forms16k --seq 16384 --ref-rows 512 --iters 0
 want nocausal && forms_step nocausal 90 forms-nocausal --seq 4096 --no-causal --iters 0
 want f16 && forms_step f16 45 forms-f16 --seq 1024 --dtype f16 --iters 0
@@ -277,33 +298,47 @@ if want sanitizer; then
       chmod +x "$OUT"/tools/nvidia/cu*/bin/compute-sanitizer 2>/dev/null
     for c in "$OUT"/tools/nvidia/cu*/bin/compute-sanitizer; do [ -x "$c" ] && SAN=$c; done
   fi
-  if [ -z "$SAN" ]; then
-    for t in memcheck racecheck synccheck; do result "sanitizer-$t" NOT_RUN "$T0" "compute-sanitizer not found (COMPUTE_SANITIZER, PATH, /usr/local/cuda*, pip nvidia-cuda-sanitizer-api, SANITIZER_WHEEL)"; done
+  nosan="compute-sanitizer not found (COMPUTE_SANITIZER, PATH, /usr/local/cuda*, pip nvidia-cuda-sanitizer-api, SANITIZER_WHEEL)"
+  if [ -z "$SAN" ] && [ -z "${DRY_RUN:-}" ]; then
+    for t in memcheck racecheck synccheck; do result "sanitizer-$t" NOT_RUN "$T0" "$nosan"; done
   elif ! have "$BENCH"; then
     for t in memcheck racecheck synccheck; do result "sanitizer-$t" FAILED "$T0" "no $BENCH"; done
   else
-    note "compute-sanitizer: $SAN ($("$SAN" --version 2>&1 | tail -1))"
+    if [ -z "$SAN" ]; then # a dry run prints the commands all the same
+      SAN=compute-sanitizer DRY_NOTE="compute-sanitizer not found: a real run is NOT_RUN"
+      note "$nosan"
+    else note "compute-sanitizer: $SAN ($("$SAN" --version 2>&1 | tail -1))"; fi
     for t in memcheck racecheck synccheck; do
       extra="" cap=60
       [ $t = racecheck ] && extra="--racecheck-report all" cap=120
       # shellcheck disable=SC2086
       step "sanitizer-$t" $cap "sanitizer-$t.log" "$SAN" --tool $t $extra --error-exitcode 9 --print-limit 20 \
         "$BENCH" "$OUT/sanitizer-$t" --check-only --heads 2 --jobs 16
-      if [ "$RC" = 9 ]; then result "sanitizer-$t" FAILED "$T0" "$t reported errors: $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")"
-      else finish "sanitizer-$t" "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")" "sanitizer-$t.log"; fi
+      if [ "$RC" = 9 ]; then result "sanitizer-$t" FAILED "$T0" "$t reported errors: $(grep -s -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")"
+      else finish "sanitizer-$t" "$(grep -s -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")" "sanitizer-$t.log"; fi
     done
+    DRY_NOTE=""
   fi
 fi
 
 if want peers; then
   # shellcheck disable=SC2086
-  step peers 90 torch.stdout python3 "$SRC/tests/gpu/torch_peer.py" "$OUT" ${PEER_ARGS:-}
+  peer_step peers 90 torch.stdout python3 "$SRC/tests/gpu/torch_peer.py" "$OUT" ${PEER_ARGS:-}
   finish peers "" torch.stdout
 fi
 
 if want compare; then
   step compare 10 compare.stdout python3 "$SRC/tests/gpu/compare.py" "$OUT"
-  finish compare "" compare.stdout
+  if [ "$RC" = 3 ]; then result compare NOT_RUN "$T0" "$(tail -1 "$OUT/compare.stdout")"
+  else finish compare "" compare.stdout; fi
+fi
+
+if [ -n "${DRY_RUN:-}" ]; then
+  if [ -n "$DRY_CUT" ]; then
+    note "budget: caps ${DRY_SUM} s against BUDGET_S ${BUDGET_S} s: the guard cuts a step when the seconds since the start plus its cap exceed BUDGET_S, so a real run whose steps each took their whole cap would cut $(echo "$DRY_CUT" | sed 's/^ //; s/ /, /g') (the others end by ${DRY_END} s)"
+  else
+    note "budget: caps ${DRY_SUM} s against BUDGET_S ${BUDGET_S} s: every step fits even at its whole cap"
+  fi
 fi
 
 total=$(elapsed)

@@ -25,7 +25,10 @@ else
 fi
 # -Wno-unknown-pragmas: kernels say `#pragma unroll`, which g++ does not know (and g++ 12
 # ignores `#pragma GCC diagnostic` for it, so cuda_host.h cannot silence it).
-flags="-std=c++17 $opt -g -Wall -Wextra -Wno-unknown-pragmas -I$inc -I$here -I$templates"
+# -fno-strict-aliasing: kernels read a bf16 or half pair as its 32-bit register
+# (templates/mla_device.cuh's pack2, as CUDA code does), which C++'s aliasing rules forbid
+# on the host: g++ -O2 would otherwise assume they do not alias (and warns -Wstrict-aliasing).
+flags="-std=c++17 $opt -g -Wall -Wextra -Wno-unknown-pragmas -fno-strict-aliasing -I$inc -I$here -I$templates"
 
 # 1. static: kernels + driver in one program
 $cxx $flags -include cuda_host.h -x c++ "$here/selftest.cpp" -x c++ "$here/cuda_host.cpp" \
