@@ -364,7 +364,7 @@ int mg_host_kernel_build(const char *source, size_t len, const char *file_name,
   int opt = o && o->opt_level > 0 ? o->opt_level : (asan ? 0 : 2);
   char flags[2048];
   snprintf(flags, sizeof flags,
-           "-std=c++17 -O%d -fPIC -w -I'%s' -I'%s'%s%s%s%s%s%s", opt, cuda, host_dir,
+           "-std=c++17 -O%d -fno-strict-aliasing -fPIC -w -I'%s' -I'%s'%s%s%s%s%s%s", opt, cuda, host_dir,
            fma_flags(), (asan || (o && o->debug)) ? " -g" : "",
            asan ? " -fsanitize=address -fno-omit-frame-pointer" : "",
            is_clang(cxx) ? " -femulated-tls" : "", o && o->extra_flags ? " " : "",
