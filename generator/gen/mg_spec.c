@@ -226,12 +226,19 @@ void mg_spec_step_tunables(mg_kernel_spec *s, int split_keys) {
   mg_spec_plan_tunables(s);
 }
 
-void mg_spec_plan_tunables(mg_kernel_spec *s) {
-  const int split = mg_spec_split_keys(s);
-  const mg_op_kernels *rows[64];
+/* The rows of both kernel tables (the op table's, then the arch table's) into rows[0..64);
+ * returns their count. */
+static int table_rows(const mg_op_kernels *rows[64]) {
   int n = 0;
   for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0] && n < 64; t++) rows[n++] = t;
   for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch && n < 64; a++) rows[n++] = &a->k;
+  return n;
+}
+
+void mg_spec_plan_tunables(mg_kernel_spec *s) {
+  const int split = mg_spec_split_keys(s);
+  const mg_op_kernels *rows[64];
+  const int n = table_rows(rows);
   for (int r = 0; r < n; r++)
     for (int i = 0; i < MG_SPEC_OP_FAMILIES && rows[r]->family[i]; i++) {
       const mg_op_kernels *t = rows[r];
@@ -252,9 +259,7 @@ int mg_spec_override_check(const char *assignment, mg_diag *d) {
   const size_t nlen = eq && eq > name ? (size_t)(eq - name) : strlen(name);
   char fams[256] = "";
   const mg_op_kernels *rows[64];
-  int n = 0;
-  for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0] && n < 64; t++) rows[n++] = t;
-  for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch && n < 64; a++) rows[n++] = &a->k;
+  const int n = table_rows(rows);
   for (int r = 0; r < n; r++)
     for (int i = 0; i < MG_SPEC_OP_FAMILIES && rows[r]->family[i]; i++) {
       const char *fam = rows[r]->family[i], *fx = rows[r]->fixed[i];
