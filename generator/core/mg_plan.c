@@ -275,14 +275,12 @@ static int finalize(mg_plan *p, mg_diag *d) {
   return mg_plan_check(p, d);
 }
 
-static const mg_plan_arg_names plan_names = {
-    .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",
-    .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)",
-    .laga_cp = "laga-cp"};
-const mg_plan_arg_names mg_plan_names_no_seq = {
-    .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",
-    .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)",
-    .laga_cp = "laga-cp", .no_seq = 1};
+#define PLAN_NAMES                                                                         \
+  .fn = "plan", .sp = "sp", .rank = "rank", .batch = "batch", .seq = "seq",                \
+  .head_groups = "head_groups", .laga_f = "the fused LAGA form (laga-f)", .laga_cp = "laga-cp"
+static const mg_plan_arg_names plan_names = {PLAN_NAMES};
+const mg_plan_arg_names mg_plan_names_no_seq = {PLAN_NAMES, .no_seq = 1};
+#undef PLAN_NAMES
 
 /* The Ulysses forms shard attention by heads (H / P heads per rank), so P must divide H;
  * there is no uneven head split. The message says so, names those forms, the degrees
