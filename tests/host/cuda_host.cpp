@@ -27,6 +27,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <link.h>
+#if defined(__FMA__) && defined(__AVX__)
+#include <immintrin.h>
+#endif
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -1100,6 +1103,40 @@ uint32_t ldsm_elem(const uint32_t (*rows)[WIDE_IN], unsigned m, unsigned row, un
   return (rows[8 * m + row][col >> 1] >> (16 * (col & 1))) & 0xffffu;
 }
 
+/* One warp's mma.m16n8k16 from the lanes' deposited fragments (in[l]: a0..a3, b0..b1,
+ * c0..c3) into out[l][0..3]. Each d element is c followed by fmaf over k = 0..15 in
+ * order; the innermost loop runs over a row's 8 columns so the compiler can vectorize it
+ * (each element still sees the same operations in the same order). */
+template <float (*cvt)(uint32_t)>
+void mma_m16n8k16(const uint32_t (*in)[WIDE_IN], uint32_t (*out)[WIDE_OUT]) {
+  float A[16][16], B[16][8], C[16][8];
+  for (unsigned l = 0; l < 32; ++l) {
+    unsigned g = l >> 2, t = l & 3;
+    for (unsigned r = 0; r < 4; ++r) /* a[r] = elements a(2r), a(2r+1) */
+      for (unsigned h = 0; h < 2; ++h)
+        A[g + 8 * (r & 1)][2 * t + 8 * (r >> 1) + h] = cvt(in[l][r] >> (16 * h));
+    for (unsigned r = 0; r < 2; ++r) /* b[r] = elements b(2r), b(2r+1) */
+      for (unsigned h = 0; h < 2; ++h) B[2 * t + 8 * r + h][g] = cvt(in[l][4 + r] >> (16 * h));
+    for (unsigned i = 0; i < 4; ++i) /* c[i] */
+      memcpy(&C[g + 8 * (i >> 1)][2 * t + (i & 1)], &in[l][6 + i], 4);
+  }
+  for (unsigned row = 0; row < 16; ++row) {
+#if defined(__FMA__) && defined(__AVX__)
+    __m256 acc = _mm256_loadu_ps(C[row]); /* a row of 8 in one register; fused, as fmaf */
+    for (unsigned k = 0; k < 16; ++k)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(A[row][k]), _mm256_loadu_ps(B[k]), acc);
+    _mm256_storeu_ps(C[row], acc);
+#else
+    for (unsigned k = 0; k < 16; ++k)
+      for (unsigned col = 0; col < 8; ++col) C[row][col] = fmaf(A[row][k], B[k][col], C[row][col]);
+#endif
+  }
+  for (unsigned l = 0; l < 32; ++l) {
+    unsigned g = l >> 2, t = l & 3;
+    for (unsigned i = 0; i < 4; ++i) memcpy(&out[l][i], &C[g + 8 * (i >> 1)][2 * t + (i & 1)], 4);
+  }
+}
+
 void complete_wide(Warp *W, int op, unsigned bank) {
   const uint32_t(*in)[WIDE_IN] = W->win[bank];
   uint32_t(*out)[WIDE_OUT] = W->wout[bank];
@@ -1116,27 +1153,10 @@ void complete_wide(Warp *W, int op, unsigned bank) {
   }
   /* mma.m16n8k16.row.col, PTX ISA "Matrix Fragments for mma.m16n8k16 with floating point
    * type": groupID g = lane >> 2, threadID_in_group t = lane % 4. */
-  float (*cvt)(uint32_t) = op == MG_HOST_MMA_F16 ? f16_bits_to_float : bf16_bits_to_float;
-  float A[16][16], B[16][8], C[16][8];
-  for (unsigned l = 0; l < 32; ++l) {
-    unsigned g = l >> 2, t = l & 3;
-    for (unsigned r = 0; r < 4; ++r) /* a[r] = elements a(2r), a(2r+1) */
-      for (unsigned h = 0; h < 2; ++h)
-        A[g + 8 * (r & 1)][2 * t + 8 * (r >> 1) + h] = cvt(in[l][r] >> (16 * h));
-    for (unsigned r = 0; r < 2; ++r) /* b[r] = elements b(2r), b(2r+1) */
-      for (unsigned h = 0; h < 2; ++h) B[2 * t + 8 * r + h][g] = cvt(in[l][4 + r] >> (16 * h));
-    for (unsigned i = 0; i < 4; ++i) /* c[i] */
-      memcpy(&C[g + 8 * (i >> 1)][2 * t + (i & 1)], &in[l][6 + i], 4);
-  }
-  for (unsigned l = 0; l < 32; ++l) {
-    unsigned g = l >> 2, t = l & 3;
-    for (unsigned i = 0; i < 4; ++i) {
-      unsigned row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-      float acc = C[row][col];
-      for (unsigned k = 0; k < 16; ++k) acc = fmaf(A[row][k], B[k][col], acc);
-      memcpy(&out[l][i], &acc, 4);
-    }
-  }
+  if (op == MG_HOST_MMA_F16)
+    mma_m16n8k16<f16_bits_to_float>(in, out);
+  else
+    mma_m16n8k16<bf16_bits_to_float>(in, out);
 }
 
 [[noreturn]] __attribute__((format(printf, 5, 6))) void ptx_fail(Launch *L, Fiber *f,
