@@ -24,7 +24,9 @@ struct WgOp {
   float *d[128];
   bool applied[128];
   unsigned napplied;
-  /* Its operands as floats, A [64][16] then B [n][16], decoded from the async view of
+  /* Its operands as floats, A [64][16] then B as [16][8][n/8] (element (col, k) at
+   * (k * 8 + col % 8) * (n / 8) + col / 8: a thread's accumulators of one kind lie 8 columns
+   * apart, so their B values for one k are adjacent), decoded from the async view of
    * generation opnd_gen (HBlock::view_gen) by the first thread that applies it there: the 128
    * threads read the same elements (each B element 64 times, each A element 4 times). */
   float *opnd;
@@ -423,8 +425,9 @@ float h16_to_float(int kind, uint32_t bits) {
   return (kind & 1) ? f16_bits_to_float(bits & 0xffff) : bf16_bits_to_float(bits & 0xffff);
 }
 
-/* op's operands as floats from the async view as it is now (op->opnd, A [64][16] then
- * B [n][16]; decoded again only when the view changed since), every element checked. */
+/* op's operands as floats from the async view as it is now (op->opnd: A [64][16], then B
+ * in WgOp::opnd's order; decoded again only when the view changed since), every element
+ * checked. */
 const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
   if (op->opnd && op->opnd_gen == h->view_gen) return op->opnd;
   if (!op->opnd) op->opnd = (float *)malloc((size_t)(64 + op->n) * 16 * sizeof(float));
@@ -457,8 +460,9 @@ const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
         A[row * 16 + k] = ld(op->da, row, k, "A");
       }
     }
+  const unsigned nj = (unsigned)op->n / 8;
   for (unsigned col = 0; col < (unsigned)op->n; ++col)
-    for (unsigned k = 0; k < 16; ++k) B[col * 16 + k] = ld(op->db, col, k, "B");
+    for (unsigned k = 0; k < 16; ++k) B[(k * 8 + col % 8) * nj + col / 8] = ld(op->db, col, k, "B");
   op->opnd_gen = h->view_gen;
   return op->opnd;
 }
@@ -469,13 +473,31 @@ const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
 void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
   const float *A = wg_operands(L, f, h, op), *B = A + 64 * 16;
   float *d = op->d[t];
-  for (int i = 0; i < op->n / 2; ++i) {
-    unsigned row, col;
-    mg_host_wgmma_acc_coord(t, (unsigned)i, &row, &col);
-    const float *a = A + row * 16, *b = B + col * 16;
-    float acc = op->scale_d ? d[i] : 0.0f;
-    for (unsigned k = 0; k < 16; ++k) acc = fmaf(a[k], b[k], acc);
-    d[i] = acc;
+  const unsigned nj = (unsigned)op->n / 8;
+  /* d[4j + c] (mg_host_wgmma_acc_coord) is (row of c, 8j + col0 of c): for each c, the nj
+   * accumulators share a row and run over B's adjacent j, 8 at a time where the build has
+   * AVX and FMA (each element's operations as in the scalar loop: fused, k in order) */
+  for (unsigned c = 0; c < 4; ++c) {
+    unsigned row, col0;
+    mg_host_wgmma_acc_coord(t, c, &row, &col0);
+    const float *a = A + row * 16, *b = B + col0 * nj;
+    unsigned j = 0;
+#if defined(__FMA__) && defined(__AVX__)
+    for (; j + 8 <= nj; j += 8) {
+      float x[8];
+      for (unsigned u = 0; u < 8; ++u) x[u] = op->scale_d ? d[4 * (j + u) + c] : 0.0f;
+      __m256 acc = _mm256_loadu_ps(x);
+      for (unsigned k = 0; k < 16; ++k)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[k]), _mm256_loadu_ps(b + k * 8 * nj + j), acc);
+      _mm256_storeu_ps(x, acc);
+      for (unsigned u = 0; u < 8; ++u) d[4 * (j + u) + c] = x[u];
+    }
+#endif
+    for (; j < nj; ++j) {
+      float acc = op->scale_d ? d[4 * j + c] : 0.0f;
+      for (unsigned k = 0; k < 16; ++k) acc = fmaf(a[k], b[k * 8 * nj + j], acc);
+      d[4 * j + c] = acc;
+    }
   }
   op->applied[t] = true;
   op->napplied++;
