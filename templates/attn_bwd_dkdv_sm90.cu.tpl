@@ -349,7 +349,7 @@ ${K.name}(
     const unsigned q_addr = opaque_u32(ring_addr + st * STAGE_BYTES);
     const unsigned k_addr = opaque_u32(k_base);
     fence_operand(s);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: S fence
 #pragma unroll
     for (int ks = 0; ks < DQK / 16; ++ks)
       wgmma_ss<BM, tag_t>(s, make_desc_kstep(k_addr, BLOCK_N, WK, SWK, ks), make_desc_kstep(q_addr, BM, WQ, SWQ, ks), ks > 0);
@@ -360,7 +360,7 @@ ${K.name}(
     const unsigned o_addr = opaque_u32(ring_addr + st * STAGE_BYTES + Q_BYTES);
     const unsigned v_addr = opaque_u32(v_base);
     fence_operand(dp);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: dP fence
 #pragma unroll
     for (int ks = 0; ks < DV / 16; ++ks)
       wgmma_ss<BM, tag_t>(dp, make_desc_kstep(v_addr, BLOCK_N, WV, SWV, ks), make_desc_kstep(o_addr, BM, WV, SWV, ks), ks > 0);
@@ -406,7 +406,7 @@ ${K.name}(
   auto issue_dv = [&](int st, const unsigned (&a)[BM / 16][4]) {
     const unsigned o_addr = opaque_u32(ring_addr + st * STAGE_BYTES + Q_BYTES);
     fence_operand(dv_acc);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: dV fence
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
       wgmma_rs_tb<DV, tag_t>(dv_acc, a[kk], make_desc(o_addr + kk * 16 * 2 * WV, BM * 2 * WV, 8 * 2 * WV, SWV), 1);
@@ -416,7 +416,7 @@ ${K.name}(
   auto issue_dk = [&](int st, const unsigned (&a)[BM / 16][4]) {
     const unsigned q_addr = opaque_u32(ring_addr + st * STAGE_BYTES);
     fence_operand(dk);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: dK fence
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
       wgmma_rs_tb<DQK, tag_t>(dk, a[kk], make_desc(q_addr + kk * 16 * 2 * WQ, BM * 2 * WQ, 8 * 2 * WQ, SWQ), 1);
@@ -434,7 +434,7 @@ ${K.name}(
     for (int cb = 0; cb < DQK / 64; ++cb) {
       float acc[32];
       fence_operand(acc);
-      wgmma_fence();
+      wgmma_fence();  // MUTATION: dQ fence
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_ss_t<64, tag_t, 1, 1>(acc, make_desc_mn_kstep(SWIZZLE_128B, ds_addr, 64, ks),

@@ -286,7 +286,7 @@ ${K.name}(
   // S = Q K^T and dP = dO V^T (each issued and committed).
   auto issue_s = [&](const Addr& a) {
     fence_operand(s);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: S fence
 #pragma unroll
     for (int ks = 0; ks < DQK / 16; ++ks)
       wgmma_ss<BLOCK_N, tag_t>(s, make_desc_kstep(a.q, BLOCK_M, WQ, SWQ, ks), make_desc_kstep(a.k, BLOCK_N, WK, SWK, ks), ks > 0);
@@ -294,7 +294,7 @@ ${K.name}(
   };
   auto issue_dp = [&](const Addr& a) {
     fence_operand(dp);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: dP fence
 #pragma unroll
     for (int ks = 0; ks < DV / 16; ++ks)
       wgmma_ss<BLOCK_N, tag_t>(dp, make_desc_kstep(a.o, BLOCK_M, WV, SWV, ks), make_desc_kstep(a.v, BLOCK_N, WV, SWV, ks), ks > 0);
@@ -345,7 +345,7 @@ ${K.name}(
   // apart); issued, committed.
   auto issue_dq = [&](const Addr& a, const unsigned (&da)[BLOCK_N / 16][4]) {
     fence_operand(acc);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: dQ fence
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk)
       wgmma_rs_tb<DQK, tag_t>(acc, da[kk], make_desc(a.k + kk * 16 * 2 * WK, BLOCK_N * 2 * WK, 8 * 2 * WK, SWK), 1);

@@ -267,7 +267,7 @@ ${K.name}(
   auto issue_s = [&](int st) {
     const unsigned k_addr = ring_addr + st * STAGE_BYTES;
     fence_operand(s);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: S fence
 #pragma unroll
     for (int ks = 0; ks < DQK / 16; ++ks) {
       const unsigned long long db = ks * 16 < DN
@@ -283,7 +283,7 @@ ${K.name}(
   auto issue_pv = [&](int st, const unsigned (&p)[BLOCK_N / 16][4]) {
     const unsigned v_addr = ring_addr + st * STAGE_BYTES + K_BYTES;
     fence_operand(acc_o);
-    wgmma_fence();
+    wgmma_fence();  // MUTATION: PV fence
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk)
       wgmma_rs_tb<DV, tag_t>(acc_o, p[kk],

@@ -318,7 +318,7 @@ ${K.name}(
 @     if WGN == 0 then
         // S^T = C Q^T over all d_c + d_r columns.
         fence_operand(s);
-        wgmma_fence();
+        wgmma_fence();  // MUTATION: S fence
 #pragma unroll
         for (int ks = 0; ks < DQK / 16; ++ks)
           wgmma_ss<64, tag_t>(s, kdesc(c_addr, BLOCK_N, W, SW, ks), kdesc(q_addr, BLOCK_M, W, SW, ks), ks > 0);
@@ -355,7 +355,7 @@ ${K.name}(
 @     else
         // dP^T = V dO^T, V = C's first d_c columns.
         fence_operand(s);
-        wgmma_fence();
+        wgmma_fence();  // MUTATION: dP fence
 #pragma unroll
         for (int ks = 0; ks < DC / 16; ++ks)
           wgmma_ss<64, tag_t>(s, kdesc(c_addr, BLOCK_N, W, SW, ks), kdesc(o_addr, BLOCK_M, W, SW, ks), ks > 0);
@@ -400,7 +400,7 @@ ${K.name}(
       // Phase B: this warpgroup's chunks += P^T dO[:, chunk] (dC chunks) + dS^T Q[:, chunk].
 #pragma unroll
       for (int c = 0; c < NC; ++c) fence_operand(acc[c]);
-      wgmma_fence();
+      wgmma_fence();  // MUTATION: B fence ${WGN}
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         constexpr int CH0 = FIRST;

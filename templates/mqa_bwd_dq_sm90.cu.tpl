@@ -291,7 +291,7 @@ ${K.name}(
 @   if WGN == 0 then
       // S = Q C^T over all d_c + d_r columns.
       fence_operand(s);
-      wgmma_fence();
+      wgmma_fence();  // MUTATION: S fence
 #pragma unroll
       for (int ks = 0; ks < DQK / 16; ++ks)
         wgmma_ss<64, tag_t>(s, kdesc(q_addr, BLOCK_M, W, SW, ks), kdesc(c_addr, BLOCK_N, W, SW, ks), ks > 0);
@@ -320,7 +320,7 @@ ${K.name}(
 @   else
       // dP = dO V^T, V = C's first d_c columns.
       fence_operand(s);
-      wgmma_fence();
+      wgmma_fence();  // MUTATION: dP fence
 #pragma unroll
       for (int ks = 0; ks < DC / 16; ++ks)
         wgmma_ss<64, tag_t>(s, kdesc(o_addr, BLOCK_M, W, SW, ks), kdesc(c_addr, BLOCK_N, W, SW, ks), ks > 0);
@@ -348,7 +348,7 @@ ${K.name}(
       // Phase B: this warpgroup's chunks += dS C[:, chunk].
 #pragma unroll
       for (int c = 0; c < NC; ++c) fence_operand(acc[c]);
-      wgmma_fence();
+      wgmma_fence();  // MUTATION: B fence ${WGN}
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         const int col = chunk_col(FIRST + c);

@@ -262,7 +262,7 @@ ${K.name}(
     auto issue_s = [&](int st) {
       const unsigned c_addr = ring_addr + st * STAGE_BYTES;
       fence_operand(s);
-      wgmma_fence();
+      wgmma_fence();  // MUTATION: S fence
 #pragma unroll
       for (int ks = 0; ks < DQK / 16; ++ks)
         wgmma_ss<BLOCK_N, tag_t>(s, make_desc_kstep(q_addr, BLOCK_M, W, SW, ks), make_desc_kstep(c_addr, BLOCK_N, W, SW, ks), ks > 0);
@@ -271,7 +271,7 @@ ${K.name}(
     // O[:, 0 : DH] += P V for the tile in stage st, P from the registers (issued, not waited for).
     auto issue_pv = [&](int st) {
       fence_operand(acc_o);
-      wgmma_fence();
+      wgmma_fence();  // MUTATION: PV0 fence
 #pragma unroll
       for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs_tb<DH, tag_t>(acc_o, p[kk], vdesc(st, kk), 1);
       wgmma_commit();
@@ -402,7 +402,7 @@ ${K.name}(
       rescale_rows<DH>(acc_o, corr);
       // O[:, DH : DC] += P V_j, P from shared memory (K-major, 128B-swizzled boxes).
       fence_operand(acc_o);
-      wgmma_fence();
+      wgmma_fence();  // MUTATION: PV1 fence
 #pragma unroll
       for (int kk = 0; kk < BLOCK_N / 16; ++kk)
         wgmma_ss_t<DH, tag_t, 0, 1>(acc_o, make_desc_kstep(p_addr, BLOCK_M, 64, SWIZZLE_128B, kk), vdesc(st, kk), 1);

@@ -518,9 +518,36 @@ static void ld_k_rope_mutation_caught(void) {
   kh_free(&bk.kh);
 }
 
+/* The source with e applied (block_m 64, block_n 64, 2 stages, `overlap`) on 8 key tiles
+ * through the 2-stage ring: the check must fail or the launch be reported. */
+static void mutation_caught(const sm90_edit *e, int overlap) {
+  mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
+  kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
+  kh_set(&s, overlap ? "overlap=1" : "overlap=0");
+  built_kernel bk;
+  build_edit(&s, e, &bk);
+  fwd_case c;
+  case_init(&bk, &c, 1, 128, 512, 384);
+  char msg[1024];
+  int rc = launch_case(&bk, &c, msg, sizeof msg);
+  const char *how = "launch reported";
+  if (!rc) {
+    size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
+    if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", e->from);
+    how = "check failed";
+  }
+  print_message("  overlap %d without '%s': %s: %.150s\n", overlap, e->from, how, msg);
+  case_free(&c);
+  kh_free(&bk.kh);
+}
+
 /* Each mutation of the rendered source must make the check fail or the launch be reported
  * (a deadlock, a wgmma protocol error); ping-pong's, the order of its turns be wrong or the
- * launch be reported. And ping-pong with one consumer refused. */
+ * launch be reported. And ping-pong with one consumer refused. The wgmma fences: the default
+ * run removes the PV one on overlap 1 (in the loop the S fence just before covers it, so it is
+ * caught at the last tile's O += P V, after a wait that delivered), MLAGEN_TEST_EXHAUSTIVE=1
+ * (ctest -C exhaustive) each on both overlaps. fence_operand(...) is a compiler-only register
+ * fence (an empty asm; nothing on the host): not among the mutations. */
 static void test_mutations_caught(void **state) {
   (void)state;
   ld_k_rope_mutation_caught();
@@ -538,26 +565,19 @@ static void test_mutations_caught(void **state) {
       {"wgmma_wait<0>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
   };
-  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) {
-    mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
-    kh_set(&s, "block_m=64"), kh_set(&s, "block_n=64"), kh_set(&s, "stages=2");
-    kh_set(&s, m < 6 ? "overlap=1" : "overlap=0");
-    built_kernel bk;
-    build_edit(&s, &muts[m], &bk);
-    fwd_case c;
-    case_init(&bk, &c, 1, 128, 512, 384); /* 8 key tiles through a 2-stage ring */
-    char msg[1024];
-    int rc = launch_case(&bk, &c, msg, sizeof msg);
-    const char *how = "launch reported";
-    if (!rc) {
-      size_t nans = compare_mutant(&bk, &c, msg, sizeof msg);
-      if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", muts[m].from);
-      how = "check failed";
-    }
-    print_message("  overlap %d without '%s': %s: %.150s\n", m < 6, muts[m].from, how, msg);
-    case_free(&c);
-    kh_free(&bk.kh);
-  }
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) mutation_caught(&muts[m], m < 6);
+  static const struct {
+    int overlap, sample;
+    sm90_edit e;
+  } fences[] = {
+      {1, 1, {"wgmma_fence();  // MUTATION: PV fence", ""}},
+      {1, 0, {"wgmma_fence();  // MUTATION: S fence", ""}},
+      {0, 0, {"wgmma_fence();  // MUTATION: S fence", ""}},
+      {0, 0, {"wgmma_fence();  // MUTATION: PV fence", ""}},
+  };
+  const int all = kh_sweep_exhaustive();
+  for (size_t m = 0; m < sizeof fences / sizeof fences[0]; m++)
+    if (all || fences[m].sample) mutation_caught(&fences[m].e, fences[m].overlap);
   /* Ping-pong (the output stays right: its barriers order no data): the turn wait removed
    * (the barriers' balance breaks), or made an arrive (balanced but nobody waits: the
    * order of the turns breaks), or the hand-back removed (a deadlock). */

@@ -379,7 +379,10 @@ static void schedules_bit_identical(void) {
 
 /* The two kernels' pipeline protocol (the same names in both): every wait, barrier and fence
  * whose removal the check must catch, in the order sample_dkv / sample_dq index them; `free`
- * is the kernel's BAR_FREE arrive at the end of an iteration (its loop bound differs). */
+ * is the kernel's BAR_FREE arrive at the end of an iteration (its loop bound differs). The
+ * wgmma fences last (each before its warpgroup's first wgmma or after a wait that delivered
+ * results: the executor reports the wgmma). fence_operand(...) is a compiler-only register
+ * fence (an empty asm; nothing on the host): not among them. */
 #define MQA_BWD_SM90_SYNC_MUTS(free) \
       {"mbar_wait(&empty[st], ph ^ 1u);", ""}, \
       {"mbar_wait(&full[st], (unsigned)(j / STAGES) & 1u);  // MUTATION: full wait 0", ""}, \
@@ -397,7 +400,11 @@ static void schedules_bit_identical(void) {
       {"wgmma_wait<0>();  // MUTATION: B wait 1", ""}, \
       {free, ""}, \
       {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""}, \
-      {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""}
+      {"mbar_arrive(&empty[st]);  // MUTATION: empty release 1", ""}, \
+      {"wgmma_fence();  // MUTATION: S fence", ""}, \
+      {"wgmma_fence();  // MUTATION: dP fence", ""}, \
+      {"wgmma_fence();  // MUTATION: B fence 0", ""}, \
+      {"wgmma_fence();  // MUTATION: B fence 1", ""}
 
 static const sm90_edit muts_dkv[] = {
     MQA_BWD_SM90_SYNC_MUTS("if (j + 1 < n_iter) bar_arrive(BAR_FREE, 256);"),
@@ -415,12 +422,13 @@ static const sm90_edit muts_dq[] = {
 
 /* The default run's sample (indices into muts_dkv / muts_dq; every mutation with
  * MLAGEN_TEST_EXHAUSTIVE=1, ctest -C exhaustive): every kind of barrier, wait and fence at
- * least once across the two mirrored kernels (same names, same protocol). dkv: the
- * producer's empty mbarrier wait, the S wgmma wait, the P named-barrier arrive, the
- * warpgroup-internal READ bar.sync, the proxy fence; dq: the consumers' full mbarrier wait,
- * the DS bar.sync, a consumer's empty mbarrier arrive. */
-static const int sample_dkv[] = {0, 3, 5, 9, 10};
-static const int sample_dq[] = {1, 6, 15};
+ * least once across the two mirrored kernels (same names, same protocol), and each kernel's
+ * proxy fence and a wgmma fence. dkv: the producer's empty mbarrier wait, the S wgmma wait,
+ * the P named-barrier arrive, the warpgroup-internal READ bar.sync, the proxy fence, the S
+ * wgmma fence; dq: the consumers' full mbarrier wait, the DS bar.sync, the proxy fence, a
+ * consumer's empty mbarrier arrive, consumer 1's phase-B wgmma fence. */
+static const int sample_dkv[] = {0, 3, 5, 9, 10, 17};
+static const int sample_dq[] = {1, 6, 10, 15, 20};
 
 static void mutations(const sm90_edit *muts, size_t n, const int *sample, size_t n_sample, int sq,
                       int sk, int q_pos0) {
