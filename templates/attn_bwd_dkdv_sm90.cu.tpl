@@ -21,8 +21,10 @@
 @ -- Consumers, per query tile, with wgmma (m64 = the warpgroup's 64 keys; fp32 accumulation):
 @ --   S^T  = K Q^T          ss, both K-major                               (n = 64 queries)
 @ --   dP^T = V dO^T         ss, both K-major (issued with S^T; d_v native: no padding to d_qk)
-@ --   P^T  = exp2(S^T scale log2 e - LSE log2 e), masked only on tiles crossing the end of the
-@ --          keys or queries or the causal diagonal
+@ --   P^T  = exp2(S^T scale log2 e - LSE log2 e); causal: masked only on tiles crossing the
+@ --          end of the keys or queries or the diagonal; non-causal: no per-element test (a
+@ --          key past the end gets -inf added to its row, a query row past the end has LSE
+@ --          +inf; with the tests, overlap = 1 kernels spilled where the causal ones fit)
 @ --   dS^T = P^T (dP^T - delta)                                            (fp32 P)
 @ --   dV  += P^T dO         rs: P^T packed to 16 bits in registers; dO MN-major (n = d_v)
 @ --   dK  += dS^T Q         rs: dS^T in registers; Q MN-major (n = d_n + d_r)
@@ -62,9 +64,9 @@
 @ -- fp32 accumulators per consumer thread: dK (d_qk/2) + dV (d_v/2) + S^T + dP^T (32 each);
 @ -- two_pass: the larger of the passes. One consumer has 255 registers per thread; two
 @ -- (block_n 128: 384 threads) get 232 after setmaxnreg, the producer keeping 40 (with 24 its
-@ -- LSE warp spilled). The kept configurations compile without spills on sm_90a
-@ -- (tests/test_attn_bwd_sm90.c). DeepSeek's heads in one pass (224 accumulators) need 255
-@ -- registers and spill a little (k_packed): they run two passes.
+@ -- LSE warp spilled). The kept configurations compile without spills on sm_90a, causal
+@ -- and not (tests/test_attn_bwd_sm90.c). DeepSeek's heads in one pass (224 accumulators)
+@ -- need 255 registers and spill a little (k_packed): they run two passes.
 @ local function acc_limit(c) return c.block_n == 64 and 192 or 160 end
 @ local function WKc(dn, dr) return math.min(tma_box_width(dn), tma_box_width(dr)) end
 @ local function accumulators(c)
@@ -251,7 +253,10 @@ ${K.name}(
 @ end
 @ local M0 = VARLEN and "m_base + mt * BM" or "mt * BM"   -- query tile mt's first row
   int n_vis = 0;  // visible query tiles (the same for every head)
-  for (int mt = 0; mt < m_tiles; ++mt) n_vis += visible(mt) ? 1 : 0;
+  if (!CAUSAL)
+    n_vis = m_tiles;  // all of them (counted, it took a register of its own in ptxas)
+  else
+    for (int mt = 0; mt < m_tiles; ++mt) n_vis += visible(mt) ? 1 : 0;
   constexpr int PASSES = TWO_PASS ? 2 : 1;
 
   if (tid == 0) {
@@ -384,11 +389,22 @@ ${K.name}(
       s[i] = p;
     }
 @ else
+    if (!CAUSAL) {
+      // Non-causal: a key past the end gets -inf added to its row, a query row past the end
+      // has LSE +inf (the producer's): P^T is 0 there with no per-element test (with tests,
+      // ptxas kept them hoisted out of the query loop live across it, and the overlap = 1
+      // kernels spilled 80-476 bytes where the causal ones fit; NVRTC, sm_90a).
+      const float k_off[2] = {kr0 < seqlen_k ? 0.f : mla::neg_inf(), kr0 + 8 < seqlen_k ? 0.f : mla::neg_inf()};
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i)
+        s[i] = exp2f(s[i] * scale_log2 - ld[8 * (i / 4) + 2 * qd + (i % 2)] + k_off[(i % 4) / 2]);
+      return;
+    }
     const int m1 = min(m0 + BM, seqlen_q);
     int mn = 2147483647;  // the tile's smallest query position
     if (m0 < q_split) mn = pos(m0);
     if (m1 > q_split) mn = min(mn, pos(max(m0, q_split)));
-    const bool edge = k0 + 64 > seqlen_k || m0 + BM > seqlen_q || (CAUSAL && k0 + 63 > mn);
+    const bool edge = k0 + 64 > seqlen_k || m0 + BM > seqlen_q || k0 + 63 > mn;
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) {
       const int c = 8 * (i / 4) + 2 * qd + (i % 2);
@@ -396,7 +412,7 @@ ${K.name}(
       if (edge) {
         const int key = kr0 + 8 * ((i % 4) / 2);
         const int qi = m0 + c;
-        if (key >= seqlen_k || qi >= seqlen_q || (CAUSAL && key > pos(qi))) p = 0.f;
+        if (key >= seqlen_k || qi >= seqlen_q || key > pos(qi)) p = 0.f;
       }
       s[i] = p;
     }

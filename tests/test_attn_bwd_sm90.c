@@ -813,12 +813,12 @@ static void test_varlen_mutations_caught(void **state) {
 }
 
 /* The configurations the templates' checks keep compile for sm_90a (NVRTC) with no spill,
- * no stack frame, no static shared memory and no wgmma serialized by ptxas (causal; both
- * overlaps). sh 0: DeepSeek-V3 heads at H 128,
- * 1: the unusual shape at H 40 and the small heads (d_n 32, d_r 32, d_v 64: the
- * two-consumer and mutation tests') at H 16 in one sweep (the cover pairs each shape with
- * every tunable value), 2: the wide 256/256 heads. A covering sample is compiled (every kept
- * configuration with MLAGEN_TEST_EXHAUSTIVE=1). */
+ * no stack frame, no static shared memory and no wgmma serialized by ptxas (causal and not:
+ * kh_sweep_cover flips the mask of every second pick; both overlaps). sh 0: DeepSeek-V3
+ * heads at H 128, 1: the unusual shape at H 40 and the small heads (d_n 32, d_r 32, d_v 64:
+ * the two-consumer and mutation tests') at H 16 in one sweep (the cover pairs each shape
+ * with every tunable value), 2: the wide 256/256 heads. A covering sample is compiled
+ * (every kept configuration, with both masks, under MLAGEN_TEST_EXHAUSTIVE=1). */
 enum { NC_SHAPE = 2 * (2 * 3 * 2 * 2 * 2 + 2 * 2 * 2 * 2) }; /* candidates per shape (x2: overlap) */
 static int nvrtc_cands(int sh, mg_kernel_spec *cands);
 static void nvrtc_kept_configs(int sh) {
