@@ -22,7 +22,7 @@ def require(*modules):
         try:
             importlib.import_module(m)
         except ImportError as e:
-            print(f"not found: python module {m} ({e}); scripts/setup.sh installs it",
+            print(f"not found: python module {m} ({e}); scripts/setup.sh --test installs it",
                   file=sys.stderr)
             sys.exit(1 if os.environ.get("CI", "") not in ("", "0", "false") else 77)
 
