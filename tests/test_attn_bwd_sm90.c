@@ -814,7 +814,7 @@ static void test_varlen_mutations_caught(void **state) {
 
 /* The configurations the templates' checks keep compile for sm_90a (NVRTC) with no spill,
  * no stack frame, no static shared memory and no wgmma serialized by ptxas (causal and not:
- * kh_sweep_cover flips the mask of every second pick; both overlaps). sh 0: DeepSeek-V3
+ * kh_sweep_cover adds the other mask for one pick drawn from the seed; both overlaps). sh 0: DeepSeek-V3
  * heads at H 128, 1: the unusual shape at H 40 and the small heads (d_n 32, d_r 32, d_v 64:
  * the two-consumer and mutation tests') at H 16 in one sweep (the cover pairs each shape
  * with every tunable value), 2: the wide 256/256 heads. A covering sample is compiled

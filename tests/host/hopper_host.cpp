@@ -702,6 +702,8 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
   Fiber *f = L->cur;
   HBlock *h = hblock(L, f->blk);
   HThread &th = h->th[f->index];
+  if (n < 8 || n > 256 || n % 8)
+    ptx_fail(L, f, name, line, "N = %d is not a multiple of 8 in 8..256 (PTX ISA, wgmma .bf16/.f16)", n);
   if (!th.fenced)
     ptx_fail(L, f, name, line,
              "no wgmma.fence since the start or since the last wgmma.wait_group that delivered "
