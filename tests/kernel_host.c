@@ -412,7 +412,8 @@ int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t se
   }
   /* A list of one mask (the suites sweep their causal specs): every pick compiles with its
    * mask, and one of them, drawn from seed (the first pick in the shuffled order), with the
-   * other mask too; every kept one with both under MLAGEN_TEST_EXHAUSTIVE=1 (ptxas allocates
+   * other mask too, for sm_90a (where the spills of one mask only were found); every kept
+   * one with both, for both archs, under MLAGEN_TEST_EXHAUSTIVE=1 (ptxas allocates
    * registers per mask: a configuration may spill with one and not the other). */
   int one_mask = best_smem >= 0;
   const int fc = N_SPEC_FACTORS - 1; /* "causal" */
@@ -428,7 +429,7 @@ int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t se
                       " MLAGEN_TEST_EXHAUSTIVE=1 compiles all"
                     : "every value and pair of values of the spec's fields and tunables, and the"
                       " most shared memory; MLAGEN_TEST_EXHAUSTIVE=1 compiles all",
-                !one_mask ? "" : all ? "; each causal and not" : "; one drawn from the seed also with the other mask",
+                !one_mask ? "" : all ? "; each causal and not" : "; one drawn from the seed also with the other mask, for sm_90a",
                 (unsigned long long)seed);
   const int rejected = sw->rejected;
   for (int i = 0; i < n; i++) {
@@ -436,7 +437,12 @@ int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t se
     assert_int_equal(kh_sweep_compile(sw, &cands[i], prefix), 1);
     mg_kernel_spec other = cands[i];
     other.causal = !other.causal;
-    if (one_mask && (all || i == other_pick)) assert_int_equal(kh_sweep_compile(sw, &other, prefix), 1);
+    if (one_mask && (all || i == other_pick)) { /* by default for sm_90a only */
+      const int flags = sw->flags;
+      if (!all) sw->flags |= KH_SWEEP_SM90_ONLY;
+      assert_int_equal(kh_sweep_compile(sw, &other, prefix), 1);
+      sw->flags = flags;
+    }
   }
   sw->rejected = rejected;
   free(val);

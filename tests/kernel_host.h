@@ -135,7 +135,7 @@ int kh_sweep_compile(kh_sweep *sw, const mg_kernel_spec *s, const char *prefix);
  * spec's family, dtype, heads, d_n, d_r, d_v, d_c and causal, and each tunable
  * (KH_SWEEP_SINGLES: every single value only; a list should not mix varlen and unpacked
  * candidates, varlen is no factor). When every kept candidate has the same mask (causal),
- * one picked candidate drawn from seed is also compiled with the other mask. With
+ * one picked candidate drawn from seed is also compiled with the other mask (for sm_90a). With
  * MLAGEN_TEST_EXHAUSTIVE=1 in the environment (ctest -L exhaustive) every kept candidate is
  * compiled (with both masks in that case). Returns the kept
  * candidates' count (compiled or not); rejected ones are counted in sw->rejected. */

@@ -7,7 +7,7 @@
  * in every slack row (t >= T) of q, c_kv, k_rope and do, against the float64 reference of
  * each document alone (tests/varlen_test_util.h: tv_reference, its rows put in place,
  * dw_kv_b summed over the documents); slack rows want o = dq = dc_kv = dk_rope = 0 exactly
- * and lse = -inf (tv_slack_wrong). Per element at tu_tol_bf16 (tests/cpu_test_util.h),
+ * and lse = -inf (tv_slack_wrong). Per element at tv_tol_bf16 (tests/varlen_test_util.h),
  * causal and not. Also
  * T = 0 (every row slack, every token-contracting GEMM at k = 0): all zero. Each pass
  * leaves the compacted cu_seqlens (mg_varlen_compact, padded with T to seq + 1) in the
@@ -147,7 +147,7 @@ static void check_varlen(const tu_case *c, mg_form f, double *const in[TU_N_IN],
     const int64_t slack = tv_slack_wrong(c, T, k, g);
     if (slack) fprintf(stderr, "%s: %lld slack element(s) not %s\n", what, (long long)slack,
                        k == TU_LSE ? "-inf" : "0");
-    cc_result r = tu_check(what, g, ref[k], n, tu_rms(ref[k], n), tu_tol_bf16[k], tu_out_cols(c, k));
+    cc_result r = tu_check(what, g, ref[k], n, tu_rms(ref[k], n), tv_tol_bf16[k], tu_out_cols(c, k));
     e[k] = r.min_atol;
     if (e[k] > g_worst[k]) g_worst[k] = e[k];
     bad += !cc_ok(&r) + (slack != 0);
@@ -342,7 +342,7 @@ static void test_refusals(void **state) {
 
 static int report_worst(void **state) {
   (void)state;
-  tu_print_worst("(rms units, rtol of tu_tol_bf16)", g_worst);
+  tu_print_worst("(rms units, rtol of tv_tol_bf16)", g_worst);
   return 0;
 }
 
