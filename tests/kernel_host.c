@@ -416,9 +416,8 @@ int kh_sweep_cover(kh_sweep *sw, const mg_kernel_spec *cands, int n, uint64_t se
    * one with both, for both archs, under MLAGEN_TEST_EXHAUSTIVE=1 (ptxas allocates
    * registers per mask: a configuration may spill with one and not the other). */
   int one_mask = best_smem >= 0;
-  const int fc = N_SPEC_FACTORS - 1; /* "causal" */
-  for (int i = 0; i < n; i++)
-    if (state[i] && val[(size_t)i * nf + fc] != val[(size_t)best_smem * nf + fc]) one_mask = 0;
+  for (int i = 0; i < n && one_mask; i++)
+    one_mask = !state[i] || cands[i].causal == cands[best_smem].causal;
   int other_pick = -1;
   for (int o = 0; one_mask && o < n && other_pick < 0; o++)
     if (state[order[o]] == 2) other_pick = order[o];

@@ -333,13 +333,11 @@ static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, i
       for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i] && !a->on_request; i++)
         paired |= strcmp(a->k.family[i], F) != 0 && strcmp(mg_family_portable(a->k.family[i]), F) == 0;
     if (strict && !paired) {
-      char list[512] = ""; /* the architectures' families, from mg_spec.c's table */
-      for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch; a++)
-        for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i]; i++) {
-          const char *af = a->k.family[i];
-          if (!strcmp(mg_family_portable(af), af) || strstr(list, af)) continue;
+      char list[512] = ""; /* the architectures' families (mg_spec.c) */
+      for (const char *const *af = mg_spec_families; *af; af++)
+        if (strcmp(mg_family_portable(*af), *af)) {
           const size_t len = strlen(list);
-          snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", af);
+          snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", *af);
         }
       cli_error("--family %s: generate and compile render on request only an architecture's "
                 "family beside the portable one it stands in for (%s; with --arch sm_90a, "

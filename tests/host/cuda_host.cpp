@@ -27,7 +27,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <link.h>
+/* The mma and wgmma products 8 columns at a time (the harness builds with -mfma). */
 #if defined(__FMA__) && defined(__AVX__)
+#define MG_HOST_VEC_FMA 1
 #include <immintrin.h>
 #endif
 #include <sys/mman.h>
@@ -1121,7 +1123,7 @@ void mma_m16n8k16(const uint32_t (*in)[WIDE_IN], uint32_t (*out)[WIDE_OUT]) {
       memcpy(&C[g + 8 * (i >> 1)][2 * t + (i & 1)], &in[l][6 + i], 4);
   }
   for (unsigned row = 0; row < 16; ++row) {
-#if defined(__FMA__) && defined(__AVX__)
+#if MG_HOST_VEC_FMA
     __m256 acc = _mm256_loadu_ps(C[row]); /* a row of 8 in one register; fused, as fmaf */
     for (unsigned k = 0; k < 16; ++k)
       acc = _mm256_fmadd_ps(_mm256_set1_ps(A[row][k]), _mm256_loadu_ps(B[k]), acc);

@@ -482,7 +482,7 @@ void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
     mg_host_wgmma_acc_coord(t, c, &row, &col0);
     const float *a = A + row * 16, *b = B + col0 * nj;
     unsigned j = 0;
-#if defined(__FMA__) && defined(__AVX__)
+#if MG_HOST_VEC_FMA
     for (; j + 8 <= nj; j += 8) {
       float x[8];
       for (unsigned u = 0; u < 8; ++u) x[u] = op->scale_d ? d[4 * (j + u) + c] : 0.0f;
