@@ -155,10 +155,18 @@ if [ "$mode" = test ]; then
     python3 -m venv "$venv" || echo "setup.sh: warning: python3 -m venv failed" >&2
   fi
   if [ -x "$venv/bin/python" ]; then
-    if ! "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1; then
-      echo "setup.sh: installing torch and transformers from PyPI into $venv (minutes)"
+    # Checked by importing both after the install, and tried twice: a CI run once ended with
+    # torch in the venv and transformers not (pip exits non-zero after installing part of
+    # what it resolved: a dropped connection, a full disk), and python_torch_hf then failed.
+    for try in 1 2; do
+      "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1 && break
+      echo "setup.sh: installing torch and transformers from PyPI into $venv (minutes; try $try of 2)"
       "$venv/bin/pip" install -q --disable-pip-version-check "torch==2.15.*" "transformers==5.24.*" ||
-        echo "setup.sh: warning: torch/transformers could not be installed" >&2
+        echo "setup.sh: warning: pip install torch transformers exited $? (try $try)" >&2
+    done
+    if ! err=$("$venv/bin/python" -c "import torch, transformers" 2>&1); then
+      echo "setup.sh: warning: torch/transformers are not importable from $venv: ${err##*$'\n'}" >&2
+      echo "setup.sh: free disk space under $venv: $(df -h "$venv" 2>/dev/null | awk 'NR == 2 { print $4 }')" >&2
     fi
     "$venv/bin/pip" install -q --disable-pip-version-check ./python ||
       echo "setup.sh: warning: pip install ./python failed" >&2
