@@ -228,8 +228,8 @@ int cli_plan_build(mg_plan *p, const mg_plan_args *a, mg_diag *d) {
  * (mg_plan_args_check) and laga-cp is the only form; its kernels do not depend on P (every
  * rank attends with all H heads, in head groups of H / N). Prints a note saying so, in
  * mg_plan_args_check's words, then cuts specs[0..*n) (mg_spec_for_model's at P = 1) to the
- * kernels laga-cp's plan at P launches: the families of its kernel steps, the attention
- * families at its head-group width. */
+ * kernels laga-cp's plan at P launches: the families of its kernel steps, the attention and
+ * K/V layout families (expand_kv, split_dkv) at its head-group width. */
 static int cp_only_specs(const cli_opts *o, const mg_shape *shape, mg_kernel_spec *specs, int *n,
                          mg_diag *d) {
   if (o->sp < 1) return mg_diag_set(d, MLAGEN_EINVAL, "--sp %d: must be >= 1", o->sp);
@@ -252,10 +252,13 @@ static int cp_only_specs(const cli_opts *o, const mg_shape *shape, mg_kernel_spe
       for (int j = 0; j < p->n_steps && !keep; j++) {
         const mg_step *s = &p->steps[j];
         const int attn = s->op == MG_OP_ATTN_FWD || s->op == MG_OP_ATTN_BWD;
+        /* per-head kernels: attention and the K/V layout steps, whose first input is
+         * [B, S, heads, w] (mg_plan_check.c) */
+        const int per_head = attn || s->op == MG_OP_EXPAND_KV || s->op == MG_OP_SPLIT_DKV;
         for (int k = 0; s->kind == MG_STEP_KERNEL && k < MG_SPEC_OP_FAMILIES && mg_op_family(s->op, k); k++)
           keep |= !strcmp(mg_op_family(s->op, k), specs[i].family) &&
-                  (!attn || (specs[i].heads == p->bufs[s->in[0]].dims[2] &&
-                             specs[i].d_n == shape->qk_nope_head_dim));
+                  (!per_head || (specs[i].heads == p->bufs[s->in[0]].dims[2] &&
+                                 (!attn || specs[i].d_n == shape->qk_nope_head_dim)));
       }
       if (keep) specs[m++] = specs[i];
     }

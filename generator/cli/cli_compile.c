@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "mg_arch.h"
 #include "mg_generate.h"
 #include "mg_jit.h"
 #include "mlagen.h"
@@ -63,6 +64,12 @@ int cli_compile(int argc, char **argv) {
                 len > 32 ? 32 : (int)len, p);
       return CLI_USAGE;
     }
+    const mg_arch_facts *facts = mg_arch_named(archbuf[n_arch]);
+    if (facts && facts->sm < MG_ARCH_MIN_SM) {
+      cli_error("--arch: '%s': mlagen's kernels need sm_%d or newer (bf16 mma.sync, cp.async)",
+                archbuf[n_arch], MG_ARCH_MIN_SM);
+      return CLI_USAGE;
+    }
     archs[n_arch] = archbuf[n_arch];
     n_arch++;
     p += len;
@@ -79,8 +86,7 @@ int cli_compile(int argc, char **argv) {
   int n_hdr = 0;
   const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
   int failed = 0, compiled = 0, hits = 0, usage = 0;
-  printf("%-62s %-7s %5s %6s %7s %7s %8s %s\n", "kernel", "arch", "regs", "spill", "smem",
-         "dynsmem", "ms", "cache");
+  int header = 0; /* the table's header, printed before its first row (not before a refusal) */
   /* per arch, the families its executor runs (cli_arch_specs); an invalid argument (a
    * rejected tunable, an unknown arch) would fail every kernel alike: reported once, then
    * stop */
@@ -114,6 +120,9 @@ int cli_compile(int argc, char **argv) {
         usage = rc == MLAGEN_EINVAL;
       } else {
         const mg_jit_report *r = &c.report;
+        if (!header++)
+          printf("%-62s %-7s %5s %6s %7s %7s %8s %s\n", "kernel", "arch", "regs", "spill", "smem",
+                 "dynsmem", "ms", "cache");
         char ser[48] = ""; /* ptxas serialized the wgmma: correct, several times slower */
         if (r->wgmma_serialized > 1)
           snprintf(ser, sizeof ser, "  wgmma-serialized (C%d)", r->wgmma_serialized);

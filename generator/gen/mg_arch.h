@@ -29,6 +29,11 @@ static const mg_arch_facts mg_arch_table[] = {
 };
 #define MG_ARCH_COUNT ((int)(sizeof mg_arch_table / sizeof mg_arch_table[0]))
 
+/* The oldest architecture mlagen's kernels run on: they use bf16 mma.sync.m16n8k16 and
+ * cp.async (sm_80). The rows above it are listed so that a name is known and refused as too
+ * old, not as unknown. */
+#define MG_ARCH_MIN_SM 80
+
 /* The facts of sm (e.g. 90 for sm_90 and sm_90a), or NULL for an architecture not listed. */
 static inline const mg_arch_facts *mg_arch_find(int sm) {
   for (int i = 0; i < MG_ARCH_COUNT; i++)
