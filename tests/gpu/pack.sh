@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/pack.sh [BUILD_DIR] [DEST]: the folder to carry to a lent GPU machine, which
-# cannot install Lua, cJSON or cmocka (tests/gpu/README.md). Copies mlagen (the CLI, for
+# cannot install Lua, cJSON or cmocka (tests/gpu/README.md). Copies libmlagen.so (for the
+# torchcuda step) and mlagen (the CLI, for
 # run.sh's tune90 step) into DEST/build, mlagen_bench and
 # mlagen_forms_check (and mlagen_forms_check_mpi with CARRY_MPI=1: it needs libmpi on the
 # device) from BUILD_DIR/tests (default build) into DEST/build/tests (default build-h200,
@@ -16,7 +17,7 @@ DEST=${2:-$SRC/build-h200}
 bins="mlagen_bench mlagen_forms_check"
 [ -n "${CARRY_MPI:-}" ] && bins="$bins mlagen_forms_check_mpi"
 skip='/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcrypto|libnvrtc[^/]*|ld-linux[^/]*)\.so'
-libs=$(for b in $bins; do ldd "$BUILD/tests/$b"; done; ldd "$BUILD/mlagen")
+libs=$(for b in $bins; do ldd "$BUILD/tests/$b"; done; ldd "$BUILD/mlagen"; ldd "$BUILD/libmlagen.so")
 libs=$(echo "$libs" | awk '/=> \//{print $3}' | sort -u | grep -Ev "$skip" || true)
 if [ -n "${DRY_RUN:-}" ]; then
   echo "binaries: $bins"; echo "libraries:"; echo "$libs"; echo "wheel: ${SANITIZER_WHEEL:-none}"
@@ -25,6 +26,7 @@ fi
 mkdir -p "$DEST/build/tests" "$DEST/lib"
 for b in $bins; do cp "$BUILD/tests/$b" "$DEST/build/tests/"; done
 cp "$BUILD/mlagen" "$DEST/build/" # run.sh's tune90 step
+cp -L "$BUILD/libmlagen.so" "$DEST/build/libmlagen.so" # run.sh's torchcuda step (ctypes)
 for l in $libs; do cp -L "$l" "$DEST/lib/"; done
 if [ -n "${SANITIZER_WHEEL:-}" ]; then cp "$SANITIZER_WHEEL" "$DEST/"; fi
 size=$(du -sbL "$DEST" | cut -f1)
@@ -44,5 +46,7 @@ echo "  LD_LIBRARY_PATH=$at/lib NO_BUILD=1 STEPS=\"smi bench forms forms16k noca
 echo "  LD_LIBRARY_PATH=$at/lib NO_BUILD=1 ${wheel}STEPS=\"sp2 sanitizer peers compare\" bash tests/gpu/run.sh \$OUT/r $rel/build"
 echo "issues 14 and 15's sm_90a forwards (attn_fwd_sm90 and mqa_fwd_sm90 checked, timed beside attn_fwd, mqa_fwd and cuDNN), one call under 8 minutes:"
 echo "  LD_LIBRARY_PATH=$at/lib NO_BUILD=1 STEPS=\"smi sm90 sm90peers\" BUDGET_S=460 bash tests/gpu/run.sh \$OUT/r $rel/build"
+echo "the PyTorch package on CUDA tensors (torch from the device image), one call:"
+echo "  LD_LIBRARY_PATH=$at/lib NO_BUILD=1 STEPS=\"smi torchcuda\" BUDGET_S=460 bash tests/gpu/run.sh \$OUT/r $rel/build"
 echo "issue 14's sm_90a tune sweep (the store under \$OUT/r/tuned to commit), one call:"
 echo "  LD_LIBRARY_PATH=$at/lib NO_BUILD=1 STEPS=\"smi tune90\" BUDGET_S=460 bash tests/gpu/run.sh \$OUT/r $rel/build"

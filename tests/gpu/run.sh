@@ -50,6 +50,14 @@
 #             --check-only --heads 2 (every kernel's check: H 2 at S 256/255 and 200)
 #             60 s, 120 s (racecheck), 60 s                                          cap 240
 #   peers     torch_peer.py (NOT_RUN where python3 cannot import torch)              cap  90
+#   torchcuda (not in the default) tests/gpu/torch_cuda.py: the PyTorch package on CUDA
+#             tensors (every form bf16 causal at DeepSeek-V3 heads, H 16, B 2, S 300;
+#             explicit non-causal and f16; laga on a packed stream; a side stream's and a
+#             second call's forward bit for bit) per element vs tests/python/common.py's
+#             float64 reference at gpu_tol.h's bounds; libmlagen.so: MLAGEN_LIBRARY, else
+#             BUILD_DIR/libmlagen.so (NOT_RUN without torch or a CUDA device);
+#             TORCHCUDA_ARGS added ("--device cpu --dtype float32": the same cases on the
+#             C API's CPU device, to try the step where there is no GPU)              cap 240
 #   compare   bench.csv x torch.csv -> compare.csv (NOT_RUN: no rows in either)      cap  10
 # Every step prints one parseable line:  STEP <name> <ok|ok (unchecked)|FAILED|TIMEOUT|NOT_RUN|REFUSED> <s>s <why>
 # and the script ends with:  SUMMARY ok=<..> failed=<..> not_run=<..> refused=<..> unchecked=<..> total=<s>s
@@ -68,7 +76,7 @@
 # Packed sequences in one call: STEPS="build smi varlen" (BUDGET_S=460). The sm_90a tune
 # sweep in one call: STEPS="smi tune90" (BUDGET_S=460).
 # The bench's check runs every check twice (bitwise); under a sanitizer too.
-# Environment: BENCH_ARGS, SM90_ARGS, VARLEN_ARGS, TUNE_SP, TUNE_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS; NO_BUILD=1;
+# Environment: BENCH_ARGS, SM90_ARGS, VARLEN_ARGS, TUNE_SP, TUNE_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS, TORCHCUDA_ARGS; NO_BUILD=1;
 # COMPUTE_SANITIZER (the binary), SANITIZER_WHEEL (a carried nvidia-cuda-sanitizer-api
 # wheel, unpacked into OUTDIR/tools); MPIRUN (default mpirun); DRY_RUN=1 prints each step's
 # command instead of running it (every step then NOT_RUN "dry run"), then the budget guard's
@@ -184,7 +192,7 @@ if want build; then
   if [ -n "${NO_BUILD:-}" ] && [ -x "$BENCH" ] && [ -x "$FORMS" ]; then
     T0=$(date +%s); result build NOT_RUN "$T0" "NO_BUILD set: prebuilt $BENCH, $FORMS"
   else
-    step build 120 build.log bash -c "cmake -S '$SRC' -B '$BUILD' -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build '$BUILD' -j16 --target mlagen_bench mlagen_forms_check && { cmake --build '$BUILD' -j16 --target mlagen_forms_check_mpi || echo 'no MPI: mlagen_forms_check_mpi not built'; }"
+    step build 120 build.log bash -c "cmake -S '$SRC' -B '$BUILD' -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build '$BUILD' -j16 --target mlagen_bench mlagen_forms_check mlagen_shared && { cmake --build '$BUILD' -j16 --target mlagen_forms_check_mpi || echo 'no MPI: mlagen_forms_check_mpi not built'; }"
     finish build "" build.log
   fi
 fi
@@ -327,6 +335,19 @@ if want peers; then
   finish peers "" torch.stdout
 fi
 
+if want torchcuda; then
+  LIBMLAGEN=${MLAGEN_LIBRARY:-$BUILD/libmlagen.so}
+  case $LIBMLAGEN in /*) ;; *) LIBMLAGEN=$PWD/$LIBMLAGEN ;; esac
+  if [ ! -e "$LIBMLAGEN" ] && [ -z "${DRY_RUN:-}" ]; then
+    T0=$(date +%s); result torchcuda FAILED "$T0" "no $LIBMLAGEN (tests/gpu/pack.sh carries it)"
+  else
+    peer_step torchcuda 240 torchcuda.stdout env MLAGEN_LIBRARY="$LIBMLAGEN" \
+      PYTHONPATH="$SRC/python:$SRC/tests/python${PYTHONPATH:+:$PYTHONPATH}" python3 "$SRC/tests/gpu/torch_cuda.py" ${TORCHCUDA_ARGS:-}
+    if [ "$RC" = 77 ]; then result torchcuda NOT_RUN "$T0" "torch sees no CUDA device"
+    else finish torchcuda "$(grep -s -m1 '^torchcuda: ' "$OUT/torchcuda.stdout")" torchcuda.stdout; fi
+  fi
+fi
+
 if want compare; then
   step compare 10 compare.stdout python3 "$SRC/tests/gpu/compare.py" "$OUT"
   if [ "$RC" = 3 ]; then result compare NOT_RUN "$T0" "$(tail -1 "$OUT/compare.stdout")"
@@ -344,7 +365,9 @@ fi
 total=$(elapsed)
 echo "SUMMARY ok=$(echo $OK | tr ' ' ,) failed=$(echo $FAILED | tr ' ' ,) not_run=$(echo $NOT_RUN | tr ' ' ,) refused=$(echo $REFUSED | tr ' ' ,) unchecked=$(echo $UNCHECKED | tr ' ' ,) total=${total}s" | tee -a "$OUT/run.log"
 [ -z "$FAILED" ] || exit 1
-missing=$(echo $NOT_RUN | tr ' ' '\n' | grep -vx build | tr '\n' ' ') # NO_BUILD=1: prebuilt, not a gap
+# NO_BUILD=1: prebuilt, not a gap (no echo | grep here: an empty NOT_RUN gave one blank line,
+# and a run whose every step passed exited 3)
+missing=$(for s in $NOT_RUN; do [ "$s" = build ] || printf '%s ' "$s"; done)
 if [ -n "$missing$REFUSED$UNCHECKED" ] && [ "${ALLOW_INCOMPLETE:-0}" != 1 ] && [ "${DRY_RUN:-0}" != 1 ]; then
   echo "INCOMPLETE: not run: $missing; refused:$REFUSED; unchecked:$UNCHECKED (exit 3; ALLOW_INCOMPLETE=1 accepts this)" | tee -a "$OUT/run.log"
   exit 3
