@@ -15,13 +15,21 @@ struct TmaOp {
   unsigned char *data;
 };
 
-/* One wgmma.mma_async of a warpgroup, with what the 128 threads gave. */
+/* One wgmma.mma_async of a warpgroup, with what the 128 threads gave. The accumulator
+ * registers (d, n / 2 floats a thread) are the operation's from issue to the wait_group that
+ * delivers it (PTX ISA: accessing them in between is undefined): at issue their values move
+ * to in[t] and d is filled with WG_POISON (a NaN), so a read before the wait sees NaN, and a
+ * write is reported at the next issue on d or at the delivery; chained[t]: d was already the
+ * accumulator of an earlier op still in flight for thread t (k-steps into one accumulator),
+ * whose result that op hands to in[t] when it is applied. */
 struct WgOp {
   int kind, n, scale_d, line;
   bool a_regs;
   unsigned long long da, db, group;
   unsigned a[128][4];
   float *d[128];
+  float *in;          /* [128][n / 2]: thread t's accumulator input, then its result */
+  bool chained[128];
   bool applied[128];
   unsigned napplied;
   /* Its operands as floats, A [64][16] then B as [16][8][n/8] (element (col, k) at
@@ -34,8 +42,27 @@ struct WgOp {
 };
 
 void wgop_free(WgOp *op) {
-  if (op) free(op->opnd);
+  if (op) {
+    free(op->opnd);
+    free(op->in);
+  }
   free(op);
+}
+
+/* The accumulator registers' value between a wgmma.mma_async and its delivery: a quiet NaN
+ * with a payload no arithmetic makes. */
+const uint32_t WG_POISON = 0x7fd0adadu;
+void wg_poison(float *d, unsigned n) {
+  for (unsigned i = 0; i < n; ++i) memcpy(d + i, &WG_POISON, 4);
+}
+/* The first of d[0..n) that is not WG_POISON, or n. */
+unsigned wg_unpoisoned(const float *d, unsigned n) {
+  for (unsigned i = 0; i < n; ++i) {
+    uint32_t v;
+    memcpy(&v, d + i, 4);
+    if (v != WG_POISON) return i;
+  }
+  return n;
 }
 
 /* A warpgroup rendezvous (wgmma.mma_async, setmaxnreg) in progress. */
@@ -470,9 +497,11 @@ const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
 /* Thread t's part of op: d[i] = (scale_d ? d[i] : 0) + sum_k A[row][k] B[col][k] (fmaf in k
  * order), operands from the async proxy's view; B MN-major when kind has bit 1, A (from shared
  * memory) when it has bit 2. */
-void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
+void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t, WgOp *const *later,
+              unsigned nlater) {
   const float *A = wg_operands(L, f, h, op), *B = A + 64 * 16;
-  float *d = op->d[t];
+  const unsigned nacc = (unsigned)op->n / 2;
+  float *d = op->in + (size_t)t * nacc; /* the input, made the result in place */
   const unsigned nj = (unsigned)op->n / 8;
   /* d[4j + c] (mg_host_wgmma_acc_coord) is (row of c, 8j + col0 of c): for each c, the nj
    * accumulators share a row and run over B's adjacent j, 8 at a time where the build has
@@ -501,6 +530,19 @@ void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t) {
   }
   op->applied[t] = true;
   op->napplied++;
+  /* the result: to the next op in flight chained on the same registers, else to them */
+  for (unsigned i = 0; i < nlater; ++i)
+    if (later[i]->d[t] == op->d[t] && later[i]->chained[t] && !later[i]->applied[t]) {
+      memcpy(later[i]->in + (size_t)t * nacc, d, nacc * sizeof(float));
+      return;
+    }
+  unsigned bad = wg_unpoisoned(op->d[t], nacc);
+  if (bad < nacc)
+    ptx_fail(L, f, "wgmma.mma_async", op->line,
+             "accumulator register %u of thread %u was written between this wgmma.mma_async and "
+             "the wgmma.wait_group that delivers it (PTX ISA: accessing the accumulator before "
+             "the wait is undefined)", bad, t);
+  memcpy(op->d[t], d, nacc * sizeof(float));
 }
 
 /* A warpgroup rendezvous: returns when all 128 threads of the caller's warpgroup arrived with
@@ -684,7 +726,7 @@ void mg_host_wgmma_wait(int n, int line) {
   bool any = false;
   for (unsigned i = 0; i < h->nops[wg] && ops[i]->group < done_below; ++i)
     if (!ops[i]->applied[t]) {
-      wg_apply(L, f, h, ops[i], t);
+      wg_apply(L, f, h, ops[i], t, ops + i + 1, h->nops[wg] - i - 1);
       any = true;
     }
   while (h->nops[wg] && ops[0]->napplied == 128) {
@@ -729,6 +771,36 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
                    "of wgmma groups (%llu, %llu)", th.committed, m.committed);
         }
         if (a) memcpy(m.op->a[t], a, 16);
+        /* the accumulator registers: chained on an op in flight on the same registers (its
+         * result is this one's input), else their values are the input; then poisoned */
+        const unsigned nacc = (unsigned)n / 2;
+        if (!m.op->in) m.op->in = (float *)malloc((size_t)128 * nacc * sizeof(float));
+        if (!m.op->in) ptx_fail(L, f, name, line, "out of memory");
+        bool chained = false;
+        for (unsigned i = 0; i < h->nops[wg]; ++i) {
+          const WgOp *o = h->ops[wg * 64 + i];
+          if (o->applied[t]) continue;
+          const float *e = o->d[t];
+          if (e == d && o->n == n) {
+            chained = true;
+          } else if (d < e + o->n / 2 && e < d + nacc) {
+            ptx_fail(L, f, name, line,
+                     "its accumulator registers overlap those of the wgmma.mma_async at line %d, "
+                     "still in flight, with another extent", o->line);
+          }
+        }
+        if (chained) {
+          unsigned bad = wg_unpoisoned(d, nacc);
+          if (bad < nacc)
+            ptx_fail(L, f, name, line,
+                     "accumulator register %u of thread %u was written while an earlier "
+                     "wgmma.mma_async on it was in flight (PTX ISA: accessing the accumulator "
+                     "before the wait is undefined)", bad, t);
+        } else {
+          memcpy(m.op->in + (size_t)t * nacc, d, nacc * sizeof(float));
+          wg_poison(d, nacc);
+        }
+        m.op->chained[t] = chained;
         m.op->d[t] = d;
       },
       [&](WgMeet &m) {

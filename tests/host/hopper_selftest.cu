@@ -146,7 +146,10 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // Protocol errors the executor must report: an over-arrival (kind 0), a wait that never
 // completes (1: wrong parity), setmaxnreg that differs within a warpgroup (2), a wgmma
-// without wgmma.fence (3); kind 4 is correct.
+// without wgmma.fence (3); kind 4 is correct. The accumulator between a wgmma and its wait
+// (PTX ISA: accessing it is undefined): written (5, reported), read (6: the executor's
+// registers hold a NaN there, which __trap reports), and two k-steps chained into it before
+// one wait, which is allowed (7: correct; d = 1 + 2 A B, A and B zeros: 1).
 extern "C" __global__ void hopper_misuse(int kind) {
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
   if (threadIdx.x == 0) mbar_init(bar, 1);
@@ -167,6 +170,26 @@ extern "C" __global__ void hopper_misuse(int kind) {
     wgmma_ss<64, bf16_t>(d, 0, 0, 0);  // no wgmma.fence before it
     wgmma_commit();
     wgmma_wait<0>();
+  } else if (kind >= 5) {
+    float d[32];
+    for (int i = 0; i < 32; ++i) d[i] = 1.0f;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) smem[i] = 0;
+    fence_proxy_async();  // the zeros, for the async proxy's reads
+    __syncthreads();
+    // no swizzle, strides 0: every A and B element read from the first 128 bytes. From the
+    // address, not the constant 0: NVRTC 13.0 crashed (SIGSEGV in nvrtcCompileProgram) on
+    // constant descriptors whose accumulator was read after the wait.
+    const unsigned long long desc = (smem_u32(smem) >> 4) & 0x3fff;
+    wgmma_fence();
+    wgmma_ss<64, bf16_t>(d, desc, desc, 1);
+    if (kind == 7) wgmma_ss<64, bf16_t>(d, desc, desc, 1);
+    wgmma_commit();
+    float early = 0.0f;
+    if (kind == 5) d[3] = 2.0f;
+    if (kind == 6) early = d[5];
+    wgmma_wait<0>();
+    if (early != early) __trap();
+    if (kind == 7 && d[0] != 1.0f) __trap();
   } else {
     setmaxnreg_dec<40>();
     setmaxnreg_inc<232>();
