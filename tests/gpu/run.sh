@@ -58,6 +58,11 @@
 #             BUILD_DIR/libmlagen.so (NOT_RUN without torch or a CUDA device);
 #             TORCHCUDA_ARGS added ("--device cpu --dtype float32": the same cases on the
 #             C API's CPU device, to try the step where there is no GPU)              cap 240
+#   layer     (not in the default) tests/gpu/torch_layer.py into OUT/layer: the whole layer
+#             (the op's boundary) forward and forward+backward through mlagen's PyTorch op,
+#             every form, beside the same layer in PyTorch with cuDNN attention, timed
+#             (CUDA events, median): DeepSeek-V3 heads, H 16 (one rank of SP 8), S 16384,
+#             B 1, bf16, causal; issue 14's layer target. LAYER_ARGS added        cap 300
 #   compare   bench.csv x torch.csv -> compare.csv (NOT_RUN: no rows in either)      cap  10
 # Every step prints one parseable line:  STEP <name> <ok|ok (unchecked)|FAILED|TIMEOUT|NOT_RUN|REFUSED> <s>s <why>
 # and the script ends with:  SUMMARY ok=<..> failed=<..> not_run=<..> refused=<..> unchecked=<..> total=<s>s
@@ -76,7 +81,7 @@
 # Packed sequences in one call: STEPS="build smi varlen" (BUDGET_S=460). The sm_90a tune
 # sweep in one call: STEPS="smi tune90" (BUDGET_S=460).
 # The bench's check runs every check twice (bitwise); under a sanitizer too.
-# Environment: BENCH_ARGS, SM90_ARGS, VARLEN_ARGS, TUNE_SP, TUNE_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS, TORCHCUDA_ARGS; NO_BUILD=1;
+# Environment: BENCH_ARGS, SM90_ARGS, VARLEN_ARGS, TUNE_SP, TUNE_ARGS, FORMS_ARGS (added to every forms step), PEER_ARGS, TORCHCUDA_ARGS, LAYER_ARGS; NO_BUILD=1;
 # COMPUTE_SANITIZER (the binary), SANITIZER_WHEEL (a carried nvidia-cuda-sanitizer-api
 # wheel, unpacked into OUTDIR/tools); MPIRUN (default mpirun); DRY_RUN=1 prints each step's
 # command instead of running it (every step then NOT_RUN "dry run"), then the budget guard's
@@ -335,18 +340,26 @@ if want peers; then
   finish peers "" torch.stdout
 fi
 
-if want torchcuda; then
-  LIBMLAGEN=${MLAGEN_LIBRARY:-$BUILD/libmlagen.so}
-  case $LIBMLAGEN in /*) ;; *) LIBMLAGEN=$PWD/$LIBMLAGEN ;; esac
-  if [ ! -e "$LIBMLAGEN" ] && [ -z "${DRY_RUN:-}" ]; then
-    T0=$(date +%s); result torchcuda FAILED "$T0" "no $LIBMLAGEN (tests/gpu/pack.sh carries it)"
-  else
-    peer_step torchcuda 240 torchcuda.stdout env MLAGEN_LIBRARY="$LIBMLAGEN" \
-      PYTHONPATH="$SRC/python:$SRC/tests/python${PYTHONPATH:+:$PYTHONPATH}" python3 "$SRC/tests/gpu/torch_cuda.py" ${TORCHCUDA_ARGS:-}
-    if [ "$RC" = 77 ]; then result torchcuda NOT_RUN "$T0" "torch sees no CUDA device"
-    else finish torchcuda "$(grep -s -m1 '^torchcuda: ' "$OUT/torchcuda.stdout")" torchcuda.stdout; fi
+# py_step NAME CAP SCRIPT ARGS...: tests/gpu/SCRIPT over the PyTorch package (python/; torch
+# from this machine, libmlagen.so from MLAGEN_LIBRARY, else BUILD_DIR) into OUT/NAME.stdout;
+# NOT_RUN without torch or when the script exits 77 (torch sees no CUDA device); the verdict's
+# note is the script's summary line "NAME: <count> ...".
+py_step() {
+  local name=$1 cap=$2 script=$3 lib=${MLAGEN_LIBRARY:-$BUILD/libmlagen.so}
+  shift 3
+  case $lib in /*) ;; *) lib=$PWD/$lib ;; esac
+  if [ ! -e "$lib" ] && [ -z "${DRY_RUN:-}" ]; then
+    T0=$(date +%s); result "$name" FAILED "$T0" "no $lib (tests/gpu/pack.sh carries it)"; return
   fi
-fi
+  peer_step "$name" "$cap" "$name.stdout" env MLAGEN_LIBRARY="$lib" \
+    PYTHONPATH="$SRC/python:$SRC/tests/python${PYTHONPATH:+:$PYTHONPATH}" python3 "$SRC/tests/gpu/$script" "$@"
+  if [ "$RC" = 77 ]; then result "$name" NOT_RUN "$T0" "torch sees no CUDA device"
+  else finish "$name" "$(grep -s -m1 "^$name: [0-9]" "$OUT/$name.stdout")" "$name.stdout"; fi
+}
+# shellcheck disable=SC2086
+want torchcuda && py_step torchcuda 240 torch_cuda.py ${TORCHCUDA_ARGS:-}
+# shellcheck disable=SC2086
+want layer && py_step layer 300 torch_layer.py "$OUT/layer" ${LAYER_ARGS:-}
 
 if want compare; then
   step compare 10 compare.stdout python3 "$SRC/tests/gpu/compare.py" "$OUT"
