@@ -719,15 +719,15 @@ static void test_varlen_mutations_caught(void **state) {
 }
 
 /* The packed variants of both families' defaults (and dkv's with qsplit 8) compile for
- * sm_80 and sm_90a without spills or a stack frame (causal), at 576/512 H 16 (the
- * unpacked sweeps cover 288/256). */
+ * sm_80 and sm_90a without spills or a stack frame, causal and (the defaults) not, at
+ * 576/512 H 16 (the unpacked sweeps cover 288/256). */
 static void test_nvrtc_varlen(void **state) {
   (void)state;
   kh_sweep sw;
   kh_sweep_open(&sw, 70, KH_SWEEP_SMEM);
   g_varlen = 1;
-  for (int f = 0; f < 3; f++) {
-    mg_kernel_spec s = make_spec(f == 2 ? "mqa_bwd_dq" : "mqa_bwd_dkv", 16, 512, 64, 1);
+  for (int f = 0; f < 5; f++) { /* f 3, 4: the non-causal dkv and dq */
+    mg_kernel_spec s = make_spec(f == 2 || f == 4 ? "mqa_bwd_dq" : "mqa_bwd_dkv", 16, 512, 64, f < 3);
     if (f == 1) set(&s, "qsplit=8");
     assert_true(s.varlen);
     assert_true(kh_sweep_compile(&sw, &s, "varlen "));
