@@ -302,15 +302,17 @@ static void test_misuse_reported(void **state) {
   size_t len;
   char *src, msg[4096];
   mg_host_kernel *k = build_selftest("hopper_misuse", &src, &len, msg, sizeof msg);
-  static const char *const want[8] = {"over-arrival", "never completes", "not warpgroup-uniform",
-                                      "no wgmma.fence", NULL,
-                                      "accumulator register 3 of thread",  /* written */
-                                      "__trap()", /* read: NaN */
-                                      NULL};
-  for (int kind = 0; kind < 8; kind++) {
+  static const char *const want[10] = {"over-arrival", "never completes", "not warpgroup-uniform",
+                                       "no wgmma.fence", NULL,
+                                       "accumulator register 3 of thread", /* written */
+                                       "__trap()",                         /* read: NaN */
+                                       NULL,                               /* chained */
+                                       "accumulator register 3 of thread", /* d *= s */
+                                       NULL};                              /* chained, 2 groups */
+  for (int kind = 0; kind < 10; kind++) {
     struct misuse_args a = {(misuse_fn)mg_host_kernel_sym(k, "hopper_misuse"), kind};
     mg_host_dim3 grid = {1, 1, 1}, block = {128, 1, 1};
-    /* 256 bytes: kinds 5-7 zero them; their descriptors read the first 128 */
+    /* 256 bytes: kinds 5-9 fill the first 128, which their descriptors read */
     int rc = mg_host_kernel_launch(k, grid, block, 256, NULL, misuse_thunk, &a, msg, sizeof msg);
     if (!want[kind]) {
       if (rc) fail_msg("kind %d: %s", kind, msg);

@@ -115,6 +115,8 @@ static void test_arch_limits(void **state) {
   assert_int_equal(l.smem_per_block, 166912);
   assert_int_equal(mg_tune_arch_limits("sm_75", &l, &d), MLAGEN_EINVAL); /* too old */
   assert_non_null(strstr(mg_diag_msg(&d), "need sm_80 or newer"));
+  assert_int_equal(mg_tune_arch_limits("sm_60", &l, &d), MLAGEN_EINVAL); /* too old, unlisted */
+  assert_non_null(strstr(mg_diag_msg(&d), "need sm_80 or newer"));
   assert_int_equal(mg_tune_arch_limits("sm_101", &l, &d), MLAGEN_EINVAL); /* no table yet */
   assert_non_null(strstr(mg_diag_msg(&d), "no occupancy table"));
   assert_int_equal(mg_tune_arch_limits("sm_95", &l, &d), MLAGEN_EINVAL); /* not listed */

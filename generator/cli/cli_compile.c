@@ -64,8 +64,8 @@ int cli_compile(int argc, char **argv) {
                 len > 32 ? 32 : (int)len, p);
       return CLI_USAGE;
     }
-    const mg_arch_facts *facts = mg_arch_named(archbuf[n_arch]);
-    if (facts && facts->sm < MG_ARCH_MIN_SM) {
+    const int sm = mg_arch_sm(archbuf[n_arch]);
+    if (sm >= 0 && sm < MG_ARCH_MIN_SM) {
       cli_error("--arch: '%s': mlagen's kernels need sm_%d or newer (bf16 mma.sync, cp.async)",
                 archbuf[n_arch], MG_ARCH_MIN_SM);
       return CLI_USAGE;

@@ -30,8 +30,8 @@ static const mg_arch_facts mg_arch_table[] = {
 #define MG_ARCH_COUNT ((int)(sizeof mg_arch_table / sizeof mg_arch_table[0]))
 
 /* The oldest architecture mlagen's kernels run on: they use bf16 mma.sync.m16n8k16 and
- * cp.async (sm_80). The rows above it are listed so that a name is known and refused as too
- * old, not as unknown. */
+ * cp.async (sm_80). Callers refuse an older name (mg_arch_sm below MG_ARCH_MIN_SM, listed in
+ * the table or not) as too old. */
 #define MG_ARCH_MIN_SM 80
 
 /* The facts of sm (e.g. 90 for sm_90 and sm_90a), or NULL for an architecture not listed. */
@@ -41,15 +41,22 @@ static inline const mg_arch_facts *mg_arch_find(int sm) {
   return 0;
 }
 
-/* The facts of an architecture name: "sm_" then the compute capability's digits (major *
- * 10 + minor), optionally one feature suffix "a" or "f" ("sm_80", "sm_90a", "sm_100f"); NULL
- * for anything else or an architecture not listed. */
-static inline const mg_arch_facts *mg_arch_named(const char *name) {
-  if (!name || name[0] != 's' || name[1] != 'm' || name[2] != '_') return 0;
+/* The compute capability (major * 10 + minor) an architecture name says: "sm_" then 2 to 4
+ * digits, optionally one feature suffix "a" or "f" ("sm_80" 80, "sm_90a" 90, "sm_100f"
+ * 100, "sm_60" 60); -1 for anything else. Listed in mg_arch_table or not. */
+static inline int mg_arch_sm(const char *name) {
+  if (!name || name[0] != 's' || name[1] != 'm' || name[2] != '_') return -1;
   const char *p = name + 3;
   int sm = 0, digits = 0;
-  for (; *p >= '0' && *p <= '9' && digits < 4; p++, digits++) sm = sm * 10 + (*p - '0');
-  if (digits < 2 || (*p && ((*p != 'a' && *p != 'f') || p[1]))) return 0;
-  return mg_arch_find(sm);
+  for (; *p >= '0' && *p <= '9' && digits < 5; p++, digits++) sm = sm * 10 + (*p - '0');
+  if (digits < 2 || digits > 4 || (*p && ((*p != 'a' && *p != 'f') || p[1]))) return -1;
+  return sm;
+}
+
+/* The facts of an architecture name (mg_arch_sm's rule); NULL for anything else or an
+ * architecture not listed. */
+static inline const mg_arch_facts *mg_arch_named(const char *name) {
+  const int sm = mg_arch_sm(name);
+  return sm < 0 ? 0 : mg_arch_find(sm);
 }
 #endif

@@ -18,7 +18,8 @@ mg_tune_describe_fn mg_tune_describe = NULL;
 
 int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d) {
   const mg_arch_facts *f = mg_arch_named(arch); /* mg_arch.h: the one table and name rule */
-  if (f && f->sm < MG_ARCH_MIN_SM)
+  const int sm = mg_arch_sm(arch);
+  if (sm >= 0 && sm < MG_ARCH_MIN_SM)
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "architecture '%s': mlagen's kernels need sm_%d or newer (bf16 mma.sync, "
                        "cp.async)", arch, MG_ARCH_MIN_SM);

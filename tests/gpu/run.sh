@@ -56,7 +56,7 @@
 #             second call's forward bit for bit) per element vs tests/python/common.py's
 #             float64 reference at gpu_tol.h's bounds; libmlagen.so: MLAGEN_LIBRARY, else
 #             BUILD_DIR/libmlagen.so (NOT_RUN without torch or a CUDA device);
-#             TORCHCUDA_ARGS added ("--device cpu --dtype float32": the same cases on the
+#             TORCHCUDA_ARGS added ("--device cpu": the same cases in float32 on the
 #             C API's CPU device, to try the step where there is no GPU)              cap 240
 #   layer     (not in the default) tests/gpu/torch_layer.py into OUT/layer: the whole layer
 #             (the op's boundary) forward and forward+backward through mlagen's PyTorch op,
@@ -348,7 +348,7 @@ py_step() {
   local name=$1 cap=$2 script=$3 lib=${MLAGEN_LIBRARY:-$BUILD/libmlagen.so}
   shift 3
   case $lib in /*) ;; *) lib=$PWD/$lib ;; esac
-  if [ ! -e "$lib" ] && [ -z "${DRY_RUN:-}" ]; then
+  if [ -z "$NO_TORCH" ] && [ ! -e "$lib" ] && [ -z "${DRY_RUN:-}" ]; then # (without torch: NOT_RUN below)
     T0=$(date +%s); result "$name" FAILED "$T0" "no $lib (tests/gpu/pack.sh carries it)"; return
   fi
   peer_step "$name" "$cap" "$name.stdout" env MLAGEN_LIBRARY="$lib" \

@@ -14,8 +14,8 @@ tiles), P 1:
 Tolerances: tests/gpu/gpu_tol.h, read here (the one owner), as the C checks apply them: per
 element |got - ref| <= atol_rms rms(ref) + rtol |ref|, and ||got - ref|| / ||ref|| <= l2.
 Prints one line per case and "torchcuda: N of N cases passed"; exit 1 on any failure, 77
-when torch has no CUDA device. --device cpu --dtype float32 runs the same cases on the CPU
-device (float32 in place of bf16/f16) to try the script where there is no GPU.
+when torch has no CUDA device. --device cpu runs the cases on the C API's CPU device in
+float32 (no f16 case, no side stream) to try the script where there is no GPU.
 Usage: PYTHONPATH=python:tests/python MLAGEN_LIBRARY=build/libmlagen.so \\
        python3 tests/gpu/torch_cuda.py [--device cuda|cpu] [--dtype bfloat16|float32]"""
 import argparse
@@ -52,14 +52,16 @@ def bounds(form, grad):
             TOL[f"{pre}{kind}_L2"])
 
 
-def check(name, got, ref, form, grad):
+def check(name, got, ref, form, grad, rows=None):
     """Per element and L2 against ref (float64, CPU); raises naming the worst element.
-    Returns the largest error as a fraction of its element's bound."""
+    Returns the largest error as a fraction of its element's bound. rows: the checked
+    reference's rows for its rms (a packed stream's valid rows: forms_check.c leaves the
+    slack out), all of them by default."""
     atol_rms, rtol, l2 = bounds(form, grad)
     got, ref = got.detach().double().cpu(), ref.detach().double().cpu()
     if got.shape != ref.shape:
         raise AssertionError(f"{name}: shape {tuple(got.shape)} != {tuple(ref.shape)}")
-    rms = ref.pow(2).mean().sqrt().item()
+    rms = (ref if rows is None else ref[:rows]).pow(2).mean().sqrt().item()
     err = (got - ref).abs()
     bound = atol_rms * rms + rtol * ref.abs()
     ratio = (err / bound).nan_to_num(float("inf"))
@@ -113,10 +115,10 @@ def packed_case(model, dtype, device):
     o = mt.mla_attention(*x, model=model, form="laga", causal=True, cu_seqlens=cu_t)
     grads = torch.autograd.grad(o, x, d_o.to(device=device, dtype=dtype))  # NaN in the slack rows
     tag = f"laga packed {str(dtype)[6:]} documents {lengths} in {T_cap}"
-    worst = [check(f"{tag} o", o, o_ref, "laga", 0)]
-    for n, gt, r in zip(("dq", "dc_kv", "dk_rope", "dw_kv_b"), grads, ref_g):
-        worst.append(check(f"{tag} {n}", gt, r, "laga", 1))
     slack = cu[-1]
+    worst = [check(f"{tag} o", o, o_ref, "laga", 0, slack)]
+    for n, gt, r in zip(("dq", "dc_kv", "dk_rope", "dw_kv_b"), grads, ref_g):
+        worst.append(check(f"{tag} {n}", gt, r, "laga", 1, None if n == "dw_kv_b" else slack))
     for n, t in (("o", o), ("dq", grads[0]), ("dc_kv", grads[1]), ("dk_rope", grads[2])):
         if not bool((t[slack:] == 0).all()):
             raise AssertionError(f"{tag}: {n} not 0 in the slack rows {slack}..{T_cap - 1}")
@@ -129,48 +131,58 @@ def stream_case(model, dtype, device):
     b = mt.mla_attention(*x, model=model, form="laga")
     if not torch.equal(a, b):
         raise AssertionError("laga forward: two calls differ")
-    if device == "cuda":
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            c = mt.mla_attention(*x, model=model, form="laga")
-        torch.cuda.current_stream().wait_stream(s)
-        if not torch.equal(a, c):
-            raise AssertionError("laga forward on a side stream differs from the current stream's")
+    if device != "cuda":
+        print("laga forward: two calls equal bit for bit (no side stream on the CPU)")
+        return
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        c = mt.mla_attention(*x, model=model, form="laga")
+    torch.cuda.current_stream().wait_stream(s)
+    if not torch.equal(a, c):
+        raise AssertionError("laga forward on a side stream differs from the current stream's")
     print("laga forward: two calls and a side stream's call equal bit for bit")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"),
+                    help="bfloat16 on cuda (the default there), float32 on cpu (its default)")
     a = ap.parse_args()
+    want = "bfloat16" if a.device == "cuda" else "float32"  # what each device runs
+    if a.dtype and a.dtype != want:
+        ap.error(f"--device {a.device} runs {want}, not {a.dtype}")
     if a.device == "cuda" and not torch.cuda.is_available():
         print("torchcuda: torch sees no CUDA device", file=sys.stderr)
         return 77
-    dtype = getattr(torch, a.dtype)
-    half = torch.float16 if a.dtype == "bfloat16" else dtype
+    dtype = getattr(torch, want)
     model = model_h16()
     torch.manual_seed(0)
     cases = [(f"{f}", lambda f=f: run_case(model, f, dtype, a.device, True)) for f in FORMS]
-    cases += [("explicit non-causal", lambda: run_case(model, "explicit", dtype, a.device, False)),
-              ("explicit f16", lambda: run_case(model, "explicit", half, a.device, True)),
-              ("laga packed", lambda: packed_case(model, dtype, a.device)),
+    cases += [("explicit non-causal", lambda: run_case(model, "explicit", dtype, a.device, False))]
+    if a.device == "cuda":  # the CPU device runs no 16-bit type
+        cases += [("explicit f16", lambda: run_case(model, "explicit", torch.float16, a.device, True))]
+    cases += [("laga packed", lambda: packed_case(model, dtype, a.device)),
               ("streams", lambda: stream_case(model, dtype, a.device))]
     passed, failed = 0, []
-    o_last = None
+    mutable = None  # a passing case's o and reference, for the mutation below
     for name, fn in cases:
         try:
             r = fn()
-            if name == "explicit non-causal":
-                o_last = r
+            if r is not None and mutable is None:
+                mutable = r
             passed += 1
         except Exception as e:  # one case's failure does not hide the others'
             failed.append(name)
             print(f"{name}: FAILED: {type(e).__name__}: {e}")
-    # the check can fail: one row of o moved by ten times its bound
-    if o_last is not None:
-        o, o_ref = o_last
+    # the check can fail: one row of o moved by ten times its bound (a failure when no
+    # case passed to give an o)
+    if mutable is None:
+        failed.append("mutation")
+        print("mutation: FAILED: no case passed, so no o to move a row of")
+    else:
+        o, o_ref = mutable
         bad = o.double().cpu().clone()
         atol_rms, rtol, _ = bounds("explicit", 0)
         row = bad[1, -1]  # batch 1's last query row, all heads

@@ -25,7 +25,7 @@ Usage: PYTHONPATH=python:tests/python MLAGEN_LIBRARY=build/libmlagen.so \\
   python3 tests/gpu/torch_layer.py OUTDIR [--seq 16384] [--heads 16] [--causal 1]
     [--forms explicit,laga,laga-r,laga-f,absorbed,laga-cp] [--iters 10] [--warmup 3]
     [--device cuda|cpu] [--dtype bfloat16|float32]
-(--device cpu --dtype float32 --seq 256: the same rows on the C API's CPU device and
+(--device cpu --seq 256: the same rows, float32, on the C API's CPU device and
 PyTorch's CPU attention, timed with perf_counter: a way to try the script without a GPU.)
 Writes OUTDIR/layer.csv. Exit 0 when every row ran, 1 on a failed row or sanity miss, 77
 when torch sees no CUDA device."""
@@ -104,9 +104,14 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"),
+                    help="bfloat16 on cuda (the default there), float32 on cpu (its default)")
     a = ap.parse_args()
     cuda = a.device == "cuda"
+    want = "bfloat16" if cuda else "float32"  # what the C API runs on each device
+    if a.dtype and a.dtype != want:
+        ap.error(f"--device {a.device} runs {want}, not {a.dtype}")
+    a.dtype = want
     if cuda and not torch.cuda.is_available():
         print("layer: torch sees no CUDA device", file=sys.stderr)
         return 77

@@ -49,9 +49,11 @@ void wgop_free(WgOp *op) {
   free(op);
 }
 
-/* The accumulator registers' value between a wgmma.mma_async and its delivery: a quiet NaN
- * with a payload no arithmetic makes. */
-const uint32_t WG_POISON = 0x7fd0adadu;
+/* The accumulator registers' value between a wgmma.mma_async and its delivery: a signalling
+ * NaN. Copies keep its bits; any arithmetic on it (d *= s, d += x, fmaf) gives a quiet NaN,
+ * so a read-modify-write in between is seen as a write (a quiet NaN would come out of it
+ * unchanged and the write would be lost unreported). */
+const uint32_t WG_POISON = 0x7f90adadu;
 void wg_poison(float *d, unsigned n) {
   for (unsigned i = 0; i < n; ++i) memcpy(d + i, &WG_POISON, 4);
 }

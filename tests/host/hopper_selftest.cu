@@ -148,8 +148,10 @@ extern "C" __global__ void __launch_bounds__(128)
 // completes (1: wrong parity), setmaxnreg that differs within a warpgroup (2), a wgmma
 // without wgmma.fence (3); kind 4 is correct. The accumulator between a wgmma and its wait
 // (PTX ISA: accessing it is undefined): written (5, reported), read (6: the executor's
-// registers hold a NaN there, which __trap reports), and two k-steps chained into it before
-// one wait, which is allowed (7: correct; d = 1 + 2 A B, A and B zeros: 1).
+// registers hold a NaN there, which __trap reports), scaled in place (8: a read-modify-write,
+// reported), and two k-steps chained into it before one wait, which is allowed (7, in one
+// commit group; 9, in two, waited for with wait_group 1 then 0): correct, d = 1 + 16 + 16
+// with every A and B element 1.
 extern "C" __global__ void hopper_misuse(int kind) {
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
   if (threadIdx.x == 0) mbar_init(bar, 1);
@@ -173,8 +175,9 @@ extern "C" __global__ void hopper_misuse(int kind) {
   } else if (kind >= 5) {
     float d[32];
     for (int i = 0; i < 32; ++i) d[i] = 1.0f;
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) smem[i] = 0;
-    fence_proxy_async();  // the zeros, for the async proxy's reads
+    for (int i = threadIdx.x; i < 128; i += blockDim.x)  // bf16 1.0 (0x3f80) everywhere
+      reinterpret_cast<unsigned short*>(smem)[i] = 0x3f80;
+    fence_proxy_async();  // the ones, for the async proxy's reads
     __syncthreads();
     // no swizzle, strides 0: every A and B element read from the first 128 bytes. From the
     // address, not the constant 0: NVRTC 13.0 crashed (SIGSEGV in nvrtcCompileProgram) on
@@ -182,14 +185,17 @@ extern "C" __global__ void hopper_misuse(int kind) {
     const unsigned long long desc = (smem_u32(smem) >> 4) & 0x3fff;
     wgmma_fence();
     wgmma_ss<64, bf16_t>(d, desc, desc, 1);
-    if (kind == 7) wgmma_ss<64, bf16_t>(d, desc, desc, 1);
+    if (kind == 9) wgmma_commit();
+    if (kind == 7 || kind == 9) wgmma_ss<64, bf16_t>(d, desc, desc, 1);
     wgmma_commit();
     float early = 0.0f;
     if (kind == 5) d[3] = 2.0f;
     if (kind == 6) early = d[5];
+    if (kind == 8) d[3] *= 0.5f;
+    if (kind == 9) wgmma_wait<1>();
     wgmma_wait<0>();
     if (early != early) __trap();
-    if (kind == 7 && d[0] != 1.0f) __trap();
+    if ((kind == 7 || kind == 9) && d[0] != 33.0f) __trap();
   } else {
     setmaxnreg_dec<40>();
     setmaxnreg_inc<232>();
