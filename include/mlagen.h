@@ -431,13 +431,14 @@ typedef struct mlagen_tensors {
  * message naming the plan step and the call. Faults inside kernels show at the caller's
  * next synchronization, as with any CUDA launch. At sp_size > 1 the collectives are
  * queued on stream with NCCL (a failed call: MLAGEN_EIO with NCCL's text, naming the step)
- * and the call then waits for the pass to finish on stream, at most 600 s, polling
- * ncclCommGetAsyncError: an asynchronous NCCL error (a peer that died) is returned as
- * MLAGEN_EIO with NCCL's text, and a pass still running after 600 s as MLAGEN_EIO
- * "timed out ..." (a peer that never joined a collective), instead of hanging.
+ * and the call then waits for the pass to finish on stream, by default at most 600 s,
+ * polling ncclCommGetAsyncError: an asynchronous NCCL error (a peer that died) is returned
+ * as MLAGEN_EIO with NCCL's text, and a pass still running after 600 s as MLAGEN_EIO
+ * "timed out ..." (a peer that never joined a collective), instead of hanging
+ * (mlagen_plan_set_comm_wait sets the time, or 0: return once queued, no wait).
  * With the trainer's callbacks (mlagen_plan_set_comm_ops) instead of NCCL: a callback's
  * nonzero return is MLAGEN_EIO "the caller's all_gather callback returned N ...", naming
- * the plan step; the 600 s wait applies on CUDA plans.
+ * the plan step; the wait applies on CUDA plans as with NCCL.
  *
  * A CPU plan (MLAGEN_DEVICE_CPU): the same arguments and checks (host pointers), no driver
  * loaded, nothing prepared; the pass runs on the calling thread and is complete when the
@@ -507,6 +508,25 @@ typedef struct mlagen_comm_ops {
  * all four); a pass of the plan running (a callback calling back: mlagen_comm_ops);
  * MLAGEN_ENOMEM. */
 int mlagen_plan_set_comm_ops(mlagen_plan *plan, const mlagen_comm_ops *ops);
+
+/* How long mlagen_forward and mlagen_backward of a CUDA plan with sp_size > 1 wait for the
+ * pass they queued, in seconds.
+ *   seconds > 0 (the default is 600): the call returns when the pass has finished on its
+ *     stream, polling the NCCL communicator's asynchronous error (ncclCommGetAsyncError)
+ *     meanwhile, so a peer that died is MLAGEN_EIO with NCCL's text and a pass still
+ *     running after `seconds` is MLAGEN_EIO "timed out ..." (a peer that never joined a
+ *     collective), instead of a hang. The host waits for the GPU once per pass.
+ *   seconds = 0: the call returns once the pass is queued, asynchronous to its stream as
+ *     at sp_size 1 and as NCCL's own collectives are: the host runs ahead of the GPU (a
+ *     trainer that launches its layers from Python needs that to hide its launch time).
+ *     A peer's failure then shows where the trainer's own watchdog looks (the NCCL
+ *     timeout of a torch.distributed group, for one), not in this call.
+ * The setting is read at each call; the PyTorch package (python/mlagen) sets 0 on its CUDA
+ * plans. CPU plans complete when the call returns whatever it is (kept, unused).
+ * Errors: MLAGEN_EINVAL plan NULL or its context destroyed (message in
+ * mlagen_last_message(NULL)); seconds negative, not a number or above 1e6 (about 11.6
+ * days); a pass of the plan running (a callback calling back: mlagen_comm_ops). */
+int mlagen_plan_set_comm_wait(mlagen_plan *plan, double seconds);
 
 /* ---- the device --------------------------------------------------------------------- */
 

@@ -405,7 +405,8 @@ static CUresult f_memcpy_2d_async(const CUDA_MEMCPY2D *c, CUstream s) {
            c->WidthInBytes);
   return CUDA_SUCCESS;
 }
-static CUresult f_stream_query(CUstream s) { (void)s; return CUDA_SUCCESS; }
+/* Done, unless injected (CUDA_ERROR_NOT_READY: not finished yet, once). */
+static CUresult f_stream_query(CUstream s) { (void)s; return called("cuStreamQuery"); }
 static const struct { CUresult r; const char *name, *text; } g_errors[] = {
   {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
   {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},

@@ -273,6 +273,18 @@ static void test_exec_wait_returns_async_error(void **state) {
   assert_contains(mg_diag_msg(&d), "laga plan, backward: timed out after 0.05 s");
   assert_true(polls(fc) > 0);
 
+  /* no wait (mg_cuda_exec_set_timeout < 0): returns once queued, nothing queried or polled */
+  mg_cuda_exec_set_timeout(x, -1);
+  async_after(fc, 1);
+  const int polled = polls(fc);
+  g_queries = 0;
+  rc = mg_cuda_exec_run(x, MG_BWD, &t, ws, ws_b, saved, sv_b, c, NULL, &d);
+  if (rc) fail_msg("no wait: %s", mg_diag_msg(&d));
+  assert_int_equal(g_queries, 0);
+  assert_int_equal(polls(fc), polled);
+  mg_cuda_exec_set_timeout(x, 0.05);
+  async_after(fc, 0);
+
   /* a failed collective names the step */
   fail_call("ncclAllGather");
   rc = mg_cuda_exec_run(x, MG_FWD, &t, ws, ws_b, saved, sv_b, c, NULL, &d);
@@ -370,6 +382,47 @@ static void test_api_sp2(void **state) {
   comm_free(other_rank), comm_free(other_size), comm_free(right);
 }
 
+/* mlagen_plan_set_comm_wait: its arguments; then what it decides, through the API with the
+ * fake cuBLAS (the forward runs) and the stream not finished at the first query: waiting
+ * (30 s), the first poll of the communicator sees NCCL's asynchronous error (MLAGEN_EIO);
+ * not waiting (0), the call returns once queued, nothing polled. */
+static void test_api_comm_wait(void **state) {
+  (void)state;
+  api_fx f;
+  api_open(&f);
+  assert_int_equal(mlagen_plan_set_comm_wait(NULL, 1), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "mlagen_plan_set_comm_wait: plan is NULL");
+  const double bad[] = {-1, NAN, INFINITY, 2e6};
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(mlagen_plan_set_comm_wait(f.plan, bad[i]), MLAGEN_EINVAL);
+    assert_contains(mlagen_last_message(f.ctx), "give 0 (do not wait) or a time in seconds up to 1e6");
+  }
+  fake_cuda fk;
+  if (fake_driver_open(&fk)) fail_msg("the fake driver's hooks");
+  setenv("MLAGEN_LIBCUBLAS", MLAGEN_FAKE_CUDA, 1); /* the fake is a fake cuBLAS too */
+  void *fc = comm_create(2, 1);
+  assert_int_equal(mlagen_plan_set_comm(f.plan, fc), 0);
+  async_after(fc, 1); /* the first poll sees the peer gone */
+
+  assert_int_equal(mlagen_plan_set_comm_wait(f.plan, 0), 0);
+  fk.inject("cuStreamQuery", 600); /* CUDA_ERROR_NOT_READY (cuda.h) */
+  int rc = api_fwd(&f);
+  if (rc) fail_msg("no wait: %s: %s", mlagen_status_name(rc), mlagen_last_message(f.ctx));
+  assert_int_equal(polls(fc), 0);
+
+  assert_int_equal(mlagen_plan_set_comm_wait(f.plan, 30), 0); /* the injection still pending */
+  rc = api_fwd(&f);
+  print_message("  waiting: %s: %s\n", mlagen_status_name(rc), mlagen_last_message(f.ctx));
+  assert_int_equal(rc, MLAGEN_EIO);
+  assert_contains(mlagen_last_message(f.ctx), "NCCL asynchronous error (ncclCommGetAsyncError) "
+                                              "failed: remote process exited");
+  assert_int_equal(polls(fc), 1);
+  fk.reset();
+  setenv("MLAGEN_LIBCUBLAS", "/nonexistent/libcublas.so", 1);
+  api_close(&f);
+  comm_free(fc);
+}
+
 /* ---- NCCL missing, or not NCCL ------------------------------------------------------ */
 
 static void test_missing(void **state) {
@@ -417,6 +470,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_poll_async_error),
       cmocka_unit_test(test_exec_wait_returns_async_error),
       cmocka_unit_test(test_api_sp2),
+      cmocka_unit_test(test_api_comm_wait),
   };
   return cmocka_run_group_tests_name("nccl (fake)", tests, setup_fake, teardown_fake);
 }

@@ -127,6 +127,7 @@ def lib():
                 "mlagen_token_position": (I, [ctypes.POINTER(PlanDesc), ctypes.c_int64,
                                               ctypes.POINTER(ctypes.c_int64)]),
                 "mlagen_plan_set_comm_ops": (I, [P, ctypes.POINTER(CommOps)]),
+                "mlagen_plan_set_comm_wait": (I, [P, ctypes.c_double]),
                 "mlagen_forward": (I, [P, ctypes.POINTER(Tensors), P, ctypes.c_size_t, P,
                                        ctypes.c_size_t, P]),
                 "mlagen_backward": (I, [P, ctypes.POINTER(Tensors), P, ctypes.c_size_t, P,

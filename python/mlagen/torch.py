@@ -120,6 +120,11 @@ class _Plan:
             self.comm = _GroupComm(group, device_kind)
             _capi.check(L.mlagen_plan_set_comm_ops(h, ctypes.byref(self.comm.ops)),
                         self.ctx.handle)
+            if device_kind == _capi.DEVICE_CUDA:
+                # return once the pass is queued, as torch's own NCCL collectives do (the
+                # group's watchdog and timeout catch a dead peer): the C API's default
+                # waits for the pass on the host at every call
+                _capi.check(L.mlagen_plan_set_comm_wait(h, 0.0), self.ctx.handle)
 
     def __del__(self):
         if getattr(self, "handle", None):

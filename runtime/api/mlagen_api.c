@@ -36,6 +36,9 @@ struct mlagen_model {
   mg_shape shape;
 };
 
+/* mlagen_plan_set_comm_wait's default (mlagen.h) */
+#define MLAGEN_DEFAULT_COMM_WAIT_S 600.0
+
 struct mlagen_plan {
   mlagen_context *ctx; /* dereferenced only while ctx_id is registered */
   uint64_t ctx_id;
@@ -48,6 +51,7 @@ struct mlagen_plan {
   mg_comm *comm;   /* nccl_comm wrapped and checked against the plan at its first use */
   mg_comm *user_comm; /* mlagen_plan_set_comm_ops: the trainer's callbacks (or NULL) */
   mlagen_device device;
+  double wait_s;   /* mlagen_plan_set_comm_wait: sp_size > 1 CUDA passes (0: no wait) */
   mg_plan_mem mem; /* MLAGEN_DEVICE_CPU: the layout of workspace and saved */
   /* a pass (mlagen_forward/_backward) is running: a callback that calls back into the API
    * for this plan is refused (set_comm, set_comm_ops), or deferred (destroy) to its end */
@@ -365,6 +369,7 @@ int mlagen_plan_create(mlagen_context *ctx, const mlagen_model *model,
     return rc;
   }
   p->device = desc->device;
+  p->wait_s = MLAGEN_DEFAULT_COMM_WAIT_S;
   if ((rc = plan_sizes(&p->plan, p->device, &p->mem, &p->sizes, d))) {
     mg_diag_prefix(d, "mlagen_plan_create");
     free(p);
@@ -430,6 +435,19 @@ int mlagen_plan_set_comm_ops(mlagen_plan *plan, const mlagen_comm_ops *ops) {
     plan->comm = NULL;
     plan->nccl_comm = NULL;
   }
+  return 0;
+}
+
+int mlagen_plan_set_comm_wait(mlagen_plan *plan, double seconds) {
+  if (!plan) return tls_fail(MLAGEN_EINVAL, "mlagen_plan_set_comm_wait: plan is NULL");
+  mlagen_context *ctx = plan_context(plan, "mlagen_plan_set_comm_wait");
+  if (!ctx) return MLAGEN_EINVAL;
+  mg_diag_clear(&ctx->diag);
+  if (plan->busy) return refuse_busy(ctx, "mlagen_plan_set_comm_wait");
+  if (!(seconds >= 0 && seconds <= 1e6)) /* NaN fails both */
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_plan_set_comm_wait: seconds = %g: "
+                       "give 0 (do not wait) or a time in seconds up to 1e6", seconds);
+  plan->wait_s = seconds;
   return 0;
 }
 
@@ -595,6 +613,7 @@ static int run_pass(mlagen_plan *plan, mlagen_context *ctx, int pass, const char
                        .dc_kv = tensors->dc_kv.data, .dk_rope = tensors->dk_rope.data,
                        .dw_kv_b = tensors->dw_kv_b.data, .cu_seqlens = tensors->cu_seqlens,
                        .n_cu = tensors->n_cu_seqlens};
+  mg_cuda_exec_set_timeout(plan->exec, plan->wait_s > 0 ? plan->wait_s : -1); /* 0: no wait */
   rc = mg_cuda_exec_run(plan->exec, mpass, &t, workspace, workspace_bytes, saved, saved_bytes,
                         plan->user_comm ? plan->user_comm : plan->comm, stream, d);
   return rc ? mg_diag_prefix(d, "%s", fn) : 0;

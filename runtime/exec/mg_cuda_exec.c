@@ -704,7 +704,7 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
   if (!x) return mg_diag_set(d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
   x->p = p;
   x->ops = o;
-  x->timeout_s = opts && opts->timeout_s != 0 ? opts->timeout_s : 600;
+  mg_cuda_exec_set_timeout(x, opts ? opts->timeout_s : 0);
   snprintf(x->tune_dir, sizeof x->tune_dir, "%s", opts && opts->tune_dir ? opts->tune_dir : "");
   /* the families of the device's arch (sm_90a: attn_fwd_sm90), unless forced to the portable
    * mma.sync ones or the sm_90a ones could not get their tensor maps */
@@ -780,6 +780,10 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void mg_cuda_exec_set_timeout(mg_cuda_exec *x, double timeout_s) {
+  if (x) x->timeout_s = timeout_s != 0 ? timeout_s : 600;
 }
 
 /* P > 1: waits for the stream, polling the communicator, at most x->timeout_s. */

@@ -207,4 +207,8 @@ int mg_cuda_exec_kernel_count(const mg_cuda_exec *x);
 
 /* Frees the executor (not the plan, the ops or their loaded kernels); NULL is a no-op. */
 void mg_cuda_exec_destroy(mg_cuda_exec *x);
+
+/* Replaces opts.timeout_s (its rule: > 0 seconds; < 0 no wait; 0 the default, 600 s) for
+ * the runs that follow. x NULL: nothing. */
+void mg_cuda_exec_set_timeout(mg_cuda_exec *x, double timeout_s);
 #endif
