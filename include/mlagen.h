@@ -433,12 +433,13 @@ typedef struct mlagen_tensors {
  * queued on stream with NCCL (a failed call: MLAGEN_EIO with NCCL's text, naming the step)
  * and the call then waits for the pass to finish on stream, by default at most 600 s,
  * polling ncclCommGetAsyncError: an asynchronous NCCL error (a peer that died) is returned
- * as MLAGEN_EIO with NCCL's text, and a pass still running after 600 s as MLAGEN_EIO
- * "timed out ..." (a peer that never joined a collective), instead of hanging
- * (mlagen_plan_set_comm_wait sets the time, or 0: return once queued, no wait).
+ * as MLAGEN_EIO with NCCL's text, and a pass still running after the wait time (600 s by
+ * default) as MLAGEN_EIO "timed out ..." (a peer that never joined a collective), instead
+ * of hanging (mlagen_plan_set_comm_wait sets the time, or 0: return once queued, no wait).
  * With the trainer's callbacks (mlagen_plan_set_comm_ops) instead of NCCL: a callback's
  * nonzero return is MLAGEN_EIO "the caller's all_gather callback returned N ...", naming
- * the plan step; the wait applies on CUDA plans as with NCCL.
+ * the plan step; on CUDA plans the wait applies as with NCCL, with nothing to poll (only
+ * its time limit).
  *
  * A CPU plan (MLAGEN_DEVICE_CPU): the same arguments and checks (host pointers), no driver
  * loaded, nothing prepared; the pass runs on the calling thread and is complete when the
@@ -485,9 +486,10 @@ int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm);
  * a blocking implementation needs a timeout of its own (torch.distributed's group
  * timeout, for one) for a peer that died to become an error instead of a hang.
  * A callback must not call back into the API for the plan whose pass called it:
- * mlagen_plan_set_comm_ops, mlagen_plan_set_comm, mlagen_forward and mlagen_backward on it
- * are refused (MLAGEN_EINVAL "the plan is running a pass ...": they would free the
- * communicator in use), and mlagen_plan_destroy is deferred to the pass's return. */
+ * mlagen_plan_set_comm_ops, mlagen_plan_set_comm, mlagen_plan_set_comm_wait,
+ * mlagen_forward and mlagen_backward on it are refused (MLAGEN_EINVAL "the plan is running
+ * a pass ...": they would change or free what the pass is using), and mlagen_plan_destroy
+ * is deferred to the pass's return. */
 typedef struct mlagen_comm_ops {
   int size; /* ranks in the group: the plan's sp_size */
   int rank; /* this process's rank in it: the plan's sp_rank */
@@ -513,9 +515,11 @@ int mlagen_plan_set_comm_ops(mlagen_plan *plan, const mlagen_comm_ops *ops);
  * pass they queued, in seconds.
  *   seconds > 0 (the default is 600): the call returns when the pass has finished on its
  *     stream, polling the NCCL communicator's asynchronous error (ncclCommGetAsyncError)
- *     meanwhile, so a peer that died is MLAGEN_EIO with NCCL's text and a pass still
- *     running after `seconds` is MLAGEN_EIO "timed out ..." (a peer that never joined a
- *     collective), instead of a hang. The host waits for the GPU once per pass.
+ *     meanwhile (with mlagen_plan_set_comm_ops's callbacks there is nothing to poll), so a
+ *     peer that died is MLAGEN_EIO with NCCL's text and a pass still running after
+ *     `seconds` is MLAGEN_EIO "timed out ..." (a peer that never joined a collective),
+ *     instead of a hang. The host waits for the GPU once per pass. A time shorter than a
+ *     pass fails every pass as timed out (the GPU finishes it all the same).
  *   seconds = 0: the call returns once the pass is queued, asynchronous to its stream as
  *     at sp_size 1 and as NCCL's own collectives are: the host runs ahead of the GPU (a
  *     trainer that launches its layers from Python needs that to hide its launch time).

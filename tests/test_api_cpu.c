@@ -252,8 +252,8 @@ typedef struct reentry {
   void *ws, *saved;
   size_t ws_bytes, saved_bytes;
   int destroy; /* 1: the callback destroys the plan; 0: it tries the refused calls */
-  int rc_ops, rc_comm, rc_fwd;
-  char msg_ops[512];
+  int rc_ops, rc_comm, rc_fwd, rc_wait;
+  char msg_ops[512], msg_wait[512];
 } reentry;
 
 static int reentrant(void *user, const void *send, void *recv, size_t count,
@@ -269,6 +269,8 @@ static int reentrant(void *user, const void *send, void *recv, size_t count,
   static int fake_nccl;
   r->rc_comm = mlagen_plan_set_comm(r->plan, &fake_nccl);
   r->rc_fwd = mlagen_forward(r->plan, r->t, r->ws, r->ws_bytes, r->saved, r->saved_bytes, NULL);
+  r->rc_wait = mlagen_plan_set_comm_wait(r->plan, 5);
+  snprintf(r->msg_wait, sizeof r->msg_wait, "%s", mlagen_last_message(r->ctx));
   return -5; /* stop the pass */
 }
 
@@ -293,6 +295,10 @@ static void test_comm_reentry(void **state) {
     fail_msg("set_comm_ops from a callback: message '%s'", r.msg_ops);
   assert_int_equal(r.rc_comm, MLAGEN_EINVAL);
   assert_int_equal(r.rc_fwd, MLAGEN_EINVAL);
+  assert_int_equal(r.rc_wait, MLAGEN_EINVAL);
+  if (!strstr(r.msg_wait, "mlagen_plan_set_comm_wait: the plan is running a pass"))
+    fail_msg("set_comm_wait from a callback: message '%s'", r.msg_wait);
+  assert_int_equal(mlagen_plan_set_comm_wait(plan, 5), 0); /* outside a pass: allowed */
   /* the plan still works after the pass: the callbacks are still set, so the same again */
   rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
   expect_msg(ctx, rc, MLAGEN_EIO, "callback returned -5");

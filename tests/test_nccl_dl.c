@@ -385,7 +385,8 @@ static void test_api_sp2(void **state) {
 /* mlagen_plan_set_comm_wait: its arguments; then what it decides, through the API with the
  * fake cuBLAS (the forward runs) and the stream not finished at the first query: waiting
  * (30 s), the first poll of the communicator sees NCCL's asynchronous error (MLAGEN_EIO);
- * not waiting (0), the call returns once queued, nothing polled. */
+ * not waiting (0), the call returns once queued, nothing polled; waiting 1e-9 s, the pass
+ * times out after that time (the seconds reach the executor). */
 static void test_api_comm_wait(void **state) {
   (void)state;
   api_fx f;
@@ -417,6 +418,13 @@ static void test_api_comm_wait(void **state) {
   assert_contains(mlagen_last_message(f.ctx), "NCCL asynchronous error (ncclCommGetAsyncError) "
                                               "failed: remote process exited");
   assert_int_equal(polls(fc), 1);
+  /* the time itself reaches the pass: a wait shorter than the first query's answer */
+  async_after(fc, 0);
+  assert_int_equal(mlagen_plan_set_comm_wait(f.plan, 1e-9), 0);
+  fk.inject("cuStreamQuery", 600);
+  rc = api_fwd(&f);
+  assert_int_equal(rc, MLAGEN_EIO);
+  assert_contains(mlagen_last_message(f.ctx), "laga plan, forward: timed out after 1e-09 s");
   fk.reset();
   setenv("MLAGEN_LIBCUBLAS", "/nonexistent/libcublas.so", 1);
   api_close(&f);

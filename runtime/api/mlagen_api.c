@@ -54,7 +54,8 @@ struct mlagen_plan {
   double wait_s;   /* mlagen_plan_set_comm_wait: sp_size > 1 CUDA passes (0: no wait) */
   mg_plan_mem mem; /* MLAGEN_DEVICE_CPU: the layout of workspace and saved */
   /* a pass (mlagen_forward/_backward) is running: a callback that calls back into the API
-   * for this plan is refused (set_comm, set_comm_ops), or deferred (destroy) to its end */
+   * for this plan is refused (set_comm, set_comm_ops, set_comm_wait), or deferred (destroy)
+   * to its end */
   int busy, destroy_pending;
 };
 

@@ -190,7 +190,8 @@ void *mg_cuda_exec_buffer(const mg_cuda_exec *x, const char *name, void *workspa
  * collectives through comm (spanning the plan's P ranks: comm->size == sp, comm->rank ==
  * rank; NULL allowed at P = 1). Asynchronous at P = 1 (queued on stream); at P > 1 it
  * then waits for the stream, polling comm->ops->poll when the backend has it, for at most
- * opts.timeout_s.
+ * the timeout (opts.timeout_s, or mg_cuda_exec_set_timeout's since; negative: no wait,
+ * asynchronous as at P = 1).
  * Errors: MLAGEN_EINVAL (x or t NULL; a tensor the pass uses NULL (named); workspace or
  * saved NULL or too small; comm NULL at P > 1 or not matching the plan; a varlen plan
  * without t->cu_seqlens, or one mg_varlen_check refuses against the plan's seq (naming
