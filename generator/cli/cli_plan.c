@@ -95,6 +95,11 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
   printf("\nkernel configurations for %s/%s, S=%lld (bucket %lld), %s%s\n", arch, device, o->seq,
          mg_tune_bucket(o->seq), kdtype,
          strcmp(kdtype, o->dtype) != 0 ? " (the GPU kernels are bf16/fp16; shown for bf16)" : "");
+  printf("tuned stores read from %s (%s)\n", mg_tune_store_dir(),
+         getenv("MLAGEN_TUNED_DIR") && *getenv("MLAGEN_TUNED_DIR")
+             ? "$MLAGEN_TUNED_DIR"
+             : "./tuned under the working directory: set MLAGEN_TUNED_DIR to use another, "
+               "e.g. the repository's tuned/");
   int status = CLI_OK;
   for (int i = 0; i < n; i++) {
     /* what the CUDA executor would run: the same choice (mg_tune_choose) */
@@ -418,11 +423,14 @@ static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, dou
            o.seq);
   /* the ratios only where explicit's column has figures (P | H) */
   printf("per rank, per layer%s", ok[MG_FORM_EXPLICIT] ? " (ratio to explicit)" : "");
-  if (ok[MG_FORM_LAGA_F])
-    printf("; laga-f in %d head groups of %d heads", plans[MG_FORM_LAGA_F].args.head_groups,
-           plans[MG_FORM_LAGA_F].heads_local / plans[MG_FORM_LAGA_F].args.head_groups);
-  printf("; laga-cp in %d head groups of %d heads\n", plans[MG_FORM_LAGA_CP].args.head_groups,
-         plans[MG_FORM_LAGA_CP].heads_local / plans[MG_FORM_LAGA_CP].args.head_groups);
+  if (ok[MG_FORM_LAGA_F]) {
+    const int w = plans[MG_FORM_LAGA_F].heads_local / plans[MG_FORM_LAGA_F].args.head_groups;
+    printf("; laga-f in %d head groups of %d head%s", plans[MG_FORM_LAGA_F].args.head_groups, w,
+           w == 1 ? "" : "s");
+  }
+  const int wcp = plans[MG_FORM_LAGA_CP].heads_local / plans[MG_FORM_LAGA_CP].args.head_groups;
+  printf("; laga-cp in %d head groups of %d head%s\n", plans[MG_FORM_LAGA_CP].args.head_groups,
+         wcp, wcp == 1 ? "" : "s");
   if (o.sp > 1)
     printf("laga-cp: each figure is its maximum over the %d ranks (the slowest rank's; they "
            "differ %s)\n", o.sp, cu ? "with the documents each rank's rows hold, whatever the "

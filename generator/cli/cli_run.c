@@ -617,8 +617,8 @@ static int run(const cli_opts *o, group *g) {
   const int ref_single = o->check && !ulysses;
   const int check_all = o->check && form == MG_FORM_EXPLICIT;
   int forms[MG_FORM_COUNT], n_forms = 0;
-  for (int f = 0; f < MG_FORM_COUNT; f++)
-    if (f == (int)form ||
+  for (int f = 0; f < MG_FORM_COUNT; f++) /* check_all at a P not dividing H: laga-cp alone */
+    if ((f == (int)form && (ulysses || !check_all)) ||
         (o->check && (ulysses ? check_all || f == MG_FORM_EXPLICIT : f == MG_FORM_LAGA_CP)))
       forms[n_forms++] = f;
   for (int k = 0; k < n_forms; k++) {
