@@ -19,16 +19,15 @@ float32 (no f16 case, no side stream) to try the script where there is no GPU.
 Usage: PYTHONPATH=python:tests/python MLAGEN_LIBRARY=build/libmlagen.so \\
        python3 tests/gpu/torch_cuda.py [--device cuda|cpu] [--dtype bfloat16|float32]"""
 import argparse
-import json
 import os
 import re
 import sys
 
 import torch
 
-import mlagen
 import mlagen.torch as mt
 from common import FORMS, inputs, packed_reference, packed_stream, reference
+from torch_layer import model_at
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -74,15 +73,6 @@ def check(name, got, ref, form, grad, rows=None):
     if rel > l2:
         raise AssertionError(f"{name}: L2 error {rel:.3g} over {l2:g}")
     return ratio.max().item()
-
-
-def model_h16():
-    """DeepSeek-V3's config (configs/deepseek-v3.json) at 16 heads: one rank of SP 8."""
-    root = os.path.dirname(os.path.dirname(HERE))
-    with open(os.path.join(root, "configs", "deepseek-v3.json")) as f:
-        cfg = json.load(f)
-    cfg["num_attention_heads"] = 16
-    return mlagen.Model(cfg)
 
 
 def run_case(model, form, dtype, device, causal, B=2, S=300, seed=1):
@@ -157,7 +147,7 @@ def main():
         print("torchcuda: torch sees no CUDA device", file=sys.stderr)
         return 77
     dtype = getattr(torch, want)
-    model = model_h16()
+    model = model_at(16)  # one rank of SP 8
     torch.manual_seed(0)
     cases = [(f"{f}", lambda f=f: run_case(model, f, dtype, a.device, True)) for f in FORMS]
     cases += [("explicit non-causal", lambda: run_case(model, "explicit", dtype, a.device, False))]
