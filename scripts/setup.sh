@@ -7,7 +7,8 @@
 #                              torch and transformers (PyPI) into BUILD_DIR/venv
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), BUILD_DIR (default build),
-# JOBS (default: number of cores). Debian/Ubuntu packages are installed with apt-get
+# JOBS (default: number of cores), MLAGEN_PYTHON (--test: a Python that already imports
+# torch and transformers, used by the python tests instead of making BUILD_DIR/venv). Debian/Ubuntu packages are installed with apt-get
 # when missing (as root, or through sudo). The CUDA toolkit is a prerequisite that
 # Debian does not package: this script checks for it and says what is missing. A SASS
 # reader (nvdisasm) comes from the toolkit, else from PyPI into BUILD_DIR/tools.
@@ -150,7 +151,16 @@ fi
 # versions are the ones the tests were written against (torch 2.15, transformers 5.24). Without
 # it (offline) the build goes on and the python tests fail in CI, skip elsewhere.
 case $build in /*) venv=$build/venv ;; *) venv=$root/$build/venv ;; esac
-if [ "$mode" = test ]; then
+py=""  # --test: the python tests' interpreter, given to cmake (empty: its own rule, the venv)
+if [ "$mode" = test ] && [ -n "${MLAGEN_PYTHON:-}" ]; then
+  if "$MLAGEN_PYTHON" -c "import torch, transformers" >/dev/null 2>&1; then
+    py=$MLAGEN_PYTHON
+    echo "setup.sh: the python tests use $py (MLAGEN_PYTHON): no venv"
+  else
+    echo "setup.sh: MLAGEN_PYTHON=$MLAGEN_PYTHON cannot import torch and transformers: making $venv instead" >&2
+  fi
+fi
+if [ "$mode" = test ] && [ -z "$py" ]; then
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv" || echo "setup.sh: warning: python3 -m venv failed" >&2
   fi
@@ -174,7 +184,9 @@ if [ "$mode" = test ]; then
 fi
 
 # ---- build ------------------------------------------------------------------------------
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUDAToolkit_ROOT="$cuda"
+pyarg=()  # --test: always given, so that a value cached by an earlier configure goes too
+[ "$mode" = test ] && pyarg=("-DMLAGEN_PYTHON=$py")
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUDAToolkit_ROOT="$cuda" ${pyarg[@]+"${pyarg[@]}"}
 cmake --build "$build" -j "$jobs"
 
 if [ "$mode" = test ]; then
