@@ -7,7 +7,8 @@ The layer is the op's boundary (../shared/MLA.md, docs/torch.md): inputs q [B, S
 d_r], c_kv [B, S, d_c], k_rope [B, S, d_r], w_kv_b [H (d_n + d_v), d_c]; output o [B, S, H,
 d_v]; gradients of all four. The peer: kv = c_kv w_kv_b^T (cuBLAS), k = [k_nope ; k_rope
 broadcast over the heads], scaled_dot_product_attention forced to the cuDNN backend, autograd
-for the backward. One rank of SP 8 on DeepSeek-V3 is H 16 at P 1 (no collectives: the
+for the backward; then the same with PyTorch's own choice of SDPA backend (a second
+peer row, and the reference where cuDNN refuses the shape). One rank of SP 8 on DeepSeek-V3 is H 16 at P 1 (no collectives: the
 communication of each form is `mlagen plan`'s to predict). DeepSeek-V3's head dims and
 softmax scale (configs/deepseek-v3.json), bf16, B 1, causal unless --causal 0.
 
@@ -54,9 +55,9 @@ def model_at(heads):
     return mlagen.Model(cfg)
 
 
-def peer_layer(model, causal):
-    """The layer in PyTorch: up-projection, split key, cuDNN attention (CPU: PyTorch's
-    default backend)."""
+def peer_layer(model, causal, cudnn):
+    """The layer in PyTorch: up-projection, split key, attention by cuDNN (cudnn) or by
+    PyTorch's own choice of SDPA backend."""
     dn, dv = model.qk_nope_head_dim, model.v_head_dim
 
     def run(q, c_kv, k_rope, w):
@@ -64,7 +65,7 @@ def peer_layer(model, causal):
         kv = (c_kv @ w.t()).view(B, S, H, dn + dv)
         k = torch.cat([kv[..., :dn], k_rope[:, :, None, :].expand(B, S, H, k_rope.shape[-1])], -1)
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, kv[..., dn:]))
-        if q.is_cuda:
+        if cudnn:
             from torch.nn.attention import SDPBackend, sdpa_kernel
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, scale=model.softmax_scale)
@@ -163,24 +164,33 @@ def main():
         print(f"{impl:8s} {form:9s} fwd {t_f:9.3f} ms ({r['attn_tflops_fwd']:7.4g} TFLOP/s)   "
               f"fwd+bwd {t_fb:9.3f} ms ({r['attn_tflops_fwd_bwd']:7.4g} TFLOP/s)")
 
-    peer = peer_layer(model, causal)
-    bench("peer", "cudnn" if cuda else "sdpa-cpu", peer)
-    with torch.no_grad():
-        o_peer = peer(*x).float()
-    rms = o_peer.pow(2).mean().sqrt().item()
-    peer_row = rows[0] if rows else None
+    # the peers: cuDNN's attention (CUDA), then PyTorch's own SDPA choice; the first that runs
+    # is the speed ratios' reference and gives the sanity check's o
+    peers = ([("cudnn", True)] if cuda else []) + [("sdpa-default", False)]
+    peer_row, o_peer = None, None
+    for name, cudnn in peers:
+        peer = peer_layer(model, causal, cudnn)
+        n = len(rows)
+        bench("peer", name, peer)
+        if len(rows) > n and peer_row is None:
+            peer_row = rows[-1]
+            with torch.no_grad():
+                o_peer = peer(*x).float()
+    if o_peer is None:
+        print("layer: no peer ran: no speed ratios, no sanity check")
+    rms = o_peer.pow(2).mean().sqrt().item() if o_peer is not None else 0.0
     for form in a.forms.split(","):
         def fn(q, c, k, w, form=form):
             return mt.mla_attention(q, c, k, w, model=model, form=form, causal=causal)
         bench("mlagen", form, fn)
-        if not rows or rows[-1]["form"] != form:
+        if not rows or rows[-1]["form"] != form or o_peer is None:
             continue
         with torch.no_grad():
             diff = (fn(*x).float() - o_peer).abs().max().item() / rms
         rows[-1]["o_vs_peer"] = diff
         ratio = (f"; {peer_row['fwd_ms'] / rows[-1]['fwd_ms']:.2f}x / "
-                 f"{peer_row['fwd_bwd_ms'] / rows[-1]['fwd_bwd_ms']:.2f}x the peer's speed "
-                 f"(fwd / fwd+bwd)") if peer_row else ""
+                 f"{peer_row['fwd_bwd_ms'] / rows[-1]['fwd_bwd_ms']:.2f}x {peer_row['form']}'s "
+                 f"speed (fwd / fwd+bwd)")
         print(f"         {form:9s} o vs peer: max |diff| / rms {diff:.2e}{ratio}")
         if not diff <= 0.1:
             failed.append(f"sanity {form}")
