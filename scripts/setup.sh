@@ -8,17 +8,18 @@
 #
 # Environment: CUDA_HOME (default /usr/local/cuda), BUILD_DIR (default build),
 # JOBS (default: number of cores), MLAGEN_PYTHON (--test: a Python that already imports
-# torch and transformers, used by the python tests instead of making BUILD_DIR/venv). Debian/Ubuntu packages are installed with apt-get
-# when missing (as root, or through sudo). The CUDA toolkit is a prerequisite that
-# Debian does not package: this script checks for it and says what is missing. A SASS
-# reader (nvdisasm) comes from the toolkit, else from PyPI into BUILD_DIR/tools.
+# torch and transformers, used by the python tests instead of making BUILD_DIR/venv).
+# Debian/Ubuntu packages are installed with apt-get when missing (as root, or through
+# sudo). The CUDA toolkit is a prerequisite that Debian does not package: this script
+# checks for it and says what is missing. A SASS reader (nvdisasm) comes from the toolkit,
+# else from PyPI into BUILD_DIR/tools.
 set -euo pipefail
 
 mode=run
 case "${1:-}" in
   "") ;;
   --test) mode=test ;;
-  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "setup.sh: unknown argument '$1' (use --test or nothing)" >&2; exit 2 ;;
 esac
 
@@ -151,9 +152,11 @@ fi
 # versions are the ones the tests were written against (torch 2.15, transformers 5.24). Without
 # it (offline) the build goes on and the python tests fail in CI, skip elsewhere.
 case $build in /*) venv=$build/venv ;; *) venv=$root/$build/venv ;; esac
+# has_torch PYTHON: PYTHON imports torch and transformers (the python tests' needs)
+has_torch() { "$1" -c "import torch, transformers" >/dev/null 2>&1; }
 py=""  # --test: the python tests' interpreter, given to cmake (empty: its own rule, the venv)
 if [ "$mode" = test ] && [ -n "${MLAGEN_PYTHON:-}" ]; then
-  if "$MLAGEN_PYTHON" -c "import torch, transformers" >/dev/null 2>&1; then
+  if has_torch "$MLAGEN_PYTHON"; then
     py=$MLAGEN_PYTHON
     echo "setup.sh: the python tests use $py (MLAGEN_PYTHON): no venv"
   else
@@ -169,7 +172,7 @@ if [ "$mode" = test ] && [ -z "$py" ]; then
     # torch in the venv and transformers not (pip exits non-zero after installing part of
     # what it resolved: a dropped connection, a full disk), and python_torch_hf then failed.
     for try in 1 2; do
-      "$venv/bin/python" -c "import torch, transformers" >/dev/null 2>&1 && break
+      has_torch "$venv/bin/python" && break
       echo "setup.sh: installing torch and transformers from PyPI into $venv (minutes; try $try of 2)"
       "$venv/bin/pip" install -q --disable-pip-version-check "torch==2.15.*" "transformers==5.24.*" ||
         echo "setup.sh: warning: pip install torch transformers exited $? (try $try)" >&2

@@ -66,8 +66,7 @@ int cli_compile(int argc, char **argv) {
     }
     const int sm = mg_arch_sm(archbuf[n_arch]);
     if (sm >= 0 && sm < MG_ARCH_MIN_SM) {
-      cli_error("--arch: '%s': mlagen's kernels need sm_%d or newer (bf16 mma.sync, cp.async)",
-                archbuf[n_arch], MG_ARCH_MIN_SM);
+      cli_error("--arch: " MG_ARCH_TOO_OLD_FMT, archbuf[n_arch], MG_ARCH_MIN_SM);
       return CLI_USAGE;
     }
     archs[n_arch] = archbuf[n_arch];

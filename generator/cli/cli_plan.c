@@ -423,14 +423,15 @@ static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, dou
            o.seq);
   /* the ratios only where explicit's column has figures (P | H) */
   printf("per rank, per layer%s", ok[MG_FORM_EXPLICIT] ? " (ratio to explicit)" : "");
-  if (ok[MG_FORM_LAGA_F]) {
-    const int w = plans[MG_FORM_LAGA_F].heads_local / plans[MG_FORM_LAGA_F].args.head_groups;
-    printf("; laga-f in %d head groups of %d head%s", plans[MG_FORM_LAGA_F].args.head_groups, w,
+  static const mg_form grouped[] = {MG_FORM_LAGA_F, MG_FORM_LAGA_CP}; /* the head-group forms */
+  for (int k = 0; k < 2; k++) {
+    const mg_form f = grouped[k];
+    if (!ok[f]) continue;
+    const int groups = plans[f].args.head_groups, w = plans[f].heads_local / groups;
+    printf("; %s in %d head groups of %d head%s", mg_form_name(f), groups, w,
            w == 1 ? "" : "s");
   }
-  const int wcp = plans[MG_FORM_LAGA_CP].heads_local / plans[MG_FORM_LAGA_CP].args.head_groups;
-  printf("; laga-cp in %d head groups of %d head%s\n", plans[MG_FORM_LAGA_CP].args.head_groups,
-         wcp, wcp == 1 ? "" : "s");
+  printf("\n");
   if (o.sp > 1)
     printf("laga-cp: each figure is its maximum over the %d ranks (the slowest rank's; they "
            "differ %s)\n", o.sp, cu ? "with the documents each rank's rows hold, whatever the "

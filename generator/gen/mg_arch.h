@@ -33,6 +33,8 @@ static const mg_arch_facts mg_arch_table[] = {
  * cp.async (sm_80). Callers refuse an older name (mg_arch_sm below MG_ARCH_MIN_SM, listed in
  * the table or not) as too old. */
 #define MG_ARCH_MIN_SM 80
+/* Their refusal of such a name (printf format: the name, then MG_ARCH_MIN_SM). */
+#define MG_ARCH_TOO_OLD_FMT "architecture '%s': mlagen's kernels need sm_%d or newer (bf16 mma.sync, cp.async)"
 
 /* The facts of sm (e.g. 90 for sm_90 and sm_90a), or NULL for an architecture not listed. */
 static inline const mg_arch_facts *mg_arch_find(int sm) {

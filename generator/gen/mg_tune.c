@@ -20,9 +20,7 @@ int mg_tune_arch_limits(const char *arch, mg_tune_limits *l, mg_diag *d) {
   const mg_arch_facts *f = mg_arch_named(arch); /* mg_arch.h: the one table and name rule */
   const int sm = mg_arch_sm(arch);
   if (sm >= 0 && sm < MG_ARCH_MIN_SM)
-    return mg_diag_set(d, MLAGEN_EINVAL,
-                       "architecture '%s': mlagen's kernels need sm_%d or newer (bf16 mma.sync, "
-                       "cp.async)", arch, MG_ARCH_MIN_SM);
+    return mg_diag_set(d, MLAGEN_EINVAL, MG_ARCH_TOO_OLD_FMT, arch, MG_ARCH_MIN_SM);
   if (f && f->max_warps) {
     l->smem_per_block = f->smem;
     l->regs_per_sm = 65536;

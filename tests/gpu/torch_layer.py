@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 import mlagen
 import mlagen.torch as mt
+from common import inputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FORMS = "explicit,laga,laga-r,laga-f,absorbed,laga-cp"
@@ -122,15 +123,10 @@ def main():
     H, S, causal = a.heads, a.seq, bool(a.causal)
     dn, dr, dv, dc = (model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim,
                       model.kv_lora_rank)
-    g = torch.Generator().manual_seed(1)
-    # the spread of tests/python/common.py's inputs (scores of std ~2)
-    q = torch.randn(1, S, H, dn + dr, generator=g) * 1.5
-    c_kv = torch.randn(1, S, dc, generator=g)
-    k_rope = torch.randn(1, S, dr, generator=g) * 1.5
-    w = torch.randn(H * (dn + dv), dc, generator=g) / dc ** 0.5 * 1.5
-    d_o = torch.randn(1, S, H, dv, generator=g)
-    x = [t.to(device=a.device, dtype=dtype).requires_grad_() for t in (q, c_kv, k_rope, w)]
-    d_o = d_o.to(device=a.device, dtype=dtype)
+    # tests/python/common.py's inputs (scores of std ~2), made in float32 on the host
+    x = [t.detach().to(device=a.device, dtype=dtype).requires_grad_()
+         for t in inputs(model, 1, S, torch.float32, seed=1)]
+    d_o = torch.randn(1, S, H, dv, generator=torch.Generator().manual_seed(2)).to(a.device, dtype)
     pairs = S * (S + 1) / 2 if causal else float(S) * S
     dqk = dn + dr
     fl_fwd = 2 * H * pairs * (dqk + dv)
