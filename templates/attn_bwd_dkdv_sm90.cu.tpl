@@ -284,10 +284,10 @@ ${K.name}(
         if (hi > 0) {
           mbar_wait(kv_empty, (unsigned)(hi - 1) & 1u);  // MUTATION: kv empty wait
         }
-        const int row = b * seqlen_k + n0;
+        const int row = n0;  // of batch item b
         mbar_arrive_expect_tx(kv_full, K_BYTES + V_BYTES);
-        tma_load_k_tile<DN, DR, WK, WK, BLOCK_N, K_PACKED>(sK, &tmaps.m[1], &tmaps.m[2], kv_full, h, row);
-        tma_load_boxes_3d<DV, WV, BLOCK_N>(sV, &tmaps.m[3], kv_full, 0, h, row);
+        tma_load_k_tile<DN, DR, WK, WK, BLOCK_N, K_PACKED>(sK, &tmaps.m[1], &tmaps.m[2], kv_full, h, row, b);
+        tma_load_boxes_4d<DV, WV, BLOCK_N>(sV, &tmaps.m[3], kv_full, 0, h, row, b);
       }
       for (int pass = 0; pass < PASSES; ++pass)
         for (int mt = 0; mt < m_tiles; ++mt) {
@@ -300,8 +300,8 @@ ${K.name}(
             mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
             unsigned char* const sQ = ring + st * STAGE_BYTES;
             mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
-            tma_load_boxes_3d<DQK, WQ, BM>(sQ, &tmaps.m[0], &full[st], 0, h, b * seqlen_q + m0);
-            tma_load_boxes_3d<DV, WV, BM>(sQ + Q_BYTES, &tmaps.m[4], &full[st], 0, h, b * seqlen_q + m0);
+            tma_load_boxes_4d<DQK, WQ, BM>(sQ, &tmaps.m[0], &full[st], 0, h, m0, b);
+            tma_load_boxes_4d<DV, WV, BM>(sQ + Q_BYTES, &tmaps.m[4], &full[st], 0, h, m0, b);
           } else {
             mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: LSE empty wait
             float* const ld = sLD + st * 2 * BM;

@@ -199,18 +199,18 @@ ${K.name}(
     if (tid != 128 * NC) return;
     if (n_tiles > 0) {
       mbar_arrive_expect_tx(q_full, Q_BYTES + O_BYTES);
-      tma_load_boxes_3d<DQK, WQ, BLOCK_M>(sQ, &tmaps.m[0], q_full, 0, h, b * seqlen_q + m0);
-      tma_load_boxes_3d<DV, WV, BLOCK_M>(sO, &tmaps.m[4], q_full, 0, h, b * seqlen_q + m0);
+      tma_load_boxes_4d<DQK, WQ, BLOCK_M>(sQ, &tmaps.m[0], q_full, 0, h, m0, b);
+      tma_load_boxes_4d<DV, WV, BLOCK_M>(sO, &tmaps.m[4], q_full, 0, h, m0, b);
     }
     for (int j = 0; j < n_tiles; ++j) {
       const int st = j % STAGES;
       const unsigned ph = (unsigned)(j / STAGES) & 1u;
       mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
       unsigned char* const sK = ring + st * STAGE_BYTES;
-      const int row = b * seqlen_k + ${VARLEN and "k0 + " or ""}j * BLOCK_N;
+      const int row = ${VARLEN and "k0 + " or ""}j * BLOCK_N;  // of batch item b
       mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
-      tma_load_k_tile<DN, DR, WK, WK, BLOCK_N, K_PACKED>(sK, &tmaps.m[1], &tmaps.m[2], &full[st], h, row);
-      tma_load_boxes_3d<DV, WV, BLOCK_N>(sK + K_BYTES, &tmaps.m[3], &full[st], 0, h, row);
+      tma_load_k_tile<DN, DR, WK, WK, BLOCK_N, K_PACKED>(sK, &tmaps.m[1], &tmaps.m[2], &full[st], h, row, b);
+      tma_load_boxes_4d<DV, WV, BLOCK_N>(sK + K_BYTES, &tmaps.m[3], &full[st], 0, h, row, b);
     }
     return;
   }

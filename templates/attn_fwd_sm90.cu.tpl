@@ -17,11 +17,12 @@
 @ --                the K and the V tile's bytes, completed by the TMA loads: S = Q K^T need
 @ --                not wait for V) and empty[st] (every consumer thread arrives when it is
 @ --                done with the stage; the producer waits on it, parity flipped, before
-@ --                reusing the stage). K_nope boxes {W_n, 1, block_n} per head; split
-@ --                keys: the shared k_rope [B*S_k, d_r] (rows ld_k_rope apart) in 2D
-@ --                boxes {W_r, block_n}; V boxes {W_v, 1, block_n}. The maps' rows are B*S
-@ --                tokens: a tile's rows past its batch item's end read the next item's
-@ --                (or zeros past the last): masked keys, and query rows never stored.
+@ --                reusing the stage). K_nope boxes {W_n, 1, block_n, 1} per head; split
+@ --                keys: the shared k_rope [B, S_k, d_r] (rows ld_k_rope apart) in 3D
+@ --                boxes {W_r, block_n, 1}; V boxes {W_v, 1, block_n, 1}. The batch item
+@ --                is each map's outermost dim: a tile's rows past the item's end are
+@ --                TMA's zero fill (masked keys, query rows never stored), never the next
+@ --                item's tokens (a NaN there would reach this item's O through 0 * V).
 @ -- Consumers, per key tile: S = Q K^T with wgmma m64n{block_n}k16, A (Q) and B (K) from
 @ -- shared memory (K-major descriptors); scale to base 2, mask (only tiles crossing the end
 @ -- of the keys or the warpgroup's diagonal), online softmax in fp32 with exp2; P packed to
@@ -76,8 +77,8 @@
 @   }, explicit_scalar_params(), {
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<4>", shape = "[4]",
 @       doc = "4 CUtensorMaps passed by value (kernel parameter space; the host passes 4 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over the tensors above (16-bit elements, no interleave, zero OOB fill), box inner width W(d) = 64/32/16 columns for d % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
-@             "[0] q dims {d_qk, H, B*S_q} box {W(d_qk), 1, block_m}; [1] k_nope dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}; " ..
-@             "[2] split: k_rope dims {d_r, B*S_k} row stride ld_k_rope box {W(d_r), block_n}, packed: K dims {d_qk, H, B*S_k} box {W(d_r), 1, block_n}; [3] v dims {d_v, H, B*S_k} box {W(d_v), 1, block_n}" },
+@             "[0] q dims {d_qk, H, S_q, B} box {W(d_qk), 1, block_m, 1}; [1] k_nope dims {d_n (packed: d_qk), H, S_k, B} box {W(d_n), 1, block_n, 1}; " ..
+@             "[2] split: k_rope dims {d_r, S_k, B} row stride ld_k_rope box {W(d_r), block_n, 1}, packed: K dims {d_qk, H, S_k, B} box {W(d_r), 1, block_n, 1}; [3] v dims {d_v, H, S_k, B} box {W(d_v), 1, block_n, 1}" },
 @   }, varlen_params()),
 @   tunables = {
 @     block_m   = { values = { 64, 128 },   doc = "query rows per CTA: 64 per consumer warpgroup (1 or 2 consumers)" },
@@ -204,7 +205,7 @@ ${K.name}(
     if (tid != 128 * NC) return;
     if (n_tiles > 0) {
       mbar_arrive_expect_tx(q_full, Q_BYTES);
-      tma_load_boxes_3d<DQK, WQ, BLOCK_M>(sQ, &tmaps.m[0], q_full, 0, h, b * seqlen_q + m0);
+      tma_load_boxes_4d<DQK, WQ, BLOCK_M>(sQ, &tmaps.m[0], q_full, 0, h, m0, b);
     }
     for (int j = 0; j < n_tiles; ++j) {
       const int st = j % STAGES;
@@ -212,11 +213,11 @@ ${K.name}(
       mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
       unsigned char* const sK = ring + st * STAGE_BYTES;
       unsigned char* const sV = sK + K_BYTES;
-      const int row = b * seqlen_k + ${VARLEN and "k0 + " or ""}j * BLOCK_N;
+      const int row = ${VARLEN and "k0 + " or ""}j * BLOCK_N;  // of batch item b
       mbar_arrive_expect_tx(&full_k[st], K_BYTES);
-      tma_load_k_tile<DN, DR, WN, WR, BLOCK_N, K_PACKED>(sK, &tmaps.m[1], &tmaps.m[2], &full_k[st], h, row);
+      tma_load_k_tile<DN, DR, WN, WR, BLOCK_N, K_PACKED>(sK, &tmaps.m[1], &tmaps.m[2], &full_k[st], h, row, b);
       mbar_arrive_expect_tx(&full_v[st], V_BYTES);
-      tma_load_boxes_3d<DV, WV, BLOCK_N>(sV, &tmaps.m[3], &full_v[st], 0, h, row);
+      tma_load_boxes_4d<DV, WV, BLOCK_N>(sV, &tmaps.m[3], &full_v[st], 0, h, row, b);
     }
     return;
   }

@@ -227,8 +227,9 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 }
 
 // ---- TMA -----------------------------------------------------------------------------------
-// cp.async.bulk.tensor.{2d,3d}.shared::cluster.global.tile.mbarrier::complete_tx::bytes: loads
-// the box of `map` at element coordinates (c0 innermost, c1[, c2]) into shared memory at dst
+// cp.async.bulk.tensor.{2d,3d,4d}.shared::cluster.global.tile.mbarrier::complete_tx::bytes:
+// loads the box of `map` at element coordinates (c0 innermost, c1[, c2[, c3]]) into shared
+// memory at dst
 // (128-byte aligned; swizzled as the map says), elements outside the tensor filled with zero;
 // when the bytes have landed they complete_tx on `bar` (the box's full size in bytes, the
 // out-of-bounds part included). Issued by one thread; map must be a __grid_constant__ kernel
@@ -257,6 +258,20 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap* map, uns
       " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1),
       "r"(c2)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, unsigned long long* bar,
+                                            int c0, int c1, int c2, int c3 MLA90_LINE) {
+#ifdef MG_HOST_EMULATION
+  int c[4] = {c0, c1, c2, c3};
+  mg_host_tma_load(dst, map, bar, 4, c, mg_line);
+#else
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1),
+      "r"(c2), "r"(c3)
       : "memory");
 #endif
 }
@@ -686,38 +701,40 @@ __device__ __forceinline__ unsigned opaque_u32(unsigned x) {
   return x;
 }
 
-// One TMA load per W-column box of columns [col0, col0 + D) of rows [row, row + ROWS) (of head
-// h: 3D maps {d, H, tokens}; 2D maps {d, tokens}): box c lands at dst + c ROWS 2W bytes, all
-// completing on bar (whose expect_tx the caller has set).
+// One TMA load per W-column box of columns [col0, col0 + D) of rows [row, row + ROWS) of batch
+// item b (of head h: 4D maps {d, H, S, B}; 3D maps {d, S, B}): box c lands at dst + c ROWS 2W
+// bytes, all completing on bar (whose expect_tx the caller has set). The batch item is a
+// dimension of its own, so a box's rows past the item's end are TMA's zero fill, never the
+// next item's tokens.
+template <int D, int W, int ROWS>
+__device__ __forceinline__ void tma_load_boxes_4d(unsigned char* dst, const TensorMap* map,
+                                                  unsigned long long* bar, int col0, int h,
+                                                  int row, int b MLA90_LINE) {
+  for (int c = 0; c < D / W; ++c)
+    tma_load_4d(dst + c * ROWS * 2 * W, map, bar, col0 + c * W, h, row, b MLA90_PASS_LINE);
+}
 template <int D, int W, int ROWS>
 __device__ __forceinline__ void tma_load_boxes_3d(unsigned char* dst, const TensorMap* map,
-                                                  unsigned long long* bar, int col0, int h,
-                                                  int row MLA90_LINE) {
+                                                  unsigned long long* bar, int col0, int row,
+                                                  int b MLA90_LINE) {
   for (int c = 0; c < D / W; ++c)
-    tma_load_3d(dst + c * ROWS * 2 * W, map, bar, col0 + c * W, h, row MLA90_PASS_LINE);
-}
-template <int D, int W, int ROWS>
-__device__ __forceinline__ void tma_load_boxes_2d(unsigned char* dst, const TensorMap* map,
-                                                  unsigned long long* bar, int col0,
-                                                  int row MLA90_LINE) {
-  for (int c = 0; c < D / W; ++c)
-    tma_load_2d(dst + c * ROWS * 2 * W, map, bar, col0 + c * W, row MLA90_PASS_LINE);
+    tma_load_3d(dst + c * ROWS * 2 * W, map, bar, col0 + c * W, row, b MLA90_PASS_LINE);
 }
 
-// An explicit-form key tile K = [K_nope ; k_rope] of ROWS keys from token row `row`, head h:
-// K_nope's DN columns as WN-column boxes through nope (dims {d_n or d_n + d_r, H, tokens}),
-// then, at dst + ROWS DN 2, the DR RoPE columns as WR-column boxes: PACKED, columns DN.. of
-// the same per-head K (rope: dims {d_n + d_r, H, tokens}); split, the shared k_rope (rope:
-// dims {d_r, tokens}). All complete on bar.
+// An explicit-form key tile K = [K_nope ; k_rope] of ROWS keys from row `row` of batch item b,
+// head h: K_nope's DN columns as WN-column boxes through nope (dims {d_n or d_n + d_r, H, S,
+// B}), then, at dst + ROWS DN 2, the DR RoPE columns as WR-column boxes: PACKED, columns DN..
+// of the same per-head K (rope: dims {d_n + d_r, H, S, B}); split, the shared k_rope (rope:
+// dims {d_r, S, B}). All complete on bar.
 template <int DN, int DR, int WN, int WR, int ROWS, bool PACKED>
 __device__ __forceinline__ void tma_load_k_tile(unsigned char* dst, const TensorMap* nope,
                                                 const TensorMap* rope, unsigned long long* bar,
-                                                int h, int row MLA90_LINE) {
-  tma_load_boxes_3d<DN, WN, ROWS>(dst, nope, bar, 0, h, row MLA90_PASS_LINE);
+                                                int h, int row, int b MLA90_LINE) {
+  tma_load_boxes_4d<DN, WN, ROWS>(dst, nope, bar, 0, h, row, b MLA90_PASS_LINE);
   if (PACKED)
-    tma_load_boxes_3d<DR, WR, ROWS>(dst + ROWS * DN * 2, rope, bar, DN, h, row MLA90_PASS_LINE);
+    tma_load_boxes_4d<DR, WR, ROWS>(dst + ROWS * DN * 2, rope, bar, DN, h, row, b MLA90_PASS_LINE);
   else
-    tma_load_boxes_2d<DR, WR, ROWS>(dst + ROWS * DN * 2, rope, bar, 0, row MLA90_PASS_LINE);
+    tma_load_boxes_3d<DR, WR, ROWS>(dst + ROWS * DN * 2, rope, bar, 0, row, b MLA90_PASS_LINE);
 }
 
 // The online softmax of a wgmma accumulator tile s (m64nN fp32 fragment, scaled to base 2 and

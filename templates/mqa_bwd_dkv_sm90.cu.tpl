@@ -93,7 +93,7 @@
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_qk of the explicit form)" },
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<3>", shape = "[3]",
 @       doc = "3 CUtensorMaps passed by value (kernel parameter space; the host passes 3 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h: mg_sm90_mqa_bwd_tmaps), made with cuTensorMapEncodeTiled (16-bit elements, no interleave, zero OOB fill), box inner width W = 64/32/16 columns for d_c + d_r % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
-@             "[0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, 64}; [2] dout dims {d_c, B*S_q*H} box {W, 64}" },
+@             "[0] q dims {d_c + d_r, S_q*H, B} box {W, 64, 1}; [1] c dims {d_c + d_r, S_k, B} box {W, 64, 1}; [2] dout dims {d_c, S_q*H, B} box {W, 64, 1}" },
 @   }, varlen_params()),
 @   tunables = {
 @     stages = { values = { 1, 2 }, doc = "query tiles (Q and dO) in the TMA ring" },
@@ -250,16 +250,16 @@ ${K.name}(
       const unsigned ph = (unsigned)(j / STAGES) & 1u;
       mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
       unsigned char* const sQ = ring + st * STAGE_BYTES;
-      const int row = b * nrows + ${M0};
+      const int row = ${M0};  // packed row of batch item b
       // The key tile C lands with the first query tile (one barrier for the consumers to
       // wait on: no wait of theirs that another's could stand in for).
       mbar_arrive_expect_tx(&full[st], STAGE_BYTES + (j == 0 ? C_BYTES : 0));
       if (j == 0)
         for (int c = 0; c < DQK / W; ++c)
-          tma_load_2d(sC + c * BLOCK_N * 2 * W, tmap(1), &full[0], c * W, b * seqlen_k + n0);
-      for (int c = 0; c < DQK / W; ++c) tma_load_2d(sQ + c * BLOCK_M * 2 * W, tmap(0), &full[st], c * W, row);
+          tma_load_3d(sC + c * BLOCK_N * 2 * W, tmap(1), &full[0], c * W, n0, b);
+      for (int c = 0; c < DQK / W; ++c) tma_load_3d(sQ + c * BLOCK_M * 2 * W, tmap(0), &full[st], c * W, row, b);
       for (int c = 0; c < DC / W; ++c)
-        tma_load_2d(sQ + Q_BYTES + c * BLOCK_M * 2 * W, tmap(2), &full[st], c * W, row);
+        tma_load_3d(sQ + Q_BYTES + c * BLOCK_M * 2 * W, tmap(2), &full[st], c * W, row, b);
     }
     return;
   }

@@ -66,7 +66,7 @@
 @     { name = "q_pos0",   type = "int", doc = "global position of query 0; causal keeps key j for query i iff j <= q_pos0 + i" },
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_qk of the explicit form)" },
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<3>", shape = "[3]",
-@       doc = "3 CUtensorMaps passed by value (kernel parameter space, as mqa_bwd_dkv_sm90's; runtime/exec/mg_sm90_tmap.h: mg_sm90_mqa_bwd_tmaps): [0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, 64}; [2] dout dims {d_c, B*S_q*H} box {W, 64}; W = 64/32/16 for d_c + d_r % 64/32/16 = 0, swizzle 128B/64B/32B, 16-bit, zero OOB fill" },
+@       doc = "3 CUtensorMaps passed by value (kernel parameter space, as mqa_bwd_dkv_sm90's; runtime/exec/mg_sm90_tmap.h: mg_sm90_mqa_bwd_tmaps): [0] q dims {d_c + d_r, S_q*H, B} box {W, 64, 1}; [1] c dims {d_c + d_r, S_k, B} box {W, 64, 1}; [2] dout dims {d_c, S_q*H, B} box {W, 64, 1}; W = 64/32/16 for d_c + d_r % 64/32/16 = 0, swizzle 128B/64B/32B, 16-bit, zero OOB fill" },
 @   }, varlen_params()),
 @   tunables = {
 @     stages = { values = { 1, 2, 3 }, doc = "latent tiles in the TMA ring" },
@@ -221,12 +221,12 @@ ${K.name}(
       // Q and dO land with the first latent tile (one barrier for the consumers to wait on).
       mbar_arrive_expect_tx(&full[st], STAGE_BYTES + (j == 0 ? Q_BYTES + O_BYTES : 0));
       if (j == 0) {
-        const int row = b * nrows + m0;
-        for (int c = 0; c < DQK / W; ++c) tma_load_2d(sQ + c * BLOCK_M * 2 * W, tmap(0), &full[0], c * W, row);
-        for (int c = 0; c < DC / W; ++c) tma_load_2d(sO + c * BLOCK_M * 2 * W, tmap(2), &full[0], c * W, row);
+        const int row = m0;  // packed row of batch item b
+        for (int c = 0; c < DQK / W; ++c) tma_load_3d(sQ + c * BLOCK_M * 2 * W, tmap(0), &full[0], c * W, row, b);
+        for (int c = 0; c < DC / W; ++c) tma_load_3d(sO + c * BLOCK_M * 2 * W, tmap(2), &full[0], c * W, row, b);
       }
       for (int c = 0; c < DQK / W; ++c)
-        tma_load_2d(sC + c * BLOCK_N * 2 * W, tmap(1), &full[st], c * W, b * seqlen_k + ${VARLEN and "k0 + " or ""}j * BLOCK_N);
+        tma_load_3d(sC + c * BLOCK_N * 2 * W, tmap(1), &full[st], c * W, ${VARLEN and "k0 + " or ""}j * BLOCK_N, b);
     }
     return;
   }

@@ -10,9 +10,10 @@
 @ -- item (one wgmma M); row r has position q_pos0 + r / H.
 @ -- Warpgroups (384 threads): 0 and 1 consumers, 2 the producer, of which one thread issues
 @ -- every TMA load (setmaxnreg: 24 registers for it, 240 for the consumers):
-@ --   Q           once, onto q_full: (d_c + d_r) / W boxes {W, 64} of the 2D map over the
-@ --               B S_q H rows (W = 64, 32 or 16 columns, the widest dividing d_c + d_r;
-@ --               swizzle 128B/64B/32B).
+@ --   Q           once, onto q_full: (d_c + d_r) / W boxes {W, 64, 1} of the 3D map over
+@ --               the S_q H rows of each batch item (W = 64, 32 or 16 columns, the widest
+@ --               dividing d_c + d_r; swizzle 128B/64B/32B; rows past the item's end are
+@ --               TMA's zero fill, never the next item's).
 @ --   C_j         the latent tile [c_kv ; k_rope] of keys j block_n .. + block_n, loaded
 @ --               once into stage j % stages of a ring (full[st]: expect_tx of its bytes;
 @ --               empty[st]: both consumer warpgroups arrive when done with it) and read as
@@ -73,7 +74,7 @@
 @     { name = "softmax_scale", type = "float", doc = "mscale^2 / sqrt(d_n + d_r) (the explicit form's scale)" },
 @     { name = "tmaps", type = "const __grid_constant__ mla::sm90::TensorMaps<2>", shape = "[2]",
 @       doc = "2 CUtensorMaps passed by value (kernel parameter space; the host passes 2 contiguous 64-byte aligned CUtensorMaps, runtime/exec/mg_sm90_tmap.h), made with cuTensorMapEncodeTiled over q and c (16-bit elements, no interleave, zero OOB fill), box inner width W = 64/32/16 columns for d_c + d_r % 64/32/16 = 0 with swizzle 128B/64B/32B: " ..
-@             "[0] q dims {d_c + d_r, B*S_q*H} box {W, 64}; [1] c dims {d_c + d_r, B*S_k} box {W, block_n}" },
+@             "[0] q dims {d_c + d_r, S_q*H, B} box {W, 64, 1}; [1] c dims {d_c + d_r, S_k, B} box {W, block_n, 1}" },
 @   }, varlen_params()),
 @   tunables = {
 @     block_n = { values = { 64, 128 },  doc = "keys per latent tile (the N of S = Q C^T's wgmma; the K of O += P V)" },
@@ -209,7 +210,7 @@ ${K.name}(
     if (tid != 256) return;
     if (n_tiles > 0) {
       mbar_arrive_expect_tx(q_full, Q_BYTES);
-      tma_load_boxes_2d<DQK, W, BLOCK_M>(sQ, &tmaps.m[0], q_full, 0, b * rows + m0);
+      tma_load_boxes_3d<DQK, W, BLOCK_M>(sQ, &tmaps.m[0], q_full, 0, m0, b);
     }
     for (int j = 0; j < n_tiles; ++j) {
       const int st = j % STAGES;
@@ -217,7 +218,7 @@ ${K.name}(
       mbar_wait(&empty[st], ph ^ 1u);  // MUTATION: empty wait
       unsigned char* const sC = ring + st * STAGE_BYTES;
       mbar_arrive_expect_tx(&full[st], STAGE_BYTES);
-      tma_load_boxes_2d<DQK, W, BLOCK_N>(sC, &tmaps.m[1], &full[st], 0, b * seqlen_k + ${VARLEN and "k0 + " or ""}j * BLOCK_N);
+      tma_load_boxes_3d<DQK, W, BLOCK_N>(sC, &tmaps.m[1], &full[st], 0, ${VARLEN and "k0 + " or ""}j * BLOCK_N, b);
     }
     return;
   }

@@ -221,6 +221,19 @@ static inline void kt_nan_slack_f32(float *x, int heads, int rows, const kt_qpos
       if ((pos ? kt_qpos_at(pos, r) : r) >= T) x[(size_t)h * rows + r] = NAN;
 }
 
+/* NaN in every element of the last of B batch items of x (n elements, item-major: [B, ...]),
+ * for B > 1: a batch-isolation case poisons the last item after its reference is made and
+ * checks the items before it, whose tiles' rows past their end must be zero fill (TMA's batch
+ * dim), never the next item's values. */
+static inline void kt_nan_last_item_e16(e16 *x, size_t n, int B) {
+  if (B > 1 && x)
+    for (size_t i = n - n / (size_t)B; i < n; i++) x[i] = 0x7fff;
+}
+static inline void kt_nan_last_item_f32(float *x, size_t n, int B) {
+  if (B > 1 && x)
+    for (size_t i = n - n / (size_t)B; i < n; i++) x[i] = NAN;
+}
+
 /* ---- packed sequences: no work on key tiles outside a document ----------------------------
  * The host executor records which rows of a key buffer each CTA copies into shared memory
  * (mg_host_read_watch: cp.async and TMA loads), and the test holds them against the document

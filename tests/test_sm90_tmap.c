@@ -135,10 +135,10 @@ static void test_split_deepseek(void **state) {
   mg_diag d = MG_DIAG_INIT;
   const mg_sm90_fwd_tensors t = {QA, KNA, KRA, VA, 2, 300, 500, 0};
   if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){192, 16, 600}, (unsigned[]){64, 1, 128}, SW128);
-  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){128, 16, 1000}, (unsigned[]){64, 1, 64}, SW128);
-  expect_map(&maps[2], 2, 2, KRA, (unsigned long long[]){64, 1000}, (unsigned[]){64, 64}, SW128);
-  expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){128, 16, 1000}, (unsigned[]){64, 1, 64}, SW128);
+  expect_map(&maps[0], 2, 4, QA, (unsigned long long[]){192, 16, 300, 2}, (unsigned[]){64, 1, 128, 1}, SW128);
+  expect_map(&maps[1], 2, 4, KNA, (unsigned long long[]){128, 16, 500, 2}, (unsigned[]){64, 1, 64, 1}, SW128);
+  expect_map(&maps[2], 2, 3, KRA, (unsigned long long[]){64, 500, 2}, (unsigned[]){64, 64, 1}, SW128);
+  expect_map(&maps[3], 2, 4, VA, (unsigned long long[]){128, 16, 500, 2}, (unsigned[]){64, 1, 64, 1}, SW128);
   /* ld_k_rope = d_r: the same maps as 0 */
   CUtensorMap same[4];
   mg_sm90_fwd_tensors u = t;
@@ -149,7 +149,7 @@ static void test_split_deepseek(void **state) {
    * plans' split keys): map [2]'s rows 576 elements (1152 bytes) apart; the others as before */
   u.k_rope = KRA + 512 * 2, u.ld_k_rope = 576;
   if (mg_sm90_fwd_tmaps(drv, &s, &k, &u, same, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map_ld(&same[2], 2, 2, KRA + 1024, (unsigned long long[]){64, 1000}, (unsigned[]){64, 64}, SW128, 576);
+  expect_map_ld(&same[2], 2, 3, KRA + 1024, (unsigned long long[]){64, 500, 2}, (unsigned[]){64, 64, 1}, SW128, 576);
   assert_memory_equal(&same[0], &maps[0], 2 * sizeof maps[0]);
   assert_memory_equal(&same[3], &maps[3], sizeof maps[3]);
 }
@@ -166,10 +166,10 @@ static void test_packed_unusual_fp16(void **state) {
   mg_diag d = MG_DIAG_INIT;
   const mg_sm90_fwd_tensors t = {QA, KNA, 0, VA, 1, 7, 0, 0};
   if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){112, 3, 7}, (unsigned[]){16, 1, 64}, SW32);
-  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){112, 3, 1}, (unsigned[]){32, 1, 128}, SW64);
-  expect_map(&maps[2], 2, 3, KNA, (unsigned long long[]){112, 3, 1}, (unsigned[]){16, 1, 128}, SW32);
-  expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){64, 3, 1}, (unsigned[]){64, 1, 128}, SW128);
+  expect_map(&maps[0], 2, 4, QA, (unsigned long long[]){112, 3, 7, 1}, (unsigned[]){16, 1, 64, 1}, SW32);
+  expect_map(&maps[1], 2, 4, KNA, (unsigned long long[]){112, 3, 1, 1}, (unsigned[]){32, 1, 128, 1}, SW64);
+  expect_map(&maps[2], 2, 4, KNA, (unsigned long long[]){112, 3, 1, 1}, (unsigned[]){16, 1, 128, 1}, SW32);
+  expect_map(&maps[3], 2, 4, VA, (unsigned long long[]){64, 3, 1, 1}, (unsigned[]){64, 1, 128, 1}, SW128);
 }
 
 /* An encoder's failure: status `got` is `status`, d's message holds words, and maps[0..n),
@@ -236,7 +236,7 @@ static void test_errors(void **state) {
   expect_error(drv, &odd, &k, &t, MLAGEN_EINVAL, "multiples of 16");
   mg_kernel_info wide = info(128, 512, 0); /* box 512 > 256: the driver rejects it */
   expect_error(drv, &s, &wide, &t, MLAGEN_EINVAL,
-               "cuTensorMapEncodeTiled(attn_fwd_sm90 map [1] k_nope: dims {128, 16, 256} box {64, 1, 512}): CUDA_ERROR_INVALID_VALUE");
+               "cuTensorMapEncodeTiled(attn_fwd_sm90 map [1] k_nope: dims {128, 16, 256, 1} box {64, 1, 512, 1}): CUDA_ERROR_INVALID_VALUE");
 }
 
 /* The backward's five maps (mg_sm90_bwd_tmaps): d_n 96, d_r 32 (K boxes W_K = 32 for both
@@ -259,21 +259,21 @@ static void test_bwd(void **state) {
   lat.k_rope = KRA + 1024, lat.ld_k_rope = 544;
   CUtensorMap lm[MG_SM90_BWD_TMAPS];
   if (mg_sm90_bwd_tmaps(drv, &s, &k, &lat, lm, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map_ld(&lm[2], 2, 2, KRA + 1024, (unsigned long long[]){32, 200}, (unsigned[]){32, 128}, SW64, 544);
+  expect_map_ld(&lm[2], 2, 3, KRA + 1024, (unsigned long long[]){32, 100, 2}, (unsigned[]){32, 128, 1}, SW64, 544);
   lat.ld_k_rope = 36; /* 72 bytes: not a multiple of 16 */
   assert_int_equal(mg_sm90_bwd_tmaps(drv, &s, &k, &lat, lm, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "attn_bwd_dkdv_sm90 tensor map [2] k_rope: row stride ld_k_rope 36"));
   mg_diag_clear(&d);
-  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){128, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
-  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){96, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
-  expect_map(&maps[2], 2, 2, KRA, (unsigned long long[]){32, 200}, (unsigned[]){32, 128}, SW64);
-  expect_map(&maps[3], 2, 3, VA, (unsigned long long[]){64, 3, 200}, (unsigned[]){64, 1, 128}, SW128);
-  expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  expect_map(&maps[0], 2, 4, QA, (unsigned long long[]){128, 3, 70, 2}, (unsigned[]){64, 1, 64, 1}, SW128);
+  expect_map(&maps[1], 2, 4, KNA, (unsigned long long[]){96, 3, 100, 2}, (unsigned[]){32, 1, 128, 1}, SW64);
+  expect_map(&maps[2], 2, 3, KRA, (unsigned long long[]){32, 100, 2}, (unsigned[]){32, 128, 1}, SW64);
+  expect_map(&maps[3], 2, 4, VA, (unsigned long long[]){64, 3, 100, 2}, (unsigned[]){64, 1, 128, 1}, SW128);
+  expect_map(&maps[4], 2, 4, DOA, (unsigned long long[]){64, 3, 70, 2}, (unsigned[]){64, 1, 64, 1}, SW128);
   mg_kernel_info kp = info(64, 128, 1);
   snprintf(kp.family, sizeof kp.family, "attn_bwd_dkdv_sm90");
   if (mg_sm90_bwd_tmaps(drv, &s, &kp, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){128, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
-  expect_map(&maps[2], 2, 3, KNA, (unsigned long long[]){128, 3, 200}, (unsigned[]){32, 1, 128}, SW64);
+  expect_map(&maps[1], 2, 4, KNA, (unsigned long long[]){128, 3, 100, 2}, (unsigned[]){32, 1, 128, 1}, SW64);
+  expect_map(&maps[2], 2, 4, KNA, (unsigned long long[]){128, 3, 100, 2}, (unsigned[]){32, 1, 128, 1}, SW64);
   mg_kernel_info fwd = info(64, 128, 0);
   assert_int_equal(mg_sm90_bwd_tmaps(drv, &s, &fwd, &t, maps, &d), MLAGEN_EINVAL);
   assert_non_null(strstr(mg_diag_msg(&d), "is not attn_bwd_dkdv_sm90 or attn_bwd_dq_sm90"));
@@ -311,7 +311,7 @@ static void test_launch_bwd_tmaps(void **state) {
   const mg_sm90_bwd_tensors t = {QA, KNA, KRA + 1024, VA, DOA, 2, 70, 100, 544};
   if (mg_sm90_bwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(maps, want, sizeof want);
-  expect_map(&maps[4], 2, 3, DOA, (unsigned long long[]){64, 3, 140}, (unsigned[]){64, 1, 64}, SW128);
+  expect_map(&maps[4], 2, 4, DOA, (unsigned long long[]){64, 3, 70, 2}, (unsigned[]){64, 1, 64, 1}, SW128);
   mg_diag_clear(&d);
   expect_no_room(drv, &s, &k, args, &dims, maps, 4);
 }
@@ -340,7 +340,7 @@ static void test_launch_tmaps(void **state) {
   const mg_sm90_fwd_tensors t = {QA, KNA, KRA + 1024, VA, 2, 300, 500, 576};
   if (mg_sm90_fwd_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(maps, want, sizeof want);
-  expect_map_ld(&maps[2], 2, 2, KRA + 1024, (unsigned long long[]){64, 1000}, (unsigned[]){64, 64}, SW128, 576);
+  expect_map_ld(&maps[2], 2, 3, KRA + 1024, (unsigned long long[]){64, 500, 2}, (unsigned[]){64, 64, 1}, SW128, 576);
   /* the launch's ld_k_rope is checked as mg_sm90_fwd_tmaps's */
   ld = 60;
   assert_int_equal(mg_sm90_launch_tmaps(drv, &s, &k, args, &dims, maps, 8, &n, &d), MLAGEN_EINVAL);
@@ -391,14 +391,14 @@ static void test_mqa_maps(void **state) {
   mg_kernel_info k = mqa_info(64);
   const mg_sm90_mqa_tensors t = {QA, KNA, 2, 300, 500};
   if (mg_sm90_mqa_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){576, 9600}, (unsigned[]){64, 64}, SW128);
-  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 1000}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){576, 4800, 2}, (unsigned[]){64, 64, 1}, SW128);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){576, 500, 2}, (unsigned[]){64, 64, 1}, SW128);
   s = mqa_spec(5, 256, 32, "fp16");
   k = mqa_info(128);
   const mg_sm90_mqa_tensors t2 = {QA, KNA, 1, 7, 0};
   if (mg_sm90_mqa_tmaps(drv, &s, &k, &t2, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){288, 35}, (unsigned[]){32, 64}, SW64);
-  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){288, 1}, (unsigned[]){32, 128}, SW64);
+  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){288, 35, 1}, (unsigned[]){32, 64, 1}, SW64);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){288, 1, 1}, (unsigned[]){32, 128, 1}, SW64);
 }
 
 static void expect_mqa_error(const mg_driver *drv, const mg_kernel_spec *s,
@@ -433,7 +433,7 @@ static void test_mqa_errors(void **state) {
   expect_mqa_error(drv, &odd, &k, &t, MLAGEN_EINVAL, "multiples of 16");
   mg_kernel_info wide = mqa_info(512); /* box 512 > 256: the driver rejects it */
   expect_mqa_error(drv, &s, &wide, &t, MLAGEN_EINVAL,
-                   "cuTensorMapEncodeTiled(mqa_fwd_sm90 map [1] c: dims {576, 256} box {64, 512}): CUDA_ERROR_INVALID_VALUE");
+                   "cuTensorMapEncodeTiled(mqa_fwd_sm90 map [1] c: dims {576, 256, 1} box {64, 512, 1}): CUDA_ERROR_INVALID_VALUE");
 }
 
 /* mg_sm90_launch_tmaps for mqa_fwd_sm90 (the kernel's q, c by name; sizes from the launch
@@ -457,7 +457,7 @@ static void test_launch_mqa_tmaps(void **state) {
   const mg_sm90_mqa_tensors t = {QA, KNA, 2, 300, 500};
   if (mg_sm90_mqa_tmaps(drv, &s, &k, &t, want, &d)) fail_msg("%s", mg_diag_msg(&d));
   assert_memory_equal(maps, want, sizeof want);
-  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 1000}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){576, 500, 2}, (unsigned[]){64, 64, 1}, SW128);
   mg_diag_clear(&d);
   expect_no_room(drv, &s, &k, args, &dims, maps, 1);
 }
@@ -479,17 +479,17 @@ static void test_mqa_bwd(void **state) {
   mg_diag d = MG_DIAG_INIT;
   const mg_sm90_mqa_bwd_tensors t = {QA, KNA, DOA, 2, 30, 50};
   if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){576, 960}, (unsigned[]){64, 64}, SW128);
-  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){576, 100}, (unsigned[]){64, 64}, SW128);
-  expect_map(&maps[2], 2, 2, DOA, (unsigned long long[]){512, 960}, (unsigned[]){64, 64}, SW128);
+  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){576, 480, 2}, (unsigned[]){64, 64, 1}, SW128);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){576, 50, 2}, (unsigned[]){64, 64, 1}, SW128);
+  expect_map(&maps[2], 2, 3, DOA, (unsigned long long[]){512, 480, 2}, (unsigned[]){64, 64, 1}, SW128);
   s = mqa_spec(5, 256, 32, "fp16");
   snprintf(s.family, sizeof s.family, "mqa_bwd_dq_sm90");
   snprintf(k.family, sizeof k.family, "mqa_bwd_dq_sm90");
   const mg_sm90_mqa_bwd_tensors t2 = {QA, KNA, DOA, 1, 7, 0};
   if (mg_sm90_mqa_bwd_tmaps(drv, &s, &k, &t2, maps, &d)) fail_msg("%s", mg_diag_msg(&d));
-  expect_map(&maps[0], 2, 2, QA, (unsigned long long[]){288, 35}, (unsigned[]){32, 64}, SW64);
-  expect_map(&maps[1], 2, 2, KNA, (unsigned long long[]){288, 1}, (unsigned[]){32, 64}, SW64);
-  expect_map(&maps[2], 2, 2, DOA, (unsigned long long[]){256, 35}, (unsigned[]){32, 64}, SW64);
+  expect_map(&maps[0], 2, 3, QA, (unsigned long long[]){288, 35, 1}, (unsigned[]){32, 64, 1}, SW64);
+  expect_map(&maps[1], 2, 3, KNA, (unsigned long long[]){288, 1, 1}, (unsigned[]){32, 64, 1}, SW64);
+  expect_map(&maps[2], 2, 3, DOA, (unsigned long long[]){256, 35, 1}, (unsigned[]){32, 64, 1}, SW64);
   mg_kernel_info fwd = mqa_info(64);
   mg_kernel_spec sf = mqa_spec(5, 256, 32, "fp16");
   assert_int_equal(mg_sm90_mqa_bwd_tmaps(drv, &sf, &fwd, &t2, maps, &d), MLAGEN_EINVAL);

@@ -24,9 +24,10 @@ static int config_of(const mg_kernel_info *k, const char *name, long *v, mg_diag
                      k->name, name);
 }
 
-/* One map of a row-major 16-bit tensor of rank 2 or 3 at base: dims innermost first; fam
+/* One map of a row-major 16-bit tensor of rank 2 to 4 at base: dims innermost first; fam
  * names the kernel family in messages. Dim 0's rows are dims[0] elements apart (contiguous)
- * or, when ld is not 0 (rank 2 only: the split keys' k_rope), ld elements apart. */
+ * or, when ld is not 0 (the split keys' k_rope), ld elements apart; each further dim's step
+ * is the one below it times that dim's size. */
 static int encode_ld(const mg_driver *drv, const char *fam, CUtensorMap *map, const char *what,
                      CUtensorMapDataType dt, int rank, CUdeviceptr base, const cuuint64_t *dims,
                      long ld, const cuuint32_t *box, mg_diag *d) {
@@ -34,14 +35,15 @@ static int encode_ld(const mg_driver *drv, const char *fam, CUtensorMap *map, co
     return mg_diag_set(d, MLAGEN_EINVAL, "%s tensor map %s: address 0x%llx is %s", fam, what,
                        (unsigned long long)base, base ? "not 16-byte aligned" : "null");
   const cuuint64_t row = ld ? (cuuint64_t)ld * 2 : dims[0] * 2; /* bytes */
-  if (ld && (rank != 2 || ld < (long)dims[0] || row % 16 || row >= (1ull << 40)))
+  if (ld && (ld < (long)dims[0] || row % 16 || row >= (1ull << 40)))
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "%s tensor map %s: row stride ld_k_rope %ld elements: TMA needs it >= "
                        "the row's %llu elements, a multiple of 8 elements (16 bytes) and under "
                        "2^40 bytes",
                        fam, what, ld, (unsigned long long)dims[0]);
-  const cuuint64_t strides[2] = {row, row * dims[1]}; /* bytes, dims 1.. */
-  const cuuint32_t estrides[3] = {1, 1, 1};
+  cuuint64_t strides[3] = {row, 0, 0}; /* bytes, dims 1.. */
+  for (int i = 1; i < rank - 1; i++) strides[i] = strides[i - 1] * dims[i];
+  const cuuint32_t estrides[4] = {1, 1, 1, 1};
   CUresult r = drv->cuTensorMapEncodeTiled(
       map, dt, (cuuint32_t)rank, (void *)(uintptr_t)base, dims, strides, box, estrides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_of(box[0]), CU_TENSOR_MAP_L2_PROMOTION_NONE,
@@ -57,6 +59,10 @@ static int encode_ld(const mg_driver *drv, const char *fam, CUtensorMap *map, co
   snprintf(call + n, sizeof call - (size_t)n, "})");
   return mg_driver_check(drv, r, MLAGEN_EINVAL, call, d);
 }
+
+/* A size as a map dim: the driver needs dims >= 1 (a size of 0 launches no CTA, or masks
+ * every key). */
+static cuuint64_t at_least_1(long n) { return n > 0 ? (cuuint64_t)n : 1; }
 
 /* encode_ld with contiguous rows. */
 static int encode(const mg_driver *drv, const char *fam, CUtensorMap *map, const char *what,
@@ -123,22 +129,21 @@ int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
       (rc = attn_config(s, k, &bm, &bn, &packed, d)))
     return rc;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
-  const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
-  const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
+  const cuuint64_t rq = at_least_1(t->seqlen_q), rk = at_least_1(t->seqlen_k), nb = at_least_1(t->batch);
   const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
   const unsigned wk = box_w(dn) < box_w(dr) ? box_w(dn) : box_w(dr);
-  if ((rc = encode(drv, k->family, &maps[0], "[0] q", dt, 3, t->q, (cuuint64_t[]){dqk, H, rq},
-                   (cuuint32_t[]){box_w(dqk), 1, BM}, d)) ||
-      (rc = encode(drv, k->family, &maps[1], "[1] k_nope", dt, 3, t->k_nope,
-                   (cuuint64_t[]){packed ? dqk : dn, H, rk}, (cuuint32_t[]){wk, 1, BN}, d)) ||
-      (rc = packed ? encode(drv, k->family, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
-                            (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){wk, 1, BN}, d)
-                   : encode_ld(drv, k->family, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk}, t->ld_k_rope,
+  if ((rc = encode(drv, k->family, &maps[0], "[0] q", dt, 4, t->q, (cuuint64_t[]){dqk, H, rq, nb},
+                   (cuuint32_t[]){box_w(dqk), 1, BM, 1}, d)) ||
+      (rc = encode(drv, k->family, &maps[1], "[1] k_nope", dt, 4, t->k_nope,
+                   (cuuint64_t[]){packed ? dqk : dn, H, rk, nb}, (cuuint32_t[]){wk, 1, BN, 1}, d)) ||
+      (rc = packed ? encode(drv, k->family, &maps[2], "[2] k (packed, rope columns)", dt, 4, t->k_nope,
+                            (cuuint64_t[]){dqk, H, rk, nb}, (cuuint32_t[]){wk, 1, BN, 1}, d)
+                   : encode_ld(drv, k->family, &maps[2], "[2] k_rope", dt, 3, t->k_rope, (cuuint64_t[]){dr, rk, nb}, t->ld_k_rope,
                             (cuuint32_t[]){wk, BN, 1}, d)) ||
-      (rc = encode(drv, k->family, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
-                   (cuuint32_t[]){box_w(dv), 1, BN}, d)) ||
-      (rc = encode(drv, k->family, &maps[4], "[4] dout", dt, 3, t->dout, (cuuint64_t[]){dv, H, rq},
-                   (cuuint32_t[]){box_w(dv), 1, BM}, d))) {
+      (rc = encode(drv, k->family, &maps[3], "[3] v", dt, 4, t->v, (cuuint64_t[]){dv, H, rk, nb},
+                   (cuuint32_t[]){box_w(dv), 1, BN, 1}, d)) ||
+      (rc = encode(drv, k->family, &maps[4], "[4] dout", dt, 4, t->dout, (cuuint64_t[]){dv, H, rq, nb},
+                   (cuuint32_t[]){box_w(dv), 1, BM, 1}, d))) {
     memset(maps, 0, MG_SM90_BWD_TMAP_BYTES);
     return rc;
   }
@@ -160,19 +165,18 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
     return rc;
   const int H = s->heads, dn = s->d_n, dr = s->d_r, dv = s->d_v, dqk = dn + dr;
   static const char F[] = "attn_fwd_sm90";
-  const cuuint64_t rq = t->batch * t->seqlen_q > 0 ? (cuuint64_t)(t->batch * t->seqlen_q) : 1;
-  const cuuint64_t rk = t->batch * t->seqlen_k > 0 ? (cuuint64_t)(t->batch * t->seqlen_k) : 1;
+  const cuuint64_t rq = at_least_1(t->seqlen_q), rk = at_least_1(t->seqlen_k), nb = at_least_1(t->batch);
   const cuuint32_t BM = (cuuint32_t)bm, BN = (cuuint32_t)bn;
-  if ((rc = encode(drv, F, &maps[0], "[0] q", dt, 3, t->q, (cuuint64_t[]){dqk, H, rq},
-                   (cuuint32_t[]){box_w(dqk), 1, BM}, d)) ||
-      (rc = encode(drv, F, &maps[1], "[1] k_nope", dt, 3, t->k_nope,
-                   (cuuint64_t[]){packed ? dqk : dn, H, rk}, (cuuint32_t[]){box_w(dn), 1, BN}, d)) ||
-      (rc = packed ? encode(drv, F, &maps[2], "[2] k (packed, rope columns)", dt, 3, t->k_nope,
-                            (cuuint64_t[]){dqk, H, rk}, (cuuint32_t[]){box_w(dr), 1, BN}, d)
-                   : encode_ld(drv, F, &maps[2], "[2] k_rope", dt, 2, t->k_rope, (cuuint64_t[]){dr, rk}, t->ld_k_rope,
+  if ((rc = encode(drv, F, &maps[0], "[0] q", dt, 4, t->q, (cuuint64_t[]){dqk, H, rq, nb},
+                   (cuuint32_t[]){box_w(dqk), 1, BM, 1}, d)) ||
+      (rc = encode(drv, F, &maps[1], "[1] k_nope", dt, 4, t->k_nope,
+                   (cuuint64_t[]){packed ? dqk : dn, H, rk, nb}, (cuuint32_t[]){box_w(dn), 1, BN, 1}, d)) ||
+      (rc = packed ? encode(drv, F, &maps[2], "[2] k (packed, rope columns)", dt, 4, t->k_nope,
+                            (cuuint64_t[]){dqk, H, rk, nb}, (cuuint32_t[]){box_w(dr), 1, BN, 1}, d)
+                   : encode_ld(drv, F, &maps[2], "[2] k_rope", dt, 3, t->k_rope, (cuuint64_t[]){dr, rk, nb}, t->ld_k_rope,
                             (cuuint32_t[]){box_w(dr), BN, 1}, d)) ||
-      (rc = encode(drv, F, &maps[3], "[3] v", dt, 3, t->v, (cuuint64_t[]){dv, H, rk},
-                   (cuuint32_t[]){box_w(dv), 1, BN}, d))) {
+      (rc = encode(drv, F, &maps[3], "[3] v", dt, 4, t->v, (cuuint64_t[]){dv, H, rk, nb},
+                   (cuuint32_t[]){box_w(dv), 1, BN, 1}, d))) {
     memset(maps, 0, MG_SM90_FWD_TMAP_BYTES);
     return rc;
   }
@@ -194,13 +198,12 @@ static int mqa_maps(const mg_driver *drv, const mg_kernel_spec *s, const mg_kern
     return mg_diag_set(d, MLAGEN_EINVAL,
                        "%s tensor maps: heads %d, d_c %d, d_r %d (heads >= 1, dims "
                        "positive multiples of 16)", fam, H, dc, dr);
-  const long nq = batch * sq * H, nk = batch * sk;
-  const cuuint64_t rq = nq > 0 ? (cuuint64_t)nq : 1, rk = nk > 0 ? (cuuint64_t)nk : 1;
-  if ((rc = encode(drv, fam, &maps[0], "[0] q", dt, 2, q, (cuuint64_t[]){dqk, rq},
+  const cuuint64_t rq = at_least_1(sq * H), rk = at_least_1(sk), nb = at_least_1(batch);
+  if ((rc = encode(drv, fam, &maps[0], "[0] q", dt, 3, q, (cuuint64_t[]){dqk, rq, nb},
                    (cuuint32_t[]){box_w(dqk), 64, 1}, d)) ||
-      (rc = encode(drv, fam, &maps[1], "[1] c", dt, 2, c, (cuuint64_t[]){dqk, rk},
+      (rc = encode(drv, fam, &maps[1], "[1] c", dt, 3, c, (cuuint64_t[]){dqk, rk, nb},
                    (cuuint32_t[]){box_w(dqk), (cuuint32_t)bn, 1}, d)) ||
-      (n > 2 && (rc = encode(drv, fam, &maps[2], "[2] dout", dt, 2, dout, (cuuint64_t[]){dc, rq},
+      (n > 2 && (rc = encode(drv, fam, &maps[2], "[2] dout", dt, 3, dout, (cuuint64_t[]){dc, rq, nb},
                              (cuuint32_t[]){box_w(dqk), 64, 1}, d)))) {
     memset(maps, 0, (size_t)n * sizeof(CUtensorMap));
     return rc;

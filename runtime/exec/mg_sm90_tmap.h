@@ -23,16 +23,19 @@
  * The backward's kernels (attn_bwd_dkdv_sm90, attn_bwd_dq_sm90) take 5 maps likewise
  * (`TensorMaps<5>`, mg_sm90_bwd_tmaps below).
  *
- * Per map (dims innermost first; 16-bit elements; rows are B * S tokens; no interleave,
- * L2 promotion none, zero out-of-bounds fill; W(d) = 64, 32 or 16 columns for d a multiple
- * of 64, 32, 16, with swizzle 128B, 64B, 32B):
- *   [0] q       dims {d_qk, H, B*S_q}              box {W(d_qk), 1, block_m}
- *   [1] k_nope  dims {d_n (packed: d_qk), H, B*S_k} box {W(d_n), 1, block_n}
- *   [2] split:  k_rope dims {d_r, B*S_k}           box {W(d_r), block_n}
+ * Per map (dims innermost first; 16-bit elements; no interleave, L2 promotion none, zero
+ * out-of-bounds fill; W(d) = 64, 32 or 16 columns for d a multiple of 64, 32, 16, with
+ * swizzle 128B, 64B, 32B):
+ *   [0] q       dims {d_qk, H, S_q, B}               box {W(d_qk), 1, block_m, 1}
+ *   [1] k_nope  dims {d_n (packed: d_qk), H, S_k, B} box {W(d_n), 1, block_n, 1}
+ *   [2] split:  k_rope dims {d_r, S_k, B}            box {W(d_r), block_n, 1}
  *               (row stride ld_k_rope elements: the tensors' ld_k_rope below)
- *       packed: K      dims {d_qk, H, B*S_k}       box {W(d_r), 1, block_n}
- *   [3] v       dims {d_v, H, B*S_k}               box {W(d_v), 1, block_n}
- * Every other map's rows are contiguous (row stride = its innermost dim). A token count of 0 is encoded as 1 row (the driver needs dims >= 1; the kernel then
+ *       packed: K      dims {d_qk, H, S_k, B}        box {W(d_r), 1, block_n, 1}
+ *   [3] v       dims {d_v, H, S_k, B}                box {W(d_v), 1, block_n, 1}
+ * The batch item is a dimension of its own, so a tile's rows past its item's end are TMA's
+ * zero fill, never the next item's tokens (whose NaN or inf would otherwise reach this
+ * item's results through 0 * x). Every other map's rows are contiguous (row stride = its
+ * innermost dim). A size of 0 is encoded as 1 (the driver needs dims >= 1; the kernel then
  * launches no CTA or masks every key). */
 #ifndef MG_SM90_TMAP_H
 #define MG_SM90_TMAP_H
@@ -82,13 +85,13 @@ int mg_sm90_fwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
  * mla::sm90::TensorMaps<5>`, by value as attn_fwd_sm90's), per map (as above; W_K =
  * the smaller of W(d_n), W(d_r), so that K_nope's and k_rope's boxes are alike and the K
  * tile is one run of W_K-column boxes):
- *   [0] q       dims {d_qk, H, B*S_q}              box {W(d_qk), 1, block_m}
- *   [1] k_nope  dims {d_n (packed: d_qk), H, B*S_k} box {W_K, 1, block_n}
- *   [2] split:  k_rope dims {d_r, B*S_k}           box {W_K, block_n}
+ *   [0] q       dims {d_qk, H, S_q, B}               box {W(d_qk), 1, block_m, 1}
+ *   [1] k_nope  dims {d_n (packed: d_qk), H, S_k, B} box {W_K, 1, block_n, 1}
+ *   [2] split:  k_rope dims {d_r, S_k, B}            box {W_K, block_n, 1}
  *               (row stride ld_k_rope elements, as the forward's)
- *       packed: K      dims {d_qk, H, B*S_k}       box {W_K, 1, block_n}
- *   [3] v       dims {d_v, H, B*S_k}               box {W(d_v), 1, block_n}
- *   [4] dout    dims {d_v, H, B*S_q}               box {W(d_v), 1, block_m} */
+ *       packed: K      dims {d_qk, H, S_k, B}        box {W_K, 1, block_n, 1}
+ *   [3] v       dims {d_v, H, S_k, B}                box {W(d_v), 1, block_n, 1}
+ *   [4] dout    dims {d_v, H, S_q, B}                box {W(d_v), 1, block_m, 1} */
 #define MG_SM90_BWD_TMAPS 5
 #define MG_SM90_BWD_TMAP_BYTES (MG_SM90_BWD_TMAPS * sizeof(CUtensorMap))
 
@@ -109,10 +112,10 @@ int mg_sm90_bwd_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
 
 /* mqa_fwd_sm90 (templates/mqa_fwd_sm90.cu.tpl, the absorbed forward) reads q and the latent
  * c through the 2 maps of its `tmaps` parameter, `const __grid_constant__
- * mla::sm90::TensorMaps<2>`, by value as attn_fwd_sm90's (2D, rows innermost-first as above;
- * W = W(d_c + d_r) with its swizzle):
- *   [0] q  dims {d_c + d_r, B*S_q*H}  box {W, 64}        (the packed rows r = i H + h)
- *   [1] c  dims {d_c + d_r, B*S_k}    box {W, block_n}
+ * mla::sm90::TensorMaps<2>`, by value as attn_fwd_sm90's (3D, dims innermost first, the batch
+ * item a dim of its own as above; W = W(d_c + d_r) with its swizzle):
+ *   [0] q  dims {d_c + d_r, S_q*H, B}  box {W, 64, 1}       (the packed rows r = i H + h)
+ *   [1] c  dims {d_c + d_r, S_k, B}    box {W, block_n, 1}
  * q [B, S_q, H, d_c + d_r] and c [B, S_k, d_c + d_r]: device addresses, 16-byte aligned. */
 #define MG_SM90_MQA_TMAPS 2
 #define MG_SM90_MQA_TMAP_BYTES (MG_SM90_MQA_TMAPS * sizeof(CUtensorMap))
@@ -134,11 +137,11 @@ int mg_sm90_mqa_tmaps(const mg_driver *drv, const mg_kernel_spec *s, const mg_ke
 
 /* The absorbed backward, mqa_bwd_dkv_sm90 and mqa_bwd_dq_sm90 (templates/mqa_bwd_dkv_sm90.cu.tpl,
  * mqa_bwd_dq_sm90.cu.tpl), reads q, c and dout through the 3 maps of its `tmaps` parameter,
- * `const __grid_constant__ mla::sm90::TensorMaps<3>`, by value (2D, W = W(d_c + d_r) with
- * its swizzle for all three; both kernels' tiles are 64 rows):
- *   [0] q     dims {d_c + d_r, B*S_q*H}  box {W, 64}
- *   [1] c     dims {d_c + d_r, B*S_k}    box {W, 64}
- *   [2] dout  dims {d_c, B*S_q*H}        box {W, 64}
+ * `const __grid_constant__ mla::sm90::TensorMaps<3>`, by value (3D as mqa_fwd_sm90's, W =
+ * W(d_c + d_r) with its swizzle for all three; both kernels' tiles are 64 rows):
+ *   [0] q     dims {d_c + d_r, S_q*H, B}  box {W, 64, 1}
+ *   [1] c     dims {d_c + d_r, S_k, B}    box {W, 64, 1}
+ *   [2] dout  dims {d_c, S_q*H, B}        box {W, 64, 1}
  * q [B, S_q, H, d_c + d_r], c [B, S_k, d_c + d_r], dout [B, S_q, H, d_c]: device addresses,
  * 16-byte aligned. */
 #define MG_SM90_MQA_BWD_TMAPS 3

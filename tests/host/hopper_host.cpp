@@ -81,7 +81,7 @@ struct WgMeet {
  * (NULL until read). group: the issuing thread's bulk commit count at issue. */
 struct BulkOp {
   mg_host_tmap t;
-  int c[3], reduce, line;
+  int c[MG_HOST_TMAP_MAX_RANK], reduce, line;
   unsigned off, size, thread;
   unsigned long long group;
   unsigned char *data;
@@ -301,12 +301,41 @@ unsigned tmap_swizzle_mask(const mg_host_tmap &t) {
          : t.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 1 : 0;
 }
 
-/* Whether element (g0, g1, g2) lies inside the tensor of t (dimensions beyond its rank
- * ignored). */
-bool tmap_inside(const mg_host_tmap &t, long long g0, long long g1, long long g2) {
-  return g0 >= 0 && (unsigned long long)g0 < t.dim[0] &&
-         (t.rank < 2 || (g1 >= 0 && (unsigned long long)g1 < t.dim[1])) &&
-         (t.rank < 3 || (g2 >= 0 && (unsigned long long)g2 < t.dim[2]));
+/* A box of map t at coordinates c (rank of them): its element i (row-major over the box, dim 0
+ * innermost) is at g[] = c + the box index, stored in shared memory at byte i * elem_size from
+ * the box's start (before the swizzle). Dimensions beyond the rank have box 1 and coordinate 0. */
+struct BoxWalk {
+  unsigned box[MG_HOST_TMAP_MAX_RANK];
+  long long c[MG_HOST_TMAP_MAX_RANK];
+  unsigned long long count;
+  BoxWalk(const mg_host_tmap &t, const int *cs) : count(1) {
+    for (unsigned d = 0; d < MG_HOST_TMAP_MAX_RANK; ++d) {
+      box[d] = d < t.rank ? t.box[d] : 1;
+      c[d] = d < t.rank ? cs[d] : 0;
+      count *= box[d];
+    }
+  }
+  /* The global coordinates of element i. */
+  void at(unsigned long long i, long long g[MG_HOST_TMAP_MAX_RANK]) const {
+    for (unsigned d = 0; d < MG_HOST_TMAP_MAX_RANK; ++d) {
+      g[d] = c[d] + (long long)(i % box[d]);
+      i /= box[d];
+    }
+  }
+};
+
+/* Whether element g lies inside the tensor of t (dimensions beyond its rank ignored). */
+bool tmap_inside(const mg_host_tmap &t, const long long *g) {
+  for (unsigned d = 0; d < t.rank; ++d)
+    if (g[d] < 0 || (unsigned long long)g[d] >= t.dim[d]) return false;
+  return true;
+}
+
+/* The global address of element g (inside the tensor). */
+unsigned char *tmap_addr(const mg_host_tmap &t, const long long *g) {
+  unsigned long long o = 0;
+  for (unsigned d = 0; d < t.rank; ++d) o += (unsigned long long)g[d] * t.stride[d];
+  return (unsigned char *)t.base + o;
 }
 
 /* ---- TMA stores and reductions ---------------------------------------------------------- */
@@ -326,29 +355,25 @@ void bulk_complete(Launch *L, Fiber *f, HBlock *h, unsigned i) {
   memmove(h->bulk + i, h->bulk + i + 1, (h->nbulk - i - 1) * sizeof *h->bulk);
   h->nbulk--;
   const mg_host_tmap &t = op.t;
-  unsigned box[3] = {t.box[0], t.rank > 1 ? t.box[1] : 1, t.rank > 2 ? t.box[2] : 1};
+  const BoxWalk w(t, op.c);
   unsigned es = t.elem_size, bits = tmap_swizzle_mask(t);
-  for (unsigned i2 = 0; i2 < box[2]; ++i2)
-    for (unsigned i1 = 0; i1 < box[1]; ++i1)
-      for (unsigned i0 = 0; i0 < box[0]; ++i0) {
-        long long g0 = (long long)op.c[0] + i0, g1 = (long long)op.c[1] + i1,
-                  g2 = (long long)op.c[2] + i2;
-        if (!tmap_inside(t, g0, g1, g2)) continue;
-        unsigned a = op.off + ((i2 * box[1] + i1) * box[0] + i0) * es;
-        a ^= ((a >> 7) & bits) << 4;
-        unsigned char *dst = (unsigned char *)t.base + (unsigned long long)g0 * t.stride[0] +
-                             (unsigned long long)g1 * t.stride[1] +
-                             (unsigned long long)g2 * t.stride[2];
-        const unsigned char *src = op.data + (a - op.off);
-        if (op.reduce) {
-          float x, y;
-          memcpy(&x, dst, 4), memcpy(&y, src, 4);
-          x += y;
-          memcpy(dst, &x, 4);
-        } else {
-          memcpy(dst, src, es);
-        }
-      }
+  for (unsigned long long i = 0; i < w.count; ++i) {
+    long long g[MG_HOST_TMAP_MAX_RANK];
+    w.at(i, g);
+    if (!tmap_inside(t, g)) continue;
+    unsigned a = op.off + (unsigned)i * es;
+    a ^= ((a >> 7) & bits) << 4;
+    unsigned char *dst = tmap_addr(t, g);
+    const unsigned char *src = op.data + (a - op.off);
+    if (op.reduce) {
+      float x, y;
+      memcpy(&x, dst, 4), memcpy(&y, src, 4);
+      x += y;
+      memcpy(dst, &x, 4);
+    } else {
+      memcpy(dst, src, es);
+    }
+  }
   free(op.data);
 }
 
@@ -654,9 +679,9 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
   unsigned off = mg_host_smem_u32(dst, line);
   if (off % 128) ptx_fail(L, f, what, line, "destination %p is not 128-byte aligned", dst);
   (void)mbar_get(L, f, bar, what, line);
-  unsigned box[3] = {t.box[0], rank > 1 ? t.box[1] : 1, rank > 2 ? t.box[2] : 1};
-  unsigned es = t.elem_size, inner = box[0] * es;
-  unsigned size = inner * box[1] * box[2];
+  const BoxWalk w(t, c);
+  unsigned es = t.elem_size;
+  unsigned size = (unsigned)w.count * es;
   if ((size_t)off + size > g_smem.dyn_size)
     ptx_fail(L, f, what, line, "the %u-byte box at shared offset %u overruns the %zu bytes of "
              "dynamic shared memory", size, off, g_smem.dyn_size);
@@ -666,23 +691,18 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
   unsigned char fill[8];
   memset(fill, 0, sizeof fill);
   if (t.oob_nan) memset(fill, 0xff, sizeof fill);
-  for (unsigned i2 = 0; i2 < box[2]; ++i2)
-    for (unsigned i1 = 0; i1 < box[1]; ++i1)
-      for (unsigned i0 = 0; i0 < box[0]; ++i0) {
-        long long g0 = (long long)c[0] + i0, g1 = (long long)(rank > 1 ? c[1] : 0) + i1,
-                  g2 = (long long)(rank > 2 ? c[2] : 0) + i2;
-        bool in = tmap_inside(t, g0, g1, g2);
-        unsigned lin = ((i2 * box[1] + i1) * box[0] + i0) * es;
-        unsigned a = off + lin;
-        a ^= ((a >> 7) & bits) << 4;
-        const unsigned char *src = fill;
-        if (in) {
-          src = (const unsigned char *)t.base + (unsigned long long)g0 * t.stride[0] +
-                (unsigned long long)g1 * t.stride[1] + (unsigned long long)g2 * t.stride[2];
-          note_read(L, f, src, es);
-        }
-        memcpy(data + (a - off), src, es);
-      }
+  for (unsigned long long i = 0; i < w.count; ++i) {
+    long long g[MG_HOST_TMAP_MAX_RANK];
+    w.at(i, g);
+    unsigned a = off + (unsigned)i * es;
+    a ^= ((a >> 7) & bits) << 4;
+    const unsigned char *src = fill;
+    if (tmap_inside(t, g)) {
+      src = tmap_addr(t, g);
+      note_read(L, f, src, es);
+    }
+    memcpy(data + (a - off), src, es);
+  }
   HBlock *h = hblock(L, f->blk);
   if (h->ntma == h->cap) {
     unsigned cap = h->cap ? 2 * h->cap : 16;
@@ -898,7 +918,7 @@ void mg_host_tma_store(int reduce, const void *map, const void *src, int rank, c
              t.dtype);
   unsigned off = mg_host_smem_u32(src, line);
   if (off % 128) ptx_fail(L, f, what, line, "source %p is not 128-byte aligned", src);
-  unsigned size = t.box[0] * t.elem_size * (rank > 1 ? t.box[1] : 1) * (rank > 2 ? t.box[2] : 1);
+  unsigned size = (unsigned)BoxWalk(t, c).count * t.elem_size;
   if ((size_t)off + size > g_smem.dyn_size)
     ptx_fail(L, f, what, line, "the %u-byte box at shared offset %u overruns the %zu bytes of "
              "dynamic shared memory", size, off, g_smem.dyn_size);
@@ -912,7 +932,7 @@ void mg_host_tma_store(int reduce, const void *map, const void *src, int rank, c
   }
   BulkOp &op = h->bulk[h->nbulk++];
   op.t = t;
-  op.c[0] = c[0], op.c[1] = rank > 1 ? c[1] : 0, op.c[2] = rank > 2 ? c[2] : 0;
+  for (int d = 0; d < MG_HOST_TMAP_MAX_RANK; ++d) op.c[d] = d < rank ? c[d] : 0;
   op.reduce = reduce, op.line = line, op.off = off, op.size = size, op.thread = f->index;
   op.group = h->th[f->index].bulk_committed;
   op.data = nullptr;

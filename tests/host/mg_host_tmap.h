@@ -12,12 +12,12 @@
 #include <string.h>
 
 #define MG_HOST_TMAP_MAGIC 0x4d54686dU /* "mhTM" */
-#define MG_HOST_TMAP_MAX_RANK 3
+#define MG_HOST_TMAP_MAX_RANK 4 /* the driver allows 5; 4 is what the kernels use and fits 128 bytes */
 
 /* What the 128 bytes hold (the first 96 of them). */
 typedef struct mg_host_tmap {
   uint32_t magic;
-  uint32_t rank;       /* 1..3 */
+  uint32_t rank;       /* 1..MG_HOST_TMAP_MAX_RANK */
   uint32_t elem_size;  /* bytes: 1, 2, 4 or 8 */
   uint32_t swizzle;    /* CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3 128B */
   uint32_t oob_nan;    /* CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA: fill NaN */
@@ -34,7 +34,7 @@ _Static_assert(sizeof(mg_host_tmap) <= sizeof(CUtensorMap), "mg_host_tmap must f
 #endif
 
 /* cuTensorMapEncodeTiled's arguments and checks (CUDA driver API, "Tensor Map Object
- * Managment"): base 16-byte aligned; 1 <= rank <= 3 here (the driver allows 5); dims in
+ * Managment"): base 16-byte aligned; 1 <= rank <= 4 here (the driver allows 5); dims in
  * [1, 2^32]; strides (rank - 1 of them, for dims 1..) multiples of 16 below 2^40; box dims in
  * [1, 256] with box[0] * elem_size a multiple of 16 bytes; element strides 1 (others are not
  * modelled); no interleave; with a swizzle, box[0] * elem_size equal to the swizzle span (the
