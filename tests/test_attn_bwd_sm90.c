@@ -504,8 +504,8 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0, 
 }
 
 /* A shape with one configuration of family dq (0: dkdv, 1: dq), causal: S = 1, S = 77 with
- * batch 2 (no tile divides it; TMA rows past a batch item's end read the next one's:
- * masked), a query shard at 60 of 100 keys (passed as the second chunk of the position
+ * batch 2 (no tile divides it; TMA rows past a batch item's end are zero fill) and again
+ * with NaN in every input of item 1 (item 0 checked: batch isolation), a query shard at 60 of 100 keys (passed as the second chunk of the position
  * contract), one at 130 of 200 (the diagonal inside a tile), two chunks of 35 rows at 0 and
  * 165 of 200 keys, more query and key tiles than stages (the rings wrap); non-causal (no mask but the ends): S = 77 with batch 2 and the
  * shard at 130 of 200. */

@@ -458,7 +458,8 @@ static void check_turns_case(const built_kernel *bk) {
 }
 
 /* A shape with one configuration, causal and not: S = 1, S = 77 with batch 2 (no tile
- * divides it, and TMA rows past a batch item's end read the next one: masked), a query
+ * divides it: TMA rows past a batch item's end are zero fill), the same with NaN in every
+ * input of item 1 (item 0 checked: batch isolation), a query
  * shard at 60 of 100 keys, one at 130 of 200 (the diagonal inside a tile), every tile full
  * with more tiles than stages (the ring wraps), no keys; with ping-pong, the order of its
  * turns (check_turns_case). */
