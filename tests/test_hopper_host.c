@@ -11,7 +11,7 @@
  * mbarrier.init (string edits of the source) must make the check fail for every schedule;
  * an over-arrival, a wait on a phase that never completes, a non-uniform setmaxnreg and a
  * wgmma without wgmma.fence are reported; one TMA box lands with its swizzle and zero fill
- * as the header's tile_offset says, in 2D and 3D. (NVRTC and the SASS: test_hopper_sass.c.) */
+ * as the header's tile_offset says, in 2D, 3D and 4D. (NVRTC and the SASS: test_hopper_sass.c.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -443,6 +443,75 @@ static void test_tma_box_3d(void **state) {
   free(src);
 }
 
+typedef void (*copy4_fn)(tmap_t, unsigned char *, int, int, int, int, unsigned);
+struct copy4_args {
+  copy4_fn fn;
+  tmap_t map;
+  unsigned char *out;
+  int c[4];
+  unsigned bytes;
+};
+static void copy4_thunk(void *p) {
+  struct copy4_args *a = p;
+  a->fn(a->map, a->out, a->c[0], a->c[1], a->c[2], a->c[3], a->bytes);
+}
+
+/* 4D boxes (128B swizzle) of a [B 2][S 20][H 3][64] bf16 tensor as the explicit kernels map
+ * q, k_nope, v: dims {64, H, S, B}. A box {64, 1, 8, 1} of item 0 at rows 15..22, head 2: rows
+ * 20.. are zero, not item 1's rows 0.. that follow them in memory (batch isolation); and a box
+ * {64, 2, 4, 2} at head 1, rows 18, item 1, out of bounds in heads, rows and items at once.
+ * Box rows are ((i3 * box2 + i2) * box1 + i1), swizzled as in 2D. */
+static void test_tma_box_4d(void **state) {
+  (void)state;
+  const mg_driver *drv = driver();
+  size_t len;
+  char *src, msg[4096];
+  mg_host_kernel *k = build_selftest("hopper_tma_copy4", &src, &len, msg, sizeof msg);
+  enum { NB = 2, S = 20, H = 3 };
+  uint16_t *t = malloc(NB * S * H * D * 2);
+  for (unsigned i = 0; i < NB * S * H * D; i++) t[i] = (uint16_t)(i + 1);
+  const unsigned boxes[2][4] = {{64, 1, 8, 1}, {64, 2, 4, 2}};
+  const int origins[2][4] = {{0, 2, S - 5, 0}, {0, 1, S - 2, 1}};
+  for (int x = 0; x < 2; x++) {
+    struct copy4_args a;
+    a.fn = (copy4_fn)mg_host_kernel_sym(k, "hopper_tma_copy4");
+    assert_non_null(a.fn);
+    cuuint64_t dims[4] = {D, H, S, NB}, strides[3] = {D * 2, H * D * 2, S * H * D * 2};
+    cuuint32_t box[4] = {boxes[x][0], boxes[x][1], boxes[x][2], boxes[x][3]}, es[4] = {1, 1, 1, 1};
+    CUresult r = drv->cuTensorMapEncodeTiled((CUtensorMap *)&a.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                             4, t, dims, strides, box, es,
+                                             CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                             CU_TENSOR_MAP_SWIZZLE_128B,
+                                             CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    assert_int_equal(r, CUDA_SUCCESS);
+    const unsigned b1 = box[1], b2 = box[2], b3 = box[3];
+    a.bytes = 128 * b1 * b2 * b3;
+    a.out = malloc(a.bytes);
+    memcpy(a.c, origins[x], sizeof a.c);
+    mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+    int rc = mg_host_kernel_launch(k, grid, block, 8192, NULL, copy4_thunk, &a, msg, sizeof msg);
+    if (rc) fail_msg("%s", msg);
+    for (unsigned i3 = 0; i3 < b3; i3++)
+      for (unsigned i2 = 0; i2 < b2; i2++)
+        for (unsigned i1 = 0; i1 < b1; i1++)
+          for (unsigned c = 0; c < 64; c++) {
+            unsigned off = ((i3 * b2 + i2) * b1 + i1) * 128 + c * 2;
+            off ^= ((off >> 7) & 7u) << 4;
+            int h = a.c[1] + (int)i1, row = a.c[2] + (int)i2, b = a.c[3] + (int)i3;
+            uint16_t want = h < H && row < S && b < NB ? t[((b * S + row) * H + h) * D + (int)c] : 0, got;
+            memcpy(&got, a.out + off, 2);
+            if (got != want)
+              fail_msg("box %d: element (%u, %u, %u, %u) at byte %u is %u, want %u", x, i3, i2, i1,
+                       c, off, got, want);
+          }
+    free(a.out);
+  }
+  free(t);
+  mg_host_kernel_free(k);
+  free(src);
+}
+
 /* ---- the backward's primitives (hopper_selftest.cu's tt, pingpong and bulk kernels) ---- */
 typedef void (*tt_fn)(tmap_t, tmap_t, float *, int);
 typedef void (*pp_fn)(float *, int);
@@ -782,6 +851,7 @@ int main(void) {
       cmocka_unit_test(test_misuse_reported),
       cmocka_unit_test(test_tma_box),
       cmocka_unit_test(test_tma_box_3d),
+      cmocka_unit_test(test_tma_box_4d),
       cmocka_unit_test(test_wgmma_trans_a),
       cmocka_unit_test(test_named_barriers),
       cmocka_unit_test(test_tma_store_reduce),

@@ -244,6 +244,26 @@ extern "C" __global__ void hopper_tma_copy3(const __grid_constant__ TensorMap ma
   for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
 }
 
+// The same for a 4D box of a rank-4 map at (c0, c1, c2, c3) (the explicit kernels' {d, H, S, B}).
+extern "C" __global__ void hopper_tma_copy4(const __grid_constant__ TensorMap map, unsigned char* out,
+                                            int c0, int c1, int c2, int c3, unsigned bytes) {
+  unsigned addr0 = smem_u32(smem);
+  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
+  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
+  unsigned char* dst = smem + pad + 1024;
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_arrive_expect_tx(bar, bytes);
+    tma_load_4d(dst, &map, bar, c0, c1, c2, c3);
+  }
+  mbar_wait(bar, 0);
+  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
+}
+
 // ---- the backward's primitives ---------------------------------------------------------------
 // C (64 x N, fp32) = A^T B with A stored [64 k][64 m] (M contiguous: an MN-major A, as P or
 // dS [q][key] is read for P^T dO, dS^T Q) and B stored [64 k][N n] (TB = 1: MN-major, as dO or
