@@ -302,41 +302,42 @@ unsigned tmap_swizzle_mask(const mg_host_tmap &t) {
 }
 
 /* A box of map t at coordinates c (rank of them): its element i (row-major over the box, dim 0
- * innermost) is at g[] = c + the box index, stored in shared memory at byte i * elem_size from
- * the box's start (before the swizzle). Dimensions beyond the rank have box 1 and coordinate 0. */
+ * innermost) is at global coordinates c + the box index, stored in shared memory at byte
+ * i * elem_size from the box's start (before the swizzle). Dimensions beyond the rank have box
+ * 1 and coordinate 0. Walked one box row (box[0] elements along dim 0) at a time: row(o)
+ * gives row o's outer coordinates' global offset in bytes, or -1 when they lie outside the
+ * tensor (the whole row is then out of bounds). */
 struct BoxWalk {
+  const mg_host_tmap &t;
   unsigned box[MG_HOST_TMAP_MAX_RANK];
   long long c[MG_HOST_TMAP_MAX_RANK];
-  unsigned long long count;
-  BoxWalk(const mg_host_tmap &t, const int *cs) : count(1) {
+  unsigned long long count, rows;
+  BoxWalk(const mg_host_tmap &tm, const int *cs) : t(tm), count(1) {
     for (unsigned d = 0; d < MG_HOST_TMAP_MAX_RANK; ++d) {
       box[d] = d < t.rank ? t.box[d] : 1;
       c[d] = d < t.rank ? cs[d] : 0;
       count *= box[d];
     }
+    rows = count / box[0];
   }
-  /* The global coordinates of element i. */
-  void at(unsigned long long i, long long g[MG_HOST_TMAP_MAX_RANK]) const {
-    for (unsigned d = 0; d < MG_HOST_TMAP_MAX_RANK; ++d) {
-      g[d] = c[d] + (long long)(i % box[d]);
-      i /= box[d];
+  long long row(unsigned long long o) const {
+    unsigned long long off = 0;
+    for (unsigned d = 1; d < MG_HOST_TMAP_MAX_RANK; ++d) {
+      const long long g = c[d] + (long long)(o % box[d]);
+      o /= box[d];
+      if (d >= t.rank) continue;
+      if (g < 0 || (unsigned long long)g >= t.dim[d]) return -1;
+      off += (unsigned long long)g * t.stride[d];
     }
+    return (long long)off;
+  }
+  /* Element i0 of a row at offset `row` (>= 0): its address, or NULL outside dim 0. */
+  unsigned char *at(long long row, unsigned i0) const {
+    const long long g0 = c[0] + i0;
+    if (g0 < 0 || (unsigned long long)g0 >= t.dim[0]) return nullptr;
+    return (unsigned char *)t.base + row + (unsigned long long)g0 * t.stride[0];
   }
 };
-
-/* Whether element g lies inside the tensor of t (dimensions beyond its rank ignored). */
-bool tmap_inside(const mg_host_tmap &t, const long long *g) {
-  for (unsigned d = 0; d < t.rank; ++d)
-    if (g[d] < 0 || (unsigned long long)g[d] >= t.dim[d]) return false;
-  return true;
-}
-
-/* The global address of element g (inside the tensor). */
-unsigned char *tmap_addr(const mg_host_tmap &t, const long long *g) {
-  unsigned long long o = 0;
-  for (unsigned d = 0; d < t.rank; ++d) o += (unsigned long long)g[d] * t.stride[d];
-  return (unsigned char *)t.base + o;
-}
 
 /* ---- TMA stores and reductions ---------------------------------------------------------- */
 /* The source box of op is read from the async proxy's view of shared memory (once). */
@@ -357,21 +358,23 @@ void bulk_complete(Launch *L, Fiber *f, HBlock *h, unsigned i) {
   const mg_host_tmap &t = op.t;
   const BoxWalk w(t, op.c);
   unsigned es = t.elem_size, bits = tmap_swizzle_mask(t);
-  for (unsigned long long i = 0; i < w.count; ++i) {
-    long long g[MG_HOST_TMAP_MAX_RANK];
-    w.at(i, g);
-    if (!tmap_inside(t, g)) continue;
-    unsigned a = op.off + (unsigned)i * es;
-    a ^= ((a >> 7) & bits) << 4;
-    unsigned char *dst = tmap_addr(t, g);
-    const unsigned char *src = op.data + (a - op.off);
-    if (op.reduce) {
-      float x, y;
-      memcpy(&x, dst, 4), memcpy(&y, src, 4);
-      x += y;
-      memcpy(dst, &x, 4);
-    } else {
-      memcpy(dst, src, es);
+  for (unsigned long long o = 0; o < w.rows; ++o) {
+    const long long row = w.row(o);
+    if (row < 0) continue;
+    for (unsigned i0 = 0; i0 < w.box[0]; ++i0) {
+      unsigned char *dst = w.at(row, i0);
+      if (!dst) continue;
+      unsigned a = op.off + (unsigned)(o * w.box[0] + i0) * es;
+      a ^= ((a >> 7) & bits) << 4;
+      const unsigned char *src = op.data + (a - op.off);
+      if (op.reduce) {
+        float x, y;
+        memcpy(&x, dst, 4), memcpy(&y, src, 4);
+        x += y;
+        memcpy(dst, &x, 4);
+      } else {
+        memcpy(dst, src, es);
+      }
     }
   }
   free(op.data);
@@ -691,17 +694,18 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
   unsigned char fill[8];
   memset(fill, 0, sizeof fill);
   if (t.oob_nan) memset(fill, 0xff, sizeof fill);
-  for (unsigned long long i = 0; i < w.count; ++i) {
-    long long g[MG_HOST_TMAP_MAX_RANK];
-    w.at(i, g);
-    unsigned a = off + (unsigned)i * es;
-    a ^= ((a >> 7) & bits) << 4;
-    const unsigned char *src = fill;
-    if (tmap_inside(t, g)) {
-      src = tmap_addr(t, g);
-      note_read(L, f, src, es);
+  for (unsigned long long o = 0; o < w.rows; ++o) {
+    const long long row = w.row(o);
+    for (unsigned i0 = 0; i0 < w.box[0]; ++i0) {
+      unsigned a = off + (unsigned)(o * w.box[0] + i0) * es;
+      a ^= ((a >> 7) & bits) << 4;
+      const unsigned char *src = row < 0 ? nullptr : w.at(row, i0);
+      if (src)
+        note_read(L, f, src, es);
+      else
+        src = fill;
+      memcpy(data + (a - off), src, es);
     }
-    memcpy(data + (a - off), src, es);
   }
   HBlock *h = hblock(L, f->blk);
   if (h->ntma == h->cap) {
