@@ -164,6 +164,12 @@ static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
  * row) but for check_shape's case with every tile full. */
 static int g_kr_contig;
 
+/* 1: case_init_vl fills every input of the last batch item (q, k_nope, k_rope, v, dout, and
+ * the stored o and lse, so attn_bwd_pre's delta too) with NaN after the reference is made,
+ * and compare checks the items before it only: a CTA's tile rows past its item's end must
+ * not bring the next item's values in (0 * NaN would be NaN). */
+static int g_poison_last;
+
 /* The relative size of the kernels' own fp32 error in a P or dS element, for attn_ref.h's
  * bound of ambiguous 16-bit roundings (see the tolerances below). */
 #define FLIP_EPS 3e-5
@@ -263,6 +269,12 @@ static void case_init_vl(const mg_kernel_spec *s, bwd_case *c, int packed, int B
   if (vl) {
     kt_nan_slack_e16(c->o16, sq, (size_t)H * s->d_v, pos, T);
     kt_nan_slack_f32(c->lse32, H, sq, pos, T);
+  }
+  if (g_poison_last) {
+    kt_nan_last_item_e16(c->q, c->nq, B), kt_nan_last_item_e16(c->kn, c->nkn, B);
+    kt_nan_last_item_e16(c->kr, c->nkr, B), kt_nan_last_item_e16(c->v, c->nv, B);
+    kt_nan_last_item_e16(c->dout, c->no, B), kt_nan_last_item_e16(c->o16, c->no, B);
+    kt_nan_last_item_f32(c->lse32, c->nl, B);
   }
 }
 
@@ -487,7 +499,8 @@ static size_t compare(const bwd_set *bs, const bwd_case *c, double ratio[4], cha
   const mg_kernel_spec *s = &bs->dkdv.kh.spec;
   const int H = s->heads, dqk = s->d_n + s->d_r, k16 = is_fp16(s) ? KT_F16 : KT_BF16;
   const double r16 = kt_unit_roundoff(k16), r32 = kt_unit_roundoff(KT_F32);
-  const size_t qrows = (size_t)c->B * c->sq * H, krows = (size_t)c->B * c->sk * H;
+  const int nb = c->B - (g_poison_last && c->B > 1); /* the items checked (g_poison_last) */
+  const size_t qrows = (size_t)nb * c->sq * H, krows = (size_t)nb * c->sk * H;
   const size_t wk = (size_t)(c->packed ? dqk : s->d_n);
   kt_checked k[4];
   k[0] = bs->det ? kt_check_slack("attn_bwd dq", k16, c->dq, c->r_dq, c->f_dq, qrows, dqk, 0,
@@ -497,7 +510,7 @@ static size_t compare(const bwd_set *bs, const bwd_case *c, double ratio[4], cha
   k[1] = kt_check_slack(c->packed ? "attn_bwd dk" : "attn_bwd dk_nope", k16, c->dkn, c->r_dkn,
                         c->f_dkn, krows, wk, 0, wk, (kt_tol){2 * NOISE_DK, r16}, 0);
   k[2] = kt_check_slack("attn_bwd dk_rope", KT_F32, c->dkr, c->r_dkr, c->f_dkr,
-                        (size_t)c->B * c->sk, s->d_r, 0, c->packed ? 0 : s->d_r,
+                        (size_t)nb * c->sk, s->d_r, 0, c->packed ? 0 : s->d_r,
                         (kt_tol){2 * NOISE_DKR, r32}, 0);
   k[3] = kt_check_slack("attn_bwd dv", k16, c->dv, c->r_dv, c->f_dv, krows, s->d_v, 0, s->d_v,
                         (kt_tol){2 * NOISE_DV, r16}, 0);
@@ -544,7 +557,8 @@ static void run_case(const bwd_set *bs, int B, int sq, int sk, int q_pos0) {
 }
 
 /* Both modes, both key layouts, causal and not, on: S = 1 (one key), S = 77 with batch 2
- * (no tile divides it; causal row 0 has a single key), and query shards at global
+ * (no tile divides it; causal row 0 has a single key), and again with NaN in every input of
+ * item 1 (item 0 checked: batch isolation), and query shards at global
  * positions 60 of 100 keys and 130 of 200 (S_q < S_k; causal key tiles start at query
  * tiles past the first, and tiles cross the diagonal), and 16 queries at 0 of 200 keys
  * (causal: key tiles that no query sees get dK = dV = 0 without a query tile). */
@@ -556,6 +570,9 @@ static void check_shape(int dn, int dr, int dv) {
         set_build(&bs, 2, dn, dr, dv, causal, packed, det);
         run_case(&bs, 1, 1, 1, 0);
         run_case(&bs, 2, 77, 77, 0);
+        g_poison_last = 1; /* the same with NaN in every input of item 1: item 0 unchanged */
+        run_case(&bs, 2, 77, 77, 0);
+        g_poison_last = 0;
         run_case(&bs, 1, 40, 100, 60);
         run_case(&bs, 1, 70, 200, 130);
         run_case(&bs, 1, 16, 200, 0);

@@ -149,6 +149,7 @@ typedef struct fwd_case {
   int kr_contig; /* 1: ld_k_rope = d_r; 0: d_r + KT_ROPE_COL, NaN between the rows */
   float *lse;
   size_t no, nl;
+  int poisoned; /* 1: the last batch item's inputs are NaN (poison_last): not compared */
 } fwd_case;
 
 /* The k_rope layout of the split-key cases case_init_pos makes: 0 (wide, NaN around each
@@ -162,7 +163,7 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
   c->B = B, c->sq = sq, c->sk = sk;
   c->q_pos0 = pos->q_pos0, c->q_split = pos->q_split, c->q_pos1 = pos->q_pos1;
   c->cu = NULL, c->n_cu = 0; /* not packed (case_varlen sets them) */
-  c->kr_buf = NULL, c->kr_contig = g_kr_contig;
+  c->kr_buf = NULL, c->kr_contig = g_kr_contig, c->poisoned = 0;
   c->scale = (float)kt_softmax_scale(dqk); /* YaRN mscale^2 / sqrt(d_qk) */
   c->q = kt_rand_e16_sd(f16, (size_t)B * sq * H * dqk, kt_q_sd(c->scale, dqk)); /* scores sd 2 */
   if (bk->packed) {
@@ -182,6 +183,19 @@ static void case_init_pos(const built_kernel *bk, fwd_case *c, int B, int sq, in
 /* One chunk: row i at q_pos0 + i. */
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
   case_init_pos(bk, c, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
+}
+
+/* Batch isolation (B > 1): NaN in every input of c's last batch item; case_compare then
+ * checks the items before it, which the NaN must not reach (a CTA's tile rows past its item's
+ * end must not bring the next item's queries or keys in: 0 * NaN would be NaN). */
+static void poison_last(const built_kernel *bk, fwd_case *c) {
+  const mg_kernel_spec *s = &bk->kh.spec;
+  const size_t H = (size_t)s->heads, B = (size_t)c->B, dqk = (size_t)(s->d_n + s->d_r);
+  kt_nan_last_item_e16(c->q, B * c->sq * H * dqk, c->B);
+  kt_nan_last_item_e16(c->kn, B * c->sk * H * (bk->packed ? dqk : (size_t)s->d_n), c->B);
+  kt_nan_last_item_e16(c->kr, B * c->sk * (size_t)s->d_r, c->B);
+  kt_nan_last_item_e16(c->v, B * c->sk * H * (size_t)s->d_v, c->B);
+  c->poisoned = c->B > 1;
 }
 
 static void case_free(fwd_case *c) {
@@ -244,9 +258,11 @@ static size_t case_compare(const built_kernel *bk, const fwd_case *c, double *o_
   const mg_kernel_spec *s = &bk->kh.spec;
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
   reference(bk, c, ro, rl);
-  const size_t nans = kt_check_fwd("attn_fwd", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro, c->no,
-                                   (size_t)s->d_v, c->lse, rl, c->nl, tol_o(s), tol_lse, o_err,
-                                   lse_err, msg, msg_n);
+  const size_t keep = (size_t)(c->B - c->poisoned); /* the items compared */
+  const size_t nans = kt_check_fwd("attn_fwd", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro,
+                                   c->no / c->B * keep, (size_t)s->d_v, c->lse, rl,
+                                   c->nl / c->B * keep, tol_o(s), tol_lse, o_err, lse_err, msg,
+                                   msg_n);
   free(ro), free(rl);
   return nans;
 }
@@ -284,6 +300,15 @@ static double run_case_pos(const built_kernel *bk, int B, int sq, int sk, const 
 static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
   return run_case_pos(bk, B, sq, sk, &(kt_qpos){q_pos0, 0, 0});
 }
+/* run_case with the last batch item's inputs NaN (poison_last). */
+static void run_case_poisoned(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  fwd_case c;
+  case_init(bk, &c, B, sq, sk, q_pos0);
+  poison_last(bk, &c);
+  double secs = launch_case(bk, &c, NULL);
+  check_case(bk, &c, secs);
+  case_free(&c);
+}
 
 static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
   mg_kernel_spec s;
@@ -297,7 +322,8 @@ static mg_kernel_spec make_spec(int H, int dn, int dr, int dv, int causal) {
 static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignment); }
 
 /* The shape's default configuration, both key layouts, causal and not, on: S = 1 (one key
- * per row), S = 77 (no tile divides it) with batch 2, a query shard at global position 60
+ * per row), S = 77 (no tile divides it) with batch 2, and again with NaN in every input of
+ * item 1 (item 0 checked: batch isolation), a query shard at global position 60
  * of 100 keys (S_q < S_k, causal rows see 61.. keys), a shard at 130 (a 64-row CTA whose
  * keys span three 64-key tiles with the diagonal inside one), and no keys at all (o = 0,
  * lse = -inf). */
@@ -310,6 +336,7 @@ static void check_shape(int dn, int dr, int dv) {
       build(&s, &bk);
       run_case(&bk, 1, 1, 1, 0);
       run_case(&bk, 2, 77, 77, 0);
+      run_case_poisoned(&bk, 2, 77, 77, 0);
       run_case(&bk, 1, 40, 100, 60);
       run_case(&bk, 1, 70, 200, 130);
       g_kr_contig = 1; /* split keys: the one contiguous k_rope (ld_k_rope = d_r) */

@@ -122,7 +122,14 @@ typedef struct mqa_case {
   double *f_dq, *f_dc; /* their bounds for ambiguous 16-bit roundings (mqa_ref.h) */
   float *delta, *dc_accum;
   e16 *dq, *dcout;
+  int poisoned; /* 1: the last batch item's inputs are NaN (g_poison_last): not compared */
 } mqa_case;
+
+/* 1: case_init_cu fills every input of the last batch item (q, c, dout, and the stored o and
+ * lse, so attn_bwd_pre's delta too) with NaN after the reference is made, and compare checks
+ * the items before it only: a CTA's tile rows past its item's end must not bring the next
+ * item's values in (0 * NaN would be NaN). */
+static int g_poison_last;
 
 static void *xcalloc(size_t n, size_t sz) {
   void *p = calloc(n ? n : 1, sz);
@@ -188,6 +195,12 @@ static void case_init_cu(mqa_case *c, int H, int dc, int dr, int causal, int B, 
   mqa_ref_bwd_mixed_varlen(B, sq, sk, H, dc, dr, causal, q_pos0, cu, n_cu, c->scale, qd, cd, dod,
                            od, lsed, kt_round_fn(g_fp16), FLIP_EPS, c->f_dq, c->f_dc, c->r_dq,
                            c->r_dc);
+  if (g_poison_last && B > 1) {
+    kt_nan_last_item_e16(c->q, c->nq, B), kt_nan_last_item_e16(c->c, c->nc, B);
+    kt_nan_last_item_e16(c->dout, c->no, B), kt_nan_last_item_e16(c->o16, c->no, B);
+    kt_nan_last_item_f32(c->lse32, c->nl, B);
+    c->poisoned = 1;
+  }
   c->delta = xcalloc(c->nl, sizeof *c->delta);
   c->dq = xcalloc(c->nq, sizeof *c->dq);
   c->dcout = xcalloc(c->nc, sizeof *c->dcout);
@@ -322,8 +335,9 @@ static double rel_err(const e16 *got, const double *ref, size_t rows, int w, int
  * (over 1 fails). Returns the number of NaN outputs; the first failure's message goes to
  * msg (msg[0] = 0 when all pass). */
 static size_t compare(const mqa_case *c, double ratio[3], char *msg, size_t n) {
-  const size_t w = (size_t)(c->dc + c->dr), qrows = (size_t)c->B * c->sq * c->H;
-  const size_t krows = (size_t)c->B * c->sk, dc = (size_t)c->dc;
+  const size_t nb = (size_t)(c->B - c->poisoned); /* the items compared */
+  const size_t w = (size_t)(c->dc + c->dr), qrows = nb * c->sq * c->H;
+  const size_t krows = nb * c->sk, dc = (size_t)c->dc;
   const int kind = g_fp16 ? KT_F16 : KT_BF16;
   const double rtol = kt_unit_roundoff(kind);
   kt_checked k[3];
@@ -372,20 +386,22 @@ static void run_case(const bwd_set *bs, int causal, int B, int sq, int sk, int q
   case_free(&c);
 }
 
-/* Causal and not, defaults: S = 1; S = 37 with batch 2 (no tile divides it, nor S H); a
- * query shard at global position 30 of 50 keys (S_q < S_k, causal tiles cross the
- * diagonal); 8 queries at 0 of 70 keys (causal: key tiles no query sees get dc = 0). */
+/* Causal and not, defaults: S = 1; S = 37 with batch 2 (no tile divides it, nor S H; 13
+ * when not full), and again with NaN in every input of item 1 (item 0 checked: batch
+ * isolation); (full) a query shard at global position 30 of 50 keys (S_q < S_k, causal tiles
+ * cross the diagonal); 8 queries at 0 of 70 keys (causal: key tiles no query sees get
+ * dc = 0). */
 static void check_shape(int H, int dc, int dr, int full) {
   for (int causal = 1; causal >= 0; causal--) {
     bwd_set bs;
     set_build(&bs, H, dc, dr, causal, NULL, NULL);
     run_case(&bs, causal, 1, 1, 1, 0);
-    if (full) {
-      run_case(&bs, causal, 2, 37, 37, 0);
-      run_case(&bs, causal, 1, 20, 50, 30);
-    } else {
-      run_case(&bs, causal, 2, 13, 13, 0);
-    }
+    const int S2 = full ? 37 : 13; /* the batch-2 case's length */
+    run_case(&bs, causal, 2, S2, S2, 0);
+    g_poison_last = 1; /* the same with NaN in every input of item 1: item 0 unchanged */
+    run_case(&bs, causal, 2, S2, S2, 0);
+    g_poison_last = 0;
+    if (full) run_case(&bs, causal, 1, 20, 50, 30);
     run_case(&bs, causal, 1, 8, 70, 0);
     run_case(&bs, causal, 1, 64, 64, 0); /* every row and key tile full */
     set_unload(&bs);

@@ -130,13 +130,14 @@ typedef struct fwd_case {
   e16 *q, *c, *o;
   float *lse;
   size_t nq, nc, no, nl;
+  int poisoned; /* 1: the last batch item's q and c are NaN (run_case_poisoned): not compared */
 } fwd_case;
 
 static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk, int q_pos0) {
   const mg_kernel_spec *s = &bk->kh.spec;
   const int H = s->heads, dqk = s->d_c + s->d_r;
   c->B = B, c->sq = sq, c->sk = sk, c->q_pos0 = q_pos0;
-  c->cu = NULL, c->n_cu = 0;
+  c->cu = NULL, c->n_cu = 0, c->poisoned = 0;
   /* the explicit form's scale (d_n 128 + d_r 64, DeepSeek's mscale): the absorbed scores
    * are the explicit ones, so the same scale */
   c->scale = (float)kt_softmax_scale(192);
@@ -193,9 +194,11 @@ static size_t case_compare(const built_kernel *bk, const fwd_case *c, double *o_
   double *ro = malloc((c->no ? c->no : 1) * sizeof *ro), *rl = malloc((c->nl ? c->nl : 1) * sizeof *rl);
   mqa_ref_fwd_varlen(c->B, c->sq, c->sk, s->heads, s->d_c, s->d_r, s->causal, c->q_pos0, c->cu,
                      c->n_cu, c->scale, q, cc, ro, rl);
-  const size_t nans = kt_check_fwd("mqa_fwd", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro, c->no,
-                                   (size_t)s->d_c, c->lse, rl, c->nl, tol_o(s), tol_lse, o_err,
-                                   lse_err, msg, msg_n);
+  const size_t keep = (size_t)(c->B - c->poisoned); /* the items compared */
+  const size_t nans = kt_check_fwd("mqa_fwd", is_fp16(s) ? KT_F16 : KT_BF16, c->o, ro,
+                                   c->no / c->B * keep, (size_t)s->d_c, c->lse, rl,
+                                   c->nl / c->B * keep, tol_o(s), tol_lse, o_err, lse_err, msg,
+                                   msg_n);
   free(q), free(cc), free(ro), free(rl);
   return nans;
 }
@@ -230,6 +233,18 @@ static double run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0
   case_free(&c);
   return secs;
 }
+/* Batch isolation (B > 1): run_case with NaN in every q and c element of the last batch item;
+ * the items before it are compared, which the NaN must not reach (a CTA's tile rows past its
+ * item's end must not bring the next item's tokens in: 0 * NaN would be NaN). */
+static void run_case_poisoned(const built_kernel *bk, int B, int sq, int sk, int q_pos0) {
+  fwd_case c;
+  case_init(bk, &c, B, sq, sk, q_pos0);
+  kt_nan_last_item_e16(c.q, c.nq, B), kt_nan_last_item_e16(c.c, c.nc, B);
+  c.poisoned = B > 1;
+  double secs = launch_case(bk, &c, NULL);
+  check_case(bk, &c, secs);
+  case_free(&c);
+}
 
 static mg_kernel_spec make_spec(int H, int dc, int dr, int causal) {
   return kh_mqa_spec("mqa_fwd", H, dc, dr, causal);
@@ -241,7 +256,8 @@ static void set(mg_kernel_spec *s, const char *assignment) { kh_set(s, assignmen
  * 64, block_n 32, nsplit 2, stages 2), causal and not. H = 2: S = 1; S = 37 with batch 2
  * (no tile divides 74 rows or 37 keys); a query shard at position 30 of 50 keys; no keys
  * (o = 0, lse = -inf). H = 16: 4 positions per 64-row CTA, S = 13 with batch 2 and a
- * shard at 20 of 40 keys. */
+ * shard at 20 of 40 keys. Each batch-2 case again with NaN in every input of item 1 (item 0
+ * checked: batch isolation). */
 static void test_deepseek(void **state) {
   (void)state;
   for (int causal = 1; causal >= 0; causal--) {
@@ -250,6 +266,7 @@ static void test_deepseek(void **state) {
     build(&s, &bk);
     run_case(&bk, 1, 1, 1, 0);
     run_case(&bk, 2, 37, 37, 0);
+    run_case_poisoned(&bk, 2, 37, 37, 0);
     run_case(&bk, 1, 20, 50, 30);
     run_case(&bk, 1, 5, 0, 0);
     run_case(&bk, 1, 64, 128, 64); /* every row and key tile full */
@@ -257,13 +274,15 @@ static void test_deepseek(void **state) {
     s = make_spec(16, 512, 64, causal);
     build(&s, &bk);
     run_case(&bk, 2, 13, 13, 0);
+    run_case_poisoned(&bk, 2, 13, 13, 0);
     run_case(&bk, 1, 7, 40, 33);
     unload(&bk);
   }
 }
 
 /* d_c 256, d_r 32 (288/256), default configuration (block_m 64, block_n 64, nsplit 2,
- * stages 2); H = 1 (one row per token) and H = 5 (tokens straddle row groups and CTAs). */
+ * stages 2); H = 1 (one row per token) and H = 5 (tokens straddle row groups and CTAs).
+ * Each batch-2 case again with NaN in every input of item 1 (batch isolation). */
 static void test_dc256(void **state) {
   (void)state;
   for (int causal = 1; causal >= 0; causal--) {
@@ -272,6 +291,7 @@ static void test_dc256(void **state) {
     build(&s, &bk);
     run_case(&bk, 1, 1, 1, 0);
     run_case(&bk, 2, 37, 37, 0);
+    run_case_poisoned(&bk, 2, 37, 37, 0);
     run_case(&bk, 1, 20, 70, 50);
     unload(&bk);
   }
@@ -279,11 +299,13 @@ static void test_dc256(void **state) {
   built_kernel bk;
   build(&s, &bk);
   run_case(&bk, 2, 77, 77, 0);
+  run_case_poisoned(&bk, 2, 77, 77, 0);
   unload(&bk);
   /* H = 5: row groups and CTAs start and end inside tokens */
   s = make_spec(5, 256, 32, 1);
   build(&s, &bk);
   run_case(&bk, 2, 29, 29, 0);
+  run_case_poisoned(&bk, 2, 29, 29, 0);
   run_case(&bk, 1, 13, 20, 7);
   unload(&bk);
 }
