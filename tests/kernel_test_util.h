@@ -233,6 +233,17 @@ static inline void kt_nan_last_item_f32(float *x, size_t n, int B) {
   if (B > 1 && x)
     for (size_t i = n - n / (size_t)B; i < n; i++) x[i] = NAN;
 }
+/* The same over the explicit attention forward's inputs (H heads; q [B, sq, H, dn + dr];
+ * k_nope [B, sk, H, dn], or with packed keys K [B, sk, H, dn + dr] and kr NULL; k_rope
+ * [B, sk, dr]; v [B, sk, H, dv]). */
+static inline void kt_nan_last_item_attn(int B, int sq, int sk, int H, int dn, int dr, int dv,
+                                         int packed, e16 *q, e16 *kn, e16 *kr, e16 *v) {
+  const size_t rq = (size_t)B * sq * H, rk = (size_t)B * sk;
+  kt_nan_last_item_e16(q, rq * (size_t)(dn + dr), B);
+  kt_nan_last_item_e16(kn, rk * H * (size_t)(packed ? dn + dr : dn), B);
+  kt_nan_last_item_e16(kr, rk * (size_t)dr, B);
+  kt_nan_last_item_e16(v, rk * H * (size_t)dv, B);
+}
 
 /* ---- packed sequences: no work on key tiles outside a document ----------------------------
  * The host executor records which rows of a key buffer each CTA copies into shared memory

@@ -190,11 +190,8 @@ static void case_init(const built_kernel *bk, fwd_case *c, int B, int sq, int sk
  * end must not bring the next item's queries or keys in: 0 * NaN would be NaN). */
 static void poison_last(const built_kernel *bk, fwd_case *c) {
   const mg_kernel_spec *s = &bk->kh.spec;
-  const size_t H = (size_t)s->heads, B = (size_t)c->B, dqk = (size_t)(s->d_n + s->d_r);
-  kt_nan_last_item_e16(c->q, B * c->sq * H * dqk, c->B);
-  kt_nan_last_item_e16(c->kn, B * c->sk * H * (bk->packed ? dqk : (size_t)s->d_n), c->B);
-  kt_nan_last_item_e16(c->kr, B * c->sk * (size_t)s->d_r, c->B);
-  kt_nan_last_item_e16(c->v, B * c->sk * H * (size_t)s->d_v, c->B);
+  kt_nan_last_item_attn(c->B, c->sq, c->sk, s->heads, s->d_n, s->d_r, s->d_v, bk->packed, c->q,
+                        c->kn, c->kr, c->v);
   c->poisoned = c->B > 1;
 }
 

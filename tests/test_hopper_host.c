@@ -35,7 +35,7 @@ typedef struct { _Alignas(64) unsigned long long opaque[16]; } tmap_t;
 typedef void (*qk_fn)(tmap_t, tmap_t, float *, int, int, int, float, int);
 typedef void (*split_fn)(tmap_t, tmap_t, float *, int, int, int, float, float *);
 typedef void (*misuse_fn)(int);
-typedef void (*copy_fn)(tmap_t, unsigned char *, int, int, unsigned);
+typedef void (*copy_fn)(tmap_t, unsigned char *, int, int, int, int, int, unsigned);
 
 static char *read_src(const char *rel, size_t *len) {
   char path[1024];
@@ -326,16 +326,40 @@ static void test_misuse_reported(void **state) {
   free(src);
 }
 
+/* hopper_tma_copy's launch: a box of map (rank 2 to 4) at c[0 .. rank) into out (bytes). */
 struct copy_args {
   copy_fn fn;
   tmap_t map;
   unsigned char *out;
-  int c0, c1;
+  int rank, c[4];
   unsigned bytes;
 };
 static void copy_thunk(void *p) {
   struct copy_args *a = p;
-  a->fn(a->map, a->out, a->c0, a->c1, a->bytes);
+  a->fn(a->map, a->out, a->rank, a->c[0], a->c[1], a->c[2], a->c[3], a->bytes);
+}
+/* A bf16 map of rank `rank` over base (dims, byte strides, box; 128B swizzle, zero fill)
+ * into *m, through the fake driver's cuTensorMapEncodeTiled. */
+static void encode_bf16_128b(const mg_driver *drv, tmap_t *m, unsigned rank, void *base,
+                             const cuuint64_t *dims, const cuuint64_t *strides,
+                             const cuuint32_t *box) {
+  const cuuint32_t es[4] = {1, 1, 1, 1};
+  CUresult r = drv->cuTensorMapEncodeTiled((CUtensorMap *)m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank,
+                                           base, dims, strides, box, es,
+                                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  assert_int_equal(r, CUDA_SUCCESS);
+}
+/* Runs a on the selftest kernel k (32 threads, smem bytes of shared memory); fails the test
+ * with the executor's message. */
+static void copy_run(mg_host_kernel *k, struct copy_args *a, unsigned smem) {
+  char msg[4096];
+  a->fn = (copy_fn)mg_host_kernel_sym(k, "hopper_tma_copy");
+  assert_non_null(a->fn);
+  mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+  if (mg_host_kernel_launch(k, grid, block, smem, NULL, copy_thunk, a, msg, sizeof msg))
+    fail_msg("rank %d box at (%d, %d, %d, %d): %s", a->rank, a->c[0], a->c[1], a->c[2], a->c[3], msg);
 }
 
 /* One box per swizzle, partly past the tensor's end in both dimensions (and before its
@@ -354,27 +378,23 @@ static void test_tma_box(void **state) {
     unsigned span = span_of(swz), cols = span / 2, box1 = 16;
     const int origins[2][2] = {{D - (int)cols / 2, (int)rows - 5}, {-(int)cols / 2, -3}};
     for (int o = 0; o < 2; o++) {
-      struct copy_args a;
-      a.fn = (copy_fn)mg_host_kernel_sym(k, "hopper_tma_copy");
+      struct copy_args a = {.rank = 2, .c = {origins[o][0], origins[o][1]}};
       a.map = make_map(drv, t, rows, cols, box1, swz);
       a.bytes = span * box1;
       a.out = malloc(a.bytes);
-      a.c0 = origins[o][0], a.c1 = origins[o][1];
-      mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
-      int rc = mg_host_kernel_launch(k, grid, block, 4096, NULL, copy_thunk, &a, msg, sizeof msg);
-      if (rc) fail_msg("swizzle %d: %s", swz, msg);
+      copy_run(k, &a, 4096);
       unsigned bits = swz == 1 ? 7 : swz == 2 ? 3 : swz == 3 ? 1 : 0;
       for (unsigned r = 0; r < box1; r++)
         for (unsigned c = 0; c < cols; c++) {
           unsigned off = r * span + c * 2;
           off ^= ((off >> 7) & bits) << 4; /* tile_offset (offsets from a 1024-aligned base) */
-          int gr = a.c1 + (int)r, gc = a.c0 + (int)c;
+          int gr = a.c[1] + (int)r, gc = a.c[0] + (int)c;
           uint16_t want = gr >= 0 && gr < (int)rows && gc >= 0 && gc < D ? t[gr * D + gc] : 0;
           uint16_t got;
           memcpy(&got, a.out + off, 2);
           if (got != want)
             fail_msg("swizzle %d origin (%d, %d): element (%u, %u) at byte %u is %u, want %u", swz,
-                     a.c0, a.c1, r, c, off, got, want);
+                     a.c[0], a.c[1], r, c, off, got, want);
         }
       free(a.out);
     }
@@ -384,19 +404,6 @@ static void test_tma_box(void **state) {
   free(src);
 }
 
-typedef void (*copy3_fn)(tmap_t, unsigned char *, int, int, int, unsigned);
-struct copy3_args {
-  copy3_fn fn;
-  tmap_t map;
-  unsigned char *out;
-  int c[3];
-  unsigned bytes;
-};
-static void copy3_thunk(void *p) {
-  struct copy3_args *a = p;
-  a->fn(a->map, a->out, a->c[0], a->c[1], a->c[2], a->bytes);
-}
-
 /* A 3D box (128B swizzle, 64 x 8 x 3) of a [3][20][64] bf16 tensor, out of bounds in the two
  * outer dimensions: rows of the box are (i2 * 8 + i1), swizzled as in 2D. */
 static void test_tma_box_3d(void **state) {
@@ -404,28 +411,18 @@ static void test_tma_box_3d(void **state) {
   const mg_driver *drv = driver();
   size_t len;
   char *src, msg[4096];
-  mg_host_kernel *k = build_selftest("hopper_tma_copy3", &src, &len, msg, sizeof msg);
+  mg_host_kernel *k = build_selftest("hopper_tma_copy", &src, &len, msg, sizeof msg);
   enum { P = 3, R = 20 };
   uint16_t *t = malloc(P * R * D * 2);
   for (unsigned i = 0; i < P * R * D; i++) t[i] = (uint16_t)(i + 1);
-  struct copy3_args a;
-  a.fn = (copy3_fn)mg_host_kernel_sym(k, "hopper_tma_copy3");
-  assert_non_null(a.fn);
+  /* rows 15..22 (20.. outside), planes 1..3 (3 outside) */
+  struct copy_args a = {.rank = 3, .c = {0, R - 5, 1}};
   cuuint64_t dims[3] = {D, R, P}, strides[2] = {D * 2, R * D * 2};
-  cuuint32_t box[3] = {64, 8, 3}, es[3] = {1, 1, 1};
-  CUresult r = drv->cuTensorMapEncodeTiled((CUtensorMap *)&a.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                                           3, t, dims, strides, box, es,
-                                           CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                           CU_TENSOR_MAP_SWIZZLE_128B,
-                                           CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  assert_int_equal(r, CUDA_SUCCESS);
+  cuuint32_t box[3] = {64, 8, 3};
+  encode_bf16_128b(drv, &a.map, 3, t, dims, strides, box);
   a.bytes = 128 * 8 * 3;
   a.out = malloc(a.bytes);
-  a.c[0] = 0, a.c[1] = R - 5, a.c[2] = 1; /* rows 15..22 (20.. outside), planes 1..3 (3 outside) */
-  mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
-  int rc = mg_host_kernel_launch(k, grid, block, 8192, NULL, copy3_thunk, &a, msg, sizeof msg);
-  if (rc) fail_msg("%s", msg);
+  copy_run(k, &a, 8192);
   for (unsigned i2 = 0; i2 < 3; i2++)
     for (unsigned i1 = 0; i1 < 8; i1++)
       for (unsigned c = 0; c < 64; c++) {
@@ -443,19 +440,6 @@ static void test_tma_box_3d(void **state) {
   free(src);
 }
 
-typedef void (*copy4_fn)(tmap_t, unsigned char *, int, int, int, int, unsigned);
-struct copy4_args {
-  copy4_fn fn;
-  tmap_t map;
-  unsigned char *out;
-  int c[4];
-  unsigned bytes;
-};
-static void copy4_thunk(void *p) {
-  struct copy4_args *a = p;
-  a->fn(a->map, a->out, a->c[0], a->c[1], a->c[2], a->c[3], a->bytes);
-}
-
 /* 4D boxes (128B swizzle) of a [B 2][S 20][H 3][64] bf16 tensor as the explicit kernels map
  * q, k_nope, v: dims {64, H, S, B}. A box {64, 1, 8, 1} of item 0 at rows 15..22, head 2: rows
  * 20.. are zero, not item 1's rows 0.. that follow them in memory (batch isolation); and a box
@@ -466,32 +450,22 @@ static void test_tma_box_4d(void **state) {
   const mg_driver *drv = driver();
   size_t len;
   char *src, msg[4096];
-  mg_host_kernel *k = build_selftest("hopper_tma_copy4", &src, &len, msg, sizeof msg);
+  mg_host_kernel *k = build_selftest("hopper_tma_copy", &src, &len, msg, sizeof msg);
   enum { NB = 2, S = 20, H = 3 };
   uint16_t *t = malloc(NB * S * H * D * 2);
   for (unsigned i = 0; i < NB * S * H * D; i++) t[i] = (uint16_t)(i + 1);
   const unsigned boxes[2][4] = {{64, 1, 8, 1}, {64, 2, 4, 2}};
   const int origins[2][4] = {{0, 2, S - 5, 0}, {0, 1, S - 2, 1}};
   for (int x = 0; x < 2; x++) {
-    struct copy4_args a;
-    a.fn = (copy4_fn)mg_host_kernel_sym(k, "hopper_tma_copy4");
-    assert_non_null(a.fn);
+    struct copy_args a = {.rank = 4};
+    memcpy(a.c, origins[x], sizeof a.c);
     cuuint64_t dims[4] = {D, H, S, NB}, strides[3] = {D * 2, H * D * 2, S * H * D * 2};
-    cuuint32_t box[4] = {boxes[x][0], boxes[x][1], boxes[x][2], boxes[x][3]}, es[4] = {1, 1, 1, 1};
-    CUresult r = drv->cuTensorMapEncodeTiled((CUtensorMap *)&a.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                                             4, t, dims, strides, box, es,
-                                             CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                             CU_TENSOR_MAP_SWIZZLE_128B,
-                                             CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    assert_int_equal(r, CUDA_SUCCESS);
+    cuuint32_t box[4] = {boxes[x][0], boxes[x][1], boxes[x][2], boxes[x][3]};
+    encode_bf16_128b(drv, &a.map, 4, t, dims, strides, box);
     const unsigned b1 = box[1], b2 = box[2], b3 = box[3];
     a.bytes = 128 * b1 * b2 * b3;
     a.out = malloc(a.bytes);
-    memcpy(a.c, origins[x], sizeof a.c);
-    mg_host_dim3 grid = {1, 1, 1}, block = {32, 1, 1};
-    int rc = mg_host_kernel_launch(k, grid, block, 8192, NULL, copy4_thunk, &a, msg, sizeof msg);
-    if (rc) fail_msg("%s", msg);
+    copy_run(k, &a, 8192);
     for (unsigned i3 = 0; i3 < b3; i3++)
       for (unsigned i2 = 0; i2 < b2; i2++)
         for (unsigned i1 = 0; i1 < b1; i1++)

@@ -202,11 +202,12 @@ extern "C" __global__ void hopper_misuse(int kind) {
   }
 }
 
-// One TMA box of `map` at (c0, c1) (partly outside the tensor when the caller says so)
-// into shared memory, then its raw bytes to out (box bytes): the swizzled layout and the
-// zero fill as they land. 32 threads.
+// One TMA box of `map` (rank 2, 3 or 4) at (c0, c1[, c2[, c3]]) (partly outside the tensor
+// when the caller says so) into shared memory, then its raw bytes to out (box bytes): the
+// swizzled layout and the zero fill as they land. 32 threads.
 extern "C" __global__ void hopper_tma_copy(const __grid_constant__ TensorMap map, unsigned char* out,
-                                           int c0, int c1, unsigned bytes) {
+                                           int rank, int c0, int c1, int c2, int c3,
+                                           unsigned bytes) {
   unsigned addr0 = smem_u32(smem);
   unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
@@ -218,47 +219,12 @@ extern "C" __global__ void hopper_tma_copy(const __grid_constant__ TensorMap map
   __syncthreads();
   if (threadIdx.x == 0) {
     mbar_arrive_expect_tx(bar, bytes);
-    tma_load_2d(dst, &map, bar, c0, c1);
-  }
-  mbar_wait(bar, 0);
-  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
-}
-
-// The same for a 3D box of a rank-3 map at (c0, c1, c2).
-extern "C" __global__ void hopper_tma_copy3(const __grid_constant__ TensorMap map, unsigned char* out,
-                                            int c0, int c1, int c2, unsigned bytes) {
-  unsigned addr0 = smem_u32(smem);
-  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
-  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
-  unsigned char* dst = smem + pad + 1024;
-  if (threadIdx.x == 0) {
-    mbar_init(bar, 1);
-    mbar_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    mbar_arrive_expect_tx(bar, bytes);
-    tma_load_3d(dst, &map, bar, c0, c1, c2);
-  }
-  mbar_wait(bar, 0);
-  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
-}
-
-// The same for a 4D box of a rank-4 map at (c0, c1, c2, c3) (the explicit kernels' {d, H, S, B}).
-extern "C" __global__ void hopper_tma_copy4(const __grid_constant__ TensorMap map, unsigned char* out,
-                                            int c0, int c1, int c2, int c3, unsigned bytes) {
-  unsigned addr0 = smem_u32(smem);
-  unsigned pad = ((addr0 + 1023u) & ~1023u) - addr0;
-  unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem + pad);
-  unsigned char* dst = smem + pad + 1024;
-  if (threadIdx.x == 0) {
-    mbar_init(bar, 1);
-    mbar_init_fence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    mbar_arrive_expect_tx(bar, bytes);
-    tma_load_4d(dst, &map, bar, c0, c1, c2, c3);
+    if (rank == 2)
+      tma_load_2d(dst, &map, bar, c0, c1);
+    else if (rank == 3)
+      tma_load_3d(dst, &map, bar, c0, c1, c2);
+    else
+      tma_load_4d(dst, &map, bar, c0, c1, c2, c3);
   }
   mbar_wait(bar, 0);
   for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
