@@ -396,8 +396,10 @@ typedef struct tu_tol {
 /* The tolerances of an f32 form against the f32 explicit form (test_cpu_exec at P = 1,
  * test_cpu_mpi at P = 1, 2, 4), about twice the largest atol (rms units, rtol 1e-6) any
  * output needed over 30 seeds: o 4.4e-6, lse 2.5e-7, dq 5.7e-6, dc_kv 3.5e-6,
- * dk_rope 2.6e-6, dw_kv_b 4.0e-6. */
-static const tu_tol tu_tol_f32[TU_N_OUT] = {{9e-6, 1e-6}, {5e-7, 1e-6}, {1.2e-5, 1e-6},
+ * dk_rope 2.6e-6, dw_kv_b 4.0e-6; 80 more seeds of test_cpu_mpi at P = 2 (2000-2079) stayed
+ * under them but for lse, whose tail is long: 3.6e-7 there, and 5.3e-7 at seed 1020 (the
+ * absorbed form, one row of 384 over the old 5e-7), so lse's atol is twice that. */
+static const tu_tol tu_tol_f32[TU_N_OUT] = {{9e-6, 1e-6}, {1.1e-6, 1e-6}, {1.2e-5, 1e-6},
                                             {7e-6, 1e-6}, {5e-6, 1e-6}, {8e-6, 1e-6}};
 
 /* The tolerances of a bf16 pass of the CUDA executor against the CPU executor's f32 plan
