@@ -222,9 +222,9 @@ static inline void kt_nan_slack_f32(float *x, int heads, int rows, const kt_qpos
 }
 
 /* NaN in every element of the last of B batch items of x (n elements, item-major: [B, ...]),
- * for B > 1: a batch-isolation case poisons the last item after its reference is made and
- * checks the items before it, whose tiles' rows past their end must be zero fill (TMA's batch
- * dim), never the next item's values. */
+ * for B > 1: a batch-isolation case poisons the last item (after its reference is made, or
+ * with that item's reference left uncompared) and checks the items before it, whose tiles'
+ * rows past their end must be zero fill (TMA's batch dim), never the next item's values. */
 static inline void kt_nan_last_item_e16(e16 *x, size_t n, int B) {
   if (B > 1 && x)
     for (size_t i = n - n / (size_t)B; i < n; i++) x[i] = 0x7fff;

@@ -505,10 +505,11 @@ static void run_case(const built_kernel *bk, int B, int sq, int sk, int q_pos0, 
 
 /* A shape with one configuration of family dq (0: dkdv, 1: dq), causal: S = 1, S = 77 with
  * batch 2 (no tile divides it; TMA rows past a batch item's end are zero fill) and again
- * with NaN in every input of item 1 (item 0 checked: batch isolation), a query shard at 60 of 100 keys (passed as the second chunk of the position
- * contract), one at 130 of 200 (the diagonal inside a tile), two chunks of 35 rows at 0 and
- * 165 of 200 keys, more query and key tiles than stages (the rings wrap); non-causal (no mask but the ends): S = 77 with batch 2 and the
- * shard at 130 of 200. */
+ * with NaN in every input of item 1 (item 0 checked: batch isolation), a query shard at 60
+ * of 100 keys (passed as the second chunk of the position contract) alone and with batch 3
+ * (item 2 NaN), one at 130 of 200 (the diagonal inside a tile), two chunks of 35 rows at 0
+ * and 165 of 200 keys, more query and key tiles than stages (the rings wrap); non-causal (no
+ * mask but the ends): S = 77 with batch 2, plain and poisoned, and the shard at 130 of 200. */
 static int g_contig_full; /* 1: check_shape's tiles-wrap case reads a contiguous k_rope */
 static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const *sets, int n_sets) {
   for (int causal = 1; causal >= 0; causal--) {
@@ -522,6 +523,9 @@ static void check_shape(int dq, int H, int dn, int dr, int dv, const char *const
     run_case(&bk, 2, 77, 77, 0, 0);
     g_poison_last = 0;
     if (causal) run_case(&bk, 1, 40, 100, 60, 1);
+    g_poison_last = causal; /* batch 3, S_q != S_k, item 2 NaN: items 0 and 1 checked */
+    if (causal) run_case(&bk, 3, 40, 100, 60, 1);
+    g_poison_last = 0;
     /* two chunks (the all-gather CP form's zigzag): rows 0..34 at 0.., 35..69 at 165.. */
     if (causal) run_case2(&bk, 1, 70, 200, 0, 35, 165);
     run_case(&bk, 1, 70, 200, 130, 0);

@@ -212,7 +212,7 @@ static void poison_last(const built_kernel *bk, fwd_case *c) {
   kt_nan_last_item_attn(c->B, c->sq, c->sk, s->heads, s->d_n, s->d_r, s->d_v, bk->packed, c->q,
                         c->kn, c->kr, c->v);
   prepare_keys(bk, c);
-  c->poisoned = 1;
+  c->poisoned = c->B > 1;
 }
 
 static void case_free(fwd_case *c) {
@@ -456,7 +456,8 @@ static void check_turns_case(const built_kernel *bk) {
 
 /* A shape with one configuration, causal and not: S = 1, S = 77 with batch 2 (no tile
  * divides it: TMA rows past a batch item's end are zero fill), the same with NaN in every
- * input of item 1 (item 0 checked: batch isolation), a query
+ * input of item 1 (item 0 checked: batch isolation), a query shard at 60 of 100 keys alone
+ * and with batch 3 (item 2 NaN), a query
  * shard at 60 of 100 keys, one at 130 of 200 (the diagonal inside a tile), every tile full
  * with more tiles than stages (the ring wraps), no keys; with ping-pong, the order of its
  * turns (check_turns_case). */
@@ -470,6 +471,7 @@ static void check_shape(int dn, int dr, int dv, const char *const *sets, int n_s
     run_case(&bk, 2, 77, 77, 0);
     run_case_poisoned(&bk, 2, 77, 77, 0);
     run_case(&bk, 1, 40, 100, 60);
+    run_case_poisoned(&bk, 3, 40, 100, 60); /* items 0 and 1 checked, S_q != S_k */
     run_case(&bk, 1, 70, 200, 130);
     run_case(&bk, 1, 128, 256, 128);
     run_case(&bk, 1, 5, 0, 0);

@@ -134,12 +134,13 @@ static void test_forms_match_single_rank(void **state) {
  * (printed as "needed f64") over 11 seeds at P = 2 and 3 more at each P of 3, 4, 8 was
  * o 1.2e-15, lse 2.9e-16 (0 for most seeds; 2.9e-16 in one CI run), dq
  * 1.5e-14, dc_kv 6.2e-15, dk_rope 7.6e-15, dw_kv_b 5.0e-15; tol_f64 is about twice that
- * (lse: 3.5x). A laga-cp error (a wrong position, a missed chunk, a lost
+ * (lse: 3.5x), and for dk_rope and dw_kv_b twice the 1.6e-14 and 8.3e-15 that 60 more seeds
+ * at P = 2 (3000-3059) reached (the others stayed under half their atol). A laga-cp error (a wrong position, a missed chunk, a lost
  * group) is 1e-3 or more. The bytes each rank
  * sends equal the planner's, and the forward sends only the latent:
  * B (S / P) (d_c + d_r)(P - 1) elements. */
 static const tu_tol tol_f64[TU_N_OUT] = {{2.5e-15, 1e-14}, {1e-15, 1e-14}, {3e-14, 1e-14},
-                                         {1.3e-14, 1e-14}, {1.6e-14, 1e-14}, {1e-14, 1e-14}};
+                                         {1.3e-14, 1e-14}, {3.2e-14, 1e-14}, {1.7e-14, 1e-14}};
 static double g_need_f64[TU_N_OUT];
 
 static void test_laga_cp_reference(void **state) {

@@ -360,8 +360,8 @@ static void test_launch_tmaps(void **state) {
   mg_diag_clear(&d);
 }
 
-/* mqa_fwd_sm90's maps: q as [B S_q H, d_qk] rows (box {W, 64}), c as [B S_k, d_qk] (box
- * {W, block_n}); DeepSeek's 576 (W 64, 128B) and 288 in fp16 (W 32, 64B), seqlen_k 0 as one
+/* mqa_fwd_sm90's maps: q as B items of [S_q H, d_qk] rows (dims {d_qk, S_q H, B}, box
+ * {W, 64, 1}), c as B items of [S_k, d_qk] (box {W, block_n, 1}); DeepSeek's 576 (W 64, 128B) and 288 in fp16 (W 32, 64B), seqlen_k 0 as one
  * row. */
 static mg_kernel_info mqa_info(long bn) {
   mg_kernel_info k;
@@ -434,6 +434,11 @@ static void test_mqa_errors(void **state) {
   mg_kernel_info wide = mqa_info(512); /* box 512 > 256: the driver rejects it */
   expect_mqa_error(drv, &s, &wide, &t, MLAGEN_EINVAL,
                    "cuTensorMapEncodeTiled(mqa_fwd_sm90 map [1] c: dims {576, 256, 1} box {64, 512, 1}): CUDA_ERROR_INVALID_VALUE");
+  /* a batch item of 2^26 tokens x 16 heads x 576 bf16 (1.2e12 bytes): q's batch step (dim 2,
+   * counting from the innermost 0) is over TMA's 2^40-byte stride limit, refused by name */
+  bad = t, bad.batch = 2, bad.seqlen_q = 1L << 26;
+  expect_mqa_error(drv, &s, &k, &bad, MLAGEN_EINVAL,
+                   "mqa_fwd_sm90 tensor map [0] q: dim 2's step of 1152 x 1073741824 bytes is 2^40 bytes or more");
 }
 
 /* mg_sm90_launch_tmaps for mqa_fwd_sm90 (the kernel's q, c by name; sizes from the launch
@@ -463,7 +468,7 @@ static void test_launch_mqa_tmaps(void **state) {
 }
 
 /* The absorbed backward's three maps (mg_sm90_mqa_bwd_tmaps): q and dout over the packed
- * rows B S_q H, c over B S_k, all boxes {W(d_c + d_r), 64} (576: 64, 128B; 288: 32, 64B;
+ * rows S_q H of each of the B items, c over S_k of each, all boxes {W(d_c + d_r), 64, 1} (576: 64, 128B; 288: 32, 64B;
  * dout's rows d_c wide); no keys encoded as 1 row; both families accepted, mqa_fwd_sm90 and
  * a null dout refused (maps zeroed); through mg_sm90_launch_tmaps (q, c, dout by name) the
  * same maps. */

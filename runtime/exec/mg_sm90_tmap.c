@@ -27,7 +27,7 @@ static int config_of(const mg_kernel_info *k, const char *name, long *v, mg_diag
 /* One map of a row-major 16-bit tensor of rank 2 to 4 at base: dims innermost first; fam
  * names the kernel family in messages. Dim 0's rows are dims[0] elements apart (contiguous)
  * or, when ld is not 0 (the split keys' k_rope), ld elements apart; each further dim's step
- * is the one below it times that dim's size. */
+ * is the one below it times that dim's size, refused (named) at 2^40 bytes or more. */
 static int encode_ld(const mg_driver *drv, const char *fam, CUtensorMap *map, const char *what,
                      CUtensorMapDataType dt, int rank, CUdeviceptr base, const cuuint64_t *dims,
                      long ld, const cuuint32_t *box, mg_diag *d) {
@@ -42,7 +42,15 @@ static int encode_ld(const mg_driver *drv, const char *fam, CUtensorMap *map, co
                        "2^40 bytes",
                        fam, what, ld, (unsigned long long)dims[0]);
   cuuint64_t strides[3] = {row, 0, 0}; /* bytes, dims 1.. */
-  for (int i = 1; i < rank - 1; i++) strides[i] = strides[i - 1] * dims[i];
+  for (int i = 1; i < rank - 1; i++) {
+    if (strides[i - 1] > ((1ull << 40) - 1) / dims[i]) /* checked before it could wrap; dims from 0 */
+      return mg_diag_set(d, MLAGEN_EINVAL,
+                         "%s tensor map %s: dim %d's step of %llu x %llu bytes is 2^40 bytes or "
+                         "more, over TMA's limit for a global stride (a batch item of 1 TiB)",
+                         fam, what, i + 1, (unsigned long long)strides[i - 1],
+                         (unsigned long long)dims[i]);
+    strides[i] = strides[i - 1] * dims[i];
+  }
   const cuuint32_t estrides[4] = {1, 1, 1, 1};
   CUresult r = drv->cuTensorMapEncodeTiled(
       map, dt, (cuuint32_t)rank, (void *)(uintptr_t)base, dims, strides, box, estrides,

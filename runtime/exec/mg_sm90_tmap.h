@@ -70,7 +70,9 @@ typedef struct mg_sm90_fwd_tensors {
  *                       an unknown dtype; a tensor address not 16-byte aligned (or 0 when
  *                       read); split keys: an ld_k_rope under d_r, not a multiple of 8
  *                       elements (16 bytes), or of 2^40 bytes or more (the message names
- *                       ld_k_rope and what TMA needs); cuTensorMapEncodeTiled rejecting a map (the
+ *                       ld_k_rope and what TMA needs); a head or batch step (the product of
+ *                       the dims below it) of 2^40 bytes or more, TMA's stride limit (the
+ *                       message names the map and the dim); cuTensorMapEncodeTiled rejecting a map (the
  *                       message names the map, its dims and box, and the CUDA error).
  *   MLAGEN_EUNSUPPORTED the loaded driver has no cuTensorMapEncodeTiled (a driver older
  *                       than CUDA 12.0): attn_fwd_sm90 cannot run; the mma.sync attn_fwd

@@ -14,7 +14,7 @@
 #define MG_HOST_TMAP_MAGIC 0x4d54686dU /* "mhTM" */
 #define MG_HOST_TMAP_MAX_RANK 4 /* the driver allows 5; 4 is what the kernels use and fits 128 bytes */
 
-/* What the 128 bytes hold (the first 96 of them). */
+/* What the 128 bytes hold (the first 112 of them). */
 typedef struct mg_host_tmap {
   uint32_t magic;
   uint32_t rank;       /* 1..MG_HOST_TMAP_MAX_RANK */
