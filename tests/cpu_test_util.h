@@ -409,12 +409,16 @@ static const tu_tol tu_tol_f32[TU_N_OUT] = {{9e-6, 1e-6}, {1.1e-6, 1e-6}, {1.2e-
  * units) measured at those rtols over every form, shape, sequence and rank count of those
  * tests (two seeds of test_cuda_exec):
  *   o 1.8e-2, lse 4.6e-3 (S 1, absorbed: q_abs is rounded to bf16), dq 4.2e-2,
- *   dc_kv 3.1e-2, dk_rope 3.6e-2, dw_kv_b 3.8e-2 (P 4, absorbed).
- * test_cpu_exec proves that they fail a 5% error in the softmax scale. */
+ *   dc_kv 3.1e-2, dk_rope 3.6e-2, dw_kv_b 3.8e-2 (P 4, absorbed);
+ * 12 more seeds of test_cuda_exec (4000-4011) found longer tails in three: o 2.9e-2, lse
+ * 9.8e-3 (S 1, laga-r and laga-f, seed 4011: 0.98 of the old 1e-2), dq 8.4e-2 (S 33 causal,
+ * explicit and laga, seed 4000: 0.93 of the old 9e-2), so those are twice that now (the
+ * others stayed under half theirs). test_cpu_exec proves that they fail a 5% error in the
+ * softmax scale (o by 2x its bound, lse by 4x). */
 static const tu_tol tu_tol_bf16[TU_N_OUT] = {
-    {4e-2, 4e-3}, /* o */
-    {1e-2, 0},    /* lse */
-    {9e-2, 4e-3}, /* dq */
+    {6e-2, 4e-3},   /* o */
+    {2e-2, 0},      /* lse */
+    {1.7e-1, 4e-3}, /* dq */
     {7e-2, 4e-3}, /* dc_kv */
     {7e-2, 4e-3}, /* dk_rope */
     {8e-2, 4e-3}, /* dw_kv_b */
