@@ -1215,28 +1215,37 @@ static void test_asan(void **state) {
   kh_run_asan_child("test_attn_bwd", g_test_seed, asan_case_run);
 }
 
+/* Every test starts from the file's flags at their defaults (0), as under ctest's one test
+ * per process: a test that fails (cmocka longjmps out of it) leaves no flag set for the next
+ * one in a direct run of the binary. */
+static int fresh_flags(void **state) {
+  (void)state;
+  g_kr_contig = 0; g_poison_last = 0;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   kt_seed_init();
   const int rc = kh_test_main(argc, argv, asan_case_run);
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_reference_finite_differences),
-      cmocka_unit_test(test_deepseek_heads),
-      cmocka_unit_test(test_unusual_heads),
-      cmocka_unit_test(test_large_heads),
-      cmocka_unit_test(test_deterministic_bit_identical),
-      cmocka_unit_test(test_configs),
-      cmocka_unit_test(test_missing_barrier_caught),
-      cmocka_unit_test(test_fp16),
-      cmocka_unit_test(test_nvrtc_deepseek),
-      cmocka_unit_test(test_nvrtc_unusual),
-      cmocka_unit_test(test_nvrtc_large),
-      cmocka_unit_test(test_mutations_caught),
-      cmocka_unit_test(test_two_chunk_positions),
-      cmocka_unit_test(test_two_chunk_mutation_caught),
-      cmocka_unit_test(test_varlen),
-      cmocka_unit_test(test_varlen_mutations_caught),
-      cmocka_unit_test(test_asan),
+      cmocka_unit_test_setup(test_reference_finite_differences, fresh_flags),
+      cmocka_unit_test_setup(test_deepseek_heads, fresh_flags),
+      cmocka_unit_test_setup(test_unusual_heads, fresh_flags),
+      cmocka_unit_test_setup(test_large_heads, fresh_flags),
+      cmocka_unit_test_setup(test_deterministic_bit_identical, fresh_flags),
+      cmocka_unit_test_setup(test_configs, fresh_flags),
+      cmocka_unit_test_setup(test_missing_barrier_caught, fresh_flags),
+      cmocka_unit_test_setup(test_fp16, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_deepseek, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_unusual, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_large, fresh_flags),
+      cmocka_unit_test_setup(test_mutations_caught, fresh_flags),
+      cmocka_unit_test_setup(test_two_chunk_positions, fresh_flags),
+      cmocka_unit_test_setup(test_two_chunk_mutation_caught, fresh_flags),
+      cmocka_unit_test_setup(test_varlen, fresh_flags),
+      cmocka_unit_test_setup(test_varlen_mutations_caught, fresh_flags),
+      cmocka_unit_test_setup(test_asan, fresh_flags),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

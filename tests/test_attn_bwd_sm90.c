@@ -912,23 +912,32 @@ static void test_asan(void **state) {
   kh_run_asan_child("test_attn_bwd_sm90", g_test_seed, asan_case_run);
 }
 
+/* Every test starts from the file's flags at their defaults (0), as under ctest's one test
+ * per process: a test that fails (cmocka longjmps out of it) leaves no flag set for the next
+ * one in a direct run of the binary. */
+static int fresh_flags(void **state) {
+  (void)state;
+  g_kr_contig = 0; g_poison_last = 0; g_contig_full = 0;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   kt_seed_init();
   int rc = kh_test_main(argc, argv, asan_case_run);
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_deepseek_heads),
-      cmocka_unit_test(test_deepseek_heads_dq),
-      cmocka_unit_test(test_atomic),
-      cmocka_unit_test(test_unusual_heads),
-      cmocka_unit_test(test_wide_heads),
-      cmocka_unit_test(test_mutations_caught),
-      cmocka_unit_test(test_varlen),
-      cmocka_unit_test(test_varlen_mutations_caught),
-      cmocka_unit_test(test_nvrtc_kept_configs_deepseek),
-      cmocka_unit_test(test_nvrtc_kept_configs_unusual),
-      cmocka_unit_test(test_nvrtc_kept_configs_wide),
-      cmocka_unit_test(test_asan),
+      cmocka_unit_test_setup(test_deepseek_heads, fresh_flags),
+      cmocka_unit_test_setup(test_deepseek_heads_dq, fresh_flags),
+      cmocka_unit_test_setup(test_atomic, fresh_flags),
+      cmocka_unit_test_setup(test_unusual_heads, fresh_flags),
+      cmocka_unit_test_setup(test_wide_heads, fresh_flags),
+      cmocka_unit_test_setup(test_mutations_caught, fresh_flags),
+      cmocka_unit_test_setup(test_varlen, fresh_flags),
+      cmocka_unit_test_setup(test_varlen_mutations_caught, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_kept_configs_deepseek, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_kept_configs_unusual, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_kept_configs_wide, fresh_flags),
+      cmocka_unit_test_setup(test_asan, fresh_flags),
   };
   const int failed = cmocka_run_group_tests(tests, NULL, NULL);
   kt_noise_report();

@@ -777,28 +777,37 @@ static void test_asan(void **state) {
   kh_run_asan_child("test_mqa_bwd", g_test_seed, asan_case_run);
 }
 
+/* Every test starts from the file's flags at their defaults (0), as under ctest's one test
+ * per process: a test that fails (cmocka longjmps out of it) leaves no flag set for the next
+ * one in a direct run of the binary. */
+static int fresh_flags(void **state) {
+  (void)state;
+  g_fp16 = 0; g_varlen = 0; g_poison_last = 0;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   kt_seed_init();
   const int rc = kh_test_main(argc, argv, asan_case_run);
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_deepseek_h2),
-      cmocka_unit_test(test_deepseek_h16),
-      cmocka_unit_test(test_small_latent_h2),
-      cmocka_unit_test(test_heads_1_and_128),
-      cmocka_unit_test(test_deterministic_bit_identical),
-      cmocka_unit_test(test_configs),
-      cmocka_unit_test(test_missing_barrier_caught),
-      cmocka_unit_test(test_fp16),
-      cmocka_unit_test(test_nvrtc_576_dkv),
-      cmocka_unit_test(test_nvrtc_576_dq_pre),
-      cmocka_unit_test(test_nvrtc_288_dkv),
-      cmocka_unit_test(test_nvrtc_288_dq_pre),
-      cmocka_unit_test(test_mutations_caught),
-      cmocka_unit_test(test_asan),
-      cmocka_unit_test(test_varlen),
-      cmocka_unit_test(test_varlen_mutations_caught),
-      cmocka_unit_test(test_nvrtc_varlen),
+      cmocka_unit_test_setup(test_deepseek_h2, fresh_flags),
+      cmocka_unit_test_setup(test_deepseek_h16, fresh_flags),
+      cmocka_unit_test_setup(test_small_latent_h2, fresh_flags),
+      cmocka_unit_test_setup(test_heads_1_and_128, fresh_flags),
+      cmocka_unit_test_setup(test_deterministic_bit_identical, fresh_flags),
+      cmocka_unit_test_setup(test_configs, fresh_flags),
+      cmocka_unit_test_setup(test_missing_barrier_caught, fresh_flags),
+      cmocka_unit_test_setup(test_fp16, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_576_dkv, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_576_dq_pre, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_288_dkv, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_288_dq_pre, fresh_flags),
+      cmocka_unit_test_setup(test_mutations_caught, fresh_flags),
+      cmocka_unit_test_setup(test_asan, fresh_flags),
+      cmocka_unit_test_setup(test_varlen, fresh_flags),
+      cmocka_unit_test_setup(test_varlen_mutations_caught, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_varlen, fresh_flags),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }

@@ -653,23 +653,32 @@ static void test_asan(void **state) {
   kh_run_asan_child("test_mqa_bwd_sm90", g_test_seed, asan_case_run);
 }
 
+/* Every test starts from the file's flags at their defaults (0), as under ctest's one test
+ * per process: a test that fails (cmocka longjmps out of it) leaves no flag set for the next
+ * one in a direct run of the binary. */
+static int fresh_flags(void **state) {
+  (void)state;
+  g_fp16 = 0; g_dq = 0; g_poison_last = 0;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   kt_seed_init();
   int rc = kh_test_main(argc, argv, asan_case_run);
   if (rc >= 0) return rc;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_deepseek),
-      cmocka_unit_test(test_dc256),
-      cmocka_unit_test(test_schedules_bit_identical),
-      cmocka_unit_test(test_mutations_caught),
-      cmocka_unit_test(test_dq_deepseek),
-      cmocka_unit_test(test_dq_dc256),
-      cmocka_unit_test(test_dq_schedules_bit_identical),
-      cmocka_unit_test(test_dq_mutations_caught),
-      cmocka_unit_test(test_check_rejects),
-      cmocka_unit_test(test_varlen),
-      cmocka_unit_test(test_nvrtc_kept_configs),
-      cmocka_unit_test(test_asan),
+      cmocka_unit_test_setup(test_deepseek, fresh_flags),
+      cmocka_unit_test_setup(test_dc256, fresh_flags),
+      cmocka_unit_test_setup(test_schedules_bit_identical, fresh_flags),
+      cmocka_unit_test_setup(test_mutations_caught, fresh_flags),
+      cmocka_unit_test_setup(test_dq_deepseek, fresh_flags),
+      cmocka_unit_test_setup(test_dq_dc256, fresh_flags),
+      cmocka_unit_test_setup(test_dq_schedules_bit_identical, fresh_flags),
+      cmocka_unit_test_setup(test_dq_mutations_caught, fresh_flags),
+      cmocka_unit_test_setup(test_check_rejects, fresh_flags),
+      cmocka_unit_test_setup(test_varlen, fresh_flags),
+      cmocka_unit_test_setup(test_nvrtc_kept_configs, fresh_flags),
+      cmocka_unit_test_setup(test_asan, fresh_flags),
   };
   return kh_exit_code(cmocka_run_group_tests(tests, NULL, kt_noise_teardown));
 }
