@@ -60,19 +60,22 @@ int main(void) {
                                      &z.d_o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) print_tensor(all[i]);
 
-  /* The tensors a trainer would pass: device pointers with the plan's shapes. Here the
-   * addresses are placeholders; the call checks them and stops before touching memory. */
+  /* The tensors a trainer would pass: device pointers with the plan's shapes, no two
+   * sharing a byte (no call works in place). Here the addresses are placeholders, laid
+   * out one after another; the call checks them and stops before touching memory. */
   mlagen_tensors t = {0};
   mlagen_tensor *slots[] = {&t.q, &t.c_kv, &t.k_rope, &t.w_kv_b, &t.o,
                             &t.d_o, &t.dq, &t.dc_kv, &t.dk_rope, &t.dw_kv_b};
+  size_t at = 0x10000000; /* the next free placeholder address, 256-byte aligned */
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    slots[i]->data = (void *)(size_t)(0x100000 * (i + 1));
+    slots[i]->data = (void *)at;
+    at += (all[i]->bytes + 255) / 256 * 256;
     slots[i]->dtype = all[i]->dtype;
     slots[i]->ndim = all[i]->ndim;
     for (int d = 0; d < all[i]->ndim; d++) slots[i]->dims[d] = all[i]->dims[d];
   }
-  rc = mlagen_forward(plan, &t, (void *)(size_t)0x10000000, z.workspace_bytes,
-                      (void *)(size_t)0x20000000, z.saved_bytes, NULL);
+  void *workspace = (void *)at, *saved = (void *)(at + (z.workspace_bytes + 255) / 256 * 256);
+  rc = mlagen_forward(plan, &t, workspace, z.workspace_bytes, saved, z.saved_bytes, NULL);
   printf("forward: %s: %s\n", mlagen_status_name(rc), mlagen_last_message(ctx));
   ok = rc == MLAGEN_ENODRIVER ||
        (rc == MLAGEN_EINVAL && strstr(mlagen_last_message(ctx), "mlagen_plan_set_comm"));

@@ -359,7 +359,10 @@ typedef struct mlagen_tensor {
 
 /* The tensors of one layer on one rank (shapes in mlagen_sizes). A call reads and
  * checks the tensors of its pass (mlagen_tensor_info.passes) and ignores the others,
- * which may be zero-filled. */
+ * which may be zero-filled. No call works in place: a tensor the pass writes (o in the
+ * forward; dq, dc_kv, dk_rope, dw_kv_b in the backward) must not share a byte with
+ * another tensor of the pass, the workspace or the saved area (nor may the workspace
+ * overlap the saved area); inputs may overlap each other. Refused, MLAGEN_EINVAL. */
 typedef struct mlagen_tensors {
   mlagen_tensor q, c_kv, k_rope, w_kv_b; /* inputs */
   mlagen_tensor o;                       /* forward output */
@@ -401,8 +404,11 @@ typedef struct mlagen_tensors {
  *                     cu_seqlens not NULL or n_cu_seqlens not 0; workspace NULL (when
  *                     workspace_bytes is needed),
  *                     workspace_bytes too small, or workspace not 16-byte aligned; the
- *                     same for saved; a pass of the plan already running (called from
- *                     one of its collective callbacks: mlagen_comm_ops).
+ *                     same for saved; memory the pass writes overlapping another buffer
+ *                     of the call (mlagen_tensors: the message names both, "tensors->dq
+ *                     (0x..., 512 bytes) and tensors->q (...) overlap"); a pass of the
+ *                     plan already running (called from one of its collective
+ *                     callbacks: mlagen_comm_ops).
  *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found, or cuInit failed).
  *   MLAGEN_EINVAL     sp_size > 1 and no communicator (mlagen_plan_set_comm, or
  *                     mlagen_plan_set_comm_ops).

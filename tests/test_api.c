@@ -55,13 +55,20 @@ static mlagen_tensor *tensor_at(mlagen_tensors *t, int i) {
   return i < 10 ? all[i] : NULL;
 }
 
-/* Tensors that match the plan, at distinct fake (aligned, never read) addresses. */
+/* Fake (aligned, never read) addresses of buffers that do not overlap (every buffer these
+ * tests describe is below 64 GiB): tensor i at FAKE_AT(i), the workspace at FAKE_AT(10),
+ * the saved area at FAKE_AT(11). */
+#define FAKE_AT(i) ((void *)(((uintptr_t)1 << 40) + ((uintptr_t)(i) << 36)))
+#define FAKE_WS FAKE_AT(10)
+#define FAKE_SAVED FAKE_AT(11)
+
+/* Tensors that match the plan, at distinct fake addresses (FAKE_AT). */
 static void fill_tensors(mlagen_tensors *t, const mlagen_sizes *z) {
   memset(t, 0, sizeof *t);
   for (int i = 0; i < 10; i++) {
     const mlagen_tensor_info *in = info_at(z, i);
     mlagen_tensor *x = tensor_at(t, i);
-    x->data = (void *)(uintptr_t)(0x10000000u + 0x100000u * (unsigned)i);
+    x->data = FAKE_AT(i);
     x->dtype = in->dtype;
     x->ndim = in->ndim;
     for (int d = 0; d < in->ndim; d++) x->dims[d] = in->dims[d];
@@ -78,8 +85,8 @@ static int setup_fx(void **state, const char *model, mlagen_plan_desc desc) {
     fail_msg("%s", mlagen_last_message(f->ctx));
   assert_int_equal(mlagen_plan_sizes(f->plan, &f->sizes), MLAGEN_OK);
   fill_tensors(&f->t, &f->sizes);
-  f->ws = (void *)(uintptr_t)0x20000000u;
-  f->saved = (void *)(uintptr_t)0x30000000u;
+  f->ws = FAKE_WS;
+  f->saved = FAKE_SAVED;
   *state = f;
   return 0;
 }
@@ -670,8 +677,8 @@ static void test_varlen_plan(void **state) {
     /* the pass's checks (no driver: a pass that gets past them says so) */
     fx f = {.ctx = c, .model = m, .plan = p, .sizes = z};
     fill_tensors(&f.t, &z);
-    f.ws = (void *)(uintptr_t)0x20000000u;
-    f.saved = (void *)(uintptr_t)0x30000000u;
+    f.ws = FAKE_WS;
+    f.saved = FAKE_SAVED;
     int32_t cu[] = {0, 5, 5, 40, 41, 60};
     f.t.cu_seqlens = cu, f.t.n_cu_seqlens = 6;
     assert_int_equal(fwd(&f), MLAGEN_ENODRIVER);

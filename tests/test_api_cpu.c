@@ -252,6 +252,8 @@ typedef struct reentry {
   void *ws, *saved;
   size_t ws_bytes, saved_bytes;
   int destroy; /* 1: the callback destroys the plan; 0: it tries the refused calls */
+  int go_on;   /* 1: after a refused call, the collective as if the other rank held the same
+                * data (P = 2 in one thread), returning 0: the pass succeeds */
   int rc_ops, rc_comm, rc_fwd, rc_wait;
   char msg_ops[512], msg_wait[512];
 } reentry;
@@ -264,6 +266,13 @@ static int reentrant(void *user, const void *send, void *recv, size_t count,
     mlagen_plan_destroy(r->plan);
     return -5;
   }
+  if (r->go_on) { /* f64; count is elements per rank (mlagen_comm_ops) */
+    r->rc_wait = mlagen_plan_set_comm_wait(r->plan, 5);
+    const size_t n = count * sizeof(double);
+    memcpy(recv, send, r->go_on == 1 ? 2 * n : n); /* 1: all_to_all, 2: all_gather, 3: reduce_scatter */
+    if (r->go_on == 2) memcpy((char *)recv + n, send, n);
+    return 0;
+  }
   r->rc_ops = mlagen_plan_set_comm_ops(r->plan, NULL);
   snprintf(r->msg_ops, sizeof r->msg_ops, "%s", mlagen_last_message(r->ctx));
   static int fake_nccl;
@@ -272,6 +281,24 @@ static int reentrant(void *user, const void *send, void *recv, size_t count,
   r->rc_wait = mlagen_plan_set_comm_wait(r->plan, 5);
   snprintf(r->msg_wait, sizeof r->msg_wait, "%s", mlagen_last_message(r->ctx));
   return -5; /* stop the pass */
+}
+
+/* go_on's collectives, as if the other rank held this rank's data (every recv byte
+ * written: test_api_cpu_valgrind reads no uninitialized memory). */
+static int reentrant_a2a(void *user, const void *send, void *recv, size_t count,
+                         mlagen_dtype dtype, void *stream) {
+  ((reentry *)user)->go_on = 1;
+  return reentrant(user, send, recv, count, dtype, stream);
+}
+static int reentrant_gather(void *user, const void *send, void *recv, size_t count,
+                            mlagen_dtype dtype, void *stream) {
+  ((reentry *)user)->go_on = 2;
+  return reentrant(user, send, recv, count, dtype, stream);
+}
+static int reentrant_rs(void *user, const void *send, void *recv, size_t count,
+                        mlagen_dtype dtype, void *stream) {
+  ((reentry *)user)->go_on = 3;
+  return reentrant(user, send, recv, count, dtype, stream);
 }
 
 static void test_comm_reentry(void **state) {
@@ -303,6 +330,19 @@ static void test_comm_reentry(void **state) {
   rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
   expect_msg(ctx, rc, MLAGEN_EIO, "callback returned -5");
   assert_int_equal(mlagen_plan_set_comm_ops(plan, NULL), 0); /* outside a pass: allowed */
+  assert_int_equal(mlagen_plan_set_comm_ops(plan, &ops), 0);
+  /* a refused call inside a pass that then succeeds: the pass's MLAGEN_OK leaves no message
+   * (mlagen.h: "" after a call that succeeded), the callback having seen the refusal */
+  r.go_on = 1;
+  ops.all_to_all = reentrant_a2a, ops.all_gather = reentrant_gather, ops.reduce_scatter = reentrant_rs;
+  assert_int_equal(mlagen_plan_set_comm_ops(plan, &ops), 0);
+  r.rc_wait = 0;
+  rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
+  if (rc) fail_msg("forward with a refused nested call: %s", mlagen_last_message(ctx));
+  assert_int_equal(r.rc_wait, MLAGEN_EINVAL);
+  assert_string_equal(mlagen_last_message(ctx), "");
+  r.go_on = 0;
+  ops.all_to_all = ops.reduce_scatter = ops.all_gather = reentrant;
   assert_int_equal(mlagen_plan_set_comm_ops(plan, &ops), 0);
   /* destroy from a callback: deferred to the end of the pass (valgrind: no leak, no UAF) */
   r.destroy = 1;
@@ -764,6 +804,84 @@ static void test_packed_refusals_write_nothing(void **state) {
   mlagen_context_destroy(ctx);
 }
 
+/* No call works in place (mlagen.h, mlagen_tensors): memory a pass writes that overlaps
+ * another buffer of the call is refused, MLAGEN_EINVAL naming both, before a byte of any
+ * buffer changes; inputs over each other are allowed (read only). */
+static void test_overlap_refused_writes_nothing(void **state) {
+  (void)state;
+  mlagen_context *ctx = NULL;
+  assert_int_equal(mlagen_context_create(&ctx), 0);
+  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
+  mlagen_model *m = make_model(ctx, &s);
+  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA_CP, .batch = 1, .seq = 16, .sp_size = 1,
+                         .causal = 1, .dtype = MLAGEN_DTYPE_F32, .device = MLAGEN_DEVICE_CPU};
+  mlagen_plan *plan = NULL;
+  if (mlagen_plan_create(ctx, m, &pd, &plan)) fail_msg("%s", mlagen_last_message(ctx));
+  mlagen_sizes z;
+  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  const mlagen_tensor_info *all[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.d_o,
+                                     &z.o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
+  /* one arena holds every tensor, the workspace and the saved area, 256 bytes apart */
+  size_t off[12], at = 0;
+  for (int k = 0; k < 10; k++) off[k] = at, at += (all[k]->bytes + 511) / 256 * 256;
+  off[10] = at, at += (z.workspace_bytes + 511) / 256 * 256;
+  off[11] = at, at += (z.saved_bytes + 511) / 256 * 256;
+  unsigned char *arena = aligned_alloc(256, at);
+  float *fa = (float *)arena;
+  for (size_t i = 0; i < at / 4; i++) fa[i] = (float)(1.5 * tu_normal(7, 31, i));
+  unsigned char *before = malloc(at);
+  mlagen_tensors t0 = {0};
+  mlagen_tensor *slot[] = {&t0.q, &t0.c_kv, &t0.k_rope, &t0.w_kv_b, &t0.d_o,
+                           &t0.o, &t0.dq, &t0.dc_kv, &t0.dk_rope, &t0.dw_kv_b};
+  for (int k = 0; k < 10; k++) *slot[k] = tensor_of(arena + off[k], all[k]);
+  unsigned char *ws = arena + off[10], *saved = arena + off[11];
+  /* a good forward first: the backward cases below then refuse a pass that would run */
+  assert_int_equal(mlagen_forward(plan, &t0, ws, z.workspace_bytes, saved, z.saved_bytes, NULL), 0);
+  assert_string_equal(mlagen_last_message(ctx), "");
+  memcpy(before, arena, at);
+  enum { Q, CKV, KR, W, DO, O, DQ, DCKV, DKR, DW };
+  const struct { int pass, field; ptrdiff_t to; const char *a, *b; } bad[] = {
+      /* the field's data moved to `to` bytes into the arena */
+      {1, DQ, -1, "tensors->q (", "tensors->dq ("},            /* dq in place over q */
+      {0, O, -2, "tensors->o (", "tensors->c_kv ("},           /* o over c_kv's last bytes */
+      {1, DCKV, -3, "tensors->dc_kv (", "tensors->dk_rope ("}, /* two outputs over each other */
+      {1, DQ, -4, "tensors->dq (", "saved ("},                 /* an output over the saved area */
+      {0, O, -5, "tensors->o (", "workspace ("},               /* an output over the workspace */
+      {0, -1, 0, "workspace (", "saved ("},                    /* the workspace over saved */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    mlagen_tensors t = t0;
+    mlagen_tensor *ft[] = {&t.q, &t.c_kv, &t.k_rope, &t.w_kv_b, &t.d_o,
+                           &t.o, &t.dq, &t.dc_kv, &t.dk_rope, &t.dw_kv_b};
+    unsigned char *w = ws, *sv = saved;
+    switch (bad[i].to) {
+      case -1: ft[DQ]->data = arena + off[Q]; break;
+      case -2: ft[O]->data = arena + off[CKV] + z.c_kv.bytes - 256; break;
+      case -3: ft[DCKV]->data = arena + off[DKR] + 64; break;
+      case -4: ft[DQ]->data = saved + z.saved_bytes / 2 / 256 * 256; break;
+      case -5: ft[O]->data = ws + 16; break;
+      default: sv = ws + 256; break;
+    }
+    int rc = bad[i].pass ? mlagen_backward(plan, &t, w, z.workspace_bytes, sv, z.saved_bytes, NULL)
+                         : mlagen_forward(plan, &t, w, z.workspace_bytes, sv, z.saved_bytes, NULL);
+    expect_msg(ctx, rc, MLAGEN_EINVAL, bad[i].pass ? "mlagen_backward: " : "mlagen_forward: ");
+    expect_msg(ctx, rc, MLAGEN_EINVAL, bad[i].a);
+    expect_msg(ctx, rc, MLAGEN_EINVAL, bad[i].b);
+    expect_msg(ctx, rc, MLAGEN_EINVAL, "overlap");
+    if (memcmp(before, arena, at)) fail_msg("case %zu: a byte of the arena was written", i);
+  }
+  /* inputs over each other run: k_rope read from q's first rows */
+  mlagen_tensors t = t0;
+  t.k_rope.data = t.q.data;
+  assert_int_equal(mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL), 0);
+  assert_int_equal(mlagen_backward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL), 0);
+  assert_string_equal(mlagen_last_message(ctx), "");
+  free(arena), free(before);
+  mlagen_plan_destroy(plan);
+  mlagen_model_destroy(m);
+  mlagen_context_destroy(ctx);
+}
+
 static void test_cpu_plan_refusals(void **state) {
   (void)state;
   mlagen_context *ctx = NULL;
@@ -793,6 +911,7 @@ int main(void) {
       cmocka_unit_test(test_p2_packed_equal_p1),
       cmocka_unit_test(test_packed_equals_documents),
       cmocka_unit_test(test_packed_refusals_write_nothing),
+      cmocka_unit_test(test_overlap_refused_writes_nothing),
       cmocka_unit_test(test_cpu_plan_refusals),
   };
   const char *filter = getenv("MLAGEN_TEST_FILTER"); /* a cmocka pattern: one test */

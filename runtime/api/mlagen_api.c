@@ -541,6 +541,60 @@ static int check_buffer(const void *buf, size_t bytes, size_t need, const char *
   return 0;
 }
 
+/* Whether slot i is written by a step of pass (mg_pass). */
+static int slot_written(const mg_plan *p, size_t i, mg_pass pass) {
+  int b = mg_plan_find(p, slots[i].name);
+  if (b < 0) return 0;
+  for (int k = 0; k < p->n_steps; k++)
+    if (p->steps[k].pass == pass)
+      for (int j = 0; j < p->steps[k].n_out; j++)
+        if (p->steps[k].out[j] == b) return 1;
+  return 0;
+}
+
+/* The memory of one call: a tensor of the pass, the workspace or the saved area. */
+typedef struct region {
+  const char *what; /* "tensors->dq", "workspace", "saved" */
+  uintptr_t lo, hi; /* [lo, hi) */
+  int written;      /* by this pass */
+} region;
+
+/* No memory the pass writes may share a byte with any other buffer of the call (an input
+ * read after an output that overlaps it was written, or two outputs over each other, gives
+ * wrong results, silently); inputs may overlap each other (read only). */
+static int check_overlap(const mlagen_plan *plan, int pass, const char *fn,
+                         const mlagen_tensors *tensors, const void *workspace,
+                         const void *saved, mg_diag *d) {
+  const mg_pass mpass = pass == MLAGEN_PASS_FORWARD ? MG_FWD : MG_BWD;
+  region r[N_SLOTS + 2];
+  char names[N_SLOTS][24];
+  int n = 0;
+  for (size_t i = 0; i < N_SLOTS; i++) {
+    const mlagen_tensor_info *want =
+        (const mlagen_tensor_info *)((const char *)&plan->sizes + slots[i].i_off);
+    if (!(want->passes & pass) || !want->bytes) continue;
+    const mlagen_tensor *t = (const mlagen_tensor *)((const char *)tensors + slots[i].t_off);
+    snprintf(names[i], sizeof names[i], "tensors->%s", slots[i].field);
+    r[n++] = (region){names[i], (uintptr_t)t->data, (uintptr_t)t->data + want->bytes,
+                      slot_written(&plan->plan, i, mpass)};
+  }
+  if (plan->sizes.workspace_bytes)
+    r[n++] = (region){"workspace", (uintptr_t)workspace,
+                      (uintptr_t)workspace + plan->sizes.workspace_bytes, 1};
+  if (plan->sizes.saved_bytes)
+    r[n++] = (region){"saved", (uintptr_t)saved, (uintptr_t)saved + plan->sizes.saved_bytes,
+                      pass == MLAGEN_PASS_FORWARD};
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++)
+      if ((r[i].written || r[j].written) && r[i].lo < r[j].hi && r[j].lo < r[i].hi)
+        return mg_diag_set(d, MLAGEN_EINVAL, "%s: %s (%p, %zu bytes) and %s (%p, %zu bytes) "
+                           "overlap: memory the pass writes (%s) must not share a byte with "
+                           "another buffer of the call", fn, r[i].what, (void *)r[i].lo,
+                           (size_t)(r[i].hi - r[i].lo), r[j].what, (void *)r[j].lo,
+                           (size_t)(r[j].hi - r[j].lo), r[i].written ? r[i].what : r[j].what);
+  return 0;
+}
+
 static int run_pass(mlagen_plan *plan, mlagen_context *ctx, int pass, const char *fn,
                     const mlagen_tensors *tensors, void *workspace, size_t workspace_bytes,
                     void *saved, size_t saved_bytes, void *stream) {
@@ -556,7 +610,8 @@ static int run_pass(mlagen_plan *plan, mlagen_context *ctx, int pass, const char
   if ((rc = check_cu_seqlens(plan, tensors, fn, d))) return rc;
   if ((rc = check_buffer(workspace, workspace_bytes, plan->sizes.workspace_bytes, "workspace",
                          fn, d)) ||
-      (rc = check_buffer(saved, saved_bytes, plan->sizes.saved_bytes, "saved", fn, d)))
+      (rc = check_buffer(saved, saved_bytes, plan->sizes.saved_bytes, "saved", fn, d)) ||
+      (rc = check_overlap(plan, pass, fn, tensors, workspace, saved, d)))
     return rc;
   const mg_plan *p = &plan->plan;
   const mg_pass mpass = pass == MLAGEN_PASS_FORWARD ? MG_FWD : MG_BWD;
@@ -637,6 +692,8 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
   int rc = run_pass(plan, ctx, pass, fn, tensors, workspace, workspace_bytes, saved,
                     saved_bytes, stream);
   plan->busy = 0;
+  /* a nested call refused during the pass (from a callback) leaves no message behind */
+  if (!rc) mg_diag_clear(&ctx->diag);
   if (plan->destroy_pending) mlagen_plan_destroy(plan);
   return rc;
 }
