@@ -109,10 +109,20 @@ int cli_prepare_rendered(const cli_opts *o, const char *arch, mg_shape *shape,
  * executor falls back. Returns mg_gen_kernel's status (d says why). */
 int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg_diag *d);
 
-/* 1 when specs[i] equals one of specs[0..i) (as cli_render left them): a fallback that is a
- * kernel already listed (attn_fwd_sm90 refusing the shape next to a requested attn_fwd),
- * which generate and compile skip; else 0. */
-int cli_spec_seen(const mg_kernel_spec *specs, int i);
+/* The kernels rendered so far by one generate, or for one arch of compile. */
+typedef struct cli_seen {
+  int n;
+  char name[MG_SPEC_MAX_KERNELS][160];
+  uint64_t hash[MG_SPEC_MAX_KERNELS];
+  size_t len[MG_SPEC_MAX_KERNELS];
+} cli_seen;
+
+/* 1 when a kernel of k's name and source was rendered before (a fallback that is a kernel
+ * already listed: attn_fwd_sm90 refusing the shape next to the attn_fwd it stands in for),
+ * which generate and compile skip; else 0, k recorded in seen (zero it first). A kernel
+ * of a listed name but another source is new here (generate's write then refuses the
+ * name twice). */
+int cli_kernel_seen(cli_seen *seen, const mg_kernel *k);
 
 /* Prints "mlagen: <msg>" to stderr (the message may hold several lines). */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

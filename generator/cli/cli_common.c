@@ -410,8 +410,22 @@ int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg
   return mg_gen_kernel(g, s, k, d);
 }
 
-int cli_spec_seen(const mg_kernel_spec *specs, int i) {
-  for (int j = 0; j < i; j++)
-    if (memcmp(&specs[j], &specs[i], sizeof specs[i]) == 0) return 1;
+/* FNV-1a over the rendered source: two kernels of one name and one source are one kernel. */
+static uint64_t source_hash(const mg_kernel *k) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < k->source_len; i++) h = (h ^ (unsigned char)k->source[i]) * 1099511628211ull;
+  return h;
+}
+
+int cli_kernel_seen(cli_seen *seen, const mg_kernel *k) {
+  const uint64_t h = source_hash(k);
+  for (int j = 0; j < seen->n; j++)
+    if (seen->hash[j] == h && seen->len[j] == k->source_len && !strcmp(seen->name[j], k->name))
+      return 1;
+  if (seen->n < MG_SPEC_MAX_KERNELS) {
+    snprintf(seen->name[seen->n], sizeof seen->name[0], "%s", k->name);
+    seen->hash[seen->n] = h, seen->len[seen->n] = k->source_len;
+    seen->n++;
+  }
   return 0;
 }

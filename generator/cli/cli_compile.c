@@ -97,6 +97,8 @@ int cli_compile(int argc, char **argv) {
       mg_gen_close(g);
       return rc;
     }
+    static cli_seen seen; /* ~20 KiB */
+    seen.n = 0;
     for (int i = 0; i < n && !usage; i++) {
       mg_kernel k;
       if ((rc = cli_render(&o, g, &specs[i], &k, &d))) {
@@ -105,7 +107,7 @@ int cli_compile(int argc, char **argv) {
         usage = rc == MLAGEN_EINVAL;
         continue;
       }
-      if (cli_spec_seen(specs, i)) { /* an arch family's fallback to a kernel already listed */
+      if (cli_kernel_seen(&seen, &k)) { /* an arch family's fallback to a kernel already listed */
         mg_kernel_free(&k);
         continue;
       }

@@ -67,9 +67,11 @@ int cli_generate(int argc, char **argv) {
   mg_diag d = MG_DIAG_INIT;
   mg_kernel kernels[MG_SPEC_MAX_KERNELS];
   int made = 0;
+  static cli_seen seen; /* ~20 KiB */
+  seen.n = 0;
   for (int i = 0; !rc && i < n; i++) {
     rc = cli_render(&o, g, &specs[i], &kernels[made], &d);
-    if (!rc && cli_spec_seen(specs, i)) mg_kernel_free(&kernels[made]); /* a fallback listed */
+    if (!rc && cli_kernel_seen(&seen, &kernels[made])) mg_kernel_free(&kernels[made]); /* a fallback listed */
     else if (!rc) made++;
   }
   if (!rc) rc = mg_gen_write(g, &shape, o.sp, kernels, made, o.out, &d);
