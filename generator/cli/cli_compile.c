@@ -34,15 +34,6 @@ static const char help[] =
 
 #define MAX_ARCH 8
 
-/* sm_<2 or 3 digits>[a|f]: a real target NVRTC can emit a cubin for. */
-static int arch_ok(const char *a) {
-  if (strncmp(a, "sm_", 3) != 0) return 0;
-  size_t digits = strspn(a + 3, "0123456789");
-  const char *rest = a + 3 + digits;
-  int suffix_ok = rest[0] == '\0' || ((rest[0] == 'a' || rest[0] == 'f') && rest[1] == '\0');
-  return digits >= 2 && digits <= 3 && suffix_ok;
-}
-
 int cli_compile(int argc, char **argv) {
   cli_opts o;
   int rc = cli_parse(argc, argv, "model sp dtype set family templates arch cache-dir no-cache", help, &o);
@@ -59,8 +50,10 @@ int cli_compile(int argc, char **argv) {
       return CLI_USAGE;
     }
     if (len < sizeof archbuf[0]) snprintf(archbuf[n_arch], sizeof archbuf[0], "%.*s", (int)len, p);
-    if (len >= sizeof archbuf[0] || !arch_ok(archbuf[n_arch])) {
-      cli_error("--arch: '%.*s' is not a real GPU target such as sm_80 or sm_90a",
+    /* a real target NVRTC can emit a cubin for (mg_arch_sm's rule: sm_90a, sm_100f, ...) */
+    if (len >= sizeof archbuf[0] || mg_arch_sm(archbuf[n_arch]) < 0) {
+      cli_error("--arch: '%.*s' is not a real GPU target such as sm_80 or sm_90a (\"a\" from "
+                "sm_90, \"f\" from sm_100)",
                 len > 32 ? 32 : (int)len, p);
       return CLI_USAGE;
     }

@@ -407,8 +407,8 @@ static int arch_smem_optin(lua_State *L) {
   luaL_buffinit(L, &b);
   luaL_addstring(&b, "unknown GPU architecture '");
   luaL_addstring(&b, name ? name : luaL_typename(L, 1));
-  luaL_addstring(&b, "': no shared-memory limit for it (known: sm_NN with an optional a or f "
-                     "suffix, NN one of");
+  luaL_addstring(&b, "': no shared-memory limit for it (known: sm_NN with an optional a (NN >= "
+                     "90) or f (NN >= 100) suffix, NN one of");
   for (int i = 0; i < MG_ARCH_COUNT; i++) {
     char sm[16];
     snprintf(sm, sizeof sm, " %d", mg_arch_table[i].sm);
