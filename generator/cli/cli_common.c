@@ -40,12 +40,12 @@ static int allowed_has(const char *allowed, const char *name, size_t n) {
   return 0;
 }
 
-static int parse_int(const char *opt, const char *v, int *out) {
+static int parse_int(const char *opt, const char *v, int min, int *out) {
   char *end = NULL;
   errno = 0;
   long x = strtol(v, &end, 10);
-  if (errno || end == v || *end != '\0' || x < 1 || x > 1 << 20) {
-    cli_error("--%s %s: expected an integer from 1 to %d", opt, v, 1 << 20);
+  if (errno || end == v || *end != '\0' || x < min || x > 1 << 20) {
+    cli_error("--%s %s: expected an integer from %d to %d", opt, v, min, 1 << 20);
     return CLI_USAGE;
   }
   *out = (int)x;
@@ -69,12 +69,13 @@ static int set_flag(cli_opts *o, const char *name, size_t n) {
   return 0;
 }
 
-static int parse_u64(const char *opt, const char *v, unsigned long long max, unsigned long long *out) {
+static int parse_u64(const char *opt, const char *v, unsigned long long min, unsigned long long max,
+                     unsigned long long *out) {
   char *end = NULL;
   errno = 0;
   unsigned long long x = strtoull(v, &end, 10);
-  if (errno || end == v || *end || x > max || !(*v >= '0' && *v <= '9')) {
-    cli_error("--%s %s: expected an integer from 0 to %llu", opt, v, max);
+  if (errno || end == v || *end || x < min || x > max || !(*v >= '0' && *v <= '9')) {
+    cli_error("--%s %s: expected an integer from %llu to %llu", opt, v, min, max);
     return CLI_USAGE;
   }
   *out = x;
@@ -142,26 +143,22 @@ int cli_parse(int argc, char **argv, const char *allowed, const char *help, cli_
       }
       o->family[o->n_family++] = v;
     } else if (OPT("min-warps")) {
-      if (parse_int("min-warps", v, &o->min_warps)) return CLI_USAGE;
+      if (parse_int("min-warps", v, 1, &o->min_warps)) return CLI_USAGE;
     }
     else if (OPT("head-groups")) {
-      if (parse_int("head-groups", v, &o->head_groups)) return CLI_USAGE;
+      if (parse_int("head-groups", v, 0, &o->head_groups)) return CLI_USAGE;
     } else if (OPT("cp-head-groups")) {
-      if (parse_int("cp-head-groups", v, &o->cp_head_groups)) return CLI_USAGE;
+      if (parse_int("cp-head-groups", v, 0, &o->cp_head_groups)) return CLI_USAGE;
     } else if (OPT("sp")) {
-      if (parse_int("sp", v, &o->sp)) return CLI_USAGE;
+      if (parse_int("sp", v, 1, &o->sp)) return CLI_USAGE;
     } else if (OPT("batch")) {
-      if (parse_int("batch", v, &o->batch)) return CLI_USAGE;
+      if (parse_int("batch", v, 1, &o->batch)) return CLI_USAGE;
       o->have_batch = 1;
     } else if (OPT("seq")) {
-      if (parse_u64("seq", v, CLI_MAX_SEQ, &u)) return CLI_USAGE;
-      if (u == 0) {
-        cli_error("--seq 0: expected a positive integer");
-        return CLI_USAGE;
-      }
+      if (parse_u64("seq", v, 1, CLI_MAX_SEQ, &u)) return CLI_USAGE;
       o->seq = (long long)u;
     } else if (OPT("seed")) {
-      if (parse_u64("seed", v, ~0ULL, &o->seed)) return CLI_USAGE;
+      if (parse_u64("seed", v, 0, ~0ULL, &o->seed)) return CLI_USAGE;
     } else if (OPT("set")) {
       if (o->n_set == CLI_MAX_SET) {
         cli_error("at most %d --set options", CLI_MAX_SET);
