@@ -69,29 +69,49 @@ static const char help[] =
     "  --device N   with --explain: the device name as the driver reports it\n"
     "               (default \"unknown\": no GPU is queried)\n";
 
-/* --explain: which configuration each kernel would use, and why. */
-static int explain(const cli_opts *o, const mg_shape *shape) {
-  const char *arch = o->arch ? o->arch : "sm_90a", *device = o->device ? o->device : "unknown";
-  const char *kdtype = mg_dtype_spec_name(mg_dtype_of_spec(o->dtype));
+/* --explain's kernels, made before the report is printed (a bad --arch or --templates is
+ * refused before any output). */
+typedef struct explainer {
+  const char *arch, *device, *kdtype;
   mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
-  int n = 0;
-  mg_gen *g = NULL;
+  int n;
+  mg_gen *g;
+} explainer;
+
+/* Checks --arch, lists the kernels and opens the templates. CLI_OK, or CLI_USAGE / CLI_FAIL
+ * with the error printed (nothing to close then). */
+static int explain_open(const cli_opts *o, const mg_shape *shape, explainer *e) {
+  e->arch = o->arch ? o->arch : "sm_90a", e->device = o->device ? o->device : "unknown";
+  e->kdtype = mg_dtype_spec_name(mg_dtype_of_spec(o->dtype));
+  e->n = 0;
+  e->g = NULL;
   mg_diag d = MG_DIAG_INIT;
   mg_tune_limits lim;
-  if (mg_tune_arch_limits(arch, &lim, &d)) { /* one known architecture, as tune takes */
+  if (mg_tune_arch_limits(e->arch, &lim, &d)) { /* one known architecture, as tune takes */
     cli_error("--arch: %s", mg_diag_msg(&d));
     mg_diag_clear(&d);
     return CLI_USAGE;
   }
-  int rc = cli_model_specs(o, shape, o->head_groups, kdtype, specs, MG_SPEC_MAX_KERNELS, &n, &d);
-  for (int i = 0; !rc && i < n; i++) /* the families arch's executor runs (mg_arch_kernel_table) */
-    mg_spec_to_arch(&specs[i], arch, &specs[i]);
-  if (!rc) rc = mg_gen_open(&g, o->templates, &d);
+  int rc = cli_model_specs(o, shape, o->head_groups, e->kdtype, e->specs, MG_SPEC_MAX_KERNELS,
+                           &e->n, &d);
+  for (int i = 0; !rc && i < e->n; i++) /* the families arch's executor runs (mg_arch_kernel_table) */
+    mg_spec_to_arch(&e->specs[i], e->arch, &e->specs[i]);
+  if (!rc) rc = mg_gen_open(&e->g, o->templates, &d);
   if (rc) {
     cli_error("%s", mg_diag_msg(&d));
     mg_diag_clear(&d);
     return CLI_FAIL;
   }
+  return CLI_OK;
+}
+
+/* --explain: which configuration each kernel would use, and why. */
+static int explain(const cli_opts *o, explainer *e) {
+  const char *arch = e->arch, *device = e->device, *kdtype = e->kdtype;
+  const mg_kernel_spec *specs = e->specs;
+  const int n = e->n;
+  mg_gen *g = e->g;
+  mg_diag d = MG_DIAG_INIT;
   printf("\nkernel configurations for %s/%s, S=%lld (bucket %lld), %s%s\n", arch, device, o->seq,
          mg_tune_bucket(o->seq), kdtype,
          strcmp(kdtype, o->dtype) != 0 ? " (the GPU kernels are bf16/fp16; shown for bf16)" : "");
@@ -132,7 +152,6 @@ static int explain(const cli_opts *o, const mg_shape *shape) {
            specs[i].causal ? "causal" : "non-causal", specs[i].heads,
            mg_tune_config_str(&cfg, text, sizeof text), why);
   }
-  mg_gen_close(g);
   mg_diag_clear(&d);
   return status;
 }
@@ -307,9 +326,11 @@ static int parse_seqlens(const char *v, int sp, long long *seq, int32_t **cu, in
 }
 
 /* The rest of `mlagen plan`: every form's plan for these options (cu: the documents of
- * --seqlens, n_cu boundaries; NULL without), printed. */
+ * --seqlens, n_cu boundaries; NULL without), printed; then, with --explain, ex's kernels
+ * (explain_open's; NULL without). */
 static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, double mem,
-                      double mem_gib, mg_dtype dtype, const int32_t *cu, int64_t n_cu) {
+                      double mem_gib, mg_dtype dtype, const int32_t *cu, int64_t n_cu,
+                      explainer *ex) {
   static mg_plan plans[MG_FORM_COUNT];
   mg_plan_cost cost[MG_FORM_COUNT];
   mg_plan_time tm[MG_FORM_COUNT];
@@ -477,7 +498,7 @@ static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, dou
   if (o.steps)
     for (int f = 0; f < MG_FORM_COUNT; f++)
       if (ok[f]) print_steps(&plans[f]);
-  if (o.explain) return explain(&o, &shape);
+  if (ex) return explain(&o, ex);
   return CLI_OK;
 }
 
@@ -511,7 +532,13 @@ int cli_plan(int argc, char **argv) {
     free(cu);
     return rc;
   }
-  rc = plan_forms(o, shape, dev, mem, mem_gib, dtype, cu, n_cu);
+  static explainer ex; /* ~80 KiB of specs */
+  if (o.explain && (rc = explain_open(&o, &shape, &ex))) {
+    free(cu);
+    return rc;
+  }
+  rc = plan_forms(o, shape, dev, mem, mem_gib, dtype, cu, n_cu, o.explain ? &ex : NULL);
+  if (o.explain) mg_gen_close(ex.g);
   free(cu);
   return rc;
 }
