@@ -76,6 +76,16 @@ static void test_atomic_write(void **state) {
   assert_int_equal(mg_fs_read(path, 3, &data, &n, &d), MLAGEN_ELIMIT);
   assert_null(data);
   mg_diag_clear(&d);
+  /* mg_fs_check_writable: yes for a file that exists or not yet in an existing directory,
+   * leaving nothing behind (the count below) and the file unchanged */
+  char fresh[200];
+  snprintf(fresh, sizeof fresh, "%s/not-yet.txt", sub);
+  assert_int_equal(mg_fs_check_writable(path, NULL), 0);
+  assert_int_equal(mg_fs_check_writable(fresh, NULL), 0);
+  assert_false(mg_fs_is_file(fresh));
+  assert_int_equal(mg_fs_read(path, 100, &data, &n, NULL), 0);
+  assert_string_equal(data, "second!");
+  free(data);
   /* no temp files left behind */
   DIR *dp = opendir(sub);
   int entries = 0;
@@ -91,8 +101,14 @@ static void test_atomic_write(void **state) {
   assert_non_null(strstr(mg_diag_msg(&d), "not a regular file"));
   assert_int_equal(mg_fs_write_atomic(sub, "x", 1, &d), MLAGEN_EIO);
   mg_diag_clear(&d);
-  /* a write into a missing directory fails cleanly */
+  assert_int_equal(mg_fs_check_writable(link, &d), MLAGEN_EIO); /* as the write would */
+  assert_non_null(strstr(mg_diag_msg(&d), "not a regular file"));
+  mg_diag_clear(&d);
+  /* a write into a missing directory fails cleanly, and the check says so first */
   snprintf(path, sizeof path, "%s/missing/f.txt", dir);
+  assert_int_equal(mg_fs_check_writable(path, &d), MLAGEN_EIO);
+  assert_non_null(strstr(mg_diag_msg(&d), "missing/f.txt"));
+  mg_diag_clear(&d);
   assert_int_equal(mg_fs_write_atomic(path, "x", 1, &d), MLAGEN_EIO);
   assert_non_null(strstr(mg_diag_msg(&d), "missing/f.txt"));
   mg_diag_clear(&d);

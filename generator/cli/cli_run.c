@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "mg_comm.h"
+#include "mg_fs.h"
 #include "mg_cpu_exec.h"
 #include "mg_plan.h"
 #include "mg_safetensors.h"
@@ -542,6 +543,9 @@ static int run(const cli_opts *o, group *g) {
   mg_dtype dt = strcmp(o->dtype, "f64") == 0 ? MG_F64 : MG_F32;
 
   rc = mg_config_load(o->model, &shape, &d);
+  FAIL_IF(rc != 0, CLI_FAIL);
+  /* --dump is written at the end, by rank 0: a path it cannot write is refused now */
+  rc = g->rank == 0 && o->dump ? mg_fs_check_writable(o->dump, &d) : 0;
   FAIL_IF(rc != 0, CLI_FAIL);
   for (int i = 0; g->rank == 0 && i < shape.n_notes; i++)
     fprintf(stderr, "mlagen: note: %s: %s\n", shape.source, shape.notes[i]);

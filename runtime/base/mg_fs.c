@@ -55,22 +55,41 @@ int mg_fs_read(const char *path, size_t max, char **data, size_t *len, mg_diag *
   return 0;
 }
 
-int mg_fs_write_atomic(const char *path, const void *data, size_t len, mg_diag *d) {
+/* The temp file of mg_fs_write_atomic beside path, created (*tmp malloc'ed, *fd open). */
+static int open_temp(const char *path, char **tmp, int *fd, mg_diag *d) {
   /* rename() would replace a symlink, a FIFO or a device node (as root, /dev/null) */
   struct stat old;
   if (lstat(path, &old) == 0 && !S_ISREG(old.st_mode))
     return mg_diag_set(d, MLAGEN_EIO, "%s: exists and is not a regular file; not replacing it",
                        path);
   size_t n = strlen(path) + 32;
-  char *tmp = malloc(n);
-  if (!tmp) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
-  snprintf(tmp, n, "%s.tmp.XXXXXX", path);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
+  *tmp = malloc(n);
+  if (!*tmp) return mg_diag_set(d, MLAGEN_ENOMEM, "out of memory");
+  snprintf(*tmp, n, "%s.tmp.XXXXXX", path);
+  *fd = mkstemp(*tmp);
+  if (*fd < 0) {
     int rc = mg_diag_set(d, MLAGEN_EIO, "%s: cannot create temp file: %s", path, strerror(errno));
-    free(tmp);
+    free(*tmp);
+    *tmp = NULL;
     return rc;
   }
+  return 0;
+}
+
+int mg_fs_check_writable(const char *path, mg_diag *d) {
+  char *tmp;
+  int fd, rc = open_temp(path, &tmp, &fd, d);
+  if (rc) return rc;
+  close(fd);
+  unlink(tmp);
+  free(tmp);
+  return 0;
+}
+
+int mg_fs_write_atomic(const char *path, const void *data, size_t len, mg_diag *d) {
+  char *tmp;
+  int fd, rc = open_temp(path, &tmp, &fd, d);
+  if (rc) return rc;
   const char *p = data;
   size_t left = len;
   while (left > 0) {

@@ -20,6 +20,12 @@ int mg_fs_read(const char *path, size_t max, char **data, size_t *len, mg_diag *
  * refused. Errors: MLAGEN_EIO. */
 int mg_fs_write_atomic(const char *path, const void *data, size_t len, mg_diag *d);
 
+/* Whether mg_fs_write_atomic(path, ...) could write there now: path is not an existing
+ * non-regular file and a temp file can be created (and is removed) in its directory. For
+ * a long job that writes its result at the end: checked before the work. Errors:
+ * MLAGEN_EIO (the message as mg_fs_write_atomic's), MLAGEN_ENOMEM. */
+int mg_fs_check_writable(const char *path, mg_diag *d);
+
 /* mkdir -p with mode 0755. Errors: MLAGEN_EIO. */
 int mg_fs_mkdirs(const char *path, mg_diag *d);
 
