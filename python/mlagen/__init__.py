@@ -7,9 +7,11 @@
 See docs/torch.md.
 """
 import ctypes
+import itertools
 import json
 import os
 import tempfile
+import weakref
 
 from . import _capi
 from ._capi import MlagenError
@@ -25,20 +27,57 @@ def token_positions(form, seq, sp_size, sp_rank):
     causal work is even (chunks r and 2P - 1 - r of 2P for even seq / sp_size; see
     mlagen_plan_desc.sp_rank in include/mlagen.h). Shard a global [B, S, ...] tensor x with
     x[:, token_positions(...)]. Raises ValueError for an unknown form, MlagenError (the C
-    API's message, mlagen_token_position) for a bad seq, sp_size or sp_rank."""
+    API's message, mlagen_token_position) for a bad seq, sp_size or sp_rank, ValueError for
+    one beyond int64 (seq) or a C int (the others), TypeError for one that is not an
+    integer."""
     if form not in _capi.FORMS:
         raise ValueError(f"token_positions: form = {form!r}; one of {', '.join(_capi.FORMS)}")
-    for what, v in (("seq", seq), ("sp_size", sp_size), ("sp_rank", sp_rank)):
-        if what != "seq":
-            _capi.check_c_int(f"token_positions: {what}", int(v))
+    seq, sp_size, sp_rank = (_capi.check_int64(f"token_positions: {what}", v) for what, v in
+                             (("seq", seq), ("sp_size", sp_size), ("sp_rank", sp_rank)))
+    for what, v in (("sp_size", sp_size), ("sp_rank", sp_rank)):
+        _capi.check_c_int(f"token_positions: {what}", v)
     L = _capi.lib()
-    desc = _capi.PlanDesc(_capi.FORMS[form], 1, int(seq), int(sp_rank), int(sp_size), 0, 0, 0, 0)
-    n = int(seq) // int(sp_size) if int(sp_size) > 0 else 0
+    desc = _capi.PlanDesc(_capi.FORMS[form], 1, seq, sp_rank, sp_size, 0, 0, 0, 0)
+    n = seq // sp_size if sp_size > 0 else 0
     out, pos = [], ctypes.c_int64()
     for i in range(max(n, 1)):
         _capi.check(L.mlagen_token_position(ctypes.byref(desc), i, ctypes.byref(pos)), None)
         out.append(pos.value)
     return out
+
+
+class _Owner:
+    """A model and a plan cache, which mlagen.torch's custom ops reach by an int key (their
+    arguments are tensors and plain values). Made when the Model (or MLACoreAttention) is,
+    not at the op's first call, so that torch.compile(fullgraph=True) traces a first call
+    too (a weak reference made inside the traced code breaks the graph). Keys come from a
+    counter, never reused (an id() could name a later owner once this one is freed); the
+    autograd node of a forward holds its owner, so backward finds it even when nothing
+    else does."""
+
+    def __init__(self, model, plans):
+        self.model, self.plans = model, plans
+        self.key = next(_KEYS)
+        _OWNERS[self.key] = self
+
+
+_OWNERS = weakref.WeakValueDictionary()
+_KEYS = itertools.count(1)
+
+
+def _model_from_desc(heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+                     softmax_scale):
+    """A Model of these dims and softmax scale (mlagen_model_from_desc): how a Model is
+    copied and unpickled (Model.__reduce__)."""
+    m = Model.__new__(Model)
+    m._ctx = _capi.Context()
+    d = _capi.ModelDesc(heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
+                        softmax_scale)
+    h = ctypes.c_void_p()
+    _capi.check(_capi.lib().mlagen_model_from_desc(m._ctx.handle, ctypes.byref(d),
+                                                   ctypes.byref(h)), m._ctx.handle)
+    m._adopt(h)
+    return m
 
 
 class Model:
@@ -51,7 +90,9 @@ class Model:
     computes it. Raises MlagenError with the C API's message for a bad config.
 
     Attributes: heads, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim,
-    softmax_scale. Plans made for this model are cached on it (see mlagen.torch)."""
+    softmax_scale. Plans made for this model are cached on it (see mlagen.torch).
+    copy.deepcopy and pickle (torch.save of a module holding one) give a Model of the same
+    dims and softmax scale, with an empty plan cache."""
 
     def __init__(self, config):
         L = _capi.lib()
@@ -71,6 +112,11 @@ class Model:
         finally:
             if tmp:
                 os.unlink(tmp)
+        self._adopt(h)
+
+    def _adopt(self, h):
+        """Takes the mlagen_model h: its dims, an empty plan cache, an owner."""
+        L = _capi.lib()
         self._handle = h
         self._destroy = L.mlagen_model_destroy
         d = _capi.ModelDesc()
@@ -82,6 +128,11 @@ class Model:
         self.v_head_dim = d.v_head_dim
         self.softmax_scale = d.softmax_scale
         self.plans = {}  # key -> mlagen.torch's plan objects
+        self._owner = _Owner(self, self.plans)
+
+    def __reduce__(self):
+        return (_model_from_desc, (self.heads, self.kv_lora_rank, self.qk_rope_head_dim,
+                                   self.qk_nope_head_dim, self.v_head_dim, self.softmax_scale))
 
     @staticmethod
     def _as_path(config):

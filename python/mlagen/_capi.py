@@ -75,6 +75,17 @@ def check_c_int(what, v):
         raise ValueError(f"{what} = {v} does not fit a C int [{INT_MIN}, {INT_MAX}]")
 
 
+def check_int64(what, v):
+    """v as an int: TypeError unless it is an integer (a bool, a float or a str is not: int()
+    would truncate 2.7 to 2), ValueError when it does not fit int64 (ctypes would wrap it)."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise TypeError(f"{what} = {v!r} is a {type(v).__name__}, not an integer")
+    v = v.__index__()
+    if not -2**63 <= v < 2**63:
+        raise ValueError(f"{what} = {v} does not fit int64")
+    return v
+
+
 class MlagenError(RuntimeError):
     """A failed C API call: .status (the negative MLAGEN_E* code), .status_name
     ("MLAGEN_EINVAL") and the C API's message (mlagen_last_message) as str(e)."""
@@ -119,6 +130,7 @@ def lib():
                 "mlagen_context_destroy": (None, [P]),
                 "mlagen_last_message": (ctypes.c_char_p, [P]),
                 "mlagen_model_from_config": (I, [P, ctypes.c_char_p, ctypes.POINTER(P)]),
+                "mlagen_model_from_desc": (I, [P, ctypes.POINTER(ModelDesc), ctypes.POINTER(P)]),
                 "mlagen_model_get_desc": (I, [P, ctypes.POINTER(ModelDesc)]),
                 "mlagen_model_destroy": (None, [P]),
                 "mlagen_plan_create": (I, [P, P, ctypes.POINTER(PlanDesc), ctypes.POINTER(P)]),

@@ -15,14 +15,12 @@ on the CPU device of the C API; CUDA tensors (bfloat16, float16) run the CUDA ex
 the current stream. Errors of the C API raise mlagen.MlagenError with its message.
 """
 import ctypes
-import itertools
-import weakref
 from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from . import Model, _capi
+from . import _OWNERS, Model, _capi, _Owner
 from ._capi import MlagenError
 
 __all__ = ["mla_attention", "MLACoreAttention", "MlagenError"]
@@ -178,27 +176,9 @@ def _area(nbytes, device):
     return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
 
 
-class _Owner:
-    """A model and a plan cache, which the custom ops reach by an int key (their arguments
-    are tensors and plain values). Keys come from a counter, never reused (an id() could
-    name a later owner once this one is freed); the autograd node of a forward holds its
-    owner (_setup_context), so backward finds it even when nothing else does."""
-
-    def __init__(self, model, plans):
-        self.model, self.plans = model, plans
-        self.key = next(_KEYS)
-        _OWNERS[self.key] = self
-
-
-_OWNERS = weakref.WeakValueDictionary()
-_KEYS = itertools.count(1)
-
-
 def _owner_of(model):
-    o = getattr(model, "_torch_owner", None)
-    if o is None:
-        o = model._torch_owner = _Owner(model, model.plans)
-    return o
+    """The model's owner (mlagen._Owner, made with the Model): its plans in model.plans."""
+    return model._owner
 
 
 def _group_of(sp_group):
@@ -322,9 +302,12 @@ def _check(tensors, cu_seqlens, fn):
         if t.device != q.device:
             raise ValueError(f"{fn}: {name} is on {t.device}, q on {q.device}: all four "
                              "tensors must be on one device")
-    if q.dim() < 2:
-        want = "[T_l, H, d_n + d_r]" if cu_seqlens is not None else "[B, S_l, H, d_n + d_r]"
-        raise ValueError(f"{fn}: q must be a tensor {want}, got {tuple(q.shape)}")
+        if t.dtype not in _DTYPE_CODE:
+            raise ValueError(f"{fn}: {name} is {t.dtype}: mlagen takes float32 and float64 "
+                             "(cpu), bfloat16 and float16 (cuda)")
+    if cu_seqlens is None and q.dim() != 4:
+        raise ValueError(f"{fn}: q must be a tensor [B, S_l, H, d_n + d_r] (or, with "
+                         f"cu_seqlens, [T_l, H, d_n + d_r]), got {tuple(q.shape)}")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{fn}: tensors on {q.device}: mlagen runs on cpu and cuda")
     if cu_seqlens is None:
@@ -373,10 +356,12 @@ def mla_attention(q, c_kv, k_rope, w_kv_b, *, model, form="laga", causal=True, s
     plan depends on T_cap only, not on the documents.
     Raises MlagenError (the C API's message) for a bad shape, dtype or group, or bad
     boundaries (naming the index: "tensors->cu_seqlens[3] = 10 is below ..."); ValueError
-    for tensors on different devices, an unsupported device, an unknown form, a batch or
-    head_groups beyond a C int, cu_seqlens not 1-D int32/int64 or an int64 value beyond
-    int32 (naming the index), or q not 3-d with cu_seqlens; TypeError for cu_seqlens not
-    a tensor.
+    for tensors on different devices, an unsupported device or dtype (naming the tensor),
+    an unknown form, a batch or head_groups beyond a C int, cu_seqlens not 1-D int32/int64
+    or an int64 value beyond int32 (naming the index), q not 4-d without cu_seqlens or not
+    3-d with them; TypeError for cu_seqlens not a tensor.
+    Under torch.compile(fullgraph=True), pass a Model made outside the compiled code (a
+    dict or path makes one at every call, which the graph cannot hold).
     Registered as the custom ops mlagen::mla_attention_fwd / _bwd (torch.library)."""
     if not isinstance(model, Model):
         model = Model(model)
@@ -389,12 +374,24 @@ class MLACoreAttention(torch.nn.Module):
     forward(q, c_kv, k_rope, w_kv_b, cu_seqlens=None) -> o, as mla_attention (cu_seqlens:
     packed sequences, THD tensors). config: an mlagen.Model or anything it accepts. One
     plan is cached per (B, S, dtype, device) of the inputs, and one per (T_cap, dtype,
-    device) for packed sequences whatever their documents."""
+    device) for packed sequences whatever their documents. copy.deepcopy and pickle
+    (torch.save) work; the copy starts with an empty plan cache."""
 
     def __init__(self, config, form="laga", sp_group=None, causal=True, head_groups=0):
         super().__init__()
         self.model = config if isinstance(config, Model) else Model(config)
         self.form, self.sp_group, self.causal, self.head_groups = form, sp_group, causal, head_groups
+        self._plans = {}
+        self._owner = _Owner(self.model, self._plans)
+
+    def __getstate__(self):
+        # copy.deepcopy, pickle: the plan cache (C handles) stays behind, rebuilt empty
+        state = self.__dict__.copy()
+        del state["_plans"], state["_owner"]
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
         self._plans = {}
         self._owner = _Owner(self.model, self._plans)
 

@@ -1,9 +1,10 @@
 """mlagen.torch.mla_attention on the CPU device at P = 1: gradcheck in float64 for every
 form; outputs and every gradient against the float64 reference (common.reference) in
 float64 and float32; MLACoreAttention's plan cache; bad input raises with the C API's
-message; torch.compile keeps the op in its graph; packed sequences (cu_seqlens) against
+message; MLACoreAttention and Model survive copy.deepcopy and torch.save/load; torch.compile
+keeps the op in its graph (a model's first call too); packed sequences (cu_seqlens) against
 each document run alone. Usage: test_torch_op.py
-[gradcheck|values|errors|compiled|packed] (no argument: all)."""
+[gradcheck|values|errors|copies|compiled|packed] (no argument: all)."""
 import sys
 
 from common import (FORMS, TINY, TOL, check_close, inputs, packed_reference, packed_stream,
@@ -88,6 +89,14 @@ def compiled():
         o = mt.mla_attention(q, c, k, w, model=model, form="laga-f")
         return (o * o).sum()
 
+    # first: a Model the op has never seen, compiled before any eager call (its first
+    # call used to make the model's owner inside the traced code: a graph break)
+    fresh = mlagen.Model(TINY)
+    cg = torch.compile(lambda q, c, k, w: mt.mla_attention(q, c, k, w, model=fresh, form="laga"),
+                       backend="aot_eager", fullgraph=True)
+    got0 = cg(*x)
+    assert torch.equal(got0, mt.mla_attention(*x, model=fresh, form="laga"))
+    print("torch.compile(fullgraph=True) of a model's first call: one graph, equal to eager")
     want = f(*x)
     want_g = torch.autograd.grad(want, x)
     cf = torch.compile(f, backend="aot_eager", fullgraph=True)
@@ -125,11 +134,12 @@ def errors():
            "MLAGEN_EINVAL", "tensors->c_kv.dims[1] = 7")
     expect("wrong w_kv_b", lambda: run(q, c, k, w[:-1]), mlagen.MlagenError,
            "tensors->w_kv_b.dims[0]")
-    expect("q rank", lambda: run(q[0], c, k, w), mlagen.MlagenError, "tensors->q.ndim = 3")
+    expect("q rank", lambda: run(q[0], c, k, w), ValueError, "[B, S_l, H, d_n + d_r]",
+           "cu_seqlens", "got (8, 4, 32)")
     expect("wrong dtype", lambda: run(q, c.float(), k, w), mlagen.MlagenError,
            "tensors->c_kv.dtype is f32, the plan expects f64")
-    expect("int dtype", lambda: run(q, c.long(), k, w), mlagen.MlagenError,
-           "tensors->c_kv.dtype = 0 is not an mlagen_dtype")
+    expect("int dtype", lambda: run(q, c.long(), k, w), ValueError, "c_kv is torch.int64")
+    expect("int q", lambda: run(q.int(), c, k, w), ValueError, "q is torch.int32")
     expect("bf16 on the CPU", lambda: run(*(t.bfloat16() for t in (q, c, k, w))),
            mlagen.MlagenError, "MLAGEN_EUNSUPPORTED", "CPU device")
     expect("wrong device", lambda: run(q, c.to("meta"), k, w), ValueError, "c_kv is on meta")
@@ -148,6 +158,43 @@ def errors():
            "MLAGEN_ECONFIG", "kv_lora_rank")
     expect("missing file", lambda: mlagen.Model("/nonexistent/config.json"), mlagen.MlagenError,
            "MLAGEN_EIO")
+    # token_positions: seq beyond int64 or not an integer (ctypes used to wrap 2**64 + 8 to 8
+    # and int() truncated 2.7 to 2)
+    expect("seq beyond int64", lambda: mlagen.token_positions("laga", 2**64 + 8, 2, 0),
+           ValueError, "seq = 18446744073709551624 does not fit int64")
+    expect("float seq", lambda: mlagen.token_positions("laga", 2.7, 1, 0), TypeError,
+           "seq = 2.7 is a float")
+    expect("sp_size beyond int", lambda: mlagen.token_positions("laga", 8, 2**32 + 2, 0),
+           ValueError, "sp_size = 4294967298 does not fit a C int")
+    assert mlagen.token_positions("laga-cp", 8, 2, 1) == [2, 3, 4, 5]
+
+
+def copies():
+    """copy.deepcopy and torch.save / torch.load of MLACoreAttention (and of a Model): the
+    copy computes what the original does, bit for bit, with a plan cache of its own."""
+    import copy
+    import io
+    core = mt.MLACoreAttention(mlagen.Model(TINY), form="laga-r")
+    x = inputs(core.model, 1, 12, torch.float64, seed=6)
+    want = core(*x)
+    want_g = torch.autograd.grad(want.sum(), x)
+    buf = io.BytesIO()
+    torch.save(core, buf)
+    buf.seek(0)
+    for name, c in (("deepcopy", copy.deepcopy(core)),
+                    ("torch.save/load", torch.load(buf, weights_only=False))):
+        assert c.model is not core.model and c._plans is not core._plans and not c._plans
+        assert c._owner.key != core._owner.key
+        assert (c.model.heads, c.model.softmax_scale) == (core.model.heads, core.model.softmax_scale)
+        got = c(*x)
+        assert torch.equal(got, want), name
+        for a, b in zip(torch.autograd.grad(got.sum(), x), want_g):
+            assert torch.equal(a, b), name
+        print(f"MLACoreAttention {name}: equal to the original, plans of its own")
+    m = copy.deepcopy(core.model)
+    o = mt.mla_attention(*x, model=m, form="laga-r")
+    assert torch.equal(o, want) and m.plans and m.plans is not core.model.plans
+    print("Model deepcopy: equal results, plans of its own")
 
 
 def packed():
@@ -223,7 +270,8 @@ def packed():
 
 
 if __name__ == "__main__":
-    parts = {"gradcheck": gradcheck, "values": values, "errors": errors, "compiled": compiled,
+    parts = {"gradcheck": gradcheck, "values": values, "errors": errors, "copies": copies,
+             "compiled": compiled,
              "packed": packed}
     for name in sys.argv[1:] or parts:
         parts[name]()
