@@ -570,6 +570,32 @@ static void test_store_int_fields_checked(void **state) {
   assert_non_null(strstr(mg_diag_msg(&d), "invalid 'config'"));
   mg_diag_clear(&d);
   free(t);
+  /* timings above 0, a rate 0 or above (a layout kernel's is 0): else corrupt, naming it */
+  static const struct { const char *key, *val; int ok; } timing[] = {
+      {"p50_ms", "-1", 0}, {"p50_ms", "0", 0}, {"p20_ms", "-0.5", 0}, {"p80_ms", "0", 0},
+      {"tflops", "-3", 0}, {"tflops", "0", 1}};
+  for (size_t i = 0; i < sizeof timing / sizeof timing[0]; i++) {
+    t = with_number(text, timing[i].key, timing[i].val);
+    const int rc = mg_tune_store_parse(t, strlen(t), "ints.json", &st, &d);
+    char want[64];
+    snprintf(want, sizeof want, "invalid '%s'", timing[i].key);
+    if (timing[i].ok ? rc != 0 : rc != MLAGEN_ECONFIG || !strstr(mg_diag_msg(&d), want))
+      fail_msg("%s = %s: rc %d, %s", timing[i].key, timing[i].val, rc, mg_diag_msg(&d));
+    if (!rc) mg_tune_store_free(&st);
+    mg_diag_clear(&d);
+    free(t);
+  }
+  /* a configuration naming no tunable ("config": {}) */
+  const char *cfg = strstr(text, "\"config\":");
+  assert_non_null(cfg);
+  const char *open = strchr(cfg, '{'), *close = strchr(open, '}');
+  const size_t len2 = strlen(text) + 1;
+  t = malloc(len2);
+  snprintf(t, len2, "%.*s{}%s", (int)(open - text), text, close + 1);
+  assert_int_equal(mg_tune_store_parse(t, strlen(t), "ints.json", &st, &d), MLAGEN_ECONFIG);
+  if (!strstr(mg_diag_msg(&d), "invalid 'config'")) fail_msg("config {}: %s", mg_diag_msg(&d));
+  mg_diag_clear(&d);
+  free(t);
   free(text);
 }
 

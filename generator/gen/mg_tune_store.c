@@ -93,6 +93,7 @@ static int config_from_json(const cJSON *obj, mg_tune_config *c) {
     c->v[c->n].value = (long)it->valuedouble;
     c->n++;
   }
+  if (c->n == 0) return -1; /* every family has tunables: "{}" names no configuration */
   config_sort(c);
   return 0;
 }
@@ -264,6 +265,15 @@ static double num(const cJSON *o, const char *key, const char **bad) {
   return v->valuedouble;
 }
 
+/* A timing: a number above 0 (a time of 0 or below was never measured); a rate
+ * (zero_ok): 0 or above (a layout kernel does no FLOPs). */
+static double positive(const cJSON *o, const char *key, int zero_ok, const char **bad) {
+  const char *was = *bad;
+  double v = num(o, key, bad);
+  if (*bad == was && !(v > 0 || (zero_ok && v == 0)) && !*bad) *bad = key;
+  return v;
+}
+
 /* An integral number in [lo, hi]; anything else (1e300, 2.5, -1 for a count) sets *bad
  * and reads as 0, so no out-of-range double is ever cast. */
 static long long inum(const cJSON *o, const char *key, long long lo, long long hi,
@@ -315,10 +325,10 @@ static int read_entry(const cJSON *o, mg_tune_entry *e, const char **bad) {
   str(o, "template_hash", e->template_hash, sizeof e->template_hash, 1, bad);
   if (config_from_json(cJSON_GetObjectItemCaseSensitive(o, "config"), &e->config) && !*bad)
     *bad = "config";
-  e->p20_ms = num(o, "p20_ms", bad);
-  e->p50_ms = num(o, "p50_ms", bad);
-  e->p80_ms = num(o, "p80_ms", bad);
-  e->tflops = num(o, "tflops", bad);
+  e->p20_ms = positive(o, "p20_ms", 0, bad);
+  e->p50_ms = positive(o, "p50_ms", 0, bad);
+  e->p80_ms = positive(o, "p80_ms", 0, bad);
+  e->tflops = positive(o, "tflops", 1, bad);
   const cJSON *cands = cJSON_GetObjectItemCaseSensitive(o, "candidates");
   if (!cJSON_IsArray(cands) && !*bad) *bad = "candidates";
   if (*bad) return -1;
@@ -345,9 +355,9 @@ static int read_entry(const cJSON *o, mg_tune_entry *e, const char **bad) {
         *bad = "candidates[].verdict";
     }
     if (t->verdict == MG_TUNE_KEPT) {
-      t->p20_ms = num(c, "p20_ms", bad);
-      t->p50_ms = num(c, "p50_ms", bad);
-      t->p80_ms = num(c, "p80_ms", bad);
+      t->p20_ms = positive(c, "p20_ms", 0, bad);
+      t->p50_ms = positive(c, "p50_ms", 0, bad);
+      t->p80_ms = positive(c, "p80_ms", 0, bad);
     } else {
       str(c, "reason", t->reason, sizeof t->reason, 1, bad);
     }
