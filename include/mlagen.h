@@ -144,7 +144,9 @@ typedef struct mlagen_plan mlagen_plan;
 int mlagen_context_create(mlagen_context **ctx);
 
 /* Destroys a context and its message. NULL is a no-op. Plans made through it stay
- * allocated until mlagen_plan_destroy (see Lifetimes). */
+ * allocated until mlagen_plan_destroy (see Lifetimes). Called from a collective callback
+ * of one of its plans' passes (mlagen_comm_ops), the context is unusable at once and
+ * freed when the pass returns (its message then lost). */
 void mlagen_context_destroy(mlagen_context *ctx);
 
 /* The message of the last call made through ctx: "" when it succeeded. With ctx NULL:
@@ -495,7 +497,8 @@ int mlagen_plan_set_comm(mlagen_plan *plan, void *nccl_comm);
  * mlagen_plan_set_comm_ops, mlagen_plan_set_comm, mlagen_plan_set_comm_wait,
  * mlagen_forward and mlagen_backward on it are refused (MLAGEN_EINVAL "the plan is running
  * a pass ...": they would change or free what the pass is using), and mlagen_plan_destroy
- * is deferred to the pass's return. */
+ * is deferred to the pass's return, as is the freeing of the plan's context by
+ * mlagen_context_destroy. */
 typedef struct mlagen_comm_ops {
   int size; /* ranks in the group: the plan's sp_size */
   int rank; /* this process's rank in it: the plan's sp_rank */

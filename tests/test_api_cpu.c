@@ -251,7 +251,8 @@ typedef struct reentry {
   const mlagen_tensors *t;
   void *ws, *saved;
   size_t ws_bytes, saved_bytes;
-  int destroy; /* 1: the callback destroys the plan; 0: it tries the refused calls */
+  int destroy; /* 1: the callback destroys the plan, 2: its context; 0: it tries the
+                * refused calls */
   int go_on;   /* 1: after a refused call, the collective as if the other rank held the same
                 * data (P = 2 in one thread), returning 0: the pass succeeds */
   int rc_ops, rc_comm, rc_fwd, rc_wait;
@@ -262,6 +263,10 @@ static int reentrant(void *user, const void *send, void *recv, size_t count,
                      mlagen_dtype dtype, void *stream) {
   (void)send, (void)recv, (void)count, (void)dtype, (void)stream;
   reentry *r = user;
+  if (r->destroy == 2) { /* the plan's context: freed when the pass returns */
+    mlagen_context_destroy(r->ctx);
+    return -5;
+  }
   if (r->destroy) {
     mlagen_plan_destroy(r->plan);
     return -5;
@@ -349,6 +354,23 @@ static void test_comm_reentry(void **state) {
   rc = mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
   expect_msg(ctx, rc, MLAGEN_EIO, "callback returned -5");
   sp_fixture_free(&f, 0); /* the callback destroyed the plan */
+
+  /* the context destroyed from a callback: the pass still returns its status (the context
+   * freed then: valgrind sees no use after free), the plan refuses every call but destroy */
+  sp_fixture_init(&f, 0, 1);
+  reentry r2 = {.plan = f.plan, .ctx = f.ctx, .t = &f.t, .destroy = 2};
+  ops.user = &r2;
+  assert_int_equal(mlagen_plan_set_comm_ops(f.plan, &ops), 0);
+  rc = mlagen_forward(f.plan, &f.t, f.ws, f.z.workspace_bytes, f.saved, f.z.saved_bytes, NULL);
+  assert_int_equal(rc, MLAGEN_EIO);
+  rc = mlagen_forward(f.plan, &f.t, f.ws, f.z.workspace_bytes, f.saved, f.z.saved_bytes, NULL);
+  assert_int_equal(rc, MLAGEN_EINVAL);
+  if (!strstr(mlagen_last_message(NULL), "its context was destroyed"))
+    fail_msg("forward after the context's destroy: '%s'", mlagen_last_message(NULL));
+  mlagen_plan_destroy(f.plan);
+  mlagen_model_destroy(f.m);
+  for (int k = 0; k < 4; k++) free(f.in[k]);
+  free(f.o), free(f.ws), free(f.saved);
 }
 
 /* ---- P = 2 over working callbacks, in one process ---------------------------------------- */

@@ -30,6 +30,8 @@ struct mlagen_context {
   uint64_t id;          /* unique for the life of the process */
   mlagen_context *next; /* the registry's list */
   mg_diag diag;         /* the last call's message */
+  int passes;           /* passes of its plans running on this thread (a callback's nesting) */
+  int destroy_pending;  /* destroyed from a callback: freed when the last pass returns */
 };
 
 struct mlagen_model {
@@ -125,6 +127,10 @@ void mlagen_context_destroy(mlagen_context *ctx) {
       break;
     }
   pthread_mutex_unlock(&registry_lock);
+  if (ctx->passes) { /* from a collective callback: the pass still writes its message here */
+    ctx->destroy_pending = 1;
+    return;
+  }
   mg_diag_clear(&ctx->diag);
   free(ctx);
 }
@@ -689,11 +695,17 @@ static int run(mlagen_plan *plan, int pass, const char *fn, const mlagen_tensors
                        "collective callback must not call back into the API for its own "
                        "plan", fn);
   plan->busy = 1;
+  ctx->passes++;
   int rc = run_pass(plan, ctx, pass, fn, tensors, workspace, workspace_bytes, saved,
                     saved_bytes, stream);
   plan->busy = 0;
-  /* a nested call refused during the pass (from a callback) leaves no message behind */
-  if (!rc) mg_diag_clear(&ctx->diag);
+  if (--ctx->passes == 0 && ctx->destroy_pending) { /* destroyed from a callback */
+    mg_diag_clear(&ctx->diag);
+    free(ctx);
+  } else if (!rc) {
+    /* a nested call refused during the pass (from a callback) leaves no message behind */
+    mg_diag_clear(&ctx->diag);
+  }
   if (plan->destroy_pending) mlagen_plan_destroy(plan);
   return rc;
 }
