@@ -411,7 +411,7 @@ typedef struct mlagen_tensors {
  *                     (0x..., 512 bytes) and tensors->q (...) overlap"); a pass of the
  *                     plan already running (called from one of its collective
  *                     callbacks: mlagen_comm_ops).
- *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found, or cuInit failed).
+ *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found or not loadable, or cuInit failed).
  *   MLAGEN_EINVAL     sp_size > 1 and no communicator (mlagen_plan_set_comm, or
  *                     mlagen_plan_set_comm_ops).
  *   MLAGEN_EUNSUPPORTED  an f32 or f64 plan on MLAGEN_DEVICE_CUDA (make it for
@@ -554,8 +554,8 @@ typedef struct mlagen_device_info {
 /* Loads the driver (once per process) and describes device `device` (an ordinal).
  * Errors: MLAGEN_EINVAL ctx (message in mlagen_last_message(NULL)) or info NULL, device
  * < 0 or >= the device count; MLAGEN_ENODRIVER no driver (the message says why: "no CUDA
- * driver: libcuda.so.1 not found (dlopen: ...)", or the CUDA error of cuInit), or a
- * driver query failed (names the CUDA error). The environment variable MLAGEN_LIBCUDA,
+ * driver: libcuda.so.1 not found or not loadable (dlopen: ...)", or the CUDA error of
+ * cuInit), or a driver query failed (names the CUDA error). The environment variable MLAGEN_LIBCUDA,
  * read at that first load, replaces the library path (a test seam). */
 int mlagen_get_device_info(mlagen_context *ctx, int device, mlagen_device_info *info);
 

@@ -84,8 +84,8 @@ static void load(void) {
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *why = dlerror();
-    fail(MLAGEN_ENODRIVER, "no CUDA driver: %s%s not found (dlopen: %s)", path, via,
-         why ? why : "unknown error");
+    fail(MLAGEN_ENODRIVER, "no CUDA driver: %s%s not found or not loadable (dlopen: %s)", path,
+         via, why ? why : "unknown error");
     return;
   }
   getproc gp = {NULL, NULL};
