@@ -555,8 +555,8 @@ typedef struct mlagen_device_info {
  * Errors: MLAGEN_EINVAL ctx (message in mlagen_last_message(NULL)) or info NULL, device
  * < 0 or >= the device count; MLAGEN_ENODRIVER no driver (the message says why: "no CUDA
  * driver: libcuda.so.1 not found or not loadable (dlopen: ...)", or the CUDA error of
- * cuInit), or a driver query failed (names the CUDA error). The environment variable MLAGEN_LIBCUDA,
- * read at that first load, replaces the library path (a test seam). */
+ * cuInit), or a driver query failed (names the CUDA error). The environment variable
+ * MLAGEN_LIBCUDA, read at that first load, replaces the library path (a test seam). */
 int mlagen_get_device_info(mlagen_context *ctx, int device, mlagen_device_info *info);
 
 #ifdef __cplusplus
