@@ -762,21 +762,31 @@ static void test_packed_equals_documents(void **state) {
   mlagen_context_destroy(ctx);
 }
 
+/* A laga-cp CPU plan (f32, causal, B = 1, P = 1, H = 4, d 16/16/16, d_c 32) of seq tokens,
+ * packed or not, in a context of its own, with its sizes. */
+static mlagen_plan *small_cpu_plan(int64_t seq, int varlen, mlagen_context **ctx,
+                                   mlagen_model **m, mlagen_sizes *z) {
+  *ctx = NULL;
+  assert_int_equal(mlagen_context_create(ctx), 0);
+  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
+  *m = make_model(*ctx, &s);
+  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA_CP, .batch = 1, .seq = seq, .sp_size = 1,
+                         .causal = 1, .dtype = MLAGEN_DTYPE_F32, .device = MLAGEN_DEVICE_CPU,
+                         .varlen = varlen};
+  mlagen_plan *plan = NULL;
+  if (mlagen_plan_create(*ctx, *m, &pd, &plan)) fail_msg("%s", mlagen_last_message(*ctx));
+  assert_int_equal(mlagen_plan_sizes(plan, z), 0);
+  return plan;
+}
+
 /* Bad documents: MLAGEN_EINVAL naming the index, and not one byte of the outputs, the saved
  * area or the workspace written (each keeps its sentinel). */
 static void test_packed_refusals_write_nothing(void **state) {
   (void)state;
-  mlagen_context *ctx = NULL;
-  assert_int_equal(mlagen_context_create(&ctx), 0);
-  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
-  mlagen_model *m = make_model(ctx, &s);
-  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA_CP, .batch = 1, .seq = DOCS_CAP, .sp_size = 1,
-                         .causal = 1, .dtype = MLAGEN_DTYPE_F32, .device = MLAGEN_DEVICE_CPU,
-                         .varlen = 1};
-  mlagen_plan *plan = NULL;
-  if (mlagen_plan_create(ctx, m, &pd, &plan)) fail_msg("%s", mlagen_last_message(ctx));
+  mlagen_context *ctx;
+  mlagen_model *m;
   mlagen_sizes z;
-  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  mlagen_plan *plan = small_cpu_plan(DOCS_CAP, 1, &ctx, &m, &z);
   const mlagen_tensor_info *all[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.d_o,
                                      &z.o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
   void *buf[10];
@@ -831,16 +841,10 @@ static void test_packed_refusals_write_nothing(void **state) {
  * buffer changes; inputs over each other are allowed (read only). */
 static void test_overlap_refused_writes_nothing(void **state) {
   (void)state;
-  mlagen_context *ctx = NULL;
-  assert_int_equal(mlagen_context_create(&ctx), 0);
-  const mg_shape s = tu_shape(4, 16, 16, 16, 32);
-  mlagen_model *m = make_model(ctx, &s);
-  mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA_CP, .batch = 1, .seq = 16, .sp_size = 1,
-                         .causal = 1, .dtype = MLAGEN_DTYPE_F32, .device = MLAGEN_DEVICE_CPU};
-  mlagen_plan *plan = NULL;
-  if (mlagen_plan_create(ctx, m, &pd, &plan)) fail_msg("%s", mlagen_last_message(ctx));
+  mlagen_context *ctx;
+  mlagen_model *m;
   mlagen_sizes z;
-  assert_int_equal(mlagen_plan_sizes(plan, &z), 0);
+  mlagen_plan *plan = small_cpu_plan(16, 0, &ctx, &m, &z);
   const mlagen_tensor_info *all[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.d_o,
                                      &z.o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
   /* one arena holds every tensor, the workspace and the saved area, 256 bytes apart */
