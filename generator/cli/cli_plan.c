@@ -73,6 +73,7 @@ static const char help[] =
  * refused before any output). */
 typedef struct explainer {
   const char *arch, *device, *kdtype;
+  int mma_sync; /* MLAGEN_MMA_SYNC=1 (mg_spec_mma_sync_forced) */
   mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
   int n;
   mg_gen *g;
@@ -92,10 +93,19 @@ static int explain_open(const cli_opts *o, const mg_shape *shape, explainer *e) 
     mg_diag_clear(&d);
     return CLI_USAGE;
   }
+  int mma_sync = 0; /* MLAGEN_MMA_SYNC=1: the executor runs the portable families */
+  if (mg_spec_mma_sync_forced(&mma_sync, &d)) {
+    cli_error("%s", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return CLI_USAGE;
+  }
+  e->mma_sync = mma_sync;
   int rc = cli_model_specs(o, shape, o->head_groups, e->kdtype, e->specs, MG_SPEC_MAX_KERNELS,
                            &e->n, &d);
-  for (int i = 0; !rc && i < e->n; i++) /* the families arch's executor runs (mg_arch_kernel_table) */
-    mg_spec_to_arch(&e->specs[i], e->arch, &e->specs[i]);
+  for (int i = 0; !rc && i < e->n; i++) { /* the families arch's executor runs (mg_arch_kernel_table) */
+    if (mma_sync) snprintf(e->specs[i].arch, sizeof e->specs[i].arch, "%s", e->arch);
+    else mg_spec_to_arch(&e->specs[i], e->arch, &e->specs[i]);
+  }
   if (!rc) rc = mg_gen_open(&e->g, o->templates, &d);
   if (rc) {
     cli_error("%s", mg_diag_msg(&d));
@@ -115,6 +125,9 @@ static int explain(const cli_opts *o, explainer *e) {
   printf("\nkernel configurations for %s/%s, S=%lld (bucket %lld), %s%s\n", arch, device, o->seq,
          mg_tune_bucket(o->seq), kdtype,
          strcmp(kdtype, o->dtype) != 0 ? " (the GPU kernels are bf16/fp16; shown for bf16)" : "");
+  if (e->mma_sync)
+    printf("MLAGEN_MMA_SYNC=%s: the portable (mma.sync) families, as the CUDA executor runs "
+           "them under it\n", getenv("MLAGEN_MMA_SYNC"));
   printf("tuned stores read from %s (%s)\n", mg_tune_store_dir(),
          getenv("MLAGEN_TUNED_DIR") && *getenv("MLAGEN_TUNED_DIR")
              ? "$MLAGEN_TUNED_DIR"

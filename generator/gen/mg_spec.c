@@ -117,6 +117,23 @@ int mg_family_runs_on(const char *family, const char *arch) {
   return 0;
 }
 
+int mg_spec_mma_sync_forced(int *on, mg_diag *d) {
+  static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no", "off"};
+  const char *v = getenv("MLAGEN_MMA_SYNC");
+  *on = 0;
+  if (!v || !*v) return 0;
+  char low[8];
+  size_t n = 0;
+  for (; v[n] && n + 1 < sizeof low; n++) low[n] = (char)(v[n] >= 'A' && v[n] <= 'Z' ? v[n] - 'A' + 'a' : v[n]);
+  low[n] = '\0';
+  for (int i = 0; i < 4 && !v[n]; i++) {
+    if (!strcmp(low, yes[i])) return *on = 1, 0;
+    if (!strcmp(low, no[i])) return 0;
+  }
+  return mg_diag_set(d, MLAGEN_EINVAL, "MLAGEN_MMA_SYNC=%s: expected 1, true, yes or on (the "
+                     "mma.sync families) or 0, false, no, off or empty (the device's)", v);
+}
+
 int mg_spec_to_arch(const mg_kernel_spec *s, const char *arch, mg_kernel_spec *out) {
   const char *to = NULL;
   for (const mg_op_kernels *t = mg_op_kernel_table; t->family[0] && !to; t++)

@@ -126,6 +126,13 @@ const char *mg_family_portable(const char *family);
  * (another architecture's family: attn_fwd_sm90 on sm_80). */
 int mg_family_runs_on(const char *family, const char *arch);
 
+/* Whether $MLAGEN_MMA_SYNC forces the portable (mma.sync) families where an architecture's
+ * row would replace them: *on = 1 for 1, true, yes, on (any case), 0 for unset, empty, 0,
+ * false, no, off. Read by the CUDA executor and `mlagen plan --explain` (which shows what
+ * the executor would run). Errors: MLAGEN_EINVAL another value (the message names the
+ * variable, the value and the accepted words). */
+int mg_spec_mma_sync_forced(int *on, mg_diag *d);
+
 /* s for arch: *out is s rendered for arch (out->arch = arch, "" for NULL), and, when a row
  * of mg_arch_kernel_table replaces s->family (a portable family) on arch, with that family,
  * its configuration cleared but for the row's fixed settings and s's key layout

@@ -670,23 +670,6 @@ int mg_cuda_exec_mem_layout(const mg_plan *p, mg_plan_mem *m, int64_t *blas_offs
 
 /* A boolean environment variable: *on = 1 for 1, true, yes or on; 0 when unset, empty, or
  * 0, false, no or off (any letter case); MLAGEN_EINVAL naming those for anything else. */
-static int env_flag(const char *name, int *on, mg_diag *d) {
-  static const char *const yes[] = {"1", "true", "yes", "on"}, *const no[] = {"0", "false", "no", "off"};
-  const char *v = getenv(name);
-  *on = 0;
-  if (!v || !*v) return 0;
-  char low[8];
-  size_t n = 0;
-  for (; v[n] && n + 1 < sizeof low; n++) low[n] = (char)(v[n] >= 'A' && v[n] <= 'Z' ? v[n] - 'A' + 'a' : v[n]);
-  low[n] = '\0';
-  for (int i = 0; i < 4 && !v[n]; i++) {
-    if (!strcmp(low, yes[i])) return *on = 1, 0;
-    if (!strcmp(low, no[i])) return 0;
-  }
-  return mg_diag_set(d, MLAGEN_EINVAL, "CUDA executor: %s=%s: expected 1, true, yes or on (the "
-                     "mma.sync families) or 0, false, no, off or empty (the device's)", name, v);
-}
-
 int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opts *opts,
                          mg_cuda_exec **out, mg_diag *d) {
   if (out) *out = NULL;
@@ -699,7 +682,7 @@ int mg_cuda_exec_prepare(const mg_plan *p, mg_dev_ops *o, const mg_cuda_exec_opt
   if (!rc) rc = mg_plan_check_gemm_int(p, "cuBLAS", d);
   if (rc) return rc;
   int force = 0;
-  if ((rc = env_flag("MLAGEN_MMA_SYNC", &force, d))) return rc;
+  if ((rc = mg_spec_mma_sync_forced(&force, d))) return mg_diag_prefix(d, "CUDA executor");
   mg_cuda_exec *x = calloc(1, sizeof *x);
   if (!x) return mg_diag_set(d, MLAGEN_ENOMEM, "CUDA executor: out of memory");
   x->p = p;
