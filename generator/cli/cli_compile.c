@@ -95,7 +95,9 @@ int cli_compile(int argc, char **argv) {
     for (int i = 0; i < n && !usage; i++) {
       mg_kernel k;
       if ((rc = cli_render(&o, g, &specs[i], &k, &d))) {
-        cli_error("%s", mg_diag_msg(&d));
+        /* named: the causal and non-causal kernels of a family fail alike */
+        cli_error("%s (%s, heads %d): %s", specs[i].family,
+                  specs[i].causal ? "causal" : "non-causal", specs[i].heads, mg_diag_msg(&d));
         failed++;
         usage = rc == MLAGEN_EINVAL;
         continue;
