@@ -228,6 +228,14 @@ static void test_errors(void **state) {
   /* ... raised from a template function: the traceback names both lines */
   expect_error(L, "@ local function f()\n@   error('boom')\n@ end\nx\n@ f()\n", MLAGEN_ETEMPLATE,
                "t.tpl:2: boom", "t.tpl:5:");
+  /* errors raised in C (library functions) or without a position get the template line
+   * in front too: the message itself names it, not only the traceback */
+  expect_error(L, "a\n@ local t = {} for i = 1, 200 do t[i] = i end\n"
+               "@ table.sort(t, function(x, y) return true end)\n",
+               MLAGEN_ETEMPLATE, "t.tpl:3: invalid order function for sorting", NULL);
+  expect_error(L, "a\nb\n@ error({})\n", MLAGEN_ETEMPLATE, "t.tpl:3: (error object is a table value)",
+               NULL);
+  expect_error(L, "@ error('no position', 0)\n", MLAGEN_ETEMPLATE, "t.tpl:1: no position", NULL);
   /* a syntax error names its line */
   expect_error(L, "a\nb\n@ if then\n", MLAGEN_ETEMPLATE, "t.tpl:3:", "near 'then'");
   expect_error(L, "a\n@ for i = 1, 2 do\nb\n", MLAGEN_ETEMPLATE, "t.tpl:", "'end' expected");

@@ -646,6 +646,19 @@ static void test_corrupt_and_mismatch(void **state) {
       !strstr(why, "entry hash h, now other)"))
     fail_msg("%s", why);
   free(why);
+  /* hashes that share their first 12 characters (an entry's cut short) are printed as far
+   * as they differ, never as two equal strings */
+  {
+    char dir2[320];
+    snprintf(dir2, sizeof dir2, "%s/prefix", tmpdir);
+    mg_tune_header hp = header_of("GPU X", "0123456789ab");
+    mg_tune_entry ep = entry_of("attn_fwd", 1, 4096, 64, 0.12, NULL, 0);
+    assert_int_equal(mg_tune_store_add(dir2, &hp, &ep, 1, NULL, &d), 0);
+    assert_int_equal(mg_tune_lookup(dir2, "sm_90a", "GPU X", "0123456789abcdef", NULL, &s, NULL,
+                                    4096, &cfg, &why), MG_TUNE_DEFAULT);
+    if (!strstr(why, "entry hash 0123456789ab, now 0123456789abc)")) fail_msg("%s", why);
+    free(why);
+  }
   /* a writer with another header hash keeps the old entries (no warning) */
   mg_tune_header h2 = header_of("GPU X", "other");
   mg_tune_entry e2 = entry_of("attn_fwd", 0, 4096, 64, 0.12, NULL, 0);

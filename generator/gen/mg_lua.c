@@ -534,6 +534,18 @@ static int msg_handler(lua_State *L) {
     else
       msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
   }
+  /* An error raised in C (a library function's: "invalid order function for sorting") or
+   * with no position (error(x, 0), a non-string error object) gets the innermost template
+   * line's "file:line:" in front, as Lua's own runtime errors have it. */
+  lua_Debug ar;
+  for (int lv = 1; lua_getstack(L, lv, &ar); lv++) {
+    if (!lua_getinfo(L, "Sl", &ar)) break;
+    if (ar.currentline <= 0) continue; /* a C function */
+    char where[LUA_IDSIZE + 24];
+    snprintf(where, sizeof where, "%s:%d:", ar.short_src, ar.currentline);
+    if (strncmp(msg, where, strlen(where)) != 0) msg = lua_pushfstring(L, "%s %s", where, msg);
+    break;
+  }
   luaL_traceback(L, L, msg, 1);
   return 1;
 }

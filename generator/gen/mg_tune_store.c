@@ -646,11 +646,17 @@ int mg_tune_lookup(const char *store_dir, const char *arch, const char *device,
   }
   if (!hit && !stale) hit = other;
   if (!hit && stale) {
+    /* the hashes' first 12 characters, or as many as it takes to tell them apart (an entry's
+     * hash cut short shares a prefix with the right one) */
+    int w = 12;
+    while (w < 64 && strncmp(stale->template_hash, family_hash, (size_t)w) == 0 &&
+           (stale->template_hash[w] || family_hash[w]))
+      w++;
     msg = xasprintf("default: the %s template changed since it was tuned (%s entry %s%s%s %s bucket "
-                    "%lld: entry hash %.12s, now %.12s)", stale->family, path, stale->family,
+                    "%lld: entry hash %.*s, now %.*s)", stale->family, path, stale->family,
                     stale->form[0] ? " form " : "", stale->form,
-                    stale->causal ? "causal" : "non-causal", stale->seq_bucket,
-                    stale->template_hash, family_hash);
+                    stale->causal ? "causal" : "non-causal", stale->seq_bucket, w,
+                    stale->template_hash, w, family_hash);
   } else if (hit) {
     *config = hit->config;
     char cfg[256];
