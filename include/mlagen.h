@@ -428,7 +428,17 @@ typedef struct mlagen_tensors {
  * The first call prepares the plan (kept with it until mlagen_plan_destroy): every kernel
  * it needs is generated, compiled by NVRTC for the current device (cached on disk, see
  * MLAGEN_CACHE_DIR) and loaded into the CUDA context current on the calling thread (or,
- * when none is, device 0's primary context, made current); cuBLAS is loaded then
+ * when none is, device 0's primary context, made current). Each kernel's configuration
+ * (tiles, warps, stages) comes from the tuned store of the device (docs/tuning.md):
+ * $MLAGEN_TUNED_DIR/<arch>/<device name>.json, else ./tuned/... relative to the process's
+ * working directory (`cmake --install` puts the repository's stores under
+ * <prefix>/share/mlagen/tuned: point MLAGEN_TUNED_DIR there), or, without an entry for
+ * the kernel's shape and sequence bucket, the template's default; `mlagen plan --explain`
+ * shows which. A first call compiles for seconds to minutes (DeepSeek-V3's kernels: about
+ * 2.5 min on 2 cores); `mlagen compile --model M --sp P --arch <the GPU's>` run before
+ * training with the same MLAGEN_CACHE_DIR compiles the kernels that run with the
+ * templates' defaults, so that the first call finds them in the cache (tuned ones are
+ * compiled then). cuBLAS is loaded then
  * (libcublas.so.13/.12/.11, or $MLAGEN_LIBCUBLAS) and works in its 32 MiB slice of the
  * workspace (cublasSetWorkspace). Errors of that step:
  *   MLAGEN_EDRIVER    cuBLAS not found or not usable ("cuBLAS not found ..."), a driver

@@ -20,7 +20,8 @@ endfunction()
 
 step("cmake --install" "${CMAKE_COMMAND}" --install "${BUILD}" --prefix "${stage}")
 foreach(f include/mlagen.h lib/cmake/mlagen/mlagenConfig.cmake
-          lib/cmake/mlagen/mlagenConfigVersion.cmake lib/cmake/mlagen/mlagenTargets.cmake)
+          lib/cmake/mlagen/mlagenConfigVersion.cmake lib/cmake/mlagen/mlagenTargets.cmake
+          share/mlagen/tuned/sm_90a/NVIDIA_H200.json share/mlagen/tuned/README.md)
   if(NOT EXISTS "${stage}/${f}")
     message(FATAL_ERROR "the install has no ${f}")
   endif()
