@@ -363,8 +363,9 @@ typedef struct mlagen_tensor {
  * checks the tensors of its pass (mlagen_tensor_info.passes) and ignores the others,
  * which may be zero-filled. No call works in place: a tensor the pass writes (o in the
  * forward; dq, dc_kv, dk_rope, dw_kv_b in the backward) must not share a byte with
- * another tensor of the pass, the workspace or the saved area (nor may the workspace
- * overlap the saved area); inputs may overlap each other. Refused, MLAGEN_EINVAL. */
+ * another tensor of the pass, cu_seqlens, the workspace or the saved area (nor may the
+ * workspace overlap the saved area or cu_seqlens, nor the forward's saved area
+ * cu_seqlens); inputs may overlap each other. Refused, MLAGEN_EINVAL. */
 typedef struct mlagen_tensors {
   mlagen_tensor q, c_kv, k_rope, w_kv_b; /* inputs */
   mlagen_tensor o;                       /* forward output */
@@ -407,8 +408,9 @@ typedef struct mlagen_tensors {
  *                     workspace_bytes is needed),
  *                     workspace_bytes too small, or workspace not 16-byte aligned; the
  *                     same for saved; memory the pass writes overlapping another buffer
- *                     of the call (mlagen_tensors: the message names both, "tensors->dq
- *                     (0x..., 512 bytes) and tensors->q (...) overlap"); a pass of the
+ *                     of the call (mlagen_tensors: the message names both, "tensors->q
+ *                     (0x..., 512 bytes) and tensors->dq (0x..., 512 bytes) overlap:
+ *                     memory the pass writes (tensors->dq) must not ..."); a pass of the
  *                     plan already running (called from one of its collective
  *                     callbacks: mlagen_comm_ops).
  *   MLAGEN_ENODRIVER  no CUDA driver (libcuda.so.1 not found or not loadable, or cuInit failed).
@@ -434,11 +436,11 @@ typedef struct mlagen_tensors {
  * working directory (`cmake --install` puts the repository's stores under
  * <prefix>/share/mlagen/tuned: point MLAGEN_TUNED_DIR there), or, without an entry for
  * the kernel's shape and sequence bucket, the template's default; `mlagen plan --explain`
- * shows which. A first call compiles for seconds to minutes (DeepSeek-V3's kernels: about
- * 2.5 min on 2 cores); `mlagen compile --model M --sp P --arch <the GPU's>` run before
- * training with the same MLAGEN_CACHE_DIR compiles the kernels that run with the
- * templates' defaults, so that the first call finds them in the cache (tuned ones are
- * compiled then). cuBLAS is loaded then
+ * shows which. A first call compiles for seconds to minutes (a plan's kernels for its
+ * device's arch); `mlagen compile --model M --sp P --arch <the GPU's>` run before training
+ * with the same MLAGEN_CACHE_DIR compiles the kernels an unpacked plan runs with the
+ * templates' defaults, so that its first call finds them in the cache (tuned ones, and a
+ * varlen plan's attention kernels, are compiled then). cuBLAS is loaded then
  * (libcublas.so.13/.12/.11, or $MLAGEN_LIBCUBLAS) and works in its 32 MiB slice of the
  * workspace (cublasSetWorkspace). Errors of that step:
  *   MLAGEN_EDRIVER    cuBLAS not found or not usable ("cuBLAS not found ..."), a driver

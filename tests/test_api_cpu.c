@@ -906,6 +906,36 @@ static void test_overlap_refused_writes_nothing(void **state) {
   mlagen_plan_destroy(plan);
   mlagen_model_destroy(m);
   mlagen_context_destroy(ctx);
+
+  /* a packed plan's cu_seqlens (read during the pass) inside the workspace or an output:
+   * refused too (it was accepted, and the pass read boundaries the steps had overwritten) */
+  plan = small_cpu_plan(16, 1, &ctx, &m, &z);
+  unsigned char *ws2 = aligned_alloc(256, z.workspace_bytes + 256);
+  unsigned char *saved2 = aligned_alloc(256, z.saved_bytes + 256);
+  const int32_t cu[3] = {0, 5, 16};
+  mlagen_tensors tp = {0};
+  mlagen_tensor *sp[] = {&tp.q, &tp.c_kv, &tp.k_rope, &tp.w_kv_b, &tp.d_o,
+                         &tp.o, &tp.dq, &tp.dc_kv, &tp.dk_rope, &tp.dw_kv_b};
+  const mlagen_tensor_info *ip[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.d_o,
+                                    &z.o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
+  void *bp[10];
+  for (int k = 0; k < 10; k++)
+    bp[k] = filled(ip[k]->bytes, MLAGEN_DTYPE_F32, (uint64_t)k + 41, 1.0), *sp[k] = tensor_of(bp[k], ip[k]);
+  for (int where = 0; where < 3; where++) {
+    int32_t *in = where == 0 ? (int32_t *)(ws2 + 128) : where == 1 ? (int32_t *)bp[5] : (int32_t *)saved2;
+    memcpy(in, cu, sizeof cu);
+    tp.cu_seqlens = in, tp.n_cu_seqlens = 3;
+    int rc = mlagen_forward(plan, &tp, ws2, z.workspace_bytes, saved2, z.saved_bytes, NULL);
+    expect_msg(ctx, rc, MLAGEN_EINVAL, "tensors->cu_seqlens (");
+    expect_msg(ctx, rc, MLAGEN_EINVAL, where == 0 ? "workspace (" : where == 1 ? "tensors->o (" : "saved (");
+  }
+  tp.cu_seqlens = cu;
+  assert_int_equal(mlagen_forward(plan, &tp, ws2, z.workspace_bytes, saved2, z.saved_bytes, NULL), 0);
+  for (int k = 0; k < 10; k++) free(bp[k]);
+  free(ws2), free(saved2);
+  mlagen_plan_destroy(plan);
+  mlagen_model_destroy(m);
+  mlagen_context_destroy(ctx);
 }
 
 static void test_cpu_plan_refusals(void **state) {

@@ -54,6 +54,12 @@ static void expect_error(mg_lua *L, const char *tpl, int status, const char *n1,
   mg_diag d = MG_DIAG_INIT;
   int rc = render(L, tpl, &out, &d);
   if (rc != status) fail_msg("status %d, expected %d: %s", rc, status, mg_diag_msg(&d));
+  /* one position in front of the message, never two ("t.tpl:2: t.tpl:5: ...") */
+  const char *m = mg_diag_msg(&d), *first = strstr(m, ".tpl:");
+  if (first && strncmp(m, "t.tpl:", 6) == 0) {
+    const char *sp = strchr(m, ' ');
+    if (sp && strncmp(sp + 1, "t.tpl:", 6) == 0) fail_msg("two positions: %s", m);
+  }
   if (n1 && !strstr(mg_diag_msg(&d), n1)) fail_msg("'%s' not in: %s", n1, mg_diag_msg(&d));
   if (n2 && !strstr(mg_diag_msg(&d), n2)) fail_msg("'%s' not in: %s", n2, mg_diag_msg(&d));
   assert_string_equal(mg_buf_str(&out), ""); /* a failed render leaves out unchanged */
@@ -236,6 +242,10 @@ static void test_errors(void **state) {
   expect_error(L, "a\nb\n@ error({})\n", MLAGEN_ETEMPLATE, "t.tpl:3: (error object is a table value)",
                NULL);
   expect_error(L, "@ error('no position', 0)\n", MLAGEN_ETEMPLATE, "t.tpl:1: no position", NULL);
+  /* error(msg, 2) from a template function names its caller's line, once (a prefix of the
+   * function's own line in front of it would point at the wrong place: prelude.lua's checks) */
+  expect_error(L, "@ local function check(x)\n@   error('bad ' .. x, 2)\n@ end\nx\n@ check('y')\n",
+               MLAGEN_ETEMPLATE, "t.tpl:5: bad y", NULL);
   /* a syntax error names its line */
   expect_error(L, "a\nb\n@ if then\n", MLAGEN_ETEMPLATE, "t.tpl:3:", "near 'then'");
   expect_error(L, "a\n@ for i = 1, 2 do\nb\n", MLAGEN_ETEMPLATE, "t.tpl:", "'end' expected");

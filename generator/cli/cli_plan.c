@@ -69,8 +69,9 @@ static const char help[] =
     "  --device N   with --explain: the device name as the driver reports it\n"
     "               (default \"unknown\": no GPU is queried)\n";
 
-/* --explain's kernels, made before the report is printed (a bad --arch or --templates is
- * refused before any output). */
+/* --explain's architecture and templates, checked before the report is printed (a bad
+ * --arch, MLAGEN_MMA_SYNC or --templates is refused before any output); its kernels,
+ * listed by explain once the plans have checked the options. */
 typedef struct explainer {
   const char *arch, *device, *kdtype;
   int mma_sync; /* MLAGEN_MMA_SYNC=1 (mg_spec_mma_sync_forced) */
@@ -79,9 +80,9 @@ typedef struct explainer {
   mg_gen *g;
 } explainer;
 
-/* Checks --arch, lists the kernels and opens the templates. CLI_OK, or CLI_USAGE / CLI_FAIL
- * with the error printed (nothing to close then). */
-static int explain_open(const cli_opts *o, const mg_shape *shape, explainer *e) {
+/* Checks --arch and MLAGEN_MMA_SYNC and opens the templates. CLI_OK, or CLI_USAGE /
+ * CLI_FAIL with the error printed (nothing to close then). */
+static int explain_open(const cli_opts *o, explainer *e) {
   e->arch = o->arch ? o->arch : "sm_90a", e->device = o->device ? o->device : "unknown";
   e->kdtype = mg_dtype_spec_name(mg_dtype_of_spec(o->dtype));
   e->n = 0;
@@ -100,13 +101,7 @@ static int explain_open(const cli_opts *o, const mg_shape *shape, explainer *e) 
     return CLI_USAGE;
   }
   e->mma_sync = mma_sync;
-  int rc = cli_model_specs(o, shape, o->head_groups, e->kdtype, e->specs, MG_SPEC_MAX_KERNELS,
-                           &e->n, &d);
-  for (int i = 0; !rc && i < e->n; i++) { /* the families arch's executor runs (mg_arch_kernel_table) */
-    if (mma_sync) snprintf(e->specs[i].arch, sizeof e->specs[i].arch, "%s", e->arch);
-    else mg_spec_to_arch(&e->specs[i], e->arch, &e->specs[i]);
-  }
-  if (!rc) rc = mg_gen_open(&e->g, o->templates, &d);
+  int rc = mg_gen_open(&e->g, o->templates, &d);
   if (rc) {
     cli_error("%s", mg_diag_msg(&d));
     mg_diag_clear(&d);
@@ -116,12 +111,22 @@ static int explain_open(const cli_opts *o, const mg_shape *shape, explainer *e) 
 }
 
 /* --explain: which configuration each kernel would use, and why. */
-static int explain(const cli_opts *o, explainer *e) {
+static int explain(const cli_opts *o, const mg_shape *shape, explainer *e) {
   const char *arch = e->arch, *device = e->device, *kdtype = e->kdtype;
-  const mg_kernel_spec *specs = e->specs;
-  const int n = e->n;
   mg_gen *g = e->g;
   mg_diag d = MG_DIAG_INIT;
+  if (cli_model_specs(o, shape, o->head_groups, kdtype, e->specs, MG_SPEC_MAX_KERNELS, &e->n,
+                      &d)) {
+    cli_error("%s", mg_diag_msg(&d));
+    mg_diag_clear(&d);
+    return CLI_FAIL;
+  }
+  for (int i = 0; i < e->n; i++) { /* the families arch's executor runs (mg_arch_kernel_table) */
+    if (e->mma_sync) snprintf(e->specs[i].arch, sizeof e->specs[i].arch, "%s", arch);
+    else mg_spec_to_arch(&e->specs[i], arch, &e->specs[i]);
+  }
+  const mg_kernel_spec *specs = e->specs;
+  const int n = e->n;
   printf("\nkernel configurations for %s/%s, S=%lld (bucket %lld), %s%s\n", arch, device, o->seq,
          mg_tune_bucket(o->seq), kdtype,
          strcmp(kdtype, o->dtype) != 0 ? " (the GPU kernels are bf16/fp16; shown for bf16)" : "");
@@ -511,7 +516,7 @@ static int plan_forms(cli_opts o, mg_shape shape, const mg_device_model dev, dou
   if (o.steps)
     for (int f = 0; f < MG_FORM_COUNT; f++)
       if (ok[f]) print_steps(&plans[f]);
-  if (ex) return explain(&o, ex);
+  if (ex) return explain(&o, &shape, ex);
   return CLI_OK;
 }
 
@@ -546,7 +551,7 @@ int cli_plan(int argc, char **argv) {
     return rc;
   }
   static explainer ex; /* ~80 KiB of specs */
-  if (o.explain && (rc = explain_open(&o, &shape, &ex))) {
+  if (o.explain && (rc = explain_open(&o, &ex))) {
     free(cu);
     return rc;
   }

@@ -46,10 +46,10 @@ static inline const mg_arch_facts *mg_arch_find(int sm) {
 /* The compute capability (major * 10 + minor) an architecture name says: "sm_" then 2 or 3
  * digits, optionally one feature suffix: "a" (architecture-specific, sm_90 and newer) or
  * "f" (family-specific, sm_100 and newer), as NVRTC takes them ("sm_80" 80, "sm_90a" 90,
- * "sm_100f" 100, "sm_60" 60); -1 for anything else ("sm_80a", "sm_90f"). Listed in
+ * "sm_100f" 100, "sm_60" 60); -1 for anything else ("sm_80a", "sm_90f", "sm_090"). Listed in
  * mg_arch_table or not. */
 static inline int mg_arch_sm(const char *name) {
-  if (!name || name[0] != 's' || name[1] != 'm' || name[2] != '_') return -1;
+  if (!name || name[0] != 's' || name[1] != 'm' || name[2] != '_' || name[3] == '0') return -1;
   const char *p = name + 3;
   int sm = 0, digits = 0;
   for (; *p >= '0' && *p <= '9' && digits < 5; p++, digits++) sm = sm * 10 + (*p - '0');

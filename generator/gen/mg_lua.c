@@ -536,16 +536,21 @@ static int msg_handler(lua_State *L) {
   }
   /* An error raised in C (a library function's: "invalid order function for sorting") or
    * with no position (error(x, 0), a non-string error object) gets the innermost template
-   * line's "file:line:" in front, as Lua's own runtime errors have it. */
+   * line's "file:line:" in front, as Lua's own runtime errors have it; a message that
+   * starts with the position of any Lua frame on the stack (error(x, 2): the caller's)
+   * keeps its own. */
   lua_Debug ar;
-  for (int lv = 1; lua_getstack(L, lv, &ar); lv++) {
+  char inner[LUA_IDSIZE + 24] = "";
+  int positioned = 0;
+  for (int lv = 1; !positioned && lua_getstack(L, lv, &ar); lv++) {
     if (!lua_getinfo(L, "Sl", &ar)) break;
     if (ar.currentline <= 0) continue; /* a C function */
     char where[LUA_IDSIZE + 24];
     snprintf(where, sizeof where, "%s:%d:", ar.short_src, ar.currentline);
-    if (strncmp(msg, where, strlen(where)) != 0) msg = lua_pushfstring(L, "%s %s", where, msg);
-    break;
+    if (!inner[0]) snprintf(inner, sizeof inner, "%s", where);
+    positioned = strncmp(msg, where, strlen(where)) == 0;
   }
+  if (inner[0] && !positioned) msg = lua_pushfstring(L, "%s %s", inner, msg);
   luaL_traceback(L, L, msg, 1);
   return 1;
 }

@@ -14,6 +14,7 @@ k_rope [T_l, d_r], o [T_l, H, d_v], T_l = T_cap / P. CPU tensors (float32, float
 on the CPU device of the C API; CUDA tensors (bfloat16, float16) run the CUDA executor on
 the current stream. Errors of the C API raise mlagen.MlagenError with its message.
 """
+import copy
 import ctypes
 from typing import Optional, Tuple
 
@@ -374,8 +375,10 @@ class MLACoreAttention(torch.nn.Module):
     forward(q, c_kv, k_rope, w_kv_b, cu_seqlens=None) -> o, as mla_attention (cu_seqlens:
     packed sequences, THD tensors). config: an mlagen.Model or anything it accepts. One
     plan is cached per (B, S, dtype, device) of the inputs, and one per (T_cap, dtype,
-    device) for packed sequences whatever their documents. copy.deepcopy and pickle
-    (torch.save) work; the copy starts with an empty plan cache."""
+    device) for packed sequences whatever their documents. copy.deepcopy works (the copy
+    shares sp_group and starts with an empty plan cache), and so does pickling (torch.save)
+    of a module without an sp_group (with one: TypeError, a process group is not
+    serializable)."""
 
     def __init__(self, config, form="laga", sp_group=None, causal=True, head_groups=0):
         super().__init__()
@@ -385,7 +388,13 @@ class MLACoreAttention(torch.nn.Module):
         self._owner = _Owner(self.model, self._plans)
 
     def __getstate__(self):
-        # copy.deepcopy, pickle: the plan cache (C handles) stays behind, rebuilt empty
+        # pickle (torch.save): the plan cache (C handles) stays behind, rebuilt empty; a
+        # process group cannot be serialized, and dropping it would make a loaded module
+        # attend over its shard alone
+        if self.sp_group is not None:
+            raise TypeError("MLACoreAttention: a module with an sp_group cannot be pickled (a "
+                            "process group is not serializable): set module.sp_group = None "
+                            "before saving and give the group again after loading")
         state = self.__dict__.copy()
         del state["_plans"], state["_owner"]
         return state
@@ -394,6 +403,16 @@ class MLACoreAttention(torch.nn.Module):
         super().__setstate__(state)
         self._plans = {}
         self._owner = _Owner(self.model, self._plans)
+
+    def __deepcopy__(self, memo):
+        # the copy shares the process group (a handle to the same ranks), not the plans
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_plans", "_owner", "sp_group")}
+        new.__setstate__(copy.deepcopy(state, memo))
+        new.sp_group = self.sp_group
+        return new
 
     def forward(self, q, c_kv, k_rope, w_kv_b, cu_seqlens=None):
         return _apply(self._owner, (q, c_kv, k_rope, w_kv_b), self.form, self.causal,

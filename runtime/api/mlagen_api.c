@@ -572,7 +572,7 @@ static int check_overlap(const mlagen_plan *plan, int pass, const char *fn,
                          const mlagen_tensors *tensors, const void *workspace,
                          const void *saved, mg_diag *d) {
   const mg_pass mpass = pass == MLAGEN_PASS_FORWARD ? MG_FWD : MG_BWD;
-  region r[N_SLOTS + 2];
+  region r[N_SLOTS + 3];
   char names[N_SLOTS][24];
   int n = 0;
   for (size_t i = 0; i < N_SLOTS; i++) {
@@ -584,6 +584,10 @@ static int check_overlap(const mlagen_plan *plan, int pass, const char *fn,
     r[n++] = (region){names[i], (uintptr_t)t->data, (uintptr_t)t->data + want->bytes,
                       slot_written(&plan->plan, i, mpass)};
   }
+  if (tensors->cu_seqlens && tensors->n_cu_seqlens > 0) /* host memory the CPU executor reads
+                                                           * during the pass */
+    r[n++] = (region){"tensors->cu_seqlens", (uintptr_t)tensors->cu_seqlens,
+                      (uintptr_t)(tensors->cu_seqlens + tensors->n_cu_seqlens), 0};
   if (plan->sizes.workspace_bytes)
     r[n++] = (region){"workspace", (uintptr_t)workspace,
                       (uintptr_t)workspace + plan->sizes.workspace_bytes, 1};

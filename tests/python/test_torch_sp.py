@@ -74,6 +74,24 @@ def worker(rank, P, store, queue):
             if rank == 0:
                 print(f"P={P} packed causal={causal}: every form matches the documents "
                       "run alone", flush=True)
+        # a module with the group: a deepcopy shares the group and computes the same o (its
+        # own plans); pickling it raises TypeError (a process group is not serializable)
+        import copy
+        import io
+        core = mt.MLACoreAttention(model, form="laga", sp_group=dist.group.WORLD)
+        sl = mlagen.token_positions("laga", S, P, rank)
+        x = [t.detach()[:, sl] for t in full[:3]] + [full[3].detach()]
+        twin = copy.deepcopy(core)
+        assert twin.sp_group is core.sp_group and twin._plans is not core._plans
+        assert torch.equal(twin(*x), core(*x))
+        try:
+            torch.save(core, io.BytesIO())
+            raise AssertionError("a module with a group was pickled")
+        except TypeError as e:
+            assert "sp_group" in str(e), str(e)
+        if rank == 0:
+            print(f"P={P} MLACoreAttention with its group: deepcopy shares it, pickling refused",
+                  flush=True)
         # H = 2 heads cannot be split over P = 4 ranks (or 3 heads over 2)
         bad = mlagen.Model(dict(TINY, num_attention_heads=2 if P > 2 else 3))
         x = [t.detach() for t in inputs(bad, 1, 4, torch.float64)]
