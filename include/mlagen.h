@@ -437,10 +437,10 @@ typedef struct mlagen_tensors {
  * <prefix>/share/mlagen/tuned: point MLAGEN_TUNED_DIR there), or, without an entry for
  * the kernel's shape and sequence bucket, the template's default; `mlagen plan --explain`
  * shows which. A first call compiles for seconds to minutes (a plan's kernels for its
- * device's arch); `mlagen compile --model M --sp P --arch <the GPU's>` run before training
- * with the same MLAGEN_CACHE_DIR compiles the kernels an unpacked plan runs with the
- * templates' defaults, so that its first call finds them in the cache (tuned ones, and a
- * varlen plan's attention kernels, are compiled then). cuBLAS is loaded then
+ * device's arch); `mlagen compile --model M --sp P --arch <the GPU's> [--varlen]` run
+ * before training with the same MLAGEN_CACHE_DIR compiles the kernels a plan runs with
+ * the templates' defaults (--varlen: a packed plan's too), so that its first call finds
+ * them in the cache (tuned ones are compiled then). cuBLAS is loaded then
  * (libcublas.so.13/.12/.11, or $MLAGEN_LIBCUBLAS) and works in its 32 MiB slice of the
  * workspace (cublasSetWorkspace). Errors of that step:
  *   MLAGEN_EDRIVER    cuBLAS not found or not usable ("cuBLAS not found ..."), a driver

@@ -1,11 +1,11 @@
 # `mlagen compile` warms the executor's JIT cache: compiles the kernels of MODEL for ARCH
-# into an empty cache DIR (MLAGEN_CACHE_DIR), then runs RUN (a ;-list: a CUDA-executor pass
+# (FLAGS: more compile options, a ;-list) into an empty cache DIR (MLAGEN_CACHE_DIR), then runs RUN (a ;-list: a CUDA-executor pass
 # of the same shape on a device of ARCH, here the fake driver's sm_90a) with the same
 # cache: it must add no entry (each kernel it prepares was a cache hit), and the compile
 # must have written some (else the check could not fail).
 file(REMOVE_RECURSE "${DIR}")
 set(ENV{MLAGEN_CACHE_DIR} "${DIR}")
-execute_process(COMMAND ${EXE} compile --model ${MODEL} --arch ${ARCH}
+execute_process(COMMAND ${EXE} compile --model ${MODEL} --arch ${ARCH} ${FLAGS}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "mlagen compile: exit ${rc}\n${out}${err}")

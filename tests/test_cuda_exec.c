@@ -493,16 +493,21 @@ static void test_nodriver(void **state) {
 
 /* Through the API: a context, the model (H 2, d_c 256, d_r 32, d_n 64, d_v 64) and its
  * LAGA bf16 plan at B 1, S 8, causal, P 1, with its sizes. */
-static void api_laga_plan(mlagen_context **ctx, mlagen_model **model, mlagen_plan **plan,
-                          mlagen_sizes *z) {
+static void api_laga_plan_v(mlagen_context **ctx, mlagen_model **model, mlagen_plan **plan,
+                            mlagen_sizes *z, int varlen) {
   assert_int_equal(mlagen_context_create(ctx), 0);
   mlagen_model_desc md = {.num_attention_heads = 2, .kv_lora_rank = 256, .qk_rope_head_dim = 32,
                           .qk_nope_head_dim = 64, .v_head_dim = 64};
   assert_int_equal(mlagen_model_from_desc(*ctx, &md, model), 0);
   mlagen_plan_desc pd = {.form = MLAGEN_FORM_LAGA, .batch = 1, .seq = 8, .sp_rank = 0,
-                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16};
+                         .sp_size = 1, .causal = 1, .dtype = MLAGEN_DTYPE_BF16, .varlen = varlen};
   assert_int_equal(mlagen_plan_create(*ctx, *model, &pd, plan), 0);
   assert_int_equal(mlagen_plan_sizes(*plan, z), 0);
+}
+
+static void api_laga_plan(mlagen_context **ctx, mlagen_model **model, mlagen_plan **plan,
+                          mlagen_sizes *z) {
+  api_laga_plan_v(ctx, model, plan, z, 0);
 }
 
 static void api_close(mlagen_context *ctx, mlagen_model *model, mlagen_plan *plan) {
@@ -633,6 +638,45 @@ static void test_fake_cublas(void **state) {
   mg_diag_clear(&d);
 }
 
+/* The same LAGA plan packed (varlen: documents of 3 and 5 tokens): forward and backward run
+ * through the fake driver and cuBLAS with the attention families' varlen variants (which
+ * ctest cli_compile_warms_executor compiles beforehand with `mlagen compile --varlen`). */
+static void test_fake_varlen(void **state) {
+  (void)state;
+  setenv("MLAGEN_LIBCUBLAS", MLAGEN_FAKE_CUDA, 1);
+  mlagen_context *ctx;
+  mlagen_model *model;
+  mlagen_plan *plan;
+  mlagen_sizes z;
+  api_laga_plan_v(&ctx, &model, &plan, &z, 1);
+  assert_int_equal(z.q.ndim, 3); /* THD */
+  mlagen_tensors t;
+  memset(&t, 0, sizeof t);
+  void *bufs[16];
+  int nb = 0;
+  const mlagen_tensor_info *infos[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.o,
+                                       &z.d_o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
+  mlagen_tensor *ts[] = {&t.q, &t.c_kv, &t.k_rope, &t.w_kv_b, &t.o,
+                         &t.d_o, &t.dq, &t.dc_kv, &t.dk_rope, &t.dw_kv_b};
+  for (int k = 0; k < 10; k++) {
+    ts[k]->data = bufs[nb++] = aligned(infos[k]->bytes);
+    ts[k]->dtype = infos[k]->dtype;
+    ts[k]->ndim = infos[k]->ndim;
+    memcpy(ts[k]->dims, infos[k]->dims, sizeof ts[k]->dims);
+  }
+  const int32_t cu[3] = {0, 3, 8};
+  t.cu_seqlens = cu, t.n_cu_seqlens = 3;
+  void *ws = bufs[nb++] = aligned(z.workspace_bytes), *saved = bufs[nb++] = aligned(z.saved_bytes);
+  for (int pass = 0; pass < 2; pass++) {
+    int rc = pass ? mlagen_backward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL)
+                  : mlagen_forward(plan, &t, ws, z.workspace_bytes, saved, z.saved_bytes, NULL);
+    if (rc) fail_msg("%s: %s: %s", pass ? "backward" : "forward", mlagen_status_name(rc),
+                     mlagen_last_message(ctx));
+  }
+  for (int k = 0; k < nb; k++) free(bufs[k]);
+  api_close(ctx, model, plan);
+}
+
 int main(int argc, char **argv) {
   const char *env = getenv("MLAGEN_TEST_SEED");
   if (env) g_seed = strtoull(env, NULL, 10);
@@ -645,7 +689,8 @@ int main(int argc, char **argv) {
     if (fake_driver_open(&g_fake)) return 1;
     setenv("MLAGEN_LIBCUBLAS", "/nonexistent/libcublas.so", 1);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_fake_driver),
-                                       cmocka_unit_test(test_fake_cublas)};
+                                       cmocka_unit_test(test_fake_cublas),
+                                       cmocka_unit_test(test_fake_varlen)};
     return cmocka_run_group_tests(tests, NULL, NULL);
   }
   printf("MLAGEN_TEST_SEED=%llu\n", (unsigned long long)g_seed);

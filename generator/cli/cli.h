@@ -43,6 +43,7 @@ typedef struct cli_opts {
   const char *device;         /* plan --explain: --device NAME */
   int explain;                /* plan: --explain */
   int dry_run;                /* tune: --dry-run */
+  int varlen;                 /* generate, compile: --varlen (packed-sequence variants too) */
   const char *family[CLI_MAX_SET]; /* tune, generate, compile: --family F (repeatable) */
   int n_family;
   int min_warps;              /* tune: --min-warps N (0: the default threshold) */

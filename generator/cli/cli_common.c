@@ -59,6 +59,7 @@ static int set_flag(cli_opts *o, const char *name, size_t n) {
       {"steps", offsetof(cli_opts, steps), 1},       {"check", offsetof(cli_opts, check), 1},
       {"causal", offsetof(cli_opts, causal), 1},     {"no-causal", offsetof(cli_opts, causal), 0},
       {"explain", offsetof(cli_opts, explain), 1},   {"dry-run", offsetof(cli_opts, dry_run), 1},
+      {"varlen", offsetof(cli_opts, varlen), 1},
   };
   for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
     if (strlen(flags[i].name) == n && strncmp(flags[i].name, name, n) == 0) {
@@ -274,6 +275,25 @@ int cli_model_specs(const cli_opts *o, const mg_shape *shape, int head_groups, c
   return !rc && cp_only ? cp_only_specs(o, shape, specs, n, d) : rc;
 }
 
+/* --varlen: a packed-sequence (varlen) copy of every spec of the attention ops' families
+ * (mg_op_family of MG_OP_ATTN_FWD, MG_OP_ATTN_BWD, MG_OP_MQA_FWD, MG_OP_MQA_BWD), the
+ * kernels a varlen plan runs in their place (the CUDA executor's want_kernel_v). */
+static int add_varlen(mg_kernel_spec *specs, int max, int *n, mg_diag *d) {
+  static const int ops[] = {MG_OP_ATTN_FWD, MG_OP_ATTN_BWD, MG_OP_MQA_FWD, MG_OP_MQA_BWD};
+  const int n0 = *n;
+  for (int i = 0; i < n0; i++) {
+    int attn = 0;
+    for (size_t k = 0; k < sizeof ops / sizeof ops[0] && !attn; k++)
+      for (int j = 0; mg_op_family(ops[k], j) && !attn; j++)
+        attn = strcmp(mg_op_family(ops[k], j), specs[i].family) == 0;
+    if (!attn || specs[i].varlen) continue;
+    if (*n == max) return mg_diag_set(d, MLAGEN_ELIMIT, "--varlen: more than %d kernels", max);
+    specs[*n] = specs[i];
+    specs[(*n)++].varlen = 1;
+  }
+  return 0;
+}
+
 int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int max, int *n,
                 mg_gen **g) {
   *g = NULL;
@@ -282,6 +302,7 @@ int cli_prepare(const cli_opts *o, mg_shape *shape, mg_kernel_spec *specs, int m
   mg_diag d = MG_DIAG_INIT;
   rc = cli_model_specs(o, shape, 0, o->dtype, specs, max, n, &d);
   for (int i = 0; !rc && i < *n; i++) rc = apply_sets(o, &specs[i], &d);
+  if (!rc && o->varlen) rc = add_varlen(specs, max, n, &d);
   int status = rc == MLAGEN_EINVAL ? CLI_USAGE : CLI_FAIL;
   if (!rc) rc = mg_gen_open(g, o->templates, &d);
   if (rc) {

@@ -11,7 +11,7 @@
 static const char help[] =
     "usage: mlagen compile [--model M] [--arch LIST] [--sp P] [--dtype bf16|fp16]\n"
     "                      [--set tunable=value]... [--family F]... [--templates DIR]\n"
-    "                      [--cache-dir DIR] [--no-cache]\n"
+    "                      [--cache-dir DIR] [--no-cache] [--varlen]\n"
     "\n"
     "Generates the model's kernels (as `mlagen generate --arch` does for each\n"
     "architecture: on sm_90a attn_fwd_sm90 in place of attn_fwd), compiles each with\n"
@@ -20,7 +20,10 @@ static const char help[] =
     "(bytes; the dynamic size is the launch's, from the template), the wall time of\n"
     "the call (NVRTC on a miss, the cache read on a hit) and whether the cubin came\n"
     "from the cache, then \"wgmma-serialized (C75xx)\" when ptxas serialized the\n"
-    "kernel's wgmma (correct, but several times slower). No GPU is needed.\n"
+    "kernel's wgmma (correct, but several times slower). No GPU is needed. Run with the\n"
+    "trainer's MLAGEN_CACHE_DIR and --arch of its GPU (and --varlen for packed plans)\n"
+    "before training, it compiles ahead the kernels whose configuration is the\n"
+    "template's default, which the plans' first calls then read from the cache.\n"
     "\n"
     "  --arch LIST      comma-separated real targets (default sm_80,sm_90a)\n"
     "  --cache-dir DIR  JIT cache (default $MLAGEN_CACHE_DIR or ~/.cache/mlagen)\n"
@@ -36,7 +39,7 @@ static const char help[] =
 
 int cli_compile(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, "model sp dtype set family templates arch cache-dir no-cache", help, &o);
+  int rc = cli_parse(argc, argv, "model sp dtype set family templates arch cache-dir no-cache varlen", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   if ((rc = cli_kernel_dtype(&o))) return rc;
   const char *list = o.arch ? o.arch : "sm_80,sm_90a";

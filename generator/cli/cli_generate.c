@@ -10,7 +10,7 @@
 static const char help[] =
     "usage: mlagen generate [--model M] [--out DIR] [--sp P] [--dtype bf16|fp16]\n"
     "                       [--arch ARCH] [--set tunable=value]... [--family F]...\n"
-    "                       [--templates DIR]\n"
+    "                       [--templates DIR] [--varlen]\n"
     "\n"
     "Renders every kernel the model needs (each family, causal and non-causal) into\n"
     "DIR/<kernel>.cu, copies the device headers (mla_device.cuh, mla_device_sm90.cuh)\n"
@@ -43,11 +43,14 @@ static const char help[] =
     "                   beside each attn_fwd_sm90 one (the mma.sync fallback), with its\n"
     "                   default tunables, its counterpart's k_packed, and the --set overrides\n"
     "                   (family.k=v ones are safest); repeatable\n"
-    "  --templates DIR  read templates from DIR instead of the embedded ones\n";
+    "  --templates DIR  read templates from DIR instead of the embedded ones\n"
+    "  --varlen         also the packed-sequence variants (<kernel>_varlen) of the\n"
+    "                   attention families, which plans with mlagen_plan_desc.varlen run\n"
+    "                   (docs/packed.md)\n";
 
 int cli_generate(int argc, char **argv) {
   cli_opts o;
-  int rc = cli_parse(argc, argv, "model out sp dtype arch set family templates", help, &o);
+  int rc = cli_parse(argc, argv, "model out sp dtype arch set family templates varlen", help, &o);
   if (rc) return rc == CLI_HELP ? CLI_OK : rc;
   if ((rc = cli_kernel_dtype(&o))) return rc;
   if (!o.out) o.out = "mlagen-kernels";
