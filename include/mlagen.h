@@ -553,6 +553,20 @@ int mlagen_plan_set_comm_ops(mlagen_plan *plan, const mlagen_comm_ops *ops);
  * days); a pass of the plan running (a callback calling back: mlagen_comm_ops). */
 int mlagen_plan_set_comm_wait(mlagen_plan *plan, double seconds);
 
+/* The generated kernels a CUDA plan runs, as its first mlagen_forward or mlagen_backward
+ * prepared them: *count (when not NULL) gets how many (0 before that first call, and for
+ * a CPU plan); for 0 <= i < *count, *name gets kernel i's symbol
+ * ("mla_attn_fwd_sm90_h16_dn128_..._kpacked") and *config which configuration it runs and
+ * why, in `mlagen plan --explain`'s words ("tuned: <store> entry attn_fwd causal bucket
+ * 4096 (block_m=64 ...), p50 0.456 ms, ..." or "default: no tuned store for sm_90a/<device>
+ * (<file>)", with the arch family's refusal when a portable one runs instead). Both strings
+ * belong to the plan (valid until mlagen_plan_destroy); either pointer may be NULL, and
+ * with both NULL i is not read. For a trainer to log or check the configurations in use
+ * (docs/tuning.md). Errors: MLAGEN_EINVAL plan NULL or its context destroyed (message in
+ * mlagen_last_message(NULL)); i outside [0, *count) when name or config is given. */
+int mlagen_plan_kernel(const mlagen_plan *plan, int i, int *count, const char **name,
+                       const char **config);
+
 /* ---- the device --------------------------------------------------------------------- */
 
 typedef struct mlagen_device_info {

@@ -414,6 +414,15 @@ static void test_nodriver(void **state) {
   /* a call that succeeds clears the message */
   assert_int_equal(mlagen_plan_sizes(f->plan, &f->sizes), 0);
   assert_string_equal(mlagen_last_message(f->ctx), "");
+  /* never prepared (no driver): no kernel to report, and the message says why */
+  int n = -1;
+  const char *name = NULL;
+  assert_int_equal(mlagen_plan_kernel(f->plan, 0, &n, NULL, NULL), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(mlagen_plan_kernel(f->plan, 0, NULL, &name, NULL), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(f->ctx), "not prepared yet: its first mlagen_forward");
+  assert_int_equal(mlagen_plan_kernel(NULL, 0, &n, NULL, NULL), MLAGEN_EINVAL);
+  assert_contains(mlagen_last_message(NULL), "mlagen_plan_kernel: plan is NULL");
 }
 
 /* ---- bad arguments: MLAGEN_EINVAL naming the argument, before the driver --------------- */

@@ -896,6 +896,13 @@ static void test_overlap_refused_writes_nothing(void **state) {
     expect_msg(ctx, rc, MLAGEN_EINVAL, "overlap");
     if (memcmp(before, arena, at)) fail_msg("case %zu: a byte of the arena was written", i);
   }
+  /* a CPU plan runs no generated kernel: mlagen_plan_kernel counts 0, and says why for i */
+  int nk = -1;
+  const char *kname;
+  assert_int_equal(mlagen_plan_kernel(plan, 0, &nk, NULL, NULL), 0);
+  assert_int_equal(nk, 0);
+  expect_msg(ctx, mlagen_plan_kernel(plan, 0, NULL, &kname, NULL), MLAGEN_EINVAL,
+             "a CPU plan runs no generated kernel");
   /* inputs over each other run: k_rope read from q's first rows */
   mlagen_tensors t = t0;
   t.k_rope.data = t.q.data;

@@ -673,6 +673,22 @@ static void test_fake_varlen(void **state) {
     if (rc) fail_msg("%s: %s: %s", pass ? "backward" : "forward", mlagen_status_name(rc),
                      mlagen_last_message(ctx));
   }
+  /* mlagen_plan_kernel: the kernels the passes prepared, each with its configuration's
+   * reason (the fake device has no tuned store); the varlen variants among them */
+  int n = -1, varlen = 0;
+  assert_int_equal(mlagen_plan_kernel(plan, 0, &n, NULL, NULL), 0);
+  assert_true(n > 0);
+  for (int i = 0; i < n; i++) {
+    const char *name = NULL, *why = NULL;
+    assert_int_equal(mlagen_plan_kernel(plan, i, NULL, &name, &why), 0);
+    assert_true(name && !strncmp(name, "mla_", 4) && why && *why);
+    if (!strstr(why, "default: no tuned store for sm_90a/")) fail_msg("%s: %s", name, why);
+    varlen += strstr(name, "_varlen") != NULL;
+  }
+  assert_true(varlen >= 4); /* attn_fwd(_sm90), attn_bwd_pre, attn_bwd_dkdv, attn_bwd_dq */
+  const char *name;
+  assert_int_equal(mlagen_plan_kernel(plan, n, NULL, &name, NULL), MLAGEN_EINVAL);
+  if (!strstr(mlagen_last_message(ctx), "the plan runs")) fail_msg("%s", mlagen_last_message(ctx));
   for (int k = 0; k < nb; k++) free(bufs[k]);
   api_close(ctx, model, plan);
 }

@@ -136,6 +136,8 @@ def lib():
                 "mlagen_plan_create": (I, [P, P, ctypes.POINTER(PlanDesc), ctypes.POINTER(P)]),
                 "mlagen_plan_destroy": (None, [P]),
                 "mlagen_plan_sizes": (I, [P, ctypes.POINTER(Sizes)]),
+                "mlagen_plan_kernel": (I, [P, I, ctypes.POINTER(I), ctypes.POINTER(ctypes.c_char_p),
+                                           ctypes.POINTER(ctypes.c_char_p)]),
                 "mlagen_token_position": (I, [ctypes.POINTER(PlanDesc), ctypes.c_int64,
                                               ctypes.POINTER(ctypes.c_int64)]),
                 "mlagen_plan_set_comm_ops": (I, [P, ctypes.POINTER(CommOps)]),

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from . import _OWNERS, Model, _capi, _Owner
 from ._capi import MlagenError
 
-__all__ = ["mla_attention", "MLACoreAttention", "MlagenError"]
+__all__ = ["mla_attention", "MLACoreAttention", "MlagenError", "kernels"]
 
 _DTYPE_CODE = {torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_F16,
                torch.float32: _capi.DTYPE_F32, torch.float64: _capi.DTYPE_F64}
@@ -133,6 +133,20 @@ class _Plan:
     def info(self, field):
         return getattr(self.sizes, field)
 
+    def kernels(self):
+        """[(kernel name, its configuration and why)] as mlagen_plan_kernel reports them:
+        empty before the plan's first pass and for a CPU plan."""
+        L, n = _capi.lib(), ctypes.c_int(0)
+        _capi.check(L.mlagen_plan_kernel(self.handle, 0, ctypes.byref(n), None, None),
+                    self.ctx.handle)
+        out = []
+        for i in range(n.value):
+            name, cfg = ctypes.c_char_p(), ctypes.c_char_p()
+            _capi.check(L.mlagen_plan_kernel(self.handle, i, None, ctypes.byref(name),
+                                             ctypes.byref(cfg)), self.ctx.handle)
+            out.append((name.value.decode(), cfg.value.decode()))
+        return out
+
     def empty(self, field, device):
         i = self.info(field)
         return torch.empty(tuple(i.dims[:i.ndim]), dtype=_TORCH_DTYPE[i.dtype], device=device)
@@ -180,6 +194,16 @@ def _area(nbytes, device):
 def _owner_of(model):
     """The model's owner (mlagen._Owner, made with the Model): its plans in model.plans."""
     return model._owner
+
+
+def kernels(model):
+    """The generated kernels each cached plan of model (an mlagen.Model, or an
+    MLACoreAttention: its own plans) runs, with the configuration of each and why
+    (mlagen_plan_kernel): {(form, B, S, dtype, device, ...): [(kernel, configuration), ...]}.
+    A plan's list is empty until its first pass, and for CPU tensors (no generated kernel).
+    For a trainer to log which tuned configurations are in use (docs/tuning.md)."""
+    plans = model._plans if isinstance(model, MLACoreAttention) else model.plans
+    return {key: plan.kernels() for key, plan in plans.items()}
 
 
 def _group_of(sp_group):

@@ -458,6 +458,29 @@ int mlagen_plan_set_comm_wait(mlagen_plan *plan, double seconds) {
   return 0;
 }
 
+int mlagen_plan_kernel(const mlagen_plan *plan, int i, int *count, const char **name,
+                       const char **config) {
+  if (!plan) return tls_fail(MLAGEN_EINVAL, "mlagen_plan_kernel: plan is NULL");
+  mlagen_context *ctx = plan_context(plan, "mlagen_plan_kernel");
+  if (!ctx) return MLAGEN_EINVAL;
+  mg_diag_clear(&ctx->diag);
+  const int n = mg_cuda_exec_kernel_info(plan->exec, 0, NULL, NULL); /* 0 before prepare */
+  if (count) *count = n;
+  if (!name && !config) return 0;
+  if (i < 0 || i >= n)
+    return mg_diag_set(&ctx->diag, MLAGEN_EINVAL, "mlagen_plan_kernel: i = %d, the plan runs %d "
+                       "kernels%s", i, n, n ? "" : plan->device == MLAGEN_DEVICE_CPU
+                                                      ? " (a CPU plan runs no generated kernel)"
+                                                      : " (not prepared yet: its first "
+                                                        "mlagen_forward or mlagen_backward "
+                                                        "prepares it)");
+  const char *nm = NULL, *why = NULL;
+  mg_cuda_exec_kernel_info(plan->exec, i, &nm, &why);
+  if (name) *name = nm;
+  if (config) *config = why;
+  return 0;
+}
+
 int mlagen_plan_sizes(const mlagen_plan *plan, mlagen_sizes *sizes) {
   if (!plan) return tls_fail(MLAGEN_EINVAL, "mlagen_plan_sizes: plan is NULL");
   mlagen_context *ctx = plan_context(plan, "mlagen_plan_sizes");

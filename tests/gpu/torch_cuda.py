@@ -184,6 +184,11 @@ def main():
         except AssertionError:
             passed += 1
             print("mutation: one row moved by ten bounds fails the check: ok")
+    # the kernels the package's plans ran and why each has its configuration (on CUDA:
+    # tuned entries or template defaults, mlagen_plan_kernel)
+    for key, ks in mt.kernels(model).items():
+        for kname, why in ks:
+            print(f"kernel {key[0]} B {key[1]} S {key[2]}: {kname}: {why}")
     total = passed + len(failed)
     print(f"torchcuda: {passed} of {total} cases passed" +
           (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -64,6 +64,9 @@ def values():
     core(*[t.detach().float() for t in a])
     assert len(core._plans) == 3, core._plans
     print("MLACoreAttention: one plan per (B, S, dtype, device)")
+    # mlagen.torch.kernels: one entry per cached plan; CPU plans run no generated kernel
+    ks = mt.kernels(core)
+    assert len(ks) == 3 and all(v == [] for v in ks.values()), ks
     # a model given as a dict lives only in the autograd graph: a collection between the
     # passes must not free it (backward used to raise KeyError), and the gradients stay right
     import gc
