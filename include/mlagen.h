@@ -440,7 +440,8 @@ typedef struct mlagen_tensors {
  * device's arch); `mlagen compile --model M --sp P --arch <the GPU's> [--varlen]` run
  * before training with the same MLAGEN_CACHE_DIR compiles the kernels a plan runs with
  * the templates' defaults (--varlen: a packed plan's too), so that its first call finds
- * them in the cache (tuned ones are compiled then). cuBLAS is loaded then
+ * them in the cache (tuned ones, and laga-f's and laga-cp's head-group kernels at a
+ * head_groups other than the default, are compiled then). cuBLAS is loaded then
  * (libcublas.so.13/.12/.11, or $MLAGEN_LIBCUBLAS) and works in its 32 MiB slice of the
  * workspace (cublasSetWorkspace). Errors of that step:
  *   MLAGEN_EDRIVER    cuBLAS not found or not usable ("cuBLAS not found ..."), a driver

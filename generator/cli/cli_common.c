@@ -333,8 +333,8 @@ static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, i
                                           : strcmp(fam, F) != 0 && strcmp(mg_family_portable(fam), F) == 0;
       if (!counterpart) continue;
       if (*n == max) {
-        cli_error("more than %d kernels", max);
-        return CLI_USAGE;
+        cli_error("more than %d kernels (the model's, --varlen's and --family's)", max);
+        return CLI_FAIL;
       }
       mg_kernel_spec s = specs[i];
       const int split = mg_spec_split_keys(&s); /* the counterpart's key layout */

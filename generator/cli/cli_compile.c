@@ -93,7 +93,7 @@ int cli_compile(int argc, char **argv) {
       mg_gen_close(g);
       return rc;
     }
-    static cli_seen seen; /* ~20 KiB */
+    static cli_seen seen; /* ~45 KiB */
     seen.n = 0;
     for (int i = 0; i < n && !usage; i++) {
       mg_kernel k;

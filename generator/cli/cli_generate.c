@@ -68,9 +68,9 @@ int cli_generate(int argc, char **argv) {
   if ((rc = cli_prepare_rendered(&o, o.arch, &shape, specs, MG_SPEC_MAX_KERNELS, &n, &g))) return rc;
 
   mg_diag d = MG_DIAG_INIT;
-  mg_kernel kernels[MG_SPEC_MAX_KERNELS];
+  static mg_kernel kernels[MG_SPEC_MAX_KERNELS]; /* ~2.5 MiB: not on the stack */
   int made = 0;
-  static cli_seen seen; /* ~20 KiB */
+  static cli_seen seen; /* ~45 KiB */
   seen.n = 0;
   for (int i = 0; !rc && i < n; i++) {
     rc = cli_render(&o, g, &specs[i], &kernels[made], &d);

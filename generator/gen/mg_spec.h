@@ -34,9 +34,10 @@ typedef struct mg_kernel_spec {
 } mg_kernel_spec;
 
 /* The most kernel specs one model needs (every family, causal and not; with `--varlen`, the
- * attention families' packed variants too: 90 at DeepSeek-V3, SP 8): the capacity
+ * attention families' packed variants too, and `--family`'s sm_90a ones beside them:
+ * about 90 at DeepSeek-V3, SP 8 with --varlen, under 200 with all six families too): the capacity
  * callers give mg_spec_for_model. */
-#define MG_SPEC_MAX_KERNELS 128
+#define MG_SPEC_MAX_KERNELS 256
 
 /* The kernel families (templates/<family>.cu.tpl), NULL-terminated: those `mlagen generate`
  * renders for a model, and those it renders only on request (mg_spec_family_on_request). */

@@ -197,8 +197,9 @@ def _owner_of(model):
 
 
 def kernels(model):
-    """The generated kernels each cached plan of model (an mlagen.Model, or an
-    MLACoreAttention: its own plans) runs, with the configuration of each and why
+    """The generated kernels each cached plan of model (an mlagen.Model: the plans of
+    mla_attention calls given it; or an MLACoreAttention: the module's own plans, not its
+    model's) runs, with the configuration of each and why
     (mlagen_plan_kernel): {(form, B, S, dtype, device, ...): [(kernel, configuration), ...]}.
     A plan's list is empty until its first pass, and for CPU tensors (no generated kernel).
     For a trainer to log which tuned configurations are in use (docs/tuning.md)."""
@@ -427,6 +428,12 @@ class MLACoreAttention(torch.nn.Module):
         super().__setstate__(state)
         self._plans = {}
         self._owner = _Owner(self.model, self._plans)
+
+    def __copy__(self):
+        # a shallow copy shares everything, the group and the plan cache included
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__.update(self.__dict__)
+        return new
 
     def __deepcopy__(self, memo):
         # the copy shares the process group (a handle to the same ranks), not the plans

@@ -84,6 +84,9 @@ def worker(rank, P, store, queue):
         twin = copy.deepcopy(core)
         assert twin.sp_group is core.sp_group and twin._plans is not core._plans
         assert torch.equal(twin(*x), core(*x))
+        shallow = copy.copy(core)  # shares the group and the plans
+        assert shallow.sp_group is core.sp_group and shallow._plans is core._plans
+        assert torch.equal(shallow(*x), core(*x))
         try:
             torch.save(core, io.BytesIO())
             raise AssertionError("a module with a group was pickled")
