@@ -510,6 +510,23 @@ static void api_laga_plan(mlagen_context **ctx, mlagen_model **model, mlagen_pla
   api_laga_plan_v(ctx, model, plan, z, 0);
 }
 
+/* All ten tensors of a plan in fresh host buffers (bufs[0..10), which the caller frees):
+ * returns 10. */
+static int api_tensors(const mlagen_sizes *z, mlagen_tensors *t, void **bufs) {
+  memset(t, 0, sizeof *t);
+  const mlagen_tensor_info *infos[] = {&z->q, &z->c_kv, &z->k_rope, &z->w_kv_b, &z->o,
+                                       &z->d_o, &z->dq, &z->dc_kv, &z->dk_rope, &z->dw_kv_b};
+  mlagen_tensor *ts[] = {&t->q, &t->c_kv, &t->k_rope, &t->w_kv_b, &t->o,
+                         &t->d_o, &t->dq, &t->dc_kv, &t->dk_rope, &t->dw_kv_b};
+  for (int k = 0; k < 10; k++) {
+    ts[k]->data = bufs[k] = aligned(infos[k]->bytes);
+    ts[k]->dtype = infos[k]->dtype;
+    ts[k]->ndim = infos[k]->ndim;
+    memcpy(ts[k]->dims, infos[k]->dims, sizeof ts[k]->dims);
+  }
+  return 10;
+}
+
 static void api_close(mlagen_context *ctx, mlagen_model *model, mlagen_plan *plan) {
   mlagen_plan_destroy(plan);
   mlagen_model_destroy(model);
@@ -591,19 +608,8 @@ static void test_fake_cublas(void **state) {
   assert_int_equal(z.workspace_bytes, (size_t)mem.workspace_bytes + slice);
 
   mlagen_tensors t;
-  memset(&t, 0, sizeof t);
   void *bufs[16];
-  int nb = 0;
-  const mlagen_tensor_info *infos[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.o,
-                                       &z.d_o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
-  mlagen_tensor *ts[] = {&t.q, &t.c_kv, &t.k_rope, &t.w_kv_b, &t.o,
-                         &t.d_o, &t.dq, &t.dc_kv, &t.dk_rope, &t.dw_kv_b};
-  for (int k = 0; k < 10; k++) {
-    ts[k]->data = bufs[nb++] = aligned(infos[k]->bytes);
-    ts[k]->dtype = infos[k]->dtype;
-    ts[k]->ndim = infos[k]->ndim;
-    memcpy(ts[k]->dims, infos[k]->dims, sizeof ts[k]->dims);
-  }
+  int nb = api_tensors(&z, &t, bufs);
   char *ws = bufs[nb++] = aligned(z.workspace_bytes + 256);
   void *saved = bufs[nb++] = aligned(z.saved_bytes);
   for (int shift = 0; shift <= 16; shift += 16) { /* 256-byte, then only 16-byte aligned */
@@ -651,19 +657,8 @@ static void test_fake_varlen(void **state) {
   api_laga_plan_v(&ctx, &model, &plan, &z, 1);
   assert_int_equal(z.q.ndim, 3); /* THD */
   mlagen_tensors t;
-  memset(&t, 0, sizeof t);
   void *bufs[16];
-  int nb = 0;
-  const mlagen_tensor_info *infos[] = {&z.q, &z.c_kv, &z.k_rope, &z.w_kv_b, &z.o,
-                                       &z.d_o, &z.dq, &z.dc_kv, &z.dk_rope, &z.dw_kv_b};
-  mlagen_tensor *ts[] = {&t.q, &t.c_kv, &t.k_rope, &t.w_kv_b, &t.o,
-                         &t.d_o, &t.dq, &t.dc_kv, &t.dk_rope, &t.dw_kv_b};
-  for (int k = 0; k < 10; k++) {
-    ts[k]->data = bufs[nb++] = aligned(infos[k]->bytes);
-    ts[k]->dtype = infos[k]->dtype;
-    ts[k]->ndim = infos[k]->ndim;
-    memcpy(ts[k]->dims, infos[k]->dims, sizeof ts[k]->dims);
-  }
+  int nb = api_tensors(&z, &t, bufs);
   const int32_t cu[3] = {0, 3, 8};
   t.cu_seqlens = cu, t.n_cu_seqlens = 3;
   void *ws = bufs[nb++] = aligned(z.workspace_bytes), *saved = bufs[nb++] = aligned(z.saved_bytes);
