@@ -4,6 +4,7 @@
 #define MG_CLI_H
 #include "mg_config.h"
 #include "mg_generate.h"
+#include "mg_hash.h"
 #include "mg_plan.h"
 #include "mg_spec.h"
 
@@ -114,8 +115,7 @@ int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg
 typedef struct cli_seen {
   int n;
   char name[MG_SPEC_MAX_KERNELS][160];
-  uint64_t hash[MG_SPEC_MAX_KERNELS];
-  size_t len[MG_SPEC_MAX_KERNELS];
+  uint8_t digest[MG_SPEC_MAX_KERNELS][MG_HASH_BYTES]; /* SHA-256 of the source (mg_hash) */
 } cli_seen;
 
 /* 1 when a kernel of k's name and source was rendered before (a fallback that is a kernel

@@ -428,22 +428,14 @@ int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg
   return mg_gen_kernel(g, s, k, d);
 }
 
-/* FNV-1a over the rendered source: two kernels of one name and one source are one kernel. */
-static uint64_t source_hash(const mg_kernel *k) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < k->source_len; i++) h = (h ^ (unsigned char)k->source[i]) * 1099511628211ull;
-  return h;
-}
-
 int cli_kernel_seen(cli_seen *seen, const mg_kernel *k) {
-  const uint64_t h = source_hash(k);
+  uint8_t dig[MG_HASH_BYTES];
+  if (mg_hash(k->source, k->source_len, dig)) return 0; /* out of memory: render it again */
   for (int j = 0; j < seen->n; j++)
-    if (seen->hash[j] == h && seen->len[j] == k->source_len && !strcmp(seen->name[j], k->name))
-      return 1;
+    if (!memcmp(seen->digest[j], dig, sizeof dig) && !strcmp(seen->name[j], k->name)) return 1;
   if (seen->n < MG_SPEC_MAX_KERNELS) {
     snprintf(seen->name[seen->n], sizeof seen->name[0], "%s", k->name);
-    seen->hash[seen->n] = h, seen->len[seen->n] = k->source_len;
-    seen->n++;
+    memcpy(seen->digest[seen->n++], dig, sizeof dig);
   }
   return 0;
 }

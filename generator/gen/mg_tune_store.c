@@ -268,9 +268,8 @@ static double num(const cJSON *o, const char *key, const char **bad) {
 /* A timing: a number above 0 (a time of 0 or below was never measured); a rate
  * (zero_ok): 0 or above (a layout kernel does no FLOPs). */
 static double positive(const cJSON *o, const char *key, int zero_ok, const char **bad) {
-  const char *was = *bad;
   double v = num(o, key, bad);
-  if (*bad == was && !(v > 0 || (zero_ok && v == 0)) && !*bad) *bad = key;
+  if (!*bad && !(v > 0 || (zero_ok && v == 0))) *bad = key;
   return v;
 }
 
