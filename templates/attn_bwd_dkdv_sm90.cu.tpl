@@ -145,10 +145,14 @@
 @     -- the interface tunables as set (the plan's), for the register and memory checks
 @     local det = s.config ~= nil and s.config.deterministic or 1
 @     local kp = s.config ~= nil and s.config.k_packed or 0
-@     for _, tp in ipairs({ 0, 1 }) do
-@       for _, p in ipairs({ { 128, 2 }, { 64, 2 }, { 64, 1 } }) do
-@         local c = { block_n = p[1], block_m = BM, stages = p[2], two_pass = tp, deterministic = det, k_packed = kp, overlap = 0 }
-@         if accumulators(c) <= acc_limit(c) and smem_bytes(c) <= SMEM_LIMIT then return c end
+@     -- overlap 0 first (until a GPU has timed both); overlap 1 where 0 does not fit (split
+@     -- keys at wide heads, GLM's 256/256: its RoPE sums leave the registers)
+@     for _, ov in ipairs({ 0, 1 }) do
+@       for _, tp in ipairs({ 0, 1 }) do
+@         for _, p in ipairs({ { 128, 2 }, { 64, 2 }, { 64, 1 } }) do
+@           local c = { block_n = p[1], block_m = BM, stages = p[2], two_pass = tp, deterministic = det, k_packed = kp, overlap = ov }
+@           if (ov == 0 or c.stages >= 2) and accumulators(c) <= acc_limit(c) and smem_bytes(c) <= SMEM_LIMIT then return c end
+@         end
 @       end
 @     end
 @     return { block_n = 64, block_m = BM, stages = 1, two_pass = 1, deterministic = det, k_packed = kp, overlap = 0 }

@@ -599,14 +599,21 @@ static void test_unusual_heads(void **state) {
   }
 }
 /* Wide heads, d_qk 256 and d_v 256 (GLM-4.7-Flash's 256/256): the defaults (dK/dV: two
- * passes), dK/dV with packed keys (split keys keep dK's RoPE columns in registers across
- * the heads: with them, the first pass does not fit). */
+ * passes), dK/dV with packed keys and with split keys (the LAGA plans'), whose default is
+ * overlap = 1: with overlap = 0 dK's RoPE columns stay in registers across the heads and
+ * the first pass does not fit (208 accumulators). */
 static void test_wide_heads(void **state) {
   (void)state;
   const char *a[] = {"k_packed=1"};
   check_shape(0, 2, 192, 64, 256, a, 1);
   g_contig_full = 1; /* split keys: the suite's one contiguous k_rope */
   check_shape(1, 2, 192, 64, 256, NULL, 0);
+  mg_kernel_spec s = make_spec(0, 2, 192, 64, 256, 1);
+  built_kernel bk;
+  build_edit(&s, NULL, &bk); /* the default for split keys renders (it fell back to the mma.sync kernel) */
+  assert_int_equal(kh_config_int(&bk.kh, "overlap"), 1);
+  kh_free(&bk.kh);
+  check_shape(0, 2, 192, 64, 256, NULL, 0);
   g_contig_full = 0;
 }
 

@@ -57,8 +57,8 @@
 
 static uint64_t g_seed = 20260529;
 static fake_cuda g_fake; /* the fake driver's hooks (mode "fake") */
-/* mode "sm90": a fragment every plan's kernel list must have (the sm_90a family) */
-static const char *g_want_kernel;
+/* mode "sm90": fragments every plan's kernel list must have (the sm_90a families; NULL ends) */
+static const char *const *g_want_kernel;
 
 /* ---- one form on one case ---------------------------------------------------------------- */
 
@@ -124,14 +124,14 @@ static void check_form_tuned(const tu_case *c, mg_form f, mg_dtype dt, double *c
     }
     if (!found && strcmp(tuned, "no tuned kernel")) fail_msg("%s: no kernel named *%s*", mg_form_name(f), tuned);
   }
-  if (g_want_kernel) { /* the family the ops' arch runs, and why */
+  for (const char *const *w = g_want_kernel; w && *w; w++) { /* the families the ops' arch runs, and why */
     int found = 0;
     for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
       const char *name, *why;
       mg_cuda_exec_kernel_info(x, i, &name, &why);
-      if (strstr(name, g_want_kernel)) found = 1, print_message("  %s: %s\n", name, why);
+      if (strstr(name, *w)) found = 1, print_message("  %s: %s\n", name, why);
     }
-    if (!found) fail_msg("%s: no kernel named *%s*", mg_form_name(f), g_want_kernel);
+    if (!found) fail_msg("%s: no kernel named *%s*", mg_form_name(f), *w);
   }
 
   const size_t ws_b = (size_t)mg_cuda_exec_workspace_bytes(x), sv_b = (size_t)mg_cuda_exec_saved_bytes(x);
@@ -375,11 +375,12 @@ static int report_worst(void **state) {
 
 /* Host ops claiming an sm_90a device, with the fake driver's cuTensorMapEncodeTiled (the host
  * executor's map format, tests/host/mg_host_tmap.h) as their driver: the explicit, laga and
- * laga-cp plans run attn_fwd_sm90 (the TMA/wgmma forward, on the host executor's sm_90a emulation)
+ * laga-cp plans run attn_fwd_sm90 and the sm_90a backward (attn_bwd_dkdv_sm90 and
+ * attn_bwd_dq_sm90 after attn_bwd_pre; TMA/wgmma, on the host executor's sm_90a emulation)
  * with the tensor maps the executor encodes at each launch from the pass's addresses, and
  * match the CPU executor per element as the mma.sync runs do; MLAGEN_MMA_SYNC=1 (and the
- * mma_sync option) give the mma.sync attn_fwd back, ops without a driver keep it, and so
- * does a shape attn_fwd_sm90 refuses (d_v 48). */
+ * mma_sync option) give the mma.sync attn_fwd / attn_bwd_dkdv / attn_bwd_dq back, ops
+ * without a driver keep them, and so does a shape the sm_90a kernels refuse (d_v 48). */
 static void test_sm90_family(void **state) {
   (void)state;
   mg_diag d = MG_DIAG_INIT;
@@ -394,7 +395,7 @@ static void test_sm90_family(void **state) {
   char dir[] = "/tmp/mlagen-tuned-XXXXXX"; /* an empty store: every kernel its default */
   assert_non_null(mkdtemp(dir));
   /* the family choice: sm90 with a driver; mma.sync when forced or without one */
-  mg_shape sh = tu_shape(2, 64, 32, 64, 256);
+  mg_shape sh = tu_shape(2, 64, 64, 64, 256); /* d_qk 128: an N of the backward's dK wgmma */
   mg_plan *plan = calloc(1, sizeof *plan);
   assert_non_null(plan);
   mg_plan_args a = {.shape = &sh, .form = MG_FORM_EXPLICIT, .sp = 1, .batch = 2, .seq = 33,
@@ -420,21 +421,30 @@ static void test_sm90_family(void **state) {
     mg_cuda_exec *x = NULL;
     if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));
     unsetenv("MLAGEN_MMA_SYNC");
-    int sm90 = 0, mma = 0;
+    /* the forward and the backward's two sm_90a kernels (attn_bwd_pre is portable) */
+    static const char *const fam[3] = {"mla_attn_fwd_", "mla_attn_bwd_dkdv_", "mla_attn_bwd_dq_"};
+    int sm90[3] = {0}, mma[3] = {0};
     for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
       const char *name, *why;
       mg_cuda_exec_kernel_info(x, i, &name, &why);
-      sm90 += strstr(name, "mla_attn_fwd_sm90_") != NULL;
-      mma += strncmp(name, "mla_attn_fwd_h", 14) == 0;
-      if (v && strstr(name, "attn_fwd")) print_message("  %s: %s\n", name, why);
-      if (v && strstr(name, "attn_fwd") && !strstr(why, "the mma.sync families")) fail_msg("%s: %s", name, why);
+      for (int k = 0; k < 3; k++) {
+        const size_t len = strlen(fam[k]);
+        if (strncmp(name, fam[k], len)) continue;
+        sm90[k] += strncmp(name + len, "sm90_", 5) == 0;
+        mma[k] += name[len] == 'h';
+        if (v) print_message("  %s: %s\n", name, why);
+        if (v && !strstr(why, "the mma.sync families")) fail_msg("%s: %s", name, why);
+      }
     }
-    assert_int_equal(sm90, v == 0);
-    assert_int_equal(mma, v != 0);
+    for (int k = 0; k < 3; k++) {
+      assert_int_equal(sm90[k], v == 0);
+      assert_int_equal(mma[k], v != 0);
+    }
     mg_cuda_exec_destroy(x);
   }
-  /* a shape attn_fwd_sm90 refuses (d_v 48: not an N of its O += P V wgmma): attn_fwd runs,
-   * and its why says so */
+  /* a shape the sm_90a kernels refuse (d_v 48: not an N of the forward's O += P V wgmma;
+   * d_qk 96: not one of the backward's dK): attn_fwd, attn_bwd_dkdv and attn_bwd_dq run,
+   * and their whys say so */
   mg_shape odd = tu_shape(2, 64, 32, 48, 256);
   a.shape = &odd;
   assert_int_equal(mg_plan_build(plan, &a, &d), 0);
@@ -442,24 +452,31 @@ static void test_sm90_family(void **state) {
     mg_cuda_exec_opts eo = {.gen = g, .tune_dir = dir};
     mg_cuda_exec *x = NULL;
     if (mg_cuda_exec_prepare(plan, &h->base, &eo, &x, &d)) fail_msg("prepare: %s", mg_diag_msg(&d));
-    int fwd = 0;
+    static const char *const fam[3] = {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"};
+    int seen[3] = {0};
     for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
       const char *name, *why;
       mg_cuda_exec_kernel_info(x, i, &name, &why);
-      if (strncmp(name, "mla_attn_fwd_", 13)) continue;
-      print_message("  %s: %s\n", name, why);
-      assert_int_equal(strncmp(name, "mla_attn_fwd_h", 14), 0);
-      assert_non_null(strstr(why, "attn_fwd_sm90 refused the shape"));
-      fwd++;
+      for (int k = 0; k < 3; k++) {
+        char pre[32], refused[64];
+        snprintf(pre, sizeof pre, "mla_%s_", fam[k]);
+        if (strncmp(name, pre, strlen(pre))) continue;
+        print_message("  %s: %s\n", name, why);
+        assert_int_equal(name[strlen(pre)], 'h'); /* the mma.sync kernel */
+        snprintf(refused, sizeof refused, "%s_sm90 refused the shape", fam[k]);
+        if (!strstr(why, refused) || !strstr(why, "wgmma))")) fail_msg("%s: %s", name, why); /* the reason whole */
+        seen[k]++;
+      }
     }
-    assert_int_equal(fwd, 1);
+    for (int k = 0; k < 3; k++) assert_int_equal(seen[k], 1);
     mg_cuda_exec_destroy(x);
   }
   free(plan);
-  /* the runs: attn_fwd_sm90 in the explicit, laga and laga-cp forwards, against the CPU
-   * executor */
+  /* the runs: attn_fwd_sm90 and the sm_90a backward in the explicit, laga and laga-cp
+   * passes, against the CPU executor */
   h->base.drv = drv;
-  g_want_kernel = "mla_attn_fwd_sm90_";
+  static const char *const want[] = {"mla_attn_fwd_sm90_", "mla_attn_bwd_dkdv_sm90_", "mla_attn_bwd_dq_sm90_", NULL};
+  g_want_kernel = want;
   for (int causal = 1; causal >= 0; causal--) {
     tu_case c = {.shape = sh, .B = 2, .S = 33, .causal = causal};
     double *in[TU_N_IN] = {0};

@@ -666,7 +666,8 @@ static void test_specs_unique(void **state) {
 }
 
 /* The per-arch family table (mg_arch_kernel_table) and what reads it: sm_90a runs
- * attn_fwd_sm90 for the forward and the portable families for everything else; sm_80, sm_86,
+ * attn_fwd_sm90 for the explicit forward, attn_bwd_dkdv_sm90 / attn_bwd_dq_sm90 for its
+ * backward and the portable families for everything else; sm_80, sm_86,
  * sm_89 and no arch run the portable ones; the plan tunables of attn_fwd_sm90 (k_packed = 1)
  * come from its row; mg_spec_for_model lists no arch family. */
 static void test_arch_families(void **state) {
@@ -680,8 +681,16 @@ static void test_arch_families(void **state) {
       }
   assert_string_equal(mg_op_family_arch(MG_OP_ATTN_FWD, 0, "sm_90a"), "attn_fwd_sm90");
   assert_null(mg_op_family_arch(MG_OP_ATTN_FWD, 1, "sm_90a"));
-  for (int i = 0; i < 3; i++) /* the backward stays mma.sync until its rows are added */
-    assert_string_equal(mg_op_family_arch(MG_OP_ATTN_BWD, i, "sm_90a"), mg_op_family(MG_OP_ATTN_BWD, i));
+  /* the explicit backward: attn_bwd_pre (portable) then the sm_90a dK/dV and dQ kernels */
+  static const char *const bwd90[3] = {"attn_bwd_pre", "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90"};
+  for (int i = 0; i < 3; i++) {
+    assert_string_equal(mg_op_family_arch(MG_OP_ATTN_BWD, i, "sm_90a"), bwd90[i]);
+    assert_string_equal(mg_op_family_arch(MG_OP_ATTN_BWD, i, "sm_80"), mg_op_family(MG_OP_ATTN_BWD, i));
+  }
+  assert_string_equal(mg_family_portable("attn_bwd_dkdv_sm90"), "attn_bwd_dkdv");
+  assert_string_equal(mg_family_portable("attn_bwd_dq_sm90"), "attn_bwd_dq");
+  /* the absorbed backward's row is on request: mqa_bwd_dkv / mqa_bwd_dq on sm_90a */
+  assert_string_equal(mg_op_family_arch(MG_OP_MQA_BWD, 1, "sm_90a"), "mqa_bwd_dkv");
   assert_string_equal(mg_family_portable("attn_fwd_sm90"), "attn_fwd");
   assert_string_equal(mg_family_portable("attn_fwd"), "attn_fwd");
   assert_true(mg_family_runs_on("attn_fwd_sm90", "sm_90a"));
@@ -713,8 +722,11 @@ static void test_arch_families(void **state) {
   memset(t.arch, 0, sizeof t.arch);
   assert_memory_equal(&s, &t, sizeof s);
   snprintf(s.family, sizeof s.family, "attn_bwd_dq");
+  assert_int_equal(mg_spec_to_arch(&s, "sm_90a", &t), 1);
+  assert_string_equal(t.family, "attn_bwd_dq_sm90");
+  snprintf(s.family, sizeof s.family, "mqa_bwd_dq");
   assert_int_equal(mg_spec_to_arch(&s, "sm_90a", &t), 0);
-  assert_string_equal(t.family, "attn_bwd_dq");
+  assert_string_equal(t.family, "mqa_bwd_dq");
   mg_shape shape;
   load_shape("deepseek-v3", &shape);
   mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
@@ -740,7 +752,7 @@ static void test_arch_families(void **state) {
       assert_string_equal(as.arch, archs[a]);
       mg_kernel k;
       if (mg_gen_kernel(g, &as, &k, &d)) fail_msg("%s %s: %s", archs[a], as.family, mg_diag_msg(&d));
-      const long limit = a < 2 ? 99 * 1024 : !strcmp(as.family, "attn_fwd_sm90") ? 227 * 1024 : 163 * 1024;
+      const long limit = a < 2 ? 99 * 1024 : strcmp(mg_family_portable(as.family), as.family) ? 227 * 1024 : 163 * 1024;
       if ((long)k.info.launch.smem > limit)
         fail_msg("%s %s: %zu bytes of shared memory, over %ld", archs[a], k.name, k.info.launch.smem, limit);
       if (a >= 2 && !strcmp(as.family, specs[i].family)) {

@@ -360,9 +360,18 @@ static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, i
           const size_t len = strlen(list);
           snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", *af);
         }
+      char repl[256] = ""; /* the portable families an architecture's row replaces */
+      for (const mg_arch_kernels *a = mg_arch_kernel_table; a->arch; a++)
+        for (int i = 0; i < MG_SPEC_OP_FAMILIES && a->k.family[i] && !a->on_request; i++) {
+          const char *p = mg_family_portable(a->k.family[i]);
+          if (!strcmp(p, a->k.family[i])) continue;
+          const size_t len = strlen(repl);
+          snprintf(repl + len, sizeof repl - len, "%s%s on %s", len ? ", " : "", p, a->arch);
+        }
       cli_error("--family %s: generate and compile render on request only an architecture's "
-                "family beside the portable one it stands in for (%s; with --arch sm_90a, "
-                "attn_fwd); every other family is rendered anyway", F, list);
+                "family beside the portable one it stands in for (%s), or a portable family "
+                "beside the architecture's that replaces it (%s; with --arch); every other "
+                "family is rendered anyway", F, list, repl);
       return CLI_USAGE;
     }
   }

@@ -153,7 +153,7 @@ static int explain(const cli_opts *o, const mg_shape *shape, explainer *e) {
     int krc = mg_tune_resolved_config(g, &chosen, &cfg, &d);
     if (krc == MLAGEN_EINVAL) {
       /* the template refuses this shape: say so in place of a configuration */
-      printf("  %-14s %-10s (no kernel: %s)\n", specs[i].family,
+      printf("  %-18s %-10s (no kernel: %s)\n", specs[i].family,
              specs[i].causal ? "causal" : "non-causal", mg_diag_msg(&d));
       mg_diag_clear(&d);
       continue;
@@ -166,7 +166,7 @@ static int explain(const cli_opts *o, const mg_shape *shape, explainer *e) {
       continue;
     }
     char text[256];
-    printf("  %-14s %-10s H=%-3d %s\n      %s\n", specs[i].family,
+    printf("  %-18s %-10s H=%-3d %s\n      %s\n", specs[i].family,
            specs[i].causal ? "causal" : "non-causal", specs[i].heads,
            mg_tune_config_str(&cfg, text, sizeof text), why);
   }

@@ -197,7 +197,7 @@ static int time_spec(mg_gen *g, const mg_tune_candidate *cands, int n, const mg_
           fprintf(stderr, "tune: %s: p20 %.4f p50 %.4f p80 %.4f ms\n", k.name, t->p20_ms,
                   t->p50_ms, t->p80_ms);
         } else {
-          printf("%-14s %-10s %-52s %s (%s)\n", cands[i].spec.family,
+          printf("%-18s %-10s %-52s %s (%s)\n", cands[i].spec.family,
                  cands[i].spec.causal ? "causal" : "non-causal", cfg,
                  mg_tune_verdict_name(t->verdict), t->reason);
           (*discarded)++;
@@ -341,7 +341,7 @@ int cli_tune(int argc, char **argv) {
   double elapsed = now_s() - pr.t0;
 
   int by[MG_TUNE_N_VERDICTS] = {0}, hits = 0;
-  printf("%-14s %4s %-10s %-52s %5s %6s %7s %5s  %s\n", "family", "H", "causal", "config", "regs",
+  printf("%-18s %4s %-10s %-52s %5s %6s %7s %5s  %s\n", "family", "H", "causal", "config", "regs",
          "spill", "smem", "warps", "verdict");
   for (int i = 0; i < n_all; i++) {
     const mg_tune_candidate *c = &all[i];
@@ -351,13 +351,13 @@ int cli_tune(int argc, char **argv) {
     int compiled = c->verdict == MG_TUNE_KEPT || c->verdict == MG_TUNE_PRUNED;
     hits += compiled && c->report.cache_hit;
     if (compiled)
-      printf("%-14s %4d %-10s %-52s %5d %6ld %7ld %5d  %s%s%s%s\n", c->spec.family, c->spec.heads,
+      printf("%-18s %4d %-10s %-52s %5d %6ld %7ld %5d  %s%s%s%s\n", c->spec.family, c->spec.heads,
              c->spec.causal ? "causal" : "non-causal", cfg, c->report.registers,
              c->report.spill_stores + c->report.spill_loads, c->report.smem_bytes + c->dyn_smem,
              c->warps, mg_tune_verdict_name(c->verdict), c->reason[0] ? " (" : "", c->reason,
              c->reason[0] ? ")" : "");
     else
-      printf("%-14s %4d %-10s %-52s %5s %6s %7s %5s  %s (%s)\n", c->spec.family, c->spec.heads,
+      printf("%-18s %4d %-10s %-52s %5s %6s %7s %5s  %s (%s)\n", c->spec.family, c->spec.heads,
              c->spec.causal ? "causal" : "non-causal", cfg, "-", "-", "-", "-",
              mg_tune_verdict_name(c->verdict), c->reason);
   }

@@ -32,7 +32,7 @@ typedef struct kparam {
 
 typedef struct kern {
   char name[160];
-  char why[400]; /* which family and configuration, and why (mg_tune_lookup's words) */
+  char why[720]; /* which family and configuration, and why (mg_tune_lookup's words) */
   void *handle;
   mg_launch_rule rule;
   int n_params;
@@ -200,14 +200,14 @@ static int want_kernel_v(prep *r, int i, const char *family, int varlen, int hea
   if (rc == MLAGEN_EINVAL && strcmp(mg_family_portable(family), family) != 0) {
     /* an architecture's family that refuses this shape (or has no varlen variant): the
      * portable one runs instead */
-    char msg[300];
+    char msg[400];
     snprintf(msg, sizeof msg, "%s", mg_diag_msg(r->d));
     mg_diag_clear(r->d);
     rc = want_kernel_v(r, i, mg_family_portable(family), varlen, heads, dn, dr, dv, dc, kidx);
     if (!rc) {
       kern *e = &x->kerns[*kidx];
       size_t n = strlen(e->why);
-      snprintf(e->why + n, sizeof e->why - n, "; %s refused the %s (%.120s)", family,
+      snprintf(e->why + n, sizeof e->why - n, "; %s refused the %s (%.300s)", family,
                varlen ? "spec" : "shape", msg);
     }
     return rc;
@@ -231,7 +231,7 @@ static int want_kernel_v(prep *r, int i, const char *family, int varlen, int hea
   kern *e = &x->kerns[x->n_kerns];
   memset(e, 0, sizeof *e);
   snprintf(e->name, sizeof e->name, "%s", k.name);
-  snprintf(e->why, sizeof e->why, "%.230s%.159s", why, x->arch_note);
+  snprintf(e->why, sizeof e->why, "%.400s%.200s", why, x->arch_note);
   e->rule = k.info.launch;
   e->tparam = -1;
   rc = 0;
