@@ -167,10 +167,12 @@ enum {
   K_A2A_PACK, K_A2A_UNPACK, K_DQ_CONVERT, K_EXPAND_KV, K_SPLIT_DKV, K_CONCAT_LATENT,
   K_SPLIT_LATENT, K_COPY_COLS,
   /* --sm90 only (sm_90a): the explicit forwards, causal (K_FWD, K_FWD_SM90) and not; the
-   * sm_90a deterministic backward (beside K_PRE, K_DKDV_DET, K_DQ), causal; the absorbed
-   * forward's sm_90a kernel (beside K_MQA_FWD) and backward's (beside K_MQA_DKV, K_MQA_DQ),
-   * causal */
+   * sm_90a deterministic backward (beside K_PRE, K_DKDV_DET, K_DQ), causal, with split keys
+   * (the LAGA plans': K_DKDV_DET's and K_DKDV_SM90's head loop) and packed ones (the
+   * explicit plan's: *_KP, a CTA per key tile and head); the absorbed forward's sm_90a kernel
+   * (beside K_MQA_FWD) and backward's (beside K_MQA_DKV, K_MQA_DQ), causal */
   K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT,
+  K_DKDV_KP, K_DQ_KP, K_DKDV_SM90_KP, K_DQ_SM90_KP,
   K_MQA_FWD_SM90, K_MQA_DKV_SM90, K_MQA_DQ_SM90,
   /* --varlen only: the packed-sequence variants (spec.varlen, issue 16) of the explicit
    * deterministic pipeline and the absorbed one, beside K_FWD, K_PRE, K_DKDV_DET, K_DQ and
@@ -188,6 +190,7 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "split_dkv", "concat_latent", "split_latent", "copy_cols",
                                         "attn_fwd_sm90", "attn_fwd_full", "attn_fwd_sm90_full",
                                         "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at",
+                                        "bwd_dkdv_kp", "bwd_dq_kp", "bwd_dkdv_sm90_kp", "bwd_dq_sm90_kp",
                                         "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                                         "attn_fwd_varlen", "bwd_pre_varlen", "bwd_dkdv_varlen",
                                         "bwd_dq_varlen", "mqa_fwd_varlen", "mqa_bwd_pre_varlen",
@@ -200,6 +203,7 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "split_dkv", "concat_latent", "split_latent",
                                          "copy_cols", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90",
                                          "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90",
+                                         "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90",
                                          "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                                          "attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
@@ -207,9 +211,15 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
 static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NULL, NULL},
                                          {NULL, NULL}, {"deterministic=1", NULL}, {NULL, NULL},
                                          [K_DKDV_SM90_AT] = {"deterministic=0", NULL},
+                                         [K_DKDV_KP] = {"k_packed=1", "deterministic=1"},
+                                         [K_DQ_KP] = {"k_packed=1", NULL},
+                                         [K_DKDV_SM90_KP] = {"k_packed=1", "deterministic=1"},
+                                         [K_DQ_SM90_KP] = {"k_packed=1", NULL},
                                          [K_DKDV_VL] = {"deterministic=1", NULL}};
 /* The varlen variant of a --varlen kernel (its unpacked params, then cu_seqlens, n_seqs). */
 static int is_varlen(int which) { return which >= K_FWD_VL; }
+/* The backward kernels of packed keys (k_packed = 1: K [S, H, d_qk], dK likewise). */
+static int is_packed_bwd(int which) { return which >= K_DKDV_KP && which <= K_DQ_SM90_KP; }
 /* The parameter lists the launches below pass, checked against each manifest. */
 #define K_MAX_PARAMS 24
 static const char *const k_params[NK][K_MAX_PARAMS] = {
@@ -248,6 +258,14 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
      "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "k_nope", "k_rope", "ld_k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+     "q_split", "q_pos1", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+     "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "tmaps"},
     {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
      "tmaps"},
@@ -320,7 +338,7 @@ static int wanted(const kset *ks, int which) {
   if (g_sm90)
     return which == K_FWD || which == K_PRE || which == K_DKDV || which == K_DKDV_DET ||
            which == K_DQ || (which >= K_FWD_SM90 && which < K_MQA_FWD_SM90) ||
-           (!g_no_mqa && ((which >= K_MQA_FWD && which < NATTN) || which >= K_MQA_FWD_SM90));
+           (!g_no_mqa && ((which >= K_MQA_FWD && which < NATTN) || (which >= K_MQA_FWD_SM90 && which <= K_MQA_DQ_SM90)));
   return which < NATTN || (ks->timed && which < K_FWD_SM90);
 }
 
@@ -496,6 +514,7 @@ typedef struct dev_tensors {
 } dev_tensors;
 typedef struct dev_outputs {
   CUdeviceptr o, lse, dq_accum, dq, dkn, dkr, dv;
+  CUdeviceptr dkp; /* packed keys' per-head dK [S, H, d_qk] (is_packed_bwd) */
 } dev_outputs;
 
 static const CUdeviceptr NULLP = 0;
@@ -551,6 +570,13 @@ static int run_pre(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, int 
 static int run_dkdv(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, const dev_outputs *out,
                     int S, float scale) {
   int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  if (is_packed_bwd(g->which)) { /* K and dK per head: no k_rope, ld_k_rope, dk_rope */
+    CUdeviceptr none = NULLP;
+    void *args[] = {(void *)&t->q, (void *)&t->kp, &none, (void *)&t->v, (void *)&t->dout,
+                    (void *)&t->lse, (void *)&t->delta, &dq_accum, (void *)&out->dkp, &none,
+                    (void *)&out->dv, &S, &S, &q_pos0, &q_split, &q_pos1, &scale};
+    return launch(g, 1, S, S, args);
+  }
   void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr, &ldr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
                   (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
@@ -559,6 +585,13 @@ static int run_dkdv(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum, con
 }
 static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int S, float scale) {
   int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  if (is_packed_bwd(g->which)) {
+    CUdeviceptr none = NULLP;
+    void *args[] = {(void *)&t->q, (void *)&t->kp, &none, (void *)&t->v, (void *)&t->dout,
+                    (void *)&t->lse, (void *)&t->delta, (void *)&out->dq, &S, &S, &q_pos0,
+                    &q_split, &q_pos1, &scale};
+    return launch(g, 1, S, S, args);
+  }
   void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr, &ldr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
                   &S, &S, &q_pos0, &q_split, &q_pos1, &scale};
@@ -568,10 +601,17 @@ static int run_dq(const gk *g, const dev_tensors *t, const dev_outputs *out, int
 /* The sm_90a backward's 5 tensor maps (sm90_bwd_maps), passed by value: the launch copies
  * them. */
 typedef CUtensorMap bwd_maps[MG_SM90_BWD_TMAPS];
-/* The sm_90a backward's kernels (split keys) with their 5 tensor maps tmaps. */
+/* The sm_90a backward's kernels (split or packed keys) with their 5 tensor maps tmaps. */
 static int run_dkdv_sm90(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum,
                          const dev_outputs *out, int S, float scale, const CUtensorMap *tmaps) {
   int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  if (is_packed_bwd(g->which)) {
+    CUdeviceptr none = NULLP;
+    void *args[] = {(void *)&t->q, (void *)&t->kp, &none, (void *)&t->v, (void *)&t->dout,
+                    (void *)&t->lse, (void *)&t->delta, &dq_accum, (void *)&out->dkp, &none,
+                    (void *)&out->dv, &S, &S, &q_pos0, &q_split, &q_pos1, &scale, (void *)tmaps};
+    return launch(g, 1, S, S, args);
+  }
   void *args[] = {(void *)&t->q,  (void *)&t->kn,    (void *)&t->kr, &ldr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, &dq_accum,
                   (void *)&out->dkn, (void *)&out->dkr, (void *)&out->dv, &S, &S, &q_pos0,
@@ -581,6 +621,13 @@ static int run_dkdv_sm90(const gk *g, const dev_tensors *t, CUdeviceptr dq_accum
 static int run_dq_sm90(const gk *g, const dev_tensors *t, const dev_outputs *out, int S,
                        float scale, const CUtensorMap *tmaps) {
   int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  if (is_packed_bwd(g->which)) {
+    CUdeviceptr none = NULLP;
+    void *args[] = {(void *)&t->q, (void *)&t->kp, &none, (void *)&t->v, (void *)&t->dout,
+                    (void *)&t->lse, (void *)&t->delta, (void *)&out->dq, &S, &S, &q_pos0,
+                    &q_split, &q_pos1, &scale, (void *)tmaps};
+    return launch(g, 1, S, S, args);
+  }
   void *args[] = {(void *)&t->q,    (void *)&t->kn,  (void *)&t->kr, &ldr,    (void *)&t->v,
                   (void *)&t->dout, (void *)&t->lse, (void *)&t->delta, (void *)&out->dq,
                   &S, &S, &q_pos0, &q_split, &q_pos1, &scale, (void *)tmaps};
@@ -590,7 +637,8 @@ static int run_dq_sm90(const gk *g, const dev_tensors *t, const dev_outputs *out
  * runtime's helper (runtime/exec/mg_sm90_tmap.h's mg_sm90_bwd_tmaps). */
 static int sm90_bwd_maps(const gk *g, const dev_tensors *t, int S, bwd_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
-  const mg_sm90_bwd_tensors tt = {t->q, t->kn, t->kr, t->v, t->dout, 1, S, S, DR};
+  const int kp = is_packed_bwd(g->which); /* packed: K's maps both over kp */
+  const mg_sm90_bwd_tensors tt = {t->q, kp ? t->kp : t->kn, kp ? NULLP : t->kr, t->v, t->dout, 1, S, S, kp ? 0 : DR};
   mg_diag d = MG_DIAG_INIT;
   if (mg_sm90_bwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
@@ -870,6 +918,20 @@ static void same_grads(const host_case *c, const e16 *dq, const e16 *dq2, const 
   same_bits("dv", dv, dv2, c->nv, 2, fails);
 }
 
+/* Packed keys' per-head dK [S, H, d_qk] as the split keys' gradients: dk_nope [S, H, d_n]
+ * and dk_rope [S, d_r], the RoPE columns summed over the heads in order (as split_dkv does,
+ * in fp32; a NaN anywhere stays). */
+static void unpack_dk(const host_case *c, const e16 *dkp, e16 *dkn, float *dkr) {
+  for (int s = 0; s < c->S; s++) {
+    for (int d = 0; d < DR; d++) dkr[(size_t)s * DR + d] = 0.f;
+    for (int h = 0; h < c->H; h++) {
+      const e16 *row = dkp + ((size_t)s * c->H + h) * DQK;
+      memcpy(dkn + ((size_t)s * c->H + h) * DN, row, DN * sizeof *row);
+      for (int d = 0; d < DR; d++) dkr[(size_t)s * DR + d] += bf16_to_float(row[DN + d]);
+    }
+  }
+}
+
 /* Checks every kernel of ks at (H = ks->heads, S). Returns -1 on a CUDA error, else the
  * number of misses. */
 static int check_set(const kset *ks, int S) {
@@ -1031,37 +1093,52 @@ static int check_sm90_bwd(const kset *ks, int S) {
   e16 *dq[2] = {xcalloc(c.nq, 2), xcalloc(c.nq, 2)}, *dkn[2] = {xcalloc(c.nkn, 2), xcalloc(c.nkn, 2)};
   e16 *dv[2] = {xcalloc(c.nv, 2), xcalloc(c.nv, 2)};
   float *dkr[2] = {xcalloc(c.nkr, 4), xcalloc(c.nkr, 4)}, *dqa = xcalloc(c.nq, 4);
-  bwd_maps maps[2];
+  e16 *dkp[2] = {xcalloc(c.nq, 2), xcalloc(c.nq, 2)};
+  bwd_maps maps[4];
   if (upload(&t.q, c.q, c.nq * 2) || upload(&t.kn, c.kn, c.nkn * 2) ||
-      upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.v, c.v, c.nv * 2) ||
+      upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.kp, c.kp, c.nq * 2) || upload(&t.v, c.v, c.nv * 2) ||
       upload(&t.dout, c.dout, c.no * 2) || upload(&t.o, c.o16, c.no * 2) ||
       upload(&t.lse, c.lse32, c.nl * 4) || alloc_nan(&t.delta, c.nl * 4) ||
       alloc_nan(&out.dq, c.nq * 2) || alloc_nan(&out.dkn, c.nkn * 2) ||
-      alloc_nan(&out.dkr, c.nkr * 4) || alloc_nan(&out.dv, c.nv * 2) ||
+      alloc_nan(&out.dkr, c.nkr * 4) || alloc_nan(&out.dv, c.nv * 2) || alloc_nan(&out.dkp, c.nq * 2) ||
       sm90_bwd_maps(&ks->k[K_DKDV_SM90], &t, S, maps[0]) ||
-      sm90_bwd_maps(&ks->k[K_DQ_SM90], &t, S, maps[1]))
+      sm90_bwd_maps(&ks->k[K_DQ_SM90], &t, S, maps[1]) ||
+      sm90_bwd_maps(&ks->k[K_DKDV_SM90_KP], &t, S, maps[2]) ||
+      sm90_bwd_maps(&ks->k[K_DQ_SM90_KP], &t, S, maps[3]))
     goto done;
-  for (int sm90 = 0; sm90 < 2; sm90++) {
-    const gk *kd = &ks->k[sm90 ? K_DKDV_SM90 : K_DKDV_DET], *kq = &ks->k[sm90 ? K_DQ_SM90 : K_DQ];
+  /* mma.sync, then sm_90a; split keys (the LAGA plans'), then packed (the explicit plan's:
+   * its dK per head, checked as dk_nope and the RoPE part summed over the heads) */
+  for (int v = 0; v < 4; v++) {
+    const int sm90 = v & 1, packed = v >> 1;
+    static const int dkdv_k[4] = {K_DKDV_DET, K_DKDV_SM90, K_DKDV_KP, K_DKDV_SM90_KP};
+    static const int dq_k[4] = {K_DQ, K_DQ_SM90, K_DQ_KP, K_DQ_SM90_KP};
+    const gk *kd = &ks->k[dkdv_k[v]], *kq = &ks->k[dq_k[v]];
     for (int run = 0; run < 2; run++) {
       if (CU(drv->cuMemsetD8(out.dkr, 0xff, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
+          CU(drv->cuMemsetD8(out.dkp, 0xff, c.nq * 2)) ||
           CU(drv->cuMemsetD8(out.dv, 0xff, c.nv * 2)) || CU(drv->cuMemsetD8(out.dq, 0xff, c.nq * 2)) ||
           CU(drv->cuMemsetD8(t.delta, 0xff, c.nl * 4)))
         goto done;
       if (run_pre(&ks->k[K_PRE], &t, NULLP, S) || sync_stream(ks->k[K_PRE].name)) goto done;
-      if ((sm90 ? run_dkdv_sm90(kd, &t, NULLP, &out, S, scale, maps[0]) : run_dkdv(kd, &t, NULLP, &out, S, scale)) ||
+      if ((sm90 ? run_dkdv_sm90(kd, &t, NULLP, &out, S, scale, maps[2 * packed]) : run_dkdv(kd, &t, NULLP, &out, S, scale)) ||
           sync_stream(kd->name))
         goto done;
-      if ((sm90 ? run_dq_sm90(kq, &t, &out, S, scale, maps[1]) : run_dq(kq, &t, &out, S, scale)) ||
+      if ((sm90 ? run_dq_sm90(kq, &t, &out, S, scale, maps[2 * packed + 1]) : run_dq(kq, &t, &out, S, scale)) ||
           sync_stream(kq->name))
         goto done;
-      if (download(dq[run], out.dq, c.nq * 2) || download(dkn[run], out.dkn, c.nkn * 2) ||
-          download(dkr[run], out.dkr, c.nkr * 4) || download(dv[run], out.dv, c.nv * 2))
+      if (download(dq[run], out.dq, c.nq * 2) || download(dv[run], out.dv, c.nv * 2))
         goto done;
+      if (packed) {
+        if (download(dkp[run], out.dkp, c.nq * 2)) goto done;
+        unpack_dk(&c, dkp[run], dkn[run], dkr[run]);
+      } else if (download(dkn[run], out.dkn, c.nkn * 2) || download(dkr[run], out.dkr, c.nkr * 4)) {
+        goto done;
+      }
     }
     say("  %s + %s + %s\n", ks->k[K_PRE].name, kd->name, kq->name);
     check_grads(&c, S, dq[0], 0, dkn[0], dkr[0], dv[0], &fails);
     same_grads(&c, dq[0], dq[1], dkn[0], dkn[1], dkr[0], dkr[1], dv[0], dv[1], &fails);
+    if (packed) same_bits("dk (packed, per head)", dkp[0], dkp[1], c.nq, 2, &fails);
   }
   /* the atomic sm_90a backward: pre (zeroes dq_accum) + attn_bwd_dkdv_sm90 deterministic = 0
    * (dk_rope zeroed first; atomics: not compared bit for bit) */
@@ -1084,7 +1161,7 @@ static int check_sm90_bwd(const kset *ks, int S) {
   rc = fails;
 done:
   free_since(base);
-  for (int i = 0; i < 2; i++) free(dq[i]), free(dkn[i]), free(dv[i]), free(dkr[i]);
+  for (int i = 0; i < 2; i++) free(dq[i]), free(dkn[i]), free(dv[i]), free(dkr[i]), free(dkp[i]);
   free(dqa);
   case_free(&c);
   return rc;
@@ -1537,11 +1614,12 @@ done:
  * error. */
 typedef struct bctx {
   const kset *ks;
-  int S, which; /* a kernel, or -1: bwd_det, -2: bwd_det_sm90, -3: bwd_atomic, -4: bwd_atomic_sm90 */
+  int S, which; /* a kernel, or -1: bwd_det, -2: bwd_det_sm90, -3: bwd_atomic, -4: bwd_atomic_sm90,
+                 -5: bwd_det_kp, -6: bwd_det_sm90_kp (packed keys) */
   float scale;
   dev_tensors t[8];
   dev_outputs out;
-  bwd_maps maps[8][3]; /* per set: K_DKDV_SM90's, K_DQ_SM90's, K_DKDV_SM90_AT's */
+  bwd_maps maps[8][5]; /* per set: K_DKDV_SM90's, K_DQ_SM90's, K_DKDV_SM90_AT's, K_DKDV_SM90_KP's, K_DQ_SM90_KP's */
 } bctx;
 
 static int blaunch(void *p, int set) {
@@ -1563,6 +1641,18 @@ static int blaunch(void *p, int set) {
       return run_pre(&k[K_PRE], t, x->out.dq_accum, x->S) ||
              run_dkdv_sm90(&k[K_DKDV_SM90_AT], t, x->out.dq_accum, &x->out, x->S, x->scale, m[2]);
     case K_DQ_SM90: return run_dq_sm90(&k[K_DQ_SM90], t, &x->out, x->S, x->scale, m[1]);
+    case K_DKDV_KP: return run_dkdv(&k[K_DKDV_KP], t, NULLP, &x->out, x->S, x->scale);
+    case K_DQ_KP: return run_dq(&k[K_DQ_KP], t, &x->out, x->S, x->scale);
+    case K_DKDV_SM90_KP: return run_dkdv_sm90(&k[K_DKDV_SM90_KP], t, NULLP, &x->out, x->S, x->scale, m[3]);
+    case K_DQ_SM90_KP: return run_dq_sm90(&k[K_DQ_SM90_KP], t, &x->out, x->S, x->scale, m[4]);
+    case -5:
+      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
+             run_dkdv(&k[K_DKDV_KP], t, NULLP, &x->out, x->S, x->scale) ||
+             run_dq(&k[K_DQ_KP], t, &x->out, x->S, x->scale);
+    case -6:
+      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
+             run_dkdv_sm90(&k[K_DKDV_SM90_KP], t, NULLP, &x->out, x->S, x->scale, m[3]) ||
+             run_dq_sm90(&k[K_DQ_SM90_KP], t, &x->out, x->S, x->scale, m[4]);
     case -1:
       return run_pre(&k[K_PRE], t, NULLP, x->S) ||
              run_dkdv(&k[K_DKDV_DET], t, NULLP, &x->out, x->S, x->scale) ||
@@ -1579,7 +1669,7 @@ static int time_sm90_bwd(const kset *ks, int S) {
   const size_t nq = (size_t)S * H * DQK, nkn = (size_t)S * H * DN, nkr = (size_t)S * DR;
   const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
   const double set_bytes = 2.0 * (nq + nkn + nkr + nq + nv + 2 * no) + 4.0 * 2 * nl;
-  const double out_bytes = 2.0 * nq + 2.0 * nkn + 4.0 * nkr + 2.0 * nv;
+  const double out_bytes = 2.0 * nq + 2.0 * nkn + 4.0 * nkr + 2.0 * nv + 2.0 * nq; /* + dkp */
   const int n_sets = device_sets("bwd", H, S, set_bytes, out_bytes, 0);
   if (n_sets <= 0) return n_sets;
   const int base = g_n_allocs;
@@ -1590,9 +1680,12 @@ static int time_sm90_bwd(const kset *ks, int S) {
   for (int s = 0; s < n_sets; s++)
     if (alloc_set(&x.t[s], s, H, S, 1) || sm90_bwd_maps(&ks->k[K_DKDV_SM90], &x.t[s], S, x.maps[s][0]) ||
         sm90_bwd_maps(&ks->k[K_DQ_SM90], &x.t[s], S, x.maps[s][1]) ||
-        sm90_bwd_maps(&ks->k[K_DKDV_SM90_AT], &x.t[s], S, x.maps[s][2]))
+        sm90_bwd_maps(&ks->k[K_DKDV_SM90_AT], &x.t[s], S, x.maps[s][2]) ||
+        sm90_bwd_maps(&ks->k[K_DKDV_SM90_KP], &x.t[s], S, x.maps[s][3]) ||
+        sm90_bwd_maps(&ks->k[K_DQ_SM90_KP], &x.t[s], S, x.maps[s][4]))
       goto done;
   if (alloc_nan(&x.out.dq, nq * 2) || alloc_nan(&x.out.dkn, nkn * 2) || alloc_nan(&x.out.dq_accum, nq * 4) ||
+      alloc_nan(&x.out.dkp, nq * 2) ||
       dalloc(&x.out.dkr, nkr * 4) || CU(drv->cuMemsetD8(x.out.dkr, 0, nkr * 4)) || alloc_nan(&x.out.dv, nv * 2))
     goto done;
   for (int s = 0; s < n_sets; s++)
@@ -1605,6 +1698,9 @@ static int time_sm90_bwd(const kset *ks, int S) {
   const double b_l = 4.0 * nl, b_bin = b_q + b_kn + b_kr + b_v + b_o + 2 * b_l;
   const double b_bout = b_kn + 4.0 * nkr + b_v;
   const double b_pipe = (b_q + b_kn + b_kr + b_v + 2 * b_o + b_l) + b_q + b_bout;
+  /* packed keys (the explicit plan's): K and dK per head, [S, H, d_qk] each */
+  const double b_bin_kp = b_bin - b_kn - b_kr + b_q, b_bout_kp = b_q + b_v;
+  const double b_pipe_kp = (b_q + b_q + b_v + 2 * b_o + b_l) + b_q + b_bout_kp;
   const struct { int which; const char *label, *op; double flops, bytes; } rows[] = {
       {K_DKDV_DET, "bwd_dkdv_det", "", 0, b_bin + b_bout},
       {K_DKDV_SM90, "bwd_dkdv_sm90", "", 0, b_bin + b_bout},
@@ -1616,9 +1712,15 @@ static int time_sm90_bwd(const kset *ks, int S) {
       {K_DKDV_SM90_AT, "bwd_dkdv_sm90_at", "", f_bwd, b_bin + 4.0 * nq + b_bout},
       {-3, "bwd_atomic", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq},
       {-4, "bwd_atomic_sm90", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq},
+      {K_DKDV_KP, "bwd_dkdv_kp", "", 0, b_bin_kp + b_bout_kp},
+      {K_DKDV_SM90_KP, "bwd_dkdv_sm90_kp", "", 0, b_bin_kp + b_bout_kp},
+      {K_DQ_KP, "bwd_dq_kp", "", 0, b_bin_kp + b_q},
+      {K_DQ_SM90_KP, "bwd_dq_sm90_kp", "", 0, b_bin_kp + b_q},
+      {-5, "bwd_det_kp", "bwd", f_bwd, b_pipe_kp},
+      {-6, "bwd_det_sm90_kp", "bwd", f_bwd, b_pipe_kp},
   };
-  double ms_bwd[4] = {0, 0, 0, 0};
-  int it_bwd[4] = {0, 0, 0, 0};
+  double ms_bwd[6] = {0, 0, 0, 0, 0, 0};
+  int it_bwd[6] = {0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     x.which = rows[i].which;
     const row *r = timed_row(rows[i].label, rows[i].op, blaunch, &x, n_sets, H, S,
@@ -1628,16 +1730,20 @@ static int time_sm90_bwd(const kset *ks, int S) {
     if (x.which < 0) ms_bwd[-x.which - 1] = r->ms, it_bwd[-x.which - 1] = r->iters;
   }
   /* forward + backward (op fwd_bwd, beside the peers' fwd_bwd rows): the causal forward's
-   * median from time_sm90's row at (H, S) plus the pipeline's */
-  const char *const fwd[2] = {"attn_fwd", "attn_fwd_sm90"}, *const fb[2] = {"fwd+bwd_det", "fwd+bwd_sm90"};
+   * median from time_sm90's row at (H, S) plus the pipeline's: split keys (bwd_det,
+   * bwd_det_sm90), and packed (bwd_det_kp, bwd_det_sm90_kp: the explicit plan's backward;
+   * its forward's time is the split-key forward's, which reads less of K) */
+  const char *const fwd[4] = {"attn_fwd", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90"};
+  const char *const fb[4] = {"fwd+bwd_det", "fwd+bwd_sm90", "fwd+bwd_det_kp", "fwd+bwd_sm90_kp"};
+  static const int pipe[4] = {0, 1, 4, 5}; /* ms_bwd's index */
   const double f_fwd = 2.0 * H * pairs * (DQK + DV);
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < 4; k++)
     for (int r = 0; r < g_n_rows; r++) {
       const row *f = &g_rows[r];
       if (strcmp(f->kernel, fwd[k]) || f->H != H || f->S != S || !f->causal) continue;
-      print_row(add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[k], f_fwd + f_bwd,
-                        (b_q + b_kn + b_kr + b_v + b_o) + (b_o + b_l) + b_pipe,
-                        f->iters < it_bwd[k] ? f->iters : it_bwd[k]));
+      print_row(add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[pipe[k]], f_fwd + f_bwd,
+                        (b_q + b_kn + b_kr + b_v + b_o) + (b_o + b_l) + (k < 2 ? b_pipe : b_pipe_kp),
+                        f->iters < it_bwd[pipe[k]] ? f->iters : it_bwd[pipe[k]]));
       break;
     }
   rc = 0;

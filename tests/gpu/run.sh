@@ -28,7 +28,7 @@
 #             ping-pong) for DeepSeek-V3 at --sp ${TUNE_SP:-8} (H 16 per rank), causal,
 #             timed at S 8192, merged into a copy of tuned/ under OUT/tuned (commit
 #             OUT/tuned/sm_90a/<device>.json); TUNE_ARGS added                        cap 420
-#   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn
+#   sm90peers (not in the default) torch_peer.py --causal 1,0 --peers sdpa_cudnn,flash_attn3
 #             --ops fwd,fwd_bwd into OUT/sm90 (PEER_ARGS added), then compare.py OUT/sm90 cap 150
 #   forms     every form through the API at S 4096 (tuned bucket), causal, bf16,
 #             full float64 reference, two runs bit for bit, timed; the executor runs
@@ -258,7 +258,7 @@ fi
 
 if want sm90peers; then
   # shellcheck disable=SC2086
-  peer_step sm90peers 150 sm90peers.stdout bash -c "python3 '$SRC/tests/gpu/torch_peer.py' '$OUT/sm90' --causal 1,0 --peers sdpa_cudnn --ops fwd,fwd_bwd --mqa-seqs= ${PEER_ARGS:-} && python3 '$SRC/tests/gpu/compare.py' '$OUT/sm90'"
+  peer_step sm90peers 150 sm90peers.stdout bash -c "python3 '$SRC/tests/gpu/torch_peer.py' '$OUT/sm90' --causal 1,0 --peers sdpa_cudnn,flash_attn3 --ops fwd,fwd_bwd --mqa-seqs= ${PEER_ARGS:-} && python3 '$SRC/tests/gpu/compare.py' '$OUT/sm90'"
   finish sm90peers "" sm90peers.stdout
 fi
 
