@@ -439,6 +439,22 @@ static int bitwise(const char *fname, void *a[C_N], void *b[C_N], const size_t n
   return equal;
 }
 
+/* The attention kernels plan runs (mlagen_plan_kernel, after its first passes), one line:
+ * which family the CUDA executor chose for this device, forward and backward. */
+static void print_attention_kernels(const char *fname, const mlagen_plan *plan) {
+  int n = 0;
+  if (mlagen_plan_kernel(plan, 0, &n, NULL, NULL)) return;
+  say("%-9s kernels:", fname);
+  for (int i = 0; i < n; i++) {
+    const char *name = NULL;
+    if (mlagen_plan_kernel(plan, i, NULL, &name, NULL) || !name) continue;
+    if (strstr(name, "_attn_fwd") || strstr(name, "_attn_bwd_dkdv") || strstr(name, "_attn_bwd_dq") ||
+        strstr(name, "_mqa_"))
+      say(" %s", name);
+  }
+  say("\n");
+}
+
 static int run_form(mlagen_context *ctx, const mlagen_model *model, int fi, double *const in[TU_N_IN],
                     form_result *r) {
   memset(r, 0, sizeof *r);
@@ -535,6 +551,7 @@ static int run_form(mlagen_context *ctx, const mlagen_model *model, int fi, doub
     if (fetch(&z, dev, sv, lse_off, lse_b, &got, raw[run], raw_b[run])) goto cuda_fail;
     if (run == 0) {
       r->ran = 1;
+      print_attention_kernels(fname, plan);
       if (g_no_check) {
         r->ok = all_finite(fname, &got);
         for (int k = 0; k < C_N; k++) r->chk.ratio[k] = NAN;
@@ -714,6 +731,18 @@ static int run_form_exec(int fi, double *const in[TU_N_IN], form_result *r) {
       const CUdeviceptr src = k == C_LSE ? (CUdeviceptr)(uintptr_t)lse_dev : dout[k];
       if (src && CU(drv->cuMemcpyDtoH(raw[run][k], src, raw_b[k]))) MPI_Abort(MPI_COMM_WORLD, 1);
     }
+  }
+  if (x && rk == 0) { /* the attention kernels this device runs (as print_attention_kernels; after
+                    * the passes, which prepare them) */
+    say("%-9s kernels:", mg_form_name((mg_form)fi));
+    for (int i = 0; i < mg_cuda_exec_kernel_info(x, 0, NULL, NULL); i++) {
+      const char *name = NULL, *why = NULL;
+      mg_cuda_exec_kernel_info(x, i, &name, &why);
+      if (strstr(name, "_attn_fwd") || strstr(name, "_attn_bwd_dkdv") || strstr(name, "_attn_bwd_dq") ||
+          strstr(name, "_mqa_"))
+        say(" %s", name);
+    }
+    say("\n");
   }
   /* this rank's part of the first run into global arrays (zero elsewhere), summed on rank 0 */
   for (int k = 0; k < C_N; k++) {
@@ -928,10 +957,9 @@ int main(int argc, char **argv) {
       (unsigned long long)seed, g_iters > 0 && sp == 1 ? "warm-up and median of --iters" : "none");
   {
     const char *mma = getenv("MLAGEN_MMA_SYNC");
-    say("forward family: %s (the CUDA executor's choice for this device: mg_arch_kernel_table; "
-        "MLAGEN_MMA_SYNC=%s)\n",
-        mma && !strcmp(mma, "1") ? "attn_fwd (mma.sync)"
-                                 : "attn_fwd_sm90 on sm_90a (compute capability 9.0), else attn_fwd",
+    say("kernel families: the CUDA executor's choice for this device (mg_arch_kernel_table: on "
+        "sm_90a attn_fwd_sm90, attn_bwd_dkdv_sm90, attn_bwd_dq_sm90); MLAGEN_MMA_SYNC=%s; each "
+        "form's attention kernels are listed after its first passes (sp 1)\n",
         mma ? mma : "unset");
   }
   if (g_no_check) {
@@ -960,7 +988,13 @@ int main(int argc, char **argv) {
               mg_comm_staged_wrap(&g_staged, g_mpi, drv, g_stream, &d) || mg_gen_open(&g_gen, NULL, &d);
 #ifdef FORMS_HOST
     if (!bad && g_dt != MG_BF16) bad = mg_diag_set(&d, MLAGEN_EUNSUPPORTED, "the host device ops run bf16 only");
-    if (!bad) g_ops = &host_ops_new(g_gen)->base;
+    if (!bad) { /* an sm_90a device, as the H200's: the fake driver's cuTensorMapEncodeTiled
+                 * (the host executor's map format), so the executor runs the sm_90a families */
+      host_ops *h = host_ops_new(g_gen);
+      snprintf(h->base.arch, sizeof h->base.arch, "sm_90a");
+      h->base.drv = drv;
+      g_ops = &h->base;
+    }
 #else
     if (!bad) bad = mg_dev_ops_cuda(&g_ops, &d);
 #endif
