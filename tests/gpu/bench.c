@@ -169,10 +169,12 @@ enum {
   /* --sm90 only (sm_90a): the explicit forwards, causal (K_FWD, K_FWD_SM90) and not; the
    * sm_90a deterministic backward (beside K_PRE, K_DKDV_DET, K_DQ), causal, with split keys
    * (the LAGA plans': K_DKDV_DET's and K_DKDV_SM90's head loop) and packed ones (the
-   * explicit plan's: *_KP, a CTA per key tile and head); the absorbed forward's sm_90a kernel
-   * (beside K_MQA_FWD) and backward's (beside K_MQA_DKV, K_MQA_DQ), causal */
+   * explicit plan's: *_KP, a CTA per key tile and head; those also non-causal, *_KP_FULL);
+   * the absorbed forward's sm_90a kernel (beside K_MQA_FWD) and backward's (beside
+   * K_MQA_DKV, K_MQA_DQ), causal */
   K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT,
   K_DKDV_KP, K_DQ_KP, K_DKDV_SM90_KP, K_DQ_SM90_KP,
+  K_DKDV_KP_FULL, K_DQ_KP_FULL, K_DKDV_SM90_KP_FULL, K_DQ_SM90_KP_FULL,
   K_MQA_FWD_SM90, K_MQA_DKV_SM90, K_MQA_DQ_SM90,
   /* --varlen only: the packed-sequence variants (spec.varlen, issue 16) of the explicit
    * deterministic pipeline and the absorbed one, beside K_FWD, K_PRE, K_DKDV_DET, K_DQ and
@@ -191,6 +193,8 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "attn_fwd_sm90", "attn_fwd_full", "attn_fwd_sm90_full",
                                         "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at",
                                         "bwd_dkdv_kp", "bwd_dq_kp", "bwd_dkdv_sm90_kp", "bwd_dq_sm90_kp",
+                                        "bwd_dkdv_kp_full", "bwd_dq_kp_full", "bwd_dkdv_sm90_kp_full",
+                                        "bwd_dq_sm90_kp_full",
                                         "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                                         "attn_fwd_varlen", "bwd_pre_varlen", "bwd_dkdv_varlen",
                                         "bwd_dq_varlen", "mqa_fwd_varlen", "mqa_bwd_pre_varlen",
@@ -204,6 +208,7 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "copy_cols", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90",
                                          "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90",
                                          "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90",
+                                         "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90",
                                          "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                                          "attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
@@ -215,11 +220,15 @@ static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NU
                                          [K_DQ_KP] = {"k_packed=1", NULL},
                                          [K_DKDV_SM90_KP] = {"k_packed=1", "deterministic=1"},
                                          [K_DQ_SM90_KP] = {"k_packed=1", NULL},
+                                         [K_DKDV_KP_FULL] = {"k_packed=1", "deterministic=1"},
+                                         [K_DQ_KP_FULL] = {"k_packed=1", NULL},
+                                         [K_DKDV_SM90_KP_FULL] = {"k_packed=1", "deterministic=1"},
+                                         [K_DQ_SM90_KP_FULL] = {"k_packed=1", NULL},
                                          [K_DKDV_VL] = {"deterministic=1", NULL}};
 /* The varlen variant of a --varlen kernel (its unpacked params, then cu_seqlens, n_seqs). */
 static int is_varlen(int which) { return which >= K_FWD_VL; }
 /* The backward kernels of packed keys (k_packed = 1: K [S, H, d_qk], dK likewise). */
-static int is_packed_bwd(int which) { return which >= K_DKDV_KP && which <= K_DQ_SM90_KP; }
+static int is_packed_bwd(int which) { return which >= K_DKDV_KP && which <= K_DQ_SM90_KP_FULL; }
 /* The parameter lists the launches below pass, checked against each manifest. */
 #define K_MAX_PARAMS 24
 static const char *const k_params[NK][K_MAX_PARAMS] = {
@@ -266,6 +275,14 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+     "q_split", "q_pos1", "softmax_scale"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq_accum", "dk_nope", "dk_rope", "dv",
+     "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
+     "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "tmaps"},
     {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
      "tmaps"},
@@ -292,7 +309,9 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
 static int is_sm90(int which) {
   return which == K_FWD_SM90 || which == K_FWD_SM90_FULL || which == K_FWD_SM90_VL;
 }
-static int is_causal(int which) { return which != K_FWD_FULL && which != K_FWD_SM90_FULL; }
+static int is_causal(int which) {
+  return which != K_FWD_FULL && which != K_FWD_SM90_FULL && !(which >= K_DKDV_KP_FULL && which <= K_DQ_SM90_KP_FULL);
+}
 /* --sm90: mma.sync beside sm_90a: the explicit forwards (attn_fwd, attn_fwd_sm90) causal
  * and not, the deterministic backwards (attn_bwd_pre + attn_bwd_dkdv deterministic +
  * attn_bwd_dq beside attn_bwd_pre + attn_bwd_dkdv_sm90 + attn_bwd_dq_sm90) causal, and
@@ -1078,12 +1097,13 @@ done:
  * second compared bit for bit), dq, dk_nope, dk_rope and dv per element against the float64
  * reference (gpu_tol.h); then the atomic attn_bwd_pre + attn_bwd_dkdv_sm90 (deterministic =
  * 0) once, dq_accum in place of dq. Returns -1 on a CUDA error, else the number of misses. */
-static int check_sm90_bwd(const kset *ks, int S) {
+static int check_sm90_bwd(const kset *ks, int S, int causal) {
   const int H = ks->heads;
   double t0 = wall_s();
   host_case c;
-  case_init(&c, H, S, 1);
-  say("check H=%d S=%d B=1 causal backward (float64 reference %.1f s)\n", H, S, wall_s() - t0);
+  case_init(&c, H, S, causal);
+  say("check H=%d S=%d B=1 %s backward (float64 reference %.1f s)\n", H, S,
+      causal ? "causal" : "non-causal", wall_s() - t0);
   int fails = 0, rc = -1;
   const float scale = softmax_scale();
   const int base = g_n_allocs;
@@ -1103,16 +1123,18 @@ static int check_sm90_bwd(const kset *ks, int S) {
       alloc_nan(&out.dkr, c.nkr * 4) || alloc_nan(&out.dv, c.nv * 2) || alloc_nan(&out.dkp, c.nq * 2) ||
       sm90_bwd_maps(&ks->k[K_DKDV_SM90], &t, S, maps[0]) ||
       sm90_bwd_maps(&ks->k[K_DQ_SM90], &t, S, maps[1]) ||
-      sm90_bwd_maps(&ks->k[K_DKDV_SM90_KP], &t, S, maps[2]) ||
-      sm90_bwd_maps(&ks->k[K_DQ_SM90_KP], &t, S, maps[3]))
+      sm90_bwd_maps(&ks->k[causal ? K_DKDV_SM90_KP : K_DKDV_SM90_KP_FULL], &t, S, maps[2]) ||
+      sm90_bwd_maps(&ks->k[causal ? K_DQ_SM90_KP : K_DQ_SM90_KP_FULL], &t, S, maps[3]))
     goto done;
   /* mma.sync, then sm_90a; split keys (the LAGA plans'), then packed (the explicit plan's:
    * its dK per head, checked as dk_nope and the RoPE part summed over the heads) */
-  for (int v = 0; v < 4; v++) {
+  for (int v = causal ? 0 : 2; v < 4; v++) { /* non-causal: the packed pipelines only */
     const int sm90 = v & 1, packed = v >> 1;
     static const int dkdv_k[4] = {K_DKDV_DET, K_DKDV_SM90, K_DKDV_KP, K_DKDV_SM90_KP};
     static const int dq_k[4] = {K_DQ, K_DQ_SM90, K_DQ_KP, K_DQ_SM90_KP};
-    const gk *kd = &ks->k[dkdv_k[v]], *kq = &ks->k[dq_k[v]];
+    static const int dkdv_full[4] = {0, 0, K_DKDV_KP_FULL, K_DKDV_SM90_KP_FULL};
+    static const int dq_full[4] = {0, 0, K_DQ_KP_FULL, K_DQ_SM90_KP_FULL};
+    const gk *kd = &ks->k[causal ? dkdv_k[v] : dkdv_full[v]], *kq = &ks->k[causal ? dq_k[v] : dq_full[v]];
     for (int run = 0; run < 2; run++) {
       if (CU(drv->cuMemsetD8(out.dkr, 0xff, c.nkr * 4)) || CU(drv->cuMemsetD8(out.dkn, 0xff, c.nkn * 2)) ||
           CU(drv->cuMemsetD8(out.dkp, 0xff, c.nq * 2)) ||
@@ -1142,7 +1164,7 @@ static int check_sm90_bwd(const kset *ks, int S) {
   }
   /* the atomic sm_90a backward: pre (zeroes dq_accum) + attn_bwd_dkdv_sm90 deterministic = 0
    * (dk_rope zeroed first; atomics: not compared bit for bit) */
-  {
+  if (causal) {
     const gk *ka = &ks->k[K_DKDV_SM90_AT];
     CUdeviceptr dq_accum = 0;
     bwd_maps amaps;
@@ -1615,11 +1637,12 @@ done:
 typedef struct bctx {
   const kset *ks;
   int S, which; /* a kernel, or -1: bwd_det, -2: bwd_det_sm90, -3: bwd_atomic, -4: bwd_atomic_sm90,
-                 -5: bwd_det_kp, -6: bwd_det_sm90_kp (packed keys) */
+                 -5: bwd_det_kp, -6: bwd_det_sm90_kp (packed keys), -7, -8: those non-causal */
   float scale;
   dev_tensors t[8];
   dev_outputs out;
-  bwd_maps maps[8][5]; /* per set: K_DKDV_SM90's, K_DQ_SM90's, K_DKDV_SM90_AT's, K_DKDV_SM90_KP's, K_DQ_SM90_KP's */
+  bwd_maps maps[8][7]; /* per set: K_DKDV_SM90's, K_DQ_SM90's, K_DKDV_SM90_AT's, K_DKDV_SM90_KP's,
+                          K_DQ_SM90_KP's, K_DKDV_SM90_KP_FULL's, K_DQ_SM90_KP_FULL's */
 } bctx;
 
 static int blaunch(void *p, int set) {
@@ -1645,6 +1668,17 @@ static int blaunch(void *p, int set) {
     case K_DQ_KP: return run_dq(&k[K_DQ_KP], t, &x->out, x->S, x->scale);
     case K_DKDV_SM90_KP: return run_dkdv_sm90(&k[K_DKDV_SM90_KP], t, NULLP, &x->out, x->S, x->scale, m[3]);
     case K_DQ_SM90_KP: return run_dq_sm90(&k[K_DQ_SM90_KP], t, &x->out, x->S, x->scale, m[4]);
+    case K_DKDV_SM90_KP_FULL:
+      return run_dkdv_sm90(&k[K_DKDV_SM90_KP_FULL], t, NULLP, &x->out, x->S, x->scale, m[5]);
+    case K_DQ_SM90_KP_FULL: return run_dq_sm90(&k[K_DQ_SM90_KP_FULL], t, &x->out, x->S, x->scale, m[6]);
+    case -7:
+      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
+             run_dkdv(&k[K_DKDV_KP_FULL], t, NULLP, &x->out, x->S, x->scale) ||
+             run_dq(&k[K_DQ_KP_FULL], t, &x->out, x->S, x->scale);
+    case -8:
+      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
+             run_dkdv_sm90(&k[K_DKDV_SM90_KP_FULL], t, NULLP, &x->out, x->S, x->scale, m[5]) ||
+             run_dq_sm90(&k[K_DQ_SM90_KP_FULL], t, &x->out, x->S, x->scale, m[6]);
     case -5:
       return run_pre(&k[K_PRE], t, NULLP, x->S) ||
              run_dkdv(&k[K_DKDV_KP], t, NULLP, &x->out, x->S, x->scale) ||
@@ -1682,7 +1716,9 @@ static int time_sm90_bwd(const kset *ks, int S) {
         sm90_bwd_maps(&ks->k[K_DQ_SM90], &x.t[s], S, x.maps[s][1]) ||
         sm90_bwd_maps(&ks->k[K_DKDV_SM90_AT], &x.t[s], S, x.maps[s][2]) ||
         sm90_bwd_maps(&ks->k[K_DKDV_SM90_KP], &x.t[s], S, x.maps[s][3]) ||
-        sm90_bwd_maps(&ks->k[K_DQ_SM90_KP], &x.t[s], S, x.maps[s][4]))
+        sm90_bwd_maps(&ks->k[K_DQ_SM90_KP], &x.t[s], S, x.maps[s][4]) ||
+        sm90_bwd_maps(&ks->k[K_DKDV_SM90_KP_FULL], &x.t[s], S, x.maps[s][5]) ||
+        sm90_bwd_maps(&ks->k[K_DQ_SM90_KP_FULL], &x.t[s], S, x.maps[s][6]))
       goto done;
   if (alloc_nan(&x.out.dq, nq * 2) || alloc_nan(&x.out.dkn, nkn * 2) || alloc_nan(&x.out.dq_accum, nq * 4) ||
       alloc_nan(&x.out.dkp, nq * 2) ||
@@ -1694,6 +1730,7 @@ static int time_sm90_bwd(const kset *ks, int S) {
       goto done;
   if (sync_stream("the forward and pre that prepare the backward's timing inputs")) goto done;
   const double pairs = (double)S * (S + 1) / 2, f_bwd = 2.0 * H * pairs * (3 * DQK + 2 * DV);
+  const double f_bwd_full = 2.0 * H * (double)S * S * (3 * DQK + 2 * DV);
   const double b_q = 2.0 * nq, b_kn = 2.0 * nkn, b_kr = 2.0 * nkr, b_v = 2.0 * nv, b_o = 2.0 * no;
   const double b_l = 4.0 * nl, b_bin = b_q + b_kn + b_kr + b_v + b_o + 2 * b_l;
   const double b_bout = b_kn + 4.0 * nkr + b_v;
@@ -1701,31 +1738,37 @@ static int time_sm90_bwd(const kset *ks, int S) {
   /* packed keys (the explicit plan's): K and dK per head, [S, H, d_qk] each */
   const double b_bin_kp = b_bin - b_kn - b_kr + b_q, b_bout_kp = b_q + b_v;
   const double b_pipe_kp = (b_q + b_q + b_v + 2 * b_o + b_l) + b_q + b_bout_kp;
-  const struct { int which; const char *label, *op; double flops, bytes; } rows[] = {
-      {K_DKDV_DET, "bwd_dkdv_det", "", 0, b_bin + b_bout},
-      {K_DKDV_SM90, "bwd_dkdv_sm90", "", 0, b_bin + b_bout},
-      {K_DQ, "bwd_dq", "", 0, b_bin + b_q},
-      {K_DQ_SM90, "bwd_dq_sm90", "", 0, b_bin + b_q},
-      {-1, "bwd_det", "bwd", f_bwd, b_pipe},
-      {-2, "bwd_det_sm90", "bwd", f_bwd, b_pipe},
-      {K_DKDV, "bwd_dkdv", "", f_bwd, b_bin + 4.0 * nq + b_bout},
-      {K_DKDV_SM90_AT, "bwd_dkdv_sm90_at", "", f_bwd, b_bin + 4.0 * nq + b_bout},
-      {-3, "bwd_atomic", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq},
-      {-4, "bwd_atomic_sm90", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq},
-      {K_DKDV_KP, "bwd_dkdv_kp", "", 0, b_bin_kp + b_bout_kp},
-      {K_DKDV_SM90_KP, "bwd_dkdv_sm90_kp", "", 0, b_bin_kp + b_bout_kp},
-      {K_DQ_KP, "bwd_dq_kp", "", 0, b_bin_kp + b_q},
-      {K_DQ_SM90_KP, "bwd_dq_sm90_kp", "", 0, b_bin_kp + b_q},
-      {-5, "bwd_det_kp", "bwd", f_bwd, b_pipe_kp},
-      {-6, "bwd_det_sm90_kp", "bwd", f_bwd, b_pipe_kp},
+  /* (the non-causal rows time the same inputs: the values the causal forward left in o and
+   * lse do not change a launch's work) */
+  const struct { int which; const char *label, *op; double flops, bytes; int full; } rows[] = {
+      {K_DKDV_DET, "bwd_dkdv_det", "", 0, b_bin + b_bout, 0},
+      {K_DKDV_SM90, "bwd_dkdv_sm90", "", 0, b_bin + b_bout, 0},
+      {K_DQ, "bwd_dq", "", 0, b_bin + b_q, 0},
+      {K_DQ_SM90, "bwd_dq_sm90", "", 0, b_bin + b_q, 0},
+      {-1, "bwd_det", "bwd", f_bwd, b_pipe, 0},
+      {-2, "bwd_det_sm90", "bwd", f_bwd, b_pipe, 0},
+      {K_DKDV, "bwd_dkdv", "", f_bwd, b_bin + 4.0 * nq + b_bout, 0},
+      {K_DKDV_SM90_AT, "bwd_dkdv_sm90_at", "", f_bwd, b_bin + 4.0 * nq + b_bout, 0},
+      {-3, "bwd_atomic", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq, 0},
+      {-4, "bwd_atomic_sm90", "bwd", f_bwd, b_pipe - b_q + 4.0 * nq, 0},
+      {K_DKDV_KP, "bwd_dkdv_kp", "", 0, b_bin_kp + b_bout_kp, 0},
+      {K_DKDV_SM90_KP, "bwd_dkdv_sm90_kp", "", 0, b_bin_kp + b_bout_kp, 0},
+      {K_DQ_KP, "bwd_dq_kp", "", 0, b_bin_kp + b_q, 0},
+      {K_DQ_SM90_KP, "bwd_dq_sm90_kp", "", 0, b_bin_kp + b_q, 0},
+      {-5, "bwd_det_kp", "bwd", f_bwd, b_pipe_kp, 0},
+      {-6, "bwd_det_sm90_kp", "bwd", f_bwd, b_pipe_kp, 0},
+      {K_DKDV_SM90_KP_FULL, "bwd_dkdv_sm90_kp", "", 0, b_bin_kp + b_bout_kp, 1},
+      {K_DQ_SM90_KP_FULL, "bwd_dq_sm90_kp", "", 0, b_bin_kp + b_q, 1},
+      {-7, "bwd_det_kp", "bwd", f_bwd_full, b_pipe_kp, 1},
+      {-8, "bwd_det_sm90_kp", "bwd", f_bwd_full, b_pipe_kp, 1},
   };
-  double ms_bwd[6] = {0, 0, 0, 0, 0, 0};
-  int it_bwd[6] = {0, 0, 0, 0, 0, 0};
+  double ms_bwd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int it_bwd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     x.which = rows[i].which;
-    const row *r = timed_row(rows[i].label, rows[i].op, blaunch, &x, n_sets, H, S,
-                             rows[i].flops, rows[i].bytes);
+    row *r = timed_row(rows[i].label, rows[i].op, blaunch, &x, n_sets, H, S, rows[i].flops, rows[i].bytes);
     if (!r) goto done;
+    r->causal = !rows[i].full;
     print_row(r);
     if (x.which < 0) ms_bwd[-x.which - 1] = r->ms, it_bwd[-x.which - 1] = r->iters;
   }
@@ -1733,17 +1776,23 @@ static int time_sm90_bwd(const kset *ks, int S) {
    * median from time_sm90's row at (H, S) plus the pipeline's: split keys (bwd_det,
    * bwd_det_sm90), and packed (bwd_det_kp, bwd_det_sm90_kp: the explicit plan's backward;
    * its forward's time is the split-key forward's, which reads less of K) */
-  const char *const fwd[4] = {"attn_fwd", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90"};
-  const char *const fb[4] = {"fwd+bwd_det", "fwd+bwd_sm90", "fwd+bwd_det_kp", "fwd+bwd_sm90_kp"};
-  static const int pipe[4] = {0, 1, 4, 5}; /* ms_bwd's index */
+  const char *const fwd[6] = {"attn_fwd", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90", "attn_fwd_full",
+                              "attn_fwd_sm90_full"};
+  const char *const fb[6] = {"fwd+bwd_det", "fwd+bwd_sm90", "fwd+bwd_det_kp", "fwd+bwd_sm90_kp",
+                             "fwd+bwd_det_kp", "fwd+bwd_sm90_kp"};
+  static const int pipe[6] = {0, 1, 4, 5, 6, 7}; /* ms_bwd's index */
   const double f_fwd = 2.0 * H * pairs * (DQK + DV);
-  for (int k = 0; k < 4; k++)
+  for (int k = 0; k < 6; k++)
     for (int r = 0; r < g_n_rows; r++) {
       const row *f = &g_rows[r];
-      if (strcmp(f->kernel, fwd[k]) || f->H != H || f->S != S || !f->causal) continue;
-      print_row(add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[pipe[k]], f_fwd + f_bwd,
+      const int full = k >= 4; /* the non-causal sums */
+      if (strcmp(f->kernel, fwd[k]) || f->H != H || f->S != S || f->causal == full) continue;
+      row *fr = add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[pipe[k]],
+                        full ? 2.0 * H * (double)S * S * (DQK + DV) + f_bwd_full : f_fwd + f_bwd,
                         (b_q + b_kn + b_kr + b_v + b_o) + (b_o + b_l) + (k < 2 ? b_pipe : b_pipe_kp),
-                        f->iters < it_bwd[pipe[k]] ? f->iters : it_bwd[pipe[k]]));
+                        f->iters < it_bwd[pipe[k]] ? f->iters : it_bwd[pipe[k]]);
+      fr->causal = !full;
+      print_row(fr);
       break;
     }
   rc = 0;
@@ -2642,8 +2691,10 @@ int main(int argc, char **argv) {
     if (r < 0) goto out;
     misses += r;
     if (g_sm90) {
-      if ((r = check_sm90_bwd(&sets[s], s == 0 ? 256 : 200)) < 0) goto out;
-      misses += r;
+      for (int causal = 1; causal >= 0; causal--) {
+        if ((r = check_sm90_bwd(&sets[s], s == 0 ? 256 : 200, causal)) < 0) goto out;
+        misses += r;
+      }
     }
     if (!no_mqa) {
       const int sq = mqa_check_seq(sets[s].heads, s == 0);
