@@ -563,7 +563,12 @@ void kh_run_asan_child(const char *argv0, uint64_t test_seed, void (*asan_case)(
   waitpid(pid, &status, 0);
   int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strstr(out, "AddressSanitizer");
   if (!ok) {
-    print_message("%s\n", out);
+    /* fwrite, not print_message: cmocka cuts a message at 4 KiB, and an ASan report with
+     * its stacks is longer (the report itself was lost) */
+    fflush(stdout);
+    fwrite(out, 1, len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
     fail_msg("the ASan child failed (status %d), its output is above", status);
   }
   for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
