@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ci.h"
 #include "kernel_host.h"
 #include "mg_config.h"
 #include "mlagen.h"
@@ -488,8 +489,7 @@ int kh_skipped;
 
 /* A tool an ASan check needs is missing: a failure in CI ($CI set), else a skip. */
 static void asan_missing(const char *what) {
-  const char *ci = getenv("CI");
-  if (ci && *ci && strcmp(ci, "0") && strcmp(ci, "false"))
+  if (mg_test_in_ci())
     fail_msg("CI is set and %s: the ASan check cannot run (install clang and its ASan runtime)",
              what);
   print_message("  SKIPPED: %s (the ASan check did not run; with CI set this fails)\n", what);
