@@ -10,6 +10,9 @@
  * the last 64 KiB of it, as cuBLAS may use its workspace, so a plan buffer laid over it
  * would show.
  *
+ * launch: under the shared-memory limit of the ops' arch (sm_80's when it is "", as the
+ * kernels rendered for no arch respect), not the host executor's default sm_90 one.
+ *
  * query: every queued operation has already run (the ops are synchronous), but a test
  * can make the stream look busy: the next `busy` queries say not done (each counted in
  * `queries`), or all of them with `never_done`, to drive the executor's wait loop.
@@ -28,6 +31,7 @@
 
 #include "cpu_test_util.h"
 #include "host/harness.h"
+#include "mg_arch.h"
 #include "mg_cuda_exec.h"
 #include "mg_generate.h"
 #include "mg_safetensors.h"
@@ -141,6 +145,14 @@ static void thunk(void *c) {
   l->fn(l->params);
 }
 
+/* The architecture whose shared-memory limit the ops' launches run under: their arch
+ * (mg_arch_sm: "sm_90a" 90), or sm_80 for ops with none (""), whose kernels are rendered for
+ * no arch in particular, that is within sm_80's 163 KiB (templates/prelude.lua's smem_limit),
+ * and are the mma.sync families; -1 for an arch name mg_arch_sm does not read. */
+static int host_ops_launch_sm(const host_ops *h) {
+  return h->base.arch[0] ? mg_arch_sm(h->base.arch) : 80;
+}
+
 static int h_launch(mg_dev_ops *o, void *handle, const unsigned grid[3], const unsigned block[3],
                     size_t smem, void **params, void *stream, mg_diag *d) {
   (void)stream;
@@ -149,8 +161,13 @@ static int h_launch(mg_dev_ops *o, void *handle, const unsigned grid[3], const u
   lctx l = {e->fn, params};
   char msg[1024];
   mg_host_dim3 g = {grid[0], grid[1], grid[2]}, b = {block[0], block[1], block[2]};
+  const int sm = host_ops_launch_sm(h);
+  if (sm < 0) return mg_diag_set(d, MLAGEN_EINVAL, "host ops: arch '%s' not understood", o->arch);
+  mg_host_launch_opts lo;
+  memset(&lo, 0, sizeof lo); /* the defaults, but the arch's shared-memory limit */
+  lo.arch = (unsigned)sm;
   h->launches++;
-  if (mg_host_kernel_launch(e->k, g, b, smem, NULL, thunk, &l, msg, sizeof msg))
+  if (mg_host_kernel_launch(e->k, g, b, smem, &lo, thunk, &l, msg, sizeof msg))
     return mg_diag_set(d, MLAGEN_EDRIVER, "host launch of %s: %s", e->name, msg);
   return 0;
 }

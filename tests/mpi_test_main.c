@@ -65,6 +65,30 @@ int mpi_test_group(const char *prog, const struct CMUnitTest *tests, size_t n,
   return failed;
 }
 
+int mpi_test_group_multi(const char *prog, const struct CMUnitTest *tests, size_t n,
+                         const struct CMUnitTest *multi, size_t n_multi, CMFixtureFunction setup,
+                         CMFixtureFunction teardown) {
+  if (g_size < 2) {
+    if (g_rank == 0) {
+      printf("%s: at 1 rank, not registered (they need 2 ranks or more):", prog);
+      for (size_t i = 0; i < n_multi; i++) printf(" %s", multi[i].name);
+      printf("\n");
+      fflush(stdout);
+    }
+    return mpi_test_group(prog, tests, n, setup, teardown);
+  }
+  struct CMUnitTest *all = malloc((n + n_multi) * sizeof *all);
+  if (!all) {
+    fprintf(stderr, "%s: out of memory\n", prog);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  for (size_t i = 0; i < n; i++) all[i] = tests[i];
+  for (size_t i = 0; i < n_multi; i++) all[n + i] = multi[i];
+  const int failed = mpi_test_group(prog, all, n + n_multi, setup, teardown);
+  free(all);
+  return failed;
+}
+
 int mpi_test_comm_setup(void **state) {
   mg_comm *c = NULL;
   mg_diag d = MG_DIAG_INIT;

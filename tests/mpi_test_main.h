@@ -5,6 +5,8 @@
  *     mpi_test_begin(&argc, &argv, "test_x", &g_rank, &g_size, &g_seed);
  *     const struct CMUnitTest tests[] = {...};
  *     int failed = MPI_TEST_GROUP("test_x", tests, setup, teardown);
+ *     (or MPI_TEST_GROUP_MULTI("test_x", tests, multi, setup, teardown): multi, the tests
+ *     that need 2 ranks or more, are not registered at 1 rank)
  *     return mpi_test_end("test_x", failed);
  *   }
  *
@@ -35,6 +37,16 @@ int mpi_test_group(const char *prog, const struct CMUnitTest *tests, size_t n,
                    CMFixtureFunction setup, CMFixtureFunction teardown);
 #define MPI_TEST_GROUP(prog, tests, setup, teardown) \
   mpi_test_group((prog), (tests), sizeof(tests) / sizeof((tests)[0]), (setup), (teardown))
+
+/* mpi_test_group over tests[0..n) and, where the world has 2 ranks or more, multi[0..n_multi):
+ * the tests that need other ranks are not registered at all at 1 rank (a cmocka skip there
+ * would be reported, and counted by ctest, as a pass); rank 0 names them. */
+int mpi_test_group_multi(const char *prog, const struct CMUnitTest *tests, size_t n,
+                         const struct CMUnitTest *multi, size_t n_multi, CMFixtureFunction setup,
+                         CMFixtureFunction teardown);
+#define MPI_TEST_GROUP_MULTI(prog, tests, multi, setup, teardown)                               \
+  mpi_test_group_multi((prog), (tests), sizeof(tests) / sizeof((tests)[0]), (multi),           \
+                       sizeof(multi) / sizeof((multi)[0]), (setup), (teardown))
 
 /* Group fixtures: *state = MPI_COMM_WORLD wrapped by mg_comm_mpi_wrap (an mg_comm *), and
  * its destruction. */

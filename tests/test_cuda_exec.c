@@ -367,6 +367,61 @@ static void test_refusals(void **state) {
   mg_diag_clear(&d);
 }
 
+/* The host ops launch under the shared-memory limit of their arch, not the host executor's
+ * default sm_90 one: a copy_cols launch (no rows: no work) asking for 164 KiB of dynamic
+ * shared memory is refused by ops with no arch (sm_80's 163 KiB: the mma.sync families they
+ * run) and by "sm_86" ops (99 KiB), and runs on "sm_90a" ops (227 KiB); 163 KiB runs on
+ * arch-less ops, 100 KiB is refused on sm_86 ones. */
+static void test_launch_arch_limit(void **state) {
+  (void)state;
+  mg_diag d = MG_DIAG_INIT;
+  mg_gen *g;
+  assert_int_equal(mg_gen_open(&g, NULL, &d), 0);
+  host_ops *h = host_ops_new(g);
+  mg_kernel_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.family, sizeof s.family, "copy_cols");
+  snprintf(s.dtype, sizeof s.dtype, "bf16");
+  s.heads = 2, s.d_n = 64, s.d_r = 32, s.d_v = 64, s.d_c = 256;
+  mg_kernel k;
+  assert_int_equal(mg_gen_kernel(g, &s, &k, &d), 0);
+  void *handle = NULL;
+  assert_int_equal(h->base.load(&h->base, &k, NULL, &handle, &d), 0);
+  e16 src[8] = {0}, dst[8] = {0};
+  void *srcp = src, *dstp = dst;
+  int rows = 0, w = 8, col = 0, cols = 8;
+  void *params[8] = {&srcp, &dstp, &rows, &w, &col, &w, &col, &cols};
+  const unsigned grid[3] = {1, 1, 1}, block[3] = {128, 1, 1};
+  const struct {
+    const char *arch;
+    size_t smem;
+    int ok;
+    const char *why; /* the refusal's message names the arch's limit */
+  } cases[] = {{"", 164 * 1024, 0, "exceeds sm_80's limit of 166912 bytes"},
+               {"", 163 * 1024, 1, NULL},
+               {"sm_86", 164 * 1024, 0, "exceeds sm_86's limit of 101376 bytes"},
+               {"sm_86", 100 * 1024, 0, "exceeds sm_86's limit"},
+               {"sm_86", 99 * 1024, 1, NULL},
+               {"sm_90a", 164 * 1024, 1, NULL},
+               {"sm_90a", 228 * 1024, 0, "exceeds sm_90's limit of 232448 bytes"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    snprintf(h->base.arch, sizeof h->base.arch, "%s", cases[i].arch);
+    const int rc = h->base.launch(&h->base, handle, grid, block, cases[i].smem, params, NULL, &d);
+    print_message("  arch '%s', %zu KiB: %s\n", cases[i].arch, cases[i].smem / 1024,
+                  rc ? mg_diag_msg(&d) : "ran");
+    if (cases[i].ok) {
+      assert_int_equal(rc, 0);
+    } else {
+      assert_int_equal(rc, MLAGEN_EDRIVER);
+      assert_non_null(strstr(mg_diag_msg(&d), cases[i].why));
+    }
+  }
+  mg_kernel_free(&k);
+  mg_dev_ops_destroy(&h->base);
+  mg_gen_close(g);
+  mg_diag_clear(&d);
+}
+
 static int report_worst(void **state) {
   (void)state;
   tu_print_worst("(rms units, rtol of tu_tol_bf16)", g_worst);
@@ -738,6 +793,7 @@ int main(int argc, char **argv) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_launch_arch_limit),
       cmocka_unit_test(test_tuned_config),
       cmocka_unit_test(test_unusual_heads),
   };

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ci.h"
 #include "mg_fs.h"
 #include "mg_jit.h"
 #include "mlagen.h"
@@ -31,11 +32,6 @@
 
 static int g_skipped; /* a check skipped: exit 77 when nothing failed */
 
-/* In CI: $CI set, and not "0" or "false" (as CI services set it). */
-static int in_ci(void) {
-  const char *ci = getenv("CI");
-  return ci && *ci && strcmp(ci, "0") != 0 && strcmp(ci, "false") != 0;
-}
 
 static char *read_source(const char *rel, size_t *len) {
   char path[1024];
@@ -131,7 +127,7 @@ static void compile_for(const char *arch) {
     mg_cubin_free(&c);
     free(src);
     free(hdr);
-    if (in_ci())
+    if (mg_test_in_ci())
       fail_msg("%s: no nvdisasm (%s): the SASS cannot be checked; scripts/setup.sh installs it",
                arch, *tool ? tool : "not found at configure time");
     print_message("  %s: no nvdisasm (%s): SASS check SKIPPED (scripts/setup.sh installs it)\n",

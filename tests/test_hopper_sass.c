@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ci.h"
 #include "mg_fs.h"
 #include "mg_jit.h"
 #include "mlagen.h"
@@ -32,11 +33,6 @@ static char *read_src(const char *rel, size_t *len) {
   return data;
 }
 
-/* In CI: $CI set, and not "0" or "false". */
-static int in_ci(void) {
-  const char *ci = getenv("CI");
-  return ci && *ci && strcmp(ci, "0") != 0 && strcmp(ci, "false") != 0;
-}
 static int g_skipped;
 
 /* The instructions the wrappers must become (nvdisasm of the sm_90a cubin): wgmma ->
@@ -59,7 +55,7 @@ static const char *const g_sass[] = {
 static void check_sass(const mg_cubin *c) {
   const char *tool = MLAGEN_NVDISASM;
   if (!*tool || access(tool, X_OK) != 0) {
-    if (in_ci()) fail_msg("no nvdisasm: the sm_90a SASS cannot be checked (scripts/setup.sh)");
+    if (mg_test_in_ci()) fail_msg("no nvdisasm: the sm_90a SASS cannot be checked (scripts/setup.sh)");
     print_message("  no nvdisasm: SASS check SKIPPED (scripts/setup.sh installs it)\n");
     g_skipped = 1;
     return;

@@ -341,6 +341,8 @@ static void asan_case_run(void **state) {
   (void)state;
   check_layouts("bf16", 2, 64);
   check_send_buffer(2, 64);
+  check_convert("bf16", 2, 64, 32, "num_warps=2");
+  check_convert("fp16", 8, 128, 64, NULL);
 }
 
 static void test_asan(void **state) {

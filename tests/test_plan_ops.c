@@ -359,6 +359,8 @@ static void asan_case_run(void **state) {
   check_expand_kv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1);
   check_split_dkv(sh, 0, sh->dc, sh->dc + sh->dr, 0, 1, 1);
   check_latent(&shapes[1], 2, 5);
+  check_copy_cols(0, sh->dc + sh->dr, sh->dc, sh->dr, 0, sh->dr, 0); /* vector path, to the rows' ends */
+  check_copy_cols(2, 37, 20, 29, 12, 17, 3); /* scalar path, small grid, to the rows' ends */
 }
 
 static void test_asan(void **state) {

@@ -23,7 +23,8 @@
  * reference's O (rounded to bf16) and LSE (fp32) as attn_fwd stores them, against float64
  * dq, dk_nope, dk_rope (summed over heads) and dv. Compared per element
  * (tests/check_close.h: |err| <= atol + rtol |ref|; tolerances in tests/gpu/gpu_tol.h: atol
- * a multiple of the reference's rms, the LSE at 2e-5 + 2e-6 |lse|) and by an L2 bound; the
+ * a multiple of the reference's rms, the LSE at GPU_TOL_LSE_ATOL + GPU_TOL_LSE_RTOL |lse|)
+ * and by an L2 bound; the
  * forward and the deterministic backward run twice and compare bit for bit (the atomic
  * dkdv is not deterministic by design). The absorbed kernels likewise (check_mqa, against tests/mqa_ref.h) at H = 2,
  * S = 255, and every timed H at S = 200 (72 from H = 64 on: the float64 reference costs

@@ -32,8 +32,9 @@
  *     multiple of the checked reference's rms; tests/gpu/gpu_tol.h has the values and how
  *     they were measured), plus an L2 bound (||err|| / ||ref||) for errors small per
  *     element but systematic; the lse (f32, read from the saved area at the executor's
- *     layout) at 2e-5 + 2e-6 |lse|, the absorbed form's against its own rounding. Any NaN
- *     fails. Each output prints its worst element and max|err| / rms (the noise);
+ *     layout) at GPU_TOL_LSE_ATOL + GPU_TOL_LSE_RTOL |lse| (gpu_tol.h: the one place its
+ *     values are stated), every form alike; the absorbed form's other outputs at their own
+ *     multiples (GPU_TOL_ABS_*: it rounds more). Any NaN fails. Each output prints its worst element and max|err| / rms (the noise);
  *   - sp 1: the forward and backward run a second time (outputs, workspace NaN-filled
  *     again) and every output and the lse are compared byte for byte: "bitwise equal" or
  *     the first differing element; a difference fails the form;

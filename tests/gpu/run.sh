@@ -49,6 +49,10 @@
 #   sanitizer compute-sanitizer memcheck, racecheck, synccheck over mlagen_bench
 #             --check-only --heads 2 (every kernel's check: H 2 at S 256/255 and 200)
 #             60 s, 120 s (racecheck), 60 s                                          cap 240
+#   sanitizer90 (sm_90a only) the same over mlagen_bench --sm90 --check-only --heads 2: the
+#             sm_90a kernels' checks (attn_fwd_sm90, the executor's forward on an H200, the
+#             sm_90a backward, mqa_*_sm90, beside their mma.sync peers); on a device that
+#             nvidia-smi says is not compute capability 9.0: NOT_RUN                cap 240
 #   peers     torch_peer.py (NOT_RUN where python3 cannot import torch)              cap  90
 #   torchcuda (not in the default) tests/gpu/torch_cuda.py: the PyTorch package on CUDA
 #             tensors (every form bf16 causal at DeepSeek-V3 heads, H 16, B 2, S 300;
@@ -74,9 +78,10 @@
 # the exit status 3 (incomplete: a check that did not run is no pass), unless
 # ALLOW_INCOMPLETE=1 (or DRY_RUN=1) says that is expected.
 # Budget guard: a step whose cap would end past BUDGET_S (default 560 s since the start)
-# is NOT_RUN ("time budget"). One device call runs at most 600 s: run the default in two
+# is NOT_RUN ("time budget"). One device call runs at most 600 s: run the default in three
 # calls, e.g. STEPS="smi bench forms forms16k nocausal f16" then
-# STEPS="sp2 sanitizer peers compare" (same OUTDIR: the JIT cache is reused). Issue 14's
+# STEPS="sp2 sanitizer peers compare", then STEPS=sanitizer90 (same OUTDIR: the JIT cache
+# is reused). Issue 14's
 # Hopper attention in one call of under 8 minutes: STEPS="smi sm90 sm90peers" (BUDGET_S=460).
 # Packed sequences in one call: STEPS="build smi varlen" (BUDGET_S=460). The sm_90a tune
 # sweep in one call: STEPS="smi tune90" (BUDGET_S=460).
@@ -96,7 +101,7 @@ mkdir -p "$OUT" || exit 2
 OUT=$(cd "$OUT" && pwd)
 BUILD=${2:-$OUT/build}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-STEPS=${STEPS:-build smi bench forms forms16k nocausal f16 sp2 sanitizer peers compare}
+STEPS=${STEPS:-build smi bench forms forms16k nocausal f16 sp2 sanitizer sanitizer90 peers compare}
 BUDGET_S=${BUDGET_S:-560}
 START=$(date +%s)
 DRY_SUM=0 DRY_END=0 DRY_CUT="" DRY_NOTE="" # DRY_RUN=1: the budget guard simulated (step)
@@ -298,8 +303,12 @@ if want sp2; then
   fi
 fi
 
-if want sanitizer; then
-  T0=$(date +%s)
+# find_sanitizer: SAN = compute-sanitizer ($COMPUTE_SANITIZER, PATH, /usr/local/cuda*, pip
+# nvidia-cuda-sanitizer-api, SANITIZER_WHEEL unpacked into OUT/tools), empty when none (once)
+SAN_LOOKED=""
+find_sanitizer() {
+  [ -n "$SAN_LOOKED" ] && return
+  SAN_LOOKED=1
   SAN=${COMPUTE_SANITIZER:-}
   for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda*/bin/compute-sanitizer \
            /usr/local/cuda*/compute-sanitizer/compute-sanitizer "$OUT"/tools/nvidia/cu*/bin/compute-sanitizer \
@@ -311,26 +320,61 @@ if want sanitizer; then
       chmod +x "$OUT"/tools/nvidia/cu*/bin/compute-sanitizer 2>/dev/null
     for c in "$OUT"/tools/nvidia/cu*/bin/compute-sanitizer; do [ -x "$c" ] && SAN=$c; done
   fi
-  nosan="compute-sanitizer not found (COMPUTE_SANITIZER, PATH, /usr/local/cuda*, pip nvidia-cuda-sanitizer-api, SANITIZER_WHEEL)"
+  [ -n "$SAN" ] && note "compute-sanitizer: $SAN ($("$SAN" --version 2>&1 | tail -1))"
+}
+# sanitize NAME BENCH_ARGS...: compute-sanitizer memcheck (cap 60), racecheck (120) and
+# synccheck (60) over mlagen_bench OUT/NAME-<tool> --check-only --heads 2 --jobs 16 BENCH_ARGS,
+# the steps NAME-<tool> (NOT_RUN without compute-sanitizer; a dry run prints the commands
+# all the same; FAILED when the tool reports errors: its exit code 9)
+sanitize() {
+  local name=$1 nosan="compute-sanitizer not found (COMPUTE_SANITIZER, PATH, /usr/local/cuda*, pip nvidia-cuda-sanitizer-api, SANITIZER_WHEEL)"
+  shift
+  T0=$(date +%s)
+  find_sanitizer
   if [ -z "$SAN" ] && [ -z "${DRY_RUN:-}" ]; then
-    for t in memcheck racecheck synccheck; do result "sanitizer-$t" NOT_RUN "$T0" "$nosan"; done
+    for t in memcheck racecheck synccheck; do result "$name-$t" NOT_RUN "$T0" "$nosan"; done
+    return
   elif ! have "$BENCH"; then
-    for t in memcheck racecheck synccheck; do result "sanitizer-$t" FAILED "$T0" "no $BENCH"; done
-  else
-    if [ -z "$SAN" ]; then # a dry run prints the commands all the same
-      SAN=compute-sanitizer DRY_NOTE="compute-sanitizer not found: a real run is NOT_RUN"
-      note "$nosan"
-    else note "compute-sanitizer: $SAN ($("$SAN" --version 2>&1 | tail -1))"; fi
+    for t in memcheck racecheck synccheck; do result "$name-$t" FAILED "$T0" "no $BENCH"; done
+    return
+  fi
+  local san=$SAN
+  if [ -z "$san" ]; then # a dry run prints the commands all the same
+    san=compute-sanitizer DRY_NOTE="${DRY_NOTE:+$DRY_NOTE; }compute-sanitizer not found: a real run is NOT_RUN"
+    note "$nosan"
+  fi
+  for t in memcheck racecheck synccheck; do
+    extra="" cap=60
+    [ $t = racecheck ] && extra="--racecheck-report all" cap=120
+    # shellcheck disable=SC2086
+    step "$name-$t" $cap "$name-$t.log" "$san" --tool $t $extra --error-exitcode 9 --print-limit 20 \
+      "$BENCH" "$OUT/$name-$t" --check-only --heads 2 --jobs 16 "$@"
+    if [ "$RC" = 9 ]; then result "$name-$t" FAILED "$T0" "$t reported errors: $(grep -s -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name-$t.log")"
+    else finish "$name-$t" "$(grep -s -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY|needs an sm_90a device' "$OUT/$name-$t.log")" "$name-$t.log"; fi
+  done
+  DRY_NOTE=""
+}
+want sanitizer && sanitize sanitizer
+
+# sanitizer90: the same over mlagen_bench --sm90 (the sm_90a kernels: attn_fwd_sm90, the
+# executor's forward on an H200, the sm_90a backward and mqa_*_sm90), on an sm_90a device
+# only: device 0 (CUDA_VISIBLE_DEVICES' first) by nvidia-smi's compute_cap; on another one
+# each sanitizer90-<tool> is NOT_RUN (no sm_90a kernel runs there); where nvidia-smi cannot
+# tell, it runs and the bench says (it refuses --sm90 elsewhere: FAILED)
+if want sanitizer90; then
+  T0=$(date +%s)
+  dev=${CUDA_VISIBLE_DEVICES:-0}
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i "${dev%%,*}" 2>/dev/null | head -1 | tr -d ' \r')
+  if [ -n "${DRY_RUN:-}" ]; then
+    DRY_NOTE="sm_90a only (device 0: compute capability ${cc:-unknown})"
+    sanitize sanitizer90 --sm90
+  elif [ -n "$cc" ] && [ "$cc" != 9.0 ]; then
     for t in memcheck racecheck synccheck; do
-      extra="" cap=60
-      [ $t = racecheck ] && extra="--racecheck-report all" cap=120
-      # shellcheck disable=SC2086
-      step "sanitizer-$t" $cap "sanitizer-$t.log" "$SAN" --tool $t $extra --error-exitcode 9 --print-limit 20 \
-        "$BENCH" "$OUT/sanitizer-$t" --check-only --heads 2 --jobs 16
-      if [ "$RC" = 9 ]; then result "sanitizer-$t" FAILED "$T0" "$t reported errors: $(grep -s -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")"
-      else finish "sanitizer-$t" "$(grep -s -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$t.log")" "sanitizer-$t.log"; fi
+      result "sanitizer90-$t" NOT_RUN "$T0" "sm_90a only: device ${dev%%,*} is compute capability $cc (nvidia-smi)"
     done
-    DRY_NOTE=""
+  else
+    [ -z "$cc" ] && note "sanitizer90: nvidia-smi gives no compute capability; the bench decides"
+    sanitize sanitizer90 --sm90
   fi
 fi
 

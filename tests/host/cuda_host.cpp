@@ -430,6 +430,7 @@ struct Fiber {
   unsigned lane, warp;
   int state;
   unsigned long long wait; /* barrier generation, warp instance or __activemask line */
+  const char *wait_file;   /* and that __activemask's file (see same_site) */
   unsigned rpos;           /* index in Block::ready while F_READY and not running */
   char *stack;             /* lowest usable byte of the stack */
   /* cp.async: entries [cp_head, cp_n) of cp are pending or landed early, oldest first;
@@ -448,7 +449,8 @@ struct Warp {
   unsigned nlanes, lanemask;
   unsigned arrived;             /* lanes arrived at the current instance */
   unsigned long long completed; /* instances completed; the current one is `completed` */
-  int op, line;                 /* op and call line of the current instance */
+  int op, line;                 /* op and call site (line, file) of the current instance */
+  const char *file;             /* NULL: the wide PTX ops (see warp_arrive) */
   unsigned vote[2];             /* ballot of instance k is in vote[k & 1] */
   unsigned am_waiting;          /* lanes waiting at __activemask (F_WAIT_ACTIVE) */
   unsigned long long slot[2][32];
@@ -658,6 +660,20 @@ void cp_land_random(Launch *L, Block *B) {
   }
 }
 
+/* Whether two call sites (file, line) are the same one: the lines equal and the files too
+ * (the same __FILE__ literal, or equal strings; both NULL for the wide PTX ops, whose file
+ * the templates' wrappers do not pass). */
+bool same_site(const char *fa, int la, const char *fb, int lb) {
+  return la == lb && (fa == fb || (fa && fb && !strcmp(fa, fb)));
+}
+
+/* A call site for messages: "file:line", or "line N" without a file. */
+const char *site_str(char *buf, size_t n, const char *file, int line) {
+  if (file) snprintf(buf, n, "%s:%d", file, line);
+  else snprintf(buf, n, "line %d", line);
+  return buf;
+}
+
 /* __activemask: a lane that reaches one waits (F_WAIT_ACTIVE) until no lane of its warp
  * can run any more: each has exited, or waits at a barrier, a collective or an
  * __activemask. Then the lanes at each __activemask call site form a converged group and
@@ -673,7 +689,9 @@ bool am_try(Block *B, unsigned warp, Fiber *self) {
     if (lanes[l].state != F_WAIT_ACTIVE) continue;
     unsigned m = 0;
     for (unsigned j = 0; j < W->nlanes; ++j)
-      if (lanes[j].state == F_WAIT_ACTIVE && lanes[j].wait == lanes[l].wait) m |= 1u << j;
+      if (lanes[j].state == F_WAIT_ACTIVE &&
+          same_site(lanes[j].wait_file, (int)lanes[j].wait, lanes[l].wait_file, (int)lanes[l].wait))
+        m |= 1u << j;
     lanes[l].active = m;
   }
   for (unsigned l = 0; l < W->nlanes; ++l)
@@ -852,12 +870,14 @@ void describe_deadlock(Launch *L, Block *B) {
       if (wbar)
         snprintf(others, sizeof others, "%u wait at %s (line %d)", wbar, bar_name(B->bar_kind),
                  B->bar_line);
+      char site[256];
       snprintf(m, cap,
-               "warp divergence in %s, warp %u: %u of %u lanes wait at %s (line %d) while %u "
+               "warp divergence in %s, warp %u: %u of %u lanes wait at %s (%s) while %u "
                "lanes have exited the kernel%s%s; in the block %u threads wait at warp "
                "collectives, %u at barriers, %u have exited",
-               blk, w, W->arrived, W->nlanes, op_name(W->op), W->line, wdone, wbar ? " and " : "",
-               others, nwarp, nbar, ndone);
+               blk, w, W->arrived, W->nlanes, op_name(W->op),
+               site_str(site, sizeof site, W->file, W->line), wdone, wbar ? " and " : "", others,
+               nwarp, nbar, ndone);
       return;
     }
   }
@@ -891,12 +911,15 @@ void complete_wide(Warp *W, int op, unsigned bank);
  * collective instance and waits until every lane of the warp has deposited; the last
  * lane to arrive completes the instance (computing every lane's result of a wide one)
  * and wakes the others. Every lane must arrive at the same collective at the same call
- * site (source line), else that is warp divergence. Returns the slot bank of that
+ * site, else that is warp divergence: the source line and file (same_site) for the
+ * shuffles, votes and __syncwarp (cuda_host.h passes __FILE__); the line alone for the wide
+ * PTX ops (file NULL: templates/mla_device.cuh's wrappers pass __builtin_LINE() only, and
+ * passing the file too would change the headers the tuned store's template hashes cover). Returns the slot bank of that
  * instance. Banks alternate, so the next instance never overwrites slots a slow lane
  * still has to read: no lane can enter instance k+2 before every lane has left
  * instance k. */
 unsigned warp_arrive(Launch *L, Fiber *f, int op, unsigned long long v, int line,
-                     const uint32_t *in = nullptr, unsigned nin = 0) {
+                     const uint32_t *in = nullptr, unsigned nin = 0, const char *file = nullptr) {
   Block *B = f->blk;
   Warp *W = &B->warps[f->warp];
   unsigned long long k = W->completed;
@@ -904,12 +927,14 @@ unsigned warp_arrive(Launch *L, Fiber *f, int op, unsigned long long v, int line
   if (W->arrived == 0) {
     W->op = op;
     W->line = line;
-  } else if (W->op != op || W->line != line) {
-    char who[96];
+    W->file = file;
+  } else if (W->op != op || !same_site(W->file, W->line, file, line)) {
+    char who[96], here[256], there[256];
     where(L, f, who, sizeof who);
     fail(L, MG_HOST_E_DIVERGENCE,
-         "warp divergence: %s reached %s (line %d) while %u lanes of its warp wait at %s (line %d)",
-         who, op_name(op), line, W->arrived, op_name(W->op), W->line);
+         "warp divergence: %s reached %s (%s) while %u lanes of its warp wait at %s (%s)", who,
+         op_name(op), site_str(here, sizeof here, file, line), W->arrived, op_name(W->op),
+         site_str(there, sizeof there, W->file, W->line));
   }
   W->slot[bank][f->lane] = v;
   for (unsigned i = 0; i < nin; ++i) W->win[bank][f->lane][i] = in[i];
@@ -939,7 +964,7 @@ unsigned warp_arrive(Launch *L, Fiber *f, int op, unsigned long long v, int line
 } // namespace
 
 unsigned long long mg_host_shfl(int mode, unsigned mask, unsigned long long v, int b, int width,
-                                int line) {
+                                int line, const char *file) {
   Launch *L = current(op_name(mode));
   Fiber *f = L->cur;
   const Warp *W = &f->blk->warps[f->warp];
@@ -983,16 +1008,16 @@ unsigned long long mg_host_shfl(int mode, unsigned mask, unsigned long long v, i
     fail(L, MG_HOST_E_MASK, "%s at line %d in %s reads lane %lld, which does not exist (the warp has %u lanes)",
          op_name(mode), line, who, j, W->nlanes);
   }
-  unsigned bank = warp_arrive(L, f, mode, v, line);
+  unsigned bank = warp_arrive(L, f, mode, v, line, nullptr, 0, file);
   return W->slot[bank][j];
 }
 
-unsigned mg_host_vote(int op, unsigned mask, int pred, int line) {
+unsigned mg_host_vote(int op, unsigned mask, int pred, int line, const char *file) {
   Launch *L = current(op_name(op));
   Fiber *f = L->cur;
   const Warp *W = &f->blk->warps[f->warp];
   check_mask(L, f, W, op, mask, line);
-  unsigned bank = warp_arrive(L, f, op, pred ? 1u : 0u, line);
+  unsigned bank = warp_arrive(L, f, op, pred ? 1u : 0u, line, nullptr, 0, file);
   unsigned b = W->vote[bank];
   switch (op) {
   case MG_HOST_VOTE_BALLOT: return b;
@@ -1006,13 +1031,14 @@ unsigned mg_host_vote(int op, unsigned mask, int pred, int line) {
  * waits until no lane of its warp can run any more (see am_try). So exited lanes are not
  * in the mask, a short last warp gives its lane mask, and lanes that branched away to
  * wait elsewhere (another __activemask, a barrier, a collective) are left out. */
-unsigned mg_host_activemask(int line) {
+unsigned mg_host_activemask(int line, const char *file) {
   Launch *L = current("__activemask");
   Fiber *f = L->cur;
   Block *B = f->blk;
   Warp *W = &B->warps[f->warp];
   f->state = F_WAIT_ACTIVE;
   f->wait = (unsigned long long)(unsigned)line;
+  f->wait_file = file;
   W->am_waiting++;
   if (am_try(B, f->warp, f))
     yield(L, f);
@@ -1418,6 +1444,7 @@ void start_block(Launch *L, Block *B, unsigned long long n) {
     W->arrived = 0;
     W->completed = 0;
     W->op = W->line = 0;
+    W->file = nullptr;
     W->am_waiting = 0;
   }
   B->nready = 0;

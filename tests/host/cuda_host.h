@@ -137,13 +137,15 @@ enum {
 enum { MG_HOST_BAR_SYNC = 0, MG_HOST_BAR_COUNT = 1, MG_HOST_BAR_AND = 2, MG_HOST_BAR_OR = 3 };
 
 /* All of these may switch fibers. A misuse (bad mask, divergence) does not return: the
- * launch is abandoned and mg_host_launch reports it. `line` is the caller's __LINE__. */
+ * launch is abandoned and mg_host_launch reports it. `line` is the caller's __LINE__;
+ * `file` its __FILE__ (the warp collectives' call site is the pair: a kernel line and a
+ * header line of the same number are different sites). */
 MG_HOST_HIDDEN unsigned long long mg_host_shfl(int mode, unsigned mask, unsigned long long v,
-                                               int b, int width, int line);
-MG_HOST_HIDDEN unsigned mg_host_vote(int op, unsigned mask, int pred, int line);
+                                               int b, int width, int line, const char *file);
+MG_HOST_HIDDEN unsigned mg_host_vote(int op, unsigned mask, int pred, int line, const char *file);
 /* The lanes of the warp that reach this __activemask call site together (exited lanes
  * and lanes that wait elsewhere are not in it). */
-MG_HOST_HIDDEN unsigned mg_host_activemask(int line);
+MG_HOST_HIDDEN unsigned mg_host_activemask(int line, const char *file);
 MG_HOST_HIDDEN int mg_host_syncthreads(int kind, int pred, int line);
 [[noreturn]] MG_HOST_HIDDEN void mg_host_trap(int line);
 
@@ -205,10 +207,10 @@ template <class T> static inline T mg_host_from_bits(unsigned long long b) {
 }
 
 #define MG_HOST_SHFL_FN(name, mode, btype)                                                      \
-  template <class T> static inline T name##_at(int line, unsigned mask, T var, btype b,      \
-                                                int width = 32) {                            \
+  template <class T> static inline T name##_at(const char *file, int line, unsigned mask,   \
+                                                T var, btype b, int width = 32) {            \
     return mg_host_from_bits<T>(                                                             \
-        mg_host_shfl(mode, mask, mg_host_to_bits(var), (int)b, width, line));                \
+        mg_host_shfl(mode, mask, mg_host_to_bits(var), (int)b, width, line, file));          \
   }
 MG_HOST_SHFL_FN(mg_host_shfl_idx, MG_HOST_SHFL_IDX, int)
 MG_HOST_SHFL_FN(mg_host_shfl_up, MG_HOST_SHFL_UP, unsigned)
@@ -216,24 +218,25 @@ MG_HOST_SHFL_FN(mg_host_shfl_down, MG_HOST_SHFL_DOWN, unsigned)
 MG_HOST_SHFL_FN(mg_host_shfl_xor, MG_HOST_SHFL_BFLY, int)
 #undef MG_HOST_SHFL_FN
 
-#define __shfl_sync(...) mg_host_shfl_idx_at(__LINE__, __VA_ARGS__)
-#define __shfl_up_sync(...) mg_host_shfl_up_at(__LINE__, __VA_ARGS__)
-#define __shfl_down_sync(...) mg_host_shfl_down_at(__LINE__, __VA_ARGS__)
-#define __shfl_xor_sync(...) mg_host_shfl_xor_at(__LINE__, __VA_ARGS__)
+#define __shfl_sync(...) mg_host_shfl_idx_at(__FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_up_sync(...) mg_host_shfl_up_at(__FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_down_sync(...) mg_host_shfl_down_at(__FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_xor_sync(...) mg_host_shfl_xor_at(__FILE__, __LINE__, __VA_ARGS__)
 
-/* A call site's line travels in a function object, so that __syncwarp() and
- * __syncwarp(mask) both work (the line identifies the call site, see warp_arrive). */
+/* A call site's file and line travel in a function object, so that __syncwarp() and
+ * __syncwarp(mask) both work (they identify the call site, see warp_arrive). */
 struct mg_host_syncwarp_at {
+  const char *file;
   int line;
   void operator()(unsigned mask = 0xffffffffu) const {
-    (void)mg_host_vote(MG_HOST_SYNCWARP, mask, 0, line);
+    (void)mg_host_vote(MG_HOST_SYNCWARP, mask, 0, line, file);
   }
 };
-#define __syncwarp(...) (mg_host_syncwarp_at{__LINE__}(__VA_ARGS__))
-#define __ballot_sync(mask, pred) mg_host_vote(MG_HOST_VOTE_BALLOT, (mask), (pred) ? 1 : 0, __LINE__)
-#define __any_sync(mask, pred) ((int)mg_host_vote(MG_HOST_VOTE_ANY, (mask), (pred) ? 1 : 0, __LINE__))
-#define __all_sync(mask, pred) ((int)mg_host_vote(MG_HOST_VOTE_ALL, (mask), (pred) ? 1 : 0, __LINE__))
-#define __activemask() mg_host_activemask(__LINE__)
+#define __syncwarp(...) (mg_host_syncwarp_at{__FILE__, __LINE__}(__VA_ARGS__))
+#define __ballot_sync(mask, pred) mg_host_vote(MG_HOST_VOTE_BALLOT, (mask), (pred) ? 1 : 0, __LINE__, __FILE__)
+#define __any_sync(mask, pred) ((int)mg_host_vote(MG_HOST_VOTE_ANY, (mask), (pred) ? 1 : 0, __LINE__, __FILE__))
+#define __all_sync(mask, pred) ((int)mg_host_vote(MG_HOST_VOTE_ALL, (mask), (pred) ? 1 : 0, __LINE__, __FILE__))
+#define __activemask() mg_host_activemask(__LINE__, __FILE__)
 
 /* ---- integer intrinsics -------------------------------------------------------- */
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }

@@ -337,6 +337,7 @@ extern "C" __global__ void k_activemask_exit(unsigned *out, int keep) {
   out[threadIdx.x] = __activemask();
 }
 
+#include "selftest_sites.inc"
 #include "ptx_selftest.cu"
 
 #endif /* kernels */
@@ -406,7 +407,9 @@ namespace {
   X(k_cross_block, void (*)(int *, int *, int))                                                \
   X(k_cp_war, void (*)(const float *, const float *, float *, int))                            \
   X(k_shfl_sites, void (*)(float *))                                                           \
-  X(k_activemask_exit, void (*)(unsigned *, int))
+  X(k_activemask_exit, void (*)(unsigned *, int))                                              \
+  X(k_shfl_same_line, void (*)(float *))                                                       \
+  X(k_activemask_same_line, void (*)(unsigned *))
 
 template <class T> using type_of = T;
 struct Kernels {
@@ -968,6 +971,27 @@ bool t_collective_sites() {
   return expect_error(launch(d3(1), d3(32), 0, body), MG_HOST_E_DIVERGENCE, "while");
 }
 
+/* Collectives at the same line number in two files (selftest_sites.inc, #line) are two call
+ * sites: a shuffle split between them is warp divergence naming both, and an __activemask
+ * split between them gives each group its own lanes (every seed). */
+bool t_same_line_sites() {
+  std::vector<float> out(32, 0.0f);
+  auto body = [&] { K.k_shfl_same_line(out.data()); };
+  if (!expect_error(launch(d3(1), d3(32), 0, body), MG_HOST_E_DIVERGENCE, "warp divergence"))
+    return false;
+  CHECK(strstr(g_msg, "site_a.cu:9000") && strstr(g_msg, "site_b.cu:9000"),
+        "message lacks both sites: %s", g_msg);
+  std::vector<unsigned> am(32, 0);
+  for (unsigned long long seed = 0; seed <= 3; ++seed) {
+    auto amb = [&] { K.k_activemask_same_line(am.data()); };
+    int rc = launch_o(seed_opts(seed), d3(1), d3(32), 0, amb);
+    CHECK(rc == 0, "rc %d: %s", rc, g_msg);
+    for (int t = 0; t < 32; ++t)
+      CHECK(am[t] == (t % 2 ? 0xaaaaaaaau : 0x55555555u), "seed %llu lane %d: %08x", seed, t, am[t]);
+  }
+  return true;
+}
+
 /* __activemask: exited lanes are not in it (every seed), a short warp has its lanes. */
 bool t_activemask() {
   std::vector<unsigned> out(80, 0);
@@ -1218,6 +1242,7 @@ int main(int argc, char **argv) {
   run("cp_async_war", t_cp_async_war);
   run("collective_sites", t_collective_sites);
   run("activemask", t_activemask);
+  run("same_line_sites", t_same_line_sites);
   run("arch_smem", t_arch_smem);
   run("ldmatrix_errors", t_ldmatrix_errors);
 #if MG_SELFTEST_ASAN && !defined(MG_SELFTEST_DLOPEN)

@@ -14,9 +14,15 @@ TINY = {"model_type": "deepseek_v3", "num_attention_heads": 4, "kv_lora_rank": 3
                          "beta_slow": 1}}
 
 
+def in_ci():
+    """In CI: $CI set, and not empty, "0" or "false" (cmake/MlagenCI.cmake owns the rule;
+    tests/ci_rule.cmake holds this copy to it)."""
+    return os.environ.get("CI", "") not in ("", "0", "false")
+
+
 def require(*modules):
     """Imports modules; when one is missing: exit 77 (ctest: skipped) outside CI, 1 in CI
-    (CI set and not 0/false), as tests/tool_missing.sh."""
+    (in_ci()), as tests/tool_missing.sh."""
     import importlib
     for m in modules:
         try:
@@ -24,7 +30,7 @@ def require(*modules):
         except ImportError as e:
             print(f"not found: python module {m} ({e}); scripts/setup.sh --test installs it",
                   file=sys.stderr)
-            sys.exit(1 if os.environ.get("CI", "") not in ("", "0", "false") else 77)
+            sys.exit(1 if in_ci() else 77)
 
 
 def reference(q, c_kv, k_rope, w_kv_b, scale, causal=True):
