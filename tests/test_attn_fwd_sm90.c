@@ -561,14 +561,19 @@ static void mutation_caught(const sm90_edit *e, int overlap) {
     if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", e->from);
     how = "check failed";
   }
-  print_message("  overlap %d without '%s': %s: %.150s\n", overlap, e->from, how, msg);
+  print_message("  overlap %d without '%s': %s: %.300s\n", overlap, e->from, how, msg);
   case_free(&c);
   kh_free(&bk.kh);
 }
 
 /* Each mutation of the rendered source must make the check fail or the launch be reported
  * (a deadlock, a wgmma protocol error); ping-pong's, the order of its turns be wrong or the
- * launch be reported. And ping-pong with one consumer refused. The wgmma fences: the default
+ * launch be reported. And ping-pong with one consumer refused. Every mbarrier wait and
+ * wgmma wait, the loop's and those around it (Q's; overlap 1: the first tile's K and S
+ * waits, the last tile's V and P V waits): a missing mbarrier wait is reported at the wgmma
+ * reading the load (the executor: data of a load no wait observed, even if it landed). The
+ * last tile's release after the loop: test_varlen_mutations_caught (observable only when
+ * the producer waits for it). The wgmma fences: the default
  * run removes the PV one on overlap 1 (in the loop the S fence just before covers it, so it is
  * caught at the last tile's O += P V, after a wait that delivered), MLAGEN_TEST_EXHAUSTIVE=1
  * (ctest -C exhaustive) each on both overlaps. fence_operand(...) is a compiler-only register
@@ -583,6 +588,13 @@ static void test_mutations_caught(void **state) {
       {"mbar_wait(&empty[st], ph ^ 1u);", ""},
       {"wgmma_wait<1>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
+      /* the steps outside the loop: Q's wait, the first tile's K and S waits, the last
+       * tile's V and P V waits */
+      {"mbar_wait(q_full, 0);", ""},
+      {"mbar_wait(&full_k[0], 0);  // MUTATION: first K wait", ""},
+      {"wgmma_wait<0>();  // MUTATION: first S wait", ""},
+      {"mbar_wait(&full_v[st], parity(wg_tiles - 1));  // MUTATION: last V full wait", ""},
+      {"wgmma_wait<0>();  // MUTATION: last PV wait", ""},
       /* overlap = 0 (the edits name that path's lines) */
       {"mbar_wait(&full_k[st], parity(j));", ""},
       {"mbar_wait(&full_v[st], parity(j));  // MUTATION: V full wait", ""},
@@ -590,7 +602,7 @@ static void test_mutations_caught(void **state) {
       {"wgmma_wait<0>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
   };
-  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) mutation_caught(&muts[m], m < 6);
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) mutation_caught(&muts[m], m < 11);
   static const struct {
     int overlap, sample;
     sm90_edit e;
@@ -782,6 +794,38 @@ static void test_varlen_mutations_caught(void **state) {
     print_message("  '%s' -> '%s': %zu NaN outputs; %.150s\n", muts[m].from, muts[m].to, nans, msg);
     case_free(&c);
     kh_free(&bk.kh);
+  }
+  /* The release of a warpgroup's last tile (after the loop, overlap 1) removed: two
+   * consumers (block_m 128, block_n 64, 2 stages) whose rows lie in different documents
+   * (warpgroup 0's at positions 0..63 of document [0, 64), warpgroup 1's at 200..263 of
+   * [200, 300)): the CTA's 5 tiles cover keys [-56, 264), warpgroup 0 computes tiles 0 and 1,
+   * and the producer waits for tile 1's release before it loads tile 3: a deadlock. (With
+   * the rows in one document a warpgroup's last tile is among the CTA's last `stages`, whose
+   * releases nothing waits for: removing it there is harmless on the hardware too.) */
+  {
+    static const sm90_edit last = {"mbar_arrive(&empty[st]);  // MUTATION: last release", ""};
+    static const int gap[] = {0, 64, 200, 300};
+    mg_kernel_spec ls = make_spec(2, 64, 32, 64, 1);
+    ls.varlen = 1;
+    kh_set(&ls, "block_m=128"), kh_set(&ls, "block_n=64"), kh_set(&ls, "stages=2");
+    kh_set(&ls, "overlap=1"), kh_set(&ls, "pingpong=0");
+    built_kernel lb;
+    build_edit(&ls, NULL, &lb); /* unmutated, the case passes */
+    varlen_run(&lb, gap, 3, 128, &(kt_qpos){0, 64, 200});
+    kh_free(&lb.kh);
+    build_edit(&ls, &last, &lb);
+    fwd_case c;
+    varlen_init(&lb, &c, gap, 3, 128, &(kt_qpos){0, 64, 200});
+    char msg[1024];
+    const char *how = "launch reported";
+    if (!launch_case(&lb, &c, msg, sizeof msg)) {
+      const size_t nans = compare_mutant(&lb, &c, msg, sizeof msg);
+      if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", last.from);
+      how = "check failed";
+    }
+    print_message("  without '%s': %s: %.300s\n", last.from, how, msg);
+    case_free(&c);
+    kh_free(&lb.kh);
   }
   static const sm90_edit all = {"varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0,",
                                 "varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, 0,"};
