@@ -268,7 +268,7 @@ ${K.name}(
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // MUTATION: init barrier
 
   if (wg == NC) {
     // ---- producer warpgroup: thread 0 issues the TMA loads, warp 1 stages LSE and delta ----

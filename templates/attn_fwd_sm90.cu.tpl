@@ -195,7 +195,7 @@ ${K.name}(
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // MUTATION: init barrier
 
   if (wg == NC) {
     // ---- producer warpgroup: one thread issues the TMA loads ------------------------------

@@ -573,7 +573,8 @@ static void mutation_caught(const sm90_edit *e, int overlap) {
  * waits, the last tile's V and P V waits): a missing mbarrier wait is reported at the wgmma
  * reading the load (the executor: data of a load no wait observed, even if it landed). The
  * last tile's release after the loop: test_varlen_mutations_caught (observable only when
- * the producer waits for it). The wgmma fences: the default
+ * the producer waits for it). The __syncthreads after the mbarrier inits (the executor:
+ * a barrier used by a thread its init is not visible to). The wgmma fences: the default
  * run removes the PV one on overlap 1 (in the loop the S fence just before covers it, so it is
  * caught at the last tile's O += P V, after a wait that delivered), MLAGEN_TEST_EXHAUSTIVE=1
  * (ctest -C exhaustive) each on both overlaps. fence_operand(...) is a compiler-only register
@@ -589,12 +590,13 @@ static void test_mutations_caught(void **state) {
       {"wgmma_wait<1>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
       /* the steps outside the loop: Q's wait, the first tile's K and S waits, the last
-       * tile's V and P V waits */
+       * tile's V and P V waits; the mbarrier inits' barrier */
       {"mbar_wait(q_full, 0);", ""},
       {"mbar_wait(&full_k[0], 0);  // MUTATION: first K wait", ""},
       {"wgmma_wait<0>();  // MUTATION: first S wait", ""},
       {"mbar_wait(&full_v[st], parity(wg_tiles - 1));  // MUTATION: last V full wait", ""},
       {"wgmma_wait<0>();  // MUTATION: last PV wait", ""},
+      {"__syncthreads();  // MUTATION: init barrier", ""},
       /* overlap = 0 (the edits name that path's lines) */
       {"mbar_wait(&full_k[st], parity(j));", ""},
       {"mbar_wait(&full_v[st], parity(j));  // MUTATION: V full wait", ""},
@@ -602,7 +604,7 @@ static void test_mutations_caught(void **state) {
       {"wgmma_wait<0>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
   };
-  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) mutation_caught(&muts[m], m < 11);
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) mutation_caught(&muts[m], m < 12);
   static const struct {
     int overlap, sample;
     sm90_edit e;
