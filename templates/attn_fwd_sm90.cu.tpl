@@ -288,7 +288,7 @@ ${K.name}(
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk)
       wgmma_rs_tb<DV, tag_t>(acc_o, p[kk],
-                             make_desc(v_addr + kk * 16 * 2 * WV, BLOCK_N * 2 * WV, 8 * 2 * WV, SWV), 1);
+                             make_desc_mn_kstep(SWV, v_addr, BLOCK_N, kk), 1);
     wgmma_commit();
   };
   // Scale S (tile at key n0) to base 2, mask it (only when the tile crosses the end of the
