@@ -851,7 +851,8 @@ static void test_varlen_mutations_caught(void **state) {
 }
 
 /* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
- * no stack frame and no static shared memory (causal: the larger kernel); sh 0: DeepSeek-V3
+ * no stack frame and no static shared memory (causal: the larger kernel), with split and
+ * packed keys (k_packed 0/1: the explicit plans run the packed ones on sm_90a); sh 0: DeepSeek-V3
  * heads at H 128, 1: the unusual shape at H 40, 2: the wide 256/256 heads. Every
  * configuration is rendered (the check and the shared-memory limit run on all); a covering
  * sample is compiled (kh_sweep_cover: every tunable value and pair of values, and the most
@@ -862,21 +863,23 @@ static void nvrtc_kept_configs(int sh) {
   kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   sw.max_smem = 227 * 1024;
   const int shapes[3][3] = {{128, 64, 128}, {64, 32, 64}, {192, 64, 256}};
-  mg_kernel_spec cands[2 * 2 * 3 * 2 * 2];
+  mg_kernel_spec cands[2 * 2 * 3 * 2 * 2 * 2];
   int nc = 0;
   for (int nm = 1; nm <= 2; nm++)
     for (int bn = 64; bn <= 128; bn *= 2)
       for (int st = 2; st <= 4; st++)
         for (int ov = 0; ov <= 1; ov++)
-          for (int pp = 0; pp <= 1; pp++) {
-            mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
-            kh_setf(&s, "block_m=%d", 64 * nm);
-            kh_setf(&s, "block_n=%d", bn);
-            kh_setf(&s, "stages=%d", st);
-            kh_setf(&s, "overlap=%d", ov);
-            kh_setf(&s, "pingpong=%d", pp);
-            cands[nc++] = s;
-          }
+          for (int pp = 0; pp <= 1; pp++)
+            for (int kp = 0; kp <= 1; kp++) {
+              mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
+              kh_setf(&s, "block_m=%d", 64 * nm);
+              kh_setf(&s, "block_n=%d", bn);
+              kh_setf(&s, "stages=%d", st);
+              kh_setf(&s, "overlap=%d", ov);
+              kh_setf(&s, "pingpong=%d", pp);
+              kh_setf(&s, "k_packed=%d", kp);
+              cands[nc++] = s;
+            }
   sm90_sweep_close(&sw, kh_sweep_cover(&sw, cands, nc, g_test_seed, ""), sh == 2 ? 4 : 16);
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }
