@@ -272,7 +272,7 @@ ${K.name}(
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // MUTATION: init barrier
 
   if (wg == NC) {
     // ---- producer warpgroup: thread 0 issues the TMA loads, warp 1 stages LSE and delta ----
@@ -429,7 +429,7 @@ ${K.name}(
     wgmma_fence();  // MUTATION: dV fence
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
-      wgmma_rs_tb<DV, tag_t>(dv_acc, a[kk], make_desc(o_addr + kk * 16 * 2 * WV, BM * 2 * WV, 8 * 2 * WV, SWV), 1);
+      wgmma_rs_tb<DV, tag_t>(dv_acc, a[kk], make_desc_mn_kstep(SWV, o_addr, BM, kk), 1);
     wgmma_commit();
   };
   // dK += dS^T Q: Q [query][d_qk] as an MN-major B operand.
@@ -439,7 +439,7 @@ ${K.name}(
     wgmma_fence();  // MUTATION: dK fence
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
-      wgmma_rs_tb<DQK, tag_t>(dk, a[kk], make_desc(q_addr + kk * 16 * 2 * WQ, BM * 2 * WQ, 8 * 2 * WQ, SWQ), 1);
+      wgmma_rs_tb<DQK, tag_t>(dk, a[kk], make_desc_mn_kstep(SWQ, q_addr, BM, kk), 1);
     wgmma_commit();
   };
   auto parity = [](int j) { return (unsigned)(j / STAGES) & 1u; };
@@ -458,7 +458,7 @@ ${K.name}(
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_ss_t<64, tag_t, 1, 1>(acc, make_desc_mn_kstep(SWIZZLE_128B, ds_addr, 64, ks),
-                                    make_desc(k_base + cb * BLOCK_N * 128 + ks * 16 * 128, BLOCK_N * 128, 8 * 128, SWIZZLE_128B),
+                                    make_desc_mn_kstep(SWIZZLE_128B, k_base + cb * BLOCK_N * 128, BLOCK_N, ks),
                                     ks > 0);
       wgmma_commit();
       wgmma_wait<0>();  // MUTATION: dQ wait

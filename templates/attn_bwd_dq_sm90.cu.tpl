@@ -189,7 +189,7 @@ ${K.name}(
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // MUTATION: init barrier
 
   if (wg == NC) {
     // ---- producer warpgroup: one thread issues the TMA loads ------------------------------
@@ -348,7 +348,7 @@ ${K.name}(
     wgmma_fence();  // MUTATION: dQ fence
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-      wgmma_rs_tb<DQK, tag_t>(acc, da[kk], make_desc(a.k + kk * 16 * 2 * WK, BLOCK_N * 2 * WK, 8 * 2 * WK, SWK), 1);
+      wgmma_rs_tb<DQK, tag_t>(acc, da[kk], make_desc_mn_kstep(SWK, a.k, BLOCK_N, kk), 1);
     wgmma_commit();
   };
 @ if not OV then

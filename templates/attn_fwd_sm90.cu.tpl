@@ -195,7 +195,7 @@ ${K.name}(
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // MUTATION: init barrier
 
   if (wg == NC) {
     // ---- producer warpgroup: one thread issues the TMA loads ------------------------------
@@ -288,7 +288,7 @@ ${K.name}(
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; ++kk)
       wgmma_rs_tb<DV, tag_t>(acc_o, p[kk],
-                             make_desc(v_addr + kk * 16 * 2 * WV, BLOCK_N * 2 * WV, 8 * 2 * WV, SWV), 1);
+                             make_desc_mn_kstep(SWV, v_addr, BLOCK_N, kk), 1);
     wgmma_commit();
   };
   // Scale S (tile at key n0) to base 2, mask it (only when the tile crosses the end of the
@@ -392,22 +392,22 @@ ${K.name}(
   // is rescaled once that is done.
 @ if VARLEN then
   if (wg_tiles > wg_first) {
-    mbar_wait(&full_k[wg_first % STAGES], parity(wg_first));
+    mbar_wait(&full_k[wg_first % STAGES], parity(wg_first));  // MUTATION: first K wait
     turn_begin();
     issue_s(wg_first % STAGES);
     turn_end();
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // MUTATION: first S wait
     fence_operand(s);
     softmax(k0 + wg_first * BLOCK_N);  // O is 0: nothing to rescale
     pack_p();
   }
 @ else
   if (wg_tiles > 0) {
-    mbar_wait(&full_k[0], 0);
+    mbar_wait(&full_k[0], 0);  // MUTATION: first K wait
     turn_begin();
     issue_s(0);
     turn_end();
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // MUTATION: first S wait
     fence_operand(s);
     softmax(0);  // O is 0: nothing to rescale
     pack_p();
@@ -432,13 +432,13 @@ ${K.name}(
   }
   if (wg_tiles > ${J0}) {
     const int st = (wg_tiles - 1) % STAGES;
-    mbar_wait(&full_v[st], parity(wg_tiles - 1));
+    mbar_wait(&full_v[st], parity(wg_tiles - 1));  // MUTATION: last V full wait
     turn_begin();
     issue_pv(st, p);
     turn_end();
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // MUTATION: last PV wait
     fence_operand(acc_o);
-    mbar_arrive(&empty[st]);
+    mbar_arrive(&empty[st]);  // MUTATION: last release
   }
 @ end
   // The tiles hidden from this warpgroup's rows (the other consumer's, or gaps no row sees): released

@@ -155,11 +155,11 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 }
 
 // K-major descriptor of k-step ks (16 columns) of a tile made of w-column TMA boxes of
-// `rows` rows at shared address base: box ks*16 / w, column ks*16 % w within it.
+// `rows` rows at shared address base: box ks*16 / w, column ks*16 % w within it (the header's
+// make_desc_kstep, checked against CuTe by tests/test_hopper_layout.cpp).
 __device__ __forceinline__ unsigned long long kdesc(unsigned base, unsigned rows, int w, int swz,
                                                     int ks) {
-  const unsigned span = 2u * w;
-  return make_desc(base + (ks * 16 / w) * rows * span + (ks * 16 % w) * 2, 16, 8 * span, swz);
+  return make_desc_kstep(base, rows, w, swz, ks);
 }
 // First column of chunk ch: 64 apart, the last ending at DQK.
 __device__ __forceinline__ int chunk_col(int ch) { return min(64 * ch, DQK - 64); }
@@ -207,7 +207,7 @@ ${K.name}(
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // MUTATION: init barrier
 
   if (wg == 2) {
     // ---- producer warpgroup: one thread issues the TMA loads ------------------------------

@@ -202,7 +202,7 @@ ${K.name}(
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  __syncthreads();  // MUTATION: init barrier
 
   if (wg == 2) {
     // ---- producer warpgroup: one thread issues the TMA loads ------------------------------

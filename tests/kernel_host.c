@@ -218,11 +218,22 @@ void kh_free(kh_kernel *bk) {
   bk->manifest = NULL;
 }
 
+/* The first barrier statement at or after p (*len its length, *warp 1 for __syncwarp), or
+ * NULL. */
+static char *next_barrier(char *p, size_t *len, int *warp) {
+  static const char block[] = "__syncthreads();", wbar[] = "__syncwarp();";
+  char *b = strstr(p, block), *w = strstr(p, wbar);
+  *warp = w && (!b || w < b);
+  *len = *warp ? sizeof wbar - 1 : sizeof block - 1;
+  return *warp ? w : b;
+}
+
 int kh_drop_edit(char *src, void *ctx) {
-  static const char bar[] = "__syncthreads();";
   kh_drop *d = ctx;
   char *p = src;
-  for (int i = 0; (p = strstr(p, bar)); i++, p += sizeof bar - 1)
+  size_t len;
+  int warp;
+  for (int i = 0; (p = next_barrier(p, &len, &warp)); i++, p += len)
     if (i == d->which) {
       /* the previous non-blank line */
       const char *e = p;
@@ -231,9 +242,10 @@ int kh_drop_edit(char *src, void *ctx) {
       while (s > src && s[-1] != '\n') s--;
       const char *w = strstr(s, "cp_async_wait<");
       d->after_wait = w != NULL && w < e;
-      const char *rest = p + sizeof bar - 1, *eol = strchr(rest, '\n');
+      d->warp = warp;
+      const char *rest = p + len, *eol = strchr(rest, '\n');
       snprintf(d->rest, sizeof d->rest, "%.*s", (int)(eol ? eol - rest : (long)strlen(rest)), rest);
-      memset(p, ' ', sizeof bar - 1);
+      memset(p, ' ', len);
       return 1;
     }
   return 0;

@@ -84,12 +84,13 @@ void kh_set(mg_kernel_spec *s, const char *assignment);
 /* kh_set of the assignment printf formats from fmt ("block_n=%d", 64). */
 void kh_setf(mg_kernel_spec *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* An edit for kh_build_edited: blanks the which-th (from 0) `__syncthreads();` of the
- * source, keeping every line where it is; declines (returns 0) when there is no such
- * barrier. */
+/* An edit for kh_build_edited: blanks the which-th (from 0, in source order) barrier
+ * statement, `__syncthreads();` or `__syncwarp();`, of the source, keeping every line where
+ * it is; declines (returns 0) when there is no such barrier. */
 typedef struct kh_drop {
   int which;      /* in: the barrier */
   int after_wait; /* out: its previous statement is a cp.async wait (it publishes copies) */
+  int warp;       /* out: it is a __syncwarp() */
   char rest[160]; /* out: the rest of its line (its comment, if any) */
 } kh_drop;
 int kh_drop_edit(char *source, void *drop);

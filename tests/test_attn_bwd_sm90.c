@@ -688,6 +688,10 @@ static void test_mutations_caught(void **state) {
       {1, 0, 1, 1, 0, "mbar_arrive(&empty[pst]);  // MUTATION: previous empty release (overlap)"},
       {1, 0, 1, 0, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
       {1, 0, 1, 0, 64, "mbar_arrive(&empty[st]);  // MUTATION: empty release"},
+      /* the __syncthreads that makes the mbarrier inits visible (the executor reports a
+       * use of a barrier whose init no barrier has published to the thread) */
+      {0, 0, 0, 1, 0, "__syncthreads();  // MUTATION: init barrier"},
+      {1, 0, 0, 1, 0, "__syncthreads();  // MUTATION: init barrier"},
       /* the wgmma fences (each in its GEMM's issue lambda: every call site loses it) */
       {0, 0, 0, 0, 0, "wgmma_fence();  // MUTATION: S fence"},
       {0, 0, 1, 0, 0, "wgmma_fence();  // MUTATION: S fence"},

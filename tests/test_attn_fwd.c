@@ -106,10 +106,11 @@ static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, voi
                       built_kernel *out);
 
 static int build_src(const mg_kernel_spec *spec, int asan, int drop, int *after_wait,
-                     built_kernel *out) {
+                     int *warp, built_kernel *out) {
   kh_drop dr = {.which = drop};
   if (!build_edit(spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, out)) return 0;
   if (after_wait) *after_wait = dr.after_wait;
+  if (warp) *warp = dr.warp;
   return 1;
 }
 
@@ -126,7 +127,7 @@ static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, voi
 }
 
 static void build_ex(const mg_kernel_spec *spec, int asan, built_kernel *out) {
-  build_src(spec, asan, -1, NULL, out);
+  build_src(spec, asan, -1, NULL, NULL, out);
 }
 
 static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec, 0, out); }
@@ -433,7 +434,8 @@ static void test_schedules_bit_identical(void **state) {
  * shuffled schedule (NaN-filled shared memory, copies landing at random points between
  * issue and wait, several blocks resident) must give a wrong result, whether the barrier
  * publishes cp.async data (it follows a wait) or guards a buffer against the next copy
- * into it (write after read). */
+ * into it (write after read). Barriers are the __syncthreads and the epilogue's
+ * __syncwarp (its lanes' O rows staged in shared memory, then stored by other lanes). */
 static void test_missing_barrier_caught(void **state) {
   (void)state;
   for (int stages = 1; stages <= 2; stages++) {
@@ -441,12 +443,13 @@ static void test_missing_barrier_caught(void **state) {
     char st[16];
     snprintf(st, sizeof st, "stages=%d", stages);
     set(&s, st);
-    int n = 0, required = 0;
+    int n = 0, required = 0, n_warp = 0;
     for (int which = 0;; which++) {
       built_kernel bk;
-      int after_wait = 0;
-      if (!build_src(&s, 0, which, &after_wait, &bk)) break;
+      int after_wait = 0, warp = 0;
+      if (!build_src(&s, 0, which, &after_wait, &warp, &bk)) break;
       n++;
+      n_warp += warp;
       required += after_wait;
       fwd_case c;
       case_init(&bk, &c, 2, 77, 77, 0);
@@ -461,16 +464,17 @@ static void test_missing_barrier_caught(void **state) {
         nans = case_errors(&bk, &c, &o_err, &lse_err);
         caught += nans || o_err > 1 || lse_err > 1;
       }
-      print_message("  stages=%d without barrier %d (%s): caught by %d of 3 seeds (last: %zu NaN, "
-                    "O err %.2e)\n", stages, which,
-                    after_wait ? "publishes copies" : "write after read", caught, nans, o_err);
+      print_message("  stages=%d without barrier %d (%s%s): caught by %d of 3 seeds (last: %zu NaN, "
+                    "O err %.2e)\n", stages, which, warp ? "__syncwarp, " : "",
+                    after_wait ? "publishes copies" : warp ? "publishes O" : "write after read",
+                    caught, nans, o_err);
       if (caught < 3)
         fail_msg("stages=%d: barrier %d removed, yet some schedule gives the right result",
                  stages, which);
       case_free(&c);
       unload(&bk);
     }
-    assert_true(n >= 2 && required >= 1);
+    assert_true(n >= 2 && required >= 1 && n_warp == 1);
   }
 }
 

@@ -561,14 +561,20 @@ static void mutation_caught(const sm90_edit *e, int overlap) {
     if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", e->from);
     how = "check failed";
   }
-  print_message("  overlap %d without '%s': %s: %.150s\n", overlap, e->from, how, msg);
+  print_message("  overlap %d without '%s': %s: %.300s\n", overlap, e->from, how, msg);
   case_free(&c);
   kh_free(&bk.kh);
 }
 
 /* Each mutation of the rendered source must make the check fail or the launch be reported
  * (a deadlock, a wgmma protocol error); ping-pong's, the order of its turns be wrong or the
- * launch be reported. And ping-pong with one consumer refused. The wgmma fences: the default
+ * launch be reported. And ping-pong with one consumer refused. Every mbarrier wait and
+ * wgmma wait, the loop's and those around it (Q's; overlap 1: the first tile's K and S
+ * waits, the last tile's V and P V waits): a missing mbarrier wait is reported at the wgmma
+ * reading the load (the executor: data of a load no wait observed, even if it landed). The
+ * last tile's release after the loop: test_varlen_mutations_caught (observable only when
+ * the producer waits for it). The __syncthreads after the mbarrier inits (the executor:
+ * a barrier used by a thread its init is not visible to). The wgmma fences: the default
  * run removes the PV one on overlap 1 (in the loop the S fence just before covers it, so it is
  * caught at the last tile's O += P V, after a wait that delivered), MLAGEN_TEST_EXHAUSTIVE=1
  * (ctest -C exhaustive) each on both overlaps. fence_operand(...) is a compiler-only register
@@ -583,6 +589,14 @@ static void test_mutations_caught(void **state) {
       {"mbar_wait(&empty[st], ph ^ 1u);", ""},
       {"wgmma_wait<1>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
+      /* the steps outside the loop: Q's wait, the first tile's K and S waits, the last
+       * tile's V and P V waits; the mbarrier inits' barrier */
+      {"mbar_wait(q_full, 0);", ""},
+      {"mbar_wait(&full_k[0], 0);  // MUTATION: first K wait", ""},
+      {"wgmma_wait<0>();  // MUTATION: first S wait", ""},
+      {"mbar_wait(&full_v[st], parity(wg_tiles - 1));  // MUTATION: last V full wait", ""},
+      {"wgmma_wait<0>();  // MUTATION: last PV wait", ""},
+      {"__syncthreads();  // MUTATION: init barrier", ""},
       /* overlap = 0 (the edits name that path's lines) */
       {"mbar_wait(&full_k[st], parity(j));", ""},
       {"mbar_wait(&full_v[st], parity(j));  // MUTATION: V full wait", ""},
@@ -590,7 +604,7 @@ static void test_mutations_caught(void **state) {
       {"wgmma_wait<0>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV wait", ""},
   };
-  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) mutation_caught(&muts[m], m < 6);
+  for (size_t m = 0; m < sizeof muts / sizeof muts[0]; m++) mutation_caught(&muts[m], m < 12);
   static const struct {
     int overlap, sample;
     sm90_edit e;
@@ -783,6 +797,38 @@ static void test_varlen_mutations_caught(void **state) {
     case_free(&c);
     kh_free(&bk.kh);
   }
+  /* The release of a warpgroup's last tile (after the loop, overlap 1) removed: two
+   * consumers (block_m 128, block_n 64, 2 stages) whose rows lie in different documents
+   * (warpgroup 0's at positions 0..63 of document [0, 64), warpgroup 1's at 200..263 of
+   * [200, 300)): the CTA's 5 tiles cover keys [-56, 264), warpgroup 0 computes tiles 0 and 1,
+   * and the producer waits for tile 1's release before it loads tile 3: a deadlock. (With
+   * the rows in one document a warpgroup's last tile is among the CTA's last `stages`, whose
+   * releases nothing waits for: removing it there is harmless on the hardware too.) */
+  {
+    static const sm90_edit last = {"mbar_arrive(&empty[st]);  // MUTATION: last release", ""};
+    static const int gap[] = {0, 64, 200, 300};
+    mg_kernel_spec ls = make_spec(2, 64, 32, 64, 1);
+    ls.varlen = 1;
+    kh_set(&ls, "block_m=128"), kh_set(&ls, "block_n=64"), kh_set(&ls, "stages=2");
+    kh_set(&ls, "overlap=1"), kh_set(&ls, "pingpong=0");
+    built_kernel lb;
+    build_edit(&ls, NULL, &lb); /* unmutated, the case passes */
+    varlen_run(&lb, gap, 3, 128, &(kt_qpos){0, 64, 200});
+    kh_free(&lb.kh);
+    build_edit(&ls, &last, &lb);
+    fwd_case c;
+    varlen_init(&lb, &c, gap, 3, 128, &(kt_qpos){0, 64, 200});
+    char msg[1024];
+    const char *how = "launch reported";
+    if (!launch_case(&lb, &c, msg, sizeof msg)) {
+      const size_t nans = compare_mutant(&lb, &c, msg, sizeof msg);
+      if (!nans && !msg[0]) fail_msg("removing '%s' was not caught", last.from);
+      how = "check failed";
+    }
+    print_message("  without '%s': %s: %.300s\n", last.from, how, msg);
+    case_free(&c);
+    kh_free(&lb.kh);
+  }
   static const sm90_edit all = {"varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, m0,",
                                 "varlen_tail_tiles<CAUSAL, BLOCK_N>(vl, qpos, 0,"};
   mg_kernel_spec s = make_spec(2, 64, 32, 64, 1);
@@ -805,7 +851,8 @@ static void test_varlen_mutations_caught(void **state) {
 }
 
 /* The configurations the template's check keeps compile for sm_90a (NVRTC) with no spill,
- * no stack frame and no static shared memory (causal: the larger kernel); sh 0: DeepSeek-V3
+ * no stack frame and no static shared memory (causal: the larger kernel), with split and
+ * packed keys (k_packed 0/1: the explicit plans run the packed ones on sm_90a); sh 0: DeepSeek-V3
  * heads at H 128, 1: the unusual shape at H 40, 2: the wide 256/256 heads. Every
  * configuration is rendered (the check and the shared-memory limit run on all); a covering
  * sample is compiled (kh_sweep_cover: every tunable value and pair of values, and the most
@@ -816,21 +863,23 @@ static void nvrtc_kept_configs(int sh) {
   kh_sweep_open(&sw, 60, KH_SWEEP_SMEM | KH_SWEEP_REJECTS | KH_SWEEP_SM90_ONLY | KH_SWEEP_WGMMA_PIPELINED);
   sw.max_smem = 227 * 1024;
   const int shapes[3][3] = {{128, 64, 128}, {64, 32, 64}, {192, 64, 256}};
-  mg_kernel_spec cands[2 * 2 * 3 * 2 * 2];
+  mg_kernel_spec cands[2 * 2 * 3 * 2 * 2 * 2];
   int nc = 0;
   for (int nm = 1; nm <= 2; nm++)
     for (int bn = 64; bn <= 128; bn *= 2)
       for (int st = 2; st <= 4; st++)
         for (int ov = 0; ov <= 1; ov++)
-          for (int pp = 0; pp <= 1; pp++) {
-            mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
-            kh_setf(&s, "block_m=%d", 64 * nm);
-            kh_setf(&s, "block_n=%d", bn);
-            kh_setf(&s, "stages=%d", st);
-            kh_setf(&s, "overlap=%d", ov);
-            kh_setf(&s, "pingpong=%d", pp);
-            cands[nc++] = s;
-          }
+          for (int pp = 0; pp <= 1; pp++)
+            for (int kp = 0; kp <= 1; kp++) {
+              mg_kernel_spec s = make_spec(sh == 1 ? 40 : 128, shapes[sh][0], shapes[sh][1], shapes[sh][2], 1);
+              kh_setf(&s, "block_m=%d", 64 * nm);
+              kh_setf(&s, "block_n=%d", bn);
+              kh_setf(&s, "stages=%d", st);
+              kh_setf(&s, "overlap=%d", ov);
+              kh_setf(&s, "pingpong=%d", pp);
+              kh_setf(&s, "k_packed=%d", kp);
+              cands[nc++] = s;
+            }
   sm90_sweep_close(&sw, kh_sweep_cover(&sw, cands, nc, g_test_seed, ""), sh == 2 ? 4 : 16);
 }
 static void test_nvrtc_kept_configs_deepseek(void **state) { (void)state; nvrtc_kept_configs(0); }

@@ -302,18 +302,26 @@ static void test_misuse_reported(void **state) {
   size_t len;
   char *src, msg[4096];
   mg_host_kernel *k = build_selftest("hopper_misuse", &src, &len, msg, sizeof msg);
-  static const char *const want[10] = {"over-arrival", "never completes", "not warpgroup-uniform",
+  static const char *const want[13] = {"over-arrival", "never completes", "not warpgroup-uniform",
                                        "no wgmma.fence", NULL,
                                        "accumulator register 3 of thread", /* written */
                                        "__trap()",                         /* read: NaN */
                                        NULL,                               /* chained */
                                        "accumulator register 3 of thread", /* d *= s */
-                                       NULL};                              /* chained, 2 groups */
-  for (int kind = 0; kind < 10; kind++) {
+                                       NULL,                               /* chained, 2 groups */
+                                       NULL,                    /* init published by bar.sync */
+                                       "before its initialization", /* no barrier (round robin) */
+                                       NULL};       /* init published by bar.arrive/bar.sync */
+  for (int kind = 0; kind < 13; kind++) {
     struct misuse_args a = {(misuse_fn)mg_host_kernel_sym(k, "hopper_misuse"), kind};
     mg_host_dim3 grid = {1, 1, 1}, block = {128, 1, 1};
     /* 256 bytes: kinds 5-9 fill the first 128, which their descriptors read */
-    int rc = mg_host_kernel_launch(k, grid, block, 256, NULL, misuse_thunk, &a, msg, sizeof msg);
+    /* kind 11 round robin: thread 0 inits before thread 32 runs, so only the init's
+     * visibility (no barrier between them) can report it */
+    mg_host_launch_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.round_robin = kind == 11;
+    int rc = mg_host_kernel_launch(k, grid, block, 256, &lo, misuse_thunk, &a, msg, sizeof msg);
     if (!want[kind]) {
       if (rc) fail_msg("kind %d: %s", kind, msg);
       continue;

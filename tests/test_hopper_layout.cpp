@@ -8,7 +8,8 @@
 //     64, 128, 192, 256, at a 1024-aligned shared-memory pointer, against the byte offsets the
 //     TMA boxes give (tile_offset per box, boxes rows x span apart) and, for every 16-column
 //     k-step, against the address the emulator decodes from the descriptor the kernels
-//     build (make_desc: start at the k-step, SBO 8 rows, LBO between 8-column halves);
+//     build (make_desc_kstep, swizzled; no swizzle, which no template uses, make_desc: start
+//     at the k-step, SBO 8 rows, LBO between 8-column halves);
 //   - shared memory, MN-major 16-bit operands (check_smem_mn): B (imm-trans-b, V in the forward,
 //     dO and Q in the backward) and A (imm-trans-a, P and dS for P^T dO and dS^T Q: M = 64,
 //     the 64-column shapes; the emulator decodes A's and B's MN-major descriptors alike, as
@@ -47,7 +48,7 @@ using namespace cute;
 // CuTe applies a GMMA atom's swizzle to the address of the shared-memory pointer it is
 // given (a composed layout alone, evaluated without one, is not the hardware's pattern):
 // the tile sits at a 1024-aligned buffer and offsets are taken from element addresses.
-alignas(1024) static half_t g_buf[256 * 64];
+alignas(1024) static half_t g_buf[256 * 128];
 
 template <class Atom>
 static void check_smem(int swz, const char *name, unsigned rows) {
@@ -64,12 +65,13 @@ static void check_smem(int swz, const char *name, unsigned rows) {
             rows, r, c, cute_b, ours);
     }
   for (unsigned ks = 0; ks < 4; ++ks) {
+    // swizzled: the header's make_desc_kstep, which the templates build every K-major
+    // descriptor with (boxes of span / 2 columns); no swizzle (no template uses it: its LBO
+    // is the next box, rows x 16 bytes), make_desc
     unsigned long long desc =
         swz == mla::sm90::SWIZZLE_NONE
             ? mla::sm90::make_desc(2 * ks * rows * 16, rows * 16, 128, swz)
-            : mla::sm90::make_desc((ks * 16 / cols) * rows * span +
-                                       mla::sm90::tile_offset(swz, 0, ks * 16 % cols),
-                                   16, 8 * span, swz);
+            : mla::sm90::make_desc_kstep(0, rows, (int)cols, swz, (int)ks);
     for (unsigned r = 0; r < rows; ++r)
       for (unsigned k = 0; k < 16; ++k) {
         unsigned cute_b = 2u * (unsigned)layout(r, ks * 16 + k);
@@ -86,8 +88,8 @@ static void check_smem(int swz, const char *name, unsigned rows) {
 // row-major [k][n] tensor (V [keys][d_v]) land: box b = n / (span / 2) holds every k row of
 // its span-wide column block, boxes rows x span bytes apart (no swizzle: 8-column boxes of
 // 16-byte rows). Checked: the box offsets, and for every 16-row k-step the address the
-// emulator decodes (mg_host_gmma_addr_mn) from the descriptor attn_fwd_sm90 builds (equal to
-// the header's make_desc_mn_kstep, which the backward's primitives use):
+// emulator decodes (mg_host_gmma_addr_mn) from the descriptor the header's make_desc_mn_kstep
+// builds (every MN-major descriptor of the templates is made by it):
 // swizzled, start at the k-step (16 span bytes per step), LBO = rows x span (the next
 // column block), SBO = 8 span (the next 8 k rows); no swizzle, start 256 bytes per step,
 // SBO = rows x 16 (the next 8 columns), LBO = 128 (the next 8 k rows).
@@ -107,13 +109,7 @@ static void check_smem_mn(int swz, const char *name, unsigned cols_n, unsigned r
             cols_n, rows, n, k, cute_b, ours);
     }
   for (unsigned ks = 0; ks < rows / 16; ++ks) {
-    unsigned long long desc =
-        swz == mla::sm90::SWIZZLE_NONE
-            ? mla::sm90::make_desc(ks * 16 * 16, 128, rows * 16, swz)
-            : mla::sm90::make_desc(ks * 16 * span, rows * span, 8 * span, swz);
-    CHECK(desc == mla::sm90::make_desc_mn_kstep(swz, 0, rows, ks),
-          "MN %s %ux%u k-step %u: make_desc_mn_kstep differs from 0x%016llx", name, cols_n, rows,
-          ks, desc);
+    const unsigned long long desc = mla::sm90::make_desc_mn_kstep(swz, 0, rows, ks);
     for (unsigned n = 0; n < cols_n; ++n)
       for (unsigned k = 0; k < 16; ++k) {
         unsigned cute_b = 2u * layout(n, ks * 16 + k);
@@ -167,8 +163,14 @@ int main() {
     check_smem<GMMA::Layout_K_SW128_Atom<half_t>>(mla::sm90::SWIZZLE_128B, "SW128", rows);
       }
   printf("smem: K-major 16-bit INTER/SW32/SW64/SW128 tiles of 64/128/192/256 x 64: TMA box "
-         "offsets and the descriptors of 4 k-steps equal CuTe's\n");
-  const unsigned mn_shapes[4][2] = {{64, 64}, {128, 64}, {128, 128}, {256, 64}};
+         "offsets and the descriptors of 4 k-steps (make_desc_kstep; INTER make_desc) equal "
+         "CuTe's\n");
+  // (mn, k): the templates' MN-major operands. 64x64: P^T dO and dS^T Q's A (M = 64), d_v 64
+  // V; 128x64, 128x128: V (d_v 128, block_n 64/128), dO and Q; 192x64: DeepSeek's Q in
+  // dK += dS^T Q and K in dQ += dS K (block_n 64), 192x128: that K at block_n 128; 64x128:
+  // the forward's V at d_v 64 with block_n 128, atomic dQ chunks; 256x64: wide heads.
+  const unsigned mn_shapes[][2] = {{64, 64}, {128, 64}, {128, 128}, {192, 64}, {192, 128},
+                                   {64, 128}, {256, 64}};
   for (const auto &sh : mn_shapes) {
     check_smem_mn<GMMA::Layout_MN_INTER_Atom<half_t>>(mla::sm90::SWIZZLE_NONE, "INTER", sh[0], sh[1]);
     check_smem_mn<GMMA::Layout_MN_SW32_Atom<half_t>>(mla::sm90::SWIZZLE_32B, "SW32", sh[0], sh[1]);
@@ -176,8 +178,8 @@ int main() {
     check_smem_mn<GMMA::Layout_MN_SW128_Atom<half_t>>(mla::sm90::SWIZZLE_128B, "SW128", sh[0], sh[1]);
   }
   printf("smem: MN-major 16-bit INTER/SW32/SW64/SW128 tiles (mn x k 64x64 (A's M = 64), 128x64, "
-         "128x128, 256x64): TMA box offsets and the k-step descriptors (make_desc_mn_kstep) "
-         "equal CuTe's\n");
+         "128x128, 192x64, 192x128, 64x128, 256x64): TMA box offsets and the k-step descriptors "
+         "(make_desc_mn_kstep) equal CuTe's\n");
   check_acc<64>();
   check_acc<128>();
   check_acc<192>();

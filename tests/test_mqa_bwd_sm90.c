@@ -425,7 +425,8 @@ static void schedules_bit_identical(void) {
       {"wgmma_fence();  // MUTATION: S fence", ""}, \
       {"wgmma_fence();  // MUTATION: dP fence", ""}, \
       {"wgmma_fence();  // MUTATION: B fence 0", ""}, \
-      {"wgmma_fence();  // MUTATION: B fence 1", ""}
+      {"wgmma_fence();  // MUTATION: B fence 1", ""}, \
+      {"__syncthreads();  // MUTATION: init barrier", ""}
 
 static const sm90_edit muts_dkv[] = {
     MQA_BWD_SM90_SYNC_MUTS("if (j + 1 < n_iter) bar_arrive(BAR_FREE, 256);"),
@@ -447,9 +448,9 @@ static const sm90_edit muts_dq[] = {
  * proxy fence and a wgmma fence. dkv: the producer's empty mbarrier wait, the S wgmma wait,
  * the P named-barrier arrive, the warpgroup-internal READ bar.sync, the proxy fence, the S
  * wgmma fence; dq: the consumers' full mbarrier wait, the DS bar.sync, the proxy fence, a
- * consumer's empty mbarrier arrive, consumer 1's phase-B wgmma fence. */
-static const int sample_dkv[] = {0, 3, 5, 9, 10, 17};
-static const int sample_dq[] = {1, 6, 10, 15, 20};
+ * consumer's empty mbarrier arrive, consumer 1's phase-B wgmma fence; both: the __syncthreads that publishes the mbarrier inits. */
+static const int sample_dkv[] = {0, 3, 5, 9, 10, 17, 21};
+static const int sample_dq[] = {1, 6, 10, 15, 20, 21};
 
 static void mutations(const sm90_edit *muts, size_t n, const int *sample, size_t n_sample, int sq,
                       int sk, int q_pos0) {

@@ -90,9 +90,10 @@ static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, voi
                       built_kernel *out);
 
 static int build_src(const mg_kernel_spec *spec, int asan, int drop, int *publishes,
-                     built_kernel *out) {
+                     int *warp, built_kernel *out) {
   kh_drop dr = {.which = drop};
   if (!build_edit(spec, asan, drop >= 0 ? kh_drop_edit : NULL, &dr, out)) return 0;
+  if (warp) *warp = dr.warp;
   if (publishes) {
     const char *comment = strstr(dr.rest, "//");
     *publishes = !(comment && strncmp(comment, "// every warp is done", 21) == 0);
@@ -113,7 +114,7 @@ static int build_edit(const mg_kernel_spec *spec, int asan, kh_edit_fn edit, voi
 }
 
 static void build_ex(const mg_kernel_spec *spec, int asan, built_kernel *out) {
-  build_src(spec, asan, -1, NULL, out);
+  build_src(spec, asan, -1, NULL, NULL, out);
 }
 
 static void build(const mg_kernel_spec *spec, built_kernel *out) { build_ex(spec, 0, out); }
@@ -522,8 +523,9 @@ static void test_schedules_bit_identical(void **state) {
   }
 }
 
-/* The kernel with one of its barriers removed, for each barrier, both pipelines, with no
- * exemption: every shuffled schedule (NaN-filled shared memory, copies landing at random
+/* The kernel with one of its barriers removed (each __syncthreads, and the epilogue's
+ * __syncwarp: O rows staged in shared memory by other lanes), for each barrier, both
+ * pipelines, with no exemption: every shuffled schedule (NaN-filled shared memory, copies landing at random
  * points between issue and wait, several blocks resident) must give a wrong result,
  * whether the barrier publishes data to other warps (copied tiles, the row max or sum
  * parts, P) or guards the single K buffer against the next copy into it (write after
@@ -533,12 +535,13 @@ static void test_missing_barrier_caught(void **state) {
   for (int stages = 1; stages <= 2; stages++) {
     mg_kernel_spec s = make_spec(2, 256, 32, 1);
     set(&s, stages == 1 ? "stages=1" : "stages=2");
-    int n = 0, required = 0;
+    int n = 0, required = 0, n_warp = 0;
     for (int which = 0;; which++) {
       built_kernel bk;
-      int publishes = 0;
-      if (!build_src(&s, 0, which, &publishes, &bk)) break;
+      int publishes = 0, warp = 0;
+      if (!build_src(&s, 0, which, &publishes, &warp, &bk)) break;
       n++;
+      n_warp += warp;
       required += publishes;
       fwd_case c;
       case_init(&bk, &c, 2, 100, 100, 0); /* two key tiles: the K buffer is refilled */
@@ -553,16 +556,16 @@ static void test_missing_barrier_caught(void **state) {
         nans = case_errors(&bk, &c, &o_err, &lse_err);
         caught += nans || o_err > 1 || lse_err > 1;
       }
-      print_message("  stages=%d without barrier %d (%s): caught by %d of 3 seeds (last: %zu NaN, "
-                    "O err %.2e)\n", stages, which, publishes ? "publishes" : "write after read",
-                    caught, nans, o_err);
+      print_message("  stages=%d without barrier %d (%s%s): caught by %d of 3 seeds (last: %zu NaN, "
+                    "O err %.2e)\n", stages, which, warp ? "__syncwarp, " : "",
+                    publishes ? "publishes" : "write after read", caught, nans, o_err);
       if (caught < 3)
         fail_msg("stages=%d: barrier %d removed, yet some schedule gives the right result",
                  stages, which);
       case_free(&c);
       unload(&bk);
     }
-    assert_true(n >= 4 && required >= 4);
+    assert_true(n >= 4 && required >= 4 && n_warp == 1);
   }
 }
 

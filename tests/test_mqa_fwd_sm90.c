@@ -413,6 +413,8 @@ static void test_mutations_caught(void **state) {
       {"wgmma_wait<0>();  // MUTATION: S wait", ""},
       {"wgmma_wait<0>();  // MUTATION: PV0 wait", ""},
       {"mbar_arrive(&empty[st]);  // MUTATION: empty release 0", ""},
+      /* the __syncthreads that makes the mbarrier inits visible */
+      {"__syncthreads();  // MUTATION: init barrier", ""},
   };
   const size_t n_ov = 17; /* the first n_ov on overlap 1 */
   const size_t n = sizeof muts / sizeof muts[0];

@@ -522,6 +522,7 @@ void hopper_block_start(Launch *L, Block *B);
 bool hopper_describe_deadlock(Launch *L, Block *B);
 bool hopper_land_stuck(Launch *L, Block *B);
 void hopper_launch_end(Launch *L);
+void hopper_syncthreads_done(Launch *L, Block *B);
 
 const char *op_name(int op) {
   switch (op) {
@@ -1069,6 +1070,7 @@ int mg_host_syncthreads(int kind, int pred, int line) {
     B->bar_result[g & 1] = B->bar_acc;
     B->bar_arrived = 0;
     B->bar_gen = g + 1;
+    hopper_syncthreads_done(L, B);
     for (unsigned i = 0; i < L->nthreads; ++i)
       if (B->fibers[i].state == F_WAIT_BAR) ready_push(B, &B->fibers[i]);
     yield(L, f, BARRIER_SWITCH);

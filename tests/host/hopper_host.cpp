@@ -12,7 +12,43 @@ struct TmaOp {
   unsigned off, size;
   unsigned long long *bar;
   bool eager;
+  int line;
   unsigned char *data;
+};
+
+/* Up to 1024 threads, one bit each. */
+struct ThreadSet {
+  uint64_t w[16];
+  void add(unsigned t) { w[t / 64] |= 1ull << (t % 64); }
+  bool meets(const ThreadSet &o) const {
+    for (unsigned i = 0; i < 16; ++i)
+      if (w[i] & o.w[i]) return true;
+    return false;
+  }
+  void merge(const ThreadSet &o) {
+    for (unsigned i = 0; i < 16; ++i) w[i] |= o.w[i];
+  }
+};
+
+/* A TMA load that landed ([off, off + size) of the dynamic buffer) while its mbarrier bar was
+ * in the phase of parity `parity`; obs: the threads it is visible to (those whose wait on bar
+ * returned for that phase, and through __syncthreads and named barriers those that synced
+ * with one of them since). A wgmma reading those bytes for a warpgroup none of whose threads
+ * is in obs is reported. Kept until a later landing covers its bytes. */
+struct Landed {
+  unsigned off, size;
+  unsigned long long *bar;
+  unsigned parity;
+  int line;
+  ThreadSet obs;
+};
+
+/* An mbarrier's initialization: by thread `thread`, the `seq`-th of the block's. Visible to
+ * thread u when u == thread or HThread::know of u >= seq. */
+struct MbarInit {
+  unsigned long long *bar;
+  unsigned thread, seq;
+  int line;
 };
 
 /* One wgmma.mma_async of a warpgroup, with what the 128 threads gave. The accumulator
@@ -92,6 +128,9 @@ struct NamedBar {
   unsigned arrived, count;
   int line;
   unsigned long long gen;
+  unsigned know;        /* the largest HThread::know (or own init) of the current instance's arrivals */
+  unsigned know_done[2]; /* that of instance g, in know_done[g & 1], once it completed */
+  ThreadSet arr, syn;   /* the current instance's arrivals, and those of them in bar.sync */
 };
 
 struct HThread {
@@ -99,6 +138,8 @@ struct HThread {
   unsigned long long bulk_committed; /* bulk groups committed */
   bool fenced;                  /* a wgmma.fence since the last wait_group that delivered */
   int line;                     /* line of the mbarrier wait or rendezvous it sleeps at */
+  unsigned know;  /* mbarrier inits 1..know (MbarInit::seq) are visible to it (a barrier since) */
+  unsigned own;   /* its own latest mbarrier init's seq */
 };
 
 /* Per resident block slot. */
@@ -115,6 +156,10 @@ struct HBlock {
   BulkOp *bulk;
   unsigned nbulk, bulkcap;
   NamedBar nb[16];
+  Landed *landed; /* landed TMA loads, with the threads they are visible to */
+  unsigned nlanded, landcap;
+  MbarInit *inits; /* the mbarriers initialized, one entry per barrier (the latest init) */
+  unsigned ninits, initcap, init_seq;
 };
 
 struct HState {
@@ -157,6 +202,9 @@ void hb_reset(Launch *L, HBlock *h) {
   h->ntma = 0;
   for (unsigned i = 0; i < h->nbulk; ++i) free(h->bulk[i].data);
   h->nbulk = 0;
+  h->nlanded = 0;
+  h->ninits = 0;
+  h->init_seq = 0;
   memset(h->nb, 0, sizeof h->nb);
   if (h->th) {
     unsigned nwg = (L->nthreads + 127) / 128;
@@ -176,12 +224,24 @@ void hopper_block_start(Launch *L, Block *B) {
   if (g_h.L == L) hb_reset(L, &g_h.b[B - L->blocks]);
 }
 
+void landed_sync(HBlock *h, const ThreadSet *arr, const ThreadSet *syncers);
+
+/* A __syncthreads of B completed: every mbarrier init made so far, and every landed TMA load
+ * visible to one of its threads, is visible to all of them. */
+void hopper_syncthreads_done(Launch *L, Block *B) {
+  if (g_h.L != L) return;
+  HBlock *h = &g_h.b[B - L->blocks];
+  if (!h->th) return;
+  for (unsigned i = 0; i < L->nthreads; ++i) h->th[i].know = h->init_seq;
+  landed_sync(h, nullptr, nullptr);
+}
+
 void hopper_launch_end(Launch *L) {
   if (g_h.L != L) return;
   for (unsigned s = 0; s < L->nres; ++s) {
     HBlock *h = &g_h.b[s];
     hb_reset(L, h);
-    free(h->tma), free(h->bulk), free(h->view), free(h->meet), free(h->ops), free(h->nops), free(h->capops);
+    free(h->tma), free(h->bulk), free(h->landed), free(h->inits), free(h->view), free(h->meet), free(h->ops), free(h->nops), free(h->capops);
     free(h->th);
   }
   free(g_h.b);
@@ -237,6 +297,27 @@ Mbar mbar_get(Launch *L, Fiber *f, unsigned long long *bar, const char *what, in
   return m;
 }
 
+/* Thread f uses the initialized mbarrier bar (what, line): reported when its initialization
+ * by another thread is not yet visible to f, i.e. f and the initializing thread have not
+ * both passed a __syncthreads (or a named barrier instance: the initializing thread, or one
+ * that knew of the init, arriving and f in bar.sync) since the init (PTX ISA: mbarrier.init
+ * is an ordinary write: other threads see it only through a barrier; the templates make
+ * the init visible with fence.mbarrier_init then __syncthreads). Lenient: a thread that
+ * learnt of the k-th init of the block is taken to see the earlier ones too. */
+void mbar_visible(Launch *L, Fiber *f, HBlock *h, const unsigned long long *bar, const char *what,
+                  int line) {
+  for (unsigned i = 0; i < h->ninits; ++i) {
+    const MbarInit &e = h->inits[i];
+    if (e.bar != bar) continue;
+    if (e.thread != f->index && h->th[f->index].know < e.seq)
+      ptx_fail(L, f, what, line,
+               "mbarrier %p used before its initialization (mbarrier.init at line %d by thread "
+               "%u) is visible to this thread: no __syncthreads (or named barrier) between them",
+               (void *)bar, e.line, e.thread);
+    return;
+  }
+}
+
 /* After an arrival or completed transfer: completes the phase when nothing is pending. */
 void mbar_settle(Block *B, unsigned long long *bar, Mbar &m) {
   if (m.pending == 0 && m.tx == 0) {
@@ -268,7 +349,72 @@ void tma_land(Launch *L, Block *B, HBlock *h, unsigned i) {
   if (m.tx < -((1l << 20) - 1))
     ptx_fail(L, L->cur, "cp.async.bulk.tensor", 0, "mbarrier %p tx-count below -(2^20-1)",
              (void *)op.bar);
+  /* the loads whose bytes this one overwrites entirely are forgotten */
+  unsigned k = 0;
+  for (unsigned j = 0; j < h->nlanded; ++j)
+    if (h->landed[j].off < op.off || h->landed[j].off + h->landed[j].size > op.off + op.size)
+      h->landed[k++] = h->landed[j];
+  h->nlanded = k;
+  if (h->nlanded == h->landcap) {
+    unsigned cap = h->landcap ? 2 * h->landcap : 16;
+    Landed *p = (Landed *)realloc(h->landed, cap * sizeof *p);
+    if (!p) fail(L, MG_HOST_E_NOMEM, "out of memory for the Hopper emulation");
+    h->landed = p;
+    h->landcap = cap;
+  }
+  Landed &r = h->landed[h->nlanded++];
+  memset(&r, 0, sizeof r);
+  r.off = op.off, r.size = op.size, r.bar = op.bar, r.parity = m.phase, r.line = op.line;
   mbar_settle(B, op.bar, m);
+}
+
+/* Thread t's wait on bar returned for the phase of parity `parity`: the loads that landed in
+ * it are visible to t. */
+void landed_seen(HBlock *h, const unsigned long long *bar, unsigned parity, unsigned t) {
+  for (unsigned i = 0; i < h->nlanded; ++i)
+    if (h->landed[i].bar == bar && h->landed[i].parity == parity) h->landed[i].obs.add(t);
+}
+
+/* A barrier completed whose arrivals were arr and whose waiters (bar.sync) syncers: a landed
+ * load visible to one of the arrivals becomes visible to the waiters. */
+void landed_sync(HBlock *h, const ThreadSet *arr, const ThreadSet *syncers) {
+  for (unsigned i = 0; i < h->nlanded; ++i) {
+    Landed &r = h->landed[i];
+    if (!arr) {
+      bool any = false;
+      for (unsigned j = 0; j < 16 && !any; ++j) any = r.obs.w[j] != 0;
+      if (any) memset(r.obs.w, 0xff, sizeof r.obs.w);
+    } else if (r.obs.meets(*arr)) {
+      r.obs.merge(*syncers);
+    }
+  }
+}
+
+/* A wgmma of the thread f's warpgroup (line) reads [lo, hi) of the dynamic shared memory (its
+ * operand `which`, descriptor desc): reported when a TMA load in flight writes into it, or one
+ * landed there that is visible to none of the warpgroup's threads (no wait of theirs returned
+ * for its phase, and no barrier since passed it on from a thread whose wait did: on the
+ * hardware the data need not have arrived for them). */
+void wg_check_landed(Launch *L, Fiber *f, HBlock *h, unsigned lo, unsigned hi, const char *which,
+                     unsigned long long desc, int line) {
+  for (unsigned i = 0; i < h->ntma; ++i)
+    if (h->tma[i].off < hi && lo < h->tma[i].off + h->tma[i].size)
+      ptx_fail(L, f, "wgmma.mma_async", line,
+               "operand %s (descriptor 0x%016llx, shared bytes [%u, %u)) overlaps the destination "
+               "[%u, %u) of the TMA load at line %d, still in flight: its mbarrier was not waited "
+               "for", which, desc, lo, hi, h->tma[i].off, h->tma[i].off + h->tma[i].size,
+               h->tma[i].line);
+  const unsigned wg = f->index / 128;
+  for (unsigned i = 0; i < h->nlanded; ++i) {
+    const Landed &r = h->landed[i];
+    if (r.off < hi && lo < r.off + r.size && !r.obs.w[2 * wg] && !r.obs.w[2 * wg + 1])
+      ptx_fail(L, f, "wgmma.mma_async", line,
+               "operand %s (descriptor 0x%016llx, shared bytes [%u, %u)) overlaps the destination "
+               "[%u, %u) of the TMA load at line %d, which landed but is visible to no thread of "
+               "warpgroup %u: none waited on its mbarrier phase (parity %u), nor synced with a "
+               "thread that did (on the hardware the data need not have arrived)",
+               which, desc, lo, hi, r.off, r.off + r.size, r.line, wg, r.parity);
+  }
 }
 
 /* At a scheduling point of B (whose shared memory is live): up to two eager TMA loads land. */
@@ -628,6 +774,21 @@ void mg_host_mbar_init(unsigned long long *bar, unsigned count, int line) {
     ptx_fail(L, f, "mbarrier.init", line, "count %u is not in [1, 2^20 - 1]", count);
   Mbar m = {count, count, 0, 0};
   mbar_write(bar, m);
+  HBlock *h = hblock(L, f->blk);
+  unsigned i = 0;
+  while (i < h->ninits && h->inits[i].bar != bar) ++i;
+  if (i == h->ninits) {
+    if (h->ninits == h->initcap) {
+      unsigned cap = h->initcap ? 2 * h->initcap : 16;
+      MbarInit *p = (MbarInit *)realloc(h->inits, cap * sizeof *p);
+      if (!p) ptx_fail(L, f, "mbarrier.init", line, "out of memory");
+      h->inits = p;
+      h->initcap = cap;
+    }
+    h->ninits++;
+  }
+  h->inits[i] = MbarInit{bar, f->index, ++h->init_seq, line};
+  h->th[f->index].own = h->init_seq;
 }
 
 void mg_host_mbar_arrive(unsigned long long *bar, unsigned tx, int line) {
@@ -635,6 +796,7 @@ void mg_host_mbar_arrive(unsigned long long *bar, unsigned tx, int line) {
   Fiber *f = L->cur;
   const char *what = tx ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive";
   Mbar m = mbar_get(L, f, bar, what, line);
+  mbar_visible(L, f, hblock(L, f->blk), bar, what, line);
   if (m.pending == 0)
     ptx_fail(L, f, what, line,
              "over-arrival: the current phase (parity %u) has no pending arrival left (all %u "
@@ -652,18 +814,26 @@ int mg_host_mbar_wait(unsigned long long *bar, unsigned parity, int line) {
   Fiber *f = L->cur;
   if (parity > 1)
     ptx_fail(L, f, "mbarrier.try_wait.parity", line, "phase parity %u is not 0 or 1", parity);
+  (void)mbar_get(L, f, bar, "mbarrier.try_wait.parity", line);
+  mbar_visible(L, f, hblock(L, f->blk), bar, "mbarrier.try_wait.parity", line);
   for (;;) {
-    Mbar m = mbar_get(L, f, bar, "mbarrier.try_wait.parity", line);
-    if (m.phase != parity) return 1;
-    /* the executor's choice, at the latest: the loads on bar land now */
     HBlock *h = hblock(L, f->blk);
+    Mbar m = mbar_get(L, f, bar, "mbarrier.try_wait.parity", line);
+    if (m.phase != parity) {
+      landed_seen(h, bar, parity, f->index);
+      return 1;
+    }
+    /* the executor's choice, at the latest: the loads on bar land now */
     for (unsigned i = 0; i < h->ntma;)
       if (h->tma[i].bar == bar)
         tma_land(L, f->blk, h, i);
       else
         ++i;
     m = mbar_get(L, f, bar, "mbarrier.try_wait.parity", line);
-    if (m.phase != parity) return 1;
+    if (m.phase != parity) {
+      landed_seen(h, bar, parity, f->index);
+      return 1;
+    }
     hsleep(L, f, (unsigned long long)(uintptr_t)bar, line);
   }
 }
@@ -682,6 +852,7 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
   unsigned off = mg_host_smem_u32(dst, line);
   if (off % 128) ptx_fail(L, f, what, line, "destination %p is not 128-byte aligned", dst);
   (void)mbar_get(L, f, bar, what, line);
+  mbar_visible(L, f, hblock(L, f->blk), bar, what, line);
   const BoxWalk w(t, c);
   unsigned es = t.elem_size;
   unsigned size = (unsigned)w.count * es;
@@ -715,7 +886,7 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
     h->tma = p;
     h->cap = cap;
   }
-  h->tma[h->ntma++] = TmaOp{off, size, bar, !L->round_robin && rng_below(L, 2) != 0, data};
+  h->tma[h->ntma++] = TmaOp{off, size, bar, !L->round_robin && rng_below(L, 2) != 0, line, data};
 }
 
 void mg_host_fence_proxy_async(int line) {
@@ -830,6 +1001,22 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
         m.op->d[t] = d;
       },
       [&](WgMeet &m) {
+        /* the shared memory its descriptor operands span: not a TMA load's the warpgroup may
+         * not read yet */
+        for (int w = m.a_regs ? 1 : 0; w < 2; ++w) {
+          const unsigned long long desc = w ? m.db : m.da;
+          const bool mn = w ? (m.kind & 2) != 0 : (m.kind & 4) != 0;
+          const unsigned rows = w ? (unsigned)m.n : 64u;
+          unsigned lo = 0xffffffffu, hi = 0;
+          for (unsigned r = 0; r < rows; ++r)
+            for (unsigned k = 0; k < 16; ++k) {
+              const unsigned a = mn ? mg_host_gmma_addr_mn(desc, r, k) : mg_host_gmma_addr(desc, r, k);
+              if (a == 0xffffffffu) continue; /* reported when the operands are read */
+              lo = a < lo ? a : lo;
+              hi = a + 2 > hi ? a + 2 : hi;
+            }
+          if (lo < hi) wg_check_landed(L, f, h, lo, hi, w ? "B" : "A", desc, line);
+        }
         WgOp *op = m.op;
         m.op = nullptr;
         op->kind = m.kind, op->n = m.n, op->scale_d = m.scale_d, op->line = line;
@@ -885,6 +1072,9 @@ void mg_host_named_bar(int sync, unsigned id, unsigned count, int line) {
   if (b.arrived == 0) {
     b.count = count;
     b.line = line;
+    b.know = 0;
+    memset(&b.arr, 0, sizeof b.arr);
+    memset(&b.syn, 0, sizeof b.syn);
   } else if (b.count != count) {
     ptx_fail(L, f, name, line,
              "barrier %u arrived at with count %u while its current instance counts %u (first "
@@ -892,9 +1082,16 @@ void mg_host_named_bar(int sync, unsigned id, unsigned count, int line) {
   }
   unsigned long long gen = b.gen;
   unsigned long long key = (unsigned long long)(uintptr_t)&b;
+  HThread &th = h->th[f->index];
+  b.know = umax(b.know, umax(th.know, th.own));
+  b.arr.add(f->index);
+  if (sync) b.syn.add(f->index);
   if (++b.arrived == b.count) {
+    landed_sync(h, &b.arr, &b.syn);
     b.arrived = 0;
+    b.know_done[gen & 1] = b.know;
     b.gen++;
+    if (sync) th.know = umax(th.know, b.know);
     hwake(f->blk, key);
     yield(L, f, BARRIER_SWITCH);
     return;
@@ -904,6 +1101,7 @@ void mg_host_named_bar(int sync, unsigned id, unsigned count, int line) {
     return;
   }
   while (b.gen == gen) hsleep(L, f, key, line);
+  th.know = umax(th.know, b.know_done[gen & 1]);
 }
 
 void mg_host_tma_store(int reduce, const void *map, const void *src, int rank, const int *c,

@@ -13,7 +13,9 @@ MG_HOST_HIDDEN unsigned mg_host_smem_u32(const void *p, int line);
 MG_HOST_HIDDEN void mg_host_mbar_init(unsigned long long *bar, unsigned count, int line);
 /* mbarrier.arrive (tx 0) or arrive.expect_tx (tx-count += tx, then the arrival). Reported:
  * an uninitialized barrier, an arrival when no arrival is pending (over-arrival), a tx-count
- * out of [-(2^20-1), 2^20-1]. */
+ * out of [-(2^20-1), 2^20-1], a barrier whose init is not yet visible to the thread (no
+ * __syncthreads or named barrier between the initializing thread and it; the wait and the
+ * TMA load report it too). */
 MG_HOST_HIDDEN void mg_host_mbar_arrive(unsigned long long *bar, unsigned tx, int line);
 /* mbarrier.try_wait.parity: returns 1 once the phase of that parity has completed. The TMA
  * loads pending on this barrier land first; if the phase is still incomplete the thread
@@ -40,7 +42,10 @@ MG_HOST_HIDDEN void mg_host_wgmma_wait(int n, int line);
  * clear) or MN-major (set: imm-trans-a 1, mg_host_gmma_addr_mn with the M index): a warpgroup rendezvous of the
  * 128 threads (same N, descriptors, scale_d, line; each after a wgmma.fence). a: this
  * thread's 4 A registers, or NULL for A from desc_a. d is this thread's N/2 accumulators,
- * written at the wait_group that completes the group. */
+ * written at the wait_group that completes the group. Reported at issue: a descriptor
+ * operand over shared memory that a TMA load in flight writes, or that a landed one wrote
+ * which is visible to no thread of the warpgroup (none waited on its mbarrier phase, or
+ * passed a __syncthreads or named barrier with a thread that did). */
 MG_HOST_HIDDEN void mg_host_wgmma(int kind, int n, float *d, const unsigned *a,
                                   unsigned long long desc_a, unsigned long long desc_b,
                                   int scale_d, int line);

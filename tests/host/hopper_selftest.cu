@@ -151,10 +151,21 @@ extern "C" __global__ void __launch_bounds__(128)
 // registers hold a NaN there, which __trap reports), scaled in place (8: a read-modify-write,
 // reported), and two k-steps chained into it before one wait, which is allowed (7, in one
 // commit group; 9, in two, waited for with wait_group 1 then 0): correct, d = 1 + 16 + 16
-// with every A and B element 1.
+// with every A and B element 1. The init's visibility (the barrier is used by thread 32):
+// published by a named barrier all 128 threads bar.sync on (10, correct) or that thread 0
+// bar.arrives on and warps 1..3 bar.sync on (12, correct); by nothing (11: reported; round
+// robin, so that the init has run: as an init not visible to thread 32).
 extern "C" __global__ void hopper_misuse(int kind) {
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
   if (threadIdx.x == 0) mbar_init(bar, 1);
+  if (kind >= 10) {
+    if (kind == 10) bar_sync(1, 128);
+    if (kind == 12) {
+      if (threadIdx.x < 32) bar_arrive(1, 128); else bar_sync(1, 128);
+    }
+    if (threadIdx.x == 32) mbar_arrive(bar);
+    return;
+  }
   __syncthreads();
   if (kind == 0) {
     if (threadIdx.x < 2) {
