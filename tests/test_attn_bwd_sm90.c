@@ -620,12 +620,17 @@ static void test_wide_heads(void **state) {
 /* Each mutation of the rendered source must make the check fail or the launch be reported
  * (a deadlock, a wgmma or mbarrier protocol error). Not among them: the atomic kernel's two
  * named barriers around its dS^T tile (after the warpgroup's writes and proxy fences, before
- * the dQ wgmma reads them; before the next tile rewrites it). The executor runs a wgmma when
- * all four warps of the warpgroup have issued it (a rendezvous), which already orders every
- * warp's earlier writes and later rewrites around it there, so removing either cannot fail
- * here; the ISA promises no such ordering between the warps, so the kernel keeps both (as
- * FlashAttention-3 syncs its warpgroup after writing P or dS for a wgmma). Each thread's
- * proxy fence is needed in the executor too, and its removal is caught. */
+ * the dQ wgmma reads them; before the next tile rewrites it). The executor issues a wgmma per
+ * thread without waiting for the other warps and takes its shared operands as the first
+ * issuing thread finds them, requiring every delivery to find the same (WgOp::opnd_issue);
+ * but a wgmma runs only once all four warps have issued it, so the wgmma.wait_group<0> of
+ * the dV/dK GEMMs (issued after the dS^T writes) already holds every warp until all have
+ * written and fenced, and the next tile's S wait until all have waited for the dQ GEMM: the
+ * two barriers add nothing the executor can see. The ISA states no ordering of one warp's
+ * generic stores before another warp's wgmma reads them through a completed warpgroup op,
+ * so the kernel keeps both (as FlashAttention-3 syncs its warpgroup after writing P or dS for
+ * a wgmma). Each thread's proxy fence is needed in the executor too, and its removal is
+ * caught. */
 typedef struct mutation {
   int dq, two_pass; /* dq: 2 for the atomic dK/dV kernel (64/64/64 heads) */
   int overlap;      /* the kernel's overlap tunable */

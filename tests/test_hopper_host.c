@@ -302,7 +302,7 @@ static void test_misuse_reported(void **state) {
   size_t len;
   char *src, msg[4096];
   mg_host_kernel *k = build_selftest("hopper_misuse", &src, &len, msg, sizeof msg);
-  static const char *const want[13] = {"over-arrival", "never completes", "not warpgroup-uniform",
+  static const char *const want[15] = {"over-arrival", "never completes", "not warpgroup-uniform",
                                        "no wgmma.fence", NULL,
                                        "accumulator register 3 of thread", /* written */
                                        "__trap()",                         /* read: NaN */
@@ -311,8 +311,10 @@ static void test_misuse_reported(void **state) {
                                        NULL,                               /* chained, 2 groups */
                                        NULL,                    /* init published by bar.sync */
                                        "before its initialization", /* no barrier (round robin) */
-                                       NULL};       /* init published by bar.arrive/bar.sync */
-  for (int kind = 0; kind < 13; kind++) {
+                                       NULL,        /* init published by bar.arrive/bar.sync */
+                                       "changed between the first issue", /* no barrier before */
+                                       "changed between the first issue"}; /* rewritten */
+  for (int kind = 0; kind < 15; kind++) {
     struct misuse_args a = {(misuse_fn)mg_host_kernel_sym(k, "hopper_misuse"), kind};
     mg_host_dim3 grid = {1, 1, 1}, block = {128, 1, 1};
     /* 256 bytes: kinds 5-9 fill the first 128, which their descriptors read */

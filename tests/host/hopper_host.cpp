@@ -75,11 +75,19 @@ struct WgOp {
    * threads read the same elements (each B element 64 times, each A element 4 times). */
   float *opnd;
   unsigned long long opnd_gen;
+  /* The shared-memory operands as the async view held them when the first thread of the
+   * warpgroup issued it (same layout as opnd; A only when from shared memory): the hardware
+   * may read them at any point from that issue to the wait that delivers the result, so each
+   * decode at a delivery must find the same values (a write, or a fence.proxy.async
+   * publishing one, after the first issue and before the last delivery is a race: a missing
+   * barrier before the wgmma, or before the operand's next rewrite after it). */
+  float *opnd_issue;
 };
 
 void wgop_free(WgOp *op) {
   if (op) {
     free(op->opnd);
+    free(op->opnd_issue);
     free(op->in);
   }
   free(op);
@@ -135,6 +143,8 @@ struct NamedBar {
 
 struct HThread {
   unsigned long long committed; /* wgmma groups committed */
+  unsigned long long issued;    /* wgmma.mma_async issued (its next one is the warpgroup's
+                                   issue number `issued`: HBlock::pend) */
   unsigned long long bulk_committed; /* bulk groups committed */
   bool fenced;                  /* a wgmma.fence since the last wait_group that delivered */
   int line;                     /* line of the mbarrier wait or rendezvous it sleeps at */
@@ -149,7 +159,15 @@ struct HBlock {
   unsigned char *view; /* the async proxy's view of the dynamic shared memory */
   bool view_fresh;
   unsigned long long view_gen; /* counts the writes to view: a decoded wgmma operand is stale */
-  WgMeet *meet;            /* per warpgroup */
+  WgMeet *meet;            /* per warpgroup: the setmaxnreg rendezvous */
+  /* per warpgroup: the wgmma.mma_async issued by some but not yet all of its 128 threads,
+   * oldest first (npend[w] of them, at most 64; pend[w * 64 + i] is issue number
+   * done_seq[w] + i). A thread issues without waiting for the others (the ISA does not order
+   * the warps of a warpgroup at a wgmma); the op exists once all 128 have issued, and a
+   * wait_group that needs it sleeps until then. */
+  WgMeet *pend;
+  unsigned *npend;
+  unsigned long long *done_seq;
   WgOp **ops;              /* per warpgroup: issued ops, oldest first (nops[w] of them) */
   unsigned *nops, *capops;
   HThread *th;
@@ -181,12 +199,15 @@ HBlock *hblock(Launch *L, Block *B) {
     unsigned nwg = (L->nthreads + 127) / 128;
     h->th = (HThread *)calloc(L->nthreads, sizeof(HThread));
     h->meet = (WgMeet *)calloc(nwg, sizeof(WgMeet));
+    h->pend = (WgMeet *)calloc(nwg * 64, sizeof(WgMeet));
+    h->npend = (unsigned *)calloc(nwg, sizeof(unsigned));
+    h->done_seq = (unsigned long long *)calloc(nwg, sizeof(unsigned long long));
     h->ops = (WgOp **)calloc(nwg * 64, sizeof(WgOp *));
     h->nops = (unsigned *)calloc(nwg, sizeof(unsigned));
     h->capops = (unsigned *)calloc(nwg, sizeof(unsigned));
     h->view = (unsigned char *)malloc(g_smem.dyn_size ? g_smem.dyn_size : 1);
     h->view_fresh = true;
-    if (!h->th || !h->meet || !h->ops || !h->nops || !h->view)
+    if (!h->th || !h->meet || !h->pend || !h->npend || !h->done_seq || !h->ops || !h->nops || !h->view)
       fail(L, MG_HOST_E_NOMEM, "out of memory for the Hopper emulation");
   }
   if (h->view_fresh) {
@@ -213,6 +234,10 @@ void hb_reset(Launch *L, HBlock *h) {
       h->nops[w] = 0;
       wgop_free(h->meet[w].op);
       memset(&h->meet[w], 0, sizeof h->meet[w]);
+      for (unsigned i = 0; i < h->npend[w]; ++i) wgop_free(h->pend[w * 64 + i].op);
+      memset(h->pend + w * 64, 0, 64 * sizeof *h->pend);
+      h->npend[w] = 0;
+      h->done_seq[w] = 0;
     }
     memset(h->th, 0, L->nthreads * sizeof(HThread));
   }
@@ -241,7 +266,7 @@ void hopper_launch_end(Launch *L) {
   for (unsigned s = 0; s < L->nres; ++s) {
     HBlock *h = &g_h.b[s];
     hb_reset(L, h);
-    free(h->tma), free(h->bulk), free(h->landed), free(h->inits), free(h->view), free(h->meet), free(h->ops), free(h->nops), free(h->capops);
+    free(h->tma), free(h->bulk), free(h->landed), free(h->inits), free(h->view), free(h->meet), free(h->pend), free(h->npend), free(h->done_seq), free(h->ops), free(h->nops), free(h->capops);
     free(h->th);
   }
   free(g_h.b);
@@ -559,6 +584,18 @@ void hopper_fiber_exit(Launch *L, Fiber *f) {
         ptx_fail(L, f, "wgmma.mma_async", h->ops[wg * 64 + i]->line,
                  "the thread exits with results of this wgmma never waited for "
                  "(wgmma.wait_group)");
+    for (unsigned i = 0; i < h->npend[wg]; ++i)
+      if (h->pend[wg * 64 + i].op && h->pend[wg * 64 + i].op->d[f->index % 128])
+        ptx_fail(L, f, "wgmma.mma_async", h->pend[wg * 64 + i].line,
+                 "the thread exits with results of this wgmma never waited for "
+                 "(wgmma.wait_group; %u of the warpgroup's 128 threads issued it)",
+                 h->pend[wg * 64 + i].arrived);
+    if (f->blk->ndone == L->nthreads)
+      for (unsigned w = 0; w < (L->nthreads + 127) / 128; ++w)
+        if (h->npend[w])
+          ptx_fail(L, f, "wgmma.mma_async", h->pend[w * 64].line,
+                   "warpgroup divergence: the block exits with a wgmma.mma_async that %u of "
+                   "the 128 threads of warpgroup %u issued", h->pend[w * 64].arrived, w);
   }
   if (f->blk->ndone == L->nthreads && h->ntma)
     ptx_fail(L, f, "cp.async.bulk.tensor", 0,
@@ -597,6 +634,16 @@ bool hopper_describe_deadlock(Launch *L, Block *B) {
                  who, ndone);
         return true;
       }
+    for (unsigned w = 0; w < nwg; ++w)
+      if (f->wait == (unsigned long long)(uintptr_t)&h->npend[w]) {
+        snprintf(L->msg, sizeof L->msg,
+                 "warpgroup divergence: %s waits (wgmma.wait_group) for the wgmma.mma_async at "
+                 "line %d, which only %u of the 128 threads of warpgroup %u issued; %u threads "
+                 "of the block have exited",
+                 who, h->npend[w] ? h->pend[w * 64].line : 0, h->npend[w] ? h->pend[w * 64].arrived : 0,
+                 w, ndone);
+        return true;
+      }
     bool named = false;
     for (unsigned id = 1; id < 16 && !named; ++id)
       if (f->wait == (unsigned long long)(uintptr_t)&h->nb[id]) {
@@ -631,10 +678,7 @@ float h16_to_float(int kind, uint32_t bits) {
 /* op's operands as floats from the async view as it is now (op->opnd: A [64][16], then B
  * in WgOp::opnd's order; decoded again only when the view changed since), every element
  * checked. */
-const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
-  if (op->opnd && op->opnd_gen == h->view_gen) return op->opnd;
-  if (!op->opnd) op->opnd = (float *)malloc((size_t)(64 + op->n) * 16 * sizeof(float));
-  if (!op->opnd) ptx_fail(L, f, "wgmma.mma_async", op->line, "out of memory");
+void wg_decode(Launch *L, Fiber *f, HBlock *h, const WgOp *op, float *out) {
   size_t dyn = g_smem.dyn_size;
   auto ld = [&](unsigned long long desc, unsigned row, unsigned k, const char *which) -> float {
     bool mn = which[0] == 'B' ? (op->kind & 2) != 0 : (op->kind & 4) != 0;
@@ -652,7 +696,7 @@ const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
     memcpy(&v, h->view + a, 2);
     return h16_to_float(op->kind, v);
   };
-  float *A = op->opnd, *B = op->opnd + 64 * 16;
+  float *A = out, *B = out + 64 * 16;
   for (unsigned row = 0; row < 64; ++row)
     for (unsigned k = 0; k < 16; ++k) {
       if (op->a_regs) {
@@ -666,7 +710,32 @@ const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
   const unsigned nj = (unsigned)op->n / 8;
   for (unsigned col = 0; col < (unsigned)op->n; ++col)
     for (unsigned k = 0; k < 16; ++k) B[(k * 8 + col % 8) * nj + col / 8] = ld(op->db, col, k, "B");
+}
+
+/* op's operands (wg_decode), decoded again only when the view changed since, and then
+ * compared with what the view held at the first issue (WgOp::opnd_issue): bit for bit, NaN
+ * included. */
+const float *wg_operands(Launch *L, Fiber *f, HBlock *h, WgOp *op) {
+  if (op->opnd && op->opnd_gen == h->view_gen) return op->opnd;
+  if (!op->opnd) op->opnd = (float *)malloc((size_t)(64 + op->n) * 16 * sizeof(float));
+  if (!op->opnd) ptx_fail(L, f, "wgmma.mma_async", op->line, "out of memory");
+  wg_decode(L, f, h, op, op->opnd);
   op->opnd_gen = h->view_gen;
+  if (op->opnd_issue) {
+    const unsigned nj = (unsigned)op->n / 8;
+    for (unsigned i = op->a_regs ? 64 * 16 : 0; i < (unsigned)(64 + op->n) * 16; ++i)
+      if (memcmp(op->opnd + i, op->opnd_issue + i, sizeof(float))) {
+        const bool a = i < 64 * 16;
+        const unsigned j = a ? i : i - 64 * 16, row = a ? j / 16 : (j % nj) * 8 + (j / nj) % 8,
+                       k = a ? j % 16 : j / nj / 8;
+        ptx_fail(L, f, "wgmma.mma_async", op->line,
+                 "shared-memory operand %s element (%u, %u) changed between the first issue of "
+                 "this wgmma in its warpgroup (%g) and the wgmma.wait_group delivering it to "
+                 "thread %u (%g): the hardware may read it at any point in between (a barrier "
+                 "missing before the wgmma, or before the operand is rewritten after it)",
+                 a ? "A" : "B", row, k, (double)op->opnd_issue[i], f->index % 128, (double)op->opnd[i]);
+      }
+  }
   return op->opnd;
 }
 
@@ -712,6 +781,14 @@ void wg_apply(Launch *L, Fiber *f, HBlock *h, WgOp *op, unsigned t, WgOp *const 
       memcpy(later[i]->in + (size_t)t * nacc, d, nacc * sizeof(float));
       return;
     }
+  const unsigned wg = f->index / 128; /* or to one thread t issued that is still pending */
+  for (unsigned i = 0; i < h->npend[wg]; ++i) {
+    WgOp *o = h->pend[wg * 64 + i].op;
+    if (o && o->d[t] == op->d[t] && o->chained[t]) {
+      memcpy(o->in + (size_t)t * nacc, d, nacc * sizeof(float));
+      return;
+    }
+  }
   unsigned bad = wg_unpoisoned(op->d[t], nacc);
   if (bad < nacc)
     ptx_fail(L, f, "wgmma.mma_async", op->line,
@@ -919,6 +996,9 @@ void mg_host_wgmma_wait(int n, int line) {
   if (th.committed <= keep) return;
   unsigned long long done_below = th.committed - keep;
   unsigned wg = f->index / 128, t = f->index % 128;
+  /* the ops to deliver must exist: every thread of the warpgroup has issued them */
+  while (h->npend[wg] && h->pend[wg * 64].committed < done_below)
+    hsleep(L, f, (unsigned long long)(uintptr_t)&h->npend[wg], line);
   WgOp **ops = h->ops + wg * 64;
   bool any = false;
   for (unsigned i = 0; i < h->nops[wg] && ops[i]->group < done_below; ++i)
@@ -949,14 +1029,21 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
              "results (the PTX ISA requires one before an mma_async whose registers were "
              "accessed)");
   unsigned t = f->index % 128, wg = f->index / 128;
-  wg_meet(
-      L, f, h, W_WGMMA, line, name,
-      [&](WgMeet &m, bool first) {
+  if ((wg + 1) * 128 > L->nthreads)
+    ptx_fail(L, f, name, line, "needs a full warpgroup (128 threads); the block has %u threads",
+             L->nthreads);
+  auto deposit = [&](WgMeet &m, bool first) {
         if (first) {
           m.n = n, m.kind = kind, m.scale_d = scale_d, m.a_regs = a != nullptr;
           m.da = desc_a, m.db = desc_b, m.committed = th.committed;
           m.op = (WgOp *)calloc(1, sizeof(WgOp));
           if (!m.op) ptx_fail(L, f, name, line, "out of memory");
+          /* the operands as the first issue finds them (WgOp::opnd_issue) */
+          m.op->kind = kind, m.op->n = n, m.op->a_regs = a != nullptr, m.op->da = desc_a;
+          m.op->db = desc_b, m.op->line = line;
+          m.op->opnd_issue = (float *)malloc((size_t)(64 + n) * 16 * sizeof(float));
+          if (!m.op->opnd_issue) ptx_fail(L, f, name, line, "out of memory");
+          wg_decode(L, f, h, m.op, m.op->opnd_issue);
         } else if (m.n != n || m.kind != kind || (m.scale_d != 0) != (scale_d != 0) ||
                    m.a_regs != (a != nullptr) || (!a && m.da != desc_a) || m.db != desc_b) {
           ptx_fail(L, f, name, line,
@@ -974,10 +1061,14 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
         if (!m.op->in) m.op->in = (float *)malloc((size_t)128 * nacc * sizeof(float));
         if (!m.op->in) ptx_fail(L, f, name, line, "out of memory");
         bool chained = false;
-        for (unsigned i = 0; i < h->nops[wg]; ++i) {
-          const WgOp *o = h->ops[wg * 64 + i];
-          if (o->applied[t]) continue;
+        /* in flight for thread t: the ops not yet applied to it, then the ones it issued that
+         * some thread of the warpgroup has not (pend, before this one) */
+        const unsigned npend_before = (unsigned)(&m - (h->pend + wg * 64));
+        for (unsigned i = 0; i < h->nops[wg] + npend_before; ++i) {
+          const WgOp *o = i < h->nops[wg] ? h->ops[wg * 64 + i] : h->pend[wg * 64 + i - h->nops[wg]].op;
+          if (i < h->nops[wg] && o->applied[t]) continue;
           const float *e = o->d[t];
+          if (!e) continue; /* a pending op thread t has not issued (none before its own) */
           if (e == d && o->n == n) {
             chained = true;
           } else if (d < e + o->n / 2 && e < d + nacc) {
@@ -999,8 +1090,8 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
         }
         m.op->chained[t] = chained;
         m.op->d[t] = d;
-      },
-      [&](WgMeet &m) {
+      };
+  auto complete = [&](WgMeet &m) {
         /* the shared memory its descriptor operands span: not a TMA load's the warpgroup may
          * not read yet */
         for (int w = m.a_regs ? 1 : 0; w < 2; ++w) {
@@ -1035,7 +1126,34 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
                 line};
           ++*L->wgmma_trace_len;
         }
-      });
+      };
+  /* thread t's issue number seq: the warpgroup's pending op of that number, or a new one */
+  const unsigned long long seq = th.issued++;
+  const unsigned idx = (unsigned)(seq - h->done_seq[wg]);
+  WgMeet *q = h->pend + wg * 64;
+  const bool first = idx == h->npend[wg];
+  if (first) {
+    if (h->npend[wg] + h->nops[wg] >= 64)
+      ptx_fail(L, f, name, line, "more than 64 wgmma.mma_async in flight in warpgroup %u", wg);
+    memset(&q[idx], 0, sizeof q[idx]);
+    q[idx].what = W_WGMMA, q[idx].line = line;
+    h->npend[wg]++;
+  } else if (q[idx].line != line) {
+    ptx_fail(L, f, name, line,
+             "warpgroup divergence: this thread's wgmma.mma_async number %llu of warpgroup %u "
+             "is at line %d, the one %u other threads issued as that number at line %d",
+             seq, wg, line, q[idx].arrived, q[idx].line);
+  }
+  deposit(q[idx], first);
+  if (++q[idx].arrived == 128) { /* issued by all: the op exists (the oldest pending one) */
+    if (idx != 0) ptx_fail(L, f, name, line, "internal: wgmma issue %llu completes out of order", seq);
+    complete(q[0]);
+    memmove(q, q + 1, (h->npend[wg] - 1) * sizeof *q);
+    h->npend[wg]--;
+    h->done_seq[wg]++;
+    hwake(f->blk, (unsigned long long)(uintptr_t)&h->npend[wg]);
+  }
+  yield(L, f); /* a scheduling point: the other warps may be anywhere before or after theirs */
 }
 
 void mg_host_setmaxnreg(int inc, int regs, int line) {

@@ -154,11 +154,14 @@ extern "C" __global__ void __launch_bounds__(128)
 // with every A and B element 1. The init's visibility (the barrier is used by thread 32):
 // published by a named barrier all 128 threads bar.sync on (10, correct) or that thread 0
 // bar.arrives on and warps 1..3 bar.sync on (12, correct); by nothing (11: reported; round
-// robin, so that the init has run: as an init not visible to thread 32).
+// robin, so that the init has run: as an init not visible to thread 32). A wgmma's shared
+// operand changing between the warpgroup's first issue and a delivery (reported): written
+// without a barrier before the wgmma, so thread 0 issues before the others have written
+// their parts (13), and rewritten before the wait (14).
 extern "C" __global__ void hopper_misuse(int kind) {
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
   if (threadIdx.x == 0) mbar_init(bar, 1);
-  if (kind >= 10) {
+  if (kind >= 10 && kind <= 12) {
     if (kind == 10) bar_sync(1, 128);
     if (kind == 12) {
       if (threadIdx.x < 32) bar_arrive(1, 128); else bar_sync(1, 128);
@@ -189,7 +192,7 @@ extern "C" __global__ void hopper_misuse(int kind) {
     for (int i = threadIdx.x; i < 128; i += blockDim.x)  // bf16 1.0 (0x3f80) everywhere
       reinterpret_cast<unsigned short*>(smem)[i] = 0x3f80;
     fence_proxy_async();  // the ones, for the async proxy's reads
-    __syncthreads();
+    if (kind != 13) __syncthreads();
     // no swizzle, strides 0: every A and B element read from the first 128 bytes. From the
     // address, not the constant 0: NVRTC 13.0 crashed (SIGSEGV in nvrtcCompileProgram) on
     // constant descriptors whose accumulator was read after the wait.
@@ -199,6 +202,10 @@ extern "C" __global__ void hopper_misuse(int kind) {
     if (kind == 9) wgmma_commit();
     if (kind == 7 || kind == 9) wgmma_ss<64, bf16_t>(d, desc, desc, 1);
     wgmma_commit();
+    if (kind == 14) {  // the operand rewritten (bf16 2.0) while the wgmma may still read it
+      reinterpret_cast<unsigned short*>(smem)[threadIdx.x] = 0x4000;
+      fence_proxy_async();
+    }
     float early = 0.0f;
     if (kind == 5) d[3] = 2.0f;
     if (kind == 6) early = d[5];
