@@ -3,7 +3,8 @@
 @ -- specialization. A drop-in for attn_bwd_dkdv (same parameters and layouts, plus `tmaps`):
 @ -- deterministic = 1, dQ from attn_bwd_dq_sm90 (or attn_bwd_dq); deterministic = 0, dQ here
 @ -- into the fp32 dq_accum by atomics (then dq_convert).
-@ -- Rendered only on request (`mlagen generate --family attn_bwd_dkdv_sm90`).
+@ -- sm_90a's row of mg_arch_kernel_table: the CUDA executor, `generate --arch sm_90a` and
+@ -- `tune` run it in place of attn_bwd_dkdv there (MLAGEN_MMA_SYNC=1 gives that one back).
 @ --
 @ -- One CTA owns block_n keys (64 per consumer warpgroup, 1 or 2 consumers) of one head
 @ -- (split keys: of every head, in order, keeping dK's RoPE columns summed over the heads in

@@ -1,7 +1,8 @@
 @ -- attn_bwd_dq_sm90: the deterministic dQ pass of the explicit-form MLA attention backward for
 @ -- Hopper (sm_90a): TMA, mbarriers, wgmma, warp specialization, as attn_fwd_sm90. A drop-in
 @ -- for attn_bwd_dq (same parameters and layouts, plus `tmaps`); attn_bwd_dkdv_sm90 does dK
-@ -- and dV. Rendered only on request (`mlagen generate --family attn_bwd_dq_sm90`).
+@ -- and dV. sm_90a's row of mg_arch_kernel_table: run in place of attn_bwd_dq there
+@ -- (MLAGEN_MMA_SYNC=1 gives that one back).
 @ --
 @ -- One CTA owns block_m query rows (64 per consumer warpgroup) of one head; the last
 @ -- warpgroup is the producer, one thread of which issues the TMA loads: Q and dO once onto

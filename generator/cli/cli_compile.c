@@ -30,8 +30,8 @@ static const char help[] =
     "  --no-cache       neither read nor write the cache\n"
     "  --family F       also compile F beside the family it stands in for on each arch\n"
     "                   (attn_fwd_sm90, mqa_fwd_sm90, attn_bwd_dkdv_sm90, attn_bwd_dq_sm90,\n"
-    "                   mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90 on sm_90a only; attn_fwd beside\n"
-    "                   attn_fwd_sm90 there: see\n"
+    "                   mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90 on sm_90a only; attn_fwd,\n"
+    "                   attn_bwd_dkdv, attn_bwd_dq beside their sm_90a kernels there: see\n"
     "                   `mlagen generate --help`)\n"
     "  other options as for `mlagen generate`\n";
 

@@ -99,10 +99,11 @@ const char *mg_op_family(int op, int i);
  * order, same parameters by name, plus the tensor maps an sm_90a family takes: runtime/exec/
  * mg_sm90_tmap.h), with its own fixed settings. Ops and architectures without a row run
  * the portable (mma.sync, sm_80 and up) families: sm_80, sm_86, sm_89 always. Rows:
- * sm_90a MG_OP_ATTN_FWD attn_fwd_sm90 (k_packed = 1); sm_90a MG_OP_MQA_FWD mqa_fwd_sm90 and
- * sm_90a MG_OP_ATTN_BWD attn_bwd_pre, attn_bwd_dkdv_sm90, attn_bwd_dq_sm90 and sm_90a
- * MG_OP_MQA_BWD attn_bwd_pre, mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90, all three
- * on_request (a row that replaces nothing: mg_op_family_arch and mg_spec_to_arch skip it;
+ * sm_90a MG_OP_ATTN_FWD attn_fwd_sm90 (k_packed = 1); sm_90a MG_OP_ATTN_BWD attn_bwd_pre,
+ * attn_bwd_dkdv_sm90, attn_bwd_dq_sm90 (k_packed = 1, deterministic = 1, as the mma.sync
+ * pair's); sm_90a MG_OP_MQA_FWD mqa_fwd_sm90 and sm_90a MG_OP_MQA_BWD attn_bwd_pre,
+ * mqa_bwd_dkv_sm90, mqa_bwd_dq_sm90, both on_request (a row that replaces nothing:
+ * mg_op_family_arch and mg_spec_to_arch skip it;
  * mg_family_portable, mg_family_runs_on and `--family` read it). Read by mg_op_family_arch,
  * mg_spec_to_arch, mg_spec_plan_tunables; so by the CUDA executor, `mlagen generate`,
  * `compile`, `tune` and `plan --explain`. */

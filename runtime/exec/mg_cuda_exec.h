@@ -50,7 +50,11 @@
  *                       0, false, no, off or empty leave it; any other value is
  *                       MLAGEN_EINVAL), when the ops have no driver with cuTensorMapEncodeTiled (mg_dev_ops.drv), or when attn_fwd_sm90
  *                       refuses the shape (kernel_info's why says which and why)
- *       MG_OP_ATTN_BWD  attn_bwd_pre, attn_bwd_dkdv (deterministic = 1), attn_bwd_dq
+ *       MG_OP_ATTN_BWD  attn_bwd_pre, attn_bwd_dkdv (deterministic = 1), attn_bwd_dq; on an
+ *                       sm_90a device attn_bwd_pre, attn_bwd_dkdv_sm90 (deterministic = 1),
+ *                       attn_bwd_dq_sm90, their 5 tensor maps each encoded at each launch
+ *                       (mg_sm90_launch_tmaps), with the forward's fallbacks (mma_sync,
+ *                       MLAGEN_MMA_SYNC, no encoder, a shape they refuse)
  *       MG_OP_MQA_FWD   mqa_fwd
  *       MG_OP_MQA_BWD   attn_bwd_pre (d_n = d_v = d_c), mqa_bwd_dkv (qsplit = 1), mqa_bwd_dq
  *       MG_OP_EXPAND_KV expand_kv; MG_OP_SPLIT_DKV split_dkv (accumulate from the step);
