@@ -232,8 +232,11 @@ static int launch_case(const built_kernel *bk, bwd_case *c, unsigned long long s
  * (mqa_ref.h's bound for P and scale dS elements near a 16-bit rounding boundary). NOISE_*:
  * the largest noise figure kt_noise_report printed over this file's numeric cases
  * (MLAGEN_TEST_SEED 21, 22, 23) was dc_kv 4.0e-8, dk_rope 3.9e-8, dq 1.9e-8: fp32 accumulation
- * order only, so 1e-6 as in test_mqa_bwd.c (three seeds do not size the tail). */
-#define NOISE_DQ 1e-6
+ * order only, so 1e-6 as in test_mqa_bwd.c (three seeds do not size the tail). dq's tail is
+ * longer: seeds 100-140 stay under 9.5e-8, but seed 1796250907 puts 2.47e-6 on a dq element
+ * whose reference is exactly 0 (a row whose dS cancels: dP and delta, each a 512-term fp32
+ * sum in its own order), so dq's is twice that. */
+#define NOISE_DQ 2.5e-6
 #define NOISE_DC 1e-6
 #define NOISE_DKR 1e-6
 
