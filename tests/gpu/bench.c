@@ -1646,6 +1646,17 @@ typedef struct bctx {
                           K_DQ_SM90_KP's, K_DKDV_SM90_KP_FULL's, K_DQ_SM90_KP_FULL's */
 } bctx;
 
+/* The deterministic backward pipeline: attn_bwd_pre, dK/dV kernel kd, dQ kernel kq (the
+ * sm_90a ones with their maps md, mq; NULL: the mma.sync ones). */
+static int det_pipeline(const bctx *x, const dev_tensors *t, int kd, int kq, const CUtensorMap *md,
+                        const CUtensorMap *mq) {
+  const gk *k = x->ks->k;
+  return run_pre(&k[K_PRE], t, NULLP, x->S) ||
+         (md ? run_dkdv_sm90(&k[kd], t, NULLP, &x->out, x->S, x->scale, md)
+             : run_dkdv(&k[kd], t, NULLP, &x->out, x->S, x->scale)) ||
+         (mq ? run_dq_sm90(&k[kq], t, &x->out, x->S, x->scale, mq) : run_dq(&k[kq], t, &x->out, x->S, x->scale));
+}
+
 static int blaunch(void *p, int set) {
   bctx *x = p;
   const dev_tensors *t = &x->t[set];
@@ -1672,30 +1683,12 @@ static int blaunch(void *p, int set) {
     case K_DKDV_SM90_KP_FULL:
       return run_dkdv_sm90(&k[K_DKDV_SM90_KP_FULL], t, NULLP, &x->out, x->S, x->scale, m[5]);
     case K_DQ_SM90_KP_FULL: return run_dq_sm90(&k[K_DQ_SM90_KP_FULL], t, &x->out, x->S, x->scale, m[6]);
-    case -7:
-      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
-             run_dkdv(&k[K_DKDV_KP_FULL], t, NULLP, &x->out, x->S, x->scale) ||
-             run_dq(&k[K_DQ_KP_FULL], t, &x->out, x->S, x->scale);
-    case -8:
-      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
-             run_dkdv_sm90(&k[K_DKDV_SM90_KP_FULL], t, NULLP, &x->out, x->S, x->scale, m[5]) ||
-             run_dq_sm90(&k[K_DQ_SM90_KP_FULL], t, &x->out, x->S, x->scale, m[6]);
-    case -5:
-      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
-             run_dkdv(&k[K_DKDV_KP], t, NULLP, &x->out, x->S, x->scale) ||
-             run_dq(&k[K_DQ_KP], t, &x->out, x->S, x->scale);
-    case -6:
-      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
-             run_dkdv_sm90(&k[K_DKDV_SM90_KP], t, NULLP, &x->out, x->S, x->scale, m[3]) ||
-             run_dq_sm90(&k[K_DQ_SM90_KP], t, &x->out, x->S, x->scale, m[4]);
-    case -1:
-      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
-             run_dkdv(&k[K_DKDV_DET], t, NULLP, &x->out, x->S, x->scale) ||
-             run_dq(&k[K_DQ], t, &x->out, x->S, x->scale);
-    default:
-      return run_pre(&k[K_PRE], t, NULLP, x->S) ||
-             run_dkdv_sm90(&k[K_DKDV_SM90], t, NULLP, &x->out, x->S, x->scale, m[0]) ||
-             run_dq_sm90(&k[K_DQ_SM90], t, &x->out, x->S, x->scale, m[1]);
+    case -7: return det_pipeline(x, t, K_DKDV_KP_FULL, K_DQ_KP_FULL, NULL, NULL);
+    case -8: return det_pipeline(x, t, K_DKDV_SM90_KP_FULL, K_DQ_SM90_KP_FULL, m[5], m[6]);
+    case -5: return det_pipeline(x, t, K_DKDV_KP, K_DQ_KP, NULL, NULL);
+    case -6: return det_pipeline(x, t, K_DKDV_SM90_KP, K_DQ_SM90_KP, m[3], m[4]);
+    case -1: return det_pipeline(x, t, K_DKDV_DET, K_DQ, NULL, NULL);
+    default: return det_pipeline(x, t, K_DKDV_SM90, K_DQ_SM90, m[0], m[1]);
   }
 }
 
