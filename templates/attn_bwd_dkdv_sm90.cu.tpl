@@ -507,7 +507,8 @@ ${K.name}(
           *reinterpret_cast<unsigned*>(sDS + wg * DS_BYTES + tile_offset(SWIZZLE_128B, row, col)) = da[kk][e];
         }
       fence_proxy_async();    // MUTATION: dS proxy fence
-      bar_sync(1 + wg, 128);  // every warp's dS^T written and fenced before the wgmma reads it
+      // every warp's dS^T written and fenced before the wgmma reads it
+      bar_sync(1 + wg, 128);  // MUTATION: dS written barrier
     }
   };
 @ if not OV then

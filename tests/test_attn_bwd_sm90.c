@@ -618,19 +618,17 @@ static void test_wide_heads(void **state) {
 }
 
 /* Each mutation of the rendered source must make the check fail or the launch be reported
- * (a deadlock, a wgmma or mbarrier protocol error). Not among them: the atomic kernel's two
- * named barriers around its dS^T tile (after the warpgroup's writes and proxy fences, before
- * the dQ wgmma reads them; before the next tile rewrites it). The executor issues a wgmma per
- * thread without waiting for the other warps and takes its shared operands as the first
- * issuing thread finds them, requiring every delivery to find the same (WgOp::opnd_issue);
- * but a wgmma runs only once all four warps have issued it, so the wgmma.wait_group<0> of
- * the dV/dK GEMMs (issued after the dS^T writes) already holds every warp until all have
- * written and fenced, and the next tile's S wait until all have waited for the dQ GEMM: the
- * two barriers add nothing the executor can see. The ISA states no ordering of one warp's
- * generic stores before another warp's wgmma reads them through a completed warpgroup op,
- * so the kernel keeps both (as FlashAttention-3 syncs its warpgroup after writing P or dS for
- * a wgmma). Each thread's proxy fence is needed in the executor too, and its removal is
- * caught. */
+ * (a deadlock, a wgmma or mbarrier protocol error). Among them the atomic kernel's named
+ * barrier after its dS^T stores and proxy fences, before the dQ wgmma reads the tile: the
+ * executor records each fence.proxy.async's changed bytes as that thread's publication,
+ * ordered before other threads only by barriers, and reports a wgmma reading bytes another
+ * warp published that no barrier ordered before the issuing thread (a completed warpgroup op,
+ * such as the dV/dK GEMMs' wait_group<0>, orders nothing). Not among them: the named barrier
+ * before the next tile rewrites the tile. A thread's wgmma.wait_group<0> on the dQ GEMM
+ * returns once that one warpgroup op has completed, its shared-memory reads included, so the
+ * rewrite cannot race it (the ISA's completion, not a missing check); the kernel keeps the
+ * barrier (as FlashAttention-3 syncs its warpgroup around P or dS for a wgmma) until a GPU
+ * run has timed it. Each thread's proxy fence is needed too, and its removal is caught. */
 typedef struct mutation {
   int dq, two_pass; /* dq: 2 for the atomic dK/dV kernel (64/64/64 heads) */
   int overlap;      /* the kernel's overlap tunable */
@@ -668,6 +666,7 @@ static void test_mutations_caught(void **state) {
       {0, 0, 0, 1, 0, "wgmma_wait<0>();  // MUTATION: dV dK wait"},
       {0, 1, 0, 0, 0, "wgmma_wait<0>();  // MUTATION: S wait (dV pass)"},
       {2, 0, 0, 1, 0, "fence_proxy_async();    // MUTATION: dS proxy fence"},
+      {2, 0, 0, 1, 0, "bar_sync(1 + wg, 128);  // MUTATION: dS written barrier"},
       {2, 0, 0, 1, 0, "wgmma_wait<0>();  // MUTATION: dQ wait"},
       {0, 0, 1, 0, 0, "mbar_wait(&full[st], parity(j));"},
       {0, 0, 1, 0, 0, "wgmma_wait<1>();  // MUTATION: S wait"},

@@ -312,7 +312,7 @@ static void test_misuse_reported(void **state) {
                                        NULL,                    /* init published by bar.sync */
                                        "before its initialization", /* no barrier (round robin) */
                                        NULL,        /* init published by bar.arrive/bar.sync */
-                                       "changed between the first issue", /* no barrier before */
+                                       "which no barrier has ordered before", /* no barrier before */
                                        "changed between the first issue"}; /* rewritten */
   for (int kind = 0; kind < 15; kind++) {
     struct misuse_args a = {(misuse_fn)mg_host_kernel_sym(k, "hopper_misuse"), kind};

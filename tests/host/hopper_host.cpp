@@ -43,6 +43,18 @@ struct Landed {
   ThreadSet obs;
 };
 
+/* Generic-proxy stores made visible to the async proxy by thread `thread`'s
+ * fence.proxy.async: [lo, hi) spans every byte that fence changed in the async view. obs: the
+ * threads the data is ordered before (its publisher, and through __syncthreads and named
+ * barriers those that synced with one of them since). A wgmma issued by a thread of another
+ * warp that is not in obs and reads those bytes is reported: another warp's stores reach a
+ * wgmma only through a barrier (PTX memory model), which a completed warpgroup op is not. */
+struct Pub {
+  unsigned lo, hi, thread;
+  int line;
+  ThreadSet obs;
+};
+
 /* An mbarrier's initialization: by thread `thread`, the `seq`-th of the block's. Visible to
  * thread u when u == thread or HThread::know of u >= seq. */
 struct MbarInit {
@@ -114,6 +126,7 @@ unsigned wg_unpoisoned(const float *d, unsigned n) {
 /* A warpgroup rendezvous (wgmma.mma_async, setmaxnreg) in progress. */
 struct WgMeet {
   unsigned arrived;
+  unsigned rlo[2], rhi[2]; /* wgmma: the shared bytes operands A and B span (lo >= hi: none) */
   int what, line, n, kind, scale_d;
   bool a_regs;
   unsigned long long da, db, committed;
@@ -175,6 +188,8 @@ struct HBlock {
   unsigned nbulk, bulkcap;
   NamedBar nb[16];
   Landed *landed; /* landed TMA loads, with the threads they are visible to */
+  Pub *pubs;      /* fence.proxy.async publications not yet visible to every thread */
+  unsigned npubs, pubcap;
   unsigned nlanded, landcap;
   MbarInit *inits; /* the mbarriers initialized, one entry per barrier (the latest init) */
   unsigned ninits, initcap, init_seq;
@@ -224,6 +239,7 @@ void hb_reset(Launch *L, HBlock *h) {
   for (unsigned i = 0; i < h->nbulk; ++i) free(h->bulk[i].data);
   h->nbulk = 0;
   h->nlanded = 0;
+  h->npubs = 0;
   h->ninits = 0;
   h->init_seq = 0;
   memset(h->nb, 0, sizeof h->nb);
@@ -259,6 +275,7 @@ void hopper_syncthreads_done(Launch *L, Block *B) {
   if (!h->th) return;
   for (unsigned i = 0; i < L->nthreads; ++i) h->th[i].know = h->init_seq;
   landed_sync(h, nullptr, nullptr);
+  h->npubs = 0; /* every publication is now ordered before every thread */
 }
 
 void hopper_launch_end(Launch *L) {
@@ -266,7 +283,7 @@ void hopper_launch_end(Launch *L) {
   for (unsigned s = 0; s < L->nres; ++s) {
     HBlock *h = &g_h.b[s];
     hb_reset(L, h);
-    free(h->tma), free(h->bulk), free(h->landed), free(h->inits), free(h->view), free(h->meet), free(h->pend), free(h->npend), free(h->done_seq), free(h->ops), free(h->nops), free(h->capops);
+    free(h->tma), free(h->bulk), free(h->landed), free(h->pubs), free(h->inits), free(h->view), free(h->meet), free(h->pend), free(h->npend), free(h->done_seq), free(h->ops), free(h->nops), free(h->capops);
     free(h->th);
   }
   free(g_h.b);
@@ -361,6 +378,12 @@ void tma_land(Launch *L, Block *B, HBlock *h, unsigned i) {
   h->ntma--;
   memcpy(g_smem.dyn + op.off, op.data, op.size);
   memcpy(h->view + op.off, op.data, op.size);
+  { /* the load replaces what generic stores published there */
+    unsigned k = 0;
+    for (unsigned j = 0; j < h->npubs; ++j)
+      if (!(h->pubs[j].lo < op.off + op.size && op.off < h->pubs[j].hi)) h->pubs[k++] = h->pubs[j];
+    h->npubs = k;
+  }
   h->view_gen++;
   free(op.data);
   Mbar m;
@@ -967,9 +990,39 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
 }
 
 void mg_host_fence_proxy_async(int line) {
-  (void)line;
   Launch *L = current("fence.proxy.async");
   HBlock *h = hblock(L, L->cur->blk);
+  /* the bytes this fence changes in the async view, as runs (gaps under 64 bytes merged):
+   * publications by this thread */
+  const unsigned char *a = g_smem.dyn, *v = h->view;
+  const size_t n = g_smem.dyn_size;
+  size_t lo = n, hi = 0;
+  auto flush = [&]() {
+    if (lo >= hi) return;
+    if (h->npubs == h->pubcap) {
+      unsigned cap = h->pubcap ? 2 * h->pubcap : 64;
+      Pub *p = (Pub *)realloc(h->pubs, cap * sizeof *p);
+      if (!p) ptx_fail(L, L->cur, "fence.proxy.async", line, "out of memory");
+      h->pubs = p;
+      h->pubcap = cap;
+    }
+    Pub &r = h->pubs[h->npubs++];
+    memset(&r, 0, sizeof r);
+    r.lo = (unsigned)lo, r.hi = (unsigned)hi, r.thread = L->cur->index, r.line = line;
+    r.obs.add(L->cur->index);
+    lo = n, hi = 0;
+  };
+  for (size_t i = 0; i < n; i += 64) {
+    const size_t m = n - i < 64 ? n - i : 64;
+    if (!memcmp(a + i, v + i, m)) continue;
+    for (size_t j = i; j < i + m; ++j)
+      if (a[j] != v[j]) {
+        if (lo < hi && j >= hi + 64) flush();
+        if (j < lo) lo = j;
+        hi = j + 1;
+      }
+  }
+  flush();
   memcpy(h->view, g_smem.dyn, g_smem.dyn_size);
   h->view_gen++;
 }
@@ -1044,6 +1097,19 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
           m.op->opnd_issue = (float *)malloc((size_t)(64 + n) * 16 * sizeof(float));
           if (!m.op->opnd_issue) ptx_fail(L, f, name, line, "out of memory");
           wg_decode(L, f, h, m.op, m.op->opnd_issue);
+          for (int w = 0; w < 2; ++w) { /* the bytes each shared operand spans */
+            m.rlo[w] = 0xffffffffu, m.rhi[w] = 0;
+            if (w == 0 && a) continue;
+            const unsigned long long desc = w ? desc_b : desc_a;
+            const bool mn = w ? (kind & 2) != 0 : (kind & 4) != 0;
+            for (unsigned r = 0; r < (w ? (unsigned)n : 64u); ++r)
+              for (unsigned k = 0; k < 16; ++k) {
+                const unsigned ad = mn ? mg_host_gmma_addr_mn(desc, r, k) : mg_host_gmma_addr(desc, r, k);
+                if (ad == 0xffffffffu) continue;
+                m.rlo[w] = ad < m.rlo[w] ? ad : m.rlo[w];
+                m.rhi[w] = ad + 2 > m.rhi[w] ? ad + 2 : m.rhi[w];
+              }
+          }
         } else if (m.n != n || m.kind != kind || (m.scale_d != 0) != (scale_d != 0) ||
                    m.a_regs != (a != nullptr) || (!a && m.da != desc_a) || m.db != desc_b) {
           ptx_fail(L, f, name, line,
@@ -1055,6 +1121,22 @@ void mg_host_wgmma(int kind, int n, float *d, const unsigned *a, unsigned long l
                    "of wgmma groups (%llu, %llu)", th.committed, m.committed);
         }
         if (a) memcpy(m.op->a[t], a, 16);
+        /* the shared operands: no publication of another warp's stores that no barrier has
+         * ordered before this thread */
+        for (int w = 0; w < 2; ++w)
+          for (unsigned i = 0; i < h->npubs; ++i) {
+            const Pub &r = h->pubs[i];
+            const unsigned me = f->index;
+            if (r.lo >= m.rhi[w] || m.rlo[w] >= r.hi || r.thread / 32 == me / 32 ||
+                ((r.obs.w[me / 64] >> (me % 64)) & 1))
+              continue;
+            ptx_fail(L, f, name, line,
+                     "operand %s (shared bytes [%u, %u)) overlaps bytes [%u, %u) that thread %u "
+                     "stored and published (fence.proxy.async at line %d), which no barrier has "
+                     "ordered before this thread of another warp (a barrier missing between "
+                     "another warp's stores and this wgmma)",
+                     w ? "B" : "A", m.rlo[w], m.rhi[w], r.lo, r.hi, r.thread, r.line);
+          }
         /* the accumulator registers: chained on an op in flight on the same registers (its
          * result is this one's input), else their values are the input; then poisoned */
         const unsigned nacc = (unsigned)n / 2;
@@ -1206,6 +1288,8 @@ void mg_host_named_bar(int sync, unsigned id, unsigned count, int line) {
   if (sync) b.syn.add(f->index);
   if (++b.arrived == b.count) {
     landed_sync(h, &b.arr, &b.syn);
+    for (unsigned i = 0; i < h->npubs; ++i)
+      if (h->pubs[i].obs.meets(b.arr)) h->pubs[i].obs.merge(b.syn);
     b.arrived = 0;
     b.know_done[gen & 1] = b.know;
     b.gen++;

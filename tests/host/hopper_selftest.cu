@@ -155,9 +155,9 @@ extern "C" __global__ void __launch_bounds__(128)
 // published by a named barrier all 128 threads bar.sync on (10, correct) or that thread 0
 // bar.arrives on and warps 1..3 bar.sync on (12, correct); by nothing (11: reported; round
 // robin, so that the init has run: as an init not visible to thread 32). A wgmma's shared
-// operand changing between the warpgroup's first issue and a delivery (reported): written
-// without a barrier before the wgmma, so thread 0 issues before the others have written
-// their parts (13), and rewritten before the wait (14).
+// operand (reported): stored and published by every thread without a barrier before the
+// wgmma, so another warp's stores are not ordered before a thread's issue (13), and
+// rewritten by thread 0 after every thread issued and before the wait (14).
 extern "C" __global__ void hopper_misuse(int kind) {
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
   if (threadIdx.x == 0) mbar_init(bar, 1);
@@ -202,9 +202,12 @@ extern "C" __global__ void hopper_misuse(int kind) {
     if (kind == 9) wgmma_commit();
     if (kind == 7 || kind == 9) wgmma_ss<64, bf16_t>(d, desc, desc, 1);
     wgmma_commit();
-    if (kind == 14) {  // the operand rewritten (bf16 2.0) while the wgmma may still read it
-      reinterpret_cast<unsigned short*>(smem)[threadIdx.x] = 0x4000;
-      fence_proxy_async();
+    if (kind == 14) {  // every thread issued; then the operand rewritten (bf16 2.0) while
+      bar_sync(1, 128);  // the wgmma may still read it, before the wait
+      if (threadIdx.x == 0) {
+        reinterpret_cast<unsigned short*>(smem)[0] = 0x4000;
+        fence_proxy_async();
+      }
     }
     float early = 0.0f;
     if (kind == 5) d[3] = 2.0f;
