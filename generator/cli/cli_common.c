@@ -380,7 +380,20 @@ static int add_requested(const cli_opts *o, int strict, mg_kernel_spec *specs, i
 
 int cli_arch_specs(const cli_opts *o, const char *arch, int strict, mg_kernel_spec *specs, int max,
                    int *n) {
-  for (int i = 0; arch && i < *n; i++)
+  int forced = 0; /* MLAGEN_MMA_SYNC: the portable families, as the CUDA executor then runs */
+  {
+    mg_diag d = MG_DIAG_INIT;
+    if (mg_spec_mma_sync_forced(&forced, &d)) {
+      cli_error("%s", mg_diag_msg(&d));
+      mg_diag_clear(&d);
+      return CLI_USAGE;
+    }
+  }
+  static int said;
+  if (forced && arch && !said++)
+    fprintf(stderr, "mlagen: note: MLAGEN_MMA_SYNC=%s: the portable (mma.sync) families, as the "
+            "CUDA executor runs them then, not %s's own\n", getenv("MLAGEN_MMA_SYNC"), arch);
+  for (int i = 0; arch && !forced && i < *n; i++)
     if (mg_spec_to_arch(&specs[i], arch, &specs[i])) {
       mg_diag d = MG_DIAG_INIT;
       if (apply_sets(o, &specs[i], &d)) {
