@@ -50,7 +50,7 @@
 #define MG_KTIME_MAX_PARAMS MG_KERNEL_MAX_PARAMS
 #define MG_KTIME_MAX_SETS 4 /* rotating buffer sets */
 #define MG_KTIME_WARMUP 3   /* launches before the timed ones */
-#define MG_KTIME_TOL 1e-2   /* max |a - b| / max |b| against the reference */
+#define MG_KTIME_TOL 1e-2   /* per element: |a - b| / (rms(b) + |b|) against the reference */
 /* The Ulysses degree the benchmark assumes (the symbol P of the bench values and shapes):
  * 8 when it divides seq, else 1. */
 #define MG_KTIME_SP(seq) ((seq) % 8 == 0 ? 8LL : 1LL)
@@ -111,7 +111,8 @@ void mg_ktime_reference_spec(const mg_kernel_spec *cand, const mg_kernel_info *k
 typedef struct mg_ktime_result {
   int verdict;      /* MG_TUNE_KEPT (timed), MG_TUNE_FAILED_LAUNCH, MG_TUNE_WRONG_RESULT */
   char reason[256]; /* "" when timed */
-  double max_rel_err; /* the check's worst max |a - b| / max |b| over the outputs */
+  double max_rel_err; /* the check's worst |a - b| / (rms(b) + |b|) over the outputs' elements
+                      (INFINITY where a NaN/inf differs) */
   int n_sets;       /* buffer sets the samples rotated over */
   size_t set_bytes; /* bytes of one set */
   size_t flush_bytes; /* bytes memset between samples (2 x L2) */
@@ -135,9 +136,10 @@ int mg_ktime_timer(const mg_kernel *k, const mg_cubin *c, const mg_kernel *ref_k
  * 1000 major + 10 minor). Errors: MLAGEN_EINVAL (dev NULL), MLAGEN_ENODRIVER, MG_EDRIVER. */
 int mg_ktime_describe(mg_tune_device *dev, mg_diag *d);
 
-/* Test seam: when set, called on every output of the candidate (not the reference) after
- * it is copied to the host and before the comparison (param: its name; host: bytes
- * bytes the hook may overwrite). NULL in production. */
+/* Test seam: when set, called on every output of the candidate, then (when there is one
+ * to compare with) of the reference, after it is copied to the host and before the
+ * comparison (kernel: the candidate's or the reference's name; param: the output's name;
+ * host: bytes bytes the hook may overwrite). NULL in production. */
 extern void (*mg_ktime_output_hook)(const char *kernel, const char *param, void *host,
                                     size_t bytes);
 #endif
