@@ -105,18 +105,25 @@ int cli_arch_specs(const cli_opts *o, const char *arch, int strict, mg_kernel_sp
 int cli_prepare_rendered(const cli_opts *o, const char *arch, mg_shape *shape,
                          mg_kernel_spec *specs, int max, int *n, mg_gen **g);
 
-/* mg_gen_kernel of *s, except that an architecture's family whose template refuses the shape
- * (MLAGEN_EINVAL) falls back, with a note on stderr, to the portable family it stands in for
- * (its plan tunables and the --set overrides applied): *s is then that spec, as the CUDA
- * executor falls back. Returns mg_gen_kernel's status (d says why). */
-int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg_diag *d);
-
-/* The kernels rendered so far by one generate, or for one arch of compile. */
+/* The kernels rendered so far by one generate, or for one arch of compile, and the
+ * fallback notes printed (zero it first). */
 typedef struct cli_seen {
   int n;
   char name[MG_SPEC_MAX_KERNELS][160];
   uint8_t digest[MG_SPEC_MAX_KERNELS][MG_HASH_BYTES]; /* SHA-256 of the source (mg_hash) */
+  int n_notes;
+  uint8_t note[MG_SPEC_MAX_KERNELS][MG_HASH_BYTES]; /* of each family + reason noted */
 } cli_seen;
+
+/* mg_gen_kernel of *s, except that an architecture's family whose template refuses the shape
+ * (MLAGEN_EINVAL) falls back, with a note on stderr, to the portable family it stands in for
+ * (its plan tunables and the --set overrides applied): *s is then that spec, as the CUDA
+ * executor falls back. The note is printed once per family and reason (the refusal's text
+ * after its configuration) in seen, with the number of kernels it covers counted only
+ * there, not reprinted for every causal, head-group or key-layout variant. Returns
+ * mg_gen_kernel's status (d says why). */
+int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, cli_seen *seen,
+               mg_diag *d);
 
 /* 1 when a kernel of k's name and source was rendered before (a fallback that is a kernel
  * already listed: attn_fwd_sm90 refusing the shape next to the attn_fwd it stands in for),

@@ -434,13 +434,32 @@ int cli_prepare_rendered(const cli_opts *o, const char *arch, mg_shape *shape,
   return rc;
 }
 
-int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, mg_diag *d) {
+/* 1 when the fallback note of family f for reason msg was printed before (seen records it,
+ * else 0). The reason: the refusal's text after its "rejected: " (the configuration before
+ * it differs between the variants of one spec), else all of it. */
+static int note_seen(cli_seen *seen, const char *f, const char *msg) {
+  const char *why = strstr(msg, "rejected: ");
+  why = why ? why + strlen("rejected: ") : msg;
+  char key[1024];
+  uint8_t dig[MG_HASH_BYTES];
+  snprintf(key, sizeof key, "%s\n%s", f, why);
+  if (mg_hash(key, strlen(key), dig)) return 0; /* out of memory: print it */
+  for (int j = 0; j < seen->n_notes; j++)
+    if (!memcmp(seen->note[j], dig, sizeof dig)) return 1;
+  if (seen->n_notes < MG_SPEC_MAX_KERNELS) memcpy(seen->note[seen->n_notes++], dig, sizeof dig);
+  return 0;
+}
+
+int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, cli_seen *seen,
+               mg_diag *d) {
   int rc = mg_gen_kernel(g, s, k, d);
   const char *portable = mg_family_portable(s->family);
   if (rc != MLAGEN_EINVAL || !strcmp(portable, s->family)) return rc;
   /* an architecture's family that refuses this shape: the portable one, as the executor does */
-  fprintf(stderr, "mlagen: note: %s (%s heads %d): %s; %s instead\n", s->family,
-          s->causal ? "causal" : "non-causal", s->heads, mg_diag_msg(d), portable);
+  if (!note_seen(seen, s->family, mg_diag_msg(d)))
+    fprintf(stderr, "mlagen: note: %s (%s heads %d): %s; %s instead (this note stands for "
+            "every %s kernel refused for this reason)\n", s->family,
+            s->causal ? "causal" : "non-causal", s->heads, mg_diag_msg(d), portable, s->family);
   mg_diag_clear(d);
   const int split = mg_spec_split_keys(s);
   snprintf(s->family, sizeof s->family, "%s", portable);

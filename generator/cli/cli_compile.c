@@ -95,10 +95,10 @@ int cli_compile(int argc, char **argv) {
       return rc;
     }
     static cli_seen seen; /* ~45 KiB */
-    seen.n = 0;
+    seen.n = 0, seen.n_notes = 0;
     for (int i = 0; i < n && !usage; i++) {
       mg_kernel k;
-      if ((rc = cli_render(&o, g, &specs[i], &k, &d))) {
+      if ((rc = cli_render(&o, g, &specs[i], &k, &seen, &d))) {
         /* named: the causal and non-causal kernels of a family fail alike */
         cli_error("%s (%s, heads %d): %s", specs[i].family,
                   specs[i].causal ? "causal" : "non-causal", specs[i].heads, mg_diag_msg(&d));

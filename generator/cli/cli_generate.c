@@ -75,9 +75,9 @@ int cli_generate(int argc, char **argv) {
   static mg_kernel kernels[MG_SPEC_MAX_KERNELS]; /* ~2.5 MiB: not on the stack */
   int made = 0;
   static cli_seen seen; /* ~45 KiB */
-  seen.n = 0;
+  seen.n = 0, seen.n_notes = 0;
   for (int i = 0; !rc && i < n; i++) {
-    rc = cli_render(&o, g, &specs[i], &kernels[made], &d);
+    rc = cli_render(&o, g, &specs[i], &kernels[made], &seen, &d);
     if (!rc && cli_kernel_seen(&seen, &kernels[made])) mg_kernel_free(&kernels[made]); /* a fallback listed */
     else if (!rc) made++;
   }
