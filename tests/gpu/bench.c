@@ -70,16 +70,19 @@
  *
  * --sm90 (sm_90a devices only; run.sh's sm90 step): nothing but the explicit forwards,
  * attn_fwd (mma.sync) beside attn_fwd_sm90 (TMA, wgmma; issue 14), each causal and not, split
- * keys: checked as above (O and LSE per element, H 2 at S 256 and each H at S 200, two runs
- * bit for bit; the non-causal reference over every key), then timed at --heads x --seqs
- * (rows attn_fwd, attn_fwd_sm90, attn_fwd_full, attn_fwd_sm90_full; non-causal FLOPs over
- * S^2 pairs; the table's causal column). attn_fwd_sm90's four tensor maps come from the
+ * keys (LAGA's), and attn_fwd_sm90 with packed keys (the explicit plan's: a per-head K, as
+ * cuDNN's SDPA reads): checked as above (O and LSE per element, H 2 at S 256 and each H at
+ * S 200, two runs bit for bit; the non-causal reference over every key), then timed at
+ * --heads x --seqs (rows attn_fwd, attn_fwd_sm90, attn_fwd_sm90_kp, attn_fwd_full,
+ * attn_fwd_sm90_full, attn_fwd_sm90_kp_full; non-causal FLOPs over S^2 pairs; the table's
+ * causal column). attn_fwd_sm90's four tensor maps come from the
  * runtime's mg_sm90_fwd_tmaps (runtime/exec/mg_sm90_tmap.h), passed by value. Then
  * the explicit backward, causal, mma.sync beside sm_90a (attn_bwd_dkdv_sm90,
  * attn_bwd_dq_sm90; their five maps from mg_sm90_bwd_tmaps, by value): checked
  * (check_sm90_bwd) and timed (time_sm90_bwd: each kernel, the pipelines bwd_det,
- * bwd_det_sm90, bwd_atomic, bwd_atomic_sm90, and fwd+bwd_det, fwd+bwd_sm90 beside the
- * peers' fwd_bwd rows).
+ * bwd_det_sm90, bwd_atomic, bwd_atomic_sm90, the packed-key ones *_kp, and fwd+bwd_det,
+ * fwd+bwd_sm90, fwd+bwd_det_kp, fwd+bwd_sm90_kp beside the peers' fwd_bwd rows;
+ * fwd+bwd_sm90_kp is the explicit plan's attention: attn_fwd_sm90_kp + bwd_det_sm90_kp).
  * Unless --no-mqa, the absorbed kernels too (issue 15): mqa_fwd (mma.sync) beside mqa_fwd_sm90
  * (TMA, wgmma; its two tensor maps from mg_sm90_mqa_tmaps, by value), and the backward
  * attn_bwd_pre (over o_lat) + mqa_bwd_dkv + mqa_bwd_dq beside attn_bwd_pre + mqa_bwd_dkv_sm90
@@ -176,6 +179,7 @@ enum {
   K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL, K_DKDV_SM90, K_DQ_SM90, K_DKDV_SM90_AT,
   K_DKDV_KP, K_DQ_KP, K_DKDV_SM90_KP, K_DQ_SM90_KP,
   K_DKDV_KP_FULL, K_DQ_KP_FULL, K_DKDV_SM90_KP_FULL, K_DQ_SM90_KP_FULL,
+  K_FWD_SM90_KP, K_FWD_SM90_KP_FULL, /* attn_fwd_sm90 with packed keys (the explicit plan's) */
   K_MQA_FWD_SM90, K_MQA_DKV_SM90, K_MQA_DQ_SM90,
   /* --varlen only: the packed-sequence variants (spec.varlen, issue 16) of the explicit
    * deterministic pipeline and the absorbed one, beside K_FWD, K_PRE, K_DKDV_DET, K_DQ and
@@ -195,7 +199,7 @@ static const char *const k_label[NK] = {"attn_fwd", "attn_fwd_kpacked", "bwd_pre
                                         "bwd_dkdv_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90_at",
                                         "bwd_dkdv_kp", "bwd_dq_kp", "bwd_dkdv_sm90_kp", "bwd_dq_sm90_kp",
                                         "bwd_dkdv_kp_full", "bwd_dq_kp_full", "bwd_dkdv_sm90_kp_full",
-                                        "bwd_dq_sm90_kp_full",
+                                        "bwd_dq_sm90_kp_full", "attn_fwd_sm90_kp", "attn_fwd_sm90_kp_full",
                                         "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                                         "attn_fwd_varlen", "bwd_pre_varlen", "bwd_dkdv_varlen",
                                         "bwd_dq_varlen", "mqa_fwd_varlen", "mqa_bwd_pre_varlen",
@@ -210,6 +214,7 @@ static const char *const k_family[NK] = {"attn_fwd", "attn_fwd", "attn_bwd_pre",
                                          "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90", "attn_bwd_dkdv_sm90",
                                          "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90",
                                          "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dkdv_sm90", "attn_bwd_dq_sm90",
+                                         "attn_fwd_sm90", "attn_fwd_sm90",
                                          "mqa_fwd_sm90", "mqa_bwd_dkv_sm90", "mqa_bwd_dq_sm90",
                                          "attn_fwd", "attn_bwd_pre", "attn_bwd_dkdv", "attn_bwd_dq",
                                          "mqa_fwd", "attn_bwd_pre", "mqa_bwd_dkv", "mqa_bwd_dq",
@@ -225,6 +230,8 @@ static const char *const k_set[NK][2] = {{NULL, NULL}, {"k_packed=1", NULL}, {NU
                                          [K_DQ_KP_FULL] = {"k_packed=1", NULL},
                                          [K_DKDV_SM90_KP_FULL] = {"k_packed=1", "deterministic=1"},
                                          [K_DQ_SM90_KP_FULL] = {"k_packed=1", NULL},
+                                         [K_FWD_SM90_KP] = {"k_packed=1", NULL},
+                                         [K_FWD_SM90_KP_FULL] = {"k_packed=1", NULL},
                                          [K_DKDV_VL] = {"deterministic=1", NULL}};
 /* The varlen variant of a --varlen kernel (its unpacked params, then cu_seqlens, n_seqs). */
 static int is_varlen(int which) { return which >= K_FWD_VL; }
@@ -284,6 +291,10 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
      "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1", "softmax_scale", "tmaps"},
     {"q", "k_nope", "k_rope", "v", "dout", "lse", "delta", "dq", "seqlen_q", "seqlen_k", "q_pos0",
      "q_split", "q_pos1", "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1",
+     "softmax_scale", "tmaps"},
+    {"q", "k_nope", "k_rope", "v", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "q_split", "q_pos1",
+     "softmax_scale", "tmaps"},
     {"q", "c", "o", "lse", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale", "tmaps"},
     {"q", "c", "dout", "lse", "delta", "dc", "seqlen_q", "seqlen_k", "q_pos0", "softmax_scale",
      "tmaps"},
@@ -308,10 +319,14 @@ static const char *const k_params[NK][K_MAX_PARAMS] = {
      "q_pos1", "softmax_scale", "tmaps", "cu_seqlens", "n_seqs"},
 };
 static int is_sm90(int which) {
-  return which == K_FWD_SM90 || which == K_FWD_SM90_FULL || which == K_FWD_SM90_VL;
+  return which == K_FWD_SM90 || which == K_FWD_SM90_FULL || which == K_FWD_SM90_VL ||
+         which == K_FWD_SM90_KP || which == K_FWD_SM90_KP_FULL;
 }
+/* attn_fwd_sm90 with packed keys (K [S, H, d_qk] in k_nope; no ld_k_rope) */
+static int is_packed_fwd_sm90(int which) { return which == K_FWD_SM90_KP || which == K_FWD_SM90_KP_FULL; }
 static int is_causal(int which) {
-  return which != K_FWD_FULL && which != K_FWD_SM90_FULL && !(which >= K_DKDV_KP_FULL && which <= K_DQ_SM90_KP_FULL);
+  return which != K_FWD_FULL && which != K_FWD_SM90_FULL && which != K_FWD_SM90_KP_FULL &&
+         !(which >= K_DKDV_KP_FULL && which <= K_DQ_SM90_KP_FULL);
 }
 /* --sm90: mma.sync beside sm_90a: the explicit forwards (attn_fwd, attn_fwd_sm90) causal
  * and not, the deterministic backwards (attn_bwd_pre + attn_bwd_dkdv deterministic +
@@ -555,16 +570,23 @@ static int run_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr
 }
 /* attn_fwd_sm90's 4 tensor maps (sm90_maps), passed by value: the launch copies them. */
 typedef CUtensorMap fwd_maps[MG_SM90_FWD_TMAPS];
-/* attn_fwd_sm90 (split keys) with its 4 tensor maps tmaps. */
+/* attn_fwd_sm90 (split keys, or packed: is_packed_fwd_sm90) with its 4 tensor maps tmaps. */
 static int run_fwd_sm90(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
                         float scale, const CUtensorMap *tmaps) {
   int q_pos0 = 0, q_split = 0, q_pos1 = 0, ldr = DR;
+  if (is_packed_fwd_sm90(g->which)) { /* K per head in k_nope; k_rope unused, no ld_k_rope */
+    CUdeviceptr none = NULLP;
+    void *args[] = {(void *)&t->q, (void *)&t->kp, &none, (void *)&t->v, &o, &lse, &S, &S,
+                    &q_pos0, &q_split, &q_pos1, &scale, (void *)tmaps};
+    return launch(g, 1, S, S, args);
+  }
   void *args[] = {(void *)&t->q, (void *)&t->kn, (void *)&t->kr, &ldr, (void *)&t->v, &o, &lse,
                   &S,           &S,            &q_pos0,       &q_split,      &q_pos1,
                   &scale,       (void *)tmaps};
   return launch(g, 1, S, S, args);
 }
-/* Any explicit forward of the --sm90 step: attn_fwd (split keys) or attn_fwd_sm90. */
+/* Any explicit forward of the --sm90 step: attn_fwd (split keys) or attn_fwd_sm90 (split or
+ * packed keys). */
 static int run_any_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdeviceptr lse, int S,
                        float scale, const CUtensorMap *tmaps) {
   return is_sm90(g->which) ? run_fwd_sm90(g, t, o, lse, S, scale, tmaps)
@@ -574,7 +596,8 @@ static int run_any_fwd(const gk *g, const dev_tensors *t, CUdeviceptr o, CUdevic
  * helper (runtime/exec/mg_sm90_tmap.h, as the CUDA executor does). */
 static int sm90_maps(const gk *g, const dev_tensors *t, int S, fwd_maps maps) {
   const mg_kernel_spec spec = make_spec(g->which, g->heads);
-  const mg_sm90_fwd_tensors tt = {t->q, t->kn, t->kr, t->v, 1, S, S, DR};
+  const int kp = is_packed_fwd_sm90(g->which); /* packed: K in k_nope's map, no k_rope */
+  const mg_sm90_fwd_tensors tt = {t->q, kp ? t->kp : t->kn, kp ? NULLP : t->kr, t->v, 1, S, S, DR};
   mg_diag d = MG_DIAG_INIT;
   if (mg_sm90_fwd_tmaps(drv, &spec, &g->k.info, &tt, maps, &d)) {
     say("bench: %s: %s\n", g->name, mg_diag_msg(&d));
@@ -1036,9 +1059,10 @@ done:
   return rc;
 }
 
-/* --sm90: checks attn_fwd and attn_fwd_sm90 of ks at (H = ks->heads, S), causal and not,
- * each run twice (the second compared bit for bit), O and LSE per element against the
- * float64 reference (gpu_tol.h). Returns -1 on a CUDA error, else the number of misses. */
+/* --sm90: checks attn_fwd and attn_fwd_sm90 (split keys, then packed: the explicit plan's)
+ * of ks at (H = ks->heads, S), causal and not, each run twice (the second compared bit for
+ * bit), O and LSE per element against the float64 reference (gpu_tol.h). Returns -1 on a
+ * CUDA error, else the number of misses. */
 static int check_sm90(const kset *ks, int S) {
   const int H = ks->heads;
   int fails = 0, rc = -1;
@@ -1061,11 +1085,12 @@ static int check_sm90(const kset *ks, int S) {
     CUdeviceptr out_o, out_lse;
     memset(&t, 0, sizeof t);
     if (upload(&t.q, c.q, c.nq * 2) || upload(&t.kn, c.kn, c.nkn * 2) ||
-        upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.v, c.v, c.nv * 2) ||
-        alloc_nan(&out_o, c.no * 2) || alloc_nan(&out_lse, c.nl * 4))
+        upload(&t.kr, c.kr, c.nkr * 2) || upload(&t.kp, c.kp, c.nq * 2) ||
+        upload(&t.v, c.v, c.nv * 2) || alloc_nan(&out_o, c.no * 2) || alloc_nan(&out_lse, c.nl * 4))
       goto done;
-    const int ws[2] = {causal ? K_FWD : K_FWD_FULL, causal ? K_FWD_SM90 : K_FWD_SM90_FULL};
-    for (int i = 0; i < 2; i++) {
+    const int ws[3] = {causal ? K_FWD : K_FWD_FULL, causal ? K_FWD_SM90 : K_FWD_SM90_FULL,
+                       causal ? K_FWD_SM90_KP : K_FWD_SM90_KP_FULL};
+    for (int i = 0; i < 3; i++) {
       const gk *g = &ks->k[ws[i]];
       fwd_maps maps;
       memset(maps, 0, sizeof maps);
@@ -1570,28 +1595,33 @@ done:
   return rc;
 }
 
-/* --sm90: times attn_fwd and attn_fwd_sm90 at (H = ks->heads, S), causal and not, the input
- * sets rotated as time_shape's. Returns -1 on a CUDA error. */
+/* --sm90: times attn_fwd and attn_fwd_sm90 (split keys: LAGA's; packed, attn_fwd_sm90_kp:
+ * the explicit plan's, per-head K as cuDNN's SDPA reads) at (H = ks->heads, S), causal and
+ * not, the input sets rotated as time_shape's. Returns -1 on a CUDA error. */
 typedef struct sctx {
   const kset *ks;
   int S, which;
   float scale;
   dev_tensors t[8];
-  fwd_maps maps[8][2]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's */
+  fwd_maps maps[8][4]; /* per set: K_FWD_SM90's, K_FWD_SM90_FULL's, K_FWD_SM90_KP's, _KP_FULL's */
 } sctx;
+
+/* The index of kernel which's maps in sctx.maps[set] (0 for the mma.sync attn_fwd: unused). */
+static int smap(int which) {
+  return which == K_FWD_SM90_FULL ? 1 : which == K_FWD_SM90_KP ? 2 : which == K_FWD_SM90_KP_FULL ? 3 : 0;
+}
 
 static int slaunch(void *p, int set) {
   sctx *x = p;
   const dev_tensors *t = &x->t[set];
-  return run_any_fwd(&x->ks->k[x->which], t, t->o, t->lse, x->S, x->scale,
-                     x->maps[set][x->which == K_FWD_SM90_FULL]);
+  return run_any_fwd(&x->ks->k[x->which], t, t->o, t->lse, x->S, x->scale, x->maps[set][smap(x->which)]);
 }
 
 static int time_sm90(const kset *ks, int S) {
   const int H = ks->heads;
   const size_t nq = (size_t)S * H * DQK, nkn = (size_t)S * H * DN, nkr = (size_t)S * DR;
   const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
-  const double set_bytes = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl;
+  const double set_bytes = 2.0 * (nq + nkn + nkr + nq + nv + no) + 4.0 * nl; /* + packed K */
   const int n_sets = device_sets("", H, S, set_bytes, 0, 0);
   if (n_sets <= 0) return n_sets;
   const int base = g_n_allocs;
@@ -1601,18 +1631,22 @@ static int time_sm90(const kset *ks, int S) {
   int rc = -1;
   for (int s = 0; s < n_sets; s++) {
     dev_tensors *t = &x.t[s];
-    if (alloc_set(t, s, H, S, 0) || sm90_maps(&ks->k[K_FWD_SM90], t, S, x.maps[s][0]) ||
-        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, x.maps[s][1]))
+    if (alloc_set(t, s, H, S, 0) || dalloc(&t->kp, nq * 2) || fill_random(t->kp, nq, (size_t)s * 16 + 4) ||
+        sm90_maps(&ks->k[K_FWD_SM90], t, S, x.maps[s][0]) ||
+        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, x.maps[s][1]) ||
+        sm90_maps(&ks->k[K_FWD_SM90_KP], t, S, x.maps[s][2]) ||
+        sm90_maps(&ks->k[K_FWD_SM90_KP_FULL], t, S, x.maps[s][3]))
       goto done;
   }
-  const double b = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl;
-  const int order[4] = {K_FWD, K_FWD_SM90, K_FWD_FULL, K_FWD_SM90_FULL};
-  for (int i = 0; i < 4; i++) {
+  /* bytes: split keys read K_nope and the shared k_rope, packed ones the per-head K */
+  const double b = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl, b_kp = 2.0 * (nq + nq + nv + no) + 4.0 * nl;
+  const int order[6] = {K_FWD, K_FWD_SM90, K_FWD_SM90_KP, K_FWD_FULL, K_FWD_SM90_FULL, K_FWD_SM90_KP_FULL};
+  for (int i = 0; i < 6; i++) {
     x.which = order[i];
     const int causal = is_causal(x.which);
     const double pairs = causal ? (double)S * (S + 1) / 2 : (double)S * S;
     row *r = timed_row(k_label[x.which], "fwd", slaunch, &x, n_sets, H, S,
-                       2.0 * H * pairs * (DQK + DV), b);
+                       2.0 * H * pairs * (DQK + DV), is_packed_fwd_sm90(x.which) ? b_kp : b);
     if (!r) goto done;
     r->causal = causal;
     print_row(r);
@@ -1766,12 +1800,14 @@ static int time_sm90_bwd(const kset *ks, int S) {
     print_row(r);
     if (x.which < 0) ms_bwd[-x.which - 1] = r->ms, it_bwd[-x.which - 1] = r->iters;
   }
-  /* forward + backward (op fwd_bwd, beside the peers' fwd_bwd rows): the causal forward's
-   * median from time_sm90's row at (H, S) plus the pipeline's: split keys (bwd_det,
-   * bwd_det_sm90), and packed (bwd_det_kp, bwd_det_sm90_kp: the explicit plan's backward;
-   * its forward's time is the split-key forward's, which reads less of K) */
-  const char *const fwd[6] = {"attn_fwd", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90", "attn_fwd_full",
-                              "attn_fwd_sm90_full"};
+  /* forward + backward (op fwd_bwd, beside the peers' fwd_bwd rows): the forward's median
+   * from time_sm90's row at (H, S) plus the pipeline's: split keys (bwd_det, bwd_det_sm90),
+   * and packed (bwd_det_kp, bwd_det_sm90_kp: the explicit plan's backward), causal and not;
+   * fwd+bwd_sm90_kp is the explicit plan's attention whole (attn_fwd_sm90_kp's forward),
+   * fwd+bwd_det_kp takes the mma.sync split-key forward's time (its packed one, which reads
+   * more of K, is not timed here) */
+  const char *const fwd[6] = {"attn_fwd", "attn_fwd_sm90", "attn_fwd", "attn_fwd_sm90_kp", "attn_fwd_full",
+                              "attn_fwd_sm90_kp_full"};
   const char *const fb[6] = {"fwd+bwd_det", "fwd+bwd_sm90", "fwd+bwd_det_kp", "fwd+bwd_sm90_kp",
                              "fwd+bwd_det_kp", "fwd+bwd_sm90_kp"};
   static const int pipe[6] = {0, 1, 4, 5, 6, 7}; /* ms_bwd's index */
@@ -1783,7 +1819,8 @@ static int time_sm90_bwd(const kset *ks, int S) {
       if (strcmp(f->kernel, fwd[k]) || f->H != H || f->S != S || f->causal == full) continue;
       row *fr = add_row(fb[k], "fwd_bwd", H, S, f->ms + ms_bwd[pipe[k]],
                         full ? 2.0 * H * (double)S * S * (DQK + DV) + f_bwd_full : f_fwd + f_bwd,
-                        (b_q + b_kn + b_kr + b_v + b_o) + (b_o + b_l) + (k < 2 ? b_pipe : b_pipe_kp),
+                        (b_q + (k == 3 || k == 5 ? b_q : b_kn + b_kr) + b_v + b_o) + (b_o + b_l) +
+                            (k < 2 ? b_pipe : b_pipe_kp),
                         f->iters < it_bwd[pipe[k]] ? f->iters : it_bwd[pipe[k]]);
       fr->causal = !full;
       print_row(fr);
