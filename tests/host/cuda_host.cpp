@@ -111,6 +111,19 @@ struct Smem {
 };
 Smem g_smem;
 
+/* Room for one more element in the growable array arr of n elements and capacity cap: when
+ * n == cap, cap doubles (from `first`) by realloc. false when out of memory (arr and cap
+ * unchanged). */
+template <class T>
+bool room_for_one(T *&arr, unsigned n, unsigned &cap, unsigned first = 16) {
+  if (n < cap) return true;
+  const unsigned c = cap ? 2 * cap : first;
+  T *p = (T *)realloc(arr, c * sizeof *p);
+  if (!p) return false;
+  arr = p, cap = c;
+  return true;
+}
+
 void *aligned_block(size_t align, size_t size) {
   void *p = nullptr;
   if (align < 16) align = 16;
@@ -124,13 +137,7 @@ void *aligned_block(size_t align, size_t size) {
 void *emutls_register(EmutlsObject *o) {
   Smem &S = g_smem;
   S.emulated = true;
-  if (S.nvars == S.cap) {
-    unsigned cap = S.cap ? 2 * S.cap : 16;
-    SmemVar *v = (SmemVar *)realloc(S.vars, cap * sizeof *v);
-    if (!v) abort();
-    S.vars = v;
-    S.cap = cap;
-  }
+  if (!room_for_one(S.vars, S.nvars, S.cap)) abort();
   SmemVar &v = S.vars[S.nvars++];
   v.obj = o;
   /* The dynamic buffer is the one 228 KiB thread_local: CUDA caps static __shared__ at
@@ -1284,13 +1291,8 @@ void mg_host_cp_async(void *dst, const void *src, unsigned cp_size, unsigned src
       f->cp_n -= f->cp_head;
       f->cp_head = 0;
     }
-    if (f->cp_n == f->cp_cap) {
-      unsigned cap = f->cp_cap ? 2 * f->cp_cap : 16;
-      CpAsync *p = (CpAsync *)realloc(f->cp, cap * sizeof *p);
-      if (!p) ptx_fail(L, f, "cp.async", line, "out of memory for pending copies");
-      f->cp = p;
-      f->cp_cap = cap;
-    }
+    if (!room_for_one(f->cp, f->cp_n, f->cp_cap))
+      ptx_fail(L, f, "cp.async", line, "out of memory for pending copies");
   }
   CpAsync &e = f->cp[f->cp_n++];
   e.dst = dst;

@@ -403,13 +403,8 @@ void tma_land(Launch *L, Block *B, HBlock *h, unsigned i) {
     if (h->landed[j].off < op.off || h->landed[j].off + h->landed[j].size > op.off + op.size)
       h->landed[k++] = h->landed[j];
   h->nlanded = k;
-  if (h->nlanded == h->landcap) {
-    unsigned cap = h->landcap ? 2 * h->landcap : 16;
-    Landed *p = (Landed *)realloc(h->landed, cap * sizeof *p);
-    if (!p) fail(L, MG_HOST_E_NOMEM, "out of memory for the Hopper emulation");
-    h->landed = p;
-    h->landcap = cap;
-  }
+  if (!room_for_one(h->landed, h->nlanded, h->landcap))
+    fail(L, MG_HOST_E_NOMEM, "out of memory for the Hopper emulation");
   Landed &r = h->landed[h->nlanded++];
   memset(&r, 0, sizeof r);
   r.off = op.off, r.size = op.size, r.bar = op.bar, r.parity = m.phase, r.line = op.line;
@@ -878,13 +873,8 @@ void mg_host_mbar_init(unsigned long long *bar, unsigned count, int line) {
   unsigned i = 0;
   while (i < h->ninits && h->inits[i].bar != bar) ++i;
   if (i == h->ninits) {
-    if (h->ninits == h->initcap) {
-      unsigned cap = h->initcap ? 2 * h->initcap : 16;
-      MbarInit *p = (MbarInit *)realloc(h->inits, cap * sizeof *p);
-      if (!p) ptx_fail(L, f, "mbarrier.init", line, "out of memory");
-      h->inits = p;
-      h->initcap = cap;
-    }
+    if (!room_for_one(h->inits, h->ninits, h->initcap))
+      ptx_fail(L, f, "mbarrier.init", line, "out of memory");
     h->ninits++;
   }
   h->inits[i] = MbarInit{bar, f->index, ++h->init_seq, line};
@@ -979,13 +969,7 @@ void mg_host_tma_load(void *dst, const void *map, unsigned long long *bar, int r
     }
   }
   HBlock *h = hblock(L, f->blk);
-  if (h->ntma == h->cap) {
-    unsigned cap = h->cap ? 2 * h->cap : 16;
-    TmaOp *p = (TmaOp *)realloc(h->tma, cap * sizeof *p);
-    if (!p) ptx_fail(L, f, what, line, "out of memory");
-    h->tma = p;
-    h->cap = cap;
-  }
+  if (!room_for_one(h->tma, h->ntma, h->cap)) ptx_fail(L, f, what, line, "out of memory");
   h->tma[h->ntma++] = TmaOp{off, size, bar, !L->round_robin && rng_below(L, 2) != 0, line, data};
 }
 
@@ -999,13 +983,8 @@ void mg_host_fence_proxy_async(int line) {
   size_t lo = n, hi = 0;
   auto flush = [&]() {
     if (lo >= hi) return;
-    if (h->npubs == h->pubcap) {
-      unsigned cap = h->pubcap ? 2 * h->pubcap : 64;
-      Pub *p = (Pub *)realloc(h->pubs, cap * sizeof *p);
-      if (!p) ptx_fail(L, L->cur, "fence.proxy.async", line, "out of memory");
-      h->pubs = p;
-      h->pubcap = cap;
-    }
+    if (!room_for_one(h->pubs, h->npubs, h->pubcap, 64))
+      ptx_fail(L, L->cur, "fence.proxy.async", line, "out of memory");
     Pub &r = h->pubs[h->npubs++];
     memset(&r, 0, sizeof r);
     r.lo = (unsigned)lo, r.hi = (unsigned)hi, r.thread = L->cur->index, r.line = line;
@@ -1327,13 +1306,7 @@ void mg_host_tma_store(int reduce, const void *map, const void *src, int rank, c
     ptx_fail(L, f, what, line, "the %u-byte box at shared offset %u overruns the %zu bytes of "
              "dynamic shared memory", size, off, g_smem.dyn_size);
   HBlock *h = hblock(L, f->blk);
-  if (h->nbulk == h->bulkcap) {
-    unsigned cap = h->bulkcap ? 2 * h->bulkcap : 16;
-    BulkOp *p = (BulkOp *)realloc(h->bulk, cap * sizeof *p);
-    if (!p) ptx_fail(L, f, what, line, "out of memory");
-    h->bulk = p;
-    h->bulkcap = cap;
-  }
+  if (!room_for_one(h->bulk, h->nbulk, h->bulkcap)) ptx_fail(L, f, what, line, "out of memory");
   BulkOp &op = h->bulk[h->nbulk++];
   op.t = t;
   for (int d = 0; d < MG_HOST_TMAP_MAX_RANK; ++d) op.c[d] = d < rank ? c[d] : 0;
