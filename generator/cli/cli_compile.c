@@ -94,7 +94,7 @@ int cli_compile(int argc, char **argv) {
       mg_gen_close(g);
       return rc;
     }
-    static cli_seen seen; /* ~45 KiB */
+    static cli_seen seen; /* ~56 KiB */
     seen.n = 0, seen.n_notes = 0;
     for (int i = 0; i < n && !usage; i++) {
       mg_kernel k;

@@ -12,8 +12,9 @@
  *      reference see the same inputs) and zeroes the outputs;
  *   3. checks: the candidate, then the reference, launched once on set 0 with zeroed
  *      outputs; every output of the candidate must satisfy max |a - b| / max |b| < 1e-2
- *      against the reference's (max |a - b| when b is all zero), with no NaN or inf where
- *      the reference is finite. A launch or execution failure of the candidate is the
+ *      (MG_KTIME_TOL) and, element by element, |a - b| / (rms(b) + |b|) < 0.1
+ *      (MG_KTIME_ELEM_TOL) against the reference's (|a - b| when b is all zero), with no
+ *      NaN or inf where the reference is finite. A launch or execution failure of the candidate is the
  *      verdict MG_TUNE_FAILED_LAUNCH, a difference MG_TUNE_WRONG_RESULT, each with a
  *      reason; nothing is timed then;
  *   4. times: MG_KTIME_WARMUP launches, then n_samples launches, each between two CUDA
@@ -50,7 +51,13 @@
 #define MG_KTIME_MAX_PARAMS MG_KERNEL_MAX_PARAMS
 #define MG_KTIME_MAX_SETS 4 /* rotating buffer sets */
 #define MG_KTIME_WARMUP 3   /* launches before the timed ones */
-#define MG_KTIME_TOL 1e-2   /* per element: |a - b| / (rms(b) + |b|) against the reference */
+/* The check against the reference (docs/tuning.md): max |a - b| / max |b| under
+ * MG_KTIME_TOL, and every element's |a - b| / (rms(b) + |b|) under MG_KTIME_ELEM_TOL. Two
+ * correct configurations differ by the rounding of P to 16 bits at another running max (a
+ * forward's block_n): per element up to 0.025 of rms + |b| (simulated: attn_fwd's inputs,
+ * causal, S 4096-16384, block_n 32 or 128 against 64), largest in the short rows. */
+#define MG_KTIME_TOL 1e-2
+#define MG_KTIME_ELEM_TOL 1e-1
 /* The Ulysses degree the benchmark assumes (the symbol P of the bench values and shapes):
  * 8 when it divides seq, else 1. */
 #define MG_KTIME_SP(seq) ((seq) % 8 == 0 ? 8LL : 1LL)
@@ -112,7 +119,7 @@ typedef struct mg_ktime_result {
   int verdict;      /* MG_TUNE_KEPT (timed), MG_TUNE_FAILED_LAUNCH, MG_TUNE_WRONG_RESULT */
   char reason[256]; /* "" when timed */
   double max_rel_err; /* the check's worst |a - b| / (rms(b) + |b|) over the outputs' elements
-                      (INFINITY where a NaN/inf differs) */
+                         (INFINITY where a NaN/inf differs) */
   int n_sets;       /* buffer sets the samples rotated over */
   size_t set_bytes; /* bytes of one set */
   size_t flush_bytes; /* bytes memset between samples (2 x L2) */
