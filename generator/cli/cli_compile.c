@@ -82,13 +82,14 @@ int cli_compile(int argc, char **argv) {
   int n_hdr = 0;
   const mg_jit_header *hdr = mg_gen_headers(g, &n_hdr);
   int failed = 0, compiled = 0, hits = 0, usage = 0;
-  int header = 0; /* the table's header, printed before its first row (not before a refusal) */
   /* per arch, the families its executor runs (cli_arch_specs); an invalid argument (a
    * rejected tunable, an unknown arch) would fail every kernel alike: reported once, then
-   * stop */
+   * stop. Each arch's kernels are rendered first, then compiled, so its table's kernel
+   * column is as wide as its longest name (the sm_90a backward's reach 92 characters). */
+  static mg_kernel ks[MG_SPEC_MAX_KERNELS]; /* ~2.5 MiB: not on the stack */
   for (int a = 0; a < n_arch && !usage; a++) {
     mg_kernel_spec specs[MG_SPEC_MAX_KERNELS];
-    int n = n_all;
+    int n = n_all, nk = 0, width = 62;
     memcpy(specs, all, sizeof specs);
     if ((rc = cli_arch_specs(&o, archs[a], 1, specs, MG_SPEC_MAX_KERNELS, &n))) {
       mg_gen_close(g);
@@ -97,8 +98,8 @@ int cli_compile(int argc, char **argv) {
     static cli_seen seen; /* ~56 KiB */
     seen.n = 0, seen.n_notes = 0;
     for (int i = 0; i < n && !usage; i++) {
-      mg_kernel k;
-      if ((rc = cli_render(&o, g, &specs[i], &k, &seen, &d))) {
+      mg_kernel *k = &ks[nk];
+      if ((rc = cli_render(&o, g, &specs[i], k, &seen, &d))) {
         /* named: the causal and non-causal kernels of a family fail alike */
         cli_error("%s (%s, heads %d): %s", specs[i].family,
                   specs[i].causal ? "causal" : "non-causal", specs[i].heads, mg_diag_msg(&d));
@@ -106,37 +107,44 @@ int cli_compile(int argc, char **argv) {
         usage = rc == MLAGEN_EINVAL;
         continue;
       }
-      if (cli_kernel_seen(&seen, &k)) { /* an arch family's fallback to a kernel already listed */
-        mg_kernel_free(&k);
+      if (cli_kernel_seen(&seen, k)) { /* an arch family's fallback to a kernel already listed */
+        mg_kernel_free(k);
         continue;
       }
+      if ((int)strlen(k->name) > width) width = (int)strlen(k->name);
+      nk++;
+    }
+    int header = 0; /* the arch's table header, printed before its first row (not before a refusal) */
+    for (int i = 0; i < nk; i++) {
+      mg_kernel *k = &ks[i];
       mg_jit_opts jo = {.arch = archs[a], .cache_dir = o.cache_dir, .no_cache = o.no_cache,
                         .template_hash = mg_gen_template_hash(g), .headers = hdr,
                         .n_headers = n_hdr};
       mg_cubin c;
-      if ((rc = mg_jit_compile(k.source, k.source_len, k.file, k.name, &jo, &c, &d))) {
+      if (usage) { /* a refusal among the renders: nothing of this arch is compiled */
+      } else if ((rc = mg_jit_compile(k->source, k->source_len, k->file, k->name, &jo, &c, &d))) {
         cli_error("%s", mg_diag_msg(&d));
         failed++;
         usage = rc == MLAGEN_EINVAL;
       } else {
         const mg_jit_report *r = &c.report;
         if (!header++)
-          printf("%-62s %-7s %5s %6s %7s %7s %8s %s\n", "kernel", "arch", "regs", "spill", "smem",
-                 "dynsmem", "ms", "cache");
+          printf("%-*s %-7s %5s %6s %7s %7s %8s %s\n", width, "kernel", "arch", "regs", "spill",
+                 "smem", "dynsmem", "ms", "cache");
         char ser[48] = ""; /* ptxas serialized the wgmma: correct, several times slower */
         if (r->wgmma_serialized > 1)
           snprintf(ser, sizeof ser, "  wgmma-serialized (C%d)", r->wgmma_serialized);
         else if (r->wgmma_serialized)
           snprintf(ser, sizeof ser, "  wgmma-serialized");
-        printf("%-62s %-7s %5d %6ld %7ld %7ld %8.1f %s%s\n", k.name, archs[a], r->registers,
-               r->spill_stores + r->spill_loads, r->smem_bytes, (long)k.info.launch.smem,
+        printf("%-*s %-7s %5d %6ld %7ld %7ld %8.1f %s%s\n", width, k->name, archs[a], r->registers,
+               r->spill_stores + r->spill_loads, r->smem_bytes, (long)k->info.launch.smem,
                r->elapsed_ms, r->cache_hit ? "hit" : "miss", ser);
         if (c.warning) fprintf(stderr, "mlagen: warning: %s\n", c.warning);
         compiled++;
         hits += r->cache_hit;
         mg_cubin_free(&c);
       }
-      mg_kernel_free(&k);
+      mg_kernel_free(k);
     }
   }
   printf("%d compiled (%d from cache), %d failed\n", compiled, hits, failed);

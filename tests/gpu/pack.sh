@@ -20,7 +20,9 @@ skip='/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcrypto|libnvrtc
 libs=$(for b in $bins; do ldd "$BUILD/tests/$b"; done; ldd "$BUILD/mlagen"; ldd "$BUILD/libmlagen.so")
 libs=$(echo "$libs" | awk '/=> \//{print $3}' | sort -u | grep -Ev "$skip" || true)
 if [ -n "${DRY_RUN:-}" ]; then
-  echo "binaries: $bins"; echo "libraries:"; echo "$libs"; echo "wheel: ${SANITIZER_WHEEL:-none}"
+  echo "binaries: $bins (from $BUILD/tests), mlagen, libmlagen.so (from $BUILD)"; echo "libraries:"
+  echo "$libs"; echo "wheel: ${SANITIZER_WHEEL:-none}"
+  echo "(a run without DRY_RUN copies them into $DEST, prints its size and the device calls)"
   exit 0
 fi
 mkdir -p "$DEST/build/tests" "$DEST/lib"
