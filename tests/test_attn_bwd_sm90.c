@@ -403,12 +403,16 @@ static int launch_case(const built_kernel *bk, bwd_case *c, char *msg, size_t n)
  * end of a run) over every case of the numeric tests of this file with MLAGEN_TEST_SEED 21,
  * 22, 23 (host executor): dk_nope 1.1e-7 (packed dk 5.7e-8), dk_rope 2.8e-6, dv 1.3e-7,
  * dq 5.5e-8, dq_accum 1.6e-6, and at least 1e-6 (test_attn_bwd.c's floor: fp32 accumulation
- * order only). The worst err/bound reaches 1.00 where the kernel rounds a P or dS element
- * the other way than the reference: the flip term is exactly that bound. */
+ * order only). A wider scan of test_atomic (MLAGEN_TEST_SEED 9001-9080, and 8017 of a
+ * scan of the sm_90a suites at 8001-8030) found longer tails of the atomics' fp32 order:
+ * dq_accum up to 4.4e-6 (seed 9060; 3.8e-6 at 9001-9080's next, 3.65e-6 at 8017, which
+ * failed at 1.7e-6), dk_rope up to 3.1e-6. The worst err/bound reaches 1.00 where the
+ * kernel rounds a P or dS element the other way than the reference: the flip term is
+ * exactly that bound. */
 #define NOISE_DQ 1e-6
-#define NOISE_DQ_ACCUM 1.7e-6
+#define NOISE_DQ_ACCUM 4.5e-6
 #define NOISE_DK 1e-6
-#define NOISE_DKR 2.8e-6
+#define NOISE_DKR 3.1e-6
 #define NOISE_DV 1e-6
 
 /* Compares dk (nope or packed), dk_rope and dv per element (dq: dq, in ratio[0]; the
