@@ -119,9 +119,8 @@ typedef struct cli_seen {
  * (MLAGEN_EINVAL) falls back, with a note on stderr, to the portable family it stands in for
  * (its plan tunables and the --set overrides applied): *s is then that spec, as the CUDA
  * executor falls back. The note is printed once per family and reason (the refusal's text
- * after its configuration) in seen, with the number of kernels it covers counted only
- * there, not reprinted for every causal, head-group or key-layout variant. Returns
- * mg_gen_kernel's status (d says why). */
+ * after its configuration), recorded in seen, not again for every causal, head-group or
+ * key-layout variant. Returns mg_gen_kernel's status (d says why). */
 int cli_render(const cli_opts *o, mg_gen *g, mg_kernel_spec *s, mg_kernel *k, cli_seen *seen,
                mg_diag *d);
 

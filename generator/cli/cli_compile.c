@@ -122,7 +122,10 @@ int cli_compile(int argc, char **argv) {
                         .n_headers = n_hdr};
       mg_cubin c;
       if (usage) { /* a refusal among the renders: nothing of this arch is compiled */
-      } else if ((rc = mg_jit_compile(k->source, k->source_len, k->file, k->name, &jo, &c, &d))) {
+        mg_kernel_free(k);
+        continue;
+      }
+      if ((rc = mg_jit_compile(k->source, k->source_len, k->file, k->name, &jo, &c, &d))) {
         cli_error("%s", mg_diag_msg(&d));
         failed++;
         usage = rc == MLAGEN_EINVAL;

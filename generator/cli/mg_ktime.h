@@ -14,9 +14,9 @@
  *      outputs; every output of the candidate must satisfy max |a - b| / max |b| < 1e-2
  *      (MG_KTIME_TOL) and, element by element, |a - b| / (rms(b) + |b|) < 0.1
  *      (MG_KTIME_ELEM_TOL) against the reference's (|a - b| when b is all zero), with no
- *      NaN or inf where the reference is finite. A launch or execution failure of the candidate is the
- *      verdict MG_TUNE_FAILED_LAUNCH, a difference MG_TUNE_WRONG_RESULT, each with a
- *      reason; nothing is timed then;
+ *      NaN or inf where the reference is finite. A launch or execution failure of the
+ *      candidate is the verdict MG_TUNE_FAILED_LAUNCH, a difference MG_TUNE_WRONG_RESULT,
+ *      each with a reason; nothing is timed then;
  *   4. times: MG_KTIME_WARMUP launches, then n_samples launches, each between two CUDA
  *      events recorded on a stream of its own, sample i on set i mod N_SETS, an L2 flush
  *      (cuMemsetD8Async over a buffer of twice CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE bytes)

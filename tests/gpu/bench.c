@@ -1506,16 +1506,21 @@ static void print_header(void) {
       "ms(median)", "TFLOP/s", "MB moved", "GB/s", "iters");
 }
 
-/* Allocates set `s` of the attention tensors at (H, S): q, kn, kr, v random (and kp, dout too
- * when `bwd`), o, lse (and delta when `bwd`) NaN-filled. Returns nonzero on a CUDA error. */
-static int alloc_set(dev_tensors *t, int s, int H, int S, int bwd) {
+/* What alloc_set allocates beyond q, kn, kr, v, o, lse: the packed K kp; the backward's
+ * kp, dout and delta. */
+enum { SET_KP = 1, SET_BWD = 3 };
+/* Allocates set `s` of the attention tensors at (H, S): q, kn, kr, v random (and kp when
+ * `what` has SET_KP, dout too for SET_BWD), o, lse (and delta for SET_BWD) NaN-filled.
+ * Returns nonzero on a CUDA error. */
+static int alloc_set(dev_tensors *t, int s, int H, int S, int what) {
+  const int kp = what & SET_KP, bwd = what == SET_BWD;
   const size_t nq = (size_t)S * H * DQK, nkn = (size_t)S * H * DN, nkr = (size_t)S * DR;
   const size_t nv = (size_t)S * H * DV, no = nv, nl = (size_t)H * S;
   const size_t seed = (size_t)s * 16;
   return dalloc(&t->q, nq * 2) || fill_random(t->q, nq, seed + 1) || dalloc(&t->kn, nkn * 2) ||
          fill_random(t->kn, nkn, seed + 2) || dalloc(&t->kr, nkr * 2) ||
          fill_random(t->kr, nkr, seed + 3) ||
-         (bwd && (dalloc(&t->kp, nq * 2) || fill_random(t->kp, nq, seed + 4))) ||
+         (kp && (dalloc(&t->kp, nq * 2) || fill_random(t->kp, nq, seed + 4))) ||
          dalloc(&t->v, nv * 2) || fill_random(t->v, nv, seed + 5) ||
          (bwd && (dalloc(&t->dout, no * 2) || fill_random(t->dout, no, seed + 6))) ||
          alloc_nan(&t->o, no * 2) || alloc_nan(&t->lse, nl * 4) ||
@@ -1538,7 +1543,7 @@ static int time_shape(const kset *ks, int S) {
   x.ks = ks, x.S = S, x.scale = softmax_scale();
   int rc = -1;
   for (int s = 0; s < n_sets; s++)
-    if (alloc_set(&x.t[s], s, H, S, 1)) goto done;
+    if (alloc_set(&x.t[s], s, H, S, SET_BWD)) goto done;
   if (alloc_nan(&x.out.dq_accum, nq * 4) || alloc_nan(&x.out.dq, nq * 2) ||
       alloc_nan(&x.out.dkn, nkn * 2) || dalloc(&x.out.dkr, nkr * 4) ||
       CU(drv->cuMemsetD8(x.out.dkr, 0, nkr * 4)) || alloc_nan(&x.out.dv, nv * 2))
@@ -1629,14 +1634,11 @@ static int time_sm90(const kset *ks, int S) {
   memset(&x, 0, sizeof x);
   x.ks = ks, x.S = S, x.scale = softmax_scale();
   int rc = -1;
+  static const int sm90_fwds[4] = {K_FWD_SM90, K_FWD_SM90_FULL, K_FWD_SM90_KP, K_FWD_SM90_KP_FULL};
   for (int s = 0; s < n_sets; s++) {
-    dev_tensors *t = &x.t[s];
-    if (alloc_set(t, s, H, S, 0) || dalloc(&t->kp, nq * 2) || fill_random(t->kp, nq, (size_t)s * 16 + 4) ||
-        sm90_maps(&ks->k[K_FWD_SM90], t, S, x.maps[s][0]) ||
-        sm90_maps(&ks->k[K_FWD_SM90_FULL], t, S, x.maps[s][1]) ||
-        sm90_maps(&ks->k[K_FWD_SM90_KP], t, S, x.maps[s][2]) ||
-        sm90_maps(&ks->k[K_FWD_SM90_KP_FULL], t, S, x.maps[s][3]))
-      goto done;
+    if (alloc_set(&x.t[s], s, H, S, SET_KP)) goto done;
+    for (int i = 0; i < 4; i++)
+      if (sm90_maps(&ks->k[sm90_fwds[i]], &x.t[s], S, x.maps[s][smap(sm90_fwds[i])])) goto done;
   }
   /* bytes: split keys read K_nope and the shared k_rope, packed ones the per-head K */
   const double b = 2.0 * (nq + nkn + nkr + nv + no) + 4.0 * nl, b_kp = 2.0 * (nq + nq + nv + no) + 4.0 * nl;
@@ -1740,7 +1742,7 @@ static int time_sm90_bwd(const kset *ks, int S) {
   x.ks = ks, x.S = S, x.scale = softmax_scale();
   int rc = -1;
   for (int s = 0; s < n_sets; s++)
-    if (alloc_set(&x.t[s], s, H, S, 1) || sm90_bwd_maps(&ks->k[K_DKDV_SM90], &x.t[s], S, x.maps[s][0]) ||
+    if (alloc_set(&x.t[s], s, H, S, SET_BWD) || sm90_bwd_maps(&ks->k[K_DKDV_SM90], &x.t[s], S, x.maps[s][0]) ||
         sm90_bwd_maps(&ks->k[K_DQ_SM90], &x.t[s], S, x.maps[s][1]) ||
         sm90_bwd_maps(&ks->k[K_DKDV_SM90_AT], &x.t[s], S, x.maps[s][2]) ||
         sm90_bwd_maps(&ks->k[K_DKDV_SM90_KP], &x.t[s], S, x.maps[s][3]) ||
